@@ -1,0 +1,12 @@
+#!/usr/bin/env node
+// Thin launcher: the CLI is compiled to dist/ by `npm run build` (run by `npm ci` through `prepare`).
+import { existsSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+
+const entry = new URL('../dist/cli/paver.js', import.meta.url);
+if (!existsSync(fileURLToPath(entry))) {
+  process.stderr.write('paver: dist/ is missing; run `npm ci` (or `npm run build`) first.\n');
+  process.exit(1);
+}
+const { main } = await import(entry.href);
+process.exitCode = await main(process.argv.slice(2));

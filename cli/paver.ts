@@ -1,0 +1,88 @@
+import { parseArgs } from 'node:util';
+import { PLANNED_SERVICES, SERVICES, isServiceName } from './services.js';
+
+const HELP = `paver — paves the paths LLM agents keep walking (Kafka + Redis services)
+
+Usage: paver <command> [options]
+
+Services (long-running, configured from the environment; see README "Configuration"):
+  run detector         ${SERVICES.detector.summary}
+  (planned: ${PLANNED_SERVICES.join(', ')})
+
+Main job:
+  dev [--service NAME ...]   start the local stack (Kafka KRaft + redis-server, unless KAFKA_BROKERS /
+                             REDIS_URL are set) and every service; Ctrl-C stops all of it
+
+Tools:
+  stack                      start only the local stack, print KAFKA_BROKERS / REDIS_URL, wait for Ctrl-C
+  publish --input FILE.jsonl [--topic T]
+                             send tool-calls events (one JSON per line) keyed by session_id
+  gen-schemas                regenerate schemas/json from the zod contracts
+
+Offline (no Kafka, no Redis; same core as the services):
+  detect --input FILE.jsonl [--min-length 3] [--min-occurrences 3] [--lookback 200]
+         [--max-candidates 5] [--max-length 12] [--tenant T --agent A]
+
+  paver <command> --help     options of one command
+`;
+
+export async function main(argv: string[]): Promise<number> {
+  const [cmd, ...rest] = argv;
+  if (!cmd || cmd === '--help' || cmd === '-h' || cmd === 'help') {
+    process.stdout.write(HELP);
+    return cmd ? 0 : 1;
+  }
+  switch (cmd) {
+    case 'run': {
+      const name = rest[0];
+      if (!name || !isServiceName(name)) {
+        const planned = (PLANNED_SERVICES as readonly string[]).includes(name ?? '');
+        process.stderr.write(
+          planned
+            ? `paver run: service '${name}' is not built yet; available: ${Object.keys(SERVICES).join(', ')}\n`
+            : `paver run: expected a service name (${Object.keys(SERVICES).join(', ')})\n`,
+        );
+        return 2;
+      }
+      const mod = await SERVICES[name].load();
+      return mod.run(process.env);
+    }
+    case 'dev': {
+      const { values } = parseArgs({ args: rest, options: { service: { type: 'string', multiple: true } } });
+      const { dev } = await import('./dev.js');
+      return dev({ services: values.service ?? [] });
+    }
+    case 'stack': {
+      await import('../deploy/local/stack.js').then(async (m) => {
+        const stack = await m.startStack({ log: (s) => process.stderr.write(`${s}\n`) });
+        process.stdout.write(`KAFKA_BROKERS=${stack.brokers}\nREDIS_URL=${stack.redisUrl}\n`);
+        await new Promise<void>((resolve) => {
+          const stop = () => void stack.stop().then(resolve);
+          process.once('SIGINT', stop);
+          process.once('SIGTERM', stop);
+        });
+      });
+      return 0;
+    }
+    case 'publish': {
+      const { values } = parseArgs({ args: rest, options: { input: { type: 'string' }, topic: { type: 'string' } } });
+      if (!values.input) {
+        process.stderr.write('paver publish: --input FILE.jsonl is required\n');
+        return 2;
+      }
+      const { publish } = await import('./publish.js');
+      return publish({ input: values.input, ...(values.topic ? { topic: values.topic } : {}) });
+    }
+    case 'gen-schemas': {
+      await import('../schemas/generate.js').then((m) => m.writeSchemas());
+      return 0;
+    }
+    case 'detect': {
+      const { detectCommand } = await import('../services/detector/src/cli.js');
+      return detectCommand(rest);
+    }
+    default:
+      process.stderr.write(`paver: unknown command '${cmd}'\n\n${HELP}`);
+      return 2;
+  }
+}

@@ -1,0 +1,299 @@
+/**
+ * The local, Docker-free stack: a single-node Apache Kafka (KRaft) from Maven Central jars and a redis-server,
+ * each on a free (or configured) port, with logs in files. Used by `paver dev`, `paver stack` and the test
+ * suite's global setup. When KAFKA_BROKERS / REDIS_URL are set, nothing is started.
+ */
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, openSync, closeSync } from 'node:fs';
+import { createServer, createConnection } from 'node:net';
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Kafka, logLevel } from 'kafkajs';
+
+export const KAFKA_VERSION = process.env.PAVER_KAFKA_VERSION ?? '3.9.2';
+
+/** The package root, from either deploy/local (vitest) or dist/deploy/local (compiled). */
+export function packageRoot(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  while (!existsSync(join(dir, 'package.json'))) dir = dirname(dir);
+  return dir;
+}
+
+export async function freePort(): Promise<number> {
+  return new Promise((res, rej) => {
+    const s = createServer();
+    s.once('error', rej);
+    s.listen(0, '127.0.0.1', () => {
+      const port = (s.address() as { port: number }).port;
+      s.close(() => res(port));
+    });
+  });
+}
+
+function tail(file: string, lines = 30): string {
+  try {
+    return readFileSync(file, 'utf8').trimEnd().split('\n').slice(-lines).join('\n');
+  } catch {
+    return '(no log)';
+  }
+}
+
+function which(cmd: string): boolean {
+  return spawnSync('sh', ['-c', `command -v ${cmd}`], { stdio: 'ignore' }).status === 0;
+}
+
+export interface Managed {
+  name: string;
+  child: ChildProcess;
+  dir: string;
+  logFile: string;
+  stop(): Promise<void>;
+}
+
+function manage(name: string, child: ChildProcess, dir: string, logFile: string, cleanup: boolean): Managed {
+  let stopping: Promise<void> | null = null;
+  return {
+    name,
+    child,
+    dir,
+    logFile,
+    stop() {
+      stopping ??= (async () => {
+        if (child.exitCode === null && child.signalCode === null) {
+          const exited = new Promise<void>((r) => child.once('exit', () => r()));
+          child.kill('SIGTERM');
+          const hard = setTimeout(() => child.kill('SIGKILL'), 10_000);
+          await exited;
+          clearTimeout(hard);
+        }
+        if (cleanup) rmSync(dir, { recursive: true, force: true });
+      })();
+      return stopping;
+    },
+  };
+}
+
+/** Copies the broker and its runtime dependencies from Maven Central into a cache folder; reused when present. */
+export function fetchKafkaJars(log: (s: string) => void = () => undefined): string {
+  const root = packageRoot();
+  const cache = resolve(process.env.PAVER_CACHE_DIR ?? join(root, '.cache'));
+  const libs = join(cache, `kafka-${KAFKA_VERSION}`, 'libs');
+  const marker = join(libs, '.complete');
+  if (existsSync(marker)) return libs;
+  if (!which('java')) throw new Error('java not found: the local Kafka needs Java 17 (or set KAFKA_BROKERS to use your own broker)');
+  if (!which('mvn')) throw new Error('mvn not found: the local Kafka is fetched with Maven (or set KAFKA_BROKERS to use your own broker)');
+  log(`fetching Apache Kafka ${KAFKA_VERSION} jars from Maven Central into ${libs}`);
+  mkdirSync(libs, { recursive: true });
+  const r = spawnSync(
+    'mvn',
+    [
+      '-B',
+      '-q',
+      '-f',
+      join(root, 'deploy', 'local', 'kafka', 'pom.xml'),
+      'dependency:copy-dependencies',
+      '-DincludeScope=runtime',
+      `-Dkafka.version=${KAFKA_VERSION}`,
+      `-DoutputDirectory=${libs}`,
+    ],
+    { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] },
+  );
+  if (r.status !== 0) throw new Error(`mvn failed to fetch Kafka jars:\n${(r.stdout + r.stderr).slice(-3000)}`);
+  writeFileSync(marker, new Date().toISOString());
+  return libs;
+}
+
+async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs: number, onFail: () => string) {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if (await check().catch(() => false)) return;
+    await sleep(200);
+  }
+  throw new Error(`${what} did not become ready in ${timeoutMs} ms\n${onFail()}`);
+}
+
+export interface KafkaOptions {
+  port?: number;
+  dir?: string;
+  log?: (s: string) => void;
+}
+
+export async function startKafka(opts: KafkaOptions = {}): Promise<Managed & { brokers: string }> {
+  const libs = fetchKafkaJars(opts.log);
+  const port = opts.port ?? (await freePort());
+  const controller = await freePort();
+  const cleanup = !opts.dir;
+  const dir = opts.dir ?? mkdtempSync(join(tmpdir(), 'paver-kafka-'));
+  mkdirSync(dir, { recursive: true });
+  const data = join(dir, 'data');
+  const props = join(dir, 'server.properties');
+  const log4j = join(dir, 'log4j.properties');
+  const logFile = join(dir, 'kafka.log');
+  writeFileSync(
+    props,
+    [
+      'process.roles=broker,controller',
+      'node.id=1',
+      `controller.quorum.voters=1@127.0.0.1:${controller}`,
+      `listeners=PLAINTEXT://127.0.0.1:${port},CONTROLLER://127.0.0.1:${controller}`,
+      `advertised.listeners=PLAINTEXT://127.0.0.1:${port}`,
+      'controller.listener.names=CONTROLLER',
+      'inter.broker.listener.name=PLAINTEXT',
+      'listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT',
+      `log.dirs=${data}`,
+      // A single broker cannot hold the default replication factor of 3 for internal topics.
+      'offsets.topic.replication.factor=1',
+      'offsets.topic.num.partitions=5',
+      'transaction.state.log.replication.factor=1',
+      'transaction.state.log.min.isr=1',
+      'group.initial.rebalance.delay.ms=0',
+      'num.partitions=3',
+      'auto.create.topics.enable=false',
+      'log.cleaner.backoff.ms=1000',
+      'log.segment.bytes=67108864',
+      '',
+    ].join('\n'),
+  );
+  writeFileSync(
+    log4j,
+    [
+      'log4j.rootLogger=INFO, file',
+      'log4j.appender.file=org.apache.log4j.FileAppender',
+      `log4j.appender.file.File=${logFile}`,
+      'log4j.appender.file.layout=org.apache.log4j.PatternLayout',
+      'log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n',
+      'log4j.logger.kafka.request.logger=WARN',
+      'log4j.logger.state.change.logger=WARN',
+      '',
+    ].join('\n'),
+  );
+  const cp = `${libs}/*`;
+  const jvm = [`-Dlog4j.configuration=file:${log4j}`, ...(process.env.KAFKA_HEAP_OPTS ?? '-Xms256m -Xmx768m').split(/\s+/), '-XX:+UseSerialGC', '-XX:TieredStopAtLevel=1'];
+  if (!existsSync(join(data, 'meta.properties'))) {
+    const fmt = spawnSync('java', [...jvm, '-cp', cp, 'kafka.tools.StorageTool', 'format', '-t', randomBytes(16).toString('base64url'), '-c', props], { encoding: 'utf8' });
+    if (fmt.status !== 0) throw new Error(`kafka storage format failed:\n${fmt.stdout}${fmt.stderr}`);
+  }
+  const out = openSync(join(dir, 'kafka.stdout.log'), 'a');
+  const child = spawn('java', [...jvm, '-cp', cp, 'kafka.Kafka', props], { stdio: ['ignore', out, out] });
+  closeSync(out);
+  const managed = manage('kafka', child, dir, logFile, cleanup);
+  const brokers = `127.0.0.1:${port}`;
+  const admin = new Kafka({ clientId: 'paver-stack', brokers: [brokers], logLevel: logLevel.NOTHING, retry: { retries: 0 } }).admin();
+  try {
+    await waitFor(
+      'Kafka',
+      async () => {
+        if (child.exitCode !== null) throw new Error('kafka exited');
+        await admin.connect();
+        const meta = await admin.describeCluster();
+        return meta.brokers.length > 0 && meta.controller !== null;
+      },
+      90_000,
+      () => `kafka log (${logFile}):\n${tail(logFile)}\n${tail(join(dir, 'kafka.stdout.log'), 10)}`,
+    );
+  } catch (err) {
+    await managed.stop();
+    throw err;
+  } finally {
+    await admin.disconnect().catch(() => undefined);
+  }
+  return { ...managed, brokers };
+}
+
+/** Installs Debian's redis-server when it is missing and we may (root, apt-get present). */
+function ensureRedisServer(log: (s: string) => void) {
+  if (which('redis-server')) return;
+  if (process.getuid?.() === 0 && which('apt-get')) {
+    log('redis-server not found: installing Debian package redis-server');
+    const r = spawnSync('sh', ['-c', 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server'], { stdio: 'ignore' });
+    if (r.status === 0 && which('redis-server')) return;
+  }
+  throw new Error('redis-server not found: install it (Debian: apt-get install redis-server) or set REDIS_URL');
+}
+
+export async function startRedis(opts: { port?: number; log?: (s: string) => void } = {}): Promise<Managed & { url: string }> {
+  ensureRedisServer(opts.log ?? (() => undefined));
+  const port = opts.port ?? (await freePort());
+  const dir = mkdtempSync(join(tmpdir(), 'paver-redis-'));
+  const logFile = join(dir, 'redis.log');
+  const child = spawn(
+    'redis-server',
+    ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir, '--logfile', logFile, '--daemonize', 'no'],
+    { stdio: 'ignore' },
+  );
+  const managed = manage('redis', child, dir, logFile, true);
+  try {
+    await waitFor(
+      'redis-server',
+      () =>
+        new Promise<boolean>((res) => {
+          if (child.exitCode !== null) return res(false);
+          const c = createConnection({ port, host: '127.0.0.1' }, () => c.write('PING\r\n'));
+          c.once('data', (d) => {
+            c.destroy();
+            res(d.toString().startsWith('+PONG'));
+          });
+          c.once('error', () => res(false));
+        }),
+      20_000,
+      () => tail(logFile),
+    );
+  } catch (err) {
+    await managed.stop();
+    throw err;
+  }
+  return { ...managed, url: `redis://127.0.0.1:${port}` };
+}
+
+export interface Stack {
+  brokers: string;
+  redisUrl: string;
+  started: string[];
+  stop(): Promise<void>;
+}
+
+/** Uses KAFKA_BROKERS / REDIS_URL when set; starts what is missing. */
+export async function startStack(opts: { env?: NodeJS.ProcessEnv; log?: (s: string) => void; kafkaDir?: string } = {}): Promise<Stack> {
+  const env = opts.env ?? process.env;
+  const log = opts.log ?? (() => undefined);
+  const started: Managed[] = [];
+  try {
+    let brokers = env.KAFKA_BROKERS;
+    let redisUrl = env.REDIS_URL;
+    const [k, r] = await Promise.all([
+      brokers ? null : startKafka({ log, ...(opts.kafkaDir ? { dir: opts.kafkaDir } : {}) }),
+      redisUrl ? null : startRedis({ log }),
+    ]);
+    if (k) {
+      started.push(k);
+      brokers = k.brokers;
+    }
+    if (r) {
+      started.push(r);
+      redisUrl = r.url;
+    }
+    return {
+      brokers: brokers!,
+      redisUrl: redisUrl!,
+      started: started.map((m) => m.name),
+      stop: async () => {
+        await Promise.all(started.map((m) => m.stop()));
+      },
+    };
+  } catch (err) {
+    await Promise.all(started.map((m) => m.stop()));
+    throw err;
+  }
+}
+
+if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
+  // `node dist/deploy/local/stack.js` — foreground stack until Ctrl-C (also `npx paver stack`).
+  const stack = await startStack({ log: (s) => process.stderr.write(`${s}\n`) });
+  process.stdout.write(`KAFKA_BROKERS=${stack.brokers}\nREDIS_URL=${stack.redisUrl}\n`);
+  const stop = () => void stack.stop().then(() => process.exit(0));
+  process.once('SIGINT', stop);
+  process.once('SIGTERM', stop);
+}

@@ -1,0 +1,64 @@
+import { z } from 'zod';
+import { id, toolName } from './tool-calls.v1.js';
+
+export const flowStep = z.object({
+  id: z.string(),
+  name: z.string(),
+  skill_key: toolName,
+  depends_on: z.array(z.string()),
+  output_key: z.string(),
+  retry_max: z.number().int(),
+  retry_backoff: z.number(),
+  timeout_seconds: z.number().int(),
+  on_failure: z.enum(['stop', 'continue']),
+  input_map: z.record(z.string(), z.string()),
+});
+
+export const proposedFlow = z.object({
+  name: z.string(),
+  description: z.string(),
+  steps: z.array(flowStep).min(1),
+  tags: z.array(z.string()),
+});
+
+/** The candidate shape of flow-sequence-detector.txt (what `paver detect` prints, one per array item). */
+export const flowCandidate = z.object({
+  tool_sequence: z.array(toolName).min(1),
+  occurrence_count: z.number().int().positive(),
+  match_type: z.enum(['exact', 'subsequence']),
+  estimated_token_savings: z.number().nonnegative(),
+  avg_cost_per_execution: z.number().nonnegative(),
+  dedupe_key: z.string(),
+  proposed_flow: proposedFlow,
+});
+
+/**
+ * A record on the flow-candidates topic (compacted, keyed by dedupe_key): the reference's adaptation
+ * payload plus scope and lifecycle. A candidate that leaves the live set is published as `retracted`.
+ */
+export const flowCandidateRecordV1 = z.object({
+  schema_version: z.literal(1),
+  status: z.enum(['active', 'retracted']),
+  tenant_id: id,
+  agent_id: id,
+  dedupe_key: z.string(),
+  detected_at: z.number().int().nonnegative(),
+  title: z.string(),
+  source_kind: z.literal('tool_sequence'),
+  occurrence_count: z.number().int().nonnegative(),
+  estimated_token_savings: z.number().nonnegative(),
+  candidate: flowCandidate.nullable(),
+  promotion_effect: z
+    .object({
+      effect_type: z.literal('flow_offload_registration'),
+      proposed_flow: proposedFlow,
+      agent_prompt_hint: z.string(),
+      reason: z.string(),
+    })
+    .nullable(),
+});
+
+export type FlowStep = z.infer<typeof flowStep>;
+export type ProposedFlow = z.infer<typeof proposedFlow>;
+export type FlowCandidate = z.infer<typeof flowCandidate>;
+export type FlowCandidateRecord = z.infer<typeof flowCandidateRecordV1>;

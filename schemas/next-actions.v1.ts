@@ -1,0 +1,41 @@
+import { z } from 'zod';
+import { id, toolName } from './tool-calls.v1.js';
+
+export const AUTOSEQ_SKIP_REASONS = [
+  'disabled',
+  'non_structured_observation',
+  'previous_step_parallel',
+  'pending_actions_present',
+  'error_observation',
+  'loop_guard',
+] as const;
+
+/** auto-seq decisions and executions on the next-actions topic, keyed by session_id. */
+export const nextActionRecordV1 = z.object({
+  schema_version: z.literal(1),
+  event_type: z.enum([
+    'auto_seq_detected_unique',
+    'auto_seq_detected_ambiguous',
+    'auto_seq_detected_none',
+    'auto_seq_skipped',
+    'auto_seq_executed',
+  ]),
+  tenant_id: id,
+  agent_id: id,
+  session_id: id,
+  task_id: id,
+  event_id: id,
+  step: z.number().int().nonnegative(),
+  ts: z.number().int().nonnegative(),
+  tool: toolName.optional(),
+  candidates: z.array(toolName).optional(),
+  candidate_count: z.number().int().nonnegative().optional(),
+  reason: z.enum(AUTOSEQ_SKIP_REASONS).optional(),
+  execute: z.boolean().optional(),
+  payload_fingerprint: z.string().optional(),
+  payload_keys_count: z.number().int().nonnegative().optional(),
+  payload_type: z.string().optional(),
+  /** Present only for an executable unique decision, and only when enabled by configuration. */
+  arguments: z.record(z.string(), z.unknown()).optional(),
+});
+export type NextActionRecord = z.infer<typeof nextActionRecordV1>;

@@ -1,0 +1,184 @@
+--[[
+  apply: one batch of detector events for ONE scope (all keys share the scope's hash tag).
+  Mirrors services/detector/src/core/state.ts event for event.
+
+  KEYS[1] meta     hash  cfg (parameter fingerprint), maxTs (event-time clock, ms)
+  KEYS[2] open     zset  task_id -> last event ts (ms)
+  KEYS[3] events   hash  task_id -> packed events of an open task: ("\30" event_id "\31" step "\31" tool "\31" cost)*
+  KEYS[4] done     zset  task_id -> completion ts (ms); remembered doneRetentionMs
+  KEYS[5] window   zset  task_id -> completion ts (ms); ties ordered by task_id bytes
+  KEYS[6] records  hash  task_id -> tools joined by "\31", "\30", costs joined by ","  (window members only)
+  KEYS[7] support  hash  gram -> records in the window containing it
+  KEYS[8] exact    hash  gram -> records in the window consisting of exactly it
+  KEYS[9] cost     hash  gram -> sum of first-occurrence cost over containing records (1/10,000 cent)
+  (frequent set: KEYS[7]..":f" is not used; frequency is support >= minOcc, read by snapshot-7.lua)
+
+  ARGV[1] cfg fingerprint: minLen|maxLen|minOcc|lookback|windowMs(0=off)|idleMs|doneRetentionMs|maxTaskEvents
+  ARGV[2] op count N, then N ops of 7 fields each:
+          kind ("c" tool call | "d" task completed), task_id, event_id, ts ms, step, tool, cost units
+
+  Returns {1, changed (0|1), applied, ignored, completed} or {-2, stored cfg} when the state was built with
+  other parameters.
+]]
+local cfg = ARGV[1]
+local stored = redis.call('HGET', KEYS[1], 'cfg')
+if stored and stored ~= cfg then return {-2, stored} end
+if not stored then redis.call('HSET', KEYS[1], 'cfg', cfg) end
+
+local p = {}
+for v in string.gmatch(cfg, '[^|]+') do p[#p + 1] = tonumber(v) end
+local minLen, maxLen, minOcc, lookback, windowMs, idleMs, retention, maxEvents = p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]
+
+local maxTs = tonumber(redis.call('HGET', KEYS[1], 'maxTs') or '0')
+local changed, applied, ignored, completed = 0, 0, 0, 0
+local US, RS = '\31', '\30'
+
+local function int(x) return string.format('%.0f', x) end
+
+-- Byte order (as ZSET members and core/order.ts compare); Lua's own `<` on strings follows the locale.
+local function bytesLess(a, b)
+  local la, lb = #a, #b
+  for i = 1, math.min(la, lb) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return la < lb
+end
+
+local function split(s, sep)
+  local out = {}
+  if s == nil or s == '' then return out end
+  local start = 1
+  while true do
+    local i = string.find(s, sep, start, true)
+    if not i then out[#out + 1] = string.sub(s, start); break end
+    out[#out + 1] = string.sub(s, start, i - 1)
+    start = i + 1
+  end
+  return out
+end
+
+-- Adds (d = 1) or removes (d = -1) one record's distinct grams; see core/grams.ts.
+local function count(tools, costs, d)
+  local n = #tools
+  local prefix = {[0] = 0}
+  for i = 1, n do prefix[i] = prefix[i - 1] + costs[i] end
+  local seen, order = {}, {}
+  local top = math.min(maxLen, n)
+  for len = minLen, top do
+    for i = 1, n - len + 1 do
+      local key = table.concat(tools, US, i, i + len - 1)
+      if seen[key] == nil then seen[key] = prefix[i + len - 1] - prefix[i - 1]; order[#order + 1] = key end
+    end
+  end
+  local whole = nil
+  if n >= minLen then
+    whole = table.concat(tools, US)
+    if seen[whole] == nil then seen[whole] = prefix[n]; order[#order + 1] = whole end
+  end
+  for _, key in ipairs(order) do
+    local s = redis.call('HINCRBY', KEYS[7], key, d)
+    if s == 0 then
+      redis.call('HDEL', KEYS[7], key)
+      redis.call('HDEL', KEYS[9], key)
+    else
+      redis.call('HINCRBY', KEYS[9], key, int(d * seen[key]))
+    end
+  end
+  if whole ~= nil then
+    local x = redis.call('HINCRBY', KEYS[8], whole, d)
+    if x == 0 then redis.call('HDEL', KEYS[8], whole) end
+  end
+end
+
+local function unpackRecord(packed)
+  local i = string.find(packed, RS, 1, true)
+  local tools = split(string.sub(packed, 1, i - 1), US)
+  local costs = {}
+  for _, c in ipairs(split(string.sub(packed, i + 1), ',')) do costs[#costs + 1] = tonumber(c) end
+  return tools, costs
+end
+
+local function evictOldest()
+  local oldest = redis.call('ZPOPMIN', KEYS[5])
+  local task = oldest[1]
+  local packed = redis.call('HGET', KEYS[6], task)
+  redis.call('HDEL', KEYS[6], task)
+  if packed then
+    local tools, costs = unpackRecord(packed)
+    count(tools, costs, -1)
+  end
+end
+
+local function complete(task, ts)
+  local packed = redis.call('HGET', KEYS[3], task)
+  redis.call('HDEL', KEYS[3], task)
+  redis.call('ZREM', KEYS[2], task)
+  redis.call('ZADD', KEYS[4], ts, task)
+  local evs = {}
+  if packed then
+    for _, e in ipairs(split(string.sub(packed, 2), RS)) do
+      local f = split(e, US)
+      evs[#evs + 1] = {id = f[1], step = tonumber(f[2]), tool = f[3], cost = tonumber(f[4])}
+    end
+  end
+  table.sort(evs, function(a, b)
+    if a.step ~= b.step then return a.step < b.step end
+    return bytesLess(a.id, b.id)
+  end)
+  local tools, costs, costStr = {}, {}, {}
+  for i, e in ipairs(evs) do tools[i] = e.tool; costs[i] = e.cost; costStr[i] = int(e.cost) end
+  redis.call('ZADD', KEYS[5], ts, task)
+  redis.call('HSET', KEYS[6], task, table.concat(tools, US) .. RS .. table.concat(costStr, ','))
+  count(tools, costs, 1)
+  completed = completed + 1
+  changed = 1
+  while redis.call('ZCARD', KEYS[5]) > lookback do evictOldest() end
+end
+
+local function sweep()
+  local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', int(maxTs - idleMs), 'WITHSCORES')
+  -- (last + idle, task) order equals (last, task) order: ZRANGEBYSCORE already returns it.
+  for i = 1, #due, 2 do complete(due[i], tonumber(due[i + 1]) + idleMs) end
+end
+
+local function expire()
+  if windowMs > 0 then
+    while true do
+      local oldest = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+      if #oldest == 0 or tonumber(oldest[2]) > maxTs - windowMs then break end
+      evictOldest()
+      changed = 1
+    end
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. int(maxTs - retention))
+end
+
+local n = tonumber(ARGV[2])
+for k = 0, n - 1 do
+  local b = 3 + k * 7
+  local kind, task, eid, ts = ARGV[b], ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3])
+  if ts > maxTs then maxTs = ts end
+  sweep()
+  if redis.call('ZSCORE', KEYS[4], task) then
+    ignored = ignored + 1
+  elseif kind == 'c' then
+    local packed = redis.call('HGET', KEYS[3], task) or ''
+    local count_ = 0
+    if packed ~= '' then _, count_ = string.gsub(packed, RS, '') end
+    if string.find(packed, RS .. eid .. US, 1, true) == nil and count_ < maxEvents then
+      redis.call('HSET', KEYS[3], task, packed .. RS .. eid .. US .. ARGV[b + 4] .. US .. ARGV[b + 5] .. US .. ARGV[b + 6])
+      applied = applied + 1
+    else
+      ignored = ignored + 1
+    end
+    local last = tonumber(redis.call('ZSCORE', KEYS[2], task) or '-1')
+    if ts > last then redis.call('ZADD', KEYS[2], ts, task) end
+  else
+    complete(task, ts)
+    applied = applied + 1
+  end
+  expire()
+end
+redis.call('HSET', KEYS[1], 'maxTs', int(maxTs))
+return {1, changed, applied, ignored, completed}

@@ -1,0 +1,123 @@
+import { fileURLToPath } from 'node:url';
+import type { Redis } from 'ioredis';
+import { z } from 'zod';
+import { defineScripts, invokeScript, parseScriptReply, readScripts } from '../../../../../shared/redis/scripts.js';
+import { scopeTag } from '../../../../../shared/redis/keys.js';
+import type { DetectorOp, Scope } from '../../core/ops.js';
+import { scopeId } from '../../core/ops.js';
+import { stateFingerprint, type DetectorParams } from '../../core/params.js';
+import type { GramStat } from '../../core/select.js';
+
+export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
+export const SCRIPTS = ['apply', 'snapshot', 'claim', 'release'] as const;
+
+/** One pure key builder for the detector's keyspace: `<prefix>:det:{tenant|agent}:<name>`. */
+export function detectorKeys(prefix: string, s: Scope) {
+  const base = `${prefix}:det:${scopeTag(s.tenant, s.agent)}`;
+  const k = (name: string) => `${base}:${name}`;
+  return {
+    meta: k('meta'),
+    open: k('open'),
+    events: k('events'),
+    done: k('done'),
+    window: k('window'),
+    records: k('records'),
+    support: k('support'),
+    exact: k('exact'),
+    cost: k('cost'),
+    lock: k('lock'),
+    dirty: k('dirty'),
+    published: k('published'),
+  };
+}
+
+const CODES = {
+  [-2]: { code: 'REDIS_STATE_CONFLICT' as const, message: 'detector state under this key prefix was built with other parameters; use a new REDIS_KEY_PREFIX or delete the old keys' },
+  [-3]: { code: 'REDIS_STATE_CONFLICT' as const, message: 'publication lock lost (TTL expired)' },
+};
+const applyReply = z.tuple([z.literal(1), z.number(), z.number(), z.number(), z.number()]);
+const flatReply = z.array(z.union([z.string(), z.number()]));
+
+export interface BatchOutcome {
+  changed: Scope[];
+  applied: number;
+  ignored: number;
+  completed: number;
+}
+
+/** The detector state in Redis: the Lua twin of core/state.ts. */
+export class RedisDetectorStore {
+  private readonly cfg: string;
+  roundTrips = 0;
+  constructor(
+    private readonly redis: Redis,
+    private readonly params: DetectorParams,
+    private readonly prefix: string,
+  ) {
+    this.cfg = stateFingerprint(params);
+    defineScripts(redis, readScripts(SCRIPT_DIR, [...SCRIPTS]));
+  }
+
+  /** One script call per scope, all in one pipeline: one round trip per batch. */
+  async applyBatch(ops: readonly DetectorOp[]): Promise<BatchOutcome> {
+    const byScope = new Map<string, { scope: Scope; argv: (string | number)[]; n: number }>();
+    for (const op of ops) {
+      const id = scopeId(op.scope);
+      let g = byScope.get(id);
+      if (!g) byScope.set(id, (g = { scope: op.scope, argv: [], n: 0 }));
+      if (op.kind === 'call') g.argv.push('c', op.task, op.eventId, op.ts, op.step, op.tool, op.cost);
+      else g.argv.push('d', op.task, op.eventId, op.ts, 0, '', 0);
+      g.n++;
+    }
+    const out: BatchOutcome = { changed: [], applied: 0, ignored: 0, completed: 0 };
+    if (byScope.size === 0) return out;
+    const pipe = this.redis.pipeline();
+    const groups = [...byScope.values()];
+    for (const g of groups) {
+      const k = detectorKeys(this.prefix, g.scope);
+      invokeScript(pipe, 'apply', [k.meta, k.open, k.events, k.done, k.window, k.records, k.support, k.exact, k.cost], [this.cfg, g.n, ...g.argv]);
+    }
+    const replies = (await pipe.exec()) ?? [];
+    this.roundTrips++;
+    replies.forEach(([err, reply], i) => {
+      if (err) throw err;
+      const [, changed, applied, ignored, completed] = parseScriptReply('apply', reply, applyReply, CODES);
+      out.applied += applied;
+      out.ignored += ignored;
+      out.completed += completed;
+      if (changed === 1) out.changed.push(groups[i]!.scope);
+    });
+    return out;
+  }
+
+  async snapshot(scope: Scope): Promise<GramStat[]> {
+    const k = detectorKeys(this.prefix, scope);
+    const reply = parseScriptReply('snapshot', await invokeScript(this.redis, 'snapshot', [k.support, k.exact, k.cost], [this.params.minOccurrences]), flatReply);
+    this.roundTrips++;
+    const stats: GramStat[] = [];
+    for (let i = 1; i + 3 < reply.length + 1; i += 4) {
+      stats.push({ key: String(reply[i]), support: Number(reply[i + 1]), exact: Number(reply[i + 2]), cost: Number(reply[i + 3]) });
+    }
+    return stats;
+  }
+
+  /** The published map when the publication lock was taken; null when another instance holds it. */
+  async claim(scope: Scope, token: string, ttlMs: number): Promise<Map<string, string> | null> {
+    const k = detectorKeys(this.prefix, scope);
+    const reply = parseScriptReply('claim', await invokeScript(this.redis, 'claim', [k.lock, k.dirty, k.published, k.meta], [token, ttlMs]), flatReply);
+    this.roundTrips++;
+    if (reply[0] !== 1) return null;
+    const m = new Map<string, string>();
+    for (let i = 1; i + 1 < reply.length; i += 2) m.set(String(reply[i]), String(reply[i + 1]));
+    return m;
+  }
+
+  /** Records what was published; true when the scope changed meanwhile and must be published again. */
+  async release(scope: Scope, token: string, ttlMs: number, upserts: [string, string][], deletes: string[]): Promise<boolean> {
+    const k = detectorKeys(this.prefix, scope);
+    const argv = [token, ttlMs, upserts.length, ...upserts.flat(), ...deletes];
+    const reply = parseScriptReply('release', await invokeScript(this.redis, 'release', [k.lock, k.dirty, k.published], argv), z.tuple([z.literal(1), z.number()]), CODES);
+    this.roundTrips++;
+    return reply[1] === 1;
+  }
+}

@@ -1,0 +1,135 @@
+import { createReadStream } from 'node:fs';
+import { createInterface } from 'node:readline';
+import { parseArgs } from 'node:util';
+import { toolCallsEventV1, TOOL_CALLS_EVENT_TYPES } from '../../../schemas/index.js';
+import { zodParser } from '../../../shared/kafka/runner.js';
+import { liveCandidates } from './core/detect.js';
+import { toOp, scopeId, type Scope } from './core/ops.js';
+import { DEFAULT_PARAMS, validateParams, type DetectorParams } from './core/params.js';
+import { DetectorState } from './core/state.js';
+
+const USAGE = `Usage: paver detect --input FILE.jsonl [--min-length 3] [--min-occurrences 3] [--lookback 200]
+                    [--max-candidates 5] [--max-length 12] [--window-ms MS] [--task-idle-ms MS]
+                    [--tenant T --agent A]
+
+Runs the detector's core over a JSONL file of tool-calls events (in file order, in memory) and prints the
+live candidates at the end as a JSON array. Bad lines are reported on stderr with their line number, skipped
+and counted. Without --tenant/--agent the file must hold one (tenant, agent) scope.
+`;
+
+const MAX_LINE = 1024 * 1024;
+
+/** Streams the file: a million-event file never sits in memory whole. */
+export async function detect(input: string, params: DetectorParams, filter: Partial<Scope>, warn: (s: string) => void) {
+  const state = new DetectorState(params);
+  const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
+  let lineNo = 0;
+  let bad = 0;
+  const rl = createInterface({ input: createReadStream(input), crlfDelay: Infinity });
+  for await (const line of rl) {
+    lineNo++;
+    if (!line.trim()) continue;
+    const fail = (why: string) => {
+      bad++;
+      if (bad <= 100) warn(`line ${lineNo}: ${why}`);
+    };
+    if (line.length > MAX_LINE) {
+      fail(`longer than ${MAX_LINE} characters`);
+      continue;
+    }
+    let raw: unknown;
+    try {
+      raw = JSON.parse(line);
+    } catch {
+      fail('not valid JSON');
+      continue;
+    }
+    const r = parse(raw, 'file');
+    if (!r.ok) {
+      fail(`${r.reason}: ${r.detail}`);
+      continue;
+    }
+    const op = toOp(r.value);
+    if (!op) continue;
+    if ((filter.tenant && op.scope.tenant !== filter.tenant) || (filter.agent && op.scope.agent !== filter.agent)) continue;
+    state.apply(op);
+  }
+  if (bad > 100) warn(`… ${bad - 100} more bad lines`);
+  return { state, lines: lineNo, bad };
+}
+
+export async function detectCommand(argv: string[]): Promise<number> {
+  let values;
+  try {
+    ({ values } = parseArgs({
+      args: argv,
+      options: {
+        input: { type: 'string' },
+        'min-length': { type: 'string' },
+        'max-length': { type: 'string' },
+        'min-occurrences': { type: 'string' },
+        lookback: { type: 'string' },
+        'max-candidates': { type: 'string' },
+        'window-ms': { type: 'string' },
+        'task-idle-ms': { type: 'string' },
+        tenant: { type: 'string' },
+        agent: { type: 'string' },
+        help: { type: 'boolean' },
+      },
+    }));
+  } catch (err) {
+    process.stderr.write(`paver detect: ${(err as Error).message}\n\n${USAGE}`);
+    return 2;
+  }
+  if (values.help) {
+    process.stdout.write(USAGE);
+    return 0;
+  }
+  if (!values.input) {
+    process.stderr.write(`paver detect: --input is required\n\n${USAGE}`);
+    return 2;
+  }
+  const num = (name: string, v: string | undefined, dflt: number): number => {
+    if (v === undefined) return dflt;
+    const n = Number(v);
+    if (!Number.isInteger(n) || n < 1) throw new Error(`--${name} must be a positive integer`);
+    return n;
+  };
+  let params: DetectorParams;
+  try {
+    params = {
+      ...DEFAULT_PARAMS,
+      minLength: num('min-length', values['min-length'], DEFAULT_PARAMS.minLength),
+      maxLength: num('max-length', values['max-length'], DEFAULT_PARAMS.maxLength),
+      minOccurrences: num('min-occurrences', values['min-occurrences'], DEFAULT_PARAMS.minOccurrences),
+      lookback: num('lookback', values.lookback, DEFAULT_PARAMS.lookback),
+      maxCandidates: num('max-candidates', values['max-candidates'], DEFAULT_PARAMS.maxCandidates),
+      windowMs: values['window-ms'] === undefined ? null : num('window-ms', values['window-ms'], 1),
+      taskIdleMs: num('task-idle-ms', values['task-idle-ms'], DEFAULT_PARAMS.taskIdleMs),
+    };
+    const errs = validateParams(params);
+    if (errs.length) throw new Error(errs.join('; '));
+  } catch (err) {
+    process.stderr.write(`paver detect: ${(err as Error).message}\n`);
+    return 2;
+  }
+  const warn = (s: string) => process.stderr.write(`paver detect: ${s}\n`);
+  let result;
+  try {
+    result = await detect(values.input, params, { ...(values.tenant ? { tenant: values.tenant } : {}), ...(values.agent ? { agent: values.agent } : {}) }, warn);
+  } catch (err) {
+    process.stderr.write(`paver detect: cannot read ${values.input}: ${(err as Error).message}\n`);
+    return 1;
+  }
+  const scopes = result.state.scopesSeen();
+  let scope: Scope;
+  if (values.tenant || values.agent) scope = { tenant: values.tenant ?? 'default', agent: values.agent ?? 'default' };
+  else if (scopes.length <= 1) scope = scopes[0] ?? { tenant: 'default', agent: 'default' };
+  else {
+    warn(`the file holds ${scopes.length} scopes (${scopes.map((s) => scopeId(s).replace('\u001f', '/')).slice(0, 5).join(', ')}…): choose one with --tenant and --agent`);
+    return 2;
+  }
+  process.stdout.write(JSON.stringify(liveCandidates(result.state.frequentStats(scope), params), null, 2) + '\n');
+  if (result.bad > 0) warn(`${result.bad} bad line(s) skipped of ${result.lines}`);
+  return 0;
+}

@@ -1,0 +1,41 @@
+import { z } from 'zod';
+import { commonEnvShape, refineCommon } from '../../../shared/config.js';
+import type { DetectorParams } from './core/params.js';
+
+const int = (min: number, max = Number.MAX_SAFE_INTEGER) => z.coerce.number().int().min(min).max(max);
+
+export const detectorEnvSchema = z
+  .object({
+    ...commonEnvShape,
+    DETECTOR_GROUP_ID: z.string().min(1).default('paver-detector'),
+    DETECTOR_MIN_LENGTH: int(1, 100).default(3),
+    DETECTOR_MAX_LENGTH: int(1, 100).default(12),
+    DETECTOR_MIN_OCCURRENCES: int(1, 1_000_000).default(3),
+    DETECTOR_LOOKBACK: int(1, 1_000_000).default(200),
+    DETECTOR_MAX_CANDIDATES: int(1, 1000).default(5),
+    DETECTOR_WINDOW_MS: int(1).optional(),
+    DETECTOR_TASK_IDLE_MS: int(1).default(30 * 60_000),
+    DETECTOR_DONE_RETENTION_MS: int(1).default(24 * 3_600_000),
+    DETECTOR_MAX_TASK_EVENTS: int(1, 100_000).default(1000),
+  })
+  .superRefine((env, ctx) => {
+    refineCommon(env, ctx);
+    if (env.DETECTOR_MAX_LENGTH < env.DETECTOR_MIN_LENGTH) {
+      ctx.addIssue({ code: 'custom', path: ['DETECTOR_MAX_LENGTH'], message: 'must be ≥ DETECTOR_MIN_LENGTH' });
+    }
+  });
+export type DetectorEnv = z.infer<typeof detectorEnvSchema>;
+
+export function paramsFromEnv(env: DetectorEnv): DetectorParams {
+  return {
+    minLength: env.DETECTOR_MIN_LENGTH,
+    maxLength: env.DETECTOR_MAX_LENGTH,
+    minOccurrences: env.DETECTOR_MIN_OCCURRENCES,
+    lookback: env.DETECTOR_LOOKBACK,
+    maxCandidates: env.DETECTOR_MAX_CANDIDATES,
+    windowMs: env.DETECTOR_WINDOW_MS ?? null,
+    taskIdleMs: env.DETECTOR_TASK_IDLE_MS,
+    doneRetentionMs: env.DETECTOR_DONE_RETENTION_MS,
+    maxTaskEvents: env.DETECTOR_MAX_TASK_EVENTS,
+  };
+}

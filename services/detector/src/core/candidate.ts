@@ -1,0 +1,113 @@
+import type { FlowCandidate, FlowCandidateRecord, FlowStep } from '../../../../schemas/index.js';
+import { COST_SCALE } from './ops.js';
+import type { DetectorParams } from './params.js';
+import type { Selected } from './select.js';
+
+export function titleCase(tool: string): string {
+  return tool
+    .split(/[_\-.\s/:]+/)
+    .filter(Boolean)
+    .map((w) => w.charAt(0).toUpperCase() + w.slice(1).toLowerCase())
+    .join(' ');
+}
+
+export const flowNameOf = (tools: readonly string[]): string => `Auto: ${tools.join(' → ')}`;
+
+function steps(tools: readonly string[]): FlowStep[] {
+  return tools.map((tool, i) => ({
+    id: `step_${i + 1}`,
+    name: titleCase(tool),
+    skill_key: tool,
+    depends_on: i === 0 ? [] : [`step_${i}`],
+    output_key: `step_${i + 1}`,
+    retry_max: 2,
+    retry_backoff: 1.0,
+    timeout_seconds: 120,
+    on_failure: 'stop',
+    // Linear chain: the first step takes the trigger's input, each next one the previous step's output.
+    input_map: { input: i === 0 ? '{{_trigger.input}}' : `{{step_${i}.output}}` },
+  }));
+}
+
+/** The candidate shape of flow-sequence-detector.txt. */
+export function toCandidate(s: Selected, p: DetectorParams): FlowCandidate {
+  const name = flowNameOf(s.tools);
+  return {
+    tool_sequence: [...s.tools],
+    occurrence_count: s.support,
+    match_type: s.exact >= p.minOccurrences ? 'exact' : 'subsequence',
+    estimated_token_savings: s.savingsHundredths / 100,
+    avg_cost_per_execution: Math.round(s.cost / s.support) / COST_SCALE,
+    dedupe_key: s.dedupeKey,
+    proposed_flow: {
+      name,
+      description: `Auto-generated from ${s.support} observed repetitions of a ${s.tools.length}-step tool sequence.`,
+      steps: steps(s.tools),
+      tags: ['auto-generated', 'flow-offload'],
+    },
+  };
+}
+
+/** The adaptation payload published on the flow-candidates topic. */
+export function toRecord(c: FlowCandidate, scope: { tenant: string; agent: string }, now: number): FlowCandidateRecord {
+  const perRun = Math.round((c.avg_cost_per_execution * 0.95) * 100) / 100;
+  return {
+    schema_version: 1,
+    status: 'active',
+    tenant_id: scope.tenant,
+    agent_id: scope.agent,
+    dedupe_key: c.dedupe_key,
+    detected_at: now,
+    title: `Auto-Flow: ${c.tool_sequence.join(' → ')}`,
+    source_kind: 'tool_sequence',
+    occurrence_count: c.occurrence_count,
+    estimated_token_savings: c.estimated_token_savings,
+    candidate: c,
+    promotion_effect: {
+      effect_type: 'flow_offload_registration',
+      proposed_flow: c.proposed_flow,
+      agent_prompt_hint: `A deterministic flow '${c.proposed_flow.name}' is available for this pattern. Use flow_run('${c.proposed_flow.name}') instead of reasoning through these steps manually.`,
+      reason: `Detected ${c.occurrence_count} repetitions of a ${c.tool_sequence.length}-step sequence. Offloading saves ~${perRun} cost units per run.`,
+    },
+  };
+}
+
+export function retractedRecord(dedupeKey: string, scope: { tenant: string; agent: string }, now: number): FlowCandidateRecord {
+  return {
+    schema_version: 1,
+    status: 'retracted',
+    tenant_id: scope.tenant,
+    agent_id: scope.agent,
+    dedupe_key: dedupeKey,
+    detected_at: now,
+    title: `Auto-Flow: ${dedupeKey.slice('flow_offload:'.length)}`,
+    source_kind: 'tool_sequence',
+    occurrence_count: 0,
+    estimated_token_savings: 0,
+    candidate: null,
+    promotion_effect: null,
+  };
+}
+
+/** Kafka key of a candidate record: scoped, so that compaction never merges two agents' candidates. */
+export const candidateKey = (scope: { tenant: string; agent: string }, dedupeKey: string): string =>
+  `${scope.tenant}/${scope.agent}/${dedupeKey}`;
+
+/**
+ * Which published candidates changed: `published` maps dedupe_key → the candidate's JSON as last published.
+ * Returns the records to publish (new or changed ones active, dropped ones retracted).
+ */
+export function diffCandidates(
+  published: ReadonlyMap<string, string>,
+  live: readonly FlowCandidate[],
+): { upserts: FlowCandidate[]; retracts: string[]; next: Map<string, string> } {
+  const next = new Map<string, string>();
+  const upserts: FlowCandidate[] = [];
+  for (const c of live) {
+    const json = JSON.stringify(c);
+    next.set(c.dedupe_key, json);
+    if (published.get(c.dedupe_key) !== json) upserts.push(c);
+  }
+  const retracts = [...published.keys()].filter((k) => !next.has(k));
+  return { upserts, retracts, next };
+}

@@ -1,0 +1,29 @@
+import type { ToolCallsEvent } from '../../../../schemas/index.js';
+
+/** Costs are kept as integers of 1/10,000 cent so that adding and removing records never drifts. */
+export const COST_SCALE = 10_000;
+/** A step without cost_cents costs 1 (then savings count LLM steps). */
+export const DEFAULT_COST_UNITS = COST_SCALE;
+
+export const costUnits = (costCents: number | undefined): number =>
+  costCents === undefined ? DEFAULT_COST_UNITS : Math.round(costCents * COST_SCALE);
+
+export interface Scope {
+  tenant: string;
+  agent: string;
+}
+export const scopeId = (s: Scope): string => `${s.tenant}\u001f${s.agent}`;
+
+export type DetectorOp =
+  | { kind: 'call'; scope: Scope; task: string; eventId: string; ts: number; step: number; tool: string; cost: number }
+  | { kind: 'done'; scope: Scope; task: string; eventId: string; ts: number };
+
+/** The detector reads tool calls and task completions; user messages are not part of a record. */
+export function toOp(e: ToolCallsEvent): DetectorOp | null {
+  const scope = { tenant: e.tenant_id, agent: e.agent_id };
+  if (e.type === 'tool_call') {
+    return { kind: 'call', scope, task: e.task_id, eventId: e.event_id, ts: e.ts, step: e.step, tool: e.tool, cost: costUnits(e.cost_cents) };
+  }
+  if (e.type === 'task_completed') return { kind: 'done', scope, task: e.task_id, eventId: e.event_id, ts: e.ts };
+  return null;
+}

@@ -1,0 +1,43 @@
+/** Detection parameters (the reference's table plus the streaming window). */
+export interface DetectorParams {
+  minLength: number;
+  maxLength: number;
+  minOccurrences: number;
+  lookback: number;
+  maxCandidates: number;
+  /** Time window over completion time, in event-time ms; null = count window only. */
+  windowMs: number | null;
+  /** A task with no event for this long (event time) is complete. */
+  taskIdleMs: number;
+  /** How long (event time) a completed task id is remembered so late events for it are ignored. */
+  doneRetentionMs: number;
+  /** Events kept per open task; further events of that task are ignored (bounded memory). */
+  maxTaskEvents: number;
+}
+
+export const DEFAULT_PARAMS: DetectorParams = {
+  minLength: 3,
+  maxLength: 12,
+  minOccurrences: 3,
+  lookback: 200,
+  maxCandidates: 5,
+  windowMs: null,
+  taskIdleMs: 30 * 60_000,
+  doneRetentionMs: 24 * 3_600_000,
+  maxTaskEvents: 1_000,
+};
+
+/** The parameters that shape stored counts: state built with others cannot be reused. */
+export function stateFingerprint(p: DetectorParams): string {
+  return [p.minLength, p.maxLength, p.minOccurrences, p.lookback, p.windowMs ?? 0, p.taskIdleMs, p.doneRetentionMs, p.maxTaskEvents].join('|');
+}
+
+export function validateParams(p: DetectorParams): string[] {
+  const errs: string[] = [];
+  if (p.minLength < 1) errs.push('min length must be ≥ 1');
+  if (p.maxLength < p.minLength) errs.push('max length must be ≥ min length');
+  if (p.minOccurrences < 1) errs.push('min occurrences must be ≥ 1');
+  if (p.lookback < 1) errs.push('lookback must be ≥ 1');
+  if (p.maxCandidates < 1) errs.push('max candidates must be ≥ 1');
+  return errs;
+}

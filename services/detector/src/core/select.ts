@@ -1,0 +1,69 @@
+import { COST_SCALE } from './ops.js';
+import { SEP } from './grams.js';
+import type { DetectorParams } from './params.js';
+
+/** What the window knows about one sequence. */
+export interface GramStat {
+  key: string;
+  /** Distinct records in the window that contain it. */
+  support: number;
+  /** Records in the window that consist of exactly it. */
+  exact: number;
+  /** Sum over occurrence records of the first occurrence's cost, in cost units. */
+  cost: number;
+}
+
+export interface Selected {
+  tools: string[];
+  support: number;
+  exact: number;
+  cost: number;
+  /** estimated_token_savings × 100, an integer (rounded half up), so ordering never meets float noise. */
+  savingsHundredths: number;
+  dedupeKey: string;
+}
+
+export const DEDUPE_PREFIX = 'flow_offload:';
+export const dedupeKeyOf = (tools: readonly string[]): string => DEDUPE_PREFIX + tools.join('→');
+
+/** avg × count × 0.95 = cost sum × 0.95, in hundredths of a cent, rounded half up, in integer arithmetic. */
+export const savingsHundredths = (costUnits: number): number => Math.floor((costUnits * 95 + COST_SCALE / 2) / COST_SCALE);
+
+function isContiguousPart(inner: readonly string[], outer: readonly string[]): boolean {
+  if (inner.length > outer.length) return false;
+  outer: for (let i = 0; i + inner.length <= outer.length; i++) {
+    for (let j = 0; j < inner.length; j++) if (outer[i + j] !== inner[j]) continue outer;
+    return true;
+  }
+  return false;
+}
+
+export function compareSelected(a: Selected, b: Selected): number {
+  return (
+    b.savingsHundredths - a.savingsHundredths ||
+    b.support - a.support ||
+    b.tools.length - a.tools.length ||
+    (a.dedupeKey < b.dedupeKey ? -1 : a.dedupeKey > b.dedupeKey ? 1 : 0)
+  );
+}
+
+/**
+ * The live candidates: frequent sequences (support ≥ minOccurrences) ordered by savings, occurrences, length,
+ * dedupe_key; a sequence is kept unless it is a contiguous part of, or contains, one already kept.
+ */
+export function selectCandidates(stats: Iterable<GramStat>, p: DetectorParams): Selected[] {
+  const frequent: Selected[] = [];
+  for (const s of stats) {
+    if (s.support < p.minOccurrences) continue;
+    const tools = s.key.split(SEP);
+    frequent.push({ tools, support: s.support, exact: s.exact, cost: s.cost, savingsHundredths: savingsHundredths(s.cost), dedupeKey: dedupeKeyOf(tools) });
+  }
+  frequent.sort(compareSelected);
+  const kept: Selected[] = [];
+  for (const c of frequent) {
+    if (kept.length >= p.maxCandidates) break;
+    if (kept.some((k) => isContiguousPart(c.tools, k.tools) || isContiguousPart(k.tools, c.tools))) continue;
+    kept.push(c);
+  }
+  return kept;
+}

@@ -1,0 +1,127 @@
+import { SchemaRegistry, SchemaType } from '@kafkajs/confluent-schema-registry';
+import { z } from 'zod';
+import { CONTRACTS } from '../schemas/index.js';
+import { PaverError } from './errors.js';
+import type { DeadLetterReason } from '../schemas/index.js';
+
+/** A message that cannot be turned into a JSON value; `reason` is its dead-letter reason. */
+export class DecodeError extends Error {
+  constructor(
+    readonly reason: DeadLetterReason,
+    message: string,
+  ) {
+    super(message);
+    this.name = 'DecodeError';
+  }
+}
+
+export interface Codec {
+  readonly kind: 'json' | 'registry';
+  encode(contract: string, topic: string, value: unknown): Promise<Buffer>;
+  /** Detects the framing per message: Confluent wire format starts with magic byte 0, JSON text never does. */
+  decode(buf: Buffer): Promise<unknown>;
+}
+
+function decodeJson(buf: Buffer): unknown {
+  try {
+    return JSON.parse(buf.toString('utf8'));
+  } catch {
+    throw new DecodeError('undecodable', 'not valid JSON');
+  }
+}
+
+const isWireFormat = (buf: Buffer): boolean => buf.length >= 5 && buf[0] === 0;
+
+export function jsonCodec(): Codec {
+  return {
+    kind: 'json',
+    async encode(_contract, _topic, value) {
+      return Buffer.from(JSON.stringify(value));
+    },
+    async decode(buf) {
+      if (isWireFormat(buf)) {
+        throw new DecodeError('registry_error', 'Confluent wire format received but SCHEMA_REGISTRY_URL is not set');
+      }
+      return decodeJson(buf);
+    },
+  };
+}
+
+export interface RegistryOptions {
+  url: string;
+  username?: string | undefined;
+  password?: string | undefined;
+}
+
+/**
+ * Confluent wire format through @kafkajs/confluent-schema-registry, with JSON Schema subjects
+ * `<topic>-value` registered from the zod contracts on first use (ids cached per subject).
+ */
+export function registryCodec(opts: RegistryOptions): Codec {
+  const registry = new SchemaRegistry({
+    host: opts.url,
+    ...(opts.username ? { auth: { username: opts.username, password: opts.password ?? '' } } : {}),
+    retry: { retries: 2, initialRetryTime: 100, maxRetryTime: 1000 },
+  } as ConstructorParameters<typeof SchemaRegistry>[0]);
+  const ids = new Map<string, Promise<number>>();
+
+  const idFor = (contract: string, topic: string): Promise<number> => {
+    const subject = `${topic}-value`;
+    let p = ids.get(subject);
+    if (!p) {
+      const c = CONTRACTS[contract];
+      if (!c) throw new PaverError('INTERNAL', `unknown contract ${contract}`);
+      const schema = z.toJSONSchema(c.schema, { io: c.io, target: 'draft-7', unrepresentable: 'any' });
+      p = registry
+        .register({ type: SchemaType.JSON, schema: JSON.stringify(schema) }, { subject })
+        .then((r) => r.id);
+      // A failed registration must not poison the cache: the next send retries it.
+      p.catch(() => ids.delete(subject));
+      ids.set(subject, p);
+    }
+    return p;
+  };
+
+  return {
+    kind: 'registry',
+    async encode(contract, topic, value) {
+      try {
+        return await registry.encode(await idFor(contract, topic), value);
+      } catch (err) {
+        throw new PaverError('REGISTRY_UNAVAILABLE', `schema registry encode failed: ${(err as Error).message}`, {
+          cause: err,
+        });
+      }
+    },
+    async decode(buf) {
+      if (!isWireFormat(buf)) return decodeJson(buf);
+      try {
+        return await registry.decode(buf);
+      } catch (err) {
+        const e = err as { name?: string; status?: number; message?: string };
+        // Unknown ids and payloads that fail the writer's schema are the message's fault; anything else
+        // (connection refused, 5xx) is the registry's, and retrying is right.
+        if (e.name === 'ConfluentSchemaRegistryValidationError' || e.status === 404 || e.name === 'SyntaxError') {
+          throw new DecodeError('registry_error', `registry decode failed: ${e.name ?? 'error'}`);
+        }
+        throw new PaverError('REGISTRY_UNAVAILABLE', `schema registry unavailable: ${e.message ?? String(err)}`, {
+          cause: err,
+        });
+      }
+    },
+  };
+}
+
+export function createCodec(env: {
+  SCHEMA_REGISTRY_URL?: string | undefined;
+  SCHEMA_REGISTRY_USERNAME?: string | undefined;
+  SCHEMA_REGISTRY_PASSWORD?: string | undefined;
+}): Codec {
+  return env.SCHEMA_REGISTRY_URL
+    ? registryCodec({
+        url: env.SCHEMA_REGISTRY_URL,
+        username: env.SCHEMA_REGISTRY_USERNAME,
+        password: env.SCHEMA_REGISTRY_PASSWORD,
+      })
+    : jsonCodec();
+}

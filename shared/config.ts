@@ -1,0 +1,117 @@
+import { readFileSync } from 'node:fs';
+import { z } from 'zod';
+import { PaverError } from './errors.js';
+
+/** Environment booleans: true/false/1/0/yes/no/on/off, case-insensitive. */
+export const envBool = z.stringbool({
+  truthy: ['true', '1', 'yes', 'on'],
+  falsy: ['false', '0', 'no', 'off'],
+  case: 'insensitive',
+});
+const csv = z
+  .string()
+  .transform((s) => s.split(',').map((x) => x.trim()).filter(Boolean))
+  .pipe(z.array(z.string().regex(/^[^\s,]+:\d{1,5}$/, 'expected host:port')).min(1, 'expected at least one host:port'));
+const int = (min: number, max = Number.MAX_SAFE_INTEGER) => z.coerce.number().int().min(min).max(max);
+const topicName = z.string().regex(/^[a-zA-Z0-9._-]{1,249}$/, 'expected a Kafka topic name ([a-zA-Z0-9._-], ≤249 chars)');
+
+/** Variables every service and the CLI share. Service configs extend this object. */
+export const commonEnvShape = {
+  KAFKA_BROKERS: csv,
+  KAFKA_CLIENT_ID: z.string().min(1).default('paver'),
+  KAFKA_SSL: envBool.default(false),
+  KAFKA_SSL_CA_FILE: z.string().min(1).optional(),
+  KAFKA_SSL_CERT_FILE: z.string().min(1).optional(),
+  KAFKA_SSL_KEY_FILE: z.string().min(1).optional(),
+  KAFKA_SSL_REJECT_UNAUTHORIZED: envBool.default(true),
+  KAFKA_SASL_MECHANISM: z.enum(['plain', 'scram-sha-256', 'scram-sha-512']).optional(),
+  KAFKA_SASL_USERNAME: z.string().min(1).optional(),
+  KAFKA_SASL_PASSWORD: z.string().min(1).optional(),
+  KAFKA_TOPIC_PARTITIONS: int(1, 10_000).default(3),
+  KAFKA_REPLICATION_FACTOR: int(1, 10).default(1),
+  KAFKA_CREATE_TOPICS: envBool.default(true),
+  KAFKA_SESSION_TIMEOUT_MS: int(6_000, 300_000).default(30_000),
+  KAFKA_MAX_WAIT_MS: int(10, 10_000).default(200),
+  KAFKA_MAX_BYTES_PER_PARTITION: int(1024, 100 * 1024 * 1024).default(1024 * 1024),
+  KAFKA_PARTITIONS_CONSUMED_CONCURRENTLY: int(1, 64).default(1),
+  PAVER_TOPIC_TOOL_CALLS: topicName.default('paver.tool-calls.v1'),
+  PAVER_TOPIC_FLOW_CANDIDATES: topicName.default('paver.flow-candidates.v1'),
+  PAVER_TOPIC_NEXT_ACTIONS: topicName.default('paver.next-actions.v1'),
+  PAVER_TOPIC_SEQUENCE_STATE: topicName.default('paver.sequence-state.v1'),
+  PAVER_TOPIC_FLOW_SELECTIONS: topicName.default('paver.flow-selections.v1'),
+  PAVER_TOPIC_DEAD_LETTERS: topicName.default('paver.dead-letters.v1'),
+  PAVER_MAX_MESSAGE_BYTES: int(1024, 50 * 1024 * 1024).default(1024 * 1024),
+  PAVER_BATCH_CHUNK: int(1, 100_000).default(500),
+  PAVER_RETRY_ATTEMPTS: int(0, 100).default(8),
+  PAVER_RETRY_INITIAL_MS: int(1, 60_000).default(100),
+  PAVER_RETRY_MAX_MS: int(1, 600_000).default(5_000),
+  PAVER_MAX_CONSUMER_RESTARTS: int(0, 1000).default(10),
+  PAVER_SHUTDOWN_TIMEOUT_MS: int(100, 600_000).default(25_000),
+  REDIS_URL: z.url({ protocol: /^rediss?$/, error: 'expected redis://host:port[/db] or rediss://…' }),
+  REDIS_PASSWORD: z.string().min(1).optional(),
+  REDIS_USERNAME: z.string().min(1).optional(),
+  REDIS_TLS_CA_FILE: z.string().min(1).optional(),
+  REDIS_TLS_REJECT_UNAUTHORIZED: envBool.default(true),
+  REDIS_KEY_PREFIX: z.string().regex(/^[a-zA-Z0-9_.:-]{1,64}$/).default('paver'),
+  SCHEMA_REGISTRY_URL: z.url({ protocol: /^https?$/ }).optional(),
+  SCHEMA_REGISTRY_USERNAME: z.string().min(1).optional(),
+  SCHEMA_REGISTRY_PASSWORD: z.string().min(1).optional(),
+  HTTP_HOST: z.string().min(1).default('0.0.0.0'),
+  HTTP_PORT: int(0, 65535).optional(),
+  LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+} as const;
+
+export const commonEnvSchema = z.object(commonEnvShape);
+export type CommonEnv = z.infer<typeof commonEnvSchema>;
+
+/** Cross-field rules shared by every service schema (zod's superRefine keeps all issues in one error). */
+export function refineCommon(env: CommonEnv, ctx: z.RefinementCtx): void {
+  if (env.KAFKA_SASL_MECHANISM && (!env.KAFKA_SASL_USERNAME || !env.KAFKA_SASL_PASSWORD)) {
+    ctx.addIssue({
+      code: 'custom',
+      path: ['KAFKA_SASL_USERNAME'],
+      message: 'KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD are required when KAFKA_SASL_MECHANISM is set',
+    });
+  }
+  if (!!env.KAFKA_SSL_CERT_FILE !== !!env.KAFKA_SSL_KEY_FILE) {
+    ctx.addIssue({
+      code: 'custom',
+      path: ['KAFKA_SSL_KEY_FILE'],
+      message: 'KAFKA_SSL_CERT_FILE and KAFKA_SSL_KEY_FILE go together',
+    });
+  }
+  if (env.SCHEMA_REGISTRY_USERNAME && !env.SCHEMA_REGISTRY_PASSWORD) {
+    ctx.addIssue({ code: 'custom', path: ['SCHEMA_REGISTRY_PASSWORD'], message: 'required with SCHEMA_REGISTRY_USERNAME' });
+  }
+  for (const key of ['KAFKA_SSL_CA_FILE', 'KAFKA_SSL_CERT_FILE', 'KAFKA_SSL_KEY_FILE', 'REDIS_TLS_CA_FILE'] as const) {
+    const file = env[key];
+    if (file) {
+      try {
+        readFileSync(file);
+      } catch {
+        ctx.addIssue({ code: 'custom', path: [key], message: `cannot read file ${file}` });
+      }
+    }
+  }
+}
+
+/**
+ * Parses the environment with a service's schema. On failure throws one CONFIG_INVALID error listing every
+ * bad variable (never their values: a password must not reach a log).
+ */
+export function parseEnv<S extends z.ZodType>(schema: S, env: NodeJS.ProcessEnv): z.infer<S> {
+  // Empty strings mean "unset": shells and compose files often export VAR= for optional settings.
+  const cleaned: Record<string, string> = {};
+  for (const [k, v] of Object.entries(env)) if (v !== undefined && v !== '') cleaned[k] = v;
+  const parsed = schema.safeParse(cleaned);
+  if (parsed.success) return Object.freeze(parsed.data) as z.infer<S>;
+  const lines = parsed.error.issues.map((i) => {
+    const key = i.path.length ? i.path.join('.') : '(environment)';
+    const message = i.code === 'invalid_type' && cleaned[String(i.path[0])] === undefined ? 'is required' : i.message;
+    return `  - ${key}: ${message}`;
+  });
+  throw new PaverError('CONFIG_INVALID', `Invalid configuration (${lines.length} problem(s)):\n${lines.join('\n')}`);
+}
+
+/** Process exit code for configuration errors (sysexits EX_CONFIG). */
+export const EXIT_CONFIG = 78;

@@ -1,0 +1,55 @@
+/**
+ * The closed list of Paver error codes. `retriable` decides whether the consumer runner retries a batch
+ * (with backoff) or treats the failure as fatal. Unknown errors are NOT retriable: kafkajs's opposite
+ * default turns one bad message into a restart loop.
+ */
+export const ERROR_CODES = {
+  CONFIG_INVALID: { retriable: false },
+  REDIS_UNAVAILABLE: { retriable: true },
+  REDIS_SCRIPT_FAILED: { retriable: false },
+  REDIS_STATE_CONFLICT: { retriable: false },
+  KAFKA_UNAVAILABLE: { retriable: true },
+  DEAD_LETTER_WRITE_FAILED: { retriable: true },
+  REGISTRY_UNAVAILABLE: { retriable: true },
+  INPUT_INVALID: { retriable: false },
+  SHUTTING_DOWN: { retriable: false },
+  INTERNAL: { retriable: false },
+} as const satisfies Record<string, { retriable: boolean }>;
+
+export type ErrorCode = keyof typeof ERROR_CODES;
+
+export class PaverError extends Error {
+  readonly code: ErrorCode;
+  readonly retriable: boolean;
+  constructor(code: ErrorCode, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = 'PaverError';
+    this.code = code;
+    this.retriable = ERROR_CODES[code].retriable;
+  }
+}
+
+/** Maps third-party failures onto the closed list, by shape rather than `instanceof` (the client may change). */
+export function classifyError(err: unknown): PaverError {
+  if (err instanceof PaverError) return err;
+  const e = err as { name?: string; message?: string; retriable?: boolean; code?: string } | undefined;
+  const name = e?.name ?? '';
+  const message = e?.message ?? String(err);
+  if (/^KafkaJS/.test(name)) {
+    // kafkajs marks its own retriable errors; trust that flag but never its default for unknown errors.
+    return new PaverError(e?.retriable === true ? 'KAFKA_UNAVAILABLE' : 'INTERNAL', `${name}: ${message}`, {
+      cause: err,
+    });
+  }
+  if (
+    e?.code === 'ECONNREFUSED' ||
+    e?.code === 'ECONNRESET' ||
+    e?.code === 'ETIMEDOUT' ||
+    e?.code === 'EPIPE' ||
+    name === 'MaxRetriesPerRequestError' ||
+    /Connection is closed|Stream isn't writeable|LOADING|BUSY|TRYAGAIN|CLUSTERDOWN/.test(message)
+  ) {
+    return new PaverError('REDIS_UNAVAILABLE', message, { cause: err });
+  }
+  return new PaverError('INTERNAL', message, { cause: err });
+}

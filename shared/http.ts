@@ -1,0 +1,122 @@
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { Registry } from 'prom-client';
+import type { Logger } from './log.js';
+
+export interface HttpRequest {
+  method: string;
+  path: string;
+  params: Record<string, string>;
+  query: URLSearchParams;
+  body: () => Promise<unknown>;
+}
+export interface HttpResponse {
+  status: number;
+  body: unknown;
+  contentType?: string;
+}
+export type Handler = (req: HttpRequest) => Promise<HttpResponse> | HttpResponse;
+export interface Route {
+  method: 'GET' | 'POST';
+  /** Path with `:name` segments, e.g. `/sessions/:session_id/allowed-tools`. */
+  path: string;
+  handler: Handler;
+}
+export interface ReadinessCheck {
+  name: string;
+  check: () => Promise<boolean> | boolean;
+}
+
+const MAX_BODY = 1024 * 1024;
+
+function compile(path: string): { re: RegExp; names: string[] } {
+  const names: string[] = [];
+  const re = path.replace(/:([a-zA-Z_]+)/g, (_m, n: string) => {
+    names.push(n);
+    return '([^/]+)';
+  });
+  return { re: new RegExp(`^${re}$`), names };
+}
+
+async function readBody(req: IncomingMessage): Promise<unknown> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of req) {
+    size += (chunk as Buffer).length;
+    if (size > MAX_BODY) throw Object.assign(new Error('request body too large'), { status: 413 });
+    chunks.push(chunk as Buffer);
+  }
+  if (size === 0) return undefined;
+  try {
+    return JSON.parse(Buffer.concat(chunks).toString('utf8'));
+  } catch {
+    throw Object.assign(new Error('request body is not valid JSON'), { status: 400 });
+  }
+}
+
+/**
+ * The per-service HTTP server: `/metrics`, `/healthz` (process up), `/readyz` (every readiness check
+ * passes) and the service's own routes. node:http is enough for a handful of JSON routes.
+ */
+export function createHttpServer(opts: {
+  registry: Registry;
+  readiness: ReadinessCheck[];
+  routes?: Route[];
+  log: Logger;
+}): { server: Server; listen: (port: number, host: string) => Promise<number>; close: () => Promise<void> } {
+  const routes = (opts.routes ?? []).map((r) => ({ ...r, ...compile(r.path) }));
+  const send = (res: ServerResponse, status: number, body: unknown, contentType = 'application/json') => {
+    const text = contentType === 'application/json' ? JSON.stringify(body) : String(body);
+    res.writeHead(status, { 'content-type': contentType, 'content-length': Buffer.byteLength(text) });
+    res.end(text);
+  };
+
+  const server = createServer((req, res) => {
+    void (async () => {
+      const url = new URL(req.url ?? '/', 'http://localhost');
+      const method = req.method ?? 'GET';
+      try {
+        if (method === 'GET' && url.pathname === '/metrics') {
+          return send(res, 200, await opts.registry.metrics(), opts.registry.contentType);
+        }
+        if (method === 'GET' && url.pathname === '/healthz') return send(res, 200, { status: 'ok' });
+        if (method === 'GET' && url.pathname === '/readyz') {
+          const results = await Promise.all(
+            opts.readiness.map(async (c) => [c.name, await Promise.resolve(c.check()).catch(() => false)] as const),
+          );
+          const ready = results.every(([, ok]) => ok);
+          return send(res, ready ? 200 : 503, { ready, checks: Object.fromEntries(results) });
+        }
+        for (const r of routes) {
+          const m = r.re.exec(url.pathname);
+          if (!m) continue;
+          if (r.method !== method) return send(res, 405, { error: 'method not allowed' });
+          const params: Record<string, string> = {};
+          r.names.forEach((n, i) => (params[n] = decodeURIComponent(m[i + 1] ?? '')));
+          const out = await r.handler({ method, path: url.pathname, params, query: url.searchParams, body: () => readBody(req) });
+          return send(res, out.status, out.body, out.contentType);
+        }
+        return send(res, 404, { error: 'not found' });
+      } catch (err) {
+        const status = (err as { status?: number }).status ?? 500;
+        if (status >= 500) opts.log.error({ err: (err as Error).message, path: url.pathname }, 'http handler failed');
+        return send(res, status, { error: status >= 500 ? 'internal error' : (err as Error).message });
+      }
+    })();
+  });
+  server.keepAliveTimeout = 5_000;
+
+  return {
+    server,
+    listen: (port, host) =>
+      new Promise((resolve, reject) => {
+        server.once('error', reject);
+        server.listen(port, host, () => resolve((server.address() as AddressInfo).port));
+      }),
+    close: () =>
+      new Promise((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }),
+  };
+}

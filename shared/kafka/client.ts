@@ -1,0 +1,53 @@
+import { readFileSync } from 'node:fs';
+import { Kafka, logLevel, type KafkaConfig, type SASLOptions, type logCreator } from 'kafkajs';
+import type { CommonEnv } from '../config.js';
+import type { Logger } from '../log.js';
+
+/** kafkajs log lines routed into pino, so the process has one structured log stream. */
+function pinoLogCreator(log: Logger): logCreator {
+  return () =>
+    ({ level, log: entry }) => {
+      const { message, ...extra } = entry;
+      const fields = { kafka: extra.logger ?? 'kafkajs', broker: extra.broker, groupId: extra.groupId, error: extra.error };
+      if (level === logLevel.ERROR) log.error(fields, message);
+      else if (level === logLevel.WARN) log.warn(fields, message);
+      else if (level === logLevel.INFO) log.debug(fields, message);
+      else log.trace(fields, message);
+    };
+}
+
+export function kafkaConfig(env: CommonEnv, log: Logger, clientId = env.KAFKA_CLIENT_ID): KafkaConfig {
+  let sasl: SASLOptions | undefined;
+  if (env.KAFKA_SASL_MECHANISM) {
+    sasl = {
+      mechanism: env.KAFKA_SASL_MECHANISM,
+      username: env.KAFKA_SASL_USERNAME ?? '',
+      password: env.KAFKA_SASL_PASSWORD ?? '',
+    } as SASLOptions;
+  }
+  const ssl =
+    env.KAFKA_SSL || env.KAFKA_SSL_CA_FILE
+      ? {
+          rejectUnauthorized: env.KAFKA_SSL_REJECT_UNAUTHORIZED,
+          ...(env.KAFKA_SSL_CA_FILE ? { ca: [readFileSync(env.KAFKA_SSL_CA_FILE, 'utf8')] } : {}),
+          ...(env.KAFKA_SSL_CERT_FILE ? { cert: readFileSync(env.KAFKA_SSL_CERT_FILE, 'utf8') } : {}),
+          ...(env.KAFKA_SSL_KEY_FILE ? { key: readFileSync(env.KAFKA_SSL_KEY_FILE, 'utf8') } : {}),
+        }
+      : undefined;
+  return {
+    clientId,
+    brokers: env.KAFKA_BROKERS,
+    ...(ssl ? { ssl } : {}),
+    ...(sasl ? { sasl } : {}),
+    connectionTimeout: 3_000,
+    requestTimeout: 30_000,
+    // Bounded: with no broker, kafkajs would otherwise retry forever (tulios/kafkajs#852, #1721).
+    retry: { initialRetryTime: 300, retries: 8, maxRetryTime: 10_000 },
+    logLevel: logLevel.INFO,
+    logCreator: pinoLogCreator(log),
+  };
+}
+
+export function createKafka(env: CommonEnv, log: Logger, clientId?: string): Kafka {
+  return new Kafka(kafkaConfig(env, log, clientId));
+}

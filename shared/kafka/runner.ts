@@ -1,0 +1,298 @@
+import type { Consumer, EachBatchPayload, Kafka, KafkaMessage } from 'kafkajs';
+import type { z } from 'zod';
+import type { DeadLetterReason, DeadLetterRecord } from '../../schemas/index.js';
+import { DecodeError, type Codec } from '../codec.js';
+import type { CommonEnv } from '../config.js';
+import { classifyError, PaverError } from '../errors.js';
+import type { Logger } from '../log.js';
+import type { RuntimeMetrics } from '../metrics.js';
+import { withRetry } from '../retry.js';
+import type { Sink } from './sink.js';
+
+/** One decoded, validated message; offsets are strings everywhere (normalised here, once). */
+export interface InboundRecord<T> {
+  topic: string;
+  partition: number;
+  offset: string;
+  key: string | null;
+  timestamp: string;
+  value: T;
+}
+
+export interface Rejection {
+  offset: string;
+  reason: DeadLetterReason;
+  detail: string;
+}
+
+export interface BatchContext {
+  heartbeat(): Promise<void>;
+  isRunning(): boolean;
+}
+
+/** The service's effect for a chunk of valid records. Return rejections for domain-invalid records. */
+export type BatchHandler<T> = (records: InboundRecord<T>[], ctx: BatchContext) => Promise<{ rejected?: Rejection[] } | void>;
+
+/** Either a typed value or a dead-letter reason; the default uses a zod schema plus a known-type check. */
+export type Parser<T> = (value: unknown, topic: string) => { ok: true; value: T } | { ok: false; reason: DeadLetterReason; detail: string };
+
+export function zodParser<S extends z.ZodType>(schema: S, knownTypes?: readonly string[]): Parser<z.infer<S>> {
+  return (value) => {
+    if (knownTypes && value !== null && typeof value === 'object' && !Array.isArray(value)) {
+      const type = (value as { type?: unknown }).type;
+      if (typeof type === 'string' && !knownTypes.includes(type)) {
+        return { ok: false, reason: 'unknown_event_type', detail: `type must be one of ${knownTypes.join(', ')}` };
+      }
+    }
+    const r = schema.safeParse(value);
+    if (r.success) return { ok: true, value: r.data };
+    // Paths and messages only: zod's messages name expected types, not the offending values.
+    const detail = r.error.issues
+      .slice(0, 10)
+      .map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`)
+      .join('; ');
+    return { ok: false, reason: 'invalid', detail };
+  };
+}
+
+export interface RunnerOptions<T> {
+  service: string;
+  groupId: string;
+  topics: string[];
+  fromBeginning?: boolean;
+  parse: Parser<T>;
+  handler: BatchHandler<T>;
+  /** Dependencies the handler needs (Redis); while false, consumption pauses instead of failing batches. */
+  ready?: () => boolean;
+  env: CommonEnv;
+  kafka: Kafka;
+  codec: Codec;
+  sink: Sink;
+  metrics: RuntimeMetrics;
+  log: Logger;
+  /** Called when the consumer has crashed for good (restarts exhausted or a non-retriable error). */
+  onFatal: (err: Error) => void;
+}
+
+export interface Runner {
+  start(): Promise<void>;
+  /** Finishes the chunk in hand, commits it, leaves the group. Safe to call at any time, more than once. */
+  stop(): Promise<void>;
+  isJoined(): boolean;
+  assignment(): Record<string, number[]>;
+}
+
+const keyString = (k: Buffer | null): string | null => (k === null ? null : k.toString('utf8'));
+
+export function createRunner<T>(o: RunnerOptions<T>): Runner {
+  let restarts = 0;
+  let joined = false;
+  let assigned: Record<string, number[]> = {};
+  let started: Promise<void> | null = null;
+  let stopping: Promise<void> | null = null;
+
+  const consumer: Consumer = o.kafka.consumer({
+    groupId: o.groupId,
+    sessionTimeout: o.env.KAFKA_SESSION_TIMEOUT_MS,
+    rebalanceTimeout: Math.max(60_000, o.env.KAFKA_SESSION_TIMEOUT_MS * 2),
+    heartbeatInterval: Math.floor(o.env.KAFKA_SESSION_TIMEOUT_MS / 10),
+    maxWaitTimeInMs: o.env.KAFKA_MAX_WAIT_MS,
+    maxBytesPerPartition: o.env.KAFKA_MAX_BYTES_PER_PARTITION,
+    allowAutoTopicCreation: false,
+    retry: {
+      retries: 5,
+      // Bounded restarts (tulios/kafkajs#852, #1721): past the limit the process exits and its supervisor decides.
+      restartOnFailure: async () => ++restarts <= o.env.PAVER_MAX_CONSUMER_RESTARTS,
+    },
+  });
+
+  consumer.on(consumer.events.GROUP_JOIN, (e) => {
+    joined = true;
+    restarts = 0;
+    assigned = e.payload.memberAssignment;
+    o.metrics.rebalances.inc();
+    o.log.info({ assignment: assigned, groupId: o.groupId }, 'joined consumer group');
+  });
+  consumer.on(consumer.events.CRASH, (e) => {
+    joined = false;
+    const restart = e.payload.restart;
+    o.metrics.consumerCrashes.inc({ restart: String(restart) });
+    o.log.error({ err: e.payload.error.message, restart }, 'consumer crashed');
+    if (!restart && !stopping) o.onFatal(e.payload.error);
+  });
+  consumer.on(consumer.events.STOP, () => (joined = false));
+
+  async function deadLetter(records: { msg: KafkaMessage; topic: string; partition: number; reason: DeadLetterReason; detail: string }[]) {
+    if (records.length === 0) return;
+    const now = Date.now();
+    const out = records.map(({ msg, topic, partition, reason, detail }) => {
+      const body: DeadLetterRecord = {
+        schema_version: 1,
+        service: o.service,
+        reason,
+        detail: detail.slice(0, 4096),
+        source: {
+          topic,
+          partition,
+          offset: msg.offset,
+          key_b64: msg.key ? msg.key.toString('base64') : null,
+          timestamp: msg.timestamp,
+        },
+        original_size: msg.value?.length ?? 0,
+        original_b64: msg.value ? msg.value.toString('base64') : null,
+        dead_lettered_at: now,
+      };
+      return {
+        key: msg.key,
+        value: JSON.stringify(body),
+        headers: {
+          'paver-dlq-reason': reason,
+          'paver-dlq-service': o.service,
+          'paver-source-topic': topic,
+          'paver-source-partition': String(partition),
+          'paver-source-offset': msg.offset,
+        },
+      };
+    });
+    try {
+      // Dead letters stay plain JSON even with a registry: they must be readable when the registry is the problem.
+      await o.sink.sendRaw(o.env.PAVER_TOPIC_DEAD_LETTERS, out);
+    } catch (err) {
+      // Rethrown so the batch is redelivered: a message is never lost because the dead-letter write failed.
+      throw new PaverError('DEAD_LETTER_WRITE_FAILED', `dead-letter write failed: ${(err as Error).message}`, { cause: err });
+    }
+    for (const r of records) {
+      o.metrics.deadLetters.inc({ reason: r.reason });
+      o.metrics.eventsConsumed.inc({ topic: r.topic, outcome: 'dead_lettered' });
+    }
+    o.log.warn(
+      { count: records.length, reasons: [...new Set(records.map((r) => r.reason))], topic: records[0]?.topic },
+      'messages dead-lettered',
+    );
+  }
+
+  async function decodeOne(msg: KafkaMessage, topic: string) {
+    if (!msg.value) return { ok: false as const, reason: 'undecodable' as const, detail: 'empty message value' };
+    if (msg.value.length > o.env.PAVER_MAX_MESSAGE_BYTES) {
+      return { ok: false as const, reason: 'oversize' as const, detail: `${msg.value.length} bytes > PAVER_MAX_MESSAGE_BYTES` };
+    }
+    let raw: unknown;
+    try {
+      raw = await o.codec.decode(msg.value);
+    } catch (err) {
+      if (err instanceof DecodeError) return { ok: false as const, reason: err.reason, detail: err.message };
+      throw err;
+    }
+    return o.parse(raw, topic);
+  }
+
+  let backpressure: Promise<void> | null = null;
+  function pauseUntilReady(pause: () => () => void) {
+    const resume = pause();
+    o.metrics.paused.set(1);
+    if (backpressure) return;
+    o.log.warn('dependency not ready: pausing consumption');
+    backpressure = (async () => {
+      while (!(o.ready?.() ?? true) && !stopping) await new Promise((r) => setTimeout(r, 200));
+      o.metrics.paused.set(0);
+      backpressure = null;
+      o.log.info('dependency ready: resuming consumption');
+      resume();
+      consumer.resume(o.topics.map((topic) => ({ topic })));
+    })();
+  }
+
+  async function eachBatch(p: EachBatchPayload) {
+    const { batch } = p;
+    const { topic, partition } = batch;
+    if (!p.isRunning() || p.isStale()) return;
+    if (o.ready && !o.ready()) return pauseUntilReady(p.pause);
+
+    const endTimer = o.metrics.processingSeconds.startTimer({ topic });
+    const ctx: BatchContext = { heartbeat: () => p.heartbeat(), isRunning: () => p.isRunning() && !p.isStale() };
+    const retry = {
+      attempts: o.env.PAVER_RETRY_ATTEMPTS,
+      initialMs: o.env.PAVER_RETRY_INITIAL_MS,
+      maxMs: o.env.PAVER_RETRY_MAX_MS,
+      shouldStop: () => !p.isRunning(),
+      onRetry: async (err: PaverError, attempt: number, waitMs: number) => {
+        o.metrics.retries.inc({ code: err.code });
+        o.log.warn({ code: err.code, err: err.message, attempt, waitMs, topic, partition }, 'retrying batch chunk');
+        await p.heartbeat().catch(() => undefined);
+      },
+    };
+
+    const messages = batch.messages;
+    for (let i = 0; i < messages.length; i += o.env.PAVER_BATCH_CHUNK) {
+      const chunk = messages.slice(i, i + o.env.PAVER_BATCH_CHUNK);
+      const good: InboundRecord<T>[] = [];
+      const bad: { msg: KafkaMessage; topic: string; partition: number; reason: DeadLetterReason; detail: string }[] = [];
+      const byOffset = new Map<string, KafkaMessage>();
+      for (const msg of chunk) {
+        byOffset.set(msg.offset, msg);
+        const r = await withRetry(() => decodeOne(msg, topic), retry);
+        if (r.ok) good.push({ topic, partition, offset: msg.offset, key: keyString(msg.key), timestamp: msg.timestamp, value: r.value });
+        else bad.push({ msg, topic, partition, reason: r.reason, detail: r.detail });
+      }
+      if (good.length > 0) {
+        const result = await withRetry(() => o.handler(good, ctx), retry);
+        for (const rej of result?.rejected ?? []) {
+          const msg = byOffset.get(rej.offset);
+          if (msg) bad.push({ msg, topic, partition, reason: rej.reason, detail: rej.detail });
+        }
+        o.metrics.eventsConsumed.inc({ topic, outcome: 'processed' }, good.length - (result?.rejected?.length ?? 0));
+      }
+      await withRetry(() => deadLetter(bad), retry);
+
+      // Effects are written: now, and only now, the offsets may be committed.
+      const last = chunk[chunk.length - 1]!.offset;
+      p.resolveOffset(last);
+      await p.commitOffsetsIfNecessary({
+        topics: [{ topic, partitions: [{ partition, offset: (BigInt(last) + 1n).toString() }] }],
+      });
+      await p.heartbeat();
+      if (!p.isRunning() || p.isStale()) break;
+    }
+    const hw = BigInt(batch.highWatermark);
+    const next = BigInt(batch.lastOffset()) + 1n;
+    o.metrics.consumerLag.set({ topic, partition: String(partition) }, Number(hw > next ? hw - next : 0n));
+    endTimer();
+  }
+
+  return {
+    isJoined: () => joined,
+    assignment: () => assigned,
+    start() {
+      started = (async () => {
+        await consumer.connect();
+        for (const topic of o.topics) await consumer.subscribe({ topic, fromBeginning: o.fromBeginning ?? true });
+        await consumer.run({
+          autoCommit: false,
+          eachBatchAutoResolve: false,
+          partitionsConsumedConcurrently: o.env.KAFKA_PARTITIONS_CONSUMED_CONCURRENTLY,
+          eachBatch: async (p) => {
+            try {
+              await eachBatch(p);
+            } catch (err) {
+              const e = classifyError(err);
+              o.log.error({ code: e.code, err: e.message, topic: p.batch.topic, partition: p.batch.partition }, 'batch failed');
+              // A bug or a state conflict will not heal by redelivery: stop the process, let its supervisor decide.
+              if (!e.retriable) o.onFatal(e);
+              // Rethrow: offsets stay uncommitted and the client redelivers after its restart.
+              throw e;
+            }
+          },
+        });
+      })();
+      return started;
+    },
+    stop() {
+      stopping ??= (async () => {
+        // Disconnecting before run() resolved crashes kafkajs (tulios/kafkajs#1639): wait for start first.
+        await started?.catch(() => undefined);
+        await consumer.disconnect();
+      })();
+      return stopping;
+    },
+  };
+}

@@ -1,0 +1,58 @@
+import { CompressionTypes, Partitioners, type Kafka, type Producer, type IHeaders } from 'kafkajs';
+import { CONTRACTS } from '../../schemas/index.js';
+import type { Codec } from '../codec.js';
+import { PaverError } from '../errors.js';
+import type { RuntimeMetrics } from '../metrics.js';
+
+export interface OutRecord {
+  key: string | null;
+  value: unknown;
+  headers?: IHeaders;
+}
+
+/** The producing side of the Kafka port: validates every record against its contract before it leaves. */
+export interface Sink {
+  connect(): Promise<void>;
+  send(topic: string, contract: string, records: OutRecord[]): Promise<void>;
+  /** Bytes as they are (dead letters keep the original message). */
+  sendRaw(topic: string, records: { key: Buffer | string | null; value: Buffer | string; headers?: IHeaders }[]): Promise<void>;
+  disconnect(): Promise<void>;
+  isConnected(): boolean;
+}
+
+export function createSink(kafka: Kafka, codec: Codec, metrics?: RuntimeMetrics): Sink {
+  const producer: Producer = kafka.producer({
+    createPartitioner: Partitioners.DefaultPartitioner,
+    allowAutoTopicCreation: false,
+    retry: { retries: 5, initialRetryTime: 200 },
+  });
+  let connected = false;
+  producer.on(producer.events.CONNECT, () => (connected = true));
+  producer.on(producer.events.DISCONNECT, () => (connected = false));
+
+  return {
+    connect: () => producer.connect(),
+    isConnected: () => connected,
+    async send(topic, contract, records) {
+      if (records.length === 0) return;
+      const c = CONTRACTS[contract];
+      if (!c) throw new PaverError('INTERNAL', `unknown contract ${contract}`);
+      const messages = await Promise.all(
+        records.map(async (r) => {
+          const ok = c.schema.safeParse(r.value);
+          // An output that breaks its own contract is a bug in Paver, not bad input: fail loudly.
+          if (!ok.success) throw new PaverError('INTERNAL', `output violates ${contract}: ${ok.error.issues[0]?.message}`);
+          return { key: r.key, value: await codec.encode(contract, topic, r.value), headers: r.headers ?? {} };
+        }),
+      );
+      await producer.send({ topic, messages, acks: -1, compression: CompressionTypes.None });
+      metrics?.published.inc({ topic }, records.length);
+    },
+    async sendRaw(topic, records) {
+      if (records.length === 0) return;
+      await producer.send({ topic, messages: records.map((r) => ({ ...r, headers: r.headers ?? {} })), acks: -1 });
+      metrics?.published.inc({ topic }, records.length);
+    },
+    disconnect: () => producer.disconnect(),
+  };
+}

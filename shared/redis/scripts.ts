@@ -1,0 +1,65 @@
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import type { Redis, ChainableCommander } from 'ioredis';
+import type { z } from 'zod';
+import { PaverError } from '../errors.js';
+
+/** A Lua script file `<name>-<numKeys>.lua` (BullMQ's convention). */
+export interface ScriptFile {
+  name: string;
+  numberOfKeys: number;
+  lua: string;
+}
+
+const FILE = /^([a-z][a-zA-Z0-9]*)-(\d+)\.lua$/;
+
+/** Reads every script in a folder; fails fast when the folder or an expected script is missing from the build. */
+export function readScripts(dir: string, expected: string[]): ScriptFile[] {
+  if (!existsSync(dir)) throw new PaverError('INTERNAL', `Lua script folder missing: ${dir} (was the build run?)`);
+  const files = readdirSync(dir)
+    .map((f) => FILE.exec(f))
+    .filter((m): m is RegExpExecArray => m !== null)
+    .map((m) => ({ name: m[1]!, numberOfKeys: Number(m[2]), lua: readFileSync(join(dir, m[0]), 'utf8') }));
+  for (const name of expected) {
+    if (!files.some((f) => f.name === name)) throw new PaverError('INTERNAL', `Lua script missing: ${dir}/${name}-N.lua`);
+  }
+  return files;
+}
+
+/** Registers scripts once per connection; ioredis sends EVALSHA and falls back to EVAL on NOSCRIPT. */
+export function defineScripts(redis: Redis, scripts: ScriptFile[]): void {
+  for (const s of scripts) {
+    if (!(s.name in redis)) redis.defineCommand(s.name, { numberOfKeys: s.numberOfKeys, lua: s.lua });
+  }
+}
+
+type ScriptTarget = Redis | ChainableCommander;
+
+/** Queues or runs a defined script by name; arguments are keys then argv, as ioredis expects. */
+export function invokeScript(target: ScriptTarget, name: string, keys: string[], argv: (string | number)[]): unknown {
+  const fn = (target as unknown as Record<string, (...a: unknown[]) => unknown>)[name];
+  if (typeof fn !== 'function') throw new PaverError('INTERNAL', `Lua script ${name} is not registered`);
+  return fn.call(target, ...keys, ...argv);
+}
+
+/**
+ * Scripts return `{status, ...}` arrays: a negative status is a failure, mapped to an error here, in one place.
+ * Everything else is parsed with the caller's zod schema, so a reply shape change fails loudly.
+ */
+export function parseScriptReply<S extends z.ZodType>(
+  script: string,
+  reply: unknown,
+  schema: S,
+  codes: Record<number, { code: 'REDIS_STATE_CONFLICT' | 'REDIS_SCRIPT_FAILED'; message: string }> = {},
+): z.infer<S> {
+  if (Array.isArray(reply) && typeof reply[0] === 'number' && reply[0] < 0) {
+    const known = codes[reply[0]];
+    throw new PaverError(
+      known?.code ?? 'REDIS_SCRIPT_FAILED',
+      `${script}: ${known?.message ?? `failed with status ${reply[0]}`}${reply[1] ? ` (${String(reply[1])})` : ''}`,
+    );
+  }
+  const parsed = schema.safeParse(reply);
+  if (!parsed.success) throw new PaverError('REDIS_SCRIPT_FAILED', `${script}: unexpected reply shape: ${parsed.error.message}`);
+  return parsed.data;
+}

@@ -1,0 +1,27 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+import { classifyError, type PaverError } from './errors.js';
+
+export interface RetryOptions {
+  attempts: number;
+  initialMs: number;
+  maxMs: number;
+  /** Called before each wait; the runner heartbeats here so a long retry does not cost the assignment. */
+  onRetry?: (err: PaverError, attempt: number, waitMs: number) => Promise<void> | void;
+  shouldStop?: () => boolean;
+}
+
+/** Full-jitter exponential backoff, retrying only errors classified as retriable. */
+export async function withRetry<T>(fn: () => Promise<T>, opts: RetryOptions): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await fn();
+    } catch (raw) {
+      const err = classifyError(raw);
+      if (!err.retriable || attempt > opts.attempts || opts.shouldStop?.()) throw err;
+      const cap = Math.min(opts.maxMs, opts.initialMs * 2 ** (attempt - 1));
+      const waitMs = Math.round(cap / 2 + (Math.random() * cap) / 2);
+      await opts.onRetry?.(err, attempt, waitMs);
+      await sleep(waitMs);
+    }
+  }
+}

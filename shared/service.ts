@@ -1,0 +1,165 @@
+import type { Kafka } from 'kafkajs';
+import type { Redis } from 'ioredis';
+import type { z } from 'zod';
+import { createCodec, type Codec } from './codec.js';
+import { EXIT_CONFIG, parseEnv, type CommonEnv } from './config.js';
+import { PaverError } from './errors.js';
+import { createHttpServer, type Route } from './http.js';
+import { createKafka } from './kafka/client.js';
+import { createRunner, type BatchHandler, type Parser } from './kafka/runner.js';
+import { createSink, type Sink } from './kafka/sink.js';
+import { ensureTopics, paverTopics, type TopicSpec } from './kafka/topics.js';
+import { createLogger, type Logger } from './log.js';
+import { createMetrics, type RuntimeMetrics } from './metrics.js';
+import { createRedis, redisReady } from './redis/client.js';
+
+export interface ServiceDeps<E extends CommonEnv> {
+  env: E;
+  log: Logger;
+  metrics: RuntimeMetrics;
+  redis: Redis;
+  kafka: Kafka;
+  sink: Sink;
+  codec: Codec;
+}
+
+export interface ServiceParts<T> {
+  inputTopics: string[];
+  parse: Parser<T>;
+  handler: BatchHandler<T>;
+  routes?: Route[];
+  extraTopics?: TopicSpec[];
+  close?: () => Promise<void>;
+}
+
+export interface ServiceSpec<E extends CommonEnv, T> {
+  name: string;
+  envSchema: z.ZodType<E>;
+  /** The service's HTTP port when HTTP_PORT is unset. */
+  defaultPort: number;
+  groupId: (env: E) => string;
+  setup: (deps: ServiceDeps<E>) => Promise<ServiceParts<T>>;
+}
+
+/**
+ * Wiring shared by every service: config → Redis/Kafka → topics → HTTP → consumer runner, and a graceful
+ * stop on SIGTERM/SIGINT (finish the chunk in hand, commit, disconnect, exit 0). Resolves to the exit code.
+ */
+export async function runService<E extends CommonEnv, T>(spec: ServiceSpec<E, T>, rawEnv = process.env): Promise<number> {
+  let env: E;
+  try {
+    env = parseEnv(spec.envSchema, rawEnv);
+  } catch (err) {
+    process.stderr.write(`paver ${spec.name}: ${(err as Error).message}\n`);
+    return EXIT_CONFIG;
+  }
+  const log = createLogger(spec.name, env.LOG_LEVEL);
+  const metrics = createMetrics(spec.name);
+  const codec = createCodec(env);
+  const kafka = createKafka(env, log, `${env.KAFKA_CLIENT_ID}-${spec.name}`);
+  const redis = createRedis(env, log);
+  const sink = createSink(kafka, codec, metrics);
+
+  let resolveExit!: (code: number) => void;
+  const exited = new Promise<number>((r) => (resolveExit = r));
+  let shuttingDown: Promise<void> | null = null;
+  let runner: ReturnType<typeof createRunner<T>> | null = null;
+  let parts: ServiceParts<T> | null = null;
+  let http: ReturnType<typeof createHttpServer> | null = null;
+
+  const shutdown = (code: number, why: string) => {
+    shuttingDown ??= (async () => {
+      log.info({ why }, 'shutting down');
+      const timer = setTimeout(() => {
+        log.error('shutdown timed out; exiting');
+        resolveExit(1);
+      }, env.PAVER_SHUTDOWN_TIMEOUT_MS);
+      timer.unref();
+      const step = async (name: string, fn: () => Promise<unknown> | undefined) => {
+        try {
+          await fn();
+        } catch (err) {
+          log.warn({ step: name, err: (err as Error).message }, 'shutdown step failed');
+        }
+      };
+      await step('consumer', () => runner?.stop());
+      await step('service', () => parts?.close?.());
+      await step('producer', () => sink.disconnect());
+      await step('http', () => http?.close());
+      await step('redis', () => redis.quit());
+      clearTimeout(timer);
+      log.info('stopped');
+      resolveExit(code);
+    })();
+  };
+  const onSignal = (sig: NodeJS.Signals) => shutdown(0, sig);
+  process.once('SIGTERM', onSignal);
+  process.once('SIGINT', onSignal);
+  const onFatal = (err: Error) => {
+    log.fatal({ err: err.message, code: (err as PaverError).code }, 'fatal error');
+    shutdown(1, 'fatal');
+  };
+
+  try {
+    await redis.connect().catch((err: Error) => log.warn({ err: err.message }, 'redis not reachable yet; will retry'));
+    if (env.KAFKA_CREATE_TOPICS) {
+      const admin = kafka.admin();
+      await admin.connect();
+      const created = await ensureTopics(admin, paverTopics(env), {
+        partitions: env.KAFKA_TOPIC_PARTITIONS,
+        replicationFactor: env.KAFKA_REPLICATION_FACTOR,
+      });
+      if (created.length) log.info({ created }, 'created topics');
+      await admin.disconnect();
+    }
+    await sink.connect();
+    const deps: ServiceDeps<E> = { env, log, metrics, redis, kafka, sink, codec };
+    parts = await spec.setup(deps);
+    if (parts.extraTopics?.length && env.KAFKA_CREATE_TOPICS) {
+      const admin = kafka.admin();
+      await admin.connect();
+      await ensureTopics(admin, parts.extraTopics, {
+        partitions: env.KAFKA_TOPIC_PARTITIONS,
+        replicationFactor: env.KAFKA_REPLICATION_FACTOR,
+      });
+      await admin.disconnect();
+    }
+    runner = createRunner<T>({
+      service: spec.name,
+      groupId: spec.groupId(env),
+      topics: parts.inputTopics,
+      parse: parts.parse,
+      handler: parts.handler,
+      ready: () => redisReady(redis),
+      env,
+      kafka,
+      codec,
+      sink,
+      metrics,
+      log,
+      onFatal,
+    });
+    const r = runner;
+    http = createHttpServer({
+      registry: metrics.registry,
+      log,
+      routes: parts.routes ?? [],
+      readiness: [
+        { name: 'kafka_consumer', check: () => r.isJoined() },
+        { name: 'kafka_producer', check: () => sink.isConnected() },
+        { name: 'redis', check: async () => redisReady(redis) && (await redis.ping()) === 'PONG' },
+      ],
+    });
+    const bound = await http.listen(env.HTTP_PORT ?? spec.defaultPort, env.HTTP_HOST);
+    log.info({ port: bound }, 'http listening (/metrics, /healthz, /readyz)');
+    if (!shuttingDown) await runner.start();
+    log.info({ topics: parts.inputTopics, groupId: spec.groupId(env) }, 'consuming');
+  } catch (err) {
+    log.fatal({ err: (err as Error).message }, 'start-up failed');
+    shutdown(1, 'start-up failed');
+  }
+  const code = await exited;
+  process.off('SIGTERM', onSignal);
+  process.off('SIGINT', onSignal);
+  return code;
+}
