@@ -1,0 +1,84 @@
+import { randomBytes } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Kafka, logLevel, Partitioners, type IHeaders } from 'kafkajs';
+import { Redis } from 'ioredis';
+import { inject } from 'vitest';
+
+export const stack = () => inject('stack');
+export const unique = (prefix: string) => `${prefix}-${Date.now().toString(36)}-${randomBytes(3).toString('hex')}`;
+
+export function testKafka(): Kafka {
+  return new Kafka({ clientId: 'paver-test', brokers: [stack().brokers], logLevel: logLevel.NOTHING });
+}
+export function testRedis(): Redis {
+  return new Redis(stack().redisUrl, { lazyConnect: false, maxRetriesPerRequest: 2 });
+}
+
+/** Polls until `check` returns a truthy value; no fixed sleeps in assertions. */
+export async function waitFor<T>(check: () => Promise<T | undefined | null | false> | T | undefined | null | false, what: string, timeoutMs = 60_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let last: unknown;
+  for (;;) {
+    try {
+      const v = await check();
+      if (v) return v;
+    } catch (err) {
+      last = err;
+    }
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? `: ${(last as Error).message}` : ''}`);
+    await sleep(100);
+  }
+}
+
+export async function createTopics(topics: { topic: string; partitions?: number; compacted?: boolean }[]) {
+  const admin = testKafka().admin();
+  await admin.connect();
+  await admin.createTopics({
+    waitForLeaders: true,
+    topics: topics.map((t) => ({
+      topic: t.topic,
+      numPartitions: t.partitions ?? 3,
+      replicationFactor: 1,
+      configEntries: t.compacted ? [{ name: 'cleanup.policy', value: 'compact' }] : [],
+    })),
+  });
+  await admin.disconnect();
+}
+
+export async function produce(topic: string, messages: { key?: string | null; value: Buffer | string; headers?: IHeaders }[]) {
+  const producer = testKafka().producer({ createPartitioner: Partitioners.DefaultPartitioner });
+  await producer.connect();
+  for (let i = 0; i < messages.length; i += 1000) {
+    await producer.send({ topic, acks: -1, messages: messages.slice(i, i + 1000).map((m) => ({ key: m.key ?? null, value: m.value, headers: m.headers ?? {} })) });
+  }
+  await producer.disconnect();
+}
+
+export interface Consumed {
+  key: string | null;
+  value: Buffer | null;
+  headers: Record<string, string>;
+  partition: number;
+  offset: string;
+}
+
+/** Reads a topic from the beginning until `done(all)` holds. */
+export async function consumeUntil(topic: string, done: (all: Consumed[]) => boolean, timeoutMs = 60_000): Promise<Consumed[]> {
+  const consumer = testKafka().consumer({ groupId: unique('reader'), maxWaitTimeInMs: 100 });
+  const all: Consumed[] = [];
+  await consumer.connect();
+  await consumer.subscribe({ topic, fromBeginning: true });
+  await consumer.run({
+    eachMessage: async ({ message, partition }) => {
+      const headers: Record<string, string> = {};
+      for (const [k, v] of Object.entries(message.headers ?? {})) headers[k] = String(v);
+      all.push({ key: message.key?.toString() ?? null, value: message.value, headers, partition, offset: message.offset });
+    },
+  });
+  try {
+    await waitFor(() => done(all), `messages on ${topic} (have ${all.length})`, timeoutMs);
+  } finally {
+    await consumer.disconnect();
+  }
+  return all;
+}

@@ -1,0 +1,125 @@
+import { afterAll, describe, expect, it } from 'vitest';
+import { createTopics, consumeUntil, produce, testRedis, unique, waitFor } from '../helpers/kafka.js';
+import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
+import { parsePrometheus } from '../helpers/prometheus.js';
+
+const FIXTURE = ['--import', 'tsx', 'test/fixtures/recorder-service.ts'];
+const redis = testRedis();
+const procs: Proc[] = [];
+afterAll(async () => {
+  for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
+  redis.disconnect();
+});
+
+function event(i: number, extra: Record<string, unknown> = {}) {
+  return { type: 'tool_call', event_id: `e${i}`, ts: 1_700_000_000_000 + i, session_id: `s${i % 7}`, task_id: `t${i % 50}`, step: i, tool: 'search', ...extra };
+}
+
+async function start(env: Record<string, string>) {
+  const p = await startProcess(FIXTURE, env);
+  procs.push(p);
+  await waitFor(() => isReady(p), 'recorder /readyz', 60_000).catch((err: Error) => {
+    throw new Error(`${err.message}\n${p.output()}`);
+  });
+  return p;
+}
+
+describe('consumer runner (real Kafka, real Redis, real processes)', () => {
+  it('loses nothing when the consumer is SIGKILLed mid-batch and restarted (at-least-once)', async () => {
+    const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), FIXTURE_DELAY_MS: '25', PAVER_BATCH_CHUNK: '40' });
+    await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS! }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    const N = 4000;
+    await produce(env.PAVER_TOPIC_TOOL_CALLS!, Array.from({ length: N }, (_, i) => ({ key: `s${i % 7}`, value: JSON.stringify(event(i)) })));
+    const seenKey = `${env.REDIS_KEY_PREFIX}:seen`;
+
+    const first = await start(env);
+    await waitFor(async () => (await redis.scard(seenKey)) >= 600, 'first 600 events');
+    first.child.kill('SIGKILL');
+    expect(await first.exited).toBeNull();
+    const beforeRestart = await redis.scard(seenKey);
+    expect(beforeRestart).toBeLessThan(N);
+
+    await start(env);
+    await waitFor(async () => (await redis.scard(seenKey)) === N, `all ${N} events after restart`, 90_000);
+    const deliveries = Object.values(await redis.hgetall(`${env.REDIS_KEY_PREFIX}:deliveries`)).map(Number);
+    expect(deliveries).toHaveLength(N);
+    // Committed progress survived the kill: only the chunks in flight were delivered twice.
+    const redelivered = deliveries.filter((d) => d > 1).length;
+    expect(redelivered).toBeLessThan(beforeRestart);
+  });
+
+  it('dead-letters every kind of bad input with its reason while the good messages around it are processed', async () => {
+    const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), PAVER_MAX_MESSAGE_BYTES: '2048' });
+    await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    const bad: [string, string | Buffer][] = [
+      ['undecodable', '{"type": "tool_call", not json'],
+      ['invalid', JSON.stringify(event(1001, { step: 'three' }))],
+      ['invalid', JSON.stringify({ type: 'tool_call', event_id: 'x', ts: 1 })],
+      ['oversize', JSON.stringify(event(1002, { args: { blob: 'x'.repeat(4000) } }))],
+      ['unknown_event_type', JSON.stringify({ ...event(1003), type: 'tool_exploded' })],
+      ['invalid', JSON.stringify([1, 2, 3])],
+      ['registry_error', Buffer.from([0, 0, 0, 0, 7, 123, 125])],
+    ];
+    const msgs = [];
+    for (let i = 0; i < 20; i++) {
+      msgs.push({ key: 's', value: JSON.stringify(event(i)) });
+      const b = bad[i % bad.length];
+      if (i < bad.length && b) msgs.push({ key: 's', value: b[1] });
+    }
+    await produce(env.PAVER_TOPIC_TOOL_CALLS!, msgs);
+    const p = await start(env);
+
+    await waitFor(async () => (await redis.scard(`${env.REDIS_KEY_PREFIX}:seen`)) === 20, 'the 20 good events');
+    const dl = await consumeUntil(env.PAVER_TOPIC_DEAD_LETTERS!, (all) => all.length >= bad.length);
+    expect(dl).toHaveLength(bad.length);
+    const bodies = dl.map((m) => JSON.parse(m.value!.toString()) as { reason: string; detail: string; source: { topic: string; offset: string }; original_b64: string });
+    expect(bodies.map((b) => b.reason).sort()).toEqual(bad.map(([r]) => r).sort());
+    for (const [i, b] of bodies.entries()) {
+      expect(b.source.topic).toBe(env.PAVER_TOPIC_TOOL_CALLS);
+      expect(dl[i]!.headers['paver-dlq-reason']).toBe(b.reason);
+      expect(dl[i]!.headers['paver-source-offset']).toBe(b.source.offset);
+      // Original bytes are kept for replay; the detail never quotes them.
+      expect(b.original_b64.length).toBeGreaterThan(0);
+      expect(b.detail).not.toContain('three');
+    }
+    const metrics = parsePrometheus(String((await getJson(p.url('/metrics'))).body));
+    expect(metrics.value('paver_dead_letters_total', { reason: 'invalid' })).toBe(3);
+    expect(metrics.value('paver_dead_letters_total', { reason: 'oversize' })).toBe(1);
+    expect(metrics.value('paver_events_consumed_total', { outcome: 'processed' })).toBe(20);
+    expect(metrics.value('paver_consumer_lag', { partition: '0' })).toBe(0);
+    expect(metrics.has('process_cpu_seconds_total')).toBe(true);
+    expect(metrics.has('paver_batch_processing_seconds_bucket')).toBe(true);
+  });
+
+  it('stops gracefully on SIGTERM: exit 0, offsets committed, nothing re-read after restart', async () => {
+    const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g') });
+    await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS! }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    await produce(env.PAVER_TOPIC_TOOL_CALLS!, Array.from({ length: 300 }, (_, i) => ({ key: `s${i % 7}`, value: JSON.stringify(event(i)) })));
+    const p = await start(env);
+    await waitFor(async () => (await redis.scard(`${env.REDIS_KEY_PREFIX}:seen`)) === 300, 'all events');
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toBe(0);
+    expect(p.output()).toContain('"msg":"stopped"');
+
+    await produce(env.PAVER_TOPIC_TOOL_CALLS!, [{ key: 's1', value: JSON.stringify(event(300)) }]);
+    const again = await start(env);
+    await waitFor(async () => (await redis.scard(`${env.REDIS_KEY_PREFIX}:seen`)) === 301, 'the new event');
+    const deliveries = Object.values(await redis.hgetall(`${env.REDIS_KEY_PREFIX}:deliveries`)).map(Number);
+    expect(deliveries.every((d) => d === 1)).toBe(true);
+    again.child.kill('SIGTERM');
+    expect(await again.exited).toBe(0);
+  });
+
+  it('refuses bad configuration with one message naming every bad variable, exit 78', async () => {
+    const p = await startProcess(['bin/paver.js', 'run', 'detector'], {
+      PATH: process.env.PATH ?? '',
+      REDIS_URL: 'http://nope',
+      KAFKA_SASL_MECHANISM: 'gssapi',
+      DETECTOR_LOOKBACK: 'many',
+      LOG_LEVEL: 'loud',
+    });
+    expect(await p.exited).toBe(78);
+    const out = p.output();
+    for (const v of ['KAFKA_BROKERS: is required', 'REDIS_URL', 'KAFKA_SASL_MECHANISM', 'DETECTOR_LOOKBACK', 'LOG_LEVEL']) expect(out).toContain(v);
+  });
+});

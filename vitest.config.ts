@@ -1,0 +1,28 @@
+import { defineConfig } from 'vitest/config';
+
+export default defineConfig({
+  test: {
+    projects: [
+      {
+        test: {
+          name: 'unit',
+          include: ['test/unit/**/*.test.ts', 'services/*/test/unit/**/*.test.ts'],
+          environment: 'node',
+        },
+      },
+      {
+        test: {
+          name: 'integration',
+          include: ['test/integration/**/*.int.test.ts', 'services/*/test/integration/**/*.int.test.ts', 'test/e2e/**/*.int.test.ts'],
+          environment: 'node',
+          // One real broker and redis-server for the whole run, started and stopped here.
+          globalSetup: ['test/helpers/global-setup.ts'],
+          // Files share the broker on a 2-core machine: one at a time keeps rebalances and timings sane.
+          fileParallelism: false,
+          testTimeout: 120_000,
+          hookTimeout: 180_000,
+        },
+      },
+    ],
+  },
+});
