@@ -6,11 +6,13 @@ export const id = z
   .string()
   .min(1)
   .max(LIMITS.idLength)
+  // eslint-disable-next-line no-control-regex -- rejecting control characters is the point
   .regex(/^[^\u0000-\u001f\u007f]+$/, 'must not contain control characters');
 export const toolName = z
   .string()
   .min(1)
   .max(LIMITS.toolNameLength)
+  // eslint-disable-next-line no-control-regex -- rejecting control characters is the point
   .regex(/^[^\u0000-\u001f\u007f]+$/, 'must not contain control characters');
 export const sideEffects = z.enum(['pure', 'read', 'write', 'external']);
 

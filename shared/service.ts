@@ -3,7 +3,7 @@ import type { Redis } from 'ioredis';
 import type { z } from 'zod';
 import { createCodec, type Codec } from './codec.js';
 import { EXIT_CONFIG, parseEnv, type CommonEnv } from './config.js';
-import { PaverError } from './errors.js';
+import type { PaverError } from './errors.js';
 import { createHttpServer, type Route } from './http.js';
 import { createKafka } from './kafka/client.js';
 import { createRunner, type BatchHandler, type Parser } from './kafka/runner.js';

@@ -165,7 +165,7 @@ for k = 0, n - 1 do
   elseif kind == 'c' then
     local packed = redis.call('HGET', KEYS[3], task) or ''
     local count_ = 0
-    if packed ~= '' then _, count_ = string.gsub(packed, RS, '') end
+    if packed ~= '' then count_ = select(2, string.gsub(packed, RS, '')) end
     if string.find(packed, RS .. eid .. US, 1, true) == nil and count_ < maxEvents then
       redis.call('HSET', KEYS[3], task, packed .. RS .. eid .. US .. ARGV[b + 4] .. US .. ARGV[b + 5] .. US .. ARGV[b + 6])
       applied = applied + 1

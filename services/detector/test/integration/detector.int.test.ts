@@ -1,0 +1,113 @@
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { consumeUntil, createTopics, produce, waitFor } from '../../../../test/helpers/kafka.js';
+import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
+import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
+import { agentEvents } from '../../../../test/helpers/streams.js';
+
+const procs: Proc[] = [];
+afterAll(() => {
+  for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
+});
+
+const PARAMS = { DETECTOR_LOOKBACK: '60', DETECTOR_MAX_CANDIDATES: '4' };
+const events = [...agentEvents({ tasks: 600, seed: 7 })];
+const file = join(mkdtempSync(join(tmpdir(), 'paver-det-')), 'events.jsonl');
+// Redeliveries as Kafka would make them: a few events twice, later in the stream.
+const withDupes = events.flatMap((e, i) => (i % 97 === 0 ? [e, e] : [e]));
+let offline: unknown;
+
+async function startDetector(env: Record<string, string>) {
+  const p = await startProcess(['bin/paver.js', 'run', 'detector'], env);
+  procs.push(p);
+  await waitFor(() => isReady(p), 'detector /readyz').catch((err: Error) => {
+    throw new Error(`${err.message}\n${p.output()}`);
+  });
+  return p;
+}
+async function candidates(p: Proc) {
+  return (await getJson(p.url('/candidates?tenant_id=default&agent_id=agent-0'))).body;
+}
+async function setupTopics(env: Record<string, string>, publish = true) {
+  await createTopics([
+    { topic: env.PAVER_TOPIC_TOOL_CALLS! },
+    { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
+    { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
+  ]);
+  if (publish) await publishStream(env);
+}
+async function publishStream(env: Record<string, string>) {
+  await produce(env.PAVER_TOPIC_TOOL_CALLS!, withDupes.map((e) => ({ key: e.session_id, value: JSON.stringify(e) })));
+}
+
+beforeAll(async () => {
+  writeFileSync(file, withDupes.map((e) => JSON.stringify(e)).join('\n') + '\n');
+  const p = await startProcess(['bin/paver.js', 'detect', '--input', file, '--lookback', '60', '--max-candidates', '4'], { PATH: process.env.PATH ?? '' });
+  expect(await p.exited).toBe(0);
+  offline = JSON.parse(p.output().slice(p.output().indexOf('[')));
+  expect((offline as unknown[]).length).toBe(4);
+});
+
+describe('detector service (real Kafka, real Redis)', () => {
+  it('survives SIGKILL mid-stream: after restart, GET /candidates and the topic equal the offline command', async () => {
+    const env = serviceEnv({ ...PARAMS, PAVER_BATCH_CHUNK: '50', KAFKA_MAX_BYTES_PER_PARTITION: '16384' });
+    await setupTopics(env);
+    const first = await startDetector(env);
+    await waitFor(async () => {
+      const m = parsePrometheus(String((await getJson(first.url('/metrics'))).body));
+      return m.value('paver_detector_records_completed_total') > 150;
+    }, 'a third of the stream');
+    first.child.kill('SIGKILL');
+    await first.exited;
+
+    const second = await startDetector(env);
+    await waitFor(async () => JSON.stringify(await candidates(second)) === JSON.stringify(offline), 'live candidates equal to the offline run', 90_000);
+    const m = parsePrometheus(String((await getJson(second.url('/metrics'))).body));
+    expect(m.value('paver_dead_letters_total')).toBe(0);
+
+    // The compacted topic's latest record per key is the live set: the active ones, nothing else.
+    const expected = JSON.stringify([...(offline as { dedupe_key: string }[])].sort((a, b) => (a.dedupe_key < b.dedupe_key ? -1 : 1)));
+    const all = await consumeUntil(env.PAVER_TOPIC_FLOW_CANDIDATES!, (msgs) => {
+      const latest = new Map<string, { status: string; dedupe_key: string; candidate: { dedupe_key: string } }>();
+      for (const x of msgs) latest.set(x.key!, JSON.parse(x.value!.toString()));
+      const active = [...latest.values()].filter((v) => v.status === 'active').map((v) => v.candidate);
+      return JSON.stringify(active.sort((a, b) => (a.dedupe_key < b.dedupe_key ? -1 : 1))) === expected;
+    });
+    const latest = new Map<string, { candidate: unknown; status: string }>();
+    for (const x of all) latest.set(x.key!, JSON.parse(x.value!.toString()));
+    for (const c of offline as { dedupe_key: string }[]) expect(latest.get(`default/agent-0/${c.dedupe_key}`)?.candidate).toEqual(c);
+    // Counts changed as the window slid, and each change was published.
+    expect(all.length).toBeGreaterThan(latest.size);
+    // Privacy: no tool arguments or observations in what the detector publishes.
+    expect(all.map((x) => x.value!.toString()).join('\n')).not.toContain('/etc/app.yaml');
+  });
+
+  it('two instances in one group give the same candidates as one', async () => {
+    const env = serviceEnv(PARAMS);
+    await setupTopics(env, false);
+    const a = await startDetector(env);
+    const b = await startDetector(env);
+    // B's join rebalanced the group: wait until both hold partitions, then stream.
+    await waitFor(async () => (await isReady(a)) && (await isReady(b)), 'both instances in the group');
+    await publishStream(env);
+    await waitFor(async () => JSON.stringify(await candidates(a)) === JSON.stringify(offline), 'candidates from instance A', 90_000);
+    expect(await candidates(b)).toEqual(offline);
+    const ma = parsePrometheus(String((await getJson(a.url('/metrics'))).body));
+    const mb = parsePrometheus(String((await getJson(b.url('/metrics'))).body));
+    // Both took part: the work was split by partition.
+    expect(ma.value('paver_detector_events_total', { outcome: 'applied' })).toBeGreaterThan(0);
+    expect(mb.value('paver_detector_events_total', { outcome: 'applied' })).toBeGreaterThan(0);
+  });
+
+  it('answers 400 for a bad scope on GET /candidates', async () => {
+    const env = serviceEnv(PARAMS);
+    await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS! }, { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    const p = await startDetector(env);
+    expect((await getJson(p.url('/candidates?tenant_id=%01x'))).status).toBe(400);
+    expect((await getJson(p.url('/candidates'))).body).toEqual([]);
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toBe(0);
+  });
+});

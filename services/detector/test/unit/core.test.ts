@@ -1,0 +1,84 @@
+import { describe, expect, it } from 'vitest';
+import { candidateKey, diffCandidates, retractedRecord, titleCase, toRecord } from '../../src/core/candidate.js';
+import { liveCandidates } from '../../src/core/detect.js';
+import { recordGrams } from '../../src/core/grams.js';
+import { DEFAULT_PARAMS } from '../../src/core/params.js';
+import { DetectorState } from '../../src/core/state.js';
+import { flowCandidateRecordV1 } from '../../../../schemas/index.js';
+import type { DetectorOp } from '../../src/core/ops.js';
+
+const scope = { tenant: 'default', agent: 'default' };
+const call = (task: string, step: number, tool: string, ts: number, cost = 10_000): DetectorOp => ({ kind: 'call', scope, task, eventId: `${task}-${step}`, ts, step, tool, cost });
+const done = (task: string, ts: number): DetectorOp => ({ kind: 'done', scope, task, eventId: `${task}-done`, ts });
+
+function runTask(s: DetectorState, task: string, tools: string[], ts: number, complete = true) {
+  tools.forEach((t, i) => s.apply(call(task, i, t, ts + i)));
+  if (complete) s.apply(done(task, ts + tools.length));
+}
+
+describe('detector core', () => {
+  it('proposes the reference example: 5 runs of a 4-step flow at 9 cents, savings 42.75', () => {
+    const s = new DetectorState(DEFAULT_PARAMS);
+    const seq = ['file_read', 'validate_yaml', 'file_write', 'bash_execute'];
+    for (let i = 0; i < 5; i++) {
+      seq.forEach((t, j) => s.apply(call(`t${i}`, j, t, i * 100 + j, [20_000, 30_000, 30_000, 10_000][j])));
+      s.apply(done(`t${i}`, i * 100 + 50));
+    }
+    const [c] = liveCandidates(s.frequentStats(scope), DEFAULT_PARAMS);
+    expect(c).toMatchObject({ tool_sequence: seq, occurrence_count: 5, match_type: 'exact', estimated_token_savings: 42.75, avg_cost_per_execution: 9, dedupe_key: 'flow_offload:file_read→validate_yaml→file_write→bash_execute' });
+    expect(c!.proposed_flow.name).toBe('Auto: file_read → validate_yaml → file_write → bash_execute');
+    expect(c!.proposed_flow.steps[0]).toEqual({ id: 'step_1', name: 'File Read', skill_key: 'file_read', depends_on: [], output_key: 'step_1', retry_max: 2, retry_backoff: 1, timeout_seconds: 120, on_failure: 'stop', input_map: { input: '{{_trigger.input}}' } });
+    expect(c!.proposed_flow.steps[1]!.input_map).toEqual({ input: '{{step_1.output}}' });
+    const rec = toRecord(c!, scope, 1);
+    expect(flowCandidateRecordV1.parse(rec).promotion_effect?.agent_prompt_hint).toContain("flow_run('Auto: file_read");
+  });
+
+  it('keeps the common 3-step flow found inside longer tasks (the case the reference drops)', () => {
+    const s = new DetectorState(DEFAULT_PARAMS);
+    runTask(s, 'a', ['x', 'y', 'z'], 0);
+    runTask(s, 'b', ['p', 'x', 'y', 'z', 'q'], 10);
+    runTask(s, 'c', ['x', 'y', 'z', 'r'], 20);
+    const [c] = liveCandidates(s.frequentStats(scope), DEFAULT_PARAMS);
+    expect(c).toMatchObject({ tool_sequence: ['x', 'y', 'z'], occurrence_count: 3, match_type: 'subsequence' });
+  });
+
+  it('counts a record once however often it contains a sequence, at its first position cost', () => {
+    const { grams } = recordGrams(['a', 'b', 'c', 'a', 'b', 'c'], [1, 2, 3, 10, 20, 30], { ...DEFAULT_PARAMS, maxLength: 3 });
+    expect(grams.find((g) => g.key === ['a', 'b', 'c'].join('\u001f'))!.cost).toBe(6);
+    expect(grams.filter((g) => g.key === ['a', 'b', 'c'].join('\u001f'))).toHaveLength(1);
+  });
+
+  it('completes idle tasks on the event-time clock and ignores their late events', () => {
+    const p = { ...DEFAULT_PARAMS, taskIdleMs: 100 };
+    const s = new DetectorState(p);
+    for (const t of ['a', 'b', 'c']) runTask(s, t, ['x', 'y', 'z'], 0, false);
+    expect(liveCandidates(s.frequentStats(scope), p)).toEqual([]);
+    s.apply(call('other', 0, 'w', 500)); // the clock moves past the idle limit
+    expect(s.windowTasks(scope)).toEqual(['a', 'b', 'c']);
+    expect(liveCandidates(s.frequentStats(scope), p)[0]?.occurrence_count).toBe(3);
+    const r = s.apply(call('a', 9, 'late', 501));
+    expect(r.ignored).toBe(1);
+  });
+
+  it('slides: a record leaving the window takes its counts with it, and a dropped candidate is retracted', () => {
+    const p = { ...DEFAULT_PARAMS, lookback: 3 };
+    const s = new DetectorState(p);
+    for (let i = 0; i < 3; i++) runTask(s, `a${i}`, ['x', 'y', 'z'], i * 10);
+    const before = liveCandidates(s.frequentStats(scope), p);
+    expect(before).toHaveLength(1);
+    runTask(s, 'b0', ['k', 'l', 'm'], 100);
+    const after = liveCandidates(s.frequentStats(scope), p);
+    expect(after).toEqual([]);
+    const published = new Map(before.map((c) => [c.dedupe_key, JSON.stringify(c)]));
+    const d = diffCandidates(published, after);
+    expect(d.retracts).toEqual(['flow_offload:x→y→z']);
+    expect(flowCandidateRecordV1.parse(retractedRecord(d.retracts[0]!, scope, 1)).status).toBe('retracted');
+    expect(diffCandidates(published, before).upserts).toEqual([]);
+  });
+
+  it('names steps in Title Case and keys records by scope', () => {
+    expect(titleCase('validate_yaml')).toBe('Validate Yaml');
+    expect(titleCase('http-get.v2')).toBe('Http Get V2');
+    expect(candidateKey({ tenant: 't', agent: 'a' }, 'flow_offload:x')).toBe('t/a/flow_offload:x');
+  });
+});
