@@ -63,7 +63,7 @@ export interface Consumed {
 }
 
 /** Reads a topic from the beginning until `done(all)` holds. */
-export async function consumeUntil(topic: string, done: (all: Consumed[]) => boolean, timeoutMs = 60_000): Promise<Consumed[]> {
+export async function consumeUntil(topic: string, done: (all: Consumed[]) => boolean, timeoutMs = 120_000): Promise<Consumed[]> {
   const consumer = testKafka().consumer({ groupId: unique('reader'), maxWaitTimeInMs: 100 });
   const all: Consumed[] = [];
   await consumer.connect();

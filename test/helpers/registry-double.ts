@@ -1,4 +1,4 @@
-import { createServer, type Server } from 'node:http';
+import { createServer, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
 /**
@@ -9,7 +9,7 @@ export async function startRegistryDouble(): Promise<{ url: string; close: () =>
   const schemas = new Map<number, { schema: string; schemaType: string }>();
   const subjects = new Map<string, number[]>();
   const config = new Map<string, string>();
-  const send = (res: import('node:http').ServerResponse, status: number, body: unknown) => {
+  const send = (res: ServerResponse, status: number, body: unknown) => {
     res.writeHead(status, { 'content-type': 'application/vnd.schemaregistry.v1+json' });
     res.end(JSON.stringify(body));
   };
