@@ -2,7 +2,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { consumeUntil, createTopics, produce, waitFor } from '../../../../test/helpers/kafka.js';
+import { createTopics, produce, waitFor } from '../../../../test/helpers/kafka.js';
 import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import { agentEvents } from '../../../../test/helpers/streams.js';
