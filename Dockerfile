@@ -11,6 +11,7 @@ COPY schemas ./schemas
 COPY services ./services
 COPY deploy ./deploy
 COPY bench ./bench
+COPY examples ./examples
 RUN npm ci && npm prune --omit=dev
 
 FROM node:20-bookworm-slim

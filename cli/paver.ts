@@ -6,8 +6,9 @@ const HELP = `paver — paves the paths LLM agents keep walking (Kafka + Redis s
 Usage: paver <command> [options]
 
 Services (long-running, configured from the environment; see README "Configuration"):
-  run detector         ${SERVICES.detector.summary}
-  (planned: ${PLANNED_SERVICES.join(', ')})
+${Object.entries(SERVICES)
+  .map(([name, s]) => `  run ${name.padEnd(16)}${s.summary} (HTTP :${s.port})`)
+  .join('\n')}${PLANNED_SERVICES.length ? `\n  (planned: ${PLANNED_SERVICES.join(', ')})` : ''}
 
 Main job:
   dev [--service NAME ...]   start the local stack (Kafka KRaft + redis-server, unless KAFKA_BROKERS /
@@ -22,6 +23,7 @@ Tools:
 Offline (no Kafka, no Redis; same core as the services):
   detect --input FILE.jsonl [--min-length 3] [--min-occurrences 3] [--lookback 200]
          [--max-candidates 5] [--max-length 12] [--tenant T --agent A]
+  autoseq --catalog FILE --input FILE.jsonl [--max-consecutive 5] [--no-arguments]
 
   paver <command> --help     options of one command
 `;
@@ -36,7 +38,7 @@ export async function main(argv: string[]): Promise<number> {
     case 'run': {
       const name = rest[0];
       if (!name || !isServiceName(name)) {
-        const planned = (PLANNED_SERVICES as readonly string[]).includes(name ?? '');
+        const planned = PLANNED_SERVICES.includes(name ?? '');
         process.stderr.write(
           planned
             ? `paver run: service '${name}' is not built yet; available: ${Object.keys(SERVICES).join(', ')}\n`
@@ -80,6 +82,10 @@ export async function main(argv: string[]): Promise<number> {
     case 'detect': {
       const { detectCommand } = await import('../services/detector/src/cli.js');
       return detectCommand(rest);
+    }
+    case 'autoseq': {
+      const { autoseqCommand } = await import('../services/autoseq/src/cli.js');
+      return autoseqCommand(rest);
     }
     default:
       process.stderr.write(`paver: unknown command '${cmd}'\n\n${HELP}`);

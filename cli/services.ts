@@ -1,9 +1,10 @@
 /** The services `paver run NAME` can start; each module exports `service` (a ServiceSpec). */
 export const SERVICES = {
   detector: { port: 9101, summary: 'repeated tool sequences → flow candidates', load: () => import('../services/detector/src/main.js') },
+  autoseq: { port: 9102, summary: 'unique typed next tool → next-action events', load: () => import('../services/autoseq/src/main.js') },
 } as const;
 
-export const PLANNED_SERVICES = ['autoseq', 'sequencer', 'flows'] as const;
+export const PLANNED_SERVICES: readonly string[] = ['sequencer', 'flows'];
 
 export type ServiceName = keyof typeof SERVICES;
 export const isServiceName = (s: string): s is ServiceName => Object.hasOwn(SERVICES, s);

@@ -5,6 +5,7 @@ import { nextActionRecordV1 } from './next-actions.v1.js';
 import { sequenceStateRecordV1 } from './sequence-state.v1.js';
 import { flowSelectionRecordV1 } from './flow-selections.v1.js';
 import { deadLetterRecordV1 } from './dead-letters.v1.js';
+import { toolCatalogRecordV1 } from './tool-catalog.v1.js';
 
 export * from './tool-calls.v1.js';
 export * from './flow-candidates.v1.js';
@@ -12,6 +13,7 @@ export * from './next-actions.v1.js';
 export * from './sequence-state.v1.js';
 export * from './flow-selections.v1.js';
 export * from './dead-letters.v1.js';
+export * from './tool-catalog.v1.js';
 export { LIMITS } from './limits.js';
 
 /** Every topic contract, by its versioned name: the source for schemas/json and registry subjects. */
@@ -22,4 +24,5 @@ export const CONTRACTS: Record<string, { version: number; schema: z.ZodType; io:
   'sequence-state.v1': { version: 1, schema: sequenceStateRecordV1, io: 'output' },
   'flow-selections.v1': { version: 1, schema: flowSelectionRecordV1, io: 'output' },
   'dead-letters.v1': { version: 1, schema: deadLetterRecordV1, io: 'output' },
+  'tool-catalog.v1': { version: 1, schema: toolCatalogRecordV1, io: 'input' },
 };

@@ -6,4 +6,5 @@ export const LIMITS = {
   visibleTools: 10_000,
   summaries: 50,
   maxStep: 1_000_000,
+  catalogTools: 10_000,
 } as const;

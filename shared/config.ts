@@ -12,8 +12,8 @@ const csv = z
   .string()
   .transform((s) => s.split(',').map((x) => x.trim()).filter(Boolean))
   .pipe(z.array(z.string().regex(/^[^\s,]+:\d{1,5}$/, 'expected host:port')).min(1, 'expected at least one host:port'));
-const int = (min: number, max = Number.MAX_SAFE_INTEGER) => z.coerce.number().int().min(min).max(max);
-const topicName = z.string().regex(/^[a-zA-Z0-9._-]{1,249}$/, 'expected a Kafka topic name ([a-zA-Z0-9._-], ≤249 chars)');
+export const int = (min: number, max = Number.MAX_SAFE_INTEGER) => z.coerce.number().int().min(min).max(max);
+export const topicName = z.string().regex(/^[a-zA-Z0-9._-]{1,249}$/, 'expected a Kafka topic name ([a-zA-Z0-9._-], ≤249 chars)');
 
 /** Variables every service and the CLI share. Service configs extend this object. */
 export const commonEnvShape = {

@@ -4,7 +4,7 @@ import type { z } from 'zod';
 import { createCodec, type Codec } from './codec.js';
 import { EXIT_CONFIG, parseEnv, type CommonEnv } from './config.js';
 import type { PaverError } from './errors.js';
-import { createHttpServer, type Route } from './http.js';
+import { createHttpServer, type ReadinessCheck, type Route } from './http.js';
 import { createKafka } from './kafka/client.js';
 import { createRunner, type BatchHandler, type Parser } from './kafka/runner.js';
 import { createSink, type Sink } from './kafka/sink.js';
@@ -21,6 +21,8 @@ export interface ServiceDeps<E extends CommonEnv> {
   kafka: Kafka;
   sink: Sink;
   codec: Codec;
+  /** Stops the process with exit 1: for a service's own consumers that crash for good. */
+  fatal: (err: Error) => void;
 }
 
 export interface ServiceParts<T> {
@@ -29,6 +31,10 @@ export interface ServiceParts<T> {
   handler: BatchHandler<T>;
   routes?: Route[];
   extraTopics?: TopicSpec[];
+  /** Runs after the topics exist and before the main consumer starts (load a catalog from its topic, say). */
+  start?: () => Promise<void>;
+  /** Readiness beyond Kafka and Redis (a catalog loaded, say). */
+  readiness?: ReadinessCheck[];
   close?: () => Promise<void>;
 }
 
@@ -113,7 +119,7 @@ export async function runService<E extends CommonEnv, T>(spec: ServiceSpec<E, T>
       await admin.disconnect();
     }
     await sink.connect();
-    const deps: ServiceDeps<E> = { env, log, metrics, redis, kafka, sink, codec };
+    const deps: ServiceDeps<E> = { env, log, metrics, redis, kafka, sink, codec, fatal: onFatal };
     parts = await spec.setup(deps);
     if (parts.extraTopics?.length && env.KAFKA_CREATE_TOPICS) {
       const admin = kafka.admin();
@@ -124,6 +130,7 @@ export async function runService<E extends CommonEnv, T>(spec: ServiceSpec<E, T>
       });
       await admin.disconnect();
     }
+    await parts.start?.();
     runner = createRunner<T>({
       service: spec.name,
       groupId: spec.groupId(env),
@@ -148,6 +155,7 @@ export async function runService<E extends CommonEnv, T>(spec: ServiceSpec<E, T>
         { name: 'kafka_consumer', check: () => r.isJoined() },
         { name: 'kafka_producer', check: () => sink.isConnected() },
         { name: 'redis', check: async () => redisReady(redis) && (await redis.ping()) === 'PONG' },
+        ...(parts.readiness ?? []),
       ],
     });
     const bound = await http.listen(env.HTTP_PORT ?? spec.defaultPort, env.HTTP_HOST);
@@ -156,7 +164,10 @@ export async function runService<E extends CommonEnv, T>(spec: ServiceSpec<E, T>
     log.info({ topics: parts.inputTopics, groupId: spec.groupId(env) }, 'consuming');
   } catch (err) {
     log.fatal({ err: (err as Error).message }, 'start-up failed');
-    shutdown(1, 'start-up failed');
+    const config = (err as PaverError).code === 'CONFIG_INVALID';
+    // Bad configuration files are the operator's to fix: say so on stderr too, and exit like a config error.
+    if (config) process.stderr.write(`paver ${spec.name}: ${(err as Error).message}\n`);
+    shutdown(config ? EXIT_CONFIG : 1, 'start-up failed');
   }
   const code = await exited;
   process.off('SIGTERM', onSignal);

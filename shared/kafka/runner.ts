@@ -72,6 +72,8 @@ export interface RunnerOptions<T> {
   log: Logger;
   /** Called when the consumer has crashed for good (restarts exhausted or a non-retriable error). */
   onFatal: (err: Error) => void;
+  /** Compacted topics: maps a tombstone (null value) to a typed record; without it a tombstone is dead-lettered. */
+  tombstone?: (key: string | null) => T | null;
 }
 
 export interface Runner {
@@ -171,7 +173,11 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
     );
   }
 
-  async function decodeOne(msg: KafkaMessage, topic: string) {
+  async function decodeOne(msg: KafkaMessage, topic: string): Promise<ReturnType<Parser<T>>> {
+    if (msg.value === null && o.tombstone) {
+      const t = o.tombstone(keyString(msg.key));
+      if (t !== null) return { ok: true, value: t };
+    }
     if (!msg.value) return { ok: false as const, reason: 'undecodable' as const, detail: 'empty message value' };
     if (msg.value.length > o.env.PAVER_MAX_MESSAGE_BYTES) {
       return { ok: false as const, reason: 'oversize' as const, detail: `${msg.value.length} bytes > PAVER_MAX_MESSAGE_BYTES` };

@@ -62,23 +62,32 @@ export interface Consumed {
   offset: string;
 }
 
-/** Reads a topic from the beginning until `done(all)` holds. */
+/**
+ * Reads a topic from the beginning until `done(all)` holds. A reader that has received nothing after 30 s
+ * (seen once in the full suite: a fresh group stuck before its first fetch) is replaced by a new one.
+ */
 export async function consumeUntil(topic: string, done: (all: Consumed[]) => boolean, timeoutMs = 120_000): Promise<Consumed[]> {
-  const consumer = testKafka().consumer({ groupId: unique('reader'), maxWaitTimeInMs: 100 });
-  const all: Consumed[] = [];
-  await consumer.connect();
-  await consumer.subscribe({ topic, fromBeginning: true });
-  await consumer.run({
-    eachMessage: async ({ message, partition }) => {
-      const headers: Record<string, string> = {};
-      for (const [k, v] of Object.entries(message.headers ?? {})) headers[k] = String(v);
-      all.push({ key: message.key?.toString() ?? null, value: message.value, headers, partition, offset: message.offset });
-    },
-  });
-  try {
-    await waitFor(() => done(all), `messages on ${topic} (have ${all.length})`, timeoutMs);
-  } finally {
-    await consumer.disconnect();
+  const deadline = Date.now() + timeoutMs;
+  for (let attempt = 1; ; attempt++) {
+    const consumer = testKafka().consumer({ groupId: unique('reader'), maxWaitTimeInMs: 100 });
+    const all: Consumed[] = [];
+    await consumer.connect();
+    await consumer.subscribe({ topic, fromBeginning: true });
+    await consumer.run({
+      eachMessage: async ({ message, partition }) => {
+        const headers: Record<string, string> = {};
+        for (const [k, v] of Object.entries(message.headers ?? {})) headers[k] = String(v);
+        all.push({ key: message.key?.toString() ?? null, value: message.value, headers, partition, offset: message.offset });
+      },
+    });
+    const started = Date.now();
+    const stuck = () => all.length === 0 && Date.now() - started > 30_000 && deadline - Date.now() > 5_000;
+    try {
+      await waitFor(() => done(all) || stuck(), `messages on ${topic} (have ${all.length})`, deadline - started);
+    } finally {
+      await consumer.disconnect();
+    }
+    if (done(all)) return all;
+    if (attempt >= 4) throw new Error(`no messages on ${topic} after ${attempt} readers`);
   }
-  return all;
 }

@@ -1,8 +1,5 @@
-import { createReadStream } from 'node:fs';
-import { createInterface } from 'node:readline';
 import { parseArgs } from 'node:util';
-import { toolCallsEventV1, TOOL_CALLS_EVENT_TYPES } from '../../../schemas/index.js';
-import { zodParser } from '../../../shared/kafka/runner.js';
+import { readEvents } from '../../../shared/jsonl.js';
 import { liveCandidates } from './core/detect.js';
 import { toOp, scopeId, type Scope } from './core/ops.js';
 import { DEFAULT_PARAMS, validateParams, type DetectorParams } from './core/params.js';
@@ -17,45 +14,16 @@ live candidates at the end as a JSON array. Bad lines are reported on stderr wit
 and counted. Without --tenant/--agent the file must hold one (tenant, agent) scope.
 `;
 
-const MAX_LINE = 1024 * 1024;
-
-/** Streams the file: a million-event file never sits in memory whole. */
 export async function detect(input: string, params: DetectorParams, filter: Partial<Scope>, warn: (s: string) => void) {
   const state = new DetectorState(params);
-  const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
-  let lineNo = 0;
-  let bad = 0;
-  const rl = createInterface({ input: createReadStream(input), crlfDelay: Infinity });
-  for await (const line of rl) {
-    lineNo++;
-    if (!line.trim()) continue;
-    const fail = (why: string) => {
-      bad++;
-      if (bad <= 100) warn(`line ${lineNo}: ${why}`);
-    };
-    if (line.length > MAX_LINE) {
-      fail(`longer than ${MAX_LINE} characters`);
-      continue;
-    }
-    let raw: unknown;
-    try {
-      raw = JSON.parse(line);
-    } catch {
-      fail('not valid JSON');
-      continue;
-    }
-    const r = parse(raw, 'file');
-    if (!r.ok) {
-      fail(`${r.reason}: ${r.detail}`);
-      continue;
-    }
-    const op = toOp(r.value);
+  const stats = { lines: 0, bad: 0 };
+  for await (const event of readEvents(input, stats, warn)) {
+    const op = toOp(event);
     if (!op) continue;
     if ((filter.tenant && op.scope.tenant !== filter.tenant) || (filter.agent && op.scope.agent !== filter.agent)) continue;
     state.apply(op);
   }
-  if (bad > 100) warn(`… ${bad - 100} more bad lines`);
-  return { state, lines: lineNo, bad };
+  return { state, ...stats };
 }
 
 export async function detectCommand(argv: string[]): Promise<number> {

@@ -1,0 +1,63 @@
+import type { Redis } from 'ioredis';
+import { z } from 'zod';
+import { escapeKeyPart, scopeTag } from '../../../../../shared/redis/keys.js';
+import { PaverError } from '../../../../../shared/errors.js';
+import { newTaskState, type TaskState } from '../../core/decide.js';
+
+export interface TaskRef {
+  tenant: string;
+  agent: string;
+  task: string;
+}
+
+/** `<prefix>:aseq:{tenant|agent}:task:<task_id>`: the scope's hash tag keeps Redis Cluster happy. */
+export const taskKey = (prefix: string, r: TaskRef): string => `${prefix}:aseq:${scopeTag(r.tenant, r.agent)}:task:${escapeKeyPart(r.task)}`;
+
+const stored = z.object({
+  seen: z.array(z.string()),
+  pending: z.string().nullable(),
+  consecutive: z.number().int().nonnegative(),
+  last: z.object({ tool: z.string(), fp: z.string() }).nullable(),
+});
+
+/**
+ * Per-task auto-seq state: one pipelined read and one pipelined write per batch (GETs, not MGET, so keys of
+ * different slots work on a cluster). Each key expires after AUTOSEQ_TASK_TTL_MS without events.
+ */
+export class RedisTaskStore {
+  roundTrips = 0;
+  constructor(
+    private readonly redis: Redis,
+    private readonly prefix: string,
+    private readonly ttlMs: number,
+  ) {}
+
+  async load(refs: Map<string, TaskRef>): Promise<Map<string, TaskState>> {
+    const ids = [...refs.keys()];
+    const out = new Map<string, TaskState>();
+    if (ids.length === 0) return out;
+    const pipe = this.redis.pipeline();
+    for (const id of ids) pipe.get(taskKey(this.prefix, refs.get(id)!));
+    const replies = (await pipe.exec()) ?? [];
+    this.roundTrips++;
+    ids.forEach((id, i) => {
+      const [err, value] = replies[i] ?? [new Error('no reply'), null];
+      if (err) throw new PaverError('REDIS_UNAVAILABLE', `task state read failed: ${err.message}`);
+      if (typeof value !== 'string') return out.set(id, newTaskState());
+      const parsed = stored.safeParse(JSON.parse(value));
+      // State written by another version: start the task afresh rather than stop the consumer.
+      out.set(id, parsed.success ? parsed.data : newTaskState());
+    });
+    return out;
+  }
+
+  async save(states: Map<string, { ref: TaskRef; state: TaskState }>): Promise<void> {
+    if (states.size === 0) return;
+    const pipe = this.redis.pipeline();
+    for (const { ref, state } of states.values()) pipe.set(taskKey(this.prefix, ref), JSON.stringify(state), 'PX', this.ttlMs);
+    const replies = (await pipe.exec()) ?? [];
+    this.roundTrips++;
+    const failed = replies.find(([err]) => err);
+    if (failed?.[0]) throw new PaverError('REDIS_UNAVAILABLE', `task state write failed: ${failed[0].message}`);
+  }
+}

@@ -1,0 +1,87 @@
+import { parseArgs } from 'node:util';
+import { sha256 } from '../../../shared/hash.js';
+import { readConfigFile, readEvents } from '../../../shared/jsonl.js';
+import { CatalogError, loadCatalogFile, type Catalog } from './core/catalog.js';
+import { decide, DEFAULT_OPTIONS, newTaskState, type AutoseqOptions, type TaskState } from './core/decide.js';
+import { SchemaCompiler } from './core/schema-compiler.js';
+
+const USAGE = `Usage: paver autoseq --catalog FILE.(json|yaml) --input EVENTS.jsonl [--max-consecutive 5] [--no-arguments]
+
+Runs autoseq's core over a JSONL file of tool-calls events (in file order, in memory) and prints one JSON
+record per line: the decision for every tool_call event, plus auto_seq_executed when the agent ran a
+unique decision. The same records the service publishes on the next-actions topic.
+`;
+
+/** Streams decisions to `write`; task state lives in a Map (the service keeps it in Redis). */
+export async function runAutoseq(catalog: Catalog, input: string, opts: AutoseqOptions, write: (line: string) => void, warn: (s: string) => void) {
+  const tasks = new Map<string, TaskState>();
+  const stats = { lines: 0, bad: 0 };
+  let decided = 0;
+  for await (const e of readEvents(input, stats, warn)) {
+    if (e.type !== 'tool_call') continue;
+    const id = `${e.tenant_id}\u001f${e.agent_id}\u001f${e.task_id}`;
+    const d = decide(e, catalog, tasks.get(id) ?? newTaskState(), opts, sha256);
+    tasks.set(id, d.task);
+    for (const r of d.records) write(JSON.stringify(r));
+    decided++;
+  }
+  return { ...stats, decided };
+}
+
+export async function autoseqCommand(argv: string[]): Promise<number> {
+  let values;
+  try {
+    ({ values } = parseArgs({
+      args: argv,
+      options: {
+        catalog: { type: 'string' },
+        input: { type: 'string' },
+        'max-consecutive': { type: 'string' },
+        'no-arguments': { type: 'boolean' },
+        help: { type: 'boolean' },
+      },
+    }));
+  } catch (err) {
+    process.stderr.write(`paver autoseq: ${(err as Error).message}\n\n${USAGE}`);
+    return 2;
+  }
+  if (values.help) {
+    process.stdout.write(USAGE);
+    return 0;
+  }
+  if (!values.catalog || !values.input) {
+    process.stderr.write(`paver autoseq: --catalog and --input are required\n\n${USAGE}`);
+    return 2;
+  }
+  const max = Number(values['max-consecutive'] ?? DEFAULT_OPTIONS.maxConsecutive);
+  if (!Number.isInteger(max) || max < 1) {
+    process.stderr.write('paver autoseq: --max-consecutive must be a positive integer\n');
+    return 2;
+  }
+  let catalog: Catalog;
+  try {
+    catalog = loadCatalogFile(await readConfigFile(values.catalog), new SchemaCompiler());
+  } catch (err) {
+    process.stderr.write(`paver autoseq: ${err instanceof CatalogError ? '' : `cannot read ${values.catalog}: `}${(err as Error).message}\n`);
+    return 2;
+  }
+  const warn = (s: string) => process.stderr.write(`paver autoseq: ${s}\n`);
+  const out: string[] = [];
+  const flush = () => {
+    if (out.length) process.stdout.write(out.join('\n') + '\n');
+    out.length = 0;
+  };
+  try {
+    const r = await runAutoseq(catalog, values.input, { ...DEFAULT_OPTIONS, maxConsecutive: max, includeArguments: !values['no-arguments'] }, (l) => {
+      out.push(l);
+      if (out.length >= 1000) flush();
+    }, warn);
+    flush();
+    if (r.bad > 0) warn(`${r.bad} bad line(s) skipped of ${r.lines}`);
+  } catch (err) {
+    flush();
+    process.stderr.write(`paver autoseq: cannot read ${values.input}: ${(err as Error).message}\n`);
+    return 1;
+  }
+  return 0;
+}

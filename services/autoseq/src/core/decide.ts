@@ -1,0 +1,121 @@
+import type { NextActionRecord, ToolCallEvent } from '../../../../schemas/index.js';
+import type { Catalog, CompiledTool } from './catalog.js';
+import { isMapping, payloadShape, type Hash } from './shape.js';
+
+export interface AutoseqOptions {
+  /** Auto-executed steps in a row per task before the loop guard stops execution. */
+  maxConsecutive: number;
+  /** Put the observation into an executable unique decision as `arguments`. */
+  includeArguments: boolean;
+  /** Event ids remembered per task for idempotency. */
+  seenPerTask: number;
+}
+
+export const DEFAULT_OPTIONS: AutoseqOptions = { maxConsecutive: 5, includeArguments: true, seenPerTask: 64 };
+
+/** What autoseq remembers per task between events: small, JSON-serialisable, stored in Redis by the service. */
+export interface TaskState {
+  /** Recent event ids of this task: a redelivered event changes nothing and emits nothing. */
+  seen: string[];
+  /** The tool decided unique after the previous event (to recognise its auto-executed call). */
+  pending: string | null;
+  /** Auto-executed (`origin: "auto_seq"`) steps in a row, ending at the latest event. */
+  consecutive: number;
+  /** The last executable decision in the current auto-executed run: tool and payload fingerprint. */
+  last: { tool: string; fp: string } | null;
+}
+
+export const newTaskState = (): TaskState => ({ seen: [], pending: null, consecutive: 0, last: null });
+
+export interface Decision {
+  records: NextActionRecord[];
+  task: TaskState;
+  duplicate: boolean;
+}
+
+type Base = Pick<NextActionRecord, 'schema_version' | 'tenant_id' | 'agent_id' | 'session_id' | 'task_id' | 'event_id' | 'step' | 'ts'>;
+
+/**
+ * The reference's gates, in order, for one `tool_call` event, with Paver's stricter rules: an unannotated
+ * tool is not read-only, a tool whose schema requires nothing needs `auto_seq_from`, `auto_seq_from`
+ * narrows any tool to those upstream tools, failed calls are skipped, and a loop guard bounds execution.
+ */
+export function decide(e: ToolCallEvent, catalog: Catalog, task: TaskState, opts: AutoseqOptions, hash: Hash): Decision {
+  if (task.seen.includes(e.event_id)) return { records: [], task, duplicate: true };
+  const base: Base = {
+    schema_version: 1,
+    tenant_id: e.tenant_id,
+    agent_id: e.agent_id,
+    session_id: e.session_id,
+    task_id: e.task_id,
+    event_id: e.event_id,
+    step: e.step,
+    ts: e.ts,
+  };
+  const records: NextActionRecord[] = [];
+  const auto = e.origin === 'auto_seq';
+  if (auto && task.pending === e.tool) {
+    records.push({ ...base, event_type: 'auto_seq_executed', tool: e.tool, ...payloadShape(e.args, hash) });
+  }
+  const next: TaskState = {
+    seen: [...task.seen, e.event_id].slice(-opts.seenPerTask),
+    pending: null,
+    consecutive: auto ? task.consecutive + 1 : 0,
+    last: auto ? task.last : null,
+  };
+
+  const shape = payloadShape(e.observation, hash);
+  const scope = catalog.scope(e.tenant_id, e.agent_id);
+  const policy = scope?.policy;
+  const skip = (reason: NonNullable<NextActionRecord['reason']>, tool?: string) => {
+    records.push({ ...base, event_type: 'auto_seq_skipped', reason, ...(tool ? { tool } : {}), ...shape });
+    return { records, task: next, duplicate: false };
+  };
+  if (!scope || !policy?.auto_seq_enabled) return skip('disabled');
+  if (e.status === 'error') return skip('error_observation');
+  const obs = e.observation;
+  if (!isMapping(obs)) return skip('non_structured_observation');
+  if (e.next_node === 'parallel') return skip('previous_step_parallel');
+  if ((e.pending_actions ?? 0) > 0) return skip('pending_actions_present');
+
+  const visible = e.visible_tools ? new Set(e.visible_tools) : policy.visible_tools ? new Set(policy.visible_tools) : null;
+  const denied = new Set(policy.denied_tools);
+  const eligible = (t: CompiledTool) =>
+    (!visible || visible.has(t.spec.name)) &&
+    !denied.has(t.spec.name) &&
+    (!policy.auto_seq_read_only_only || t.readOnly) &&
+    (t.from ? t.from.has(e.tool) : t.required.length > 0);
+  const matched = scope
+    .preselect(new Set(Object.keys(obs)))
+    .filter((t) => eligible(t) && t.validate(obs))
+    .map((t) => t.spec)
+    .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+
+  if (matched.length === 0) {
+    records.push({ ...base, event_type: 'auto_seq_detected_none', candidates: [], candidate_count: 0, ...shape });
+    return { records, task: next, duplicate: false };
+  }
+  if (matched.length > 1) {
+    records.push({ ...base, event_type: 'auto_seq_detected_ambiguous', candidates: matched.map((t) => t.name), candidate_count: matched.length, ...shape });
+    return { records, task: next, duplicate: false };
+  }
+  const tool = matched[0]!;
+  const execute = policy.auto_seq_execute && tool.auto_seq_execute;
+  if (execute) {
+    const repeat = next.last !== null && next.last.tool === tool.name && next.last.fp === shape.payload_fingerprint;
+    if (repeat || next.consecutive >= opts.maxConsecutive) return skip('loop_guard', tool.name);
+    next.last = { tool: tool.name, fp: shape.payload_fingerprint };
+  }
+  next.pending = tool.name;
+  records.push({
+    ...base,
+    event_type: 'auto_seq_detected_unique',
+    tool: tool.name,
+    candidates: [tool.name],
+    candidate_count: 1,
+    execute,
+    ...shape,
+    ...(execute && opts.includeArguments ? { arguments: obs } : {}),
+  });
+  return { records, task: next, duplicate: false };
+}

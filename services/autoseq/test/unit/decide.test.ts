@@ -1,0 +1,267 @@
+import { describe, expect, it } from 'vitest';
+import type { CatalogTool, ToolCallEvent } from '../../../../schemas/index.js';
+import { catalogPolicyV1, catalogToolV1 } from '../../../../schemas/index.js';
+import { sha256 } from '../../../../shared/hash.js';
+import { Catalog, CatalogError, loadCatalogFile } from '../../src/core/catalog.js';
+import { decide, DEFAULT_OPTIONS, newTaskState, type TaskState } from '../../src/core/decide.js';
+import { payloadShape } from '../../src/core/shape.js';
+import { SchemaCompiler } from '../../src/core/schema-compiler.js';
+
+const obj = (properties: Record<string, unknown>, required: string[], extra: Record<string, unknown> = {}) => ({ type: 'object', properties, required, ...extra });
+const tool = (name: string, args_schema: Record<string, unknown>, more: Partial<CatalogTool> = {}): CatalogTool =>
+  catalogToolV1.parse({ name, args_schema, side_effects: 'read', auto_seq: true, auto_seq_execute: true, ...more });
+
+function catalogOf(tools: CatalogTool[], policy: Record<string, unknown> = {}) {
+  const c = new Catalog(new SchemaCompiler());
+  c.loadAgent({ tenant_id: 'default', agent_id: 'default', tools, policy: catalogPolicyV1.parse({ auto_seq_enabled: true, auto_seq_execute: true, ...policy }) });
+  return c;
+}
+
+let n = 0;
+const event = (observation: unknown, more: Partial<ToolCallEvent> = {}): ToolCallEvent => ({
+  type: 'tool_call',
+  event_id: `e${++n}`,
+  ts: 1,
+  tenant_id: 'default',
+  agent_id: 'default',
+  session_id: 's',
+  task_id: 't',
+  step: n,
+  tool: 'triage',
+  observation,
+  ...more,
+});
+
+const run = (c: Catalog, e: ToolCallEvent, state: TaskState = newTaskState(), opts = DEFAULT_OPTIONS) => decide(e, c, state, opts, sha256);
+const only = (c: Catalog, e: ToolCallEvent, state?: TaskState) => {
+  const d = run(c, e, state);
+  expect(d.records).toHaveLength(1);
+  return d.records[0]!;
+};
+
+const route = obj({ route: { type: 'string' }, text: { type: 'string' } }, ['route', 'text']);
+const docState = obj({ route: { type: 'string' }, text: { type: 'string' }, doc_ids: { type: 'array', items: { type: 'string' } } }, ['route', 'text', 'doc_ids']);
+
+describe('autoseq gates (the reference order)', () => {
+  const c = catalogOf([tool('init_docs', route)]);
+  const good = { route: 'docs', text: 'hi' };
+
+  it('unique: exactly one visible auto-seq tool accepts the observation', () => {
+    const r = only(c, event(good));
+    expect(r).toMatchObject({ event_type: 'auto_seq_detected_unique', tool: 'init_docs', candidates: ['init_docs'], candidate_count: 1, execute: true, arguments: good });
+  });
+  it('skips when disabled for the agent, or when the agent has no catalog', () => {
+    expect(only(catalogOf([tool('init_docs', route)], { auto_seq_enabled: false }), event(good))).toMatchObject({ event_type: 'auto_seq_skipped', reason: 'disabled' });
+    expect(only(c, event(good, { agent_id: 'other' }))).toMatchObject({ reason: 'disabled' });
+  });
+  it.each([
+    ['a string', 'done'],
+    ['an array', [1, 2]],
+    ['null', null],
+    ['absent', undefined],
+  ])('skips a non-mapping observation (%s)', (_, o) => {
+    expect(only(c, event(o))).toMatchObject({ event_type: 'auto_seq_skipped', reason: 'non_structured_observation' });
+  });
+  it('skips after a parallel action, with pending actions, and for a failed call', () => {
+    expect(only(c, event(good, { next_node: 'parallel' })).reason).toBe('previous_step_parallel');
+    expect(only(c, event(good, { pending_actions: 2 })).reason).toBe('pending_actions_present');
+    expect(only(c, event(good, { pending_actions: 0 })).event_type).toBe('auto_seq_detected_unique');
+    expect(only(c, event(good, { status: 'error' })).reason).toBe('error_observation');
+  });
+  it('none when no tool accepts the payload', () => {
+    expect(only(c, event({ route: 1, text: 'x' }))).toMatchObject({ event_type: 'auto_seq_detected_none', candidates: [], candidate_count: 0 });
+  });
+  it('ambiguous when two accept, with the sorted candidate names', () => {
+    const c2 = catalogOf([tool('zeta', route), tool('alpha', route)]);
+    expect(only(c2, event(good))).toMatchObject({ event_type: 'auto_seq_detected_ambiguous', candidates: ['alpha', 'zeta'], candidate_count: 2 });
+  });
+  it('a more specific schema removes the ambiguity (typed pipeline)', () => {
+    const c2 = catalogOf([tool('init_docs', route), tool('index_docs', docState)]);
+    expect(only(c2, event({ route: 'r', text: 't', doc_ids: [] })).event_type).toBe('auto_seq_detected_ambiguous');
+    const strict = catalogOf([tool('init_docs', { ...route, additionalProperties: false }), tool('index_docs', docState)]);
+    expect(only(strict, event({ route: 'r', text: 't', doc_ids: [] })).tool).toBe('index_docs');
+  });
+});
+
+describe('candidate gates', () => {
+  const good = { route: 'docs', text: 'hi' };
+  it('only tools marked auto_seq are considered', () => {
+    expect(only(catalogOf([tool('a', route, { auto_seq: false })]), event(good)).event_type).toBe('auto_seq_detected_none');
+  });
+  it('read-only default: write, external and unannotated tools are not candidates; the override admits them', () => {
+    const tools = [tool('w', route, { side_effects: 'write' }), tool('x', route, { side_effects: 'external' }), tool('u', route, { side_effects: undefined })];
+    expect(only(catalogOf(tools), event(good)).event_type).toBe('auto_seq_detected_none');
+    expect(only(catalogOf(tools, { auto_seq_read_only_only: false }), event(good)).candidates).toEqual(['u', 'w', 'x']);
+    expect(only(catalogOf([tool('p', route, { side_effects: 'pure' })]), event(good)).tool).toBe('p');
+  });
+  it('deny policy removes a tool', () => {
+    const c = catalogOf([tool('a', route), tool('b', route)], { denied_tools: ['b'] });
+    expect(only(c, event(good)).tool).toBe('a');
+  });
+  it("visibility: the event's visible_tools win over the catalog scope", () => {
+    const c = catalogOf([tool('a', route), tool('b', route)], { visible_tools: ['a'] });
+    expect(only(c, event(good)).tool).toBe('a');
+    expect(only(c, event(good, { visible_tools: ['b'] })).tool).toBe('b');
+    expect(only(c, event(good, { visible_tools: [] })).event_type).toBe('auto_seq_detected_none');
+  });
+  it('a universal schema (requires nothing) is a candidate only with auto_seq_from naming the upstream tool', () => {
+    const any = { type: 'object' };
+    expect(only(catalogOf([tool('anything', any)]), event(good)).event_type).toBe('auto_seq_detected_none');
+    const c = catalogOf([tool('anything', any, { auto_seq_from: ['triage'] })]);
+    expect(only(c, event(good)).tool).toBe('anything');
+    expect(only(c, event(good, { tool: 'other' })).event_type).toBe('auto_seq_detected_none');
+  });
+  it('auto_seq_from narrows any tool to its upstream tools', () => {
+    const c = catalogOf([tool('a', route, { auto_seq_from: ['search'] })]);
+    expect(only(c, event(good, { tool: 'search' })).tool).toBe('a');
+    expect(only(c, event(good, { tool: 'triage' })).event_type).toBe('auto_seq_detected_none');
+  });
+});
+
+describe('execution gates and arguments', () => {
+  const good = { route: 'docs', text: 'hi' };
+  it('execute only when both the policy and the tool allow it', () => {
+    expect(only(catalogOf([tool('a', route)], { auto_seq_execute: false }), event(good))).toMatchObject({ execute: false });
+    expect(only(catalogOf([tool('a', route, { auto_seq_execute: false })]), event(good))).toMatchObject({ execute: false });
+    const both = only(catalogOf([tool('a', route)]), event(good));
+    expect(both.execute).toBe(true);
+  });
+  it('arguments only for an executable decision, and only when enabled', () => {
+    expect(only(catalogOf([tool('a', route)], { auto_seq_execute: false }), event(good)).arguments).toBeUndefined();
+    const d = run(catalogOf([tool('a', route)]), event(good), newTaskState(), { ...DEFAULT_OPTIONS, includeArguments: false });
+    expect(d.records[0]!.arguments).toBeUndefined();
+  });
+  it('no record carries a payload value outside arguments', () => {
+    const secret = { route: 'SECRET-ROUTE', text: 'SECRET-TEXT' };
+    const d = run(catalogOf([tool('a', route)], { auto_seq_execute: false }), event(secret));
+    expect(JSON.stringify(d.records)).not.toMatch(/SECRET/);
+  });
+});
+
+describe('payload shape', () => {
+  it('hashes the type and sorted key names only', () => {
+    const a = payloadShape({ b: 1, a: 2 }, sha256);
+    expect(a).toMatchObject({ payload_type: 'object', payload_keys_count: 2 });
+    expect(payloadShape({ a: 'x', b: 'y' }, sha256).payload_fingerprint).toBe(a.payload_fingerprint);
+    expect(payloadShape({ a: 1 }, sha256).payload_fingerprint).not.toBe(a.payload_fingerprint);
+    expect(payloadShape([1], sha256)).toMatchObject({ payload_type: 'array', payload_keys_count: 0 });
+  });
+});
+
+describe('task state: executed, loop guard, idempotency', () => {
+  const good = { route: 'docs', text: 'hi' };
+  it('emits auto_seq_executed when the decided tool is called with origin auto_seq', () => {
+    const c = catalogOf([tool('init_docs', route)]);
+    const first = run(c, event(good));
+    const second = run(c, event({ done: true }, { tool: 'init_docs', origin: 'auto_seq' }), first.task);
+    expect(second.records.map((r) => r.event_type)).toEqual(['auto_seq_executed', 'auto_seq_detected_none']);
+    const notAuto = run(c, event({ done: true }, { tool: 'init_docs', origin: 'llm' }), first.task);
+    expect(notAuto.records.map((r) => r.event_type)).toEqual(['auto_seq_detected_none']);
+  });
+  it('a redelivered event changes nothing and emits nothing', () => {
+    const c = catalogOf([tool('init_docs', route)]);
+    const e = event(good);
+    const first = run(c, e);
+    const again = run(c, e, first.task);
+    expect(again).toMatchObject({ duplicate: true, records: [] });
+    expect(again.task).toBe(first.task);
+  });
+  it('the same tool on the same payload shape twice in a row is stopped', () => {
+    const c = catalogOf([tool('loop', route)]);
+    const a = run(c, event(good));
+    expect(a.records[0]!.tool).toBe('loop');
+    const b = run(c, event(good, { tool: 'loop', origin: 'auto_seq' }), a.task);
+    expect(b.records.at(-1)).toMatchObject({ event_type: 'auto_seq_skipped', reason: 'loop_guard', tool: 'loop' });
+  });
+  it('at most maxConsecutive auto-executed steps in a row; an LLM step resets the count', () => {
+    // A chain a→b→c→… of distinct tools, each accepting {kN} and returning {kN+1}.
+    const tools = Array.from({ length: 8 }, (_, i) => tool(`t${i}`, obj({ [`k${i}`]: { type: 'integer' } }, [`k${i}`])));
+    const c = catalogOf(tools);
+    const opts = { ...DEFAULT_OPTIONS, maxConsecutive: 3 };
+    let s = newTaskState();
+    const types: string[] = [];
+    for (let i = 0; i < 6; i++) {
+      const d = run(c, event({ [`k${i}`]: i }, { tool: i === 0 ? 'triage' : `t${i - 1}`, origin: i === 0 ? 'llm' : 'auto_seq' }), s, opts);
+      s = d.task;
+      types.push(d.records.at(-1)!.reason ?? d.records.at(-1)!.event_type);
+    }
+    expect(types).toEqual(['auto_seq_detected_unique', 'auto_seq_detected_unique', 'auto_seq_detected_unique', 'loop_guard', 'loop_guard', 'loop_guard']);
+    const reset = run(c, event({ k6: 1 }, { tool: 'x', origin: 'llm' }), s, opts);
+    expect(reset.records.at(-1)!.event_type).toBe('auto_seq_detected_unique');
+  });
+  it('detection-only decisions are not limited by the loop guard', () => {
+    const c = catalogOf([tool('loop', route)], { auto_seq_execute: false });
+    const a = run(c, event(good));
+    const b = run(c, event(good, { tool: 'loop', origin: 'auto_seq' }), a.task);
+    expect(b.records.at(-1)!.event_type).toBe('auto_seq_detected_unique');
+  });
+});
+
+describe('schema edge cases', () => {
+  const one = (schema: Record<string, unknown>, o: unknown) => only(catalogOf([tool('t', schema)]), event(o)).event_type === 'auto_seq_detected_unique';
+  it('additionalProperties false', () => {
+    const s = obj({ a: { type: 'string' } }, ['a'], { additionalProperties: false });
+    expect(one(s, { a: 'x' })).toBe(true);
+    expect(one(s, { a: 'x', b: 1 })).toBe(false);
+  });
+  it('enums and const', () => {
+    const s = obj({ route: { enum: ['docs', 'code'] } }, ['route']);
+    expect(one(s, { route: 'docs' })).toBe(true);
+    expect(one(s, { route: 'other' })).toBe(false);
+  });
+  it('nested objects and arrays', () => {
+    const s = obj({ doc: obj({ ids: { type: 'array', items: { type: 'integer' }, minItems: 1 } }, ['ids']) }, ['doc']);
+    expect(one(s, { doc: { ids: [1, 2] } })).toBe(true);
+    expect(one(s, { doc: { ids: [] } })).toBe(false);
+    expect(one(s, { doc: { ids: ['1'] } })).toBe(false);
+  });
+  it('formats (email, uri, date-time)', () => {
+    const s = obj({ to: { type: 'string', format: 'email' }, url: { type: 'string', format: 'uri' }, at: { type: 'string', format: 'date-time' } }, ['to', 'url', 'at']);
+    expect(one(s, { to: 'a@b.co', url: 'https://x.y/z', at: '2026-11-22T10:00:00Z' })).toBe(true);
+    expect(one(s, { to: 'nope', url: 'https://x.y/z', at: '2026-11-22T10:00:00Z' })).toBe(false);
+    expect(one(s, { to: 'a@b.co', url: 'not a uri', at: '2026-11-22T10:00:00Z' })).toBe(false);
+  });
+  it('a catastrophic pattern runs in linear time (RE2): the decision returns at once', () => {
+    const s = obj({ a: { type: 'string', pattern: '^(a+)+$' } }, ['a']);
+    const c = catalogOf([tool('t', s)]);
+    const r = only(c, event({ a: 'a'.repeat(5000) + '!' }));
+    expect(r.event_type).toBe('auto_seq_detected_none');
+    expect(only(c, event({ a: 'aaaa' })).event_type).toBe('auto_seq_detected_unique');
+  });
+});
+
+describe('catalog loading and reload', () => {
+  it('names the agent, the tool and the field in file errors, all at once', () => {
+    const bad = { agents: [{ agent_id: 'bot', tools: [{ name: 'ok', args_schema: {} }, { name: 'broken', args_schema: {}, side_effects: 'sometimes' }, { args_schema: {} }] }] };
+    expect(() => loadCatalogFile(bad, new SchemaCompiler())).toThrow(CatalogError);
+    try {
+      loadCatalogFile(bad, new SchemaCompiler());
+    } catch (err) {
+      expect((err as Error).message).toMatch(/agent default\/bot, tool 'broken': side_effects/);
+      expect((err as Error).message).toMatch(/agent default\/bot, tool #2: name/);
+    }
+  });
+  it('rejects a schema that does not compile, naming the tool', () => {
+    const bad = { agents: [{ tools: [{ name: 'weird', args_schema: { type: 'object', properties: { a: { type: 'no-such-type' } } } }] }] };
+    expect(() => loadCatalogFile(bad, new SchemaCompiler())).toThrow(/tool 'weird': args_schema/);
+  });
+  it('a topic update changes decisions; a bad one throws and leaves the catalog as it was', () => {
+    const c = catalogOf([tool('a', route)]);
+    const good = { route: 'docs', text: 'hi' };
+    expect(only(c, event(good)).tool).toBe('a');
+    c.apply({ schema_version: 1, kind: 'tool', tenant_id: 'default', agent_id: 'default', tool: tool('b', route) });
+    expect(only(c, event(good)).event_type).toBe('auto_seq_detected_ambiguous');
+    expect(() => c.apply({ schema_version: 1, kind: 'tool', tenant_id: 'default', agent_id: 'default', tool: tool('b', { type: 'nope' }) })).toThrow(CatalogError);
+    expect(only(c, event(good)).event_type).toBe('auto_seq_detected_ambiguous');
+    c.apply({ schema_version: 1, kind: 'tool_removed', tenant_id: 'default', agent_id: 'default', name: 'a' });
+    expect(only(c, event(good)).tool).toBe('b');
+    c.apply({ schema_version: 1, kind: 'policy', tenant_id: 'default', agent_id: 'default', policy: catalogPolicyV1.parse({ auto_seq_enabled: false }) });
+    expect(only(c, event(good)).reason).toBe('disabled');
+  });
+  it('prunes by required keys: 1,000 tools, only the matching few validated', () => {
+    const tools = Array.from({ length: 1000 }, (_, i) => tool(`t${i}`, obj({ [`k${i}`]: { type: 'string' } }, [`k${i}`])));
+    const c = catalogOf(tools);
+    expect(c.scope('default', 'default')!.preselect(new Set(['k7', 'zzz'])).map((t) => t.spec.name)).toEqual(['t7']);
+    expect(only(c, event({ k7: 'x' })).tool).toBe('t7');
+  });
+});
