@@ -24,6 +24,7 @@ Offline (no Kafka, no Redis; same core as the services):
   detect --input FILE.jsonl [--min-length 3] [--min-occurrences 3] [--lookback 200]
          [--max-candidates 5] [--max-length 12] [--tenant T --agent A]
   autoseq --catalog FILE --input FILE.jsonl [--max-consecutive 5] [--no-arguments]
+  sequence --config FILE --input FILE.jsonl
 
   paver <command> --help     options of one command
 `;
@@ -86,6 +87,10 @@ export async function main(argv: string[]): Promise<number> {
     case 'autoseq': {
       const { autoseqCommand } = await import('../services/autoseq/src/cli.js');
       return autoseqCommand(rest);
+    }
+    case 'sequence': {
+      const { sequenceCommand } = await import('../services/sequencer/src/cli.js');
+      return sequenceCommand(rest);
     }
     default:
       process.stderr.write(`paver: unknown command '${cmd}'\n\n${HELP}`);

@@ -2,9 +2,10 @@
 export const SERVICES = {
   detector: { port: 9101, summary: 'repeated tool sequences → flow candidates', load: () => import('../services/detector/src/main.js') },
   autoseq: { port: 9102, summary: 'unique typed next tool → next-action events', load: () => import('../services/autoseq/src/main.js') },
+  sequencer: { port: 9103, summary: 'per-session tool sequences → allowed tools', load: () => import('../services/sequencer/src/main.js') },
 } as const;
 
-export const PLANNED_SERVICES: readonly string[] = ['sequencer', 'flows'];
+export const PLANNED_SERVICES: readonly string[] = ['flows'];
 
 export type ServiceName = keyof typeof SERVICES;
 export const isServiceName = (s: string): s is ServiceName => Object.hasOwn(SERVICES, s);

@@ -8,6 +8,7 @@ export const ERROR_CODES = {
   REDIS_UNAVAILABLE: { retriable: true },
   REDIS_SCRIPT_FAILED: { retriable: false },
   REDIS_STATE_CONFLICT: { retriable: false },
+  STATE_CONTENDED: { retriable: true },
   KAFKA_UNAVAILABLE: { retriable: true },
   DEAD_LETTER_WRITE_FAILED: { retriable: true },
   REGISTRY_UNAVAILABLE: { retriable: true },

@@ -38,10 +38,9 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
     const catalogUpdates = new Counter({ name: 'paver_autoseq_catalog_updates_total', help: 'Tool-catalog topic records, by outcome (rejected ones are dead-lettered).', labelNames: ['outcome'], registers: r });
     new Gauge({ name: 'paver_autoseq_catalog_tools', help: 'Tools in the catalog in force.', registers: r, collect() { this.set(catalog.size.tools); } });
 
-    const feed = createCatalogFeed({
+    const feed = createCatalogFeed(catalog, {
       topic: env.PAVER_TOPIC_TOOL_CATALOG,
       groupPrefix: env.AUTOSEQ_GROUP_ID,
-      catalog,
       env,
       kafka,
       codec,

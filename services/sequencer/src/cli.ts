@@ -1,0 +1,67 @@
+import { parseArgs } from 'node:util';
+import { readConfigFile, readEvents } from '../../../shared/jsonl.js';
+import { ConfigError, loadOrchestrationFile, type Orchestrations } from './core/config.js';
+import { applyEvent, newSession, type SessionState } from './core/session.js';
+
+const USAGE = `Usage: paver sequence --config FILE.(json|yaml) --input EVENTS.jsonl
+
+Runs the sequencer's core over a JSONL file of tool-calls events (in file order, in memory) and prints one
+state record per event (JSON lines): the records the service publishes on the sequence-state topic. An event
+whose event_id the session has just seen (a redelivery) prints nothing, as in the service.
+`;
+
+export async function runSequence(config: Orchestrations, input: string, write: (line: string) => void, warn: (s: string) => void) {
+  const sessions = new Map<string, SessionState>();
+  const stats = { lines: 0, bad: 0 };
+  for await (const e of readEvents(input, stats, warn)) {
+    const id = `${e.tenant_id}\u001f${e.agent_id}\u001f${e.session_id}`;
+    const o = applyEvent(config.get(e.tenant_id, e.agent_id), sessions.get(id) ?? newSession(), e);
+    sessions.set(id, o.state);
+    if (o.record) write(JSON.stringify(o.record));
+  }
+  return stats;
+}
+
+export async function sequenceCommand(argv: string[]): Promise<number> {
+  let values;
+  try {
+    ({ values } = parseArgs({ args: argv, options: { config: { type: 'string' }, input: { type: 'string' }, help: { type: 'boolean' } } }));
+  } catch (err) {
+    process.stderr.write(`paver sequence: ${(err as Error).message}\n\n${USAGE}`);
+    return 2;
+  }
+  if (values.help) {
+    process.stdout.write(USAGE);
+    return 0;
+  }
+  if (!values.config || !values.input) {
+    process.stderr.write(`paver sequence: --config and --input are required\n\n${USAGE}`);
+    return 2;
+  }
+  let config: Orchestrations;
+  try {
+    config = loadOrchestrationFile(await readConfigFile(values.config));
+  } catch (err) {
+    process.stderr.write(`paver sequence: ${err instanceof ConfigError ? '' : `cannot read ${values.config}: `}${(err as Error).message}\n`);
+    return 2;
+  }
+  const warn = (s: string) => process.stderr.write(`paver sequence: ${s}\n`);
+  const out: string[] = [];
+  const flush = () => {
+    if (out.length) process.stdout.write(out.join('\n') + '\n');
+    out.length = 0;
+  };
+  try {
+    const stats = await runSequence(config, values.input, (l) => {
+      out.push(l);
+      if (out.length >= 1000) flush();
+    }, warn);
+    flush();
+    if (stats.bad > 0) warn(`${stats.bad} bad line(s) skipped of ${stats.lines}`);
+  } catch (err) {
+    flush();
+    process.stderr.write(`paver sequence: cannot read ${values.input}: ${(err as Error).message}\n`);
+    return 1;
+  }
+  return 0;
+}

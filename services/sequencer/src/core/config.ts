@@ -1,0 +1,169 @@
+import { RE2JS } from 're2js';
+import { agentOrchestrationV1, orchestrationFileV1, type AgentOrchestration, type OrchestrationStep } from '../../../../schemas/index.js';
+
+export class ConfigError extends Error {}
+
+/** `*` matches any run of characters; everything else is literal (no regular expressions in tool patterns). */
+export function globMatch(pattern: string, name: string): boolean {
+  if (!pattern.includes('*')) return pattern === name;
+  const parts = pattern.split('*');
+  const first = parts[0]!;
+  const last = parts[parts.length - 1]!;
+  if (!name.startsWith(first) || name.length < first.length + last.length || !name.endsWith(last)) return false;
+  let at = first.length;
+  const end = name.length - last.length;
+  for (const mid of parts.slice(1, -1)) {
+    if (!mid) continue;
+    const i = name.indexOf(mid, at);
+    if (i < 0 || i + mid.length > end) return false;
+    at = i + mid.length;
+  }
+  return true;
+}
+
+export type Condition =
+  | { type: 'message_regex'; test: (text: string) => boolean; source: string }
+  | { type: 'tool_used'; tool: string }
+  | { type: 'sequence_match'; tools: string[] };
+
+export interface Step {
+  name: string;
+  conditions: Condition[];
+  hasMessageCondition: boolean;
+  allowed: string[] | null;
+  denied: string[];
+  /** Each position is a group of alternatives (a single tool is a group of one). */
+  sequence: string[][];
+  isDefault: boolean;
+}
+
+export interface Agent {
+  tools: string[];
+  steps: Step[];
+  byName: Map<string, Step>;
+  defaultStep: Step | null;
+  policy: 'warn' | 'reset' | 'hold';
+  sticky: boolean;
+  /** Tools remembered per session: enough for the longest sequence_match, at least HISTORY_MIN. */
+  history: number;
+}
+
+export const HISTORY_MIN = 8;
+
+/** The step's own filter: allowed patterns (when any), then denied patterns. Paver applies both. */
+export const stepAllows = (step: Step, tool: string): boolean =>
+  (step.allowed === null || step.allowed.some((p) => globMatch(p, tool))) && !step.denied.some((p) => globMatch(p, tool));
+
+function compileStep(s: OrchestrationStep): Step {
+  const conditions: Condition[] = s.conditions.map((c) => {
+    if (c.type === 'message_regex') {
+      let re: RE2JS;
+      try {
+        // RE2: linear time in the message length, whatever the pattern; no user message can stall the consumer.
+        re = RE2JS.compile(c.value, RE2JS.CASE_INSENSITIVE);
+      } catch (err) {
+        throw new ConfigError(`step '${s.name}': message_regex /${c.value}/ is not a valid RE2 expression: ${(err as Error).message}`);
+      }
+      return { type: 'message_regex', test: (t: string) => re.test(t), source: c.value };
+    }
+    if (c.type === 'tool_used') return { type: 'tool_used', tool: c.value };
+    return { type: 'sequence_match', tools: c.value };
+  });
+  const allowed = s.availableTools.allowed?.length ? s.availableTools.allowed : null;
+  const step: Step = {
+    name: s.name,
+    conditions,
+    hasMessageCondition: conditions.some((c) => c.type === 'message_regex'),
+    allowed,
+    denied: s.availableTools.denied ?? [],
+    sequence: (s.sequence ?? []).map((g) => (typeof g === 'string' ? [g] : g)),
+    isDefault: s.isDefault,
+  };
+  const refused = [...new Set(step.sequence.flat().filter((t) => !stepAllows(step, t)))];
+  if (refused.length) {
+    throw new ConfigError(`step '${s.name}': sequence tool(s) ${refused.map((t) => `'${t}'`).join(', ')} not allowed by the step's availableTools`);
+  }
+  return step;
+}
+
+/** Checks and compiles one agent's orchestration; every problem is reported, and nothing is half-applied. */
+export function compileAgent(a: AgentOrchestration): Agent {
+  const errors: string[] = [];
+  const steps: Step[] = [];
+  for (const s of a.steps) {
+    try {
+      steps.push(compileStep(s));
+    } catch (err) {
+      errors.push((err as Error).message);
+    }
+  }
+  const names = new Set<string>();
+  for (const s of a.steps) {
+    if (names.has(s.name)) errors.push(`step '${s.name}' is defined twice`);
+    names.add(s.name);
+  }
+  const defaults = a.steps.filter((s) => s.isDefault);
+  if (defaults.length > 1) errors.push(`more than one default step: ${defaults.map((s) => `'${s.name}'`).join(', ')}`);
+  if (errors.length) throw new ConfigError(`agent ${a.tenant_id}/${a.agent_id}: ${errors.join('; ')}`);
+  const longest = Math.max(0, ...steps.flatMap((s) => s.conditions.map((c) => (c.type === 'sequence_match' ? c.tools.length : 0))));
+  return {
+    tools: a.tools,
+    steps,
+    byName: new Map(steps.map((s) => [s.name, s])),
+    defaultStep: steps.find((s) => s.isDefault) ?? null,
+    policy: a.options.violation_policy,
+    sticky: a.options.sticky_sequences,
+    history: Math.max(HISTORY_MIN, longest),
+  };
+}
+
+const scopeId = (tenant: string, agent: string) => `${tenant}\u001f${agent}`;
+
+/** Every agent's compiled orchestration. Replacing one agent's is atomic: all of it compiles, or none applies. */
+export class Orchestrations {
+  private readonly agents = new Map<string, Agent>();
+  get(tenant: string, agent: string): Agent | undefined {
+    return this.agents.get(scopeId(tenant, agent));
+  }
+  set(a: AgentOrchestration): void {
+    this.agents.set(scopeId(a.tenant_id, a.agent_id), compileAgent(a));
+  }
+  delete(tenant: string, agent: string): void {
+    this.agents.delete(scopeId(tenant, agent));
+  }
+  get size(): number {
+    return this.agents.size;
+  }
+}
+
+/** The configuration file in either shape; errors name the agent and step. */
+export function loadOrchestrationFile(raw: unknown): Orchestrations {
+  const parsed = orchestrationFileV1.safeParse(raw);
+  if (!parsed.success) {
+    // Re-parse against the single-agent shape when the file is not a wrapper: its errors are the helpful ones.
+    const isWrapper = typeof raw === 'object' && raw !== null && 'agents' in raw;
+    const issues = isWrapper ? parsed.error.issues : (agentOrchestrationV1.safeParse(raw).error?.issues ?? parsed.error.issues);
+    const steps = (isWrapper ? undefined : (raw as { steps?: { name?: unknown }[] } | null)?.steps) ?? [];
+    const lines = issues.slice(0, 20).map((i) => {
+      const [a, b, ...rest] = i.path;
+      if (a === 'steps' && typeof b === 'number') {
+        const name = steps[b]?.name;
+        return `step ${typeof name === 'string' ? `'${name}'` : `#${b}`}: ${rest.map(String).join('.') || '(step)'}: ${i.message}`;
+      }
+      return `${i.path.map(String).join('.') || '(root)'}: ${i.message}`;
+    });
+    throw new ConfigError(`invalid orchestration configuration:\n  ${lines.join('\n  ')}`);
+  }
+  const agents = 'agents' in parsed.data ? parsed.data.agents : [parsed.data];
+  const out = new Orchestrations();
+  const errors: string[] = [];
+  for (const a of agents) {
+    try {
+      out.set(a);
+    } catch (err) {
+      errors.push((err as Error).message);
+    }
+  }
+  if (errors.length) throw new ConfigError(`invalid orchestration configuration:\n  ${errors.join('\n  ')}`);
+  return out;
+}

@@ -1,0 +1,148 @@
+import type { SequenceStateRecord, ToolCallsEvent } from '../../../../schemas/index.js';
+import { stepAllows, type Agent, type Step } from './config.js';
+
+/** Per-session state: kept small (it is stored per session in Redis), never holding message text. */
+export interface SessionState {
+  /** Active step name, or null. */
+  step: string | null;
+  index: number;
+  /** `hold` policy: a violation pins the step until the expected tool is used. */
+  held: boolean;
+  /** Recent tools, oldest first, not de-duplicated, bounded by the agent's history length. */
+  history: string[];
+  /** Steps whose message_regex conditions all matched the latest user message (the text itself is not kept). */
+  msg: string[];
+  /** Recent event ids (producer duplicates) … */
+  seen: string[];
+  /** … and the Kafka position of the last applied event (redelivery after a crash). */
+  pos: { p: number; o: string } | null;
+}
+
+export const SEEN = 4;
+export const newSession = (): SessionState => ({ step: null, index: 0, held: false, history: [], msg: [], seen: [], pos: null });
+
+export interface Position {
+  partition: number;
+  offset: string;
+}
+
+const conditionsHold = (step: Step, s: SessionState): boolean =>
+  step.conditions.length > 0 &&
+  (!step.hasMessageCondition || s.msg.includes(step.name)) &&
+  step.conditions.every((c) => {
+    if (c.type === 'message_regex') return true; // folded into s.msg above
+    if (c.type === 'tool_used') return s.history.includes(c.tool);
+    const n = c.tools.length;
+    return s.history.length >= n && c.tools.every((t, i) => s.history[s.history.length - n + i] === t);
+  });
+
+const inProgress = (step: Step | undefined, index: number) => !!step && step.sequence.length > 0 && index > 0 && index < step.sequence.length;
+
+/**
+ * The active-step rule: (1) a held step stays; (2) with sticky sequences, a step whose sequence is in progress
+ * stays until it completes; (3) otherwise the first step, in configuration order, that has conditions and all
+ * of them hold; (4) otherwise the default step; (5) otherwise none.
+ */
+export function selectStep(agent: Agent, s: SessionState): Step | null {
+  const current = s.step === null ? undefined : agent.byName.get(s.step);
+  if (current && s.held) return current;
+  if (current && agent.sticky && inProgress(current, s.index)) return current;
+  return agent.steps.find((st) => conditionsHold(st, s)) ?? agent.defaultStep;
+}
+
+function moveTo(s: SessionState, step: Step | null): void {
+  const name = step?.name ?? null;
+  if (name !== s.step) {
+    s.step = name;
+    s.index = 0;
+    s.held = false;
+  }
+}
+
+export interface View {
+  active_step: string | null;
+  sequence_index: number;
+  expected: string[];
+  allowed_tools: string[];
+  completed: boolean;
+}
+
+const sorted = (xs: Iterable<string>) => [...new Set(xs)].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+
+/**
+ * Allowed tools, in the reference's precedence: an active sequence allows only the expected tool(s) that the
+ * step allows and that exist; when none of them exists (an inconsistent tool universe), the step's filter
+ * applies instead, so the agent is not blocked — `expected` still names what the sequence wants. A finished
+ * sequence, or a step without one, allows the step's allowed/denied filter (kept, unlike the reference). No
+ * active step: every tool.
+ */
+export function view(agent: Agent | undefined, s: SessionState, universe: readonly string[]): View {
+  const step = agent && s.step !== null ? agent.byName.get(s.step) : undefined;
+  if (!step) return { active_step: null, sequence_index: 0, expected: [], allowed_tools: sorted(universe), completed: false };
+  const filtered = universe.filter((t) => stepAllows(step, t));
+  const seq = step.sequence;
+  const expected = s.index < seq.length ? seq[s.index]! : [];
+  const available = expected.filter((t) => filtered.includes(t));
+  return {
+    active_step: step.name,
+    sequence_index: s.index,
+    expected: sorted(expected),
+    allowed_tools: sorted(available.length ? available : filtered),
+    completed: seq.length > 0 && s.index >= seq.length,
+  };
+}
+
+export interface Outcome {
+  record: SequenceStateRecord | null;
+  state: SessionState;
+  duplicate: boolean;
+}
+
+/** Applies one event to a session (pure: the input state is not modified). */
+export function applyEvent(agent: Agent | undefined, prev: SessionState, e: ToolCallsEvent, at?: Position): Outcome {
+  if (prev.seen.includes(e.event_id)) return { record: null, state: prev, duplicate: true };
+  if (at && prev.pos && prev.pos.p === at.partition && BigInt(at.offset) <= BigInt(prev.pos.o)) return { record: null, state: prev, duplicate: true };
+  const s: SessionState = {
+    ...prev,
+    history: [...prev.history],
+    msg: prev.msg,
+    seen: [...prev.seen, e.event_id].slice(-SEEN),
+    pos: at ? { p: at.partition, o: at.offset } : prev.pos,
+  };
+  let violation: SequenceStateRecord['violation'] = null;
+  let universe: readonly string[] = agent?.tools ?? [];
+
+  if (agent) {
+    // A step removed by a configuration change is left; the rule then picks again.
+    if (s.step !== null && !agent.byName.has(s.step)) moveTo(s, null);
+    if (e.type === 'user_message') {
+      s.msg = agent.steps.filter((st) => st.hasMessageCondition && st.conditions.every((c) => c.type !== 'message_regex' || c.test(e.text))).map((st) => st.name);
+      moveTo(s, selectStep(agent, s));
+    } else if (e.type === 'tool_call') {
+      if (e.visible_tools) universe = e.visible_tools;
+      if (s.step === null) moveTo(s, selectStep(agent, s));
+      const step = s.step === null ? undefined : agent.byName.get(s.step);
+      if (step && step.sequence.length > 0 && s.index < step.sequence.length) {
+        const expected = step.sequence[s.index]!;
+        if (expected.includes(e.tool)) {
+          s.index++;
+          s.held = false;
+        } else {
+          violation = { expected: sorted(expected), used: e.tool, policy: agent.policy };
+          if (agent.policy === 'reset') s.index = step.sequence[0]!.includes(e.tool) ? 1 : 0;
+          else if (agent.policy === 'hold') s.held = true;
+        }
+      }
+      s.history.push(e.tool);
+      if (s.history.length > agent.history) s.history.splice(0, s.history.length - agent.history);
+      moveTo(s, selectStep(agent, s));
+    }
+  } else if (e.type === 'tool_call' && e.visible_tools) universe = e.visible_tools;
+
+  const v = view(agent, s, universe);
+  return {
+    record: { schema_version: 1, tenant_id: e.tenant_id, agent_id: e.agent_id, session_id: e.session_id, event_id: e.event_id, ts: e.ts, ...v, violation },
+    state: s,
+    duplicate: false,
+  };
+}

@@ -1,0 +1,118 @@
+import { randomUUID } from 'node:crypto';
+import type { Kafka } from 'kafkajs';
+import type { Codec } from '../codec.js';
+import type { CommonEnv } from '../config.js';
+import { createRunner, type Parser, type Rejection, type Runner } from './runner.js';
+import type { Sink } from './sink.js';
+import type { Logger } from '../log.js';
+import type { RuntimeMetrics } from '../metrics.js';
+
+export interface TableFeed {
+  start(): Promise<void>;
+  /** Resolves true once everything on the topic at start-up has been applied (false after `timeoutMs`; the poll goes on). */
+  caughtUp(timeoutMs: number): Promise<boolean>;
+  isCaughtUp(): boolean;
+  stop(): Promise<void>;
+}
+
+/** A record the table rejects (its schema does not compile, its steps are inconsistent…): dead-lettered, nothing changed. */
+export class TableRejection extends Error {}
+
+/**
+ * A compacted topic read whole by every instance into memory (tool catalogs, orchestration configs, flows):
+ * its own throwaway consumer group from the beginning, so each instance holds the full table. Invalid
+ * records and records the table rejects go to the dead-letter topic; the table in force stays as it was.
+ */
+export function createTableFeed<T>(o: {
+  service: string;
+  topic: string;
+  groupPrefix: string;
+  parse: Parser<T>;
+  /** Applies one record; throws TableRejection to refuse it. */
+  apply: (value: T, key: string | null) => void;
+  /** Maps a tombstone to a record; null dead-letters it. */
+  tombstone?: (key: string | null) => T | null;
+  env: CommonEnv;
+  kafka: Kafka;
+  codec: Codec;
+  sink: Sink;
+  metrics: RuntimeMetrics;
+  log: Logger;
+  onFatal: (err: Error) => void;
+  onApplied?: (outcome: 'applied' | 'rejected', n: number) => void;
+}): TableFeed {
+  const groupId = `${o.groupPrefix}-table-${randomUUID()}`;
+  let caught = false;
+  let runner: Runner | null = null;
+  let progress: Promise<boolean> | null = null;
+  let stopped = false;
+
+  const handler = async (records: { offset: string; key: string | null; value: T }[]) => {
+    const rejected: Rejection[] = [];
+    for (const r of records) {
+      try {
+        o.apply(r.value, r.key);
+      } catch (err) {
+        if (!(err instanceof TableRejection)) throw err;
+        rejected.push({ offset: r.offset, reason: 'rejected', detail: err.message });
+      }
+    }
+    o.onApplied?.('applied', records.length - rejected.length);
+    o.onApplied?.('rejected', rejected.length);
+    return { rejected };
+  };
+
+  return {
+    async start() {
+      runner = createRunner<T>({
+        service: o.service,
+        groupId,
+        topics: [o.topic],
+        fromBeginning: true,
+        parse: o.parse,
+        handler,
+        ...(o.tombstone ? { tombstone: o.tombstone } : {}),
+        env: o.env,
+        kafka: o.kafka,
+        codec: o.codec,
+        sink: o.sink,
+        metrics: o.metrics,
+        log: o.log,
+        onFatal: o.onFatal,
+      });
+      await runner.start();
+    },
+    caughtUp(timeoutMs) {
+      progress ??= (async () => {
+        const admin = o.kafka.admin();
+        await admin.connect();
+        try {
+          const ends = await admin.fetchTopicOffsets(o.topic);
+          const target = new Map(ends.filter((p) => p.high !== p.low).map((p) => [p.partition, BigInt(p.high)]));
+          while (!stopped) {
+            // The runner commits after each applied chunk, so the group's offsets say how far the table is.
+            const [committed] = await admin.fetchOffsets({ groupId, topics: [o.topic] });
+            const done = [...target].every(([p, high]) => BigInt(committed?.partitions.find((c) => c.partition === p)?.offset ?? '-1') >= high);
+            if (done) return (caught = true);
+            await new Promise((r) => setTimeout(r, 100));
+          }
+          return false;
+        } finally {
+          await admin.disconnect();
+        }
+      })();
+      return Promise.race([progress, new Promise<boolean>((r) => setTimeout(() => r(false), timeoutMs).unref())]);
+    },
+    isCaughtUp: () => caught,
+    async stop() {
+      stopped = true;
+      await progress?.catch(() => undefined);
+      await runner?.stop();
+      // The throwaway group has served its purpose; leave no clutter behind on the broker.
+      const admin = o.kafka.admin();
+      await admin.connect().catch(() => undefined);
+      await admin.deleteGroups([groupId]).catch(() => undefined);
+      await admin.disconnect().catch(() => undefined);
+    },
+  };
+}
