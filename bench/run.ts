@@ -6,6 +6,7 @@
 import { startStack } from '../deploy/local/stack.js';
 import { benchAutoseq } from './autoseq.js';
 import { benchDetector } from './detector.js';
+import { benchSequencer } from './sequencer.js';
 import { benchContext, say } from './harness.js';
 
 const only = (process.env.BENCH_ONLY ?? '').split(',').filter(Boolean);
@@ -13,6 +14,7 @@ const events = (dflt: number) => Number(process.env.BENCH_EVENTS ?? dflt);
 const SCENARIOS: Record<string, (b: Awaited<ReturnType<typeof benchContext>>) => Promise<void>> = {
   detector: (b) => benchDetector(b, events(200_000)),
   autoseq: (b) => benchAutoseq(b, events(100_000)),
+  sequencer: (b) => benchSequencer(b, events(300_000), 100_000),
 };
 
 const stack = await startStack({ log: say });

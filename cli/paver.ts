@@ -25,6 +25,10 @@ Offline (no Kafka, no Redis; same core as the services):
          [--max-candidates 5] [--max-length 12] [--tenant T --agent A]
   autoseq --catalog FILE --input FILE.jsonl [--max-consecutive 5] [--no-arguments]
   sequence --config FILE --input FILE.jsonl
+  select --flows FILE --query TEXT [--summary TEXT ...] [--top-k 3] [--fail-open]
+
+Flow registry (talks to a running flows service):
+  flows list|show KEY|promote KEY|reject KEY|registry [--url URL] [--tenant T --agent A]
 
   paver <command> --help     options of one command
 `;
@@ -91,6 +95,14 @@ export async function main(argv: string[]): Promise<number> {
     case 'sequence': {
       const { sequenceCommand } = await import('../services/sequencer/src/cli.js');
       return sequenceCommand(rest);
+    }
+    case 'select': {
+      const { selectCommand } = await import('../services/flows/src/cli.js');
+      return selectCommand(rest);
+    }
+    case 'flows': {
+      const { flowsCommand } = await import('../services/flows/src/cli.js');
+      return flowsCommand(rest);
     }
     default:
       process.stderr.write(`paver: unknown command '${cmd}'\n\n${HELP}`);

@@ -7,6 +7,7 @@ import { flowSelectionRecordV1 } from './flow-selections.v1.js';
 import { deadLetterRecordV1 } from './dead-letters.v1.js';
 import { toolCatalogRecordV1 } from './tool-catalog.v1.js';
 import { orchestrationRecordV1 } from './orchestration.v1.js';
+import { flowRegistryRecordV1 } from './flows.v1.js';
 
 export * from './tool-calls.v1.js';
 export * from './flow-candidates.v1.js';
@@ -16,6 +17,7 @@ export * from './flow-selections.v1.js';
 export * from './dead-letters.v1.js';
 export * from './tool-catalog.v1.js';
 export * from './orchestration.v1.js';
+export * from './flows.v1.js';
 export { LIMITS } from './limits.js';
 
 /** Every topic contract, by its versioned name: the source for schemas/json and registry subjects. */
@@ -28,4 +30,5 @@ export const CONTRACTS: Record<string, { version: number; schema: z.ZodType; io:
   'dead-letters.v1': { version: 1, schema: deadLetterRecordV1, io: 'output' },
   'tool-catalog.v1': { version: 1, schema: toolCatalogRecordV1, io: 'input' },
   'orchestration.v1': { version: 1, schema: orchestrationRecordV1, io: 'input' },
+  'flows.v1': { version: 1, schema: flowRegistryRecordV1, io: 'output' },
 };

@@ -1,0 +1,87 @@
+import { writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { rng } from './streams.js';
+import { bareRate, createTopics, pct, produceBacklog, redisInfo, round, say, serviceRate, startService, writeResult, type Bench } from './harness.js';
+
+const TOOLS = ['web_search', 'think', 'reflect', 'summarize', 'save', 'critique', 'debate', 'search', 'http_get', 'email'];
+const CONFIG = {
+  tools: TOOLS,
+  steps: [
+    { name: 'research', conditions: [{ type: 'message_regex', value: 'research|look up' }], availableTools: { allowed: ['web_search', 'think', 'reflect', 'summarize', 'save'] }, sequence: ['web_search', ['think', 'reflect'], ['summarize', 'save']] },
+    { name: 'evaluate', conditions: [{ type: 'message_regex', value: 'critique|evaluate|assess' }], availableTools: { allowed: ['critique', 'debate', 'reflect', 'search'] }, sequence: ['critique', 'debate', 'reflect'] },
+    { name: 'general', isDefault: true, availableTools: { denied: ['save'] } },
+  ],
+};
+
+/** `sessions` concurrent sessions, each: a user message, then tool calls that mostly follow the sequence. */
+function* events(sessions: number, total: number) {
+  const r = rng(11);
+  const perSession = Math.ceil(total / sessions);
+  let ts = 1_760_000_000_000;
+  for (let k = 0; k < perSession; k++) {
+    for (let s = 0; s < sessions; s++) {
+      const base = { event_id: `s${s}-${k}`, ts: ts++, session_id: `sess-${s}` };
+      if (k === 0) yield { ...base, type: 'user_message', text: r() < 0.5 ? 'please research the market' : 'evaluate this draft' };
+      else yield { ...base, type: 'tool_call', task_id: `t${s}`, step: k, tool: TOOLS[Math.floor(r() * TOOLS.length)]! };
+    }
+  }
+}
+
+export async function benchSequencer(b: Bench, n: number, sessions: number) {
+  const id = `bench-seq-${Date.now().toString(36)}`;
+  const topic = `${id}.tool-calls`;
+  await createTopics(b, [{ topic }, { topic: `${id}.sequence-state` }, { topic: `${id}.dead-letters` }, { topic: `${id}.orchestration`, compacted: true }]);
+  const sent = await produceBacklog(b, topic, events(sessions, n), n);
+  const bare = await bareRate(b, topic, sent);
+  const config = join(tmpdir(), `${id}-orchestration.json`);
+  writeFileSync(config, JSON.stringify(CONFIG));
+  const mem0 = await redisInfo(b.redis, 'memory', 'used_memory');
+  const p = await startService(b, 'sequencer', {
+    REDIS_KEY_PREFIX: id,
+    PAVER_TOPIC_TOOL_CALLS: topic,
+    PAVER_TOPIC_SEQUENCE_STATE: `${id}.sequence-state`,
+    PAVER_TOPIC_DEAD_LETTERS: `${id}.dead-letters`,
+    PAVER_TOPIC_ORCHESTRATION: `${id}.orchestration`,
+    SEQUENCER_GROUP_ID: `${id}-sequencer`,
+    SEQUENCER_CONFIG_FILE: config,
+  });
+  const rate = await serviceRate(p, sent);
+  const stored = (await b.redis.dbsize()) && (await countKeys(b, `${id}:seq:*`));
+  const mem = (await redisInfo(b.redis, 'memory', 'used_memory')) - mem0;
+  say(`sequencer: ${Math.round(rate)} events/s, ${stored} sessions stored`);
+
+  // allowed-tools over HTTP on loopback, one request at a time (the latency a runtime sees before an LLM call).
+  const url = (s: number) => `http://127.0.0.1:${p.port}/sessions/sess-${s}/allowed-tools?tools=${TOOLS.join(',')}`;
+  for (let i = 0; i < 200; i++) await (await fetch(url(i))).text(); // warm-up
+  const lat: number[] = [];
+  const r = rng(5);
+  for (let i = 0; i < 5000; i++) {
+    const t = performance.now();
+    const res = await fetch(url(Math.floor(r() * sessions)));
+    await res.text();
+    lat.push(performance.now() - t);
+  }
+  await p.stop();
+  writeResult('sequencer', {
+    events: sent,
+    sessions,
+    bare_kafkajs_events_per_s: Math.round(bare),
+    sequencer_events_per_s: Math.round(rate),
+    ratio_sequencer_to_bare: Number((rate / bare).toFixed(3)),
+    allowed_tools_http_ms: { p50: round(pct(lat, 50)), p99: round(pct(lat, 99)), requests: lat.length, definition: 'GET /sessions/{id}/allowed-tools on loopback, sequential, client-measured' },
+    redis_bytes_per_session: stored ? Math.round(mem / stored) : null,
+    targets: { ratio_min: 0.6, allowed_tools_p99_ms_max: 2, redis_bytes_per_session_max: 300 },
+  });
+}
+
+async function countKeys(b: Bench, pattern: string) {
+  let cursor = '0';
+  let n = 0;
+  do {
+    const [next, keys] = await b.redis.scan(cursor, 'MATCH', pattern, 'COUNT', 10_000);
+    cursor = next;
+    n += keys.length;
+  } while (cursor !== '0');
+  return n;
+}

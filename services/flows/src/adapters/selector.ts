@@ -1,0 +1,51 @@
+import type { FlowRegistry } from '../core/registry.js';
+import { choose, needsModel, recall, type ModelOutcome, type Selection, type SelectPolicy } from '../core/select.js';
+import { SYSTEM_PROMPT, userPrompt, type PromptCache } from '../core/prompt.js';
+import { chat, embed, type LlmConfig } from './llm.js';
+
+export interface SelectorDeps {
+  registry: FlowRegistry;
+  prompts: PromptCache;
+  chat?: LlmConfig | undefined;
+  embeddings?: LlmConfig | undefined;
+  /** Bounds the whole selection (query embedding + model call). */
+  budgetMs: number;
+  onModel?: (outcome: 'answer' | 'error' | 'timeout') => void;
+}
+
+/** The two stages with their I/O: query embedding (optional), recall, then the model within the time budget. */
+export async function select(d: SelectorDeps, tenant: string, agent: string, query: string, summaries: string[], p: SelectPolicy): Promise<Selection> {
+  const deadline = AbortSignal.timeout(d.budgetMs);
+  let vector: number[] | null = null;
+  if (d.embeddings && d.registry.index(tenant, agent)?.vectors.size) {
+    // Dense recall is a bonus: a failing embedder leaves sparse recall alone.
+    vector = (await embed(d.embeddings, [query], deadline).catch(() => null))?.[0] ?? null;
+  }
+  const cands = recall(d.registry, tenant, agent, query, summaries, p, vector);
+  let model: ModelOutcome = { kind: 'none' };
+  if (d.chat && needsModel(cands, p)) {
+    try {
+      const text = await chat(d.chat, SYSTEM_PROMPT, userPrompt(query, summaries.slice(-p.maxSummaries), cands.map((c) => c.flow)), deadline);
+      model = { kind: 'answer', text };
+      d.onModel?.('answer');
+    } catch (err) {
+      model = { kind: 'failed' };
+      d.onModel?.((err as Error).name === 'TimeoutError' || deadline.aborted ? 'timeout' : 'error');
+    }
+  }
+  return choose(d.registry, tenant, agent, cands, model, p, d.prompts);
+}
+
+/** Computes the vectors the registry lacks, in batches; failures are retried on the next call. */
+export async function fillVectors(registry: FlowRegistry, cfg: LlmConfig, timeoutMs: number): Promise<number> {
+  const { searchText } = await import('../core/registry.js');
+  const missing = registry.missingVectors();
+  let done = 0;
+  for (let i = 0; i < missing.length; i += 64) {
+    const batch = missing.slice(i, i + 64);
+    const vs = await embed(cfg, batch.map(searchText), AbortSignal.timeout(timeoutMs));
+    batch.forEach((f, j) => registry.setVector(f.tenant_id, f.agent_id, f.id, vs[j]!));
+    done += batch.length;
+  }
+  return done;
+}

@@ -1,0 +1,135 @@
+import { parseArgs } from 'node:util';
+import { flowsFileV1 } from '../../../schemas/index.js';
+import { describeIssues, readConfigFile } from '../../../shared/jsonl.js';
+import { select } from './adapters/selector.js';
+import { PromptCache } from './core/prompt.js';
+import { FlowRegistry, registerManual } from './core/registry.js';
+import { DEFAULT_POLICY } from './core/select.js';
+
+const SELECT_USAGE = `Usage: paver select --flows FILE.(json|yaml) --query TEXT [--summary TEXT ...] [--top-k 3] [--rrf-k 10]
+                    [--fail-open] [--score-floor X]
+
+Runs flow selection offline over a flows file (a JSON/YAML array of flows) and prints the result as JSON.
+With FLOWS_CHAT_URL (and FLOWS_CHAT_API_KEY, FLOWS_CHAT_MODEL) set, several candidates go to that
+OpenAI-compatible chat endpoint; without it, the top-ranked candidate is chosen.
+`;
+
+export async function selectCommand(argv: string[]): Promise<number> {
+  let values;
+  try {
+    ({ values } = parseArgs({
+      args: argv,
+      options: {
+        flows: { type: 'string' },
+        query: { type: 'string' },
+        summary: { type: 'string', multiple: true },
+        'top-k': { type: 'string' },
+        'rrf-k': { type: 'string' },
+        'score-floor': { type: 'string' },
+        'fail-open': { type: 'boolean' },
+        tenant: { type: 'string' },
+        agent: { type: 'string' },
+        help: { type: 'boolean' },
+      },
+    }));
+  } catch (err) {
+    process.stderr.write(`paver select: ${(err as Error).message}\n\n${SELECT_USAGE}`);
+    return 2;
+  }
+  if (values.help) {
+    process.stdout.write(SELECT_USAGE);
+    return 0;
+  }
+  if (!values.flows || !values.query) {
+    process.stderr.write(`paver select: --flows and --query are required\n\n${SELECT_USAGE}`);
+    return 2;
+  }
+  const num = (v: string | undefined, d: number, min: number) => {
+    if (v === undefined) return d;
+    const n = Number(v);
+    if (!Number.isFinite(n) || n < min) throw new Error(`expected a number ≥ ${min}, got '${v}'`);
+    return n;
+  };
+  let policy;
+  try {
+    policy = { ...DEFAULT_POLICY, topK: Math.floor(num(values['top-k'], 3, 1)), rrfK: num(values['rrf-k'], 10, 1), scoreFloor: num(values['score-floor'], 0, 0), failOpen: !!values['fail-open'] };
+  } catch (err) {
+    process.stderr.write(`paver select: ${(err as Error).message}\n`);
+    return 2;
+  }
+  let raw: unknown;
+  try {
+    raw = await readConfigFile(values.flows);
+  } catch (err) {
+    process.stderr.write(`paver select: cannot read ${values.flows}: ${(err as Error).message}\n`);
+    return 2;
+  }
+  const parsed = flowsFileV1.safeParse(raw);
+  if (!parsed.success) {
+    process.stderr.write(`paver select: ${values.flows}: ${describeIssues(parsed.error.issues)}\n`);
+    return 2;
+  }
+  const tenant = values.tenant ?? 'default';
+  const agent = values.agent ?? 'default';
+  const registry = new FlowRegistry();
+  // Offline, every flow in the file is in the one scope asked about.
+  for (const d of Array.isArray(parsed.data) ? parsed.data : parsed.data.flows) registry.upsert(registerManual({ ...d, tenant_id: tenant, agent_id: agent }, 0));
+  const env = process.env;
+  const chat = env.FLOWS_CHAT_URL ? { baseUrl: env.FLOWS_CHAT_URL, apiKey: env.FLOWS_CHAT_API_KEY, model: env.FLOWS_CHAT_MODEL ?? 'gpt-4o-mini' } : undefined;
+  const result = await select({ registry, prompts: new PromptCache(), chat, budgetMs: Number(env.FLOWS_SELECT_BUDGET_MS ?? 3000) }, tenant, agent, values.query, values.summary ?? [], policy);
+  process.stdout.write(JSON.stringify(result, null, 2) + '\n');
+  return 0;
+}
+
+const FLOWS_USAGE = `Usage: paver flows list [--status pending|promoted|rejected|retracted]
+       paver flows show KEY
+       paver flows promote KEY
+       paver flows reject KEY
+       paver flows registry
+  options: --url URL (default $FLOWS_URL or http://127.0.0.1:9104)  --tenant T  --agent A
+
+Talks to a running flows service over HTTP (GET /flows/candidates, POST /flows/candidates/{key}/promote|reject).
+`;
+
+export async function flowsCommand(argv: string[]): Promise<number> {
+  let parsed;
+  try {
+    parsed = parseArgs({ args: argv, allowPositionals: true, options: { url: { type: 'string' }, tenant: { type: 'string' }, agent: { type: 'string' }, status: { type: 'string' }, help: { type: 'boolean' } } });
+  } catch (err) {
+    process.stderr.write(`paver flows: ${(err as Error).message}\n\n${FLOWS_USAGE}`);
+    return 2;
+  }
+  const { values, positionals } = parsed;
+  const [verb, key] = positionals;
+  if (values.help || !verb) {
+    process.stdout.write(FLOWS_USAGE);
+    return values.help ? 0 : 2;
+  }
+  const base = values.url ?? process.env.FLOWS_URL ?? 'http://127.0.0.1:9104';
+  const q = new URLSearchParams({ tenant_id: values.tenant ?? 'default', agent_id: values.agent ?? 'default', ...(values.status ? { status: values.status } : {}) });
+  const needKey = ['show', 'promote', 'reject'].includes(verb);
+  if (needKey && !key) {
+    process.stderr.write(`paver flows ${verb}: KEY (a candidate's dedupe_key) is required\n`);
+    return 2;
+  }
+  const path =
+    verb === 'list' ? `/flows/candidates?${q}` : verb === 'registry' ? `/flows?${q}` : verb === 'show' ? `/flows/candidates/${encodeURIComponent(key!)}?${q}` : verb === 'promote' || verb === 'reject' ? `/flows/candidates/${encodeURIComponent(key!)}/${verb}?${q}` : null;
+  if (!path) {
+    process.stderr.write(`paver flows: unknown subcommand '${verb}'\n\n${FLOWS_USAGE}`);
+    return 2;
+  }
+  let res: Response;
+  try {
+    res = await fetch(new URL(path, base), { method: verb === 'promote' || verb === 'reject' ? 'POST' : 'GET' });
+  } catch (err) {
+    process.stderr.write(`paver flows: cannot reach the flows service at ${base} (${(err as Error).message}); is it running? (npm start)\n`);
+    return 1;
+  }
+  const text = await res.text();
+  if (!res.ok) {
+    process.stderr.write(`paver flows ${verb}: HTTP ${res.status}: ${text}\n`);
+    return 1;
+  }
+  process.stdout.write(JSON.stringify(JSON.parse(text), null, 2) + '\n');
+  return 0;
+}

@@ -1,0 +1,82 @@
+import type { FlowSelectionRecord, RegisteredFlow } from '../../../../schemas/index.js';
+import { cosine, rrf, type Scored } from './bm25.js';
+import { parseIds } from './answer.js';
+import type { PromptCache } from './prompt.js';
+import type { FlowRegistry } from './registry.js';
+
+export interface SelectPolicy {
+  topK: number;
+  rrfK: number;
+  /** Below this fused score for the top candidate, no flow is chosen. 0 disables. */
+  scoreFloor: number;
+  /** On a model failure, choose nothing (the agent reasons as usual) instead of the top candidate. */
+  failOpen: boolean;
+  /** Summaries appended to the query for recall. */
+  maxSummaries: number;
+}
+export const DEFAULT_POLICY: SelectPolicy = { topK: 3, rrfK: 10, scoreFloor: 0, failOpen: false, maxSummaries: 3 };
+
+export interface Candidate {
+  flow: RegisteredFlow;
+  score: number;
+}
+
+export const augment = (query: string, summaries: readonly string[], max: number) => [query, ...summaries.slice(-max)].join('\n');
+
+/**
+ * Stage 1: sparse (BM25) and, when vectors are given, dense rankings fused by RRF; top_k of the fused list.
+ * Each ranking holds only documents it actually matched (a positive BM25 score; the nearest vectors).
+ */
+export function recall(reg: FlowRegistry, tenant: string, agent: string, query: string, summaries: readonly string[], p: SelectPolicy, queryVector?: number[] | null): Candidate[] {
+  const idx = reg.index(tenant, agent);
+  if (!idx || idx.flows.size === 0) return [];
+  const depth = Math.max(p.topK * 10, 50);
+  const q = augment(query, summaries, p.maxSummaries);
+  const rankings: string[][] = [idx.bm25.search(q, depth).map((s) => s.id)];
+  if (queryVector && idx.vectors.size) {
+    const dense: Scored[] = [];
+    for (const [id, v] of idx.vectors) dense.push({ id, score: cosine(queryVector, v) });
+    rankings.push(
+      dense
+        .sort((a, b) => b.score - a.score)
+        .slice(0, depth)
+        .map((s) => s.id),
+    );
+  }
+  return rrf(rankings, p.rrfK)
+    .slice(0, p.topK)
+    .map((s) => ({ flow: idx.flows.get(s.id)!, score: Number(s.score.toFixed(6)) }));
+}
+
+/** What stage 2 got from the model: nothing configured, an answer, or a failure (error, timeout, budget). */
+export type ModelOutcome = { kind: 'none' } | { kind: 'answer'; text: string } | { kind: 'failed' };
+
+export type Selection = Pick<FlowSelectionRecord, 'path' | 'chosen' | 'chosen_prompts' | 'combined_prompt' | 'unresolved_ids' | 'candidates'>;
+
+/** Whether stage 2 needs the model at all (several candidates above the floor). */
+export const needsModel = (cands: Candidate[], p: SelectPolicy) => cands.length > 1 && (cands[0]?.score ?? 0) >= p.scoreFloor;
+
+/** Stage 2: the fast path, the model's answer mapped back to the registry, or the fallback. */
+export function choose(reg: FlowRegistry, tenant: string, agent: string, cands: Candidate[], model: ModelOutcome, p: SelectPolicy, prompts: PromptCache): Selection {
+  const candidates = cands.map((c) => ({ id: c.flow.id, name: c.flow.name, score: c.score }));
+  const result = (path: Selection['path'], chosen: RegisteredFlow[], unresolved: string[] = []): Selection => {
+    const chosen_prompts = chosen.map((f) => prompts.get(f));
+    return { path, chosen: chosen.map((f) => ({ id: f.id, name: f.name })), chosen_prompts, combined_prompt: chosen_prompts.join('\n'), unresolved_ids: unresolved, candidates };
+  };
+  if (cands.length === 0) return result('none', []);
+  if (cands[0]!.score < p.scoreFloor) return result('none', []);
+  if (cands.length === 1) return result('fast_path', [cands[0]!.flow]);
+  const fallback = (unresolved: string[] = []) => (p.failOpen ? result('fail_open', [], unresolved) : result('fallback', [cands[0]!.flow], unresolved));
+  if (model.kind === 'none') return result('fallback', [cands[0]!.flow]);
+  if (model.kind === 'failed') return fallback();
+  const ids = parseIds(model.text);
+  if (!ids || ids.length === 0) return fallback();
+  const chosen: RegisteredFlow[] = [];
+  const unresolved: string[] = [];
+  for (const id of ids) {
+    const f = reg.get(tenant, agent, id);
+    if (f) chosen.push(f);
+    else unresolved.push(id);
+  }
+  return chosen.length ? result('model', chosen, unresolved) : fallback(unresolved);
+}
