@@ -7,6 +7,7 @@ import { startStack } from '../deploy/local/stack.js';
 import { benchAutoseq } from './autoseq.js';
 import { benchDetector } from './detector.js';
 import { benchSequencer } from './sequencer.js';
+import { benchFlows } from './flows.js';
 import { benchContext, say } from './harness.js';
 
 const only = (process.env.BENCH_ONLY ?? '').split(',').filter(Boolean);
@@ -15,6 +16,7 @@ const SCENARIOS: Record<string, (b: Awaited<ReturnType<typeof benchContext>>) =>
   detector: (b) => benchDetector(b, events(200_000)),
   autoseq: (b) => benchAutoseq(b, events(100_000)),
   sequencer: (b) => benchSequencer(b, events(300_000), 100_000),
+  flows: () => benchFlows(10_000, 5_000),
 };
 
 const stack = await startStack({ log: say });

@@ -1,0 +1,116 @@
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { parse } from 'yaml';
+import { afterAll, describe, expect, it } from 'vitest';
+import { flowSelectionRecordV1, nextActionRecordV1, sequenceStateRecordV1 } from '../../schemas/index.js';
+import { consumeUntil, createTopics, produce, waitFor } from '../helpers/kafka.js';
+import { startLlmDouble } from '../helpers/llm-double.js';
+import { getJson, isReady, ROOT, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
+import { agentEvents } from '../helpers/streams.js';
+
+const procs: Proc[] = [];
+let closeDouble: (() => Promise<void>) | null = null;
+afterAll(async () => {
+  for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
+  await closeDouble?.();
+});
+
+async function start(name: string, env: Record<string, string>) {
+  const p = await startProcess(['bin/paver.js', 'run', name], env);
+  procs.push(p);
+  await waitFor(() => isReady(p), `${name} /readyz`).catch((err: Error) => {
+    throw new Error(`${err.message}\n${p.output()}`);
+  });
+  return p;
+}
+
+describe('the whole loop: tool calls → candidate → promotion → selection', () => {
+  it('runs through every Paver service on real Kafka and Redis, with a model double', async () => {
+    let promotedName = '';
+    const llm = await startLlmDouble((body) => {
+      const user = body.messages.find((m) => m.role === 'user')?.content ?? '';
+      // Pick the promoted flow from the candidates block, answered in a code fence with prose around it.
+      const m = new RegExp(`<flow id="([^"]+)"><name>${promotedName}</name>`).exec(user);
+      return { content: m ? `Here you go:\n\`\`\`json\n["${m[1]}"]\n\`\`\`` : '[]' };
+    });
+    closeDouble = llm.close;
+    // The stream below is agent-0's: its hand-written flows are the example file's, in that scope.
+    const flowsFile = join(mkdtempSync(join(tmpdir(), 'paver-e2e-')), 'flows.json');
+    const examples = parse(readFileSync(`${ROOT}examples/flows.yaml`, 'utf8')) as Record<string, unknown>[];
+    writeFileSync(flowsFile, JSON.stringify(examples.map((f) => ({ ...f, agent_id: 'agent-0' }))));
+    const scope = '?tenant_id=default&agent_id=agent-0';
+    const env = serviceEnv({
+      PAVER_TOPIC_TOOL_CATALOG: `cat-${Date.now()}`,
+      PAVER_TOPIC_ORCHESTRATION: `orch-${Date.now()}`,
+      PAVER_TOPIC_FLOWS: `flows-${Date.now()}`,
+      AUTOSEQ_GROUP_ID: `aseq-${Date.now()}`,
+      SEQUENCER_GROUP_ID: `seq-${Date.now()}`,
+      FLOWS_GROUP_ID: `flows-${Date.now()}`,
+      AUTOSEQ_CATALOG_FILE: `${ROOT}examples/catalog.yaml`,
+      SEQUENCER_CONFIG_FILE: `${ROOT}examples/orchestration.yaml`,
+      FLOWS_FILE: flowsFile,
+      FLOWS_CHAT_URL: llm.url,
+      FLOWS_CHAT_API_KEY: 'test-key-never-logged',
+      DETECTOR_LOOKBACK: '100',
+    });
+    await createTopics([
+      { topic: env.PAVER_TOPIC_TOOL_CALLS! },
+      { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
+      { topic: env.PAVER_TOPIC_NEXT_ACTIONS! },
+      { topic: env.PAVER_TOPIC_SEQUENCE_STATE! },
+      { topic: env.PAVER_TOPIC_FLOW_SELECTIONS! },
+      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
+      { topic: env.PAVER_TOPIC_TOOL_CATALOG!, compacted: true },
+      { topic: env.PAVER_TOPIC_ORCHESTRATION!, compacted: true },
+      { topic: env.PAVER_TOPIC_FLOWS!, compacted: true },
+    ]);
+    const [, , , flows] = await Promise.all(['detector', 'autoseq', 'sequencer', 'flows'].map((s) => start(s, env)));
+
+    // 1. Agents' tool calls: recurring workflows, among them web_search → http_get → parse_json → summarize.
+    const events = [...agentEvents({ tasks: 200, seed: 3 })];
+    await produce(env.PAVER_TOPIC_TOOL_CALLS!, events.map((e) => ({ key: e.session_id, value: JSON.stringify(e) })));
+
+    // 2. The detector's candidates reach the flows service and wait for a person (manual promotion by default).
+    type Summary = { dedupe_key: string; status: string };
+    const pending = await waitFor(async () => {
+      const list = (await getJson(flows!.url(`/flows/candidates${scope}`))).body as Summary[];
+      for (const c of list) {
+        const detail = (await getJson(flows!.url(`/flows/candidates/${encodeURIComponent(c.dedupe_key)}${scope}`))).body as { record: { candidate: { tool_sequence: string[] } | null } };
+        if (c.status === 'pending' && detail.record.candidate?.tool_sequence.includes('http_get')) return c;
+      }
+      return null;
+    }, 'a pending candidate with the web research workflow', 90_000);
+
+    // 3. Promotion over HTTP puts it in the registry (and on the flows topic).
+    const res = await fetch(flows!.url(`/flows/candidates/${encodeURIComponent(pending.dedupe_key)}/promote${scope}`), { method: 'POST' });
+    expect(res.status).toBe(200);
+    const { flow } = (await res.json()) as { flow: { id: string; name: string; agent_prompt_hint?: string } };
+    promotedName = flow.name;
+    expect(flow.agent_prompt_hint).toBeTruthy();
+    const registryList = (await getJson(flows!.url(`/flows${scope}`))).body as { id: string; source: string }[];
+    expect(registryList).toContainEqual(expect.objectContaining({ id: flow.id, source: 'promoted' }));
+
+    // 4. A matching user message selects it: several candidates (the hand-written research flow competes), the model picks.
+    await produce(env.PAVER_TOPIC_TOOL_CALLS!, [
+      { key: 'new-session', value: JSON.stringify({ type: 'user_message', event_id: 'um-1', ts: Date.now(), agent_id: 'agent-0', session_id: 'new-session', text: 'web search then http get, parse the json and summarize it', episode_summaries: ['The user researches APIs.'] }) },
+    ]);
+    const sel = await consumeUntil(env.PAVER_TOPIC_FLOW_SELECTIONS!, (all) => all.some((m) => JSON.parse(m.value!.toString()).event_id === 'um-1'));
+    const record = flowSelectionRecordV1.parse(JSON.parse(sel.find((m) => JSON.parse(m.value!.toString()).event_id === 'um-1')!.value!.toString()));
+    expect(record.candidates.length).toBeGreaterThan(1);
+    expect(record).toMatchObject({ path: 'model', chosen: [{ id: flow.id, name: flow.name }], unresolved_ids: [] });
+    expect(record.combined_prompt).toContain(`<flow id="${flow.id}"`);
+    expect(llm.requests.some((r) => r.path === '/v1/chat/completions' && r.auth === 'Bearer test-key-never-logged')).toBe(true);
+
+    // 5. The other services saw the same stream.
+    const actions = await consumeUntil(env.PAVER_TOPIC_NEXT_ACTIONS!, (all) => all.length > 0);
+    expect(() => nextActionRecordV1.parse(JSON.parse(actions[0]!.value!.toString()))).not.toThrow();
+    const states = await consumeUntil(env.PAVER_TOPIC_SEQUENCE_STATE!, (all) => all.length > 0);
+    expect(() => sequenceStateRecordV1.parse(JSON.parse(states[0]!.value!.toString()))).not.toThrow();
+
+    // No key, prompt or model answer in any service's logs.
+    for (const p of procs) expect(p.output()).not.toMatch(/test-key-never-logged|Here you go|<candidates>/);
+    for (const p of procs) p.child.kill('SIGTERM');
+    expect(await Promise.all(procs.map((p) => p.exited))).toEqual([0, 0, 0, 0]);
+  });
+});
