@@ -7,6 +7,14 @@ import { SERVICES, type ServiceName } from './services.js';
  * Paver's main job: the local stack (unless KAFKA_BROKERS / REDIS_URL are set) and every service as a child
  * process, each with its HTTP port, until SIGINT/SIGTERM; then services stop first, the stack last.
  */
+const example = (f: string) => fileURLToPath(new URL(`../../examples/${f}`, import.meta.url));
+/** The main job runs with the example catalog, orchestration and flows unless the environment names others. */
+const EXAMPLES = {
+  AUTOSEQ_CATALOG_FILE: example('catalog.yaml'),
+  SEQUENCER_CONFIG_FILE: example('orchestration.yaml'),
+  FLOWS_FILE: example('flows.yaml'),
+};
+
 export async function dev(argv: { services?: string[] }): Promise<number> {
   const say = (s: string) => process.stderr.write(`paver dev: ${s}\n`);
   const t0 = Date.now();
@@ -24,7 +32,7 @@ export async function dev(argv: { services?: string[] }): Promise<number> {
   for (const name of names) {
     const port = process.env[`PAVER_${name.toUpperCase()}_HTTP_PORT`] ?? String(SERVICES[name].port);
     const child = spawn(process.execPath, [bin, 'run', name], {
-      env: { ...process.env, KAFKA_BROKERS: stack.brokers, REDIS_URL: stack.redisUrl, HTTP_PORT: port },
+      env: { ...EXAMPLES, ...process.env, KAFKA_BROKERS: stack.brokers, REDIS_URL: stack.redisUrl, HTTP_PORT: port },
       stdio: ['ignore', 'inherit', 'inherit'],
     });
     children.set(name, child);
