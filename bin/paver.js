@@ -9,4 +9,7 @@ if (!existsSync(fileURLToPath(entry))) {
   process.exit(1);
 }
 const { main } = await import(entry.href);
-process.exitCode = await main(process.argv.slice(2));
+const code = await main(process.argv.slice(2));
+// A stopped service exits even if a client library left a timer behind; other commands let stdout drain.
+if (process.argv[2] === 'run') process.exit(code);
+process.exitCode = code;

@@ -269,7 +269,7 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
     isJoined: () => joined,
     assignment: () => assigned,
     start() {
-      started = (async () => {
+      const join = async () => {
         await consumer.connect();
         for (const topic of o.topics) await consumer.subscribe({ topic, fromBeginning: o.fromBeginning ?? true });
         await consumer.run({
@@ -289,7 +289,23 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
             }
           },
         });
-      })();
+      };
+      // A topic created a moment ago (by this or another service) may have no leader yet: retry the join.
+      const attempt = async () => {
+        try {
+          await join();
+        } catch (err) {
+          await consumer.disconnect().catch(() => undefined);
+          throw err;
+        }
+      };
+      started = withRetry(attempt, {
+        attempts: 8,
+        initialMs: 250,
+        maxMs: 4000,
+        shouldStop: () => stopping !== null,
+        onRetry: (err, n, waitMs) => o.log.warn({ err: err.message, attempt: n, waitMs }, 'consumer start failed; retrying'),
+      });
       return started;
     },
     stop() {

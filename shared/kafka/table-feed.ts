@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import type { Kafka } from 'kafkajs';
 import type { Codec } from '../codec.js';
 import type { CommonEnv } from '../config.js';
+import { withRetry } from '../retry.js';
 import { createRunner, type Parser, type Rejection, type Runner } from './runner.js';
 import type { Sink } from './sink.js';
 import type { Logger } from '../log.js';
@@ -87,12 +88,13 @@ export function createTableFeed<T>(o: {
         const admin = o.kafka.admin();
         await admin.connect();
         try {
-          const ends = await admin.fetchTopicOffsets(o.topic);
+          const ends = await withRetry(() => admin.fetchTopicOffsets(o.topic), { attempts: 8, initialMs: 250, maxMs: 4000 });
           const target = new Map(ends.filter((p) => p.high !== p.low).map((p) => [p.partition, BigInt(p.high)]));
           while (!stopped) {
             // The runner commits after each applied chunk, so the group's offsets say how far the table is.
-            const [committed] = await admin.fetchOffsets({ groupId, topics: [o.topic] });
-            const done = [...target].every(([p, high]) => BigInt(committed?.partitions.find((c) => c.partition === p)?.offset ?? '-1') >= high);
+            // Right after start-up the coordinator may not be there yet: keep polling.
+            const committed = await admin.fetchOffsets({ groupId, topics: [o.topic] }).then((r) => r[0], () => undefined);
+            const done = committed !== undefined && [...target].every(([p, high]) => BigInt(committed.partitions.find((c) => c.partition === p)?.offset ?? '-1') >= high);
             if (done) return (caught = true);
             await new Promise((r) => setTimeout(r, 100));
           }

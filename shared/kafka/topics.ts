@@ -29,6 +29,17 @@ export async function ensureTopics(
   const existing = new Set(await admin.listTopics());
   const missing = specs.filter((s) => !existing.has(s.topic));
   if (missing.length === 0) return [];
+  try {
+    await createMissing(admin, missing, defaults);
+  } catch (err) {
+    // Several services start at once and create the same topics: what matters is that they exist now.
+    const now = new Set(await admin.listTopics());
+    if (missing.some((s) => !now.has(s.topic))) throw err;
+  }
+  return missing.map((s) => s.topic);
+}
+
+async function createMissing(admin: Admin, missing: TopicSpec[], defaults: { partitions: number; replicationFactor: number }) {
   await admin.createTopics({
     waitForLeaders: true,
     topics: missing.map((s) => ({
@@ -43,5 +54,4 @@ export async function ensureTopics(
         : [],
     })),
   });
-  return missing.map((s) => s.topic);
 }
