@@ -23,12 +23,33 @@ export default tseslint.config(
         'error',
         {
           patterns: [
-            { group: ['kafkajs', 'ioredis', 'prom-client', 'pino', 'node:*', 'fs', 'net', 'http', 'https', 'child_process'], message: 'core must stay free of I/O: put this in an adapter' },
-            { group: ['**/adapters/**', '**/shared/**'], message: 'core must not depend on adapters or the runtime' },
+            {
+              group: [
+                'kafkajs',
+                'ioredis',
+                'prom-client',
+                'pino',
+                'node:*',
+                'fs',
+                'net',
+                'http',
+                'https',
+                'child_process',
+              ],
+              message: 'core must stay free of I/O: put this in an adapter',
+            },
+            {
+              group: ['**/adapters/**', '**/shared/**'],
+              message: 'core must not depend on adapters or the runtime',
+            },
           ],
         },
       ],
-      'no-restricted-globals': ['error', { name: 'process', message: 'core must not read process state' }, { name: 'fetch', message: 'core must not do I/O' }],
+      'no-restricted-globals': [
+        'error',
+        { name: 'process', message: 'core must not read process state' },
+        { name: 'fetch', message: 'core must not do I/O' },
+      ],
     },
   },
 );

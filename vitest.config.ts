@@ -13,7 +13,11 @@ export default defineConfig({
       {
         test: {
           name: 'integration',
-          include: ['test/integration/**/*.int.test.ts', 'services/*/test/integration/**/*.int.test.ts', 'test/e2e/**/*.int.test.ts'],
+          include: [
+            'test/integration/**/*.int.test.ts',
+            'services/*/test/integration/**/*.int.test.ts',
+            'test/e2e/**/*.int.test.ts',
+          ],
           environment: 'node',
           // One real broker and redis-server for the whole run, started and stopped here.
           globalSetup: ['test/helpers/global-setup.ts'],

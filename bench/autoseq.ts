@@ -3,12 +3,28 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { sha256 } from '../shared/hash.js';
 import { Catalog } from '../services/autoseq/src/core/catalog.js';
-import { decide, DEFAULT_OPTIONS, newTaskState, type TaskState } from '../services/autoseq/src/core/decide.js';
+import {
+  decide,
+  DEFAULT_OPTIONS,
+  newTaskState,
+  type TaskState,
+} from '../services/autoseq/src/core/decide.js';
 import { SchemaCompiler } from '../services/autoseq/src/core/schema-compiler.js';
 import type { ToolCallEvent } from '../schemas/index.js';
 import { catalogPolicyV1, catalogToolV1 } from '../schemas/index.js';
 import { rng } from './streams.js';
-import { bareRate, createTopics, pct, produceBacklog, round, say, serviceRate, startService, writeResult, type Bench } from './harness.js';
+import {
+  bareRate,
+  createTopics,
+  pct,
+  produceBacklog,
+  round,
+  say,
+  serviceRate,
+  startService,
+  writeResult,
+  type Bench,
+} from './harness.js';
 
 const TOOLS = 1000;
 
@@ -19,14 +35,28 @@ function catalogFile() {
     description: `Tool ${i}`,
     args_schema: {
       type: 'object',
-      properties: { [`k_${i}`]: i % 3 === 0 ? { type: 'string', format: 'uri' } : { type: 'string', pattern: '^[a-z0-9:/._-]+$' }, n: { type: 'integer', minimum: 0 }, tags: { type: 'array', items: { type: 'string' } } },
+      properties: {
+        [`k_${i}`]:
+          i % 3 === 0 ? { type: 'string', format: 'uri' } : { type: 'string', pattern: '^[a-z0-9:/._-]+$' },
+        n: { type: 'integer', minimum: 0 },
+        tags: { type: 'array', items: { type: 'string' } },
+      },
       required: [`k_${i}`, 'n'],
     },
     side_effects: i % 10 === 0 ? 'write' : 'read',
     auto_seq: i % 4 !== 3,
     auto_seq_execute: i % 2 === 0,
   }));
-  return { agents: [{ tenant_id: 'default', agent_id: 'default', policy: { auto_seq_enabled: true, auto_seq_execute: true }, tools }] };
+  return {
+    agents: [
+      {
+        tenant_id: 'default',
+        agent_id: 'default',
+        policy: { auto_seq_enabled: true, auto_seq_execute: true },
+        tools,
+      },
+    ],
+  };
 }
 
 /** Observations that match one tool, two tools, or none; some skips; tasks of 5 steps. */
@@ -37,8 +67,25 @@ function* events(count: number, seed = 3): Generator<ToolCallEvent> {
     const a = Math.floor(r() * TOOLS);
     const roll = r();
     const observation =
-      roll < 0.6 ? { [`k_${a}`]: `https://example.com/${i}`, n: i, tags: ['x'] } : roll < 0.8 ? { [`k_${a}`]: 'https://e.x/a', [`k_${(a + 1) % TOOLS}`]: 'https://e.x/b', n: 1 } : roll < 0.95 ? { unrelated: true, n: 2 } : 'plain text';
-    yield { type: 'tool_call', event_id: `ev-${i}`, ts: 1_760_000_000_000 + i, tenant_id: 'default', agent_id: 'default', session_id: `s-${task % 5000}`, task_id: `t-${task}`, step: i % 5, tool: `tool_${(a + 7) % TOOLS}`, observation };
+      roll < 0.6
+        ? { [`k_${a}`]: `https://example.com/${i}`, n: i, tags: ['x'] }
+        : roll < 0.8
+          ? { [`k_${a}`]: 'https://e.x/a', [`k_${(a + 1) % TOOLS}`]: 'https://e.x/b', n: 1 }
+          : roll < 0.95
+            ? { unrelated: true, n: 2 }
+            : 'plain text';
+    yield {
+      type: 'tool_call',
+      event_id: `ev-${i}`,
+      ts: 1_760_000_000_000 + i,
+      tenant_id: 'default',
+      agent_id: 'default',
+      session_id: `s-${task % 5000}`,
+      task_id: `t-${task}`,
+      step: i % 5,
+      tool: `tool_${(a + 7) % TOOLS}`,
+      observation,
+    };
   }
 }
 
@@ -47,7 +94,12 @@ export async function benchAutoseq(b: Bench, n: number) {
   const file = catalogFile();
   const catalog = new Catalog(new SchemaCompiler());
   const t0 = performance.now();
-  catalog.loadAgent({ tenant_id: 'default', agent_id: 'default', policy: catalogPolicyV1.parse(file.agents[0]!.policy), tools: file.agents[0]!.tools.map((t) => catalogToolV1.parse(t)) });
+  catalog.loadAgent({
+    tenant_id: 'default',
+    agent_id: 'default',
+    policy: catalogPolicyV1.parse(file.agents[0]!.policy),
+    tools: file.agents[0]!.tools.map((t) => catalogToolV1.parse(t)),
+  });
   const compileMs = performance.now() - t0;
   const tasks = new Map<string, TaskState>();
   const times: number[] = [];
@@ -62,7 +114,12 @@ export async function benchAutoseq(b: Bench, n: number) {
   // 2. The service over a backlog, against a bare consumer over the same topic.
   const id = `bench-aseq-${Date.now().toString(36)}`;
   const topic = `${id}.tool-calls`;
-  await createTopics(b, [{ topic }, { topic: `${id}.next-actions` }, { topic: `${id}.dead-letters` }, { topic: `${id}.tool-catalog`, compacted: true }]);
+  await createTopics(b, [
+    { topic },
+    { topic: `${id}.next-actions` },
+    { topic: `${id}.dead-letters` },
+    { topic: `${id}.tool-catalog`, compacted: true },
+  ]);
   const sent = await produceBacklog(b, topic, events(n), n);
   const bare = await bareRate(b, topic, sent);
   const catalogPath = join(tmpdir(), `${id}-catalog.json`);
@@ -83,7 +140,11 @@ export async function benchAutoseq(b: Bench, n: number) {
     catalog_tools: TOOLS,
     catalog_compile_ms: Math.round(compileMs),
     events: sent,
-    decision_ms: { p50: round(pct(times, 50), 4), p99: round(pct(times, 99), 4), definition: 'in-process decide() per tool_call event, 1,000-tool catalog' },
+    decision_ms: {
+      p50: round(pct(times, 50), 4),
+      p99: round(pct(times, 99), 4),
+      definition: 'in-process decide() per tool_call event, 1,000-tool catalog',
+    },
     bare_kafkajs_events_per_s: Math.round(bare),
     autoseq_events_per_s: Math.round(rate),
     ratio_autoseq_to_bare: Number((rate / bare).toFixed(3)),

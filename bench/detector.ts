@@ -1,15 +1,35 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { agentEvents } from './streams.js';
-import { bareRate, createTopics, pct, produceBacklog, redisInfo, say, serviceRate, startService, writeResult, type Bench } from './harness.js';
+import {
+  bareRate,
+  createTopics,
+  pct,
+  produceBacklog,
+  redisInfo,
+  say,
+  serviceRate,
+  startService,
+  writeResult,
+  type Bench,
+} from './harness.js';
 
 /** Detector vs bare kafkajs over the same backlog; latency from a task's completion to its candidate. */
 export async function benchDetector(b: Bench, n: number) {
   const id = `bench-det-${Date.now().toString(36)}`;
   const topic = `${id}.tool-calls`;
   const candidatesTopic = `${id}.flow-candidates`;
-  await createTopics(b, [{ topic }, { topic: candidatesTopic, compacted: true }, { topic: `${id}.dead-letters` }]);
+  await createTopics(b, [
+    { topic },
+    { topic: candidatesTopic, compacted: true },
+    { topic: `${id}.dead-letters` },
+  ]);
   // A realistic mix: 4 workflows + noise, 20 concurrent tasks, 4 agents (≈6 events per task).
-  const sent = await produceBacklog(b, topic, agentEvents({ tasks: Math.ceil(n / 4), seed: 1, agents: 4 }), n);
+  const sent = await produceBacklog(
+    b,
+    topic,
+    agentEvents({ tasks: Math.ceil(n / 4), seed: 1, agents: 4 }),
+    n,
+  );
   const bare = await bareRate(b, topic, sent);
 
   const cmds0 = await redisInfo(b.redis, 'stats', 'total_commands_processed');
@@ -24,7 +44,9 @@ export async function benchDetector(b: Bench, n: number) {
   const rate = await serviceRate(p, sent);
   const trips = await p.metric('paver_detector_redis_round_trips_total');
   const cmds = (await redisInfo(b.redis, 'stats', 'total_commands_processed')) - cmds0;
-  const windowRecords = (await Promise.all([0, 1, 2, 3].map((a) => b.redis.zcard(`${id}:det:{default|agent-${a}}:window`)))).reduce((x, y) => x + y, 0);
+  const windowRecords = (
+    await Promise.all([0, 1, 2, 3].map((a) => b.redis.zcard(`${id}:det:{default|agent-${a}}:window`)))
+  ).reduce((x, y) => x + y, 0);
   const mem = (await redisInfo(b.redis, 'memory', 'used_memory')) - mem0;
   say(`detector: ${Math.round(rate)} events/s, ${trips} round trips, ${cmds} commands`);
 
@@ -45,7 +67,11 @@ export async function benchDetector(b: Bench, n: number) {
   await sleep(2000);
   for (const e of agentEvents({ tasks: 400, seed: 99, agents: 1, concurrency: 5, startTs: Date.now() })) {
     const now = Date.now();
-    await b.producer.send({ topic, messages: [{ key: e.session_id, value: JSON.stringify({ ...e, ts: now }) }], acks: 1 });
+    await b.producer.send({
+      topic,
+      messages: [{ key: e.session_id, value: JSON.stringify({ ...e, ts: now }) }],
+      acks: 1,
+    });
     if (e.type === 'task_completed') completions.push(now);
     await sleep(2);
   }
@@ -58,7 +84,13 @@ export async function benchDetector(b: Bench, n: number) {
     bare_kafkajs_events_per_s: Math.round(bare),
     detector_events_per_s: Math.round(rate),
     ratio_detector_to_bare: Number((rate / bare).toFixed(3)),
-    latency_ms: { p50: pct(latencies, 50), p99: pct(latencies, 99), samples: latencies.length, definition: 'candidate record timestamp − ts of the newest task_completed sent before it (paced live traffic)' },
+    latency_ms: {
+      p50: pct(latencies, 50),
+      p99: pct(latencies, 99),
+      samples: latencies.length,
+      definition:
+        'candidate record timestamp − ts of the newest task_completed sent before it (paced live traffic)',
+    },
     redis_round_trips_per_event: Number((trips / sent).toFixed(4)),
     redis_commands_per_event: Number((cmds / sent).toFixed(2)),
     redis_memory_bytes_per_window_record: windowRecords ? Math.round(mem / windowRecords) : null,

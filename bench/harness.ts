@@ -35,13 +35,22 @@ export async function createTopics(b: Bench, topics: { topic: string; compacted?
   await admin.connect();
   await admin.createTopics({
     waitForLeaders: true,
-    topics: topics.map((t) => ({ topic: t.topic, numPartitions: 3, configEntries: t.compacted ? [{ name: 'cleanup.policy', value: 'compact' }] : [] })),
+    topics: topics.map((t) => ({
+      topic: t.topic,
+      numPartitions: 3,
+      configEntries: t.compacted ? [{ name: 'cleanup.policy', value: 'compact' }] : [],
+    })),
   });
   await admin.disconnect();
 }
 
 /** Sends events keyed by session_id in batches of 2,000; returns how many were sent. */
-export async function produceBacklog(b: Bench, topic: string, events: Iterable<{ session_id: string }>, limit: number): Promise<number> {
+export async function produceBacklog(
+  b: Bench,
+  topic: string,
+  events: Iterable<{ session_id: string }>,
+  limit: number,
+): Promise<number> {
   let batch: { key: string; value: string }[] = [];
   let sent = 0;
   const t0 = Date.now();
@@ -91,12 +100,32 @@ export interface ServiceProc {
 }
 
 /** Starts `paver run NAME` as a real process against the bench stack. */
-export async function startService(b: Bench, name: string, env: Record<string, string>): Promise<ServiceProc> {
+export async function startService(
+  b: Bench,
+  name: string,
+  env: Record<string, string>,
+): Promise<ServiceProc> {
   const port = await freePort();
-  const child = spawn(process.execPath, [...(process.env.BENCH_PROFILE ? ['--cpu-prof', '--cpu-prof-dir', process.env.BENCH_PROFILE] : []), join(packageRoot(), 'bin', 'paver.js'), 'run', name], {
-    env: { ...process.env, KAFKA_BROKERS: b.stack.brokers, REDIS_URL: b.stack.redisUrl, HTTP_PORT: String(port), LOG_LEVEL: 'warn', ...env },
-    stdio: ['ignore', 'ignore', 'inherit'],
-  });
+  const child = spawn(
+    process.execPath,
+    [
+      ...(process.env.BENCH_PROFILE ? ['--cpu-prof', '--cpu-prof-dir', process.env.BENCH_PROFILE] : []),
+      join(packageRoot(), 'bin', 'paver.js'),
+      'run',
+      name,
+    ],
+    {
+      env: {
+        ...process.env,
+        KAFKA_BROKERS: b.stack.brokers,
+        REDIS_URL: b.stack.redisUrl,
+        HTTP_PORT: String(port),
+        LOG_LEVEL: 'warn',
+        ...env,
+      },
+      stdio: ['ignore', 'ignore', 'inherit'],
+    },
+  );
   const metric = async (m: string) => {
     const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
     return text
@@ -125,11 +154,19 @@ export async function serviceRate(p: ServiceProc, count: number): Promise<number
   return count / ((Date.now() - start) / 1000);
 }
 
-export const redisInfo = async (redis: Redis, section: string, field: string) => Number(new RegExp(`${field}:(\\d+)`).exec(await redis.info(section))?.[1] ?? 0);
+export const redisInfo = async (redis: Redis, section: string, field: string) =>
+  Number(new RegExp(`${field}:(\\d+)`).exec(await redis.info(section))?.[1] ?? 0);
 
 export function writeResult(name: string, result: Record<string, unknown>) {
-  const full = { measured_at: new Date().toISOString(), machine: { cores: cpus().length, node: process.version }, ...result };
+  const full = {
+    measured_at: new Date().toISOString(),
+    machine: { cores: cpus().length, node: process.version },
+    ...result,
+  };
   mkdirSync(join(packageRoot(), 'bench', 'results'), { recursive: true });
-  writeFileSync(join(packageRoot(), 'bench', 'results', `${name}.json`), JSON.stringify(full, null, 2) + '\n');
+  writeFileSync(
+    join(packageRoot(), 'bench', 'results', `${name}.json`),
+    JSON.stringify(full, null, 2) + '\n',
+  );
   process.stdout.write(`${name}: ${JSON.stringify(full)}\n`);
 }

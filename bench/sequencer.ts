@@ -2,14 +2,47 @@ import { writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { rng } from './streams.js';
-import { bareRate, createTopics, pct, produceBacklog, redisInfo, round, say, serviceRate, startService, writeResult, type Bench } from './harness.js';
+import {
+  bareRate,
+  createTopics,
+  pct,
+  produceBacklog,
+  redisInfo,
+  round,
+  say,
+  serviceRate,
+  startService,
+  writeResult,
+  type Bench,
+} from './harness.js';
 
-const TOOLS = ['web_search', 'think', 'reflect', 'summarize', 'save', 'critique', 'debate', 'search', 'http_get', 'email'];
+const TOOLS = [
+  'web_search',
+  'think',
+  'reflect',
+  'summarize',
+  'save',
+  'critique',
+  'debate',
+  'search',
+  'http_get',
+  'email',
+];
 const CONFIG = {
   tools: TOOLS,
   steps: [
-    { name: 'research', conditions: [{ type: 'message_regex', value: 'research|look up' }], availableTools: { allowed: ['web_search', 'think', 'reflect', 'summarize', 'save'] }, sequence: ['web_search', ['think', 'reflect'], ['summarize', 'save']] },
-    { name: 'evaluate', conditions: [{ type: 'message_regex', value: 'critique|evaluate|assess' }], availableTools: { allowed: ['critique', 'debate', 'reflect', 'search'] }, sequence: ['critique', 'debate', 'reflect'] },
+    {
+      name: 'research',
+      conditions: [{ type: 'message_regex', value: 'research|look up' }],
+      availableTools: { allowed: ['web_search', 'think', 'reflect', 'summarize', 'save'] },
+      sequence: ['web_search', ['think', 'reflect'], ['summarize', 'save']],
+    },
+    {
+      name: 'evaluate',
+      conditions: [{ type: 'message_regex', value: 'critique|evaluate|assess' }],
+      availableTools: { allowed: ['critique', 'debate', 'reflect', 'search'] },
+      sequence: ['critique', 'debate', 'reflect'],
+    },
     { name: 'general', isDefault: true, availableTools: { denied: ['save'] } },
   ],
 };
@@ -22,8 +55,20 @@ function* events(sessions: number, total: number) {
   for (let k = 0; k < perSession; k++) {
     for (let s = 0; s < sessions; s++) {
       const base = { event_id: `s${s}-${k}`, ts: ts++, session_id: `sess-${s}` };
-      if (k === 0) yield { ...base, type: 'user_message', text: r() < 0.5 ? 'please research the market' : 'evaluate this draft' };
-      else yield { ...base, type: 'tool_call', task_id: `t${s}`, step: k, tool: TOOLS[Math.floor(r() * TOOLS.length)]! };
+      if (k === 0)
+        yield {
+          ...base,
+          type: 'user_message',
+          text: r() < 0.5 ? 'please research the market' : 'evaluate this draft',
+        };
+      else
+        yield {
+          ...base,
+          type: 'tool_call',
+          task_id: `t${s}`,
+          step: k,
+          tool: TOOLS[Math.floor(r() * TOOLS.length)]!,
+        };
     }
   }
 }
@@ -31,7 +76,12 @@ function* events(sessions: number, total: number) {
 export async function benchSequencer(b: Bench, n: number, sessions: number) {
   const id = `bench-seq-${Date.now().toString(36)}`;
   const topic = `${id}.tool-calls`;
-  await createTopics(b, [{ topic }, { topic: `${id}.sequence-state` }, { topic: `${id}.dead-letters` }, { topic: `${id}.orchestration`, compacted: true }]);
+  await createTopics(b, [
+    { topic },
+    { topic: `${id}.sequence-state` },
+    { topic: `${id}.dead-letters` },
+    { topic: `${id}.orchestration`, compacted: true },
+  ]);
   const sent = await produceBacklog(b, topic, events(sessions, n), n);
   const bare = await bareRate(b, topic, sent);
   const config = join(tmpdir(), `${id}-orchestration.json`);
@@ -52,7 +102,8 @@ export async function benchSequencer(b: Bench, n: number, sessions: number) {
   say(`sequencer: ${Math.round(rate)} events/s, ${stored} sessions stored`);
 
   // allowed-tools over HTTP on loopback, one request at a time (the latency a runtime sees before an LLM call).
-  const url = (s: number) => `http://127.0.0.1:${p.port}/sessions/sess-${s}/allowed-tools?tools=${TOOLS.join(',')}`;
+  const url = (s: number) =>
+    `http://127.0.0.1:${p.port}/sessions/sess-${s}/allowed-tools?tools=${TOOLS.join(',')}`;
   for (let i = 0; i < 200; i++) await (await fetch(url(i))).text(); // warm-up
   const lat: number[] = [];
   const r = rng(5);
@@ -69,7 +120,12 @@ export async function benchSequencer(b: Bench, n: number, sessions: number) {
     bare_kafkajs_events_per_s: Math.round(bare),
     sequencer_events_per_s: Math.round(rate),
     ratio_sequencer_to_bare: Number((rate / bare).toFixed(3)),
-    allowed_tools_http_ms: { p50: round(pct(lat, 50)), p99: round(pct(lat, 99)), requests: lat.length, definition: 'GET /sessions/{id}/allowed-tools on loopback, sequential, client-measured' },
+    allowed_tools_http_ms: {
+      p50: round(pct(lat, 50)),
+      p99: round(pct(lat, 99)),
+      requests: lat.length,
+      definition: 'GET /sessions/{id}/allowed-tools on loopback, sequential, client-measured',
+    },
     redis_bytes_per_session: stored ? Math.round(mem / stored) : null,
     targets: { ratio_min: 0.6, allowed_tools_p99_ms_max: 2, redis_bytes_per_session_max: 300 },
   });

@@ -19,7 +19,9 @@ export async function dev(argv: { services?: string[] }): Promise<number> {
   const say = (s: string) => process.stderr.write(`paver dev: ${s}\n`);
   const t0 = Date.now();
   const stack = await startStack({ log: say });
-  say(`stack ready in ${Date.now() - t0} ms: KAFKA_BROKERS=${stack.brokers} REDIS_URL=${stack.redisUrl}${stack.started.length ? ` (started: ${stack.started.join(', ')})` : ' (external)'}`);
+  say(
+    `stack ready in ${Date.now() - t0} ms: KAFKA_BROKERS=${stack.brokers} REDIS_URL=${stack.redisUrl}${stack.started.length ? ` (started: ${stack.started.join(', ')})` : ' (external)'}`,
+  );
 
   const names = (argv.services?.length ? argv.services : Object.keys(SERVICES)) as ServiceName[];
   const bin = fileURLToPath(new URL('../../bin/paver.js', import.meta.url));
@@ -32,7 +34,13 @@ export async function dev(argv: { services?: string[] }): Promise<number> {
   for (const name of names) {
     const port = process.env[`PAVER_${name.toUpperCase()}_HTTP_PORT`] ?? String(SERVICES[name].port);
     const child = spawn(process.execPath, [bin, 'run', name], {
-      env: { ...EXAMPLES, ...process.env, KAFKA_BROKERS: stack.brokers, REDIS_URL: stack.redisUrl, HTTP_PORT: port },
+      env: {
+        ...EXAMPLES,
+        ...process.env,
+        KAFKA_BROKERS: stack.brokers,
+        REDIS_URL: stack.redisUrl,
+        HTTP_PORT: port,
+      },
       stdio: ['ignore', 'inherit', 'inherit'],
     });
     children.set(name, child);

@@ -72,7 +72,10 @@ export async function main(argv: string[]): Promise<number> {
       return 0;
     }
     case 'publish': {
-      const { values } = parseArgs({ args: rest, options: { input: { type: 'string' }, topic: { type: 'string' } } });
+      const { values } = parseArgs({
+        args: rest,
+        options: { input: { type: 'string' }, topic: { type: 'string' } },
+      });
       if (!values.input) {
         process.stderr.write('paver publish: --input FILE.jsonl is required\n');
         return 2;

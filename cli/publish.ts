@@ -11,14 +11,21 @@ import { createLogger } from '../shared/log.js';
  * `paver publish --input FILE.jsonl`: sends each line to the tool-calls topic keyed by its session_id, as an
  * agent runtime would. Lines are sent as they are (the services validate and dead-letter bad ones).
  */
-export async function publish(opts: { input: string; topic?: string; env?: NodeJS.ProcessEnv }): Promise<number> {
+export async function publish(opts: {
+  input: string;
+  topic?: string;
+  env?: NodeJS.ProcessEnv;
+}): Promise<number> {
   const env = parseEnv(commonEnvSchema, opts.env ?? process.env);
   const log = createLogger('publish', env.LOG_LEVEL === 'info' ? 'warn' : env.LOG_LEVEL);
   const kafka = createKafka(env, log, `${env.KAFKA_CLIENT_ID}-publish`);
   const topic = opts.topic ?? env.PAVER_TOPIC_TOOL_CALLS;
   const admin = kafka.admin();
   await admin.connect();
-  await ensureTopics(admin, paverTopics(env), { partitions: env.KAFKA_TOPIC_PARTITIONS, replicationFactor: env.KAFKA_REPLICATION_FACTOR });
+  await ensureTopics(admin, paverTopics(env), {
+    partitions: env.KAFKA_TOPIC_PARTITIONS,
+    replicationFactor: env.KAFKA_REPLICATION_FACTOR,
+  });
   await admin.disconnect();
   const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner });
   await producer.connect();

@@ -25,12 +25,18 @@ export const flowDefinitionV1 = z
     description: text.default(''),
     condition: text.default(''),
     desired_effects: z.array(z.string().max(4096)).max(100).default([]),
-    steps: z.array(z.union([flowStep, manualStepV1])).max(256).default([]),
+    steps: z
+      .array(z.union([flowStep, manualStepV1]))
+      .max(256)
+      .default([]),
     agent_prompt_hint: text.optional(),
   })
   .strict();
 
-export const flowsFileV1 = z.union([z.array(flowDefinitionV1).max(100_000), z.object({ flows: z.array(flowDefinitionV1).max(100_000) }).strict()]);
+export const flowsFileV1 = z.union([
+  z.array(flowDefinitionV1).max(100_000),
+  z.object({ flows: z.array(flowDefinitionV1).max(100_000) }).strict(),
+]);
 
 /** A registered flow: a definition with its id, origin and, for promoted candidates, their key. */
 export const registeredFlowV1 = flowDefinitionV1.extend({
@@ -41,7 +47,9 @@ export const registeredFlowV1 = flowDefinitionV1.extend({
 });
 
 /** The compacted flows topic, keyed by flow id; a tombstone removes the flow. */
-export const flowRegistryRecordV1 = z.object({ schema_version: z.literal(1), flow: registeredFlowV1 }).strict();
+export const flowRegistryRecordV1 = z
+  .object({ schema_version: z.literal(1), flow: registeredFlowV1 })
+  .strict();
 
 export type FlowDefinition = z.infer<typeof flowDefinitionV1>;
 export type RegisteredFlow = z.infer<typeof registeredFlowV1>;

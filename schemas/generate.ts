@@ -9,13 +9,21 @@ export function jsonSchemaFor(name: string): string {
   const c = CONTRACTS[name];
   if (!c) throw new Error(`unknown contract ${name}`);
   const js = z.toJSONSchema(c.schema, { io: c.io, target: 'draft-7', unrepresentable: 'any' });
-  return JSON.stringify({ $id: `https://paver.dev/schemas/${name}.json`, title: `paver.${name}`, ...js }, null, 2) + '\n';
+  return (
+    JSON.stringify(
+      { $id: `https://paver.dev/schemas/${name}.json`, title: `paver.${name}`, ...js },
+      null,
+      2,
+    ) + '\n'
+  );
 }
 
 export function schemaDir(): string {
   // Works from schemas/ (vitest) and dist/schemas/ (compiled): the JSON lives in the source tree.
   const here = dirname(fileURLToPath(import.meta.url));
-  return here.includes(`${join('dist', 'schemas')}`) ? join(here, '..', '..', 'schemas', 'json') : join(here, 'json');
+  return here.includes(`${join('dist', 'schemas')}`)
+    ? join(here, '..', '..', 'schemas', 'json')
+    : join(here, 'json');
 }
 
 export function staleSchemas(): string[] {

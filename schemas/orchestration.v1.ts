@@ -14,7 +14,19 @@ export const orchestrationConditionV1 = z.discriminatedUnion('type', [
   z
     .object({
       type: z.literal('sequence_match'),
-      value: z.union([z.array(toolName).min(1).max(64), z.string().min(1).max(4096).transform((s) => s.split(',').map((x) => x.trim()).filter(Boolean))]),
+      value: z.union([
+        z.array(toolName).min(1).max(64),
+        z
+          .string()
+          .min(1)
+          .max(4096)
+          .transform((s) =>
+            s
+              .split(',')
+              .map((x) => x.trim())
+              .filter(Boolean),
+          ),
+      ]),
     })
     .strict(),
 ]);
@@ -25,11 +37,17 @@ export const orchestrationStepV1 = z
     description: z.string().max(LIMITS.textLength).default(''),
     conditions: z.array(orchestrationConditionV1).max(32).default([]),
     availableTools: z
-      .object({ allowed: z.array(toolPattern).max(LIMITS.visibleTools).optional(), denied: z.array(toolPattern).max(LIMITS.visibleTools).optional() })
+      .object({
+        allowed: z.array(toolPattern).max(LIMITS.visibleTools).optional(),
+        denied: z.array(toolPattern).max(LIMITS.visibleTools).optional(),
+      })
       .strict()
       .default({}),
     /** Tool names, or groups of alternatives at a position. */
-    sequence: z.array(z.union([toolName, z.array(toolName).min(1).max(64)])).max(256).optional(),
+    sequence: z
+      .array(z.union([toolName, z.array(toolName).min(1).max(64)]))
+      .max(256)
+      .optional(),
     isDefault: z.boolean().default(false),
   })
   .strict();
@@ -55,7 +73,10 @@ export const agentOrchestrationV1 = z
   .strict();
 
 /** The configuration file: one agent in the reference's shape, or `{ agents: [...] }`. */
-export const orchestrationFileV1 = z.union([z.object({ agents: z.array(agentOrchestrationV1).max(10_000) }).strict(), agentOrchestrationV1]);
+export const orchestrationFileV1 = z.union([
+  z.object({ agents: z.array(agentOrchestrationV1).max(10_000) }).strict(),
+  agentOrchestrationV1,
+]);
 
 /** Records on the compacted orchestration topic, keyed `tenant_id/agent_id` (URI-encoded parts); a tombstone removes it. */
 export const orchestrationRecordV1 = agentOrchestrationV1.extend({ schema_version: z.literal(1) });

@@ -14,6 +14,8 @@ export const sequenceStateRecordV1 = z.object({
   expected: z.array(toolName),
   allowed_tools: z.array(toolName),
   completed: z.boolean(),
-  violation: z.object({ expected: z.array(toolName), used: toolName, policy: z.enum(['warn', 'reset', 'hold']) }).nullable(),
+  violation: z
+    .object({ expected: z.array(toolName), used: toolName, policy: z.enum(['warn', 'reset', 'hold']) })
+    .nullable(),
 });
 export type SequenceStateRecord = z.infer<typeof sequenceStateRecordV1>;

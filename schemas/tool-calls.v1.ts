@@ -59,7 +59,11 @@ export const userMessageEvent = z.object({
 export const TOOL_CALLS_EVENT_TYPES = ['tool_call', 'task_completed', 'user_message'] as const;
 
 /** Input on the tool-calls topic, keyed by session_id. Unknown fields are kept out (zod strips them). */
-export const toolCallsEventV1 = z.discriminatedUnion('type', [toolCallEvent, taskCompletedEvent, userMessageEvent]);
+export const toolCallsEventV1 = z.discriminatedUnion('type', [
+  toolCallEvent,
+  taskCompletedEvent,
+  userMessageEvent,
+]);
 
 export type ToolCallsEvent = z.infer<typeof toolCallsEventV1>;
 export type ToolCallEvent = z.infer<typeof toolCallEvent>;

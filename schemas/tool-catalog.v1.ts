@@ -48,9 +48,33 @@ export const catalogFileV1 = z.object({ agents: z.array(agentCatalogV1).max(10_0
  * `tenant_id/agent_id/policy` for the policy (each part URI-encoded); a tombstone on a tool key removes it.
  */
 export const toolCatalogRecordV1 = z.discriminatedUnion('kind', [
-  z.object({ schema_version: z.literal(1), kind: z.literal('tool'), tenant_id: id.default('default'), agent_id: id.default('default'), tool: catalogToolV1 }).strict(),
-  z.object({ schema_version: z.literal(1), kind: z.literal('policy'), tenant_id: id.default('default'), agent_id: id.default('default'), policy: catalogPolicyV1 }).strict(),
-  z.object({ schema_version: z.literal(1), kind: z.literal('tool_removed'), tenant_id: id.default('default'), agent_id: id.default('default'), name: toolName }).strict(),
+  z
+    .object({
+      schema_version: z.literal(1),
+      kind: z.literal('tool'),
+      tenant_id: id.default('default'),
+      agent_id: id.default('default'),
+      tool: catalogToolV1,
+    })
+    .strict(),
+  z
+    .object({
+      schema_version: z.literal(1),
+      kind: z.literal('policy'),
+      tenant_id: id.default('default'),
+      agent_id: id.default('default'),
+      policy: catalogPolicyV1,
+    })
+    .strict(),
+  z
+    .object({
+      schema_version: z.literal(1),
+      kind: z.literal('tool_removed'),
+      tenant_id: id.default('default'),
+      agent_id: id.default('default'),
+      name: toolName,
+    })
+    .strict(),
 ]);
 
 export type CatalogTool = z.infer<typeof catalogToolV1>;

@@ -40,7 +40,10 @@ export function jsonCodec(): Codec {
     },
     async decode(buf) {
       if (isWireFormat(buf)) {
-        throw new DecodeError('registry_error', 'Confluent wire format received but SCHEMA_REGISTRY_URL is not set');
+        throw new DecodeError(
+          'registry_error',
+          'Confluent wire format received but SCHEMA_REGISTRY_URL is not set',
+        );
       }
       return decodeJson(buf);
     },
@@ -88,9 +91,13 @@ export function registryCodec(opts: RegistryOptions): Codec {
       try {
         return await registry.encode(await idFor(contract, topic), value);
       } catch (err) {
-        throw new PaverError('REGISTRY_UNAVAILABLE', `schema registry encode failed: ${(err as Error).message}`, {
-          cause: err,
-        });
+        throw new PaverError(
+          'REGISTRY_UNAVAILABLE',
+          `schema registry encode failed: ${(err as Error).message}`,
+          {
+            cause: err,
+          },
+        );
       }
     },
     async decode(buf) {
@@ -101,12 +108,20 @@ export function registryCodec(opts: RegistryOptions): Codec {
         const e = err as { name?: string; status?: number; message?: string };
         // Unknown ids and payloads that fail the writer's schema are the message's fault; anything else
         // (connection refused, 5xx) is the registry's, and retrying is right.
-        if (e.name === 'ConfluentSchemaRegistryValidationError' || e.status === 404 || e.name === 'SyntaxError') {
+        if (
+          e.name === 'ConfluentSchemaRegistryValidationError' ||
+          e.status === 404 ||
+          e.name === 'SyntaxError'
+        ) {
           throw new DecodeError('registry_error', `registry decode failed: ${e.name ?? 'error'}`);
         }
-        throw new PaverError('REGISTRY_UNAVAILABLE', `schema registry unavailable: ${e.message ?? String(err)}`, {
-          cause: err,
-        });
+        throw new PaverError(
+          'REGISTRY_UNAVAILABLE',
+          `schema registry unavailable: ${e.message ?? String(err)}`,
+          {
+            cause: err,
+          },
+        );
       }
     },
   };

@@ -10,10 +10,21 @@ export const envBool = z.stringbool({
 });
 const csv = z
   .string()
-  .transform((s) => s.split(',').map((x) => x.trim()).filter(Boolean))
-  .pipe(z.array(z.string().regex(/^[^\s,]+:\d{1,5}$/, 'expected host:port')).min(1, 'expected at least one host:port'));
+  .transform((s) =>
+    s
+      .split(',')
+      .map((x) => x.trim())
+      .filter(Boolean),
+  )
+  .pipe(
+    z
+      .array(z.string().regex(/^[^\s,]+:\d{1,5}$/, 'expected host:port'))
+      .min(1, 'expected at least one host:port'),
+  );
 export const int = (min: number, max = Number.MAX_SAFE_INTEGER) => z.coerce.number().int().min(min).max(max);
-export const topicName = z.string().regex(/^[a-zA-Z0-9._-]{1,249}$/, 'expected a Kafka topic name ([a-zA-Z0-9._-], ≤249 chars)');
+export const topicName = z
+  .string()
+  .regex(/^[a-zA-Z0-9._-]{1,249}$/, 'expected a Kafka topic name ([a-zA-Z0-9._-], ≤249 chars)');
 
 /** Variables every service and the CLI share. Service configs extend this object. */
 export const commonEnvShape = {
@@ -52,7 +63,10 @@ export const commonEnvShape = {
   REDIS_USERNAME: z.string().min(1).optional(),
   REDIS_TLS_CA_FILE: z.string().min(1).optional(),
   REDIS_TLS_REJECT_UNAUTHORIZED: envBool.default(true),
-  REDIS_KEY_PREFIX: z.string().regex(/^[a-zA-Z0-9_.:-]{1,64}$/).default('paver'),
+  REDIS_KEY_PREFIX: z
+    .string()
+    .regex(/^[a-zA-Z0-9_.:-]{1,64}$/)
+    .default('paver'),
   SCHEMA_REGISTRY_URL: z.url({ protocol: /^https?$/ }).optional(),
   SCHEMA_REGISTRY_USERNAME: z.string().min(1).optional(),
   SCHEMA_REGISTRY_PASSWORD: z.string().min(1).optional(),
@@ -81,9 +95,18 @@ export function refineCommon(env: CommonEnv, ctx: z.RefinementCtx): void {
     });
   }
   if (env.SCHEMA_REGISTRY_USERNAME && !env.SCHEMA_REGISTRY_PASSWORD) {
-    ctx.addIssue({ code: 'custom', path: ['SCHEMA_REGISTRY_PASSWORD'], message: 'required with SCHEMA_REGISTRY_USERNAME' });
+    ctx.addIssue({
+      code: 'custom',
+      path: ['SCHEMA_REGISTRY_PASSWORD'],
+      message: 'required with SCHEMA_REGISTRY_USERNAME',
+    });
   }
-  for (const key of ['KAFKA_SSL_CA_FILE', 'KAFKA_SSL_CERT_FILE', 'KAFKA_SSL_KEY_FILE', 'REDIS_TLS_CA_FILE'] as const) {
+  for (const key of [
+    'KAFKA_SSL_CA_FILE',
+    'KAFKA_SSL_CERT_FILE',
+    'KAFKA_SSL_KEY_FILE',
+    'REDIS_TLS_CA_FILE',
+  ] as const) {
     const file = env[key];
     if (file) {
       try {
@@ -107,10 +130,14 @@ export function parseEnv<S extends z.ZodType>(schema: S, env: NodeJS.ProcessEnv)
   if (parsed.success) return Object.freeze(parsed.data) as z.infer<S>;
   const lines = parsed.error.issues.map((i) => {
     const key = i.path.length ? i.path.join('.') : '(environment)';
-    const message = i.code === 'invalid_type' && cleaned[String(i.path[0])] === undefined ? 'is required' : i.message;
+    const message =
+      i.code === 'invalid_type' && cleaned[String(i.path[0])] === undefined ? 'is required' : i.message;
     return `  - ${key}: ${message}`;
   });
-  throw new PaverError('CONFIG_INVALID', `Invalid configuration (${lines.length} problem(s)):\n${lines.join('\n')}`);
+  throw new PaverError(
+    'CONFIG_INVALID',
+    `Invalid configuration (${lines.length} problem(s)):\n${lines.join('\n')}`,
+  );
 }
 
 /** Process exit code for configuration errors (sysexits EX_CONFIG). */

@@ -82,7 +82,9 @@ export function createHttpServer(opts: {
         if (method === 'GET' && url.pathname === '/healthz') return send(res, 200, { status: 'ok' });
         if (method === 'GET' && url.pathname === '/readyz') {
           const results = await Promise.all(
-            opts.readiness.map(async (c) => [c.name, await Promise.resolve(c.check()).catch(() => false)] as const),
+            opts.readiness.map(
+              async (c) => [c.name, await Promise.resolve(c.check()).catch(() => false)] as const,
+            ),
           );
           const ready = results.every(([, ok]) => ok);
           return send(res, ready ? 200 : 503, { ready, checks: Object.fromEntries(results) });
@@ -93,13 +95,20 @@ export function createHttpServer(opts: {
           if (r.method !== method) return send(res, 405, { error: 'method not allowed' });
           const params: Record<string, string> = {};
           r.names.forEach((n, i) => (params[n] = decodeURIComponent(m[i + 1] ?? '')));
-          const out = await r.handler({ method, path: url.pathname, params, query: url.searchParams, body: () => readBody(req) });
+          const out = await r.handler({
+            method,
+            path: url.pathname,
+            params,
+            query: url.searchParams,
+            body: () => readBody(req),
+          });
           return send(res, out.status, out.body, out.contentType);
         }
         return send(res, 404, { error: 'not found' });
       } catch (err) {
         const status = (err as { status?: number }).status ?? 500;
-        if (status >= 500) opts.log.error({ err: (err as Error).message, path: url.pathname }, 'http handler failed');
+        if (status >= 500)
+          opts.log.error({ err: (err as Error).message, path: url.pathname }, 'http handler failed');
         return send(res, status, { error: status >= 500 ? 'internal error' : (err as Error).message });
       }
     })();

@@ -10,7 +10,11 @@ const MAX_WARNINGS = 100;
  * Streams a JSONL file of tool-calls events for the offline commands: a million-event file never sits in
  * memory whole. Bad lines are reported with their line number (the first hundred), skipped and counted.
  */
-export async function* readEvents(path: string, stats: { lines: number; bad: number }, warn: (s: string) => void): AsyncGenerator<ToolCallsEvent> {
+export async function* readEvents(
+  path: string,
+  stats: { lines: number; bad: number },
+  warn: (s: string) => void,
+): AsyncGenerator<ToolCallsEvent> {
   const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
   const rl = createInterface({ input: createReadStream(path), crlfDelay: Infinity });
   for await (const line of rl) {
@@ -55,7 +59,10 @@ export async function readConfigFile(path: string): Promise<unknown> {
 }
 
 /** One line of zod issues, paths included, values never (they may be payload). */
-export function describeIssues(issues: readonly { path: PropertyKey[]; message: string }[], max = 10): string {
+export function describeIssues(
+  issues: readonly { path: PropertyKey[]; message: string }[],
+  max = 10,
+): string {
   return issues
     .slice(0, max)
     .map((i) => `${i.path.map(String).join('.') || '(root)'}: ${i.message}`)

@@ -51,7 +51,10 @@ export interface ServiceSpec<E extends CommonEnv, T> {
  * Wiring shared by every service: config → Redis/Kafka → topics → HTTP → consumer runner, and a graceful
  * stop on SIGTERM/SIGINT (finish the chunk in hand, commit, disconnect, exit 0). Resolves to the exit code.
  */
-export async function runService<E extends CommonEnv, T>(spec: ServiceSpec<E, T>, rawEnv = process.env): Promise<number> {
+export async function runService<E extends CommonEnv, T>(
+  spec: ServiceSpec<E, T>,
+  rawEnv = process.env,
+): Promise<number> {
   let env: E;
   try {
     env = parseEnv(spec.envSchema, rawEnv);
@@ -107,7 +110,9 @@ export async function runService<E extends CommonEnv, T>(spec: ServiceSpec<E, T>
   };
 
   try {
-    await redis.connect().catch((err: Error) => log.warn({ err: err.message }, 'redis not reachable yet; will retry'));
+    await redis
+      .connect()
+      .catch((err: Error) => log.warn({ err: err.message }, 'redis not reachable yet; will retry'));
     if (env.KAFKA_CREATE_TOPICS) {
       const admin = kafka.admin();
       await admin.connect();

@@ -5,7 +5,16 @@
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, openSync, closeSync } from 'node:fs';
+import {
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  rmSync,
+  writeFileSync,
+  openSync,
+  closeSync,
+} from 'node:fs';
 import { createServer, createConnection } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -83,8 +92,14 @@ export function fetchKafkaJars(log: (s: string) => void = () => undefined): stri
   const libs = join(cache, `kafka-${KAFKA_VERSION}`, 'libs');
   const marker = join(libs, '.complete');
   if (existsSync(marker)) return libs;
-  if (!which('java')) throw new Error('java not found: the local Kafka needs Java 17 (or set KAFKA_BROKERS to use your own broker)');
-  if (!which('mvn')) throw new Error('mvn not found: the local Kafka is fetched with Maven (or set KAFKA_BROKERS to use your own broker)');
+  if (!which('java'))
+    throw new Error(
+      'java not found: the local Kafka needs Java 17 (or set KAFKA_BROKERS to use your own broker)',
+    );
+  if (!which('mvn'))
+    throw new Error(
+      'mvn not found: the local Kafka is fetched with Maven (or set KAFKA_BROKERS to use your own broker)',
+    );
   log(`fetching Apache Kafka ${KAFKA_VERSION} jars from Maven Central into ${libs}`);
   mkdirSync(libs, { recursive: true });
   const r = spawnSync(
@@ -101,7 +116,8 @@ export function fetchKafkaJars(log: (s: string) => void = () => undefined): stri
     ],
     { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] },
   );
-  if (r.status !== 0) throw new Error(`mvn failed to fetch Kafka jars:\n${(r.stdout + r.stderr).slice(-3000)}`);
+  if (r.status !== 0)
+    throw new Error(`mvn failed to fetch Kafka jars:\n${(r.stdout + r.stderr).slice(-3000)}`);
   writeFileSync(marker, new Date().toISOString());
   return libs;
 }
@@ -171,9 +187,28 @@ export async function startKafka(opts: KafkaOptions = {}): Promise<Managed & { b
     ].join('\n'),
   );
   const cp = `${libs}/*`;
-  const jvm = [`-Dlog4j.configuration=file:${log4j}`, ...(process.env.KAFKA_HEAP_OPTS ?? '-Xms256m -Xmx768m').split(/\s+/), '-XX:+UseSerialGC', '-XX:TieredStopAtLevel=1'];
+  const jvm = [
+    `-Dlog4j.configuration=file:${log4j}`,
+    ...(process.env.KAFKA_HEAP_OPTS ?? '-Xms256m -Xmx768m').split(/\s+/),
+    '-XX:+UseSerialGC',
+    '-XX:TieredStopAtLevel=1',
+  ];
   if (!existsSync(join(data, 'meta.properties'))) {
-    const fmt = spawnSync('java', [...jvm, '-cp', cp, 'kafka.tools.StorageTool', 'format', '-t', randomBytes(16).toString('base64url'), '-c', props], { encoding: 'utf8' });
+    const fmt = spawnSync(
+      'java',
+      [
+        ...jvm,
+        '-cp',
+        cp,
+        'kafka.tools.StorageTool',
+        'format',
+        '-t',
+        randomBytes(16).toString('base64url'),
+        '-c',
+        props,
+      ],
+      { encoding: 'utf8' },
+    );
     if (fmt.status !== 0) throw new Error(`kafka storage format failed:\n${fmt.stdout}${fmt.stderr}`);
   }
   const out = openSync(join(dir, 'kafka.stdout.log'), 'a');
@@ -181,7 +216,12 @@ export async function startKafka(opts: KafkaOptions = {}): Promise<Managed & { b
   closeSync(out);
   const managed = manage('kafka', child, dir, logFile, cleanup);
   const brokers = `127.0.0.1:${port}`;
-  const admin = new Kafka({ clientId: 'paver-stack', brokers: [brokers], logLevel: logLevel.NOTHING, retry: { retries: 0 } }).admin();
+  const admin = new Kafka({
+    clientId: 'paver-stack',
+    brokers: [brokers],
+    logLevel: logLevel.NOTHING,
+    retry: { retries: 0 },
+  }).admin();
   try {
     await waitFor(
       'Kafka',
@@ -208,20 +248,43 @@ function ensureRedisServer(log: (s: string) => void) {
   if (which('redis-server')) return;
   if (process.getuid?.() === 0 && which('apt-get')) {
     log('redis-server not found: installing Debian package redis-server');
-    const r = spawnSync('sh', ['-c', 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server'], { stdio: 'ignore' });
+    const r = spawnSync(
+      'sh',
+      ['-c', 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server'],
+      { stdio: 'ignore' },
+    );
     if (r.status === 0 && which('redis-server')) return;
   }
-  throw new Error('redis-server not found: install it (Debian: apt-get install redis-server) or set REDIS_URL');
+  throw new Error(
+    'redis-server not found: install it (Debian: apt-get install redis-server) or set REDIS_URL',
+  );
 }
 
-export async function startRedis(opts: { port?: number; log?: (s: string) => void } = {}): Promise<Managed & { url: string }> {
+export async function startRedis(
+  opts: { port?: number; log?: (s: string) => void } = {},
+): Promise<Managed & { url: string }> {
   ensureRedisServer(opts.log ?? (() => undefined));
   const port = opts.port ?? (await freePort());
   const dir = mkdtempSync(join(tmpdir(), 'paver-redis-'));
   const logFile = join(dir, 'redis.log');
   const child = spawn(
     'redis-server',
-    ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir, '--logfile', logFile, '--daemonize', 'no'],
+    [
+      '--port',
+      String(port),
+      '--bind',
+      '127.0.0.1',
+      '--save',
+      '',
+      '--appendonly',
+      'no',
+      '--dir',
+      dir,
+      '--logfile',
+      logFile,
+      '--daemonize',
+      'no',
+    ],
     { stdio: 'ignore' },
   );
   const managed = manage('redis', child, dir, logFile, true);
@@ -256,7 +319,9 @@ export interface Stack {
 }
 
 /** Uses KAFKA_BROKERS / REDIS_URL when set; starts what is missing. */
-export async function startStack(opts: { env?: NodeJS.ProcessEnv; log?: (s: string) => void; kafkaDir?: string } = {}): Promise<Stack> {
+export async function startStack(
+  opts: { env?: NodeJS.ProcessEnv; log?: (s: string) => void; kafkaDir?: string } = {},
+): Promise<Stack> {
   const env = opts.env ?? process.env;
   const log = opts.log ?? (() => undefined);
   const started: Managed[] = [];

@@ -8,7 +8,12 @@ function pinoLogCreator(log: Logger): logCreator {
   return () =>
     ({ level, log: entry }) => {
       const { message, ...extra } = entry;
-      const fields = { kafka: extra.logger ?? 'kafkajs', broker: extra.broker, groupId: extra.groupId, error: extra.error };
+      const fields = {
+        kafka: extra.logger ?? 'kafkajs',
+        broker: extra.broker,
+        groupId: extra.groupId,
+        error: extra.error,
+      };
       if (level === logLevel.ERROR) log.error(fields, message);
       else if (level === logLevel.WARN) log.warn(fields, message);
       else if (level === logLevel.INFO) log.debug(fields, message);

@@ -31,17 +31,30 @@ export interface BatchContext {
 }
 
 /** The service's effect for a chunk of valid records. Return rejections for domain-invalid records. */
-export type BatchHandler<T> = (records: InboundRecord<T>[], ctx: BatchContext) => Promise<{ rejected?: Rejection[] } | void>;
+export type BatchHandler<T> = (
+  records: InboundRecord<T>[],
+  ctx: BatchContext,
+) => Promise<{ rejected?: Rejection[] } | void>;
 
 /** Either a typed value or a dead-letter reason; the default uses a zod schema plus a known-type check. */
-export type Parser<T> = (value: unknown, topic: string) => { ok: true; value: T } | { ok: false; reason: DeadLetterReason; detail: string };
+export type Parser<T> = (
+  value: unknown,
+  topic: string,
+) => { ok: true; value: T } | { ok: false; reason: DeadLetterReason; detail: string };
 
-export function zodParser<S extends z.ZodType>(schema: S, knownTypes?: readonly string[]): Parser<z.infer<S>> {
+export function zodParser<S extends z.ZodType>(
+  schema: S,
+  knownTypes?: readonly string[],
+): Parser<z.infer<S>> {
   return (value) => {
     if (knownTypes && value !== null && typeof value === 'object' && !Array.isArray(value)) {
       const type = (value as { type?: unknown }).type;
       if (typeof type === 'string' && !knownTypes.includes(type)) {
-        return { ok: false, reason: 'unknown_event_type', detail: `type must be one of ${knownTypes.join(', ')}` };
+        return {
+          ok: false,
+          reason: 'unknown_event_type',
+          detail: `type must be one of ${knownTypes.join(', ')}`,
+        };
       }
     }
     const r = schema.safeParse(value);
@@ -124,7 +137,15 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
   });
   consumer.on(consumer.events.STOP, () => (joined = false));
 
-  async function deadLetter(records: { msg: KafkaMessage; topic: string; partition: number; reason: DeadLetterReason; detail: string }[]) {
+  async function deadLetter(
+    records: {
+      msg: KafkaMessage;
+      topic: string;
+      partition: number;
+      reason: DeadLetterReason;
+      detail: string;
+    }[],
+  ) {
     if (records.length === 0) return;
     const now = Date.now();
     const out = records.map(({ msg, topic, partition, reason, detail }) => {
@@ -161,14 +182,22 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
       await o.sink.sendRaw(o.env.PAVER_TOPIC_DEAD_LETTERS, out);
     } catch (err) {
       // Rethrown so the batch is redelivered: a message is never lost because the dead-letter write failed.
-      throw new PaverError('DEAD_LETTER_WRITE_FAILED', `dead-letter write failed: ${(err as Error).message}`, { cause: err });
+      throw new PaverError(
+        'DEAD_LETTER_WRITE_FAILED',
+        `dead-letter write failed: ${(err as Error).message}`,
+        { cause: err },
+      );
     }
     for (const r of records) {
       o.metrics.deadLetters.inc({ reason: r.reason });
       o.metrics.eventsConsumed.inc({ topic: r.topic, outcome: 'dead_lettered' });
     }
     o.log.warn(
-      { count: records.length, reasons: [...new Set(records.map((r) => r.reason))], topic: records[0]?.topic },
+      {
+        count: records.length,
+        reasons: [...new Set(records.map((r) => r.reason))],
+        topic: records[0]?.topic,
+      },
       'messages dead-lettered',
     );
   }
@@ -178,9 +207,14 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
       const t = o.tombstone(keyString(msg.key));
       if (t !== null) return { ok: true, value: t };
     }
-    if (!msg.value) return { ok: false as const, reason: 'undecodable' as const, detail: 'empty message value' };
+    if (!msg.value)
+      return { ok: false as const, reason: 'undecodable' as const, detail: 'empty message value' };
     if (msg.value.length > o.env.PAVER_MAX_MESSAGE_BYTES) {
-      return { ok: false as const, reason: 'oversize' as const, detail: `${msg.value.length} bytes > PAVER_MAX_MESSAGE_BYTES` };
+      return {
+        ok: false as const,
+        reason: 'oversize' as const,
+        detail: `${msg.value.length} bytes > PAVER_MAX_MESSAGE_BYTES`,
+      };
     }
     let raw: unknown;
     try {
@@ -215,7 +249,10 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
     if (o.ready && !o.ready()) return pauseUntilReady(p.pause);
 
     const endTimer = o.metrics.processingSeconds.startTimer({ topic });
-    const ctx: BatchContext = { heartbeat: () => p.heartbeat(), isRunning: () => p.isRunning() && !p.isStale() };
+    const ctx: BatchContext = {
+      heartbeat: () => p.heartbeat(),
+      isRunning: () => p.isRunning() && !p.isStale(),
+    };
     const retry = {
       attempts: o.env.PAVER_RETRY_ATTEMPTS,
       initialMs: o.env.PAVER_RETRY_INITIAL_MS,
@@ -223,7 +260,10 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
       shouldStop: () => !p.isRunning(),
       onRetry: async (err: PaverError, attempt: number, waitMs: number) => {
         o.metrics.retries.inc({ code: err.code });
-        o.log.warn({ code: err.code, err: err.message, attempt, waitMs, topic, partition }, 'retrying batch chunk');
+        o.log.warn(
+          { code: err.code, err: err.message, attempt, waitMs, topic, partition },
+          'retrying batch chunk',
+        );
         await p.heartbeat().catch(() => undefined);
       },
     };
@@ -232,12 +272,26 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
     for (let i = 0; i < messages.length; i += o.env.PAVER_BATCH_CHUNK) {
       const chunk = messages.slice(i, i + o.env.PAVER_BATCH_CHUNK);
       const good: InboundRecord<T>[] = [];
-      const bad: { msg: KafkaMessage; topic: string; partition: number; reason: DeadLetterReason; detail: string }[] = [];
+      const bad: {
+        msg: KafkaMessage;
+        topic: string;
+        partition: number;
+        reason: DeadLetterReason;
+        detail: string;
+      }[] = [];
       const byOffset = new Map<string, KafkaMessage>();
       for (const msg of chunk) {
         byOffset.set(msg.offset, msg);
         const r = await withRetry(() => decodeOne(msg, topic), retry);
-        if (r.ok) good.push({ topic, partition, offset: msg.offset, key: keyString(msg.key), timestamp: msg.timestamp, value: r.value });
+        if (r.ok)
+          good.push({
+            topic,
+            partition,
+            offset: msg.offset,
+            key: keyString(msg.key),
+            timestamp: msg.timestamp,
+            value: r.value,
+          });
         else bad.push({ msg, topic, partition, reason: r.reason, detail: r.detail });
       }
       if (good.length > 0) {
@@ -246,7 +300,10 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
           const msg = byOffset.get(rej.offset);
           if (msg) bad.push({ msg, topic, partition, reason: rej.reason, detail: rej.detail });
         }
-        o.metrics.eventsConsumed.inc({ topic, outcome: 'processed' }, good.length - (result?.rejected?.length ?? 0));
+        o.metrics.eventsConsumed.inc(
+          { topic, outcome: 'processed' },
+          good.length - (result?.rejected?.length ?? 0),
+        );
       }
       await withRetry(() => deadLetter(bad), retry);
 
@@ -271,7 +328,8 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
     start() {
       const join = async () => {
         await consumer.connect();
-        for (const topic of o.topics) await consumer.subscribe({ topic, fromBeginning: o.fromBeginning ?? true });
+        for (const topic of o.topics)
+          await consumer.subscribe({ topic, fromBeginning: o.fromBeginning ?? true });
         await consumer.run({
           autoCommit: false,
           eachBatchAutoResolve: false,
@@ -281,7 +339,10 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
               await eachBatch(p);
             } catch (err) {
               const e = classifyError(err);
-              o.log.error({ code: e.code, err: e.message, topic: p.batch.topic, partition: p.batch.partition }, 'batch failed');
+              o.log.error(
+                { code: e.code, err: e.message, topic: p.batch.topic, partition: p.batch.partition },
+                'batch failed',
+              );
               // A bug or a state conflict will not heal by redelivery: stop the process, let its supervisor decide.
               if (!e.retriable) o.onFatal(e);
               // Rethrow: offsets stay uncommitted and the client redelivers after its restart.
@@ -304,7 +365,8 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
         initialMs: 250,
         maxMs: 4000,
         shouldStop: () => stopping !== null,
-        onRetry: (err, n, waitMs) => o.log.warn({ err: err.message, attempt: n, waitMs }, 'consumer start failed; retrying'),
+        onRetry: (err, n, waitMs) =>
+          o.log.warn({ err: err.message, attempt: n, waitMs }, 'consumer start failed; retrying'),
       });
       return started;
     },

@@ -15,7 +15,10 @@ export interface Sink {
   connect(): Promise<void>;
   send(topic: string, contract: string, records: OutRecord[]): Promise<void>;
   /** Bytes as they are (dead letters keep the original message). */
-  sendRaw(topic: string, records: { key: Buffer | string | null; value: Buffer | string; headers?: IHeaders }[]): Promise<void>;
+  sendRaw(
+    topic: string,
+    records: { key: Buffer | string | null; value: Buffer | string; headers?: IHeaders }[],
+  ): Promise<void>;
   disconnect(): Promise<void>;
   isConnected(): boolean;
 }
@@ -41,8 +44,13 @@ export function createSink(kafka: Kafka, codec: Codec, metrics?: RuntimeMetrics)
         records.map(async (r) => {
           const ok = c.schema.safeParse(r.value);
           // An output that breaks its own contract is a bug in Paver, not bad input: fail loudly.
-          if (!ok.success) throw new PaverError('INTERNAL', `output violates ${contract}: ${ok.error.issues[0]?.message}`);
-          return { key: r.key, value: await codec.encode(contract, topic, r.value), headers: r.headers ?? {} };
+          if (!ok.success)
+            throw new PaverError('INTERNAL', `output violates ${contract}: ${ok.error.issues[0]?.message}`);
+          return {
+            key: r.key,
+            value: await codec.encode(contract, topic, r.value),
+            headers: r.headers ?? {},
+          };
         }),
       );
       await producer.send({ topic, messages, acks: -1, compression: CompressionTypes.None });
@@ -50,7 +58,11 @@ export function createSink(kafka: Kafka, codec: Codec, metrics?: RuntimeMetrics)
     },
     async sendRaw(topic, records) {
       if (records.length === 0) return;
-      await producer.send({ topic, messages: records.map((r) => ({ ...r, headers: r.headers ?? {} })), acks: -1 });
+      await producer.send({
+        topic,
+        messages: records.map((r) => ({ ...r, headers: r.headers ?? {} })),
+        acks: -1,
+      });
       metrics?.published.inc({ topic }, records.length);
     },
     disconnect: () => producer.disconnect(),

@@ -88,13 +88,27 @@ export function createTableFeed<T>(o: {
         const admin = o.kafka.admin();
         await admin.connect();
         try {
-          const ends = await withRetry(() => admin.fetchTopicOffsets(o.topic), { attempts: 8, initialMs: 250, maxMs: 4000 });
-          const target = new Map(ends.filter((p) => p.high !== p.low).map((p) => [p.partition, BigInt(p.high)]));
+          const ends = await withRetry(() => admin.fetchTopicOffsets(o.topic), {
+            attempts: 8,
+            initialMs: 250,
+            maxMs: 4000,
+          });
+          const target = new Map(
+            ends.filter((p) => p.high !== p.low).map((p) => [p.partition, BigInt(p.high)]),
+          );
           while (!stopped) {
             // The runner commits after each applied chunk, so the group's offsets say how far the table is.
             // Right after start-up the coordinator may not be there yet: keep polling.
-            const committed = await admin.fetchOffsets({ groupId, topics: [o.topic] }).then((r) => r[0], () => undefined);
-            const done = committed !== undefined && [...target].every(([p, high]) => BigInt(committed.partitions.find((c) => c.partition === p)?.offset ?? '-1') >= high);
+            const committed = await admin.fetchOffsets({ groupId, topics: [o.topic] }).then(
+              (r) => r[0],
+              () => undefined,
+            );
+            const done =
+              committed !== undefined &&
+              [...target].every(
+                ([p, high]) =>
+                  BigInt(committed.partitions.find((c) => c.partition === p)?.offset ?? '-1') >= high,
+              );
             if (done) return (caught = true);
             await new Promise((r) => setTimeout(r, 100));
           }
@@ -103,7 +117,10 @@ export function createTableFeed<T>(o: {
           await admin.disconnect();
         }
       })();
-      return Promise.race([progress, new Promise<boolean>((r) => setTimeout(() => r(false), timeoutMs).unref())]);
+      return Promise.race([
+        progress,
+        new Promise<boolean>((r) => setTimeout(() => r(false), timeoutMs).unref()),
+      ]);
     },
     isCaughtUp: () => caught,
     async stop() {

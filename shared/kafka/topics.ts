@@ -39,7 +39,11 @@ export async function ensureTopics(
   return missing.map((s) => s.topic);
 }
 
-async function createMissing(admin: Admin, missing: TopicSpec[], defaults: { partitions: number; replicationFactor: number }) {
+async function createMissing(
+  admin: Admin,
+  missing: TopicSpec[],
+  defaults: { partitions: number; replicationFactor: number },
+) {
   await admin.createTopics({
     waitForLeaders: true,
     topics: missing.map((s) => ({

@@ -15,13 +15,15 @@ const FILE = /^([a-z][a-zA-Z0-9]*)-(\d+)\.lua$/;
 
 /** Reads every script in a folder; fails fast when the folder or an expected script is missing from the build. */
 export function readScripts(dir: string, expected: string[]): ScriptFile[] {
-  if (!existsSync(dir)) throw new PaverError('INTERNAL', `Lua script folder missing: ${dir} (was the build run?)`);
+  if (!existsSync(dir))
+    throw new PaverError('INTERNAL', `Lua script folder missing: ${dir} (was the build run?)`);
   const files = readdirSync(dir)
     .map((f) => FILE.exec(f))
     .filter((m): m is RegExpExecArray => m !== null)
     .map((m) => ({ name: m[1]!, numberOfKeys: Number(m[2]), lua: readFileSync(join(dir, m[0]), 'utf8') }));
   for (const name of expected) {
-    if (!files.some((f) => f.name === name)) throw new PaverError('INTERNAL', `Lua script missing: ${dir}/${name}-N.lua`);
+    if (!files.some((f) => f.name === name))
+      throw new PaverError('INTERNAL', `Lua script missing: ${dir}/${name}-N.lua`);
   }
   return files;
 }
@@ -36,7 +38,12 @@ export function defineScripts(redis: Redis, scripts: ScriptFile[]): void {
 type ScriptTarget = Redis | ChainableCommander;
 
 /** Queues or runs a defined script by name; arguments are keys then argv, as ioredis expects. */
-export function invokeScript(target: ScriptTarget, name: string, keys: string[], argv: (string | number)[]): unknown {
+export function invokeScript(
+  target: ScriptTarget,
+  name: string,
+  keys: string[],
+  argv: (string | number)[],
+): unknown {
   const fn = (target as unknown as Record<string, (...a: unknown[]) => unknown>)[name];
   if (typeof fn !== 'function') throw new PaverError('INTERNAL', `Lua script ${name} is not registered`);
   return fn.call(target, ...keys, ...argv);
@@ -60,6 +67,7 @@ export function parseScriptReply<S extends z.ZodType>(
     );
   }
   const parsed = schema.safeParse(reply);
-  if (!parsed.success) throw new PaverError('REDIS_SCRIPT_FAILED', `${script}: unexpected reply shape: ${parsed.error.message}`);
+  if (!parsed.success)
+    throw new PaverError('REDIS_SCRIPT_FAILED', `${script}: unexpected reply shape: ${parsed.error.message}`);
   return parsed.data;
 }

@@ -65,42 +65,82 @@ describe('the whole loop: tool calls → candidate → promotion → selection',
       { topic: env.PAVER_TOPIC_ORCHESTRATION!, compacted: true },
       { topic: env.PAVER_TOPIC_FLOWS!, compacted: true },
     ]);
-    const [, , , flows] = await Promise.all(['detector', 'autoseq', 'sequencer', 'flows'].map((s) => start(s, env)));
+    const [, , , flows] = await Promise.all(
+      ['detector', 'autoseq', 'sequencer', 'flows'].map((s) => start(s, env)),
+    );
 
     // 1. Agents' tool calls: recurring workflows, among them web_search → http_get → parse_json → summarize.
     const events = [...agentEvents({ tasks: 200, seed: 3 })];
-    await produce(env.PAVER_TOPIC_TOOL_CALLS!, events.map((e) => ({ key: e.session_id, value: JSON.stringify(e) })));
+    await produce(
+      env.PAVER_TOPIC_TOOL_CALLS!,
+      events.map((e) => ({ key: e.session_id, value: JSON.stringify(e) })),
+    );
 
     // 2. The detector's candidates reach the flows service and wait for a person (manual promotion by default).
     type Summary = { dedupe_key: string; status: string };
-    const pending = await waitFor(async () => {
-      const list = (await getJson(flows!.url(`/flows/candidates${scope}`))).body as Summary[];
-      for (const c of list) {
-        const detail = (await getJson(flows!.url(`/flows/candidates/${encodeURIComponent(c.dedupe_key)}${scope}`))).body as { record: { candidate: { tool_sequence: string[] } | null } };
-        if (c.status === 'pending' && detail.record.candidate?.tool_sequence.includes('http_get')) return c;
-      }
-      return null;
-    }, 'a pending candidate with the web research workflow', 90_000);
+    const pending = await waitFor(
+      async () => {
+        const list = (await getJson(flows!.url(`/flows/candidates${scope}`))).body as Summary[];
+        for (const c of list) {
+          const detail = (
+            await getJson(flows!.url(`/flows/candidates/${encodeURIComponent(c.dedupe_key)}${scope}`))
+          ).body as { record: { candidate: { tool_sequence: string[] } | null } };
+          if (c.status === 'pending' && detail.record.candidate?.tool_sequence.includes('http_get')) return c;
+        }
+        return null;
+      },
+      'a pending candidate with the web research workflow',
+      90_000,
+    );
 
     // 3. Promotion over HTTP puts it in the registry (and on the flows topic).
-    const res = await fetch(flows!.url(`/flows/candidates/${encodeURIComponent(pending.dedupe_key)}/promote${scope}`), { method: 'POST' });
+    const res = await fetch(
+      flows!.url(`/flows/candidates/${encodeURIComponent(pending.dedupe_key)}/promote${scope}`),
+      { method: 'POST' },
+    );
     expect(res.status).toBe(200);
     const { flow } = (await res.json()) as { flow: { id: string; name: string; agent_prompt_hint?: string } };
     promotedName = flow.name;
     expect(flow.agent_prompt_hint).toBeTruthy();
-    const registryList = (await getJson(flows!.url(`/flows${scope}`))).body as { id: string; source: string }[];
+    const registryList = (await getJson(flows!.url(`/flows${scope}`))).body as {
+      id: string;
+      source: string;
+    }[];
     expect(registryList).toContainEqual(expect.objectContaining({ id: flow.id, source: 'promoted' }));
 
     // 4. A matching user message selects it: several candidates (the hand-written research flow competes), the model picks.
     await produce(env.PAVER_TOPIC_TOOL_CALLS!, [
-      { key: 'new-session', value: JSON.stringify({ type: 'user_message', event_id: 'um-1', ts: Date.now(), agent_id: 'agent-0', session_id: 'new-session', text: 'web search then http get, parse the json and summarize it', episode_summaries: ['The user researches APIs.'] }) },
+      {
+        key: 'new-session',
+        value: JSON.stringify({
+          type: 'user_message',
+          event_id: 'um-1',
+          ts: Date.now(),
+          agent_id: 'agent-0',
+          session_id: 'new-session',
+          text: 'web search then http get, parse the json and summarize it',
+          episode_summaries: ['The user researches APIs.'],
+        }),
+      },
     ]);
-    const sel = await consumeUntil(env.PAVER_TOPIC_FLOW_SELECTIONS!, (all) => all.some((m) => JSON.parse(m.value!.toString()).event_id === 'um-1'));
-    const record = flowSelectionRecordV1.parse(JSON.parse(sel.find((m) => JSON.parse(m.value!.toString()).event_id === 'um-1')!.value!.toString()));
+    const sel = await consumeUntil(env.PAVER_TOPIC_FLOW_SELECTIONS!, (all) =>
+      all.some((m) => JSON.parse(m.value!.toString()).event_id === 'um-1'),
+    );
+    const record = flowSelectionRecordV1.parse(
+      JSON.parse(sel.find((m) => JSON.parse(m.value!.toString()).event_id === 'um-1')!.value!.toString()),
+    );
     expect(record.candidates.length).toBeGreaterThan(1);
-    expect(record).toMatchObject({ path: 'model', chosen: [{ id: flow.id, name: flow.name }], unresolved_ids: [] });
+    expect(record).toMatchObject({
+      path: 'model',
+      chosen: [{ id: flow.id, name: flow.name }],
+      unresolved_ids: [],
+    });
     expect(record.combined_prompt).toContain(`<flow id="${flow.id}"`);
-    expect(llm.requests.some((r) => r.path === '/v1/chat/completions' && r.auth === 'Bearer test-key-never-logged')).toBe(true);
+    expect(
+      llm.requests.some(
+        (r) => r.path === '/v1/chat/completions' && r.auth === 'Bearer test-key-never-logged',
+      ),
+    ).toBe(true);
 
     // 5. The other services saw the same stream.
     const actions = await consumeUntil(env.PAVER_TOPIC_NEXT_ACTIONS!, (all) => all.length > 0);

@@ -11,7 +11,9 @@ declare module 'vitest' {
 export default async function setup(project: TestProject) {
   const t0 = Date.now();
   const stack = await startStack({ log: (s) => process.stderr.write(`[stack] ${s}\n`) });
-  process.stderr.write(`[stack] ready in ${Date.now() - t0} ms (kafka ${stack.brokers}, redis ${stack.redisUrl}; started: ${stack.started.join(', ') || 'none'})\n`);
+  process.stderr.write(
+    `[stack] ready in ${Date.now() - t0} ms (kafka ${stack.brokers}, redis ${stack.redisUrl}; started: ${stack.started.join(', ') || 'none'})\n`,
+  );
   project.provide('stack', { brokers: stack.brokers, redisUrl: stack.redisUrl });
   return async () => {
     await stack.stop();

@@ -5,7 +5,8 @@ import { Redis } from 'ioredis';
 import { inject } from 'vitest';
 
 export const stack = () => inject('stack');
-export const unique = (prefix: string) => `${prefix}-${Date.now().toString(36)}-${randomBytes(3).toString('hex')}`;
+export const unique = (prefix: string) =>
+  `${prefix}-${Date.now().toString(36)}-${randomBytes(3).toString('hex')}`;
 
 export function testKafka(): Kafka {
   return new Kafka({ clientId: 'paver-test', brokers: [stack().brokers], logLevel: logLevel.NOTHING });
@@ -15,7 +16,11 @@ export function testRedis(): Redis {
 }
 
 /** Polls until `check` returns a truthy value; no fixed sleeps in assertions. */
-export async function waitFor<T>(check: () => Promise<T | undefined | null | false> | T | undefined | null | false, what: string, timeoutMs = 60_000): Promise<T> {
+export async function waitFor<T>(
+  check: () => Promise<T | undefined | null | false> | T | undefined | null | false,
+  what: string,
+  timeoutMs = 60_000,
+): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   let last: unknown;
   for (;;) {
@@ -25,7 +30,10 @@ export async function waitFor<T>(check: () => Promise<T | undefined | null | fal
     } catch (err) {
       last = err;
     }
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? `: ${(last as Error).message}` : ''}`);
+    if (Date.now() > deadline)
+      throw new Error(
+        `timed out after ${timeoutMs} ms waiting for ${what}${last ? `: ${(last as Error).message}` : ''}`,
+      );
     await sleep(100);
   }
 }
@@ -45,11 +53,20 @@ export async function createTopics(topics: { topic: string; partitions?: number;
   await admin.disconnect();
 }
 
-export async function produce(topic: string, messages: { key?: string | null; value: Buffer | string; headers?: IHeaders }[]) {
+export async function produce(
+  topic: string,
+  messages: { key?: string | null; value: Buffer | string; headers?: IHeaders }[],
+) {
   const producer = testKafka().producer({ createPartitioner: Partitioners.DefaultPartitioner });
   await producer.connect();
   for (let i = 0; i < messages.length; i += 1000) {
-    await producer.send({ topic, acks: -1, messages: messages.slice(i, i + 1000).map((m) => ({ key: m.key ?? null, value: m.value, headers: m.headers ?? {} })) });
+    await producer.send({
+      topic,
+      acks: -1,
+      messages: messages
+        .slice(i, i + 1000)
+        .map((m) => ({ key: m.key ?? null, value: m.value, headers: m.headers ?? {} })),
+    });
   }
   await producer.disconnect();
 }
@@ -66,7 +83,11 @@ export interface Consumed {
  * Reads a topic from the beginning until `done(all)` holds. A reader that has received nothing after 30 s
  * (seen once in the full suite: a fresh group stuck before its first fetch) is replaced by a new one.
  */
-export async function consumeUntil(topic: string, done: (all: Consumed[]) => boolean, timeoutMs = 120_000): Promise<Consumed[]> {
+export async function consumeUntil(
+  topic: string,
+  done: (all: Consumed[]) => boolean,
+  timeoutMs = 120_000,
+): Promise<Consumed[]> {
   const deadline = Date.now() + timeoutMs;
   for (let attempt = 1; ; attempt++) {
     const consumer = testKafka().consumer({ groupId: unique('reader'), maxWaitTimeInMs: 100 });
@@ -77,13 +98,23 @@ export async function consumeUntil(topic: string, done: (all: Consumed[]) => boo
       eachMessage: async ({ message, partition }) => {
         const headers: Record<string, string> = {};
         for (const [k, v] of Object.entries(message.headers ?? {})) headers[k] = String(v);
-        all.push({ key: message.key?.toString() ?? null, value: message.value, headers, partition, offset: message.offset });
+        all.push({
+          key: message.key?.toString() ?? null,
+          value: message.value,
+          headers,
+          partition,
+          offset: message.offset,
+        });
       },
     });
     const started = Date.now();
     const stuck = () => all.length === 0 && Date.now() - started > 30_000 && deadline - Date.now() > 5_000;
     try {
-      await waitFor(() => done(all) || stuck(), `messages on ${topic} (have ${all.length})`, deadline - started);
+      await waitFor(
+        () => done(all) || stuck(),
+        `messages on ${topic} (have ${all.length})`,
+        deadline - started,
+      );
     } finally {
       await consumer.disconnect();
     }

@@ -14,7 +14,9 @@ export interface ChatReply {
  * request (well-formed, malformed, slow or failing), /v1/embeddings with a bag-of-words vector. No test calls
  * the internet.
  */
-export async function startLlmDouble(chat: (body: { messages: { role: string; content: string }[] }) => ChatReply) {
+export async function startLlmDouble(
+  chat: (body: { messages: { role: string; content: string }[] }) => ChatReply,
+) {
   const requests: { path: string; body: unknown; auth: string | undefined }[] = [];
   const server: Server = createServer((req, res) => {
     let text = '';
@@ -27,7 +29,11 @@ export async function startLlmDouble(chat: (body: { messages: { role: string; co
         res.end(payload);
       };
       if (req.url === '/v1/embeddings') {
-        const vec = (s: string) => Array.from({ length: 16 }, (_, i) => [...s.toLowerCase()].filter((ch) => ch.charCodeAt(0) % 16 === i).length);
+        const vec = (s: string) =>
+          Array.from(
+            { length: 16 },
+            (_, i) => [...s.toLowerCase()].filter((ch) => ch.charCodeAt(0) % 16 === i).length,
+          );
         const inputs: string[] = Array.isArray(body.input) ? body.input : [body.input];
         return send(200, JSON.stringify({ data: inputs.map((s, index) => ({ index, embedding: vec(s) })) }));
       }
@@ -35,7 +41,11 @@ export async function startLlmDouble(chat: (body: { messages: { role: string; co
       const r = chat(body);
       setTimeout(() => {
         if (r.status && r.status >= 400) return send(r.status, '{"error":"boom"}');
-        send(200, r.raw ?? JSON.stringify({ choices: [{ message: { role: 'assistant', content: r.content ?? '' } }] }));
+        send(
+          200,
+          r.raw ??
+            JSON.stringify({ choices: [{ message: { role: 'assistant', content: r.content ?? '' } }] }),
+        );
       }, r.delayMs ?? 0);
     });
   });
@@ -44,9 +54,10 @@ export async function startLlmDouble(chat: (body: { messages: { role: string; co
   return {
     url: `http://127.0.0.1:${port}/v1`,
     requests,
-    close: () => new Promise<void>((r) => {
-      server.closeAllConnections();
-      server.close(() => r());
-    }),
+    close: () =>
+      new Promise<void>((r) => {
+        server.closeAllConnections();
+        server.close(() => r());
+      }),
   };
 }

@@ -40,7 +40,11 @@ export interface Proc {
 export async function startProcess(args: string[], env: Record<string, string>): Promise<Proc> {
   const port = await freePort();
   let out = '';
-  const child = spawn(process.execPath, args, { cwd: ROOT, env: { ...env, HTTP_PORT: String(port) }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, args, {
+    cwd: ROOT,
+    env: { ...env, HTTP_PORT: String(port) },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
   child.stderr!.on('data', (d: Buffer) => (out += d.toString()));
   const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));

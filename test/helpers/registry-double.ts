@@ -5,7 +5,11 @@ import type { AddressInfo } from 'node:net';
  * A small Confluent Schema Registry double (in memory), serving the endpoints the client uses. No
  * Confluent-compatible server can be installed on the build machines, so the codec path is tested here.
  */
-export async function startRegistryDouble(): Promise<{ url: string; close: () => Promise<void>; schemas: Map<number, { schema: string; schemaType: string }> }> {
+export async function startRegistryDouble(): Promise<{
+  url: string;
+  close: () => Promise<void>;
+  schemas: Map<number, { schema: string; schemaType: string }>;
+}> {
   const schemas = new Map<number, { schema: string; schemaType: string }>();
   const subjects = new Map<string, number[]>();
   const config = new Map<string, string>();
@@ -19,14 +23,18 @@ export async function startRegistryDouble(): Promise<{ url: string; close: () =>
     req.on('end', () => {
       const url = new URL(req.url ?? '/', 'http://x');
       const parts = url.pathname.split('/').filter(Boolean).map(decodeURIComponent);
-      const body = raw ? (JSON.parse(raw) as { schema: string; schemaType?: string; compatibility?: string }) : undefined;
+      const body = raw
+        ? (JSON.parse(raw) as { schema: string; schemaType?: string; compatibility?: string })
+        : undefined;
       if (parts[0] === 'config' && parts[1]) {
         if (req.method === 'PUT') {
           config.set(parts[1], body!.compatibility!);
           return send(res, 200, { compatibility: body!.compatibility });
         }
         const c = config.get(parts[1]);
-        return c ? send(res, 200, { compatibilityLevel: c }) : send(res, 404, { error_code: 40408, message: 'Subject not found' });
+        return c
+          ? send(res, 200, { compatibilityLevel: c })
+          : send(res, 404, { error_code: 40408, message: 'Subject not found' });
       }
       if (parts[0] === 'subjects' && parts[1] && parts[2] === 'versions' && req.method === 'POST') {
         let id = [...schemas].find(([, s]) => s.schema === body!.schema)?.[0];
@@ -42,7 +50,9 @@ export async function startRegistryDouble(): Promise<{ url: string; close: () =>
       if (parts[0] === 'subjects' && parts[1] && parts[2] === 'versions' && parts[3]) {
         const list = subjects.get(parts[1]);
         const id = list?.[parts[3] === 'latest' ? list.length - 1 : Number(parts[3]) - 1];
-        return id ? send(res, 200, { subject: parts[1], id, version: list!.indexOf(id) + 1, ...schemas.get(id) }) : send(res, 404, { error_code: 40401, message: 'Subject not found' });
+        return id
+          ? send(res, 200, { subject: parts[1], id, version: list!.indexOf(id) + 1, ...schemas.get(id) })
+          : send(res, 404, { error_code: 40401, message: 'Subject not found' });
       }
       if (parts[0] === 'schemas' && parts[1] === 'ids' && parts[2]) {
         const s = schemas.get(Number(parts[2]));

@@ -3,7 +3,16 @@ import { DecodeError, jsonCodec, registryCodec } from '../../shared/codec.js';
 import { PaverError } from '../../shared/errors.js';
 import { startRegistryDouble } from '../helpers/registry-double.js';
 
-const record = { schema_version: 1, service: 'detector', reason: 'invalid', detail: 'x', source: { topic: 't', partition: 0, offset: '5', key_b64: null, timestamp: '1' }, original_size: 0, original_b64: null, dead_lettered_at: 1 };
+const record = {
+  schema_version: 1,
+  service: 'detector',
+  reason: 'invalid',
+  detail: 'x',
+  source: { topic: 't', partition: 0, offset: '5', key_b64: null, timestamp: '1' },
+  original_size: 0,
+  original_b64: null,
+  dead_lettered_at: 1,
+};
 let reg: Awaited<ReturnType<typeof startRegistryDouble>>;
 beforeAll(async () => (reg = await startRegistryDouble()));
 afterAll(() => reg.close());
@@ -23,8 +32,12 @@ describe('codec: JSON by default, Confluent wire format with a registry (registr
 
   it('dead-letters what cannot be decoded, and retries what the registry could not answer', async () => {
     const codec = registryCodec({ url: reg.url });
-    await expect(codec.decode(Buffer.from([0, 0, 0, 0, 99, 123, 125]))).rejects.toMatchObject({ reason: 'registry_error' });
-    await expect(jsonCodec().decode(Buffer.from([0, 0, 0, 0, 1, 123, 125]))).rejects.toBeInstanceOf(DecodeError);
+    await expect(codec.decode(Buffer.from([0, 0, 0, 0, 99, 123, 125]))).rejects.toMatchObject({
+      reason: 'registry_error',
+    });
+    await expect(jsonCodec().decode(Buffer.from([0, 0, 0, 0, 1, 123, 125]))).rejects.toBeInstanceOf(
+      DecodeError,
+    );
     await expect(jsonCodec().decode(Buffer.from('{oops'))).rejects.toMatchObject({ reason: 'undecodable' });
     const down = registryCodec({ url: 'http://127.0.0.1:1' });
     const err = await down.decode(Buffer.from([0, 0, 0, 0, 1, 123, 125])).catch((e: unknown) => e);

@@ -12,7 +12,16 @@ afterAll(async () => {
 });
 
 function event(i: number, extra: Record<string, unknown> = {}) {
-  return { type: 'tool_call', event_id: `e${i}`, ts: 1_700_000_000_000 + i, session_id: `s${i % 7}`, task_id: `t${i % 50}`, step: i, tool: 'search', ...extra };
+  return {
+    type: 'tool_call',
+    event_id: `e${i}`,
+    ts: 1_700_000_000_000 + i,
+    session_id: `s${i % 7}`,
+    task_id: `t${i % 50}`,
+    step: i,
+    tool: 'search',
+    ...extra,
+  };
 }
 
 async function start(env: Record<string, string>) {
@@ -26,10 +35,17 @@ async function start(env: Record<string, string>) {
 
 describe('consumer runner (real Kafka, real Redis, real processes)', () => {
   it('loses nothing when the consumer is SIGKILLed mid-batch and restarted (at-least-once)', async () => {
-    const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), FIXTURE_DELAY_MS: '25', PAVER_BATCH_CHUNK: '40' });
+    const env = serviceEnv({
+      FIXTURE_GROUP_ID: unique('g'),
+      FIXTURE_DELAY_MS: '25',
+      PAVER_BATCH_CHUNK: '40',
+    });
     await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS! }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
     const N = 4000;
-    await produce(env.PAVER_TOPIC_TOOL_CALLS!, Array.from({ length: N }, (_, i) => ({ key: `s${i % 7}`, value: JSON.stringify(event(i)) })));
+    await produce(
+      env.PAVER_TOPIC_TOOL_CALLS!,
+      Array.from({ length: N }, (_, i) => ({ key: `s${i % 7}`, value: JSON.stringify(event(i)) })),
+    );
     const seenKey = `${env.REDIS_KEY_PREFIX}:seen`;
 
     const first = await start(env);
@@ -50,7 +66,10 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
 
   it('dead-letters every kind of bad input with its reason while the good messages around it are processed', async () => {
     const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), PAVER_MAX_MESSAGE_BYTES: '2048' });
-    await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    await createTopics([
+      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 },
+      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
+    ]);
     const bad: [string, string | Buffer][] = [
       ['undecodable', '{"type": "tool_call", not json'],
       ['invalid', JSON.stringify(event(1001, { step: 'three' }))],
@@ -69,10 +88,21 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
     await produce(env.PAVER_TOPIC_TOOL_CALLS!, msgs);
     const p = await start(env);
 
-    await waitFor(async () => (await redis.scard(`${env.REDIS_KEY_PREFIX}:seen`)) === 20, 'the 20 good events');
+    await waitFor(
+      async () => (await redis.scard(`${env.REDIS_KEY_PREFIX}:seen`)) === 20,
+      'the 20 good events',
+    );
     const dl = await consumeUntil(env.PAVER_TOPIC_DEAD_LETTERS!, (all) => all.length >= bad.length);
     expect(dl).toHaveLength(bad.length);
-    const bodies = dl.map((m) => JSON.parse(m.value!.toString()) as { reason: string; detail: string; source: { topic: string; offset: string }; original_b64: string });
+    const bodies = dl.map(
+      (m) =>
+        JSON.parse(m.value!.toString()) as {
+          reason: string;
+          detail: string;
+          source: { topic: string; offset: string };
+          original_b64: string;
+        },
+    );
     expect(bodies.map((b) => b.reason).sort()).toEqual(bad.map(([r]) => r).sort());
     for (const [i, b] of bodies.entries()) {
       expect(b.source.topic).toBe(env.PAVER_TOPIC_TOOL_CALLS);
@@ -94,7 +124,10 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
   it('stops gracefully on SIGTERM: exit 0, offsets committed, nothing re-read after restart', async () => {
     const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g') });
     await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS! }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
-    await produce(env.PAVER_TOPIC_TOOL_CALLS!, Array.from({ length: 300 }, (_, i) => ({ key: `s${i % 7}`, value: JSON.stringify(event(i)) })));
+    await produce(
+      env.PAVER_TOPIC_TOOL_CALLS!,
+      Array.from({ length: 300 }, (_, i) => ({ key: `s${i % 7}`, value: JSON.stringify(event(i)) })),
+    );
     const p = await start(env);
     await waitFor(async () => (await redis.scard(`${env.REDIS_KEY_PREFIX}:seen`)) === 300, 'all events');
     p.child.kill('SIGTERM');
@@ -120,6 +153,13 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
     });
     expect(await p.exited).toBe(78);
     const out = p.output();
-    for (const v of ['KAFKA_BROKERS: is required', 'REDIS_URL', 'KAFKA_SASL_MECHANISM', 'DETECTOR_LOOKBACK', 'LOG_LEVEL']) expect(out).toContain(v);
+    for (const v of [
+      'KAFKA_BROKERS: is required',
+      'REDIS_URL',
+      'KAFKA_SASL_MECHANISM',
+      'DETECTOR_LOOKBACK',
+      'LOG_LEVEL',
+    ])
+      expect(out).toContain(v);
   });
 });

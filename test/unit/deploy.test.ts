@@ -4,9 +4,21 @@ import { parse } from 'yaml';
 import { SERVICES } from '../../cli/services.js';
 
 const compose = parse(readFileSync(new URL('../../docker-compose.yml', import.meta.url), 'utf8')) as {
-  services: Record<string, { image?: string; build?: string; command?: string[]; environment?: Record<string, unknown>; depends_on?: Record<string, unknown>; ports?: string[] }>;
+  services: Record<
+    string,
+    {
+      image?: string;
+      build?: string;
+      command?: string[];
+      environment?: Record<string, unknown>;
+      depends_on?: Record<string, unknown>;
+      ports?: string[];
+    }
+  >;
 };
-const prom = parse(readFileSync(new URL('../../deploy/prometheus/prometheus.yml', import.meta.url), 'utf8')) as {
+const prom = parse(
+  readFileSync(new URL('../../deploy/prometheus/prometheus.yml', import.meta.url), 'utf8'),
+) as {
   scrape_configs: { static_configs: { targets: string[] }[] }[];
 };
 

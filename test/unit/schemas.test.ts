@@ -10,8 +10,22 @@ describe('contracts', () => {
     for (const [name, c] of Object.entries(CONTRACTS)) expect(name.endsWith(`.v${c.version}`)).toBe(true);
   });
   it('defaults tenant and agent, and rejects control characters in ids', () => {
-    const e = toolCallsEventV1.parse({ type: 'task_completed', event_id: 'e', ts: 1, session_id: 's', task_id: 't' });
+    const e = toolCallsEventV1.parse({
+      type: 'task_completed',
+      event_id: 'e',
+      ts: 1,
+      session_id: 's',
+      task_id: 't',
+    });
     expect([e.tenant_id, e.agent_id]).toEqual(['default', 'default']);
-    expect(toolCallsEventV1.safeParse({ type: 'task_completed', event_id: 'e\u0001', ts: 1, session_id: 's', task_id: 't' }).success).toBe(false);
+    expect(
+      toolCallsEventV1.safeParse({
+        type: 'task_completed',
+        event_id: 'e\u0001',
+        ts: 1,
+        session_id: 's',
+        task_id: 't',
+      }).success,
+    ).toBe(false);
   });
 });

@@ -13,7 +13,13 @@ unique decision. The same records the service publishes on the next-actions topi
 `;
 
 /** Streams decisions to `write`; task state lives in a Map (the service keeps it in Redis). */
-export async function runAutoseq(catalog: Catalog, input: string, opts: AutoseqOptions, write: (line: string) => void, warn: (s: string) => void) {
+export async function runAutoseq(
+  catalog: Catalog,
+  input: string,
+  opts: AutoseqOptions,
+  write: (line: string) => void,
+  warn: (s: string) => void,
+) {
   const tasks = new Map<string, TaskState>();
   const stats = { lines: 0, bad: 0 };
   let decided = 0;
@@ -62,7 +68,9 @@ export async function autoseqCommand(argv: string[]): Promise<number> {
   try {
     catalog = loadCatalogFile(await readConfigFile(values.catalog), new SchemaCompiler());
   } catch (err) {
-    process.stderr.write(`paver autoseq: ${err instanceof CatalogError ? '' : `cannot read ${values.catalog}: `}${(err as Error).message}\n`);
+    process.stderr.write(
+      `paver autoseq: ${err instanceof CatalogError ? '' : `cannot read ${values.catalog}: `}${(err as Error).message}\n`,
+    );
     return 2;
   }
   const warn = (s: string) => process.stderr.write(`paver autoseq: ${s}\n`);
@@ -72,10 +80,16 @@ export async function autoseqCommand(argv: string[]): Promise<number> {
     out.length = 0;
   };
   try {
-    const r = await runAutoseq(catalog, values.input, { ...DEFAULT_OPTIONS, maxConsecutive: max, includeArguments: !values['no-arguments'] }, (l) => {
-      out.push(l);
-      if (out.length >= 1000) flush();
-    }, warn);
+    const r = await runAutoseq(
+      catalog,
+      values.input,
+      { ...DEFAULT_OPTIONS, maxConsecutive: max, includeArguments: !values['no-arguments'] },
+      (l) => {
+        out.push(l);
+        if (out.length >= 1000) flush();
+      },
+      warn,
+    );
     flush();
     if (r.bad > 0) warn(`${r.bad} bad line(s) skipped of ${r.lines}`);
   } catch (err) {

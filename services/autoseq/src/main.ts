@@ -1,5 +1,10 @@
 import { Counter, Gauge, Histogram } from 'prom-client';
-import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type NextActionRecord, type ToolCallsEvent } from '../../../schemas/index.js';
+import {
+  TOOL_CALLS_EVENT_TYPES,
+  toolCallsEventV1,
+  type NextActionRecord,
+  type ToolCallsEvent,
+} from '../../../schemas/index.js';
 import { PaverError } from '../../../shared/errors.js';
 import { sha256 } from '../../../shared/hash.js';
 import { readConfigFile } from '../../../shared/jsonl.js';
@@ -24,19 +29,52 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       try {
         catalog = loadCatalogFile(await readConfigFile(env.AUTOSEQ_CATALOG_FILE), compiler);
       } catch (err) {
-        const why = err instanceof CatalogError ? err.message : `cannot read ${env.AUTOSEQ_CATALOG_FILE}: ${(err as Error).message}`;
+        const why =
+          err instanceof CatalogError
+            ? err.message
+            : `cannot read ${env.AUTOSEQ_CATALOG_FILE}: ${(err as Error).message}`;
         throw new PaverError('CONFIG_INVALID', `AUTOSEQ_CATALOG_FILE: ${why}`);
       }
     }
     const opts = optionsFromEnv(env);
     const store = new RedisTaskStore(redis, env.REDIS_KEY_PREFIX, env.AUTOSEQ_TASK_TTL_MS);
     const r = [metrics.registry];
-    const decisions = new Counter({ name: 'paver_autoseq_decisions_total', help: 'Auto-seq records published, by event type and skip reason.', labelNames: ['event_type', 'reason'], registers: r });
-    const saved = new Counter({ name: 'paver_autoseq_llm_steps_saved_total', help: 'Tool calls the agent runtime executed from a unique decision (one LLM step saved each).', registers: r });
-    const duplicates = new Counter({ name: 'paver_autoseq_redelivered_events_total', help: 'Tool-call events already decided (redelivery), ignored.', registers: r });
-    const decisionSeconds = new Histogram({ name: 'paver_autoseq_decision_seconds', help: 'In-process decision time per tool-call event.', buckets: [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01], registers: r });
-    const catalogUpdates = new Counter({ name: 'paver_autoseq_catalog_updates_total', help: 'Tool-catalog topic records, by outcome (rejected ones are dead-lettered).', labelNames: ['outcome'], registers: r });
-    new Gauge({ name: 'paver_autoseq_catalog_tools', help: 'Tools in the catalog in force.', registers: r, collect() { this.set(catalog.size.tools); } });
+    const decisions = new Counter({
+      name: 'paver_autoseq_decisions_total',
+      help: 'Auto-seq records published, by event type and skip reason.',
+      labelNames: ['event_type', 'reason'],
+      registers: r,
+    });
+    const saved = new Counter({
+      name: 'paver_autoseq_llm_steps_saved_total',
+      help: 'Tool calls the agent runtime executed from a unique decision (one LLM step saved each).',
+      registers: r,
+    });
+    const duplicates = new Counter({
+      name: 'paver_autoseq_redelivered_events_total',
+      help: 'Tool-call events already decided (redelivery), ignored.',
+      registers: r,
+    });
+    const decisionSeconds = new Histogram({
+      name: 'paver_autoseq_decision_seconds',
+      help: 'In-process decision time per tool-call event.',
+      buckets: [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01],
+      registers: r,
+    });
+    const catalogUpdates = new Counter({
+      name: 'paver_autoseq_catalog_updates_total',
+      help: 'Tool-catalog topic records, by outcome (rejected ones are dead-lettered).',
+      labelNames: ['outcome'],
+      registers: r,
+    });
+    new Gauge({
+      name: 'paver_autoseq_catalog_tools',
+      help: 'Tools in the catalog in force.',
+      registers: r,
+      collect() {
+        this.set(catalog.size.tools);
+      },
+    });
 
     const feed = createCatalogFeed(catalog, {
       topic: env.PAVER_TOPIC_TOOL_CATALOG,
@@ -58,14 +96,24 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       async start() {
         await feed.start();
         const t0 = Date.now();
-        if (await feed.caughtUp(env.AUTOSEQ_CATALOG_WAIT_MS)) log.info({ ...catalog.size, ms: Date.now() - t0 }, 'tool catalog loaded');
-        else log.warn({ waitedMs: env.AUTOSEQ_CATALOG_WAIT_MS }, 'tool catalog not caught up yet; consuming anyway, /readyz says so');
+        if (await feed.caughtUp(env.AUTOSEQ_CATALOG_WAIT_MS))
+          log.info({ ...catalog.size, ms: Date.now() - t0 }, 'tool catalog loaded');
+        else
+          log.warn(
+            { waitedMs: env.AUTOSEQ_CATALOG_WAIT_MS },
+            'tool catalog not caught up yet; consuming anyway, /readyz says so',
+          );
       },
       readiness: [{ name: 'tool_catalog', check: () => feed.isCaughtUp() }],
       async handler(batch) {
         const refs = new Map<string, TaskRef>();
         for (const { value: e } of batch) {
-          if (e.type === 'tool_call') refs.set(`${e.tenant_id}\u001f${e.agent_id}\u001f${e.task_id}`, { tenant: e.tenant_id, agent: e.agent_id, task: e.task_id });
+          if (e.type === 'tool_call')
+            refs.set(`${e.tenant_id}\u001f${e.agent_id}\u001f${e.task_id}`, {
+              tenant: e.tenant_id,
+              agent: e.agent_id,
+              task: e.task_id,
+            });
         }
         if (refs.size === 0) return;
         const states = await store.load(refs);

@@ -14,13 +14,22 @@ live candidates at the end as a JSON array. Bad lines are reported on stderr wit
 and counted. Without --tenant/--agent the file must hold one (tenant, agent) scope.
 `;
 
-export async function detect(input: string, params: DetectorParams, filter: Partial<Scope>, warn: (s: string) => void) {
+export async function detect(
+  input: string,
+  params: DetectorParams,
+  filter: Partial<Scope>,
+  warn: (s: string) => void,
+) {
   const state = new DetectorState(params);
   const stats = { lines: 0, bad: 0 };
   for await (const event of readEvents(input, stats, warn)) {
     const op = toOp(event);
     if (!op) continue;
-    if ((filter.tenant && op.scope.tenant !== filter.tenant) || (filter.agent && op.scope.agent !== filter.agent)) continue;
+    if (
+      (filter.tenant && op.scope.tenant !== filter.tenant) ||
+      (filter.agent && op.scope.agent !== filter.agent)
+    )
+      continue;
     state.apply(op);
   }
   return { state, ...stats };
@@ -84,20 +93,36 @@ export async function detectCommand(argv: string[]): Promise<number> {
   const warn = (s: string) => process.stderr.write(`paver detect: ${s}\n`);
   let result;
   try {
-    result = await detect(values.input, params, { ...(values.tenant ? { tenant: values.tenant } : {}), ...(values.agent ? { agent: values.agent } : {}) }, warn);
+    result = await detect(
+      values.input,
+      params,
+      {
+        ...(values.tenant ? { tenant: values.tenant } : {}),
+        ...(values.agent ? { agent: values.agent } : {}),
+      },
+      warn,
+    );
   } catch (err) {
     process.stderr.write(`paver detect: cannot read ${values.input}: ${(err as Error).message}\n`);
     return 1;
   }
   const scopes = result.state.scopesSeen();
   let scope: Scope;
-  if (values.tenant || values.agent) scope = { tenant: values.tenant ?? 'default', agent: values.agent ?? 'default' };
+  if (values.tenant || values.agent)
+    scope = { tenant: values.tenant ?? 'default', agent: values.agent ?? 'default' };
   else if (scopes.length <= 1) scope = scopes[0] ?? { tenant: 'default', agent: 'default' };
   else {
-    warn(`the file holds ${scopes.length} scopes (${scopes.map((s) => scopeId(s).replace('\u001f', '/')).slice(0, 5).join(', ')}…): choose one with --tenant and --agent`);
+    warn(
+      `the file holds ${scopes.length} scopes (${scopes
+        .map((s) => scopeId(s).replace('\u001f', '/'))
+        .slice(0, 5)
+        .join(', ')}…): choose one with --tenant and --agent`,
+    );
     return 2;
   }
-  process.stdout.write(JSON.stringify(liveCandidates(result.state.frequentStats(scope), params), null, 2) + '\n');
+  process.stdout.write(
+    JSON.stringify(liveCandidates(result.state.frequentStats(scope), params), null, 2) + '\n',
+  );
   if (result.bad > 0) warn(`${result.bad} bad line(s) skipped of ${result.lines}`);
   return 0;
 }

@@ -21,7 +21,11 @@ export const detectorEnvSchema = z
   .superRefine((env, ctx) => {
     refineCommon(env, ctx);
     if (env.DETECTOR_MAX_LENGTH < env.DETECTOR_MIN_LENGTH) {
-      ctx.addIssue({ code: 'custom', path: ['DETECTOR_MAX_LENGTH'], message: 'must be ≥ DETECTOR_MIN_LENGTH' });
+      ctx.addIssue({
+        code: 'custom',
+        path: ['DETECTOR_MAX_LENGTH'],
+        message: 'must be ≥ DETECTOR_MIN_LENGTH',
+      });
     }
   });
 export type DetectorEnv = z.infer<typeof detectorEnvSchema>;

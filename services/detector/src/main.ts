@@ -1,7 +1,12 @@
 import { Counter } from 'prom-client';
 import { zodParser } from '../../../shared/kafka/runner.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
-import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent, id as idSchema } from '../../../schemas/index.js';
+import {
+  TOOL_CALLS_EVENT_TYPES,
+  toolCallsEventV1,
+  type ToolCallsEvent,
+  id as idSchema,
+} from '../../../schemas/index.js';
 import { publishScope } from './adapters/publisher.js';
 import { RedisDetectorStore } from './adapters/redis/store.js';
 import { liveCandidates } from './core/detect.js';
@@ -17,10 +22,28 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
     const params = paramsFromEnv(env);
     const store = new RedisDetectorStore(redis, params, env.REDIS_KEY_PREFIX);
     const r = [metrics.registry];
-    const events = new Counter({ name: 'paver_detector_events_total', help: 'Detector events by outcome (applied, ignored: redelivered, late or over the per-task limit).', labelNames: ['outcome'], registers: r });
-    const records = new Counter({ name: 'paver_detector_records_completed_total', help: 'Task records completed and entered into the window.', registers: r });
-    const published = new Counter({ name: 'paver_detector_candidates_published_total', help: 'Candidate records published, by status.', labelNames: ['status'], registers: r });
-    const trips = new Counter({ name: 'paver_detector_redis_round_trips_total', help: 'Redis round trips made by the detector.', registers: r });
+    const events = new Counter({
+      name: 'paver_detector_events_total',
+      help: 'Detector events by outcome (applied, ignored: redelivered, late or over the per-task limit).',
+      labelNames: ['outcome'],
+      registers: r,
+    });
+    const records = new Counter({
+      name: 'paver_detector_records_completed_total',
+      help: 'Task records completed and entered into the window.',
+      registers: r,
+    });
+    const published = new Counter({
+      name: 'paver_detector_candidates_published_total',
+      help: 'Candidate records published, by status.',
+      labelNames: ['status'],
+      registers: r,
+    });
+    const trips = new Counter({
+      name: 'paver_detector_redis_round_trips_total',
+      help: 'Redis round trips made by the detector.',
+      registers: r,
+    });
     let tripsSeen = 0;
     const countTrips = () => {
       trips.inc(store.roundTrips - tripsSeen);
@@ -37,7 +60,9 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
         events.inc({ outcome: 'ignored' }, out.ignored);
         records.inc(out.completed);
         for (const scope of out.changed) {
-          await publishScope(store, sink, env.PAVER_TOPIC_FLOW_CANDIDATES, params, scope, (status, n) => published.inc({ status }, n));
+          await publishScope(store, sink, env.PAVER_TOPIC_FLOW_CANDIDATES, params, scope, (status, n) =>
+            published.inc({ status }, n),
+          );
         }
         countTrips();
       },
@@ -46,9 +71,15 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
           method: 'GET',
           path: '/candidates',
           async handler(req) {
-            const scope: Scope = { tenant: req.query.get('tenant_id') ?? 'default', agent: req.query.get('agent_id') ?? 'default' };
+            const scope: Scope = {
+              tenant: req.query.get('tenant_id') ?? 'default',
+              agent: req.query.get('agent_id') ?? 'default',
+            };
             if (!idSchema.safeParse(scope.tenant).success || !idSchema.safeParse(scope.agent).success) {
-              return { status: 400, body: { error: 'tenant_id and agent_id must be 1-256 characters without control characters' } };
+              return {
+                status: 400,
+                body: { error: 'tenant_id and agent_id must be 1-256 characters without control characters' },
+              };
             }
             return { status: 200, body: liveCandidates(await store.snapshot(scope), params) };
           },

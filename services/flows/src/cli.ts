@@ -52,7 +52,13 @@ export async function selectCommand(argv: string[]): Promise<number> {
   };
   let policy;
   try {
-    policy = { ...DEFAULT_POLICY, topK: Math.floor(num(values['top-k'], 3, 1)), rrfK: num(values['rrf-k'], 10, 1), scoreFloor: num(values['score-floor'], 0, 0), failOpen: !!values['fail-open'] };
+    policy = {
+      ...DEFAULT_POLICY,
+      topK: Math.floor(num(values['top-k'], 3, 1)),
+      rrfK: num(values['rrf-k'], 10, 1),
+      scoreFloor: num(values['score-floor'], 0, 0),
+      failOpen: !!values['fail-open'],
+    };
   } catch (err) {
     process.stderr.write(`paver select: ${(err as Error).message}\n`);
     return 2;
@@ -73,10 +79,24 @@ export async function selectCommand(argv: string[]): Promise<number> {
   const agent = values.agent ?? 'default';
   const registry = new FlowRegistry();
   // Offline, every flow in the file is in the one scope asked about.
-  for (const d of Array.isArray(parsed.data) ? parsed.data : parsed.data.flows) registry.upsert(registerManual({ ...d, tenant_id: tenant, agent_id: agent }, 0));
+  for (const d of Array.isArray(parsed.data) ? parsed.data : parsed.data.flows)
+    registry.upsert(registerManual({ ...d, tenant_id: tenant, agent_id: agent }, 0));
   const env = process.env;
-  const chat = env.FLOWS_CHAT_URL ? { baseUrl: env.FLOWS_CHAT_URL, apiKey: env.FLOWS_CHAT_API_KEY, model: env.FLOWS_CHAT_MODEL ?? 'gpt-4o-mini' } : undefined;
-  const result = await select({ registry, prompts: new PromptCache(), chat, budgetMs: Number(env.FLOWS_SELECT_BUDGET_MS ?? 3000) }, tenant, agent, values.query, values.summary ?? [], policy);
+  const chat = env.FLOWS_CHAT_URL
+    ? {
+        baseUrl: env.FLOWS_CHAT_URL,
+        apiKey: env.FLOWS_CHAT_API_KEY,
+        model: env.FLOWS_CHAT_MODEL ?? 'gpt-4o-mini',
+      }
+    : undefined;
+  const result = await select(
+    { registry, prompts: new PromptCache(), chat, budgetMs: Number(env.FLOWS_SELECT_BUDGET_MS ?? 3000) },
+    tenant,
+    agent,
+    values.query,
+    values.summary ?? [],
+    policy,
+  );
   process.stdout.write(JSON.stringify(result, null, 2) + '\n');
   return 0;
 }
@@ -94,7 +114,17 @@ Talks to a running flows service over HTTP (GET /flows/candidates, POST /flows/c
 export async function flowsCommand(argv: string[]): Promise<number> {
   let parsed;
   try {
-    parsed = parseArgs({ args: argv, allowPositionals: true, options: { url: { type: 'string' }, tenant: { type: 'string' }, agent: { type: 'string' }, status: { type: 'string' }, help: { type: 'boolean' } } });
+    parsed = parseArgs({
+      args: argv,
+      allowPositionals: true,
+      options: {
+        url: { type: 'string' },
+        tenant: { type: 'string' },
+        agent: { type: 'string' },
+        status: { type: 'string' },
+        help: { type: 'boolean' },
+      },
+    });
   } catch (err) {
     process.stderr.write(`paver flows: ${(err as Error).message}\n\n${FLOWS_USAGE}`);
     return 2;
@@ -106,23 +136,39 @@ export async function flowsCommand(argv: string[]): Promise<number> {
     return values.help ? 0 : 2;
   }
   const base = values.url ?? process.env.FLOWS_URL ?? 'http://127.0.0.1:9104';
-  const q = new URLSearchParams({ tenant_id: values.tenant ?? 'default', agent_id: values.agent ?? 'default', ...(values.status ? { status: values.status } : {}) });
+  const q = new URLSearchParams({
+    tenant_id: values.tenant ?? 'default',
+    agent_id: values.agent ?? 'default',
+    ...(values.status ? { status: values.status } : {}),
+  });
   const needKey = ['show', 'promote', 'reject'].includes(verb);
   if (needKey && !key) {
     process.stderr.write(`paver flows ${verb}: KEY (a candidate's dedupe_key) is required\n`);
     return 2;
   }
   const path =
-    verb === 'list' ? `/flows/candidates?${q}` : verb === 'registry' ? `/flows?${q}` : verb === 'show' ? `/flows/candidates/${encodeURIComponent(key!)}?${q}` : verb === 'promote' || verb === 'reject' ? `/flows/candidates/${encodeURIComponent(key!)}/${verb}?${q}` : null;
+    verb === 'list'
+      ? `/flows/candidates?${q}`
+      : verb === 'registry'
+        ? `/flows?${q}`
+        : verb === 'show'
+          ? `/flows/candidates/${encodeURIComponent(key!)}?${q}`
+          : verb === 'promote' || verb === 'reject'
+            ? `/flows/candidates/${encodeURIComponent(key!)}/${verb}?${q}`
+            : null;
   if (!path) {
     process.stderr.write(`paver flows: unknown subcommand '${verb}'\n\n${FLOWS_USAGE}`);
     return 2;
   }
   let res: Response;
   try {
-    res = await fetch(new URL(path, base), { method: verb === 'promote' || verb === 'reject' ? 'POST' : 'GET' });
+    res = await fetch(new URL(path, base), {
+      method: verb === 'promote' || verb === 'reject' ? 'POST' : 'GET',
+    });
   } catch (err) {
-    process.stderr.write(`paver flows: cannot reach the flows service at ${base} (${(err as Error).message}); is it running? (npm start)\n`);
+    process.stderr.write(
+      `paver flows: cannot reach the flows service at ${base} (${(err as Error).message}); is it running? (npm start)\n`,
+    );
     return 1;
   }
   const text = await res.text();

@@ -10,7 +10,12 @@ state record per event (JSON lines): the records the service publishes on the se
 whose event_id the session has just seen (a redelivery) prints nothing, as in the service.
 `;
 
-export async function runSequence(config: Orchestrations, input: string, write: (line: string) => void, warn: (s: string) => void) {
+export async function runSequence(
+  config: Orchestrations,
+  input: string,
+  write: (line: string) => void,
+  warn: (s: string) => void,
+) {
   const sessions = new Map<string, SessionState>();
   const stats = { lines: 0, bad: 0 };
   for await (const e of readEvents(input, stats, warn)) {
@@ -25,7 +30,10 @@ export async function runSequence(config: Orchestrations, input: string, write: 
 export async function sequenceCommand(argv: string[]): Promise<number> {
   let values;
   try {
-    ({ values } = parseArgs({ args: argv, options: { config: { type: 'string' }, input: { type: 'string' }, help: { type: 'boolean' } } }));
+    ({ values } = parseArgs({
+      args: argv,
+      options: { config: { type: 'string' }, input: { type: 'string' }, help: { type: 'boolean' } },
+    }));
   } catch (err) {
     process.stderr.write(`paver sequence: ${(err as Error).message}\n\n${USAGE}`);
     return 2;
@@ -42,7 +50,9 @@ export async function sequenceCommand(argv: string[]): Promise<number> {
   try {
     config = loadOrchestrationFile(await readConfigFile(values.config));
   } catch (err) {
-    process.stderr.write(`paver sequence: ${err instanceof ConfigError ? '' : `cannot read ${values.config}: `}${(err as Error).message}\n`);
+    process.stderr.write(
+      `paver sequence: ${err instanceof ConfigError ? '' : `cannot read ${values.config}: `}${(err as Error).message}\n`,
+    );
     return 2;
   }
   const warn = (s: string) => process.stderr.write(`paver sequence: ${s}\n`);
@@ -52,10 +62,15 @@ export async function sequenceCommand(argv: string[]): Promise<number> {
     out.length = 0;
   };
   try {
-    const stats = await runSequence(config, values.input, (l) => {
-      out.push(l);
-      if (out.length >= 1000) flush();
-    }, warn);
+    const stats = await runSequence(
+      config,
+      values.input,
+      (l) => {
+        out.push(l);
+        if (out.length >= 1000) flush();
+      },
+      warn,
+    );
     flush();
     if (stats.bad > 0) warn(`${stats.bad} bad line(s) skipped of ${stats.lines}`);
   } catch (err) {

@@ -1,5 +1,14 @@
 import { Counter, Gauge } from 'prom-client';
-import { orchestrationRecordV1, TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, toolName, id as idSchema, type OrchestrationRecord, type SequenceStateRecord, type ToolCallsEvent } from '../../../schemas/index.js';
+import {
+  orchestrationRecordV1,
+  TOOL_CALLS_EVENT_TYPES,
+  toolCallsEventV1,
+  toolName,
+  id as idSchema,
+  type OrchestrationRecord,
+  type SequenceStateRecord,
+  type ToolCallsEvent,
+} from '../../../schemas/index.js';
 import { PaverError } from '../../../shared/errors.js';
 import { readConfigFile } from '../../../shared/jsonl.js';
 import { zodParser } from '../../../shared/kafka/runner.js';
@@ -34,17 +43,45 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
       try {
         config = loadOrchestrationFile(await readConfigFile(env.SEQUENCER_CONFIG_FILE));
       } catch (err) {
-        const why = err instanceof ConfigError ? err.message : `cannot read ${env.SEQUENCER_CONFIG_FILE}: ${(err as Error).message}`;
+        const why =
+          err instanceof ConfigError
+            ? err.message
+            : `cannot read ${env.SEQUENCER_CONFIG_FILE}: ${(err as Error).message}`;
         throw new PaverError('CONFIG_INVALID', `SEQUENCER_CONFIG_FILE: ${why}`);
       }
     }
     const store = new RedisSessionStore(redis, env.REDIS_KEY_PREFIX, env.SEQUENCER_SESSION_TTL_MS);
     const r = [metrics.registry];
-    const states = new Counter({ name: 'paver_sequencer_states_published_total', help: 'Sequence-state records published.', registers: r });
-    const violations = new Counter({ name: 'paver_sequencer_violations_total', help: 'Sequence violations, by policy.', labelNames: ['policy'], registers: r });
-    const duplicates = new Counter({ name: 'paver_sequencer_redelivered_events_total', help: 'Events already applied (redelivery), ignored.', registers: r });
-    const updates = new Counter({ name: 'paver_sequencer_config_updates_total', help: 'Orchestration topic records, by outcome (rejected ones are dead-lettered).', labelNames: ['outcome'], registers: r });
-    new Gauge({ name: 'paver_sequencer_agents_configured', help: 'Agents with an orchestration in force.', registers: r, collect() { this.set(config.size); } });
+    const states = new Counter({
+      name: 'paver_sequencer_states_published_total',
+      help: 'Sequence-state records published.',
+      registers: r,
+    });
+    const violations = new Counter({
+      name: 'paver_sequencer_violations_total',
+      help: 'Sequence violations, by policy.',
+      labelNames: ['policy'],
+      registers: r,
+    });
+    const duplicates = new Counter({
+      name: 'paver_sequencer_redelivered_events_total',
+      help: 'Events already applied (redelivery), ignored.',
+      registers: r,
+    });
+    const updates = new Counter({
+      name: 'paver_sequencer_config_updates_total',
+      help: 'Orchestration topic records, by outcome (rejected ones are dead-lettered).',
+      labelNames: ['outcome'],
+      registers: r,
+    });
+    new Gauge({
+      name: 'paver_sequencer_agents_configured',
+      help: 'Agents with an orchestration in force.',
+      registers: r,
+      collect() {
+        this.set(config.size);
+      },
+    });
 
     const feed = createTableFeed<FeedRecord>({
       service: 'sequencer',
@@ -59,7 +96,8 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
           return config.delete(scope.tenant, scope.agent);
         }
         const scope = parseAgentKey(key);
-        if (scope && (scope.tenant !== v.tenant_id || scope.agent !== v.agent_id)) throw new TableRejection(`key '${key}' does not match the record's tenant_id/agent_id`);
+        if (scope && (scope.tenant !== v.tenant_id || scope.agent !== v.agent_id))
+          throw new TableRejection(`key '${key}' does not match the record's tenant_id/agent_id`);
         try {
           config.set(v);
         } catch (err) {
@@ -82,14 +120,16 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
       parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
       async start() {
         await feed.start();
-        if (await feed.caughtUp(env.SEQUENCER_CONFIG_WAIT_MS)) log.info({ agents: config.size }, 'orchestration configuration loaded');
+        if (await feed.caughtUp(env.SEQUENCER_CONFIG_WAIT_MS))
+          log.info({ agents: config.size }, 'orchestration configuration loaded');
         else log.warn('orchestration topic not caught up yet; consuming anyway, /readyz says so');
       },
       readiness: [{ name: 'orchestration', check: () => feed.isCaughtUp() }],
       async handler(batch) {
         const refs = new Map<string, SessionRef>();
         const idOf = (e: ToolCallsEvent) => `${e.tenant_id}\u001f${e.agent_id}\u001f${e.session_id}`;
-        for (const { value: e } of batch) refs.set(idOf(e), { tenant: e.tenant_id, agent: e.agent_id, session: e.session_id });
+        for (const { value: e } of batch)
+          refs.set(idOf(e), { tenant: e.tenant_id, agent: e.agent_id, session: e.session_id });
         const loaded = await store.load(refs);
         const current = new Map<string, SessionState>();
         const out: SequenceStateRecord[] = [];
@@ -97,7 +137,10 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
           const e = rec.value;
           const id = idOf(e);
           const prev = current.get(id) ?? loaded.get(id)!.state;
-          const o = applyEvent(config.get(e.tenant_id, e.agent_id), prev, e, { partition: rec.partition, offset: rec.offset });
+          const o = applyEvent(config.get(e.tenant_id, e.agent_id), prev, e, {
+            partition: rec.partition,
+            offset: rec.offset,
+          });
           if (o.duplicate) {
             duplicates.inc();
             continue;
@@ -106,8 +149,18 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
           if (o.record) out.push(o.record);
         }
         // Publish, then store: a crash in between re-applies the same events to the same records.
-        await sink.send(env.PAVER_TOPIC_SEQUENCE_STATE, 'sequence-state.v1', out.map((v) => ({ key: v.session_id, value: v })));
-        await store.save([...current].map(([id, state]) => ({ ref: refs.get(id)!, state, version: (loaded.get(id) as Loaded).version })));
+        await sink.send(
+          env.PAVER_TOPIC_SEQUENCE_STATE,
+          'sequence-state.v1',
+          out.map((v) => ({ key: v.session_id, value: v })),
+        );
+        await store.save(
+          [...current].map(([id, state]) => ({
+            ref: refs.get(id)!,
+            state,
+            version: (loaded.get(id) as Loaded).version,
+          })),
+        );
         states.inc(out.length);
         for (const v of out) if (v.violation) violations.inc({ policy: v.violation.policy });
       },
@@ -116,18 +169,38 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
           method: 'GET',
           path: '/sessions/:session_id/allowed-tools',
           async handler(req) {
-            const ref = { tenant: req.query.get('tenant_id') ?? 'default', agent: req.query.get('agent_id') ?? 'default', session: req.params.session_id ?? '' };
+            const ref = {
+              tenant: req.query.get('tenant_id') ?? 'default',
+              agent: req.query.get('agent_id') ?? 'default',
+              session: req.params.session_id ?? '',
+            };
             if (![ref.tenant, ref.agent, ref.session].every((x) => idSchema.safeParse(x).success)) {
-              return { status: 400, body: { error: 'session_id, tenant_id and agent_id must be 1-256 characters without control characters' } };
+              return {
+                status: 400,
+                body: {
+                  error:
+                    'session_id, tenant_id and agent_id must be 1-256 characters without control characters',
+                },
+              };
             }
             const toolsParam = req.query.get('tools');
-            const tools = toolsParam === null ? null : toolsParam.split(',').map((t) => t.trim()).filter(Boolean);
-            if (tools && (tools.length > 10_000 || !tools.every((t) => toolName.safeParse(t).success))) return { status: 400, body: { error: 'tools must be a comma-separated list of tool names' } };
+            const tools =
+              toolsParam === null
+                ? null
+                : toolsParam
+                    .split(',')
+                    .map((t) => t.trim())
+                    .filter(Boolean);
+            if (tools && (tools.length > 10_000 || !tools.every((t) => toolName.safeParse(t).success)))
+              return { status: 400, body: { error: 'tools must be a comma-separated list of tool names' } };
             const agent = config.get(ref.tenant, ref.agent);
             const state = { ...(await store.loadOne(ref)) };
             // A session never seen is in the step the rule picks for an empty session (the default step, if any).
             if (agent && state.step === null) state.step = selectStep(agent, newSession())?.name ?? null;
-            return { status: 200, body: { session_id: ref.session, ...view(agent, state, tools ?? agent?.tools ?? []) } };
+            return {
+              status: 200,
+              body: { session_id: ref.session, ...view(agent, state, tools ?? agent?.tools ?? []) },
+            };
           },
         },
       ],

@@ -6,7 +6,9 @@ import { CatalogError, type Catalog } from '../core/catalog.js';
 type FeedRecord = ToolCatalogRecord | { kind: 'tombstone'; key: string | null };
 
 /** `tenant/agent/tool/NAME` → the tool it names (parts URI-encoded); anything else is not a tool key. */
-export function parseToolKey(key: string | null): { tenant_id: string; agent_id: string; name: string } | null {
+export function parseToolKey(
+  key: string | null,
+): { tenant_id: string; agent_id: string; name: string } | null {
   const parts = key?.split('/');
   if (parts?.length !== 4 || parts[2] !== 'tool') return null;
   try {

@@ -116,7 +116,8 @@ export class Catalog {
     const compiled = a.tools.map((t) => compileTool(this.compiler, t));
     const seen = new Set<string>();
     for (const t of compiled) {
-      if (seen.has(t.spec.name)) throw new CatalogError(`agent ${a.tenant_id}/${a.agent_id}: tool '${t.spec.name}' is listed twice`);
+      if (seen.has(t.spec.name))
+        throw new CatalogError(`agent ${a.tenant_id}/${a.agent_id}: tool '${t.spec.name}' is listed twice`);
       seen.add(t.spec.name);
     }
     const s = this.ensure(a.tenant_id, a.agent_id);
@@ -153,12 +154,23 @@ export function loadCatalogFile(raw: unknown, compiler: SchemaCompiler): Catalog
     for (const issue of parsed.error.issues.slice(0, 50)) {
       const [a, ai, t, ti, ...rest] = issue.path;
       if (a === 'agents' && typeof ai === 'number') {
-        const agent = agents?.[ai] as { tenant_id?: unknown; agent_id?: unknown; tools?: { name?: unknown }[] } | undefined;
+        const agent = agents?.[ai] as
+          { tenant_id?: unknown; agent_id?: unknown; tools?: { name?: unknown }[] } | undefined;
         const who = `agent ${String(agent?.tenant_id ?? 'default')}/${String(agent?.agent_id ?? 'default')}`;
         if (t === 'tools' && typeof ti === 'number') {
           const name = agent?.tools?.[ti]?.name;
-          errors.push(`${who}, tool ${typeof name === 'string' ? `'${name}'` : `#${ti}`}: ${rest.map(String).join('.') || '(tool)'}: ${issue.message}`);
-        } else errors.push(`${who}: ${[t, ti, ...rest].filter((p) => p !== undefined).map(String).join('.') || '(agent)'}: ${issue.message}`);
+          errors.push(
+            `${who}, tool ${typeof name === 'string' ? `'${name}'` : `#${ti}`}: ${rest.map(String).join('.') || '(tool)'}: ${issue.message}`,
+          );
+        } else
+          errors.push(
+            `${who}: ${
+              [t, ti, ...rest]
+                .filter((p) => p !== undefined)
+                .map(String)
+                .join('.') || '(agent)'
+            }: ${issue.message}`,
+          );
       } else errors.push(`${issue.path.map(String).join('.') || '(root)'}: ${issue.message}`);
     }
     throw new CatalogError(`invalid catalog:\n  ${errors.join('\n  ')}`);
@@ -178,4 +190,3 @@ export function loadCatalogFile(raw: unknown, compiler: SchemaCompiler): Catalog
   if (errors.length) throw new CatalogError(`invalid catalog:\n  ${errors.join('\n  ')}`);
   return catalog;
 }
-

@@ -33,14 +33,23 @@ export interface Decision {
   duplicate: boolean;
 }
 
-type Base = Pick<NextActionRecord, 'schema_version' | 'tenant_id' | 'agent_id' | 'session_id' | 'task_id' | 'event_id' | 'step' | 'ts'>;
+type Base = Pick<
+  NextActionRecord,
+  'schema_version' | 'tenant_id' | 'agent_id' | 'session_id' | 'task_id' | 'event_id' | 'step' | 'ts'
+>;
 
 /**
  * The reference's gates, in order, for one `tool_call` event, with Paver's stricter rules: an unannotated
  * tool is not read-only, a tool whose schema requires nothing needs `auto_seq_from`, `auto_seq_from`
  * narrows any tool to those upstream tools, failed calls are skipped, and a loop guard bounds execution.
  */
-export function decide(e: ToolCallEvent, catalog: Catalog, task: TaskState, opts: AutoseqOptions, hash: Hash): Decision {
+export function decide(
+  e: ToolCallEvent,
+  catalog: Catalog,
+  task: TaskState,
+  opts: AutoseqOptions,
+  hash: Hash,
+): Decision {
   if (task.seen.includes(e.event_id)) return { records: [], task, duplicate: true };
   const base: Base = {
     schema_version: 1,
@@ -78,7 +87,11 @@ export function decide(e: ToolCallEvent, catalog: Catalog, task: TaskState, opts
   if (e.next_node === 'parallel') return skip('previous_step_parallel');
   if ((e.pending_actions ?? 0) > 0) return skip('pending_actions_present');
 
-  const visible = e.visible_tools ? new Set(e.visible_tools) : policy.visible_tools ? new Set(policy.visible_tools) : null;
+  const visible = e.visible_tools
+    ? new Set(e.visible_tools)
+    : policy.visible_tools
+      ? new Set(policy.visible_tools)
+      : null;
   const denied = new Set(policy.denied_tools);
   const eligible = (t: CompiledTool) =>
     (!visible || visible.has(t.spec.name)) &&
@@ -92,17 +105,30 @@ export function decide(e: ToolCallEvent, catalog: Catalog, task: TaskState, opts
     .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
 
   if (matched.length === 0) {
-    records.push({ ...base, event_type: 'auto_seq_detected_none', candidates: [], candidate_count: 0, ...shape });
+    records.push({
+      ...base,
+      event_type: 'auto_seq_detected_none',
+      candidates: [],
+      candidate_count: 0,
+      ...shape,
+    });
     return { records, task: next, duplicate: false };
   }
   if (matched.length > 1) {
-    records.push({ ...base, event_type: 'auto_seq_detected_ambiguous', candidates: matched.map((t) => t.name), candidate_count: matched.length, ...shape });
+    records.push({
+      ...base,
+      event_type: 'auto_seq_detected_ambiguous',
+      candidates: matched.map((t) => t.name),
+      candidate_count: matched.length,
+      ...shape,
+    });
     return { records, task: next, duplicate: false };
   }
   const tool = matched[0]!;
   const execute = policy.auto_seq_execute && tool.auto_seq_execute;
   if (execute) {
-    const repeat = next.last !== null && next.last.tool === tool.name && next.last.fp === shape.payload_fingerprint;
+    const repeat =
+      next.last !== null && next.last.tool === tool.name && next.last.fp === shape.payload_fingerprint;
     if (repeat || next.consecutive >= opts.maxConsecutive) return skip('loop_guard', tool.name);
     next.last = { tool: tool.name, fp: shape.payload_fingerprint };
   }

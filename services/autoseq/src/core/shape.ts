@@ -14,11 +14,16 @@ export function payloadType(x: unknown): string {
   return typeof x;
 }
 
-export const isMapping = (x: unknown): x is Record<string, unknown> => typeof x === 'object' && x !== null && !Array.isArray(x);
+export const isMapping = (x: unknown): x is Record<string, unknown> =>
+  typeof x === 'object' && x !== null && !Array.isArray(x);
 
 /** Privacy-safe: the type and the sorted key names, never a value. */
 export function payloadShape(x: unknown, hash: Hash): PayloadShape {
   const type = payloadType(x);
   const keys = isMapping(x) ? Object.keys(x).sort() : [];
-  return { payload_type: type, payload_keys_count: keys.length, payload_fingerprint: hash(`${type}\u0000${keys.join('\u0000')}`).slice(0, 16) };
+  return {
+    payload_type: type,
+    payload_keys_count: keys.length,
+    payload_fingerprint: hash(`${type}\u0000${keys.join('\u0000')}`).slice(0, 16),
+  };
 }

@@ -12,15 +12,33 @@ afterAll(() => {
   for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
 });
 
-const route = { type: 'object', properties: { route: { type: 'string' }, text: { type: 'string' } }, required: ['route', 'text'] };
+const route = {
+  type: 'object',
+  properties: { route: { type: 'string' }, text: { type: 'string' } },
+  required: ['route', 'text'],
+};
 const toolRecord = (name: string, args_schema: unknown) => ({
   key: catalogKey('default', 'default', 'tool', name),
-  value: JSON.stringify({ schema_version: 1, kind: 'tool', tool: { name, args_schema, side_effects: 'read', auto_seq: true, auto_seq_execute: true } }),
+  value: JSON.stringify({
+    schema_version: 1,
+    kind: 'tool',
+    tool: { name, args_schema, side_effects: 'read', auto_seq: true, auto_seq_execute: true },
+  }),
 });
 let n = 0;
 const call = (task: string, extra: Record<string, unknown> = {}) => ({
   key: 's1',
-  value: JSON.stringify({ type: 'tool_call', event_id: `ev-${++n}`, ts: Date.now(), session_id: 's1', task_id: task, step: n, tool: 'triage', observation: { route: 'docs', text: 'hi' }, ...extra }),
+  value: JSON.stringify({
+    type: 'tool_call',
+    event_id: `ev-${++n}`,
+    ts: Date.now(),
+    session_id: 's1',
+    task_id: task,
+    step: n,
+    tool: 'triage',
+    observation: { route: 'docs', text: 'hi' },
+    ...extra,
+  }),
 });
 
 async function start(env: Record<string, string>) {
@@ -32,11 +50,16 @@ async function start(env: Record<string, string>) {
   return p;
 }
 const decisions = async (topic: string, count: number) =>
-  (await consumeUntil(topic, (all) => all.length >= count)).map((m) => nextActionRecordV1.parse(JSON.parse(m.value!.toString())) as NextActionRecord).sort((a, b) => a.step - b.step);
+  (await consumeUntil(topic, (all) => all.length >= count))
+    .map((m) => nextActionRecordV1.parse(JSON.parse(m.value!.toString())) as NextActionRecord)
+    .sort((a, b) => a.step - b.step);
 
 describe('autoseq service (real Kafka, real Redis)', () => {
   it('a catalog change on the topic changes decisions live; bad catalog records are dead-lettered and the old catalog stays', async () => {
-    const env = serviceEnv({ AUTOSEQ_GROUP_ID: `g-${Date.now()}`, PAVER_TOPIC_TOOL_CATALOG: `cat-${Date.now()}` });
+    const env = serviceEnv({
+      AUTOSEQ_GROUP_ID: `g-${Date.now()}`,
+      PAVER_TOPIC_TOOL_CATALOG: `cat-${Date.now()}`,
+    });
     await createTopics([
       { topic: env.PAVER_TOPIC_TOOL_CALLS! },
       { topic: env.PAVER_TOPIC_NEXT_ACTIONS! },
@@ -45,18 +68,38 @@ describe('autoseq service (real Kafka, real Redis)', () => {
     ]);
     // The catalog exists before the service starts: it must be loaded before the first decision.
     await produce(env.PAVER_TOPIC_TOOL_CATALOG!, [
-      { key: catalogKey('default', 'default', 'policy'), value: JSON.stringify({ schema_version: 1, kind: 'policy', policy: { auto_seq_enabled: true, auto_seq_execute: true } }) },
+      {
+        key: catalogKey('default', 'default', 'policy'),
+        value: JSON.stringify({
+          schema_version: 1,
+          kind: 'policy',
+          policy: { auto_seq_enabled: true, auto_seq_execute: true },
+        }),
+      },
       toolRecord('init_docs', route),
     ]);
     const p = await start(env);
     await produce(env.PAVER_TOPIC_TOOL_CALLS!, [call('t1')]);
-    expect((await decisions(env.PAVER_TOPIC_NEXT_ACTIONS!, 1))[0]).toMatchObject({ event_type: 'auto_seq_detected_unique', tool: 'init_docs', execute: true });
+    expect((await decisions(env.PAVER_TOPIC_NEXT_ACTIONS!, 1))[0]).toMatchObject({
+      event_type: 'auto_seq_detected_unique',
+      tool: 'init_docs',
+      execute: true,
+    });
 
     // Live: a second tool accepting the same payload makes the next decision ambiguous, without a restart.
     await produce(env.PAVER_TOPIC_TOOL_CATALOG!, [toolRecord('index_docs', route)]);
-    await waitFor(async () => parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value('paver_autoseq_catalog_tools') === 2, 'catalog update applied');
+    await waitFor(
+      async () =>
+        parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(
+          'paver_autoseq_catalog_tools',
+        ) === 2,
+      'catalog update applied',
+    );
     await produce(env.PAVER_TOPIC_TOOL_CALLS!, [call('t2')]);
-    expect((await decisions(env.PAVER_TOPIC_NEXT_ACTIONS!, 2))[1]).toMatchObject({ event_type: 'auto_seq_detected_ambiguous', candidates: ['index_docs', 'init_docs'] });
+    expect((await decisions(env.PAVER_TOPIC_NEXT_ACTIONS!, 2))[1]).toMatchObject({
+      event_type: 'auto_seq_detected_ambiguous',
+      candidates: ['index_docs', 'init_docs'],
+    });
 
     // Bad catalog records: not JSON, a schema that does not compile (replacing a good tool), an unknown kind.
     await produce(env.PAVER_TOPIC_TOOL_CATALOG!, [
@@ -65,16 +108,38 @@ describe('autoseq service (real Kafka, real Redis)', () => {
       { key: 'y', value: JSON.stringify({ schema_version: 1, kind: 'macro' }) },
     ]);
     const dlq = await consumeUntil(env.PAVER_TOPIC_DEAD_LETTERS!, (all) => all.length >= 3);
-    expect(dlq.map((m) => m.headers['paver-dlq-reason']).sort()).toEqual(['invalid', 'rejected', 'undecodable']);
+    expect(dlq.map((m) => m.headers['paver-dlq-reason']).sort()).toEqual([
+      'invalid',
+      'rejected',
+      'undecodable',
+    ]);
     await produce(env.PAVER_TOPIC_TOOL_CALLS!, [call('t3')]);
-    expect((await decisions(env.PAVER_TOPIC_NEXT_ACTIONS!, 3))[2]).toMatchObject({ event_type: 'auto_seq_detected_ambiguous', candidates: ['index_docs', 'init_docs'] });
+    expect((await decisions(env.PAVER_TOPIC_NEXT_ACTIONS!, 3))[2]).toMatchObject({
+      event_type: 'auto_seq_detected_ambiguous',
+      candidates: ['index_docs', 'init_docs'],
+    });
 
     // A tombstone removes a tool.
-    await produce(env.PAVER_TOPIC_TOOL_CATALOG!, [{ key: catalogKey('default', 'default', 'tool', 'index_docs'), value: null as unknown as string }]);
-    await waitFor(async () => parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value('paver_autoseq_catalog_tools') === 1, 'tombstone applied');
-    await produce(env.PAVER_TOPIC_TOOL_CALLS!, [call('t4'), call('t4', { tool: 'init_docs', origin: 'auto_seq', observation: { done: true } })]);
+    await produce(env.PAVER_TOPIC_TOOL_CATALOG!, [
+      { key: catalogKey('default', 'default', 'tool', 'index_docs'), value: null as unknown as string },
+    ]);
+    await waitFor(
+      async () =>
+        parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(
+          'paver_autoseq_catalog_tools',
+        ) === 1,
+      'tombstone applied',
+    );
+    await produce(env.PAVER_TOPIC_TOOL_CALLS!, [
+      call('t4'),
+      call('t4', { tool: 'init_docs', origin: 'auto_seq', observation: { done: true } }),
+    ]);
     const all = await decisions(env.PAVER_TOPIC_NEXT_ACTIONS!, 6);
-    expect(all.slice(3).map((r) => r.event_type)).toEqual(['auto_seq_detected_unique', 'auto_seq_executed', 'auto_seq_detected_none']);
+    expect(all.slice(3).map((r) => r.event_type)).toEqual([
+      'auto_seq_detected_unique',
+      'auto_seq_executed',
+      'auto_seq_detected_none',
+    ]);
     const m = parsePrometheus(String((await getJson(p.url('/metrics'))).body));
     expect(m.value('paver_autoseq_llm_steps_saved_total')).toBe(1);
     expect(m.value('paver_dead_letters_total')).toBe(3);
@@ -86,8 +151,14 @@ describe('autoseq service (real Kafka, real Redis)', () => {
   it('refuses an invalid catalog file at start-up with a message naming the tool (exit 78)', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'paver-aseq-'));
     const file = join(dir, 'catalog.json');
-    writeFileSync(file, JSON.stringify({ agents: [{ tools: [{ name: 'bad_tool', args_schema: {}, side_effects: 'maybe' }] }] }));
-    const p = await startProcess(['bin/paver.js', 'run', 'autoseq'], serviceEnv({ AUTOSEQ_CATALOG_FILE: file }));
+    writeFileSync(
+      file,
+      JSON.stringify({ agents: [{ tools: [{ name: 'bad_tool', args_schema: {}, side_effects: 'maybe' }] }] }),
+    );
+    const p = await startProcess(
+      ['bin/paver.js', 'run', 'autoseq'],
+      serviceEnv({ AUTOSEQ_CATALOG_FILE: file }),
+    );
     procs.push(p);
     expect(await p.exited).toBe(78);
     expect(p.output()).toMatch(/tool 'bad_tool': side_effects/);

@@ -7,13 +7,33 @@ import { decide, DEFAULT_OPTIONS, newTaskState, type TaskState } from '../../src
 import { payloadShape } from '../../src/core/shape.js';
 import { SchemaCompiler } from '../../src/core/schema-compiler.js';
 
-const obj = (properties: Record<string, unknown>, required: string[], extra: Record<string, unknown> = {}) => ({ type: 'object', properties, required, ...extra });
-const tool = (name: string, args_schema: Record<string, unknown>, more: Partial<CatalogTool> = {}): CatalogTool =>
-  catalogToolV1.parse({ name, args_schema, side_effects: 'read', auto_seq: true, auto_seq_execute: true, ...more });
+const obj = (
+  properties: Record<string, unknown>,
+  required: string[],
+  extra: Record<string, unknown> = {},
+) => ({ type: 'object', properties, required, ...extra });
+const tool = (
+  name: string,
+  args_schema: Record<string, unknown>,
+  more: Partial<CatalogTool> = {},
+): CatalogTool =>
+  catalogToolV1.parse({
+    name,
+    args_schema,
+    side_effects: 'read',
+    auto_seq: true,
+    auto_seq_execute: true,
+    ...more,
+  });
 
 function catalogOf(tools: CatalogTool[], policy: Record<string, unknown> = {}) {
   const c = new Catalog(new SchemaCompiler());
-  c.loadAgent({ tenant_id: 'default', agent_id: 'default', tools, policy: catalogPolicyV1.parse({ auto_seq_enabled: true, auto_seq_execute: true, ...policy }) });
+  c.loadAgent({
+    tenant_id: 'default',
+    agent_id: 'default',
+    tools,
+    policy: catalogPolicyV1.parse({ auto_seq_enabled: true, auto_seq_execute: true, ...policy }),
+  });
   return c;
 }
 
@@ -32,7 +52,8 @@ const event = (observation: unknown, more: Partial<ToolCallEvent> = {}): ToolCal
   ...more,
 });
 
-const run = (c: Catalog, e: ToolCallEvent, state: TaskState = newTaskState(), opts = DEFAULT_OPTIONS) => decide(e, c, state, opts, sha256);
+const run = (c: Catalog, e: ToolCallEvent, state: TaskState = newTaskState(), opts = DEFAULT_OPTIONS) =>
+  decide(e, c, state, opts, sha256);
 const only = (c: Catalog, e: ToolCallEvent, state?: TaskState) => {
   const d = run(c, e, state);
   expect(d.records).toHaveLength(1);
@@ -40,7 +61,14 @@ const only = (c: Catalog, e: ToolCallEvent, state?: TaskState) => {
 };
 
 const route = obj({ route: { type: 'string' }, text: { type: 'string' } }, ['route', 'text']);
-const docState = obj({ route: { type: 'string' }, text: { type: 'string' }, doc_ids: { type: 'array', items: { type: 'string' } } }, ['route', 'text', 'doc_ids']);
+const docState = obj(
+  {
+    route: { type: 'string' },
+    text: { type: 'string' },
+    doc_ids: { type: 'array', items: { type: 'string' } },
+  },
+  ['route', 'text', 'doc_ids'],
+);
 
 describe('autoseq gates (the reference order)', () => {
   const c = catalogOf([tool('init_docs', route)]);
@@ -48,10 +76,19 @@ describe('autoseq gates (the reference order)', () => {
 
   it('unique: exactly one visible auto-seq tool accepts the observation', () => {
     const r = only(c, event(good));
-    expect(r).toMatchObject({ event_type: 'auto_seq_detected_unique', tool: 'init_docs', candidates: ['init_docs'], candidate_count: 1, execute: true, arguments: good });
+    expect(r).toMatchObject({
+      event_type: 'auto_seq_detected_unique',
+      tool: 'init_docs',
+      candidates: ['init_docs'],
+      candidate_count: 1,
+      execute: true,
+      arguments: good,
+    });
   });
   it('skips when disabled for the agent, or when the agent has no catalog', () => {
-    expect(only(catalogOf([tool('init_docs', route)], { auto_seq_enabled: false }), event(good))).toMatchObject({ event_type: 'auto_seq_skipped', reason: 'disabled' });
+    expect(
+      only(catalogOf([tool('init_docs', route)], { auto_seq_enabled: false }), event(good)),
+    ).toMatchObject({ event_type: 'auto_seq_skipped', reason: 'disabled' });
     expect(only(c, event(good, { agent_id: 'other' }))).toMatchObject({ reason: 'disabled' });
   });
   it.each([
@@ -60,7 +97,10 @@ describe('autoseq gates (the reference order)', () => {
     ['null', null],
     ['absent', undefined],
   ])('skips a non-mapping observation (%s)', (_, o) => {
-    expect(only(c, event(o))).toMatchObject({ event_type: 'auto_seq_skipped', reason: 'non_structured_observation' });
+    expect(only(c, event(o))).toMatchObject({
+      event_type: 'auto_seq_skipped',
+      reason: 'non_structured_observation',
+    });
   });
   it('skips after a parallel action, with pending actions, and for a failed call', () => {
     expect(only(c, event(good, { next_node: 'parallel' })).reason).toBe('previous_step_parallel');
@@ -69,16 +109,29 @@ describe('autoseq gates (the reference order)', () => {
     expect(only(c, event(good, { status: 'error' })).reason).toBe('error_observation');
   });
   it('none when no tool accepts the payload', () => {
-    expect(only(c, event({ route: 1, text: 'x' }))).toMatchObject({ event_type: 'auto_seq_detected_none', candidates: [], candidate_count: 0 });
+    expect(only(c, event({ route: 1, text: 'x' }))).toMatchObject({
+      event_type: 'auto_seq_detected_none',
+      candidates: [],
+      candidate_count: 0,
+    });
   });
   it('ambiguous when two accept, with the sorted candidate names', () => {
     const c2 = catalogOf([tool('zeta', route), tool('alpha', route)]);
-    expect(only(c2, event(good))).toMatchObject({ event_type: 'auto_seq_detected_ambiguous', candidates: ['alpha', 'zeta'], candidate_count: 2 });
+    expect(only(c2, event(good))).toMatchObject({
+      event_type: 'auto_seq_detected_ambiguous',
+      candidates: ['alpha', 'zeta'],
+      candidate_count: 2,
+    });
   });
   it('a more specific schema removes the ambiguity (typed pipeline)', () => {
     const c2 = catalogOf([tool('init_docs', route), tool('index_docs', docState)]);
-    expect(only(c2, event({ route: 'r', text: 't', doc_ids: [] })).event_type).toBe('auto_seq_detected_ambiguous');
-    const strict = catalogOf([tool('init_docs', { ...route, additionalProperties: false }), tool('index_docs', docState)]);
+    expect(only(c2, event({ route: 'r', text: 't', doc_ids: [] })).event_type).toBe(
+      'auto_seq_detected_ambiguous',
+    );
+    const strict = catalogOf([
+      tool('init_docs', { ...route, additionalProperties: false }),
+      tool('index_docs', docState),
+    ]);
     expect(only(strict, event({ route: 'r', text: 't', doc_ids: [] })).tool).toBe('index_docs');
   });
 });
@@ -86,12 +139,22 @@ describe('autoseq gates (the reference order)', () => {
 describe('candidate gates', () => {
   const good = { route: 'docs', text: 'hi' };
   it('only tools marked auto_seq are considered', () => {
-    expect(only(catalogOf([tool('a', route, { auto_seq: false })]), event(good)).event_type).toBe('auto_seq_detected_none');
+    expect(only(catalogOf([tool('a', route, { auto_seq: false })]), event(good)).event_type).toBe(
+      'auto_seq_detected_none',
+    );
   });
   it('read-only default: write, external and unannotated tools are not candidates; the override admits them', () => {
-    const tools = [tool('w', route, { side_effects: 'write' }), tool('x', route, { side_effects: 'external' }), tool('u', route, { side_effects: undefined })];
+    const tools = [
+      tool('w', route, { side_effects: 'write' }),
+      tool('x', route, { side_effects: 'external' }),
+      tool('u', route, { side_effects: undefined }),
+    ];
     expect(only(catalogOf(tools), event(good)).event_type).toBe('auto_seq_detected_none');
-    expect(only(catalogOf(tools, { auto_seq_read_only_only: false }), event(good)).candidates).toEqual(['u', 'w', 'x']);
+    expect(only(catalogOf(tools, { auto_seq_read_only_only: false }), event(good)).candidates).toEqual([
+      'u',
+      'w',
+      'x',
+    ]);
     expect(only(catalogOf([tool('p', route, { side_effects: 'pure' })]), event(good)).tool).toBe('p');
   });
   it('deny policy removes a tool', () => {
@@ -121,14 +184,23 @@ describe('candidate gates', () => {
 describe('execution gates and arguments', () => {
   const good = { route: 'docs', text: 'hi' };
   it('execute only when both the policy and the tool allow it', () => {
-    expect(only(catalogOf([tool('a', route)], { auto_seq_execute: false }), event(good))).toMatchObject({ execute: false });
-    expect(only(catalogOf([tool('a', route, { auto_seq_execute: false })]), event(good))).toMatchObject({ execute: false });
+    expect(only(catalogOf([tool('a', route)], { auto_seq_execute: false }), event(good))).toMatchObject({
+      execute: false,
+    });
+    expect(only(catalogOf([tool('a', route, { auto_seq_execute: false })]), event(good))).toMatchObject({
+      execute: false,
+    });
     const both = only(catalogOf([tool('a', route)]), event(good));
     expect(both.execute).toBe(true);
   });
   it('arguments only for an executable decision, and only when enabled', () => {
-    expect(only(catalogOf([tool('a', route)], { auto_seq_execute: false }), event(good)).arguments).toBeUndefined();
-    const d = run(catalogOf([tool('a', route)]), event(good), newTaskState(), { ...DEFAULT_OPTIONS, includeArguments: false });
+    expect(
+      only(catalogOf([tool('a', route)], { auto_seq_execute: false }), event(good)).arguments,
+    ).toBeUndefined();
+    const d = run(catalogOf([tool('a', route)]), event(good), newTaskState(), {
+      ...DEFAULT_OPTIONS,
+      includeArguments: false,
+    });
     expect(d.records[0]!.arguments).toBeUndefined();
   });
   it('no record carries a payload value outside arguments', () => {
@@ -171,21 +243,42 @@ describe('task state: executed, loop guard, idempotency', () => {
     const a = run(c, event(good));
     expect(a.records[0]!.tool).toBe('loop');
     const b = run(c, event(good, { tool: 'loop', origin: 'auto_seq' }), a.task);
-    expect(b.records.at(-1)).toMatchObject({ event_type: 'auto_seq_skipped', reason: 'loop_guard', tool: 'loop' });
+    expect(b.records.at(-1)).toMatchObject({
+      event_type: 'auto_seq_skipped',
+      reason: 'loop_guard',
+      tool: 'loop',
+    });
   });
   it('at most maxConsecutive auto-executed steps in a row; an LLM step resets the count', () => {
     // A chain a→b→c→… of distinct tools, each accepting {kN} and returning {kN+1}.
-    const tools = Array.from({ length: 8 }, (_, i) => tool(`t${i}`, obj({ [`k${i}`]: { type: 'integer' } }, [`k${i}`])));
+    const tools = Array.from({ length: 8 }, (_, i) =>
+      tool(`t${i}`, obj({ [`k${i}`]: { type: 'integer' } }, [`k${i}`])),
+    );
     const c = catalogOf(tools);
     const opts = { ...DEFAULT_OPTIONS, maxConsecutive: 3 };
     let s = newTaskState();
     const types: string[] = [];
     for (let i = 0; i < 6; i++) {
-      const d = run(c, event({ [`k${i}`]: i }, { tool: i === 0 ? 'triage' : `t${i - 1}`, origin: i === 0 ? 'llm' : 'auto_seq' }), s, opts);
+      const d = run(
+        c,
+        event(
+          { [`k${i}`]: i },
+          { tool: i === 0 ? 'triage' : `t${i - 1}`, origin: i === 0 ? 'llm' : 'auto_seq' },
+        ),
+        s,
+        opts,
+      );
       s = d.task;
       types.push(d.records.at(-1)!.reason ?? d.records.at(-1)!.event_type);
     }
-    expect(types).toEqual(['auto_seq_detected_unique', 'auto_seq_detected_unique', 'auto_seq_detected_unique', 'loop_guard', 'loop_guard', 'loop_guard']);
+    expect(types).toEqual([
+      'auto_seq_detected_unique',
+      'auto_seq_detected_unique',
+      'auto_seq_detected_unique',
+      'loop_guard',
+      'loop_guard',
+      'loop_guard',
+    ]);
     const reset = run(c, event({ k6: 1 }, { tool: 'x', origin: 'llm' }), s, opts);
     expect(reset.records.at(-1)!.event_type).toBe('auto_seq_detected_unique');
   });
@@ -198,7 +291,8 @@ describe('task state: executed, loop guard, idempotency', () => {
 });
 
 describe('schema edge cases', () => {
-  const one = (schema: Record<string, unknown>, o: unknown) => only(catalogOf([tool('t', schema)]), event(o)).event_type === 'auto_seq_detected_unique';
+  const one = (schema: Record<string, unknown>, o: unknown) =>
+    only(catalogOf([tool('t', schema)]), event(o)).event_type === 'auto_seq_detected_unique';
   it('additionalProperties false', () => {
     const s = obj({ a: { type: 'string' } }, ['a'], { additionalProperties: false });
     expect(one(s, { a: 'x' })).toBe(true);
@@ -210,13 +304,23 @@ describe('schema edge cases', () => {
     expect(one(s, { route: 'other' })).toBe(false);
   });
   it('nested objects and arrays', () => {
-    const s = obj({ doc: obj({ ids: { type: 'array', items: { type: 'integer' }, minItems: 1 } }, ['ids']) }, ['doc']);
+    const s = obj(
+      { doc: obj({ ids: { type: 'array', items: { type: 'integer' }, minItems: 1 } }, ['ids']) },
+      ['doc'],
+    );
     expect(one(s, { doc: { ids: [1, 2] } })).toBe(true);
     expect(one(s, { doc: { ids: [] } })).toBe(false);
     expect(one(s, { doc: { ids: ['1'] } })).toBe(false);
   });
   it('formats (email, uri, date-time)', () => {
-    const s = obj({ to: { type: 'string', format: 'email' }, url: { type: 'string', format: 'uri' }, at: { type: 'string', format: 'date-time' } }, ['to', 'url', 'at']);
+    const s = obj(
+      {
+        to: { type: 'string', format: 'email' },
+        url: { type: 'string', format: 'uri' },
+        at: { type: 'string', format: 'date-time' },
+      },
+      ['to', 'url', 'at'],
+    );
     expect(one(s, { to: 'a@b.co', url: 'https://x.y/z', at: '2026-11-22T10:00:00Z' })).toBe(true);
     expect(one(s, { to: 'nope', url: 'https://x.y/z', at: '2026-11-22T10:00:00Z' })).toBe(false);
     expect(one(s, { to: 'a@b.co', url: 'not a uri', at: '2026-11-22T10:00:00Z' })).toBe(false);
@@ -232,7 +336,18 @@ describe('schema edge cases', () => {
 
 describe('catalog loading and reload', () => {
   it('names the agent, the tool and the field in file errors, all at once', () => {
-    const bad = { agents: [{ agent_id: 'bot', tools: [{ name: 'ok', args_schema: {} }, { name: 'broken', args_schema: {}, side_effects: 'sometimes' }, { args_schema: {} }] }] };
+    const bad = {
+      agents: [
+        {
+          agent_id: 'bot',
+          tools: [
+            { name: 'ok', args_schema: {} },
+            { name: 'broken', args_schema: {}, side_effects: 'sometimes' },
+            { args_schema: {} },
+          ],
+        },
+      ],
+    };
     expect(() => loadCatalogFile(bad, new SchemaCompiler())).toThrow(CatalogError);
     try {
       loadCatalogFile(bad, new SchemaCompiler());
@@ -242,26 +357,67 @@ describe('catalog loading and reload', () => {
     }
   });
   it('rejects a schema that does not compile, naming the tool', () => {
-    const bad = { agents: [{ tools: [{ name: 'weird', args_schema: { type: 'object', properties: { a: { type: 'no-such-type' } } } }] }] };
+    const bad = {
+      agents: [
+        {
+          tools: [
+            { name: 'weird', args_schema: { type: 'object', properties: { a: { type: 'no-such-type' } } } },
+          ],
+        },
+      ],
+    };
     expect(() => loadCatalogFile(bad, new SchemaCompiler())).toThrow(/tool 'weird': args_schema/);
   });
   it('a topic update changes decisions; a bad one throws and leaves the catalog as it was', () => {
     const c = catalogOf([tool('a', route)]);
     const good = { route: 'docs', text: 'hi' };
     expect(only(c, event(good)).tool).toBe('a');
-    c.apply({ schema_version: 1, kind: 'tool', tenant_id: 'default', agent_id: 'default', tool: tool('b', route) });
+    c.apply({
+      schema_version: 1,
+      kind: 'tool',
+      tenant_id: 'default',
+      agent_id: 'default',
+      tool: tool('b', route),
+    });
     expect(only(c, event(good)).event_type).toBe('auto_seq_detected_ambiguous');
-    expect(() => c.apply({ schema_version: 1, kind: 'tool', tenant_id: 'default', agent_id: 'default', tool: tool('b', { type: 'nope' }) })).toThrow(CatalogError);
+    expect(() =>
+      c.apply({
+        schema_version: 1,
+        kind: 'tool',
+        tenant_id: 'default',
+        agent_id: 'default',
+        tool: tool('b', { type: 'nope' }),
+      }),
+    ).toThrow(CatalogError);
     expect(only(c, event(good)).event_type).toBe('auto_seq_detected_ambiguous');
-    c.apply({ schema_version: 1, kind: 'tool_removed', tenant_id: 'default', agent_id: 'default', name: 'a' });
+    c.apply({
+      schema_version: 1,
+      kind: 'tool_removed',
+      tenant_id: 'default',
+      agent_id: 'default',
+      name: 'a',
+    });
     expect(only(c, event(good)).tool).toBe('b');
-    c.apply({ schema_version: 1, kind: 'policy', tenant_id: 'default', agent_id: 'default', policy: catalogPolicyV1.parse({ auto_seq_enabled: false }) });
+    c.apply({
+      schema_version: 1,
+      kind: 'policy',
+      tenant_id: 'default',
+      agent_id: 'default',
+      policy: catalogPolicyV1.parse({ auto_seq_enabled: false }),
+    });
     expect(only(c, event(good)).reason).toBe('disabled');
   });
   it('prunes by required keys: 1,000 tools, only the matching few validated', () => {
-    const tools = Array.from({ length: 1000 }, (_, i) => tool(`t${i}`, obj({ [`k${i}`]: { type: 'string' } }, [`k${i}`])));
+    const tools = Array.from({ length: 1000 }, (_, i) =>
+      tool(`t${i}`, obj({ [`k${i}`]: { type: 'string' } }, [`k${i}`])),
+    );
     const c = catalogOf(tools);
-    expect(c.scope('default', 'default')!.preselect(new Set(['k7', 'zzz'])).map((t) => t.spec.name)).toEqual(['t7']);
+    expect(
+      c
+        .scope('default', 'default')!
+        .preselect(new Set(['k7', 'zzz']))
+        .map((t) => t.spec.name),
+    ).toEqual(['t7']);
     expect(only(c, event({ k7: 'x' })).tool).toBe('t7');
   });
 });

@@ -49,8 +49,12 @@ export function toCandidate(s: Selected, p: DetectorParams): FlowCandidate {
 }
 
 /** The adaptation payload published on the flow-candidates topic. */
-export function toRecord(c: FlowCandidate, scope: { tenant: string; agent: string }, now: number): FlowCandidateRecord {
-  const perRun = Math.round((c.avg_cost_per_execution * 0.95) * 100) / 100;
+export function toRecord(
+  c: FlowCandidate,
+  scope: { tenant: string; agent: string },
+  now: number,
+): FlowCandidateRecord {
+  const perRun = Math.round(c.avg_cost_per_execution * 0.95 * 100) / 100;
   return {
     schema_version: 1,
     status: 'active',
@@ -72,7 +76,11 @@ export function toRecord(c: FlowCandidate, scope: { tenant: string; agent: strin
   };
 }
 
-export function retractedRecord(dedupeKey: string, scope: { tenant: string; agent: string }, now: number): FlowCandidateRecord {
+export function retractedRecord(
+  dedupeKey: string,
+  scope: { tenant: string; agent: string },
+  now: number,
+): FlowCandidateRecord {
   return {
     schema_version: 1,
     status: 'retracted',

@@ -14,7 +14,11 @@ export interface RecordGram {
  * maxLength, plus the whole record when it is at least minLength long (a whole record longer than maxLength
  * counts only as itself: "considered only when exact"). `whole` is the record's own key, for exact counts.
  */
-export function recordGrams(tools: readonly string[], costs: readonly number[], p: DetectorParams): { grams: RecordGram[]; whole: string | null } {
+export function recordGrams(
+  tools: readonly string[],
+  costs: readonly number[],
+  p: DetectorParams,
+): { grams: RecordGram[]; whole: string | null } {
   const n = tools.length;
   const prefix = new Array<number>(n + 1);
   prefix[0] = 0;

@@ -15,15 +15,34 @@ export interface Scope {
 export const scopeId = (s: Scope): string => `${s.tenant}\u001f${s.agent}`;
 
 export type DetectorOp =
-  | { kind: 'call'; scope: Scope; task: string; eventId: string; ts: number; step: number; tool: string; cost: number }
+  | {
+      kind: 'call';
+      scope: Scope;
+      task: string;
+      eventId: string;
+      ts: number;
+      step: number;
+      tool: string;
+      cost: number;
+    }
   | { kind: 'done'; scope: Scope; task: string; eventId: string; ts: number };
 
 /** The detector reads tool calls and task completions; user messages are not part of a record. */
 export function toOp(e: ToolCallsEvent): DetectorOp | null {
   const scope = { tenant: e.tenant_id, agent: e.agent_id };
   if (e.type === 'tool_call') {
-    return { kind: 'call', scope, task: e.task_id, eventId: e.event_id, ts: e.ts, step: e.step, tool: e.tool, cost: costUnits(e.cost_cents) };
+    return {
+      kind: 'call',
+      scope,
+      task: e.task_id,
+      eventId: e.event_id,
+      ts: e.ts,
+      step: e.step,
+      tool: e.tool,
+      cost: costUnits(e.cost_cents),
+    };
   }
-  if (e.type === 'task_completed') return { kind: 'done', scope, task: e.task_id, eventId: e.event_id, ts: e.ts };
+  if (e.type === 'task_completed')
+    return { kind: 'done', scope, task: e.task_id, eventId: e.event_id, ts: e.ts };
   return null;
 }

@@ -29,7 +29,16 @@ export const DEFAULT_PARAMS: DetectorParams = {
 
 /** The parameters that shape stored counts: state built with others cannot be reused. */
 export function stateFingerprint(p: DetectorParams): string {
-  return [p.minLength, p.maxLength, p.minOccurrences, p.lookback, p.windowMs ?? 0, p.taskIdleMs, p.doneRetentionMs, p.maxTaskEvents].join('|');
+  return [
+    p.minLength,
+    p.maxLength,
+    p.minOccurrences,
+    p.lookback,
+    p.windowMs ?? 0,
+    p.taskIdleMs,
+    p.doneRetentionMs,
+    p.maxTaskEvents,
+  ].join('|');
 }
 
 export function validateParams(p: DetectorParams): string[] {

@@ -27,7 +27,8 @@ export const DEDUPE_PREFIX = 'flow_offload:';
 export const dedupeKeyOf = (tools: readonly string[]): string => DEDUPE_PREFIX + tools.join('→');
 
 /** avg × count × 0.95 = cost sum × 0.95, in hundredths of a cent, rounded half up, in integer arithmetic. */
-export const savingsHundredths = (costUnits: number): number => Math.floor((costUnits * 95 + COST_SCALE / 2) / COST_SCALE);
+export const savingsHundredths = (costUnits: number): number =>
+  Math.floor((costUnits * 95 + COST_SCALE / 2) / COST_SCALE);
 
 function isContiguousPart(inner: readonly string[], outer: readonly string[]): boolean {
   if (inner.length > outer.length) return false;
@@ -56,7 +57,14 @@ export function selectCandidates(stats: Iterable<GramStat>, p: DetectorParams): 
   for (const s of stats) {
     if (s.support < p.minOccurrences) continue;
     const tools = s.key.split(SEP);
-    frequent.push({ tools, support: s.support, exact: s.exact, cost: s.cost, savingsHundredths: savingsHundredths(s.cost), dedupeKey: dedupeKeyOf(tools) });
+    frequent.push({
+      tools,
+      support: s.support,
+      exact: s.exact,
+      cost: s.cost,
+      savingsHundredths: savingsHundredths(s.cost),
+      dedupeKey: dedupeKeyOf(tools),
+    });
   }
   frequent.sort(compareSelected);
   const kept: Selected[] = [];

@@ -34,7 +34,8 @@ export interface ApplyResult {
   completed: number;
 }
 
-const byTsTask = (a: { ts: number; task: string }, b: { ts: number; task: string }) => a.ts - b.ts || codePointCompare(a.task, b.task);
+const byTsTask = (a: { ts: number; task: string }, b: { ts: number; task: string }) =>
+  a.ts - b.ts || codePointCompare(a.task, b.task);
 
 /**
  * The detector's streaming state, in memory: open tasks, the completed-record window and the support counts.
@@ -49,7 +50,17 @@ export class DetectorState {
     const id = scopeId(s);
     let st = this.scopes.get(id);
     if (!st) {
-      st = { scope: s, maxTs: 0, open: new Map(), done: new Map(), window: [], support: new Map(), exact: new Map(), cost: new Map(), frequent: new Set() };
+      st = {
+        scope: s,
+        maxTs: 0,
+        open: new Map(),
+        done: new Map(),
+        window: [],
+        support: new Map(),
+        exact: new Map(),
+        cost: new Map(),
+        frequent: new Set(),
+      };
       this.scopes.set(id, st);
     }
     return st;
@@ -66,7 +77,10 @@ export class DetectorState {
     return r;
   }
 
-  apply(op: DetectorOp, r: ApplyResult = { changed: false, applied: 0, ignored: 0, completed: 0 }): ApplyResult {
+  apply(
+    op: DetectorOp,
+    r: ApplyResult = { changed: false, applied: 0, ignored: 0, completed: 0 },
+  ): ApplyResult {
     const st = this.scope(op.scope);
     const p = this.params;
     if (op.ts > st.maxTs) st.maxTs = op.ts;
@@ -107,8 +121,15 @@ export class DetectorState {
     const open = st.open.get(task);
     st.open.delete(task);
     st.done.set(task, ts);
-    const events = open ? [...open.events].sort(([ea, a], [eb, b]) => a.step - b.step || codePointCompare(ea, eb)) : [];
-    const rec: WindowRecord = { task, ts, tools: events.map(([, e]) => e.tool), costs: events.map(([, e]) => e.cost) };
+    const events = open
+      ? [...open.events].sort(([ea, a], [eb, b]) => a.step - b.step || codePointCompare(ea, eb))
+      : [];
+    const rec: WindowRecord = {
+      task,
+      ts,
+      tools: events.map(([, e]) => e.tool),
+      costs: events.map(([, e]) => e.cost),
+    };
     let i = st.window.length;
     while (i > 0 && byTsTask(st.window[i - 1]!, rec) > 0) i--;
     st.window.splice(i, 0, rec);
@@ -157,7 +178,12 @@ export class DetectorState {
   frequentStats(s: Scope): GramStat[] {
     const st = this.scopes.get(scopeId(s));
     if (!st) return [];
-    return [...st.frequent].map((key) => ({ key, support: st.support.get(key)!, exact: st.exact.get(key) ?? 0, cost: st.cost.get(key)! }));
+    return [...st.frequent].map((key) => ({
+      key,
+      support: st.support.get(key)!,
+      exact: st.exact.get(key) ?? 0,
+      cost: st.cost.get(key)!,
+    }));
   }
 
   /** Window contents (task ids, oldest first), for tests. */

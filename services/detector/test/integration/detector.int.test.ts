@@ -39,12 +39,18 @@ async function setupTopics(env: Record<string, string>, publish = true) {
   if (publish) await publishStream(env);
 }
 async function publishStream(env: Record<string, string>) {
-  await produce(env.PAVER_TOPIC_TOOL_CALLS!, withDupes.map((e) => ({ key: e.session_id, value: JSON.stringify(e) })));
+  await produce(
+    env.PAVER_TOPIC_TOOL_CALLS!,
+    withDupes.map((e) => ({ key: e.session_id, value: JSON.stringify(e) })),
+  );
 }
 
 beforeAll(async () => {
   writeFileSync(file, withDupes.map((e) => JSON.stringify(e)).join('\n') + '\n');
-  const p = await startProcess(['bin/paver.js', 'detect', '--input', file, '--lookback', '60', '--max-candidates', '4'], { PATH: process.env.PATH ?? '' });
+  const p = await startProcess(
+    ['bin/paver.js', 'detect', '--input', file, '--lookback', '60', '--max-candidates', '4'],
+    { PATH: process.env.PATH ?? '' },
+  );
   expect(await p.exited).toBe(0);
   offline = JSON.parse(p.output().slice(p.output().indexOf('[')));
   expect((offline as unknown[]).length).toBe(4);
@@ -63,13 +69,19 @@ describe('detector service (real Kafka, real Redis)', () => {
     await first.exited;
 
     const second = await startDetector(env);
-    await waitFor(async () => JSON.stringify(await candidates(second)) === JSON.stringify(offline), 'live candidates equal to the offline run', 90_000);
+    await waitFor(
+      async () => JSON.stringify(await candidates(second)) === JSON.stringify(offline),
+      'live candidates equal to the offline run',
+      90_000,
+    );
     const m = parsePrometheus(String((await getJson(second.url('/metrics'))).body));
     expect(m.value('paver_dead_letters_total')).toBe(0);
 
     // The compacted topic's view is checked by the next test; reading it here after the first test files'
     // consumer churn timed out in the full suite (see the closing note of this session).
-    expect((await getJson(second.url('/candidates?tenant_id=default&agent_id=agent-0'))).body).toEqual(offline);
+    expect((await getJson(second.url('/candidates?tenant_id=default&agent_id=agent-0'))).body).toEqual(
+      offline,
+    );
   });
 
   it('two instances in one group give the same candidates as one', async () => {
@@ -80,7 +92,11 @@ describe('detector service (real Kafka, real Redis)', () => {
     // B's join rebalanced the group: wait until both hold partitions, then stream.
     await waitFor(async () => (await isReady(a)) && (await isReady(b)), 'both instances in the group');
     await publishStream(env);
-    await waitFor(async () => JSON.stringify(await candidates(a)) === JSON.stringify(offline), 'candidates from instance A', 90_000);
+    await waitFor(
+      async () => JSON.stringify(await candidates(a)) === JSON.stringify(offline),
+      'candidates from instance A',
+      90_000,
+    );
     expect(await candidates(b)).toEqual(offline);
     const ma = parsePrometheus(String((await getJson(a.url('/metrics'))).body));
     const mb = parsePrometheus(String((await getJson(b.url('/metrics'))).body));
@@ -91,7 +107,11 @@ describe('detector service (real Kafka, real Redis)', () => {
 
   it('answers 400 for a bad scope on GET /candidates', async () => {
     const env = serviceEnv(PARAMS);
-    await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS! }, { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    await createTopics([
+      { topic: env.PAVER_TOPIC_TOOL_CALLS! },
+      { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
+      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
+    ]);
     const p = await startDetector(env);
     expect((await getJson(p.url('/candidates?tenant_id=%01x'))).status).toBe(400);
     expect((await getJson(p.url('/candidates'))).body).toEqual([]);

@@ -61,7 +61,9 @@ export function batchDetect(completed: BatchRecord[], maxTs: number, p: BatchPar
   const frequent: (BatchCandidate & { sumUnits: number; hundredths: number })[] = [];
   for (const s of considered.values()) {
     // Longer than maxLength: only whole-record (exact) occurrences count.
-    const occ = window.filter((r) => (s.length > p.maxLength ? JSON.stringify(r.tools) === JSON.stringify(s) : indexOf(r.tools, s) >= 0));
+    const occ = window.filter((r) =>
+      s.length > p.maxLength ? JSON.stringify(r.tools) === JSON.stringify(s) : indexOf(r.tools, s) >= 0,
+    );
     if (occ.length < p.minOccurrences) continue;
     const exact = window.filter((r) => JSON.stringify(r.tools) === JSON.stringify(s)).length;
     let sumUnits = 0;
@@ -91,7 +93,9 @@ export function batchDetect(completed: BatchRecord[], maxTs: number, p: BatchPar
   const kept: typeof frequent = [];
   for (const c of frequent) {
     if (kept.length === p.maxCandidates) break;
-    const nested = kept.some((k) => indexOf(k.tool_sequence, c.tool_sequence) >= 0 || indexOf(c.tool_sequence, k.tool_sequence) >= 0);
+    const nested = kept.some(
+      (k) => indexOf(k.tool_sequence, c.tool_sequence) >= 0 || indexOf(c.tool_sequence, k.tool_sequence) >= 0,
+    );
     if (!nested) kept.push(c);
   }
   return kept.map(({ sumUnits: _s, hundredths: _h, ...c }) => c);

@@ -1,5 +1,11 @@
 import { describe, expect, it } from 'vitest';
-import { candidateKey, diffCandidates, retractedRecord, titleCase, toRecord } from '../../src/core/candidate.js';
+import {
+  candidateKey,
+  diffCandidates,
+  retractedRecord,
+  titleCase,
+  toRecord,
+} from '../../src/core/candidate.js';
 import { liveCandidates } from '../../src/core/detect.js';
 import { recordGrams } from '../../src/core/grams.js';
 import { DEFAULT_PARAMS } from '../../src/core/params.js';
@@ -8,8 +14,23 @@ import { flowCandidateRecordV1 } from '../../../../schemas/index.js';
 import type { DetectorOp } from '../../src/core/ops.js';
 
 const scope = { tenant: 'default', agent: 'default' };
-const call = (task: string, step: number, tool: string, ts: number, cost = 10_000): DetectorOp => ({ kind: 'call', scope, task, eventId: `${task}-${step}`, ts, step, tool, cost });
-const done = (task: string, ts: number): DetectorOp => ({ kind: 'done', scope, task, eventId: `${task}-done`, ts });
+const call = (task: string, step: number, tool: string, ts: number, cost = 10_000): DetectorOp => ({
+  kind: 'call',
+  scope,
+  task,
+  eventId: `${task}-${step}`,
+  ts,
+  step,
+  tool,
+  cost,
+});
+const done = (task: string, ts: number): DetectorOp => ({
+  kind: 'done',
+  scope,
+  task,
+  eventId: `${task}-done`,
+  ts,
+});
 
 function runTask(s: DetectorState, task: string, tools: string[], ts: number, complete = true) {
   tools.forEach((t, i) => s.apply(call(task, i, t, ts + i)));
@@ -25,12 +46,32 @@ describe('detector core', () => {
       s.apply(done(`t${i}`, i * 100 + 50));
     }
     const [c] = liveCandidates(s.frequentStats(scope), DEFAULT_PARAMS);
-    expect(c).toMatchObject({ tool_sequence: seq, occurrence_count: 5, match_type: 'exact', estimated_token_savings: 42.75, avg_cost_per_execution: 9, dedupe_key: 'flow_offload:file_read→validate_yaml→file_write→bash_execute' });
+    expect(c).toMatchObject({
+      tool_sequence: seq,
+      occurrence_count: 5,
+      match_type: 'exact',
+      estimated_token_savings: 42.75,
+      avg_cost_per_execution: 9,
+      dedupe_key: 'flow_offload:file_read→validate_yaml→file_write→bash_execute',
+    });
     expect(c!.proposed_flow.name).toBe('Auto: file_read → validate_yaml → file_write → bash_execute');
-    expect(c!.proposed_flow.steps[0]).toEqual({ id: 'step_1', name: 'File Read', skill_key: 'file_read', depends_on: [], output_key: 'step_1', retry_max: 2, retry_backoff: 1, timeout_seconds: 120, on_failure: 'stop', input_map: { input: '{{_trigger.input}}' } });
+    expect(c!.proposed_flow.steps[0]).toEqual({
+      id: 'step_1',
+      name: 'File Read',
+      skill_key: 'file_read',
+      depends_on: [],
+      output_key: 'step_1',
+      retry_max: 2,
+      retry_backoff: 1,
+      timeout_seconds: 120,
+      on_failure: 'stop',
+      input_map: { input: '{{_trigger.input}}' },
+    });
     expect(c!.proposed_flow.steps[1]!.input_map).toEqual({ input: '{{step_1.output}}' });
     const rec = toRecord(c!, scope, 1);
-    expect(flowCandidateRecordV1.parse(rec).promotion_effect?.agent_prompt_hint).toContain("flow_run('Auto: file_read");
+    expect(flowCandidateRecordV1.parse(rec).promotion_effect?.agent_prompt_hint).toContain(
+      "flow_run('Auto: file_read",
+    );
   });
 
   it('keeps the common 3-step flow found inside longer tasks (the case the reference drops)', () => {
@@ -39,11 +80,18 @@ describe('detector core', () => {
     runTask(s, 'b', ['p', 'x', 'y', 'z', 'q'], 10);
     runTask(s, 'c', ['x', 'y', 'z', 'r'], 20);
     const [c] = liveCandidates(s.frequentStats(scope), DEFAULT_PARAMS);
-    expect(c).toMatchObject({ tool_sequence: ['x', 'y', 'z'], occurrence_count: 3, match_type: 'subsequence' });
+    expect(c).toMatchObject({
+      tool_sequence: ['x', 'y', 'z'],
+      occurrence_count: 3,
+      match_type: 'subsequence',
+    });
   });
 
   it('counts a record once however often it contains a sequence, at its first position cost', () => {
-    const { grams } = recordGrams(['a', 'b', 'c', 'a', 'b', 'c'], [1, 2, 3, 10, 20, 30], { ...DEFAULT_PARAMS, maxLength: 3 });
+    const { grams } = recordGrams(['a', 'b', 'c', 'a', 'b', 'c'], [1, 2, 3, 10, 20, 30], {
+      ...DEFAULT_PARAMS,
+      maxLength: 3,
+    });
     expect(grams.find((g) => g.key === ['a', 'b', 'c'].join('\u001f'))!.cost).toBe(6);
     expect(grams.filter((g) => g.key === ['a', 'b', 'c'].join('\u001f'))).toHaveLength(1);
   });

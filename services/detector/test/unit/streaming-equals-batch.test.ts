@@ -31,16 +31,26 @@ interface Gen {
 }
 
 /** Interleaved tasks over a few scopes, with repeated motifs, redeliveries, late events and mixed costs. */
-function makeStream(g: Gen): { events: ToolCallsEvent[]; truth: Map<string, { scope: string; tools: string[]; costs: (number | undefined)[] }> } {
+function makeStream(g: Gen): {
+  events: ToolCallsEvent[];
+  truth: Map<string, { scope: string; tools: string[]; costs: (number | undefined)[] }>;
+} {
   const r = rng(g.seed);
-  const pick = <T,>(xs: T[]) => xs[Math.floor(r() * xs.length)]!;
+  const pick = <T>(xs: T[]) => xs[Math.floor(r() * xs.length)]!;
   const tools = Array.from({ length: g.alphabet }, (_, i) => `tool_${String.fromCharCode(97 + i)}`);
-  const motifs = Array.from({ length: 3 }, () => Array.from({ length: 3 + Math.floor(r() * 4) }, () => pick(tools)));
+  const motifs = Array.from({ length: 3 }, () =>
+    Array.from({ length: 3 + Math.floor(r() * 4) }, () => pick(tools)),
+  );
   const events: ToolCallsEvent[] = [];
   const truth = new Map<string, { scope: string; tools: string[]; costs: (number | undefined)[] }>();
   let ts = 1_000;
   let nextTask = 0;
-  const active: { id: string; scope: string; plan: { tool: string; cost: number | undefined }[]; step: number }[] = [];
+  const active: {
+    id: string;
+    scope: string;
+    plan: { tool: string; cost: number | undefined }[];
+    step: number;
+  }[] = [];
   const sent: ToolCallsEvent[] = [];
   while (nextTask < g.tasks || active.length > 0) {
     while (active.length < g.concurrency && nextTask < g.tasks) {
@@ -63,7 +73,14 @@ function makeStream(g: Gen): { events: ToolCallsEvent[]; truth: Map<string, { sc
     const base = { ts, tenant_id: 'acme', agent_id: t.scope, session_id: `sess-${t.id}`, task_id: t.id };
     if (t.step < t.plan.length) {
       const s = t.plan[t.step]!;
-      const e = toolCallsEventV1.parse({ ...base, type: 'tool_call', event_id: `${t.id}-e${t.step}`, step: t.step, tool: s.tool, ...(s.cost === undefined ? {} : { cost_cents: s.cost }) });
+      const e = toolCallsEventV1.parse({
+        ...base,
+        type: 'tool_call',
+        event_id: `${t.id}-e${t.step}`,
+        step: t.step,
+        tool: s.tool,
+        ...(s.cost === undefined ? {} : { cost_cents: s.cost }),
+      });
       events.push(e);
       sent.push(e);
       t.step++;
@@ -72,7 +89,16 @@ function makeStream(g: Gen): { events: ToolCallsEvent[]; truth: Map<string, { sc
       active.splice(active.indexOf(t), 1);
       if (r() < 0.2) {
         // A late event for a finished task: must be ignored.
-        events.push(toolCallsEventV1.parse({ ...base, ts: ts + 1, type: 'tool_call', event_id: `${t.id}-late`, step: 999, tool: pick(tools) }));
+        events.push(
+          toolCallsEventV1.parse({
+            ...base,
+            ts: ts + 1,
+            type: 'tool_call',
+            event_id: `${t.id}-late`,
+            step: 999,
+            tool: pick(tools),
+          }),
+        );
       }
     }
     if (sent.length > 0 && r() < g.redeliver) events.push({ ...pick(sent), ts: ts }); // Kafka redelivery: same event_id
@@ -125,12 +151,21 @@ describe('streaming detector core = batch reference', () => {
           if (e.type !== 'task_completed') continue;
           {
             const scope = e.agent_id;
-            const streaming = liveCandidates(state.frequentStats({ tenant: 'acme', agent: scope }), params).map(({ proposed_flow: _p, ...c }) => c);
+            const streaming = liveCandidates(
+              state.frequentStats({ tenant: 'acme', agent: scope }),
+              params,
+            ).map(({ proposed_flow: _p, ...c }) => c);
             const batch = batchDetect(completed.get(scope) ?? [], maxTs.get(scope) ?? 0, params);
             expect(streaming).toEqual(batch);
             stats.compared++;
             if (batch.length > 0) stats.nonEmpty++;
-            if (batch.length > 1 && batch.some((c, i) => i > 0 && c.estimated_token_savings === batch[i - 1]!.estimated_token_savings)) stats.ties++;
+            if (
+              batch.length > 1 &&
+              batch.some(
+                (c, i) => i > 0 && c.estimated_token_savings === batch[i - 1]!.estimated_token_savings,
+              )
+            )
+              stats.ties++;
           }
         }
       }),

@@ -7,15 +7,22 @@ export interface LlmConfig {
   model: string;
 }
 
-const chatReply = z.object({ choices: z.array(z.object({ message: z.object({ content: z.string().nullable() }) })).min(1) });
-const embeddingsReply = z.object({ data: z.array(z.object({ embedding: z.array(z.number()), index: z.number().int().optional() })).min(1) });
+const chatReply = z.object({
+  choices: z.array(z.object({ message: z.object({ content: z.string().nullable() }) })).min(1),
+});
+const embeddingsReply = z.object({
+  data: z.array(z.object({ embedding: z.array(z.number()), index: z.number().int().optional() })).min(1),
+});
 
 const MAX_REPLY = 1024 * 1024;
 
 async function post(cfg: LlmConfig, path: string, body: unknown, signal: AbortSignal): Promise<unknown> {
   const res = await fetch(new URL(path, cfg.baseUrl.endsWith('/') ? cfg.baseUrl : `${cfg.baseUrl}/`), {
     method: 'POST',
-    headers: { 'content-type': 'application/json', ...(cfg.apiKey ? { authorization: `Bearer ${cfg.apiKey}` } : {}) },
+    headers: {
+      'content-type': 'application/json',
+      ...(cfg.apiKey ? { authorization: `Bearer ${cfg.apiKey}` } : {}),
+    },
     body: JSON.stringify(body),
     signal,
   });
@@ -26,14 +33,36 @@ async function post(cfg: LlmConfig, path: string, body: unknown, signal: AbortSi
   return JSON.parse(text);
 }
 
-export async function chat(cfg: LlmConfig, system: string, user: string, signal: AbortSignal): Promise<string> {
-  const r = chatReply.safeParse(await post(cfg, 'chat/completions', { model: cfg.model, temperature: 0, messages: [{ role: 'system', content: system }, { role: 'user', content: user }] }, signal));
+export async function chat(
+  cfg: LlmConfig,
+  system: string,
+  user: string,
+  signal: AbortSignal,
+): Promise<string> {
+  const r = chatReply.safeParse(
+    await post(
+      cfg,
+      'chat/completions',
+      {
+        model: cfg.model,
+        temperature: 0,
+        messages: [
+          { role: 'system', content: system },
+          { role: 'user', content: user },
+        ],
+      },
+      signal,
+    ),
+  );
   if (!r.success) throw new Error('chat/completions: unexpected reply shape');
   return r.data.choices[0]!.message.content ?? '';
 }
 
 export async function embed(cfg: LlmConfig, inputs: string[], signal: AbortSignal): Promise<number[][]> {
-  const r = embeddingsReply.safeParse(await post(cfg, 'embeddings', { model: cfg.model, input: inputs }, signal));
-  if (!r.success || r.data.data.length !== inputs.length) throw new Error('embeddings: unexpected reply shape');
+  const r = embeddingsReply.safeParse(
+    await post(cfg, 'embeddings', { model: cfg.model, input: inputs }, signal),
+  );
+  if (!r.success || r.data.data.length !== inputs.length)
+    throw new Error('embeddings: unexpected reply shape');
   return [...r.data.data].sort((a, b) => (a.index ?? 0) - (b.index ?? 0)).map((d) => d.embedding);
 }

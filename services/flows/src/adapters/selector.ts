@@ -1,5 +1,12 @@
 import type { FlowRegistry } from '../core/registry.js';
-import { choose, needsModel, recall, type ModelOutcome, type Selection, type SelectPolicy } from '../core/select.js';
+import {
+  choose,
+  needsModel,
+  recall,
+  type ModelOutcome,
+  type Selection,
+  type SelectPolicy,
+} from '../core/select.js';
 import { SYSTEM_PROMPT, userPrompt, type PromptCache } from '../core/prompt.js';
 import { chat, embed, type LlmConfig } from './llm.js';
 
@@ -14,7 +21,14 @@ export interface SelectorDeps {
 }
 
 /** The two stages with their I/O: query embedding (optional), recall, then the model within the time budget. */
-export async function select(d: SelectorDeps, tenant: string, agent: string, query: string, summaries: string[], p: SelectPolicy): Promise<Selection> {
+export async function select(
+  d: SelectorDeps,
+  tenant: string,
+  agent: string,
+  query: string,
+  summaries: string[],
+  p: SelectPolicy,
+): Promise<Selection> {
   const deadline = AbortSignal.timeout(d.budgetMs);
   let vector: number[] | null = null;
   if (d.embeddings && d.registry.index(tenant, agent)?.vectors.size) {
@@ -25,7 +39,16 @@ export async function select(d: SelectorDeps, tenant: string, agent: string, que
   let model: ModelOutcome = { kind: 'none' };
   if (d.chat && needsModel(cands, p)) {
     try {
-      const text = await chat(d.chat, SYSTEM_PROMPT, userPrompt(query, summaries.slice(-p.maxSummaries), cands.map((c) => c.flow)), deadline);
+      const text = await chat(
+        d.chat,
+        SYSTEM_PROMPT,
+        userPrompt(
+          query,
+          summaries.slice(-p.maxSummaries),
+          cands.map((c) => c.flow),
+        ),
+        deadline,
+      );
       model = { kind: 'answer', text };
       d.onModel?.('answer');
     } catch (err) {
@@ -37,7 +60,11 @@ export async function select(d: SelectorDeps, tenant: string, agent: string, que
 }
 
 /** Computes the vectors the registry lacks, in batches; failures are retried on the next call. */
-export async function fillVectors(registry: FlowRegistry, cfg: LlmConfig, timeoutMs: number): Promise<number> {
+export async function fillVectors(
+  registry: FlowRegistry,
+  cfg: LlmConfig,
+  timeoutMs: number,
+): Promise<number> {
   const { searchText } = await import('../core/registry.js');
   const missing = registry.missingVectors();
   let done = 0;

@@ -3,7 +3,31 @@ export function tokenize(text: string): string[] {
   return text.toLowerCase().match(/[\p{L}\p{N}]+/gu) ?? [];
 }
 
-const STOP = new Set(['a', 'an', 'and', 'the', 'of', 'to', 'for', 'in', 'on', 'with', 'my', 'me', 'i', 'is', 'it', 'this', 'that', 'be', 'or', 'by', 'at', 'as', 'from']);
+const STOP = new Set([
+  'a',
+  'an',
+  'and',
+  'the',
+  'of',
+  'to',
+  'for',
+  'in',
+  'on',
+  'with',
+  'my',
+  'me',
+  'i',
+  'is',
+  'it',
+  'this',
+  'that',
+  'be',
+  'or',
+  'by',
+  'at',
+  'as',
+  'from',
+]);
 export const terms = (text: string) => tokenize(text).filter((t) => !STOP.has(t));
 
 export interface Scored {
@@ -94,7 +118,7 @@ export class Bm25Index {
       scores[slot] = 0;
       if (heap.length < limit) {
         heap.push(item);
-        for (let i = heap.length - 1; i > 0; ) {
+        for (let i = heap.length - 1; i > 0;) {
           const parent = (i - 1) >> 1;
           if (!worse(heap[i]!, heap[parent]!)) break;
           [heap[i], heap[parent]] = [heap[parent]!, heap[i]!];
@@ -102,7 +126,7 @@ export class Bm25Index {
         }
       } else if (worse(heap[0]!, item)) {
         heap[0] = item;
-        for (let i = 0; ; ) {
+        for (let i = 0; ;) {
           const l = 2 * i + 1;
           const r = l + 1;
           let w = i;
@@ -118,12 +142,14 @@ export class Bm25Index {
   }
 }
 
-export const byScore = (a: Scored, b: Scored) => b.score - a.score || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
+export const byScore = (a: Scored, b: Scored) =>
+  b.score - a.score || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
 
 /** Reciprocal rank fusion: Σ 1/(k + rank) over the rankings a document appears in (rank from 1). */
 export function rrf(rankings: readonly (readonly string[])[], k: number): Scored[] {
   const scores = new Map<string, number>();
-  for (const ranking of rankings) ranking.forEach((id, i) => scores.set(id, (scores.get(id) ?? 0) + 1 / (k + i + 1)));
+  for (const ranking of rankings)
+    ranking.forEach((id, i) => scores.set(id, (scores.get(id) ?? 0) + 1 / (k + i + 1)));
   return [...scores].map(([id, score]) => ({ id, score })).sort(byScore);
 }
 

@@ -1,12 +1,22 @@
 import type { RegisteredFlow } from '../../../../schemas/index.js';
 
-export const xml = (s: string) => s.replace(/[<>&"']/g, (c) => ({ '<': '&lt;', '>': '&gt;', '&': '&amp;', '"': '&quot;', "'": '&apos;' })[c]!);
+export const xml = (s: string) =>
+  s.replace(
+    /[<>&"']/g,
+    (c) => ({ '<': '&lt;', '>': '&gt;', '&': '&amp;', '"': '&quot;', "'": '&apos;' })[c]!,
+  );
 
-const stepSkill = (s: RegisteredFlow['steps'][number]) => ('skill_key' in s && typeof s.skill_key === 'string' ? s.skill_key : '');
+const stepSkill = (s: RegisteredFlow['steps'][number]) =>
+  'skill_key' in s && typeof s.skill_key === 'string' ? s.skill_key : '';
 
 /** The compact (non-verbose) XML an agent receives for a chosen flow. */
 export function buildPrompt(f: RegisteredFlow): string {
-  const steps = f.steps.map((s, i) => `<step n="${i + 1}"${stepSkill(s) ? ` skill="${xml(stepSkill(s))}"` : ''}>${xml(s.name)}</step>`).join('');
+  const steps = f.steps
+    .map(
+      (s, i) =>
+        `<step n="${i + 1}"${stepSkill(s) ? ` skill="${xml(stepSkill(s))}"` : ''}>${xml(s.name)}</step>`,
+    )
+    .join('');
   return (
     `<flow id="${f.id}" name="${xml(f.name)}">` +
     (f.description ? `<description>${xml(f.description)}</description>` : '') +
@@ -60,6 +70,8 @@ export const SYSTEM_PROMPT = [
 ].join('\n');
 
 export function userPrompt(query: string, summaries: readonly string[], flows: RegisteredFlow[]): string {
-  const context = summaries.length ? `\n<recent_episodes>${summaries.map((s) => `<episode>${xml(s)}</episode>`).join('')}</recent_episodes>` : '';
+  const context = summaries.length
+    ? `\n<recent_episodes>${summaries.map((s) => `<episode>${xml(s)}</episode>`).join('')}</recent_episodes>`
+    : '';
   return `<request>${xml(query)}</request>${context}\n${candidatesXml(flows)}`;
 }

@@ -4,13 +4,15 @@ import { Bm25Index } from './bm25.js';
 
 /** Namespace of Paver flow ids (UUID v5): the same definition key always gives the same id. */
 export const FLOW_NAMESPACE = '6f0e6a55-6d2f-5b6e-9c39-7061766572f1';
-export const manualFlowId = (d: Pick<FlowDefinition, 'tenant_id' | 'agent_id' | 'name'>) => uuidv5(`manual:${d.tenant_id}/${d.agent_id}/${d.name}`, FLOW_NAMESPACE);
+export const manualFlowId = (d: Pick<FlowDefinition, 'tenant_id' | 'agent_id' | 'name'>) =>
+  uuidv5(`manual:${d.tenant_id}/${d.agent_id}/${d.name}`, FLOW_NAMESPACE);
 export const promotedFlowId = (dedupeKey: string) => uuidv5(`candidate:${dedupeKey}`, FLOW_NAMESPACE);
 
 export const scopeId = (tenant: string, agent: string) => `${tenant}\u001f${agent}`;
 
 /** The text sparse retrieval sees: name, description, condition and desired effects. */
-export const searchText = (f: RegisteredFlow) => [f.name, f.description, f.condition, ...f.desired_effects].join('\n');
+export const searchText = (f: RegisteredFlow) =>
+  [f.name, f.description, f.condition, ...f.desired_effects].join('\n');
 
 class ScopeRegistry {
   readonly flows = new Map<string, RegisteredFlow>();
@@ -60,9 +62,14 @@ export class FlowRegistry {
     this.scope(tenant, agent)?.vectors.set(id, v);
   }
   missingVectors(): RegisteredFlow[] {
-    return [...this.scopes.values()].flatMap((s) => [...s.flows.values()].filter((f) => !s.vectors.has(f.id)));
+    return [...this.scopes.values()].flatMap((s) =>
+      [...s.flows.values()].filter((f) => !s.vectors.has(f.id)),
+    );
   }
-  index(tenant: string, agent: string): { bm25: Bm25Index; vectors: Map<string, number[]>; flows: Map<string, RegisteredFlow> } | undefined {
+  index(
+    tenant: string,
+    agent: string,
+  ): { bm25: Bm25Index; vectors: Map<string, number[]>; flows: Map<string, RegisteredFlow> } | undefined {
     return this.scope(tenant, agent);
   }
   get size(): number {
@@ -89,7 +96,9 @@ export function flowFromCandidate(r: FlowCandidateRecord, now: number): Register
     condition: `Requests the agent has handled by running ${tools.join(' then ')}.`,
     desired_effects: [r.title, ...(pf?.tags ?? [])].filter(Boolean),
     steps: pf?.steps ?? [],
-    ...(r.promotion_effect?.agent_prompt_hint ? { agent_prompt_hint: r.promotion_effect.agent_prompt_hint } : {}),
+    ...(r.promotion_effect?.agent_prompt_hint
+      ? { agent_prompt_hint: r.promotion_effect.agent_prompt_hint }
+      : {}),
     source: 'promoted',
     dedupe_key: r.dedupe_key,
     registered_at: now,

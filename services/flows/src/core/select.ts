@@ -14,20 +14,35 @@ export interface SelectPolicy {
   /** Summaries appended to the query for recall. */
   maxSummaries: number;
 }
-export const DEFAULT_POLICY: SelectPolicy = { topK: 3, rrfK: 10, scoreFloor: 0, failOpen: false, maxSummaries: 3 };
+export const DEFAULT_POLICY: SelectPolicy = {
+  topK: 3,
+  rrfK: 10,
+  scoreFloor: 0,
+  failOpen: false,
+  maxSummaries: 3,
+};
 
 export interface Candidate {
   flow: RegisteredFlow;
   score: number;
 }
 
-export const augment = (query: string, summaries: readonly string[], max: number) => [query, ...summaries.slice(-max)].join('\n');
+export const augment = (query: string, summaries: readonly string[], max: number) =>
+  [query, ...summaries.slice(-max)].join('\n');
 
 /**
  * Stage 1: sparse (BM25) and, when vectors are given, dense rankings fused by RRF; top_k of the fused list.
  * Each ranking holds only documents it actually matched (a positive BM25 score; the nearest vectors).
  */
-export function recall(reg: FlowRegistry, tenant: string, agent: string, query: string, summaries: readonly string[], p: SelectPolicy, queryVector?: number[] | null): Candidate[] {
+export function recall(
+  reg: FlowRegistry,
+  tenant: string,
+  agent: string,
+  query: string,
+  summaries: readonly string[],
+  p: SelectPolicy,
+  queryVector?: number[] | null,
+): Candidate[] {
   const idx = reg.index(tenant, agent);
   if (!idx || idx.flows.size === 0) return [];
   const depth = Math.max(p.topK * 10, 50);
@@ -51,22 +66,46 @@ export function recall(reg: FlowRegistry, tenant: string, agent: string, query: 
 /** What stage 2 got from the model: nothing configured, an answer, or a failure (error, timeout, budget). */
 export type ModelOutcome = { kind: 'none' } | { kind: 'answer'; text: string } | { kind: 'failed' };
 
-export type Selection = Pick<FlowSelectionRecord, 'path' | 'chosen' | 'chosen_prompts' | 'combined_prompt' | 'unresolved_ids' | 'candidates'>;
+export type Selection = Pick<
+  FlowSelectionRecord,
+  'path' | 'chosen' | 'chosen_prompts' | 'combined_prompt' | 'unresolved_ids' | 'candidates'
+>;
 
 /** Whether stage 2 needs the model at all (several candidates above the floor). */
-export const needsModel = (cands: Candidate[], p: SelectPolicy) => cands.length > 1 && (cands[0]?.score ?? 0) >= p.scoreFloor;
+export const needsModel = (cands: Candidate[], p: SelectPolicy) =>
+  cands.length > 1 && (cands[0]?.score ?? 0) >= p.scoreFloor;
 
 /** Stage 2: the fast path, the model's answer mapped back to the registry, or the fallback. */
-export function choose(reg: FlowRegistry, tenant: string, agent: string, cands: Candidate[], model: ModelOutcome, p: SelectPolicy, prompts: PromptCache): Selection {
+export function choose(
+  reg: FlowRegistry,
+  tenant: string,
+  agent: string,
+  cands: Candidate[],
+  model: ModelOutcome,
+  p: SelectPolicy,
+  prompts: PromptCache,
+): Selection {
   const candidates = cands.map((c) => ({ id: c.flow.id, name: c.flow.name, score: c.score }));
-  const result = (path: Selection['path'], chosen: RegisteredFlow[], unresolved: string[] = []): Selection => {
+  const result = (
+    path: Selection['path'],
+    chosen: RegisteredFlow[],
+    unresolved: string[] = [],
+  ): Selection => {
     const chosen_prompts = chosen.map((f) => prompts.get(f));
-    return { path, chosen: chosen.map((f) => ({ id: f.id, name: f.name })), chosen_prompts, combined_prompt: chosen_prompts.join('\n'), unresolved_ids: unresolved, candidates };
+    return {
+      path,
+      chosen: chosen.map((f) => ({ id: f.id, name: f.name })),
+      chosen_prompts,
+      combined_prompt: chosen_prompts.join('\n'),
+      unresolved_ids: unresolved,
+      candidates,
+    };
   };
   if (cands.length === 0) return result('none', []);
   if (cands[0]!.score < p.scoreFloor) return result('none', []);
   if (cands.length === 1) return result('fast_path', [cands[0]!.flow]);
-  const fallback = (unresolved: string[] = []) => (p.failOpen ? result('fail_open', [], unresolved) : result('fallback', [cands[0]!.flow], unresolved));
+  const fallback = (unresolved: string[] = []) =>
+    p.failOpen ? result('fail_open', [], unresolved) : result('fallback', [cands[0]!.flow], unresolved);
   if (model.kind === 'none') return result('fallback', [cands[0]!.flow]);
   if (model.kind === 'failed') return fallback();
   const ids = parseIds(model.text);

@@ -4,7 +4,13 @@ import { parseIds } from '../../src/core/answer.js';
 import { Bm25Index, rrf } from '../../src/core/bm25.js';
 import { onCandidate, type PromotionPolicy } from '../../src/core/promotion.js';
 import { buildPrompt, PromptCache } from '../../src/core/prompt.js';
-import { flowFromCandidate, FlowRegistry, manualFlowId, promotedFlowId, registerManual } from '../../src/core/registry.js';
+import {
+  flowFromCandidate,
+  FlowRegistry,
+  manualFlowId,
+  promotedFlowId,
+  registerManual,
+} from '../../src/core/registry.js';
 import { choose, DEFAULT_POLICY, recall } from '../../src/core/select.js';
 
 describe('BM25', () => {
@@ -38,7 +44,13 @@ describe('BM25', () => {
 
 describe('reciprocal rank fusion', () => {
   it('sums 1/(k+rank) across rankings', () => {
-    const r = rrf([['a', 'b', 'c'], ['b', 'a']], 10);
+    const r = rrf(
+      [
+        ['a', 'b', 'c'],
+        ['b', 'a'],
+      ],
+      10,
+    );
     expect(r.map((x) => x.id)).toEqual(['a', 'b', 'c']);
     expect(r[0]!.score).toBeCloseTo(1 / 11 + 1 / 12);
     expect(r[2]!.score).toBeCloseTo(1 / 13);
@@ -67,7 +79,8 @@ describe('model answer parser', () => {
   ])('%j → %j', (answer, want) => expect(parseIds(answer)).toEqual(want));
 });
 
-const def = (name: string, description: string, condition = '', effects: string[] = []) => registerManual(flowDefinitionV1.parse({ name, description, condition, desired_effects: effects }), 1);
+const def = (name: string, description: string, condition = '', effects: string[] = []) =>
+  registerManual(flowDefinitionV1.parse({ name, description, condition, desired_effects: effects }), 1);
 function registry() {
   const reg = new FlowRegistry();
   for (const f of [
@@ -86,17 +99,35 @@ describe('selection', () => {
 
   it('recall uses the summaries to resolve a vague request', () => {
     expect(recall(reg, 'default', 'default', 'help me with that', [], DEFAULT_POLICY)).toEqual([]);
-    const c = recall(reg, 'default', 'default', 'help me with that', ['the user wanted to pay an invoice'], DEFAULT_POLICY);
+    const c = recall(
+      reg,
+      'default',
+      'default',
+      'help me with that',
+      ['the user wanted to pay an invoice'],
+      DEFAULT_POLICY,
+    );
     expect(c[0]!.flow.name).toBe('pay_bill');
   });
   it('fast path with one candidate: no model', () => {
     const c = recall(reg, 'default', 'default', 'refund please', [], DEFAULT_POLICY);
     expect(c).toHaveLength(1);
-    expect(choose(reg, 'default', 'default', c, { kind: 'failed' }, DEFAULT_POLICY, prompts)).toMatchObject({ path: 'fast_path', chosen: [{ name: 'refund_order' }] });
+    expect(choose(reg, 'default', 'default', c, { kind: 'failed' }, DEFAULT_POLICY, prompts)).toMatchObject({
+      path: 'fast_path',
+      chosen: [{ name: 'refund_order' }],
+    });
   });
   const several = () => recall(reg, 'default', 'default', 'money refund balance bill', [], DEFAULT_POLICY);
   it('model path: several flows, ids mapped back to the registry, unknown ids reported', () => {
-    const s = choose(reg, 'default', 'default', several(), { kind: 'answer', text: `["${ids('pay_bill')}", "ghost-id", "${ids('check_balance')}"]` }, DEFAULT_POLICY, prompts);
+    const s = choose(
+      reg,
+      'default',
+      'default',
+      several(),
+      { kind: 'answer', text: `["${ids('pay_bill')}", "ghost-id", "${ids('check_balance')}"]` },
+      DEFAULT_POLICY,
+      prompts,
+    );
     expect(s.path).toBe('model');
     expect(s.chosen.map((c) => c.name)).toEqual(['pay_bill', 'check_balance']);
     expect(s.unresolved_ids).toEqual(['ghost-id']);
@@ -104,25 +135,61 @@ describe('selection', () => {
   });
   it('fallback to the top-ranked on an unusable answer, an error, or no model; fail_open chooses nothing', () => {
     const c = several();
-    for (const m of [{ kind: 'answer' as const, text: 'no idea' }, { kind: 'answer' as const, text: '[]' }, { kind: 'failed' as const }, { kind: 'none' as const }]) {
-      expect(choose(reg, 'default', 'default', c, m, DEFAULT_POLICY, prompts)).toMatchObject({ path: 'fallback', chosen: [{ id: c[0]!.flow.id }] });
+    for (const m of [
+      { kind: 'answer' as const, text: 'no idea' },
+      { kind: 'answer' as const, text: '[]' },
+      { kind: 'failed' as const },
+      { kind: 'none' as const },
+    ]) {
+      expect(choose(reg, 'default', 'default', c, m, DEFAULT_POLICY, prompts)).toMatchObject({
+        path: 'fallback',
+        chosen: [{ id: c[0]!.flow.id }],
+      });
     }
-    expect(choose(reg, 'default', 'default', c, { kind: 'failed' }, { ...DEFAULT_POLICY, failOpen: true }, prompts)).toMatchObject({ path: 'fail_open', chosen: [] });
-    expect(choose(reg, 'default', 'default', c, { kind: 'answer', text: '["ghost"]' }, DEFAULT_POLICY, prompts)).toMatchObject({ path: 'fallback', unresolved_ids: ['ghost'] });
+    expect(
+      choose(
+        reg,
+        'default',
+        'default',
+        c,
+        { kind: 'failed' },
+        { ...DEFAULT_POLICY, failOpen: true },
+        prompts,
+      ),
+    ).toMatchObject({ path: 'fail_open', chosen: [] });
+    expect(
+      choose(reg, 'default', 'default', c, { kind: 'answer', text: '["ghost"]' }, DEFAULT_POLICY, prompts),
+    ).toMatchObject({ path: 'fallback', unresolved_ids: ['ghost'] });
   });
   it('a top score under the floor, or no candidate, chooses nothing', () => {
-    expect(choose(reg, 'default', 'default', several(), { kind: 'none' }, { ...DEFAULT_POLICY, scoreFloor: 0.5 }, prompts)).toMatchObject({ path: 'none', chosen: [] });
-    expect(choose(reg, 'default', 'default', [], { kind: 'none' }, DEFAULT_POLICY, prompts).path).toBe('none');
+    expect(
+      choose(
+        reg,
+        'default',
+        'default',
+        several(),
+        { kind: 'none' },
+        { ...DEFAULT_POLICY, scoreFloor: 0.5 },
+        prompts,
+      ),
+    ).toMatchObject({ path: 'none', chosen: [] });
+    expect(choose(reg, 'default', 'default', [], { kind: 'none' }, DEFAULT_POLICY, prompts).path).toBe(
+      'none',
+    );
   });
   it('top_k bounds the candidates', () => {
-    expect(recall(reg, 'default', 'default', 'money refund balance bill', [], { ...DEFAULT_POLICY, topK: 2 })).toHaveLength(2);
+    expect(
+      recall(reg, 'default', 'default', 'money refund balance bill', [], { ...DEFAULT_POLICY, topK: 2 }),
+    ).toHaveLength(2);
   });
 });
 
 describe('prompts and ids', () => {
   it('builds compact XML, escaped, cached per flow id and registration', () => {
     const f = def('a<b', 'x & "y"');
-    expect(buildPrompt(f)).toBe(`<flow id="${f.id}" name="a&lt;b"><description>x &amp; &quot;y&quot;</description></flow>`);
+    expect(buildPrompt(f)).toBe(
+      `<flow id="${f.id}" name="a&lt;b"><description>x &amp; &quot;y&quot;</description></flow>`,
+    );
     const cache = new PromptCache();
     cache.get(f);
     cache.get(f);
@@ -131,8 +198,12 @@ describe('prompts and ids', () => {
     expect(cache.hits).toBe(1);
   });
   it('ids are deterministic UUID v5 of the definition key', () => {
-    expect(manualFlowId({ tenant_id: 't', agent_id: 'a', name: 'n' })).toBe(manualFlowId({ tenant_id: 't', agent_id: 'a', name: 'n' }));
-    expect(manualFlowId({ tenant_id: 't', agent_id: 'a', name: 'n' })).not.toBe(manualFlowId({ tenant_id: 't', agent_id: 'b', name: 'n' }));
+    expect(manualFlowId({ tenant_id: 't', agent_id: 'a', name: 'n' })).toBe(
+      manualFlowId({ tenant_id: 't', agent_id: 'a', name: 'n' }),
+    );
+    expect(manualFlowId({ tenant_id: 't', agent_id: 'a', name: 'n' })).not.toBe(
+      manualFlowId({ tenant_id: 't', agent_id: 'b', name: 'n' }),
+    );
     expect(promotedFlowId('k')).toMatch(/^[0-9a-f-]{36}$/);
   });
 });
@@ -149,7 +220,30 @@ const cand = (over: Partial<FlowCandidateRecord> = {}): FlowCandidateRecord => (
   occurrence_count: 12,
   estimated_token_savings: 30,
   candidate: null,
-  promotion_effect: { effect_type: 'flow_offload_registration', proposed_flow: { name: 'flow_search', description: 'Search, then summarize', steps: [{ id: 's1', name: 'Web Search', skill_key: 'web_search', depends_on: [], output_key: 'o1', retry_max: 1, retry_backoff: 1, timeout_seconds: 30, on_failure: 'stop', input_map: {} }], tags: ['auto'] }, agent_prompt_hint: 'Run flow_search', reason: 'seen 12 times' },
+  promotion_effect: {
+    effect_type: 'flow_offload_registration',
+    proposed_flow: {
+      name: 'flow_search',
+      description: 'Search, then summarize',
+      steps: [
+        {
+          id: 's1',
+          name: 'Web Search',
+          skill_key: 'web_search',
+          depends_on: [],
+          output_key: 'o1',
+          retry_max: 1,
+          retry_backoff: 1,
+          timeout_seconds: 30,
+          on_failure: 'stop',
+          input_map: {},
+        },
+      ],
+      tags: ['auto'],
+    },
+    agent_prompt_hint: 'Run flow_search',
+    reason: 'seen 12 times',
+  },
   ...over,
 });
 
@@ -157,25 +251,44 @@ describe('promotion policy', () => {
   const manual: PromotionPolicy = { mode: 'manual', minOccurrences: 10, minSavings: 20 };
   const auto: PromotionPolicy = { ...manual, mode: 'auto' };
   it('manual: pending; auto: promoted only above both thresholds', () => {
-    expect(onCandidate(undefined, cand(), manual, 1)).toMatchObject({ promote: false, next: { status: 'pending' } });
-    expect(onCandidate(undefined, cand(), auto, 1)).toMatchObject({ promote: true, next: { status: 'promoted' } });
+    expect(onCandidate(undefined, cand(), manual, 1)).toMatchObject({
+      promote: false,
+      next: { status: 'pending' },
+    });
+    expect(onCandidate(undefined, cand(), auto, 1)).toMatchObject({
+      promote: true,
+      next: { status: 'promoted' },
+    });
     expect(onCandidate(undefined, cand({ occurrence_count: 9 }), auto, 1)!.promote).toBe(false);
     expect(onCandidate(undefined, cand({ estimated_token_savings: 19 }), auto, 1)!.promote).toBe(false);
   });
   it('a rejected key is never proposed again; older records never overwrite newer ones', () => {
     const rejected = { record: cand(), status: 'rejected' as const, retracted: false, decided_at: 5 };
-    expect(onCandidate(rejected, cand({ detected_at: 20, occurrence_count: 99 }), auto, 1)).toMatchObject({ promote: false, next: { status: 'rejected' } });
+    expect(onCandidate(rejected, cand({ detected_at: 20, occurrence_count: 99 }), auto, 1)).toMatchObject({
+      promote: false,
+      next: { status: 'rejected' },
+    });
     expect(onCandidate({ ...rejected, status: 'pending' }, cand({ detected_at: 5 }), auto, 1)).toBeNull();
   });
   it('a retraction is recorded, not dropped; a promoted flow stays promoted and is marked retracted', () => {
     const pending = onCandidate(undefined, cand(), manual, 1)!.next;
-    expect(onCandidate(pending, cand({ status: 'retracted', detected_at: 11 }), manual, 2)!.next).toMatchObject({ status: 'retracted', retracted: true });
+    expect(
+      onCandidate(pending, cand({ status: 'retracted', detected_at: 11 }), manual, 2)!.next,
+    ).toMatchObject({ status: 'retracted', retracted: true });
     const promoted = { ...pending, status: 'promoted' as const };
-    expect(onCandidate(promoted, cand({ status: 'retracted', detected_at: 11 }), manual, 2)!.next).toMatchObject({ status: 'promoted', retracted: true });
+    expect(
+      onCandidate(promoted, cand({ status: 'retracted', detected_at: 11 }), manual, 2)!.next,
+    ).toMatchObject({ status: 'promoted', retracted: true });
   });
   it('a promoted candidate becomes a flow with its prompt hint and a deterministic id', () => {
     const f = flowFromCandidate(cand(), 7);
-    expect(f).toMatchObject({ id: promotedFlowId('k1'), name: 'flow_search', agent_prompt_hint: 'Run flow_search', source: 'promoted', dedupe_key: 'k1' });
+    expect(f).toMatchObject({
+      id: promotedFlowId('k1'),
+      name: 'flow_search',
+      agent_prompt_hint: 'Run flow_search',
+      source: 'promoted',
+      dedupe_key: 'k1',
+    });
     expect(buildPrompt(f)).toContain('<hint>Run flow_search</hint>');
   });
 });

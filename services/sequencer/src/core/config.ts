@@ -1,5 +1,10 @@
 import { RE2JS } from 're2js';
-import { agentOrchestrationV1, orchestrationFileV1, type AgentOrchestration, type OrchestrationStep } from '../../../../schemas/index.js';
+import {
+  agentOrchestrationV1,
+  orchestrationFileV1,
+  type AgentOrchestration,
+  type OrchestrationStep,
+} from '../../../../schemas/index.js';
 
 export class ConfigError extends Error {}
 
@@ -9,7 +14,8 @@ export function globMatch(pattern: string, name: string): boolean {
   const parts = pattern.split('*');
   const first = parts[0]!;
   const last = parts[parts.length - 1]!;
-  if (!name.startsWith(first) || name.length < first.length + last.length || !name.endsWith(last)) return false;
+  if (!name.startsWith(first) || name.length < first.length + last.length || !name.endsWith(last))
+    return false;
   let at = first.length;
   const end = name.length - last.length;
   for (const mid of parts.slice(1, -1)) {
@@ -52,7 +58,8 @@ export const HISTORY_MIN = 8;
 
 /** The step's own filter: allowed patterns (when any), then denied patterns. Paver applies both. */
 export const stepAllows = (step: Step, tool: string): boolean =>
-  (step.allowed === null || step.allowed.some((p) => globMatch(p, tool))) && !step.denied.some((p) => globMatch(p, tool));
+  (step.allowed === null || step.allowed.some((p) => globMatch(p, tool))) &&
+  !step.denied.some((p) => globMatch(p, tool));
 
 function compileStep(s: OrchestrationStep): Step {
   const conditions: Condition[] = s.conditions.map((c) => {
@@ -62,7 +69,9 @@ function compileStep(s: OrchestrationStep): Step {
         // RE2: linear time in the message length, whatever the pattern; no user message can stall the consumer.
         re = RE2JS.compile(c.value, RE2JS.CASE_INSENSITIVE);
       } catch (err) {
-        throw new ConfigError(`step '${s.name}': message_regex /${c.value}/ is not a valid RE2 expression: ${(err as Error).message}`);
+        throw new ConfigError(
+          `step '${s.name}': message_regex /${c.value}/ is not a valid RE2 expression: ${(err as Error).message}`,
+        );
       }
       return { type: 'message_regex', test: (t: string) => re.test(t), source: c.value };
     }
@@ -81,7 +90,9 @@ function compileStep(s: OrchestrationStep): Step {
   };
   const refused = [...new Set(step.sequence.flat().filter((t) => !stepAllows(step, t)))];
   if (refused.length) {
-    throw new ConfigError(`step '${s.name}': sequence tool(s) ${refused.map((t) => `'${t}'`).join(', ')} not allowed by the step's availableTools`);
+    throw new ConfigError(
+      `step '${s.name}': sequence tool(s) ${refused.map((t) => `'${t}'`).join(', ')} not allowed by the step's availableTools`,
+    );
   }
   return step;
 }
@@ -103,9 +114,13 @@ export function compileAgent(a: AgentOrchestration): Agent {
     names.add(s.name);
   }
   const defaults = a.steps.filter((s) => s.isDefault);
-  if (defaults.length > 1) errors.push(`more than one default step: ${defaults.map((s) => `'${s.name}'`).join(', ')}`);
+  if (defaults.length > 1)
+    errors.push(`more than one default step: ${defaults.map((s) => `'${s.name}'`).join(', ')}`);
   if (errors.length) throw new ConfigError(`agent ${a.tenant_id}/${a.agent_id}: ${errors.join('; ')}`);
-  const longest = Math.max(0, ...steps.flatMap((s) => s.conditions.map((c) => (c.type === 'sequence_match' ? c.tools.length : 0))));
+  const longest = Math.max(
+    0,
+    ...steps.flatMap((s) => s.conditions.map((c) => (c.type === 'sequence_match' ? c.tools.length : 0))),
+  );
   return {
     tools: a.tools,
     steps,
@@ -142,7 +157,9 @@ export function loadOrchestrationFile(raw: unknown): Orchestrations {
   if (!parsed.success) {
     // Re-parse against the single-agent shape when the file is not a wrapper: its errors are the helpful ones.
     const isWrapper = typeof raw === 'object' && raw !== null && 'agents' in raw;
-    const issues = isWrapper ? parsed.error.issues : (agentOrchestrationV1.safeParse(raw).error?.issues ?? parsed.error.issues);
+    const issues = isWrapper
+      ? parsed.error.issues
+      : (agentOrchestrationV1.safeParse(raw).error?.issues ?? parsed.error.issues);
     const steps = (isWrapper ? undefined : (raw as { steps?: { name?: unknown }[] } | null)?.steps) ?? [];
     const lines = issues.slice(0, 20).map((i) => {
       const [a, b, ...rest] = i.path;

@@ -19,7 +19,15 @@ export interface SessionState {
 }
 
 export const SEEN = 4;
-export const newSession = (): SessionState => ({ step: null, index: 0, held: false, history: [], msg: [], seen: [], pos: null });
+export const newSession = (): SessionState => ({
+  step: null,
+  index: 0,
+  held: false,
+  history: [],
+  msg: [],
+  seen: [],
+  pos: null,
+});
 
 export interface Position {
   partition: number;
@@ -36,7 +44,8 @@ const conditionsHold = (step: Step, s: SessionState): boolean =>
     return s.history.length >= n && c.tools.every((t, i) => s.history[s.history.length - n + i] === t);
   });
 
-const inProgress = (step: Step | undefined, index: number) => !!step && step.sequence.length > 0 && index > 0 && index < step.sequence.length;
+const inProgress = (step: Step | undefined, index: number) =>
+  !!step && step.sequence.length > 0 && index > 0 && index < step.sequence.length;
 
 /**
  * The active-step rule: (1) a held step stays; (2) with sticky sequences, a step whose sequence is in progress
@@ -78,7 +87,14 @@ const sorted = (xs: Iterable<string>) => [...new Set(xs)].sort((a, b) => (a < b 
  */
 export function view(agent: Agent | undefined, s: SessionState, universe: readonly string[]): View {
   const step = agent && s.step !== null ? agent.byName.get(s.step) : undefined;
-  if (!step) return { active_step: null, sequence_index: 0, expected: [], allowed_tools: sorted(universe), completed: false };
+  if (!step)
+    return {
+      active_step: null,
+      sequence_index: 0,
+      expected: [],
+      allowed_tools: sorted(universe),
+      completed: false,
+    };
   const filtered = universe.filter((t) => stepAllows(step, t));
   const seq = step.sequence;
   const expected = s.index < seq.length ? seq[s.index]! : [];
@@ -99,9 +115,15 @@ export interface Outcome {
 }
 
 /** Applies one event to a session (pure: the input state is not modified). */
-export function applyEvent(agent: Agent | undefined, prev: SessionState, e: ToolCallsEvent, at?: Position): Outcome {
+export function applyEvent(
+  agent: Agent | undefined,
+  prev: SessionState,
+  e: ToolCallsEvent,
+  at?: Position,
+): Outcome {
   if (prev.seen.includes(e.event_id)) return { record: null, state: prev, duplicate: true };
-  if (at && prev.pos && prev.pos.p === at.partition && BigInt(at.offset) <= BigInt(prev.pos.o)) return { record: null, state: prev, duplicate: true };
+  if (at && prev.pos && prev.pos.p === at.partition && BigInt(at.offset) <= BigInt(prev.pos.o))
+    return { record: null, state: prev, duplicate: true };
   const s: SessionState = {
     ...prev,
     history: [...prev.history],
@@ -116,7 +138,13 @@ export function applyEvent(agent: Agent | undefined, prev: SessionState, e: Tool
     // A step removed by a configuration change is left; the rule then picks again.
     if (s.step !== null && !agent.byName.has(s.step)) moveTo(s, null);
     if (e.type === 'user_message') {
-      s.msg = agent.steps.filter((st) => st.hasMessageCondition && st.conditions.every((c) => c.type !== 'message_regex' || c.test(e.text))).map((st) => st.name);
+      s.msg = agent.steps
+        .filter(
+          (st) =>
+            st.hasMessageCondition &&
+            st.conditions.every((c) => c.type !== 'message_regex' || c.test(e.text)),
+        )
+        .map((st) => st.name);
       moveTo(s, selectStep(agent, s));
     } else if (e.type === 'tool_call') {
       if (e.visible_tools) universe = e.visible_tools;
@@ -141,7 +169,16 @@ export function applyEvent(agent: Agent | undefined, prev: SessionState, e: Tool
 
   const v = view(agent, s, universe);
   return {
-    record: { schema_version: 1, tenant_id: e.tenant_id, agent_id: e.agent_id, session_id: e.session_id, event_id: e.event_id, ts: e.ts, ...v, violation },
+    record: {
+      schema_version: 1,
+      tenant_id: e.tenant_id,
+      agent_id: e.agent_id,
+      session_id: e.session_id,
+      event_id: e.event_id,
+      ts: e.ts,
+      ...v,
+      violation,
+    },
     state: s,
     duplicate: false,
   };

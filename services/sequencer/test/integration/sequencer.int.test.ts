@@ -4,7 +4,14 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { sequenceStateRecordV1, type SequenceStateRecord } from '../../../../schemas/index.js';
 import { consumeUntil, createTopics, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
-import { getJson, isReady, ROOT, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
+import {
+  getJson,
+  isReady,
+  ROOT,
+  serviceEnv,
+  startProcess,
+  type Proc,
+} from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import { rng } from '../../../../test/helpers/streams.js';
 
@@ -14,7 +21,17 @@ afterAll(() => {
 });
 
 const CONFIG = join(ROOT, 'examples', 'orchestration.yaml');
-const TOOLS = ['web_search', 'http_get', 'think', 'reflect', 'summarize', 'save', 'critique', 'debate', 'search'];
+const TOOLS = [
+  'web_search',
+  'http_get',
+  'think',
+  'reflect',
+  'summarize',
+  'save',
+  'critique',
+  'debate',
+  'search',
+];
 const MESSAGES = ['please research this', 'evaluate the answer', 'hello there', 'look up the weather'];
 
 /** Interleaved sessions that mostly follow their sequences, with slips, and redeliveries of earlier events. */
@@ -27,8 +44,16 @@ function stream(sessions: number, perSession: number, seed = 5) {
     const s = Math.floor(r() * sessions);
     const k = cursor[s]!++;
     const base = { event_id: `s${s}-e${k}`, ts: ts++, session_id: `sess-${s}` };
-    if (k % 7 === 0) out.push({ ...base, type: 'user_message', text: MESSAGES[Math.floor(r() * MESSAGES.length)] });
-    else out.push({ ...base, type: 'tool_call', task_id: `task-${s}`, step: k, tool: TOOLS[Math.floor(r() * TOOLS.length)] });
+    if (k % 7 === 0)
+      out.push({ ...base, type: 'user_message', text: MESSAGES[Math.floor(r() * MESSAGES.length)] });
+    else
+      out.push({
+        ...base,
+        type: 'tool_call',
+        task_id: `task-${s}`,
+        step: k,
+        tool: TOOLS[Math.floor(r() * TOOLS.length)],
+      });
     if (i % 53 === 0 && out.length > 3) out.push(out[out.length - 2]!); // a redelivery, one event later
   }
   return out;
@@ -39,9 +64,15 @@ let offline: SequenceStateRecord[] = [];
 beforeAll(async () => {
   const file = join(mkdtempSync(join(tmpdir(), 'paver-seq-')), 'events.jsonl');
   writeFileSync(file, events.map((e) => JSON.stringify(e)).join('\n') + '\n');
-  const p = await startProcess(['bin/paver.js', 'sequence', '--config', CONFIG, '--input', file], { PATH: process.env.PATH ?? '' });
+  const p = await startProcess(['bin/paver.js', 'sequence', '--config', CONFIG, '--input', file], {
+    PATH: process.env.PATH ?? '',
+  });
   expect(await p.exited).toBe(0);
-  offline = p.output().trim().split('\n').map((l) => sequenceStateRecordV1.parse(JSON.parse(l)));
+  offline = p
+    .output()
+    .trim()
+    .split('\n')
+    .map((l) => sequenceStateRecordV1.parse(JSON.parse(l)));
   expect(offline.length).toBeGreaterThan(1000);
   expect(offline.length).toBeLessThan(events.length); // the redeliveries printed nothing
   expect(offline.some((r) => r.violation)).toBe(true);
@@ -70,22 +101,45 @@ async function topics(env: Record<string, string>) {
     { topic: env.PAVER_TOPIC_ORCHESTRATION!, compacted: true },
   ]);
 }
-const envFor = (more: Record<string, string> = {}) => serviceEnv({ SEQUENCER_GROUP_ID: `seq-${Date.now()}-${Math.random()}`, PAVER_TOPIC_ORCHESTRATION: `orch-${Date.now()}`, SEQUENCER_CONFIG_FILE: CONFIG, ...more });
+const envFor = (more: Record<string, string> = {}) =>
+  serviceEnv({
+    SEQUENCER_GROUP_ID: `seq-${Date.now()}-${Math.random()}`,
+    PAVER_TOPIC_ORCHESTRATION: `orch-${Date.now()}`,
+    SEQUENCER_CONFIG_FILE: CONFIG,
+    ...more,
+  });
 
 describe('sequencer service (real Kafka, real Redis)', () => {
   it('interleaved sessions with redeliveries and a SIGKILL mid-stream: per session, the same states as the offline command', async () => {
     const env = envFor({ PAVER_BATCH_CHUNK: '25', KAFKA_MAX_BYTES_PER_PARTITION: '4096' });
     await topics(env);
     const first = await start(env);
-    await produce(env.PAVER_TOPIC_TOOL_CALLS!, events.map((e) => ({ key: e.session_id as string, value: JSON.stringify(e) })));
-    await waitFor(async () => parsePrometheus(String((await getJson(first.url('/metrics'))).body)).value('paver_sequencer_states_published_total') > 300, 'a part of the stream');
+    await produce(
+      env.PAVER_TOPIC_TOOL_CALLS!,
+      events.map((e) => ({ key: e.session_id as string, value: JSON.stringify(e) })),
+    );
+    await waitFor(
+      async () =>
+        parsePrometheus(String((await getJson(first.url('/metrics'))).body)).value(
+          'paver_sequencer_states_published_total',
+        ) > 300,
+      'a part of the stream',
+    );
     first.child.kill('SIGKILL');
     await first.exited;
     const second = await start(env);
 
     // Records published before the kill may be published again (at-least-once); a state never advances twice,
     // so after dropping repeated event ids each session's records are exactly the offline ones.
-    const all = await consumeUntil(env.PAVER_TOPIC_SEQUENCE_STATE!, (got) => new Set(got.map((m) => JSON.parse(m.value!.toString()).event_id + JSON.parse(m.value!.toString()).session_id)).size >= offline.length);
+    const all = await consumeUntil(
+      env.PAVER_TOPIC_SEQUENCE_STATE!,
+      (got) =>
+        new Set(
+          got.map(
+            (m) => JSON.parse(m.value!.toString()).event_id + JSON.parse(m.value!.toString()).session_id,
+          ),
+        ).size >= offline.length,
+    );
     const seen = new Set<string>();
     const live: SequenceStateRecord[] = [];
     for (const m of all) {
@@ -104,7 +158,12 @@ describe('sequencer service (real Kafka, real Redis)', () => {
     const last = want.get('sess-3')!.at(-1)!;
     const res = await getJson(second.url(`/sessions/sess-3/allowed-tools?tools=${TOOLS.join(',')}`));
     expect(res.status).toBe(200);
-    expect(res.body).toMatchObject({ session_id: 'sess-3', active_step: last.active_step, sequence_index: last.sequence_index, expected: last.expected });
+    expect(res.body).toMatchObject({
+      session_id: 'sess-3',
+      active_step: last.active_step,
+      sequence_index: last.sequence_index,
+      expected: last.expected,
+    });
     second.child.kill('SIGTERM');
     expect(await second.exited).toBe(0);
   });
@@ -116,28 +175,77 @@ describe('sequencer service (real Kafka, real Redis)', () => {
     const redis = testRedis();
     try {
       const agentKey = 'default/default';
-      const good = { schema_version: 1, tools: ['a', 'b', 'c'], steps: [{ name: 'ab', isDefault: true, availableTools: { allowed: ['a', 'b'] }, sequence: ['a', 'b'] }] };
+      const good = {
+        schema_version: 1,
+        tools: ['a', 'b', 'c'],
+        steps: [
+          { name: 'ab', isDefault: true, availableTools: { allowed: ['a', 'b'] }, sequence: ['a', 'b'] },
+        ],
+      };
       await produce(env.PAVER_TOPIC_ORCHESTRATION!, [{ key: agentKey, value: JSON.stringify(good) }]);
-      await waitFor(async () => parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value('paver_sequencer_agents_configured') === 1, 'configuration applied');
-      const allowed = async (s: string) => (await getJson(p.url(`/sessions/${s}/allowed-tools`))).body as { allowed_tools: string[]; active_step: string | null };
+      await waitFor(
+        async () =>
+          parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(
+            'paver_sequencer_agents_configured',
+          ) === 1,
+        'configuration applied',
+      );
+      const allowed = async (s: string) =>
+        (await getJson(p.url(`/sessions/${s}/allowed-tools`))).body as {
+          allowed_tools: string[];
+          active_step: string | null;
+        };
       expect(await allowed('fresh')).toMatchObject({ active_step: 'ab', allowed_tools: ['a'] });
 
       // Inconsistent: 'c' in the sequence but not allowed. Refused; the previous configuration stays.
-      const bad = { ...good, steps: [{ name: 'ab', isDefault: true, availableTools: { allowed: ['a'] }, sequence: ['a', 'c'] }] };
+      const bad = {
+        ...good,
+        steps: [{ name: 'ab', isDefault: true, availableTools: { allowed: ['a'] }, sequence: ['a', 'c'] }],
+      };
       await produce(env.PAVER_TOPIC_ORCHESTRATION!, [{ key: agentKey, value: JSON.stringify(bad) }]);
       const dlq = await consumeUntil(env.PAVER_TOPIC_DEAD_LETTERS!, (all) => all.length >= 1);
       expect(dlq[0]!.headers['paver-dlq-reason']).toBe('rejected');
       expect(JSON.parse(dlq[0]!.value!.toString()).detail).toMatch(/step 'ab'.*'c'/);
       expect(await allowed('fresh')).toMatchObject({ allowed_tools: ['a'] });
 
-      await produce(env.PAVER_TOPIC_TOOL_CALLS!, [{ key: 'idle', value: JSON.stringify({ type: 'tool_call', event_id: 'x1', ts: 1, session_id: 'idle', task_id: 't', step: 0, tool: 'a' }) }]);
+      await produce(env.PAVER_TOPIC_TOOL_CALLS!, [
+        {
+          key: 'idle',
+          value: JSON.stringify({
+            type: 'tool_call',
+            event_id: 'x1',
+            ts: 1,
+            session_id: 'idle',
+            task_id: 't',
+            step: 0,
+            tool: 'a',
+          }),
+        },
+      ]);
       const key = `${env.REDIS_KEY_PREFIX}:seq:{default|default|idle}`;
       await waitFor(async () => (await redis.exists(key)) === 1, 'session state written');
       expect(await allowed('idle')).toMatchObject({ allowed_tools: ['b'] });
       // Live change: a new sequence applies to the next request, without a restart.
-      await produce(env.PAVER_TOPIC_ORCHESTRATION!, [{ key: agentKey, value: JSON.stringify({ ...good, steps: [{ name: 'ab', isDefault: true, availableTools: { allowed: ['a', 'c'] }, sequence: ['a', 'c'] }] }) }]);
-      await waitFor(async () => JSON.stringify((await allowed('idle')).allowed_tools) === '["c"]', 'new configuration in force');
-      await waitFor(async () => (await redis.exists(key)) === 0, 'session state expired after the idle TTL', 10_000);
+      await produce(env.PAVER_TOPIC_ORCHESTRATION!, [
+        {
+          key: agentKey,
+          value: JSON.stringify({
+            ...good,
+            steps: [
+              { name: 'ab', isDefault: true, availableTools: { allowed: ['a', 'c'] }, sequence: ['a', 'c'] },
+            ],
+          }),
+        },
+      ]);
+      await waitFor(
+        async () => JSON.stringify((await allowed('idle')).allowed_tools) === '["c"]',
+        'new configuration in force',
+      );
+      await waitFor(
+        async () => (await redis.exists(key)) === 0,
+        'session state expired after the idle TTL',
+        10_000,
+      );
     } finally {
       redis.disconnect();
     }

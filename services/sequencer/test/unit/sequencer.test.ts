@@ -1,10 +1,29 @@
 import { describe, expect, it } from 'vitest';
 import { agentOrchestrationV1, type ToolCallsEvent } from '../../../../schemas/index.js';
-import { compileAgent, ConfigError, globMatch, loadOrchestrationFile, Orchestrations, type Agent } from '../../src/core/config.js';
+import {
+  compileAgent,
+  ConfigError,
+  globMatch,
+  loadOrchestrationFile,
+  Orchestrations,
+  type Agent,
+} from '../../src/core/config.js';
 import { applyEvent, newSession, view, type SessionState } from '../../src/core/session.js';
 
-const TOOLS = ['web_search', 'think', 'reflect', 'summarize', 'save', 'critique', 'debate', 'search', 'cognitive_reframe', 'email'];
-const agentOf = (raw: Record<string, unknown>): Agent => compileAgent(agentOrchestrationV1.parse({ tools: TOOLS, ...raw }));
+const TOOLS = [
+  'web_search',
+  'think',
+  'reflect',
+  'summarize',
+  'save',
+  'critique',
+  'debate',
+  'search',
+  'cognitive_reframe',
+  'email',
+];
+const agentOf = (raw: Record<string, unknown>): Agent =>
+  compileAgent(agentOrchestrationV1.parse({ tools: TOOLS, ...raw }));
 const research = {
   name: 'research',
   conditions: [{ type: 'message_regex', value: 'research' }],
@@ -13,9 +32,28 @@ const research = {
 };
 
 let n = 0;
-const msg = (text: string): ToolCallsEvent => ({ type: 'user_message', event_id: `m${++n}`, ts: n, tenant_id: 'default', agent_id: 'default', session_id: 's', text });
+const msg = (text: string): ToolCallsEvent => ({
+  type: 'user_message',
+  event_id: `m${++n}`,
+  ts: n,
+  tenant_id: 'default',
+  agent_id: 'default',
+  session_id: 's',
+  text,
+});
 const call = (tool: string, more: Partial<ToolCallsEvent> = {}): ToolCallsEvent =>
-  ({ type: 'tool_call', event_id: `c${++n}`, ts: n, tenant_id: 'default', agent_id: 'default', session_id: 's', task_id: 't', step: n, tool, ...more }) as ToolCallsEvent;
+  ({
+    type: 'tool_call',
+    event_id: `c${++n}`,
+    ts: n,
+    tenant_id: 'default',
+    agent_id: 'default',
+    session_id: 's',
+    task_id: 't',
+    step: n,
+    tool,
+    ...more,
+  }) as ToolCallsEvent;
 
 function play(agent: Agent | undefined, events: ToolCallsEvent[], state: SessionState = newSession()) {
   const records = [];
@@ -46,25 +84,47 @@ describe('conditions and the active step', () => {
   it('message_regex activates a step, case-insensitively; the default step otherwise', () => {
     const a = agentOf({ steps: [research, { name: 'general', isDefault: true }] });
     expect(play(a, [msg('hello')]).last.active_step).toBe('general');
-    expect(play(a, [msg('Please RESEARCH this')]).last).toMatchObject({ active_step: 'research', expected: ['web_search'], allowed_tools: ['web_search'] });
+    expect(play(a, [msg('Please RESEARCH this')]).last).toMatchObject({
+      active_step: 'research',
+      expected: ['web_search'],
+      allowed_tools: ['web_search'],
+    });
   });
   it('tool_used activates a step after the tool appears in the history', () => {
-    const a = agentOf({ steps: [{ name: 'after_search', conditions: [{ type: 'tool_used', value: 'web_search' }], availableTools: { allowed: ['summarize'] } }] });
+    const a = agentOf({
+      steps: [
+        {
+          name: 'after_search',
+          conditions: [{ type: 'tool_used', value: 'web_search' }],
+          availableTools: { allowed: ['summarize'] },
+        },
+      ],
+    });
     const r = play(a, [call('think'), call('web_search')]);
     expect(r.records.map((x) => x.active_step)).toEqual([null, 'after_search']);
     expect(r.last.allowed_tools).toEqual(['summarize']);
   });
   it('sequence_match reads the ordered, non-deduplicated history: repeated tools match', () => {
-    const a = agentOf({ steps: [{ name: 'loop', conditions: [{ type: 'sequence_match', value: ['think', 'think'] }] }] });
+    const a = agentOf({
+      steps: [{ name: 'loop', conditions: [{ type: 'sequence_match', value: ['think', 'think'] }] }],
+    });
     const r = play(a, [call('think'), call('web_search'), call('think'), call('think')]);
     expect(r.records.map((x) => x.active_step)).toEqual([null, null, null, 'loop']);
-    const csv = agentOf({ steps: [{ name: 'pair', conditions: [{ type: 'sequence_match', value: 'web_search, think' }] }] });
+    const csv = agentOf({
+      steps: [{ name: 'pair', conditions: [{ type: 'sequence_match', value: 'web_search, think' }] }],
+    });
     expect(play(csv, [call('web_search'), call('think')]).last.active_step).toBe('pair');
   });
   it('all conditions of a step must hold; the first matching step in order wins', () => {
     const a = agentOf({
       steps: [
-        { name: 'both', conditions: [{ type: 'message_regex', value: 'go' }, { type: 'tool_used', value: 'think' }] },
+        {
+          name: 'both',
+          conditions: [
+            { type: 'message_regex', value: 'go' },
+            { type: 'tool_used', value: 'think' },
+          ],
+        },
         { name: 'msg_only', conditions: [{ type: 'message_regex', value: 'go' }] },
       ],
     });
@@ -75,12 +135,30 @@ describe('conditions and the active step', () => {
     const steps = [research, { name: 'eval', conditions: [{ type: 'message_regex', value: 'evaluate' }] }];
     const sticky = play(agentOf({ steps }), [msg('research'), call('web_search'), msg('evaluate')]);
     expect(sticky.last).toMatchObject({ active_step: 'research', sequence_index: 1 });
-    const loose = play(agentOf({ steps, options: { sticky_sequences: false } }), [msg('research'), call('web_search'), msg('evaluate')]);
+    const loose = play(agentOf({ steps, options: { sticky_sequences: false } }), [
+      msg('research'),
+      call('web_search'),
+      msg('evaluate'),
+    ]);
     expect(loose.last).toMatchObject({ active_step: 'eval', sequence_index: 0 });
   });
   it('moving to another step resets the index', () => {
-    const steps = [research, { name: 'eval', conditions: [{ type: 'message_regex', value: 'evaluate' }], sequence: ['critique'], availableTools: { allowed: ['critique'] } }];
-    const r = play(agentOf({ steps }), [msg('research'), call('web_search'), call('think'), call('summarize'), msg('evaluate')]);
+    const steps = [
+      research,
+      {
+        name: 'eval',
+        conditions: [{ type: 'message_regex', value: 'evaluate' }],
+        sequence: ['critique'],
+        availableTools: { allowed: ['critique'] },
+      },
+    ];
+    const r = play(agentOf({ steps }), [
+      msg('research'),
+      call('web_search'),
+      call('think'),
+      call('summarize'),
+      msg('evaluate'),
+    ]);
     expect(r.records[3]).toMatchObject({ active_step: 'research', completed: true, sequence_index: 3 });
     expect(r.last).toMatchObject({ active_step: 'eval', sequence_index: 0, expected: ['critique'] });
   });
@@ -98,17 +176,35 @@ describe('processTool: advance, groups, completion, violations', () => {
     ]);
     expect(r.records[1]!.allowed_tools).toEqual(['reflect', 'think']);
     // After the sequence: the step's own filter, kept (the reference drops it).
-    expect(r.last.allowed_tools).toEqual(['cognitive_reframe', 'reflect', 'save', 'summarize', 'think', 'web_search']);
+    expect(r.last.allowed_tools).toEqual([
+      'cognitive_reframe',
+      'reflect',
+      'save',
+      'summarize',
+      'think',
+      'web_search',
+    ]);
   });
   it('warn (default): a violation is recorded, the index stays', () => {
     const r = play(a, [msg('research'), call('web_search'), call('email')]);
-    expect(r.last).toMatchObject({ sequence_index: 1, violation: { expected: ['reflect', 'think'], used: 'email', policy: 'warn' } });
-    expect(play(a, [msg('research'), call('web_search'), call('email'), call('think')]).last).toMatchObject({ sequence_index: 2, violation: null });
+    expect(r.last).toMatchObject({
+      sequence_index: 1,
+      violation: { expected: ['reflect', 'think'], used: 'email', policy: 'warn' },
+    });
+    expect(play(a, [msg('research'), call('web_search'), call('email'), call('think')]).last).toMatchObject({
+      sequence_index: 2,
+      violation: null,
+    });
   });
   it('reset: the sequence restarts (and the violating tool counts when it is the first one)', () => {
     const r = agentOf({ steps: [research], options: { violation_policy: 'reset' } });
-    expect(play(r, [msg('research'), call('web_search'), call('email')]).last).toMatchObject({ sequence_index: 0, violation: { policy: 'reset' } });
-    expect(play(r, [msg('research'), call('web_search'), call('think'), call('web_search')]).last).toMatchObject({ sequence_index: 1 });
+    expect(play(r, [msg('research'), call('web_search'), call('email')]).last).toMatchObject({
+      sequence_index: 0,
+      violation: { policy: 'reset' },
+    });
+    expect(
+      play(r, [msg('research'), call('web_search'), call('think'), call('web_search')]).last,
+    ).toMatchObject({ sequence_index: 1 });
   });
   it('hold: the step is pinned even when another step matches, until the expected tool is used', () => {
     const steps = [research, { name: 'eval', conditions: [{ type: 'message_regex', value: 'evaluate' }] }];
@@ -123,23 +219,52 @@ describe('processTool: advance, groups, completion, violations', () => {
 
 describe('allowed tools', () => {
   it('no active step: every tool (sorted)', () => {
-    expect(play(agentOf({ steps: [research] }), [call('email')]).last).toMatchObject({ active_step: null, allowed_tools: [...TOOLS].sort() });
+    expect(play(agentOf({ steps: [research] }), [call('email')]).last).toMatchObject({
+      active_step: null,
+      allowed_tools: [...TOOLS].sort(),
+    });
   });
   it("the event's visible_tools are the universe when present", () => {
-    const r = play(agentOf({ steps: [{ name: 'd', isDefault: true, availableTools: { allowed: ['*'] , denied: ['email'] } }] }), [call('think', { visible_tools: ['email', 'b', 'a'] } as Partial<ToolCallsEvent>)]);
+    const r = play(
+      agentOf({
+        steps: [{ name: 'd', isDefault: true, availableTools: { allowed: ['*'], denied: ['email'] } }],
+      }),
+      [call('think', { visible_tools: ['email', 'b', 'a'] } as Partial<ToolCallsEvent>)],
+    );
     expect(r.last.allowed_tools).toEqual(['a', 'b']);
   });
   it('expected tool unavailable: the step filter applies (not an empty list), expected still named', () => {
     const a = agentOf({ steps: [research] });
-    const r = play(a, [msg('research'), call('think', { visible_tools: ['think', 'summarize', 'email'] } as Partial<ToolCallsEvent>)]);
-    expect(r.last).toMatchObject({ expected: ['web_search'], allowed_tools: ['summarize', 'think'], violation: { used: 'think' } });
+    const r = play(a, [
+      msg('research'),
+      call('think', { visible_tools: ['think', 'summarize', 'email'] } as Partial<ToolCallsEvent>),
+    ]);
+    expect(r.last).toMatchObject({
+      expected: ['web_search'],
+      allowed_tools: ['summarize', 'think'],
+      violation: { used: 'think' },
+    });
   });
   it('allowed and denied both apply', () => {
-    const a = agentOf({ steps: [{ name: 'd', isDefault: true, availableTools: { allowed: ['*e*'], denied: ['search', 'web_*'] } }] });
-    expect(view(a, { ...newSession(), step: 'd' }, TOOLS).allowed_tools).toEqual(['cognitive_reframe', 'critique', 'debate', 'email', 'reflect', 'save', 'summarize']);
+    const a = agentOf({
+      steps: [
+        { name: 'd', isDefault: true, availableTools: { allowed: ['*e*'], denied: ['search', 'web_*'] } },
+      ],
+    });
+    expect(view(a, { ...newSession(), step: 'd' }, TOOLS).allowed_tools).toEqual([
+      'cognitive_reframe',
+      'critique',
+      'debate',
+      'email',
+      'reflect',
+      'save',
+      'summarize',
+    ]);
   });
   it('agents without orchestration: all tools, no step', () => {
-    expect(play(undefined, [call('x', { visible_tools: ['b', 'a'] } as Partial<ToolCallsEvent>)]).last).toMatchObject({ active_step: null, allowed_tools: ['a', 'b'] });
+    expect(
+      play(undefined, [call('x', { visible_tools: ['b', 'a'] } as Partial<ToolCallsEvent>)]).last,
+    ).toMatchObject({ active_step: null, allowed_tools: ['a', 'b'] });
   });
 });
 
@@ -150,14 +275,20 @@ describe('idempotency', () => {
     const s0 = play(a, [msg('research')]).state;
     const once = applyEvent(a, s0, e, { partition: 0, offset: '10' });
     expect(once.state.index).toBe(1);
-    expect(applyEvent(a, once.state, e, { partition: 0, offset: '11' })).toMatchObject({ duplicate: true, record: null });
+    expect(applyEvent(a, once.state, e, { partition: 0, offset: '11' })).toMatchObject({
+      duplicate: true,
+      record: null,
+    });
     const other = call('think');
     expect(applyEvent(a, once.state, other, { partition: 0, offset: '9' }).duplicate).toBe(true);
     expect(applyEvent(a, once.state, other, { partition: 0, offset: '12' }).state.index).toBe(2);
   });
   it('state stays bounded: history and seen ids', () => {
     const a = agentOf({ steps: [research] });
-    const r = play(a, Array.from({ length: 100 }, () => call('think')));
+    const r = play(
+      a,
+      Array.from({ length: 100 }, () => call('think')),
+    );
     expect(r.state.history.length).toBeLessThanOrEqual(8);
     expect(r.state.seen.length).toBeLessThanOrEqual(4);
   });
@@ -165,25 +296,60 @@ describe('idempotency', () => {
 
 describe('configuration checks', () => {
   it('refuses a sequence tool that the step does not allow, naming the step and the tools', () => {
-    expect(() => agentOf({ steps: [{ name: 'bad', availableTools: { allowed: ['a'] }, sequence: ['a', ['b', 'c']] }] })).toThrow(/step 'bad': sequence tool\(s\) 'b', 'c' not allowed/);
-    expect(() => agentOf({ steps: [{ name: 'denied', availableTools: { denied: ['x*'] }, sequence: ['xray'] }] })).toThrow(/'xray'/);
-    expect(() => agentOf({ steps: [{ name: 'wild', availableTools: { allowed: ['*cognitive*'] }, sequence: ['cognitive_reframe'] }] })).not.toThrow();
+    expect(() =>
+      agentOf({ steps: [{ name: 'bad', availableTools: { allowed: ['a'] }, sequence: ['a', ['b', 'c']] }] }),
+    ).toThrow(/step 'bad': sequence tool\(s\) 'b', 'c' not allowed/);
+    expect(() =>
+      agentOf({ steps: [{ name: 'denied', availableTools: { denied: ['x*'] }, sequence: ['xray'] }] }),
+    ).toThrow(/'xray'/);
+    expect(() =>
+      agentOf({
+        steps: [
+          { name: 'wild', availableTools: { allowed: ['*cognitive*'] }, sequence: ['cognitive_reframe'] },
+        ],
+      }),
+    ).not.toThrow();
   });
   it('refuses invalid regular expressions, duplicate steps, two defaults', () => {
-    expect(() => agentOf({ steps: [{ name: 'r', conditions: [{ type: 'message_regex', value: '(unclosed' }] }] })).toThrow(/step 'r': message_regex/);
+    expect(() =>
+      agentOf({ steps: [{ name: 'r', conditions: [{ type: 'message_regex', value: '(unclosed' }] }] }),
+    ).toThrow(/step 'r': message_regex/);
     expect(() => agentOf({ steps: [{ name: 'a' }, { name: 'a' }] })).toThrow(/defined twice/);
-    expect(() => agentOf({ steps: [{ name: 'a', isDefault: true }, { name: 'b', isDefault: true }] })).toThrow(/more than one default/);
+    expect(() =>
+      agentOf({
+        steps: [
+          { name: 'a', isDefault: true },
+          { name: 'b', isDefault: true },
+        ],
+      }),
+    ).toThrow(/more than one default/);
   });
   it('file errors name the step and field; a live update that fails leaves the previous configuration', () => {
-    expect(() => loadOrchestrationFile({ tools: [], steps: [{ name: 'x', conditions: [{ type: 'vibes', value: 1 }] }] })).toThrow(/step 'x': conditions/);
-    expect(() => loadOrchestrationFile({ agents: [{ agent_id: 'a', steps: [{ name: 's', availableTools: { allowed: ['p'] }, sequence: ['q'] }] }] })).toThrow(ConfigError);
+    expect(() =>
+      loadOrchestrationFile({ tools: [], steps: [{ name: 'x', conditions: [{ type: 'vibes', value: 1 }] }] }),
+    ).toThrow(/step 'x': conditions/);
+    expect(() =>
+      loadOrchestrationFile({
+        agents: [
+          { agent_id: 'a', steps: [{ name: 's', availableTools: { allowed: ['p'] }, sequence: ['q'] }] },
+        ],
+      }),
+    ).toThrow(ConfigError);
     const o = new Orchestrations();
     o.set(agentOrchestrationV1.parse({ steps: [research], tools: TOOLS }));
-    expect(() => o.set(agentOrchestrationV1.parse({ steps: [{ name: 'bad', availableTools: { allowed: ['a'] }, sequence: ['b'] }] }))).toThrow(ConfigError);
+    expect(() =>
+      o.set(
+        agentOrchestrationV1.parse({
+          steps: [{ name: 'bad', availableTools: { allowed: ['a'] }, sequence: ['b'] }],
+        }),
+      ),
+    ).toThrow(ConfigError);
     expect(o.get('default', 'default')!.steps[0]!.name).toBe('research');
   });
   it('a message crafted to make a backtracking engine run for seconds returns at once (RE2)', () => {
-    const a = agentOf({ steps: [{ name: 'evil', conditions: [{ type: 'message_regex', value: '^(a+)+$' }] }] });
+    const a = agentOf({
+      steps: [{ name: 'evil', conditions: [{ type: 'message_regex', value: '^(a+)+$' }] }],
+    });
     // With JavaScript's RegExp this input takes longer than the age of the universe; RE2 is linear.
     const r = play(a, [msg('a'.repeat(50_000) + '!')]);
     expect(r.last.active_step).toBe(null);

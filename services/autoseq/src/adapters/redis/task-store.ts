@@ -11,7 +11,8 @@ export interface TaskRef {
 }
 
 /** `<prefix>:aseq:{tenant|agent}:task:<task_id>`: the scope's hash tag keeps Redis Cluster happy. */
-export const taskKey = (prefix: string, r: TaskRef): string => `${prefix}:aseq:${scopeTag(r.tenant, r.agent)}:task:${escapeKeyPart(r.task)}`;
+export const taskKey = (prefix: string, r: TaskRef): string =>
+  `${prefix}:aseq:${scopeTag(r.tenant, r.agent)}:task:${escapeKeyPart(r.task)}`;
 
 const stored = z.object({
   seen: z.array(z.string()),
@@ -54,10 +55,12 @@ export class RedisTaskStore {
   async save(states: Map<string, { ref: TaskRef; state: TaskState }>): Promise<void> {
     if (states.size === 0) return;
     const pipe = this.redis.pipeline();
-    for (const { ref, state } of states.values()) pipe.set(taskKey(this.prefix, ref), JSON.stringify(state), 'PX', this.ttlMs);
+    for (const { ref, state } of states.values())
+      pipe.set(taskKey(this.prefix, ref), JSON.stringify(state), 'PX', this.ttlMs);
     const replies = (await pipe.exec()) ?? [];
     this.roundTrips++;
     const failed = replies.find(([err]) => err);
-    if (failed?.[0]) throw new PaverError('REDIS_UNAVAILABLE', `task state write failed: ${failed[0].message}`);
+    if (failed?.[0])
+      throw new PaverError('REDIS_UNAVAILABLE', `task state write failed: ${failed[0].message}`);
   }
 }

@@ -1,7 +1,12 @@
 import { fileURLToPath } from 'node:url';
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
-import { defineScripts, invokeScript, parseScriptReply, readScripts } from '../../../../../shared/redis/scripts.js';
+import {
+  defineScripts,
+  invokeScript,
+  parseScriptReply,
+  readScripts,
+} from '../../../../../shared/redis/scripts.js';
 import { scopeTag } from '../../../../../shared/redis/keys.js';
 import type { DetectorOp, Scope } from '../../core/ops.js';
 import { scopeId } from '../../core/ops.js';
@@ -32,7 +37,11 @@ export function detectorKeys(prefix: string, s: Scope) {
 }
 
 const CODES = {
-  [-2]: { code: 'REDIS_STATE_CONFLICT' as const, message: 'detector state under this key prefix was built with other parameters; use a new REDIS_KEY_PREFIX or delete the old keys' },
+  [-2]: {
+    code: 'REDIS_STATE_CONFLICT' as const,
+    message:
+      'detector state under this key prefix was built with other parameters; use a new REDIS_KEY_PREFIX or delete the old keys',
+  },
   [-3]: { code: 'REDIS_STATE_CONFLICT' as const, message: 'publication lock lost (TTL expired)' },
 };
 const applyReply = z.tuple([z.literal(1), z.number(), z.number(), z.number(), z.number()]);
@@ -75,7 +84,12 @@ export class RedisDetectorStore {
     const groups = [...byScope.values()];
     for (const g of groups) {
       const k = detectorKeys(this.prefix, g.scope);
-      invokeScript(pipe, 'apply', [k.meta, k.open, k.events, k.done, k.window, k.records, k.support, k.exact, k.cost], [this.cfg, g.n, ...g.argv]);
+      invokeScript(
+        pipe,
+        'apply',
+        [k.meta, k.open, k.events, k.done, k.window, k.records, k.support, k.exact, k.cost],
+        [this.cfg, g.n, ...g.argv],
+      );
     }
     const replies = (await pipe.exec()) ?? [];
     this.roundTrips++;
@@ -92,11 +106,20 @@ export class RedisDetectorStore {
 
   async snapshot(scope: Scope): Promise<GramStat[]> {
     const k = detectorKeys(this.prefix, scope);
-    const reply = parseScriptReply('snapshot', await invokeScript(this.redis, 'snapshot', [k.support, k.exact, k.cost], [this.params.minOccurrences]), flatReply);
+    const reply = parseScriptReply(
+      'snapshot',
+      await invokeScript(this.redis, 'snapshot', [k.support, k.exact, k.cost], [this.params.minOccurrences]),
+      flatReply,
+    );
     this.roundTrips++;
     const stats: GramStat[] = [];
     for (let i = 1; i + 3 < reply.length + 1; i += 4) {
-      stats.push({ key: String(reply[i]), support: Number(reply[i + 1]), exact: Number(reply[i + 2]), cost: Number(reply[i + 3]) });
+      stats.push({
+        key: String(reply[i]),
+        support: Number(reply[i + 1]),
+        exact: Number(reply[i + 2]),
+        cost: Number(reply[i + 3]),
+      });
     }
     return stats;
   }
@@ -104,7 +127,11 @@ export class RedisDetectorStore {
   /** The published map when the publication lock was taken; null when another instance holds it. */
   async claim(scope: Scope, token: string, ttlMs: number): Promise<Map<string, string> | null> {
     const k = detectorKeys(this.prefix, scope);
-    const reply = parseScriptReply('claim', await invokeScript(this.redis, 'claim', [k.lock, k.dirty, k.published, k.meta], [token, ttlMs]), flatReply);
+    const reply = parseScriptReply(
+      'claim',
+      await invokeScript(this.redis, 'claim', [k.lock, k.dirty, k.published, k.meta], [token, ttlMs]),
+      flatReply,
+    );
     this.roundTrips++;
     if (reply[0] !== 1) return null;
     const m = new Map<string, string>();
@@ -113,10 +140,21 @@ export class RedisDetectorStore {
   }
 
   /** Records what was published; true when the scope changed meanwhile and must be published again. */
-  async release(scope: Scope, token: string, ttlMs: number, upserts: [string, string][], deletes: string[]): Promise<boolean> {
+  async release(
+    scope: Scope,
+    token: string,
+    ttlMs: number,
+    upserts: [string, string][],
+    deletes: string[],
+  ): Promise<boolean> {
     const k = detectorKeys(this.prefix, scope);
     const argv = [token, ttlMs, upserts.length, ...upserts.flat(), ...deletes];
-    const reply = parseScriptReply('release', await invokeScript(this.redis, 'release', [k.lock, k.dirty, k.published], argv), z.tuple([z.literal(1), z.number()]), CODES);
+    const reply = parseScriptReply(
+      'release',
+      await invokeScript(this.redis, 'release', [k.lock, k.dirty, k.published], argv),
+      z.tuple([z.literal(1), z.number()]),
+      CODES,
+    );
     this.roundTrips++;
     return reply[1] === 1;
   }

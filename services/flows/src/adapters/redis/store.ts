@@ -1,6 +1,10 @@
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
-import { flowCandidateRecordV1, registeredFlowV1, type RegisteredFlow } from '../../../../../schemas/index.js';
+import {
+  flowCandidateRecordV1,
+  registeredFlowV1,
+  type RegisteredFlow,
+} from '../../../../../schemas/index.js';
 import { scopeTag } from '../../../../../shared/redis/keys.js';
 import type { StoredCandidate } from '../../core/promotion.js';
 
@@ -40,14 +44,22 @@ export class RedisFlowStore {
     return all.map((v) => storedCandidate.parse(JSON.parse(v)));
   }
   /** Writes candidate decisions and promoted flows of one scope in one MULTI (both land or neither). */
-  async save(tenant: string, agent: string, candidates: StoredCandidate[], flows: RegisteredFlow[]): Promise<void> {
+  async save(
+    tenant: string,
+    agent: string,
+    candidates: StoredCandidate[],
+    flows: RegisteredFlow[],
+  ): Promise<void> {
     if (!candidates.length && !flows.length) return;
     const m = this.redis.multi();
-    for (const c of candidates) m.hset(this.key(tenant, agent, 'candidates'), c.record.dedupe_key, JSON.stringify(c));
+    for (const c of candidates)
+      m.hset(this.key(tenant, agent, 'candidates'), c.record.dedupe_key, JSON.stringify(c));
     for (const f of flows) m.hset(this.key(tenant, agent, 'registry'), f.id, JSON.stringify(f));
     await m.exec();
   }
   async listFlows(tenant: string, agent: string): Promise<RegisteredFlow[]> {
-    return (await this.redis.hvals(this.key(tenant, agent, 'registry'))).map((v) => registeredFlowV1.parse(JSON.parse(v)));
+    return (await this.redis.hvals(this.key(tenant, agent, 'registry'))).map((v) =>
+      registeredFlowV1.parse(JSON.parse(v)),
+    );
   }
 }

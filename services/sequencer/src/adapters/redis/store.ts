@@ -15,7 +15,8 @@ export interface SessionRef {
 }
 
 /** One key per session, its own hash tag: sessions spread over a cluster's slots. */
-export const sessionKey = (prefix: string, r: SessionRef) => `${prefix}:seq:{${escapeKeyPart(r.tenant)}|${escapeKeyPart(r.agent)}|${escapeKeyPart(r.session)}}`;
+export const sessionKey = (prefix: string, r: SessionRef) =>
+  `${prefix}:seq:{${escapeKeyPart(r.tenant)}|${escapeKeyPart(r.agent)}|${escapeKeyPart(r.session)}}`;
 
 // Stored as a positional array: a few hundred bytes per session, not a few kilobytes.
 const storedV1 = z.tuple([
@@ -28,12 +29,30 @@ const storedV1 = z.tuple([
   z.number().int().nullable(),
   z.string().nullable(),
 ]);
-const encode = (s: SessionState) => JSON.stringify([s.step, s.index, s.held ? 1 : 0, s.history, s.msg, s.seen, s.pos?.p ?? null, s.pos?.o ?? null]);
+const encode = (s: SessionState) =>
+  JSON.stringify([
+    s.step,
+    s.index,
+    s.held ? 1 : 0,
+    s.history,
+    s.msg,
+    s.seen,
+    s.pos?.p ?? null,
+    s.pos?.o ?? null,
+  ]);
 function decode(json: string): SessionState {
   const r = storedV1.safeParse(JSON.parse(json));
   if (!r.success) return newSession(); // state of another version: the session starts afresh rather than the consumer stopping
   const [step, index, held, history, msg, seen, p, o] = r.data;
-  return { step, index, held: held === 1, history, msg, seen, pos: p !== null && o !== null ? { p, o } : null };
+  return {
+    step,
+    index,
+    held: held === 1,
+    history,
+    msg,
+    seen,
+    pos: p !== null && o !== null ? { p, o } : null,
+  };
 }
 
 export interface Loaded {
@@ -82,13 +101,22 @@ export class RedisSessionStore {
     const pipe = this.redis.pipeline();
     for (const w of writes) {
       const next = String((Number(w.version) || 0) + 1);
-      invokeScript(pipe, 'cas', [sessionKey(this.prefix, w.ref)], [w.version, `${next}|${encode(w.state)}`, this.ttlMs]);
+      invokeScript(
+        pipe,
+        'cas',
+        [sessionKey(this.prefix, w.ref)],
+        [w.version, `${next}|${encode(w.state)}`, this.ttlMs],
+      );
     }
     const replies = (await pipe.exec()) ?? [];
     this.roundTrips++;
     for (const [err, ok] of replies) {
       if (err) throw new PaverError('REDIS_UNAVAILABLE', `session write failed: ${err.message}`);
-      if (ok !== 1) throw new PaverError('STATE_CONTENDED', 'session state changed under this consumer (rebalance); retrying the batch');
+      if (ok !== 1)
+        throw new PaverError(
+          'STATE_CONTENDED',
+          'session state changed under this consumer (rebalance); retrying the batch',
+        );
     }
   }
 }
