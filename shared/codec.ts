@@ -1,7 +1,7 @@
 import { SchemaRegistry, SchemaType } from '@kafkajs/confluent-schema-registry';
 import { z } from 'zod';
 import { CONTRACTS } from '../schemas/index.js';
-import { PaverError } from './errors.js';
+import { PaverError, errorMessage } from './errors.js';
 import type { DeadLetterReason } from '../schemas/index.js';
 
 /** A message that cannot be turned into a JSON value; `reason` is its dead-letter reason. */
@@ -91,13 +91,9 @@ export function registryCodec(opts: RegistryOptions): Codec {
       try {
         return await registry.encode(await idFor(contract, topic), value);
       } catch (err) {
-        throw new PaverError(
-          'REGISTRY_UNAVAILABLE',
-          `schema registry encode failed: ${(err as Error).message}`,
-          {
-            cause: err,
-          },
-        );
+        throw new PaverError('REGISTRY_UNAVAILABLE', `schema registry encode failed: ${errorMessage(err)}`, {
+          cause: err,
+        });
       }
     },
     async decode(buf) {

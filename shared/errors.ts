@@ -54,3 +54,12 @@ export function classifyError(err: unknown): PaverError {
   }
   return new PaverError('INTERNAL', message, { cause: err });
 }
+
+/** The message of anything thrown: `throw` accepts any value, so never assume an `Error`. */
+export function errorMessage(err: unknown): string {
+  if (err instanceof Error) return err.message;
+  if (typeof err === 'object' && err !== null && typeof (err as { message?: unknown }).message === 'string') {
+    return (err as { message: string }).message;
+  }
+  return String(err);
+}

@@ -2,6 +2,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from 'node:net';
 import type { Registry } from 'prom-client';
 import type { Logger } from './log.js';
+import { errorMessage } from './errors.js';
 
 export interface HttpRequest {
   method: string;
@@ -108,8 +109,8 @@ export function createHttpServer(opts: {
       } catch (err) {
         const status = (err as { status?: number }).status ?? 500;
         if (status >= 500)
-          opts.log.error({ err: (err as Error).message, path: url.pathname }, 'http handler failed');
-        return send(res, status, { error: status >= 500 ? 'internal error' : (err as Error).message });
+          opts.log.error({ err: errorMessage(err), path: url.pathname }, 'http handler failed');
+        return send(res, status, { error: status >= 500 ? 'internal error' : errorMessage(err) });
       }
     })();
   });

@@ -2,6 +2,7 @@ import { createReadStream } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { toolCallsEventV1, TOOL_CALLS_EVENT_TYPES, type ToolCallsEvent } from '../schemas/index.js';
 import { zodParser } from './kafka/runner.js';
+import { errorMessage } from './errors.js';
 
 const MAX_LINE = 1024 * 1024;
 const MAX_WARNINGS = 100;
@@ -53,7 +54,7 @@ export async function readConfigFile(path: string): Promise<unknown> {
   try {
     return JSON.parse(text);
   } catch (err) {
-    if (/\.json$/i.test(path)) throw new Error(`${path} is not valid JSON: ${(err as Error).message}`);
+    if (/\.json$/i.test(path)) throw new Error(`${path} is not valid JSON: ${errorMessage(err)}`);
     return (await import('yaml')).parse(text);
   }
 }

@@ -12,6 +12,7 @@ import { ensureTopics, paverTopics, type TopicSpec } from './kafka/topics.js';
 import { createLogger, type Logger } from './log.js';
 import { createMetrics, type RuntimeMetrics } from './metrics.js';
 import { createRedis, redisReady } from './redis/client.js';
+import { errorMessage } from './errors.js';
 
 export interface ServiceDeps<E extends CommonEnv> {
   env: E;
@@ -59,7 +60,7 @@ export async function runService<E extends CommonEnv, T>(
   try {
     env = parseEnv(spec.envSchema, rawEnv);
   } catch (err) {
-    process.stderr.write(`paver ${spec.name}: ${(err as Error).message}\n`);
+    process.stderr.write(`paver ${spec.name}: ${errorMessage(err)}\n`);
     return EXIT_CONFIG;
   }
   const log = createLogger(spec.name, env.LOG_LEVEL);
@@ -88,7 +89,7 @@ export async function runService<E extends CommonEnv, T>(
         try {
           await fn();
         } catch (err) {
-          log.warn({ step: name, err: (err as Error).message }, 'shutdown step failed');
+          log.warn({ step: name, err: errorMessage(err) }, 'shutdown step failed');
         }
       };
       await step('consumer', () => runner?.stop());
@@ -168,10 +169,10 @@ export async function runService<E extends CommonEnv, T>(
     if (!shuttingDown) await runner.start();
     log.info({ topics: parts.inputTopics, groupId: spec.groupId(env) }, 'consuming');
   } catch (err) {
-    log.fatal({ err: (err as Error).message }, 'start-up failed');
+    log.fatal({ err: errorMessage(err) }, 'start-up failed');
     const config = (err as PaverError).code === 'CONFIG_INVALID';
     // Bad configuration files are the operator's to fix: say so on stderr too, and exit like a config error.
-    if (config) process.stderr.write(`paver ${spec.name}: ${(err as Error).message}\n`);
+    if (config) process.stderr.write(`paver ${spec.name}: ${errorMessage(err)}\n`);
     shutdown(config ? EXIT_CONFIG : 1, 'start-up failed');
   }
   const code = await exited;

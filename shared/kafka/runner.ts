@@ -3,7 +3,7 @@ import type { z } from 'zod';
 import type { DeadLetterReason, DeadLetterRecord } from '../../schemas/index.js';
 import { DecodeError, type Codec } from '../codec.js';
 import type { CommonEnv } from '../config.js';
-import { classifyError, PaverError } from '../errors.js';
+import { classifyError, PaverError, errorMessage } from '../errors.js';
 import type { Logger } from '../log.js';
 import type { RuntimeMetrics } from '../metrics.js';
 import { withRetry } from '../retry.js';
@@ -182,11 +182,9 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
       await o.sink.sendRaw(o.env.PAVER_TOPIC_DEAD_LETTERS, out);
     } catch (err) {
       // Rethrown so the batch is redelivered: a message is never lost because the dead-letter write failed.
-      throw new PaverError(
-        'DEAD_LETTER_WRITE_FAILED',
-        `dead-letter write failed: ${(err as Error).message}`,
-        { cause: err },
-      );
+      throw new PaverError('DEAD_LETTER_WRITE_FAILED', `dead-letter write failed: ${errorMessage(err)}`, {
+        cause: err,
+      });
     }
     for (const r of records) {
       o.metrics.deadLetters.inc({ reason: r.reason });

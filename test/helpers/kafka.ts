@@ -3,6 +3,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Kafka, logLevel, Partitioners, type IHeaders } from 'kafkajs';
 import { Redis } from 'ioredis';
 import { inject } from 'vitest';
+import { errorMessage } from '../../shared/errors.js';
 
 export const stack = () => inject('stack');
 export const unique = (prefix: string) =>
@@ -32,7 +33,7 @@ export async function waitFor<T>(
     }
     if (Date.now() > deadline)
       throw new Error(
-        `timed out after ${timeoutMs} ms waiting for ${what}${last ? `: ${(last as Error).message}` : ''}`,
+        `timed out after ${timeoutMs} ms waiting for ${what}${last ? `: ${errorMessage(last)}` : ''}`,
       );
     await sleep(100);
   }

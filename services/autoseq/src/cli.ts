@@ -4,6 +4,7 @@ import { readConfigFile, readEvents } from '../../../shared/jsonl.js';
 import { CatalogError, loadCatalogFile, type Catalog } from './core/catalog.js';
 import { decide, DEFAULT_OPTIONS, newTaskState, type AutoseqOptions, type TaskState } from './core/decide.js';
 import { SchemaCompiler } from './core/schema-compiler.js';
+import { errorMessage } from '../../../shared/errors.js';
 
 const USAGE = `Usage: paver autoseq --catalog FILE.(json|yaml) --input EVENTS.jsonl [--max-consecutive 5] [--no-arguments]
 
@@ -48,7 +49,7 @@ export async function autoseqCommand(argv: string[]): Promise<number> {
       },
     }));
   } catch (err) {
-    process.stderr.write(`paver autoseq: ${(err as Error).message}\n\n${USAGE}`);
+    process.stderr.write(`paver autoseq: ${errorMessage(err)}\n\n${USAGE}`);
     return 2;
   }
   if (values.help) {
@@ -69,7 +70,7 @@ export async function autoseqCommand(argv: string[]): Promise<number> {
     catalog = loadCatalogFile(await readConfigFile(values.catalog), new SchemaCompiler());
   } catch (err) {
     process.stderr.write(
-      `paver autoseq: ${err instanceof CatalogError ? '' : `cannot read ${values.catalog}: `}${(err as Error).message}\n`,
+      `paver autoseq: ${err instanceof CatalogError ? '' : `cannot read ${values.catalog}: `}${errorMessage(err)}\n`,
     );
     return 2;
   }
@@ -94,7 +95,7 @@ export async function autoseqCommand(argv: string[]): Promise<number> {
     if (r.bad > 0) warn(`${r.bad} bad line(s) skipped of ${r.lines}`);
   } catch (err) {
     flush();
-    process.stderr.write(`paver autoseq: cannot read ${values.input}: ${(err as Error).message}\n`);
+    process.stderr.write(`paver autoseq: cannot read ${values.input}: ${errorMessage(err)}\n`);
     return 1;
   }
   return 0;

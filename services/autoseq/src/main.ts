@@ -5,7 +5,7 @@ import {
   type NextActionRecord,
   type ToolCallsEvent,
 } from '../../../schemas/index.js';
-import { PaverError } from '../../../shared/errors.js';
+import { PaverError, errorMessage } from '../../../shared/errors.js';
 import { sha256 } from '../../../shared/hash.js';
 import { readConfigFile } from '../../../shared/jsonl.js';
 import { zodParser } from '../../../shared/kafka/runner.js';
@@ -32,7 +32,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
         const why =
           err instanceof CatalogError
             ? err.message
-            : `cannot read ${env.AUTOSEQ_CATALOG_FILE}: ${(err as Error).message}`;
+            : `cannot read ${env.AUTOSEQ_CATALOG_FILE}: ${errorMessage(err)}`;
         throw new PaverError('CONFIG_INVALID', `AUTOSEQ_CATALOG_FILE: ${why}`);
       }
     }

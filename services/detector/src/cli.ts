@@ -4,6 +4,7 @@ import { liveCandidates } from './core/detect.js';
 import { toOp, scopeId, type Scope } from './core/ops.js';
 import { DEFAULT_PARAMS, validateParams, type DetectorParams } from './core/params.js';
 import { DetectorState } from './core/state.js';
+import { errorMessage } from '../../../shared/errors.js';
 
 const USAGE = `Usage: paver detect --input FILE.jsonl [--min-length 3] [--min-occurrences 3] [--lookback 200]
                     [--max-candidates 5] [--max-length 12] [--window-ms MS] [--task-idle-ms MS]
@@ -55,7 +56,7 @@ export async function detectCommand(argv: string[]): Promise<number> {
       },
     }));
   } catch (err) {
-    process.stderr.write(`paver detect: ${(err as Error).message}\n\n${USAGE}`);
+    process.stderr.write(`paver detect: ${errorMessage(err)}\n\n${USAGE}`);
     return 2;
   }
   if (values.help) {
@@ -87,7 +88,7 @@ export async function detectCommand(argv: string[]): Promise<number> {
     const errs = validateParams(params);
     if (errs.length) throw new Error(errs.join('; '));
   } catch (err) {
-    process.stderr.write(`paver detect: ${(err as Error).message}\n`);
+    process.stderr.write(`paver detect: ${errorMessage(err)}\n`);
     return 2;
   }
   const warn = (s: string) => process.stderr.write(`paver detect: ${s}\n`);
@@ -103,7 +104,7 @@ export async function detectCommand(argv: string[]): Promise<number> {
       warn,
     );
   } catch (err) {
-    process.stderr.write(`paver detect: cannot read ${values.input}: ${(err as Error).message}\n`);
+    process.stderr.write(`paver detect: cannot read ${values.input}: ${errorMessage(err)}\n`);
     return 1;
   }
   const scopes = result.state.scopesSeen();

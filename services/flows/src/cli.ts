@@ -5,6 +5,7 @@ import { select } from './adapters/selector.js';
 import { PromptCache } from './core/prompt.js';
 import { FlowRegistry, registerManual } from './core/registry.js';
 import { DEFAULT_POLICY } from './core/select.js';
+import { errorMessage } from '../../../shared/errors.js';
 
 const SELECT_USAGE = `Usage: paver select --flows FILE.(json|yaml) --query TEXT [--summary TEXT ...] [--top-k 3] [--rrf-k 10]
                     [--fail-open] [--score-floor X]
@@ -33,7 +34,7 @@ export async function selectCommand(argv: string[]): Promise<number> {
       },
     }));
   } catch (err) {
-    process.stderr.write(`paver select: ${(err as Error).message}\n\n${SELECT_USAGE}`);
+    process.stderr.write(`paver select: ${errorMessage(err)}\n\n${SELECT_USAGE}`);
     return 2;
   }
   if (values.help) {
@@ -60,14 +61,14 @@ export async function selectCommand(argv: string[]): Promise<number> {
       failOpen: !!values['fail-open'],
     };
   } catch (err) {
-    process.stderr.write(`paver select: ${(err as Error).message}\n`);
+    process.stderr.write(`paver select: ${errorMessage(err)}\n`);
     return 2;
   }
   let raw: unknown;
   try {
     raw = await readConfigFile(values.flows);
   } catch (err) {
-    process.stderr.write(`paver select: cannot read ${values.flows}: ${(err as Error).message}\n`);
+    process.stderr.write(`paver select: cannot read ${values.flows}: ${errorMessage(err)}\n`);
     return 2;
   }
   const parsed = flowsFileV1.safeParse(raw);
@@ -126,7 +127,7 @@ export async function flowsCommand(argv: string[]): Promise<number> {
       },
     });
   } catch (err) {
-    process.stderr.write(`paver flows: ${(err as Error).message}\n\n${FLOWS_USAGE}`);
+    process.stderr.write(`paver flows: ${errorMessage(err)}\n\n${FLOWS_USAGE}`);
     return 2;
   }
   const { values, positionals } = parsed;
@@ -167,7 +168,7 @@ export async function flowsCommand(argv: string[]): Promise<number> {
     });
   } catch (err) {
     process.stderr.write(
-      `paver flows: cannot reach the flows service at ${base} (${(err as Error).message}); is it running? (npm start)\n`,
+      `paver flows: cannot reach the flows service at ${base} (${errorMessage(err)}); is it running? (npm start)\n`,
     );
     return 1;
   }

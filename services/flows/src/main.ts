@@ -14,7 +14,7 @@ import {
   type RegisteredFlow,
   type ToolCallsEvent,
 } from '../../../schemas/index.js';
-import { PaverError } from '../../../shared/errors.js';
+import { PaverError, errorMessage } from '../../../shared/errors.js';
 import { describeIssues, readConfigFile } from '../../../shared/jsonl.js';
 import { zodParser, type Parser } from '../../../shared/kafka/runner.js';
 import { createTableFeed } from '../../../shared/kafka/table-feed.js';
@@ -45,7 +45,7 @@ async function loadFile<T>(path: string, schema: z.ZodType<T>, what: string): Pr
   try {
     raw = await readConfigFile(path);
   } catch (err) {
-    throw new PaverError('CONFIG_INVALID', `${what}: cannot read ${path}: ${(err as Error).message}`);
+    throw new PaverError('CONFIG_INVALID', `${what}: cannot read ${path}: ${errorMessage(err)}`);
   }
   const r = schema.safeParse(raw);
   if (!r.success)

@@ -2,6 +2,7 @@ import { parseArgs } from 'node:util';
 import { readConfigFile, readEvents } from '../../../shared/jsonl.js';
 import { ConfigError, loadOrchestrationFile, type Orchestrations } from './core/config.js';
 import { applyEvent, newSession, type SessionState } from './core/session.js';
+import { errorMessage } from '../../../shared/errors.js';
 
 const USAGE = `Usage: paver sequence --config FILE.(json|yaml) --input EVENTS.jsonl
 
@@ -35,7 +36,7 @@ export async function sequenceCommand(argv: string[]): Promise<number> {
       options: { config: { type: 'string' }, input: { type: 'string' }, help: { type: 'boolean' } },
     }));
   } catch (err) {
-    process.stderr.write(`paver sequence: ${(err as Error).message}\n\n${USAGE}`);
+    process.stderr.write(`paver sequence: ${errorMessage(err)}\n\n${USAGE}`);
     return 2;
   }
   if (values.help) {
@@ -51,7 +52,7 @@ export async function sequenceCommand(argv: string[]): Promise<number> {
     config = loadOrchestrationFile(await readConfigFile(values.config));
   } catch (err) {
     process.stderr.write(
-      `paver sequence: ${err instanceof ConfigError ? '' : `cannot read ${values.config}: `}${(err as Error).message}\n`,
+      `paver sequence: ${err instanceof ConfigError ? '' : `cannot read ${values.config}: `}${errorMessage(err)}\n`,
     );
     return 2;
   }
@@ -75,7 +76,7 @@ export async function sequenceCommand(argv: string[]): Promise<number> {
     if (stats.bad > 0) warn(`${stats.bad} bad line(s) skipped of ${stats.lines}`);
   } catch (err) {
     flush();
-    process.stderr.write(`paver sequence: cannot read ${values.input}: ${(err as Error).message}\n`);
+    process.stderr.write(`paver sequence: cannot read ${values.input}: ${errorMessage(err)}\n`);
     return 1;
   }
   return 0;

@@ -9,7 +9,7 @@ import {
   type SequenceStateRecord,
   type ToolCallsEvent,
 } from '../../../schemas/index.js';
-import { PaverError } from '../../../shared/errors.js';
+import { PaverError, errorMessage } from '../../../shared/errors.js';
 import { readConfigFile } from '../../../shared/jsonl.js';
 import { zodParser } from '../../../shared/kafka/runner.js';
 import { createTableFeed, TableRejection } from '../../../shared/kafka/table-feed.js';
@@ -46,7 +46,7 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
         const why =
           err instanceof ConfigError
             ? err.message
-            : `cannot read ${env.SEQUENCER_CONFIG_FILE}: ${(err as Error).message}`;
+            : `cannot read ${env.SEQUENCER_CONFIG_FILE}: ${errorMessage(err)}`;
         throw new PaverError('CONFIG_INVALID', `SEQUENCER_CONFIG_FILE: ${why}`);
       }
     }

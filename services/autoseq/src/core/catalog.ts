@@ -32,7 +32,9 @@ export function compileTool(compiler: SchemaCompiler, spec: CatalogTool): Compil
   try {
     validate = compiler.compile(spec.args_schema);
   } catch (err) {
-    throw new CatalogError(`tool '${spec.name}': args_schema: ${(err as Error).message}`);
+    throw new CatalogError(
+      `tool '${spec.name}': args_schema: ${err instanceof Error ? err.message : String(err)}`,
+    );
   }
   const required = requiredKeys(spec.args_schema);
   return {
@@ -184,7 +186,7 @@ export function loadCatalogFile(raw: unknown, compiler: SchemaCompiler): Catalog
     try {
       catalog.loadAgent(a);
     } catch (err) {
-      errors.push(`agent ${a.tenant_id}/${a.agent_id}, ${(err as Error).message}`);
+      errors.push(`agent ${a.tenant_id}/${a.agent_id}, ${err instanceof Error ? err.message : String(err)}`);
     }
   }
   if (errors.length) throw new CatalogError(`invalid catalog:\n  ${errors.join('\n  ')}`);

@@ -352,8 +352,10 @@ describe('catalog loading and reload', () => {
     try {
       loadCatalogFile(bad, new SchemaCompiler());
     } catch (err) {
-      expect((err as Error).message).toMatch(/agent default\/bot, tool 'broken': side_effects/);
-      expect((err as Error).message).toMatch(/agent default\/bot, tool #2: name/);
+      expect(err instanceof Error ? err.message : String(err)).toMatch(
+        /agent default\/bot, tool 'broken': side_effects/,
+      );
+      expect(err instanceof Error ? err.message : String(err)).toMatch(/agent default\/bot, tool #2: name/);
     }
   });
   it('rejects a schema that does not compile, naming the tool', () => {

@@ -53,7 +53,9 @@ export async function select(
       d.onModel?.('answer');
     } catch (err) {
       model = { kind: 'failed' };
-      d.onModel?.((err as Error).name === 'TimeoutError' || deadline.aborted ? 'timeout' : 'error');
+      d.onModel?.(
+        (err instanceof Error ? err.name : '') === 'TimeoutError' || deadline.aborted ? 'timeout' : 'error',
+      );
     }
   }
   return choose(d.registry, tenant, agent, cands, model, p, d.prompts);

@@ -70,7 +70,7 @@ function compileStep(s: OrchestrationStep): Step {
         re = RE2JS.compile(c.value, RE2JS.CASE_INSENSITIVE);
       } catch (err) {
         throw new ConfigError(
-          `step '${s.name}': message_regex /${c.value}/ is not a valid RE2 expression: ${(err as Error).message}`,
+          `step '${s.name}': message_regex /${c.value}/ is not a valid RE2 expression: ${err instanceof Error ? err.message : String(err)}`,
         );
       }
       return { type: 'message_regex', test: (t: string) => re.test(t), source: c.value };
@@ -105,7 +105,7 @@ export function compileAgent(a: AgentOrchestration): Agent {
     try {
       steps.push(compileStep(s));
     } catch (err) {
-      errors.push((err as Error).message);
+      errors.push(err instanceof Error ? err.message : String(err));
     }
   }
   const names = new Set<string>();
@@ -178,7 +178,7 @@ export function loadOrchestrationFile(raw: unknown): Orchestrations {
     try {
       out.set(a);
     } catch (err) {
-      errors.push((err as Error).message);
+      errors.push(err instanceof Error ? err.message : String(err));
     }
   }
   if (errors.length) throw new ConfigError(`invalid orchestration configuration:\n  ${errors.join('\n  ')}`);
