@@ -1,5 +1,31 @@
 import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
+import importX from 'eslint-plugin-import-x';
+import { createTypeScriptImportResolver } from 'eslint-import-resolver-typescript';
+
+const SERVICES = ['detector', 'autoseq', 'sequencer', 'flows', 'ingest'];
+
+const PURE = {
+  group: [
+    'kafkajs',
+    'ioredis',
+    'prom-client',
+    'pino',
+    'node:*',
+    'fs',
+    'net',
+    'http',
+    'https',
+    'child_process',
+  ],
+  message: 'core must stay free of I/O: put this in an adapter',
+};
+
+/** Services import nothing from each other: what two services share lives in shared/. */
+const otherServices = (name) => ({
+  regex: `(^|/)(${SERVICES.filter((s) => s !== name).join('|')})/(src|test)/`,
+  message: 'a service must not import another service: move what they share into shared/',
+});
 
 export default tseslint.config(
   { ignores: ['dist/**', 'node_modules/**', '.cache/**', 'bin/**', 'scripts/**', 'eslint.config.js'] },
@@ -8,7 +34,14 @@ export default tseslint.config(
   {
     files: ['**/*.ts'],
     languageOptions: { parserOptions: { projectService: true, tsconfigRootDir: import.meta.dirname } },
+    plugins: { 'import-x': importX },
+    settings: {
+      ...importX.flatConfigs.typescript.settings,
+      'import-x/resolver-next': [createTypeScriptImportResolver({ project: './tsconfig.json' })],
+    },
     rules: {
+      // A cycle makes load order decide behaviour (an import is undefined half-way through it).
+      'import-x/no-cycle': ['error', { ignoreExternal: true }],
       '@typescript-eslint/no-floating-promises': 'error',
       '@typescript-eslint/consistent-type-imports': 'error',
       '@typescript-eslint/no-explicit-any': 'error',
@@ -16,31 +49,58 @@ export default tseslint.config(
     },
   },
   {
+    // The runtime and the contracts never reach up into a service.
+    files: ['shared/**/*.ts', 'schemas/**/*.ts'],
+    rules: {
+      'no-restricted-imports': [
+        'error',
+        {
+          patterns: [{ regex: '(^|/)services/', message: 'shared/ and schemas/ must not import a service' }],
+        },
+      ],
+    },
+  },
+  ...SERVICES.map((name) => ({
+    files: [`services/${name}/**/*.ts`],
+    ignores: [`services/${name}/src/core/**`],
+    rules: { 'no-restricted-imports': ['error', { patterns: [otherServices(name)] }] },
+  })),
+  ...SERVICES.map((name) => ({
     // Core is pure: no I/O, no clients, no environment (the offline CLI and the services share it).
-    files: ['services/*/src/core/**/*.ts'],
+    // shared/core/ is the one part of shared/ that is pure too, so cores may use it.
+    files: [`services/${name}/src/core/**/*.ts`],
     rules: {
       'no-restricted-imports': [
         'error',
         {
           patterns: [
+            PURE,
             {
-              group: [
-                'kafkajs',
-                'ioredis',
-                'prom-client',
-                'pino',
-                'node:*',
-                'fs',
-                'net',
-                'http',
-                'https',
-                'child_process',
-              ],
-              message: 'core must stay free of I/O: put this in an adapter',
+              regex: '(^|/)adapters/|(^|/)shared/(?!core/)',
+              message: 'core must not depend on adapters or the runtime (shared/core/ is allowed)',
             },
+            otherServices(name),
+          ],
+        },
+      ],
+      'no-restricted-globals': [
+        'error',
+        { name: 'process', message: 'core must not read process state' },
+        { name: 'fetch', message: 'core must not do I/O' },
+      ],
+    },
+  })),
+  {
+    files: ['shared/core/**/*.ts'],
+    rules: {
+      'no-restricted-imports': [
+        'error',
+        {
+          patterns: [
+            PURE,
             {
-              group: ['**/adapters/**', '**/shared/**'],
-              message: 'core must not depend on adapters or the runtime',
+              regex: '(^|/)services/|^\\.\\./(?!\\.\\./schemas/)',
+              message: 'shared/core is pure: it imports only itself and schemas/',
             },
           ],
         },
