@@ -21,6 +21,16 @@ export const proposedFlow = z.object({
   tags: z.array(z.string()),
 });
 
+/**
+ * Bounded term statistics of the first user message of each task that contained the sequence: terms
+ * only (stop words, numbers and identifiers removed), never raw text. `df` = in how many of those tasks
+ * the term appeared. Lets selection match requests in the users' own words.
+ */
+export const requestTerms = z.object({
+  tasks: z.number().int().nonnegative(),
+  terms: z.array(z.object({ term: z.string().min(1).max(64), df: z.number().int().positive() })).max(64),
+});
+
 /** The candidate shape of flow-sequence-detector.txt (what `paver detect` prints, one per array item). */
 export const flowCandidate = z.object({
   tool_sequence: z.array(toolName).min(1),
@@ -30,6 +40,7 @@ export const flowCandidate = z.object({
   avg_cost_per_execution: z.number().nonnegative(),
   dedupe_key: z.string(),
   proposed_flow: proposedFlow,
+  request_terms: requestTerms.optional(),
 });
 
 /**
@@ -60,5 +71,6 @@ export const flowCandidateRecordV1 = z.object({
 
 export type FlowStep = z.infer<typeof flowStep>;
 export type ProposedFlow = z.infer<typeof proposedFlow>;
+export type RequestTerms = z.infer<typeof requestTerms>;
 export type FlowCandidate = z.infer<typeof flowCandidate>;
 export type FlowCandidateRecord = z.infer<typeof flowCandidateRecordV1>;
