@@ -1,7 +1,5 @@
 import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
-import importX from 'eslint-plugin-import-x';
-import { createTypeScriptImportResolver } from 'eslint-import-resolver-typescript';
 
 const SERVICES = ['detector', 'autoseq', 'sequencer', 'flows', 'ingest'];
 
@@ -34,14 +32,7 @@ export default tseslint.config(
   {
     files: ['**/*.ts'],
     languageOptions: { parserOptions: { projectService: true, tsconfigRootDir: import.meta.dirname } },
-    plugins: { 'import-x': importX },
-    settings: {
-      ...importX.flatConfigs.typescript.settings,
-      'import-x/resolver-next': [createTypeScriptImportResolver({ project: './tsconfig.json' })],
-    },
     rules: {
-      // A cycle makes load order decide behaviour (an import is undefined half-way through it).
-      'import-x/no-cycle': ['error', { ignoreExternal: true }],
       '@typescript-eslint/no-floating-promises': 'error',
       '@typescript-eslint/consistent-type-imports': 'error',
       '@typescript-eslint/no-explicit-any': 'error',
