@@ -16,7 +16,7 @@ import { createTableFeed, TableRejection } from '../../../shared/kafka/table-fee
 import { runService, type ServiceSpec } from '../../../shared/service.js';
 import { RedisSessionStore, type SessionRef, type Loaded } from './adapters/redis/store.js';
 import { ConfigError, loadOrchestrationFile, Orchestrations } from './core/config.js';
-import { applyEvent, newSession, selectStep, view, type SessionState } from './core/session.js';
+import { applyEvent, settle, view, type SessionState } from './core/session.js';
 import { sequencerEnvSchema, type SequencerEnv } from './config.js';
 
 type FeedRecord = OrchestrationRecord | { kind: 'tombstone'; key: string | null };
@@ -195,8 +195,9 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
               return { status: 400, body: { error: 'tools must be a comma-separated list of tool names' } };
             const agent = config.get(ref.tenant, ref.agent);
             const state = { ...(await store.loadOne(ref)) };
-            // A session never seen is in the step the rule picks for an empty session (the default step, if any).
-            if (agent && state.step === null) state.step = selectStep(agent, newSession())?.name ?? null;
+            // The step the next event would be processed in: a session never seen is in the step the rule picks
+            // for an empty session (the default step, if any); a finished sequence gives way to the rule's pick.
+            if (agent) settle(agent, state);
             return {
               status: 200,
               body: { session_id: ref.session, ...view(agent, state, tools ?? agent?.tools ?? []) },
