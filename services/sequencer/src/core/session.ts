@@ -1,5 +1,5 @@
 import type { SequenceStateRecord, ToolCallsEvent } from '../../../../schemas/index.js';
-import { stepAllows, type Agent, type Step } from './config.js';
+import { stepAllows, type Agent, type Step } from './orchestration.js';
 
 /** Per-session state: kept small (it is stored per session in Redis), never holding message text. */
 export interface SessionState {

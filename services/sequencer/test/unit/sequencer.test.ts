@@ -7,8 +7,9 @@ import {
   loadOrchestrationFile,
   Orchestrations,
   type Agent,
-} from '../../src/core/config.js';
+} from '../../src/core/orchestration.js';
 import { applyEvent, newSession, settle, view, type SessionState } from '../../src/core/session.js';
+import { parseAgentKey } from '../../src/adapters/orchestration-feed.js';
 
 const TOOLS = [
   'web_search',
@@ -428,5 +429,14 @@ describe('configuration checks', () => {
     const r = play(a, [msg('a'.repeat(50_000) + '!')]);
     expect(r.last.active_step).toBe(null);
     expect(play(a, [msg('aaaa')]).last.active_step).toBe('evil');
+  });
+});
+
+describe('orchestration topic keys', () => {
+  it('tenant/agent with URI-encoded parts; anything else is not an agent key', () => {
+    expect(parseAgentKey('t%2F1/a')).toEqual({ tenant: 't/1', agent: 'a' });
+    expect(parseAgentKey('t/a/x')).toBeNull();
+    expect(parseAgentKey(null)).toBeNull();
+    expect(parseAgentKey('t/%E0%A4%A')).toBeNull();
   });
 });
