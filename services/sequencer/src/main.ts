@@ -8,6 +8,7 @@ import { allowedToolsRoute } from './adapters/http.js';
 import { createSequencerMetrics } from './adapters/metrics.js';
 import { createOrchestrationFeed } from './adapters/orchestration-feed.js';
 import { RedisSessionStore } from './adapters/redis/store.js';
+import { StateCache } from './adapters/state-cache.js';
 import { ConfigError, loadOrchestrationFile, Orchestrations } from './core/orchestration.js';
 import { sequencerEnvSchema, type SequencerEnv } from './config.js';
 
@@ -28,8 +29,17 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
   groupId: (env) => env.SEQUENCER_GROUP_ID,
   async setup({ env, redis, kafka, codec, sink, metrics, log, fatal }) {
     const config = await initialOrchestrations(env.SEQUENCER_CONFIG_FILE);
-    const store = new RedisSessionStore(redis, env.REDIS_KEY_PREFIX, env.SEQUENCER_SESSION_TTL_MS);
-    const m = createSequencerMetrics(metrics.registry, () => config.size);
+    const cache = new StateCache(
+      env.SEQUENCER_STATE_CACHE_SIZE,
+      // A cached state never outlives its Redis key.
+      Math.min(env.SEQUENCER_STATE_CACHE_MAX_AGE_MS, env.SEQUENCER_SESSION_TTL_MS),
+    );
+    const store = new RedisSessionStore(redis, env.REDIS_KEY_PREFIX, env.SEQUENCER_SESSION_TTL_MS, cache);
+    const m = createSequencerMetrics(
+      metrics.registry,
+      () => config.size,
+      () => cache.size,
+    );
     const feed = createOrchestrationFeed(config, {
       topic: env.PAVER_TOPIC_ORCHESTRATION,
       groupPrefix: env.SEQUENCER_GROUP_ID,
@@ -54,7 +64,13 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
       },
       readiness: [{ name: 'orchestration', check: () => feed.isCaughtUp() }],
       handler: createBatchHandler({ config, store, sink, topic: env.PAVER_TOPIC_SEQUENCE_STATE, metrics: m }),
-      routes: [allowedToolsRoute(config, (ref) => store.loadOne(ref))],
+      routes: [
+        allowedToolsRoute(config, async (ref) => {
+          const r = await store.read(ref);
+          m.stateReads.inc({ source: r.cached ? 'cache' : 'redis' });
+          return r.state;
+        }),
+      ],
       close: () => feed.stop(),
     };
   },

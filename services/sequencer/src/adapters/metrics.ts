@@ -2,8 +2,20 @@ import { Counter, Gauge } from 'prom-client';
 import type { Registry } from 'prom-client';
 
 /** The sequencer's own metrics (the runner's and HTTP's are shared). */
-export function createSequencerMetrics(registry: Registry, agentsConfigured: () => number) {
+export function createSequencerMetrics(
+  registry: Registry,
+  agentsConfigured: () => number,
+  cachedStates: () => number,
+) {
   const registers = [registry];
+  new Gauge({
+    name: 'paver_sequencer_state_cache_entries',
+    help: 'Session states this instance wrote, held for allowed-tools reads.',
+    registers,
+    collect() {
+      this.set(cachedStates());
+    },
+  });
   new Gauge({
     name: 'paver_sequencer_agents_configured',
     help: 'Agents with an orchestration in force.',
@@ -27,6 +39,12 @@ export function createSequencerMetrics(registry: Registry, agentsConfigured: () 
     duplicates: new Counter({
       name: 'paver_sequencer_redelivered_events_total',
       help: 'Events already applied (redelivery), ignored.',
+      registers,
+    }),
+    stateReads: new Counter({
+      name: 'paver_sequencer_state_reads_total',
+      help: 'Allowed-tools reads of a session state, by source (cache: no Redis round trip).',
+      labelNames: ['source'],
       registers,
     }),
     updates: new Counter({

@@ -225,6 +225,14 @@ describe('sequencer service (real Kafka, real Redis)', () => {
       const key = `${env.REDIS_KEY_PREFIX}:seq:{default|default|idle}`;
       await waitFor(async () => (await redis.exists(key)) === 1, 'session state written');
       expect(await allowed('idle')).toMatchObject({ allowed_tools: ['b'] });
+      // 'idle' was written by this instance: answered from its cache; 'fresh' never was: from Redis.
+      const reads = async (source: string) =>
+        parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(
+          'paver_sequencer_state_reads_total',
+          { source },
+        );
+      expect(await reads('cache')).toBeGreaterThanOrEqual(1);
+      expect(await reads('redis')).toBeGreaterThanOrEqual(2);
       // Live change: a new sequence applies to the next request, without a restart.
       await produce(env.PAVER_TOPIC_ORCHESTRATION!, [
         {
@@ -246,6 +254,8 @@ describe('sequencer service (real Kafka, real Redis)', () => {
         'session state expired after the idle TTL',
         10_000,
       );
+      // The cached copy never outlives the key: the session reads as new again.
+      expect(await allowed('idle')).toMatchObject({ active_step: 'ab', allowed_tools: ['a'] });
     } finally {
       redis.disconnect();
     }

@@ -5,6 +5,7 @@ import { PaverError } from '../../../../../shared/errors.js';
 import { escapeKeyPart } from '../../../../../shared/redis/keys.js';
 import { defineScripts, invokeScript, readScripts } from '../../../../../shared/redis/scripts.js';
 import { newSession, type SessionState } from '../../core/session.js';
+import { StateCache } from '../state-cache.js';
 
 export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
 
@@ -70,6 +71,8 @@ export class RedisSessionStore {
     private readonly redis: Redis,
     private readonly prefix: string,
     private readonly ttlMs: number,
+    /** States this instance wrote, for `read()`; the batch path always reads Redis (its CAS base). */
+    readonly cache: StateCache = new StateCache(0, 0),
   ) {
     defineScripts(redis, readScripts(SCRIPT_DIR, ['cas']));
   }
@@ -96,27 +99,48 @@ export class RedisSessionStore {
     return (await this.load(new Map([['x', ref]]))).get('x')!.state;
   }
 
+  /** A session's state for a reader (allowed tools): what this instance last wrote, else Redis. */
+  async read(ref: SessionRef): Promise<{ state: SessionState; cached: boolean }> {
+    const hit = this.cache.get(sessionKey(this.prefix, ref));
+    if (hit) return { state: hit.state, cached: true };
+    return { state: await this.loadOne(ref), cached: false };
+  }
+
   async save(writes: { ref: SessionRef; state: SessionState; version: string }[]): Promise<void> {
     if (!writes.length) return;
     const pipe = this.redis.pipeline();
-    for (const w of writes) {
-      const next = String((Number(w.version) || 0) + 1);
-      invokeScript(
-        pipe,
-        'cas',
-        [sessionKey(this.prefix, w.ref)],
-        [w.version, `${next}|${encode(w.state)}`, this.ttlMs],
-      );
+    const planned = writes.map((w) => ({
+      ...w,
+      key: sessionKey(this.prefix, w.ref),
+      next: String((Number(w.version) || 0) + 1),
+    }));
+    for (const w of planned)
+      invokeScript(pipe, 'cas', [w.key], [w.version, `${w.next}|${encode(w.state)}`, this.ttlMs]);
+    let replies: [Error | null, unknown][];
+    try {
+      replies = (await pipe.exec()) ?? [];
+    } catch (err) {
+      // Some writes may have landed: no cached entry may stay older than Redis.
+      for (const w of planned) this.cache.drop(w.key);
+      throw err;
     }
-    const replies = (await pipe.exec()) ?? [];
     this.roundTrips++;
-    for (const [err, ok] of replies) {
-      if (err) throw new PaverError('REDIS_UNAVAILABLE', `session write failed: ${err.message}`);
-      if (ok !== 1)
-        throw new PaverError(
-          'STATE_CONTENDED',
-          'session state changed under this consumer (rebalance); retrying the batch',
-        );
+    // Every reply updates the cache before any failure is thrown: a write that landed is cached as the newest.
+    let failure: PaverError | null = null;
+    for (const [i, w] of planned.entries()) {
+      const [err, ok] = replies[i] ?? [new Error('no reply'), null];
+      if (!err && ok === 1) {
+        this.cache.written(w.key, w.state, w.next);
+        continue;
+      }
+      this.cache.drop(w.key);
+      failure ??= err
+        ? new PaverError('REDIS_UNAVAILABLE', `session write failed: ${err.message}`)
+        : new PaverError(
+            'STATE_CONTENDED',
+            'session state changed under this consumer (rebalance); retrying the batch',
+          );
     }
+    if (failure) throw failure;
   }
 }
