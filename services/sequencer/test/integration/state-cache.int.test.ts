@@ -1,7 +1,9 @@
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { testRedis, unique } from '../../../../test/helpers/kafka.js';
-import { RedisSessionStore, type SessionRef } from '../../src/adapters/redis/store.js';
+import { callScript, execPipeline } from '../../../../shared/redis/replies.js';
+import { defineScripts, invokeScript } from '../../../../shared/redis/scripts.js';
+import { RedisSessionStore, sessionKey, type SessionRef } from '../../src/adapters/redis/store.js';
 import { StateCache } from '../../src/adapters/state-cache.js';
 import { newSession, type SessionState } from '../../src/core/session.js';
 
@@ -91,7 +93,47 @@ describe('allowed-tools state cache (real Redis)', () => {
     await store.save([{ ref, state: stateWith('research', 1), version: v }]);
     expect(store.cache.size).toBe(1);
     own.disconnect();
-    await expect(store.save([{ ref, state: stateWith('research', 2), version: '1' }])).rejects.toBeTruthy();
+    await expect(store.save([{ ref, state: stateWith('research', 2), version: '1' }])).rejects.toMatchObject({
+      code: 'REDIS_UNAVAILABLE',
+      retriable: true,
+    });
     expect(store.cache.size).toBe(0);
+  });
+});
+
+describe('one Redis reply path (real Redis)', () => {
+  it('a script error is a bug (not retriable), in a pipeline and in a direct call', async () => {
+    defineScripts(redis, [{ name: 'brokenForTest', numberOfKeys: 1, lua: 'return nosuchglobal.x' }]);
+    const pipe = redis.pipeline();
+    invokeScript(pipe, 'brokenForTest', [unique('k')], []);
+    await expect(execPipeline(pipe, 'broken')).rejects.toMatchObject({
+      code: 'REDIS_SCRIPT_FAILED',
+      retriable: false,
+    });
+    await expect(callScript(redis, 'brokenForTest', [unique('k')], [])).rejects.toMatchObject({
+      code: 'REDIS_SCRIPT_FAILED',
+      retriable: false,
+    });
+  });
+
+  it("an error reply to the store's read or compare-and-set script is a bug; a race is retriable", async () => {
+    const prefix = unique('replies');
+    const store = new RedisSessionStore(redis, prefix, 60_000);
+    const ref = { tenant: 't', agent: 'a', session: 'wrong-type' };
+    await redis.hset(sessionKey(prefix, ref), 'f', 'v'); // not a string: GET and the script both refuse it
+    await expect(store.load(new Map([['k', ref]]))).rejects.toMatchObject({
+      code: 'REDIS_SCRIPT_FAILED',
+      retriable: false,
+    });
+    await expect(store.save([{ ref, state: newSession(), version: '' }])).rejects.toMatchObject({
+      code: 'REDIS_SCRIPT_FAILED',
+      retriable: false,
+    });
+    const raced = { ...ref, session: 'raced' };
+    await store.save([{ ref: raced, state: newSession(), version: '' }]);
+    await expect(store.save([{ ref: raced, state: newSession(), version: '' }])).rejects.toMatchObject({
+      code: 'STATE_CONTENDED',
+      retriable: true,
+    });
   });
 });
