@@ -10,23 +10,28 @@ export const orchestrationConditionV1 = z.discriminatedUnion('type', [
   z.object({ type: z.literal('message_regex'), value: z.string().min(1).max(1024) }).strict(),
   /** The tool appears in the session's recent tool history. */
   z.object({ type: z.literal('tool_used'), value: toolName }).strict(),
-  /** The most recent tools are exactly these, in this order (a comma-separated string or an array). */
+  /**
+   * The most recent tools are exactly these, in this order (a comma-separated string or an array); without a
+   * value, the step's own sequence (AgentDock's meaning).
+   */
   z
     .object({
       type: z.literal('sequence_match'),
-      value: z.union([
-        z.array(toolName).min(1).max(64),
-        z
-          .string()
-          .min(1)
-          .max(4096)
-          .transform((s) =>
-            s
-              .split(',')
-              .map((x) => x.trim())
-              .filter(Boolean),
-          ),
-      ]),
+      value: z
+        .union([
+          z.array(toolName).min(1).max(64),
+          z
+            .string()
+            .min(1)
+            .max(4096)
+            .transform((s) =>
+              s
+                .split(',')
+                .map((x) => x.trim())
+                .filter(Boolean),
+            ),
+        ])
+        .optional(),
     })
     .strict(),
 ]);

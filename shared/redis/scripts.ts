@@ -2,7 +2,7 @@ import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Redis, ChainableCommander } from 'ioredis';
 import type { z } from 'zod';
-import { PaverError } from '../errors.js';
+import { PaverError, type ErrorCode } from '../errors.js';
 
 /** A Lua script file `<name>-<numKeys>.lua` (BullMQ's convention). */
 export interface ScriptFile {
@@ -57,7 +57,7 @@ export function parseScriptReply<S extends z.ZodType>(
   script: string,
   reply: unknown,
   schema: S,
-  codes: Record<number, { code: 'REDIS_STATE_CONFLICT' | 'REDIS_SCRIPT_FAILED'; message: string }> = {},
+  codes: Record<number, { code: ErrorCode; message: string }> = {},
 ): z.infer<S> {
   if (Array.isArray(reply) && typeof reply[0] === 'number' && reply[0] < 0) {
     const known = codes[reply[0]];

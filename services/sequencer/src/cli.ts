@@ -1,6 +1,6 @@
 import { parseArgs } from 'node:util';
 import { readConfigFile, readEvents } from '../../../shared/jsonl.js';
-import { ConfigError, loadOrchestrationFile, type Orchestrations } from './core/config.js';
+import { ConfigError, loadOrchestrationFile, type Orchestrations } from './core/orchestration.js';
 import { applyEvent, newSession, type SessionState } from './core/session.js';
 import { errorMessage } from '../../../shared/errors.js';
 

@@ -9,6 +9,10 @@ export const sequencerEnvSchema = z
     PAVER_TOPIC_ORCHESTRATION: topicName.default('paver.orchestration.v1'),
     SEQUENCER_SESSION_TTL_MS: int(1000).default(24 * 3_600_000),
     SEQUENCER_CONFIG_WAIT_MS: int(0, 600_000).default(30_000),
+    /** Session states this instance wrote, kept for allowed-tools reads; 0 turns the cache off. */
+    SEQUENCER_STATE_CACHE_SIZE: int(0, 10_000_000).default(50_000),
+    /** How long a cached state may answer reads: the bound on staleness after another instance took over. */
+    SEQUENCER_STATE_CACHE_MAX_AGE_MS: int(0, 3_600_000).default(30_000),
   })
   .superRefine(refineCommon);
 export type SequencerEnv = z.infer<typeof sequencerEnvSchema>;

@@ -1,5 +1,5 @@
 import type { SequenceStateRecord, ToolCallsEvent } from '../../../../schemas/index.js';
-import { stepAllows, type Agent, type Step } from './config.js';
+import { stepAllows, type Agent, type Step } from './orchestration.js';
 
 /** Per-session state: kept small (it is stored per session in Redis), never holding message text. */
 export interface SessionState {
@@ -40,8 +40,9 @@ const conditionsHold = (step: Step, s: SessionState): boolean =>
   step.conditions.every((c) => {
     if (c.type === 'message_regex') return true; // folded into s.msg above
     if (c.type === 'tool_used') return s.history.includes(c.tool);
-    const n = c.tools.length;
-    return s.history.length >= n && c.tools.every((t, i) => s.history[s.history.length - n + i] === t);
+    const n = c.groups.length;
+    const from = s.history.length - n;
+    return n > 0 && from >= 0 && c.groups.every((g, i) => g.includes(s.history[from + i]!));
   });
 
 const inProgress = (step: Step | undefined, index: number) =>
@@ -57,6 +58,18 @@ export function selectStep(agent: Agent, s: SessionState): Step | null {
   if (current && s.held) return current;
   if (current && agent.sticky && inProgress(current, s.index)) return current;
   return agent.steps.find((st) => conditionsHold(st, s)) ?? agent.defaultStep;
+}
+
+const completed = (step: Step | undefined, index: number) =>
+  !!step && step.sequence.length > 0 && index >= step.sequence.length;
+
+/**
+ * Leaves a finished sequence (or no step) for the step the rule picks now. A completing event keeps its step so
+ * that its record reports the completion; the next event, or a read of the allowed tools, settles first — as
+ * AgentDock re-evaluates the active step before it processes a tool or filters the tools.
+ */
+export function settle(agent: Agent, s: SessionState): void {
+  if (s.step === null || completed(agent.byName.get(s.step), s.index)) moveTo(s, selectStep(agent, s));
 }
 
 function moveTo(s: SessionState, step: Step | null): void {
@@ -148,13 +161,15 @@ export function applyEvent(
       moveTo(s, selectStep(agent, s));
     } else if (e.type === 'tool_call') {
       if (e.visible_tools) universe = e.visible_tools;
-      if (s.step === null) moveTo(s, selectStep(agent, s));
+      settle(agent, s);
       const step = s.step === null ? undefined : agent.byName.get(s.step);
+      let completing = false;
       if (step && step.sequence.length > 0 && s.index < step.sequence.length) {
         const expected = step.sequence[s.index]!;
         if (expected.includes(e.tool)) {
           s.index++;
           s.held = false;
+          completing = s.index === step.sequence.length;
         } else {
           violation = { expected: sorted(expected), used: e.tool, policy: agent.policy };
           if (agent.policy === 'reset') s.index = step.sequence[0]!.includes(e.tool) ? 1 : 0;
@@ -163,7 +178,8 @@ export function applyEvent(
       }
       s.history.push(e.tool);
       if (s.history.length > agent.history) s.history.splice(0, s.history.length - agent.history);
-      moveTo(s, selectStep(agent, s));
+      // The completing event's record reports the completion; the next step is picked by settle() next time.
+      if (!completing) moveTo(s, selectStep(agent, s));
     }
   } else if (e.type === 'tool_call' && e.visible_tools) universe = e.visible_tools;
 

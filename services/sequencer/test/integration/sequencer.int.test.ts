@@ -154,7 +154,8 @@ describe('sequencer service (real Kafka, real Redis)', () => {
     expect([...got.keys()].sort()).toEqual([...want.keys()].sort());
     for (const [s, rs] of want) expect(got.get(s)).toEqual(rs);
 
-    // The HTTP view answers from the stored state: the last record's view for a session.
+    // The HTTP view answers from the stored state: the last record's view for a session (sess-3 does not end on
+    // a completion that hands over to another step, where the view would already show the next step).
     const last = want.get('sess-3')!.at(-1)!;
     const res = await getJson(second.url(`/sessions/sess-3/allowed-tools?tools=${TOOLS.join(',')}`));
     expect(res.status).toBe(200);
@@ -225,6 +226,14 @@ describe('sequencer service (real Kafka, real Redis)', () => {
       const key = `${env.REDIS_KEY_PREFIX}:seq:{default|default|idle}`;
       await waitFor(async () => (await redis.exists(key)) === 1, 'session state written');
       expect(await allowed('idle')).toMatchObject({ allowed_tools: ['b'] });
+      // 'idle' was written by this instance: answered from its cache; 'fresh' never was: from Redis.
+      const reads = async (source: string) =>
+        parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(
+          'paver_sequencer_state_reads_total',
+          { source },
+        );
+      expect(await reads('cache')).toBeGreaterThanOrEqual(1);
+      expect(await reads('redis')).toBeGreaterThanOrEqual(2);
       // Live change: a new sequence applies to the next request, without a restart.
       await produce(env.PAVER_TOPIC_ORCHESTRATION!, [
         {
@@ -246,6 +255,8 @@ describe('sequencer service (real Kafka, real Redis)', () => {
         'session state expired after the idle TTL',
         10_000,
       );
+      // The cached copy never outlives the key: the session reads as new again.
+      expect(await allowed('idle')).toMatchObject({ active_step: 'ab', allowed_tools: ['a'] });
     } finally {
       redis.disconnect();
     }

@@ -7,8 +7,9 @@ import {
   loadOrchestrationFile,
   Orchestrations,
   type Agent,
-} from '../../src/core/config.js';
-import { applyEvent, newSession, view, type SessionState } from '../../src/core/session.js';
+} from '../../src/core/orchestration.js';
+import { applyEvent, newSession, settle, view, type SessionState } from '../../src/core/session.js';
+import { parseAgentKey } from '../../src/adapters/orchestration-feed.js';
 
 const TOOLS = [
   'web_search',
@@ -161,6 +162,80 @@ describe('conditions and the active step', () => {
     ]);
     expect(r.records[3]).toMatchObject({ active_step: 'research', completed: true, sequence_index: 3 });
     expect(r.last).toMatchObject({ active_step: 'eval', sequence_index: 0, expected: ['critique'] });
+  });
+});
+
+describe('AgentDock compatibility', () => {
+  it('sequence_match without a value matches the history tail against the step own sequence', () => {
+    const review = {
+      name: 'review',
+      conditions: [{ type: 'sequence_match' }],
+      availableTools: { allowed: ['critique', 'debate', 'think', 'reflect'] },
+      sequence: ['critique', ['debate', 'think'], 'reflect'],
+    };
+    const a = agentOf({ steps: [review] });
+    const r = play(a, [call('critique'), call('email'), call('critique'), call('think'), call('reflect')]);
+    expect(r.records.map((x) => x.active_step)).toEqual([null, null, null, null, 'review']);
+    // Activated by its own sequence, the step starts it again (AgentDock resets the index on a transition).
+    expect(r.last).toMatchObject({ sequence_index: 0, expected: ['critique'], completed: false });
+    // A group matches any member; the history is long enough for a sequence longer than the minimum.
+    const long = Array.from({ length: 12 }, (_, i) => (i % 2 ? 'think' : 'critique'));
+    const b = agentOf({
+      steps: [{ ...review, sequence: long, availableTools: { allowed: ['critique', 'think'] } }],
+    });
+    expect(b.history).toBeGreaterThanOrEqual(12);
+    const played = play(
+      b,
+      long.map((t) => call(t)),
+    );
+    expect(played.records.map((x) => x.active_step)).toEqual([...Array(11).fill(null), 'review']);
+    // A step without a sequence: the condition never holds (AgentDock likewise), and the file is accepted.
+    const none = agentOf({ steps: [{ name: 'never', conditions: [{ type: 'sequence_match' }] }] });
+    expect(play(none, [call('think'), call('think')]).last.active_step).toBeNull();
+  });
+
+  it('the completing event reports the completion; a step whose condition already holds activates next', () => {
+    const after = {
+      name: 'after',
+      conditions: [{ type: 'tool_used', value: 'summarize' }],
+      availableTools: { allowed: ['save', 'email'] },
+      sequence: ['save'],
+    };
+    const a = agentOf({ steps: [after, research] });
+    const r = play(a, [msg('research'), call('web_search'), call('think'), call('summarize')]);
+    expect(r.last).toMatchObject({
+      active_step: 'research',
+      sequence_index: 3,
+      expected: [],
+      completed: true,
+      violation: null,
+    });
+    expect(r.last.allowed_tools).toContain('web_search');
+    // What the next event is processed in, and what a read of the allowed tools answers meanwhile.
+    const now = { ...r.state };
+    settle(a, now);
+    expect(view(a, now, TOOLS)).toMatchObject({
+      active_step: 'after',
+      sequence_index: 0,
+      expected: ['save'],
+    });
+    const next = play(a, [call('save')], r.state);
+    expect(next.last).toMatchObject({
+      active_step: 'after',
+      sequence_index: 1,
+      completed: true,
+      violation: null,
+    });
+  });
+
+  it('a completed step whose own conditions still hold stays, completed, until something else matches', () => {
+    const a = agentOf({ steps: [research, { name: 'general', isDefault: true }] });
+    const r = play(a, [msg('research'), call('web_search'), call('think'), call('summarize'), call('save')]);
+    expect(r.records.slice(3).map((x) => [x.active_step, x.completed])).toEqual([
+      ['research', true],
+      ['research', true],
+    ]);
+    expect(play(a, [msg('hello')], r.state).last).toMatchObject({ active_step: 'general', completed: false });
   });
 });
 
@@ -354,5 +429,14 @@ describe('configuration checks', () => {
     const r = play(a, [msg('a'.repeat(50_000) + '!')]);
     expect(r.last.active_step).toBe(null);
     expect(play(a, [msg('aaaa')]).last.active_step).toBe('evil');
+  });
+});
+
+describe('orchestration topic keys', () => {
+  it('tenant/agent with URI-encoded parts; anything else is not an agent key', () => {
+    expect(parseAgentKey('t%2F1/a')).toEqual({ tenant: 't/1', agent: 'a' });
+    expect(parseAgentKey('t/a/x')).toBeNull();
+    expect(parseAgentKey(null)).toBeNull();
+    expect(parseAgentKey('t/%E0%A4%A')).toBeNull();
   });
 });

@@ -1,12 +1,28 @@
 import { fileURLToPath } from 'node:url';
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
-import { PaverError } from '../../../../../shared/errors.js';
 import { escapeKeyPart } from '../../../../../shared/redis/keys.js';
-import { defineScripts, invokeScript, readScripts } from '../../../../../shared/redis/scripts.js';
+import { execPipeline } from '../../../../../shared/redis/replies.js';
+import {
+  defineScripts,
+  invokeScript,
+  parseScriptReply,
+  readScripts,
+} from '../../../../../shared/redis/scripts.js';
 import { newSession, type SessionState } from '../../core/session.js';
+import { StateCache } from '../state-cache.js';
 
 export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
+/** Every script in SCRIPT_DIR (a test holds the folder to this list). */
+export const SCRIPTS = ['writeSessionIfUnchanged'] as const;
+
+const writtenReply = z.tuple([z.literal(1)]);
+const WRITE_CODES = {
+  [-1]: {
+    code: 'STATE_CONTENDED',
+    message: 'session state changed under this consumer (rebalance); retrying the batch from fresh state',
+  },
+} as const;
 
 export interface SessionRef {
   tenant: string;
@@ -70,8 +86,10 @@ export class RedisSessionStore {
     private readonly redis: Redis,
     private readonly prefix: string,
     private readonly ttlMs: number,
+    /** States this instance wrote, for `read()`; the batch path always reads Redis (its CAS base). */
+    readonly cache: StateCache = new StateCache(0, 0),
   ) {
-    defineScripts(redis, readScripts(SCRIPT_DIR, ['cas']));
+    defineScripts(redis, readScripts(SCRIPT_DIR, [...SCRIPTS]));
   }
 
   async load(refs: Map<string, SessionRef>): Promise<Map<string, Loaded>> {
@@ -80,11 +98,10 @@ export class RedisSessionStore {
     if (!ids.length) return out;
     const pipe = this.redis.pipeline();
     for (const id of ids) pipe.get(sessionKey(this.prefix, refs.get(id)!));
-    const replies = (await pipe.exec()) ?? [];
+    const values = await execPipeline(pipe, 'session read');
     this.roundTrips++;
     ids.forEach((id, i) => {
-      const [err, raw] = replies[i] ?? [new Error('no reply'), null];
-      if (err) throw new PaverError('REDIS_UNAVAILABLE', `session read failed: ${err.message}`);
+      const raw = values[i];
       if (typeof raw !== 'string') return out.set(id, { state: newSession(), version: '' });
       const bar = raw.indexOf('|');
       out.set(id, { state: decode(raw.slice(bar + 1)), version: raw.slice(0, bar) });
@@ -96,27 +113,48 @@ export class RedisSessionStore {
     return (await this.load(new Map([['x', ref]]))).get('x')!.state;
   }
 
+  /** A session's state for a reader (allowed tools): what this instance last wrote, else Redis. */
+  async read(ref: SessionRef): Promise<{ state: SessionState; cached: boolean }> {
+    const hit = this.cache.get(sessionKey(this.prefix, ref));
+    if (hit) return { state: hit.state, cached: true };
+    return { state: await this.loadOne(ref), cached: false };
+  }
+
   async save(writes: { ref: SessionRef; state: SessionState; version: string }[]): Promise<void> {
     if (!writes.length) return;
     const pipe = this.redis.pipeline();
-    for (const w of writes) {
-      const next = String((Number(w.version) || 0) + 1);
+    const planned = writes.map((w) => ({
+      ...w,
+      key: sessionKey(this.prefix, w.ref),
+      next: String((Number(w.version) || 0) + 1),
+    }));
+    for (const w of planned)
       invokeScript(
         pipe,
-        'cas',
-        [sessionKey(this.prefix, w.ref)],
-        [w.version, `${next}|${encode(w.state)}`, this.ttlMs],
+        'writeSessionIfUnchanged',
+        [w.key],
+        [w.version, `${w.next}|${encode(w.state)}`, this.ttlMs],
       );
+    let replies: unknown[];
+    try {
+      replies = await execPipeline(pipe, 'session write');
+    } catch (err) {
+      // Some writes may have landed: no cached entry may stay older than Redis.
+      for (const w of planned) this.cache.drop(w.key);
+      throw err;
     }
-    const replies = (await pipe.exec()) ?? [];
     this.roundTrips++;
-    for (const [err, ok] of replies) {
-      if (err) throw new PaverError('REDIS_UNAVAILABLE', `session write failed: ${err.message}`);
-      if (ok !== 1)
-        throw new PaverError(
-          'STATE_CONTENDED',
-          'session state changed under this consumer (rebalance); retrying the batch',
-        );
+    // Every reply updates the cache before a failure is thrown: a write that landed is cached as the newest.
+    let failure: unknown = null;
+    for (const [i, w] of planned.entries()) {
+      try {
+        parseScriptReply('writeSessionIfUnchanged', replies[i], writtenReply, WRITE_CODES);
+        this.cache.written(w.key, w.state, w.next);
+      } catch (err) {
+        this.cache.drop(w.key);
+        failure ??= err;
+      }
     }
+    if (failure) throw failure;
   }
 }

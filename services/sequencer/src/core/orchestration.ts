@@ -30,7 +30,8 @@ export function globMatch(pattern: string, name: string): boolean {
 export type Condition =
   | { type: 'message_regex'; test: (text: string) => boolean; source: string }
   | { type: 'tool_used'; tool: string }
-  | { type: 'sequence_match'; tools: string[] };
+  /** The most recent tools, position by position, are members of these groups (oldest first). */
+  | { type: 'sequence_match'; groups: string[][] };
 
 export interface Step {
   name: string;
@@ -61,6 +62,9 @@ export const stepAllows = (step: Step, tool: string): boolean =>
   (step.allowed === null || step.allowed.some((p) => globMatch(p, tool))) &&
   !step.denied.some((p) => globMatch(p, tool));
 
+const ownSequence = (s: OrchestrationStep): string[][] =>
+  (s.sequence ?? []).map((g) => (typeof g === 'string' ? [g] : g));
+
 function compileStep(s: OrchestrationStep): Step {
   const conditions: Condition[] = s.conditions.map((c) => {
     if (c.type === 'message_regex') {
@@ -76,7 +80,9 @@ function compileStep(s: OrchestrationStep): Step {
       return { type: 'message_regex', test: (t: string) => re.test(t), source: c.value };
     }
     if (c.type === 'tool_used') return { type: 'tool_used', tool: c.value };
-    return { type: 'sequence_match', tools: c.value };
+    // Without a value, AgentDock matches the history's tail against the step's own sequence (a group matches
+    // any of its members); a step without a sequence then never matches, as in AgentDock.
+    return { type: 'sequence_match', groups: c.value ? c.value.map((t) => [t]) : ownSequence(s) };
   });
   const allowed = s.availableTools.allowed?.length ? s.availableTools.allowed : null;
   const step: Step = {
@@ -85,7 +91,7 @@ function compileStep(s: OrchestrationStep): Step {
     hasMessageCondition: conditions.some((c) => c.type === 'message_regex'),
     allowed,
     denied: s.availableTools.denied ?? [],
-    sequence: (s.sequence ?? []).map((g) => (typeof g === 'string' ? [g] : g)),
+    sequence: ownSequence(s),
     isDefault: s.isDefault,
   };
   const refused = [...new Set(step.sequence.flat().filter((t) => !stepAllows(step, t)))];
@@ -119,7 +125,7 @@ export function compileAgent(a: AgentOrchestration): Agent {
   if (errors.length) throw new ConfigError(`agent ${a.tenant_id}/${a.agent_id}: ${errors.join('; ')}`);
   const longest = Math.max(
     0,
-    ...steps.flatMap((s) => s.conditions.map((c) => (c.type === 'sequence_match' ? c.tools.length : 0))),
+    ...steps.flatMap((s) => s.conditions.map((c) => (c.type === 'sequence_match' ? c.groups.length : 0))),
   );
   return {
     tools: a.tools,

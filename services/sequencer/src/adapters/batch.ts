@@ -1,0 +1,57 @@
+import type { SequenceStateRecord, ToolCallsEvent } from '../../../../schemas/index.js';
+import type { BatchHandler } from '../../../../shared/kafka/runner.js';
+import type { Sink } from '../../../../shared/kafka/sink.js';
+import type { Orchestrations } from '../core/orchestration.js';
+import { applyEvent, type SessionState } from '../core/session.js';
+import type { SequencerMetrics } from './metrics.js';
+import type { RedisSessionStore, SessionRef } from './redis/store.js';
+
+const idOf = (e: ToolCallsEvent) => `${e.tenant_id}\u001f${e.agent_id}\u001f${e.session_id}`;
+
+/**
+ * One batch: load every session it touches (one round trip), apply the events in order, publish the records,
+ * then store the states (one compare-and-set round trip).
+ */
+export function createBatchHandler(o: {
+  config: Orchestrations;
+  store: Pick<RedisSessionStore, 'load' | 'save'>;
+  sink: Sink;
+  topic: string;
+  metrics: SequencerMetrics;
+}): BatchHandler<ToolCallsEvent> {
+  const { config, store, sink, topic, metrics } = o;
+  return async (batch) => {
+    const refs = new Map<string, SessionRef>();
+    for (const { value: e } of batch)
+      refs.set(idOf(e), { tenant: e.tenant_id, agent: e.agent_id, session: e.session_id });
+    const loaded = await store.load(refs);
+    const current = new Map<string, SessionState>();
+    const out: SequenceStateRecord[] = [];
+    for (const rec of batch) {
+      const e = rec.value;
+      const id = idOf(e);
+      const prev = current.get(id) ?? loaded.get(id)!.state;
+      const r = applyEvent(config.get(e.tenant_id, e.agent_id), prev, e, {
+        partition: rec.partition,
+        offset: rec.offset,
+      });
+      if (r.duplicate) {
+        metrics.duplicates.inc();
+        continue;
+      }
+      current.set(id, r.state);
+      if (r.record) out.push(r.record);
+    }
+    // Publish, then store: a crash in between re-applies the same events to the same records.
+    await sink.send(
+      topic,
+      'sequence-state.v1',
+      out.map((v) => ({ key: v.session_id, value: v })),
+    );
+    await store.save(
+      [...current].map(([id, state]) => ({ ref: refs.get(id)!, state, version: loaded.get(id)!.version })),
+    );
+    metrics.states.inc(out.length);
+    for (const v of out) if (v.violation) metrics.violations.inc({ policy: v.violation.policy });
+  };
+}

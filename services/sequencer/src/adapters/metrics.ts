@@ -1,0 +1,58 @@
+import { Counter, Gauge } from 'prom-client';
+import type { Registry } from 'prom-client';
+
+/** The sequencer's own metrics (the runner's and HTTP's are shared). */
+export function createSequencerMetrics(
+  registry: Registry,
+  agentsConfigured: () => number,
+  cachedStates: () => number,
+) {
+  const registers = [registry];
+  new Gauge({
+    name: 'paver_sequencer_state_cache_entries',
+    help: 'Session states this instance wrote, held for allowed-tools reads.',
+    registers,
+    collect() {
+      this.set(cachedStates());
+    },
+  });
+  new Gauge({
+    name: 'paver_sequencer_agents_configured',
+    help: 'Agents with an orchestration in force.',
+    registers,
+    collect() {
+      this.set(agentsConfigured());
+    },
+  });
+  return {
+    states: new Counter({
+      name: 'paver_sequencer_states_published_total',
+      help: 'Sequence-state records published.',
+      registers,
+    }),
+    violations: new Counter({
+      name: 'paver_sequencer_violations_total',
+      help: 'Sequence violations, by policy.',
+      labelNames: ['policy'],
+      registers,
+    }),
+    duplicates: new Counter({
+      name: 'paver_sequencer_redelivered_events_total',
+      help: 'Events already applied (redelivery), ignored.',
+      registers,
+    }),
+    stateReads: new Counter({
+      name: 'paver_sequencer_state_reads_total',
+      help: 'Allowed-tools reads of a session state, by source (cache: no Redis round trip).',
+      labelNames: ['source'],
+      registers,
+    }),
+    updates: new Counter({
+      name: 'paver_sequencer_config_updates_total',
+      help: 'Orchestration topic records, by outcome (rejected ones are dead-lettered).',
+      labelNames: ['outcome'],
+      registers,
+    }),
+  };
+}
+export type SequencerMetrics = ReturnType<typeof createSequencerMetrics>;
