@@ -63,7 +63,10 @@ export interface Publisher {
   toolCall(event: ToolCallInput): Promise<void>;
   userMessage(event: UserMessageInput): Promise<void>;
   taskCompleted(event: TaskCompletedInput): Promise<void>;
-  /** Sends everything queued; resolves when all of it is acknowledged. */
+  /**
+   * Sends everything queued; resolves when all of it is acknowledged, rejects with the first failure
+   * (invalid event or failed send) since the previous flush.
+   */
   flush(): Promise<void>;
   /** Flushes, then disconnects the producer if the publisher made it. Later calls reject. */
   close(): Promise<void>;
@@ -117,6 +120,17 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   // Sends run one after another, so events of one session reach the partition in call order.
   let chain: Promise<void> = Promise.resolve();
   let closed = false;
+  // The first failure since the last flush(): flush() and close() report it, so a caller that does not
+  // await each event still learns that some were not published.
+  let failure: unknown = null;
+  const fail = (err: unknown) => {
+    failure ??= err;
+  };
+  const report = () => {
+    const f = failure;
+    failure = null;
+    if (f) throw f;
+  };
 
   const sendNow = (): Promise<void> => {
     if (timer) clearTimeout(timer);
@@ -137,6 +151,7 @@ export function createPublisher(opts: PublisherOptions): Publisher {
         const e = new PaverError('KAFKA_UNAVAILABLE', `publish to ${topic} failed: ${errorMessage(err)}`, {
           cause: err,
         });
+        fail(e);
         for (const p of batch) p.reject(e);
       }
     });
@@ -192,13 +207,18 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   const taskKey = (e: { tenant_id?: string; agent_id?: string; session_id: string; task_id: string }) =>
     JSON.stringify([e.tenant_id ?? opts.tenantId, e.agent_id ?? opts.agentId, e.session_id, e.task_id]);
 
-  // Validation errors surface as rejected promises, like send errors: one way to handle failures.
+  // Validation errors surface as rejected promises, like send errors: one way to handle failures. Each
+  // promise is marked handled so an agent that fires and forgets is not crashed by an unhandled
+  // rejection; flush() reports the failure instead.
   const guard = (f: () => ToolCallsEvent): Promise<void> => {
+    let done: Promise<void>;
     try {
-      return enqueue(f());
+      done = enqueue(f());
     } catch (err) {
-      return Promise.reject(err);
+      done = Promise.reject(err);
     }
+    done.catch(fail);
+    return done;
   };
 
   return {
@@ -223,13 +243,18 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     async flush() {
       await settleEncoding();
       await sendNow();
+      report();
     },
     async close() {
       if (closed) return;
       closed = true;
-      await settleEncoding();
-      await sendNow();
-      if (owned && connected) await producer.disconnect();
+      try {
+        await settleEncoding();
+        await sendNow();
+      } finally {
+        if (owned && connected) await producer.disconnect().catch(() => undefined);
+      }
+      report();
     },
   };
 }

@@ -16,7 +16,8 @@ describe('client: createPublisher (validation happens before any connection)', (
     await expect(
       p.userMessage({ session_id: 's', text: 'x'.repeat(1_000_000) } as never),
     ).rejects.toMatchObject({ code: 'INPUT_INVALID' });
-    await p.close();
+    // The failures are reported once more by close(), for callers that did not await each event.
+    await expect(p.close()).rejects.toMatchObject({ code: 'INPUT_INVALID' });
     await expect(p.taskCompleted({ session_id: 's', task_id: 't' })).rejects.toMatchObject({
       code: 'SHUTTING_DOWN',
     });
