@@ -146,7 +146,7 @@ describe('the packed `paver` package', () => {
     }
     expect(out).toMatch(/bad\.ts\(4,[^\n]*\n\s*Property 'tool' is missing/);
     expect(out).toMatch(/bad\.ts\(5,[^\n]*'agent' does not exist/);
-  });
+  }, 600_000);
 
   it('publishes to the real broker and the detector from the same install sees the events', async () => {
     const env = serviceEnv();

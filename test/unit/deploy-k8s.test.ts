@@ -166,7 +166,13 @@ describe.skipIf(!kubectl)('deploy/k8s (kubectl kustomize + schema validation)', 
           const trigger = so.spec.triggers.find((t) => t.type === 'kafka');
           expect(trigger, 'kafka lag trigger').toBeDefined();
           const m = trigger!.metadata;
-          const resolve = (key: string) => (m[`${key}FromEnv`] ? env[m[`${key}FromEnv`]!] : m[key]);
+          // KEDA reads *FromEnv from the target container's environment: the variable must be there.
+          const resolve = (key: string) => {
+            const from = m[`${key}FromEnv`];
+            if (from === undefined) return m[key];
+            expect(env, `${key}FromEnv: ${from}`).toHaveProperty(from);
+            return env[from];
+          };
           // The scaler watches the very group and brokers the service uses.
           expect(resolve('consumerGroup')).toBe(spec.groupId(parsed as never));
           expect(resolve('bootstrapServers')?.split(',')).toEqual(parsed.KAFKA_BROKERS);
