@@ -32,17 +32,17 @@ for (let t = 0; t < 4; t++) {
   const session_id = 'session-' + t;
   const task_id = 'task-' + t;
   pending.push(pub.userMessage({ session_id, task_id, text: 'please handle case ' + t }));
-  for (const tool of tools) {
+  for (const [step, tool] of tools.entries()) {
     const call: ToolCallInput = { session_id, task_id, tool, args: { case: t }, status: 'ok' };
     pending.push(pub.toolCall(call));
-    sent.push({ ...call, type: 'tool_call', event_id: 'e', ts: 0, tenant_id: 'default', agent_id: 'pkg-agent', step: 0 });
+    sent.push({ ...call, type: 'tool_call', event_id: 'e', ts: 0, tenant_id: 'default', agent_id: 'pkg-agent', step });
   }
   pending.push(pub.taskCompleted({ session_id, task_id, status: 'ok' }));
 }
 await pub.flush();
 await Promise.all(pending);
 await pub.close();
-// The offline core, in-process, on the same calls (task ends by idle time here: none completes).
+// The offline core, in-process, on the same tool calls (no task completes here, so no candidate yet).
 const offline = detect(sent);
 process.stdout.write(JSON.stringify({ published: pending.length, scopes: offline.scopes.length }) + '\\n');
 `;
