@@ -5,6 +5,7 @@ COPY package.json package-lock.json ./
 COPY bin ./bin
 COPY scripts ./scripts
 COPY tsconfig.json tsconfig.build.json ./
+COPY client ./client
 COPY cli ./cli
 COPY shared ./shared
 COPY schemas ./schemas

@@ -1,0 +1,260 @@
+import { randomUUID } from 'node:crypto';
+import { Kafka, Partitioners, logLevel, type KafkaConfig, type Producer } from 'kafkajs';
+import type { z } from 'zod';
+import {
+  toolCallsEventV1,
+  type taskCompletedEvent,
+  type toolCallEvent,
+  type userMessageEvent,
+  type ToolCallsEvent,
+} from '../schemas/index.js';
+import { createCodec, type Codec } from '../shared/codec.js';
+import { PaverError, errorMessage } from '../shared/errors.js';
+
+/** The topic the services read tool-calls events from (PAVER_TOPIC_TOOL_CALLS). */
+export const DEFAULT_TOOL_CALLS_TOPIC = 'paver.tool-calls.v1';
+
+type Generated = 'type' | 'event_id' | 'ts' | 'tenant_id' | 'agent_id';
+// Flattened so editors show the event's fields, not a chain of Omit<…>.
+type Optional<T, K extends keyof T> = {
+  [P in keyof (Omit<T, K> & Partial<Pick<T, K>>)]: (Omit<T, K> & Partial<Pick<T, K>>)[P];
+};
+
+/**
+ * A tool call as the agent runtime knows it. `event_id` (a UUID), `ts` (now) and `tenant_id`/`agent_id`
+ * (the publisher's defaults) are filled in when left out; `step` counts 0, 1, 2… per task when left out.
+ */
+export type ToolCallInput = Optional<
+  Omit<z.input<typeof toolCallEvent>, 'type'>,
+  Exclude<Generated, 'type'> | 'step'
+>;
+export type UserMessageInput = Optional<
+  Omit<z.input<typeof userMessageEvent>, 'type'>,
+  Exclude<Generated, 'type'>
+>;
+export type TaskCompletedInput = Optional<
+  Omit<z.input<typeof taskCompletedEvent>, 'type'>,
+  Exclude<Generated, 'type'>
+>;
+
+export interface PublisherOptions {
+  /** An existing kafkajs producer. The publisher does not connect or disconnect it: its owner does. */
+  producer?: Producer;
+  /** Bootstrap brokers (`host:port`), when the publisher makes its own producer. */
+  brokers?: string[];
+  /** Extra kafkajs client settings (ssl, sasl, clientId…) for the publisher's own producer. */
+  kafka?: Omit<KafkaConfig, 'brokers'>;
+  /** Defaults to paver.tool-calls.v1. */
+  topic?: string;
+  /** Confluent schema registry: values go out in its wire format (magic byte, schema id, JSON). */
+  schemaRegistry?: string | { url: string; username?: string; password?: string };
+  tenantId?: string;
+  agentId?: string;
+  /** Events sent in one produce request at most (default 500). */
+  batchSize?: number;
+  /** How long an event may wait for others before it is sent (default 5 ms); flush() sends at once. */
+  lingerMs?: number;
+  /** Largest encoded event accepted (default 1 MiB, the services' PAVER_MAX_MESSAGE_BYTES). */
+  maxMessageBytes?: number;
+}
+
+export interface Publisher {
+  /** Validates and queues one tool call; resolves once Kafka has acknowledged it (acks=all). */
+  toolCall(event: ToolCallInput): Promise<void>;
+  userMessage(event: UserMessageInput): Promise<void>;
+  taskCompleted(event: TaskCompletedInput): Promise<void>;
+  /**
+   * Sends everything queued; resolves when all of it is acknowledged, rejects with the first failure
+   * (invalid event or failed send) since the previous flush.
+   */
+  flush(): Promise<void>;
+  /** Flushes, then disconnects the producer if the publisher made it. Later calls reject. */
+  close(): Promise<void>;
+}
+
+interface Pending {
+  key: string;
+  value: Buffer;
+  resolve: () => void;
+  reject: (err: unknown) => void;
+}
+
+/**
+ * Publishes tool-calls events the way the Paver services expect them: validated by the same zod contract,
+ * keyed by session_id (one session stays on one partition, in order), JSON or Confluent wire format.
+ */
+export function createPublisher(opts: PublisherOptions): Publisher {
+  if (!opts.producer && !opts.brokers?.length) {
+    throw new PaverError('CONFIG_INVALID', 'createPublisher: give either `producer` or `brokers`');
+  }
+  const topic = opts.topic ?? DEFAULT_TOOL_CALLS_TOPIC;
+  const batchSize = opts.batchSize ?? 500;
+  const lingerMs = opts.lingerMs ?? 5;
+  const maxBytes = opts.maxMessageBytes ?? 1024 * 1024;
+  const registry =
+    typeof opts.schemaRegistry === 'string' ? { url: opts.schemaRegistry } : opts.schemaRegistry;
+  const codec: Codec = createCodec({
+    SCHEMA_REGISTRY_URL: registry?.url,
+    SCHEMA_REGISTRY_USERNAME: registry?.username,
+    SCHEMA_REGISTRY_PASSWORD: registry?.password,
+  });
+
+  const owned = !opts.producer;
+  const producer =
+    opts.producer ??
+    new Kafka({
+      clientId: 'paver-publisher',
+      logLevel: logLevel.ERROR,
+      ...opts.kafka,
+      brokers: opts.brokers!,
+    }).producer({
+      // Java-compatible murmur2: a session lands on the partition any other producer would choose.
+      createPartitioner: Partitioners.DefaultPartitioner,
+    });
+  let connected: Promise<void> | null = owned ? null : Promise.resolve();
+  const connect = () => (connected ??= producer.connect());
+
+  const steps = new Map<string, number>();
+  let queue: Pending[] = [];
+  let timer: NodeJS.Timeout | null = null;
+  // Sends run one after another, so events of one session reach the partition in call order.
+  let chain: Promise<void> = Promise.resolve();
+  let closed = false;
+  // The first failure since the last flush(): flush() and close() report it, so a caller that does not
+  // await each event still learns that some were not published.
+  let failure: unknown = null;
+  const fail = (err: unknown) => {
+    failure ??= err;
+  };
+  const report = () => {
+    const f = failure;
+    failure = null;
+    if (f) throw f;
+  };
+
+  const sendNow = (): Promise<void> => {
+    if (timer) clearTimeout(timer);
+    timer = null;
+    const batch = queue;
+    queue = [];
+    if (batch.length === 0) return chain;
+    chain = chain.then(async () => {
+      try {
+        await connect();
+        await producer.send({
+          topic,
+          acks: -1,
+          messages: batch.map((p) => ({ key: p.key, value: p.value })),
+        });
+        for (const p of batch) p.resolve();
+      } catch (err) {
+        const e = new PaverError('KAFKA_UNAVAILABLE', `publish to ${topic} failed: ${errorMessage(err)}`, {
+          cause: err,
+        });
+        fail(e);
+        for (const p of batch) p.reject(e);
+      }
+    });
+    return chain;
+  };
+
+  // Encoding is async (the registry id); flush() must wait for events still being encoded.
+  const encoding = new Set<Promise<unknown>>();
+  const settleEncoding = async () => {
+    while (encoding.size) await Promise.allSettled([...encoding]);
+  };
+
+  const enqueue = async (event: ToolCallsEvent): Promise<void> => {
+    if (closed) throw new PaverError('SHUTTING_DOWN', 'publisher is closed');
+    const encoded = codec.encode('tool-calls.v1', topic, event);
+    encoding.add(encoded);
+    let value: Buffer;
+    try {
+      value = await encoded;
+    } finally {
+      encoding.delete(encoded);
+    }
+    if (value.length > maxBytes) {
+      throw new PaverError(
+        'INPUT_INVALID',
+        `${event.type} event is ${value.length} bytes, over the ${maxBytes}-byte limit`,
+      );
+    }
+    const done = new Promise<void>((resolve, reject) => {
+      queue.push({ key: event.session_id, value, resolve, reject });
+    });
+    if (queue.length >= batchSize) void sendNow();
+    else timer ??= setTimeout(() => void sendNow(), lingerMs);
+    return done;
+  };
+
+  const complete = (type: ToolCallsEvent['type'], e: Record<string, unknown>): ToolCallsEvent => {
+    const withDefaults = {
+      event_id: randomUUID(),
+      ts: Date.now(),
+      ...(opts.tenantId ? { tenant_id: opts.tenantId } : {}),
+      ...(opts.agentId ? { agent_id: opts.agentId } : {}),
+      ...e,
+      type,
+    };
+    const parsed = toolCallsEventV1.safeParse(withDefaults);
+    if (!parsed.success) {
+      const issues = parsed.error.issues.map((i) => `${i.path.join('.') || '(event)'}: ${i.message}`);
+      throw new PaverError('INPUT_INVALID', `invalid ${type} event: ${issues.join('; ')}`);
+    }
+    return parsed.data;
+  };
+  const taskKey = (e: { tenant_id?: string; agent_id?: string; session_id: string; task_id: string }) =>
+    JSON.stringify([e.tenant_id ?? opts.tenantId, e.agent_id ?? opts.agentId, e.session_id, e.task_id]);
+
+  // Validation errors surface as rejected promises, like send errors: one way to handle failures. Each
+  // promise is marked handled so an agent that fires and forgets is not crashed by an unhandled
+  // rejection; flush() reports the failure instead.
+  const guard = (f: () => ToolCallsEvent): Promise<void> => {
+    let done: Promise<void>;
+    try {
+      done = enqueue(f());
+    } catch (err) {
+      done = Promise.reject(err);
+    }
+    done.catch(fail);
+    return done;
+  };
+
+  return {
+    toolCall(e) {
+      return guard(() => {
+        const key = taskKey(e);
+        const step = e.step ?? steps.get(key) ?? 0;
+        const event = complete('tool_call', { ...e, step });
+        steps.set(key, step + 1);
+        return event;
+      });
+    },
+    userMessage(e) {
+      return guard(() => complete('user_message', e));
+    },
+    taskCompleted(e) {
+      return guard(() => {
+        steps.delete(taskKey(e));
+        return complete('task_completed', e);
+      });
+    },
+    async flush() {
+      await settleEncoding();
+      await sendNow();
+      report();
+    },
+    async close() {
+      if (closed) return;
+      closed = true;
+      try {
+        await settleEncoding();
+        await sendNow();
+      } finally {
+        if (owned && connected) await producer.disconnect().catch(() => undefined);
+      }
+      report();
+    },
+  };
+}

@@ -1,0 +1,205 @@
+// Writes deploy/grafana/dashboards/paver.json. The dashboard is data; this script keeps its layout regular.
+// Run: node scripts/gen-dashboard.mjs (then prettier). test/unit/deploy-grafana.test.ts checks every query.
+import { writeFileSync } from 'node:fs';
+
+const ds = { type: 'prometheus', uid: '${datasource}' };
+const RI = '$__rate_interval';
+let id = 0;
+const panels = [];
+let y = 0;
+function row(title) {
+  panels.push({
+    type: 'row',
+    id: ++id,
+    title,
+    collapsed: false,
+    gridPos: { h: 1, w: 24, x: 0, y },
+    panels: [],
+  });
+  y += 1;
+}
+function ts(title, unit, targets, { w = 12, x = 0, description, stack = false } = {}) {
+  panels.push({
+    type: 'timeseries',
+    id: ++id,
+    title,
+    ...(description ? { description } : {}),
+    datasource: ds,
+    gridPos: { h: 8, w, x, y },
+    fieldConfig: {
+      defaults: {
+        unit,
+        custom: {
+          drawStyle: 'line',
+          fillOpacity: stack ? 30 : 10,
+          stacking: { mode: stack ? 'normal' : 'none' },
+        },
+      },
+      overrides: [],
+    },
+    options: {
+      legend: { displayMode: 'table', placement: 'bottom', calcs: ['lastNotNull', 'max'] },
+      tooltip: { mode: 'multi' },
+    },
+    targets: targets.map(([expr, legendFormat], i) => ({
+      datasource: ds,
+      refId: String.fromCharCode(65 + i),
+      expr,
+      legendFormat,
+    })),
+  });
+  if (x + w >= 24) y += 8;
+}
+function stat(title, unit, expr, { w = 6, x = 0, description } = {}) {
+  panels.push({
+    type: 'stat',
+    id: ++id,
+    title,
+    ...(description ? { description } : {}),
+    datasource: ds,
+    gridPos: { h: 4, w, x, y },
+    fieldConfig: { defaults: { unit }, overrides: [] },
+    options: {
+      reduceOptions: { calcs: ['lastNotNull'], fields: '', values: false },
+      colorMode: 'value',
+      graphMode: 'area',
+    },
+    targets: [{ datasource: ds, refId: 'A', expr, legendFormat: title }],
+  });
+  if (x + w >= 24) y += 4;
+}
+const svc = 'service=~"$service"';
+
+row('Overview');
+stat('Events/s (all services)', 'ops', `sum(rate(paver_events_consumed_total{${svc}}[${RI}]))`, { x: 0 });
+stat('Consumer lag (messages)', 'short', `sum(paver_consumer_lag{${svc}})`, { x: 6 });
+stat('Dead letters (range)', 'short', `sum(increase(paver_dead_letters_total{${svc}}[$__range]))`, { x: 12 });
+stat('LLM steps saved (range)', 'short', `sum(increase(paver_autoseq_llm_steps_saved_total[$__range]))`, {
+  x: 18,
+  description: 'Tool calls the agent runtime executed from a unique auto-seq decision: one LLM step each.',
+});
+
+row('Throughput and lag');
+ts('Events/s by service and outcome', 'ops', [
+  [`sum by (service, outcome) (rate(paver_events_consumed_total{${svc}}[${RI}]))`, '{{service}} {{outcome}}'],
+]);
+ts(
+  'Consumer lag by service and topic',
+  'short',
+  [[`sum by (service, topic) (paver_consumer_lag{${svc}})`, '{{service}} {{topic}}']],
+  { x: 12, description: 'High watermark minus next offset, per partition, as of the last batch (summed).' },
+);
+ts('Dead letters/s by reason', 'ops', [
+  [`sum by (service, reason) (rate(paver_dead_letters_total{${svc}}[${RI}]))`, '{{service}} {{reason}}'],
+]);
+ts(
+  'Batch processing latency',
+  's',
+  [
+    [
+      `histogram_quantile(0.99, sum by (service, le) (rate(paver_batch_processing_seconds_bucket{${svc}}[${RI}])))`,
+      'p99 {{service}}',
+    ],
+    [
+      `histogram_quantile(0.5, sum by (service, le) (rate(paver_batch_processing_seconds_bucket{${svc}}[${RI}])))`,
+      'p50 {{service}}',
+    ],
+  ],
+  { x: 12 },
+);
+ts('Records published/s by topic', 'ops', [
+  [`sum by (service, topic) (rate(paver_records_published_total{${svc}}[${RI}]))`, '{{service}} → {{topic}}'],
+]);
+ts(
+  'Retries, crashes and rebalances',
+  'short',
+  [
+    [`sum by (service, code) (increase(paver_retries_total{${svc}}[${RI}]))`, 'retry {{service}} {{code}}'],
+    [`sum by (service) (increase(paver_consumer_crashes_total{${svc}}[${RI}]))`, 'crash {{service}}'],
+    [`sum by (service) (increase(paver_consumer_rebalances_total{${svc}}[${RI}]))`, 'rebalance {{service}}'],
+    [`max by (service) (paver_consumer_paused{${svc}})`, 'paused {{service}}'],
+  ],
+  { x: 12 },
+);
+
+row('Flows and savings');
+ts('Flow candidates published/s by status', 'ops', [
+  [`sum by (status) (rate(paver_detector_candidates_published_total[${RI}]))`, '{{status}}'],
+]);
+ts(
+  'Candidate decisions and registered flows',
+  'short',
+  [
+    [`sum by (status) (increase(paver_flows_candidate_decisions_total[${RI}]))`, 'decision {{status}}'],
+    ['max(paver_flows_registered)', 'flows registered'],
+  ],
+  { x: 12 },
+);
+ts('LLM steps saved/s (auto-seq)', 'ops', [
+  [`sum(rate(paver_autoseq_llm_steps_saved_total[${RI}]))`, 'steps saved'],
+  [`sum by (event_type) (rate(paver_autoseq_decisions_total[${RI}]))`, 'decisions {{event_type}}'],
+]);
+ts(
+  'Flow selections/s by path and sequencer violations/s',
+  'ops',
+  [
+    [`sum by (path) (rate(paver_flows_selections_total[${RI}]))`, 'selection {{path}}'],
+    [`sum by (policy) (rate(paver_sequencer_violations_total[${RI}]))`, 'violation {{policy}}'],
+  ],
+  { x: 12 },
+);
+
+row('Process');
+ts('Resident memory', 'bytes', [[`max by (service) (process_resident_memory_bytes{${svc}})`, '{{service}}']]);
+ts(
+  'Event-loop lag p99',
+  's',
+  [[`max by (service) (nodejs_eventloop_lag_p99_seconds{${svc}})`, '{{service}}']],
+  {
+    x: 12,
+  },
+);
+
+const dashboard = {
+  uid: 'paver-overview',
+  title: 'Paver',
+  description: 'Paver services: throughput, lag, dead letters, latency, flow candidates and LLM steps saved.',
+  tags: ['paver', 'kafka'],
+  schemaVersion: 39,
+  version: 1,
+  editable: true,
+  graphTooltip: 1,
+  time: { from: 'now-1h', to: 'now' },
+  refresh: '30s',
+  templating: {
+    list: [
+      {
+        name: 'datasource',
+        label: 'Data source',
+        type: 'datasource',
+        query: 'prometheus',
+        current: {},
+        hide: 0,
+      },
+      {
+        name: 'service',
+        label: 'Service',
+        type: 'query',
+        datasource: ds,
+        query: { query: 'label_values(paver_events_consumed_total, service)', refId: 'service' },
+        definition: 'label_values(paver_events_consumed_total, service)',
+        includeAll: true,
+        multi: true,
+        allValue: '.+',
+        current: { text: 'All', value: '$__all' },
+        refresh: 2,
+      },
+    ],
+  },
+  annotations: { list: [] },
+  panels,
+};
+writeFileSync(
+  new URL('../deploy/grafana/dashboards/paver.json', import.meta.url),
+  JSON.stringify(dashboard, null, 2) + '\n',
+);

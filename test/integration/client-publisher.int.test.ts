@@ -1,0 +1,86 @@
+import { Partitioners } from 'kafkajs';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createPublisher } from '../../client/index.js';
+import { toolCallsEventV1 } from '../../schemas/index.js';
+import { registryCodec } from '../../shared/codec.js';
+import { consumeUntil, createTopics, stack, testKafka, unique } from '../helpers/kafka.js';
+import { startRegistryDouble } from '../helpers/registry-double.js';
+
+let reg: Awaited<ReturnType<typeof startRegistryDouble>>;
+beforeAll(async () => (reg = await startRegistryDouble()));
+afterAll(() => reg.close());
+
+/** Two sessions, interleaved call by call, so per-session order is not a side effect of sending order. */
+async function publishInterleaved(pub: ReturnType<typeof createPublisher>) {
+  const calls: Promise<void>[] = [];
+  for (let step = 0; step < 5; step++) {
+    for (const s of ['alpha', 'beta']) {
+      calls.push(pub.toolCall({ session_id: `sess-${s}`, task_id: `task-${s}`, tool: `tool_${step}` }));
+    }
+  }
+  for (const s of ['alpha', 'beta'])
+    calls.push(pub.taskCompleted({ session_id: `sess-${s}`, task_id: `task-${s}` }));
+  await pub.flush();
+  await Promise.all(calls);
+}
+
+describe('client publisher (real broker)', () => {
+  it('uses a producer it is given (and leaves it connected), keys by session_id, keeps each session in order', async () => {
+    const topic = unique('client-given');
+    await createTopics([{ topic, partitions: 3 }]);
+    const producer = testKafka().producer({ createPartitioner: Partitioners.DefaultPartitioner });
+    await producer.connect();
+    const pub = createPublisher({ producer, topic, tenantId: 'acme', agentId: 'bot' });
+    await publishInterleaved(pub);
+    await pub.close();
+    // Still the owner's: it sends after the publisher is closed.
+    await producer.send({ topic, messages: [{ key: 'owner', value: '{}' }] });
+    await producer.disconnect();
+
+    const all = await consumeUntil(topic, (m) => m.length >= 13);
+    const events = all.filter((m) => m.key !== 'owner');
+    expect(events).toHaveLength(12);
+    for (const s of ['alpha', 'beta']) {
+      const mine = events.filter((m) => m.key === `sess-${s}`);
+      expect(new Set(mine.map((m) => m.partition)).size).toBe(1);
+      const parsed = mine
+        .sort((a, b) => Number(a.offset) - Number(b.offset))
+        .map((m) => toolCallsEventV1.parse(JSON.parse(m.value!.toString())));
+      expect(parsed.map((e) => (e.type === 'tool_call' ? e.step : 'done'))).toEqual([0, 1, 2, 3, 4, 'done']);
+      expect(
+        parsed.every((e) => e.tenant_id === 'acme' && e.agent_id === 'bot' && e.session_id === `sess-${s}`),
+      ).toBe(true);
+      expect(new Set(parsed.map((e) => e.event_id)).size).toBe(6);
+    }
+  });
+
+  it('writes the Confluent wire format when a schema registry is configured', async () => {
+    const topic = unique('client-registry');
+    await createTopics([{ topic, partitions: 1 }]);
+    const pub = createPublisher({ brokers: [stack().brokers], topic, schemaRegistry: reg.url });
+    await publishInterleaved(pub);
+    await pub.close();
+
+    const all = await consumeUntil(topic, (m) => m.length >= 12);
+    const codec = registryCodec({ url: reg.url });
+    for (const m of all) {
+      expect(m.value![0]).toBe(0);
+      const decoded = toolCallsEventV1.parse(await codec.decode(m.value!));
+      expect(decoded.session_id).toBe(m.key);
+    }
+    expect([...reg.schemas.values()].map((s) => s.schemaType)).toContain('JSON');
+  });
+
+  it('rejects every queued event when the broker cannot take them, instead of losing them silently', async () => {
+    const pub = createPublisher({
+      brokers: [stack().brokers],
+      topic: unique('client-missing'), // never created; auto-creation is off on the test broker
+      kafka: { retry: { retries: 1, initialRetryTime: 50, maxRetryTime: 200 } },
+    });
+    const p = pub.toolCall({ session_id: 's', task_id: 't', tool: 'x' });
+    // Fire-and-forget callers learn it from flush(); those that await the event learn it there.
+    await expect(pub.flush()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    await expect(p).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    await expect(pub.close()).resolves.toBeUndefined();
+  });
+});

@@ -1,0 +1,81 @@
+import { describe, expect, it } from 'vitest';
+import { createPublisher, detect, select, PaverError, type ToolCallInput } from '../../client/index.js';
+
+describe('client: createPublisher (validation happens before any connection)', () => {
+  // Port 9 (discard): nothing is listening; none of these calls may reach the network.
+  const pub = () => createPublisher({ brokers: ['127.0.0.1:9'], lingerMs: 60_000 });
+
+  it('needs brokers or a producer', () => {
+    expect(() => createPublisher({})).toThrow(PaverError);
+  });
+
+  it('rejects events that break the tool-calls contract, with the field named', async () => {
+    const p = pub();
+    await expect(p.toolCall({ session_id: '', task_id: 't', tool: 'x' })).rejects.toThrow(/session_id/);
+    await expect(p.toolCall({ session_id: 's', task_id: 't', tool: 'x', step: -1 })).rejects.toThrow(/step/);
+    await expect(
+      p.userMessage({ session_id: 's', text: 'x'.repeat(1_000_000) } as never),
+    ).rejects.toMatchObject({ code: 'INPUT_INVALID' });
+    // The failures are reported once more by close(), for callers that did not await each event.
+    await expect(p.close()).rejects.toMatchObject({ code: 'INPUT_INVALID' });
+    await expect(p.taskCompleted({ session_id: 's', task_id: 't' })).rejects.toMatchObject({
+      code: 'SHUTTING_DOWN',
+    });
+  });
+
+  it('fills event_id, ts and step; the input type leaves them optional', () => {
+    const call: ToolCallInput = { session_id: 's', task_id: 't', tool: 'x' };
+    expect(call.step).toBeUndefined();
+  });
+});
+
+describe('client: offline cores in-process', () => {
+  const events = (tasks: number, tools: string[]) =>
+    Array.from({ length: tasks }, (_, t) => [
+      ...tools.map((tool, step) => ({
+        type: 'tool_call',
+        event_id: `e-${t}-${step}`,
+        ts: t * 1000 + step,
+        session_id: `s${t}`,
+        task_id: `t${t}`,
+        step,
+        tool,
+      })),
+      {
+        type: 'task_completed',
+        event_id: `c-${t}`,
+        ts: t * 1000 + 999,
+        session_id: `s${t}`,
+        task_id: `t${t}`,
+      },
+    ]).flat();
+
+  it('detect finds a repeated sequence and counts invalid events', () => {
+    const r = detect([...events(4, ['a', 'b', 'c']), { type: 'tool_call' }]);
+    expect(r.invalid).toBe(1);
+    expect(r.scopes).toHaveLength(1);
+    expect(r.scopes[0]?.candidates.map((c) => c.tool_sequence)).toContainEqual(['a', 'b', 'c']);
+    expect(detect(events(2, ['a', 'b', 'c'])).scopes[0]?.candidates).toEqual([]);
+    expect(() => detect([], { minLength: 0 })).toThrow(PaverError);
+  });
+
+  it('select recalls the flow that matches the query, without a model', () => {
+    const flows = [
+      {
+        name: 'Refund an order',
+        description: 'refund a paid order to the card',
+        steps: [{ name: 'Find Order' }, { name: 'Refund' }],
+      },
+      {
+        name: 'Change address',
+        description: 'update the shipping address',
+        steps: [{ name: 'Find User' }, { name: 'Update' }],
+      },
+    ];
+    const s = select(flows, 'I want a refund for my order', { policy: { topK: 1 } });
+    expect(s.chosen.map((c) => c.name)).toEqual(['Refund an order']);
+    expect(s.combined_prompt).toContain('Refund');
+    expect(select(flows, 'please change my shipping address').chosen[0]?.name).toBe('Change address');
+    expect(() => select([{ name: '' }], 'x')).toThrow(/flow 0/);
+  });
+});

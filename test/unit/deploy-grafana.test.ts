@@ -1,0 +1,183 @@
+import { readdirSync, readFileSync, statSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Registry } from 'prom-client';
+import ts from 'typescript';
+import { describe, expect, it } from 'vitest';
+import { createMetrics } from '../../shared/metrics.js';
+
+const root = fileURLToPath(new URL('../../', import.meta.url));
+const dashboard = JSON.parse(readFileSync(join(root, 'deploy/grafana/dashboards/paver.json'), 'utf8')) as {
+  uid: string;
+  panels: { type: string; title: string; targets?: { expr: string }[] }[];
+  templating: { list: { name: string; query?: unknown; definition?: string }[] };
+};
+
+function tsFiles(dir: string): string[] {
+  return readdirSync(dir).flatMap((name) => {
+    const p = join(dir, name);
+    if (name === 'node_modules' || name === 'test' || name === 'core') return [];
+    if (statSync(p).isDirectory()) return tsFiles(p);
+    return p.endsWith('.ts') && !p.endsWith('.test.ts') ? [p] : [];
+  });
+}
+
+const KINDS = new Set(['Counter', 'Gauge', 'Histogram', 'Summary']);
+/**
+ * Metric definitions in the source: every `new Counter|Gauge|Histogram|Summary({ name: '…' })` found by the
+ * TypeScript parser (not a regex), so a metric added anywhere in shared/ or a service appears here.
+ */
+function definedMetrics(files: string[]): Map<string, string> {
+  const found = new Map<string, string>();
+  for (const file of files) {
+    const src = ts.createSourceFile(file, readFileSync(file, 'utf8'), ts.ScriptTarget.ES2022, true);
+    const visit = (node: ts.Node): void => {
+      if (
+        ts.isNewExpression(node) &&
+        ts.isIdentifier(node.expression) &&
+        KINDS.has(node.expression.text) &&
+        node.arguments?.[0] &&
+        ts.isObjectLiteralExpression(node.arguments[0])
+      ) {
+        for (const prop of node.arguments[0].properties) {
+          if (
+            ts.isPropertyAssignment(prop) &&
+            ts.isIdentifier(prop.name) &&
+            prop.name.text === 'name' &&
+            ts.isStringLiteralLike(prop.initializer)
+          ) {
+            found.set(prop.initializer.text, node.expression.text);
+          }
+        }
+      }
+      ts.forEachChild(node, visit);
+    };
+    visit(src);
+  }
+  return found;
+}
+
+/** Series names a metric produces in the Prometheus exposition format. */
+function seriesNames(name: string, kind: string): string[] {
+  if (kind === 'Histogram') return [`${name}_bucket`, `${name}_sum`, `${name}_count`];
+  if (kind === 'Summary') return [name, `${name}_sum`, `${name}_count`];
+  return [name];
+}
+
+function exportedNames(): Set<string> {
+  const names = new Set<string>();
+  const sources = definedMetrics([
+    ...tsFiles(join(root, 'shared')),
+    ...readdirSync(join(root, 'services')).flatMap((s) => tsFiles(join(root, 'services', s, 'src'))),
+  ]);
+  for (const [name, kind] of sources) for (const s of seriesNames(name, kind)) names.add(s);
+  // The runtime metrics and Node's default metrics as a fresh registry really registers them.
+  const { registry } = createMetrics('test', new Registry());
+  for (const m of (
+    registry as unknown as { getMetricsAsArray(): { name: string; type: string }[] }
+  ).getMetricsAsArray()) {
+    const kind = m.type === 'histogram' ? 'Histogram' : m.type === 'summary' ? 'Summary' : 'Counter';
+    for (const s of seriesNames(m.name, kind)) names.add(s);
+  }
+  return names;
+}
+
+const KEYWORDS = new Set([
+  'and',
+  'or',
+  'unless',
+  'bool',
+  'offset',
+  'by',
+  'without',
+  'on',
+  'ignoring',
+  'inf',
+  'nan',
+  'group_left',
+  'group_right',
+]);
+/** Metric names a PromQL expression selects: identifiers that are not functions, keywords or label names. */
+function metricNamesIn(expr: string): string[] {
+  const stripped = expr
+    .replace(/"(?:[^"\\]|\\.)*"/g, '""') // string literals
+    .replace(/\{[^}]*\}/g, '') // label matchers
+    .replace(/\[[^\]]*\]/g, '') // range selectors ($__rate_interval, 5m)
+    .replace(/\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)/g, '') // label lists
+    .replace(/\$\w+/g, ''); // Grafana variables
+  const out: string[] = [];
+  for (const m of stripped.matchAll(/[a-zA-Z_:][a-zA-Z0-9_:]*/g)) {
+    const after = stripped.slice(m.index + m[0].length).trimStart();
+    if (after.startsWith('(') || KEYWORDS.has(m[0].toLowerCase())) continue;
+    out.push(m[0]);
+  }
+  return out;
+}
+
+const queries = (): string[] => [
+  ...dashboard.panels.flatMap((p) => (p.targets ?? []).map((t) => t.expr)),
+  ...dashboard.templating.list.flatMap((v) => (v.definition ? [v.definition] : [])),
+];
+
+describe('Grafana dashboard (deploy/grafana/dashboards/paver.json)', () => {
+  const exported = exportedNames();
+
+  it('finds the metrics the code defines (the scan is not empty and sees each service)', () => {
+    for (const name of [
+      'paver_events_consumed_total',
+      'paver_batch_processing_seconds_bucket',
+      'paver_detector_candidates_published_total',
+      'paver_autoseq_llm_steps_saved_total',
+      'paver_sequencer_violations_total',
+      'paver_flows_selections_total',
+      'process_resident_memory_bytes',
+    ]) {
+      expect(exported, name).toContain(name);
+    }
+  });
+
+  it('the query parser picks out metric names and nothing else', () => {
+    expect(
+      metricNamesIn(
+        'histogram_quantile(0.99, sum by (service, le) (rate(paver_x_bucket{service=~"$service",a="b(c)"}[$__rate_interval]))) / on(service) group_left max(up)',
+      ),
+    ).toEqual(['paver_x_bucket', 'up']);
+    expect(metricNamesIn('label_values(paver_events_consumed_total, service)')).toEqual([
+      'paver_events_consumed_total',
+      'service',
+    ]);
+  });
+
+  it('every query uses only metric names the services export', () => {
+    const used = new Set<string>();
+    for (const q of dashboard.panels.flatMap((p) => (p.targets ?? []).map((t) => t.expr))) {
+      for (const n of metricNamesIn(q)) used.add(n);
+    }
+    expect(used.size).toBeGreaterThan(10);
+    const unknown = [...used].filter((n) => !exported.has(n));
+    expect(unknown).toEqual([]);
+    // A name no service exports is caught.
+    expect(exported.has('paver_no_such_metric_total')).toBe(false);
+    // The templating query's metric exists too (its second argument is a label).
+    for (const d of dashboard.templating.list.flatMap((v) => (v.definition ? [v.definition] : []))) {
+      expect(exported).toContain(metricNamesIn(d)[0]);
+    }
+    expect(queries().length).toBeGreaterThan(0);
+  });
+
+  it('has the panels operators need', () => {
+    const exprs = queries().join('\n');
+    for (const needle of [
+      /paver_events_consumed_total[^\n]*outcome|outcome[^\n]*paver_events_consumed_total/,
+      /paver_consumer_lag/,
+      /reason[^\n]*paver_dead_letters_total/,
+      /paver_batch_processing_seconds_bucket/,
+      /paver_detector_candidates_published_total/,
+      /paver_autoseq_llm_steps_saved_total/,
+    ]) {
+      expect(exprs).toMatch(needle);
+    }
+    const ids = dashboard.panels.map((p) => (p as unknown as { id: number }).id);
+    expect(new Set(ids).size).toBe(ids.length);
+  });
+});
