@@ -120,6 +120,7 @@ function attributes(kvs: { key: string; value?: unknown }[] | undefined, maxDept
 }
 
 function statusOf(code: number | string | undefined): SpanStatus {
+  if (code === 2 || code === 'STATUS_CODE_ERROR') return 'error';
   if (code === 1 || code === 'STATUS_CODE_OK') return 'ok';
   return 'unset';
 }

@@ -10,7 +10,7 @@ import {
   type KeptSpan,
   type MapOptions,
 } from '../../src/core/map.js';
-import { DEFAULT_DECODE_LIMITS, type OtlpSpan } from '../../src/core/otlp.js';
+import { DEFAULT_DECODE_LIMITS, anyValue, type OtlpSpan } from '../../src/core/otlp.js';
 import { parseExport } from '../../src/cli.js';
 import { otelRecorder, toJson, toProto } from '../helpers/otel.js';
 
@@ -245,5 +245,30 @@ describe('paver otel input files', () => {
     expect(warnings).toEqual(['line 2: not valid JSON']);
     const traces = byTrace(parsed.spans.map((s) => keepSpan(s, DEFAULT_MAP_OPTIONS).kept as KeptSpan));
     expect(traces.size).toBe(2);
+  });
+});
+
+describe('statuses and structured values', () => {
+  it('takes span status ERROR without error.type as an error, and UNSET as ok', () => {
+    const spans = otelRecorder().agent({ name: 'A', error: true, tools: [{ name: 't' }] });
+    const { events } = mapSpans(decode(toProto(spans)), DEFAULT_MAP_OPTIONS);
+    expect(events.map((e) => [e.type, e.status])).toEqual([
+      ['tool_call', 'ok'],
+      ['task_completed', 'error'],
+    ]);
+  });
+
+  it('reads structured (kvlist) argument values as objects', () => {
+    // The JS SDK only records primitive attributes; other SDKs record `any` values as kvlists.
+    const kv = {
+      kvlistValue: {
+        values: [
+          { key: 'id', value: { intValue: '7' } },
+          { key: 'q', value: { arrayValue: { values: [{ stringValue: 'a' }] } } },
+        ],
+      },
+    };
+    expect(anyValue(kv, 0, 16)).toEqual({ id: 7, q: ['a'] });
+    expect(() => anyValue(kv, 0, 1)).toThrow(/nested deeper/);
   });
 });
