@@ -167,4 +167,73 @@ describe('ingest service (real Kafka, real Redis, spans from the OpenTelemetry J
     p.child.kill('SIGTERM');
     expect(await p.exited).toBe(0);
   });
+
+  it('keeps every task whole over partitions when the exporter keys messages by trace id', async () => {
+    const env = serviceEnv({
+      INGEST_GROUP_ID: `ingest-p-${Date.now()}`,
+      KAFKA_PARTITIONS_CONSUMED_CONCURRENTLY: '3',
+      // Chunks of two messages: a trace's three messages always straddle a chunk boundary.
+      PAVER_BATCH_CHUNK: '2',
+    });
+    env.INGEST_OTLP_TOPIC = `${env.PAVER_TOPIC_TOOL_CALLS}.otlp`;
+    await createTopics([
+      { topic: env.INGEST_OTLP_TOPIC, partitions: 3 },
+      { topic: env.PAVER_TOPIC_TOOL_CALLS! },
+      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
+    ]);
+    const rec = otelRecorder();
+    const runs = Array.from({ length: 24 }, (_, i) =>
+      rec.agent(
+        {
+          name: `agent-${i % 3}`,
+          conversationId: `conv-${i}`,
+          tools: Array.from({ length: 2 + (i % 4) }, (_, j) => ({
+            name: `tool_${(i + j) % 5}`,
+            args: { j },
+          })),
+        },
+        1_700_000_000_000 + i * 1000,
+      ),
+    );
+    // As partition_traces_by_id does: key = trace id. Tool spans and agent span in separate messages.
+    const messages = runs.flatMap((spans, i) => {
+      const enc = i % 2 ? toJson : toProto;
+      const k = spans[0]!.spanContext().traceId;
+      const agent = spans.filter((s) => s.name.startsWith('invoke_agent'));
+      const tools = spans.filter((s) => !s.name.startsWith('invoke_agent'));
+      return [
+        { key: k, value: enc(tools.slice(0, 1)) },
+        { key: k, value: enc(tools.slice(1)) },
+        { key: k, value: enc(agent) },
+      ];
+    });
+    await produce(env.INGEST_OTLP_TOPIC, messages);
+
+    const dir = mkdtempSync(join(tmpdir(), 'paver-otel-'));
+    const file = join(dir, 'export.jsonl');
+    writeFileSync(file, runs.map((spans) => toJson(spans).toString()).join('\n'));
+    const cli = await paverOtel(file);
+    const expected = cli.stdout
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as ToolCallsEvent);
+    expect(expected.filter((e) => e.type === 'task_completed')).toHaveLength(24);
+
+    const p = await startProcess([PAVER_BIN, 'run', 'ingest'], env);
+    procs.push(p);
+    const got = await consumeUntil(env.PAVER_TOPIC_TOOL_CALLS!, (all) => all.length >= expected.length);
+    const events = got.map((m) => JSON.parse(m.value!.toString()) as ToolCallsEvent);
+    const byId = (x: ToolCallsEvent, y: ToolCallsEvent) => (x.event_id < y.event_id ? -1 : 1);
+    expect([...events].sort(byId)).toEqual([...expected].sort(byId));
+    // Per session (one partition each), the task's steps arrive in order and task_completed last.
+    for (const session of new Set(events.map((e) => e.session_id))) {
+      const seq = events.filter((e) => e.session_id === session);
+      expect(seq.map((e) => (e.type === 'tool_call' ? e.step : 'end'))).toEqual([
+        ...seq.slice(0, -1).map((_, i) => i),
+        'end',
+      ]);
+    }
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toBe(0);
+  });
 });
