@@ -236,4 +236,62 @@ describe('ingest service (real Kafka, real Redis, spans from the OpenTelemetry J
     p.child.kill('SIGTERM');
     expect(await p.exited).toBe(0);
   });
+
+  it('after a crash (SIGKILL) and restart, publishes every event, and a republished one is identical', async () => {
+    const env = serviceEnv({ INGEST_GROUP_ID: `ingest-k-${Date.now()}`, PAVER_BATCH_CHUNK: '1' });
+    env.INGEST_OTLP_TOPIC = `${env.PAVER_TOPIC_TOOL_CALLS}.otlp`;
+    await createTopics([
+      { topic: env.INGEST_OTLP_TOPIC, partitions: 1 },
+      { topic: env.PAVER_TOPIC_TOOL_CALLS! },
+      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
+    ]);
+    const rec = otelRecorder();
+    const runs = Array.from({ length: 40 }, (_, i) =>
+      rec.agent(
+        { name: 'A', conversationId: `k-${i}`, tools: [{ name: 'a' }, { name: 'b' }, { name: 'c' }] },
+        1_700_000_000_000 + i * 1000,
+      ),
+    );
+    await produce(
+      env.INGEST_OTLP_TOPIC,
+      runs.flatMap((spans) => {
+        const k = spans[0]!.spanContext().traceId;
+        const agent = spans.filter((s) => s.name.startsWith('invoke_agent'));
+        return [
+          { key: k, value: toProto(spans.filter((s) => !agent.includes(s))) },
+          { key: k, value: toProto(agent) },
+        ];
+      }),
+    );
+    const dir = mkdtempSync(join(tmpdir(), 'paver-otel-'));
+    const file = join(dir, 'export.jsonl');
+    writeFileSync(file, runs.map((spans) => toJson(spans).toString()).join('\n'));
+    const expected = (await paverOtel(file)).stdout
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as ToolCallsEvent);
+    expect(expected).toHaveLength(160);
+
+    const first = await startProcess([PAVER_BIN, 'run', 'ingest'], env);
+    procs.push(first);
+    await consumeUntil(env.PAVER_TOPIC_TOOL_CALLS!, (all) => all.length >= 20);
+    first.child.kill('SIGKILL');
+    await first.exited;
+    const second = await startProcess([PAVER_BIN, 'run', 'ingest'], env);
+    procs.push(second);
+    const unique = new Map<string, ToolCallsEvent>();
+    await consumeUntil(env.PAVER_TOPIC_TOOL_CALLS!, (all) => {
+      for (const m of all) {
+        const e = JSON.parse(m.value!.toString()) as ToolCallsEvent;
+        const seen = unique.get(e.event_id);
+        if (seen) expect(e).toEqual(seen);
+        else unique.set(e.event_id, e);
+      }
+      return unique.size >= expected.length;
+    });
+    const byId = (x: ToolCallsEvent, y: ToolCallsEvent) => (x.event_id < y.event_id ? -1 : 1);
+    expect([...unique.values()].sort(byId)).toEqual([...expected].sort(byId));
+    second.child.kill('SIGTERM');
+    expect(await second.exited).toBe(0);
+  });
 });
