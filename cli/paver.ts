@@ -26,6 +26,8 @@ Offline (no Kafka, no Redis; same core as the services):
   autoseq --catalog FILE --input FILE.jsonl [--max-consecutive 5] [--no-arguments]
   sequence --config FILE --input FILE.jsonl
   select --flows FILE --query TEXT [--summary TEXT ...] [--top-k 3] [--fail-open]
+  otel --input FILE|- [--output FILE|-]
+                             OTLP/JSON trace export (GenAI spans) → tool-calls JSONL
 
 Flow registry (talks to a running flows service):
   flows list|show KEY|promote KEY|reject KEY|registry [--url URL] [--tenant T --agent A]
@@ -102,6 +104,10 @@ export async function main(argv: string[]): Promise<number> {
     case 'select': {
       const { selectCommand } = await import('../services/flows/src/cli.js');
       return selectCommand(rest);
+    }
+    case 'otel': {
+      const { otelCommand } = await import('../services/ingest/src/cli.js');
+      return otelCommand(rest);
     }
     case 'flows': {
       const { flowsCommand } = await import('../services/flows/src/cli.js');

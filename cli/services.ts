@@ -20,6 +20,11 @@ export const SERVICES = {
     summary: 'candidates → flow registry; flow selection per request',
     load: () => import('../services/flows/src/main.js'),
   },
+  ingest: {
+    port: 9105,
+    summary: 'OpenTelemetry GenAI spans (OTLP topic) → tool-calls events',
+    load: () => import('../services/ingest/src/main.js'),
+  },
 } as const;
 
 export const PLANNED_SERVICES: readonly string[] = [];

@@ -1,0 +1,126 @@
+import { Counter, type Registry } from 'prom-client';
+import type { BatchHandler, Parser } from '../../../../shared/kafka/runner.js';
+import type { Sink } from '../../../../shared/kafka/sink.js';
+import { byTrace, keepSpan, resolveTrace, type KeptSpan, type MapOptions } from '../core/map.js';
+import type { DecodeLimits, OtlpSpan } from '../core/otlp.js';
+import { decodeOtlp, type OtlpEncoding } from './otlp-decode.js';
+import type { RedisTraceStore, TraceChange } from './trace-store.js';
+
+export interface OtlpMessage {
+  spans: OtlpSpan[];
+}
+
+/** Ingest metrics: counts and reasons only, never attribute values. */
+export function createIngestMetrics(registry: Registry) {
+  const registers = [registry];
+  return {
+    messages: new Counter({
+      name: 'paver_ingest_messages_total',
+      help: 'OTLP messages read, by detected encoding and outcome (decoded, or the dead-letter reason).',
+      labelNames: ['encoding', 'outcome'],
+      registers,
+    }),
+    spans: new Counter({
+      name: 'paver_ingest_spans_total',
+      help: 'Spans read, by outcome: tool_call (published), pending (waiting for the agent span), late (agent already completed), orphan (no invoke_agent ancestor), other (not a GenAI tool or agent span).',
+      labelNames: ['outcome'],
+      registers,
+    }),
+    events: new Counter({
+      name: 'paver_ingest_events_total',
+      help: 'Events published on the tool-calls topic, by type.',
+      labelNames: ['type'],
+      registers,
+    }),
+    payloadsOmitted: new Counter({
+      name: 'paver_ingest_payloads_omitted_total',
+      help: 'Tool arguments or results left out of an event, by field and reason (oversize, not_object, not_json).',
+      labelNames: ['field', 'reason'],
+      registers,
+    }),
+    corruptState: new Counter({
+      name: 'paver_ingest_corrupt_state_total',
+      help: 'Buffered span records in Redis that failed validation and were ignored.',
+      registers,
+    }),
+  };
+}
+export type IngestMetrics = ReturnType<typeof createIngestMetrics>;
+
+export function otlpParser(
+  encoding: OtlpEncoding,
+  limits: DecodeLimits,
+  m: IngestMetrics,
+): Parser<OtlpMessage> {
+  return (value) => {
+    if (!(value instanceof Uint8Array))
+      return { ok: false, reason: 'undecodable', detail: 'expected the raw message bytes' };
+    const r = decodeOtlp(value, encoding, limits);
+    m.messages.inc({ encoding: r.encoding, outcome: r.ok ? 'decoded' : r.reason });
+    return r.ok ? { ok: true, value: { spans: r.spans } } : r;
+  };
+}
+
+/**
+ * One chunk of OTLP messages → tool-calls events. Spans of a trace are merged with what Redis holds for that
+ * trace; tasks whose agent span is known are published (then remembered as done), the rest waits in Redis.
+ * Publish first, then store: a crash in between republishes the same events with the same event ids.
+ */
+export function createIngestHandler(deps: {
+  store: RedisTraceStore;
+  sink: Sink;
+  topic: string;
+  opts: MapOptions;
+  metrics: IngestMetrics;
+}): BatchHandler<OtlpMessage> {
+  const { store, sink, topic, opts, metrics: m } = deps;
+  return async (records) => {
+    const fresh: KeptSpan[] = [];
+    for (const rec of records)
+      for (const span of rec.value.spans) {
+        const { kept, notes } = keepSpan(span, opts);
+        fresh.push(kept);
+        for (const n of notes) m.payloadsOmitted.inc(n);
+      }
+    const traces = [...byTrace(fresh)].filter(([, spans]) => spans.some((s) => s.kind !== 'link'));
+    const relevant = new Set(traces.map(([t]) => t));
+    m.spans.inc(
+      { outcome: 'other' },
+      fresh.filter((s) => !relevant.has(s.traceId) || s.kind === 'link').length,
+    );
+    if (traces.length === 0) return;
+
+    const { states, corrupt } = await store.load(traces.map(([t]) => t));
+    if (corrupt) m.corruptState.inc(corrupt);
+    const events = [];
+    const changes = new Map<string, TraceChange>();
+    const outcomes = { tool_call: 0, pending: 0, late: 0, orphan: 0 };
+    for (const [traceId, spans] of traces) {
+      const state = states.get(traceId) ?? { spans: [], done: new Set<string>() };
+      const res = resolveTrace([...state.spans, ...spans], state.done, opts);
+      events.push(...res.events);
+      const freshIds = new Set(spans.map((s) => s.spanId));
+      const buffered = new Set(state.spans.map((s) => s.spanId));
+      const pending = new Set(res.pendingTools);
+      const settled = [...res.emittedTools, ...res.lateTools, ...res.orphanTools];
+      changes.set(traceId, {
+        // Links are kept only while a tool span still needs a path to its agent span.
+        put: spans.filter((s) => pending.has(s.spanId) || (pending.size > 0 && s.kind === 'link')),
+        drop: settled.filter((id) => buffered.has(id)),
+        done: res.completedAgents,
+      });
+      outcomes.tool_call += res.emittedTools.length;
+      outcomes.pending += res.pendingTools.filter((id) => freshIds.has(id)).length;
+      outcomes.late += res.lateTools.filter((id) => freshIds.has(id)).length;
+      outcomes.orphan += res.orphanTools.filter((id) => freshIds.has(id)).length;
+    }
+    await sink.send(
+      topic,
+      'tool-calls.v1',
+      events.map((e) => ({ key: e.session_id, value: e })),
+    );
+    await store.save(changes);
+    for (const [outcome, n] of Object.entries(outcomes)) if (n) m.spans.inc({ outcome }, n);
+    for (const e of events) m.events.inc({ type: e.type });
+  };
+}

@@ -1,0 +1,97 @@
+import type { Redis } from 'ioredis';
+import { z } from 'zod';
+import type { KeptSpan } from '../core/map.js';
+
+const keptSpan: z.ZodType<KeptSpan> = z.object({
+  traceId: z.string(),
+  spanId: z.string(),
+  parentSpanId: z.string().nullable(),
+  kind: z.enum(['tool', 'agent', 'link']),
+  startNs: z.string().regex(/^\d+$/),
+  endNs: z.string().regex(/^\d+$/),
+  status: z.enum(['ok', 'error']),
+  tool: z.string().optional(),
+  callId: z.string().optional(),
+  args: z.record(z.string(), z.unknown()).optional(),
+  observation: z.unknown().optional(),
+  agent: z.string().optional(),
+  session: z.string().optional(),
+  tenant: z.string().optional(),
+});
+
+export interface TraceState {
+  spans: KeptSpan[];
+  /** Agent span ids whose task was already published. */
+  done: Set<string>;
+}
+
+export interface TraceChange {
+  put: KeptSpan[];
+  drop: string[];
+  done: string[];
+}
+
+/**
+ * Per-trace state between Kafka messages, one Redis hash per trace: `s:<spanId>` holds a span waiting for
+ * its agent span, `d:<agentSpanId>` marks a task already published. The whole hash expires `ttlMs` after its
+ * last change, which bounds what a trace whose agent span never arrives can hold.
+ */
+export class RedisTraceStore {
+  constructor(
+    private readonly redis: Redis,
+    private readonly prefix: string,
+    private readonly ttlMs: number,
+  ) {}
+
+  private key(traceId: string) {
+    return `${this.prefix}:ingest:trace:${traceId}`;
+  }
+
+  async load(traceIds: string[]): Promise<{ states: Map<string, TraceState>; corrupt: number }> {
+    const states = new Map<string, TraceState>();
+    let corrupt = 0;
+    if (traceIds.length === 0) return { states, corrupt };
+    const p = this.redis.pipeline();
+    for (const t of traceIds) p.hgetall(this.key(t));
+    const replies = (await p.exec()) ?? [];
+    traceIds.forEach((t, i) => {
+      const [err, hash] = replies[i] ?? [new Error('no reply'), null];
+      if (err) throw err;
+      const state: TraceState = { spans: [], done: new Set() };
+      for (const [field, value] of Object.entries((hash ?? {}) as Record<string, string>)) {
+        if (field.startsWith('d:')) state.done.add(field.slice(2));
+        else if (field.startsWith('s:')) {
+          let parsed: unknown;
+          try {
+            parsed = JSON.parse(value);
+          } catch {
+            parsed = undefined;
+          }
+          const r = keptSpan.safeParse(parsed);
+          if (r.success) state.spans.push(r.data);
+          else corrupt++;
+        }
+      }
+      states.set(t, state);
+    });
+    return { states, corrupt };
+  }
+
+  async save(changes: Map<string, TraceChange>): Promise<void> {
+    const p = this.redis.pipeline();
+    let n = 0;
+    for (const [traceId, c] of changes) {
+      if (c.put.length + c.drop.length + c.done.length === 0) continue;
+      const key = this.key(traceId);
+      if (c.drop.length) p.hdel(key, ...c.drop.map((s) => `s:${s}`));
+      const fields: string[] = [];
+      for (const s of c.put) fields.push(`s:${s.spanId}`, JSON.stringify(s));
+      for (const a of c.done) fields.push(`d:${a}`, '1');
+      if (fields.length) p.hset(key, ...fields);
+      p.pexpire(key, this.ttlMs);
+      n++;
+    }
+    if (n === 0) return;
+    for (const [err] of (await p.exec()) ?? []) if (err) throw err;
+  }
+}

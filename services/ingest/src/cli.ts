@@ -1,0 +1,142 @@
+import { createWriteStream } from 'node:fs';
+import { readFile } from 'node:fs/promises';
+import { parseArgs } from 'node:util';
+import { errorMessage } from '../../../shared/errors.js';
+import { DEFAULT_MAP_OPTIONS, mapSpans, type MapOptions } from './core/map.js';
+import { DEFAULT_DECODE_LIMITS, OtlpError, spansFromRequest, type OtlpSpan } from './core/otlp.js';
+
+const USAGE = `Usage: paver otel --input FILE|- [--output FILE|-] [--tenant T] [--tenant-attribute KEY]
+                  [--no-payloads] [--max-payload-bytes N] [--strict]
+
+Maps an OTLP/JSON trace export (one ExportTraceServiceRequest document, or one per line as the Collector's
+file exporter writes them) to Paver tool-calls events, one JSON per line: a tool_call per execute_tool span,
+in start order within its invoke_agent span, then a task_completed for the agent span. Same mapping as the
+ingest service. A summary goes to stderr.
+
+  --input FILE|-            the export file ('-' reads stdin)
+  --output FILE|-           where the JSONL goes (default '-', stdout)
+  --tenant T                tenant_id when no span carries the tenant attribute (default 'default')
+  --tenant-attribute KEY    span or resource attribute holding the tenant (default 'paver.tenant_id')
+  --no-payloads             leave gen_ai.tool.call.arguments/result out of the events
+  --max-payload-bytes N     leave out an argument or result value larger than N bytes (default 65536)
+  --strict                  exit 1 when any request in the input was bad
+`;
+
+const MAX_INPUT_BYTES = 1024 * 1024 * 1024;
+
+async function readInput(path: string): Promise<string> {
+  if (path !== '-') return readFile(path, 'utf8');
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const c of process.stdin) {
+    size += (c as Buffer).length;
+    if (size > MAX_INPUT_BYTES) throw new Error(`stdin is larger than ${MAX_INPUT_BYTES} bytes`);
+    chunks.push(c as Buffer);
+  }
+  return Buffer.concat(chunks).toString('utf8');
+}
+
+/** Requests of the file: the whole text as one JSON document, else one document per non-empty line. */
+export function parseExport(
+  text: string,
+  warn: (s: string) => void,
+): { spans: OtlpSpan[]; requests: number; bad: number } {
+  const out = { spans: [] as OtlpSpan[], requests: 0, bad: 0 };
+  const take = (raw: unknown, where: string) => {
+    try {
+      out.spans.push(...spansFromRequest(raw, { ...DEFAULT_DECODE_LIMITS, maxSpans: 1_000_000 }));
+      out.requests++;
+    } catch (err) {
+      out.bad++;
+      if (out.bad <= 100) warn(`${where}: ${err instanceof OtlpError ? err.message : errorMessage(err)}`);
+    }
+  };
+  let whole: unknown;
+  try {
+    whole = JSON.parse(text);
+  } catch {
+    whole = undefined;
+  }
+  if (whole !== undefined) {
+    take(whole, 'input');
+    return out;
+  }
+  text.split('\n').forEach((line, i) => {
+    if (!line.trim()) return;
+    let raw: unknown;
+    try {
+      raw = JSON.parse(line);
+    } catch {
+      out.bad++;
+      if (out.bad <= 100) warn(`line ${i + 1}: not valid JSON`);
+      return;
+    }
+    take(raw, `line ${i + 1}`);
+  });
+  return out;
+}
+
+export async function otelCommand(argv: string[]): Promise<number> {
+  let values;
+  try {
+    ({ values } = parseArgs({
+      args: argv,
+      options: {
+        input: { type: 'string' },
+        output: { type: 'string' },
+        tenant: { type: 'string' },
+        'tenant-attribute': { type: 'string' },
+        'no-payloads': { type: 'boolean' },
+        'max-payload-bytes': { type: 'string' },
+        strict: { type: 'boolean' },
+        help: { type: 'boolean', short: 'h' },
+      },
+    }));
+  } catch (err) {
+    process.stderr.write(`paver otel: ${errorMessage(err)}\n\n${USAGE}`);
+    return 2;
+  }
+  if (values.help) {
+    process.stdout.write(USAGE);
+    return 0;
+  }
+  if (!values.input) {
+    process.stderr.write(`paver otel: --input is required\n\n${USAGE}`);
+    return 2;
+  }
+  const maxPayload = values['max-payload-bytes'] ?? String(DEFAULT_MAP_OPTIONS.maxPayloadBytes);
+  if (!/^\d{1,9}$/.test(maxPayload)) {
+    process.stderr.write(`paver otel: --max-payload-bytes expects a non-negative integer\n`);
+    return 2;
+  }
+  const opts: MapOptions = {
+    defaultTenant: values.tenant ?? DEFAULT_MAP_OPTIONS.defaultTenant,
+    tenantAttribute: values['tenant-attribute'] ?? DEFAULT_MAP_OPTIONS.tenantAttribute,
+    includePayloads: !values['no-payloads'],
+    maxPayloadBytes: Number(maxPayload),
+  };
+  const warn = (s: string) => process.stderr.write(`paver otel: ${s}\n`);
+  let text: string;
+  try {
+    text = await readInput(values.input);
+  } catch (err) {
+    warn(`cannot read ${values.input}: ${errorMessage(err)}`);
+    return 1;
+  }
+  const parsed = parseExport(text, warn);
+  const r = mapSpans(parsed.spans, opts);
+  const toFile = values.output && values.output !== '-';
+  const out = toFile ? createWriteStream(values.output!) : process.stdout;
+  for (const e of r.events) out.write(`${JSON.stringify(e)}\n`);
+  if (toFile)
+    await new Promise<void>((res, rej) =>
+      (out as ReturnType<typeof createWriteStream>).end((err?: Error | null) => (err ? rej(err) : res())),
+    );
+  const omitted = r.notes.length ? `, ${r.notes.length} payload(s) left out` : '';
+  warn(
+    `${parsed.requests} request(s), ${parsed.bad} bad; ${r.stats.spans} spans → ${r.stats.toolCalls} tool_call, ` +
+      `${r.stats.tasks} task_completed; ${r.stats.pending} tool span(s) without their agent span, ` +
+      `${r.stats.orphans} outside any invoke_agent span${omitted}`,
+  );
+  return values.strict && parsed.bad > 0 ? 1 : 0;
+}

@@ -1,0 +1,36 @@
+import { z } from 'zod';
+import { commonEnvShape, envBool, int, refineCommon, topicName } from '../../../shared/config.js';
+import { OTLP_ENCODINGS } from './adapters/otlp-decode.js';
+import type { MapOptions } from './core/map.js';
+import type { DecodeLimits } from './core/otlp.js';
+
+export const ingestEnvSchema = z
+  .object({
+    ...commonEnvShape,
+    INGEST_GROUP_ID: z.string().min(1).default('paver-ingest'),
+    /** Where the Collector's Kafka exporter writes traces (its `traces::topic`, default `otlp_spans`). */
+    INGEST_OTLP_TOPIC: topicName.default('otlp_spans'),
+    /** The exporter's `traces::encoding`; `auto` tells otlp_json from otlp_proto per message. */
+    INGEST_OTLP_ENCODING: z.enum(OTLP_ENCODINGS).default('auto'),
+    INGEST_MAX_SPANS_PER_MESSAGE: int(1, 1_000_000).default(10_000),
+    INGEST_TENANT_ID: z.string().min(1).max(256).default('default'),
+    INGEST_TENANT_ATTRIBUTE: z.string().min(1).max(256).default('paver.tenant_id'),
+    INGEST_INCLUDE_PAYLOADS: envBool.default(true),
+    INGEST_MAX_PAYLOAD_BYTES: int(0, 16 * 1024 * 1024).default(64 * 1024),
+    /** How long tool spans wait in Redis for their agent span (and completed tasks are remembered). */
+    INGEST_PENDING_TTL_MS: int(1000).default(6 * 3_600_000),
+  })
+  .superRefine(refineCommon);
+export type IngestEnv = z.infer<typeof ingestEnvSchema>;
+
+export const mapOptionsFromEnv = (env: IngestEnv): MapOptions => ({
+  defaultTenant: env.INGEST_TENANT_ID,
+  tenantAttribute: env.INGEST_TENANT_ATTRIBUTE,
+  includePayloads: env.INGEST_INCLUDE_PAYLOADS,
+  maxPayloadBytes: env.INGEST_MAX_PAYLOAD_BYTES,
+});
+
+export const decodeLimitsFromEnv = (env: IngestEnv): DecodeLimits => ({
+  maxSpans: env.INGEST_MAX_SPANS_PER_MESSAGE,
+  maxDepth: 16,
+});

@@ -1,0 +1,331 @@
+import { LIMITS } from '../../../../schemas/limits.js';
+import type { TaskCompletedEvent, ToolCallEvent } from '../../../../schemas/index.js';
+import type { OtlpSpan } from './otlp.js';
+
+/** GenAI semantic-convention attribute names read by the mapping (semconv GenAI, Development status). */
+export const ATTR = {
+  operation: 'gen_ai.operation.name',
+  toolName: 'gen_ai.tool.name',
+  toolCallId: 'gen_ai.tool.call.id',
+  toolArguments: 'gen_ai.tool.call.arguments',
+  toolResult: 'gen_ai.tool.call.result',
+  conversationId: 'gen_ai.conversation.id',
+  agentId: 'gen_ai.agent.id',
+  agentName: 'gen_ai.agent.name',
+  errorType: 'error.type',
+} as const;
+
+export interface MapOptions {
+  /** tenant_id when no span of the task (nor its resource) carries `tenantAttribute`. */
+  defaultTenant: string;
+  tenantAttribute: string;
+  /** Off: args and observation are never copied (the events carry tool and order only). */
+  includePayloads: boolean;
+  /** UTF-8 bytes of one argument or result value; a larger one is left out of the event. */
+  maxPayloadBytes: number;
+}
+
+export const DEFAULT_MAP_OPTIONS: MapOptions = {
+  defaultTenant: 'default',
+  tenantAttribute: 'paver.tenant_id',
+  includePayloads: true,
+  maxPayloadBytes: 64 * 1024,
+};
+
+/**
+ * What the mapping keeps of a span, as plain JSON (the service buffers it in Redis between messages):
+ * tool and agent spans with the fields the events need, every other span as a parent link only, so a
+ * tool span can still find its agent span through intermediate spans.
+ */
+export interface KeptSpan {
+  traceId: string;
+  spanId: string;
+  parentSpanId: string | null;
+  kind: 'tool' | 'agent' | 'link';
+  /** Decimal nanoseconds (bigint does not survive JSON). */
+  startNs: string;
+  endNs: string;
+  status: 'ok' | 'error';
+  tool?: string;
+  callId?: string;
+  args?: Record<string, unknown>;
+  observation?: unknown;
+  agent?: string;
+  session?: string;
+  tenant?: string;
+}
+
+export type PayloadNote = {
+  field: 'args' | 'observation';
+  reason: 'oversize' | 'not_object' | 'not_json';
+};
+
+const utf8 = new TextEncoder();
+// eslint-disable-next-line no-control-regex -- identifiers must be free of control characters (contract)
+const CONTROL = /[\u0000-\u001f\u007f]/g;
+
+/** Contract identifiers: control characters removed, at most LIMITS.idLength characters, never empty. */
+export function cleanId(v: unknown, max: number = LIMITS.idLength): string | undefined {
+  if (typeof v !== 'string' && typeof v !== 'number') return undefined;
+  const s = String(v).replace(CONTROL, '').slice(0, max);
+  return s.length > 0 ? s : undefined;
+}
+
+const isPlainObject = (v: unknown): v is Record<string, unknown> =>
+  v !== null && typeof v === 'object' && !Array.isArray(v);
+
+/** A recorded argument/result value: structured (kvlist) as is, or a JSON string parsed. */
+function payload(
+  v: unknown,
+  field: PayloadNote['field'],
+  opts: MapOptions,
+  notes: PayloadNote[],
+): { value?: unknown } {
+  if (v === undefined) return {};
+  const text = typeof v === 'string' ? v : JSON.stringify(v);
+  if (utf8.encode(text).length > opts.maxPayloadBytes) {
+    notes.push({ field, reason: 'oversize' });
+    return {};
+  }
+  if (typeof v !== 'string') return { value: v };
+  try {
+    return { value: JSON.parse(v) };
+  } catch {
+    // A plain-text result is still an observation; plain-text arguments are not an arguments object.
+    if (field === 'observation') return { value: v };
+    notes.push({ field, reason: 'not_json' });
+    return {};
+  }
+}
+
+/** The kept form of one span, plus notes on payloads left out (for metrics: reasons only, no values). */
+export function keepSpan(span: OtlpSpan, opts: MapOptions): { kept: KeptSpan; notes: PayloadNote[] } {
+  const a = span.attributes;
+  const op = a[ATTR.operation];
+  const notes: PayloadNote[] = [];
+  const status: KeptSpan['status'] =
+    span.status === 'error' || (span.status === 'unset' && a[ATTR.errorType] !== undefined) ? 'error' : 'ok';
+  const base: KeptSpan = {
+    traceId: span.traceId,
+    spanId: span.spanId,
+    parentSpanId: span.parentSpanId,
+    kind: 'link',
+    startNs: span.startNs.toString(),
+    endNs: span.endNs.toString(),
+    status,
+  };
+  const session = cleanId(a[ATTR.conversationId]);
+  const tenant = cleanId(a[opts.tenantAttribute] ?? span.resource[opts.tenantAttribute]);
+  const ids = { ...(session ? { session } : {}), ...(tenant ? { tenant } : {}) };
+  const tool = op === 'execute_tool' ? cleanId(a[ATTR.toolName], LIMITS.toolNameLength) : undefined;
+  if (tool) {
+    const kept: KeptSpan = { ...base, kind: 'tool', tool, ...ids };
+    const callId = cleanId(a[ATTR.toolCallId]);
+    if (callId) kept.callId = callId;
+    if (opts.includePayloads) {
+      const args = payload(a[ATTR.toolArguments], 'args', opts, notes);
+      if (args.value !== undefined) {
+        if (isPlainObject(args.value)) kept.args = args.value;
+        else notes.push({ field: 'args', reason: 'not_object' });
+      }
+      const obs = payload(a[ATTR.toolResult], 'observation', opts, notes);
+      if (obs.value !== undefined) kept.observation = obs.value;
+    }
+    return { kept, notes };
+  }
+  if (op === 'invoke_agent') {
+    const agent = cleanId(a[ATTR.agentId]) ?? cleanId(a[ATTR.agentName]);
+    return { kept: { ...base, kind: 'agent', ...(agent ? { agent } : {}), ...ids }, notes };
+  }
+  // Other spans: only the link, and a conversation id an outer span may carry for the whole trace.
+  return { kept: { ...base, ...ids }, notes };
+}
+
+export interface ResolveResult {
+  /** tool_call events of each completed task in step order, each task followed by its task_completed. */
+  events: (ToolCallEvent | TaskCompletedEvent)[];
+  /** Agent spans handled now: their tasks are complete (the service remembers them for redeliveries). */
+  completedAgents: string[];
+  /** Tool spans emitted now. */
+  emittedTools: string[];
+  /** Tool spans whose agent span has not been seen yet (the service buffers them). */
+  pendingTools: string[];
+  /** Tool spans whose agent span was already completed earlier (a redelivery, or exported late). */
+  lateTools: string[];
+  /** Tool spans with no invoke_agent span above them at all. */
+  orphanTools: string[];
+  /** Agent spans whose task had no tool call: they complete without events. */
+  emptyAgents: number;
+}
+
+const byStart = (a: KeptSpan, b: KeptSpan) => {
+  const d = BigInt(a.startNs) - BigInt(b.startNs);
+  if (d !== 0n) return d < 0n ? -1 : 1;
+  const e = BigInt(a.endNs) - BigInt(b.endNs);
+  if (e !== 0n) return e < 0n ? -1 : 1;
+  return a.spanId < b.spanId ? -1 : a.spanId > b.spanId ? 1 : 0;
+};
+
+const nsToMs = (ns: string) => Number(BigInt(ns) / 1_000_000n);
+
+export const eventIdOf = (traceId: string, spanId: string) => `otel-${traceId}-${spanId}`;
+export const taskIdOf = (traceId: string, agentSpanId: string) => `otel-${traceId}-${agentSpanId}`;
+
+/**
+ * Maps the spans known for ONE trace to Paver events. A task is one invoke_agent span: its tool calls are
+ * the execute_tool spans whose nearest invoke_agent ancestor it is, numbered by start time (step 0, 1, …),
+ * and it ends with task_completed when the agent span itself is known (it is exported once it has ended).
+ * `done` holds agent spans completed earlier: their tool spans are late and produce nothing.
+ * Deterministic: the same spans give the same events with the same event ids.
+ */
+export function resolveTrace(
+  spans: readonly KeptSpan[],
+  done: ReadonlySet<string>,
+  opts: MapOptions,
+): ResolveResult {
+  const index = new Map<string, KeptSpan>();
+  for (const s of spans) {
+    const prev = index.get(s.spanId);
+    // A link-only copy never replaces a fuller record of the same span.
+    if (!prev || prev.kind === 'link' || s.kind !== 'link') index.set(s.spanId, s);
+  }
+  const r: ResolveResult = {
+    events: [],
+    completedAgents: [],
+    emittedTools: [],
+    pendingTools: [],
+    lateTools: [],
+    orphanTools: [],
+    emptyAgents: 0,
+  };
+
+  /** Nearest agent ancestor; null when the chain reaches a root without one; 'missing' when a link is unknown. */
+  const agentOf = (s: KeptSpan): KeptSpan | null | 'missing' => {
+    const seen = new Set<string>([s.spanId]);
+    let parent = s.parentSpanId;
+    while (parent !== null) {
+      if (seen.has(parent)) return null;
+      seen.add(parent);
+      const p = index.get(parent);
+      if (!p) return 'missing';
+      if (p.kind === 'agent') return p;
+      parent = p.parentSpanId;
+    }
+    return null;
+  };
+  /** First value of `pick` on the span or its ancestors (conversation ids often sit on an outer span). */
+  const inherited = (s: KeptSpan, pick: (k: KeptSpan) => string | undefined): string | undefined => {
+    const seen = new Set<string>();
+    for (let cur: KeptSpan | undefined = s; cur && !seen.has(cur.spanId);) {
+      seen.add(cur.spanId);
+      const v = pick(cur);
+      if (v !== undefined) return v;
+      cur = cur.parentSpanId === null ? undefined : index.get(cur.parentSpanId);
+    }
+    return undefined;
+  };
+
+  const tasks = new Map<string, KeptSpan[]>();
+  for (const s of index.values()) {
+    if (s.kind !== 'tool') continue;
+    const agent = agentOf(s);
+    if (agent === 'missing') r.pendingTools.push(s.spanId);
+    else if (agent === null) r.orphanTools.push(s.spanId);
+    else if (done.has(agent.spanId)) r.lateTools.push(s.spanId);
+    else {
+      const list = tasks.get(agent.spanId) ?? [];
+      list.push(s);
+      tasks.set(agent.spanId, list);
+    }
+  }
+
+  const agents = [...index.values()].filter((s) => s.kind === 'agent' && !done.has(s.spanId)).sort(byStart);
+  for (const agent of agents) {
+    r.completedAgents.push(agent.spanId);
+    const tools = (tasks.get(agent.spanId) ?? []).sort(byStart);
+    if (tools.length === 0) {
+      r.emptyAgents++;
+      continue;
+    }
+    // One session per task, so all of its events share a partition key and stay in order downstream.
+    const session =
+      inherited(agent, (k) => k.session) ?? tools.find((t) => t.session)?.session ?? agent.traceId;
+    const tenant =
+      inherited(agent, (k) => k.tenant) ?? tools.find((t) => t.tenant)?.tenant ?? opts.defaultTenant;
+    const common = {
+      tenant_id: tenant,
+      agent_id: agent.agent ?? 'default',
+      session_id: session,
+      task_id: taskIdOf(agent.traceId, agent.spanId),
+    };
+    tools.forEach((t, step) => {
+      const e: ToolCallEvent = {
+        type: 'tool_call',
+        event_id: eventIdOf(t.traceId, t.spanId),
+        ts: nsToMs(t.startNs),
+        ...common,
+        step: Math.min(step, LIMITS.maxStep),
+        tool: t.tool!,
+        status: t.status,
+      };
+      if (t.args !== undefined) e.args = t.args;
+      if (t.observation !== undefined) e.observation = t.observation;
+      r.events.push(e);
+      r.emittedTools.push(t.spanId);
+    });
+    r.events.push({
+      type: 'task_completed',
+      event_id: `${eventIdOf(agent.traceId, agent.spanId)}-completed`,
+      ts: nsToMs(agent.endNs),
+      ...common,
+      status: agent.status,
+    });
+  }
+  return r;
+}
+
+/** Groups spans by trace id, in first-seen order. */
+export function byTrace<T extends { traceId: string }>(spans: Iterable<T>): Map<string, T[]> {
+  const out = new Map<string, T[]>();
+  for (const s of spans) {
+    const list = out.get(s.traceId);
+    if (list) list.push(s);
+    else out.set(s.traceId, [s]);
+  }
+  return out;
+}
+
+export interface OfflineResult {
+  events: (ToolCallEvent | TaskCompletedEvent)[];
+  stats: { spans: number; toolCalls: number; tasks: number; pending: number; orphans: number };
+  notes: PayloadNote[];
+}
+
+/**
+ * Every span at once (a file): the events the service publishes once it has seen the same spans, in trace
+ * order. Tool spans whose agent span is absent stay pending and produce nothing, as in the service.
+ */
+export function mapSpans(spans: Iterable<OtlpSpan>, opts: MapOptions): OfflineResult {
+  const out: OfflineResult = {
+    events: [],
+    stats: { spans: 0, toolCalls: 0, tasks: 0, pending: 0, orphans: 0 },
+    notes: [],
+  };
+  const kept: KeptSpan[] = [];
+  for (const s of spans) {
+    const k = keepSpan(s, opts);
+    kept.push(k.kept);
+    out.notes.push(...k.notes);
+    out.stats.spans++;
+  }
+  const none = new Set<string>();
+  for (const trace of byTrace(kept).values()) {
+    const r = resolveTrace(trace, none, opts);
+    out.events.push(...r.events);
+    out.stats.toolCalls += r.emittedTools.length;
+    out.stats.tasks += r.events.filter((e) => e.type === 'task_completed').length;
+    out.stats.pending += r.pendingTools.length;
+    out.stats.orphans += r.orphanTools.length;
+  }
+  return out;
+}

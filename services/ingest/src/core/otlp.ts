@@ -1,0 +1,176 @@
+import { z } from 'zod';
+
+/**
+ * OTLP/JSON ExportTraceServiceRequest, as the Collector's `otlp_json` encoding and the OTLP file exporters
+ * write it (lowerCamelCase keys, hex trace/span ids, enums as integers, 64-bit integers as strings). The
+ * protobuf adapter turns `otlp_proto` into this same shape, so one parser serves both encodings.
+ * Only the fields the mapping reads are checked; every other field is ignored.
+ */
+const hexId = (bytes: number) =>
+  z
+    .string()
+    .regex(new RegExp(`^[0-9a-fA-F]{${bytes * 2}}$`), `expected ${bytes * 2} hex digits`)
+    .transform((s) => s.toLowerCase());
+const u64 = z.union([z.string().regex(/^\d{1,20}$/), z.number().int().nonnegative()]).transform(BigInt);
+const keyValues = z.array(z.object({ key: z.string(), value: z.unknown().optional() })).optional();
+
+const spanSchema = z.object({
+  traceId: hexId(16),
+  spanId: hexId(8),
+  // Empty string, absent or all-zero bytes all mean "root span".
+  parentSpanId: z.union([hexId(8), z.literal('')]).optional(),
+  name: z.string().optional(),
+  startTimeUnixNano: u64,
+  endTimeUnixNano: u64.optional(),
+  attributes: keyValues,
+  status: z
+    .object({ code: z.union([z.number().int(), z.string()]).optional(), message: z.string().optional() })
+    .optional(),
+});
+
+export const otlpTraceRequest = z.object({
+  resourceSpans: z
+    .array(
+      z.object({
+        resource: z.object({ attributes: keyValues }).optional(),
+        scopeSpans: z.array(z.object({ spans: z.array(spanSchema).optional() })).optional(),
+      }),
+    )
+    .optional(),
+});
+
+export type SpanStatus = 'unset' | 'ok' | 'error';
+
+/** One span with its attributes decoded to plain JS values (resource attributes kept apart). */
+export interface OtlpSpan {
+  traceId: string;
+  spanId: string;
+  parentSpanId: string | null;
+  name: string;
+  startNs: bigint;
+  endNs: bigint;
+  status: SpanStatus;
+  attributes: Record<string, unknown>;
+  resource: Record<string, unknown>;
+}
+
+export interface DecodeLimits {
+  /** Spans in one request; more is refused (a bounded amount of work per message). */
+  maxSpans: number;
+  /** Nesting depth of array/kvlist attribute values. */
+  maxDepth: number;
+}
+export const DEFAULT_DECODE_LIMITS: DecodeLimits = { maxSpans: 10_000, maxDepth: 16 };
+
+export class OtlpError extends Error {
+  constructor(
+    readonly reason: 'invalid' | 'oversize',
+    message: string,
+  ) {
+    super(message);
+    this.name = 'OtlpError';
+  }
+}
+
+const ZERO_ID = /^0+$/;
+
+/**
+ * AnyValue → JS value. `kvlistValue` becomes an object, `arrayValue` an array, `bytesValue` stays base64
+ * text and `intValue` a number (a string when it does not fit a double exactly).
+ */
+export function anyValue(v: unknown, depth: number, maxDepth: number): unknown {
+  if (v === null || typeof v !== 'object') return undefined;
+  if (depth > maxDepth) throw new OtlpError('invalid', `attribute values nested deeper than ${maxDepth}`);
+  const o = v as Record<string, unknown>;
+  if (typeof o.stringValue === 'string') return o.stringValue;
+  if (typeof o.boolValue === 'boolean') return o.boolValue;
+  if (o.intValue !== undefined) {
+    const n = typeof o.intValue === 'string' ? Number(o.intValue) : o.intValue;
+    if (typeof n !== 'number' || !Number.isFinite(n)) return undefined;
+    return Number.isSafeInteger(n) ? n : String(o.intValue);
+  }
+  if (o.doubleValue !== undefined) {
+    const n = Number(o.doubleValue);
+    return Number.isFinite(n) ? n : undefined;
+  }
+  if (typeof o.bytesValue === 'string') return o.bytesValue;
+  if (o.arrayValue && typeof o.arrayValue === 'object') {
+    const values = (o.arrayValue as { values?: unknown }).values;
+    return Array.isArray(values) ? values.map((x) => anyValue(x, depth + 1, maxDepth) ?? null) : [];
+  }
+  if (o.kvlistValue && typeof o.kvlistValue === 'object') {
+    const values = (o.kvlistValue as { values?: unknown }).values;
+    const out: Record<string, unknown> = {};
+    if (Array.isArray(values))
+      for (const kv of values as { key?: unknown; value?: unknown }[]) {
+        if (typeof kv?.key === 'string') out[kv.key] = anyValue(kv.value, depth + 1, maxDepth) ?? null;
+      }
+    return out;
+  }
+  return undefined;
+}
+
+function attributes(kvs: { key: string; value?: unknown }[] | undefined, maxDepth: number) {
+  const out: Record<string, unknown> = {};
+  for (const kv of kvs ?? []) {
+    const v = anyValue(kv.value, 0, maxDepth);
+    if (v !== undefined) out[kv.key] = v;
+  }
+  return out;
+}
+
+function statusOf(code: number | string | undefined): SpanStatus {
+  if (code === 2 || code === 'STATUS_CODE_ERROR') return 'error';
+  if (code === 1 || code === 'STATUS_CODE_OK') return 'ok';
+  return 'unset';
+}
+
+/** Validates an OTLP/JSON trace request and flattens it to spans. Throws OtlpError on bad input. */
+export function spansFromRequest(raw: unknown, limits: DecodeLimits = DEFAULT_DECODE_LIMITS): OtlpSpan[] {
+  const count = countSpans(raw);
+  if (count > limits.maxSpans)
+    throw new OtlpError('oversize', `${count} spans in one request > ${limits.maxSpans}`);
+  const r = otlpTraceRequest.safeParse(raw);
+  if (!r.success) {
+    // Paths and zod messages only: never the offending values (they may carry tool payloads).
+    const detail = r.error.issues
+      .slice(0, 5)
+      .map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`)
+      .join('; ');
+    throw new OtlpError('invalid', `not an OTLP trace request: ${detail}`);
+  }
+  const out: OtlpSpan[] = [];
+  for (const rs of r.data.resourceSpans ?? []) {
+    const resource = attributes(rs.resource?.attributes, limits.maxDepth);
+    for (const ss of rs.scopeSpans ?? [])
+      for (const s of ss.spans ?? []) {
+        out.push({
+          traceId: s.traceId,
+          spanId: s.spanId,
+          parentSpanId: s.parentSpanId && !ZERO_ID.test(s.parentSpanId) ? s.parentSpanId : null,
+          name: s.name ?? '',
+          startNs: s.startTimeUnixNano,
+          endNs: s.endTimeUnixNano ?? s.startTimeUnixNano,
+          status: statusOf(s.status?.code),
+          attributes: attributes(s.attributes, limits.maxDepth),
+          resource,
+        });
+      }
+  }
+  return out;
+}
+
+function countSpans(raw: unknown): number {
+  let n = 0;
+  const rss = (raw as { resourceSpans?: unknown } | null)?.resourceSpans;
+  if (!Array.isArray(rss)) return 0;
+  for (const rs of rss) {
+    const sss = (rs as { scopeSpans?: unknown } | null)?.scopeSpans;
+    if (!Array.isArray(sss)) continue;
+    for (const ss of sss) {
+      const spans = (ss as { spans?: unknown } | null)?.spans;
+      if (Array.isArray(spans)) n += spans.length;
+    }
+  }
+  return n;
+}

@@ -1,0 +1,127 @@
+import { context, SpanStatusCode, trace, type Span } from '@opentelemetry/api';
+import { JsonTraceSerializer, ProtobufTraceSerializer } from '@opentelemetry/otlp-transformer';
+import { resourceFromAttributes } from '@opentelemetry/resources';
+import {
+  BasicTracerProvider,
+  InMemorySpanExporter,
+  SimpleSpanProcessor,
+  type ReadableSpan,
+} from '@opentelemetry/sdk-trace-base';
+
+/**
+ * Spans made by the official OpenTelemetry JS SDK, the way an instrumented agent makes them (GenAI
+ * semantic conventions), and serialized by the official OTLP serializers. Times are explicit so the
+ * tool order is known.
+ */
+export interface ToolSpec {
+  name: string;
+  callId?: string;
+  /** Recorded as the JSON string the JS SDK allows (its attributes are primitives). */
+  args?: unknown;
+  result?: unknown;
+  error?: boolean;
+  /** Start in ms after the agent start; defaults to 10 ms per tool. */
+  at?: number;
+  /** Put a non-GenAI span between the agent span and this tool span. */
+  viaInternalSpan?: boolean;
+  /** An agent invoked as this tool (agent-as-a-tool). */
+  subAgent?: AgentSpec;
+}
+export interface AgentSpec {
+  name?: string;
+  id?: string;
+  conversationId?: string;
+  tenant?: string;
+  error?: boolean;
+  tools: ToolSpec[];
+}
+
+export function otelRecorder(resource: Record<string, string> = { 'service.name': 'test-agent' }) {
+  const exporter = new InMemorySpanExporter();
+  const provider = new BasicTracerProvider({
+    resource: resourceFromAttributes(resource),
+    spanProcessors: [new SimpleSpanProcessor(exporter)],
+  });
+  const tracer = provider.getTracer('paver-ingest-test', '1.0.0');
+
+  function runAgent(a: AgentSpec, startMs: number, parent?: Span): number {
+    const ctx = parent ? trace.setSpan(context.active(), parent) : context.active();
+    const agent = tracer.startSpan(
+      a.name ? `invoke_agent ${a.name}` : 'invoke_agent',
+      {
+        startTime: startMs,
+        attributes: {
+          'gen_ai.operation.name': 'invoke_agent',
+          'gen_ai.provider.name': 'openai',
+          ...(a.name ? { 'gen_ai.agent.name': a.name } : {}),
+          ...(a.id ? { 'gen_ai.agent.id': a.id } : {}),
+          ...(a.conversationId ? { 'gen_ai.conversation.id': a.conversationId } : {}),
+          ...(a.tenant ? { 'paver.tenant_id': a.tenant } : {}),
+        },
+      },
+      ctx,
+    );
+    const actx = trace.setSpan(context.active(), agent);
+    let t = startMs;
+    a.tools.forEach((tool, i) => {
+      t = startMs + (tool.at ?? (i + 1) * 10);
+      let pctx = actx;
+      let between: Span | undefined;
+      if (tool.viaInternalSpan) {
+        between = tracer.startSpan('framework step', { startTime: t }, actx);
+        pctx = trace.setSpan(context.active(), between);
+      }
+      const span = tracer.startSpan(
+        `execute_tool ${tool.name}`,
+        {
+          startTime: t + 1,
+          attributes: {
+            'gen_ai.operation.name': 'execute_tool',
+            'gen_ai.tool.name': tool.name,
+            'gen_ai.tool.type': 'function',
+            ...(tool.callId ? { 'gen_ai.tool.call.id': tool.callId } : {}),
+            ...(tool.args !== undefined ? { 'gen_ai.tool.call.arguments': JSON.stringify(tool.args) } : {}),
+            ...(tool.result !== undefined
+              ? {
+                  'gen_ai.tool.call.result':
+                    typeof tool.result === 'string' ? tool.result : JSON.stringify(tool.result),
+                }
+              : {}),
+          },
+        },
+        pctx,
+      );
+      if (tool.subAgent) runAgent(tool.subAgent, t + 2, span);
+      if (tool.error) {
+        span.setStatus({ code: SpanStatusCode.ERROR, message: 'tool failed' });
+        span.setAttribute('error.type', 'ToolError');
+      }
+      span.end(t + 5);
+      between?.end(t + 6);
+    });
+    if (a.error) agent.setStatus({ code: SpanStatusCode.ERROR });
+    const end = t + 8;
+    agent.end(end);
+    return end;
+  }
+
+  return {
+    /** Runs an agent; returns its spans in export (end) order. */
+    agent(a: AgentSpec, startMs = 1_700_000_000_000): ReadableSpan[] {
+      exporter.reset();
+      runAgent(a, startMs);
+      return [...exporter.getFinishedSpans()];
+    },
+    /** A span outside any agent (an orphan tool span, or plain HTTP traffic). */
+    lone(name: string, attributes: Record<string, string>, startMs = 1_700_000_000_000): ReadableSpan[] {
+      exporter.reset();
+      tracer.startSpan(name, { startTime: startMs, attributes }).end(startMs + 1);
+      return [...exporter.getFinishedSpans()];
+    },
+  };
+}
+
+export const toJson = (spans: ReadableSpan[]): Buffer =>
+  Buffer.from(JsonTraceSerializer.serializeRequest(spans)!);
+export const toProto = (spans: ReadableSpan[]): Buffer =>
+  Buffer.from(ProtobufTraceSerializer.serializeRequest(spans)!);

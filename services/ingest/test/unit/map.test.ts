@@ -1,0 +1,274 @@
+import { describe, expect, it } from 'vitest';
+import { toolCallsEventV1 } from '../../../../schemas/index.js';
+import { decodeOtlp } from '../../src/adapters/otlp-decode.js';
+import {
+  DEFAULT_MAP_OPTIONS,
+  byTrace,
+  keepSpan,
+  mapSpans,
+  resolveTrace,
+  type KeptSpan,
+  type MapOptions,
+} from '../../src/core/map.js';
+import { DEFAULT_DECODE_LIMITS, anyValue, type OtlpSpan } from '../../src/core/otlp.js';
+import { parseExport } from '../../src/cli.js';
+import { otelRecorder, toJson, toProto } from '../helpers/otel.js';
+
+const decode = (buf: Buffer, enc: 'auto' | 'otlp_json' | 'otlp_proto' = 'auto'): OtlpSpan[] => {
+  const r = decodeOtlp(buf, enc, DEFAULT_DECODE_LIMITS);
+  if (!r.ok) throw new Error(`${r.reason}: ${r.detail}`);
+  return r.spans;
+};
+
+const booking = {
+  name: 'Travel Agent',
+  id: 'asst_42',
+  conversationId: 'conv-7',
+  tools: [
+    { name: 'get_user', callId: 'call_1', args: { user_id: 'u1' }, result: { name: 'Ann' } },
+    { name: 'search', callId: 'call_2', args: { from: 'A', to: 'B' }, result: 'no flights', error: true },
+    { name: 'book', args: ['not', 'an', 'object'] },
+  ],
+};
+
+describe('OTLP GenAI spans → tool-calls events', () => {
+  it('maps execute_tool spans under invoke_agent to tool_call events in start order, then task_completed', () => {
+    const rec = otelRecorder();
+    const spans = rec.agent(booking);
+    const agentSpan = spans.find((s) => s.name.startsWith('invoke_agent'))!;
+    const { traceId, spanId } = agentSpan.spanContext();
+    const { events, stats } = mapSpans(decode(toJson(spans)), DEFAULT_MAP_OPTIONS);
+
+    expect(stats).toMatchObject({ toolCalls: 3, tasks: 1, pending: 0, orphans: 0 });
+    for (const e of events) expect(toolCallsEventV1.safeParse(e).success).toBe(true);
+    const taskId = `otel-${traceId}-${spanId}`;
+    expect(
+      events.map((e) => [e.type, e.type === 'tool_call' ? e.tool : '', e.type === 'tool_call' ? e.step : -1]),
+    ).toEqual([
+      ['tool_call', 'get_user', 0],
+      ['tool_call', 'search', 1],
+      ['tool_call', 'book', 2],
+      ['task_completed', '', -1],
+    ]);
+    for (const e of events)
+      expect(e).toMatchObject({
+        session_id: 'conv-7',
+        agent_id: 'asst_42',
+        tenant_id: 'default',
+        task_id: taskId,
+      });
+    const [first, second, third, done] = events;
+    expect(first).toMatchObject({ status: 'ok', args: { user_id: 'u1' }, observation: { name: 'Ann' } });
+    expect(second).toMatchObject({ status: 'error', observation: 'no flights' });
+    // Arguments that are not a JSON object are left out (the contract's args is an object).
+    expect(third).not.toHaveProperty('args');
+    expect(done).toMatchObject({
+      type: 'task_completed',
+      status: 'ok',
+      ts: Number(agentSpan.endTime[0]) * 1000 + Math.floor(agentSpan.endTime[1] / 1e6),
+    });
+    const toolSpan = spans.find((s) => s.name === 'execute_tool get_user')!;
+    expect(first!.event_id).toBe(`otel-${traceId}-${toolSpan.spanContext().spanId}`);
+    expect(first!.ts).toBe(1_700_000_000_011);
+  });
+
+  it('decodes otlp_proto and otlp_json of the same spans to the same spans and events', () => {
+    const spans = otelRecorder().agent(booking);
+    const fromJson = decode(toJson(spans));
+    const fromProto = decode(toProto(spans));
+    expect(decodeOtlp(toProto(spans), 'auto', DEFAULT_DECODE_LIMITS).encoding).toBe('otlp_proto');
+    expect(decodeOtlp(toJson(spans), 'auto', DEFAULT_DECODE_LIMITS).encoding).toBe('otlp_json');
+    expect(fromProto).toEqual(fromJson);
+    expect(decode(toProto(spans), 'otlp_proto')).toEqual(fromJson);
+    expect(mapSpans(fromProto, DEFAULT_MAP_OPTIONS).events).toEqual(
+      mapSpans(fromJson, DEFAULT_MAP_OPTIONS).events,
+    );
+    expect(fromJson.length).toBe(4);
+  });
+
+  it('falls back to agent name, then trace id for the session, and takes the tenant attribute', () => {
+    const spans = otelRecorder().agent({ name: 'Helper', tenant: 'acme', tools: [{ name: 'lookup' }] });
+    const { events } = mapSpans(decode(toProto(spans)), DEFAULT_MAP_OPTIONS);
+    const traceId = spans[0]!.spanContext().traceId;
+    expect(events[0]).toMatchObject({ agent_id: 'Helper', session_id: traceId, tenant_id: 'acme' });
+  });
+
+  it('finds the agent span through intermediate non-GenAI spans', () => {
+    const spans = otelRecorder().agent({
+      name: 'A',
+      tools: [{ name: 'one' }, { name: 'two', viaInternalSpan: true }, { name: 'three' }],
+    });
+    const { events } = mapSpans(decode(toJson(spans)), DEFAULT_MAP_OPTIONS);
+    expect(events.filter((e) => e.type === 'tool_call').map((e) => (e as { tool: string }).tool)).toEqual([
+      'one',
+      'two',
+      'three',
+    ]);
+  });
+
+  it('gives an agent invoked as a tool its own task; the outer task keeps the tool call', () => {
+    const spans = otelRecorder().agent({
+      name: 'Outer',
+      conversationId: 'c1',
+      tools: [
+        { name: 'plan' },
+        { name: 'ask_expert', subAgent: { name: 'Expert', tools: [{ name: 'read' }, { name: 'write' }] } },
+        { name: 'reply' },
+      ],
+    });
+    const { events } = mapSpans(decode(toJson(spans)), DEFAULT_MAP_OPTIONS);
+    const byTask = new Map<string, string[]>();
+    for (const e of events)
+      byTask.set(e.task_id, [
+        ...(byTask.get(e.task_id) ?? []),
+        e.type === 'tool_call' ? `${e.agent_id}:${e.tool}` : 'done',
+      ]);
+    expect([...byTask.values()]).toEqual([
+      ['Outer:plan', 'Outer:ask_expert', 'Outer:reply', 'done'],
+      ['Expert:read', 'Expert:write', 'done'],
+    ]);
+    // The inner agent inherits the conversation of the outer one: one session, one partition.
+    expect(new Set(events.map((e) => e.session_id))).toEqual(new Set(['c1']));
+  });
+
+  it('waits for the agent span across messages, and ignores redeliveries once the task is done', () => {
+    const spans = otelRecorder().agent(booking);
+    const toolSpans = spans.filter((s) => s.name.startsWith('execute_tool'));
+    const agentSpans = spans.filter((s) => s.name.startsWith('invoke_agent'));
+    const keep = (ss: typeof spans) => decode(toProto(ss)).map((s) => keepSpan(s, DEFAULT_MAP_OPTIONS).kept);
+
+    // Message 1: tool spans only (the agent span has not ended yet when the SDK exports them).
+    const first = resolveTrace(keep(toolSpans), new Set(), DEFAULT_MAP_OPTIONS);
+    expect(first.events).toEqual([]);
+    expect(first.pendingTools).toHaveLength(3);
+    // Message 2: the agent span, with the buffered tool spans.
+    const buffered = keep(toolSpans).filter((s) => first.pendingTools.includes(s.spanId));
+    const second = resolveTrace([...buffered, ...keep(agentSpans)], new Set(), DEFAULT_MAP_OPTIONS);
+    const all = mapSpans(decode(toJson(spans)), DEFAULT_MAP_OPTIONS).events;
+    expect(second.events).toEqual(all);
+    // Redelivery of either message after completion: nothing new.
+    const done = new Set(second.completedAgents);
+    expect(resolveTrace(keep(agentSpans), done, DEFAULT_MAP_OPTIONS).events).toEqual([]);
+    const late = resolveTrace([...keep(toolSpans), ...keep(agentSpans)], done, DEFAULT_MAP_OPTIONS);
+    expect(late.events).toEqual([]);
+    expect(late.lateTools).toHaveLength(3);
+  });
+
+  it('produces nothing for tool spans outside any agent span, and ignores other spans', () => {
+    const rec = otelRecorder();
+    const orphan = rec.lone('execute_tool x', {
+      'gen_ai.operation.name': 'execute_tool',
+      'gen_ai.tool.name': 'x',
+    });
+    const http = rec.lone('GET /', { 'http.request.method': 'GET' });
+    const r = mapSpans(decode(toJson([...orphan, ...http])), DEFAULT_MAP_OPTIONS);
+    expect(r.events).toEqual([]);
+    expect(r.stats.orphans).toBe(1);
+  });
+
+  it('is deterministic: the same spans give the same events and ids', () => {
+    const spans = otelRecorder().agent(booking);
+    const a = mapSpans(decode(toJson(spans)), DEFAULT_MAP_OPTIONS).events;
+    const b = mapSpans(decode(toJson([...spans].reverse())), DEFAULT_MAP_OPTIONS).events;
+    expect(b).toEqual(a);
+  });
+});
+
+describe('payload limits', () => {
+  const big = { blob: 'x'.repeat(2000) };
+  const spans = otelRecorder().agent({ name: 'A', tools: [{ name: 't', args: big, result: big }] });
+
+  it('leaves out arguments and results over the size limit, with a reason', () => {
+    const opts: MapOptions = { ...DEFAULT_MAP_OPTIONS, maxPayloadBytes: 1000 };
+    const r = mapSpans(decode(toJson(spans)), opts);
+    expect(r.events[0]).not.toHaveProperty('args');
+    expect(r.events[0]).not.toHaveProperty('observation');
+    expect(r.notes).toEqual([
+      { field: 'args', reason: 'oversize' },
+      { field: 'observation', reason: 'oversize' },
+    ]);
+  });
+
+  it('copies no payload at all when payloads are off', () => {
+    const r = mapSpans(decode(toJson(spans)), { ...DEFAULT_MAP_OPTIONS, includePayloads: false });
+    expect(r.events[0]).not.toHaveProperty('args');
+    expect(r.events[0]).not.toHaveProperty('observation');
+    expect(r.events[0]).toMatchObject({ type: 'tool_call', tool: 't' });
+  });
+});
+
+describe('bad input', () => {
+  const limits = DEFAULT_DECODE_LIMITS;
+  it('refuses bytes that are neither OTLP JSON nor OTLP protobuf', () => {
+    expect(decodeOtlp(Buffer.from([0xff, 0xff, 0xff, 0x01]), 'auto', limits)).toMatchObject({
+      ok: false,
+      reason: 'undecodable',
+    });
+    expect(decodeOtlp(Buffer.from('{"not json'), 'otlp_json', limits)).toMatchObject({
+      ok: false,
+      reason: 'undecodable',
+    });
+  });
+  it('refuses JSON that is not a trace request, naming paths, never values', () => {
+    expect(decodeOtlp(Buffer.from('{"type":"tool_call"}'), 'auto', limits)).toMatchObject({
+      ok: false,
+      reason: 'invalid',
+    });
+    const spans = otelRecorder().agent(booking);
+    const doc = JSON.parse(toJson(spans).toString()) as {
+      resourceSpans: { scopeSpans: { spans: { traceId: string }[] }[] }[];
+    };
+    doc.resourceSpans[0]!.scopeSpans[0]!.spans[0]!.traceId = 'secret-value';
+    const r = decodeOtlp(Buffer.from(JSON.stringify(doc)), 'auto', limits);
+    expect(r).toMatchObject({ ok: false, reason: 'invalid' });
+    expect(JSON.stringify(r)).not.toContain('secret-value');
+    expect(JSON.stringify(r)).toContain('traceId');
+  });
+  it('refuses a request with more spans than the limit', () => {
+    const spans = otelRecorder().agent(booking);
+    expect(decodeOtlp(toProto(spans), 'auto', { ...limits, maxSpans: 3 })).toMatchObject({
+      ok: false,
+      reason: 'oversize',
+    });
+  });
+});
+
+describe('paver otel input files', () => {
+  it('reads one request per line (the Collector file exporter) and counts bad lines', () => {
+    const rec = otelRecorder();
+    const a = rec.agent(booking);
+    const b = rec.agent({ name: 'B', tools: [{ name: 'x' }] });
+    const text = `${toJson(a).toString()}\nnot json\n${toJson(b).toString()}\n`;
+    const warnings: string[] = [];
+    const parsed = parseExport(text, (s) => warnings.push(s));
+    expect(parsed).toMatchObject({ requests: 2, bad: 1 });
+    expect(warnings).toEqual(['line 2: not valid JSON']);
+    const traces = byTrace(parsed.spans.map((s) => keepSpan(s, DEFAULT_MAP_OPTIONS).kept as KeptSpan));
+    expect(traces.size).toBe(2);
+  });
+});
+
+describe('statuses and structured values', () => {
+  it('takes span status ERROR without error.type as an error, and UNSET as ok', () => {
+    const spans = otelRecorder().agent({ name: 'A', error: true, tools: [{ name: 't' }] });
+    const { events } = mapSpans(decode(toProto(spans)), DEFAULT_MAP_OPTIONS);
+    expect(events.map((e) => [e.type, e.status])).toEqual([
+      ['tool_call', 'ok'],
+      ['task_completed', 'error'],
+    ]);
+  });
+
+  it('reads structured (kvlist) argument values as objects', () => {
+    // The JS SDK only records primitive attributes; other SDKs record `any` values as kvlists.
+    const kv = {
+      kvlistValue: {
+        values: [
+          { key: 'id', value: { intValue: '7' } },
+          { key: 'q', value: { arrayValue: { values: [{ stringValue: 'a' }] } } },
+        ],
+      },
+    };
+    expect(anyValue(kv, 0, 16)).toEqual({ id: 7, q: ['a'] });
+    expect(() => anyValue(kv, 0, 1)).toThrow(/nested deeper/);
+  });
+});
