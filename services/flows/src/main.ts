@@ -17,11 +17,9 @@ import { RedisFlowStore } from './adapters/redis/store.js';
 import { createRegistryFeed } from './adapters/registry-feed.js';
 import { fillVectors, select, type SelectorDeps } from './adapters/selector.js';
 import { OutcomeBook } from './core/outcomes.js';
-import type { PromotionPolicy } from './core/promotion.js';
 import { PromptCache } from './core/prompt.js';
 import { FlowRegistry, registerManual } from './core/registry.js';
-import { DEFAULT_POLICY, type SelectPolicy } from './core/select.js';
-import { flowsEnvSchema, policyFileV1, type FlowsEnv, type PolicyFile } from './config.js';
+import { flowsEnvSchema, policies, policyFileV1, type FlowsEnv, type PolicyFile } from './config.js';
 
 async function loadFile<T>(path: string, schema: z.ZodType<T>, what: string): Promise<T> {
   let raw: unknown;
@@ -34,35 +32,6 @@ async function loadFile<T>(path: string, schema: z.ZodType<T>, what: string): Pr
   if (!r.success)
     throw new PaverError('CONFIG_INVALID', `${what} ${path}: ${describeIssues(r.error.issues)}`);
   return r.data;
-}
-
-/** Environment defaults, overridden per (tenant, agent) by FLOWS_POLICY_FILE. */
-export function policies(env: FlowsEnv, overrides: PolicyFile) {
-  const policyOf = (tenant: string, agent: string) =>
-    overrides.agents.find((a) => a.tenant_id === tenant && a.agent_id === agent);
-  return {
-    promotion(tenant: string, agent: string): PromotionPolicy {
-      const o = policyOf(tenant, agent);
-      return {
-        mode: o?.promotion ?? env.FLOWS_PROMOTION,
-        minOccurrences: o?.auto_min_occurrences ?? env.FLOWS_AUTO_MIN_OCCURRENCES,
-        minSavings: o?.auto_min_savings ?? env.FLOWS_AUTO_MIN_SAVINGS,
-        shadowTrials: o?.shadow_trials ?? env.FLOWS_SHADOW_TRIALS,
-        shadowPrecision: o?.shadow_precision ?? env.FLOWS_SHADOW_PRECISION,
-      };
-    },
-    select(tenant: string, agent: string): SelectPolicy {
-      const o = policyOf(tenant, agent);
-      return {
-        ...DEFAULT_POLICY,
-        topK: o?.top_k ?? env.FLOWS_TOP_K,
-        rrfK: env.FLOWS_RRF_K,
-        scoreFloor: o?.score_floor ?? env.FLOWS_SCORE_FLOOR,
-        failOpen: o?.fail_open ?? env.FLOWS_FAIL_OPEN,
-        outcomeFloor: o?.outcome_floor ?? env.FLOWS_OUTCOME_FLOOR,
-      };
-    },
-  };
 }
 
 export const service: ServiceSpec<FlowsEnv, Inbound> = {
@@ -123,11 +92,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
           model: env.FLOWS_EMBEDDINGS_MODEL,
         }
       : undefined;
-    const outcomes = new OutcomeBook({
-      capacity: env.FLOWS_OUTCOME_CAPACITY,
-      neighbours: env.FLOWS_OUTCOME_NEIGHBOURS,
-      wrongCost: env.FLOWS_OUTCOME_WRONG_COST,
-    });
+    const outcomes = new OutcomeBook(policy.outcome());
     const selector: SelectorDeps & { outcomes: OutcomeBook } = {
       registry,
       prompts,
