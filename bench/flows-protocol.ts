@@ -11,6 +11,7 @@ import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { main } from '../cli/paver.js';
 import { matchSteps, type Match } from '../services/flows/src/core/score.js';
+import { requestTermsOf } from '../services/flows/src/core/outcomes.js';
 import { say, writeResult } from './harness.js';
 
 interface Run {
@@ -48,6 +49,42 @@ async function capture(argv: string[]): Promise<string> {
   }
   if (code !== 0) throw new Error(`paver ${argv[0]} exited ${code}`);
   return out.join('');
+}
+
+/**
+ * Until the detector attaches request_terms itself: the same statistics computed here from H (the tasks that
+ * contain the candidate's tools in order), so that selection can be tuned meanwhile. Bench only.
+ */
+function simulateTerms(json: string, history: Run[]): string {
+  const cands = JSON.parse(json) as { tool_sequence: string[]; request_terms?: unknown }[];
+  const contains = (calls: string[], seq: string[]) => {
+    let j = 0;
+    for (const c of calls) if (c === seq[j] && ++j === seq.length) return true;
+    return false;
+  };
+  for (const c of cands) {
+    if (c.request_terms) continue;
+    const df = new Map<string, number>();
+    let tasks = 0;
+    for (const r of history) {
+      if (!r.query || !contains(r.calls, c.tool_sequence)) continue;
+      tasks++;
+      for (const t of requestTermsOf(r.query)) df.set(t, (df.get(t) ?? 0) + 1);
+    }
+    c.request_terms = {
+      tasks,
+      terms: [...df]
+        .sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1))
+        .slice(0, 64)
+        .map(([term, n]) => ({ term, df: n })),
+    };
+  }
+  return JSON.stringify(cands);
+}
+
+interface FileFlow {
+  id: string;
+  steps: { skill_key?: string }[];
 }
 
 interface Tally {
@@ -94,13 +131,26 @@ export async function protocol(file: string, history = 200) {
           .join('\n') + '\n',
       );
       const cands = join(dir, 'c.json');
-      writeFileSync(cands, await capture(['detect', '--input', h]));
+      const detected = await capture(['detect', '--input', h]);
+      writeFileSync(
+        cands,
+        process.env.PROTOCOL_SIM_TERMS
+          ? simulateTerms(detected, runs.slice(Math.max(0, i - history), i))
+          : detected,
+      );
       const flowsFile = join(dir, 'f.json');
-      writeFileSync(flowsFile, await capture(['flows', 'from-candidates', '--input', cands]));
-      const flows = JSON.parse(readFileSync(flowsFile, 'utf8')) as {
-        id: string;
-        steps: { skill_key?: string }[];
-      }[];
+      writeFileSync(
+        flowsFile,
+        await capture([
+          'flows',
+          'from-candidates',
+          '--input',
+          cands,
+          ...(process.env.PROTOCOL_HISTORY ? ['--history', h] : []),
+        ]),
+      );
+      const written = JSON.parse(readFileSync(flowsFile, 'utf8')) as FileFlow[] | { flows: FileFlow[] };
+      const flows = Array.isArray(written) ? written : written.flows;
       const stepsOf = (f: (typeof flows)[number]) => f.steps.map((s) => s.skill_key ?? '');
       if (flows.length) add(top, matchSteps(stepsOf(flows[0]!), run.calls));
       const ms = flows.map((f) => matchSteps(stepsOf(f), run.calls));

@@ -1,15 +1,21 @@
 import { parseArgs } from 'node:util';
 import { z } from 'zod';
-import { flowCandidate, id as idSchema } from '../schemas/index.js';
+import { flowCandidate, id as idSchema, type ToolCallsEvent } from '../schemas/index.js';
 import { errorMessage } from '../shared/errors.js';
-import { describeIssues, readConfigFile } from '../shared/jsonl.js';
+import { describeIssues, readConfigFile, readEvents } from '../shared/jsonl.js';
+import { offlineEnv } from '../services/flows/src/config.js';
+import { pastRunsOf } from '../services/flows/src/core/outcomes.js';
 import { flowsFromCandidates } from '../services/flows/src/core/registry.js';
 
-const USAGE = `Usage: paver flows from-candidates --input CANDIDATES.json [--tenant T --agent A]
+const USAGE = `Usage: paver flows from-candidates --input CANDIDATES.json [--history EVENTS.jsonl] [--tenant T --agent A]
 
 Prints the flows file (the format \`paver select --flows\` reads) that the flows service would register for
 the candidates in CANDIDATES.json (the output of \`paver detect\`): the same function promotion calls, so the
 description and condition carry the candidates' request terms when they have them.
+
+With --history (the stream the candidates were detected on), the file also carries the past runs of that
+stream (first-request terms and the tools called, the newest FLOWS_OUTCOME_CAPACITY), and \`paver select\`
+then ranks with past outcomes as the flows service does.
 `;
 
 const input = z.union([z.array(flowCandidate), z.object({ candidates: z.array(flowCandidate) })]);
@@ -21,6 +27,7 @@ export async function fromCandidatesCommand(argv: string[]): Promise<number> {
       args: argv,
       options: {
         input: { type: 'string' },
+        history: { type: 'string' },
         tenant: { type: 'string' },
         agent: { type: 'string' },
         help: { type: 'boolean' },
@@ -58,6 +65,23 @@ export async function fromCandidatesCommand(argv: string[]): Promise<number> {
     return 2;
   }
   const cands = Array.isArray(parsed.data) ? parsed.data : parsed.data.candidates;
-  process.stdout.write(JSON.stringify(flowsFromCandidates(cands, scope), null, 2) + '\n');
+  const flows = flowsFromCandidates(cands, scope);
+  if (!values.history) {
+    process.stdout.write(JSON.stringify(flows, null, 2) + '\n');
+    return 0;
+  }
+  const events: ToolCallsEvent[] = [];
+  const warn = (s: string) => process.stderr.write(`paver flows from-candidates: ${s}\n`);
+  try {
+    for await (const e of readEvents(values.history, { lines: 0, bad: 0 }, warn))
+      if (e.tenant_id === scope.tenant && e.agent_id === scope.agent) events.push(e);
+  } catch (err) {
+    process.stderr.write(
+      `paver flows from-candidates: cannot read ${values.history}: ${errorMessage(err)}\n`,
+    );
+    return 1;
+  }
+  const capacity = offlineEnv(process.env).FLOWS_OUTCOME_CAPACITY;
+  process.stdout.write(JSON.stringify({ flows, past_runs: pastRunsOf(events, capacity) }, null, 2) + '\n');
   return 0;
 }

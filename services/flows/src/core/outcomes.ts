@@ -1,4 +1,4 @@
-import type { RegisteredFlow } from '../../../../schemas/index.js';
+import type { RegisteredFlow, ToolCallsEvent } from '../../../../schemas/index.js';
 import { terms } from './bm25.js';
 import { matchSteps } from './score.js';
 
@@ -130,4 +130,25 @@ export class OutcomeBook {
     const q = requestTermsOf(query);
     return (flows: readonly RegisteredFlow[]) => outcomeScores(mem, q, flows, this.policy);
   }
+}
+
+/**
+ * The past runs of a stream, in the order they started, for offline selection: per session, the terms of the
+ * first user message and the tools called. Sessions without a user message say nothing about requests and
+ * are left out; the newest `max` are kept.
+ */
+export function pastRunsOf(events: Iterable<ToolCallsEvent>, max: number): PastRun[] {
+  const runs = new Map<string, PastRun & { asked: boolean }>();
+  for (const e of events) {
+    let r = runs.get(e.session_id);
+    if (!r) runs.set(e.session_id, (r = { terms: [], calls: [], asked: false }));
+    if (e.type === 'user_message' && !r.asked) {
+      r.asked = true;
+      r.terms = requestTermsOf(e.text);
+    } else if (e.type === 'tool_call' && r.calls.length < 1_000) r.calls.push(e.tool);
+  }
+  return [...runs.values()]
+    .filter((r) => r.asked)
+    .slice(-max)
+    .map(({ terms, calls }) => ({ terms, calls }));
 }
