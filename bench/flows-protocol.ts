@@ -161,7 +161,14 @@ export async function protocol(file: string, history = 200) {
       ) as { chosen: { id: string }[] };
       for (const c of out.chosen) {
         const f = flows.find((x) => x.id === c.id);
-        if (f) add(sel, matchSteps(stepsOf(f), run.calls));
+        if (f) {
+          const m = matchSteps(stepsOf(f), run.calls);
+          add(sel, m);
+          if (process.env.PROTOCOL_DEBUG && m.proposed > m.matched)
+            say(
+              `miss: flow ${stepsOf(f).join(',')} | run ${run.calls.slice(run.calls.indexOf(stepsOf(f)[0]!)).join(',')}`,
+            );
+        }
       }
     }
   } finally {

@@ -6,7 +6,7 @@ import { PromptCache } from './core/prompt.js';
 import { FlowRegistry, registerManual } from './core/registry.js';
 import { DEFAULT_POLICY } from './core/select.js';
 import { OutcomeBook } from './core/outcomes.js';
-import { offlineEnv, policies } from './config.js';
+import { offlineEnv, policies, type FlowsEnv } from './config.js';
 import { errorMessage } from '../../../shared/errors.js';
 
 const SELECT_USAGE = `Usage: paver select --flows FILE.(json|yaml) --query TEXT [--summary TEXT ...] [--top-k 3] [--rrf-k 10]
@@ -57,6 +57,13 @@ export async function selectCommand(argv: string[]): Promise<number> {
     if (!Number.isFinite(n) || n < min) throw new Error(`expected a number ≥ ${min}, got '${v}'`);
     return n;
   };
+  let settings: FlowsEnv;
+  try {
+    settings = offlineEnv(process.env);
+  } catch (err) {
+    process.stderr.write(`paver select: FLOWS_* settings: ${errorMessage(err)}\n`);
+    return 2;
+  }
   let policy;
   try {
     policy = {
@@ -65,7 +72,8 @@ export async function selectCommand(argv: string[]): Promise<number> {
       rrfK: num(values['rrf-k'], 10, 1),
       scoreFloor: num(values['score-floor'], 0, 0),
       failOpen: !!values['fail-open'],
-      outcomeFloor: num(values['outcome-floor'], 0, -Infinity),
+      outcomeFloor: num(values['outcome-floor'], settings.FLOWS_OUTCOME_FLOOR, -Infinity),
+      outcomeWeight: settings.FLOWS_OUTCOME_WEIGHT,
     };
   } catch (err) {
     process.stderr.write(`paver select: ${errorMessage(err)}\n`);
@@ -90,7 +98,6 @@ export async function selectCommand(argv: string[]): Promise<number> {
   for (const d of Array.isArray(parsed.data) ? parsed.data : parsed.data.flows)
     registry.upsert(registerManual({ ...d, tenant_id: tenant, agent_id: agent }, 0));
   const env = process.env;
-  const settings = offlineEnv(env);
   const pol = policies(settings, { agents: [] });
   // Past runs in the file rank flows by past outcomes, as the service's memory does.
   const outcomes = new OutcomeBook(pol.outcome());

@@ -23,6 +23,7 @@ export const flowsEnvSchema = z
     FLOWS_OUTCOME_NEIGHBOURS: int(1, 1_000).default(10),
     FLOWS_OUTCOME_WRONG_COST: z.coerce.number().min(0).default(4),
     FLOWS_OUTCOME_FLOOR: z.coerce.number().default(0),
+    FLOWS_OUTCOME_WEIGHT: z.coerce.number().min(0).max(100).default(1),
     FLOWS_TOP_K: int(1, 100).default(3),
     FLOWS_RRF_K: int(1, 1000).default(10),
     FLOWS_SCORE_FLOOR: z.coerce.number().min(0).default(0),
@@ -92,6 +93,7 @@ export function policies(env: FlowsEnv, overrides: PolicyFile) {
         scoreFloor: o?.score_floor ?? env.FLOWS_SCORE_FLOOR,
         failOpen: o?.fail_open ?? env.FLOWS_FAIL_OPEN,
         outcomeFloor: o?.outcome_floor ?? env.FLOWS_OUTCOME_FLOOR,
+        outcomeWeight: env.FLOWS_OUTCOME_WEIGHT,
       };
     },
   };

@@ -147,11 +147,17 @@ export class Bm25Index {
 export const byScore = (a: Scored, b: Scored) =>
   b.score - a.score || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
 
-/** Reciprocal rank fusion: Σ 1/(k + rank) over the rankings a document appears in (rank from 1). */
-export function rrf(rankings: readonly (readonly string[])[], k: number): Scored[] {
+/** Reciprocal rank fusion: Σ w/(k + rank) over the rankings a document appears in (rank from 1; w = 1 unless weighted). */
+export function rrf(
+  rankings: readonly (readonly string[])[],
+  k: number,
+  weights: readonly number[] = [],
+): Scored[] {
   const scores = new Map<string, number>();
-  for (const ranking of rankings)
-    ranking.forEach((id, i) => scores.set(id, (scores.get(id) ?? 0) + 1 / (k + i + 1)));
+  rankings.forEach((ranking, r) => {
+    const w = weights[r] ?? 1;
+    ranking.forEach((id, i) => scores.set(id, (scores.get(id) ?? 0) + w / (k + i + 1)));
+  });
   return [...scores].map(([id, score]) => ({ id, score })).sort(byScore);
 }
 

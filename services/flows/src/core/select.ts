@@ -18,6 +18,8 @@ export interface SelectPolicy {
    * above this is never chosen: past runs like this one say proposing it did not pay off.
    */
   outcomeFloor: number;
+  /** Weight of the past-outcome ranking in the fusion (sparse and dense weigh 1 each). */
+  outcomeWeight: number;
 }
 export const DEFAULT_POLICY: SelectPolicy = {
   topK: 3,
@@ -26,6 +28,7 @@ export const DEFAULT_POLICY: SelectPolicy = {
   failOpen: false,
   maxSummaries: 3,
   outcomeFloor: 0,
+  outcomeWeight: 1,
 };
 
 export interface Candidate {
@@ -72,6 +75,7 @@ export function recall(
         .map((s) => s.id),
     );
   }
+  const weights: number[] = rankings.map(() => 1);
   let judged = new Map<string, number>();
   if (outcomes) {
     const pool =
@@ -87,8 +91,9 @@ export function recall(
         .slice(0, depth)
         .map((s) => s.id),
     );
+    weights.push(p.outcomeWeight);
   }
-  return rrf(rankings, p.rrfK)
+  return rrf(rankings, p.rrfK, weights)
     .filter((s) => !judged.has(s.id) || judged.get(s.id)! > p.outcomeFloor)
     .slice(0, p.topK)
     .map((s) => {
