@@ -5,7 +5,8 @@ import type {
   ToolCallsEvent,
 } from '../../../../schemas/index.js';
 import type { OutcomeBook } from '../core/outcomes.js';
-import { flowTools, requestTermsOf } from '../core/outcomes.js';
+import { flowTools } from '../core/outcomes.js';
+import { requestTermsOf } from '../core/terms.js';
 import {
   inShadow,
   onCandidate,

@@ -1,5 +1,5 @@
 import type { RegisteredFlow, ToolCallsEvent } from '../../../../schemas/index.js';
-import { terms } from './bm25.js';
+import { requestTermsOf } from './terms.js';
 import { matchSteps } from './score.js';
 
 /** One finished run as the outcome scorer keeps it: the terms of its first request and the tools it called. */
@@ -17,10 +17,6 @@ export interface OutcomePolicy {
   wrongCost: number;
 }
 export const DEFAULT_OUTCOME_POLICY: OutcomePolicy = { capacity: 500, neighbours: 10, wrongCost: 4 };
-
-/** Request terms are kept as terms only (no numbers, no identifier-like tokens), as the detector does. */
-export const requestTermsOf = (text: string, max = 64): string[] =>
-  [...new Set(terms(text).filter((t) => t.length >= 2 && t.length <= 64 && !/\d/.test(t)))].slice(0, max);
 
 /** Steps of a flow as tool names (hand-written steps without a skill never match a call). */
 export const flowTools = (f: Pick<RegisteredFlow, 'steps'>): string[] =>
