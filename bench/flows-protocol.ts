@@ -192,7 +192,8 @@ if (files.length) {
     results.push(r);
   }
   if (!process.env.PROTOCOL_NO_WRITE)
-    writeResult('flows-protocol', {
+    writeResult(process.env.PROTOCOL_HISTORY ? 'flows-protocol-history' : 'flows-protocol', {
+      from_candidates: process.env.PROTOCOL_HISTORY ? '--input C --history H' : '--input C',
       protocol:
         'per run in stream order: last 200 earlier runs → paver detect → paver flows from-candidates → paver select --query <first user message>; chosen flow scored from the first call of its first tool, first mismatch ends it',
       results,
