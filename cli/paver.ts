@@ -26,6 +26,10 @@ Offline (no Kafka, no Redis; same core as the services):
   autoseq --catalog FILE --input FILE.jsonl [--max-consecutive 5] [--no-arguments]
   sequence --config FILE --input FILE.jsonl
   select --flows FILE --query TEXT [--summary TEXT ...] [--top-k 3] [--fail-open]
+  flows from-candidates --input CANDIDATES.json
+                             the flows file the flows service would register for \`paver detect\` output
+  flows replay --input FILE.jsonl [--json] [--flows FILE] [--promotion auto|all|manual]
+                             detect → promotion → selection per user message; coverage and precision
   otel --input FILE|- [--output FILE|-]
                              OTLP/JSON trace export (GenAI spans) → tool-calls JSONL
 
@@ -110,6 +114,14 @@ export async function main(argv: string[]): Promise<number> {
       return otelCommand(rest);
     }
     case 'flows': {
+      if (rest[0] === 'from-candidates') {
+        const { fromCandidatesCommand } = await import('./flows-from-candidates.js');
+        return fromCandidatesCommand(rest.slice(1));
+      }
+      if (rest[0] === 'replay') {
+        const { replayCommand } = await import('./flows-replay.js');
+        return replayCommand(rest.slice(1));
+      }
       const { flowsCommand } = await import('../services/flows/src/cli.js');
       return flowsCommand(rest);
     }

@@ -33,9 +33,26 @@ export const flowDefinitionV1 = z
   })
   .strict();
 
+/**
+ * A finished run as past-outcome selection keeps it: the terms of its first request (terms only, as in a
+ * candidate's request_terms) and the tools it called, in order.
+ */
+export const pastRunV1 = z
+  .object({
+    terms: z.array(z.string().min(1).max(64)).max(64),
+    calls: z.array(z.string().min(1).max(LIMITS.toolNameLength)).max(1_000),
+  })
+  .strict();
+
 export const flowsFileV1 = z.union([
   z.array(flowDefinitionV1).max(100_000),
-  z.object({ flows: z.array(flowDefinitionV1).max(100_000) }).strict(),
+  z
+    .object({
+      flows: z.array(flowDefinitionV1).max(100_000),
+      /** Optional past runs of the same scope: `paver select` then ranks with past outcomes too. */
+      past_runs: z.array(pastRunV1).max(100_000).optional(),
+    })
+    .strict(),
 ]);
 
 /** A registered flow: a definition with its id, origin and, for promoted candidates, their key. */
@@ -51,6 +68,7 @@ export const flowRegistryRecordV1 = z
   .object({ schema_version: z.literal(1), flow: registeredFlowV1 })
   .strict();
 
+export type PastRun = z.infer<typeof pastRunV1>;
 export type FlowDefinition = z.infer<typeof flowDefinitionV1>;
 export type RegisteredFlow = z.infer<typeof registeredFlowV1>;
 export type FlowRegistryRecord = z.infer<typeof flowRegistryRecordV1>;

@@ -8,11 +8,15 @@ import { errorMessage } from '../../../shared/errors.js';
 
 const USAGE = `Usage: paver detect --input FILE.jsonl [--min-length 3] [--min-occurrences 3] [--lookback 200]
                     [--max-candidates 5] [--max-length 12] [--window-ms MS] [--task-idle-ms MS]
-                    [--tenant T --agent A]
+                    [--request-terms on|off] [--tenant T --agent A]
 
 Runs the detector's core over a JSONL file of tool-calls events (in file order, in memory) and prints the
 live candidates at the end as a JSON array. Bad lines are reported on stderr with their line number, skipped
 and counted. Without --tenant/--agent the file must hold one (tenant, agent) scope.
+
+--request-terms (on by default, like DETECTOR_REQUEST_TERMS) keeps the terms of each task's first user
+message (lower-cased words; stop words, numbers and identifiers removed; never the text) and adds their
+statistics to each candidate as request_terms and to its proposed flow's description.
 `;
 
 export async function detect(
@@ -24,7 +28,7 @@ export async function detect(
   const state = new DetectorState(params);
   const stats = { lines: 0, bad: 0 };
   for await (const event of readEvents(input, stats, warn)) {
-    const op = toOp(event);
+    const op = toOp(event, params.requestTerms);
     if (!op) continue;
     if (
       (filter.tenant && op.scope.tenant !== filter.tenant) ||
@@ -50,6 +54,7 @@ export async function detectCommand(argv: string[]): Promise<number> {
         'max-candidates': { type: 'string' },
         'window-ms': { type: 'string' },
         'task-idle-ms': { type: 'string' },
+        'request-terms': { type: 'string' },
         tenant: { type: 'string' },
         agent: { type: 'string' },
         help: { type: 'boolean' },
@@ -73,6 +78,12 @@ export async function detectCommand(argv: string[]): Promise<number> {
     if (!Number.isInteger(n) || n < 1) throw new Error(`--${name} must be a positive integer`);
     return n;
   };
+  const onOff = (name: string, v: string | undefined, dflt: boolean): boolean => {
+    if (v === undefined) return dflt;
+    if (v === 'on' || v === 'true') return true;
+    if (v === 'off' || v === 'false') return false;
+    throw new Error(`--${name} must be on or off`);
+  };
   let params: DetectorParams;
   try {
     params = {
@@ -84,6 +95,7 @@ export async function detectCommand(argv: string[]): Promise<number> {
       maxCandidates: num('max-candidates', values['max-candidates'], DEFAULT_PARAMS.maxCandidates),
       windowMs: values['window-ms'] === undefined ? null : num('window-ms', values['window-ms'], 1),
       taskIdleMs: num('task-idle-ms', values['task-idle-ms'], DEFAULT_PARAMS.taskIdleMs),
+      requestTerms: onOff('request-terms', values['request-terms'], DEFAULT_PARAMS.requestTerms),
     };
     const errs = validateParams(params);
     if (errs.length) throw new Error(errs.join('; '));
@@ -122,7 +134,11 @@ export async function detectCommand(argv: string[]): Promise<number> {
     return 2;
   }
   process.stdout.write(
-    JSON.stringify(liveCandidates(result.state.frequentStats(scope), params), null, 2) + '\n',
+    JSON.stringify(
+      liveCandidates(result.state.frequentStats(scope), params, result.state.windowRecords(scope)),
+      null,
+      2,
+    ) + '\n',
   );
   if (result.bad > 0) warn(`${result.bad} bad line(s) skipped of ${result.lines}`);
   return 0;

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { commonEnvShape, refineCommon } from '../../../shared/config.js';
+import { commonEnvShape, envBool, refineCommon } from '../../../shared/config.js';
 import type { DetectorParams } from './core/params.js';
 
 const int = (min: number, max = Number.MAX_SAFE_INTEGER) => z.coerce.number().int().min(min).max(max);
@@ -17,6 +17,8 @@ export const detectorEnvSchema = z
     DETECTOR_TASK_IDLE_MS: int(1).default(30 * 60_000),
     DETECTOR_DONE_RETENTION_MS: int(1).default(24 * 3_600_000),
     DETECTOR_MAX_TASK_EVENTS: int(1, 100_000).default(1000),
+    /** Stores the terms (never the text) of each task's first user message; see the README. */
+    DETECTOR_REQUEST_TERMS: envBool.default(true),
   })
   .superRefine((env, ctx) => {
     refineCommon(env, ctx);
@@ -41,5 +43,6 @@ export function paramsFromEnv(env: DetectorEnv): DetectorParams {
     taskIdleMs: env.DETECTOR_TASK_IDLE_MS,
     doneRetentionMs: env.DETECTOR_DONE_RETENTION_MS,
     maxTaskEvents: env.DETECTOR_MAX_TASK_EVENTS,
+    requestTerms: env.DETECTOR_REQUEST_TERMS,
   };
 }

@@ -54,7 +54,9 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
       inputTopics: [env.PAVER_TOPIC_TOOL_CALLS],
       parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
       async handler(batch) {
-        const ops = batch.map((b) => toOp(b.value)).filter((o): o is DetectorOp => o !== null);
+        const ops = batch
+          .map((b) => toOp(b.value, params.requestTerms))
+          .filter((o): o is DetectorOp => o !== null);
         const out = await store.applyBatch(ops);
         events.inc({ outcome: 'applied' }, out.applied);
         events.inc({ outcome: 'ignored' }, out.ignored);
@@ -81,7 +83,8 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
                 body: { error: 'tenant_id and agent_id must be 1-256 characters without control characters' },
               };
             }
-            return { status: 200, body: liveCandidates(await store.snapshot(scope), params) };
+            const snap = await store.snapshot(scope);
+            return { status: 200, body: liveCandidates(snap.stats, params, snap.records) };
           },
         },
       ],

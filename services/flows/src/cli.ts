@@ -5,14 +5,19 @@ import { select } from './adapters/selector.js';
 import { PromptCache } from './core/prompt.js';
 import { FlowRegistry, registerManual } from './core/registry.js';
 import { DEFAULT_POLICY } from './core/select.js';
+import { OutcomeBook } from './core/outcomes.js';
+import { offlineEnv, policies, type FlowsEnv } from './config.js';
 import { errorMessage } from '../../../shared/errors.js';
 
 const SELECT_USAGE = `Usage: paver select --flows FILE.(json|yaml) --query TEXT [--summary TEXT ...] [--top-k 3] [--rrf-k 10]
-                    [--fail-open] [--score-floor X]
+                    [--fail-open] [--score-floor X] [--outcome-floor X]
 
 Runs flow selection offline over a flows file (a JSON/YAML array of flows) and prints the result as JSON.
 With FLOWS_CHAT_URL (and FLOWS_CHAT_API_KEY, FLOWS_CHAT_MODEL) set, several candidates go to that
-OpenAI-compatible chat endpoint; without it, the top-ranked candidate is chosen.
+OpenAI-compatible chat endpoint; without it, the top-ranked candidate is chosen. When the file is
+{flows, past_runs} (\`paver flows from-candidates --history\`), the flows are also ranked by how well their
+steps matched the past runs with the most similar first requests; one not above --outcome-floor (default 0)
+on such evidence is not chosen.
 `;
 
 export async function selectCommand(argv: string[]): Promise<number> {
@@ -27,6 +32,7 @@ export async function selectCommand(argv: string[]): Promise<number> {
         'top-k': { type: 'string' },
         'rrf-k': { type: 'string' },
         'score-floor': { type: 'string' },
+        'outcome-floor': { type: 'string' },
         'fail-open': { type: 'boolean' },
         tenant: { type: 'string' },
         agent: { type: 'string' },
@@ -51,6 +57,13 @@ export async function selectCommand(argv: string[]): Promise<number> {
     if (!Number.isFinite(n) || n < min) throw new Error(`expected a number ≥ ${min}, got '${v}'`);
     return n;
   };
+  let settings: FlowsEnv;
+  try {
+    settings = offlineEnv(process.env);
+  } catch (err) {
+    process.stderr.write(`paver select: FLOWS_* settings: ${errorMessage(err)}\n`);
+    return 2;
+  }
   let policy;
   try {
     policy = {
@@ -59,6 +72,8 @@ export async function selectCommand(argv: string[]): Promise<number> {
       rrfK: num(values['rrf-k'], 10, 1),
       scoreFloor: num(values['score-floor'], 0, 0),
       failOpen: !!values['fail-open'],
+      outcomeFloor: num(values['outcome-floor'], settings.FLOWS_OUTCOME_FLOOR, -Infinity),
+      outcomeWeight: settings.FLOWS_OUTCOME_WEIGHT,
     };
   } catch (err) {
     process.stderr.write(`paver select: ${errorMessage(err)}\n`);
@@ -83,6 +98,11 @@ export async function selectCommand(argv: string[]): Promise<number> {
   for (const d of Array.isArray(parsed.data) ? parsed.data : parsed.data.flows)
     registry.upsert(registerManual({ ...d, tenant_id: tenant, agent_id: agent }, 0));
   const env = process.env;
+  const pol = policies(settings, { agents: [] });
+  // Past runs in the file rank flows by past outcomes, as the service's memory does.
+  const outcomes = new OutcomeBook(pol.outcome());
+  for (const run of Array.isArray(parsed.data) ? [] : (parsed.data.past_runs ?? []))
+    outcomes.add(tenant, agent, run);
   const chat = env.FLOWS_CHAT_URL
     ? {
         baseUrl: env.FLOWS_CHAT_URL,
@@ -91,7 +111,7 @@ export async function selectCommand(argv: string[]): Promise<number> {
       }
     : undefined;
   const result = await select(
-    { registry, prompts: new PromptCache(), chat, budgetMs: Number(env.FLOWS_SELECT_BUDGET_MS ?? 3000) },
+    { registry, prompts: new PromptCache(), chat, budgetMs: settings.FLOWS_SELECT_BUDGET_MS, outcomes },
     tenant,
     agent,
     values.query,

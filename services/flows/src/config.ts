@@ -1,6 +1,9 @@
 import { z } from 'zod';
 import { commonEnvShape, envBool, int, refineCommon, topicName } from '../../../shared/config.js';
 import { id } from '../../../schemas/index.js';
+import type { OutcomePolicy } from './core/outcomes.js';
+import type { PromotionPolicy } from './core/promotion.js';
+import { DEFAULT_POLICY, type SelectPolicy } from './core/select.js';
 
 const url = z.url({ protocol: /^https?$/ });
 
@@ -14,6 +17,13 @@ export const flowsEnvSchema = z
     FLOWS_PROMOTION: z.enum(['manual', 'auto']).default('manual'),
     FLOWS_AUTO_MIN_OCCURRENCES: int(1).default(10),
     FLOWS_AUTO_MIN_SAVINGS: z.coerce.number().min(0).default(0),
+    FLOWS_SHADOW_TRIALS: int(0, 1_000_000).default(5),
+    FLOWS_SHADOW_PRECISION: z.coerce.number().min(0).max(1).default(0.5),
+    FLOWS_OUTCOME_CAPACITY: int(0, 100_000).default(500),
+    FLOWS_OUTCOME_NEIGHBOURS: int(1, 1_000).default(10),
+    FLOWS_OUTCOME_WRONG_COST: z.coerce.number().min(0).default(4),
+    FLOWS_OUTCOME_FLOOR: z.coerce.number().default(0),
+    FLOWS_OUTCOME_WEIGHT: z.coerce.number().min(0).max(100).default(1),
     FLOWS_TOP_K: int(1, 100).default(3),
     FLOWS_RRF_K: int(1, 1000).default(10),
     FLOWS_SCORE_FLOOR: z.coerce.number().min(0).default(0),
@@ -41,6 +51,9 @@ export const policyFileV1 = z
           promotion: z.enum(['manual', 'auto']).optional(),
           auto_min_occurrences: z.number().int().min(1).optional(),
           auto_min_savings: z.number().min(0).optional(),
+          shadow_trials: z.number().int().min(0).optional(),
+          shadow_precision: z.number().min(0).max(1).optional(),
+          outcome_floor: z.number().optional(),
           fail_open: z.boolean().optional(),
           score_floor: z.number().min(0).optional(),
           top_k: z.number().int().min(1).max(100).optional(),
@@ -50,3 +63,47 @@ export const policyFileV1 = z
   })
   .strict();
 export type PolicyFile = z.infer<typeof policyFileV1>;
+
+/** Environment defaults, overridden per (tenant, agent) by FLOWS_POLICY_FILE. */
+export function policies(env: FlowsEnv, overrides: PolicyFile) {
+  const policyOf = (tenant: string, agent: string) =>
+    overrides.agents.find((a) => a.tenant_id === tenant && a.agent_id === agent);
+  return {
+    outcome: (): OutcomePolicy => ({
+      capacity: env.FLOWS_OUTCOME_CAPACITY,
+      neighbours: env.FLOWS_OUTCOME_NEIGHBOURS,
+      wrongCost: env.FLOWS_OUTCOME_WRONG_COST,
+    }),
+    promotion(tenant: string, agent: string): PromotionPolicy {
+      const o = policyOf(tenant, agent);
+      return {
+        mode: o?.promotion ?? env.FLOWS_PROMOTION,
+        minOccurrences: o?.auto_min_occurrences ?? env.FLOWS_AUTO_MIN_OCCURRENCES,
+        minSavings: o?.auto_min_savings ?? env.FLOWS_AUTO_MIN_SAVINGS,
+        shadowTrials: o?.shadow_trials ?? env.FLOWS_SHADOW_TRIALS,
+        shadowPrecision: o?.shadow_precision ?? env.FLOWS_SHADOW_PRECISION,
+      };
+    },
+    select(tenant: string, agent: string): SelectPolicy {
+      const o = policyOf(tenant, agent);
+      return {
+        ...DEFAULT_POLICY,
+        topK: o?.top_k ?? env.FLOWS_TOP_K,
+        rrfK: env.FLOWS_RRF_K,
+        scoreFloor: o?.score_floor ?? env.FLOWS_SCORE_FLOOR,
+        failOpen: o?.fail_open ?? env.FLOWS_FAIL_OPEN,
+        outcomeFloor: o?.outcome_floor ?? env.FLOWS_OUTCOME_FLOOR,
+        outcomeWeight: env.FLOWS_OUTCOME_WEIGHT,
+      };
+    },
+  };
+}
+
+/**
+ * The service's settings for an offline command: FLOWS_* from the environment, everything else at its default
+ * (no broker or Redis is contacted).
+ */
+export function offlineEnv(env: NodeJS.ProcessEnv): FlowsEnv {
+  const flows = Object.fromEntries(Object.entries(env).filter(([k]) => k.startsWith('FLOWS_')));
+  return flowsEnvSchema.parse({ KAFKA_BROKERS: 'offline:9092', REDIS_URL: 'redis://offline:6379', ...flows });
+}

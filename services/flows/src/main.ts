@@ -1,44 +1,25 @@
 import { Counter, Gauge } from 'prom-client';
-import { z } from 'zod';
+import type { z } from 'zod';
 import {
   flowCandidateRecordV1,
-  flowRegistryRecordV1,
   flowsFileV1,
-  id as idSchema,
-  LIMITS,
   TOOL_CALLS_EVENT_TYPES,
   toolCallsEventV1,
-  type FlowCandidateRecord,
-  type FlowRegistryRecord,
-  type FlowSelectionRecord,
   type RegisteredFlow,
-  type ToolCallsEvent,
 } from '../../../schemas/index.js';
 import { PaverError, errorMessage } from '../../../shared/errors.js';
 import { describeIssues, readConfigFile } from '../../../shared/jsonl.js';
 import { zodParser, type Parser } from '../../../shared/kafka/runner.js';
-import { createTableFeed } from '../../../shared/kafka/table-feed.js';
-import type { Route } from '../../../shared/http.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
+import { FlowsEngine, type Inbound } from './adapters/engine.js';
+import { flowRoutes } from './adapters/http.js';
 import { RedisFlowStore } from './adapters/redis/store.js';
+import { createRegistryFeed } from './adapters/registry-feed.js';
 import { fillVectors, select, type SelectorDeps } from './adapters/selector.js';
-import { onCandidate, type PromotionPolicy, type StoredCandidate } from './core/promotion.js';
+import { OutcomeBook } from './core/outcomes.js';
 import { PromptCache } from './core/prompt.js';
-import { flowFromCandidate, FlowRegistry, registerManual } from './core/registry.js';
-import { DEFAULT_POLICY, type SelectPolicy } from './core/select.js';
-import { flowsEnvSchema, policyFileV1, type FlowsEnv, type PolicyFile } from './config.js';
-
-type Inbound = { kind: 'candidate'; r: FlowCandidateRecord } | { kind: 'event'; e: ToolCallsEvent };
-type FeedRecord = FlowRegistryRecord | { kind: 'tombstone'; key: string | null };
-
-const selectBody = z
-  .object({
-    query: z.string().min(1).max(LIMITS.textLength),
-    summaries: z.array(z.string().max(LIMITS.textLength)).max(LIMITS.summaries).default([]),
-    tenant_id: idSchema.default('default'),
-    agent_id: idSchema.default('default'),
-  })
-  .strict();
+import { FlowRegistry, registerManual } from './core/registry.js';
+import { flowsEnvSchema, policies, policyFileV1, type FlowsEnv, type PolicyFile } from './config.js';
 
 async function loadFile<T>(path: string, schema: z.ZodType<T>, what: string): Promise<T> {
   let raw: unknown;
@@ -64,26 +45,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
     const overrides: PolicyFile = env.FLOWS_POLICY_FILE
       ? await loadFile(env.FLOWS_POLICY_FILE, policyFileV1, 'FLOWS_POLICY_FILE')
       : { agents: [] };
-    const policyOf = (tenant: string, agent: string) =>
-      overrides.agents.find((a) => a.tenant_id === tenant && a.agent_id === agent);
-    const promotionPolicy = (tenant: string, agent: string): PromotionPolicy => {
-      const o = policyOf(tenant, agent);
-      return {
-        mode: o?.promotion ?? env.FLOWS_PROMOTION,
-        minOccurrences: o?.auto_min_occurrences ?? env.FLOWS_AUTO_MIN_OCCURRENCES,
-        minSavings: o?.auto_min_savings ?? env.FLOWS_AUTO_MIN_SAVINGS,
-      };
-    };
-    const selectPolicy = (tenant: string, agent: string): SelectPolicy => {
-      const o = policyOf(tenant, agent);
-      return {
-        ...DEFAULT_POLICY,
-        topK: o?.top_k ?? env.FLOWS_TOP_K,
-        rrfK: env.FLOWS_RRF_K,
-        scoreFloor: o?.score_floor ?? env.FLOWS_SCORE_FLOOR,
-        failOpen: o?.fail_open ?? env.FLOWS_FAIL_OPEN,
-      };
-    };
+    const policy = policies(env, overrides);
 
     const registry = new FlowRegistry();
     const prompts = new PromptCache();
@@ -107,6 +69,11 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       labelNames: ['status'],
       registers: r,
     });
+    const shadowTrials = new Counter({
+      name: 'paver_flows_shadow_trials_total',
+      help: 'Shadow choices of pending candidates scored against what the agent did.',
+      registers: r,
+    });
     new Gauge({
       name: 'paver_flows_registered',
       help: 'Flows in the registry.',
@@ -125,27 +92,19 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
           model: env.FLOWS_EMBEDDINGS_MODEL,
         }
       : undefined;
-    const selector: SelectorDeps = {
+    const outcomes = new OutcomeBook(policy.outcome());
+    const selector: SelectorDeps & { outcomes: OutcomeBook } = {
       registry,
       prompts,
       chat: chatCfg,
       embeddings: embCfg,
       budgetMs: env.FLOWS_SELECT_BUDGET_MS,
       onModel: (o) => modelCalls.inc({ outcome: o }),
+      outcomes,
     };
-
-    const feed = createTableFeed<FeedRecord>({
-      service: 'flows',
+    const feed = createRegistryFeed(registry, prompts, {
       topic: env.PAVER_TOPIC_FLOWS,
       groupPrefix: env.FLOWS_GROUP_ID,
-      parse: zodParser(flowRegistryRecordV1),
-      tombstone: (key) => ({ kind: 'tombstone', key }),
-      apply(v) {
-        if ('kind' in v) {
-          if (v.key) registry.remove(v.key);
-          if (v.key) prompts.delete(v.key);
-        } else registry.upsert(v.flow);
-      },
       env,
       kafka,
       codec,
@@ -160,65 +119,26 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         'flows.v1',
         flows.map((flow) => ({ key: flow.id, value: { schema_version: 1, flow } })),
       );
+    const engine = new FlowsEngine({
+      // Topic first, then Redis: a crash in between re-promotes to the same id on redelivery.
+      store,
+      publishFlows,
+      selector,
+      promotionPolicy: policy.promotion,
+      selectPolicy: policy.select,
+      now: Date.now,
+      onDecision: (status) => decisions.inc({ status }),
+      onSelection: (path) => selections.inc({ path }),
+      onShadow: () => shadowTrials.inc(),
+    });
 
     let vectorTimer: NodeJS.Timeout | null = null;
     const refreshVectors = async () => {
       if (!embCfg) return;
-      await fillVectors(registry, embCfg, env.FLOWS_SELECT_BUDGET_MS * 5).catch((err: Error) =>
-        log.warn({ err: err.message }, 'flow embeddings failed; sparse recall only until the next try'),
+      await fillVectors(registry, embCfg, env.FLOWS_SELECT_BUDGET_MS * 5).catch((err: unknown) =>
+        log.warn({ err: errorMessage(err) }, 'flow embeddings failed; sparse recall only until the next try'),
       );
     };
-
-    async function promote(flow: RegisteredFlow, candidate: StoredCandidate | null) {
-      // Topic first, then Redis: a crash in between re-promotes to the same id on redelivery.
-      await publishFlows([flow]);
-      await store.save(flow.tenant_id, flow.agent_id, candidate ? [candidate] : [], [flow]);
-      registry.upsert(flow);
-    }
-
-    const scopeOf = (q: URLSearchParams) => ({
-      tenant: q.get('tenant_id') ?? 'default',
-      agent: q.get('agent_id') ?? 'default',
-    });
-    const badScope = (s: { tenant: string; agent: string }) =>
-      !idSchema.safeParse(s.tenant).success || !idSchema.safeParse(s.agent).success;
-    const summary = (c: StoredCandidate) => ({
-      dedupe_key: c.record.dedupe_key,
-      title: c.record.title,
-      status: c.status,
-      retracted: c.retracted,
-      occurrence_count: c.record.occurrence_count,
-      estimated_token_savings: c.record.estimated_token_savings,
-      detected_at: c.record.detected_at,
-      decided_at: c.decided_at,
-    });
-    const decide =
-      (to: 'promote' | 'reject'): Route['handler'] =>
-      async (req) => {
-        const s = scopeOf(req.query);
-        if (badScope(s)) return { status: 400, body: { error: 'bad tenant_id/agent_id' } };
-        const key = req.params.key ?? '';
-        const c = (await store.getCandidates(s.tenant, s.agent, [key])).get(key);
-        if (!c) return { status: 404, body: { error: `no candidate '${key}' for ${s.tenant}/${s.agent}` } };
-        const now = Date.now();
-        if (to === 'reject') {
-          if (c.status === 'promoted') return { status: 409, body: { error: 'already promoted' } };
-          const next: StoredCandidate = { ...c, status: 'rejected', decided_at: now };
-          await store.save(s.tenant, s.agent, [next], []);
-          decisions.inc({ status: 'rejected' });
-          return { status: 200, body: summary(next) };
-        }
-        if (c.status === 'rejected')
-          return { status: 409, body: { error: 'rejected candidates are not promoted' } };
-        if (c.retracted && c.status !== 'promoted')
-          return { status: 409, body: { error: 'the detector retracted this candidate' } };
-        if (!c.record.candidate && !c.record.promotion_effect)
-          return { status: 409, body: { error: 'the candidate carries no proposed flow' } };
-        const flow = flowFromCandidate(c.record, now);
-        await promote(flow, { ...c, status: 'promoted', decided_at: now });
-        decisions.inc({ status: 'promoted' });
-        return { status: 200, body: { flow } };
-      };
 
     const parseCandidate = zodParser(flowCandidateRecordV1);
     const parseEvent = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
@@ -241,10 +161,9 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
           log.info({ flows: registry.size }, 'flow registry loaded');
         else log.warn('flows topic not caught up yet; consuming anyway, /readyz says so');
         if (manual.length) {
-          const defs = manual;
           const now = Date.now();
           // Hand-written flows join the same registry: published (idempotent by id) so every instance sees them.
-          const flows = defs.map((d) =>
+          const flows = manual.map((d) =>
             registerManual(d, registry.get(d.tenant_id, d.agent_id, d.id ?? '')?.registered_at ?? now),
           );
           await publishFlows(flows);
@@ -256,128 +175,30 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       },
       readiness: [{ name: 'flow_registry', check: () => feed.isCaughtUp() }],
       async handler(batch) {
-        // Candidates, per scope: one read, one MULTI write.
-        const byScope = new Map<string, FlowCandidateRecord[]>();
-        for (const { value } of batch) {
-          if (value.kind !== 'candidate') continue;
-          const k = `${value.r.tenant_id}\u001f${value.r.agent_id}`;
-          byScope.set(k, [...(byScope.get(k) ?? []), value.r]);
-        }
-        for (const records of byScope.values()) {
-          const { tenant_id: t, agent_id: a } = records[0]!;
-          const stored = await store.getCandidates(t, a, [...new Set(records.map((x) => x.dedupe_key))]);
-          const changed = new Map<string, StoredCandidate>();
-          const promoted: RegisteredFlow[] = [];
-          const now = Date.now();
-          for (const rec of records) {
-            const o = onCandidate(stored.get(rec.dedupe_key), rec, promotionPolicy(t, a), now);
-            if (!o) continue;
-            stored.set(rec.dedupe_key, o.next);
-            changed.set(rec.dedupe_key, o.next);
-            if (o.promote) promoted.push(flowFromCandidate(rec, now));
-          }
-          if (promoted.length) await publishFlows(promoted);
-          await store.save(t, a, [...changed.values()], promoted);
-          for (const f of promoted) registry.upsert(f);
-          for (const c of changed.values()) decisions.inc({ status: c.status });
-        }
-        // Selections, per user message.
-        const out: FlowSelectionRecord[] = [];
-        for (const { value } of batch) {
-          if (value.kind !== 'event' || value.e.type !== 'user_message') continue;
-          const e = value.e;
-          const sel = await select(
-            selector,
-            e.tenant_id,
-            e.agent_id,
-            e.text,
-            e.episode_summaries ?? [],
-            selectPolicy(e.tenant_id, e.agent_id),
-          );
-          selections.inc({ path: sel.path });
-          out.push({
-            schema_version: 1,
-            tenant_id: e.tenant_id,
-            agent_id: e.agent_id,
-            session_id: e.session_id,
-            event_id: e.event_id,
-            ts: e.ts,
-            ...sel,
-          });
-        }
+        const out = await engine.handle(batch.map((m) => m.value));
         await sink.send(
           env.PAVER_TOPIC_FLOW_SELECTIONS,
           'flow-selections.v1',
           out.map((v) => ({ key: v.session_id, value: v })),
         );
       },
-      routes: [
-        {
-          method: 'GET',
-          path: '/flows/candidates',
-          async handler(req) {
-            const s = scopeOf(req.query);
-            if (badScope(s)) return { status: 400, body: { error: 'bad tenant_id/agent_id' } };
-            const status = req.query.get('status');
-            const all = (await store.listCandidates(s.tenant, s.agent)).filter(
-              (c) => !status || c.status === status,
-            );
-            return {
-              status: 200,
-              body: all
-                .sort((x, y) => y.record.estimated_token_savings - x.record.estimated_token_savings)
-                .map(summary),
-            };
-          },
+      routes: flowRoutes({
+        store,
+        registry,
+        async promote(flow, candidate) {
+          // Topic first, then Redis: a crash in between re-promotes to the same id on redelivery.
+          await publishFlows([flow]);
+          await store.save(flow.tenant_id, flow.agent_id, [candidate], [flow]);
+          registry.upsert(flow);
         },
-        {
-          method: 'GET',
-          path: '/flows/candidates/:key',
-          async handler(req) {
-            const s = scopeOf(req.query);
-            if (badScope(s)) return { status: 400, body: { error: 'bad tenant_id/agent_id' } };
-            const c = (await store.getCandidates(s.tenant, s.agent, [req.params.key ?? ''])).get(
-              req.params.key ?? '',
-            );
-            return c
-              ? { status: 200, body: { ...summary(c), record: c.record } }
-              : { status: 404, body: { error: 'no such candidate' } };
-          },
+        select: async (t, a, query, summaries) => {
+          const sel = await select(selector, t, a, query, summaries, policy.select(t, a));
+          selections.inc({ path: sel.path });
+          return sel;
         },
-        { method: 'POST', path: '/flows/candidates/:key/promote', handler: decide('promote') },
-        { method: 'POST', path: '/flows/candidates/:key/reject', handler: decide('reject') },
-        {
-          method: 'GET',
-          path: '/flows',
-          handler(req) {
-            const s = scopeOf(req.query);
-            return {
-              status: 200,
-              body: registry
-                .list(s.tenant, s.agent)
-                .map((f) => ({ id: f.id, name: f.name, source: f.source, dedupe_key: f.dedupe_key ?? null })),
-            };
-          },
-        },
-        {
-          method: 'POST',
-          path: '/flows/select',
-          async handler(req) {
-            const b = selectBody.safeParse(await req.body());
-            if (!b.success) return { status: 400, body: { error: describeIssues(b.error.issues) } };
-            const sel = await select(
-              selector,
-              b.data.tenant_id,
-              b.data.agent_id,
-              b.data.query,
-              b.data.summaries,
-              selectPolicy(b.data.tenant_id, b.data.agent_id),
-            );
-            selections.inc({ path: sel.path });
-            return { status: 200, body: sel };
-          },
-        },
-      ],
+        onDecision: (status) => decisions.inc({ status }),
+        now: Date.now,
+      }),
       close: async () => {
         if (vectorTimer) clearInterval(vectorTimer);
         await feed.stop();

@@ -25,7 +25,8 @@ export async function publishScope(
   let published = await store.claim(scope, token, LOCK_TTL_MS);
   if (!published) return;
   for (;;) {
-    const live = liveCandidates(await store.snapshot(scope), params);
+    const snap = await store.snapshot(scope);
+    const live = liveCandidates(snap.stats, params, snap.records);
     const { upserts, retracts, next } = diffCandidates(published, live);
     const now = Date.now();
     await sink.send(topic, 'flow-candidates.v1', [

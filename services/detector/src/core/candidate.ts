@@ -1,7 +1,13 @@
-import type { FlowCandidate, FlowCandidateRecord, FlowStep } from '../../../../schemas/index.js';
+import type {
+  FlowCandidate,
+  FlowCandidateRecord,
+  FlowStep,
+  RequestTerms,
+} from '../../../../schemas/index.js';
 import { COST_SCALE } from './ops.js';
 import type { DetectorParams } from './params.js';
 import type { Selected } from './select.js';
+import { DESCRIPTION_TERMS } from './terms.js';
 
 export function titleCase(tool: string): string {
   return tool
@@ -29,8 +35,18 @@ function steps(tools: readonly string[]): FlowStep[] {
   }));
 }
 
-/** The candidate shape of flow-sequence-detector.txt. */
-export function toCandidate(s: Selected, p: DetectorParams): FlowCandidate {
+/**
+ * The flow's description: what it does, then the words users asked with (so that selection, lexical or by a
+ * model, can match a request in the users' own words rather than in tool names).
+ */
+export function describeFlow(s: Selected, terms: RequestTerms | undefined): string {
+  const base = `Auto-generated from ${s.support} observed repetitions of a ${s.tools.length}-step tool sequence.`;
+  const top = (terms?.terms ?? []).slice(0, DESCRIPTION_TERMS).map((t) => t.term);
+  return top.length === 0 ? base : `${base} Requests: ${top.join(', ')}.`;
+}
+
+/** The candidate shape of flow-sequence-detector.txt, plus the request terms when they are kept. */
+export function toCandidate(s: Selected, p: DetectorParams, terms?: RequestTerms): FlowCandidate {
   const name = flowNameOf(s.tools);
   return {
     tool_sequence: [...s.tools],
@@ -41,10 +57,11 @@ export function toCandidate(s: Selected, p: DetectorParams): FlowCandidate {
     dedupe_key: s.dedupeKey,
     proposed_flow: {
       name,
-      description: `Auto-generated from ${s.support} observed repetitions of a ${s.tools.length}-step tool sequence.`,
+      description: describeFlow(s, terms),
       steps: steps(s.tools),
       tags: ['auto-generated', 'flow-offload'],
     },
+    ...(terms ? { request_terms: terms } : {}),
   };
 }
 

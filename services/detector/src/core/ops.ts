@@ -1,4 +1,5 @@
 import type { ToolCallsEvent } from '../../../../schemas/index.js';
+import { requestTermsOf } from './terms.js';
 
 /** Costs are kept as integers of 1/10,000 cent so that adding and removing records never drifts. */
 export const COST_SCALE = 10_000;
@@ -25,10 +26,15 @@ export type DetectorOp =
       tool: string;
       cost: number;
     }
-  | { kind: 'done'; scope: Scope; task: string; eventId: string; ts: number };
+  | { kind: 'done'; scope: Scope; task: string; eventId: string; ts: number }
+  /** A user message of a task: only its terms travel (empty when request terms are off), never the text. */
+  | { kind: 'msg'; scope: Scope; task: string; eventId: string; ts: number; terms: string[] };
 
-/** The detector reads tool calls and task completions; user messages are not part of a record. */
-export function toOp(e: ToolCallsEvent): DetectorOp | null {
+/**
+ * Tool calls make a record; a completion closes it; a task's user message is an event of the task (it keeps
+ * the task open) whose terms describe the request. A user message without task_id belongs to no record.
+ */
+export function toOp(e: ToolCallsEvent, requestTerms = true): DetectorOp | null {
   const scope = { tenant: e.tenant_id, agent: e.agent_id };
   if (e.type === 'tool_call') {
     return {
@@ -44,5 +50,13 @@ export function toOp(e: ToolCallsEvent): DetectorOp | null {
   }
   if (e.type === 'task_completed')
     return { kind: 'done', scope, task: e.task_id, eventId: e.event_id, ts: e.ts };
-  return null;
+  if (e.task_id === undefined) return null;
+  return {
+    kind: 'msg',
+    scope,
+    task: e.task_id,
+    eventId: e.event_id,
+    ts: e.ts,
+    terms: requestTerms ? requestTermsOf(e.text) : [],
+  };
 }

@@ -1,4 +1,7 @@
-/** Code-point order, which equals the UTF-8 byte order Redis uses for equal-score ZSET members and Lua's `<`. */
+/**
+ * Code-point order, which equals the UTF-8 byte order Redis uses for equal-score ZSET members. The Lua
+ * scripts compare bytes explicitly (their `bytesLess`): Lua's own `<` on strings follows the locale.
+ */
 export function codePointCompare(a: string, b: string): number {
   if (a === b) return 0;
   const n = Math.min(a.length, b.length);

@@ -13,6 +13,11 @@ export interface DetectorParams {
   doneRetentionMs: number;
   /** Events kept per open task; further events of that task are ignored (bounded memory). */
   maxTaskEvents: number;
+  /**
+   * Keep the terms of each task's first user message and attach their statistics to candidates. It shapes
+   * only what candidates carry, not the window, so it is not part of the state fingerprint.
+   */
+  requestTerms: boolean;
 }
 
 export const DEFAULT_PARAMS: DetectorParams = {
@@ -25,6 +30,7 @@ export const DEFAULT_PARAMS: DetectorParams = {
   taskIdleMs: 30 * 60_000,
   doneRetentionMs: 24 * 3_600_000,
   maxTaskEvents: 1_000,
+  requestTerms: true,
 };
 
 /** The parameters that shape stored counts: state built with others cannot be reused. */

@@ -4,15 +4,29 @@ import { scopeId, type DetectorOp, type Scope } from './ops.js';
 import type { DetectorParams } from './params.js';
 import type { GramStat } from './select.js';
 
+interface FirstMessage {
+  ts: number;
+  eventId: string;
+  terms: string[];
+}
 interface OpenTask {
   events: Map<string, { step: number; tool: string; cost: number }>;
   lastTs: number;
+  /** The task's first user message, by (ts, event_id): its terms only. */
+  msg: FirstMessage | null;
 }
 interface WindowRecord {
   task: string;
   ts: number;
   tools: string[];
   costs: number[];
+  /** Terms of the task's first user message; null when the task had none. */
+  terms: string[] | null;
+}
+/** What candidate building needs of a window record. */
+export interface TermRecord {
+  tools: string[];
+  terms: string[] | null;
 }
 interface ScopeState {
   scope: Scope;
@@ -89,11 +103,7 @@ export class DetectorState {
     if (st.done.has(op.task)) {
       r.ignored++;
     } else if (op.kind === 'call') {
-      let t = st.open.get(op.task);
-      if (!t) {
-        t = { events: new Map(), lastTs: op.ts };
-        st.open.set(op.task, t);
-      }
+      const t = this.openTask(st, op.task, op.ts);
       if (!t.events.has(op.eventId) && t.events.size < p.maxTaskEvents) {
         t.events.set(op.eventId, { step: op.step, tool: op.tool, cost: op.cost });
         r.applied++;
@@ -101,12 +111,28 @@ export class DetectorState {
         r.ignored++;
       }
       if (op.ts > t.lastTs) t.lastTs = op.ts;
+    } else if (op.kind === 'msg') {
+      const t = this.openTask(st, op.task, op.ts);
+      const m = t.msg;
+      if (m === null || op.ts < m.ts || (op.ts === m.ts && codePointCompare(op.eventId, m.eventId) < 0))
+        t.msg = { ts: op.ts, eventId: op.eventId, terms: op.terms };
+      if (op.ts > t.lastTs) t.lastTs = op.ts;
+      r.applied++;
     } else {
       this.complete(st, op.task, op.ts, r);
       r.applied++;
     }
     this.expire(st, r);
     return r;
+  }
+
+  private openTask(st: ScopeState, task: string, ts: number): OpenTask {
+    let t = st.open.get(task);
+    if (!t) {
+      t = { events: new Map(), lastTs: ts, msg: null };
+      st.open.set(task, t);
+    }
+    return t;
   }
 
   private sweep(st: ScopeState, r: ApplyResult) {
@@ -129,6 +155,7 @@ export class DetectorState {
       ts,
       tools: events.map(([, e]) => e.tool),
       costs: events.map(([, e]) => e.cost),
+      terms: open?.msg?.terms ?? null,
     };
     let i = st.window.length;
     while (i > 0 && byTsTask(st.window[i - 1]!, rec) > 0) i--;
@@ -184,6 +211,11 @@ export class DetectorState {
       exact: st.exact.get(key) ?? 0,
       cost: st.cost.get(key)!,
     }));
+  }
+
+  /** The window's records (tools and request terms), for the candidates' request terms. */
+  windowRecords(s: Scope): TermRecord[] {
+    return this.scopes.get(scopeId(s))?.window.map((w) => ({ tools: w.tools, terms: w.terms })) ?? [];
   }
 
   /** Window contents (task ids, oldest first), for tests. */

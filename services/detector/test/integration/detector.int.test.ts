@@ -13,7 +13,40 @@ afterAll(() => {
 });
 
 const PARAMS = { DETECTOR_LOOKBACK: '60', DETECTOR_MAX_CANDIDATES: '4' };
-const events = [...agentEvents({ tasks: 600, seed: 7 })];
+// Each task opens with its user's request (issue 14), worded after the workflow it runs, with the
+// numbers, ids and emails real requests carry; only its terms may reach the candidates.
+const REQUESTS: Record<string, string> = {
+  file_read: 'Please validate the deployment config and apply it, ticket 4711',
+  web_search: 'Research competitor pricing online and summarize it for ann@example.com',
+  git_diff: 'Review my diff: run the linter and the tests on branch feat_x2',
+  sql_query: 'Query the monthly sales report and email it to finance, id 99812',
+};
+type StreamEvent = ReturnType<typeof agentEvents> extends Iterable<infer E> ? E : never;
+function withRequests(evs: StreamEvent[]): (Record<string, unknown> & { session_id: string })[] {
+  const tools = new Map<string, string[]>();
+  for (const e of evs) if ('tool' in e) tools.set(e.task_id, [...(tools.get(e.task_id) ?? []), e.tool]);
+  const seen = new Set<string>();
+  return evs.flatMap((e) => {
+    if (seen.has(e.task_id)) return [e];
+    seen.add(e.task_id);
+    const first = (tools.get(e.task_id) ?? []).find((t) => t in REQUESTS);
+    if (first === undefined) return [e];
+    const { ts, tenant_id, agent_id, session_id, task_id } = e;
+    const text = REQUESTS[first]!;
+    const msg = {
+      ts,
+      tenant_id,
+      agent_id,
+      session_id,
+      task_id,
+      type: 'user_message',
+      event_id: `${task_id}:user`,
+      text,
+    };
+    return [msg, e];
+  });
+}
+const events = withRequests([...agentEvents({ tasks: 600, seed: 7 })]);
 const file = join(mkdtempSync(join(tmpdir(), 'paver-det-')), 'events.jsonl');
 // Redeliveries as Kafka would make them: a few events twice, later in the stream.
 const withDupes = events.flatMap((e, i) => (i % 97 === 0 ? [e, e] : [e]));
@@ -54,6 +87,14 @@ beforeAll(async () => {
   expect(await p.exited).toBe(0);
   offline = JSON.parse(p.output().slice(p.output().indexOf('[')));
   expect((offline as unknown[]).length).toBe(4);
+  // Request terms travel with the candidates (and so are compared with the service's below): words only.
+  const top = (offline as { request_terms: { tasks: number; terms: { term: string }[] } }[])[0]!;
+  expect(top.request_terms.tasks).toBeGreaterThan(10);
+  const terms = top.request_terms.terms.map((t) => t.term);
+  expect(terms.length).toBeGreaterThan(3);
+  for (const t of terms) expect(t).toMatch(/^\p{Ll}{2,24}$/u);
+  expect(terms).not.toContain('ann');
+  expect(JSON.stringify(offline)).not.toMatch(/4711|99812|example|feat_x2|Please/);
 });
 
 describe('detector service (real Kafka, real Redis)', () => {
@@ -64,7 +105,9 @@ describe('detector service (real Kafka, real Redis)', () => {
     await waitFor(async () => {
       const m = parsePrometheus(String((await getJson(first.url('/metrics'))).body));
       return m.value('paver_detector_records_completed_total') > 150;
-    }, 'a third of the stream');
+    }, 'a third of the stream').catch((err: Error) => {
+      throw new Error(`${err.message}\n${first.output().slice(-3000)}`);
+    });
     first.child.kill('SIGKILL');
     await first.exited;
 

@@ -9,6 +9,8 @@ export interface BatchRecord {
   tools: string[];
   /** cost_cents per step; undefined = 1 */
   costs: (number | undefined)[];
+  /** Terms of the task's first user message (core/terms.ts defines them); null/absent = no message. */
+  terms?: string[] | null;
 }
 export interface BatchParams {
   minLength: number;
@@ -17,6 +19,8 @@ export interface BatchParams {
   lookback: number;
   maxCandidates: number;
   windowMs: number | null;
+  /** Attach request terms (issue 14): df over the window's tasks containing the sequence. */
+  requestTerms?: boolean;
 }
 export interface BatchCandidate {
   tool_sequence: string[];
@@ -25,6 +29,7 @@ export interface BatchCandidate {
   estimated_token_savings: number;
   avg_cost_per_execution: number;
   dedupe_key: string;
+  request_terms?: { tasks: number; terms: { term: string; df: number }[] };
 }
 
 const units = (c: number | undefined) => (c === undefined ? 10_000 : Math.round(c * 10_000));
@@ -58,7 +63,7 @@ export function batchDetect(completed: BatchRecord[], maxTs: number, p: BatchPar
     if (r.tools.length >= p.minLength) considered.set(JSON.stringify(r.tools), r.tools);
   }
 
-  const frequent: (BatchCandidate & { sumUnits: number; hundredths: number })[] = [];
+  const frequent: (BatchCandidate & { sumUnits: number; hundredths: number; occ: BatchRecord[] })[] = [];
   for (const s of considered.values()) {
     // Longer than maxLength: only whole-record (exact) occurrences count.
     const occ = window.filter((r) =>
@@ -81,6 +86,7 @@ export function batchDetect(completed: BatchRecord[], maxTs: number, p: BatchPar
       dedupe_key: 'flow_offload:' + s.join('→'),
       sumUnits,
       hundredths,
+      occ,
     });
   }
   frequent.sort(
@@ -98,5 +104,17 @@ export function batchDetect(completed: BatchRecord[], maxTs: number, p: BatchPar
     );
     if (!nested) kept.push(c);
   }
-  return kept.map(({ sumUnits: _s, hundredths: _h, ...c }) => c);
+  return kept.map(({ sumUnits: _s, hundredths: _h, occ, ...c }) => {
+    if (!p.requestTerms) return c;
+    // Issue 14: per term, in how many of the containing tasks' first messages it appears; top 64 by
+    // df desc, then term in byte order.
+    const withMsg = occ.filter((r) => r.terms !== undefined && r.terms !== null);
+    const df = new Map<string, number>();
+    for (const r of withMsg) for (const t of new Set(r.terms)) df.set(t, (df.get(t) ?? 0) + 1);
+    const terms = [...df.entries()]
+      .map(([term, n]) => ({ term, df: n }))
+      .sort((a, b) => b.df - a.df || cmpBytes(a.term, b.term))
+      .slice(0, 64);
+    return { ...c, request_terms: { tasks: withMsg.length, terms } };
+  });
 }

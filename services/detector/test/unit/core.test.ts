@@ -10,6 +10,7 @@ import { liveCandidates } from '../../src/core/detect.js';
 import { recordGrams } from '../../src/core/grams.js';
 import { DEFAULT_PARAMS } from '../../src/core/params.js';
 import { DetectorState } from '../../src/core/state.js';
+import { requestTermsOf } from '../../src/core/terms.js';
 import { flowCandidateRecordV1 } from '../../../../schemas/index.js';
 import type { DetectorOp } from '../../src/core/ops.js';
 
@@ -128,5 +129,68 @@ describe('detector core', () => {
     expect(titleCase('validate_yaml')).toBe('Validate Yaml');
     expect(titleCase('http-get.v2')).toBe('Http Get V2');
     expect(candidateKey({ tenant: 't', agent: 'a' }, 'flow_offload:x')).toBe('t/a/flow_offload:x');
+  });
+});
+
+describe('request terms (issue 14)', () => {
+  it('keeps words only: no stop words, numbers, ids, emails, codes or very long tokens', () => {
+    expect(
+      requestTermsOf(
+        "Hi! I'd like to EXCHANGE the keyboard I ordered (order #W2378156, user mia_li_3668, mia.li@example.com). " +
+          'My reservationId is ZFA04Y, code HATHAT; supercalifragilisticexpialidocious-ish round-trip, the keyboard.',
+      ),
+    ).toEqual(['keyboard', 'ordered', 'order', 'user', 'code', 'round', 'trip']); // all capitals read as a code
+    expect(requestTermsOf('')).toEqual([]);
+    expect(requestTermsOf('Ünïcode Wörter bleiben')).toEqual(['ünïcode', 'wörter', 'bleiben']);
+  });
+
+  it('puts df over the tasks that contained the sequence into the candidate and its description', () => {
+    const s = new DetectorState(DEFAULT_PARAMS);
+    const msg = (task: string, text: string, ts: number): DetectorOp => ({
+      kind: 'msg',
+      scope,
+      task,
+      eventId: `${task}-m`,
+      ts,
+      terms: requestTermsOf(text),
+    });
+    s.apply(msg('a', 'I want to exchange my keyboard', 0));
+    runTask(s, 'a', ['x', 'y', 'z'], 1);
+    s.apply(msg('b', 'exchange a mouse please', 10));
+    runTask(s, 'b', ['x', 'y', 'z'], 11);
+    runTask(s, 'c', ['x', 'y', 'z'], 21); // no user message: not in `tasks`
+    s.apply(msg('d', 'cancel my flight', 30)); // no x→y→z: not counted
+    runTask(s, 'd', ['p', 'q', 'r'], 31);
+    const [c] = liveCandidates(s.frequentStats(scope), DEFAULT_PARAMS, s.windowRecords(scope));
+    expect(c!.request_terms).toEqual({
+      tasks: 2,
+      terms: [
+        { term: 'exchange', df: 2 },
+        { term: 'keyboard', df: 1 },
+        { term: 'mouse', df: 1 },
+      ],
+    });
+    expect(c!.proposed_flow.description).toContain('Requests: exchange, keyboard, mouse.');
+    expect(flowCandidateRecordV1.parse(toRecord(c!, scope, 1)).candidate?.request_terms?.tasks).toBe(2);
+    const off = liveCandidates(s.frequentStats(scope), { ...DEFAULT_PARAMS, requestTerms: false }, []);
+    expect(off[0]!.request_terms).toBeUndefined();
+    expect(off[0]!.proposed_flow.description).not.toContain('Requests');
+  });
+
+  it('the first message by (ts, event_id) wins whatever order redeliveries bring', () => {
+    const s = new DetectorState(DEFAULT_PARAMS);
+    const m = (eventId: string, ts: number, terms: string[]): DetectorOp => ({
+      kind: 'msg',
+      scope,
+      task: 't',
+      eventId,
+      ts,
+      terms,
+    });
+    s.apply(m('e2', 5, ['later']));
+    s.apply(m('e1', 5, ['first']));
+    s.apply(m('e0', 6, ['late']));
+    runTask(s, 't', ['x'], 7);
+    expect(s.windowRecords(scope)).toEqual([{ tools: ['x'], terms: ['first'] }]);
   });
 });

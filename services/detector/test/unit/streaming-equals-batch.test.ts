@@ -4,6 +4,7 @@ import { liveCandidates } from '../../src/core/detect.js';
 import { toOp } from '../../src/core/ops.js';
 import { DEFAULT_PARAMS, type DetectorParams } from '../../src/core/params.js';
 import { DetectorState } from '../../src/core/state.js';
+import { requestTermsOf } from '../../src/core/terms.js';
 import type { ToolCallsEvent } from '../../../../schemas/index.js';
 import { toolCallsEventV1 } from '../../../../schemas/index.js';
 import { batchDetect, type BatchRecord } from '../reference/batch.js';
@@ -30,10 +31,40 @@ interface Gen {
   scopes: number;
 }
 
+// Request words: content words, stop words, numbers, ids, emails, codes and punctuation, as users write.
+const WORDS = [
+  'exchange',
+  'keyboard',
+  'refund',
+  'cancel',
+  'Reservation',
+  'flight',
+  'baggage',
+  'the',
+  'I',
+  'want',
+  'to',
+  "I'd",
+  'please',
+  'Hi!',
+  'round-trip',
+  'ABC123',
+  'user_42',
+  'mia.li@example.com',
+  '2024',
+  'ZXQWRT',
+  'orderId',
+  'ünïcode',
+  'refund,',
+];
+
 /** Interleaved tasks over a few scopes, with repeated motifs, redeliveries, late events and mixed costs. */
 function makeStream(g: Gen): {
   events: ToolCallsEvent[];
-  truth: Map<string, { scope: string; tools: string[]; costs: (number | undefined)[] }>;
+  truth: Map<
+    string,
+    { scope: string; tools: string[]; costs: (number | undefined)[]; terms: string[] | null }
+  >;
 } {
   const r = rng(g.seed);
   const pick = <T>(xs: T[]) => xs[Math.floor(r() * xs.length)]!;
@@ -42,7 +73,11 @@ function makeStream(g: Gen): {
     Array.from({ length: 3 + Math.floor(r() * 4) }, () => pick(tools)),
   );
   const events: ToolCallsEvent[] = [];
-  const truth = new Map<string, { scope: string; tools: string[]; costs: (number | undefined)[] }>();
+  const truth = new Map<
+    string,
+    { scope: string; tools: string[]; costs: (number | undefined)[]; terms: string[] | null }
+  >();
+  const sentence = () => Array.from({ length: 1 + Math.floor(r() * 8) }, () => pick(WORDS)).join(' ');
   let ts = 1_000;
   let nextTask = 0;
   const active: {
@@ -66,12 +101,44 @@ function makeStream(g: Gen): {
       const id = `task-${nextTask++}`;
       const scope = `agent${Math.floor(r() * g.scopes)}`;
       active.push({ id, scope, plan, step: 0 });
-      truth.set(id, { scope, tools: plan.map((p) => p.tool), costs: plan.map((p) => p.cost) });
+      let terms: string[] | null = null;
+      if (r() < 0.8) {
+        // The task's first user message; a later one (below) must not replace its terms.
+        const text = sentence();
+        terms = requestTermsOf(text);
+        ts += 1;
+        events.push(
+          toolCallsEventV1.parse({
+            ts,
+            tenant_id: 'acme',
+            agent_id: scope,
+            session_id: `sess-${id}`,
+            task_id: id,
+            type: 'user_message',
+            event_id: `${id}-m0`,
+            text,
+          }),
+        );
+      }
+      truth.set(id, { scope, tools: plan.map((p) => p.tool), costs: plan.map((p) => p.cost), terms });
     }
     const t = active[Math.floor(r() * active.length)]!;
     ts += 1 + Math.floor(r() * 3);
     const base = { ts, tenant_id: 'acme', agent_id: t.scope, session_id: `sess-${t.id}`, task_id: t.id };
-    if (t.step < t.plan.length) {
+    if (r() < 0.05) {
+      const text = sentence();
+      // Later messages count only for a task that had none before.
+      const tr = truth.get(t.id)!;
+      tr.terms ??= requestTermsOf(text);
+      events.push(
+        toolCallsEventV1.parse({
+          ...base,
+          type: 'user_message',
+          event_id: `${t.id}-m${t.step + 1}`,
+          text,
+        }),
+      );
+    } else if (t.step < t.plan.length) {
       const s = t.plan[t.step]!;
       const e = toolCallsEventV1.parse({
         ...base,
@@ -122,9 +189,10 @@ const paramsArb = fc.record({
   lookback: fc.integer({ min: 3, max: 25 }),
   maxCandidates: fc.integer({ min: 1, max: 6 }),
   windowMs: fc.option(fc.integer({ min: 20, max: 300 }), { nil: null }),
+  requestTerms: fc.boolean(),
 });
 
-const stats = { compared: 0, nonEmpty: 0, ties: 0 };
+const stats = { compared: 0, nonEmpty: 0, ties: 0, withTerms: 0 };
 
 describe('streaming detector core = batch reference', () => {
   it('gives the batch answer over the same window after every completed record', () => {
@@ -138,23 +206,27 @@ describe('streaming detector core = batch reference', () => {
         const maxTs = new Map<string, number>();
         const done = new Set<string>();
         for (const e of events) {
-          const op = toOp(e)!;
+          const op = toOp(e, params.requestTerms)!;
           state.apply(op);
           maxTs.set(e.agent_id, Math.max(maxTs.get(e.agent_id) ?? 0, e.ts));
           if (e.type === 'task_completed' && !done.has(e.task_id)) {
             done.add(e.task_id);
             const t = truth.get(e.task_id)!;
             const list = completed.get(t.scope) ?? [];
-            list.push({ task: e.task_id, ts: e.ts, tools: t.tools, costs: t.costs });
+            list.push({ task: e.task_id, ts: e.ts, tools: t.tools, costs: t.costs, terms: t.terms });
             completed.set(t.scope, list);
           }
           if (e.type !== 'task_completed') continue;
           {
             const scope = e.agent_id;
-            const streaming = liveCandidates(
-              state.frequentStats({ tenant: 'acme', agent: scope }),
-              params,
-            ).map(({ proposed_flow: _p, ...c }) => c);
+            const sc = { tenant: 'acme', agent: scope };
+            const live = liveCandidates(state.frequentStats(sc), params, state.windowRecords(sc));
+            const streaming = live.map(({ proposed_flow: _p, ...c }) => c);
+            for (const c of live) {
+              for (const t of c.request_terms?.terms.slice(0, 12) ?? [])
+                expect(c.proposed_flow.description).toContain(t.term);
+              if (c.request_terms?.terms.length) stats.withTerms++;
+            }
             const batch = batchDetect(completed.get(scope) ?? [], maxTs.get(scope) ?? 0, params);
             expect(streaming).toEqual(batch);
             stats.compared++;
@@ -174,5 +246,6 @@ describe('streaming detector core = batch reference', () => {
     // The property must bite: most comparisons see candidates, and ties exercise the tie-breaks.
     expect(stats.nonEmpty).toBeGreaterThan(stats.compared / 4);
     expect(stats.ties).toBeGreaterThan(10);
+    expect(stats.withTerms).toBeGreaterThan(stats.compared / 10);
   }, 120_000);
 });

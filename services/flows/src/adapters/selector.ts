@@ -9,6 +9,7 @@ import {
 } from '../core/select.js';
 import { SYSTEM_PROMPT, userPrompt, type PromptCache } from '../core/prompt.js';
 import { chat, embed, type LlmConfig } from './llm.js';
+import type { OutcomeBook } from '../core/outcomes.js';
 
 export interface SelectorDeps {
   registry: FlowRegistry;
@@ -18,6 +19,8 @@ export interface SelectorDeps {
   /** Bounds the whole selection (query embedding + model call). */
   budgetMs: number;
   onModel?: (outcome: 'answer' | 'error' | 'timeout') => void;
+  /** Past outcomes per scope; without it, selection is sparse + dense + model only. */
+  outcomes?: OutcomeBook | undefined;
 }
 
 /** The two stages with their I/O: query embedding (optional), recall, then the model within the time budget. */
@@ -35,7 +38,16 @@ export async function select(
     // Dense recall is a bonus: a failing embedder leaves sparse recall alone.
     vector = (await embed(d.embeddings, [query], deadline).catch(() => null))?.[0] ?? null;
   }
-  const cands = recall(d.registry, tenant, agent, query, summaries, p, vector);
+  const cands = recall(
+    d.registry,
+    tenant,
+    agent,
+    query,
+    summaries,
+    p,
+    vector,
+    d.outcomes?.scorer(tenant, agent, query),
+  );
   let model: ModelOutcome = { kind: 'none' };
   if (d.chat && needsModel(cands, p)) {
     try {

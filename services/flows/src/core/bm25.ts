@@ -36,7 +36,7 @@ export interface Scored {
 }
 
 /**
- * Okapi BM25 with incremental add/remove (k1 1.2, b 0.75), postings per term over numeric slots: a query
+ * Okapi BM25 (binary term frequency) with incremental add/remove (k1 1.2, b 0.75), postings per term over numeric slots: a query
  * touches only the documents that share a term with it and keeps the best `limit` in a small heap, so
  * 10,000 flows stay in the millisecond range. Hand-written: the npm BM25 packages rebuild the whole index on
  * every change, and the registry changes one flow at a time.
@@ -62,8 +62,10 @@ export class Bm25Index {
   add(id: string, text: string): void {
     this.remove(id);
     const ts = terms(text);
+    // Each term counts once per flow: a tool named three times in a looping flow must not outrank a flow
+    // that names it once (length normalisation still applies).
     const tf = new Map<string, number>();
-    for (const t of ts) tf.set(t, (tf.get(t) ?? 0) + 1);
+    for (const t of ts) tf.set(t, 1);
     const slot = this.free.pop() ?? this.ids.length;
     this.ids[slot] = id;
     this.lengths[slot] = ts.length;
@@ -145,11 +147,17 @@ export class Bm25Index {
 export const byScore = (a: Scored, b: Scored) =>
   b.score - a.score || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
 
-/** Reciprocal rank fusion: Σ 1/(k + rank) over the rankings a document appears in (rank from 1). */
-export function rrf(rankings: readonly (readonly string[])[], k: number): Scored[] {
+/** Reciprocal rank fusion: Σ w/(k + rank) over the rankings a document appears in (rank from 1; w = 1 unless weighted). */
+export function rrf(
+  rankings: readonly (readonly string[])[],
+  k: number,
+  weights: readonly number[] = [],
+): Scored[] {
   const scores = new Map<string, number>();
-  for (const ranking of rankings)
-    ranking.forEach((id, i) => scores.set(id, (scores.get(id) ?? 0) + 1 / (k + i + 1)));
+  rankings.forEach((ranking, r) => {
+    const w = weights[r] ?? 1;
+    ranking.forEach((id, i) => scores.set(id, (scores.get(id) ?? 0) + w / (k + i + 1)));
+  });
   return [...scores].map(([id, score]) => ({ id, score })).sort(byScore);
 }
 

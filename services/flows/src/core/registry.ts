@@ -1,5 +1,11 @@
 import { v5 as uuidv5 } from 'uuid';
-import type { FlowCandidateRecord, FlowDefinition, RegisteredFlow } from '../../../../schemas/index.js';
+import type {
+  FlowCandidate,
+  FlowCandidateRecord,
+  FlowDefinition,
+  RegisteredFlow,
+  RequestTerms,
+} from '../../../../schemas/index.js';
 import { Bm25Index } from './bm25.js';
 
 /** Namespace of Paver flow ids (UUID v5): the same definition key always gives the same id. */
@@ -83,17 +89,35 @@ export function registerManual(d: FlowDefinition, now: number): RegisteredFlow {
   return { ...d, id: d.id ?? manualFlowId(d), source: 'manual', registered_at: now };
 }
 
-/** A promoted candidate as a flow: the proposed flow, described by its tools, with the detector's prompt hint. */
+/** Request terms most frequent first (ties by term), each once: how often a term occurred lives in `df`, not in repetition. */
+export function requestWords(rt: RequestTerms | undefined, max = 24): string[] {
+  if (!rt) return [];
+  return [...rt.terms]
+    .sort((a, b) => b.df - a.df || (a.term < b.term ? -1 : a.term > b.term ? 1 : 0))
+    .slice(0, max)
+    .map((t) => t.term);
+}
+
+/**
+ * A promoted candidate as a flow: the proposed flow, its description and condition in the words of the
+ * requests it served (when the candidate carries request terms), with the detector's prompt hint. Each tool
+ * is named once in the condition so that a looping sequence does not weigh more than a straight one.
+ */
 export function flowFromCandidate(r: FlowCandidateRecord, now: number): RegisteredFlow {
   const pf = r.promotion_effect?.proposed_flow ?? r.candidate?.proposed_flow;
   const tools = r.candidate?.tool_sequence ?? pf?.steps.map((s) => s.skill_key) ?? [];
+  const distinct = [...new Set(tools)];
+  const words = requestWords(r.candidate?.request_terms);
+  const base = pf?.description ?? r.title;
   return {
     id: promotedFlowId(r.dedupe_key),
     tenant_id: r.tenant_id,
     agent_id: r.agent_id,
     name: pf?.name ?? r.title,
-    description: pf?.description ?? r.title,
-    condition: `Requests the agent has handled by running ${tools.join(' then ')}.`,
+    description: words.length ? `${base} Requests it served mention: ${words.join(', ')}.` : base,
+    condition: words.length
+      ? `Requests about ${words.join(', ')}; the agent handled them by running ${distinct.join(', ')}.`
+      : `Requests the agent has handled by running ${distinct.join(', ')}.`,
     desired_effects: [r.title, ...(pf?.tags ?? [])].filter(Boolean),
     steps: pf?.steps ?? [],
     ...(r.promotion_effect?.agent_prompt_hint
@@ -104,3 +128,42 @@ export function flowFromCandidate(r: FlowCandidateRecord, now: number): Register
     registered_at: now,
   };
 }
+
+/** An offline candidate (`paver detect` output) as the record the detector would publish for it. */
+export const recordOfCandidate = (
+  c: FlowCandidate,
+  scope: { tenant: string; agent: string },
+  now: number,
+): FlowCandidateRecord => ({
+  schema_version: 1,
+  status: 'active',
+  tenant_id: scope.tenant,
+  agent_id: scope.agent,
+  dedupe_key: c.dedupe_key,
+  detected_at: now,
+  title: c.proposed_flow.name,
+  source_kind: 'tool_sequence',
+  occurrence_count: c.occurrence_count,
+  estimated_token_savings: c.estimated_token_savings,
+  candidate: c,
+  promotion_effect: null,
+});
+
+/** A registered flow as the flows file gives it (id kept, so choices compare across runs). */
+export const definitionOf = (f: RegisteredFlow): FlowDefinition => ({
+  id: f.id,
+  tenant_id: f.tenant_id,
+  agent_id: f.agent_id,
+  name: f.name,
+  description: f.description,
+  condition: f.condition,
+  desired_effects: f.desired_effects,
+  steps: f.steps,
+  ...(f.agent_prompt_hint ? { agent_prompt_hint: f.agent_prompt_hint } : {}),
+});
+
+/** The flows the service would register for these candidates: the very function promotion calls, per candidate. */
+export const flowsFromCandidates = (
+  cands: readonly FlowCandidate[],
+  scope: { tenant: string; agent: string },
+): FlowDefinition[] => cands.map((c) => definitionOf(flowFromCandidate(recordOfCandidate(c, scope, 0), 0)));

@@ -1,5 +1,5 @@
 import type { FlowSelectionRecord, RegisteredFlow } from '../../../../schemas/index.js';
-import { cosine, rrf, type Scored } from './bm25.js';
+import { byScore, cosine, rrf, type Scored } from './bm25.js';
 import { parseIds } from './answer.js';
 import type { PromptCache } from './prompt.js';
 import type { FlowRegistry } from './registry.js';
@@ -13,6 +13,13 @@ export interface SelectPolicy {
   failOpen: boolean;
   /** Summaries appended to the query for recall. */
   maxSummaries: number;
+  /**
+   * When past outcomes judged the candidates (similar past requests exist), a flow whose outcome score is not
+   * above this is never chosen: past runs like this one say proposing it did not pay off.
+   */
+  outcomeFloor: number;
+  /** Weight of the past-outcome ranking in the fusion (sparse and dense weigh 1 each). */
+  outcomeWeight: number;
 }
 export const DEFAULT_POLICY: SelectPolicy = {
   topK: 3,
@@ -20,19 +27,28 @@ export const DEFAULT_POLICY: SelectPolicy = {
   scoreFloor: 0,
   failOpen: false,
   maxSummaries: 3,
+  outcomeFloor: 0,
+  outcomeWeight: 1,
 };
 
 export interface Candidate {
   flow: RegisteredFlow;
   score: number;
+  /** The past-outcome score, when similar past runs judged this flow. */
+  outcome?: number;
 }
+
+/** Above this many flows in a scope, only the sparse and dense recall lists are judged on past outcomes. */
+const OUTCOME_ALL_FLOWS_MAX = 1_000;
 
 export const augment = (query: string, summaries: readonly string[], max: number) =>
   [query, ...summaries.slice(-max)].join('\n');
 
 /**
- * Stage 1: sparse (BM25) and, when vectors are given, dense rankings fused by RRF; top_k of the fused list.
- * Each ranking holds only documents it actually matched (a positive BM25 score; the nearest vectors).
+ * Stage 1: sparse (BM25), dense (when vectors are given) and past-outcome (when `outcomes` judges flows)
+ * rankings fused by RRF; top_k of the fused list. Each ranking holds only documents it actually matched (a
+ * positive BM25 score; the nearest vectors; a positive outcome score). When past outcomes judged a flow and
+ * found it not above `outcomeFloor`, it is dropped: similar requests showed it does not pay off.
  */
 export function recall(
   reg: FlowRegistry,
@@ -42,6 +58,7 @@ export function recall(
   summaries: readonly string[],
   p: SelectPolicy,
   queryVector?: number[] | null,
+  outcomes?: (flows: readonly RegisteredFlow[]) => Map<string, number>,
 ): Candidate[] {
   const idx = reg.index(tenant, agent);
   if (!idx || idx.flows.size === 0) return [];
@@ -58,9 +75,35 @@ export function recall(
         .map((s) => s.id),
     );
   }
-  return rrf(rankings, p.rrfK)
+  const weights: number[] = rankings.map(() => 1);
+  let judged = new Map<string, number>();
+  if (outcomes) {
+    const pool =
+      idx.flows.size <= OUTCOME_ALL_FLOWS_MAX
+        ? [...idx.flows.values()]
+        : [...new Set(rankings.flat())].map((id) => idx.flows.get(id)!);
+    judged = outcomes(pool);
+    rankings.push(
+      [...judged]
+        .map(([id, score]) => ({ id, score }))
+        .filter((s) => s.score > 0)
+        .sort(byScore)
+        .slice(0, depth)
+        .map((s) => s.id),
+    );
+    weights.push(p.outcomeWeight);
+  }
+  return rrf(rankings, p.rrfK, weights)
+    .filter((s) => !judged.has(s.id) || judged.get(s.id)! > p.outcomeFloor)
     .slice(0, p.topK)
-    .map((s) => ({ flow: idx.flows.get(s.id)!, score: Number(s.score.toFixed(6)) }));
+    .map((s) => {
+      const o = judged.get(s.id);
+      return {
+        flow: idx.flows.get(s.id)!,
+        score: Number(s.score.toFixed(6)),
+        ...(o === undefined ? {} : { outcome: Number(o.toFixed(6)) }),
+      };
+    });
 }
 
 /** What stage 2 got from the model: nothing configured, an answer, or a failure (error, timeout, budget). */

@@ -2,7 +2,16 @@ import { describe, expect, it } from 'vitest';
 import { flowDefinitionV1, type FlowCandidateRecord } from '../../../../schemas/index.js';
 import { parseIds } from '../../src/core/answer.js';
 import { Bm25Index, rrf } from '../../src/core/bm25.js';
-import { onCandidate, type PromotionPolicy } from '../../src/core/promotion.js';
+import {
+  decide,
+  inShadow,
+  onCandidate,
+  onShadowOutcome,
+  wilsonLower,
+  type Decision,
+  type PromotionPolicy,
+  type StoredCandidate,
+} from '../../src/core/promotion.js';
 import { buildPrompt, PromptCache } from '../../src/core/prompt.js';
 import {
   flowFromCandidate,
@@ -248,37 +257,107 @@ const cand = (over: Partial<FlowCandidateRecord> = {}): FlowCandidateRecord => (
 });
 
 describe('promotion policy', () => {
-  const manual: PromotionPolicy = { mode: 'manual', minOccurrences: 10, minSavings: 20 };
+  const manual: PromotionPolicy = {
+    mode: 'manual',
+    minOccurrences: 10,
+    minSavings: 20,
+    shadowTrials: 0,
+    shadowPrecision: 0,
+  };
   const auto: PromotionPolicy = { ...manual, mode: 'auto' };
+  const next = (d: Decision) => (d.kind === 'ignore' ? null : d.next);
+  const stored = (over: Partial<StoredCandidate> = {}): StoredCandidate => ({
+    record: cand(),
+    status: 'pending',
+    retracted: false,
+    decided_at: null,
+    shadow_trials: 0,
+    shadow_proposed: 0,
+    shadow_matched: 0,
+    ...over,
+  });
   it('manual: pending; auto: promoted only above both thresholds', () => {
     expect(onCandidate(undefined, cand(), manual, 1)).toMatchObject({
-      promote: false,
+      kind: 'store',
       next: { status: 'pending' },
     });
     expect(onCandidate(undefined, cand(), auto, 1)).toMatchObject({
-      promote: true,
+      kind: 'promote',
       next: { status: 'promoted' },
     });
-    expect(onCandidate(undefined, cand({ occurrence_count: 9 }), auto, 1)!.promote).toBe(false);
-    expect(onCandidate(undefined, cand({ estimated_token_savings: 19 }), auto, 1)!.promote).toBe(false);
+    expect(onCandidate(undefined, cand({ occurrence_count: 9 }), auto, 1).kind).toBe('store');
+    expect(onCandidate(undefined, cand({ estimated_token_savings: 19 }), auto, 1).kind).toBe('store');
   });
   it('a rejected key is never proposed again; older records never overwrite newer ones', () => {
-    const rejected = { record: cand(), status: 'rejected' as const, retracted: false, decided_at: 5 };
+    const rejected = stored({ status: 'rejected', decided_at: 5 });
     expect(onCandidate(rejected, cand({ detected_at: 20, occurrence_count: 99 }), auto, 1)).toMatchObject({
-      promote: false,
+      kind: 'store',
       next: { status: 'rejected' },
     });
-    expect(onCandidate({ ...rejected, status: 'pending' }, cand({ detected_at: 5 }), auto, 1)).toBeNull();
+    expect(onCandidate({ ...rejected, status: 'pending' }, cand({ detected_at: 5 }), auto, 1)).toEqual({
+      kind: 'ignore',
+      reason: 'stale',
+    });
   });
   it('a retraction is recorded, not dropped; a promoted flow stays promoted and is marked retracted', () => {
-    const pending = onCandidate(undefined, cand(), manual, 1)!.next;
+    const pending = next(onCandidate(undefined, cand(), manual, 1))!;
     expect(
-      onCandidate(pending, cand({ status: 'retracted', detected_at: 11 }), manual, 2)!.next,
-    ).toMatchObject({ status: 'retracted', retracted: true });
+      next(onCandidate(pending, cand({ status: 'retracted', detected_at: 11 }), manual, 2)),
+    ).toMatchObject({
+      status: 'retracted',
+      retracted: true,
+    });
     const promoted = { ...pending, status: 'promoted' as const };
     expect(
-      onCandidate(promoted, cand({ status: 'retracted', detected_at: 11 }), manual, 2)!.next,
+      next(onCandidate(promoted, cand({ status: 'retracted', detected_at: 11 }), manual, 2)),
     ).toMatchObject({ status: 'promoted', retracted: true });
+  });
+  it('auto with shadow trials: promoted only after N shadow choices whose steps matched well enough', () => {
+    const shadowed: PromotionPolicy = { ...auto, shadowTrials: 3, shadowPrecision: 0.5 };
+    const first = onCandidate(undefined, cand(), shadowed, 1);
+    expect(first.kind).toBe('store');
+    expect(inShadow(next(first)!, shadowed)).toBe(true);
+    let c = next(first)!;
+    for (let i = 0; i < 2; i++) {
+      const d = onShadowOutcome(c, { proposed: 4, matched: 4 }, shadowed, 2);
+      expect(d.kind).toBe('store');
+      c = next(d)!;
+    }
+    const third = onShadowOutcome(c, { proposed: 4, matched: 4 }, shadowed, 3);
+    expect(third).toMatchObject({ kind: 'promote', next: { status: 'promoted', shadow_trials: 3 } });
+    // Steps that kept missing keep it pending however many trials it gets.
+    let bad = next(first)!;
+    for (let i = 0; i < 10; i++) {
+      const d = onShadowOutcome(bad, { proposed: 2, matched: 1 }, shadowed, 2);
+      expect(d.kind).toBe('store');
+      bad = next(d)!;
+    }
+    expect(bad).toMatchObject({
+      status: 'pending',
+      shadow_trials: 10,
+      shadow_proposed: 20,
+      shadow_matched: 10,
+    });
+    // A new version of the candidate keeps its shadow record.
+    expect(next(onCandidate(bad, cand({ detected_at: 99 }), shadowed, 4))).toMatchObject({
+      shadow_trials: 10,
+    });
+    // Manual promotion stays possible, whatever the shadow record says.
+    expect(decide(bad, 'promote', 5)).toMatchObject({ kind: 'promoted', next: { status: 'promoted' } });
+  });
+  it('manual decisions: not found, conflicts, reject, promote', () => {
+    expect(decide(undefined, 'promote', 1)).toEqual({ kind: 'not_found' });
+    expect(decide(stored({ status: 'promoted' }), 'reject', 1)).toMatchObject({ kind: 'conflict' });
+    expect(decide(stored({ status: 'rejected' }), 'promote', 1)).toMatchObject({ kind: 'conflict' });
+    expect(decide(stored({ retracted: true, status: 'retracted' }), 'promote', 1)).toMatchObject({
+      kind: 'conflict',
+    });
+    expect(decide(stored(), 'reject', 3)).toMatchObject({ kind: 'rejected', next: { decided_at: 3 } });
+  });
+  it('Wilson lower bound: 0 without trials, below the rate, closer with more trials', () => {
+    expect(wilsonLower(0, 0)).toBe(0);
+    expect(wilsonLower(9, 10)).toBeLessThan(0.9);
+    expect(wilsonLower(90, 100)).toBeGreaterThan(wilsonLower(9, 10));
   });
   it('a promoted candidate becomes a flow with its prompt hint and a deterministic id', () => {
     const f = flowFromCandidate(cand(), 7);

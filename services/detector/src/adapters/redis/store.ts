@@ -8,13 +8,17 @@ import {
   readScripts,
 } from '../../../../../shared/redis/scripts.js';
 import { scopeTag } from '../../../../../shared/redis/keys.js';
+import { PaverError } from '../../../../../shared/errors.js';
 import type { DetectorOp, Scope } from '../../core/ops.js';
 import { scopeId } from '../../core/ops.js';
 import { stateFingerprint, type DetectorParams } from '../../core/params.js';
 import type { GramStat } from '../../core/select.js';
+import type { TermRecord } from '../../core/state.js';
 
 export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
-export const SCRIPTS = ['apply', 'snapshot', 'claim', 'release'] as const;
+/** Script name → key count: the file each name must load (a stale build may still hold older versions). */
+export const SCRIPT_KEYS = { apply: 10, snapshot: 4, claim: 4, release: 3 } as const;
+export const SCRIPTS = Object.keys(SCRIPT_KEYS) as (keyof typeof SCRIPT_KEYS)[];
 
 /** One pure key builder for the detector's keyspace: `<prefix>:det:{tenant|agent}:<name>`. */
 export function detectorKeys(prefix: string, s: Scope) {
@@ -30,6 +34,7 @@ export function detectorKeys(prefix: string, s: Scope) {
     support: k('support'),
     exact: k('exact'),
     cost: k('cost'),
+    msgs: k('msgs'),
     lock: k('lock'),
     dirty: k('dirty'),
     published: k('published'),
@@ -54,6 +59,15 @@ export interface BatchOutcome {
   completed: number;
 }
 
+/** A window record as apply-10.lua packs it: tools, costs and, when the task had a user message, its terms. */
+export function unpackRecord(packed: string): TermRecord {
+  const [tools = '', , terms] = packed.split('\u001e');
+  return {
+    tools: tools === '' ? [] : tools.split('\u001f'),
+    terms: terms === undefined ? null : terms === '' ? [] : terms.split(','),
+  };
+}
+
 /** The detector state in Redis: the Lua twin of core/state.ts. */
 export class RedisDetectorStore {
   private readonly cfg: string;
@@ -64,7 +78,12 @@ export class RedisDetectorStore {
     private readonly prefix: string,
   ) {
     this.cfg = stateFingerprint(params);
-    defineScripts(redis, readScripts(SCRIPT_DIR, [...SCRIPTS]));
+    const files = readScripts(SCRIPT_DIR, [...SCRIPTS]).filter(
+      (f) => SCRIPT_KEYS[f.name as keyof typeof SCRIPT_KEYS] === f.numberOfKeys,
+    );
+    if (files.length !== SCRIPTS.length)
+      throw new PaverError('INTERNAL', `detector Lua scripts missing from ${SCRIPT_DIR}: rebuild`);
+    defineScripts(redis, files);
   }
 
   /** One script call per scope, all in one pipeline: one round trip per batch. */
@@ -75,6 +94,7 @@ export class RedisDetectorStore {
       let g = byScope.get(id);
       if (!g) byScope.set(id, (g = { scope: op.scope, argv: [], n: 0 }));
       if (op.kind === 'call') g.argv.push('c', op.task, op.eventId, op.ts, op.step, op.tool, op.cost);
+      else if (op.kind === 'msg') g.argv.push('m', op.task, op.eventId, op.ts, 0, op.terms.join(','), 0);
       else g.argv.push('d', op.task, op.eventId, op.ts, 0, '', 0);
       g.n++;
     }
@@ -87,7 +107,7 @@ export class RedisDetectorStore {
       invokeScript(
         pipe,
         'apply',
-        [k.meta, k.open, k.events, k.done, k.window, k.records, k.support, k.exact, k.cost],
+        [k.meta, k.open, k.events, k.done, k.window, k.records, k.support, k.exact, k.cost, k.msgs],
         [this.cfg, g.n, ...g.argv],
       );
     }
@@ -104,24 +124,33 @@ export class RedisDetectorStore {
     return out;
   }
 
-  async snapshot(scope: Scope): Promise<GramStat[]> {
+  /** The frequent sequences and, with request terms on, the window's records, in one atomic read. */
+  async snapshot(scope: Scope): Promise<{ stats: GramStat[]; records: TermRecord[] }> {
     const k = detectorKeys(this.prefix, scope);
     const reply = parseScriptReply(
       'snapshot',
-      await invokeScript(this.redis, 'snapshot', [k.support, k.exact, k.cost], [this.params.minOccurrences]),
+      await invokeScript(
+        this.redis,
+        'snapshot',
+        [k.support, k.exact, k.cost, k.records],
+        [this.params.minOccurrences, this.params.requestTerms ? '1' : '0'],
+      ),
       flatReply,
     );
     this.roundTrips++;
+    const n = Number(reply[1]);
     const stats: GramStat[] = [];
-    for (let i = 1; i + 3 < reply.length + 1; i += 4) {
+    for (let i = 0; i < n; i++) {
+      const at = 2 + i * 4;
       stats.push({
-        key: String(reply[i]),
-        support: Number(reply[i + 1]),
-        exact: Number(reply[i + 2]),
-        cost: Number(reply[i + 3]),
+        key: String(reply[at]),
+        support: Number(reply[at + 1]),
+        exact: Number(reply[at + 2]),
+        cost: Number(reply[at + 3]),
       });
     }
-    return stats;
+    const records = reply.slice(2 + n * 4).map((packed) => unpackRecord(String(packed)));
+    return { stats, records };
   }
 
   /** The published map when the publication lock was taken; null when another instance holds it. */

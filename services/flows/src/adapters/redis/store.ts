@@ -13,6 +13,10 @@ const storedCandidate = z.object({
   status: z.enum(['pending', 'promoted', 'rejected', 'retracted']),
   retracted: z.boolean(),
   decided_at: z.number().nullable(),
+  // Candidates stored before shadow trials existed read as never tried.
+  shadow_trials: z.number().int().nonnegative().default(0),
+  shadow_proposed: z.number().int().nonnegative().default(0),
+  shadow_matched: z.number().int().nonnegative().default(0),
 });
 
 /**

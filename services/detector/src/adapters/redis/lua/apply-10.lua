@@ -7,15 +7,18 @@
   KEYS[3] events   hash  task_id -> packed events of an open task: ("\30" event_id "\31" step "\31" tool "\31" cost)*
   KEYS[4] done     zset  task_id -> completion ts (ms); remembered doneRetentionMs
   KEYS[5] window   zset  task_id -> completion ts (ms); ties ordered by task_id bytes
-  KEYS[6] records  hash  task_id -> tools joined by "\31", "\30", costs joined by ","  (window members only)
+  KEYS[6] records  hash  task_id -> tools joined by "\31", "\30", costs joined by ",", and when the task had a
+                         user message: "\30", its terms joined by ","  (window members only)
   KEYS[7] support  hash  gram -> records in the window containing it
   KEYS[8] exact    hash  gram -> records in the window consisting of exactly it
   KEYS[9] cost     hash  gram -> sum of first-occurrence cost over containing records (1/10,000 cent)
-  (frequent set: KEYS[7]..":f" is not used; frequency is support >= minOcc, read by snapshot-7.lua)
+  KEYS[10] msgs    hash  task_id -> first user message of an open task: ts "\31" event_id "\31" terms joined by ","
+  (frequency is support >= minOcc, read by snapshot-4.lua)
 
   ARGV[1] cfg fingerprint: minLen|maxLen|minOcc|lookback|windowMs(0=off)|idleMs|doneRetentionMs|maxTaskEvents
   ARGV[2] op count N, then N ops of 7 fields each:
-          kind ("c" tool call | "d" task completed), task_id, event_id, ts ms, step, tool, cost units
+          kind ("c" tool call | "d" task completed | "m" user message), task_id, event_id, ts ms, step,
+          tool (for "m": the message's terms joined by ","), cost units
 
   Returns {1, changed (0|1), applied, ignored, completed} or {-2, stored cfg} when the state was built with
   other parameters.
@@ -91,11 +94,12 @@ local function count(tools, costs, d)
   end
 end
 
+-- A record's tools and costs; a third section (request terms) does not take part in counting.
 local function unpackRecord(packed)
-  local i = string.find(packed, RS, 1, true)
-  local tools = split(string.sub(packed, 1, i - 1), US)
+  local parts = split(packed, RS)
+  local tools = split(parts[1], US)
   local costs = {}
-  for _, c in ipairs(split(string.sub(packed, i + 1), ',')) do costs[#costs + 1] = tonumber(c) end
+  for _, c in ipairs(split(parts[2], ',')) do costs[#costs + 1] = tonumber(c) end
   return tools, costs
 end
 
@@ -113,6 +117,8 @@ end
 local function complete(task, ts)
   local packed = redis.call('HGET', KEYS[3], task)
   redis.call('HDEL', KEYS[3], task)
+  local msg = redis.call('HGET', KEYS[10], task)
+  redis.call('HDEL', KEYS[10], task)
   redis.call('ZREM', KEYS[2], task)
   redis.call('ZADD', KEYS[4], ts, task)
   local evs = {}
@@ -129,7 +135,9 @@ local function complete(task, ts)
   local tools, costs, costStr = {}, {}, {}
   for i, e in ipairs(evs) do tools[i] = e.tool; costs[i] = e.cost; costStr[i] = int(e.cost) end
   redis.call('ZADD', KEYS[5], ts, task)
-  redis.call('HSET', KEYS[6], task, table.concat(tools, US) .. RS .. table.concat(costStr, ','))
+  local rec = table.concat(tools, US) .. RS .. table.concat(costStr, ',')
+  if msg then rec = rec .. RS .. split(msg, US)[3] end
+  redis.call('HSET', KEYS[6], task, rec)
   count(tools, costs, 1)
   completed = completed + 1
   changed = 1
@@ -162,6 +170,19 @@ for k = 0, n - 1 do
   sweep()
   if redis.call('ZSCORE', KEYS[4], task) then
     ignored = ignored + 1
+  elseif kind == 'm' then
+    -- The first message by (ts, event_id) wins, whatever order redeliveries bring them in.
+    local cur = redis.call('HGET', KEYS[10], task)
+    local take = cur == nil or cur == false
+    if not take then
+      local f = split(cur, US)
+      local cts = tonumber(f[1])
+      take = ts < cts or (ts == cts and bytesLess(eid, f[2]))
+    end
+    if take then redis.call('HSET', KEYS[10], task, int(ts) .. US .. eid .. US .. ARGV[b + 5]) end
+    local last = tonumber(redis.call('ZSCORE', KEYS[2], task) or '-1')
+    if ts > last then redis.call('ZADD', KEYS[2], ts, task) end
+    applied = applied + 1
   elseif kind == 'c' then
     local packed = redis.call('HGET', KEYS[3], task) or ''
     local count_ = 0

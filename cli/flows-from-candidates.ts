@@ -1,0 +1,87 @@
+import { parseArgs } from 'node:util';
+import { z } from 'zod';
+import { flowCandidate, id as idSchema, type ToolCallsEvent } from '../schemas/index.js';
+import { errorMessage } from '../shared/errors.js';
+import { describeIssues, readConfigFile, readEvents } from '../shared/jsonl.js';
+import { offlineEnv } from '../services/flows/src/config.js';
+import { pastRunsOf } from '../services/flows/src/core/outcomes.js';
+import { flowsFromCandidates } from '../services/flows/src/core/registry.js';
+
+const USAGE = `Usage: paver flows from-candidates --input CANDIDATES.json [--history EVENTS.jsonl] [--tenant T --agent A]
+
+Prints the flows file (the format \`paver select --flows\` reads) that the flows service would register for
+the candidates in CANDIDATES.json (the output of \`paver detect\`): the same function promotion calls, so the
+description and condition carry the candidates' request terms when they have them.
+
+With --history (the stream the candidates were detected on), the file also carries the past runs of that
+stream (first-request terms and the tools called, the newest FLOWS_OUTCOME_CAPACITY), and \`paver select\`
+then ranks with past outcomes as the flows service does.
+`;
+
+const input = z.union([z.array(flowCandidate), z.object({ candidates: z.array(flowCandidate) })]);
+
+export async function fromCandidatesCommand(argv: string[]): Promise<number> {
+  let values;
+  try {
+    ({ values } = parseArgs({
+      args: argv,
+      options: {
+        input: { type: 'string' },
+        history: { type: 'string' },
+        tenant: { type: 'string' },
+        agent: { type: 'string' },
+        help: { type: 'boolean' },
+      },
+    }));
+  } catch (err) {
+    process.stderr.write(`paver flows from-candidates: ${errorMessage(err)}\n\n${USAGE}`);
+    return 2;
+  }
+  if (values.help) {
+    process.stdout.write(USAGE);
+    return 0;
+  }
+  if (!values.input) {
+    process.stderr.write(`paver flows from-candidates: --input is required\n\n${USAGE}`);
+    return 2;
+  }
+  const scope = { tenant: values.tenant ?? 'default', agent: values.agent ?? 'default' };
+  if (!idSchema.safeParse(scope.tenant).success || !idSchema.safeParse(scope.agent).success) {
+    process.stderr.write('paver flows from-candidates: bad --tenant/--agent\n');
+    return 2;
+  }
+  let raw: unknown;
+  try {
+    raw = await readConfigFile(values.input);
+  } catch (err) {
+    process.stderr.write(`paver flows from-candidates: cannot read ${values.input}: ${errorMessage(err)}\n`);
+    return 1;
+  }
+  const parsed = input.safeParse(raw);
+  if (!parsed.success) {
+    process.stderr.write(
+      `paver flows from-candidates: ${values.input}: ${describeIssues(parsed.error.issues)}\n`,
+    );
+    return 2;
+  }
+  const cands = Array.isArray(parsed.data) ? parsed.data : parsed.data.candidates;
+  const flows = flowsFromCandidates(cands, scope);
+  if (!values.history) {
+    process.stdout.write(JSON.stringify(flows, null, 2) + '\n');
+    return 0;
+  }
+  const events: ToolCallsEvent[] = [];
+  const warn = (s: string) => process.stderr.write(`paver flows from-candidates: ${s}\n`);
+  try {
+    for await (const e of readEvents(values.history, { lines: 0, bad: 0 }, warn))
+      if (e.tenant_id === scope.tenant && e.agent_id === scope.agent) events.push(e);
+  } catch (err) {
+    process.stderr.write(
+      `paver flows from-candidates: cannot read ${values.history}: ${errorMessage(err)}\n`,
+    );
+    return 1;
+  }
+  const capacity = offlineEnv(process.env).FLOWS_OUTCOME_CAPACITY;
+  process.stdout.write(JSON.stringify({ flows, past_runs: pastRunsOf(events, capacity) }, null, 2) + '\n');
+  return 0;
+}

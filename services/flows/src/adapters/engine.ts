@@ -1,0 +1,164 @@
+import type {
+  FlowCandidateRecord,
+  FlowSelectionRecord,
+  RegisteredFlow,
+  ToolCallsEvent,
+} from '../../../../schemas/index.js';
+import type { OutcomeBook } from '../core/outcomes.js';
+import { flowTools } from '../core/outcomes.js';
+import { requestTermsOf } from '../core/terms.js';
+import {
+  inShadow,
+  onCandidate,
+  onShadowOutcome,
+  type Decision,
+  type PromotionPolicy,
+  type StoredCandidate,
+} from '../core/promotion.js';
+import { flowFromCandidate, FlowRegistry, promotedFlowId } from '../core/registry.js';
+import { matchSteps } from '../core/score.js';
+import { recall, type SelectPolicy } from '../core/select.js';
+import { SessionTracker } from '../core/sessions.js';
+import { select, type SelectorDeps } from './selector.js';
+
+export type Inbound = { kind: 'candidate'; r: FlowCandidateRecord } | { kind: 'event'; e: ToolCallsEvent };
+
+/** Where candidates and their decisions live: Redis in the service, a map in the replay. */
+export interface CandidateStore {
+  getCandidates(tenant: string, agent: string, keys: string[]): Promise<Map<string, StoredCandidate>>;
+  save(tenant: string, agent: string, candidates: StoredCandidate[], flows: RegisteredFlow[]): Promise<void>;
+}
+
+export interface EngineDeps {
+  store: CandidateStore;
+  /** Makes promoted flows known to every instance (the flows topic); the replay has nothing to tell. */
+  publishFlows: (flows: RegisteredFlow[]) => Promise<void>;
+  selector: SelectorDeps & { outcomes: OutcomeBook };
+  promotionPolicy: (tenant: string, agent: string) => PromotionPolicy;
+  selectPolicy: (tenant: string, agent: string) => SelectPolicy;
+  now: () => number;
+  onDecision?: (status: StoredCandidate['status']) => void;
+  onSelection?: (path: FlowSelectionRecord['path']) => void;
+  onShadow?: () => void;
+}
+
+/**
+ * The flows service's consumer logic, shared with `paver flows replay` so that both choose alike: candidates
+ * go through the promotion decision; tool-calls events are followed in order (a selection per user message,
+ * the session's calls, and at `task_completed` the run joins the outcome memory and a shadow choice is scored).
+ */
+export class FlowsEngine {
+  /** Pending candidates under shadow trial, as flows: chosen among in shadow, never shown to the agent. */
+  readonly shadow = new FlowRegistry();
+  readonly sessions = new SessionTracker();
+  constructor(private readonly d: EngineDeps) {}
+
+  private async apply(t: string, a: string, decisions: Decision[]): Promise<void> {
+    const changed = new Map<string, StoredCandidate>();
+    const promoted: RegisteredFlow[] = [];
+    const now = this.d.now();
+    for (const o of decisions) {
+      if (o.kind === 'ignore') continue;
+      changed.set(o.next.record.dedupe_key, o.next);
+      if (o.kind === 'promote') promoted.push(flowFromCandidate(o.next.record, now));
+    }
+    if (promoted.length) await this.d.publishFlows(promoted);
+    await this.d.store.save(t, a, [...changed.values()], promoted);
+    for (const f of promoted) this.d.selector.registry.upsert(f);
+    const p = this.d.promotionPolicy(t, a);
+    for (const c of changed.values()) {
+      this.d.onDecision?.(c.status);
+      if (inShadow(c, p)) this.shadow.upsert(flowFromCandidate(c.record, 0));
+      else this.shadow.remove(promotedFlowId(c.record.dedupe_key));
+    }
+  }
+
+  async handle(batch: readonly Inbound[]): Promise<FlowSelectionRecord[]> {
+    // Candidates, per scope: one read, one write.
+    const byScope = new Map<string, FlowCandidateRecord[]>();
+    for (const v of batch) {
+      if (v.kind !== 'candidate') continue;
+      const k = `${v.r.tenant_id}\u001f${v.r.agent_id}`;
+      byScope.set(k, [...(byScope.get(k) ?? []), v.r]);
+    }
+    for (const records of byScope.values()) {
+      const { tenant_id: t, agent_id: a } = records[0]!;
+      const stored = await this.d.store.getCandidates(t, a, [...new Set(records.map((x) => x.dedupe_key))]);
+      const decisions: Decision[] = [];
+      const now = this.d.now();
+      for (const rec of records) {
+        const o = onCandidate(stored.get(rec.dedupe_key), rec, this.d.promotionPolicy(t, a), now);
+        if (o.kind !== 'ignore') stored.set(rec.dedupe_key, o.next);
+        decisions.push(o);
+      }
+      await this.apply(t, a, decisions);
+    }
+    // Events, in order: what a session asked, then did, then whether it ended.
+    const out: FlowSelectionRecord[] = [];
+    for (const v of batch) {
+      if (v.kind !== 'event') continue;
+      const e = v.e;
+      if (e.type === 'user_message') {
+        const sel = await select(
+          this.d.selector,
+          e.tenant_id,
+          e.agent_id,
+          e.text,
+          e.episode_summaries ?? [],
+          this.d.selectPolicy(e.tenant_id, e.agent_id),
+        );
+        this.d.onSelection?.(sel.path);
+        out.push({
+          schema_version: 1,
+          tenant_id: e.tenant_id,
+          agent_id: e.agent_id,
+          session_id: e.session_id,
+          event_id: e.event_id,
+          ts: e.ts,
+          ...sel,
+        });
+        this.sessions.onRequest(e.session_id, {
+          tenant: e.tenant_id,
+          agent: e.agent_id,
+          terms: requestTermsOf(e.text),
+          shadow: this.shadowChoice(e.tenant_id, e.agent_id, e.text),
+        });
+      } else if (e.type === 'tool_call') this.sessions.onCall(e.session_id, e.tool);
+      else if (e.type === 'task_completed') await this.finish(e.session_id);
+    }
+    return out;
+  }
+
+  /** The shadow pool's top candidate for this request (no model: shadow choices cost nothing). */
+  private shadowChoice(t: string, a: string, query: string) {
+    if (!this.shadow.list(t, a).length) return null;
+    const c = recall(
+      this.shadow,
+      t,
+      a,
+      query,
+      [],
+      this.d.selectPolicy(t, a),
+      null,
+      this.d.selector.outcomes.scorer(t, a, query),
+    )[0];
+    return c?.flow.dedupe_key ? { key: c.flow.dedupe_key, tools: flowTools(c.flow) } : null;
+  }
+
+  private async finish(session: string): Promise<void> {
+    const s = this.sessions.onDone(session);
+    if (!s) return;
+    this.d.selector.outcomes.add(s.tenant, s.agent, { terms: s.terms, calls: s.calls });
+    if (!s.shadow) return;
+    const prev = (await this.d.store.getCandidates(s.tenant, s.agent, [s.shadow.key])).get(s.shadow.key);
+    if (!prev) return;
+    this.d.onShadow?.();
+    const o = onShadowOutcome(
+      prev,
+      matchSteps(s.shadow.tools, s.calls),
+      this.d.promotionPolicy(s.tenant, s.agent),
+      this.d.now(),
+    );
+    await this.apply(s.tenant, s.agent, [o]);
+  }
+}

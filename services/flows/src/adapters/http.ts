@@ -1,0 +1,140 @@
+import { z } from 'zod';
+import { id as idSchema, LIMITS, type RegisteredFlow } from '../../../../schemas/index.js';
+import type { Route } from '../../../../shared/http.js';
+import { describeIssues } from '../../../../shared/jsonl.js';
+import { decide, shadowPrecision, wilsonLower, type StoredCandidate } from '../core/promotion.js';
+import { flowFromCandidate, type FlowRegistry } from '../core/registry.js';
+import type { Selection } from '../core/select.js';
+import type { RedisFlowStore } from './redis/store.js';
+
+const selectBody = z
+  .object({
+    query: z.string().min(1).max(LIMITS.textLength),
+    summaries: z.array(z.string().max(LIMITS.textLength)).max(LIMITS.summaries).default([]),
+    tenant_id: idSchema.default('default'),
+    agent_id: idSchema.default('default'),
+  })
+  .strict();
+
+export interface HttpDeps {
+  store: RedisFlowStore;
+  registry: FlowRegistry;
+  /** Publishes and stores a manually promoted flow with its candidate. */
+  promote: (flow: RegisteredFlow, candidate: StoredCandidate) => Promise<void>;
+  select: (tenant: string, agent: string, query: string, summaries: string[]) => Promise<Selection>;
+  onDecision: (status: StoredCandidate['status']) => void;
+  now: () => number;
+}
+
+const scopeOf = (q: URLSearchParams) => ({
+  tenant: q.get('tenant_id') ?? 'default',
+  agent: q.get('agent_id') ?? 'default',
+});
+const badScope = (s: { tenant: string; agent: string }) =>
+  !idSchema.safeParse(s.tenant).success || !idSchema.safeParse(s.agent).success;
+
+/** What `paver flows list|show` prints of a candidate (the shadow record included). */
+export const summary = (c: StoredCandidate) => {
+  const sp = shadowPrecision(c);
+  return {
+    dedupe_key: c.record.dedupe_key,
+    title: c.record.title,
+    status: c.status,
+    retracted: c.retracted,
+    occurrence_count: c.record.occurrence_count,
+    estimated_token_savings: c.record.estimated_token_savings,
+    detected_at: c.record.detected_at,
+    decided_at: c.decided_at,
+    shadow_trials: c.shadow_trials,
+    shadow_precision: sp === null ? null : Number(sp.toFixed(4)),
+    shadow_precision_lower: Number(wilsonLower(c.shadow_matched, c.shadow_proposed).toFixed(4)),
+  };
+};
+
+/** The flows service's HTTP API: candidates and their decisions, the registry, and selection on demand. */
+export function flowRoutes(d: HttpDeps): Route[] {
+  const decideRoute =
+    (to: 'promote' | 'reject'): Route['handler'] =>
+    async (req) => {
+      const s = scopeOf(req.query);
+      if (badScope(s)) return { status: 400, body: { error: 'bad tenant_id/agent_id' } };
+      const key = req.params.key ?? '';
+      const c = (await d.store.getCandidates(s.tenant, s.agent, [key])).get(key);
+      const now = d.now();
+      const o = decide(c, to, now);
+      switch (o.kind) {
+        case 'not_found':
+          return { status: 404, body: { error: `no candidate '${key}' for ${s.tenant}/${s.agent}` } };
+        case 'conflict':
+          return { status: 409, body: { error: o.error } };
+        case 'rejected':
+          await d.store.save(s.tenant, s.agent, [o.next], []);
+          d.onDecision('rejected');
+          return { status: 200, body: summary(o.next) };
+        case 'promoted': {
+          const flow = flowFromCandidate(o.next.record, now);
+          await d.promote(flow, o.next);
+          d.onDecision('promoted');
+          return { status: 200, body: { flow } };
+        }
+      }
+    };
+  return [
+    {
+      method: 'GET',
+      path: '/flows/candidates',
+      async handler(req) {
+        const s = scopeOf(req.query);
+        if (badScope(s)) return { status: 400, body: { error: 'bad tenant_id/agent_id' } };
+        const status = req.query.get('status');
+        const all = (await d.store.listCandidates(s.tenant, s.agent)).filter(
+          (c) => !status || c.status === status,
+        );
+        return {
+          status: 200,
+          body: all
+            .sort((x, y) => y.record.estimated_token_savings - x.record.estimated_token_savings)
+            .map(summary),
+        };
+      },
+    },
+    {
+      method: 'GET',
+      path: '/flows/candidates/:key',
+      async handler(req) {
+        const s = scopeOf(req.query);
+        if (badScope(s)) return { status: 400, body: { error: 'bad tenant_id/agent_id' } };
+        const key = req.params.key ?? '';
+        const c = (await d.store.getCandidates(s.tenant, s.agent, [key])).get(key);
+        return c
+          ? { status: 200, body: { ...summary(c), record: c.record } }
+          : { status: 404, body: { error: 'no such candidate' } };
+      },
+    },
+    { method: 'POST', path: '/flows/candidates/:key/promote', handler: decideRoute('promote') },
+    { method: 'POST', path: '/flows/candidates/:key/reject', handler: decideRoute('reject') },
+    {
+      method: 'GET',
+      path: '/flows',
+      handler(req) {
+        const s = scopeOf(req.query);
+        return {
+          status: 200,
+          body: d.registry
+            .list(s.tenant, s.agent)
+            .map((f) => ({ id: f.id, name: f.name, source: f.source, dedupe_key: f.dedupe_key ?? null })),
+        };
+      },
+    },
+    {
+      method: 'POST',
+      path: '/flows/select',
+      async handler(req) {
+        const b = selectBody.safeParse(await req.body());
+        if (!b.success) return { status: 400, body: { error: describeIssues(b.error.issues) } };
+        const sel = await d.select(b.data.tenant_id, b.data.agent_id, b.data.query, b.data.summaries);
+        return { status: 200, body: sel };
+      },
+    },
+  ];
+}

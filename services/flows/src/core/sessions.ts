@@ -1,0 +1,44 @@
+/**
+ * Open sessions as the flows service follows them on the tool-calls topic: the terms of the first request,
+ * the tools called since, and the pending candidate chosen for it in shadow. A session ends at its
+ * `task_completed`; then its run feeds the outcome scorer and its shadow choice is scored. Bounded: past
+ * `maxSessions` the oldest open session is dropped unscored.
+ */
+export interface OpenSession {
+  tenant: string;
+  agent: string;
+  terms: string[];
+  calls: string[];
+  shadow: { key: string; tools: string[] } | null;
+}
+
+export class SessionTracker {
+  private readonly open = new Map<string, OpenSession>();
+  constructor(
+    private readonly maxSessions = 10_000,
+    private readonly maxCalls = 1_000,
+  ) {}
+
+  get size(): number {
+    return this.open.size;
+  }
+
+  /** The first user message opens the session; later ones of the same session change nothing. */
+  onRequest(session: string, s: Omit<OpenSession, 'calls'>): void {
+    if (this.open.has(session)) return;
+    this.open.set(session, { ...s, calls: [] });
+    while (this.open.size > this.maxSessions) this.open.delete(this.open.keys().next().value!);
+  }
+
+  onCall(session: string, tool: string): void {
+    const s = this.open.get(session);
+    if (s && s.calls.length < this.maxCalls) s.calls.push(tool);
+  }
+
+  /** Closes the session: what it requested and did (null when it was never opened). */
+  onDone(session: string): OpenSession | null {
+    const s = this.open.get(session) ?? null;
+    this.open.delete(session);
+    return s;
+  }
+}
