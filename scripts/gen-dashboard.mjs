@@ -149,6 +149,63 @@ ts(
   { x: 12 },
 );
 
+row('Sequencer');
+ts('Session-state reads/s by source', 'ops', [
+  [`sum by (source) (rate(paver_sequencer_state_reads_total[${RI}]))`, '{{source}}'],
+]);
+ts(
+  'Session-state cache hit ratio',
+  'percentunit',
+  [
+    [
+      `sum(rate(paver_sequencer_state_reads_total{source="cache"}[${RI}])) / sum(rate(paver_sequencer_state_reads_total[${RI}]))`,
+      'cache hits',
+    ],
+  ],
+  {
+    x: 12,
+    description: 'Allowed-tools reads answered from the in-process cache, without a Redis round trip.',
+  },
+);
+
+row('OpenTelemetry ingest');
+ts(
+  'OTLP messages/s by encoding and outcome',
+  'ops',
+  [[`sum by (encoding, outcome) (rate(paver_ingest_messages_total[${RI}]))`, '{{encoding}} {{outcome}}']],
+  { description: 'decoded, or the dead-letter reason (undecodable, invalid, oversize).' },
+);
+ts(
+  'Spans/s by outcome',
+  'ops',
+  [[`sum by (outcome) (rate(paver_ingest_spans_total[${RI}]))`, '{{outcome}}']],
+  {
+    x: 12,
+    stack: true,
+    description:
+      'tool_call: published; pending: waiting in Redis for its invoke_agent span; late: the agent span already completed; orphan: no invoke_agent ancestor; other: not a GenAI tool or agent span.',
+  },
+);
+ts('Tool-calls events published/s by type', 'ops', [
+  [`sum by (type) (rate(paver_ingest_events_total[${RI}]))`, '{{type}}'],
+]);
+ts(
+  'Payloads omitted and corrupt buffered spans',
+  'short',
+  [
+    [
+      `sum by (field, reason) (increase(paver_ingest_payloads_omitted_total[${RI}]))`,
+      'omitted {{field}} {{reason}}',
+    ],
+    [`sum(increase(paver_ingest_corrupt_state_total[${RI}]))`, 'corrupt state'],
+  ],
+  {
+    x: 12,
+    description:
+      'Tool arguments or results left out of events (INGEST_MAX_PAYLOAD_BYTES, not an object, not JSON), and span records in Redis that failed validation.',
+  },
+);
+
 row('Process');
 ts('Resident memory', 'bytes', [[`max by (service) (process_resident_memory_bytes{${svc}})`, '{{service}}']]);
 ts(
@@ -163,7 +220,8 @@ ts(
 const dashboard = {
   uid: 'paver-overview',
   title: 'Paver',
-  description: 'Paver services: throughput, lag, dead letters, latency, flow candidates and LLM steps saved.',
+  description:
+    'Paver services: throughput, lag, dead letters, latency, flow candidates, LLM steps saved, sequencer state reads and OpenTelemetry ingest.',
   tags: ['paver', 'kafka'],
   schemaVersion: 39,
   version: 1,

@@ -130,6 +130,8 @@ describe('Grafana dashboard (deploy/grafana/dashboards/paver.json)', () => {
       'paver_autoseq_llm_steps_saved_total',
       'paver_sequencer_violations_total',
       'paver_flows_selections_total',
+      'paver_sequencer_state_reads_total',
+      'paver_ingest_messages_total',
       'process_resident_memory_bytes',
     ]) {
       expect(exported, name).toContain(name);
@@ -174,6 +176,12 @@ describe('Grafana dashboard (deploy/grafana/dashboards/paver.json)', () => {
       /paver_batch_processing_seconds_bucket/,
       /paver_detector_candidates_published_total/,
       /paver_autoseq_llm_steps_saved_total/,
+      /source[^\n]*paver_sequencer_state_reads_total/,
+      /outcome[^\n]*paver_ingest_messages_total/,
+      /outcome[^\n]*paver_ingest_spans_total/,
+      /paver_ingest_events_total/,
+      /paver_ingest_payloads_omitted_total/,
+      /paver_ingest_corrupt_state_total/,
     ]) {
       expect(exprs).toMatch(needle);
     }

@@ -176,8 +176,15 @@ describe.skipIf(!kubectl)('deploy/k8s (kubectl kustomize + schema validation)', 
           // The scaler watches the very group and brokers the service uses.
           expect(resolve('consumerGroup')).toBe(spec.groupId(parsed as never));
           expect(resolve('bootstrapServers')?.split(',')).toEqual(parsed.KAFKA_BROKERS);
+          // A named topic must be one the service consumes: the tool-calls topic, unless the service lists
+          // its inputs (ingest reads the OTLP topic, and its scaler must name it).
           const topic = resolve('topic');
-          if (topic !== undefined) expect(topic).toBe(parsed.PAVER_TOPIC_TOOL_CALLS);
+          const inputs =
+            'inputTopics' in spec
+              ? spec.inputTopics(parsed as never)
+              : [parsed.PAVER_TOPIC_TOOL_CALLS as string];
+          if ('inputTopics' in spec) expect(topic, 'topic of a service that lists its inputs').toBeDefined();
+          if (topic !== undefined) expect(inputs).toContain(topic);
           expect(Number(m.lagThreshold)).toBeGreaterThan(0);
           // More consumers than partitions would sit idle.
           expect(so.spec.maxReplicaCount).toBeLessThanOrEqual(parsed.KAFKA_TOPIC_PARTITIONS as number);

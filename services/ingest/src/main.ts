@@ -10,12 +10,28 @@ import { ensureTopics, paverTopics } from '../../../shared/kafka/topics.js';
 import { createLogger } from '../../../shared/log.js';
 import { createMetrics } from '../../../shared/metrics.js';
 import { createRedis, redisReady } from '../../../shared/redis/client.js';
+import type { ServiceSpec } from '../../../shared/service.js';
 import { createIngestHandler, createIngestMetrics, otlpParser } from './adapters/handler.js';
 import { RedisTraceStore } from './adapters/trace-store.js';
 import { decodeLimitsFromEnv, ingestEnvSchema, mapOptionsFromEnv, type IngestEnv } from './config.js';
 
 export const SERVICE_NAME = 'ingest';
 export const DEFAULT_PORT = 9105;
+
+/**
+ * What tooling reads of every registered service (the deploy manifests' tests, say): the ServiceSpec fields
+ * without `setup`, since `run` below wires its own runner. `inputTopics` names the one topic consumed, which
+ * for the other services is only known inside their `setup`.
+ */
+export const service: Omit<ServiceSpec<IngestEnv, never>, 'setup'> & {
+  inputTopics: (env: IngestEnv) => string[];
+} = {
+  name: SERVICE_NAME,
+  envSchema: ingestEnvSchema,
+  defaultPort: DEFAULT_PORT,
+  groupId: (env) => env.INGEST_GROUP_ID,
+  inputTopics: (env) => [env.INGEST_OTLP_TOPIC],
+};
 
 /**
  * The runner hands message values to the codec before the parser. OTLP messages are not Paver's JSON or
