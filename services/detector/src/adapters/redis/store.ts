@@ -8,7 +8,7 @@ import {
   readScripts,
 } from '../../../../../shared/redis/scripts.js';
 import { scopeTag } from '../../../../../shared/redis/keys.js';
-import { PaverError } from '../../../../../shared/errors.js';
+import { classifyError, errorMessage, PaverError } from '../../../../../shared/errors.js';
 import type { DetectorOp, Scope } from '../../core/ops.js';
 import { scopeId } from '../../core/ops.js';
 import { stateFingerprint, type DetectorParams } from '../../core/params.js';
@@ -17,7 +17,7 @@ import { emptyResult, type ApplyResult, type TermRecord } from '../../core/state
 
 export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
 /** Script name → key count: the file each name must load (a stale build may still hold older versions). */
-export const SCRIPT_KEYS = { apply: 10, snapshot: 4, claim: 4, release: 3 } as const;
+export const SCRIPT_KEYS = { apply: 10, snapshot: 4, claim: 3, release: 3 } as const;
 export const SCRIPTS = Object.keys(SCRIPT_KEYS) as (keyof typeof SCRIPT_KEYS)[];
 
 /** One pure key builder for the detector's keyspace: `<prefix>:det:{tenant|agent}:<name>`. */
@@ -63,6 +63,16 @@ const flatReply = z.array(z.union([z.string(), z.number()]));
 
 export interface BatchOutcome extends Omit<ApplyResult, 'changed'> {
   changed: Scope[];
+}
+
+/**
+ * One place for a failed script call in a pipeline: a lost connection is retriable (classifyError knows
+ * the shapes); anything else is a script failure (a bug or a state the script refuses), not retried.
+ */
+export function pipelineError(script: string, err: unknown): PaverError {
+  const c = classifyError(err);
+  if (c.retriable) return c;
+  return new PaverError('REDIS_SCRIPT_FAILED', `${script}: ${errorMessage(err)}`, { cause: err });
 }
 
 /** A window record as apply-10.lua packs it: tools, costs and, when the task had a user message, its terms. */
@@ -123,7 +133,7 @@ export class RedisDetectorStore {
     const replies = (await pipe.exec()) ?? [];
     this.roundTrips++;
     replies.forEach(([err, reply], i) => {
-      if (err) throw err;
+      if (err) throw pipelineError('apply', err);
       const [, changed, applied, ignored, completed, dup, late, limit] = parseScriptReply(
         'apply',
         reply,
@@ -175,7 +185,7 @@ export class RedisDetectorStore {
     const k = detectorKeys(this.prefix, scope);
     const reply = parseScriptReply(
       'claim',
-      await invokeScript(this.redis, 'claim', [k.lock, k.dirty, k.published, k.meta], [token, ttlMs]),
+      await invokeScript(this.redis, 'claim', [k.lock, k.dirty, k.published], [token, ttlMs]),
       flatReply,
     );
     this.roundTrips++;
