@@ -53,7 +53,7 @@ beforeAll(async () => {
     { PATH: process.env.PATH ?? '' },
   );
   expect(await p.exited).toBe(0);
-  offline = JSON.parse(p.output().slice(p.output().indexOf('[')));
+  offline = JSON.parse(p.output().slice(p.output().indexOf('['), p.output().lastIndexOf(']') + 1));
   expect((offline as unknown[]).length).toBe(4);
   // Request terms travel with the candidates (and so are compared with the service's below): words only.
   const top = (offline as { request_terms: { tasks: number; terms: { term: string }[] } }[])[0]!;

@@ -56,7 +56,7 @@ beforeAll(async () => {
     { PATH: process.env.PATH ?? '' },
   );
   expect(await p.exited).toBe(0);
-  offline = JSON.parse(p.output().slice(p.output().indexOf('[')));
+  offline = JSON.parse(p.output().slice(p.output().indexOf('['), p.output().lastIndexOf(']') + 1));
 });
 
 describe('detector across partitions and restarts (real Kafka, real Redis)', () => {
