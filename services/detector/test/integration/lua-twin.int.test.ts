@@ -90,5 +90,7 @@ describe('apply-10.lua = core/state.ts', () => {
       { numRuns: 120 },
     );
     expect(chunks).toBeGreaterThan(500);
+    if (process.env.PAVER_TEST_FIGURES)
+      console.log('lua twin figures', JSON.stringify({ runs: 120, chunks }));
   }, 300_000);
 });

@@ -111,5 +111,19 @@ describe('detector across partitions and restarts (real Kafka, real Redis)', () 
     expect(await candidates(last)).toEqual(offline);
     const m = await metrics(last);
     expect(m.value('paver_dead_letters_total')).toBe(0);
+    if (process.env.PAVER_TEST_FIGURES)
+      console.log(
+        'partitions scenario',
+        JSON.stringify({
+          events: events.length,
+          killedAfterRecords: done,
+          lastProcess: {
+            completed: m.value('paver_detector_records_completed_total'),
+            duplicate: m.value('paver_detector_events_ignored_total', { reason: 'duplicate' }),
+            late: m.value('paver_detector_events_ignored_total', { reason: 'late' }),
+          },
+          offline: offline.map((c) => c.occurrence_count),
+        }),
+      );
   }, 300_000);
 });
