@@ -3,7 +3,7 @@ import { readEvents } from '../../../shared/jsonl.js';
 import { liveCandidates } from './core/detect.js';
 import { toOp, scopeId, type Scope } from './core/ops.js';
 import { DEFAULT_PARAMS, validateParams, type DetectorParams } from './core/params.js';
-import { DetectorState } from './core/state.js';
+import { DetectorState, emptyResult, IGNORE_REASONS } from './core/state.js';
 import { errorMessage } from '../../../shared/errors.js';
 
 const USAGE = `Usage: paver detect --input FILE.jsonl [--min-length 3] [--min-occurrences 3] [--lookback 200]
@@ -27,6 +27,7 @@ export async function detect(
 ) {
   const state = new DetectorState(params);
   const stats = { lines: 0, bad: 0 };
+  const result = emptyResult();
   for await (const event of readEvents(input, stats, warn)) {
     const op = toOp(event, params.requestTerms);
     if (!op) continue;
@@ -35,9 +36,9 @@ export async function detect(
       (filter.agent && op.scope.agent !== filter.agent)
     )
       continue;
-    state.apply(op);
+    state.apply(op, result);
   }
-  return { state, ...stats };
+  return { state, ...stats, ignoredBy: result.ignoredBy };
 }
 
 export async function detectCommand(argv: string[]): Promise<number> {
@@ -141,5 +142,9 @@ export async function detectCommand(argv: string[]): Promise<number> {
     ) + '\n',
   );
   if (result.bad > 0) warn(`${result.bad} bad line(s) skipped of ${result.lines}`);
+  // Never silent: events not used are counted by reason, as the service's metric does.
+  const ignored = IGNORE_REASONS.filter((r) => result.ignoredBy[r] > 0);
+  if (ignored.length > 0)
+    warn(`events not used: ${ignored.map((r) => `${result.ignoredBy[r]} ${r}`).join(', ')}`);
   return 0;
 }

@@ -11,6 +11,7 @@ import { publishScope } from './adapters/publisher.js';
 import { RedisDetectorStore } from './adapters/redis/store.js';
 import { liveCandidates } from './core/detect.js';
 import { toOp, type DetectorOp, type Scope } from './core/ops.js';
+import { IGNORE_REASONS } from './core/state.js';
 import { detectorEnvSchema, paramsFromEnv, type DetectorEnv } from './config.js';
 
 export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
@@ -18,16 +19,23 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
   envSchema: detectorEnvSchema,
   defaultPort: 9101,
   groupId: (env) => env.DETECTOR_GROUP_ID,
-  async setup({ env, redis, sink, metrics }) {
+  async setup({ env, redis, sink, metrics, log }) {
     const params = paramsFromEnv(env);
     const store = new RedisDetectorStore(redis, params, env.REDIS_KEY_PREFIX);
     const r = [metrics.registry];
     const events = new Counter({
       name: 'paver_detector_events_total',
-      help: 'Detector events by outcome (applied, ignored: redelivered, late or over the per-task limit).',
+      help: 'Detector events by outcome (applied, ignored: see paver_detector_events_ignored_total).',
       labelNames: ['outcome'],
       registers: r,
     });
+    const ignoredBy = new Counter({
+      name: 'paver_detector_events_ignored_total',
+      help: 'Events the detector did not use, by reason: duplicate (redelivered), late (for a closed task, or older than the task idle limit behind its partition), task_limit.',
+      labelNames: ['reason'],
+      registers: r,
+    });
+    for (const reason of IGNORE_REASONS) ignoredBy.inc({ reason }, 0);
     const records = new Counter({
       name: 'paver_detector_records_completed_total',
       help: 'Task records completed and entered into the window.',
@@ -55,11 +63,18 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
       parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
       async handler(batch) {
         const ops = batch
-          .map((b) => toOp(b.value, params.requestTerms))
+          .map((b) => toOp(b.value, params.requestTerms, b.partition))
           .filter((o): o is DetectorOp => o !== null);
         const out = await store.applyBatch(ops);
         events.inc({ outcome: 'applied' }, out.applied);
         events.inc({ outcome: 'ignored' }, out.ignored);
+        for (const reason of IGNORE_REASONS) ignoredBy.inc({ reason }, out.ignoredBy[reason]);
+        // Never silent: late events are counted above and named here (counts only, never their contents).
+        if (out.ignoredBy.late > 0)
+          log.warn(
+            { late: out.ignoredBy.late, partition: batch[0]?.partition, topic: batch[0]?.topic },
+            'late events ignored (older than DETECTOR_TASK_IDLE_MS behind their partition, or after their task closed)',
+          );
         records.inc(out.completed);
         for (const scope of out.changed) {
           await publishScope(store, sink, env.PAVER_TOPIC_FLOW_CANDIDATES, params, scope, (status, n) =>

@@ -15,7 +15,11 @@ export interface Scope {
 }
 export const scopeId = (s: Scope): string => `${s.tenant}\u001f${s.agent}`;
 
-export type DetectorOp =
+/**
+ * `partition`: the source partition (0 offline). Events of one session, hence of one task, share a
+ * partition, in order: the one thing Kafka orders.
+ */
+export type DetectorOp = (
   | {
       kind: 'call';
       scope: Scope;
@@ -28,14 +32,20 @@ export type DetectorOp =
     }
   | { kind: 'done'; scope: Scope; task: string; eventId: string; ts: number }
   /** A user message of a task: only its terms travel (empty when request terms are off), never the text. */
-  | { kind: 'msg'; scope: Scope; task: string; eventId: string; ts: number; terms: string[] };
+  | { kind: 'msg'; scope: Scope; task: string; eventId: string; ts: number; terms: string[] }
+) & { partition?: number };
 
 /**
  * Tool calls make a record; a completion closes it; a task's user message is an event of the task (it keeps
  * the task open) whose terms describe the request. A user message without task_id belongs to no record.
  */
-export function toOp(e: ToolCallsEvent, requestTerms = true): DetectorOp | null {
+export function toOp(e: ToolCallsEvent, requestTerms = true, partition = 0): DetectorOp | null {
   const scope = { tenant: e.tenant_id, agent: e.agent_id };
+  const op = toOpAt(e, scope, requestTerms);
+  return op && { ...op, partition };
+}
+
+function toOpAt(e: ToolCallsEvent, scope: Scope, requestTerms: boolean): DetectorOp | null {
   if (e.type === 'tool_call') {
     return {
       kind: 'call',

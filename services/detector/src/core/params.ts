@@ -44,6 +44,8 @@ export function stateFingerprint(p: DetectorParams): string {
     p.taskIdleMs,
     p.doneRetentionMs,
     p.maxTaskEvents,
+    // State layout version: v2 keeps open and completed tasks per partition (per-partition stream time).
+    'v2',
   ].join('|');
 }
 

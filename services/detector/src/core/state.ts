@@ -10,6 +10,8 @@ interface FirstMessage {
   terms: string[];
 }
 interface OpenTask {
+  /** The partition the task's events arrive on: its idleness is judged on that partition's clock. */
+  partition: number;
   events: Map<string, { step: number; tool: string; cost: number }>;
   lastTs: number;
   /** The task's first user message, by (ts, event_id): its terms only. */
@@ -30,9 +32,13 @@ export interface TermRecord {
 }
 interface ScopeState {
   scope: Scope;
+  /** Newest ts seen in the scope on any partition: what time-window eviction is measured against. */
   maxTs: number;
+  /** Per partition: newest ts seen on it in this scope (its stream time). */
+  clocks: Map<number, number>;
   open: Map<string, OpenTask>;
-  done: Map<string, number>;
+  /** Completed task id → completion ts and partition (retention is judged on that partition's clock). */
+  done: Map<string, { ts: number; partition: number }>;
   /** Sorted by (ts, task) ascending: the oldest record is first. */
   window: WindowRecord[];
   support: Map<string, number>;
@@ -41,12 +47,31 @@ interface ScopeState {
   frequent: Set<string>;
 }
 
+/**
+ * Why an event was not used. `duplicate`: already in its open task, or an event of a closed task at or
+ * before its close (a redelivery). `late`: an event of a closed task after its close, or the first event of
+ * a task that is already idle on its partition's clock (older than taskIdleMs behind it). `task_limit`:
+ * over maxTaskEvents.
+ */
+export const IGNORE_REASONS = ['duplicate', 'late', 'task_limit'] as const;
+export type IgnoreReason = (typeof IGNORE_REASONS)[number];
+
 export interface ApplyResult {
   changed: boolean;
   applied: number;
+  /** Total of `ignoredBy`. */
   ignored: number;
+  ignoredBy: Record<IgnoreReason, number>;
   completed: number;
 }
+
+export const emptyResult = (): ApplyResult => ({
+  changed: false,
+  applied: 0,
+  ignored: 0,
+  ignoredBy: { duplicate: 0, late: 0, task_limit: 0 },
+  completed: 0,
+});
 
 const byTsTask = (a: { ts: number; task: string }, b: { ts: number; task: string }) =>
   a.ts - b.ts || codePointCompare(a.task, b.task);
@@ -67,6 +92,7 @@ export class DetectorState {
       st = {
         scope: s,
         maxTs: 0,
+        clocks: new Map(),
         open: new Map(),
         done: new Map(),
         window: [],
@@ -86,67 +112,76 @@ export class DetectorState {
 
   /** Applies ops in order; the result says whether any scope's window changed. */
   applyAll(ops: Iterable<DetectorOp>): ApplyResult {
-    const r: ApplyResult = { changed: false, applied: 0, ignored: 0, completed: 0 };
+    const r = emptyResult();
     for (const op of ops) this.apply(op, r);
     return r;
   }
 
-  apply(
-    op: DetectorOp,
-    r: ApplyResult = { changed: false, applied: 0, ignored: 0, completed: 0 },
-  ): ApplyResult {
+  apply(op: DetectorOp, r: ApplyResult = emptyResult()): ApplyResult {
     const st = this.scope(op.scope);
     const p = this.params;
+    const part = op.partition ?? 0;
     if (op.ts > st.maxTs) st.maxTs = op.ts;
-    // The clock moved: tasks idle for taskIdleMs complete first, so a late event cannot reopen them.
-    this.sweep(st, r);
-    if (st.done.has(op.task)) {
-      r.ignored++;
+    const clock = Math.max(st.clocks.get(part) ?? 0, op.ts);
+    st.clocks.set(part, clock);
+    // The partition's clock moved: its tasks idle for taskIdleMs complete first, so a late event cannot
+    // reopen them. Other partitions' tasks wait for their own clocks (one partition running ahead, e.g.
+    // catching up after a restart, must not cut them).
+    this.sweep(st, part, clock, r);
+    const closed = st.done.get(op.task);
+    const t0 = st.open.get(op.task);
+    if (closed) {
+      this.ignore(r, op.ts > closed.ts ? 'late' : 'duplicate');
+    } else if (!t0 && op.ts + p.taskIdleMs <= clock) {
+      // It would open a task already idle on its partition's clock: a fragment of an older task.
+      this.ignore(r, 'late');
     } else if (op.kind === 'call') {
-      const t = this.openTask(st, op.task, op.ts);
-      if (!t.events.has(op.eventId) && t.events.size < p.maxTaskEvents) {
+      const t = t0 ?? this.openTask(st, op.task, op.ts, part);
+      if (t.events.has(op.eventId)) this.ignore(r, 'duplicate');
+      else if (t.events.size >= p.maxTaskEvents) this.ignore(r, 'task_limit');
+      else {
         t.events.set(op.eventId, { step: op.step, tool: op.tool, cost: op.cost });
         r.applied++;
-      } else {
-        r.ignored++;
       }
       if (op.ts > t.lastTs) t.lastTs = op.ts;
     } else if (op.kind === 'msg') {
-      const t = this.openTask(st, op.task, op.ts);
+      const t = t0 ?? this.openTask(st, op.task, op.ts, part);
       const m = t.msg;
       if (m === null || op.ts < m.ts || (op.ts === m.ts && codePointCompare(op.eventId, m.eventId) < 0))
         t.msg = { ts: op.ts, eventId: op.eventId, terms: op.terms };
       if (op.ts > t.lastTs) t.lastTs = op.ts;
       r.applied++;
     } else {
-      this.complete(st, op.task, op.ts, r);
+      this.complete(st, op.task, op.ts, part, r);
       r.applied++;
     }
-    this.expire(st, r);
+    this.expire(st, part, clock, r);
     return r;
   }
 
-  private openTask(st: ScopeState, task: string, ts: number): OpenTask {
-    let t = st.open.get(task);
-    if (!t) {
-      t = { events: new Map(), lastTs: ts, msg: null };
-      st.open.set(task, t);
-    }
+  private ignore(r: ApplyResult, reason: IgnoreReason) {
+    r.ignored++;
+    r.ignoredBy[reason]++;
+  }
+
+  private openTask(st: ScopeState, task: string, ts: number, partition: number): OpenTask {
+    const t: OpenTask = { partition, events: new Map(), lastTs: ts, msg: null };
+    st.open.set(task, t);
     return t;
   }
 
-  private sweep(st: ScopeState, r: ApplyResult) {
+  private sweep(st: ScopeState, part: number, clock: number, r: ApplyResult) {
     const due = [...st.open]
-      .filter(([, t]) => t.lastTs + this.params.taskIdleMs <= st.maxTs)
+      .filter(([, t]) => t.partition === part && t.lastTs + this.params.taskIdleMs <= clock)
       .map(([task, t]) => ({ task, ts: t.lastTs + this.params.taskIdleMs }))
       .sort(byTsTask);
-    for (const d of due) this.complete(st, d.task, d.ts, r);
+    for (const d of due) this.complete(st, d.task, d.ts, part, r);
   }
 
-  private complete(st: ScopeState, task: string, ts: number, r: ApplyResult) {
+  private complete(st: ScopeState, task: string, ts: number, part: number, r: ApplyResult) {
     const open = st.open.get(task);
     st.open.delete(task);
-    st.done.set(task, ts);
+    st.done.set(task, { ts, partition: open?.partition ?? part });
     const events = open
       ? [...open.events].sort(([ea, a], [eb, b]) => a.step - b.step || codePointCompare(ea, eb))
       : [];
@@ -157,6 +192,10 @@ export class DetectorState {
       costs: events.map(([, e]) => e.cost),
       terms: open?.msg?.terms ?? null,
     };
+    // A task id seen again after its id was forgotten (doneRetentionMs) replaces its older record: one record
+    // per task id, as the Redis window (a ZSET keyed by task id) holds them.
+    const prev = st.window.findIndex((w) => w.task === task);
+    if (prev >= 0) this.count(st, st.window.splice(prev, 1)[0]!, -1);
     let i = st.window.length;
     while (i > 0 && byTsTask(st.window[i - 1]!, rec) > 0) i--;
     st.window.splice(i, 0, rec);
@@ -166,8 +205,12 @@ export class DetectorState {
     while (st.window.length > this.params.lookback) this.count(st, st.window.shift()!, -1);
   }
 
-  /** Time-based eviction (window and remembered task ids), on the event-time clock. */
-  private expire(st: ScopeState, r: ApplyResult) {
+  /**
+   * Time-based eviction: the window against the scope's newest ts (which records it holds is then a function
+   * of the set of completed records and that maximum, whatever order partitions were read in); remembered
+   * task ids against their own partition's clock.
+   */
+  private expire(st: ScopeState, part: number, clock: number, r: ApplyResult) {
     const p = this.params;
     if (p.windowMs !== null) {
       while (st.window.length > 0 && st.window[0]!.ts <= st.maxTs - p.windowMs) {
@@ -175,7 +218,8 @@ export class DetectorState {
         r.changed = true;
       }
     }
-    for (const [task, ts] of st.done) if (ts < st.maxTs - p.doneRetentionMs) st.done.delete(task);
+    for (const [task, d] of st.done)
+      if (d.partition === part && d.ts < clock - p.doneRetentionMs) st.done.delete(task);
   }
 
   private count(st: ScopeState, rec: WindowRecord, d: 1 | -1) {

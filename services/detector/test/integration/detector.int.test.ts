@@ -6,6 +6,7 @@ import { createTopics, produce, waitFor } from '../../../../test/helpers/kafka.j
 import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import { agentEvents } from '../../../../test/helpers/streams.js';
+import { withRequests } from '../reference/requests.js';
 
 const procs: Proc[] = [];
 afterAll(() => {
@@ -13,39 +14,6 @@ afterAll(() => {
 });
 
 const PARAMS = { DETECTOR_LOOKBACK: '60', DETECTOR_MAX_CANDIDATES: '4' };
-// Each task opens with its user's request (issue 14), worded after the workflow it runs, with the
-// numbers, ids and emails real requests carry; only its terms may reach the candidates.
-const REQUESTS: Record<string, string> = {
-  file_read: 'Please validate the deployment config and apply it, ticket 4711',
-  web_search: 'Research competitor pricing online and summarize it for ann@example.com',
-  git_diff: 'Review my diff: run the linter and the tests on branch feat_x2',
-  sql_query: 'Query the monthly sales report and email it to finance, id 99812',
-};
-type StreamEvent = ReturnType<typeof agentEvents> extends Iterable<infer E> ? E : never;
-function withRequests(evs: StreamEvent[]): (Record<string, unknown> & { session_id: string })[] {
-  const tools = new Map<string, string[]>();
-  for (const e of evs) if ('tool' in e) tools.set(e.task_id, [...(tools.get(e.task_id) ?? []), e.tool]);
-  const seen = new Set<string>();
-  return evs.flatMap((e) => {
-    if (seen.has(e.task_id)) return [e];
-    seen.add(e.task_id);
-    const first = (tools.get(e.task_id) ?? []).find((t) => t in REQUESTS);
-    if (first === undefined) return [e];
-    const { ts, tenant_id, agent_id, session_id, task_id } = e;
-    const text = REQUESTS[first]!;
-    const msg = {
-      ts,
-      tenant_id,
-      agent_id,
-      session_id,
-      task_id,
-      type: 'user_message',
-      event_id: `${task_id}:user`,
-      text,
-    };
-    return [msg, e];
-  });
-}
 const events = withRequests([...agentEvents({ tasks: 600, seed: 7 })]);
 const file = join(mkdtempSync(join(tmpdir(), 'paver-det-')), 'events.jsonl');
 // Redeliveries as Kafka would make them: a few events twice, later in the stream.
@@ -85,7 +53,7 @@ beforeAll(async () => {
     { PATH: process.env.PATH ?? '' },
   );
   expect(await p.exited).toBe(0);
-  offline = JSON.parse(p.output().slice(p.output().indexOf('[')));
+  offline = JSON.parse(p.output().slice(p.output().indexOf('['), p.output().lastIndexOf(']') + 1));
   expect((offline as unknown[]).length).toBe(4);
   // Request terms travel with the candidates (and so are compared with the service's below): words only.
   const top = (offline as { request_terms: { tasks: number; terms: { term: string }[] } }[])[0]!;

@@ -11,6 +11,7 @@ import { recordGrams } from '../../src/core/grams.js';
 import { DEFAULT_PARAMS } from '../../src/core/params.js';
 import { DetectorState } from '../../src/core/state.js';
 import { requestTermsOf } from '../../src/core/terms.js';
+import { pipelineError } from '../../src/adapters/redis/store.js';
 import { flowCandidateRecordV1 } from '../../../../schemas/index.js';
 import type { DetectorOp } from '../../src/core/ops.js';
 
@@ -192,5 +193,14 @@ describe('request terms (issue 14)', () => {
     s.apply(m('e0', 6, ['late']));
     runTask(s, 't', ['x'], 7);
     expect(s.windowRecords(scope)).toEqual([{ tools: ['x'], terms: ['first'] }]);
+  });
+});
+
+describe('Redis reply classification (issue 11)', () => {
+  it('a lost connection is retriable; a script error is a script failure, not retried', () => {
+    const conn = Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:6379'), { code: 'ECONNREFUSED' });
+    expect(pipelineError('apply', conn)).toMatchObject({ code: 'REDIS_UNAVAILABLE', retriable: true });
+    const bug = new Error("ERR user_script:68: attempt to perform arithmetic on field '?' (a nil value)");
+    expect(pipelineError('apply', bug)).toMatchObject({ code: 'REDIS_SCRIPT_FAILED', retriable: false });
   });
 });

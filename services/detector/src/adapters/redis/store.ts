@@ -8,16 +8,16 @@ import {
   readScripts,
 } from '../../../../../shared/redis/scripts.js';
 import { scopeTag } from '../../../../../shared/redis/keys.js';
-import { PaverError } from '../../../../../shared/errors.js';
+import { classifyError, errorMessage, PaverError } from '../../../../../shared/errors.js';
 import type { DetectorOp, Scope } from '../../core/ops.js';
 import { scopeId } from '../../core/ops.js';
 import { stateFingerprint, type DetectorParams } from '../../core/params.js';
 import type { GramStat } from '../../core/select.js';
-import type { TermRecord } from '../../core/state.js';
+import { emptyResult, type ApplyResult, type TermRecord } from '../../core/state.js';
 
 export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
 /** Script name → key count: the file each name must load (a stale build may still hold older versions). */
-export const SCRIPT_KEYS = { apply: 10, snapshot: 4, claim: 4, release: 3 } as const;
+export const SCRIPT_KEYS = { apply: 10, snapshot: 4, claim: 3, release: 3 } as const;
 export const SCRIPTS = Object.keys(SCRIPT_KEYS) as (keyof typeof SCRIPT_KEYS)[];
 
 /** One pure key builder for the detector's keyspace: `<prefix>:det:{tenant|agent}:<name>`. */
@@ -49,14 +49,30 @@ const CODES = {
   },
   [-3]: { code: 'REDIS_STATE_CONFLICT' as const, message: 'publication lock lost (TTL expired)' },
 };
-const applyReply = z.tuple([z.literal(1), z.number(), z.number(), z.number(), z.number()]);
+const applyReply = z.tuple([
+  z.literal(1),
+  z.number(),
+  z.number(),
+  z.number(),
+  z.number(),
+  z.number(),
+  z.number(),
+  z.number(),
+]);
 const flatReply = z.array(z.union([z.string(), z.number()]));
 
-export interface BatchOutcome {
+export interface BatchOutcome extends Omit<ApplyResult, 'changed'> {
   changed: Scope[];
-  applied: number;
-  ignored: number;
-  completed: number;
+}
+
+/**
+ * One place for a failed script call in a pipeline: a lost connection is retriable (classifyError knows
+ * the shapes); anything else is a script failure (a bug or a state the script refuses), not retried.
+ */
+export function pipelineError(script: string, err: unknown): PaverError {
+  const c = classifyError(err);
+  if (c.retriable) return c;
+  return new PaverError('REDIS_SCRIPT_FAILED', `${script}: ${errorMessage(err)}`, { cause: err });
 }
 
 /** A window record as apply-10.lua packs it: tools, costs and, when the task had a user message, its terms. */
@@ -93,12 +109,15 @@ export class RedisDetectorStore {
       const id = scopeId(op.scope);
       let g = byScope.get(id);
       if (!g) byScope.set(id, (g = { scope: op.scope, argv: [], n: 0 }));
-      if (op.kind === 'call') g.argv.push('c', op.task, op.eventId, op.ts, op.step, op.tool, op.cost);
-      else if (op.kind === 'msg') g.argv.push('m', op.task, op.eventId, op.ts, 0, op.terms.join(','), 0);
-      else g.argv.push('d', op.task, op.eventId, op.ts, 0, '', 0);
+      const part = op.partition ?? 0;
+      if (op.kind === 'call') g.argv.push('c', op.task, op.eventId, op.ts, op.step, op.tool, op.cost, part);
+      else if (op.kind === 'msg')
+        g.argv.push('m', op.task, op.eventId, op.ts, 0, op.terms.join(','), 0, part);
+      else g.argv.push('d', op.task, op.eventId, op.ts, 0, '', 0, part);
       g.n++;
     }
-    const out: BatchOutcome = { changed: [], applied: 0, ignored: 0, completed: 0 };
+    const { changed: _c, ...zero } = emptyResult();
+    const out: BatchOutcome = { ...zero, changed: [] };
     if (byScope.size === 0) return out;
     const pipe = this.redis.pipeline();
     const groups = [...byScope.values()];
@@ -114,10 +133,18 @@ export class RedisDetectorStore {
     const replies = (await pipe.exec()) ?? [];
     this.roundTrips++;
     replies.forEach(([err, reply], i) => {
-      if (err) throw err;
-      const [, changed, applied, ignored, completed] = parseScriptReply('apply', reply, applyReply, CODES);
+      if (err) throw pipelineError('apply', err);
+      const [, changed, applied, ignored, completed, dup, late, limit] = parseScriptReply(
+        'apply',
+        reply,
+        applyReply,
+        CODES,
+      );
       out.applied += applied;
       out.ignored += ignored;
+      out.ignoredBy.duplicate += dup;
+      out.ignoredBy.late += late;
+      out.ignoredBy.task_limit += limit;
       out.completed += completed;
       if (changed === 1) out.changed.push(groups[i]!.scope);
     });
@@ -158,7 +185,7 @@ export class RedisDetectorStore {
     const k = detectorKeys(this.prefix, scope);
     const reply = parseScriptReply(
       'claim',
-      await invokeScript(this.redis, 'claim', [k.lock, k.dirty, k.published, k.meta], [token, ttlMs]),
+      await invokeScript(this.redis, 'claim', [k.lock, k.dirty, k.published], [token, ttlMs]),
       flatReply,
     );
     this.roundTrips++;

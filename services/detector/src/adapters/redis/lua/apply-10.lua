@@ -1,11 +1,14 @@
 --[[
   apply: one batch of detector events for ONE scope (all keys share the scope's hash tag).
-  Mirrors services/detector/src/core/state.ts event for event.
+  Mirrors services/detector/src/core/state.ts event for event (test/integration/lua-twin.int.test.ts holds
+  the two equal on random operation streams).
 
-  KEYS[1] meta     hash  cfg (parameter fingerprint), maxTs (event-time clock, ms)
-  KEYS[2] open     zset  task_id -> last event ts (ms)
+  KEYS[1] meta     hash  cfg (parameter fingerprint), maxTs (newest ts in the scope), clock:<p> (newest ts
+                         seen on partition p: its stream time)
+  KEYS[2] open     zset  base name: open tasks of partition p live in KEYS[2]..":"..p, task_id -> last event ts
   KEYS[3] events   hash  task_id -> packed events of an open task: ("\30" event_id "\31" step "\31" tool "\31" cost)*
-  KEYS[4] done     zset  task_id -> completion ts (ms); remembered doneRetentionMs
+  KEYS[4] done     zset  base name: KEYS[4]..":"..p holds partition p's completed task_id -> completion ts,
+                         remembered doneRetentionMs of p's clock
   KEYS[5] window   zset  task_id -> completion ts (ms); ties ordered by task_id bytes
   KEYS[6] records  hash  task_id -> tools joined by "\31", "\30", costs joined by ",", and when the task had a
                          user message: "\30", its terms joined by ","  (window members only)
@@ -15,13 +18,17 @@
   KEYS[10] msgs    hash  task_id -> first user message of an open task: ts "\31" event_id "\31" terms joined by ","
   (frequency is support >= minOcc, read by snapshot-4.lua)
 
-  ARGV[1] cfg fingerprint: minLen|maxLen|minOcc|lookback|windowMs(0=off)|idleMs|doneRetentionMs|maxTaskEvents
-  ARGV[2] op count N, then N ops of 7 fields each:
-          kind ("c" tool call | "d" task completed | "m" user message), task_id, event_id, ts ms, step,
-          tool (for "m": the message's terms joined by ","), cost units
+  The per-partition keys are derived from declared ones and share their hash tag, so they live in the
+  scope's slot. A task's events are assumed to arrive on one partition (they do: the topic is keyed by
+  session_id); core/state.ts makes the same assumption.
 
-  Returns {1, changed (0|1), applied, ignored, completed} or {-2, stored cfg} when the state was built with
-  other parameters.
+  ARGV[1] cfg fingerprint: minLen|maxLen|minOcc|lookback|windowMs(0=off)|idleMs|doneRetentionMs|maxTaskEvents|format
+  ARGV[2] op count N, then N ops of 8 fields each:
+          kind ("c" tool call | "d" task completed | "m" user message), task_id, event_id, ts ms, step,
+          tool (for "m": the message's terms joined by ","), cost units, source partition
+
+  Returns {1, changed (0|1), applied, ignored, completed, ignored as duplicate, as late, over the task limit}
+  or {-2, stored cfg} when the state was built with other parameters.
 ]]
 local cfg = ARGV[1]
 local stored = redis.call('HGET', KEYS[1], 'cfg')
@@ -34,6 +41,8 @@ local minLen, maxLen, minOcc, lookback, windowMs, idleMs, retention, maxEvents =
 
 local maxTs = tonumber(redis.call('HGET', KEYS[1], 'maxTs') or '0')
 local changed, applied, ignored, completed = 0, 0, 0, 0
+local dup, late, overLimit = 0, 0, 0
+local clocks = {}
 local US, RS = '\31', '\30'
 
 local function int(x) return string.format('%.0f', x) end
@@ -114,13 +123,13 @@ local function evictOldest()
   end
 end
 
-local function complete(task, ts)
+local function complete(task, ts, openKey, doneKey)
   local packed = redis.call('HGET', KEYS[3], task)
   redis.call('HDEL', KEYS[3], task)
   local msg = redis.call('HGET', KEYS[10], task)
   redis.call('HDEL', KEYS[10], task)
-  redis.call('ZREM', KEYS[2], task)
-  redis.call('ZADD', KEYS[4], ts, task)
+  redis.call('ZREM', openKey, task)
+  redis.call('ZADD', doneKey, ts, task)
   local evs = {}
   if packed then
     for _, e in ipairs(split(string.sub(packed, 2), RS)) do
@@ -134,6 +143,16 @@ local function complete(task, ts)
   end)
   local tools, costs, costStr = {}, {}, {}
   for i, e in ipairs(evs) do tools[i] = e.tool; costs[i] = e.cost; costStr[i] = int(e.cost) end
+  -- A task id seen again after it was forgotten replaces its older record (see core/state.ts).
+  if redis.call('ZSCORE', KEYS[5], task) then
+    local prev = redis.call('HGET', KEYS[6], task)
+    redis.call('ZREM', KEYS[5], task)
+    redis.call('HDEL', KEYS[6], task)
+    if prev then
+      local ptools, pcosts = unpackRecord(prev)
+      count(ptools, pcosts, -1)
+    end
+  end
   redis.call('ZADD', KEYS[5], ts, task)
   local rec = table.concat(tools, US) .. RS .. table.concat(costStr, ',')
   if msg then rec = rec .. RS .. split(msg, US)[3] end
@@ -144,13 +163,15 @@ local function complete(task, ts)
   while redis.call('ZCARD', KEYS[5]) > lookback do evictOldest() end
 end
 
-local function sweep()
-  local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', int(maxTs - idleMs), 'WITHSCORES')
+-- Only this partition's tasks: another partition running ahead (catching up, a backlog) must not cut them.
+local function sweep(openKey, doneKey, clock)
+  local due = redis.call('ZRANGEBYSCORE', openKey, '-inf', int(clock - idleMs), 'WITHSCORES')
   -- (last + idle, task) order equals (last, task) order: ZRANGEBYSCORE already returns it.
-  for i = 1, #due, 2 do complete(due[i], tonumber(due[i + 1]) + idleMs) end
+  for i = 1, #due, 2 do complete(due[i], tonumber(due[i + 1]) + idleMs, openKey, doneKey) end
 end
 
-local function expire()
+-- The window against the scope's newest ts; remembered task ids against their partition's clock.
+local function expire(doneKey, clock)
   if windowMs > 0 then
     while true do
       local oldest = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
@@ -159,17 +180,29 @@ local function expire()
       changed = 1
     end
   end
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. int(maxTs - retention))
+  redis.call('ZREMRANGEBYSCORE', doneKey, '-inf', '(' .. int(clock - retention))
 end
 
 local n = tonumber(ARGV[2])
 for k = 0, n - 1 do
-  local b = 3 + k * 7
+  local b = 3 + k * 8
   local kind, task, eid, ts = ARGV[b], ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3])
+  local part = ARGV[b + 7]
+  local openKey, doneKey = KEYS[2] .. ':' .. part, KEYS[4] .. ':' .. part
   if ts > maxTs then maxTs = ts end
-  sweep()
-  if redis.call('ZSCORE', KEYS[4], task) then
+  if clocks[part] == nil then clocks[part] = tonumber(redis.call('HGET', KEYS[1], 'clock:' .. part) or '0') end
+  if ts > clocks[part] then clocks[part] = ts end
+  local clock = clocks[part]
+  sweep(openKey, doneKey, clock)
+  local closed = redis.call('ZSCORE', doneKey, task)
+  local last = redis.call('ZSCORE', openKey, task)
+  if closed then
     ignored = ignored + 1
+    if ts > tonumber(closed) then late = late + 1 else dup = dup + 1 end
+  elseif not last and ts + idleMs <= clock then
+    -- It would open a task already idle on its partition's clock: a fragment of an older task.
+    ignored = ignored + 1
+    late = late + 1
   elseif kind == 'm' then
     -- The first message by (ts, event_id) wins, whatever order redeliveries bring them in.
     local cur = redis.call('HGET', KEYS[10], task)
@@ -180,26 +213,29 @@ for k = 0, n - 1 do
       take = ts < cts or (ts == cts and bytesLess(eid, f[2]))
     end
     if take then redis.call('HSET', KEYS[10], task, int(ts) .. US .. eid .. US .. ARGV[b + 5]) end
-    local last = tonumber(redis.call('ZSCORE', KEYS[2], task) or '-1')
-    if ts > last then redis.call('ZADD', KEYS[2], ts, task) end
+    if ts > tonumber(last or '-1') then redis.call('ZADD', openKey, ts, task) end
     applied = applied + 1
   elseif kind == 'c' then
     local packed = redis.call('HGET', KEYS[3], task) or ''
     local count_ = 0
     if packed ~= '' then count_ = select(2, string.gsub(packed, RS, '')) end
-    if string.find(packed, RS .. eid .. US, 1, true) == nil and count_ < maxEvents then
+    if string.find(packed, RS .. eid .. US, 1, true) ~= nil then
+      ignored = ignored + 1
+      dup = dup + 1
+    elseif count_ >= maxEvents then
+      ignored = ignored + 1
+      overLimit = overLimit + 1
+    else
       redis.call('HSET', KEYS[3], task, packed .. RS .. eid .. US .. ARGV[b + 4] .. US .. ARGV[b + 5] .. US .. ARGV[b + 6])
       applied = applied + 1
-    else
-      ignored = ignored + 1
     end
-    local last = tonumber(redis.call('ZSCORE', KEYS[2], task) or '-1')
-    if ts > last then redis.call('ZADD', KEYS[2], ts, task) end
+    if ts > tonumber(last or '-1') then redis.call('ZADD', openKey, ts, task) end
   else
-    complete(task, ts)
+    complete(task, ts, openKey, doneKey)
     applied = applied + 1
   end
-  expire()
+  expire(doneKey, clock)
 end
 redis.call('HSET', KEYS[1], 'maxTs', int(maxTs))
-return {1, changed, applied, ignored, completed}
+for part, c in pairs(clocks) do redis.call('HSET', KEYS[1], 'clock:' .. part, int(c)) end
+return {1, changed, applied, ignored, completed, dup, late, overLimit}

@@ -2,7 +2,7 @@
   release: record what was published, then release the lock unless the scope was marked dirty meanwhile.
 
   KEYS[1] lock       string  holder token
-  KEYS[2] dirty      string  mark left by claim-4.lua
+  KEYS[2] dirty      string  mark left by claim-3.lua
   KEYS[3] published  hash    dedupe_key -> candidate JSON
   ARGV[1] token
   ARGV[2] lock TTL ms

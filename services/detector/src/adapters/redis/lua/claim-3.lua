@@ -5,7 +5,6 @@
   KEYS[1] lock       string  holder token, with a TTL
   KEYS[2] dirty      string  set when someone could not take the lock: the holder must publish again
   KEYS[3] published  hash    dedupe_key -> candidate JSON as last published
-  KEYS[4] (unused; keeps the key list stable for Redis Cluster checks)
   ARGV[1] token
   ARGV[2] lock TTL ms
 

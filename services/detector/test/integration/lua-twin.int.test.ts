@@ -1,0 +1,96 @@
+import fc from 'fast-check';
+import { afterAll, describe, expect, it } from 'vitest';
+import { testRedis, unique } from '../../../../test/helpers/kafka.js';
+import { RedisDetectorStore } from '../../src/adapters/redis/store.js';
+import { liveCandidates } from '../../src/core/detect.js';
+import { toOp, type DetectorOp } from '../../src/core/ops.js';
+import { DEFAULT_PARAMS, type DetectorParams } from '../../src/core/params.js';
+import { DetectorState } from '../../src/core/state.js';
+import type { GramStat } from '../../src/core/select.js';
+import { makeLogs, rng } from '../reference/partition-logs.js';
+
+const redis = testRedis();
+afterAll(() => redis.disconnect());
+
+const sortStats = (xs: GramStat[]) => [...xs].sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+const sortRecords = (xs: { tools: string[]; terms: string[] | null }[]) =>
+  xs.map((x) => JSON.stringify(x)).sort();
+
+/**
+ * The Lua twin (apply-10.lua, snapshot-4.lua) against core/state.ts on real Redis (issue 11 item 5):
+ * random operation streams over several partitions and scopes, in random chunk sizes, give equal counters
+ * after every chunk and equal counts, windows and candidates at the end.
+ */
+describe('apply-10.lua = core/state.ts', () => {
+  it('random streams in random chunks give equal counters, snapshots and candidates', async () => {
+    let chunks = 0;
+    await fc.assert(
+      fc.asyncProperty(
+        fc.record({
+          seed: fc.integer(),
+          schedule: fc.integer(),
+          partitions: fc.integer({ min: 1, max: 4 }),
+          tasks: fc.integer({ min: 5, max: 40 }),
+          idleMs: fc.integer({ min: 15, max: 80 }),
+          lookback: fc.integer({ min: 3, max: 20 }),
+          windowMs: fc.option(fc.integer({ min: 50, max: 2_000 }), { nil: null }),
+          maxTaskEvents: fc.integer({ min: 2, max: 8 }),
+          doneRetentionMs: fc.integer({ min: 50, max: 5_000 }),
+        }),
+        async (g) => {
+          const params: DetectorParams = {
+            ...DEFAULT_PARAMS,
+            minLength: 2,
+            maxLength: 5,
+            minOccurrences: 2,
+            maxCandidates: 4,
+            lookback: g.lookback,
+            windowMs: g.windowMs,
+            taskIdleMs: g.idleMs,
+            maxTaskEvents: g.maxTaskEvents,
+            doneRetentionMs: g.doneRetentionMs,
+          };
+          const logs = makeLogs(g.seed, g.partitions, g.tasks, g.idleMs);
+          const r = rng(g.schedule);
+          // One arrival order across partitions, then cut into chunks as the runner would hand them over.
+          const pos = logs.map(() => 0);
+          const ops: DetectorOp[] = [];
+          for (;;) {
+            const open = logs.map((_, p) => p).filter((p) => pos[p]! < logs[p]!.length);
+            if (open.length === 0) break;
+            const p = open[Math.floor(r() * open.length)]!;
+            const op = toOp(logs[p]![pos[p]!]!, true, p);
+            pos[p]!++;
+            if (op) ops.push(op);
+          }
+          const state = new DetectorState(params);
+          const store = new RedisDetectorStore(redis, params, unique('twin'));
+          for (let i = 0; i < ops.length;) {
+            const chunk = ops.slice(i, i + 1 + Math.floor(r() * 12));
+            i += chunk.length;
+            const mem = state.applyAll(chunk);
+            const lua = await store.applyBatch(chunk);
+            const { changed: _m, ...memCounts } = mem;
+            const { changed: luaChanged, ...luaCounts } = lua;
+            expect(luaCounts).toEqual(memCounts);
+            expect(luaChanged.length > 0).toBe(mem.changed);
+            chunks++;
+          }
+          for (const agent of ['agent0', 'agent1']) {
+            const scope = { tenant: 'acme', agent };
+            const snap = await store.snapshot(scope);
+            expect(sortStats(snap.stats)).toEqual(sortStats(state.frequentStats(scope)));
+            expect(sortRecords(snap.records)).toEqual(sortRecords(state.windowRecords(scope)));
+            expect(liveCandidates(snap.stats, params, snap.records)).toEqual(
+              liveCandidates(state.frequentStats(scope), params, state.windowRecords(scope)),
+            );
+          }
+        },
+      ),
+      { numRuns: 120 },
+    );
+    expect(chunks).toBeGreaterThan(500);
+    if (process.env.PAVER_TEST_FIGURES)
+      console.log('lua twin figures', JSON.stringify({ runs: 120, chunks }));
+  }, 300_000);
+});
