@@ -53,7 +53,7 @@ export interface LearnOptions {
 export const DEFAULT_LEARN: LearnOptions = {
   maxK: 3,
   minTrials: 20,
-  minPrecision: 0.8,
+  minPrecision: 0.9,
   minSupport: 3,
   window: 200,
   maxCount: 200,
