@@ -58,9 +58,16 @@ export interface EnumerateOptions {
   maxDepth: number;
   /** Nodes visited per call part before the search stops (huge outputs stay cheap). */
   maxNodes: number;
+  /** Longest constant (canonical JSON characters) offered as a `const` source. */
+  maxConstChars: number;
 }
 
-export const DEFAULT_ENUMERATE: EnumerateOptions = { maxSources: 12, maxDepth: 8, maxNodes: 5000 };
+export const DEFAULT_ENUMERATE: EnumerateOptions = {
+  maxSources: 12,
+  maxDepth: 8,
+  maxNodes: 5000,
+  maxConstChars: 128,
+};
 
 /** JSON with sorted object keys, so deep-equal values have the same text; `undefined` members are dropped. */
 export function canonicalJson(v: unknown): string {
@@ -253,23 +260,75 @@ interface Hit {
   path: PathSeg[];
 }
 
-/** Every path under `root` whose value is canonically equal to `target` (bounded walk). */
-function findPaths(root: unknown, target: string, opts: EnumerateOptions, out: PathSeg[][]): void {
+/** Cheap pre-check before comparing containers by canonical text. */
+function sameShape(a: object, b: unknown): boolean {
+  if (Array.isArray(a)) return Array.isArray(b) && a.length === b.length;
+  return (
+    b !== null &&
+    typeof b === 'object' &&
+    !Array.isArray(b) &&
+    Object.keys(a).length === Object.keys(b).length
+  );
+}
+
+/** Every path under `root` whose value is canonically equal to `value` (bounded walk). */
+function findPaths(root: unknown, value: unknown, opts: EnumerateOptions, out: PathSeg[][]): void {
   let visited = 0;
+  const container = value !== null && typeof value === 'object';
+  const target = container ? canonicalJson(value) : '';
   const walk = (node: unknown, path: PathSeg[]) => {
     if (++visited > opts.maxNodes || out.length >= opts.maxSources * 4) return;
     const isObj = node !== null && typeof node === 'object';
-    // Scalars compare cheaply; containers only when the target is a container too.
-    if (!isObj || target.startsWith('{') || target.startsWith('['))
-      if (canonicalJson(node) === target) {
-        out.push([...path]);
-        return;
-      }
+    // Scalars compare directly; containers by canonical text, only when the value is a container too.
+    if (isObj ? container && sameShape(node, value) && canonicalJson(node) === target : node === value) {
+      out.push([...path]);
+      return;
+    }
     if (!isObj || path.length >= opts.maxDepth) return;
     if (Array.isArray(node)) node.forEach((x, i) => walk(x, [...path, i]));
     else for (const [k, x] of Object.entries(node as Record<string, unknown>)) walk(x, [...path, k]);
   };
   walk(root, []);
+}
+
+const scalarKey = (v: unknown) => `${typeof v}:${String(v)}`;
+
+/**
+ * Where each non-empty string or number occurs inside one call's output or arguments (paths in walk order),
+ * memoised per object: a task's earlier calls are indexed once, not once per argument per event. The cache
+ * holds only derived data of objects the caller still references (WeakMap), so results stay deterministic.
+ */
+const partIndexes = new WeakMap<object, Map<string, PathSeg[][]>>();
+function partIndex(root: unknown, opts: EnumerateOptions): Map<string, PathSeg[][]> | null {
+  if (root === null || typeof root !== 'object') return null;
+  const cached = partIndexes.get(root);
+  if (cached) return cached;
+  const index = new Map<string, PathSeg[][]>();
+  let visited = 0;
+  const walk = (node: unknown, path: PathSeg[]) => {
+    if (++visited > opts.maxNodes) return;
+    if (node === null || typeof node !== 'object') {
+      if ((typeof node === 'string' && node.length > 0) || typeof node === 'number') {
+        const k = scalarKey(node);
+        let l = index.get(k);
+        if (!l) index.set(k, (l = []));
+        if (l.length < opts.maxSources * 4) l.push([...path]);
+      }
+      return;
+    }
+    if (path.length >= opts.maxDepth) return;
+    if (Array.isArray(node)) node.forEach((x, j) => walk(x, [...path, j]));
+    else for (const [k, x] of Object.entries(node as Record<string, unknown>)) walk(x, [...path, k]);
+  };
+  walk(root, []);
+  partIndexes.set(root, index);
+  return index;
+}
+
+function scalarPaths(root: unknown, value: unknown, opts: EnumerateOptions): PathSeg[][] {
+  const index = partIndex(root, opts);
+  if (index) return index.get(scalarKey(value)) ?? [];
+  return root === value ? [[]] : [];
 }
 
 const KIND_RANK: Record<Source['kind'], number> = { prev: 0, last: 1, loop: 2, user: 3, const: 4 };
@@ -285,7 +344,6 @@ export function enumerateSources(
   value: unknown,
   opts: EnumerateOptions = DEFAULT_ENUMERATE,
 ): Source[] {
-  const target = canonicalJson(value);
   const found: Source[] = [];
   const calls = ctx.calls;
   // Trivial scalars (booleans, null, empty strings) are found everywhere: only the constant explains them.
@@ -295,6 +353,7 @@ export function enumerateSources(
     (value !== null && typeof value === 'object');
   if (searchable) {
     const hits: Hit[] = [];
+    const scalar = value === null || typeof value !== 'object';
     // Only the last call of each tool can be addressed (`last`), plus the previous call (`prev`).
     const seenTools = new Set<string>();
     for (let i = calls.length - 1; i >= 0; i--) {
@@ -303,7 +362,8 @@ export function enumerateSources(
       seenTools.add(c.tool);
       for (const part of ['out', 'args'] as const) {
         const paths: PathSeg[][] = [];
-        findPaths(partOf(c, part), target, opts, paths);
+        if (scalar) paths.push(...scalarPaths(partOf(c, part), value, opts));
+        else findPaths(partOf(c, part), value, opts, paths);
         for (const p of paths) hits.push({ call: i, part, path: p });
       }
     }
@@ -331,7 +391,8 @@ export function enumerateSources(
       if (index >= 0) found.push({ kind: 'user', pattern, index });
     }
   }
-  found.push({ kind: 'const', value });
+  // A long value is an unlikely constant and would bloat whoever stores sources: only short ones qualify.
+  if (canonicalJson(value).length <= opts.maxConstChars) found.push({ kind: 'const', value });
   const seen = new Set<string>();
   return found
     .map((s, i) => ({ s, i }))

@@ -48,6 +48,8 @@ export interface LearnOptions {
   maxPayloadChars: number;
   /** Proposals scored per task step (best first). */
   maxPending: number;
+  /** Share of a context's next calls a tool needs for its rule to propose at all. */
+  minShare: number;
 }
 
 export const DEFAULT_LEARN: LearnOptions = {
@@ -55,15 +57,16 @@ export const DEFAULT_LEARN: LearnOptions = {
   minTrials: 20,
   minPrecision: 0.9,
   minSupport: 3,
-  window: 200,
+  window: 400,
   maxCount: 200,
   maxContexts: 2000,
   maxSlots: 4000,
-  maxSourcesPerUnit: 12,
+  maxSourcesPerUnit: 6,
   historyPerTask: 32,
   seenPerTask: 128,
   maxPayloadChars: 32_768,
   maxPending: 24,
+  minShare: 0.5,
 };
 
 export type RuleState = 'shadow' | 'active' | 'demoted';
@@ -282,14 +285,22 @@ function learnOccurrence(
   e: ToolCallEvent,
   opts: LearnOptions,
 ): void {
-  const units = enumerateArgs(bctx, e.tool, e.args);
-  const sig = canonicalJson(units.map((u) => u.path));
+  // Next-tool statistics first: bindings are learned only where the tool is the context's usual next call
+  // (share ≥ minShare); elsewhere no rule could be proven, so its slot would be work and bytes for nothing.
+  const learnAt: { key: string; k: number }[] = [];
   for (const { key, k } of ctxs) {
     const c = (scope.ctx[key] ??= { n: 0, next: {}, at: 0 });
     c.n++;
     c.next[e.tool] = (c.next[e.tool] ?? 0) + 1;
     c.at = scope.clock;
     if (halveIfOver(c.next, c.n, opts.maxCount)) c.n /= 2;
+    if (c.n >= opts.minSupport && c.next[e.tool]! >= c.n * opts.minShare) learnAt.push({ key, k });
+  }
+  if (learnAt.length === 0) return;
+  const units = enumerateArgs(bctx, e.tool, e.args);
+  const sig = canonicalJson(units.map((u) => u.path));
+  const unitKeys = units.map((u) => ({ path: pathKey(u.path), sources: u.sources.map(sourceKey) }));
+  for (const { key, k } of learnAt) {
     const sk = slotKey(key, e.tool);
     const slot = (scope.slots[sk] ??= {
       ctx: key,
@@ -304,11 +315,9 @@ function learnOccurrence(
     slot.n++;
     slot.at = scope.clock;
     slot.sigs[sig] = (slot.sigs[sig] ?? 0) + 1;
-    for (const u of units) {
-      const pk = pathKey(u.path);
-      const srcs = (slot.units[pk] ??= {});
-      for (const s of u.sources) {
-        const key2 = sourceKey(s);
+    for (const u of unitKeys) {
+      const srcs = (slot.units[u.path] ??= {});
+      for (const key2 of u.sources) {
         if (key2 in srcs) srcs[key2]! += 1;
         else {
           const keys = Object.keys(srcs);
@@ -327,13 +336,22 @@ function learnOccurrence(
       slot.n /= 2;
       for (const srcs of Object.values(slot.units)) for (const kk of Object.keys(srcs)) srcs[kk]! /= 2;
     }
-    refreshRule(slot, e.ts, opts);
+    // The current rule reproduced this occurrence: no source can have overtaken its bindings.
+    const cur = slot.rule;
+    const reproduced =
+      cur !== null &&
+      cur.bindings.length === units.length &&
+      cur.bindings.every((b, i) => {
+        const u = unitKeys[i]!;
+        return u.path === pathKey(b.path) && u.sources.includes(sourceKey(b.source));
+      });
+    if (!reproduced) refreshRule(slot, e.ts, opts);
   }
 }
 
 function evict(scope: ScopeState, opts: LearnOptions): void {
   const slotKeys = Object.keys(scope.slots);
-  if (slotKeys.length > opts.maxSlots * 1.1) {
+  if (slotKeys.length > opts.maxSlots) {
     const order = slotKeys.sort((a, b) => {
       const sa = scope.slots[a]!;
       const sb = scope.slots[b]!;
@@ -344,7 +362,7 @@ function evict(scope: ScopeState, opts: LearnOptions): void {
     for (const k of order.slice(0, slotKeys.length - opts.maxSlots)) delete scope.slots[k];
   }
   const ctxKeys = Object.keys(scope.ctx);
-  if (ctxKeys.length > opts.maxContexts * 1.1) {
+  if (ctxKeys.length > opts.maxContexts) {
     const order = ctxKeys.sort((a, b) => scope.ctx[a]!.at - scope.ctx[b]!.at || (a < b ? -1 : 1));
     for (const k of order.slice(0, ctxKeys.length - opts.maxContexts)) {
       for (const t of Object.keys(scope.ctx[k]!.next)) delete scope.slots[slotKey(k, t)];
@@ -375,6 +393,9 @@ function propose(
     const c = scope.ctx[key];
     if (!c) continue;
     for (const tool of Object.keys(c.next)) {
+      // A rule's precision cannot exceed its tool's share after the context: below half, it can never be
+      // proven, so it is neither proposed nor scored (this bounds the work to ~K candidates per event).
+      if (tool === '' || c.next[tool]! < c.n * opts.minShare) continue;
       const sk = slotKey(key, tool);
       const rule = scope.slots[sk]?.rule;
       if (!rule) continue;
@@ -458,7 +479,8 @@ export function stepToolCall(
   const bctx: BindingContext = { calls: task.calls, userText: task.user ?? undefined };
   const ctxs = contexts(task.calls, opts.maxK);
   if (ctxs.length > 0) learnOccurrence(scope, ctxs, bctx, e, opts);
-  evict(scope, opts);
+  // Eviction scans the scope: every 64 events keeps it amortised (and deterministic: the clock is state).
+  if (scope.clock % 64 === 0) evict(scope, opts);
   const call: PastCall = { tool: e.tool };
   const args = trimPayload(e.args, opts.maxPayloadChars) as Record<string, unknown> | undefined;
   const obs = trimPayload(e.observation, opts.maxPayloadChars);
