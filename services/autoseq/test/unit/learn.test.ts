@@ -176,6 +176,24 @@ describe('paver predict', () => {
     expect(out.some((l) => l.proposal !== null)).toBe(true);
   });
 
+  it('with a catalog, the typed decider wins when it is unique', async () => {
+    const root = join(import.meta.dirname, '../../../../examples');
+    const { loadCatalogFile } = await import('../../src/core/catalog.js');
+    const { SchemaCompiler } = await import('../../src/core/schema-compiler.js');
+    const { readConfigFile } = await import('../../../../shared/jsonl.js');
+    const catalog = loadCatalogFile(await readConfigFile(join(root, 'catalog.yaml')), new SchemaCompiler());
+    const out: { proposal: { origin: string } | null }[] = [];
+    await replay(
+      join(root, 'autoseq-events.jsonl'),
+      lowBar,
+      catalog,
+      (l) => out.push(l),
+      () => undefined,
+    );
+    expect(out[0]!.proposal).toBeNull();
+    expect(out[1]!.proposal).toMatchObject({ origin: 'typed', tool: 'http_get', state: 'active' });
+  });
+
   it('prefix property: the output for a prefix is the first lines of the output for the whole file', async () => {
     const all = await lines(fixture);
     const src = readFileSync(fixture, 'utf8').trim().split('\n');
