@@ -162,6 +162,7 @@ export function benchLearned(n: number, source?: Iterable<ToolCallsEvent>) {
   const store = new MemoryLearnStore();
   const times: number[] = [];
   let active = 0;
+  let activeHits = 0;
   // CPU time as well as wall time: on a shared machine, wall time mostly measures the scheduler.
   const cpu: number[] = [];
   for (const e of source ?? learnEvents(n)) {
@@ -172,7 +173,10 @@ export function benchLearned(n: number, source?: Iterable<ToolCallsEvent>) {
       const used = process.cpuUsage(c);
       cpu.push((used.user + used.system) / 1000);
       times.push(performance.now() - s);
-      if (r?.next?.state === 'active') active++;
+      if (r?.held?.state === 'active') {
+        active++;
+        if (r.heldHit) activeHits++;
+      }
     }
   }
   const scope = store.scope('default', 'default');
@@ -181,6 +185,8 @@ export function benchLearned(n: number, source?: Iterable<ToolCallsEvent>) {
     proposal_ms: { p50: round(pct(times, 50), 4), p99: round(pct(times, 99), 4) },
     proposal_cpu_ms: { p50: round(pct(cpu, 50), 4), p99: round(pct(cpu, 99), 4) },
     active_proposals: active,
+    active_hits: activeHits,
+    coverage: round(activeHits / Math.max(1, times.length), 4),
     scope_state_json_bytes: JSON.stringify(scope).length,
     definition: 'in-process applyEvent() per tool_call event (score + learn + propose), default options',
   };
