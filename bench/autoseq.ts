@@ -1,4 +1,4 @@
-import { writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { sha256 } from '../shared/hash.js';
@@ -13,6 +13,10 @@ import { SchemaCompiler } from '../services/autoseq/src/core/schema-compiler.js'
 import type { ToolCallEvent } from '../schemas/index.js';
 import { catalogPolicyV1, catalogToolV1 } from '../schemas/index.js';
 import { rng } from './streams.js';
+import { applyEvent, MemoryLearnStore } from '../services/autoseq/src/core/learn/engine.js';
+import { DEFAULT_LEARN } from '../services/autoseq/src/core/learn/learner.js';
+import { toolCallsEventV1, type ToolCallsEvent } from '../schemas/index.js';
+import { pathToFileURL } from 'node:url';
 import {
   bareRate,
   createTopics,
@@ -89,7 +93,111 @@ function* events(count: number, seed = 3): Generator<ToolCallEvent> {
   }
 }
 
+/**
+ * Agent-like tasks for the learned decider: a lookup whose output id the next call takes, a list the agent
+ * walks one call per element, a constant-argument call, noise tools; outputs of realistic size.
+ */
+function* learnEvents(count: number, seed = 5): Generator<ToolCallsEvent> {
+  const r = rng(seed);
+  let i = 0;
+  for (let t = 0; i < count; t++) {
+    const task = `lt-${t}`;
+    const base = { tenant_id: 'default', agent_id: 'default', session_id: task, task_id: task };
+    const uid = `user_${t}_${Math.floor(r() * 1e6)}`;
+    yield {
+      ...base,
+      type: 'user_message',
+      event_id: `${task}:u`,
+      ts: 1_760_000_000_000 + i,
+      text: `Hi, I am ${uid}, please check my orders.`,
+    };
+    const items = Array.from({ length: 2 + Math.floor(r() * 5) }, (_, j) => ({
+      order_id: `#W${t}${j}`,
+      total: j * 10,
+      status: 'ok',
+      lines: [{ sku: `S${j}`, qty: 1 }],
+    }));
+    const calls: [string, Record<string, unknown>, unknown][] = [
+      ['find_user', { name: uid }, uid],
+      [
+        'get_user',
+        { user_id: uid },
+        { user_id: uid, orders: items.map((x) => x.order_id), address: { city: 'X', zip: '00000' } },
+      ],
+      ...items.map((x): [string, Record<string, unknown>, unknown] => [
+        'get_order',
+        { order_id: x.order_id },
+        x,
+      ]),
+      ...(r() < 0.5
+        ? [
+            ['noise_' + Math.floor(r() * 30), { q: r() }, 'free text'] as [
+              string,
+              Record<string, unknown>,
+              unknown,
+            ],
+          ]
+        : []),
+      ['list_policies', { kind: 'returns' }, { policies: ['a', 'b'] }],
+    ];
+    for (let s = 0; s < calls.length && i < count; s++, i++) {
+      const [tool, args, observation] = calls[s]!;
+      yield {
+        ...base,
+        type: 'tool_call',
+        event_id: `${task}:${s}`,
+        ts: 1_760_000_000_000 + i,
+        step: s,
+        tool,
+        args,
+        observation,
+      };
+    }
+    yield { ...base, type: 'task_completed', event_id: `${task}:end`, ts: 1_760_000_000_000 + i };
+  }
+}
+
+/** In-process learned-decider work per tool_call (score the held proposals, learn, propose), as the service runs it. */
+export function benchLearned(n: number, source?: Iterable<ToolCallsEvent>) {
+  const store = new MemoryLearnStore();
+  const times: number[] = [];
+  let active = 0;
+  let activeHits = 0;
+  // CPU time as well as wall time: on a shared machine, wall time mostly measures the scheduler.
+  const cpu: number[] = [];
+  for (const e of source ?? learnEvents(n)) {
+    const s = performance.now();
+    const c = process.cpuUsage();
+    const r = applyEvent(store, e, DEFAULT_LEARN);
+    if (e.type === 'tool_call') {
+      const used = process.cpuUsage(c);
+      cpu.push((used.user + used.system) / 1000);
+      times.push(performance.now() - s);
+      if (r?.held?.state === 'active') {
+        active++;
+        if (r.heldHit) activeHits++;
+      }
+    }
+  }
+  const scope = store.scope('default', 'default');
+  const result = {
+    events: times.length,
+    proposal_ms: { p50: round(pct(times, 50), 4), p99: round(pct(times, 99), 4) },
+    proposal_cpu_ms: { p50: round(pct(cpu, 50), 4), p99: round(pct(cpu, 99), 4) },
+    active_proposals: active,
+    active_hits: activeHits,
+    coverage: round(activeHits / Math.max(1, times.length), 4),
+    scope_state_json_bytes: JSON.stringify(scope).length,
+    definition: 'in-process applyEvent() per tool_call event (score + learn + propose), default options',
+  };
+  say(
+    `autoseq learned in-process: p50 ${result.proposal_ms.p50} ms, p99 ${result.proposal_ms.p99} ms, scope state ${result.scope_state_json_bytes} B`,
+  );
+  return result;
+}
+
 export async function benchAutoseq(b: Bench, n: number) {
+  const learned = benchLearned(Math.min(n, 50_000));
   // 1. In-process decision time over the same core the service runs.
   const file = catalogFile();
   const catalog = new Catalog(new SchemaCompiler());
@@ -148,6 +256,24 @@ export async function benchAutoseq(b: Bench, n: number) {
     bare_kafkajs_events_per_s: Math.round(bare),
     autoseq_events_per_s: Math.round(rate),
     ratio_autoseq_to_bare: Number((rate / bare).toFixed(3)),
-    targets: { decision_p99_ms_max: 1, ratio_min: 0.6 },
+    learned,
+    targets: { decision_p99_ms_max: 1, learned_proposal_p99_ms_max: 1, ratio_min: 0.6 },
   });
+}
+
+// `node dist/bench/autoseq.js learned [N | FILE.jsonl]`: the learned decider's in-process figure alone (no
+// Kafka), over synthetic tasks or over a file of real tool-calls events.
+if (
+  process.argv[1] &&
+  import.meta.url === pathToFileURL(process.argv[1]).href &&
+  process.argv[2] === 'learned'
+) {
+  const arg = process.argv[3] ?? '50000';
+  const source = /^[0-9]+$/.test(arg)
+    ? undefined
+    : readFileSync(arg, 'utf8')
+        .split('\n')
+        .filter((l) => l.trim())
+        .map((l) => toolCallsEventV1.parse(JSON.parse(l)));
+  console.log(JSON.stringify(benchLearned(Number(arg) || 0, source)));
 }

@@ -24,6 +24,8 @@ Offline (no Kafka, no Redis; same core as the services):
   detect --input FILE.jsonl [--min-length 3] [--min-occurrences 3] [--lookback 200]
          [--max-candidates 5] [--max-length 12] [--tenant T --agent A]
   autoseq --catalog FILE --input FILE.jsonl [--max-consecutive 5] [--no-arguments]
+  predict --input FILE.jsonl [--catalog FILE]   one line per tool_call: the proposal held for it
+  savings --input FILE.jsonl [--json]           LLM steps active proposals would have saved
   sequence --config FILE --input FILE.jsonl
   select --flows FILE --query TEXT [--summary TEXT ...] [--top-k 3] [--fail-open]
   flows from-candidates --input CANDIDATES.json
@@ -100,6 +102,14 @@ export async function main(argv: string[]): Promise<number> {
     case 'autoseq': {
       const { autoseqCommand } = await import('../services/autoseq/src/cli.js');
       return autoseqCommand(rest);
+    }
+    case 'predict': {
+      const { predictCommand } = await import('../services/autoseq/src/learn-cli.js');
+      return predictCommand(rest);
+    }
+    case 'savings': {
+      const { savingsCommand } = await import('../services/autoseq/src/learn-cli.js');
+      return savingsCommand(rest);
     }
     case 'sequence': {
       const { sequenceCommand } = await import('../services/sequencer/src/cli.js');

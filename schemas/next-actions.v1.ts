@@ -10,7 +10,11 @@ export const AUTOSEQ_SKIP_REASONS = [
   'loop_guard',
 ] as const;
 
-/** auto-seq decisions and executions on the next-actions topic, keyed by session_id. */
+/**
+ * auto-seq decisions and executions on the next-actions topic, keyed by session_id. A learned proposal is an
+ * `auto_seq_detected_unique` with `origin: "learned"`; `execute` is true only for an active rule whose tool
+ * passes the execution gates (read-only per the catalog, loop guard, max consecutive).
+ */
 export const nextActionRecordV1 = z.object({
   schema_version: z.literal(1),
   event_type: z.enum([
@@ -37,5 +41,14 @@ export const nextActionRecordV1 = z.object({
   payload_type: z.string().optional(),
   /** Present only for an executable unique decision, and only when enabled by configuration. */
   arguments: z.record(z.string(), z.unknown()).optional(),
+  /** Which decider made a unique decision: the catalog's schemas (`typed`) or a rule learned from the stream. */
+  origin: z.enum(['typed', 'learned']).optional(),
+  /** Learned proposals only: the rule, its state when it proposed, its precision's Wilson lower bound and trials. */
+  rule_id: z.string().max(64).optional(),
+  rule_state: z.enum(['shadow', 'active', 'demoted']).optional(),
+  confidence: z.number().min(0).max(1).optional(),
+  trials: z.number().int().nonnegative().optional(),
+  /** The proposed call's arguments, built from learned bindings (always present on a learned proposal). */
+  args: z.record(z.string(), z.unknown()).optional(),
 });
 export type NextActionRecord = z.infer<typeof nextActionRecordV1>;

@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { commonEnvShape, envBool, int, refineCommon, topicName } from '../../../shared/config.js';
 import type { AutoseqOptions } from './core/decide.js';
+import { DEFAULT_LEARN, type LearnOptions } from './core/learn/learner.js';
 
 export const autoseqEnvSchema = z
   .object({
@@ -12,6 +13,14 @@ export const autoseqEnvSchema = z
     AUTOSEQ_INCLUDE_ARGUMENTS: envBool.default(true),
     AUTOSEQ_TASK_TTL_MS: int(1000).default(24 * 3_600_000),
     AUTOSEQ_CATALOG_WAIT_MS: int(0, 600_000).default(30_000),
+    AUTOSEQ_LEARN_ENABLED: envBool.default(true),
+    AUTOSEQ_LEARN_MAX_K: int(1, 8).default(DEFAULT_LEARN.maxK),
+    AUTOSEQ_LEARN_MIN_TRIALS: int(1, 100_000).default(DEFAULT_LEARN.minTrials),
+    AUTOSEQ_LEARN_MIN_PRECISION: z.coerce.number().gt(0).lt(1).default(DEFAULT_LEARN.minPrecision),
+    AUTOSEQ_LEARN_WINDOW: int(2, 1_000_000).default(DEFAULT_LEARN.window),
+    AUTOSEQ_LEARN_MAX_SLOTS: int(10, 1_000_000).default(DEFAULT_LEARN.maxSlots),
+    AUTOSEQ_LEARN_MAX_CONTEXTS: int(10, 1_000_000).default(DEFAULT_LEARN.maxContexts),
+    AUTOSEQ_LEARN_TASK_HISTORY: int(1, 1000).default(DEFAULT_LEARN.historyPerTask),
   })
   .superRefine(refineCommon);
 export type AutoseqEnv = z.infer<typeof autoseqEnvSchema>;
@@ -20,4 +29,15 @@ export const optionsFromEnv = (env: AutoseqEnv): AutoseqOptions => ({
   maxConsecutive: env.AUTOSEQ_MAX_CONSECUTIVE,
   includeArguments: env.AUTOSEQ_INCLUDE_ARGUMENTS,
   seenPerTask: 64,
+});
+
+export const learnOptionsFromEnv = (env: AutoseqEnv): LearnOptions => ({
+  ...DEFAULT_LEARN,
+  maxK: env.AUTOSEQ_LEARN_MAX_K,
+  minTrials: env.AUTOSEQ_LEARN_MIN_TRIALS,
+  minPrecision: env.AUTOSEQ_LEARN_MIN_PRECISION,
+  window: env.AUTOSEQ_LEARN_WINDOW,
+  maxSlots: env.AUTOSEQ_LEARN_MAX_SLOTS,
+  maxContexts: env.AUTOSEQ_LEARN_MAX_CONTEXTS,
+  historyPerTask: env.AUTOSEQ_LEARN_TASK_HISTORY,
 });

@@ -1,0 +1,575 @@
+import {
+  buildArgs,
+  canonicalJson,
+  enumerateArgs,
+  pathKey,
+  sourceKey,
+  type Binding,
+  type BindingContext,
+  type PastCall,
+  type Path,
+  type Source,
+} from '../../../../../shared/core/bindings.js';
+import type { TaskCompletedEvent, ToolCallEvent, UserMessageEvent } from '../../../../../schemas/index.js';
+import { fnv64, wilsonLower } from './stats.js';
+
+/**
+ * The learned decider: per scope, statistics of the next tool after the last k tools (k = 1..K) and, for
+ * each (context, next tool), which binding source reproduced each argument. A rule is (context, next tool,
+ * bindings); every rule whose context matches a task proposes (silently, in shadow) and is scored against
+ * what the agent did next; it becomes active once its Wilson lower bound clears the bar.
+ *
+ * Pure and deterministic: the same events in the same order give the same rules, states and proposals,
+ * whether the service (state in Redis) or `paver predict` (state in memory) drives it.
+ */
+
+export interface LearnOptions {
+  /** Longest context (last K tools). */
+  maxK: number;
+  /** Scored proposals a rule needs before it may become active (lifetime count). */
+  minTrials: number;
+  /** Wilson 95% lower bound a rule's precision must reach to be active (and stay active). */
+  minPrecision: number;
+  /** Occurrences of (context, next tool) whose arguments every binding must have reproduced, at least. */
+  minSupport: number;
+  /** Effective window of a rule's precision: decayed counts forget at rate 1/window per trial. */
+  window: number;
+  /** Occurrence counts of a (context, tool) slot and of a context are halved past this. */
+  maxCount: number;
+  /** Bounds per scope (least recently used slots and contexts are evicted first, active rules last). */
+  maxContexts: number;
+  maxSlots: number;
+  /** Sources kept per argument unit of a slot. */
+  maxSourcesPerUnit: number;
+  /** Calls remembered per task (bindings look back this far), ids remembered for idempotency. */
+  historyPerTask: number;
+  seenPerTask: number;
+  /** Outputs/arguments larger than this (JSON characters) are not kept in the task history. */
+  maxPayloadChars: number;
+  /** Proposals scored per task step (best first). */
+  maxPending: number;
+  /** Share of a context's next calls a tool needs for its rule to propose at all. */
+  minShare: number;
+}
+
+export const DEFAULT_LEARN: LearnOptions = {
+  maxK: 3,
+  minTrials: 20,
+  minPrecision: 0.9,
+  minSupport: 3,
+  window: 400,
+  maxCount: 200,
+  maxContexts: 2000,
+  maxSlots: 4000,
+  maxSourcesPerUnit: 6,
+  historyPerTask: 32,
+  seenPerTask: 128,
+  maxPayloadChars: 32_768,
+  maxPending: 24,
+  minShare: 0.5,
+};
+
+export type RuleState = 'shadow' | 'active' | 'demoted';
+
+export interface Rule {
+  id: string;
+  bindings: Binding[];
+  state: RuleState;
+  /** Lifetime scored proposals and hits. */
+  trials: number;
+  hits: number;
+  /** Decayed counts (window) behind the precision and its bound. */
+  dn: number;
+  dh: number;
+  /** ts of the event that created it / last changed its state. */
+  created: number;
+  changed: number;
+}
+
+export interface Slot {
+  ctx: string;
+  k: number;
+  tool: string;
+  /** Occurrences of this tool after this context (halved past maxCount). */
+  n: number;
+  /** Argument unit signatures (sorted unit paths) → occurrences. */
+  sigs: Record<string, number>;
+  /** Unit path key → source key → occurrences it reproduced the value. */
+  units: Record<string, Record<string, number>>;
+  rule: Rule | null;
+  at: number;
+}
+
+export interface CtxStat {
+  /** Occurrences of the context; next tool ('' = the task ended) → count. */
+  n: number;
+  next: Record<string, number>;
+  at: number;
+}
+
+export interface ScopeState {
+  v: 1;
+  /** Events applied (the recency clock for eviction). */
+  clock: number;
+  ctx: Record<string, CtxStat>;
+  slots: Record<string, Slot>;
+}
+
+export const newScopeState = (): ScopeState => ({ v: 1, clock: 0, ctx: {}, slots: {} });
+
+export interface Proposal {
+  tool: string;
+  args: Record<string, unknown>;
+  origin: 'typed' | 'learned';
+  state: 'active' | 'shadow';
+  rule_id: string | null;
+  confidence: number | null;
+  trials: number;
+  k: number;
+}
+
+interface Pending {
+  slot: string;
+  id: string;
+  tool: string;
+  fp: string;
+}
+
+export interface LearnTask {
+  seen: string[];
+  calls: PastCall[];
+  user: string | null;
+  /** Every learned proposal for the next call (scored when it comes). */
+  pending: Pending[];
+  /** The best proposal for the next call (what the runtime was told). */
+  best: Proposal | null;
+}
+
+export const newLearnTask = (): LearnTask => ({ seen: [], calls: [], user: null, pending: [], best: null });
+
+export interface Scored {
+  rule_id: string;
+  tool: string;
+  state: RuleState;
+  hit: boolean;
+}
+
+export interface StepResult {
+  duplicate: boolean;
+  /** The best proposal held for this call before reading it (null for a task_completed or a first call). */
+  held: Proposal | null;
+  /** Outcome of `held` (undefined when there was none). */
+  heldHit?: boolean;
+  /** The best proposal for the task's next call, after this event. */
+  next: Proposal | null;
+  /** Every learned proposal scored by this event (for rule statistics). */
+  scored: Scored[];
+  /** Rules whose state changed. */
+  transitions: { rule_id: string; tool: string; from: RuleState; to: RuleState }[];
+  task: LearnTask;
+}
+
+/** Validates built arguments against a catalog schema: true/false, or undefined when the tool is unknown. */
+export type ArgsValidator = (
+  scope: { tenant_id: string; agent_id: string },
+  tool: string,
+  args: Record<string, unknown>,
+) => boolean | undefined;
+
+const SEP = '\u001f';
+const SLOT_SEP = '\u001e';
+export const slotKey = (ctx: string, tool: string) => `${ctx}${SLOT_SEP}${tool}`;
+const argsFp = (args: Record<string, unknown> | undefined) => fnv64(canonicalJson(args ?? {}));
+
+function contexts(calls: readonly PastCall[], maxK: number): { key: string; k: number }[] {
+  const out: { key: string; k: number }[] = [];
+  for (let k = 1; k <= Math.min(maxK, calls.length); k++)
+    out.push({
+      key: calls
+        .slice(calls.length - k)
+        .map((c) => c.tool)
+        .join(SEP),
+      k,
+    });
+  return out;
+}
+
+const confidence = (r: Rule) => wilsonLower(r.dh, r.dn);
+
+function score(r: Rule, hit: boolean, ts: number, opts: LearnOptions): RuleState {
+  const keep = 1 - 1 / opts.window;
+  r.dn = r.dn * keep + 1;
+  r.dh = r.dh * keep + (hit ? 1 : 0);
+  r.trials++;
+  if (hit) r.hits++;
+  const from = r.state;
+  const lb = confidence(r);
+  if (r.state !== 'active' && r.trials >= opts.minTrials && lb >= opts.minPrecision) r.state = 'active';
+  else if (r.state === 'active' && lb < opts.minPrecision) r.state = 'demoted';
+  if (r.state !== from) r.changed = ts;
+  return from;
+}
+
+function halveIfOver(counts: Record<string, number>, total: number, max: number): boolean {
+  if (total <= max) return false;
+  for (const k of Object.keys(counts)) counts[k] = counts[k]! / 2;
+  return true;
+}
+
+function trimPayload(v: unknown, max: number): unknown {
+  if (v === undefined) return undefined;
+  return JSON.stringify(v).length > max ? undefined : v;
+}
+
+/** Best source per unit of the slot's most common signature, or null when a unit has too little support. */
+function bestBindings(slot: Slot, opts: LearnOptions): { bindings: Binding[]; counts: number[] } | null {
+  let sig: string | null = null;
+  let top = -1;
+  for (const [s, c] of Object.entries(slot.sigs))
+    if (c > top || (c === top && sig !== null && s < sig)) [sig, top] = [s, c];
+  if (sig === null) return null;
+  const paths = JSON.parse(sig) as Path[];
+  const bindings: Binding[] = [];
+  const counts: number[] = [];
+  for (const p of paths) {
+    const srcs = slot.units[pathKey(p)];
+    if (!srcs) return null;
+    let best: string | null = null;
+    let bc = 0;
+    // Insertion order is preference order (enumerateSources sorts), so `>` keeps the preferred on ties.
+    for (const [s, c] of Object.entries(srcs)) if (c > bc) [best, bc] = [s, c];
+    if (best === null || bc < opts.minSupport) return null;
+    bindings.push({ path: p, source: JSON.parse(best) as Source });
+    counts.push(bc);
+  }
+  return { bindings, counts };
+}
+
+function refreshRule(slot: Slot, ts: number, opts: LearnOptions): void {
+  if (slot.n < opts.minSupport) return;
+  const best = bestBindings(slot, opts);
+  if (!best) return;
+  const id = fnv64(`${slot.ctx}${SLOT_SEP}${slot.tool}${SLOT_SEP}${canonicalJson(best.bindings)}`);
+  if (slot.rule?.id === id) return;
+  if (slot.rule) {
+    // Hysteresis: keep the current bindings unless a unit now has a strictly better-supported source.
+    const cur = slot.rule.bindings;
+    const curCounts = cur.map((b) => slot.units[pathKey(b.path)]?.[sourceKey(b.source)] ?? 0);
+    const samePaths =
+      canonicalJson(cur.map((b) => b.path)) === canonicalJson(best.bindings.map((b) => b.path));
+    if (samePaths && curCounts.every((c, i) => c >= best.counts[i]!)) return;
+    if (
+      !samePaths &&
+      Math.min(...curCounts, Infinity) >= Math.min(...best.counts, Infinity) &&
+      cur.length > 0
+    )
+      return;
+  }
+  slot.rule = {
+    id,
+    bindings: best.bindings,
+    state: 'shadow',
+    trials: 0,
+    hits: 0,
+    dn: 0,
+    dh: 0,
+    created: ts,
+    changed: ts,
+  };
+}
+
+function learnOccurrence(
+  scope: ScopeState,
+  ctxs: { key: string; k: number }[],
+  bctx: BindingContext,
+  e: ToolCallEvent,
+  opts: LearnOptions,
+): void {
+  // Next-tool statistics first: bindings are learned only where the tool is the context's usual next call
+  // (share ≥ minShare); elsewhere no rule could be proven, so its slot would be work and bytes for nothing.
+  const learnAt: { key: string; k: number }[] = [];
+  for (const { key, k } of ctxs) {
+    const c = (scope.ctx[key] ??= { n: 0, next: {}, at: 0 });
+    c.n++;
+    c.next[e.tool] = (c.next[e.tool] ?? 0) + 1;
+    c.at = scope.clock;
+    if (halveIfOver(c.next, c.n, opts.maxCount)) c.n /= 2;
+    if (c.n >= opts.minSupport && c.next[e.tool]! >= c.n * opts.minShare) learnAt.push({ key, k });
+  }
+  if (learnAt.length === 0) return;
+  const units = enumerateArgs(bctx, e.tool, e.args);
+  const sig = canonicalJson(units.map((u) => u.path));
+  const unitKeys = units.map((u) => ({ path: pathKey(u.path), sources: u.sources.map(sourceKey) }));
+  for (const { key, k } of learnAt) {
+    const sk = slotKey(key, e.tool);
+    const slot = (scope.slots[sk] ??= {
+      ctx: key,
+      k,
+      tool: e.tool,
+      n: 0,
+      sigs: {},
+      units: {},
+      rule: null,
+      at: 0,
+    });
+    slot.n++;
+    slot.at = scope.clock;
+    slot.sigs[sig] = (slot.sigs[sig] ?? 0) + 1;
+    for (const u of unitKeys) {
+      const srcs = (slot.units[u.path] ??= {});
+      for (const key2 of u.sources) {
+        if (key2 in srcs) srcs[key2]! += 1;
+        else {
+          const keys = Object.keys(srcs);
+          if (keys.length >= opts.maxSourcesPerUnit) {
+            // Full: a new source replaces the weakest one only if that one has proven nothing yet.
+            let weakest = keys[0]!;
+            for (const kk of keys) if (srcs[kk]! < srcs[weakest]!) weakest = kk;
+            if (srcs[weakest]! > 1) continue;
+            delete srcs[weakest];
+          }
+          srcs[key2] = 1;
+        }
+      }
+    }
+    if (halveIfOver(slot.sigs, slot.n, opts.maxCount)) {
+      slot.n /= 2;
+      for (const srcs of Object.values(slot.units)) for (const kk of Object.keys(srcs)) srcs[kk]! /= 2;
+    }
+    // The current rule reproduced this occurrence: no source can have overtaken its bindings.
+    const cur = slot.rule;
+    const reproduced =
+      cur !== null &&
+      cur.bindings.length === units.length &&
+      cur.bindings.every((b, i) => {
+        const u = unitKeys[i]!;
+        return u.path === pathKey(b.path) && u.sources.includes(sourceKey(b.source));
+      });
+    if (!reproduced) refreshRule(slot, e.ts, opts);
+  }
+}
+
+function evict(scope: ScopeState, opts: LearnOptions): void {
+  const slotKeys = Object.keys(scope.slots);
+  if (slotKeys.length > opts.maxSlots) {
+    const order = slotKeys.sort((a, b) => {
+      const sa = scope.slots[a]!;
+      const sb = scope.slots[b]!;
+      const aa = sa.rule?.state === 'active' ? 1 : 0;
+      const ab = sb.rule?.state === 'active' ? 1 : 0;
+      return aa - ab || sa.at - sb.at || (a < b ? -1 : 1);
+    });
+    for (const k of order.slice(0, slotKeys.length - opts.maxSlots)) delete scope.slots[k];
+  }
+  const ctxKeys = Object.keys(scope.ctx);
+  if (ctxKeys.length > opts.maxContexts) {
+    const order = ctxKeys.sort((a, b) => scope.ctx[a]!.at - scope.ctx[b]!.at || (a < b ? -1 : 1));
+    for (const k of order.slice(0, ctxKeys.length - opts.maxContexts)) {
+      for (const t of Object.keys(scope.ctx[k]!.next)) delete scope.slots[slotKey(k, t)];
+      delete scope.ctx[k];
+    }
+  }
+}
+
+const rank = (p: Proposal) => (p.state === 'active' ? 1 : 0);
+/** Active before shadow, then the higher bound, then the longer context (back-off), then the rule id. */
+export function better(a: Proposal, b: Proposal): boolean {
+  if (rank(a) !== rank(b)) return rank(a) > rank(b);
+  if ((a.confidence ?? 0) !== (b.confidence ?? 0)) return (a.confidence ?? 0) > (b.confidence ?? 0);
+  if (a.k !== b.k) return a.k > b.k;
+  return (a.rule_id ?? '') < (b.rule_id ?? '');
+}
+
+function propose(
+  scope: ScopeState,
+  who: { tenant_id: string; agent_id: string },
+  task: LearnTask,
+  opts: LearnOptions,
+  validate?: ArgsValidator,
+): { pending: Pending[]; best: Proposal | null } {
+  const bctx: BindingContext = { calls: task.calls, userText: task.user ?? undefined };
+  const cands: (Proposal & { slot: string; fp: string })[] = [];
+  for (const { key, k } of contexts(task.calls, opts.maxK)) {
+    const c = scope.ctx[key];
+    if (!c) continue;
+    for (const tool of Object.keys(c.next)) {
+      // A rule's precision cannot exceed its tool's share after the context: below half, it can never be
+      // proven, so it is neither proposed nor scored (this bounds the work to ~K candidates per event).
+      if (tool === '' || c.next[tool]! < c.n * opts.minShare) continue;
+      const sk = slotKey(key, tool);
+      const rule = scope.slots[sk]?.rule;
+      if (!rule) continue;
+      const built = buildArgs(bctx, tool, rule.bindings);
+      if (!built.ok) continue;
+      if (validate?.(who, tool, built.args) === false) continue;
+      cands.push({
+        tool,
+        args: built.args,
+        origin: 'learned',
+        state: rule.state === 'active' ? 'active' : 'shadow',
+        rule_id: rule.id,
+        confidence: confidence(rule),
+        trials: rule.trials,
+        k,
+        slot: sk,
+        fp: argsFp(built.args),
+      });
+    }
+  }
+  cands.sort((a, b) => (better(a, b) ? -1 : better(b, a) ? 1 : 0));
+  const kept = cands.slice(0, opts.maxPending);
+  const top = kept[0];
+  return {
+    pending: kept.map((c) => ({ slot: c.slot, id: c.rule_id!, tool: c.tool, fp: c.fp })),
+    best: top
+      ? {
+          tool: top.tool,
+          args: top.args,
+          origin: 'learned',
+          state: top.state,
+          rule_id: top.rule_id,
+          confidence: top.confidence,
+          trials: top.trials,
+          k: top.k,
+        }
+      : null,
+  };
+}
+
+function scorePending(
+  scope: ScopeState,
+  task: LearnTask,
+  actual: { tool: string; fp: string } | null,
+  ts: number,
+  opts: LearnOptions,
+  out: StepResult,
+): void {
+  for (const p of task.pending) {
+    const slot = scope.slots[p.slot];
+    const rule = slot?.rule;
+    if (!rule || rule.id !== p.id) continue;
+    const hit = actual !== null && actual.tool === p.tool && actual.fp === p.fp;
+    const from = score(rule, hit, ts, opts);
+    out.scored.push({ rule_id: rule.id, tool: p.tool, state: from, hit });
+    if (rule.state !== from) out.transitions.push({ rule_id: rule.id, tool: p.tool, from, to: rule.state });
+  }
+}
+
+/** A tool_call: score what was proposed for it, learn from it, propose the task's next call. Mutates `scope`. */
+export function stepToolCall(
+  scope: ScopeState,
+  task: LearnTask,
+  e: ToolCallEvent,
+  opts: LearnOptions = DEFAULT_LEARN,
+  validate?: ArgsValidator,
+): StepResult {
+  const out: StepResult = {
+    duplicate: false,
+    held: task.best,
+    next: null,
+    scored: [],
+    transitions: [],
+    task,
+  };
+  if (task.seen.includes(e.event_id)) return { ...out, held: null, duplicate: true };
+  scope.clock++;
+  const fp = argsFp(e.args);
+  if (task.best) out.heldHit = task.best.tool === e.tool && argsFp(task.best.args) === fp;
+  scorePending(scope, task, { tool: e.tool, fp }, e.ts, opts, out);
+  const bctx: BindingContext = { calls: task.calls, userText: task.user ?? undefined };
+  const ctxs = contexts(task.calls, opts.maxK);
+  if (ctxs.length > 0) learnOccurrence(scope, ctxs, bctx, e, opts);
+  // Eviction scans the scope: every 64 events keeps it amortised (and deterministic: the clock is state).
+  if (scope.clock % 64 === 0) evict(scope, opts);
+  const call: PastCall = { tool: e.tool };
+  const args = trimPayload(e.args, opts.maxPayloadChars) as Record<string, unknown> | undefined;
+  const obs = trimPayload(e.observation, opts.maxPayloadChars);
+  if (args !== undefined) call.args = args;
+  if (obs !== undefined) call.observation = obs;
+  const next: LearnTask = {
+    seen: [...task.seen, e.event_id].slice(-opts.seenPerTask),
+    calls: [...task.calls, call].slice(-opts.historyPerTask),
+    user: task.user,
+    pending: [],
+    best: null,
+  };
+  const p = propose(scope, e, next, opts, validate);
+  next.pending = p.pending;
+  next.best = p.best;
+  out.next = p.best;
+  out.task = next;
+  return out;
+}
+
+/** A task_completed: every proposal held for a next call that never came is a miss. Mutates `scope`. */
+export function stepTaskCompleted(
+  scope: ScopeState,
+  task: LearnTask,
+  e: TaskCompletedEvent,
+  opts: LearnOptions = DEFAULT_LEARN,
+): StepResult {
+  const out: StepResult = {
+    duplicate: false,
+    held: task.best,
+    next: null,
+    scored: [],
+    transitions: [],
+    task,
+  };
+  if (task.seen.includes(e.event_id)) return { ...out, held: null, duplicate: true };
+  scope.clock++;
+  if (task.best) out.heldHit = false;
+  scorePending(scope, task, null, e.ts, opts, out);
+  for (const { key } of contexts(task.calls, opts.maxK)) {
+    const c = scope.ctx[key];
+    if (!c) continue;
+    c.n++;
+    c.next[''] = (c.next[''] ?? 0) + 1;
+    if (halveIfOver(c.next, c.n, opts.maxCount)) c.n /= 2;
+  }
+  out.task = { ...task, seen: [...task.seen, e.event_id].slice(-opts.seenPerTask), pending: [], best: null };
+  return out;
+}
+
+/** The task's first user message is the one binding source that is not a call. */
+export function stepUserMessage(task: LearnTask, e: UserMessageEvent): LearnTask {
+  if (task.user !== null || task.seen.includes(e.event_id)) return task;
+  return { ...task, user: e.text, seen: [...task.seen, e.event_id] };
+}
+
+export interface RuleView {
+  rule_id: string;
+  context: string[];
+  tool: string;
+  state: RuleState;
+  trials: number;
+  hits: number;
+  precision: number | null;
+  bound: number;
+  bindings: { path: Path; source: Source['kind'] }[];
+  created_ts: number;
+  changed_ts: number;
+}
+
+/** The scope's rules for `GET /rules` and `paver savings` (binding kinds only: no learned constants). */
+export function listRules(scope: ScopeState): RuleView[] {
+  const out: RuleView[] = [];
+  for (const s of Object.values(scope.slots)) {
+    const r = s.rule;
+    if (!r) continue;
+    out.push({
+      rule_id: r.id,
+      context: s.ctx.split(SEP),
+      tool: s.tool,
+      state: r.state,
+      trials: r.trials,
+      hits: r.hits,
+      precision: r.dn > 0 ? r.dh / r.dn : null,
+      bound: confidence(r),
+      bindings: r.bindings.map((b) => ({ path: b.path, source: b.source.kind })),
+      created_ts: r.created,
+      changed_ts: r.changed,
+    });
+  }
+  return out.sort((a, b) => (a.state === b.state ? b.trials - a.trials : a.state === 'active' ? -1 : 1));
+}

@@ -1,0 +1,62 @@
+import type { NextActionRecord, ToolCallEvent } from '../../../../../schemas/index.js';
+import type { Catalog } from '../catalog.js';
+import type { AutoseqOptions, TaskState } from '../decide.js';
+import { canonicalJson } from '../../../../../shared/core/bindings.js';
+import type { Proposal } from './learner.js';
+import { fnv64 } from './stats.js';
+
+/**
+ * Being active means "proven"; being executable means "allowed". A learned proposal is executable only when
+ * its rule is active AND the catalog lets the tool run automatically (policy and tool `auto_seq_execute`, an
+ * explicit read-only side effect, visible and not denied) AND the loop guard and max-consecutive limit pass.
+ * Without a catalog nothing is executable (an unknown tool is not read-only).
+ */
+export function learnedExecutable(
+  e: ToolCallEvent,
+  p: Proposal,
+  catalog: Catalog,
+  task: TaskState,
+  opts: AutoseqOptions,
+): { execute: boolean; task: TaskState } {
+  if (p.state !== 'active') return { execute: false, task };
+  const scope = catalog.scope(e.tenant_id, e.agent_id);
+  const policy = scope?.policy;
+  const tool = scope?.tools.get(p.tool);
+  if (!scope || !policy || !tool || !policy.auto_seq_enabled || !policy.auto_seq_execute)
+    return { execute: false, task };
+  if (!tool.spec.auto_seq_execute || !tool.readOnly) return { execute: false, task };
+  if (policy.denied_tools.includes(p.tool)) return { execute: false, task };
+  const visible = e.visible_tools ?? policy.visible_tools;
+  if (visible && !visible.includes(p.tool)) return { execute: false, task };
+  const fp = fnv64(canonicalJson(p.args));
+  const repeat = task.last !== null && task.last.tool === p.tool && task.last.fp === fp;
+  if (repeat || task.consecutive >= opts.maxConsecutive) return { execute: false, task };
+  return { execute: true, task: { ...task, pending: p.tool, last: { tool: p.tool, fp } } };
+}
+
+/** The next-action record of a learned proposal (same contract as a typed unique decision). */
+export function learnedRecord(
+  base: Pick<
+    NextActionRecord,
+    'schema_version' | 'tenant_id' | 'agent_id' | 'session_id' | 'task_id' | 'event_id' | 'step' | 'ts'
+  >,
+  shape: Pick<NextActionRecord, 'payload_type' | 'payload_keys_count' | 'payload_fingerprint'>,
+  p: Proposal,
+  execute: boolean,
+): NextActionRecord {
+  return {
+    ...base,
+    event_type: 'auto_seq_detected_unique',
+    tool: p.tool,
+    candidates: [p.tool],
+    candidate_count: 1,
+    execute,
+    ...shape,
+    origin: 'learned',
+    ...(p.rule_id !== null ? { rule_id: p.rule_id } : {}),
+    rule_state: p.state,
+    confidence: p.confidence ?? 0,
+    trials: p.trials,
+    args: p.args,
+  };
+}

@@ -1,0 +1,252 @@
+import { parseArgs } from 'node:util';
+import { errorMessage } from '../../../shared/errors.js';
+import { sha256 } from '../../../shared/hash.js';
+import { readConfigFile, readEvents } from '../../../shared/jsonl.js';
+import { CatalogError, loadCatalogFile, type Catalog } from './core/catalog.js';
+import { decide, DEFAULT_OPTIONS, newTaskState, type TaskState } from './core/decide.js';
+import {
+  applyEvent,
+  MemoryLearnStore,
+  predictProposal,
+  taskId,
+  typedProposal,
+  type PredictLine,
+} from './core/learn/engine.js';
+import { DEFAULT_LEARN, listRules, type ArgsValidator, type LearnOptions } from './core/learn/learner.js';
+import { SavingsCounter, type SavingsReport } from './core/learn/savings.js';
+import { SchemaCompiler } from './core/schema-compiler.js';
+
+const TUNING = `  [--max-k ${DEFAULT_LEARN.maxK}] [--min-trials ${DEFAULT_LEARN.minTrials}] [--min-precision ${DEFAULT_LEARN.minPrecision}] [--window ${DEFAULT_LEARN.window}]`;
+const PREDICT_USAGE = `Usage: paver predict --input EVENTS.jsonl [--catalog FILE]
+${TUNING}
+
+Replays the file through autoseq's deciders (typed from the catalog, learned from the stream), learning only
+from what came before each event, and prints exactly one JSON line per tool_call event, in input order:
+{"event_id","task_id","proposal": null | {"tool","args","origin","state","rule_id","confidence"}}
+where proposal is the best proposal held for that call before it was read.
+`;
+const SAVINGS_USAGE = `Usage: paver savings --input EVENTS.jsonl [--catalog FILE] [--json]
+${TUNING}
+
+Replays the file like \`paver predict\` and prints what active proposals would have saved: tool calls,
+active proposals, hits, misses, coverage (hits / tool calls) and precision (hits / active proposals),
+overall, per tool and per rule.
+`;
+
+export interface ReplayResult {
+  lines: number;
+  bad: number;
+  events: number;
+  savings: SavingsReport;
+  rules: ReturnType<typeof listRules>;
+  ms: number;
+}
+
+function validatorFor(catalog: Catalog | null): ArgsValidator | undefined {
+  if (!catalog) return undefined;
+  return (who, tool, args) => {
+    const t = catalog.scope(who.tenant_id, who.agent_id)?.tools.get(tool);
+    return t ? t.validate(args) : undefined;
+  };
+}
+
+/** The shared replay behind `paver predict` and `paver savings`: the service's core over a file. */
+export async function replay(
+  input: string,
+  opts: LearnOptions,
+  catalog: Catalog | null,
+  onLine: (line: PredictLine) => void,
+  warn: (s: string) => void,
+  progress?: (events: number) => void,
+): Promise<ReplayResult> {
+  const t0 = performance.now();
+  const store = new MemoryLearnStore();
+  const typed = new Map<string, TaskState>();
+  const validate = validatorFor(catalog);
+  const savings = new SavingsCounter();
+  const stats = { lines: 0, bad: 0 };
+  let events = 0;
+  for await (const e of readEvents(input, stats, warn)) {
+    events++;
+    if (progress && events % 10_000 === 0) progress(events);
+    let typedNext = null;
+    if (catalog && e.type === 'tool_call') {
+      const id = taskId(e.tenant_id, e.agent_id, e.task_id);
+      const d = decide(e, catalog, typed.get(id) ?? newTaskState(), DEFAULT_OPTIONS, sha256);
+      if (!d.duplicate) {
+        typed.set(id, d.task);
+        typedNext = typedProposal(d.records, e.observation);
+      }
+    }
+    const r = applyEvent(store, e, opts, validate, typedNext);
+    if (!r || r.duplicate) continue;
+    if (e.type === 'tool_call') {
+      onLine({ event_id: e.event_id, task_id: e.task_id, proposal: predictProposal(r.held) });
+      savings.add(e.tool, r.held, r.heldHit);
+    } else if (e.type === 'task_completed') savings.add(null, r.held, false);
+  }
+  const rules = [...store.scopes.values()].flatMap((s) => listRules(s));
+  return { ...stats, events, savings: savings.report(), rules, ms: performance.now() - t0 };
+}
+
+const num = (s: string | undefined, d: number) => (s === undefined ? d : Number(s));
+
+async function parse(cmd: string, argv: string[], usage: string, extra: Record<string, { type: 'boolean' }>) {
+  let values;
+  try {
+    ({ values } = parseArgs({
+      args: argv,
+      options: {
+        input: { type: 'string' },
+        catalog: { type: 'string' },
+        'max-k': { type: 'string' },
+        'min-trials': { type: 'string' },
+        'min-precision': { type: 'string' },
+        window: { type: 'string' },
+        help: { type: 'boolean' },
+        ...extra,
+      },
+    }));
+  } catch (err) {
+    process.stderr.write(`paver ${cmd}: ${errorMessage(err)}\n\n${usage}`);
+    return 2;
+  }
+  if (values.help) {
+    process.stdout.write(usage);
+    return 0;
+  }
+  if (!values.input) {
+    process.stderr.write(`paver ${cmd}: --input is required\n\n${usage}`);
+    return 2;
+  }
+  const opts: LearnOptions = {
+    ...DEFAULT_LEARN,
+    maxK: num(values['max-k'] as string | undefined, DEFAULT_LEARN.maxK),
+    minTrials: num(values['min-trials'] as string | undefined, DEFAULT_LEARN.minTrials),
+    minPrecision: num(values['min-precision'] as string | undefined, DEFAULT_LEARN.minPrecision),
+    window: num(values.window as string | undefined, DEFAULT_LEARN.window),
+  };
+  const ok =
+    Number.isInteger(opts.maxK) &&
+    opts.maxK >= 1 &&
+    opts.maxK <= 8 &&
+    Number.isInteger(opts.minTrials) &&
+    opts.minTrials >= 1 &&
+    opts.minPrecision > 0 &&
+    opts.minPrecision < 1 &&
+    opts.window >= 2;
+  if (!ok) {
+    process.stderr.write(
+      `paver ${cmd}: --max-k 1..8, --min-trials ≥ 1, 0 < --min-precision < 1, --window ≥ 2\n`,
+    );
+    return 2;
+  }
+  let catalog: Catalog | null = null;
+  const catalogFile = values.catalog as string | undefined;
+  if (catalogFile) {
+    try {
+      catalog = loadCatalogFile(await readConfigFile(catalogFile), new SchemaCompiler());
+    } catch (err) {
+      process.stderr.write(
+        `paver ${cmd}: ${err instanceof CatalogError ? '' : `cannot read ${catalogFile}: `}${errorMessage(err)}\n`,
+      );
+      return 2;
+    }
+  }
+  return {
+    input: values.input as string,
+    opts,
+    catalog,
+    json: Boolean((values as Record<string, unknown>).json),
+  };
+}
+
+const progressTo = (cmd: string) => (n: number) => process.stderr.write(`paver ${cmd}: ${n} events…\n`);
+
+export async function predictCommand(argv: string[]): Promise<number> {
+  const p = await parse('predict', argv, PREDICT_USAGE, {});
+  if (typeof p === 'number') return p;
+  const warn = (s: string) => process.stderr.write(`paver predict: ${s}\n`);
+  const out: string[] = [];
+  const flush = () => {
+    if (out.length) process.stdout.write(out.join('\n') + '\n');
+    out.length = 0;
+  };
+  try {
+    const r = await replay(
+      p.input,
+      p.opts,
+      p.catalog,
+      (l) => {
+        out.push(JSON.stringify(l));
+        if (out.length >= 1000) flush();
+      },
+      warn,
+      progressTo('predict'),
+    );
+    flush();
+    if (r.bad > 0) warn(`${r.bad} bad line(s) skipped of ${r.lines}`);
+  } catch (err) {
+    flush();
+    process.stderr.write(`paver predict: cannot read ${p.input}: ${errorMessage(err)}\n`);
+    return 1;
+  }
+  return 0;
+}
+
+const pct = (x: number | null) => (x === null ? '-' : `${(100 * x).toFixed(1)}%`);
+
+export function formatSavings(r: ReplayResult): string {
+  const s = r.savings;
+  const row = (name: string, t: SavingsReport['overall']) =>
+    `${name.padEnd(44)} ${String(t.tool_calls).padStart(6)} ${String(t.active_proposals).padStart(7)} ${String(t.hits).padStart(6)} ${String(t.misses).padStart(6)} ${pct(t.coverage).padStart(8)} ${pct(t.precision).padStart(9)}`;
+  const head = `${''.padEnd(44)} ${'calls'.padStart(6)} ${'active'.padStart(7)} ${'hits'.padStart(6)} ${'misses'.padStart(6)} ${'coverage'.padStart(8)} ${'precision'.padStart(9)}`;
+  const lines = [
+    `LLM steps saved: ${s.overall.hits} of ${s.overall.tool_calls} tool calls (coverage ${pct(s.overall.coverage)}, precision ${pct(s.overall.precision)})`,
+    `shadow proposals: ${s.overall.shadow_proposals} (${s.overall.shadow_hits} would have hit); rules: ${r.rules.length} (${r.rules.filter((x) => x.state === 'active').length} active, ${r.rules.filter((x) => x.state === 'demoted').length} demoted)`,
+    '',
+    head,
+    row('overall', s.overall),
+    '',
+    'per tool (proposed tool for proposals, actual tool for calls)',
+    ...Object.entries(s.per_tool).map(([k, t]) => row(k.slice(0, 44), t)),
+    '',
+    'per rule (rules with active proposals)',
+    ...Object.entries(s.per_rule).map(([k, t]) => {
+      const rule = r.rules.find((x) => x.rule_id === k);
+      const name = rule ? `${k} ${rule.context.join('>')}>${t.tool}` : `${k} ${t.tool}`;
+      return row(name.slice(0, 44), { ...t, coverage: t.tool_calls > 0 ? t.hits / t.tool_calls : 0 });
+    }),
+    '',
+    'rules (all states, most trials first; bound = Wilson 95% lower bound of precision, the promotion test)',
+    `${'rule'.padEnd(17)} ${'state'.padEnd(7)} ${'trials'.padStart(6)} ${'hits'.padStart(6)} ${'bound'.padStart(6)}  context > tool [bindings]`,
+    ...[...r.rules]
+      .sort((a, b) => b.trials - a.trials)
+      .slice(0, 15)
+      .map(
+        (x) =>
+          `${x.rule_id.padEnd(17)} ${x.state.padEnd(7)} ${String(x.trials).padStart(6)} ${String(x.hits).padStart(6)} ${x.bound.toFixed(3).padStart(6)}  ${x.context.join('>')} > ${x.tool} [${x.bindings.map((b) => `${b.path.join('.')}:${b.source}`).join(', ')}]`,
+      ),
+  ];
+  return lines.join('\n') + '\n';
+}
+
+export async function savingsCommand(argv: string[]): Promise<number> {
+  const p = await parse('savings', argv, SAVINGS_USAGE, { json: { type: 'boolean' } });
+  if (typeof p === 'number') return p;
+  const warn = (s: string) => process.stderr.write(`paver savings: ${s}\n`);
+  let r: ReplayResult;
+  try {
+    r = await replay(p.input, p.opts, p.catalog, () => undefined, warn, progressTo('savings'));
+  } catch (err) {
+    process.stderr.write(`paver savings: cannot read ${p.input}: ${errorMessage(err)}\n`);
+    return 1;
+  }
+  if (r.bad > 0) warn(`${r.bad} bad line(s) skipped of ${r.lines}`);
+  if (p.json)
+    process.stdout.write(
+      JSON.stringify({ events: r.events, ms: Math.round(r.ms), savings: r.savings, rules: r.rules }) + '\n',
+    );
+  else process.stdout.write(formatSavings(r));
+  return 0;
+}

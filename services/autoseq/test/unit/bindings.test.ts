@@ -1,0 +1,131 @@
+import { describe, expect, it } from 'vitest';
+import {
+  buildArgs,
+  canonicalJson,
+  enumerateArgs,
+  enumerateSources,
+  resolveSource,
+  userShapes,
+  type BindingContext,
+  type Source,
+} from '../../../../shared/core/bindings.js';
+
+const kinds = (ss: Source[]) => ss.map((s) => s.kind);
+
+describe('bindings: enumerate and resolve each source kind', () => {
+  const ctx: BindingContext = {
+    userText: 'Hi, my user id is emma_kim_9957 and the code is EHGLP3.',
+    calls: [
+      { tool: 'find_user', args: { q: 'emma' }, observation: 'emma_kim_9957' },
+      {
+        tool: 'get_order',
+        args: { order_id: 'EHGLP3' },
+        observation: {
+          items: [
+            { sku: 'A1', qty: 2 },
+            { sku: 'B2', qty: 1 },
+          ],
+          user: { id: 'emma_kim_9957' },
+        },
+      },
+    ],
+  };
+
+  it('output path of the previous call, and of the last call of a tool', () => {
+    const s = enumerateSources(ctx, 'get_user', 'emma_kim_9957');
+    expect(s[0]).toEqual({ kind: 'prev', part: 'out', path: ['user', 'id'] });
+    expect(s).toContainEqual({ kind: 'last', tool: 'find_user', part: 'out', path: [] });
+    for (const src of s)
+      expect(resolveSource(ctx, 'get_user', src)).toEqual({ ok: true, value: 'emma_kim_9957' });
+  });
+
+  it('argument path of an earlier call', () => {
+    expect(enumerateSources(ctx, 'cancel', 'EHGLP3')).toContainEqual({
+      kind: 'prev',
+      part: 'args',
+      path: ['order_id'],
+    });
+  });
+
+  it('list element by index', () => {
+    const s = enumerateSources(ctx, 'x', 'B2');
+    expect(s).toContainEqual({ kind: 'prev', part: 'out', path: ['items', 1, 'sku'] });
+    expect(kinds(s)).not.toContain('loop'); // no call of x yet: element 0 would be next, not 1
+  });
+
+  it('loop: the next element not yet used by the next tool, in list order', () => {
+    const s0 = enumerateSources(ctx, 'get_item', 'A1');
+    const loop = { kind: 'loop', tool: 'get_order', part: 'out', list: ['items'], item: ['sku'] } as const;
+    expect(s0).toContainEqual(loop);
+    const after = {
+      ...ctx,
+      calls: [...ctx.calls, { tool: 'get_item', args: { sku: 'A1' }, observation: {} }],
+    };
+    expect(resolveSource(after, 'get_item', loop)).toEqual({ ok: true, value: 'B2' });
+    expect(enumerateSources(after, 'get_item', 'B2')).toContainEqual(loop);
+    const done = { ...after, calls: [...after.calls, { tool: 'get_item', args: { sku: 'B2' } }] };
+    expect(resolveSource(done, 'get_item', loop)).toEqual({ ok: false });
+  });
+
+  it('constant', () => {
+    expect(enumerateSources(ctx, 'x', true)).toEqual([{ kind: 'const', value: true }]);
+    expect(resolveSource({ calls: [] }, 'x', { kind: 'const', value: { a: 1 } })).toEqual({
+      ok: true,
+      value: { a: 1 },
+    });
+  });
+
+  it('user text: a shape and an index, never the value itself', () => {
+    const s = enumerateSources({ calls: [], userText: ctx.userText }, 'x', 'EHGLP3');
+    const user = s.filter((x) => x.kind === 'user');
+    expect(user.length).toBeGreaterThan(0);
+    for (const u of user) expect(JSON.stringify(u)).not.toContain('EHGLP3');
+    // Another task, another code: the same binding extracts it.
+    const other = { calls: [], userText: 'Please cancel reservation 4WQ150 for me' };
+    const set = user.find((u) => u.kind === 'user' && u.pattern.includes('{6}'))!;
+    expect(resolveSource(other, 'x', set)).toEqual({ ok: true, value: '4WQ150' });
+    expect(userShapes('emma_kim_9957')[0]).toBe('[a-z]+_[a-z]+_[0-9]+');
+    const run = { kind: 'user', pattern: userShapes('emma_kim_9957')[0]!, index: 0 } as const;
+    expect(resolveSource({ calls: [], userText: 'I am mia_li_3668.' }, 'x', run)).toEqual({
+      ok: true,
+      value: 'mia_li_3668',
+    });
+  });
+});
+
+describe('bindings: build arguments', () => {
+  const ctx: BindingContext = {
+    calls: [{ tool: 'a', observation: { id: 7, items: [{ x: 1 }] } }],
+  };
+  it('builds every argument or fails on the first missing one', () => {
+    expect(
+      buildArgs(ctx, 'b', [
+        { path: ['id'], source: { kind: 'prev', part: 'out', path: ['id'] } },
+        { path: ['mode'], source: { kind: 'const', value: 'fast' } },
+      ]),
+    ).toEqual({ ok: true, args: { id: 7, mode: 'fast' } });
+    expect(
+      buildArgs(ctx, 'b', [{ path: ['id'], source: { kind: 'prev', part: 'out', path: ['nope'] } }]),
+    ).toEqual({ ok: false, missing: ['id'] });
+  });
+
+  it('rebuilds an argument assembled from leaves; enumerate → build round-trips', () => {
+    const args = { order: { id: 7, mode: 'fast', lines: [1] } };
+    const units = enumerateArgs(ctx, 'b', args);
+    expect(units.map((u) => u.path)).toEqual([
+      ['order', 'id'],
+      ['order', 'lines', 0],
+      ['order', 'mode'],
+    ]);
+    const built = buildArgs(
+      ctx,
+      'b',
+      units.map((u) => ({ path: u.path, source: u.sources[0]! })),
+    );
+    expect(built.ok && canonicalJson(built.args)).toBe(canonicalJson(args));
+  });
+
+  it('canonical JSON ignores key order', () => {
+    expect(canonicalJson({ b: 1, a: [{ d: 1, c: 2 }] })).toBe(canonicalJson({ a: [{ c: 2, d: 1 }], b: 1 }));
+  });
+});

@@ -1,0 +1,210 @@
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import type { ToolCallsEvent } from '../../../../schemas/index.js';
+import { applyEvent, MemoryLearnStore } from '../../src/core/learn/engine.js';
+import {
+  DEFAULT_LEARN,
+  listRules,
+  type LearnOptions,
+  type StepResult,
+} from '../../src/core/learn/learner.js';
+import { wilsonLower } from '../../src/core/learn/stats.js';
+import { replay } from '../../src/learn-cli.js';
+
+const opts: LearnOptions = { ...DEFAULT_LEARN, minTrials: 10, minPrecision: 0.7, window: 50 };
+let ts = 1;
+const base = (task: string) => ({
+  ts: ts++,
+  tenant_id: 'default',
+  agent_id: 'default',
+  session_id: task,
+  task_id: task,
+});
+const call = (
+  task: string,
+  step: number,
+  tool: string,
+  args: Record<string, unknown>,
+  observation: unknown,
+): ToolCallsEvent => ({
+  ...base(task),
+  type: 'tool_call',
+  event_id: `${task}:${step}`,
+  step,
+  tool,
+  args,
+  observation,
+});
+const done = (task: string): ToolCallsEvent => ({
+  ...base(task),
+  type: 'task_completed',
+  event_id: `${task}:end`,
+});
+
+/** A task: lookup(id) returns a record; the agent then fetches it by the id the lookup returned. */
+function task(n: number, followArgs?: Record<string, unknown>): ToolCallsEvent[] {
+  const t = `t${n}`;
+  const rid = `R${1000 + n}`;
+  return [
+    call(t, 0, 'lookup', { q: `user${n}` }, { record_id: rid, items: [] }),
+    call(t, 1, 'fetch', followArgs ?? { record_id: rid }, { ok: true }),
+    done(t),
+  ];
+}
+
+function run(store: MemoryLearnStore, events: ToolCallsEvent[], o = opts): StepResult[] {
+  return events.map((e) => applyEvent(store, e, o)).filter((r): r is StepResult => r !== null);
+}
+
+describe('Wilson lower bound', () => {
+  it('matches reference values', () => {
+    expect(wilsonLower(0, 0)).toBe(0);
+    expect(wilsonLower(20, 20)).toBeCloseTo(0.8389, 3);
+    expect(wilsonLower(8, 10)).toBeCloseTo(0.4902, 3);
+    expect(wilsonLower(95, 100)).toBeCloseTo(0.8882, 3);
+  });
+});
+
+describe('learned rule lifecycle', () => {
+  it('shadow until min trials at the bar, then active; proposals carry the bound arguments', () => {
+    const store = new MemoryLearnStore();
+    const firsts: StepResult[] = [];
+    for (let i = 0; i < 30; i++) {
+      const r = run(store, task(i));
+      firsts.push(r[1]!); // the fetch call: what was held for it
+    }
+    // No proposal until the binding has support (minSupport occurrences), then shadow, then active.
+    expect(firsts[0]!.held).toBeNull();
+    const states = firsts.map((r) => r.held?.state ?? null);
+    const firstActive = states.indexOf('active');
+    expect(firstActive).toBeGreaterThan(opts.minTrials);
+    expect(states.slice(0, firstActive).every((s) => s !== 'active')).toBe(true);
+    const held = firsts[firstActive]!.held!;
+    expect(held).toMatchObject({
+      tool: 'fetch',
+      args: { record_id: `R${1000 + firstActive}` },
+      origin: 'learned',
+    });
+    expect(firsts[firstActive]!.heldHit).toBe(true);
+    const rule = listRules(store.scope('default', 'default')).find((r) => r.rule_id === held.rule_id)!;
+    expect(rule.state).toBe('active');
+    expect(rule.bindings).toEqual([{ path: ['record_id'], source: 'prev' }]);
+    expect(rule.bound).toBeGreaterThanOrEqual(opts.minPrecision);
+  });
+
+  it('demotes an active rule whose bound falls below the bar', () => {
+    const store = new MemoryLearnStore();
+    for (let i = 0; i < 30; i++) run(store, task(i));
+    const before = listRules(store.scope('default', 'default')).filter((r) => r.state === 'active');
+    expect(before.length).toBeGreaterThan(0);
+    const transitions: string[] = [];
+    // The agent changes its behaviour: fetch now takes an argument no source explains.
+    for (let i = 30; i < 60; i++)
+      for (const r of run(store, task(i, { record_id: `X${i}`, mode: `m${i}` })))
+        for (const t of r.transitions) transitions.push(`${t.from}->${t.to}`);
+    expect(transitions).toContain('active->demoted');
+    const after = listRules(store.scope('default', 'default')).find((r) => r.rule_id === before[0]!.rule_id)!;
+    expect(after.state).toBe('demoted');
+    expect(after.bound).toBeLessThan(opts.minPrecision);
+  });
+
+  it('a task that ends with a proposal held scores a miss', () => {
+    const store = new MemoryLearnStore();
+    for (let i = 0; i < 5; i++) run(store, task(i));
+    const r = run(store, [call('z', 0, 'lookup', { q: 'z' }, { record_id: 'R9' }), done('z')]);
+    expect(r[0]!.next).toMatchObject({ tool: 'fetch', args: { record_id: 'R9' } });
+    expect(r[1]!.held).not.toBeNull();
+    expect(r[1]!.heldHit).toBe(false);
+    expect(r[1]!.scored.every((s) => !s.hit)).toBe(true);
+  });
+
+  it('redelivery: an event applied twice changes nothing and proposes nothing', () => {
+    const store = new MemoryLearnStore();
+    for (let i = 0; i < 12; i++) run(store, task(i));
+    const events = task(99);
+    run(store, events.slice(0, 2));
+    const snapshot = JSON.stringify([...store.scopes.values()]);
+    const again = run(store, events.slice(0, 2));
+    expect(again.every((r) => r.duplicate && r.held === null && r.scored.length === 0)).toBe(true);
+    expect(JSON.stringify([...store.scopes.values()])).toBe(snapshot);
+  });
+
+  it('state stays within its bounds', () => {
+    const small: LearnOptions = { ...opts, maxSlots: 20, maxContexts: 10, historyPerTask: 4 };
+    const store = new MemoryLearnStore();
+    for (let i = 0; i < 40; i++)
+      run(
+        store,
+        [0, 1, 2, 3, 4, 5].map((s) => call(`b${i}`, s, `tool${(i + s) % 17}`, { v: s }, { v: i })),
+        small,
+      );
+    const scope = store.scope('default', 'default');
+    expect(Object.keys(scope.slots).length).toBeLessThanOrEqual(small.maxSlots + 64 * small.maxK);
+    expect(Object.keys(scope.ctx).length).toBeLessThanOrEqual(small.maxContexts + 64 * small.maxK);
+    expect(store.task('default', 'default', 'b39').calls.length).toBe(4);
+  });
+});
+
+describe('paver predict', () => {
+  const fixture = join(import.meta.dirname, '../fixtures/tau2-airline-30.jsonl');
+  const lowBar: LearnOptions = { ...DEFAULT_LEARN, minTrials: 5, minPrecision: 0.5 };
+  const lines = async (file: string) => {
+    const out: string[] = [];
+    await replay(
+      file,
+      lowBar,
+      null,
+      (l) => out.push(JSON.stringify(l)),
+      () => undefined,
+    );
+    return out;
+  };
+
+  it('one line per tool_call in input order; a task’s first call holds no proposal', async () => {
+    const out = (await lines(fixture)).map((l) => JSON.parse(l) as { event_id: string; proposal: unknown });
+    const calls = readFileSync(fixture, 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as { type: string; event_id: string; step: number })
+      .filter((e) => e.type === 'tool_call');
+    expect(out.map((l) => l.event_id)).toEqual(calls.map((e) => e.event_id));
+    calls.forEach((e, i) => {
+      if (e.step === 0) expect(out[i]!.proposal).toBeNull();
+    });
+    expect(out.some((l) => l.proposal !== null)).toBe(true);
+  });
+
+  it('with a catalog, the typed decider wins when it is unique', async () => {
+    const root = join(import.meta.dirname, '../../../../examples');
+    const { loadCatalogFile } = await import('../../src/core/catalog.js');
+    const { SchemaCompiler } = await import('../../src/core/schema-compiler.js');
+    const { readConfigFile } = await import('../../../../shared/jsonl.js');
+    const catalog = loadCatalogFile(await readConfigFile(join(root, 'catalog.yaml')), new SchemaCompiler());
+    const out: { proposal: { origin: string } | null }[] = [];
+    await replay(
+      join(root, 'autoseq-events.jsonl'),
+      lowBar,
+      catalog,
+      (l) => out.push(l),
+      () => undefined,
+    );
+    expect(out[0]!.proposal).toBeNull();
+    expect(out[1]!.proposal).toMatchObject({ origin: 'typed', tool: 'http_get', state: 'active' });
+  });
+
+  it('prefix property: the output for a prefix is the first lines of the output for the whole file', async () => {
+    const all = await lines(fixture);
+    const src = readFileSync(fixture, 'utf8').trim().split('\n');
+    const dir = mkdtempSync(join(tmpdir(), 'paver-predict-'));
+    for (const cut of [1, 37, Math.floor(src.length / 2), src.length - 5]) {
+      const file = join(dir, `p${cut}.jsonl`);
+      writeFileSync(file, src.slice(0, cut).join('\n') + '\n');
+      const part = await lines(file);
+      expect(part).toEqual(all.slice(0, part.length));
+      const callsInPrefix = src.slice(0, cut).filter((l) => l.includes('"type": "tool_call"')).length;
+      expect(part.length).toBe(callsInPrefix);
+    }
+  });
+});

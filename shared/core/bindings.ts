@@ -1,0 +1,445 @@
+/**
+ * Argument bindings: where the value of a tool call's argument comes from, learned from what an agent did.
+ *
+ * One module, two callers (autoseq's learned rules, flows' input maps). Pure: plain data in, plain data out,
+ * deterministic. A caller gives the earlier calls of one task (oldest first), the task's first user message,
+ * and either an observed next call (to enumerate the sources that reproduce each argument value) or a set
+ * of learned bindings (to build the next call's arguments, or fail when any argument has no value).
+ *
+ * Source kinds (a `Source` is plain JSON, so callers can store it and compare it by `sourceKey`):
+ * - `prev`:  a path in the previous call's output (`part: "out"`) or arguments (`part: "args"`);
+ * - `last`:  a path in the last call of tool X (output or arguments); list elements are path indices;
+ * - `loop`:  element i of a list in the last call of tool X, where i = how many calls of the next tool the
+ *            task made after that call (the agent walks the list in order, one call per element);
+ * - `const`: the same value every time;
+ * - `user`:  the n-th token of the user's text that matches a shape pattern learned from the value
+ *            (verbatim substring: the value itself never becomes part of the binding).
+ */
+
+export type PathSeg = string | number;
+export type Path = readonly PathSeg[];
+export type Part = 'out' | 'args';
+
+export type Source =
+  | { kind: 'prev'; part: Part; path: Path }
+  | { kind: 'last'; tool: string; part: Part; path: Path }
+  | { kind: 'loop'; tool: string; part: Part; list: Path; item: Path }
+  | { kind: 'const'; value: unknown }
+  | { kind: 'user'; pattern: string; index: number };
+
+export interface PastCall {
+  tool: string;
+  args?: Record<string, unknown> | undefined;
+  observation?: unknown;
+}
+
+export interface BindingContext {
+  /** Earlier calls of the task, oldest first. */
+  calls: readonly PastCall[];
+  /** The task's first user message, when known. */
+  userText?: string | undefined;
+}
+
+/** One unit of a call's arguments: a top-level argument, or a leaf inside one when the whole has no source. */
+export interface ArgUnit {
+  path: Path;
+  sources: Source[];
+}
+
+export interface Binding {
+  path: Path;
+  source: Source;
+}
+
+export interface EnumerateOptions {
+  /** Most sources kept per value (the preferred ones first): bounds work and storage. */
+  maxSources: number;
+  /** Deepest path searched inside an output or arguments. */
+  maxDepth: number;
+  /** Nodes visited per call part before the search stops (huge outputs stay cheap). */
+  maxNodes: number;
+  /** Longest constant (canonical JSON characters) offered as a `const` source. */
+  maxConstChars: number;
+}
+
+export const DEFAULT_ENUMERATE: EnumerateOptions = {
+  maxSources: 12,
+  maxDepth: 8,
+  maxNodes: 5000,
+  maxConstChars: 128,
+};
+
+/** JSON with sorted object keys, so deep-equal values have the same text; `undefined` members are dropped. */
+export function canonicalJson(v: unknown): string {
+  if (v === null || typeof v !== 'object') return v === undefined ? 'null' : JSON.stringify(v);
+  if (Array.isArray(v)) return `[${v.map((x) => canonicalJson(x)).join(',')}]`;
+  const o = v as Record<string, unknown>;
+  const keys = Object.keys(o)
+    .filter((k) => o[k] !== undefined)
+    .sort();
+  return `{${keys.map((k) => `${JSON.stringify(k)}:${canonicalJson(o[k])}`).join(',')}}`;
+}
+
+/** A stable identity for a source (canonical JSON of it). */
+export const sourceKey = (s: Source): string => canonicalJson(s);
+export const pathKey = (p: Path): string => canonicalJson(p);
+
+export function getPath(root: unknown, path: Path): { ok: true; value: unknown } | { ok: false } {
+  let cur = root;
+  for (const seg of path) {
+    if (typeof seg === 'number') {
+      if (!Array.isArray(cur) || seg < 0 || seg >= cur.length) return { ok: false };
+      cur = cur[seg];
+    } else {
+      if (cur === null || typeof cur !== 'object' || Array.isArray(cur)) return { ok: false };
+      if (!Object.prototype.hasOwnProperty.call(cur, seg)) return { ok: false };
+      cur = (cur as Record<string, unknown>)[seg];
+    }
+  }
+  return cur === undefined ? { ok: false } : { ok: true, value: cur };
+}
+
+const partOf = (c: PastCall, part: Part): unknown => (part === 'out' ? c.observation : c.args);
+
+function lastIndexOf(calls: readonly PastCall[], tool: string): number {
+  for (let i = calls.length - 1; i >= 0; i--) if (calls[i]!.tool === tool) return i;
+  return -1;
+}
+
+function countAfter(calls: readonly PastCall[], from: number, tool: string): number {
+  let n = 0;
+  for (let i = from + 1; i < calls.length; i++) if (calls[i]!.tool === tool) n++;
+  return n;
+}
+
+// ---- user text shapes ----------------------------------------------------------------------------------
+
+const BOUNDARY_CHARS = 'A-Za-z0-9_';
+const escapeRe = (s: string) => s.replace(/[.*+?^${}()|[\]\\/-]/g, '\\$&');
+const charClass = (c: string): string =>
+  /[A-Z]/.test(c) ? 'A' : /[a-z]/.test(c) ? 'a' : /[0-9]/.test(c) ? '9' : c;
+const CLASS_RE: Record<string, string> = { A: '[A-Z]', a: '[a-z]', '9': '[0-9]' };
+
+/**
+ * Two shapes per value, so that either can prove consistent across tasks: the run signature (`emma_kim_9957`
+ * → letters `_` letters `_` digits) and the character set with the exact length (`EHGLP3` → 6 of [A-Z0-9]).
+ */
+export function userShapes(value: string): string[] {
+  if (value.length < 2 || value.length > 200 || /\s/.test(value)) return [];
+  const runs: string[] = [];
+  for (const ch of value) {
+    const c = charClass(ch);
+    if (runs[runs.length - 1] !== c) runs.push(c);
+  }
+  const runRe = runs.map((c) => (CLASS_RE[c] ? `${CLASS_RE[c]}+` : escapeRe(c))).join('');
+  const sets = new Set<string>();
+  for (const ch of value) sets.add(charClass(ch));
+  const letters =
+    sets.has('A') && sets.has('a') ? 'A-Za-z' : sets.has('A') ? 'A-Z' : sets.has('a') ? 'a-z' : '';
+  const others = [...sets]
+    .filter((c) => !CLASS_RE[c])
+    .sort()
+    .map((c) => escapeRe(c))
+    .join('');
+  const digits = sets.has('9') || letters === 'A-Z' ? '0-9' : '';
+  const setRe = `[${letters}${digits}${others}]{${value.length}}`;
+  return runRe === setRe ? [runRe] : [runRe, setRe];
+}
+
+const compiled = new Map<string, RegExp>();
+function shapeRegExp(pattern: string): RegExp {
+  let re = compiled.get(pattern);
+  if (!re) {
+    re = new RegExp(`(?<![${BOUNDARY_CHARS}])${pattern}(?![${BOUNDARY_CHARS}])`, 'g');
+    if (compiled.size > 4096) compiled.clear();
+    compiled.set(pattern, re);
+  }
+  return re;
+}
+
+function userMatches(text: string, pattern: string): string[] {
+  const re = shapeRegExp(pattern);
+  re.lastIndex = 0;
+  return [...text.matchAll(re)].map((m) => m[0]);
+}
+
+// ---- resolve -------------------------------------------------------------------------------------------
+
+export type Resolved = { ok: true; value: unknown } | { ok: false };
+const NONE: Resolved = { ok: false };
+
+/** The value a source gives for the call of `nextTool` that would follow `ctx.calls`. */
+export function resolveSource(ctx: BindingContext, nextTool: string, s: Source): Resolved {
+  const calls = ctx.calls;
+  switch (s.kind) {
+    case 'const':
+      return { ok: true, value: s.value };
+    case 'prev': {
+      const c = calls[calls.length - 1];
+      return c ? getPath(partOf(c, s.part), s.path) : NONE;
+    }
+    case 'last': {
+      const i = lastIndexOf(calls, s.tool);
+      return i < 0 ? NONE : getPath(partOf(calls[i]!, s.part), s.path);
+    }
+    case 'loop': {
+      const i = lastIndexOf(calls, s.tool);
+      if (i < 0) return NONE;
+      const list = getPath(partOf(calls[i]!, s.part), s.list);
+      if (!list.ok || !Array.isArray(list.value)) return NONE;
+      const at = countAfter(calls, i, nextTool);
+      return at < list.value.length ? getPath(list.value[at], s.item) : NONE;
+    }
+    case 'user': {
+      if (!ctx.userText) return NONE;
+      const m = userMatches(ctx.userText, s.pattern);
+      return s.index < m.length ? { ok: true, value: m[s.index] } : NONE;
+    }
+  }
+}
+
+function setPath(root: Record<string, unknown>, path: Path, value: unknown): boolean {
+  let cur: Record<string, unknown> | unknown[] = root;
+  for (let i = 0; i < path.length; i++) {
+    const seg = path[i]!;
+    const last = i === path.length - 1;
+    const nextSeg = path[i + 1];
+    const key = seg as never;
+    if (Array.isArray(cur) !== (typeof seg === 'number')) return false;
+    if (last) {
+      (cur as Record<string, unknown>)[key] = value;
+      return true;
+    }
+    let child = (cur as Record<string, unknown>)[key];
+    if (child === undefined) {
+      child = typeof nextSeg === 'number' ? [] : {};
+      (cur as Record<string, unknown>)[key] = child;
+    }
+    if (child === null || typeof child !== 'object') return false;
+    cur = child as Record<string, unknown> | unknown[];
+  }
+  return true;
+}
+
+export type Built = { ok: true; args: Record<string, unknown> } | { ok: false; missing: Path };
+
+/**
+ * The arguments of the next call of `nextTool` from learned bindings, or the first argument path with no
+ * value. Bindings of leaves inside one argument rebuild that argument's object/array structure.
+ */
+export function buildArgs(ctx: BindingContext, nextTool: string, bindings: readonly Binding[]): Built {
+  const args: Record<string, unknown> = {};
+  for (const b of bindings) {
+    const r = resolveSource(ctx, nextTool, b.source);
+    if (!r.ok || b.path.length === 0 || !setPath(args, b.path, structuredCloneJson(r.value)))
+      return { ok: false, missing: b.path };
+  }
+  // Leaf bindings may leave holes in arrays: such an argument was not rebuilt faithfully.
+  for (const b of bindings)
+    if (b.path.length > 1 && hasHole(args[b.path[0] as string])) return { ok: false, missing: b.path };
+  return { ok: true, args };
+}
+
+function hasHole(v: unknown): boolean {
+  if (Array.isArray(v)) {
+    for (let i = 0; i < v.length; i++) if (!(i in v) || hasHole(v[i])) return true;
+    return false;
+  }
+  if (v && typeof v === 'object') return Object.values(v).some(hasHole);
+  return false;
+}
+
+const structuredCloneJson = (v: unknown): unknown =>
+  v !== null && typeof v === 'object' ? (JSON.parse(JSON.stringify(v)) as unknown) : v;
+
+// ---- enumerate -----------------------------------------------------------------------------------------
+
+interface Hit {
+  call: number;
+  part: Part;
+  path: PathSeg[];
+}
+
+/** Cheap pre-check before comparing containers by canonical text. */
+function sameShape(a: object, b: unknown): boolean {
+  if (Array.isArray(a)) return Array.isArray(b) && a.length === b.length;
+  return (
+    b !== null &&
+    typeof b === 'object' &&
+    !Array.isArray(b) &&
+    Object.keys(a).length === Object.keys(b).length
+  );
+}
+
+/** Every path under `root` whose value is canonically equal to `value` (bounded walk). */
+function findPaths(root: unknown, value: unknown, opts: EnumerateOptions, out: PathSeg[][]): void {
+  let visited = 0;
+  const container = value !== null && typeof value === 'object';
+  const target = container ? canonicalJson(value) : '';
+  const walk = (node: unknown, path: PathSeg[]) => {
+    if (++visited > opts.maxNodes || out.length >= opts.maxSources * 4) return;
+    const isObj = node !== null && typeof node === 'object';
+    // Scalars compare directly; containers by canonical text, only when the value is a container too.
+    if (isObj ? container && sameShape(node, value) && canonicalJson(node) === target : node === value) {
+      out.push([...path]);
+      return;
+    }
+    if (!isObj || path.length >= opts.maxDepth) return;
+    if (Array.isArray(node)) node.forEach((x, i) => walk(x, [...path, i]));
+    else for (const [k, x] of Object.entries(node as Record<string, unknown>)) walk(x, [...path, k]);
+  };
+  walk(root, []);
+}
+
+const scalarKey = (v: unknown) => `${typeof v}:${String(v)}`;
+
+/**
+ * Where each non-empty string or number occurs inside one call's output or arguments (paths in walk order),
+ * memoised per object: a task's earlier calls are indexed once, not once per argument per event. The cache
+ * holds only derived data of objects the caller still references (WeakMap), so results stay deterministic.
+ */
+const partIndexes = new WeakMap<object, Map<string, PathSeg[][]>>();
+function partIndex(root: unknown, opts: EnumerateOptions): Map<string, PathSeg[][]> | null {
+  if (root === null || typeof root !== 'object') return null;
+  const cached = partIndexes.get(root);
+  if (cached) return cached;
+  const index = new Map<string, PathSeg[][]>();
+  let visited = 0;
+  const walk = (node: unknown, path: PathSeg[]) => {
+    if (++visited > opts.maxNodes) return;
+    if (node === null || typeof node !== 'object') {
+      if ((typeof node === 'string' && node.length > 0) || typeof node === 'number') {
+        const k = scalarKey(node);
+        let l = index.get(k);
+        if (!l) index.set(k, (l = []));
+        if (l.length < opts.maxSources * 4) l.push([...path]);
+      }
+      return;
+    }
+    if (path.length >= opts.maxDepth) return;
+    if (Array.isArray(node)) node.forEach((x, j) => walk(x, [...path, j]));
+    else for (const [k, x] of Object.entries(node as Record<string, unknown>)) walk(x, [...path, k]);
+  };
+  walk(root, []);
+  partIndexes.set(root, index);
+  return index;
+}
+
+function scalarPaths(root: unknown, value: unknown, opts: EnumerateOptions): PathSeg[][] {
+  const index = partIndex(root, opts);
+  if (index) return index.get(scalarKey(value)) ?? [];
+  return root === value ? [[]] : [];
+}
+
+const KIND_RANK: Record<Source['kind'], number> = { prev: 0, last: 1, loop: 2, user: 3, const: 4 };
+
+/**
+ * The sources that reproduce `value` as an argument of a call of `nextTool` following `ctx.calls`, the
+ * preferred first: relative to the previous call, then to the last call of a tool, then a loop over a list,
+ * then the user's text, then the constant. Each returned source resolves to exactly `value`.
+ */
+export function enumerateSources(
+  ctx: BindingContext,
+  nextTool: string,
+  value: unknown,
+  opts: EnumerateOptions = DEFAULT_ENUMERATE,
+): Source[] {
+  const found: Source[] = [];
+  const calls = ctx.calls;
+  // Trivial scalars (booleans, null, empty strings) are found everywhere: only the constant explains them.
+  const searchable =
+    (typeof value === 'string' && value.length > 0) ||
+    typeof value === 'number' ||
+    (value !== null && typeof value === 'object');
+  if (searchable) {
+    const hits: Hit[] = [];
+    const scalar = value === null || typeof value !== 'object';
+    // Only the last call of each tool can be addressed (`last`), plus the previous call (`prev`).
+    const seenTools = new Set<string>();
+    for (let i = calls.length - 1; i >= 0; i--) {
+      const c = calls[i]!;
+      if (seenTools.has(c.tool)) continue;
+      seenTools.add(c.tool);
+      for (const part of ['out', 'args'] as const) {
+        const paths: PathSeg[][] = [];
+        if (scalar) paths.push(...scalarPaths(partOf(c, part), value, opts));
+        else findPaths(partOf(c, part), value, opts, paths);
+        for (const p of paths) hits.push({ call: i, part, path: p });
+      }
+    }
+    const prev = calls.length - 1;
+    for (const h of hits) {
+      const c = calls[h.call]!;
+      if (h.call === prev) found.push({ kind: 'prev', part: h.part, path: h.path });
+      found.push({ kind: 'last', tool: c.tool, part: h.part, path: h.path });
+      const at = countAfter(calls, h.call, nextTool);
+      h.path.forEach((seg, j) => {
+        if (seg === at)
+          found.push({
+            kind: 'loop',
+            tool: c.tool,
+            part: h.part,
+            list: h.path.slice(0, j),
+            item: h.path.slice(j + 1),
+          });
+      });
+    }
+  }
+  if (typeof value === 'string' && ctx.userText && ctx.userText.includes(value)) {
+    for (const pattern of userShapes(value)) {
+      const index = userMatches(ctx.userText, pattern).indexOf(value);
+      if (index >= 0) found.push({ kind: 'user', pattern, index });
+    }
+  }
+  // A long value is an unlikely constant and would bloat whoever stores sources: only short ones qualify.
+  if (canonicalJson(value).length <= opts.maxConstChars) found.push({ kind: 'const', value });
+  const seen = new Set<string>();
+  return found
+    .map((s, i) => ({ s, i }))
+    .sort((a, b) => KIND_RANK[a.s.kind] - KIND_RANK[b.s.kind] || a.i - b.i)
+    .map(({ s }) => s)
+    .filter((s) => {
+      const k = sourceKey(s);
+      if (seen.has(k)) return false;
+      seen.add(k);
+      return true;
+    })
+    .slice(0, opts.maxSources);
+}
+
+/**
+ * The units of an observed call's arguments with their sources: each top-level argument as a whole when
+ * some non-constant source reproduces it, else (objects and arrays) each leaf inside it, so that an argument
+ * assembled from several places is still bindable. Units are in a stable order (sorted paths).
+ */
+export function enumerateArgs(
+  ctx: BindingContext,
+  nextTool: string,
+  args: Record<string, unknown> | undefined,
+  opts: EnumerateOptions = DEFAULT_ENUMERATE,
+): ArgUnit[] {
+  const units: ArgUnit[] = [];
+  const leaves = (v: unknown, path: PathSeg[]) => {
+    if (v !== null && typeof v === 'object' && path.length <= opts.maxDepth) {
+      const entries: [PathSeg, unknown][] = Array.isArray(v)
+        ? v.map((x, i) => [i, x])
+        : Object.keys(v)
+            .sort()
+            .map((k) => [k, (v as Record<string, unknown>)[k]]);
+      if (entries.length > 0) {
+        for (const [k, x] of entries) if (x !== undefined) leaves(x, [...path, k]);
+        return;
+      }
+    }
+    units.push({ path, sources: enumerateSources(ctx, nextTool, v, opts) });
+  };
+  for (const name of Object.keys(args ?? {}).sort()) {
+    const v = args![name];
+    if (v === undefined) continue;
+    const whole = enumerateSources(ctx, nextTool, v, opts);
+    if (v === null || typeof v !== 'object' || whole.some((s) => s.kind !== 'const'))
+      units.push({ path: [name], sources: whole });
+    else leaves(v, [name]);
+  }
+  return units;
+}
