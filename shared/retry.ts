@@ -10,7 +10,11 @@ export interface RetryOptions {
   shouldStop?: () => boolean;
 }
 
-/** Full-jitter exponential backoff, retrying only errors classified as retriable. */
+/**
+ * Exponential backoff with equal jitter (half the capped delay fixed, half random), retrying only errors
+ * classified as retriable. Equal rather than full jitter keeps a floor under each wait, so instances that
+ * lost the same dependency spread out without any of them retrying at once.
+ */
 export async function withRetry<T>(fn: () => Promise<T>, opts: RetryOptions): Promise<T> {
   for (let attempt = 1; ; attempt++) {
     try {
