@@ -1,6 +1,7 @@
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import type { KeptSpan } from '../core/map.js';
+import { execPipeline } from '../../../../shared/redis/replies.js';
 
 const keptSpan: z.ZodType<KeptSpan> = z.object({
   traceId: z.string(),
@@ -53,10 +54,9 @@ export class RedisTraceStore {
     if (traceIds.length === 0) return { states, corrupt };
     const p = this.redis.pipeline();
     for (const t of traceIds) p.hgetall(this.key(t));
-    const replies = (await p.exec()) ?? [];
+    const replies = await execPipeline(p, 'pending spans read');
     traceIds.forEach((t, i) => {
-      const [err, hash] = replies[i] ?? [new Error('no reply'), null];
-      if (err) throw err;
+      const hash = replies[i];
       const state: TraceState = { spans: [], done: new Set() };
       for (const [field, value] of Object.entries((hash ?? {}) as Record<string, string>)) {
         if (field.startsWith('d:')) state.done.add(field.slice(2));
@@ -92,6 +92,6 @@ export class RedisTraceStore {
       n++;
     }
     if (n === 0) return;
-    for (const [err] of (await p.exec()) ?? []) if (err) throw err;
+    await execPipeline(p, 'pending spans write');
   }
 }

@@ -1,6 +1,6 @@
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
-import { PaverError } from '../../../../../shared/errors.js';
+import { execPipeline } from '../../../../../shared/redis/replies.js';
 import { escapeKeyPart, scopeTag } from '../../../../../shared/redis/keys.js';
 import { newLearnTask, newScopeState, type LearnTask, type ScopeState } from '../../core/learn/learner.js';
 import { scopeId, taskId, type LearnStore } from '../../core/learn/engine.js';
@@ -65,10 +65,9 @@ export class RedisLearnStore implements LearnStore {
     const pipe = redis.pipeline();
     for (const r of scopeRefs.values()) pipe.get(learnKey(prefix, r.tenant, r.agent));
     for (const r of taskRefs.values()) pipe.get(learnTaskKey(prefix, r.tenant, r.agent, r.task));
-    const replies = (await pipe.exec()) ?? [];
+    const replies = await execPipeline(pipe, 'learned state read');
     const value = (i: number): unknown => {
-      const [err, v] = replies[i] ?? [new Error('no reply'), null];
-      if (err) throw new PaverError('REDIS_UNAVAILABLE', `learned state read failed: ${err.message}`);
+      const v = replies[i];
       return typeof v === 'string' ? (JSON.parse(v) as unknown) : null;
     };
     let i = 0;
@@ -123,10 +122,7 @@ export class RedisLearnStore implements LearnStore {
         this.taskTtlMs,
       );
     }
-    const replies = await multi.exec();
-    const failed = (replies ?? [[new Error('transaction aborted'), null]]).find(([err]) => err);
-    if (failed?.[0])
-      throw new PaverError('REDIS_UNAVAILABLE', `learned state write failed: ${failed[0].message}`);
+    await execPipeline(multi, 'learned state write');
   }
 }
 

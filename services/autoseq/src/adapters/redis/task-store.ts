@@ -1,7 +1,7 @@
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import { escapeKeyPart, scopeTag } from '../../../../../shared/redis/keys.js';
-import { PaverError } from '../../../../../shared/errors.js';
+import { execPipeline } from '../../../../../shared/redis/replies.js';
 import { newTaskState, type TaskState } from '../../core/decide.js';
 
 export interface TaskRef {
@@ -39,11 +39,10 @@ export class RedisTaskStore {
     if (ids.length === 0) return out;
     const pipe = this.redis.pipeline();
     for (const id of ids) pipe.get(taskKey(this.prefix, refs.get(id)!));
-    const replies = (await pipe.exec()) ?? [];
+    const values = await execPipeline(pipe, 'task state read');
     this.roundTrips++;
     ids.forEach((id, i) => {
-      const [err, value] = replies[i] ?? [new Error('no reply'), null];
-      if (err) throw new PaverError('REDIS_UNAVAILABLE', `task state read failed: ${err.message}`);
+      const value = values[i];
       if (typeof value !== 'string') return out.set(id, newTaskState());
       const parsed = stored.safeParse(JSON.parse(value));
       // State written by another version: start the task afresh rather than stop the consumer.
@@ -57,10 +56,7 @@ export class RedisTaskStore {
     const pipe = this.redis.pipeline();
     for (const { ref, state } of states.values())
       pipe.set(taskKey(this.prefix, ref), JSON.stringify(state), 'PX', this.ttlMs);
-    const replies = (await pipe.exec()) ?? [];
+    await execPipeline(pipe, 'task state write');
     this.roundTrips++;
-    const failed = replies.find(([err]) => err);
-    if (failed?.[0])
-      throw new PaverError('REDIS_UNAVAILABLE', `task state write failed: ${failed[0].message}`);
   }
 }

@@ -7,6 +7,7 @@ import {
 } from '../../../../../schemas/index.js';
 import { scopeTag } from '../../../../../shared/redis/keys.js';
 import type { StoredCandidate } from '../../core/promotion.js';
+import { execPipeline } from '../../../../../shared/redis/replies.js';
 
 const storedCandidate = z.object({
   record: flowCandidateRecordV1,
@@ -59,7 +60,8 @@ export class RedisFlowStore {
     for (const c of candidates)
       m.hset(this.key(tenant, agent, 'candidates'), c.record.dedupe_key, JSON.stringify(c));
     for (const f of flows) m.hset(this.key(tenant, agent, 'registry'), f.id, JSON.stringify(f));
-    await m.exec();
+    // A MULTI reports each command's error in its reply, not by throwing: check every one.
+    await execPipeline(m, 'flows state write');
   }
   async listFlows(tenant: string, agent: string): Promise<RegisteredFlow[]> {
     return (await this.redis.hvals(this.key(tenant, agent, 'registry'))).map((v) =>
