@@ -105,6 +105,13 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
   let assigned: Record<string, number[]> = {};
   let started: Promise<void> | null = null;
   let stopping: Promise<void> | null = null;
+  /** Next offset to read per partition, once the effects before it are written (committed or not). */
+  const processed = new Map<string, Map<number, bigint>>();
+  const markProcessed = (topic: string, partition: number, next: bigint) => {
+    let t = processed.get(topic);
+    if (!t) processed.set(topic, (t = new Map()));
+    if ((t.get(partition) ?? -1n) < next) t.set(partition, next);
+  };
 
   const consumer: Consumer = o.kafka.consumer({
     groupId: o.groupId,
@@ -224,6 +231,36 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
     return o.parse(raw, topic);
   }
 
+  /**
+   * After leaving the group, reads the group's offsets back from the broker and commits any processed
+   * partition still behind (a commit lost to a rebalance or a timeout during the stop). Only forward, and
+   * only while the group is empty (setOffsets refuses otherwise): a partition another member now owns is
+   * left to it, and at-least-once still holds.
+   */
+  async function ensureCommitted() {
+    if (processed.size === 0) return;
+    const admin = o.kafka.admin();
+    try {
+      await admin.connect();
+      for (const [topic, parts] of processed) {
+        const [committed] = await admin.fetchOffsets({ groupId: o.groupId, topics: [topic] });
+        const behind = [...parts]
+          .filter(([partition, next]) => {
+            const c = committed?.partitions.find((x) => x.partition === partition)?.offset ?? '-1';
+            return BigInt(c) < next;
+          })
+          .map(([partition, next]) => ({ partition, offset: next.toString() }));
+        if (behind.length === 0) continue;
+        await admin.setOffsets({ groupId: o.groupId, topic, partitions: behind });
+        o.log.warn({ topic, partitions: behind.map((b) => b.partition) }, 'committed offsets on stop');
+      }
+    } catch (err) {
+      o.log.warn({ err: errorMessage(err) }, 'could not verify committed offsets on stop');
+    } finally {
+      await admin.disconnect().catch(() => undefined);
+    }
+  }
+
   let backpressure: Promise<void> | null = null;
   function pauseUntilReady(pause: () => () => void) {
     const resume = pause();
@@ -307,6 +344,7 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
 
       // Effects are written: now, and only now, the offsets may be committed.
       const last = chunk[chunk.length - 1]!.offset;
+      markProcessed(topic, partition, BigInt(last) + 1n);
       p.resolveOffset(last);
       await p.commitOffsetsIfNecessary({
         topics: [{ topic, partitions: [{ partition, offset: (BigInt(last) + 1n).toString() }] }],
@@ -373,6 +411,7 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
         // Disconnecting before run() resolved crashes kafkajs (tulios/kafkajs#1639): wait for start first.
         await started?.catch(() => undefined);
         await consumer.disconnect();
+        await ensureCommitted();
       })();
       return stopping;
     },

@@ -123,3 +123,21 @@ export async function consumeUntil(
     if (attempt >= 4) throw new Error(`no messages on ${topic} after ${attempt} readers`);
   }
 }
+
+/** True once the group's committed offsets reach the end of every non-empty partition of `topic`. */
+export async function groupCaughtUp(groupId: string, topic: string): Promise<boolean> {
+  const admin = testKafka().admin();
+  await admin.connect();
+  try {
+    const ends = await admin.fetchTopicOffsets(topic);
+    const [committed] = await admin.fetchOffsets({ groupId, topics: [topic] });
+    return ends.every(
+      (e) =>
+        e.high === e.low ||
+        BigInt(committed?.partitions.find((c) => c.partition === e.partition)?.offset ?? '-1') >=
+          BigInt(e.high),
+    );
+  } finally {
+    await admin.disconnect();
+  }
+}
