@@ -1,12 +1,19 @@
 import type { Consumer, EachBatchPayload, Kafka, KafkaMessage } from 'kafkajs';
 import type { z } from 'zod';
-import type { DeadLetterReason, DeadLetterRecord } from '../../schemas/index.js';
+import type { DeadLetterReason } from '../../schemas/index.js';
 import { DecodeError, type Codec } from '../codec.js';
 import type { CommonEnv } from '../config.js';
 import { classifyError, PaverError, errorMessage } from '../errors.js';
 import type { Logger } from '../log.js';
 import type { RuntimeMetrics } from '../metrics.js';
 import { withRetry } from '../retry.js';
+import {
+  buildDeadLetter,
+  groupBySize,
+  isTooLarge,
+  withoutOriginal,
+  type DeadLetterSource,
+} from './dead-letter.js';
 import type { Sink } from './sink.js';
 
 /** One decoded, validated message; offsets are strings everywhere (normalised here, once). */
@@ -98,6 +105,24 @@ export interface Runner {
 }
 
 const keyString = (k: Buffer | null): string | null => (k === null ? null : k.toString('utf8'));
+const MAX_KEY_BYTES = 1024;
+const DEAD_LETTER_REQUEST_BUDGET = 512 * 1024;
+
+interface BadRecord {
+  msg: KafkaMessage;
+  topic: string;
+  partition: number;
+  reason: DeadLetterReason;
+  detail: string;
+}
+const sourceOf = (r: BadRecord): DeadLetterSource => ({
+  topic: r.topic,
+  partition: r.partition,
+  offset: r.msg.offset,
+  key: r.msg.key ?? null,
+  value: r.msg.value ?? null,
+  timestamp: r.msg.timestamp,
+});
 
 export function createRunner<T>(o: RunnerOptions<T>): Runner {
   let restarts = 0;
@@ -144,54 +169,52 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
   });
   consumer.on(consumer.events.STOP, () => (joined = false));
 
-  async function deadLetter(
-    records: {
-      msg: KafkaMessage;
-      topic: string;
-      partition: number;
-      reason: DeadLetterReason;
-      detail: string;
-    }[],
-  ) {
+  async function deadLetter(records: BadRecord[]) {
     if (records.length === 0) return;
     const now = Date.now();
-    const out = records.map(({ msg, topic, partition, reason, detail }) => {
-      const body: DeadLetterRecord = {
-        schema_version: 1,
-        service: o.service,
-        reason,
-        detail: detail.slice(0, 4096),
-        source: {
-          topic,
-          partition,
-          offset: msg.offset,
-          key_b64: msg.key ? msg.key.toString('base64') : null,
-          timestamp: msg.timestamp,
-        },
-        original_size: msg.value?.length ?? 0,
-        original_b64: msg.value ? msg.value.toString('base64') : null,
-        dead_lettered_at: now,
-      };
-      return {
-        key: msg.key,
-        value: JSON.stringify(body),
-        headers: {
-          'paver-dlq-reason': reason,
-          'paver-dlq-service': o.service,
-          'paver-source-topic': topic,
-          'paver-source-partition': String(partition),
-          'paver-source-offset': msg.offset,
-        },
-      };
-    });
-    try {
-      // Dead letters stay plain JSON even with a registry: they must be readable when the registry is the problem.
-      await o.sink.sendRaw(o.env.PAVER_TOPIC_DEAD_LETTERS, out);
-    } catch (err) {
-      // Rethrown so the batch is redelivered: a message is never lost because the dead-letter write failed.
-      throw new PaverError('DEAD_LETTER_WRITE_FAILED', `dead-letter write failed: ${errorMessage(err)}`, {
-        cause: err,
-      });
+    const limits = {
+      maxOriginalBytes: o.env.PAVER_DEAD_LETTER_MAX_ORIGINAL_BYTES,
+      maxKeyBytes: MAX_KEY_BYTES,
+    };
+    const built = records.map((r) => ({
+      r,
+      message: buildDeadLetter(o.service, sourceOf(r), r.reason, r.detail, limits, now),
+    }));
+    let stripped = 0;
+    // Dead letters stay plain JSON even with a registry: they must be readable when the registry is the problem.
+    // One produce request per size budget: the broker's limit applies to a partition's whole record batch.
+    for (const group of groupBySize(
+      built,
+      (g) => Buffer.byteLength(g.message.value),
+      DEAD_LETTER_REQUEST_BUDGET,
+    )) {
+      try {
+        await o.sink.sendRaw(
+          o.env.PAVER_TOPIC_DEAD_LETTERS,
+          group.map((g) => g.message),
+        );
+      } catch (err) {
+        if (!isTooLarge(err)) {
+          // Rethrown so the batch is redelivered: a message is never lost because the dead-letter write failed.
+          throw new PaverError('DEAD_LETTER_WRITE_FAILED', `dead-letter write failed: ${errorMessage(err)}`, {
+            cause: err,
+          });
+        }
+        // The broker's limit is below ours: no retry can change that, so keep the hash and position only.
+        for (const { r } of group) {
+          const small = withoutOriginal(o.service, sourceOf(r), r.reason, r.detail, now);
+          try {
+            await o.sink.sendRaw(o.env.PAVER_TOPIC_DEAD_LETTERS, [small]);
+          } catch (e2) {
+            throw new PaverError(
+              isTooLarge(e2) ? 'INTERNAL' : 'DEAD_LETTER_WRITE_FAILED',
+              `dead-letter write failed: ${errorMessage(e2)}`,
+              { cause: e2 },
+            );
+          }
+          stripped++;
+        }
+      }
     }
     for (const r of records) {
       o.metrics.deadLetters.inc({ reason: r.reason });
@@ -202,6 +225,7 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
         count: records.length,
         reasons: [...new Set(records.map((r) => r.reason))],
         topic: records[0]?.topic,
+        ...(stripped ? { withoutOriginal: stripped } : {}),
       },
       'messages dead-lettered',
     );
@@ -307,13 +331,7 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
     for (let i = 0; i < messages.length; i += o.env.PAVER_BATCH_CHUNK) {
       const chunk = messages.slice(i, i + o.env.PAVER_BATCH_CHUNK);
       const good: InboundRecord<T>[] = [];
-      const bad: {
-        msg: KafkaMessage;
-        topic: string;
-        partition: number;
-        reason: DeadLetterReason;
-        detail: string;
-      }[] = [];
+      const bad: BadRecord[] = [];
       const byOffset = new Map<string, KafkaMessage>();
       for (const msg of chunk) {
         byOffset.set(msg.offset, msg);

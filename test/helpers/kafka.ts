@@ -39,7 +39,9 @@ export async function waitFor<T>(
   }
 }
 
-export async function createTopics(topics: { topic: string; partitions?: number; compacted?: boolean }[]) {
+export async function createTopics(
+  topics: { topic: string; partitions?: number; compacted?: boolean; config?: Record<string, string> }[],
+) {
   const admin = testKafka().admin();
   await admin.connect();
   await admin.createTopics({
@@ -48,7 +50,10 @@ export async function createTopics(topics: { topic: string; partitions?: number;
       topic: t.topic,
       numPartitions: t.partitions ?? 3,
       replicationFactor: 1,
-      configEntries: t.compacted ? [{ name: 'cleanup.policy', value: 'compact' }] : [],
+      configEntries: [
+        ...(t.compacted ? [{ name: 'cleanup.policy', value: 'compact' }] : []),
+        ...Object.entries(t.config ?? {}).map(([name, value]) => ({ name, value })),
+      ],
     })),
   });
   await admin.disconnect();
