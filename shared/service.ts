@@ -158,6 +158,7 @@ export async function runService<E extends CommonEnv, T>(
       log,
       routes: parts.routes ?? [],
       readiness: [
+        { name: 'kafka_broker', check: () => r.brokerReachable() },
         { name: 'kafka_consumer', check: () => r.isJoined() },
         { name: 'kafka_producer', check: () => sink.isConnected() },
         { name: 'redis', check: async () => redisReady(redis) && (await redis.ping()) === 'PONG' },

@@ -133,14 +133,18 @@ async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs: n
 
 export interface KafkaOptions {
   port?: number;
+  /** Reuse the controller port of an earlier start on the same `dir` (a restart). */
+  controllerPort?: number;
   dir?: string;
   log?: (s: string) => void;
 }
 
-export async function startKafka(opts: KafkaOptions = {}): Promise<Managed & { brokers: string }> {
+export async function startKafka(
+  opts: KafkaOptions = {},
+): Promise<Managed & { brokers: string; port: number; controllerPort: number }> {
   const libs = fetchKafkaJars(opts.log);
   const port = opts.port ?? (await freePort());
-  const controller = await freePort();
+  const controller = opts.controllerPort ?? (await freePort());
   const cleanup = !opts.dir;
   const dir = opts.dir ?? mkdtempSync(join(tmpdir(), 'paver-kafka-'));
   mkdirSync(dir, { recursive: true });
@@ -240,7 +244,7 @@ export async function startKafka(opts: KafkaOptions = {}): Promise<Managed & { b
   } finally {
     await admin.disconnect().catch(() => undefined);
   }
-  return { ...managed, brokers };
+  return { ...managed, brokers, port, controllerPort: controller };
 }
 
 /** Installs Debian's redis-server when it is missing and we may (root, apt-get present). */

@@ -14,6 +14,7 @@ import {
   withoutOriginal,
   type DeadLetterSource,
 } from './dead-letter.js';
+import { createGroupMonitor } from './group-monitor.js';
 import type { Sink } from './sink.js';
 
 /** One decoded, validated message; offsets are strings everywhere (normalised here, once). */
@@ -100,7 +101,10 @@ export interface Runner {
   start(): Promise<void>;
   /** Finishes the chunk in hand, commits it, leaves the group. Safe to call at any time, more than once. */
   stop(): Promise<void>;
+  /** In the group as the broker sees it (the last poll found the group stable with this member), and not rebalancing. */
   isJoined(): boolean;
+  /** The last poll of the broker succeeded (within about PAVER_LAG_POLL_MS). */
+  brokerReachable(): boolean;
   assignment(): Record<string, number[]>;
 }
 
@@ -127,6 +131,7 @@ const sourceOf = (r: BadRecord): DeadLetterSource => ({
 export function createRunner<T>(o: RunnerOptions<T>): Runner {
   let restarts = 0;
   let joined = false;
+  let memberId: string | null = null;
   let assigned: Record<string, number[]> = {};
   let started: Promise<void> | null = null;
   let stopping: Promise<void> | null = null;
@@ -153,10 +158,22 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
     },
   });
 
+  const monitor = createGroupMonitor({
+    groupId: o.groupId,
+    topics: o.topics,
+    env: o.env,
+    log: o.log,
+    metrics: o.metrics,
+    memberId: () => memberId,
+    assignment: () => assigned,
+  });
+
   consumer.on(consumer.events.GROUP_JOIN, (e) => {
     joined = true;
     restarts = 0;
+    memberId = e.payload.memberId;
     assigned = e.payload.memberAssignment;
+    monitor.poke();
     o.metrics.rebalances.inc();
     o.log.info({ assignment: assigned, groupId: o.groupId }, 'joined consumer group');
   });
@@ -167,6 +184,7 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
     o.log.error({ err: e.payload.error.message, restart }, 'consumer crashed');
     if (!restart && !stopping) o.onFatal(e.payload.error);
   });
+  consumer.on(consumer.events.REBALANCING, () => (joined = false));
   consumer.on(consumer.events.STOP, () => (joined = false));
 
   async function deadLetter(records: BadRecord[]) {
@@ -330,6 +348,7 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
     const messages = batch.messages;
     for (let i = 0; i < messages.length; i += o.env.PAVER_BATCH_CHUNK) {
       const chunk = messages.slice(i, i + o.env.PAVER_BATCH_CHUNK);
+      monitor.processing(topic, partition, Number(chunk[0]!.timestamp));
       const good: InboundRecord<T>[] = [];
       const bad: BadRecord[] = [];
       const byOffset = new Map<string, KafkaMessage>();
@@ -373,13 +392,16 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
     const hw = BigInt(batch.highWatermark);
     const next = BigInt(batch.lastOffset()) + 1n;
     o.metrics.consumerLag.set({ topic, partition: String(partition) }, Number(hw > next ? hw - next : 0n));
+    monitor.processed(topic, partition, next, hw);
     endTimer();
   }
 
   return {
-    isJoined: () => joined,
+    isJoined: () => joined && monitor.groupStable(),
+    brokerReachable: () => monitor.brokerReachable(),
     assignment: () => assigned,
     start() {
+      monitor.start();
       const join = async () => {
         await consumer.connect();
         for (const topic of o.topics)
@@ -429,6 +451,7 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
         // Disconnecting before run() resolved crashes kafkajs (tulios/kafkajs#1639): wait for start first.
         await started?.catch(() => undefined);
         await consumer.disconnect();
+        await monitor.stop();
         await ensureCommitted();
       })();
       return stopping;

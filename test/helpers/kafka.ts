@@ -61,7 +61,7 @@ export async function createTopics(
 
 export async function produce(
   topic: string,
-  messages: { key?: string | null; value: Buffer | string; headers?: IHeaders }[],
+  messages: { key?: string | null; value: Buffer | string; headers?: IHeaders; partition?: number }[],
 ) {
   const producer = testKafka().producer({ createPartitioner: Partitioners.DefaultPartitioner });
   await producer.connect();
@@ -69,9 +69,12 @@ export async function produce(
     await producer.send({
       topic,
       acks: -1,
-      messages: messages
-        .slice(i, i + 1000)
-        .map((m) => ({ key: m.key ?? null, value: m.value, headers: m.headers ?? {} })),
+      messages: messages.slice(i, i + 1000).map((m) => ({
+        key: m.key ?? null,
+        value: m.value,
+        headers: m.headers ?? {},
+        ...(m.partition !== undefined ? { partition: m.partition } : {}),
+      })),
     });
   }
   await producer.disconnect();
