@@ -233,7 +233,10 @@ export async function startKafka(
         if (child.exitCode !== null) throw new Error('kafka exited');
         await admin.connect();
         const meta = await admin.describeCluster();
-        return meta.brokers.length > 0 && meta.controller !== null;
+        if (meta.brokers.length === 0 || meta.controller === null) return false;
+        // A group coordinator answers only once __consumer_offsets has leaders: services join groups at once.
+        await admin.describeGroups(['paver-stack-probe']);
+        return true;
       },
       90_000,
       () => `kafka log (${logFile}):\n${tail(logFile)}\n${tail(join(dir, 'kafka.stdout.log'), 10)}`,
@@ -278,10 +281,13 @@ export async function startRedis(
       String(port),
       '--bind',
       '127.0.0.1',
+      // AOF, fsync every second: a redis-server restart keeps the services' state (at most 1 s lost).
       '--save',
       '',
       '--appendonly',
-      'no',
+      'yes',
+      '--appendfsync',
+      'everysec',
       '--dir',
       dir,
       '--logfile',
