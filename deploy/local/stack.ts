@@ -131,6 +131,14 @@ async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs: n
   throw new Error(`${what} did not become ready in ${timeoutMs} ms\n${onFail()}`);
 }
 
+/** A KRaft cluster id (16 random bytes, base64url) that does not start with '-', which the CLI would read as an option. */
+function clusterId(): string {
+  for (;;) {
+    const id = randomBytes(16).toString('base64url');
+    if (/^[A-Za-z0-9]/.test(id)) return id;
+  }
+}
+
 export interface KafkaOptions {
   port?: number;
   /** Reuse the controller port of an earlier start on the same `dir` (a restart). */
@@ -200,17 +208,7 @@ export async function startKafka(
   if (!existsSync(join(data, 'meta.properties'))) {
     const fmt = spawnSync(
       'java',
-      [
-        ...jvm,
-        '-cp',
-        cp,
-        'kafka.tools.StorageTool',
-        'format',
-        '-t',
-        randomBytes(16).toString('base64url'),
-        '-c',
-        props,
-      ],
+      [...jvm, '-cp', cp, 'kafka.tools.StorageTool', 'format', '-t', clusterId(), '-c', props],
       { encoding: 'utf8' },
     );
     if (fmt.status !== 0) throw new Error(`kafka storage format failed:\n${fmt.stdout}${fmt.stderr}`);

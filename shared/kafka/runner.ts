@@ -433,7 +433,11 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
           await join();
         } catch (err) {
           await consumer.disconnect().catch(() => undefined);
-          throw err;
+          // kafkajs reports its own exhausted retries as non-retriable; at start-up, on a broker still settling
+          // ("does not host this topic-partition"), every failure is worth the next bounded attempt.
+          throw new PaverError('KAFKA_UNAVAILABLE', `consumer start failed: ${errorMessage(err)}`, {
+            cause: err,
+          });
         }
       };
       started = withRetry(attempt, {

@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import type { Kafka } from 'kafkajs';
 import type { Codec } from '../codec.js';
 import type { CommonEnv } from '../config.js';
+import { errorMessage, PaverError } from '../errors.js';
 import { withRetry } from '../retry.js';
 import { createRunner, type Parser, type Rejection, type Runner } from './runner.js';
 import type { Sink } from './sink.js';
@@ -88,11 +89,18 @@ export function createTableFeed<T>(o: {
         const admin = o.kafka.admin();
         await admin.connect();
         try {
-          const ends = await withRetry(() => admin.fetchTopicOffsets(o.topic), {
-            attempts: 8,
-            initialMs: 250,
-            maxMs: 4000,
-          });
+          const ends = await withRetry(
+            () =>
+              admin.fetchTopicOffsets(o.topic).catch((err: unknown) => {
+                // A partition between leaders answers "not the leader" for a moment: worth the next attempt.
+                throw new PaverError('KAFKA_UNAVAILABLE', errorMessage(err), { cause: err });
+              }),
+            {
+              attempts: 8,
+              initialMs: 250,
+              maxMs: 4000,
+            },
+          );
           const target = new Map(
             ends.filter((p) => p.high !== p.low).map((p) => [p.partition, BigInt(p.high)]),
           );
