@@ -7,7 +7,7 @@ import { PaverError } from './errors.js';
 import { withRetry } from './retry.js';
 import { createHttpServer, type ReadinessCheck, type Route } from './http.js';
 import { createKafka } from './kafka/client.js';
-import { createRunner, type BatchHandler, type Parser } from './kafka/runner.js';
+import { createRunner, type BatchHandler, type Parser, type RuntimeDeps } from './kafka/runner.js';
 import { createSink, type Sink } from './kafka/sink.js';
 import { ensureTopics, paverTopics, type TopicSpec } from './kafka/topics.js';
 import { createLogger, type Logger } from './log.js';
@@ -25,6 +25,8 @@ export interface ServiceDeps<E extends CommonEnv> {
   codec: Codec;
   /** Stops the process with exit 1: for a service's own consumers that crash for good. */
   fatal: (err: Error) => void;
+  /** The same dependencies as one object, to pass whole to `createTableFeed(spec, runtime)` and `createRunner`. */
+  runtime: RuntimeDeps;
 }
 
 export interface ServiceParts<T> {
@@ -158,27 +160,24 @@ export async function runService<E extends CommonEnv, T>(
       if (created.length) log.info({ created }, 'created topics');
     }
     await sink.connect();
-    const deps: ServiceDeps<E> = { env, log, metrics, redis, kafka, sink, codec, fatal: onFatal };
+    const runtime: RuntimeDeps = { env, log, metrics, kafka, sink, codec, onFatal };
+    const deps: ServiceDeps<E> = { env, log, metrics, redis, kafka, sink, codec, fatal: onFatal, runtime };
     parts = await spec.setup(deps);
     if (parts.extraTopics?.length && env.KAFKA_CREATE_TOPICS) {
       await prepareTopics(kafka, parts.extraTopics, env, log);
     }
     await parts.start?.();
-    runner = createRunner<T>({
-      service: spec.name,
-      groupId: spec.groupId(env),
-      topics: parts.inputTopics,
-      parse: parts.parse,
-      handler: parts.handler,
-      ready: () => redisReady(redis),
-      env,
-      kafka,
-      codec,
-      sink,
-      metrics,
-      log,
-      onFatal,
-    });
+    runner = createRunner<T>(
+      {
+        service: spec.name,
+        groupId: spec.groupId(env),
+        topics: parts.inputTopics,
+        parse: parts.parse,
+        handler: parts.handler,
+        ready: () => redisReady(redis),
+      },
+      runtime,
+    );
     const r = runner;
     http = createHttpServer({
       registry: metrics.registry,

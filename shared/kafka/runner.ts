@@ -1,7 +1,5 @@
 import type { Consumer, EachBatchPayload, Kafka, KafkaMessage } from 'kafkajs';
-import type { z } from 'zod';
-import type { DeadLetterReason } from '../../schemas/index.js';
-import { DecodeError, type Codec } from '../codec.js';
+import type { Codec } from '../codec.js';
 import type { CommonEnv } from '../config.js';
 import { classifyError, PaverError, errorMessage } from '../errors.js';
 import type { Logger } from '../log.js';
@@ -14,77 +12,16 @@ import {
   withoutOriginal,
   type DeadLetterSource,
 } from './dead-letter.js';
+import { processChunk, type BadRecord, type BatchContext, type BatchHandler } from './chunk.js';
+import { decodeMessage, type Parser } from './decode.js';
 import { createGroupMonitor } from './group-monitor.js';
 import type { Sink } from './sink.js';
 
-/** One decoded, validated message; offsets are strings everywhere (normalised here, once). */
-export interface InboundRecord<T> {
-  topic: string;
-  partition: number;
-  offset: string;
-  key: string | null;
-  timestamp: string;
-  value: T;
-}
+export type { InboundRecord, Rejection, BatchContext, BatchHandler } from './chunk.js';
+export { zodParser, type Parser } from './decode.js';
 
-export interface Rejection {
-  offset: string;
-  reason: DeadLetterReason;
-  detail: string;
-}
-
-export interface BatchContext {
-  heartbeat(): Promise<void>;
-  isRunning(): boolean;
-}
-
-/** The service's effect for a chunk of valid records. Return rejections for domain-invalid records. */
-export type BatchHandler<T> = (
-  records: InboundRecord<T>[],
-  ctx: BatchContext,
-) => Promise<{ rejected?: Rejection[] } | void>;
-
-/** Either a typed value or a dead-letter reason; the default uses a zod schema plus a known-type check. */
-export type Parser<T> = (
-  value: unknown,
-  topic: string,
-) => { ok: true; value: T } | { ok: false; reason: DeadLetterReason; detail: string };
-
-export function zodParser<S extends z.ZodType>(
-  schema: S,
-  knownTypes?: readonly string[],
-): Parser<z.infer<S>> {
-  return (value) => {
-    if (knownTypes && value !== null && typeof value === 'object' && !Array.isArray(value)) {
-      const type = (value as { type?: unknown }).type;
-      if (typeof type === 'string' && !knownTypes.includes(type)) {
-        return {
-          ok: false,
-          reason: 'unknown_event_type',
-          detail: `type must be one of ${knownTypes.join(', ')}`,
-        };
-      }
-    }
-    const r = schema.safeParse(value);
-    if (r.success) return { ok: true, value: r.data };
-    // Paths and messages only: zod's messages name expected types, not the offending values.
-    const detail = r.error.issues
-      .slice(0, 10)
-      .map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`)
-      .join('; ');
-    return { ok: false, reason: 'invalid', detail };
-  };
-}
-
-export interface RunnerOptions<T> {
-  service: string;
-  groupId: string;
-  topics: string[];
-  fromBeginning?: boolean;
-  parse: Parser<T>;
-  handler: BatchHandler<T>;
-  /** Dependencies the handler needs (Redis); while false, consumption pauses instead of failing batches. */
-  ready?: () => boolean;
+/** What every consumer needs from the process, built once by runService and passed whole. */
+export interface RuntimeDeps {
   env: CommonEnv;
   kafka: Kafka;
   codec: Codec;
@@ -93,9 +30,24 @@ export interface RunnerOptions<T> {
   log: Logger;
   /** Called when the consumer has crashed for good (restarts exhausted or a non-retriable error). */
   onFatal: (err: Error) => void;
+}
+
+/** What one consumer is: its group, topics, parser and effect. */
+export interface RunnerSpec<T> {
+  service: string;
+  groupId: string;
+  topics: string[];
+  fromBeginning?: boolean;
+  parse: Parser<T>;
+  handler: BatchHandler<T>;
+  /** Dependencies the handler needs (Redis); while false, consumption pauses instead of failing batches. */
+  ready?: () => boolean;
   /** Compacted topics: maps a tombstone (null value) to a typed record; without it a tombstone is dead-lettered. */
   tombstone?: (key: string | null) => T | null;
 }
+
+/** The flat form (spec and dependencies in one object) that existing call sites use. */
+export type RunnerOptions<T> = RunnerSpec<T> & RuntimeDeps;
 
 export interface Runner {
   start(): Promise<void>;
@@ -108,18 +60,10 @@ export interface Runner {
   assignment(): Record<string, number[]>;
 }
 
-const keyString = (k: Buffer | null): string | null => (k === null ? null : k.toString('utf8'));
 const MAX_KEY_BYTES = 1024;
 const DEAD_LETTER_REQUEST_BUDGET = 512 * 1024;
 
-interface BadRecord {
-  msg: KafkaMessage;
-  topic: string;
-  partition: number;
-  reason: DeadLetterReason;
-  detail: string;
-}
-const sourceOf = (r: BadRecord): DeadLetterSource => ({
+const sourceOf = (r: BadRecord<KafkaMessage>): DeadLetterSource => ({
   topic: r.topic,
   partition: r.partition,
   offset: r.msg.offset,
@@ -128,7 +72,11 @@ const sourceOf = (r: BadRecord): DeadLetterSource => ({
   timestamp: r.msg.timestamp,
 });
 
-export function createRunner<T>(o: RunnerOptions<T>): Runner {
+/** `createRunner(spec, deps)`, or the flat `createRunner({ ...spec, ...deps })` of earlier call sites. */
+export function createRunner<T>(spec: RunnerSpec<T>, deps: RuntimeDeps): Runner;
+export function createRunner<T>(o: RunnerOptions<T>): Runner;
+export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: RuntimeDeps): Runner {
+  const o: RunnerOptions<T> = deps ? { ...spec, ...deps } : (spec as RunnerOptions<T>);
   let restarts = 0;
   let joined = false;
   let memberId: string | null = null;
@@ -187,7 +135,7 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
   consumer.on(consumer.events.REBALANCING, () => (joined = false));
   consumer.on(consumer.events.STOP, () => (joined = false));
 
-  async function deadLetter(records: BadRecord[]) {
+  async function deadLetter(records: BadRecord<KafkaMessage>[]) {
     if (records.length === 0) return;
     const now = Date.now();
     const limits = {
@@ -249,29 +197,12 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
     );
   }
 
-  async function decodeOne(msg: KafkaMessage, topic: string): Promise<ReturnType<Parser<T>>> {
-    if (msg.value === null && o.tombstone) {
-      const t = o.tombstone(keyString(msg.key));
-      if (t !== null) return { ok: true, value: t };
-    }
-    if (!msg.value)
-      return { ok: false as const, reason: 'undecodable' as const, detail: 'empty message value' };
-    if (msg.value.length > o.env.PAVER_MAX_MESSAGE_BYTES) {
-      return {
-        ok: false as const,
-        reason: 'oversize' as const,
-        detail: `${msg.value.length} bytes > PAVER_MAX_MESSAGE_BYTES`,
-      };
-    }
-    let raw: unknown;
-    try {
-      raw = await o.codec.decode(msg.value);
-    } catch (err) {
-      if (err instanceof DecodeError) return { ok: false as const, reason: err.reason, detail: err.message };
-      throw err;
-    }
-    return o.parse(raw, topic);
-  }
+  const decodeOptions = {
+    codec: o.codec,
+    parse: o.parse,
+    tombstone: o.tombstone,
+    maxBytes: o.env.PAVER_MAX_MESSAGE_BYTES,
+  };
 
   /**
    * After leaving the group, reads the group's offsets back from the broker and commits any processed
@@ -349,35 +280,17 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
     for (let i = 0; i < messages.length; i += o.env.PAVER_BATCH_CHUNK) {
       const chunk = messages.slice(i, i + o.env.PAVER_BATCH_CHUNK);
       monitor.processing(topic, partition, Number(chunk[0]!.timestamp));
-      const good: InboundRecord<T>[] = [];
-      const bad: BadRecord[] = [];
-      const byOffset = new Map<string, KafkaMessage>();
-      for (const msg of chunk) {
-        byOffset.set(msg.offset, msg);
-        const r = await withRetry(() => decodeOne(msg, topic), retry);
-        if (r.ok)
-          good.push({
-            topic,
-            partition,
-            offset: msg.offset,
-            key: keyString(msg.key),
-            timestamp: msg.timestamp,
-            value: r.value,
-          });
-        else bad.push({ msg, topic, partition, reason: r.reason, detail: r.detail });
-      }
-      if (good.length > 0) {
-        const result = await withRetry(() => o.handler(good, ctx), retry);
-        for (const rej of result?.rejected ?? []) {
-          const msg = byOffset.get(rej.offset);
-          if (msg) bad.push({ msg, topic, partition, reason: rej.reason, detail: rej.detail });
-        }
-        o.metrics.eventsConsumed.inc(
-          { topic, outcome: 'processed' },
-          good.length - (result?.rejected?.length ?? 0),
-        );
-      }
-      await withRetry(() => deadLetter(bad), retry);
+      const r = await processChunk<T, KafkaMessage>({
+        topic,
+        partition,
+        chunk,
+        decode: (msg) => decodeMessage(msg, topic, decodeOptions),
+        handler: o.handler,
+        ctx,
+        retry: (fn) => withRetry(fn, retry),
+        deadLetter,
+      });
+      if (r.processed > 0) o.metrics.eventsConsumed.inc({ topic, outcome: 'processed' }, r.processed);
 
       // Effects are written: now, and only now, the offsets may be committed.
       const last = chunk[chunk.length - 1]!.offset;

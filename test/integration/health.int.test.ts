@@ -144,7 +144,10 @@ describe('truthful health (real Kafka, real processes)', () => {
     const t1 = Date.now();
     broker = await startKafka({ dir, port: broker.port, controllerPort: broker.controllerPort });
     const t2 = Date.now();
-    await waitFor(async () => (await readyz(p)).status === 200, '/readyz 200 with the broker back', 120_000);
+    await explained(
+      p,
+      waitFor(async () => (await readyz(p)).status === 200, '/readyz 200 with the broker back', 120_000),
+    );
     // Figures for the record, not assertions: timing depends on the machine.
     process.stderr.write(
       `[health] readyz false ${t1 - t0} ms after the broker stop began; true ${Date.now() - t2} ms after the broker was back\n`,
@@ -152,5 +155,5 @@ describe('truthful health (real Kafka, real processes)', () => {
     await send(50, 50);
     await waitFor(async () => (await redis.scard(`${prefix}:seen`)) === 100, 'all 100 events', 120_000);
     expect(p.child.exitCode).toBeNull();
-  });
+  }, 360_000);
 });
