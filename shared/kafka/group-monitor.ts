@@ -161,7 +161,11 @@ export function createGroupMonitor(o: {
     },
     processed(topic, partition, next, high) {
       const key = k(topic, partition);
-      if (next >= high) oldest.delete(key);
+      // The runner sets the lag gauge at the same moment: keep the two consistent between polls.
+      if (next >= high) {
+        oldest.delete(key);
+        o.metrics.oldestUnprocessedAge.set({ topic, partition: String(partition) }, 0);
+      }
       // More is waiting, not yet fetched: now is a lower bound until its chunk starts.
       else oldest.set(key, Date.now());
     },

@@ -69,8 +69,9 @@ describe('truthful health (real Kafka, real processes)', () => {
       waitFor(async () => {
         const m = await metrics(p);
         const lag = (partition: string) => m.value('paver_consumer_lag', { topic, partition });
-        return lag('1') === 100 && lag('0') === 0 && lag('2') === 0 ? m : null;
-      }, 'lag 100 on the stalled partition, 0 elsewhere'),
+        const age0 = m.value('paver_consumer_oldest_unprocessed_age_seconds', { topic, partition: '0' });
+        return lag('1') === 100 && lag('0') === 0 && lag('2') === 0 && age0 === 0 ? m : null;
+      }, 'lag 100 on the stalled partition, lag and age 0 elsewhere'),
     );
     // The stalled partition's oldest event was produced before the test started waiting: its age is > 0.
     const age = (m: typeof stalled, partition: string) =>
