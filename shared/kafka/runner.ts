@@ -61,6 +61,25 @@ export interface Runner {
 }
 
 const MAX_KEY_BYTES = 1024;
+
+/**
+ * kafkajs reports its exhausted retries against an unreachable broker as non-retriable
+ * (KafkaJSNumberOfRetriesExceeded wrapping a connection error): for the runner that is an outage to ride out,
+ * not a bug.
+ */
+export function isBrokerOutage(err: unknown): boolean {
+  const names =
+    /^KafkaJS(ConnectionError|ConnectionClosedError|RequestTimeoutError|BrokerNotFound|NumberOfRetriesExceeded|Lock(Timeout)?|NoBrokerAvailableError)$/;
+  for (
+    let e = err as { name?: unknown; cause?: unknown; originalError?: unknown } | undefined, i = 0;
+    e && i < 6;
+    i++
+  ) {
+    if (typeof e.name === 'string' && names.test(e.name)) return true;
+    e = (e.cause ?? e.originalError) as typeof e;
+  }
+  return false;
+}
 const DEAD_LETTER_REQUEST_BUDGET = 512 * 1024;
 
 const sourceOf = (r: BadRecord<KafkaMessage>): DeadLetterSource => ({
@@ -333,9 +352,11 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
                 'batch failed',
               );
               // A bug or a state conflict will not heal by redelivery: stop the process, let its supervisor decide.
-              if (!e.retriable) o.onFatal(e);
-              // Rethrow: offsets stay uncommitted and the client redelivers after its restart.
-              throw e;
+              // A broker outage will: kafkajs restarts the consumer (bounded by PAVER_MAX_CONSUMER_RESTARTS).
+              if (!e.retriable && !isBrokerOutage(err)) o.onFatal(e);
+              // Rethrow: offsets stay uncommitted and the client redelivers after its restart. An outage goes
+              // back as kafkajs's own error, whose restart rule knows it (our INTERNAL would stop the consumer).
+              throw isBrokerOutage(err) ? err : e;
             }
           },
         });

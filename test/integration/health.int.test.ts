@@ -135,10 +135,13 @@ describe('truthful health (real Kafka, real processes)', () => {
 
     const t0 = Date.now();
     await broker.stop();
-    const down = await waitFor(async () => {
-      const r = await readyz(p);
-      return r.status === 503 && !r.checks.kafka_broker ? r : null;
-    }, '/readyz 503 with the broker down');
+    const down = await explained(
+      p,
+      waitFor(async () => {
+        const r = await readyz(p);
+        return r.status === 503 && !r.checks.kafka_broker ? r : null;
+      }, '/readyz 503 with the broker down'),
+    );
     expect(down.checks.kafka_consumer).toBe(false);
     expect(p.child.exitCode).toBeNull();
 
