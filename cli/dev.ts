@@ -1,11 +1,16 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { startStack } from '../deploy/local/stack.js';
+import { EXIT_CONFIG } from '../shared/config.js';
 import { SERVICES, type ServiceName } from './services.js';
 
 /**
  * Paver's main job: the local stack (unless KAFKA_BROKERS / REDIS_URL are set) and every service as a child
  * process, each with its HTTP port, until SIGINT/SIGTERM; then services stop first, the stack last.
+ *
+ * A supervisor, not a launcher: a service that dies is restarted with exponential backoff while the others
+ * keep running, and the stack (with Kafka's data) stays up. Only a signal stops everything. A service that
+ * exits with the configuration-error code (78) is not restarted: no retry fixes a bad setting.
  */
 const example = (f: string) => fileURLToPath(new URL(`../../examples/${f}`, import.meta.url));
 /** The main job runs with the example catalog, orchestration and flows unless the environment names others. */
@@ -14,6 +19,12 @@ const EXAMPLES = {
   SEQUENCER_CONFIG_FILE: example('orchestration.yaml'),
   FLOWS_FILE: example('flows.yaml'),
 };
+
+/** Restart delays: 1 s, 2 s, 4 s … capped at 30 s; a service that ran for a minute starts again from 1 s. */
+export const RESTART = { initialMs: 1_000, maxMs: 30_000, healthyAfterMs: 60_000 } as const;
+export function restartDelay(failuresInARow: number): number {
+  return Math.min(RESTART.maxMs, RESTART.initialMs * 2 ** Math.max(0, failuresInARow - 1));
+}
 
 export async function dev(argv: { services?: string[] }): Promise<number> {
   const say = (s: string) => process.stderr.write(`paver dev: ${s}\n`);
@@ -26,13 +37,13 @@ export async function dev(argv: { services?: string[] }): Promise<number> {
   const names = (argv.services?.length ? argv.services : Object.keys(SERVICES)) as ServiceName[];
   const bin = fileURLToPath(new URL('../../bin/paver.js', import.meta.url));
   const children = new Map<ServiceName, ChildProcess>();
+  const timers = new Set<NodeJS.Timeout>();
   let stopping = false;
-  let failed = false;
-  let resolveDone!: () => void;
-  const done = new Promise<void>((r) => (resolveDone = r));
 
-  for (const name of names) {
+  function launch(name: ServiceName, failuresInARow: number) {
+    if (stopping) return;
     const port = process.env[`PAVER_${name.toUpperCase()}_HTTP_PORT`] ?? String(SERVICES[name].port);
+    const startedAt = Date.now();
     const child = spawn(process.execPath, [bin, 'run', name], {
       env: {
         ...EXAMPLES,
@@ -44,31 +55,42 @@ export async function dev(argv: { services?: string[] }): Promise<number> {
       stdio: ['ignore', 'inherit', 'inherit'],
     });
     children.set(name, child);
-    say(`${name} starting: http://127.0.0.1:${port}/readyz  /metrics`);
+    say(`${name} starting (pid ${child.pid}): http://127.0.0.1:${port}/readyz  /metrics`);
     child.once('exit', (code, signal) => {
-      children.delete(name);
-      if (!stopping) {
-        failed = true;
-        say(`${name} exited (${signal ?? code}); stopping everything`);
-        void stop();
+      if (children.get(name) === child) children.delete(name);
+      if (stopping) return;
+      if (code === EXIT_CONFIG) {
+        say(`${name} refused its configuration (exit ${code}); not restarting it (the others keep running)`);
+        return;
       }
-      if (children.size === 0) resolveDone();
+      const failures = Date.now() - startedAt >= RESTART.healthyAfterMs ? 1 : failuresInARow + 1;
+      const delay = restartDelay(failures);
+      say(`${name} exited (${signal ?? code}); restarting in ${delay} ms (failure ${failures} in a row)`);
+      const t = setTimeout(() => {
+        timers.delete(t);
+        launch(name, failures);
+      }, delay);
+      timers.add(t);
     });
   }
 
-  async function stop() {
-    if (stopping) return;
-    stopping = true;
-    for (const c of children.values()) c.kill('SIGTERM');
-    if (children.size > 0) await done;
-    await stack.stop();
-    say('stopped');
-  }
+  for (const name of names) launch(name, 0);
+
   await new Promise<void>((resolve) => {
-    const onSig = () => void stop().then(resolve);
-    process.once('SIGINT', onSig);
-    process.once('SIGTERM', onSig);
-    void done.then(() => stop().then(resolve));
+    process.once('SIGINT', () => resolve());
+    process.once('SIGTERM', () => resolve());
   });
-  return failed ? 1 : 0;
+  stopping = true;
+  for (const t of timers) clearTimeout(t);
+  const exits = [...children.values()].map(
+    (c) =>
+      new Promise<void>((r) =>
+        c.exitCode !== null || c.signalCode !== null ? r() : c.once('exit', () => r()),
+      ),
+  );
+  for (const c of children.values()) c.kill('SIGTERM');
+  await Promise.all(exits);
+  await stack.stop();
+  say('stopped');
+  return 0;
 }

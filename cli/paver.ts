@@ -16,8 +16,9 @@ Main job:
 
 Tools:
   stack                      start only the local stack, print KAFKA_BROKERS / REDIS_URL, wait for Ctrl-C
-  publish --input FILE.jsonl [--topic T]
-                             send tool-calls events (one JSON per line) keyed by session_id
+  publish --input FILE.jsonl [--topic T] [--tenant T] [--agent A]
+                             send tool-calls events (one JSON per line) keyed by session_id;
+                             --tenant/--agent set tenant_id/agent_id on every event (needs only KAFKA_BROKERS)
   gen-schemas                regenerate schemas/json from the zod contracts
 
 Offline (no Kafka, no Redis; same core as the services):
@@ -82,14 +83,24 @@ export async function main(argv: string[]): Promise<number> {
     case 'publish': {
       const { values } = parseArgs({
         args: rest,
-        options: { input: { type: 'string' }, topic: { type: 'string' } },
+        options: {
+          input: { type: 'string' },
+          topic: { type: 'string' },
+          tenant: { type: 'string' },
+          agent: { type: 'string' },
+        },
       });
       if (!values.input) {
         process.stderr.write('paver publish: --input FILE.jsonl is required\n');
         return 2;
       }
       const { publish } = await import('./publish.js');
-      return publish({ input: values.input, ...(values.topic ? { topic: values.topic } : {}) });
+      return publish({
+        input: values.input,
+        ...(values.topic ? { topic: values.topic } : {}),
+        ...(values.tenant !== undefined ? { tenant: values.tenant } : {}),
+        ...(values.agent !== undefined ? { agent: values.agent } : {}),
+      });
     }
     case 'gen-schemas': {
       await import('../schemas/generate.js').then((m) => m.writeSchemas());

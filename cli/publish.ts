@@ -1,60 +1,138 @@
 import { createReadStream } from 'node:fs';
+import { access } from 'node:fs/promises';
 import { createInterface } from 'node:readline';
-import { Partitioners } from 'kafkajs';
+import { Kafka, logLevel, Partitioners } from 'kafkajs';
+import { z } from 'zod';
 import { createCodec } from '../shared/codec.js';
-import { commonEnvSchema, parseEnv } from '../shared/config.js';
-import { createKafka } from '../shared/kafka/client.js';
+import { commonEnvShape, EXIT_CONFIG, parseEnv, refineCommon } from '../shared/config.js';
+import { errorMessage } from '../shared/errors.js';
+import { kafkaConfig } from '../shared/kafka/client.js';
 import { ensureTopics, paverTopics } from '../shared/kafka/topics.js';
 import { createLogger } from '../shared/log.js';
 
+/** Exit code when no broker answers (sysexits EX_UNAVAILABLE). */
+export const EXIT_UNAVAILABLE = 69;
+
+/**
+ * publish talks to Kafka only: REDIS_URL is accepted (shared .env files) but not required; the placeholder
+ * default only keeps the shared config type whole and is never connected to.
+ */
+const publishEnvSchema = z
+  .object({ ...commonEnvShape, REDIS_URL: commonEnvShape.REDIS_URL.default('redis://unused.invalid:6379') })
+  .superRefine(refineCommon);
+
+const idSchema = z.string().regex(/^[A-Za-z0-9._:-]{1,128}$/, 'expected 1-128 characters of [A-Za-z0-9._:-]');
+
 /**
  * `paver publish --input FILE.jsonl`: sends each line to the tool-calls topic keyed by its session_id, as an
- * agent runtime would. Lines are sent as they are (the services validate and dead-letter bad ones).
+ * agent runtime would. Lines are sent as they are (the services validate and dead-letter bad ones), except
+ * that --tenant / --agent set tenant_id / agent_id on every JSON object line.
  */
 export async function publish(opts: {
   input: string;
   topic?: string;
+  tenant?: string;
+  agent?: string;
   env?: NodeJS.ProcessEnv;
 }): Promise<number> {
-  const env = parseEnv(commonEnvSchema, opts.env ?? process.env);
+  const fail = (code: number, line: string) => {
+    process.stderr.write(`paver publish: ${line}\n`);
+    return code;
+  };
+  let env: z.infer<typeof publishEnvSchema>;
+  try {
+    env = parseEnv(publishEnvSchema, opts.env ?? process.env);
+  } catch (err) {
+    // One line: "Invalid configuration (2 problem(s)): KAFKA_BROKERS: is required; LOG_LEVEL: …".
+    return fail(
+      EXIT_CONFIG,
+      errorMessage(err)
+        .replace(/:\n\s+- /, ': ')
+        .replace(/\n\s+- /g, '; '),
+    );
+  }
+  for (const [flag, v] of [
+    ['--tenant', opts.tenant],
+    ['--agent', opts.agent],
+  ] as const) {
+    if (v === undefined) continue;
+    const r = idSchema.safeParse(v);
+    if (!r.success) return fail(EXIT_CONFIG, `${flag}: ${r.error.issues[0]?.message}`);
+  }
+  try {
+    await access(opts.input);
+  } catch {
+    return fail(2, `cannot read --input ${opts.input}`);
+  }
+
   const log = createLogger('publish', env.LOG_LEVEL === 'info' ? 'warn' : env.LOG_LEVEL);
-  const kafka = createKafka(env, log, `${env.KAFKA_CLIENT_ID}-publish`);
+  // Quiet and quick to give up: with no broker, one clear line beats half a minute of client retries.
+  const kafka = new Kafka({
+    ...kafkaConfig(env, log, `${env.KAFKA_CLIENT_ID}-publish`),
+    retry: { initialRetryTime: 300, retries: 3, maxRetryTime: 2_000 },
+    logLevel: logLevel.NOTHING,
+  });
   const topic = opts.topic ?? env.PAVER_TOPIC_TOOL_CALLS;
   const admin = kafka.admin();
-  await admin.connect();
-  await ensureTopics(admin, paverTopics(env), {
-    partitions: env.KAFKA_TOPIC_PARTITIONS,
-    replicationFactor: env.KAFKA_REPLICATION_FACTOR,
-  });
-  await admin.disconnect();
-  const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner });
-  await producer.connect();
-  const codec = createCodec(env);
-  let sent = 0;
-  let batch: { key: string | null; value: Buffer }[] = [];
-  const flush = async () => {
-    if (batch.length === 0) return;
-    await producer.send({ topic, messages: batch, acks: -1 });
-    sent += batch.length;
-    batch = [];
-  };
-  const rl = createInterface({ input: createReadStream(opts.input), crlfDelay: Infinity });
-  for await (const line of rl) {
-    if (!line.trim()) continue;
-    let key: string | null = null;
-    let value: Buffer = Buffer.from(line);
-    try {
-      const obj = JSON.parse(line) as { session_id?: unknown };
-      if (typeof obj.session_id === 'string') key = obj.session_id;
-      value = await codec.encode('tool-calls.v1', topic, obj);
-    } catch {
-      // Not JSON: sent as is, so the services' dead-letter path can be seen working.
-    }
-    batch.push({ key, value });
-    if (batch.length >= 500) await flush();
+  try {
+    await admin.connect();
+    await admin.describeCluster();
+  } catch (err) {
+    await admin.disconnect().catch(() => undefined);
+    return fail(
+      EXIT_UNAVAILABLE,
+      `no Kafka broker answered at ${env.KAFKA_BROKERS.join(',')} (${errorMessage(err)}); is the stack running (npm start)?`,
+    );
   }
-  await flush();
-  await producer.disconnect();
+  const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner });
+  let sent = 0;
+  try {
+    if (env.KAFKA_CREATE_TOPICS)
+      await ensureTopics(admin, paverTopics(env), {
+        partitions: env.KAFKA_TOPIC_PARTITIONS,
+        replicationFactor: env.KAFKA_REPLICATION_FACTOR,
+      });
+    await producer.connect();
+    const codec = createCodec(env);
+    let batch: { key: string | null; value: Buffer }[] = [];
+    const flush = async () => {
+      if (batch.length === 0) return;
+      await producer.send({ topic, messages: batch, acks: -1 });
+      sent += batch.length;
+      batch = [];
+    };
+    const rl = createInterface({ input: createReadStream(opts.input), crlfDelay: Infinity });
+    for await (const line of rl) {
+      if (!line.trim()) continue;
+      let key: string | null = null;
+      let value: Buffer = Buffer.from(line);
+      let obj: unknown;
+      try {
+        obj = JSON.parse(line);
+      } catch {
+        // Not JSON: sent as is, so the services' dead-letter path can be seen working.
+      }
+      if (obj !== null && typeof obj === 'object' && !Array.isArray(obj)) {
+        const o = obj as Record<string, unknown>;
+        if (opts.tenant !== undefined) o.tenant_id = opts.tenant;
+        if (opts.agent !== undefined) o.agent_id = opts.agent;
+        if (typeof o.session_id === 'string') key = o.session_id;
+        try {
+          value = await codec.encode('tool-calls.v1', topic, o);
+        } catch {
+          value = Buffer.from(JSON.stringify(o));
+        }
+      }
+      batch.push({ key, value });
+      if (batch.length >= 500) await flush();
+    }
+    await flush();
+  } catch (err) {
+    return fail(1, `failed after ${sent} events: ${errorMessage(err)}`);
+  } finally {
+    await producer.disconnect().catch(() => undefined);
+    await admin.disconnect().catch(() => undefined);
+  }
   process.stderr.write(`published ${sent} events to ${topic}\n`);
   return 0;
 }

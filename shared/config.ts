@@ -52,6 +52,10 @@ export const commonEnvShape = {
   PAVER_TOPIC_FLOW_SELECTIONS: topicName.default('paver.flow-selections.v1'),
   PAVER_TOPIC_DEAD_LETTERS: topicName.default('paver.dead-letters.v1'),
   PAVER_MAX_MESSAGE_BYTES: int(1024, 50 * 1024 * 1024).default(1024 * 1024),
+  /** Dead letters keep the original bytes up to this size, beyond it a hash: a record always fits the broker. */
+  PAVER_DEAD_LETTER_MAX_ORIGINAL_BYTES: int(0, 10 * 1024 * 1024).default(256 * 1024),
+  /** How often each consumer asks the broker for its group's state and lag (readiness, lag, oldest age). */
+  PAVER_LAG_POLL_MS: int(100, 300_000).default(5_000),
   PAVER_BATCH_CHUNK: int(1, 100_000).default(500),
   PAVER_RETRY_ATTEMPTS: int(0, 100).default(8),
   PAVER_RETRY_INITIAL_MS: int(1, 60_000).default(100),

@@ -1,6 +1,6 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import type { Registry } from 'prom-client';
+import { Histogram, type Registry } from 'prom-client';
 import type { Logger } from './log.js';
 import { errorMessage } from './errors.js';
 
@@ -29,6 +29,20 @@ export interface ReadinessCheck {
 }
 
 const MAX_BODY = 1024 * 1024;
+const HTTP_METRIC = 'paver_http_request_duration_seconds';
+
+/** One histogram per registry: a service may build more than one server on the same registry. */
+function requestHistogram(registry: Registry): Histogram<'method' | 'route' | 'status'> {
+  const existing = registry.getSingleMetric(HTTP_METRIC);
+  if (existing) return existing as Histogram<'method' | 'route' | 'status'>;
+  return new Histogram({
+    name: HTTP_METRIC,
+    help: 'HTTP request latency by method, route pattern (never the raw path) and status code.',
+    labelNames: ['method', 'route', 'status'],
+    buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+    registers: [registry],
+  });
+}
 
 function compile(path: string): { re: RegExp; names: string[] } {
   const names: string[] = [];
@@ -72,10 +86,23 @@ export function createHttpServer(opts: {
     res.end(text);
   };
 
+  const latency = requestHistogram(opts.registry);
+  const KNOWN_METHODS = new Set(['GET', 'POST', 'PUT', 'DELETE', 'PATCH', 'HEAD', 'OPTIONS']);
+
   const server = createServer((req, res) => {
+    const started = process.hrtime.bigint();
+    const method = req.method ?? 'GET';
+    // The route's pattern, not its path: session ids in a label would be unbounded cardinality.
+    let route = 'unmatched';
+    res.once('finish', () => {
+      latency.observe(
+        { method: KNOWN_METHODS.has(method) ? method : 'other', route, status: String(res.statusCode) },
+        Number(process.hrtime.bigint() - started) / 1e9,
+      );
+    });
     void (async () => {
       const url = new URL(req.url ?? '/', 'http://localhost');
-      const method = req.method ?? 'GET';
+      if (['/metrics', '/healthz', '/readyz'].includes(url.pathname)) route = url.pathname;
       try {
         if (method === 'GET' && url.pathname === '/metrics') {
           return send(res, 200, await opts.registry.metrics(), opts.registry.contentType);
@@ -93,6 +120,7 @@ export function createHttpServer(opts: {
         for (const r of routes) {
           const m = r.re.exec(url.pathname);
           if (!m) continue;
+          route = r.path;
           if (r.method !== method) return send(res, 405, { error: 'method not allowed' });
           const params: Record<string, string> = {};
           r.names.forEach((n, i) => (params[n] = decodeURIComponent(m[i + 1] ?? '')));

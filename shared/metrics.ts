@@ -7,6 +7,7 @@ export interface RuntimeMetrics {
   processingSeconds: Histogram<'topic'>;
   deadLetters: Counter<'reason'>;
   consumerLag: Gauge<'topic' | 'partition'>;
+  oldestUnprocessedAge: Gauge<'topic' | 'partition'>;
   retries: Counter<'code'>;
   consumerCrashes: Counter<'restart'>;
   rebalances: Counter;
@@ -41,7 +42,13 @@ export function createMetrics(service: string, registry = new Registry()): Runti
     }),
     consumerLag: new Gauge({
       name: 'paver_consumer_lag',
-      help: 'Messages behind the log end, per partition, as of the last batch (high watermark - next offset).',
+      help: "Messages behind the log end per assigned partition: high watermark minus the group's committed offset, polled every PAVER_LAG_POLL_MS.",
+      labelNames: ['topic', 'partition'],
+      registers: r,
+    }),
+    oldestUnprocessedAge: new Gauge({
+      name: 'paver_consumer_oldest_unprocessed_age_seconds',
+      help: 'Age of the oldest unprocessed message per assigned partition (now minus its timestamp; a lower bound until it is fetched), 0 when caught up.',
       labelNames: ['topic', 'partition'],
       registers: r,
     }),

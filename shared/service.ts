@@ -3,10 +3,11 @@ import type { Redis } from 'ioredis';
 import type { z } from 'zod';
 import { createCodec, type Codec } from './codec.js';
 import { EXIT_CONFIG, parseEnv, type CommonEnv } from './config.js';
-import type { PaverError } from './errors.js';
+import { PaverError } from './errors.js';
+import { withRetry } from './retry.js';
 import { createHttpServer, type ReadinessCheck, type Route } from './http.js';
 import { createKafka } from './kafka/client.js';
-import { createRunner, type BatchHandler, type Parser } from './kafka/runner.js';
+import { createRunner, type BatchHandler, type Parser, type RuntimeDeps } from './kafka/runner.js';
 import { createSink, type Sink } from './kafka/sink.js';
 import { ensureTopics, paverTopics, type TopicSpec } from './kafka/topics.js';
 import { createLogger, type Logger } from './log.js';
@@ -24,6 +25,8 @@ export interface ServiceDeps<E extends CommonEnv> {
   codec: Codec;
   /** Stops the process with exit 1: for a service's own consumers that crash for good. */
   fatal: (err: Error) => void;
+  /** The same dependencies as one object, to pass whole to `createTableFeed(spec, runtime)` and `createRunner`. */
+  runtime: RuntimeDeps;
 }
 
 export interface ServiceParts<T> {
@@ -46,6 +49,44 @@ export interface ServiceSpec<E extends CommonEnv, T> {
   defaultPort: number;
   groupId: (env: E) => string;
   setup: (deps: ServiceDeps<E>) => Promise<ServiceParts<T>>;
+}
+
+/**
+ * Creates the topics and waits for their leaders, retrying any failure a bounded number of times: a broker
+ * that has just started (several services creating topics at once) answers "does not host this
+ * topic-partition" for a moment, and kafkajs reports its exhausted retries as non-retriable.
+ */
+async function prepareTopics(
+  kafka: Kafka,
+  specs: TopicSpec[],
+  env: CommonEnv,
+  log: Logger,
+): Promise<string[]> {
+  return withRetry(
+    async () => {
+      const admin = kafka.admin();
+      try {
+        await admin.connect();
+        return await ensureTopics(admin, specs, {
+          partitions: env.KAFKA_TOPIC_PARTITIONS,
+          replicationFactor: env.KAFKA_REPLICATION_FACTOR,
+        });
+      } catch (err) {
+        throw new PaverError('KAFKA_UNAVAILABLE', `topic preparation failed: ${errorMessage(err)}`, {
+          cause: err,
+        });
+      } finally {
+        await admin.disconnect().catch(() => undefined);
+      }
+    },
+    {
+      attempts: 6,
+      initialMs: 500,
+      maxMs: 5_000,
+      onRetry: (err, attempt, waitMs) =>
+        log.warn({ err: err.message, attempt, waitMs }, 'topics not ready; retrying'),
+    },
+  );
 }
 
 /**
@@ -115,49 +156,35 @@ export async function runService<E extends CommonEnv, T>(
       .connect()
       .catch((err: Error) => log.warn({ err: err.message }, 'redis not reachable yet; will retry'));
     if (env.KAFKA_CREATE_TOPICS) {
-      const admin = kafka.admin();
-      await admin.connect();
-      const created = await ensureTopics(admin, paverTopics(env), {
-        partitions: env.KAFKA_TOPIC_PARTITIONS,
-        replicationFactor: env.KAFKA_REPLICATION_FACTOR,
-      });
+      const created = await prepareTopics(kafka, paverTopics(env), env, log);
       if (created.length) log.info({ created }, 'created topics');
-      await admin.disconnect();
     }
     await sink.connect();
-    const deps: ServiceDeps<E> = { env, log, metrics, redis, kafka, sink, codec, fatal: onFatal };
+    const runtime: RuntimeDeps = { env, log, metrics, kafka, sink, codec, onFatal };
+    const deps: ServiceDeps<E> = { env, log, metrics, redis, kafka, sink, codec, fatal: onFatal, runtime };
     parts = await spec.setup(deps);
     if (parts.extraTopics?.length && env.KAFKA_CREATE_TOPICS) {
-      const admin = kafka.admin();
-      await admin.connect();
-      await ensureTopics(admin, parts.extraTopics, {
-        partitions: env.KAFKA_TOPIC_PARTITIONS,
-        replicationFactor: env.KAFKA_REPLICATION_FACTOR,
-      });
-      await admin.disconnect();
+      await prepareTopics(kafka, parts.extraTopics, env, log);
     }
     await parts.start?.();
-    runner = createRunner<T>({
-      service: spec.name,
-      groupId: spec.groupId(env),
-      topics: parts.inputTopics,
-      parse: parts.parse,
-      handler: parts.handler,
-      ready: () => redisReady(redis),
-      env,
-      kafka,
-      codec,
-      sink,
-      metrics,
-      log,
-      onFatal,
-    });
+    runner = createRunner<T>(
+      {
+        service: spec.name,
+        groupId: spec.groupId(env),
+        topics: parts.inputTopics,
+        parse: parts.parse,
+        handler: parts.handler,
+        ready: () => redisReady(redis),
+      },
+      runtime,
+    );
     const r = runner;
     http = createHttpServer({
       registry: metrics.registry,
       log,
       routes: parts.routes ?? [],
       readiness: [
+        { name: 'kafka_broker', check: () => r.brokerReachable() },
         { name: 'kafka_consumer', check: () => r.isJoined() },
         { name: 'kafka_producer', check: () => sink.isConnected() },
         { name: 'redis', check: async () => redisReady(redis) && (await redis.ping()) === 'PONG' },

@@ -131,16 +131,28 @@ async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs: n
   throw new Error(`${what} did not become ready in ${timeoutMs} ms\n${onFail()}`);
 }
 
+/** A KRaft cluster id (16 random bytes, base64url) that does not start with '-', which the CLI would read as an option. */
+function clusterId(): string {
+  for (;;) {
+    const id = randomBytes(16).toString('base64url');
+    if (/^[A-Za-z0-9]/.test(id)) return id;
+  }
+}
+
 export interface KafkaOptions {
   port?: number;
+  /** Reuse the controller port of an earlier start on the same `dir` (a restart). */
+  controllerPort?: number;
   dir?: string;
   log?: (s: string) => void;
 }
 
-export async function startKafka(opts: KafkaOptions = {}): Promise<Managed & { brokers: string }> {
+export async function startKafka(
+  opts: KafkaOptions = {},
+): Promise<Managed & { brokers: string; port: number; controllerPort: number }> {
   const libs = fetchKafkaJars(opts.log);
   const port = opts.port ?? (await freePort());
-  const controller = await freePort();
+  const controller = opts.controllerPort ?? (await freePort());
   const cleanup = !opts.dir;
   const dir = opts.dir ?? mkdtempSync(join(tmpdir(), 'paver-kafka-'));
   mkdirSync(dir, { recursive: true });
@@ -196,17 +208,7 @@ export async function startKafka(opts: KafkaOptions = {}): Promise<Managed & { b
   if (!existsSync(join(data, 'meta.properties'))) {
     const fmt = spawnSync(
       'java',
-      [
-        ...jvm,
-        '-cp',
-        cp,
-        'kafka.tools.StorageTool',
-        'format',
-        '-t',
-        randomBytes(16).toString('base64url'),
-        '-c',
-        props,
-      ],
+      [...jvm, '-cp', cp, 'kafka.tools.StorageTool', 'format', '-t', clusterId(), '-c', props],
       { encoding: 'utf8' },
     );
     if (fmt.status !== 0) throw new Error(`kafka storage format failed:\n${fmt.stdout}${fmt.stderr}`);
@@ -229,7 +231,10 @@ export async function startKafka(opts: KafkaOptions = {}): Promise<Managed & { b
         if (child.exitCode !== null) throw new Error('kafka exited');
         await admin.connect();
         const meta = await admin.describeCluster();
-        return meta.brokers.length > 0 && meta.controller !== null;
+        if (meta.brokers.length === 0 || meta.controller === null) return false;
+        // A group coordinator answers only once __consumer_offsets has leaders: services join groups at once.
+        await admin.describeGroups(['paver-stack-probe']);
+        return true;
       },
       90_000,
       () => `kafka log (${logFile}):\n${tail(logFile)}\n${tail(join(dir, 'kafka.stdout.log'), 10)}`,
@@ -240,7 +245,7 @@ export async function startKafka(opts: KafkaOptions = {}): Promise<Managed & { b
   } finally {
     await admin.disconnect().catch(() => undefined);
   }
-  return { ...managed, brokers };
+  return { ...managed, brokers, port, controllerPort: controller };
 }
 
 /** Installs Debian's redis-server when it is missing and we may (root, apt-get present). */
@@ -274,10 +279,13 @@ export async function startRedis(
       String(port),
       '--bind',
       '127.0.0.1',
+      // AOF, fsync every second: a redis-server restart keeps the services' state (at most 1 s lost).
       '--save',
       '',
       '--appendonly',
-      'no',
+      'yes',
+      '--appendfsync',
+      'everysec',
       '--dir',
       dir,
       '--logfile',

@@ -1,82 +1,27 @@
 import type { Consumer, EachBatchPayload, Kafka, KafkaMessage } from 'kafkajs';
-import type { z } from 'zod';
-import type { DeadLetterReason, DeadLetterRecord } from '../../schemas/index.js';
-import { DecodeError, type Codec } from '../codec.js';
+import type { Codec } from '../codec.js';
 import type { CommonEnv } from '../config.js';
 import { classifyError, PaverError, errorMessage } from '../errors.js';
 import type { Logger } from '../log.js';
 import type { RuntimeMetrics } from '../metrics.js';
 import { withRetry } from '../retry.js';
+import {
+  buildDeadLetter,
+  groupBySize,
+  isTooLarge,
+  withoutOriginal,
+  type DeadLetterSource,
+} from './dead-letter.js';
+import { processChunk, type BadRecord, type BatchContext, type BatchHandler } from './chunk.js';
+import { decodeMessage, type Parser } from './decode.js';
+import { createGroupMonitor } from './group-monitor.js';
 import type { Sink } from './sink.js';
 
-/** One decoded, validated message; offsets are strings everywhere (normalised here, once). */
-export interface InboundRecord<T> {
-  topic: string;
-  partition: number;
-  offset: string;
-  key: string | null;
-  timestamp: string;
-  value: T;
-}
+export type { InboundRecord, Rejection, BatchContext, BatchHandler } from './chunk.js';
+export { zodParser, type Parser } from './decode.js';
 
-export interface Rejection {
-  offset: string;
-  reason: DeadLetterReason;
-  detail: string;
-}
-
-export interface BatchContext {
-  heartbeat(): Promise<void>;
-  isRunning(): boolean;
-}
-
-/** The service's effect for a chunk of valid records. Return rejections for domain-invalid records. */
-export type BatchHandler<T> = (
-  records: InboundRecord<T>[],
-  ctx: BatchContext,
-) => Promise<{ rejected?: Rejection[] } | void>;
-
-/** Either a typed value or a dead-letter reason; the default uses a zod schema plus a known-type check. */
-export type Parser<T> = (
-  value: unknown,
-  topic: string,
-) => { ok: true; value: T } | { ok: false; reason: DeadLetterReason; detail: string };
-
-export function zodParser<S extends z.ZodType>(
-  schema: S,
-  knownTypes?: readonly string[],
-): Parser<z.infer<S>> {
-  return (value) => {
-    if (knownTypes && value !== null && typeof value === 'object' && !Array.isArray(value)) {
-      const type = (value as { type?: unknown }).type;
-      if (typeof type === 'string' && !knownTypes.includes(type)) {
-        return {
-          ok: false,
-          reason: 'unknown_event_type',
-          detail: `type must be one of ${knownTypes.join(', ')}`,
-        };
-      }
-    }
-    const r = schema.safeParse(value);
-    if (r.success) return { ok: true, value: r.data };
-    // Paths and messages only: zod's messages name expected types, not the offending values.
-    const detail = r.error.issues
-      .slice(0, 10)
-      .map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`)
-      .join('; ');
-    return { ok: false, reason: 'invalid', detail };
-  };
-}
-
-export interface RunnerOptions<T> {
-  service: string;
-  groupId: string;
-  topics: string[];
-  fromBeginning?: boolean;
-  parse: Parser<T>;
-  handler: BatchHandler<T>;
-  /** Dependencies the handler needs (Redis); while false, consumption pauses instead of failing batches. */
-  ready?: () => boolean;
+/** What every consumer needs from the process, built once by runService and passed whole. */
+export interface RuntimeDeps {
   env: CommonEnv;
   kafka: Kafka;
   codec: Codec;
@@ -85,26 +30,85 @@ export interface RunnerOptions<T> {
   log: Logger;
   /** Called when the consumer has crashed for good (restarts exhausted or a non-retriable error). */
   onFatal: (err: Error) => void;
+}
+
+/** What one consumer is: its group, topics, parser and effect. */
+export interface RunnerSpec<T> {
+  service: string;
+  groupId: string;
+  topics: string[];
+  fromBeginning?: boolean;
+  parse: Parser<T>;
+  handler: BatchHandler<T>;
+  /** Dependencies the handler needs (Redis); while false, consumption pauses instead of failing batches. */
+  ready?: () => boolean;
   /** Compacted topics: maps a tombstone (null value) to a typed record; without it a tombstone is dead-lettered. */
   tombstone?: (key: string | null) => T | null;
 }
+
+/** The flat form (spec and dependencies in one object) that existing call sites use. */
+export type RunnerOptions<T> = RunnerSpec<T> & RuntimeDeps;
 
 export interface Runner {
   start(): Promise<void>;
   /** Finishes the chunk in hand, commits it, leaves the group. Safe to call at any time, more than once. */
   stop(): Promise<void>;
+  /** In the group as the broker sees it (the last poll found the group stable with this member), and not rebalancing. */
   isJoined(): boolean;
+  /** The last poll of the broker succeeded (within about PAVER_LAG_POLL_MS). */
+  brokerReachable(): boolean;
   assignment(): Record<string, number[]>;
 }
 
-const keyString = (k: Buffer | null): string | null => (k === null ? null : k.toString('utf8'));
+const MAX_KEY_BYTES = 1024;
 
-export function createRunner<T>(o: RunnerOptions<T>): Runner {
+/**
+ * kafkajs reports its exhausted retries against an unreachable broker as non-retriable
+ * (KafkaJSNumberOfRetriesExceeded wrapping a connection error): for the runner that is an outage to ride out,
+ * not a bug.
+ */
+export function isBrokerOutage(err: unknown): boolean {
+  const names =
+    /^KafkaJS(ConnectionError|ConnectionClosedError|RequestTimeoutError|BrokerNotFound|NumberOfRetriesExceeded|Lock(Timeout)?|NoBrokerAvailableError)$/;
+  for (
+    let e = err as { name?: unknown; cause?: unknown; originalError?: unknown } | undefined, i = 0;
+    e && i < 6;
+    i++
+  ) {
+    if (typeof e.name === 'string' && names.test(e.name)) return true;
+    e = (e.cause ?? e.originalError) as typeof e;
+  }
+  return false;
+}
+const DEAD_LETTER_REQUEST_BUDGET = 512 * 1024;
+
+const sourceOf = (r: BadRecord<KafkaMessage>): DeadLetterSource => ({
+  topic: r.topic,
+  partition: r.partition,
+  offset: r.msg.offset,
+  key: r.msg.key ?? null,
+  value: r.msg.value ?? null,
+  timestamp: r.msg.timestamp,
+});
+
+/** `createRunner(spec, deps)`, or the flat `createRunner({ ...spec, ...deps })` of earlier call sites. */
+export function createRunner<T>(spec: RunnerSpec<T>, deps: RuntimeDeps): Runner;
+export function createRunner<T>(o: RunnerOptions<T>): Runner;
+export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: RuntimeDeps): Runner {
+  const o: RunnerOptions<T> = deps ? { ...spec, ...deps } : (spec as RunnerOptions<T>);
   let restarts = 0;
   let joined = false;
+  let memberId: string | null = null;
   let assigned: Record<string, number[]> = {};
   let started: Promise<void> | null = null;
   let stopping: Promise<void> | null = null;
+  /** Next offset to read per partition, once the effects before it are written (committed or not). */
+  const processed = new Map<string, Map<number, bigint>>();
+  const markProcessed = (topic: string, partition: number, next: bigint) => {
+    let t = processed.get(topic);
+    if (!t) processed.set(topic, (t = new Map()));
+    if ((t.get(partition) ?? -1n) < next) t.set(partition, next);
+  };
 
   const consumer: Consumer = o.kafka.consumer({
     groupId: o.groupId,
@@ -121,10 +125,22 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
     },
   });
 
+  const monitor = createGroupMonitor({
+    groupId: o.groupId,
+    topics: o.topics,
+    env: o.env,
+    log: o.log,
+    metrics: o.metrics,
+    memberId: () => memberId,
+    assignment: () => assigned,
+  });
+
   consumer.on(consumer.events.GROUP_JOIN, (e) => {
     joined = true;
     restarts = 0;
+    memberId = e.payload.memberId;
     assigned = e.payload.memberAssignment;
+    monitor.poke();
     o.metrics.rebalances.inc();
     o.log.info({ assignment: assigned, groupId: o.groupId }, 'joined consumer group');
   });
@@ -135,56 +151,55 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
     o.log.error({ err: e.payload.error.message, restart }, 'consumer crashed');
     if (!restart && !stopping) o.onFatal(e.payload.error);
   });
+  consumer.on(consumer.events.REBALANCING, () => (joined = false));
   consumer.on(consumer.events.STOP, () => (joined = false));
 
-  async function deadLetter(
-    records: {
-      msg: KafkaMessage;
-      topic: string;
-      partition: number;
-      reason: DeadLetterReason;
-      detail: string;
-    }[],
-  ) {
+  async function deadLetter(records: BadRecord<KafkaMessage>[]) {
     if (records.length === 0) return;
     const now = Date.now();
-    const out = records.map(({ msg, topic, partition, reason, detail }) => {
-      const body: DeadLetterRecord = {
-        schema_version: 1,
-        service: o.service,
-        reason,
-        detail: detail.slice(0, 4096),
-        source: {
-          topic,
-          partition,
-          offset: msg.offset,
-          key_b64: msg.key ? msg.key.toString('base64') : null,
-          timestamp: msg.timestamp,
-        },
-        original_size: msg.value?.length ?? 0,
-        original_b64: msg.value ? msg.value.toString('base64') : null,
-        dead_lettered_at: now,
-      };
-      return {
-        key: msg.key,
-        value: JSON.stringify(body),
-        headers: {
-          'paver-dlq-reason': reason,
-          'paver-dlq-service': o.service,
-          'paver-source-topic': topic,
-          'paver-source-partition': String(partition),
-          'paver-source-offset': msg.offset,
-        },
-      };
-    });
-    try {
-      // Dead letters stay plain JSON even with a registry: they must be readable when the registry is the problem.
-      await o.sink.sendRaw(o.env.PAVER_TOPIC_DEAD_LETTERS, out);
-    } catch (err) {
-      // Rethrown so the batch is redelivered: a message is never lost because the dead-letter write failed.
-      throw new PaverError('DEAD_LETTER_WRITE_FAILED', `dead-letter write failed: ${errorMessage(err)}`, {
-        cause: err,
-      });
+    const limits = {
+      maxOriginalBytes: o.env.PAVER_DEAD_LETTER_MAX_ORIGINAL_BYTES,
+      maxKeyBytes: MAX_KEY_BYTES,
+    };
+    const built = records.map((r) => ({
+      r,
+      message: buildDeadLetter(o.service, sourceOf(r), r.reason, r.detail, limits, now),
+    }));
+    let stripped = 0;
+    // Dead letters stay plain JSON even with a registry: they must be readable when the registry is the problem.
+    // One produce request per size budget: the broker's limit applies to a partition's whole record batch.
+    for (const group of groupBySize(
+      built,
+      (g) => Buffer.byteLength(g.message.value),
+      DEAD_LETTER_REQUEST_BUDGET,
+    )) {
+      try {
+        await o.sink.sendRaw(
+          o.env.PAVER_TOPIC_DEAD_LETTERS,
+          group.map((g) => g.message),
+        );
+      } catch (err) {
+        if (!isTooLarge(err)) {
+          // Rethrown so the batch is redelivered: a message is never lost because the dead-letter write failed.
+          throw new PaverError('DEAD_LETTER_WRITE_FAILED', `dead-letter write failed: ${errorMessage(err)}`, {
+            cause: err,
+          });
+        }
+        // The broker's limit is below ours: no retry can change that, so keep the hash and position only.
+        for (const { r } of group) {
+          const small = withoutOriginal(o.service, sourceOf(r), r.reason, r.detail, now);
+          try {
+            await o.sink.sendRaw(o.env.PAVER_TOPIC_DEAD_LETTERS, [small]);
+          } catch (e2) {
+            throw new PaverError(
+              isTooLarge(e2) ? 'INTERNAL' : 'DEAD_LETTER_WRITE_FAILED',
+              `dead-letter write failed: ${errorMessage(e2)}`,
+              { cause: e2 },
+            );
+          }
+          stripped++;
+        }
+      }
     }
     for (const r of records) {
       o.metrics.deadLetters.inc({ reason: r.reason });
@@ -195,33 +210,47 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
         count: records.length,
         reasons: [...new Set(records.map((r) => r.reason))],
         topic: records[0]?.topic,
+        ...(stripped ? { withoutOriginal: stripped } : {}),
       },
       'messages dead-lettered',
     );
   }
 
-  async function decodeOne(msg: KafkaMessage, topic: string): Promise<ReturnType<Parser<T>>> {
-    if (msg.value === null && o.tombstone) {
-      const t = o.tombstone(keyString(msg.key));
-      if (t !== null) return { ok: true, value: t };
-    }
-    if (!msg.value)
-      return { ok: false as const, reason: 'undecodable' as const, detail: 'empty message value' };
-    if (msg.value.length > o.env.PAVER_MAX_MESSAGE_BYTES) {
-      return {
-        ok: false as const,
-        reason: 'oversize' as const,
-        detail: `${msg.value.length} bytes > PAVER_MAX_MESSAGE_BYTES`,
-      };
-    }
-    let raw: unknown;
+  const decodeOptions = {
+    codec: o.codec,
+    parse: o.parse,
+    tombstone: o.tombstone,
+    maxBytes: o.env.PAVER_MAX_MESSAGE_BYTES,
+  };
+
+  /**
+   * After leaving the group, reads the group's offsets back from the broker and commits any processed
+   * partition still behind (a commit lost to a rebalance or a timeout during the stop). Only forward, and
+   * only while the group is empty (setOffsets refuses otherwise): a partition another member now owns is
+   * left to it, and at-least-once still holds.
+   */
+  async function ensureCommitted() {
+    if (processed.size === 0) return;
+    const admin = o.kafka.admin();
     try {
-      raw = await o.codec.decode(msg.value);
+      await admin.connect();
+      for (const [topic, parts] of processed) {
+        const [committed] = await admin.fetchOffsets({ groupId: o.groupId, topics: [topic] });
+        const behind = [...parts]
+          .filter(([partition, next]) => {
+            const c = committed?.partitions.find((x) => x.partition === partition)?.offset ?? '-1';
+            return BigInt(c) < next;
+          })
+          .map(([partition, next]) => ({ partition, offset: next.toString() }));
+        if (behind.length === 0) continue;
+        await admin.setOffsets({ groupId: o.groupId, topic, partitions: behind });
+        o.log.warn({ topic, partitions: behind.map((b) => b.partition) }, 'committed offsets on stop');
+      }
     } catch (err) {
-      if (err instanceof DecodeError) return { ok: false as const, reason: err.reason, detail: err.message };
-      throw err;
+      o.log.warn({ err: errorMessage(err) }, 'could not verify committed offsets on stop');
+    } finally {
+      await admin.disconnect().catch(() => undefined);
     }
-    return o.parse(raw, topic);
   }
 
   let backpressure: Promise<void> | null = null;
@@ -269,44 +298,22 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
     const messages = batch.messages;
     for (let i = 0; i < messages.length; i += o.env.PAVER_BATCH_CHUNK) {
       const chunk = messages.slice(i, i + o.env.PAVER_BATCH_CHUNK);
-      const good: InboundRecord<T>[] = [];
-      const bad: {
-        msg: KafkaMessage;
-        topic: string;
-        partition: number;
-        reason: DeadLetterReason;
-        detail: string;
-      }[] = [];
-      const byOffset = new Map<string, KafkaMessage>();
-      for (const msg of chunk) {
-        byOffset.set(msg.offset, msg);
-        const r = await withRetry(() => decodeOne(msg, topic), retry);
-        if (r.ok)
-          good.push({
-            topic,
-            partition,
-            offset: msg.offset,
-            key: keyString(msg.key),
-            timestamp: msg.timestamp,
-            value: r.value,
-          });
-        else bad.push({ msg, topic, partition, reason: r.reason, detail: r.detail });
-      }
-      if (good.length > 0) {
-        const result = await withRetry(() => o.handler(good, ctx), retry);
-        for (const rej of result?.rejected ?? []) {
-          const msg = byOffset.get(rej.offset);
-          if (msg) bad.push({ msg, topic, partition, reason: rej.reason, detail: rej.detail });
-        }
-        o.metrics.eventsConsumed.inc(
-          { topic, outcome: 'processed' },
-          good.length - (result?.rejected?.length ?? 0),
-        );
-      }
-      await withRetry(() => deadLetter(bad), retry);
+      monitor.processing(topic, partition, Number(chunk[0]!.timestamp));
+      const r = await processChunk<T, KafkaMessage>({
+        topic,
+        partition,
+        chunk,
+        decode: (msg) => decodeMessage(msg, topic, decodeOptions),
+        handler: o.handler,
+        ctx,
+        retry: (fn) => withRetry(fn, retry),
+        deadLetter,
+      });
+      if (r.processed > 0) o.metrics.eventsConsumed.inc({ topic, outcome: 'processed' }, r.processed);
 
       // Effects are written: now, and only now, the offsets may be committed.
       const last = chunk[chunk.length - 1]!.offset;
+      markProcessed(topic, partition, BigInt(last) + 1n);
       p.resolveOffset(last);
       await p.commitOffsetsIfNecessary({
         topics: [{ topic, partitions: [{ partition, offset: (BigInt(last) + 1n).toString() }] }],
@@ -317,13 +324,16 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
     const hw = BigInt(batch.highWatermark);
     const next = BigInt(batch.lastOffset()) + 1n;
     o.metrics.consumerLag.set({ topic, partition: String(partition) }, Number(hw > next ? hw - next : 0n));
+    monitor.processed(topic, partition, next, hw);
     endTimer();
   }
 
   return {
-    isJoined: () => joined,
+    isJoined: () => joined && monitor.groupStable(),
+    brokerReachable: () => monitor.brokerReachable(),
     assignment: () => assigned,
     start() {
+      monitor.start();
       const join = async () => {
         await consumer.connect();
         for (const topic of o.topics)
@@ -342,9 +352,11 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
                 'batch failed',
               );
               // A bug or a state conflict will not heal by redelivery: stop the process, let its supervisor decide.
-              if (!e.retriable) o.onFatal(e);
-              // Rethrow: offsets stay uncommitted and the client redelivers after its restart.
-              throw e;
+              // A broker outage will: kafkajs restarts the consumer (bounded by PAVER_MAX_CONSUMER_RESTARTS).
+              if (!e.retriable && !isBrokerOutage(err)) o.onFatal(e);
+              // Rethrow: offsets stay uncommitted and the client redelivers after its restart. An outage goes
+              // back as kafkajs's own error, whose restart rule knows it (our INTERNAL would stop the consumer).
+              throw isBrokerOutage(err) ? err : e;
             }
           },
         });
@@ -355,7 +367,11 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
           await join();
         } catch (err) {
           await consumer.disconnect().catch(() => undefined);
-          throw err;
+          // kafkajs reports its own exhausted retries as non-retriable; at start-up, on a broker still settling
+          // ("does not host this topic-partition"), every failure is worth the next bounded attempt.
+          throw new PaverError('KAFKA_UNAVAILABLE', `consumer start failed: ${errorMessage(err)}`, {
+            cause: err,
+          });
         }
       };
       started = withRetry(attempt, {
@@ -373,6 +389,8 @@ export function createRunner<T>(o: RunnerOptions<T>): Runner {
         // Disconnecting before run() resolved crashes kafkajs (tulios/kafkajs#1639): wait for start first.
         await started?.catch(() => undefined);
         await consumer.disconnect();
+        await monitor.stop();
+        await ensureCommitted();
       })();
       return stopping;
     },

@@ -1,12 +1,7 @@
 import { randomUUID } from 'node:crypto';
-import type { Kafka } from 'kafkajs';
-import type { Codec } from '../codec.js';
-import type { CommonEnv } from '../config.js';
+import { errorMessage, PaverError } from '../errors.js';
 import { withRetry } from '../retry.js';
-import { createRunner, type Parser, type Rejection, type Runner } from './runner.js';
-import type { Sink } from './sink.js';
-import type { Logger } from '../log.js';
-import type { RuntimeMetrics } from '../metrics.js';
+import { createRunner, type Parser, type Rejection, type Runner, type RuntimeDeps } from './runner.js';
 
 export interface TableFeed {
   start(): Promise<void>;
@@ -24,7 +19,7 @@ export class TableRejection extends Error {}
  * its own throwaway consumer group from the beginning, so each instance holds the full table. Invalid
  * records and records the table rejects go to the dead-letter topic; the table in force stays as it was.
  */
-export function createTableFeed<T>(o: {
+export interface TableFeedSpec<T> {
   service: string;
   topic: string;
   groupPrefix: string;
@@ -33,15 +28,28 @@ export function createTableFeed<T>(o: {
   apply: (value: T, key: string | null) => void;
   /** Maps a tombstone to a record; null dead-letters it. */
   tombstone?: (key: string | null) => T | null;
-  env: CommonEnv;
-  kafka: Kafka;
-  codec: Codec;
-  sink: Sink;
-  metrics: RuntimeMetrics;
-  log: Logger;
-  onFatal: (err: Error) => void;
   onApplied?: (outcome: 'applied' | 'rejected', n: number) => void;
-}): TableFeed {
+}
+
+/** `createTableFeed(spec, deps)`, or the flat `createTableFeed({ ...spec, ...deps })` of earlier call sites. */
+export function createTableFeed<T>(spec: TableFeedSpec<T>, deps: RuntimeDeps): TableFeed;
+export function createTableFeed<T>(o: TableFeedSpec<T> & RuntimeDeps): TableFeed;
+export function createTableFeed<T>(
+  spec: TableFeedSpec<T> | (TableFeedSpec<T> & RuntimeDeps),
+  runtime?: RuntimeDeps,
+): TableFeed {
+  const o: TableFeedSpec<T> & RuntimeDeps = runtime
+    ? { ...spec, ...runtime }
+    : (spec as TableFeedSpec<T> & RuntimeDeps);
+  const deps: RuntimeDeps = {
+    env: o.env,
+    kafka: o.kafka,
+    codec: o.codec,
+    sink: o.sink,
+    metrics: o.metrics,
+    log: o.log,
+    onFatal: o.onFatal,
+  };
   const groupId = `${o.groupPrefix}-table-${randomUUID()}`;
   let caught = false;
   let runner: Runner | null = null;
@@ -65,22 +73,18 @@ export function createTableFeed<T>(o: {
 
   return {
     async start() {
-      runner = createRunner<T>({
-        service: o.service,
-        groupId,
-        topics: [o.topic],
-        fromBeginning: true,
-        parse: o.parse,
-        handler,
-        ...(o.tombstone ? { tombstone: o.tombstone } : {}),
-        env: o.env,
-        kafka: o.kafka,
-        codec: o.codec,
-        sink: o.sink,
-        metrics: o.metrics,
-        log: o.log,
-        onFatal: o.onFatal,
-      });
+      runner = createRunner<T>(
+        {
+          service: o.service,
+          groupId,
+          topics: [o.topic],
+          fromBeginning: true,
+          parse: o.parse,
+          handler,
+          ...(o.tombstone ? { tombstone: o.tombstone } : {}),
+        },
+        deps,
+      );
       await runner.start();
     },
     caughtUp(timeoutMs) {
@@ -88,11 +92,18 @@ export function createTableFeed<T>(o: {
         const admin = o.kafka.admin();
         await admin.connect();
         try {
-          const ends = await withRetry(() => admin.fetchTopicOffsets(o.topic), {
-            attempts: 8,
-            initialMs: 250,
-            maxMs: 4000,
-          });
+          const ends = await withRetry(
+            () =>
+              admin.fetchTopicOffsets(o.topic).catch((err: unknown) => {
+                // A partition between leaders answers "not the leader" for a moment: worth the next attempt.
+                throw new PaverError('KAFKA_UNAVAILABLE', errorMessage(err), { cause: err });
+              }),
+            {
+              attempts: 8,
+              initialMs: 250,
+              maxMs: 4000,
+            },
+          );
           const target = new Map(
             ends.filter((p) => p.high !== p.low).map((p) => [p.partition, BigInt(p.high)]),
           );

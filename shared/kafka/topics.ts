@@ -1,5 +1,7 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Admin } from 'kafkajs';
 import type { CommonEnv } from '../config.js';
+import { errorMessage } from '../errors.js';
 
 export interface TopicSpec {
   topic: string;
@@ -20,23 +22,64 @@ export function paverTopics(env: CommonEnv, extra: TopicSpec[] = []): TopicSpec[
   ];
 }
 
-/** Creates the missing topics; existing ones are left as they are (their partition count is the operator's). */
+/**
+ * Creates the missing topics (existing ones are left as they are: their partition count is the operator's),
+ * then waits until every partition of every topic answers on its leader.
+ */
 export async function ensureTopics(
   admin: Admin,
   specs: TopicSpec[],
   defaults: { partitions: number; replicationFactor: number },
+  readyTimeoutMs = 60_000,
 ): Promise<string[]> {
   const existing = new Set(await admin.listTopics());
   const missing = specs.filter((s) => !existing.has(s.topic));
-  if (missing.length === 0) return [];
-  try {
-    await createMissing(admin, missing, defaults);
-  } catch (err) {
-    // Several services start at once and create the same topics: what matters is that they exist now.
-    const now = new Set(await admin.listTopics());
-    if (missing.some((s) => !now.has(s.topic))) throw err;
+  if (missing.length > 0) {
+    try {
+      await createMissing(admin, missing, defaults);
+    } catch (err) {
+      // Several services start at once and create the same topics: what matters is that they exist now.
+      const now = new Set(await admin.listTopics());
+      if (missing.some((s) => !now.has(s.topic))) throw err;
+    }
   }
+  // Also for topics that existed: another service may have created them a moment ago.
+  await waitForTopicsReady(
+    admin,
+    specs.map((s) => s.topic),
+    readyTimeoutMs,
+  );
   return missing.map((s) => s.topic);
+}
+
+/**
+ * Waits until each partition has a leader that serves it. kafkajs's `waitForLeaders` trusts the metadata, but on
+ * a fresh KRaft broker the metadata names a leader before that leader hosts the partition, and the first
+ * produce or join then fails with "This server does not host this topic-partition". A ListOffsets on every
+ * partition (what `fetchTopicOffsets` sends to each leader) is the proof.
+ */
+export async function waitForTopicsReady(admin: Admin, topics: string[], timeoutMs = 60_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  let last: unknown = null;
+  for (;;) {
+    try {
+      const meta = await admin.fetchTopicMetadata({ topics });
+      const leaderless = meta.topics.some(
+        (t) =>
+          t.partitions.length === 0 || t.partitions.some((p) => p.leader < 0 || p.partitionErrorCode !== 0),
+      );
+      if (!leaderless) {
+        for (const t of topics) await admin.fetchTopicOffsets(t);
+        return;
+      }
+      last = new Error('a partition has no leader yet');
+    } catch (err) {
+      last = err;
+    }
+    if (Date.now() > deadline)
+      throw new Error(`topics not ready after ${timeoutMs} ms: ${errorMessage(last)}`, { cause: last });
+    await sleep(250);
+  }
 }
 
 async function createMissing(

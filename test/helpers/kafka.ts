@@ -39,7 +39,9 @@ export async function waitFor<T>(
   }
 }
 
-export async function createTopics(topics: { topic: string; partitions?: number; compacted?: boolean }[]) {
+export async function createTopics(
+  topics: { topic: string; partitions?: number; compacted?: boolean; config?: Record<string, string> }[],
+) {
   const admin = testKafka().admin();
   await admin.connect();
   await admin.createTopics({
@@ -48,7 +50,10 @@ export async function createTopics(topics: { topic: string; partitions?: number;
       topic: t.topic,
       numPartitions: t.partitions ?? 3,
       replicationFactor: 1,
-      configEntries: t.compacted ? [{ name: 'cleanup.policy', value: 'compact' }] : [],
+      configEntries: [
+        ...(t.compacted ? [{ name: 'cleanup.policy', value: 'compact' }] : []),
+        ...Object.entries(t.config ?? {}).map(([name, value]) => ({ name, value })),
+      ],
     })),
   });
   await admin.disconnect();
@@ -56,7 +61,7 @@ export async function createTopics(topics: { topic: string; partitions?: number;
 
 export async function produce(
   topic: string,
-  messages: { key?: string | null; value: Buffer | string; headers?: IHeaders }[],
+  messages: { key?: string | null; value: Buffer | string; headers?: IHeaders; partition?: number }[],
 ) {
   const producer = testKafka().producer({ createPartitioner: Partitioners.DefaultPartitioner });
   await producer.connect();
@@ -64,9 +69,12 @@ export async function produce(
     await producer.send({
       topic,
       acks: -1,
-      messages: messages
-        .slice(i, i + 1000)
-        .map((m) => ({ key: m.key ?? null, value: m.value, headers: m.headers ?? {} })),
+      messages: messages.slice(i, i + 1000).map((m) => ({
+        key: m.key ?? null,
+        value: m.value,
+        headers: m.headers ?? {},
+        ...(m.partition !== undefined ? { partition: m.partition } : {}),
+      })),
     });
   }
   await producer.disconnect();
@@ -121,5 +129,23 @@ export async function consumeUntil(
     }
     if (done(all)) return all;
     if (attempt >= 4) throw new Error(`no messages on ${topic} after ${attempt} readers`);
+  }
+}
+
+/** True once the group's committed offsets reach the end of every non-empty partition of `topic`. */
+export async function groupCaughtUp(groupId: string, topic: string): Promise<boolean> {
+  const admin = testKafka().admin();
+  await admin.connect();
+  try {
+    const ends = await admin.fetchTopicOffsets(topic);
+    const [committed] = await admin.fetchOffsets({ groupId, topics: [topic] });
+    return ends.every(
+      (e) =>
+        e.high === e.low ||
+        BigInt(committed?.partitions.find((c) => c.partition === e.partition)?.offset ?? '-1') >=
+          BigInt(e.high),
+    );
+  } finally {
+    await admin.disconnect();
   }
 }

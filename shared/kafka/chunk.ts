@@ -1,0 +1,98 @@
+import type { DeadLetterReason } from '../../schemas/index.js';
+import type { Decoded } from './decode.js';
+
+/** One decoded, validated message; offsets are strings everywhere (normalised here, once). */
+export interface InboundRecord<T> {
+  topic: string;
+  partition: number;
+  offset: string;
+  key: string | null;
+  timestamp: string;
+  value: T;
+}
+
+export interface Rejection {
+  offset: string;
+  reason: DeadLetterReason;
+  detail: string;
+}
+
+export interface BatchContext {
+  heartbeat(): Promise<void>;
+  isRunning(): boolean;
+}
+
+/** The service's effect for a chunk of valid records. Return rejections for domain-invalid records. */
+export type BatchHandler<T> = (
+  records: InboundRecord<T>[],
+  ctx: BatchContext,
+) => Promise<{ rejected?: Rejection[] } | void>;
+
+/** The slice of a Kafka message the runner uses (kafkajs's KafkaMessage fits). */
+export interface RawMessage {
+  offset: string;
+  key: Buffer | null;
+  value: Buffer | null;
+  timestamp: string;
+}
+
+export interface BadRecord<M extends RawMessage = RawMessage> {
+  msg: M;
+  topic: string;
+  partition: number;
+  reason: DeadLetterReason;
+  detail: string;
+}
+
+/**
+ * One chunk of one partition, in the order that makes at-least-once hold: decode every message, run the
+ * handler on the good ones, dead-letter the bad ones and the handler's rejections. It resolves only when all
+ * effects are written; the caller commits after it, never before. Any throw leaves the chunk uncommitted.
+ */
+export async function processChunk<T, M extends RawMessage>(a: {
+  topic: string;
+  partition: number;
+  chunk: M[];
+  decode: (msg: M) => Promise<Decoded<T>>;
+  handler: BatchHandler<T>;
+  ctx: BatchContext;
+  /** Wraps each effect in the runner's retry policy. */
+  retry: <R>(fn: () => Promise<R>) => Promise<R>;
+  deadLetter: (bad: BadRecord<M>[]) => Promise<void>;
+}): Promise<{ processed: number; deadLettered: number; last: string }> {
+  const { topic, partition } = a;
+  const good: InboundRecord<T>[] = [];
+  const bad: BadRecord<M>[] = [];
+  const byOffset = new Map<string, M>();
+  for (const msg of a.chunk) {
+    byOffset.set(msg.offset, msg);
+    const r = await a.retry(() => a.decode(msg));
+    if (r.ok)
+      good.push({
+        topic,
+        partition,
+        offset: msg.offset,
+        key: msg.key === null ? null : msg.key.toString('utf8'),
+        timestamp: msg.timestamp,
+        value: r.value,
+      });
+    else bad.push({ msg, topic, partition, reason: r.reason, detail: r.detail });
+  }
+  let rejected = 0;
+  if (good.length > 0) {
+    const result = await a.retry(() => a.handler(good, a.ctx));
+    for (const rej of result?.rejected ?? []) {
+      const msg = byOffset.get(rej.offset);
+      if (msg) {
+        bad.push({ msg, topic, partition, reason: rej.reason, detail: rej.detail });
+        rejected++;
+      }
+    }
+  }
+  if (bad.length > 0) await a.retry(() => a.deadLetter(bad));
+  return {
+    processed: good.length - rejected,
+    deadLettered: bad.length,
+    last: a.chunk[a.chunk.length - 1]!.offset,
+  };
+}

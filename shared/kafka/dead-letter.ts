@@ -1,0 +1,125 @@
+import { createHash } from 'node:crypto';
+import type { DeadLetterReason, DeadLetterRecord } from '../../schemas/index.js';
+
+/** The source message, as the runner holds it (kafkajs's KafkaMessage fits). */
+export interface DeadLetterSource {
+  topic: string;
+  partition: number;
+  offset: string;
+  key: Buffer | null;
+  value: Buffer | null;
+  timestamp: string;
+}
+
+export interface DeadLetterLimits {
+  /** Original bytes are kept (base64) up to this size; beyond it only their size and hash. */
+  maxOriginalBytes: number;
+  /** Keys longer than this travel as a hash. */
+  maxKeyBytes: number;
+}
+
+export interface DeadLetterMessage {
+  key: Buffer | null;
+  value: string;
+  headers: Record<string, string>;
+}
+
+export const DETAIL_MAX = 4096;
+/** Cut on a code point: a lone surrogate does not survive a JSON round trip in other languages. */
+function cut(s: string, max: number): string {
+  if (s.length <= max) return s;
+  const code = s.charCodeAt(max - 1);
+  return s.slice(0, code >= 0xd800 && code <= 0xdbff ? max - 1 : max);
+}
+const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
+
+/**
+ * Builds one dead-letter record: deterministic given `now`, no I/O. Its size is bounded by the limits (about
+ * 4/3 of maxOriginalBytes plus 4/3 of maxKeyBytes plus 6 KiB), never by the size of the bad message, so a
+ * huge message cannot produce a record the broker refuses.
+ */
+export function buildDeadLetter(
+  service: string,
+  src: DeadLetterSource,
+  reason: DeadLetterReason,
+  detail: string,
+  limits: DeadLetterLimits,
+  now: number,
+): DeadLetterMessage {
+  const keepKey = src.key !== null && src.key.length <= limits.maxKeyBytes;
+  const size = src.value?.length ?? 0;
+  const keepValue = src.value !== null && size <= limits.maxOriginalBytes;
+  const body: DeadLetterRecord = {
+    schema_version: 1,
+    service,
+    reason,
+    detail: cut(detail, DETAIL_MAX),
+    source: {
+      topic: src.topic,
+      partition: src.partition,
+      offset: src.offset,
+      key_b64: keepKey ? src.key!.toString('base64') : null,
+      ...(src.key !== null && !keepKey ? { key_sha256: sha256(src.key) } : {}),
+      timestamp: src.timestamp,
+    },
+    original_size: size,
+    original_b64: keepValue ? src.value!.toString('base64') : null,
+    ...(src.value !== null ? { original_sha256: sha256(src.value) } : {}),
+    dead_lettered_at: now,
+  };
+  return {
+    key: keepKey ? src.key : null,
+    value: JSON.stringify(body),
+    headers: {
+      'paver-dlq-reason': reason,
+      'paver-dlq-service': service,
+      'paver-source-topic': src.topic,
+      'paver-source-partition': String(src.partition),
+      'paver-source-offset': src.offset,
+    },
+  };
+}
+
+/** The same record without the original bytes: the fallback when the broker refuses the full one. */
+export function withoutOriginal(
+  service: string,
+  src: DeadLetterSource,
+  reason: DeadLetterReason,
+  detail: string,
+  now: number,
+): DeadLetterMessage {
+  return buildDeadLetter(service, src, reason, detail, { maxOriginalBytes: -1, maxKeyBytes: -1 }, now);
+}
+
+/** Groups items so that no single produce request carries more than `budget` bytes (an oversize item goes alone). */
+export function groupBySize<M>(messages: M[], sizeOf: (m: M) => number, budget: number): M[][] {
+  const groups: M[][] = [];
+  let current: M[] = [];
+  let size = 0;
+  for (const m of messages) {
+    const n = sizeOf(m);
+    if (current.length > 0 && size + n > budget) {
+      groups.push(current);
+      current = [];
+      size = 0;
+    }
+    current.push(m);
+    size += n;
+  }
+  if (current.length > 0) groups.push(current);
+  return groups;
+}
+
+/** A broker refusal that no retry can change: the record (or the request) is over the broker's limit. */
+export function isTooLarge(err: unknown): boolean {
+  for (
+    let e = err as { type?: unknown; message?: unknown; cause?: unknown } | undefined, i = 0;
+    e && i < 5;
+    i++
+  ) {
+    if (e.type === 'MESSAGE_TOO_LARGE' || e.type === 'RECORD_LIST_TOO_LARGE') return true;
+    if (typeof e.message === 'string' && /larger than the max message size/i.test(e.message)) return true;
+    e = e.cause as typeof e;
+  }
+  return false;
+}

@@ -1,0 +1,65 @@
+import { afterAll, describe, expect, it } from 'vitest';
+import { freePort } from '../../deploy/local/stack.js';
+import { waitFor } from '../helpers/kafka.js';
+import { PAVER_BIN, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
+
+const procs: Proc[] = [];
+afterAll(() => {
+  for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
+});
+
+const ready = async (port: number) => {
+  try {
+    return (await fetch(`http://127.0.0.1:${port}/readyz`)).status === 200;
+  } catch {
+    return false;
+  }
+};
+/** The pid `paver dev` printed for the latest start of a service. */
+const pidOf = (out: string, name: string): number | null => {
+  const all = [...out.matchAll(new RegExp(`paver dev: ${name} starting \\(pid (\\d+)\\)`, 'g'))];
+  const last = all[all.length - 1];
+  return last ? Number(last[1]) : null;
+};
+
+describe('paver dev supervises its services (real Kafka, real Redis, real processes)', () => {
+  it('restarts a service that dies, keeps the others running, and stops cleanly on SIGTERM', async () => {
+    const [detectorPort, autoseqPort] = [await freePort(), await freePort()];
+    const env = serviceEnv({
+      PAVER_DETECTOR_HTTP_PORT: String(detectorPort),
+      PAVER_AUTOSEQ_HTTP_PORT: String(autoseqPort),
+    });
+    env.PAVER_TOPIC_TOOL_CATALOG = `${env.PAVER_TOPIC_TOOL_CALLS}.catalog`;
+    env.AUTOSEQ_GROUP_ID = `${env.DETECTOR_GROUP_ID}-autoseq`;
+    const dev = await startProcess([PAVER_BIN, 'dev', '--service', 'detector', '--service', 'autoseq'], env);
+    procs.push(dev);
+    const explain = (err: Error) => {
+      throw new Error(`${err.message}\n${dev.output().slice(-5000)}`);
+    };
+    await waitFor(
+      async () => (await ready(detectorPort)) && (await ready(autoseqPort)),
+      'both ready',
+      120_000,
+    ).catch(explain);
+    const detector = pidOf(dev.output(), 'detector')!;
+    const autoseq = pidOf(dev.output(), 'autoseq')!;
+    expect(detector).toBeGreaterThan(0);
+
+    process.kill(detector, 'SIGKILL');
+    await waitFor(
+      () => (pidOf(dev.output(), 'detector') ?? detector) !== detector,
+      'detector restarted with a new pid',
+      60_000,
+    ).catch(explain);
+    expect(dev.output()).toMatch(/detector exited \(SIGKILL\); restarting in \d+ ms/);
+    await waitFor(() => ready(detectorPort), 'restarted detector ready', 120_000).catch(explain);
+    // The other service was never touched: same process, still ready, and dev itself is still running.
+    expect(pidOf(dev.output(), 'autoseq')).toBe(autoseq);
+    expect(await ready(autoseqPort)).toBe(true);
+    expect(dev.child.exitCode).toBeNull();
+
+    dev.child.kill('SIGTERM');
+    expect(await dev.exited).toBe(0);
+    expect(dev.output()).toContain('paver dev: stopped');
+  });
+});

@@ -1,0 +1,86 @@
+import { createHash } from 'node:crypto';
+import { describe, expect, it } from 'vitest';
+import { deadLetterRecordV1 } from '../../schemas/index.js';
+import { buildDeadLetter, groupBySize, isTooLarge, withoutOriginal } from '../../shared/kafka/dead-letter.js';
+
+const src = (value: Buffer | null, key: Buffer | null = Buffer.from('k')) => ({
+  topic: 't',
+  partition: 2,
+  offset: '41',
+  key,
+  value,
+  timestamp: '1700000000000',
+});
+const limits = { maxOriginalBytes: 1000, maxKeyBytes: 16 };
+const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
+
+describe('dead-letter record builder', () => {
+  it('keeps the original bytes up to the limit, valid against its contract', () => {
+    const value = Buffer.from('{"a":1}');
+    const m = buildDeadLetter('svc', src(value), 'invalid', 'a: bad', limits, 5);
+    const body = deadLetterRecordV1.parse(JSON.parse(m.value));
+    expect(body.original_b64).toBe(value.toString('base64'));
+    expect(body.original_sha256).toBe(sha(value));
+    expect(body.source).toEqual({
+      topic: 't',
+      partition: 2,
+      offset: '41',
+      key_b64: 'aw==',
+      timestamp: '1700000000000',
+    });
+    expect(m.headers['paver-dlq-reason']).toBe('invalid');
+    expect(m.headers['paver-source-offset']).toBe('41');
+    expect(m.key).toEqual(Buffer.from('k'));
+  });
+
+  it('beyond the limit keeps size, hash and position only: the record size does not grow with the message', () => {
+    const value = Buffer.alloc(5_000_000, 120);
+    const key = Buffer.alloc(100, 107);
+    const m = buildDeadLetter('svc', src(value, key), 'oversize', 'x'.repeat(10_000), limits, 5);
+    expect(Buffer.byteLength(m.value)).toBeLessThan(6 * 1024);
+    const body = deadLetterRecordV1.parse(JSON.parse(m.value));
+    expect(body.original_b64).toBeNull();
+    expect(body.original_size).toBe(5_000_000);
+    expect(body.original_sha256).toBe(sha(value));
+    expect(body.source.key_b64).toBeNull();
+    expect(body.source.key_sha256).toBe(sha(key));
+    expect(body.detail).toHaveLength(4096);
+    expect(m.key).toBeNull();
+  });
+
+  it('never cuts the detail inside a surrogate pair', () => {
+    const detail = 'a'.repeat(4095) + '😀';
+    const body = JSON.parse(buildDeadLetter('svc', src(null, null), 'invalid', detail, limits, 1).value) as {
+      detail: string;
+    };
+    expect(body.detail).toBe('a'.repeat(4095));
+  });
+
+  it('withoutOriginal drops the bytes but keeps the hash; empty values have no hash', () => {
+    const value = Buffer.from('abc');
+    const body = deadLetterRecordV1.parse(
+      JSON.parse(withoutOriginal('svc', src(value), 'invalid', 'd', 1).value),
+    );
+    expect([body.original_b64, body.original_size, body.original_sha256]).toEqual([null, 3, sha(value)]);
+    const empty = deadLetterRecordV1.parse(
+      JSON.parse(buildDeadLetter('svc', src(null), 'undecodable', 'empty', limits, 1).value),
+    );
+    expect([empty.original_b64, empty.original_size, empty.original_sha256]).toEqual([null, 0, undefined]);
+  });
+
+  it('groups by a size budget; an item over the budget goes alone', () => {
+    const g = groupBySize([3, 3, 3, 10, 1], (n) => n, 6);
+    expect(g).toEqual([[3, 3], [3], [10], [1]]);
+  });
+
+  it('recognises the broker refusing a record as too large, also when wrapped', () => {
+    expect(isTooLarge({ type: 'MESSAGE_TOO_LARGE' })).toBe(true);
+    expect(isTooLarge(new Error('outer', { cause: { type: 'RECORD_LIST_TOO_LARGE' } }))).toBe(true);
+    expect(
+      isTooLarge(
+        new Error('The request included a message larger than the max message size the server will accept'),
+      ),
+    ).toBe(true);
+    expect(isTooLarge(new Error('Connection error: ECONNREFUSED'))).toBe(false);
+  });
+});

@@ -1,0 +1,123 @@
+import { describe, expect, it } from 'vitest';
+import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1 } from '../../schemas/index.js';
+import { jsonCodec } from '../../shared/codec.js';
+import { processChunk, type BadRecord, type RawMessage } from '../../shared/kafka/chunk.js';
+import { decodeMessage, zodParser } from '../../shared/kafka/decode.js';
+
+const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
+const event = (i: number, extra: Record<string, unknown> = {}) => ({
+  type: 'tool_call',
+  event_id: `e${i}`,
+  ts: 1_700_000_000_000 + i,
+  session_id: 's',
+  task_id: 't',
+  step: i,
+  tool: 'search',
+  ...extra,
+});
+const opts = { codec: jsonCodec(), parse, maxBytes: 2048 };
+const buf = (v: unknown) => Buffer.from(typeof v === 'string' ? v : JSON.stringify(v));
+
+describe('decode step', () => {
+  it('gives a typed value or a dead-letter reason, never an exception for bad bytes', async () => {
+    const cases: [Buffer | null, string][] = [
+      [buf(event(1)), 'ok'],
+      [null, 'undecodable'],
+      [Buffer.alloc(0), 'undecodable'],
+      [buf('{"type": nope'), 'undecodable'],
+      [buf(event(2, { step: 'three' })), 'invalid'],
+      [buf({ ...event(3), type: 'tool_exploded' }), 'unknown_event_type'],
+      [buf(event(4, { args: { blob: 'x'.repeat(3000) } })), 'oversize'],
+      [Buffer.from([0, 0, 0, 0, 7, 123, 125]), 'registry_error'],
+    ];
+    for (const [value, want] of cases) {
+      const r = await decodeMessage({ key: null, value }, 't', opts);
+      expect(r.ok ? 'ok' : r.reason).toBe(want);
+    }
+  });
+
+  it('maps a tombstone through the tombstone function when given', async () => {
+    const r = await decodeMessage({ key: Buffer.from('k1'), value: null }, 't', {
+      ...opts,
+      tombstone: (key) => ({ ...event(9), event_id: `deleted-${key}` }) as never,
+    });
+    expect(r.ok && (r.value as { event_id: string }).event_id).toBe('deleted-k1');
+  });
+});
+
+const msg = (offset: number, value: unknown): RawMessage => ({
+  offset: String(offset),
+  key: Buffer.from('s'),
+  value: buf(value),
+  timestamp: '1700000000000',
+});
+const ctx = { heartbeat: async () => undefined, isRunning: () => true };
+const direct = <R>(fn: () => Promise<R>) => fn();
+
+describe('chunk step (the consumer loop body)', () => {
+  it('hands good records to the handler, then dead-letters bad ones and rejections, in that order', async () => {
+    const log: string[] = [];
+    const chunk = [msg(10, event(1)), msg(11, 'nope{'), msg(12, event(2)), msg(13, event(3))];
+    const r = await processChunk({
+      topic: 't',
+      partition: 1,
+      chunk,
+      decode: (m) => decodeMessage(m, 't', opts),
+      handler: async (records) => {
+        log.push(`handler ${records.map((x) => x.offset).join(',')}`);
+        return { rejected: [{ offset: '13', reason: 'rejected', detail: 'no' }] };
+      },
+      ctx,
+      retry: direct,
+      deadLetter: async (bad: BadRecord[]) => {
+        log.push(`dead ${bad.map((b) => `${b.msg.offset}:${b.reason}`).join(',')}`);
+      },
+    });
+    expect(log).toEqual(['handler 10,12,13', 'dead 11:undecodable,13:rejected']);
+    expect(r).toEqual({ processed: 2, deadLettered: 2, last: '13' });
+  });
+
+  it('a failed dead-letter write fails the chunk (so it is not committed)', async () => {
+    await expect(
+      processChunk({
+        topic: 't',
+        partition: 0,
+        chunk: [msg(0, 'bad')],
+        decode: (m) => decodeMessage(m, 't', opts),
+        handler: async () => undefined,
+        ctx,
+        retry: direct,
+        deadLetter: async () => {
+          throw new Error('broker gone');
+        },
+      }),
+    ).rejects.toThrow('broker gone');
+  });
+
+  it('runs every effect through the retry policy', async () => {
+    let calls = 0;
+    let failures = 1;
+    const retry = async <R>(fn: () => Promise<R>): Promise<R> => {
+      for (;;) {
+        try {
+          return await fn();
+        } catch (err) {
+          if (failures-- <= 0) throw err;
+        }
+      }
+    };
+    const r = await processChunk({
+      topic: 't',
+      partition: 0,
+      chunk: [msg(5, event(5))],
+      decode: (m) => decodeMessage(m, 't', opts),
+      handler: async () => {
+        if (calls++ === 0) throw new Error('transient');
+      },
+      ctx,
+      retry,
+      deadLetter: async () => undefined,
+    });
+    expect([calls, r.processed]).toEqual([2, 1]);
+  });
+});
