@@ -12,6 +12,7 @@ COPY schemas ./schemas
 COPY services ./services
 COPY deploy ./deploy
 COPY bench ./bench
+COPY testkit ./testkit
 COPY examples ./examples
 RUN npm ci && npm prune --omit=dev
 

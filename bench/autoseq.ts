@@ -12,7 +12,7 @@ import {
 import { SchemaCompiler } from '../services/autoseq/src/core/schema-compiler.js';
 import type { ToolCallEvent } from '../schemas/index.js';
 import { catalogPolicyV1, catalogToolV1 } from '../schemas/index.js';
-import { rng } from './streams.js';
+import { rng } from '../testkit/streams.js';
 import { applyEvent, MemoryLearnStore } from '../services/autoseq/src/core/learn/engine.js';
 import { DEFAULT_LEARN } from '../services/autoseq/src/core/learn/learner.js';
 import { toolCallsEventV1, type ToolCallsEvent } from '../schemas/index.js';

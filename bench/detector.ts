@@ -1,5 +1,5 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import { agentEvents } from './streams.js';
+import { agentEvents } from '../testkit/streams.js';
 import {
   bareRate,
   createTopics,

@@ -1,7 +1,7 @@
 import { flowDefinitionV1 } from '../schemas/index.js';
 import { FlowRegistry, registerManual } from '../services/flows/src/core/registry.js';
 import { DEFAULT_POLICY, recall } from '../services/flows/src/core/select.js';
-import { rng } from './streams.js';
+import { rng } from '../testkit/streams.js';
 import { pct, round, say, writeResult } from './harness.js';
 
 const WORDS =

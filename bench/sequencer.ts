@@ -1,7 +1,7 @@
 import { writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { rng } from './streams.js';
+import { rng } from '../testkit/streams.js';
 import {
   bareRate,
   createTopics,

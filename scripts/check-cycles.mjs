@@ -7,7 +7,7 @@ import { dirname, join, relative, resolve } from 'node:path';
 import ts from 'typescript';
 
 const root = resolve(dirname(new URL(import.meta.url).pathname), '..');
-const ROOTS = ['shared', 'services', 'schemas', 'cli', 'client', 'bench', 'test', 'deploy'];
+const ROOTS = ['shared', 'services', 'schemas', 'cli', 'client', 'bench', 'testkit', 'test', 'deploy'];
 const SKIP = new Set(['node_modules', 'dist', '.cache']);
 
 function walk(dir, out) {

@@ -7,7 +7,7 @@ import { flowSelectionRecordV1, nextActionRecordV1, sequenceStateRecordV1 } from
 import { consumeUntil, createTopics, produce, waitFor } from '../helpers/kafka.js';
 import { startLlmDouble } from '../helpers/llm-double.js';
 import { getJson, isReady, ROOT, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
-import { agentEvents } from '../helpers/streams.js';
+import { agentEvents } from '../../testkit/streams.js';
 
 const procs: Proc[] = [];
 let closeDouble: (() => Promise<void>) | null = null;

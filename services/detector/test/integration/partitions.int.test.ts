@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTopics, produce, waitFor } from '../../../../test/helpers/kafka.js';
 import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
-import { agentEvents } from '../../../../test/helpers/streams.js';
+import { agentEvents } from '../../../../testkit/streams.js';
 import { withRequests } from '../reference/requests.js';
 
 /**

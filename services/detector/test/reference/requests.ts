@@ -1,4 +1,4 @@
-import type { agentEvents } from '../../../../test/helpers/streams.js';
+import type { agentEvents } from '../../../../testkit/streams.js';
 
 // Each task opens with its user's request (issue 14), worded after the workflow it runs, with the
 // numbers, ids and emails real requests carry; only its terms may reach the candidates.

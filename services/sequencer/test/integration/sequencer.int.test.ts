@@ -13,7 +13,7 @@ import {
   type Proc,
 } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
-import { rng } from '../../../../test/helpers/streams.js';
+import { rng } from '../../../../testkit/streams.js';
 
 const procs: Proc[] = [];
 afterAll(() => {

@@ -1,4 +1,4 @@
-// Shared with the tests (test/helpers/streams.ts re-exports this file).
+// Synthetic agent traffic for the tests and the benchmarks (neither depends on the other).
 /**
  * Synthetic agent traffic: sessions run tasks whose tool sequences mix a few recurring workflows with noise,
  * the shape real agent logs have (a handful of paths walked again and again). Deterministic per seed.
