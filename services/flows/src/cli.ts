@@ -10,9 +10,9 @@ import { offlineEnv, policies, type FlowsEnv } from './config.js';
 import { errorMessage } from '../../../shared/errors.js';
 
 const SELECT_USAGE = `Usage: paver select --flows FILE.(json|yaml) --query TEXT [--summary TEXT ...] [--top-k 3] [--rrf-k 10]
-                    [--fail-open] [--score-floor X] [--outcome-floor X]
+                    [--fail-open] [--score-floor X] [--outcome-floor X] [--pretty]
 
-Runs flow selection offline over a flows file (a JSON/YAML array of flows) and prints the result as JSON.
+Runs flow selection offline over a flows file (a JSON/YAML array of flows) and prints the result as one JSON line (--pretty indents it).
 With FLOWS_CHAT_URL (and FLOWS_CHAT_API_KEY, FLOWS_CHAT_MODEL) set, several candidates go to that
 OpenAI-compatible chat endpoint; without it, the top-ranked candidate is chosen. When the file is
 {flows, past_runs} (\`paver flows from-candidates --history\`), the flows are also ranked by how well their
@@ -34,6 +34,7 @@ export async function selectCommand(argv: string[]): Promise<number> {
         'score-floor': { type: 'string' },
         'outcome-floor': { type: 'string' },
         'fail-open': { type: 'boolean' },
+        pretty: { type: 'boolean' },
         tenant: { type: 'string' },
         agent: { type: 'string' },
         help: { type: 'boolean' },
@@ -118,7 +119,7 @@ export async function selectCommand(argv: string[]): Promise<number> {
     values.summary ?? [],
     policy,
   );
-  process.stdout.write(JSON.stringify(result, null, 2) + '\n');
+  process.stdout.write(JSON.stringify(result, null, values.pretty ? 2 : undefined) + '\n');
   return 0;
 }
 
