@@ -47,6 +47,9 @@ const INPUT = (what = 'tool-calls events, one JSON per line') =>
 
 /** Commands that print their own bad-line count; the others get it from the shared reader's tally. */
 const COUNT_THEIR_OWN = new Set(['predict', 'savings']);
+/** Commands that report progress themselves. */
+const HAS_OWN_PROGRESS = new Set(['predict', 'savings', 'flows replay']);
+const PROGRESS_MS = 5000;
 
 /**
  * Runs a command over the shared reader's tally: in every mode bad lines are counted on stderr, and with
@@ -54,7 +57,21 @@ const COUNT_THEIR_OWN = new Set(['predict', 'savings']);
  */
 async function offline(name: string, strict: boolean | undefined, run: () => Promise<number>) {
   resetInputTally();
-  const code = await run();
+  // Long runs say they are alive; a run shorter than the period prints nothing.
+  let shown = 0;
+  const progress = HAS_OWN_PROGRESS.has(name)
+    ? undefined
+    : setInterval(() => {
+        if (inputTally.lines === shown) return;
+        shown = inputTally.lines;
+        process.stderr.write(`paver ${name}: ${shown} lines read…\n`);
+      }, PROGRESS_MS).unref();
+  let code: number;
+  try {
+    code = await run();
+  } finally {
+    clearInterval(progress);
+  }
   if (inputTally.bad === 0) return code;
   if (!COUNT_THEIR_OWN.has(name) || strict)
     process.stderr.write(
@@ -76,7 +93,22 @@ export function buildProgram(argv: string[], done: (code: number) => void): Comm
     .helpOption('-h, --help', 'print help')
     .helpCommand('help [command]', 'print help of a command')
     .showSuggestionAfterError(true)
-    .exitOverride();
+    .exitOverride()
+    .addHelpText(
+      'after',
+      `
+Conventions: output is one JSON per line (--pretty indents it); --input - reads stdin; bad input lines are
+counted on stderr and --strict turns them into exit 1; exit 2 is a usage error. Services take their
+settings from the environment (README "Configuration").
+
+Examples:
+  paver dev                                         local stack + every service, Ctrl-C stops all
+  paver detect --input events.jsonl > candidates.jsonl
+  paver flows from-candidates --input candidates.jsonl > flows.json
+  paver select --flows flows.json --query "I want to change my flight" --pretty
+  paver <command> --help                            options of one command
+`,
+    );
 
   // Every command reports a usage error as one line: what was wrong and its usage.
   const configure = (c: Command) =>
