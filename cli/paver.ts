@@ -335,7 +335,8 @@ Examples:
     const c = sub(flows, name, summary)
       .option('--url <url>', 'flows service (default $FLOWS_URL or http://127.0.0.1:9104)')
       .option('--tenant <tenant>', 'scope: tenant_id')
-      .option('--agent <agent>', 'scope: agent_id');
+      .option('--agent <agent>', 'scope: agent_id')
+      .addOption(PRETTY());
     if (key) c.argument('<key>', "the candidate's dedupe_key");
     if (name === 'list') c.option('--status <status>', 'pending | promoted | rejected | retracted');
     c.action(async () => {

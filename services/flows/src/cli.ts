@@ -128,7 +128,7 @@ const FLOWS_USAGE = `Usage: paver flows list [--status pending|promoted|rejected
        paver flows promote KEY
        paver flows reject KEY
        paver flows registry
-  options: --url URL (default $FLOWS_URL or http://127.0.0.1:9104)  --tenant T  --agent A
+  options: --url URL (default $FLOWS_URL or http://127.0.0.1:9104)  --tenant T  --agent A  --pretty
 
 Talks to a running flows service over HTTP (GET /flows/candidates, POST /flows/candidates/{key}/promote|reject).
 `;
@@ -144,6 +144,7 @@ export async function flowsCommand(argv: string[]): Promise<number> {
         tenant: { type: 'string' },
         agent: { type: 'string' },
         status: { type: 'string' },
+        pretty: { type: 'boolean' },
         help: { type: 'boolean' },
       },
     });
@@ -198,6 +199,6 @@ export async function flowsCommand(argv: string[]): Promise<number> {
     process.stderr.write(`paver flows ${verb}: HTTP ${res.status}: ${text}\n`);
     return 1;
   }
-  process.stdout.write(JSON.stringify(JSON.parse(text), null, 2) + '\n');
+  process.stdout.write(JSON.stringify(JSON.parse(text), null, values.pretty ? 2 : undefined) + '\n');
   return 0;
 }
