@@ -1,153 +1,370 @@
-import { parseArgs } from 'node:util';
+import { readFileSync } from 'node:fs';
+import { Command, CommanderError, Option } from 'commander';
+import { inputTally, resetInputTally } from '../shared/jsonl.js';
 import { PLANNED_SERVICES, SERVICES, isServiceName } from './services.js';
 
-const HELP = `paver — paves the paths LLM agents keep walking (Kafka + Redis services)
+/**
+ * The `paver` command line. commander parses and validates every command first, so `--help` only prints
+ * and an unknown flag exits 2 before anything starts; the commands' own modules are loaded lazily and get
+ * their arguments as typed (each still parses them, which keeps them callable on their own).
+ */
 
-Usage: paver <command> [options]
+/** Exit codes: 0 done, 1 failed (or --strict saw bad input), 2 usage error. */
+const USAGE_ERROR = 2;
 
-Services (long-running, configured from the environment; see README "Configuration"):
-${Object.entries(SERVICES)
-  .map(([name, s]) => `  run ${name.padEnd(16)}${s.summary} (HTTP :${s.port})`)
-  .join('\n')}${PLANNED_SERVICES.length ? `\n  (planned: ${PLANNED_SERVICES.join(', ')})` : ''}
-
-Main job:
-  dev [--service NAME ...]   start the local stack (Kafka KRaft + redis-server, unless KAFKA_BROKERS /
-                             REDIS_URL are set) and every service; Ctrl-C stops all of it
-
-Tools:
-  stack                      start only the local stack, print KAFKA_BROKERS / REDIS_URL, wait for Ctrl-C
-  publish --input FILE.jsonl [--topic T] [--tenant T] [--agent A]
-                             send tool-calls events (one JSON per line) keyed by session_id;
-                             --tenant/--agent set tenant_id/agent_id on every event (needs only KAFKA_BROKERS)
-  gen-schemas                regenerate schemas/json from the zod contracts
-
-Offline (no Kafka, no Redis; same core as the services):
-  detect --input FILE.jsonl [--min-length 3] [--min-occurrences 3] [--lookback 200]
-         [--max-candidates 5] [--max-length 12] [--tenant T --agent A]
-  autoseq --catalog FILE --input FILE.jsonl [--max-consecutive 5] [--no-arguments]
-  predict --input FILE.jsonl [--catalog FILE]   one line per tool_call: the proposal held for it
-  savings --input FILE.jsonl [--json]           LLM steps active proposals would have saved
-  sequence --config FILE --input FILE.jsonl
-  select --flows FILE --query TEXT [--summary TEXT ...] [--top-k 3] [--fail-open]
-  flows from-candidates --input CANDIDATES.json
-                             the flows file the flows service would register for \`paver detect\` output
-  flows replay --input FILE.jsonl [--json] [--flows FILE] [--promotion auto|all|manual]
-                             detect → promotion → selection per user message; coverage and precision
-  otel --input FILE|- [--output FILE|-]
-                             OTLP/JSON trace export (GenAI spans) → tool-calls JSONL
-
-Flow registry (talks to a running flows service):
-  flows list|show KEY|promote KEY|reject KEY|registry [--url URL] [--tenant T --agent A]
-
-  paver <command> --help     options of one command
-`;
-
-export async function main(argv: string[]): Promise<number> {
-  const [cmd, ...rest] = argv;
-  if (!cmd || cmd === '--help' || cmd === '-h' || cmd === 'help') {
-    process.stdout.write(HELP);
-    return cmd ? 0 : 1;
+function version(): string {
+  // Source (cli/) and build (dist/cli/) sit at different depths below package.json.
+  for (const rel of ['../../package.json', '../package.json']) {
+    try {
+      const pkg = JSON.parse(readFileSync(new URL(rel, import.meta.url), 'utf8')) as {
+        name?: string;
+        version?: string;
+      };
+      if (pkg.name === 'paver' && pkg.version) return pkg.version;
+    } catch {
+      // Not at this depth; try the next.
+    }
   }
-  switch (cmd) {
-    case 'run': {
-      const name = rest[0];
-      if (!name || !isServiceName(name)) {
-        const planned = PLANNED_SERVICES.includes(name ?? '');
+  return 'unknown';
+}
+
+interface Flags {
+  strict?: boolean;
+  pretty?: boolean;
+}
+
+const fullName = (c: Command): string => {
+  const names: string[] = [];
+  for (let x: Command | null = c; x; x = x.parent) names.unshift(x.name());
+  return names.join(' ');
+};
+
+/** Options every command that reads tool-calls events shares. */
+const STRICT = () => new Option('--strict', 'exit 1 when any input line was bad (the count goes to stderr)');
+const PRETTY = () => new Option('--pretty', 'indented JSON instead of one JSON per line');
+const INPUT = (what = 'tool-calls events, one JSON per line') =>
+  new Option('--input <file>', `${what} ('-' reads stdin)`);
+
+/** Commands that print their own bad-line count; the others get it from the shared reader's tally. */
+const COUNT_THEIR_OWN = new Set(['predict', 'savings']);
+/** Commands that report progress themselves. */
+const HAS_OWN_PROGRESS = new Set(['predict', 'savings', 'flows replay']);
+const PROGRESS_MS = 5000;
+
+/**
+ * Runs a command over the shared reader's tally: in every mode bad lines are counted on stderr, and with
+ * --strict they turn a success into exit 1.
+ */
+async function offline(name: string, strict: boolean | undefined, run: () => Promise<number>) {
+  resetInputTally();
+  // Long runs say they are alive; a run shorter than the period prints nothing.
+  let shown = 0;
+  const progress = HAS_OWN_PROGRESS.has(name)
+    ? undefined
+    : setInterval(() => {
+        if (inputTally.lines === shown) return;
+        shown = inputTally.lines;
+        process.stderr.write(`paver ${name}: ${shown} lines read…\n`);
+      }, PROGRESS_MS).unref();
+  let code: number;
+  try {
+    code = await run();
+  } finally {
+    clearInterval(progress);
+  }
+  if (inputTally.bad === 0) return code;
+  if (!COUNT_THEIR_OWN.has(name) || strict)
+    process.stderr.write(
+      `paver ${name}: ${inputTally.bad} bad input line(s) skipped of ${inputTally.lines}${strict ? ' (--strict: exit 1)' : ''}\n`,
+    );
+  return strict && code === 0 ? 1 : code;
+}
+
+/** argv without the flags paver handles itself, for commands that do not know them. */
+const without = (args: string[], ...flags: string[]) => args.filter((a) => !flags.includes(a));
+
+export function buildProgram(argv: string[], done: (code: number) => void): Command {
+  // The argv after `paver NAME` (or `paver flows NAME`), passed on as typed.
+  const after = (depth: number) => argv.slice(depth);
+  const program = new Command('paver');
+  program
+    .description('paves the paths LLM agents keep walking (Kafka + Redis services and offline tools)')
+    .version(version(), '-V, --version', 'print the version')
+    .helpOption('-h, --help', 'print help')
+    .helpCommand('help [command]', 'print help of a command')
+    .showSuggestionAfterError(true)
+    .exitOverride()
+    .addHelpText(
+      'after',
+      `
+Conventions: output is one JSON per line (--pretty indents it); --input - reads stdin; bad input lines are
+counted on stderr and --strict turns them into exit 1; exit 2 is a usage error. Services take their
+settings from the environment (README "Configuration").
+
+Examples:
+  paver dev                                         local stack + every service, Ctrl-C stops all
+  paver detect --input events.jsonl > candidates.jsonl
+  paver flows from-candidates --input candidates.jsonl > flows.json
+  paver select --flows flows.json --query "I want to change my flight" --pretty
+  paver <command> --help                            options of one command
+`,
+    );
+
+  // Every command reports a usage error as one line: what was wrong and its usage.
+  const configure = (c: Command) =>
+    c.exitOverride().configureOutput({
+      outputError: (msg, write) =>
+        write(
+          `${fullName(c)}: ${msg
+            .replace(/^error: /, '')
+            .replace(/\s*\n\s*/g, ' ')
+            .trim()} — usage: ${fullName(c)} ${c.usage()} (see --help)\n`,
+        ),
+    });
+  configure(program);
+  const sub = (parent: Command, name: string, summary: string) => {
+    const c = parent.command(name).description(summary);
+    configure(c);
+    return c;
+  };
+
+  sub(program, 'run', 'run one long-lived service, configured from the environment')
+    .argument('<service>', Object.keys(SERVICES).join(' | '))
+    .addHelpText(
+      'after',
+      `\nServices:\n${Object.entries(SERVICES)
+        .map(([n, s]) => `  ${n.padEnd(12)}${s.summary} (HTTP :${s.port})`)
+        .join('\n')}${PLANNED_SERVICES.length ? `\n  (planned: ${PLANNED_SERVICES.join(', ')})` : ''}\n`,
+    )
+    .action(async (name: string) => {
+      if (!isServiceName(name)) {
         process.stderr.write(
-          planned
+          PLANNED_SERVICES.includes(name)
             ? `paver run: service '${name}' is not built yet; available: ${Object.keys(SERVICES).join(', ')}\n`
             : `paver run: expected a service name (${Object.keys(SERVICES).join(', ')})\n`,
         );
-        return 2;
+        return done(USAGE_ERROR);
       }
       const mod = await SERVICES[name].load();
-      return mod.run(process.env);
-    }
-    case 'dev': {
-      const { values } = parseArgs({ args: rest, options: { service: { type: 'string', multiple: true } } });
+      done(await mod.run(process.env));
+    });
+
+  sub(program, 'dev', 'start the local stack (unless KAFKA_BROKERS/REDIS_URL are set) and every service')
+    .option('--service <name>', 'only this service (repeatable)', (v: string, prev: string[] = []) => [
+      ...prev,
+      v,
+    ])
+    .action(async (opts: { service?: string[] }) => {
       const { dev } = await import('./dev.js');
-      return dev({ services: values.service ?? [] });
-    }
-    case 'stack': {
-      await import('../deploy/local/stack.js').then(async (m) => {
-        const stack = await m.startStack({ log: (s) => process.stderr.write(`${s}\n`) });
-        process.stdout.write(`KAFKA_BROKERS=${stack.brokers}\nREDIS_URL=${stack.redisUrl}\n`);
-        await new Promise<void>((resolve) => {
-          const stop = () => void stack.stop().then(resolve);
-          process.once('SIGINT', stop);
-          process.once('SIGTERM', stop);
-        });
-      });
-      return 0;
-    }
-    case 'publish': {
-      const { values } = parseArgs({
-        args: rest,
-        options: {
-          input: { type: 'string' },
-          topic: { type: 'string' },
-          tenant: { type: 'string' },
-          agent: { type: 'string' },
-        },
-      });
-      if (!values.input) {
-        process.stderr.write('paver publish: --input FILE.jsonl is required\n');
-        return 2;
-      }
+      // Every declared option goes on, so options dev.ts learns need one line here, not a new parser.
+      const args = { ...opts, services: opts.service ?? [] };
+      done(await dev(args));
+    });
+
+  sub(
+    program,
+    'stack',
+    'start only the local stack, print KAFKA_BROKERS / REDIS_URL, wait for Ctrl-C',
+  ).action(async () => {
+    const m = await import('../deploy/local/stack.js');
+    const stack = await m.startStack({ log: (s) => process.stderr.write(`${s}\n`) });
+    process.stdout.write(`KAFKA_BROKERS=${stack.brokers}\nREDIS_URL=${stack.redisUrl}\n`);
+    await new Promise<void>((resolve) => {
+      const stop = () => void stack.stop().then(resolve);
+      process.once('SIGINT', stop);
+      process.once('SIGTERM', stop);
+    });
+    done(0);
+  });
+
+  sub(program, 'publish', 'send tool-calls events (one JSON per line) to Kafka, keyed by session_id')
+    .addOption(INPUT().makeOptionMandatory())
+    .option('--topic <topic>', 'topic (default $PAVER_TOPIC_TOOL_CALLS)')
+    .option('--tenant <tenant>', 'set tenant_id on every event')
+    .option('--agent <agent>', 'set agent_id on every event')
+    .action(async (opts: { input: string; topic?: string; tenant?: string; agent?: string }) => {
       const { publish } = await import('./publish.js');
-      return publish({
-        input: values.input,
-        ...(values.topic ? { topic: values.topic } : {}),
-        ...(values.tenant !== undefined ? { tenant: values.tenant } : {}),
-        ...(values.agent !== undefined ? { agent: values.agent } : {}),
-      });
-    }
-    case 'gen-schemas': {
-      await import('../schemas/generate.js').then((m) => m.writeSchemas());
-      return 0;
-    }
-    case 'detect': {
+      // publish reads a path; /dev/stdin is that path for '-'.
+      const args = { ...opts, input: opts.input === '-' ? '/dev/stdin' : opts.input };
+      done(await publish(args));
+    });
+
+  sub(program, 'gen-schemas', 'regenerate schemas/json from the zod contracts').action(async () => {
+    await import('../schemas/generate.js').then((m) => m.writeSchemas());
+    done(0);
+  });
+
+  const num = (flag: string, what: string) => new Option(`${flag} <n>`, what);
+
+  sub(program, 'detect', 'repeated tool sequences in a JSONL file → flow candidates (one JSON array)')
+    .addOption(INPUT().makeOptionMandatory())
+    .addOption(num('--min-length', 'shortest sequence (default 3)'))
+    .addOption(num('--max-length', 'longest sequence (default 12)'))
+    .addOption(num('--min-occurrences', 'occurrences before a candidate (default 3)'))
+    .addOption(num('--lookback', 'tasks remembered per scope (default 200)'))
+    .addOption(num('--max-candidates', 'candidates kept (default 5)'))
+    .addOption(num('--window-ms', 'only tasks this recent'))
+    .addOption(num('--task-idle-ms', 'a task without events this long is complete'))
+    .addOption(new Option('--request-terms <on|off>', 'keep first-request terms (default on)'))
+    .option('--tenant <tenant>', 'scope: tenant_id')
+    .option('--agent <agent>', 'scope: agent_id')
+    .addOption(PRETTY())
+    .addOption(STRICT())
+    .action(async (o: Flags) => {
       const { detectCommand } = await import('../services/detector/src/cli.js');
-      return detectCommand(rest);
-    }
-    case 'autoseq': {
+      done(await offline('detect', o.strict, () => detectCommand(without(after(1), '--strict'))));
+    });
+
+  sub(program, 'autoseq', "autoseq's decisions for every tool_call of a JSONL file (JSONL)")
+    .requiredOption('--catalog <file>', 'tool catalog (JSON or YAML)')
+    .addOption(INPUT().makeOptionMandatory())
+    .addOption(num('--max-consecutive', 'automatic steps in a row (default 5)'))
+    .option('--no-arguments', 'leave predicted arguments out')
+    .addOption(PRETTY())
+    .addOption(STRICT())
+    .action(async (o: Flags) => {
       const { autoseqCommand } = await import('../services/autoseq/src/cli.js');
-      return autoseqCommand(rest);
-    }
-    case 'predict': {
+      done(await offline('autoseq', o.strict, () => autoseqCommand(without(after(1), '--strict'))));
+    });
+
+  sub(program, 'predict', 'one line per tool_call: the proposal held for it (JSONL)')
+    .addOption(INPUT().makeOptionMandatory())
+    .option('--catalog <file>', 'tool catalog (JSON or YAML)')
+    .addOption(num('--max-k', 'longest context learned, 1..8'))
+    .addOption(num('--min-trials', 'trials before a proposal is active'))
+    .addOption(num('--min-precision', 'precision before a proposal is active, 0..1'))
+    .addOption(num('--window', 'trials remembered per context, ≥ 2'))
+    .addOption(STRICT())
+    .action(async (o: Flags) => {
       const { predictCommand } = await import('../services/autoseq/src/learn-cli.js');
-      return predictCommand(rest);
-    }
-    case 'savings': {
+      done(await offline('predict', o.strict, () => predictCommand(without(after(1), '--strict'))));
+    });
+
+  sub(program, 'savings', 'LLM steps that active proposals would have saved')
+    .addOption(INPUT().makeOptionMandatory())
+    .option('--catalog <file>', 'tool catalog (JSON or YAML)')
+    .option('--json', 'one JSON object instead of text')
+    .addOption(num('--max-k', 'longest context learned, 1..8'))
+    .addOption(num('--min-trials', 'trials before a proposal is active'))
+    .addOption(num('--min-precision', 'precision before a proposal is active, 0..1'))
+    .addOption(num('--window', 'trials remembered per context, ≥ 2'))
+    .addOption(STRICT())
+    .action(async (o: Flags) => {
       const { savingsCommand } = await import('../services/autoseq/src/learn-cli.js');
-      return savingsCommand(rest);
-    }
-    case 'sequence': {
+      done(await offline('savings', o.strict, () => savingsCommand(without(after(1), '--strict'))));
+    });
+
+  sub(program, 'sequence', "the sequencer's state record per event of a JSONL file (JSONL)")
+    .requiredOption('--config <file>', 'orchestration file (JSON or YAML)')
+    .addOption(INPUT().makeOptionMandatory())
+    .addOption(PRETTY())
+    .addOption(STRICT())
+    .action(async (o: Flags) => {
       const { sequenceCommand } = await import('../services/sequencer/src/cli.js');
-      return sequenceCommand(rest);
-    }
-    case 'select': {
+      done(await offline('sequence', o.strict, () => sequenceCommand(without(after(1), '--strict'))));
+    });
+
+  sub(program, 'select', 'flow selection for one request over a flows file (one JSON line)')
+    .requiredOption('--flows <file>', "flows file (JSON or YAML; '-' reads stdin)")
+    .requiredOption('--query <text>', 'the user request')
+    .option('--summary <text>', 'an episode summary (repeatable)')
+    .addOption(num('--top-k', 'candidates considered (default 3)'))
+    .addOption(num('--rrf-k', 'rank fusion constant (default 10)'))
+    .addOption(num('--score-floor', 'choose nothing under this score (default 0)'))
+    .addOption(num('--outcome-floor', 'choose no flow whose past outcome is not above this'))
+    .option('--fail-open', 'choose nothing when the model fails')
+    .option('--tenant <tenant>', 'scope: tenant_id')
+    .option('--agent <agent>', 'scope: agent_id')
+    .addOption(PRETTY())
+    .addHelpText(
+      'after',
+      '\nWith FLOWS_CHAT_URL set, several candidates go to that chat model (path "model", or "fallback" when it\n' +
+        'fails); without it the top-ranked candidate is chosen (path "top_ranked").\n',
+    )
+    .action(async () => {
       const { selectCommand } = await import('../services/flows/src/cli.js');
-      return selectCommand(rest);
-    }
-    case 'otel': {
+      done(await selectCommand(after(1)));
+    });
+
+  sub(program, 'otel', 'OTLP/JSON trace export (GenAI spans) → tool-calls JSONL')
+    .addOption(INPUT('the export file').makeOptionMandatory())
+    .option('--output <file>', "where the JSONL goes (default '-', stdout)")
+    .option('--tenant <tenant>', 'tenant_id when no span carries one')
+    .option('--tenant-attribute <key>', 'span or resource attribute holding the tenant')
+    .option('--no-payloads', 'leave tool arguments and results out')
+    .addOption(num('--max-payload-bytes', 'leave out larger argument or result values'))
+    .addOption(new Option('--strict', 'exit 1 when any request in the input was bad'))
+    .addOption(PRETTY())
+    .action(async () => {
       const { otelCommand } = await import('../services/ingest/src/cli.js');
-      return otelCommand(rest);
-    }
-    case 'flows': {
-      if (rest[0] === 'from-candidates') {
-        const { fromCandidatesCommand } = await import('./flows-from-candidates.js');
-        return fromCandidatesCommand(rest.slice(1));
-      }
-      if (rest[0] === 'replay') {
-        const { replayCommand } = await import('./flows-replay.js');
-        return replayCommand(rest.slice(1));
-      }
+      done(await otelCommand(after(1)));
+    });
+
+  const flows = sub(program, 'flows', 'flows offline (from-candidates, replay) and the flow registry');
+  sub(flows, 'from-candidates', 'the flows file the flows service would register for `paver detect` output')
+    .addOption(INPUT('candidates (the output of paver detect)').makeOptionMandatory())
+    .option('--history <file>', "the stream the candidates came from ('-' reads stdin)")
+    .option('--tenant <tenant>', 'scope: tenant_id')
+    .option('--agent <agent>', 'scope: agent_id')
+    .addOption(STRICT())
+    .action(async (o: Flags) => {
+      const { fromCandidatesCommand } = await import('./flows-from-candidates.js');
+      done(
+        await offline('flows from-candidates', o.strict, () =>
+          fromCandidatesCommand(without(after(2), '--strict')),
+        ),
+      );
+    });
+  sub(flows, 'replay', 'detect → promotion → selection per user message; coverage and precision')
+    .addOption(INPUT().makeOptionMandatory())
+    .option('--json', 'one JSON object instead of text')
+    .option('--flows <file>', 'hand-written flows registered first')
+    .option('--promotion <mode>', 'auto | all | manual')
+    .addOption(num('--min-occurrences', 'promotion: occurrences'))
+    .addOption(num('--min-savings', 'promotion: steps saved'))
+    .addOption(num('--shadow-trials', 'promotion: shadow trials'))
+    .addOption(num('--shadow-precision', 'promotion: shadow precision'))
+    .option('--no-outcomes', 'rank without past outcomes')
+    .addOption(STRICT())
+    .action(async (o: Flags) => {
+      const { replayCommand } = await import('./flows-replay.js');
+      done(await offline('flows replay', o.strict, () => replayCommand(without(after(2), '--strict'))));
+    });
+  // The registry verbs talk HTTP to a running flows service.
+  const registry = (name: string, summary: string, key: boolean) => {
+    const c = sub(flows, name, summary)
+      .option('--url <url>', 'flows service (default $FLOWS_URL or http://127.0.0.1:9104)')
+      .option('--tenant <tenant>', 'scope: tenant_id')
+      .option('--agent <agent>', 'scope: agent_id')
+      .addOption(PRETTY());
+    if (key) c.argument('<key>', "the candidate's dedupe_key");
+    if (name === 'list') c.option('--status <status>', 'pending | promoted | rejected | retracted');
+    c.action(async () => {
       const { flowsCommand } = await import('../services/flows/src/cli.js');
-      return flowsCommand(rest);
-    }
-    default:
-      process.stderr.write(`paver: unknown command '${cmd}'\n\n${HELP}`);
-      return 2;
+      done(await flowsCommand(after(1)));
+    });
+  };
+  registry('list', 'flow candidates of a scope', false);
+  registry('show', 'one flow candidate', true);
+  registry('promote', 'promote a candidate to a flow', true);
+  registry('reject', 'reject a candidate', true);
+  registry('registry', 'the registered flows of a scope', false);
+
+  return program;
+}
+
+export async function main(argv: string[]): Promise<number> {
+  let code: number | undefined;
+  const program = buildProgram(argv, (c) => (code = c));
+  try {
+    await program.parseAsync(argv, { from: 'user' });
+  } catch (err) {
+    if (!(err instanceof CommanderError)) throw err;
+    // --help and --version print and exit 0; `paver` alone prints help and exits 1 as before.
+    if (err.code === 'commander.helpDisplayed' || err.code === 'commander.version') return 0;
+    if (err.code === 'commander.help' || err.code === 'commander.executeSubCommandAsync')
+      return err.exitCode === 0 ? 0 : 1;
+    return USAGE_ERROR;
   }
+  return code ?? 0;
 }

@@ -9,7 +9,9 @@ export const flowSelectionRecordV1 = z.object({
   session_id: id,
   event_id: id,
   ts: z.number().int().nonnegative(),
-  path: z.enum(['none', 'fast_path', 'model', 'fallback', 'fail_open']),
+  // top_ranked: several candidates and no model configured (the normal no-model case); fallback: a model was
+  // asked and failed or answered nothing usable. Added values only: consumers of v1 keep validating.
+  path: z.enum(['none', 'fast_path', 'model', 'fallback', 'fail_open', 'top_ranked']),
   chosen: z.array(z.object({ id: z.string(), name: z.string() })),
   chosen_prompts: z.array(z.string()),
   combined_prompt: z.string(),

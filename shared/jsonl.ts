@@ -1,28 +1,76 @@
 import { createReadStream } from 'node:fs';
 import { createInterface } from 'node:readline';
-import { toolCallsEventV1, TOOL_CALLS_EVENT_TYPES, type ToolCallsEvent } from '../schemas/index.js';
+import type { Readable } from 'node:stream';
+import {
+  taskCompletedEvent,
+  toolCallEvent,
+  toolCallsEventV1,
+  userMessageEvent,
+  TOOL_CALLS_EVENT_TYPES,
+  type ToolCallsEvent,
+} from '../schemas/index.js';
 import { zodParser } from './kafka/runner.js';
 import { errorMessage } from './errors.js';
 
 const MAX_LINE = 1024 * 1024;
 const MAX_WARNINGS = 100;
+/** Bounds the memory an adversarial file with ever-new field names can take. */
+const MAX_UNKNOWN_NAMES = 50;
+
+/** Fields each event type knows; anything else in an input line is counted as unknown (zod strips it). */
+const KNOWN_FIELDS: Record<string, ReadonlySet<string>> = {
+  tool_call: new Set(Object.keys(toolCallEvent.shape)),
+  task_completed: new Set(Object.keys(taskCompletedEvent.shape)),
+  user_message: new Set(Object.keys(userMessageEvent.shape)),
+};
+/**
+ * Short names people write for the scope fields. Read as the real field when that one is absent, because
+ * dropping them silently merges every agent of a file into the 'default' scope.
+ */
+const ALIASES: Readonly<Record<string, string>> = { agent: 'agent_id', tenant: 'tenant_id' };
+
+export interface ReadStats {
+  lines: number;
+  bad: number;
+  /** Unknown top-level field name → lines that carried it (optional so existing callers need not pass it). */
+  unknown?: Record<string, number>;
+}
+
+/**
+ * What every readEvents call of this process has read, for the CLI's `--strict` and its end-of-run
+ * summary: the commands keep their own stats, and the CLI reads this one without knowing their internals.
+ */
+export const inputTally = { lines: 0, bad: 0 };
+export function resetInputTally(): void {
+  inputTally.lines = 0;
+  inputTally.bad = 0;
+}
+
+/** `-` is stdin, as for every Unix tool; anything else is a file path. */
+export const openInput = (path: string): Readable => (path === '-' ? process.stdin : createReadStream(path));
 
 /**
  * Streams a JSONL file of tool-calls events for the offline commands: a million-event file never sits in
  * memory whole. Bad lines are reported with their line number (the first hundred), skipped and counted.
+ * Unknown fields are counted per name and reported once at the end; `agent`/`tenant` are read as
+ * `agent_id`/`tenant_id` with a one-time note.
  */
 export async function* readEvents(
   path: string,
-  stats: { lines: number; bad: number },
+  stats: ReadStats,
   warn: (s: string) => void,
 ): AsyncGenerator<ToolCallsEvent> {
   const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
-  const rl = createInterface({ input: createReadStream(path), crlfDelay: Infinity });
+  const rl = createInterface({ input: openInput(path), crlfDelay: Infinity });
+  const unknown: Record<string, number> = (stats.unknown ??= {});
+  const aliased = new Set<string>();
   for await (const line of rl) {
     stats.lines++;
+    inputTally.lines++;
     if (!line.trim()) continue;
     const fail = (why: string) => {
       stats.bad++;
+      inputTally.bad++;
       if (stats.bad <= MAX_WARNINGS) warn(`line ${stats.lines}: ${why}`);
     };
     if (line.length > MAX_LINE) {
@@ -36,6 +84,25 @@ export async function* readEvents(
       fail('not valid JSON');
       continue;
     }
+    if (raw !== null && typeof raw === 'object' && !Array.isArray(raw)) {
+      const obj = raw as Record<string, unknown>;
+      for (const [alias, field] of Object.entries(ALIASES)) {
+        if (!Object.hasOwn(obj, alias) || Object.hasOwn(obj, field)) continue;
+        obj[field] = obj[alias];
+        delete obj[alias];
+        if (!aliased.has(alias)) {
+          aliased.add(alias);
+          warn(`line ${stats.lines}: field '${alias}' read as '${field}' (write '${field}'; noted once)`);
+        }
+      }
+      const known = typeof obj.type === 'string' ? KNOWN_FIELDS[obj.type] : undefined;
+      if (known)
+        for (const k of Object.keys(obj)) {
+          if (known.has(k)) continue;
+          if (Object.hasOwn(unknown, k)) unknown[k]!++;
+          else if (Object.keys(unknown).length < MAX_UNKNOWN_NAMES) unknown[k] = 1;
+        }
+    }
     const r = parse(raw, 'file');
     if (!r.ok) {
       fail(`${r.reason}: ${r.detail}`);
@@ -44,16 +111,49 @@ export async function* readEvents(
     yield r.value;
   }
   if (stats.bad > MAX_WARNINGS) warn(`… ${stats.bad - MAX_WARNINGS} more bad lines`);
+  // Field names only, never values: once per name, with how many lines carried it.
+  const names = Object.keys(unknown);
+  if (names.length > 0)
+    warn(
+      `unknown fields ignored: ${names.map((n) => `'${n.slice(0, 64)}' on ${unknown[n]} line(s)`).join(', ')}` +
+        (names.length >= MAX_UNKNOWN_NAMES ? ' (more names not listed)' : ''),
+    );
 }
 
-/** Reads a JSON or YAML configuration file (by extension; JSON is tried first otherwise). */
+/** Reads stdin whole (for `-` where a configuration or candidates file is expected). */
+async function readStdin(): Promise<string> {
+  const chunks: Buffer[] = [];
+  for await (const c of process.stdin) chunks.push(c as Buffer);
+  return Buffer.concat(chunks).toString('utf8');
+}
+
+/** JSON lines (`paver detect`'s default output) as an array; undefined when some line is not JSON. */
+function parseJsonLines(text: string): unknown[] | undefined {
+  const out: unknown[] = [];
+  for (const line of text.split('\n')) {
+    if (!line.trim()) continue;
+    try {
+      out.push(JSON.parse(line));
+    } catch {
+      return undefined;
+    }
+  }
+  return out;
+}
+
+/**
+ * Reads a JSON or YAML configuration file (by extension; JSON is tried first otherwise). JSON lines are
+ * read as an array, so a command's JSONL output can be the next one's input file; `-` reads stdin.
+ */
 export async function readConfigFile(path: string): Promise<unknown> {
   const { readFile } = await import('node:fs/promises');
-  const text = await readFile(path, 'utf8');
+  const text = path === '-' ? await readStdin() : await readFile(path, 'utf8');
   if (/\.ya?ml$/i.test(path)) return (await import('yaml')).parse(text);
   try {
     return JSON.parse(text);
   } catch (err) {
+    const lines = parseJsonLines(text);
+    if (lines) return lines;
     if (/\.json$/i.test(path)) throw new Error(`${path} is not valid JSON: ${errorMessage(err)}`);
     return (await import('yaml')).parse(text);
   }

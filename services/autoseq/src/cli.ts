@@ -45,6 +45,7 @@ export async function autoseqCommand(argv: string[]): Promise<number> {
         input: { type: 'string' },
         'max-consecutive': { type: 'string' },
         'no-arguments': { type: 'boolean' },
+        pretty: { type: 'boolean' },
         help: { type: 'boolean' },
       },
     }));
@@ -81,18 +82,17 @@ export async function autoseqCommand(argv: string[]): Promise<number> {
     out.length = 0;
   };
   try {
-    const r = await runAutoseq(
+    await runAutoseq(
       catalog,
       values.input,
       { ...DEFAULT_OPTIONS, maxConsecutive: max, includeArguments: !values['no-arguments'] },
       (l) => {
-        out.push(l);
+        out.push(values.pretty ? JSON.stringify(JSON.parse(l), null, 2) : l);
         if (out.length >= 1000) flush();
       },
       warn,
     );
     flush();
-    if (r.bad > 0) warn(`${r.bad} bad line(s) skipped of ${r.lines}`);
   } catch (err) {
     flush();
     process.stderr.write(`paver autoseq: cannot read ${values.input}: ${errorMessage(err)}\n`);

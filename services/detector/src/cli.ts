@@ -8,10 +8,10 @@ import { errorMessage } from '../../../shared/errors.js';
 
 const USAGE = `Usage: paver detect --input FILE.jsonl [--min-length 3] [--min-occurrences 3] [--lookback 200]
                     [--max-candidates 5] [--max-length 12] [--window-ms MS] [--task-idle-ms MS]
-                    [--request-terms on|off] [--tenant T --agent A]
+                    [--request-terms on|off] [--tenant T --agent A] [--pretty] [--strict]
 
-Runs the detector's core over a JSONL file of tool-calls events (in file order, in memory) and prints the
-live candidates at the end as a JSON array. Bad lines are reported on stderr with their line number, skipped
+Runs the detector's core over a JSONL file of tool-calls events (in file order, in memory; '-' reads stdin)
+and prints the live candidates at the end as one JSON array on one line (--pretty indents it). Bad lines are reported on stderr with their line number, skipped
 and counted. Without --tenant/--agent the file must hold one (tenant, agent) scope.
 
 --request-terms (on by default, like DETECTOR_REQUEST_TERMS) keeps the terms of each task's first user
@@ -58,6 +58,7 @@ export async function detectCommand(argv: string[]): Promise<number> {
         'request-terms': { type: 'string' },
         tenant: { type: 'string' },
         agent: { type: 'string' },
+        pretty: { type: 'boolean' },
         help: { type: 'boolean' },
       },
     }));
@@ -138,10 +139,9 @@ export async function detectCommand(argv: string[]): Promise<number> {
     JSON.stringify(
       liveCandidates(result.state.frequentStats(scope), params, result.state.windowRecords(scope)),
       null,
-      2,
+      values.pretty ? 2 : undefined,
     ) + '\n',
   );
-  if (result.bad > 0) warn(`${result.bad} bad line(s) skipped of ${result.lines}`);
   // Never silent: events not used are counted by reason, as the service's metric does.
   const ignored = IGNORE_REASONS.filter((r) => result.ignoredBy[r] > 0);
   if (ignored.length > 0)

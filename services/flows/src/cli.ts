@@ -10,9 +10,9 @@ import { offlineEnv, policies, type FlowsEnv } from './config.js';
 import { errorMessage } from '../../../shared/errors.js';
 
 const SELECT_USAGE = `Usage: paver select --flows FILE.(json|yaml) --query TEXT [--summary TEXT ...] [--top-k 3] [--rrf-k 10]
-                    [--fail-open] [--score-floor X] [--outcome-floor X]
+                    [--fail-open] [--score-floor X] [--outcome-floor X] [--pretty]
 
-Runs flow selection offline over a flows file (a JSON/YAML array of flows) and prints the result as JSON.
+Runs flow selection offline over a flows file (a JSON/YAML array of flows) and prints the result as one JSON line (--pretty indents it).
 With FLOWS_CHAT_URL (and FLOWS_CHAT_API_KEY, FLOWS_CHAT_MODEL) set, several candidates go to that
 OpenAI-compatible chat endpoint; without it, the top-ranked candidate is chosen. When the file is
 {flows, past_runs} (\`paver flows from-candidates --history\`), the flows are also ranked by how well their
@@ -34,6 +34,7 @@ export async function selectCommand(argv: string[]): Promise<number> {
         'score-floor': { type: 'string' },
         'outcome-floor': { type: 'string' },
         'fail-open': { type: 'boolean' },
+        pretty: { type: 'boolean' },
         tenant: { type: 'string' },
         agent: { type: 'string' },
         help: { type: 'boolean' },
@@ -118,7 +119,7 @@ export async function selectCommand(argv: string[]): Promise<number> {
     values.summary ?? [],
     policy,
   );
-  process.stdout.write(JSON.stringify(result, null, 2) + '\n');
+  process.stdout.write(JSON.stringify(result, null, values.pretty ? 2 : undefined) + '\n');
   return 0;
 }
 
@@ -127,7 +128,7 @@ const FLOWS_USAGE = `Usage: paver flows list [--status pending|promoted|rejected
        paver flows promote KEY
        paver flows reject KEY
        paver flows registry
-  options: --url URL (default $FLOWS_URL or http://127.0.0.1:9104)  --tenant T  --agent A
+  options: --url URL (default $FLOWS_URL or http://127.0.0.1:9104)  --tenant T  --agent A  --pretty
 
 Talks to a running flows service over HTTP (GET /flows/candidates, POST /flows/candidates/{key}/promote|reject).
 `;
@@ -143,6 +144,7 @@ export async function flowsCommand(argv: string[]): Promise<number> {
         tenant: { type: 'string' },
         agent: { type: 'string' },
         status: { type: 'string' },
+        pretty: { type: 'boolean' },
         help: { type: 'boolean' },
       },
     });
@@ -197,6 +199,6 @@ export async function flowsCommand(argv: string[]): Promise<number> {
     process.stderr.write(`paver flows ${verb}: HTTP ${res.status}: ${text}\n`);
     return 1;
   }
-  process.stdout.write(JSON.stringify(JSON.parse(text), null, 2) + '\n');
+  process.stdout.write(JSON.stringify(JSON.parse(text), null, values.pretty ? 2 : undefined) + '\n');
   return 0;
 }

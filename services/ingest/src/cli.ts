@@ -6,7 +6,7 @@ import { DEFAULT_MAP_OPTIONS, mapSpans, type MapOptions } from './core/map.js';
 import { DEFAULT_DECODE_LIMITS, OtlpError, spansFromRequest, type OtlpSpan } from './core/otlp.js';
 
 const USAGE = `Usage: paver otel --input FILE|- [--output FILE|-] [--tenant T] [--tenant-attribute KEY]
-                  [--no-payloads] [--max-payload-bytes N] [--strict]
+                  [--no-payloads] [--max-payload-bytes N] [--strict] [--pretty]
 
 Maps an OTLP/JSON trace export (one ExportTraceServiceRequest document, or one per line as the Collector's
 file exporter writes them) to Paver tool-calls events, one JSON per line: a tool_call per execute_tool span,
@@ -20,6 +20,7 @@ ingest service. A summary goes to stderr.
   --no-payloads             leave gen_ai.tool.call.arguments/result out of the events
   --max-payload-bytes N     leave out an argument or result value larger than N bytes (default 65536)
   --strict                  exit 1 when any request in the input was bad
+  --pretty                  indent each event (default: one JSON per line)
 `;
 
 const MAX_INPUT_BYTES = 1024 * 1024 * 1024;
@@ -89,6 +90,7 @@ export async function otelCommand(argv: string[]): Promise<number> {
         'no-payloads': { type: 'boolean' },
         'max-payload-bytes': { type: 'string' },
         strict: { type: 'boolean' },
+        pretty: { type: 'boolean' },
         help: { type: 'boolean', short: 'h' },
       },
     }));
@@ -127,7 +129,7 @@ export async function otelCommand(argv: string[]): Promise<number> {
   const r = mapSpans(parsed.spans, opts);
   const toFile = values.output && values.output !== '-';
   const out = toFile ? createWriteStream(values.output!) : process.stdout;
-  for (const e of r.events) out.write(`${JSON.stringify(e)}\n`);
+  for (const e of r.events) out.write(`${JSON.stringify(e, null, values.pretty ? 2 : undefined)}\n`);
   if (toFile)
     await new Promise<void>((res, rej) =>
       (out as ReturnType<typeof createWriteStream>).end((err?: Error | null) => (err ? rej(err) : res())),

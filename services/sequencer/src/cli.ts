@@ -33,7 +33,12 @@ export async function sequenceCommand(argv: string[]): Promise<number> {
   try {
     ({ values } = parseArgs({
       args: argv,
-      options: { config: { type: 'string' }, input: { type: 'string' }, help: { type: 'boolean' } },
+      options: {
+        config: { type: 'string' },
+        input: { type: 'string' },
+        pretty: { type: 'boolean' },
+        help: { type: 'boolean' },
+      },
     }));
   } catch (err) {
     process.stderr.write(`paver sequence: ${errorMessage(err)}\n\n${USAGE}`);
@@ -63,17 +68,16 @@ export async function sequenceCommand(argv: string[]): Promise<number> {
     out.length = 0;
   };
   try {
-    const stats = await runSequence(
+    await runSequence(
       config,
       values.input,
       (l) => {
-        out.push(l);
+        out.push(values.pretty ? JSON.stringify(JSON.parse(l), null, 2) : l);
         if (out.length >= 1000) flush();
       },
       warn,
     );
     flush();
-    if (stats.bad > 0) warn(`${stats.bad} bad line(s) skipped of ${stats.lines}`);
   } catch (err) {
     flush();
     process.stderr.write(`paver sequence: cannot read ${values.input}: ${errorMessage(err)}\n`);

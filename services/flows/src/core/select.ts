@@ -149,7 +149,7 @@ export function choose(
   if (cands.length === 1) return result('fast_path', [cands[0]!.flow]);
   const fallback = (unresolved: string[] = []) =>
     p.failOpen ? result('fail_open', [], unresolved) : result('fallback', [cands[0]!.flow], unresolved);
-  if (model.kind === 'none') return result('fallback', [cands[0]!.flow]);
+  if (model.kind === 'none') return result('top_ranked', [cands[0]!.flow]);
   if (model.kind === 'failed') return fallback();
   const ids = parseIds(model.text);
   if (!ids || ids.length === 0) return fallback();

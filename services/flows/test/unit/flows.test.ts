@@ -148,7 +148,6 @@ describe('selection', () => {
       { kind: 'answer' as const, text: 'no idea' },
       { kind: 'answer' as const, text: '[]' },
       { kind: 'failed' as const },
-      { kind: 'none' as const },
     ]) {
       expect(choose(reg, 'default', 'default', c, m, DEFAULT_POLICY, prompts)).toMatchObject({
         path: 'fallback',
@@ -169,6 +168,11 @@ describe('selection', () => {
     expect(
       choose(reg, 'default', 'default', c, { kind: 'answer', text: '["ghost"]' }, DEFAULT_POLICY, prompts),
     ).toMatchObject({ path: 'fallback', unresolved_ids: ['ghost'] });
+    // No model configured is not a failure: the path says what decided.
+    expect(choose(reg, 'default', 'default', c, { kind: 'none' }, DEFAULT_POLICY, prompts)).toMatchObject({
+      path: 'top_ranked',
+      chosen: [{ id: c[0]!.flow.id }],
+    });
   });
   it('a top score under the floor, or no candidate, chooses nothing', () => {
     expect(

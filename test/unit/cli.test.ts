@@ -1,0 +1,254 @@
+import { createHash } from 'node:crypto';
+import { mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Readable } from 'node:stream';
+import { fileURLToPath } from 'node:url';
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
+import { readEvents, type ReadStats } from '../../shared/jsonl.js';
+
+// The commands that start processes or talk to Kafka record their calls instead: a --help that acted shows
+// up as a call (and would otherwise start Kafka in a unit test).
+const acted = vi.hoisted(() => ({ calls: [] as { what: string; args: unknown }[] }));
+vi.mock('../../deploy/local/stack.js', () => ({
+  startStack: (args: unknown) => {
+    acted.calls.push({ what: 'stack', args });
+    return Promise.reject(new Error('stack must not start in this test'));
+  },
+}));
+vi.mock('../../cli/dev.js', () => ({
+  dev: (args: unknown) => (acted.calls.push({ what: 'dev', args }), Promise.resolve(0)),
+}));
+vi.mock('../../cli/publish.js', () => ({
+  publish: (args: unknown) => (acted.calls.push({ what: 'publish', args }), Promise.resolve(0)),
+}));
+
+const { main } = await import('../../cli/paver.js');
+
+const root = fileURLToPath(new URL('../../', import.meta.url));
+const EVENTS = join(root, 'examples/events.jsonl');
+const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { version: string };
+
+let out = '';
+let err = '';
+beforeEach(() => {
+  out = '';
+  err = '';
+  acted.calls.length = 0;
+  vi.spyOn(process.stdout, 'write').mockImplementation((s: string | Uint8Array) => {
+    out += String(s);
+    return true;
+  });
+  vi.spyOn(process.stderr, 'write').mockImplementation((s: string | Uint8Array) => {
+    err += String(s);
+    return true;
+  });
+});
+afterEach(() => vi.restoreAllMocks());
+
+const withStdin = (text: string) =>
+  vi.spyOn(process, 'stdin', 'get').mockReturnValue(Readable.from([text]) as typeof process.stdin);
+
+const COMMANDS = [
+  ['run'],
+  ['dev'],
+  ['stack'],
+  ['publish'],
+  ['gen-schemas'],
+  ['detect'],
+  ['autoseq'],
+  ['predict'],
+  ['savings'],
+  ['sequence'],
+  ['select'],
+  ['otel'],
+  ['flows'],
+  ['flows', 'from-candidates'],
+  ['flows', 'replay'],
+  ['flows', 'list'],
+  ['flows', 'show'],
+  ['flows', 'promote'],
+  ['flows', 'reject'],
+  ['flows', 'registry'],
+];
+
+function schemaFiles() {
+  const dir = join(root, 'schemas/json');
+  return readdirSync(dir)
+    .sort()
+    .map((f) => {
+      const p = join(dir, f);
+      return `${f}:${statSync(p).mtimeMs}:${createHash('sha256').update(readFileSync(p)).digest('hex')}`;
+    });
+}
+
+// The machine running the suite is shared and slow; these read the example stream several times.
+describe('paver CLI conventions', { timeout: 120_000 }, () => {
+  it('--version prints the package version', async () => {
+    expect(await main(['--version'])).toBe(0);
+    expect(out.trim()).toBe(pkg.version);
+    out = '';
+    expect(await main(['-V'])).toBe(0);
+    expect(out.trim()).toBe(pkg.version);
+  });
+
+  it.each(COMMANDS.map((c) => [c.join(' '), c] as const))(
+    '%s --help and -h print usage, exit 0 and do nothing',
+    async (_name, cmd) => {
+      const before = schemaFiles();
+      for (const flag of ['--help', '-h']) {
+        out = '';
+        // Required options and arguments missing on purpose: help wins over them.
+        expect(await main([...cmd, flag]), `${cmd.join(' ')} ${flag}`).toBe(0);
+        expect(out).toContain(`Usage: paver ${cmd.join(' ')}`);
+      }
+      expect(await main(['help', ...cmd])).toBe(0);
+      expect(acted.calls).toEqual([]);
+      expect(schemaFiles()).toEqual(before);
+    },
+  );
+
+  it('an unknown flag is one usage line on stderr and exit 2, before anything runs', async () => {
+    for (const argv of [
+      ['detect', '--input', EVENTS, '--min-lenght', '3'],
+      ['stack', '--detach'],
+      ['gen-schemas', '--out', 'x'],
+      ['dev', '--services', 'detector'],
+      ['flows', 'replay', '--input', EVENTS, '--bogus'],
+    ]) {
+      err = '';
+      expect(await main(argv), argv.join(' ')).toBe(2);
+      expect(err.trim().split('\n'), argv.join(' ')).toHaveLength(1);
+      expect(err).toMatch(/unknown option '--[\w-]+'.*usage: paver /);
+    }
+    expect(err).toContain('paver flows replay:');
+    expect(acted.calls).toEqual([]);
+    err = '';
+    expect(await main(['nope'])).toBe(2);
+    expect(err).toContain("unknown command 'nope'");
+  });
+
+  it('dev and publish get their options; publish --input - reads stdin', async () => {
+    expect(await main(['dev', '--service', 'detector', '--service', 'flows'])).toBe(0);
+    expect(
+      await main(['publish', '--input', '-', '--topic', 't', '--tenant', 'acme', '--agent', 'support']),
+    ).toBe(0);
+    expect(acted.calls).toEqual([
+      { what: 'dev', args: expect.objectContaining({ services: ['detector', 'flows'] }) },
+      {
+        what: 'publish',
+        args: { input: '/dev/stdin', topic: 't', tenant: 'acme', agent: 'support' },
+      },
+    ]);
+  });
+
+  it("'-' reads stdin; output is JSONL by default and indented with --pretty", async () => {
+    const text = readFileSync(EVENTS, 'utf8');
+    withStdin(text);
+    expect(await main(['detect', '--input', '-'])).toBe(0);
+    const lines = out.trim().split('\n');
+    expect(lines).toHaveLength(1);
+    const fromStdin = JSON.parse(lines[0]!) as unknown[];
+    expect(fromStdin.length).toBeGreaterThan(0);
+    out = '';
+    expect(await main(['detect', '--input', EVENTS, '--pretty'])).toBe(0);
+    expect(out.split('\n').length).toBeGreaterThan(10);
+    expect(JSON.parse(out)).toEqual(fromStdin);
+
+    out = '';
+    withStdin(text);
+    expect(
+      await main(['sequence', '--config', join(root, 'examples/orchestration.yaml'), '--input', '-']),
+    ).toBe(0);
+    const records = out.trim().split('\n');
+    expect(records.length).toBeGreaterThan(100);
+    for (const r of records) expect(() => JSON.parse(r) as unknown).not.toThrow();
+
+    out = '';
+    expect(
+      await main(['select', '--flows', join(root, 'examples/flows.yaml'), '--query', 'refund my order 42']),
+    ).toBe(0);
+    expect(out.trim().split('\n')).toHaveLength(1);
+    // No model configured: the path says the top-ranked candidate decided, not that something failed.
+    expect(JSON.parse(out)).toMatchObject({ path: expect.stringMatching(/^(top_ranked|fast_path)$/) });
+  });
+
+  it('--strict exits 1 on bad lines; without it the count still goes to stderr', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'paver-cli-'));
+    const file = join(dir, 'events.jsonl');
+    writeFileSync(file, `not json\n${readFileSync(EVENTS, 'utf8')}{"type":"tool_call"}\n`);
+    const catalog = join(root, 'examples/catalog.yaml');
+    for (const argv of [
+      ['detect', '--input', file],
+      ['autoseq', '--catalog', catalog, '--input', file],
+      ['sequence', '--config', join(root, 'examples/orchestration.yaml'), '--input', file],
+      ['predict', '--input', file],
+    ]) {
+      err = '';
+      expect(await main(argv), argv[0]).toBe(0);
+      expect(err, argv[0]).toMatch(/2 bad (input )?line\(s\) skipped of \d+/);
+      err = '';
+      expect(await main([...argv, '--strict']), argv[0]).toBe(1);
+      expect(err, argv[0]).toMatch(/2 bad input line\(s\) skipped of \d+ \(--strict: exit 1\)/);
+    }
+    // A clean file passes --strict.
+    expect(await main(['detect', '--input', EVENTS, '--strict'])).toBe(0);
+  });
+});
+
+describe('readEvents: unknown fields and scope aliases', () => {
+  const event = (over: Record<string, unknown>) =>
+    JSON.stringify({
+      type: 'tool_call',
+      event_id: `e${Math.random()}`,
+      ts: 1,
+      session_id: 's',
+      task_id: 't',
+      step: 0,
+      tool: 'a',
+      ...over,
+    });
+
+  async function read(lines: string[]) {
+    const dir = mkdtempSync(join(tmpdir(), 'paver-jsonl-'));
+    const file = join(dir, 'e.jsonl');
+    writeFileSync(file, lines.join('\n') + '\n');
+    const stats: ReadStats = { lines: 0, bad: 0 };
+    const warnings: string[] = [];
+    const events = [];
+    for await (const e of readEvents(file, stats, (s) => warnings.push(s))) events.push(e);
+    return { events, stats, warnings };
+  }
+
+  it('reads agent/tenant as agent_id/tenant_id, noting it once per alias', async () => {
+    const r = await read([
+      event({ agent: 'billing', tenant: 'acme' }),
+      event({ agent: 'support', tenant: 'acme' }),
+      event({ agent_id: 'x' }),
+    ]);
+    expect(r.events.map((e) => [e.tenant_id, e.agent_id])).toEqual([
+      ['acme', 'billing'],
+      ['acme', 'support'],
+      ['default', 'x'],
+    ]);
+    expect(r.warnings.filter((w) => w.includes("'agent' read as 'agent_id'"))).toHaveLength(1);
+    expect(r.warnings.filter((w) => w.includes("'tenant' read as 'tenant_id'"))).toHaveLength(1);
+    expect(r.stats.unknown).toEqual({});
+  });
+
+  it('counts unknown fields per name and reports each name once, never a value', async () => {
+    const r = await read([
+      event({ colour: 'SECRET-1', agent_id: 'a', agent: 'b' }),
+      event({ colour: 'SECRET-2' }),
+      event({ size: 3 }),
+    ]);
+    expect(r.events).toHaveLength(3);
+    // agent next to agent_id is not an alias: agent_id wins and agent is reported.
+    expect(r.events[0]!.agent_id).toBe('a');
+    expect(r.stats.unknown).toEqual({ colour: 2, agent: 1, size: 1 });
+    const report = r.warnings.filter((w) => w.includes('unknown fields'));
+    expect(report).toHaveLength(1);
+    expect(report[0]).toContain("'colour' on 2 line(s)");
+    expect(r.warnings.join('\n')).not.toContain('SECRET');
+  });
+});
