@@ -61,16 +61,19 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
     await waitFor(async () => (await redis.scard(seenKey)) >= 600, 'first 600 events');
     first.child.kill('SIGKILL');
     expect(await first.exited).toBeNull();
-    const beforeRestart = await redis.scard(seenKey);
+    const seenBefore = await redis.smembers(seenKey);
+    const beforeRestart = seenBefore.length;
     expect(beforeRestart).toBeLessThan(N);
 
     await start(env);
     await waitFor(async () => (await redis.scard(seenKey)) === N, `all ${N} events after restart`, 90_000);
-    const deliveries = Object.values(await redis.hgetall(`${env.REDIS_KEY_PREFIX}:deliveries`)).map(Number);
-    expect(deliveries).toHaveLength(N);
-    // Committed progress survived the kill: only the chunks in flight were delivered twice.
-    const redelivered = deliveries.filter((d) => d > 1).length;
-    expect(redelivered).toBeLessThan(beforeRestart);
+    const byId = await redis.hgetall(`${env.REDIS_KEY_PREFIX}:deliveries`);
+    expect(Object.keys(byId)).toHaveLength(N);
+    // Committed progress survived the kill: of what the first process had handled, only the chunks in
+    // flight were delivered again. (The second run may redeliver its own chunks too, when the killed
+    // member's session expires and the group rebalances: at-least-once allows that, so it is not counted.)
+    const redeliveredFromBefore = seenBefore.filter((id) => Number(byId[id]) > 1).length;
+    expect(redeliveredFromBefore).toBeLessThan(beforeRestart);
   });
 
   it('dead-letters every kind of bad input with its reason while the good messages around it are processed', async () => {
