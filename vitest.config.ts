@@ -8,6 +8,9 @@ export default defineConfig({
           name: 'unit',
           include: ['test/unit/**/*.test.ts', 'services/*/test/unit/**/*.test.ts'],
           environment: 'node',
+          // Property tests run hundreds of streams; on a busy 2-core machine vitest's 5 s default fails them
+          // for slowness, which is not what they test.
+          testTimeout: 60_000,
         },
       },
       {
