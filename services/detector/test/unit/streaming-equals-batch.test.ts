@@ -243,9 +243,11 @@ describe('streaming detector core = batch reference', () => {
       }),
       { numRuns: 120 },
     );
-    // The property must bite: most comparisons see candidates, and ties exercise the tie-breaks.
-    expect(stats.nonEmpty).toBeGreaterThan(stats.compared / 4);
+    // The property must bite: many comparisons see candidates, and ties exercise the tie-breaks. The bounds
+    // sit well under what random seeds give (nonEmpty 24-36% of comparisons, withTerms 20-55%, ties 38+ in
+    // 14 runs), so they catch a vacuous generator without failing on an unlucky seed.
+    expect(stats.nonEmpty).toBeGreaterThan(stats.compared / 8);
     expect(stats.ties).toBeGreaterThan(10);
-    expect(stats.withTerms).toBeGreaterThan(stats.compared / 10);
+    expect(stats.withTerms).toBeGreaterThan(stats.compared / 20);
   }, 120_000);
 });
