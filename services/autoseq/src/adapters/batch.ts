@@ -1,0 +1,144 @@
+import type { NextActionRecord, ToolCallsEvent } from '../../../../schemas/index.js';
+import { sha256 } from '../../../../shared/hash.js';
+import type { BatchHandler } from '../../../../shared/kafka/runner.js';
+import type { Sink } from '../../../../shared/kafka/sink.js';
+import type { Catalog } from '../core/catalog.js';
+import { decide, newTaskState, type AutoseqOptions, type TaskState } from '../core/decide.js';
+import { applyEvent, scopeId, typedProposal } from '../core/learn/engine.js';
+import type { ArgsValidator, LearnOptions } from '../core/learn/learner.js';
+import { learnedExecutable, learnedRecord } from '../core/learn/record.js';
+import { payloadShape } from '../core/shape.js';
+import type { AutoseqMetrics } from './metrics.js';
+import type { BatchRef, RedisLearnStore } from './redis/learn-store.js';
+import type { RedisTaskStore, TaskRef } from './redis/task-store.js';
+
+const idOf = (e: { tenant_id: string; agent_id: string; task_id?: string | undefined }) =>
+  `${e.tenant_id}\u001f${e.agent_id}\u001f${e.task_id}`;
+
+/**
+ * One batch: load the typed task states (and, with learning on, the learned state), decide every tool call
+ * typed then learned, publish the records, then store the states.
+ */
+export function createBatchHandler(o: {
+  catalog: Catalog;
+  store: Pick<RedisTaskStore, 'load' | 'save'>;
+  /** Null when learning is off: typed state alone is stored. */
+  loadLearn: ((refs: BatchRef[]) => Promise<RedisLearnStore>) | null;
+  taskKey: (ref: TaskRef) => string;
+  opts: AutoseqOptions;
+  lopts: LearnOptions;
+  sink: Sink;
+  topic: string;
+  metrics: AutoseqMetrics;
+}): BatchHandler<ToolCallsEvent> {
+  const { catalog, store, loadLearn, taskKey, opts, lopts, sink, topic, metrics: m } = o;
+  const validate: ArgsValidator = (who, tool, args) => {
+    const t = catalog.scope(who.tenant_id, who.agent_id)?.tools.get(tool);
+    return t ? t.validate(args) : undefined;
+  };
+  return async (batch) => {
+    const refs = new Map<string, TaskRef>();
+    const learnRefs: BatchRef[] = [];
+    for (const { value: e } of batch) {
+      if (e.type === 'tool_call')
+        refs.set(idOf(e), {
+          tenant: e.tenant_id,
+          agent: e.agent_id,
+          task: e.task_id,
+        });
+      if (e.task_id !== undefined)
+        learnRefs.push({ tenant: e.tenant_id, agent: e.agent_id, task: e.task_id });
+    }
+    if (learnRefs.length === 0) return;
+    const states = await store.load(refs);
+    const learn = loadLearn ? await loadLearn(learnRefs) : null;
+    const dirty = new Map<string, { ref: TaskRef; state: TaskState }>();
+    const out: NextActionRecord[] = [];
+    const scored: { held: boolean; origin: string; state: string; hit: boolean; executed: boolean }[] = [];
+    const moved: string[] = [];
+    for (const { value: e } of batch) {
+      if (e.type !== 'tool_call') {
+        const lr = learn ? applyEvent(learn, e, lopts, validate) : null;
+        if (lr?.held)
+          scored.push({
+            held: true,
+            origin: lr.held.origin,
+            state: lr.held.state,
+            hit: false,
+            executed: false,
+          });
+        for (const t of lr?.transitions ?? []) moved.push(t.to);
+        continue;
+      }
+      const id = idOf(e);
+      const end = m.decisionSeconds.startTimer();
+      const d = decide(e, catalog, states.get(id) ?? newTaskState(), opts, sha256);
+      if (d.duplicate) {
+        end();
+        m.duplicates.inc();
+        continue;
+      }
+      const typedNext = typedProposal(d.records, e.observation);
+      const lr = learn ? applyEvent(learn, e, lopts, validate, typedNext) : null;
+      let task = d.task;
+      let records = d.records.map((rec) =>
+        rec.event_type === 'auto_seq_detected_unique' ? { ...rec, origin: 'typed' as const } : rec,
+      );
+      if (!typedNext && lr?.next) {
+        // A learned proposal replaces the typed "none/ambiguous/skipped" record for this event.
+        const gate = learnedExecutable(e, lr.next, catalog, task, opts);
+        task = gate.task;
+        const base = {
+          schema_version: 1 as const,
+          tenant_id: e.tenant_id,
+          agent_id: e.agent_id,
+          session_id: e.session_id,
+          task_id: e.task_id,
+          event_id: e.event_id,
+          step: e.step,
+          ts: e.ts,
+        };
+        records = [
+          ...records.filter((rec) => rec.event_type === 'auto_seq_executed'),
+          learnedRecord(base, payloadShape(e.observation, sha256), lr.next, gate.execute),
+        ];
+      }
+      end();
+      if (lr?.held)
+        scored.push({
+          held: true,
+          origin: lr.held.origin,
+          state: lr.held.state,
+          hit: lr.heldHit === true,
+          executed: records.some((rec) => rec.event_type === 'auto_seq_executed'),
+        });
+      else if (records.some((rec) => rec.event_type === 'auto_seq_executed'))
+        scored.push({ held: false, origin: 'typed', state: 'active', hit: false, executed: true });
+      for (const t of lr?.transitions ?? []) moved.push(t.to);
+      states.set(id, task);
+      dirty.set(id, { ref: refs.get(id)!, state: task });
+      out.push(...records);
+    }
+    // Publish first, then store: a crash in between re-decides the same events to the same records.
+    await sink.send(
+      topic,
+      'next-actions.v1',
+      out.map((rec) => ({ key: rec.session_id, value: rec })),
+    );
+    if (learn) {
+      // Typed and learned state in one MULTI: a crash never keeps one without the other.
+      await learn.save([...dirty.values()].map(({ ref, state }) => [taskKey(ref), JSON.stringify(state)]));
+      for (const s of learn.scopeStates())
+        m.activeByScope.set(
+          scopeId(s.tenant, s.agent),
+          Object.values(s.state.slots).filter((x) => x.rule?.state === 'active').length,
+        );
+    } else await store.save(dirty);
+    for (const rec of out) m.decisions.inc({ event_type: rec.event_type, reason: rec.reason ?? '' });
+    for (const sc of scored) {
+      if (sc.held) m.proposals.inc({ origin: sc.origin, state: sc.state, outcome: sc.hit ? 'hit' : 'miss' });
+      if (sc.executed || (sc.hit && sc.state === 'active')) m.saved.inc();
+    }
+    for (const to of moved) m.transitions.inc({ to });
+  };
+}

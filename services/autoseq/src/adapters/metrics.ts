@@ -1,0 +1,78 @@
+import { Counter, Gauge, Histogram } from 'prom-client';
+import type { Registry } from 'prom-client';
+
+/** Auto-seq's own metrics (the runner's and HTTP's are shared). */
+export function createAutoseqMetrics(registry: Registry, catalogTools: () => number) {
+  const registers = [registry];
+  const decisions = new Counter({
+    name: 'paver_autoseq_decisions_total',
+    help: 'Auto-seq records published, by event type and skip reason.',
+    labelNames: ['event_type', 'reason'],
+    registers,
+  });
+  const saved = new Counter({
+    name: 'paver_autoseq_llm_steps_saved_total',
+    help: 'LLM steps saved: calls executed from a unique decision, or equal (tool and arguments) to an active proposal.',
+    registers,
+  });
+  const proposals = new Counter({
+    name: 'paver_autoseq_proposals_total',
+    help: 'Proposals held for a next call and scored when it came (or the task ended), by origin, state and outcome.',
+    labelNames: ['origin', 'state', 'outcome'],
+    registers,
+  });
+  const transitions = new Counter({
+    name: 'paver_autoseq_rule_transitions_total',
+    help: 'Learned rule state changes, by target state.',
+    labelNames: ['to'],
+    registers,
+  });
+  // Per scope, so a scope seen again replaces its count instead of adding to it.
+  const activeByScope = new Map<string, number>();
+  new Gauge({
+    name: 'paver_autoseq_active_rules',
+    help: 'Active learned rules in the scopes this instance has processed.',
+    registers,
+    collect() {
+      let n = 0;
+      for (const v of activeByScope.values()) n += v;
+      this.set(n);
+    },
+  });
+  const duplicates = new Counter({
+    name: 'paver_autoseq_redelivered_events_total',
+    help: 'Tool-call events already decided (redelivery), ignored.',
+    registers,
+  });
+  const decisionSeconds = new Histogram({
+    name: 'paver_autoseq_decision_seconds',
+    help: 'In-process decision time per tool-call event.',
+    buckets: [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01],
+    registers,
+  });
+  const catalogUpdates = new Counter({
+    name: 'paver_autoseq_catalog_updates_total',
+    help: 'Tool-catalog topic records, by outcome (rejected ones are dead-lettered).',
+    labelNames: ['outcome'],
+    registers,
+  });
+  new Gauge({
+    name: 'paver_autoseq_catalog_tools',
+    help: 'Tools in the catalog in force.',
+    registers,
+    collect() {
+      this.set(catalogTools());
+    },
+  });
+  return {
+    decisions,
+    saved,
+    proposals,
+    transitions,
+    activeByScope,
+    duplicates,
+    decisionSeconds,
+    catalogUpdates,
+  };
+}
+export type AutoseqMetrics = ReturnType<typeof createAutoseqMetrics>;
