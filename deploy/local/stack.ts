@@ -214,7 +214,12 @@ export async function startKafka(
     if (fmt.status !== 0) throw new Error(`kafka storage format failed:\n${fmt.stdout}${fmt.stderr}`);
   }
   const out = openSync(join(dir, 'kafka.stdout.log'), 'a');
-  const child = spawn('java', [...jvm, '-cp', cp, 'kafka.Kafka', props], { stdio: ['ignore', out, out] });
+  // Its own process group: a terminal's Ctrl-C reaches the whole foreground group, and the broker must
+  // outlive the services' graceful stop (commit, leave the group); stop() ends it afterwards.
+  const child = spawn('java', [...jvm, '-cp', cp, 'kafka.Kafka', props], {
+    stdio: ['ignore', out, out],
+    detached: true,
+  });
   closeSync(out);
   const managed = manage('kafka', child, dir, logFile, cleanup);
   const brokers = `127.0.0.1:${port}`;
@@ -293,7 +298,8 @@ export async function startRedis(
       '--daemonize',
       'no',
     ],
-    { stdio: 'ignore' },
+    // Its own process group, like the broker: Ctrl-C must not take Redis away mid-shutdown.
+    { stdio: 'ignore', detached: true },
   );
   const managed = manage('redis', child, dir, logFile, true);
   try {
