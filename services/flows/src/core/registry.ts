@@ -3,6 +3,7 @@ import type {
   FlowCandidate,
   FlowCandidateRecord,
   FlowDefinition,
+  FlowStep,
   RegisteredFlow,
   RequestTerms,
 } from '../../../../schemas/index.js';
@@ -98,6 +99,65 @@ export function requestWords(rt: RequestTerms | undefined, max = 24): string[] {
     .map((t) => t.term);
 }
 
+/** Longest loop body recognised: longer repeated blocks stay as they are. */
+export const MAX_LOOP_BODY = 3;
+
+/**
+ * A looping sub-sequence (one tool, or a block of up to MAX_LOOP_BODY tools, repeated consecutively) as ONE
+ * loop: the block once, its first step carrying `for_each` (list unknown here: `over: null`). How often an
+ * agent repeats a lookup differs from run to run; a copy per repetition seen would propose the wrong count.
+ * Returns the kept steps (original objects) with the loop length of each (undefined: not a loop).
+ */
+export function loopsOf<S extends { skill_key?: unknown }>(
+  steps: readonly S[],
+): { step: S; body?: number }[] {
+  const key = (s: S) => (typeof s.skill_key === 'string' ? s.skill_key : '');
+  const out: { step: S; body?: number }[] = [];
+  const same = (a: number, b: number, k: number) => {
+    for (let j = 0; j < k; j++)
+      if (key(steps[a + j]!) !== key(steps[b + j]!) || !key(steps[a + j]!)) return false;
+    return true;
+  };
+  for (let i = 0; i < steps.length;) {
+    let loop = 0;
+    let reps = 0;
+    for (let k = 1; k <= MAX_LOOP_BODY && !loop; k++) {
+      let r = 1;
+      while (i + (r + 1) * k <= steps.length && same(i, i + r * k, k)) r++;
+      if (r >= 2) [loop, reps] = [k, r];
+    }
+    if (!loop) {
+      out.push({ step: steps[i]! });
+      i++;
+      continue;
+    }
+    for (let j = 0; j < loop; j++)
+      out.push(j === 0 ? { step: steps[i]!, body: loop } : { step: steps[i + j]! });
+    i += loop * reps;
+  }
+  return out;
+}
+
+/**
+ * The steps of a flow proposed for a tool sequence: loops collapsed (see loopsOf), ids renumbered, each step
+ * depending on the one before. Without learned data flow, no argument is bound (`inputs: 'unknown'`): a
+ * chain guess would hand a step an output it never consumed.
+ */
+export function stepsOf(steps: readonly FlowStep[]): FlowStep[] {
+  return loopsOf(steps).map(({ step, body }, i) => {
+    const { for_each: _f, inputs: _i, unbound: _u, ...rest } = step;
+    return {
+      ...rest,
+      id: `step_${i + 1}`,
+      depends_on: i === 0 ? [] : [`step_${i}`],
+      output_key: `step_${i + 1}`,
+      input_map: {},
+      inputs: 'unknown' as const,
+      ...(body !== undefined ? { for_each: { over: null, body } } : {}),
+    };
+  });
+}
+
 /**
  * A promoted candidate as a flow: the proposed flow, its description and condition in the words of the
  * requests it served (when the candidate carries request terms), with the detector's prompt hint. Each tool
@@ -119,7 +179,7 @@ export function flowFromCandidate(r: FlowCandidateRecord, now: number): Register
       ? `Requests about ${words.join(', ')}; the agent handled them by running ${distinct.join(', ')}.`
       : `Requests the agent has handled by running ${distinct.join(', ')}.`,
     desired_effects: [r.title, ...(pf?.tags ?? [])].filter(Boolean),
-    steps: pf?.steps ?? [],
+    steps: stepsOf(pf?.steps ?? []),
     ...(r.promotion_effect?.agent_prompt_hint
       ? { agent_prompt_hint: r.promotion_effect.agent_prompt_hint }
       : {}),
