@@ -8,6 +8,7 @@ import type {
   RequestTerms,
 } from '../../../../schemas/index.js';
 import { Bm25Index } from './bm25.js';
+import { learnInputs, type EvidenceRun } from './dataflow.js';
 
 /** Namespace of Paver flow ids (UUID v5): the same definition key always gives the same id. */
 export const FLOW_NAMESPACE = '6f0e6a55-6d2f-5b6e-9c39-7061766572f1';
@@ -143,8 +144,8 @@ export function loopsOf<S extends { skill_key?: unknown }>(
  * depending on the one before. Without learned data flow, no argument is bound (`inputs: 'unknown'`): a
  * chain guess would hand a step an output it never consumed.
  */
-export function stepsOf(steps: readonly FlowStep[]): FlowStep[] {
-  return loopsOf(steps).map(({ step, body }, i) => {
+export function stepsOf(steps: readonly FlowStep[], evidence?: readonly EvidenceRun[]): FlowStep[] {
+  const out = loopsOf(steps).map(({ step, body }, i): FlowStep => {
     const { for_each: _f, inputs: _i, unbound: _u, ...rest } = step;
     return {
       ...rest,
@@ -156,6 +157,7 @@ export function stepsOf(steps: readonly FlowStep[]): FlowStep[] {
       ...(body !== undefined ? { for_each: { over: null, body } } : {}),
     };
   });
+  return evidence?.length ? learnInputs(out, evidence) : out;
 }
 
 /**
@@ -163,7 +165,11 @@ export function stepsOf(steps: readonly FlowStep[]): FlowStep[] {
  * requests it served (when the candidate carries request terms), with the detector's prompt hint. Each tool
  * is named once in the condition so that a looping sequence does not weigh more than a straight one.
  */
-export function flowFromCandidate(r: FlowCandidateRecord, now: number): RegisteredFlow {
+export function flowFromCandidate(
+  r: FlowCandidateRecord,
+  now: number,
+  evidence?: readonly EvidenceRun[],
+): RegisteredFlow {
   const pf = r.promotion_effect?.proposed_flow ?? r.candidate?.proposed_flow;
   const tools = r.candidate?.tool_sequence ?? pf?.steps.map((s) => s.skill_key) ?? [];
   const distinct = [...new Set(tools)];
@@ -179,7 +185,7 @@ export function flowFromCandidate(r: FlowCandidateRecord, now: number): Register
       ? `Requests about ${words.join(', ')}; the agent handled them by running ${distinct.join(', ')}.`
       : `Requests the agent has handled by running ${distinct.join(', ')}.`,
     desired_effects: [r.title, ...(pf?.tags ?? [])].filter(Boolean),
-    steps: stepsOf(pf?.steps ?? []),
+    steps: stepsOf(pf?.steps ?? [], evidence),
     ...(r.promotion_effect?.agent_prompt_hint
       ? { agent_prompt_hint: r.promotion_effect.agent_prompt_hint }
       : {}),
@@ -226,4 +232,6 @@ export const definitionOf = (f: RegisteredFlow): FlowDefinition => ({
 export const flowsFromCandidates = (
   cands: readonly FlowCandidate[],
   scope: { tenant: string; agent: string },
-): FlowDefinition[] => cands.map((c) => definitionOf(flowFromCandidate(recordOfCandidate(c, scope, 0), 0)));
+  evidence?: readonly EvidenceRun[],
+): FlowDefinition[] =>
+  cands.map((c) => definitionOf(flowFromCandidate(recordOfCandidate(c, scope, 0), 0, evidence)));
