@@ -141,11 +141,23 @@ export function loopsOf<S extends { skill_key?: unknown }>(
 
 /**
  * The steps of a flow proposed for a tool sequence: loops collapsed (see loopsOf), ids renumbered, each step
- * depending on the one before. Without learned data flow, no argument is bound (`inputs: 'unknown'`): a
- * chain guess would hand a step an output it never consumed.
+ * depending on the one before, ending with the first loop over an unknown list. With past runs (`evidence`),
+ * `input_map` is learned from data flow (core/dataflow.ts); without, no argument is bound (`inputs:
+ * 'unknown'`): a chain guess would hand a step an output it never consumed.
  */
 export function stepsOf(steps: readonly FlowStep[], evidence?: readonly EvidenceRun[]): FlowStep[] {
-  const out = loopsOf(steps).map(({ step, body }, i): FlowStep => {
+  const out = collapsedSteps(steps);
+  const learned = evidence?.length ? learnInputs(out, evidence) : out;
+  // A loop over a list the flow cannot name runs as often as the run needs, which the flow cannot know: it
+  // cannot tell when the loop ends, so it proposes nothing after it (the agent takes over). Measured on the
+  // dev data: the step after such a loop was the flows' most frequent wrong step.
+  const open = learned.findIndex((s) => s.for_each && s.for_each.over === null);
+  return open < 0 ? learned : learned.slice(0, open + (learned[open]!.for_each!.body ?? 1));
+}
+
+/** Loops collapsed (loopsOf), ids renumbered, each step after the one before, no argument bound. */
+export function collapsedSteps(steps: readonly FlowStep[]): FlowStep[] {
+  return loopsOf(steps).map(({ step, body }, i): FlowStep => {
     const { for_each: _f, inputs: _i, unbound: _u, ...rest } = step;
     return {
       ...rest,
@@ -157,7 +169,6 @@ export function stepsOf(steps: readonly FlowStep[], evidence?: readonly Evidence
       ...(body !== undefined ? { for_each: { over: null, body } } : {}),
     };
   });
-  return evidence?.length ? learnInputs(out, evidence) : out;
 }
 
 /**

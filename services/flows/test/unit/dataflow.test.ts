@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import type { FlowStep, ToolCallsEvent } from '../../../../schemas/index.js';
 import { evidenceOf, learnInputs, occurrenceOf, type EvidenceRun } from '../../src/core/dataflow.js';
-import { stepsOf } from '../../src/core/registry.js';
+import { collapsedSteps, stepsOf } from '../../src/core/registry.js';
 
 const step = (tool: string, i: number): FlowStep => ({
   id: `s${i}`,
@@ -29,7 +29,7 @@ const run = (user: string, orders: string[], code: string, extra?: string): Evid
     },
   ],
 });
-const flowSteps = () => stepsOf(['find_user', 'get_order', 'get_order', 'refund'].map(step));
+const flowSteps = () => collapsedSteps(['find_user', 'get_order', 'get_order', 'refund'].map(step));
 
 describe('input_map from data flow', () => {
   const runs = [
@@ -63,6 +63,11 @@ describe('input_map from data flow', () => {
     const s = learnInputs(flowSteps(), odd);
     expect(s[2]!.input_map).toEqual({});
     expect(s[2]!.unbound).toEqual(['mode', 'note', 'user_id']);
+  });
+  it('a flow ends with a loop whose list is unknown; a loop over a learned list goes on', () => {
+    const tools = ['find_user', 'get_order', 'get_order', 'refund'].map(step);
+    expect(stepsOf(tools).map((s) => s.skill_key)).toEqual(['find_user', 'get_order']);
+    expect(stepsOf(tools, runs).map((s) => s.skill_key)).toEqual(['find_user', 'get_order', 'refund']);
   });
   it('with fewer than two occurrences nothing is learned: inputs stay unknown', () => {
     const s = learnInputs(flowSteps(), [runs[0]!]);
