@@ -23,9 +23,11 @@ type StepLike =
 export function planOf(steps: readonly StepLike[]): PlanStep[] {
   return steps.map((s) => {
     if (typeof s === 'string') return { tool: s };
-    if ('tool' in s) return s;
-    const tool = typeof s.skill_key === 'string' ? s.skill_key : '';
-    return s.for_each ? { tool, body: Math.max(1, s.for_each.body ?? 1) } : { tool };
+    // Flow steps always have a name; a hand-written one may carry any extra field, `tool` included.
+    if ('tool' in s && !('name' in s)) return s as PlanStep;
+    const step = s as { skill_key?: unknown; for_each?: { body?: number | undefined } | null };
+    const tool = typeof step.skill_key === 'string' ? step.skill_key : '';
+    return step.for_each ? { tool, body: Math.max(1, step.for_each.body ?? 1) } : { tool };
   });
 }
 

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { flowCandidate, flowDefinitionV1, type FlowStep } from '../../../../schemas/index.js';
-import { flowsFromCandidates, loopsOf, stepsOf } from '../../src/core/registry.js';
+import { DEFAULT_OUTCOME_POLICY, OutcomeMemory, outcomeScores } from '../../src/core/outcomes.js';
+import { flowsFromCandidates, loopsOf, registerManual, stepsOf } from '../../src/core/registry.js';
 import { matchSteps, planOf } from '../../src/core/score.js';
 
 const step = (tool: string, i: number): FlowStep => ({
@@ -80,6 +81,31 @@ describe('scoring a for_each step', () => {
     const block = [{ tool: 'r', body: 2 }, { tool: 's' }, { tool: 'c' }];
     expect(matchSteps(block, ['r', 's', 'r', 's', 'c'])).toEqual({ proposed: 5, matched: 5 });
     expect(matchSteps(block, ['r', 's', 'r', 'c'])).toEqual({ proposed: 3, matched: 2 });
+  });
+  it('a hand-written step is scored by its skill, whatever extra fields it carries', () => {
+    expect(planOf([{ name: 'n', skill_key: 'a', tool: 'other' } as never])).toEqual([{ tool: 'a' }]);
+  });
+  it('past outcomes judge a loop step with the same scorer', () => {
+    const mem = new OutcomeMemory(10);
+    mem.add({ terms: ['cancel', 'trip'], calls: ['u', 'r', 'r', 'r'] });
+    const f = (name: string, s: FlowStep[]) =>
+      registerManual(
+        {
+          tenant_id: 'default',
+          agent_id: 'default',
+          name,
+          description: '',
+          condition: '',
+          desired_effects: [],
+          steps: s,
+        },
+        0,
+      );
+    const loop = f('loop', stepsOf(steps(['u', 'r', 'r'])));
+    const copies = f('copies', steps(['u', 'r', 'r', 'c']));
+    const scores = outcomeScores(mem, ['cancel', 'trip'], [loop, copies], DEFAULT_OUTCOME_POLICY);
+    expect(scores.get(loop.id)).toBe(4);
+    expect(scores.get(copies.id)).toBeLessThan(scores.get(loop.id)!);
   });
   it('flow steps and plain tool names score alike', () => {
     expect(matchSteps(stepsOf(steps(['u', 'r', 'r'])), ['u', 'r', 'r', 'r'])).toEqual({
