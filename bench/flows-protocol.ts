@@ -10,7 +10,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { main } from '../cli/paver.js';
-import { matchSteps, type Match } from '../services/flows/src/core/score.js';
+import { matchSteps, planOf, type Match } from '../services/flows/src/core/score.js';
 import { requestTermsOf } from '../services/flows/src/core/terms.js';
 import { say, writeResult } from './harness.js';
 
@@ -84,7 +84,7 @@ function simulateTerms(json: string, history: Run[]): string {
 
 interface FileFlow {
   id: string;
-  steps: { skill_key?: string }[];
+  steps: { skill_key?: string; for_each?: { body?: number } }[];
 }
 
 interface Tally {
@@ -151,7 +151,7 @@ export async function protocol(file: string, history = 200) {
       );
       const written = JSON.parse(readFileSync(flowsFile, 'utf8')) as FileFlow[] | { flows: FileFlow[] };
       const flows = Array.isArray(written) ? written : written.flows;
-      const stepsOf = (f: (typeof flows)[number]) => f.steps.map((s) => s.skill_key ?? '');
+      const stepsOf = (f: (typeof flows)[number]) => planOf(f.steps);
       if (flows.length) add(top, matchSteps(stepsOf(flows[0]!), run.calls));
       const ms = flows.map((f) => matchSteps(stepsOf(f), run.calls));
       const b = ms.reduce<Match | null>((acc, m) => (m.matched > (acc?.matched ?? 0) ? m : acc), null);
@@ -166,7 +166,9 @@ export async function protocol(file: string, history = 200) {
           add(sel, m);
           if (process.env.PROTOCOL_DEBUG && m.proposed > m.matched)
             say(
-              `miss: flow ${stepsOf(f).join(',')} | run ${run.calls.slice(run.calls.indexOf(stepsOf(f)[0]!)).join(',')}`,
+              `miss: flow ${stepsOf(f)
+                .map((p) => (p.body ? `${p.tool}*${p.body}` : p.tool))
+                .join(',')} | run ${run.calls.slice(run.calls.indexOf(stepsOf(f)[0]!.tool)).join(',')}`,
             );
         }
       }

@@ -4,6 +4,7 @@ import { flowCandidate, id as idSchema, type ToolCallsEvent } from '../schemas/i
 import { errorMessage } from '../shared/errors.js';
 import { describeIssues, readConfigFile, readEvents } from '../shared/jsonl.js';
 import { offlineEnv } from '../services/flows/src/config.js';
+import { evidenceOf } from '../services/flows/src/core/dataflow.js';
 import { pastRunsOf } from '../services/flows/src/core/outcomes.js';
 import { flowsFromCandidates } from '../services/flows/src/core/registry.js';
 
@@ -15,7 +16,10 @@ description and condition carry the candidates' request terms when they have the
 
 With --history (the stream the candidates were detected on), the file also carries the past runs of that
 stream (first-request terms and the tools called, the newest FLOWS_OUTCOME_CAPACITY), and \`paver select\`
-then ranks with past outcomes as the flows service does.
+then ranks with past outcomes as the flows service does; and each step's input_map is learned from the
+data flow of that stream (which earlier step's output, or the trigger input, fed each argument in every
+occurrence of the flow; arguments with no consistent source are listed in \`unbound\`). Without --history
+the candidates carry no argument data: steps say \`inputs: "unknown"\` and bind nothing.
 `;
 
 const input = z.union([z.array(flowCandidate), z.object({ candidates: z.array(flowCandidate) })]);
@@ -65,9 +69,8 @@ export async function fromCandidatesCommand(argv: string[]): Promise<number> {
     return 2;
   }
   const cands = Array.isArray(parsed.data) ? parsed.data : parsed.data.candidates;
-  const flows = flowsFromCandidates(cands, scope);
   if (!values.history) {
-    process.stdout.write(JSON.stringify(flows, null, 2) + '\n');
+    process.stdout.write(JSON.stringify(flowsFromCandidates(cands, scope), null, 2) + '\n');
     return 0;
   }
   const events: ToolCallsEvent[] = [];
@@ -82,6 +85,7 @@ export async function fromCandidatesCommand(argv: string[]): Promise<number> {
     return 1;
   }
   const capacity = offlineEnv(process.env).FLOWS_OUTCOME_CAPACITY;
+  const flows = flowsFromCandidates(cands, scope, evidenceOf(events));
   process.stdout.write(JSON.stringify({ flows, past_runs: pastRunsOf(events, capacity) }, null, 2) + '\n');
   return 0;
 }

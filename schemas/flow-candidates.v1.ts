@@ -12,6 +12,21 @@ export const flowStep = z.object({
   timeout_seconds: z.number().int(),
   on_failure: z.enum(['stop', 'continue']),
   input_map: z.record(z.string(), z.string()),
+  /**
+   * A loop: this step and the next `body - 1` steps run once per element of the list `over` (a reference
+   * such as `{{step_1.output.reservations}}`), or of a list not known (`over: null`) when past runs did not
+   * show where it came from. Inside the body, `{{item}}` / `{{item.path}}` name the current element.
+   */
+  for_each: z
+    .object({ over: z.string().nullable(), body: z.number().int().positive().default(1) })
+    .optional(),
+  /**
+   * How `input_map` was obtained: `data_flow` when learned from past runs (each entry's source reproduced the
+   * argument in every occurrence seen); `unknown` when no run data was available, so no argument is bound.
+   */
+  inputs: z.enum(['data_flow', 'unknown']).optional(),
+  /** Arguments past runs passed that no source explained consistently: the caller must supply them. */
+  unbound: z.array(z.string()).optional(),
 });
 
 export const proposedFlow = z.object({

@@ -1,6 +1,6 @@
 import type { RegisteredFlow, ToolCallsEvent } from '../../../../schemas/index.js';
 import { requestTermsOf } from './terms.js';
-import { matchSteps } from './score.js';
+import { matchSteps, planOf, type PlanStep } from './score.js';
 
 /** One finished run as the outcome scorer keeps it: the terms of its first request and the tools it called. */
 export interface PastRun {
@@ -18,9 +18,8 @@ export interface OutcomePolicy {
 }
 export const DEFAULT_OUTCOME_POLICY: OutcomePolicy = { capacity: 500, neighbours: 10, wrongCost: 4 };
 
-/** Steps of a flow as tool names (hand-written steps without a skill never match a call). */
-export const flowTools = (f: Pick<RegisteredFlow, 'steps'>): string[] =>
-  f.steps.map((s) => ('skill_key' in s && typeof s.skill_key === 'string' ? s.skill_key : ''));
+/** Steps of a flow as the scorer sees them (tools and loops; a step without a skill never matches a call). */
+export const flowTools = (f: Pick<RegisteredFlow, 'steps'>): PlanStep[] => planOf(f.steps);
 
 /**
  * Past runs of one scope, newest last, bounded. Scores flows by how well their steps matched the past runs

@@ -3,10 +3,12 @@ import type {
   FlowCandidate,
   FlowCandidateRecord,
   FlowDefinition,
+  FlowStep,
   RegisteredFlow,
   RequestTerms,
 } from '../../../../schemas/index.js';
 import { Bm25Index } from './bm25.js';
+import { learnInputs, type EvidenceRun } from './dataflow.js';
 
 /** Namespace of Paver flow ids (UUID v5): the same definition key always gives the same id. */
 export const FLOW_NAMESPACE = '6f0e6a55-6d2f-5b6e-9c39-7061766572f1';
@@ -98,12 +100,87 @@ export function requestWords(rt: RequestTerms | undefined, max = 24): string[] {
     .map((t) => t.term);
 }
 
+/** Longest loop body recognised: longer repeated blocks stay as they are. */
+export const MAX_LOOP_BODY = 3;
+
+/**
+ * A looping sub-sequence (one tool, or a block of up to MAX_LOOP_BODY tools, repeated consecutively) as ONE
+ * loop: the block once, its first step carrying `for_each` (list unknown here: `over: null`). How often an
+ * agent repeats a lookup differs from run to run; a copy per repetition seen would propose the wrong count.
+ * Returns the kept steps (original objects) with the loop length of each (undefined: not a loop).
+ */
+export function loopsOf<S extends { skill_key?: unknown }>(
+  steps: readonly S[],
+): { step: S; body?: number }[] {
+  const key = (s: S) => (typeof s.skill_key === 'string' ? s.skill_key : '');
+  const out: { step: S; body?: number }[] = [];
+  const same = (a: number, b: number, k: number) => {
+    for (let j = 0; j < k; j++)
+      if (key(steps[a + j]!) !== key(steps[b + j]!) || !key(steps[a + j]!)) return false;
+    return true;
+  };
+  for (let i = 0; i < steps.length;) {
+    let loop = 0;
+    let reps = 0;
+    for (let k = 1; k <= MAX_LOOP_BODY && !loop; k++) {
+      let r = 1;
+      while (i + (r + 1) * k <= steps.length && same(i, i + r * k, k)) r++;
+      if (r >= 2) [loop, reps] = [k, r];
+    }
+    if (!loop) {
+      out.push({ step: steps[i]! });
+      i++;
+      continue;
+    }
+    for (let j = 0; j < loop; j++)
+      out.push(j === 0 ? { step: steps[i]!, body: loop } : { step: steps[i + j]! });
+    i += loop * reps;
+  }
+  return out;
+}
+
+/**
+ * The steps of a flow proposed for a tool sequence: loops collapsed (see loopsOf), ids renumbered, each step
+ * depending on the one before, ending with the first loop over an unknown list. With past runs (`evidence`),
+ * `input_map` is learned from data flow (core/dataflow.ts); without, no argument is bound (`inputs:
+ * 'unknown'`): a chain guess would hand a step an output it never consumed.
+ */
+export function stepsOf(steps: readonly FlowStep[], evidence?: readonly EvidenceRun[]): FlowStep[] {
+  const out = collapsedSteps(steps);
+  const learned = evidence?.length ? learnInputs(out, evidence) : out;
+  // A loop over a list the flow cannot name runs as often as the run needs, which the flow cannot know: it
+  // cannot tell when the loop ends, so it proposes nothing after it (the agent takes over). Measured on the
+  // dev data: the step after such a loop was the flows' most frequent wrong step.
+  const open = learned.findIndex((s) => s.for_each && s.for_each.over === null);
+  return open < 0 ? learned : learned.slice(0, open + (learned[open]!.for_each!.body ?? 1));
+}
+
+/** Loops collapsed (loopsOf), ids renumbered, each step after the one before, no argument bound. */
+export function collapsedSteps(steps: readonly FlowStep[]): FlowStep[] {
+  return loopsOf(steps).map(({ step, body }, i): FlowStep => {
+    const { for_each: _f, inputs: _i, unbound: _u, ...rest } = step;
+    return {
+      ...rest,
+      id: `step_${i + 1}`,
+      depends_on: i === 0 ? [] : [`step_${i}`],
+      output_key: `step_${i + 1}`,
+      input_map: {},
+      inputs: 'unknown' as const,
+      ...(body !== undefined ? { for_each: { over: null, body } } : {}),
+    };
+  });
+}
+
 /**
  * A promoted candidate as a flow: the proposed flow, its description and condition in the words of the
  * requests it served (when the candidate carries request terms), with the detector's prompt hint. Each tool
  * is named once in the condition so that a looping sequence does not weigh more than a straight one.
  */
-export function flowFromCandidate(r: FlowCandidateRecord, now: number): RegisteredFlow {
+export function flowFromCandidate(
+  r: FlowCandidateRecord,
+  now: number,
+  evidence?: readonly EvidenceRun[],
+): RegisteredFlow {
   const pf = r.promotion_effect?.proposed_flow ?? r.candidate?.proposed_flow;
   const tools = r.candidate?.tool_sequence ?? pf?.steps.map((s) => s.skill_key) ?? [];
   const distinct = [...new Set(tools)];
@@ -119,7 +196,7 @@ export function flowFromCandidate(r: FlowCandidateRecord, now: number): Register
       ? `Requests about ${words.join(', ')}; the agent handled them by running ${distinct.join(', ')}.`
       : `Requests the agent has handled by running ${distinct.join(', ')}.`,
     desired_effects: [r.title, ...(pf?.tags ?? [])].filter(Boolean),
-    steps: pf?.steps ?? [],
+    steps: stepsOf(pf?.steps ?? [], evidence),
     ...(r.promotion_effect?.agent_prompt_hint
       ? { agent_prompt_hint: r.promotion_effect.agent_prompt_hint }
       : {}),
@@ -166,4 +243,6 @@ export const definitionOf = (f: RegisteredFlow): FlowDefinition => ({
 export const flowsFromCandidates = (
   cands: readonly FlowCandidate[],
   scope: { tenant: string; agent: string },
-): FlowDefinition[] => cands.map((c) => definitionOf(flowFromCandidate(recordOfCandidate(c, scope, 0), 0)));
+  evidence?: readonly EvidenceRun[],
+): FlowDefinition[] =>
+  cands.map((c) => definitionOf(flowFromCandidate(recordOfCandidate(c, scope, 0), 0, evidence)));

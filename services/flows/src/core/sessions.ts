@@ -4,12 +4,13 @@
  * `task_completed`; then its run feeds the outcome scorer and its shadow choice is scored. Bounded: past
  * `maxSessions` the oldest open session is dropped unscored.
  */
+import type { PlanStep } from './score.js';
 export interface OpenSession {
   tenant: string;
   agent: string;
   terms: string[];
   calls: string[];
-  shadow: { key: string; tools: string[] } | null;
+  shadow: { key: string; tools: PlanStep[] } | null;
 }
 
 export class SessionTracker {

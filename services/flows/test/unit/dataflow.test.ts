@@ -1,0 +1,96 @@
+import { describe, expect, it } from 'vitest';
+import type { FlowStep, ToolCallsEvent } from '../../../../schemas/index.js';
+import { evidenceOf, learnInputs, occurrenceOf, type EvidenceRun } from '../../src/core/dataflow.js';
+import { collapsedSteps, stepsOf } from '../../src/core/registry.js';
+
+const step = (tool: string, i: number): FlowStep => ({
+  id: `s${i}`,
+  name: tool,
+  skill_key: tool,
+  depends_on: [],
+  output_key: `s${i}`,
+  retry_max: 2,
+  retry_backoff: 1,
+  timeout_seconds: 120,
+  on_failure: 'stop',
+  input_map: { input: '{{_trigger.input}}' },
+});
+/** find_user → get_order × n → refund: the orders walked in list order, the refund for the user. */
+const run = (user: string, orders: string[], code: string, extra?: string): EvidenceRun => ({
+  userText: `hello, my code is ${code}${extra ? ` and ${extra}` : ''}`,
+  calls: [
+    { tool: 'warmup', args: {}, observation: 'ok' },
+    { tool: 'find_user', args: { code }, observation: { user_id: user, orders } },
+    ...orders.map((o) => ({ tool: 'get_order', args: { order_id: o }, observation: { id: o, total: 3 } })),
+    {
+      tool: 'refund',
+      args: { user_id: user, note: `n-${user}-${code.length}`, mode: 'card' },
+      observation: 'done',
+    },
+  ],
+});
+const flowSteps = () => collapsedSteps(['find_user', 'get_order', 'get_order', 'refund'].map(step));
+
+describe('input_map from data flow', () => {
+  const runs = [
+    run('u1', ['A1', 'B2'], 'XK12QP'),
+    run('u2', ['C3', 'D4', 'E5'], 'ZZ98AB'),
+    run('u3', ['F6'], 'MN45CD', 'QQ11QQ'),
+  ];
+  it('finds each occurrence as the scorer does, loops taking every repetition', () => {
+    expect(occurrenceOf(flowSteps(), runs[1]!.calls)).toEqual([[1], [2, 3, 4], [5]]);
+    expect(occurrenceOf(flowSteps(), [{ tool: 'find_user' }, { tool: 'refund' }])).toBeNull();
+  });
+  it('binds each argument to the earlier step output, list element or trigger input that fed it every time', () => {
+    const s = learnInputs(flowSteps(), runs);
+    expect(s[0]).toMatchObject({
+      inputs: 'data_flow',
+      input_map: { code: '{{_trigger.input ~ /[A-Z]+[0-9]+[A-Z]+/ #0}}' },
+      unbound: [],
+    });
+    expect(s[1]).toMatchObject({
+      input_map: { order_id: '{{item}}' },
+      for_each: { over: '{{step_1.output.orders}}', body: 1 },
+    });
+    expect(s[2]).toMatchObject({
+      input_map: { user_id: '{{step_1.output.user_id}}', mode: '{{const "card"}}' },
+      unbound: ['note'],
+    });
+  });
+  it('marks arguments unbound rather than guessing when no source agrees', () => {
+    const odd = [run('u1', ['A1'], 'XK12QP'), run('u2', ['C3'], 'ZZ98AB')];
+    odd[1]!.calls[3]!.args = { user_id: 'someone_else', mode: 'cash', note: 'x' };
+    const s = learnInputs(flowSteps(), odd);
+    expect(s[2]!.input_map).toEqual({});
+    expect(s[2]!.unbound).toEqual(['mode', 'note', 'user_id']);
+  });
+  it('a flow ends with a loop whose list is unknown; a loop over a learned list goes on', () => {
+    const tools = ['find_user', 'get_order', 'get_order', 'refund'].map(step);
+    expect(stepsOf(tools).map((s) => s.skill_key)).toEqual(['find_user', 'get_order']);
+    expect(stepsOf(tools, runs).map((s) => s.skill_key)).toEqual(['find_user', 'get_order', 'refund']);
+  });
+  it('with fewer than two occurrences nothing is learned: inputs stay unknown', () => {
+    const s = learnInputs(flowSteps(), [runs[0]!]);
+    expect(s.every((x) => x.inputs === 'unknown' && Object.keys(x.input_map).length === 0)).toBe(true);
+  });
+  it('evidence from events: one run per session, its first request and its calls', () => {
+    const base = { tenant_id: 'default', agent_id: 'default', task_id: 't', session_id: 's1' };
+    const ev = [
+      { ...base, type: 'user_message', event_id: 'm', ts: 1, text: 'first' },
+      { ...base, type: 'user_message', event_id: 'm2', ts: 2, text: 'second' },
+      {
+        ...base,
+        type: 'tool_call',
+        event_id: 'c',
+        ts: 3,
+        step: 0,
+        tool: 'x',
+        args: { a: 1 },
+        observation: 2,
+      },
+    ] as unknown as ToolCallsEvent[];
+    expect(evidenceOf(ev)).toEqual([
+      { userText: 'first', calls: [{ tool: 'x', args: { a: 1 }, observation: 2 }] },
+    ]);
+  });
+});
