@@ -87,7 +87,11 @@ ts(
   'Consumer lag by service and topic',
   'short',
   [[`sum by (service, topic) (paver_consumer_lag{${svc}})`, '{{service}} {{topic}}']],
-  { x: 12, description: 'High watermark minus next offset, per partition, as of the last batch (summed).' },
+  {
+    x: 12,
+    description:
+      "High watermark minus the group's committed offset, per assigned partition, polled every PAVER_LAG_POLL_MS (summed).",
+  },
 );
 ts('Dead letters/s by reason', 'ops', [
   [`sum by (service, reason) (rate(paver_dead_letters_total{${svc}}[${RI}]))`, '{{service}} {{reason}}'],
@@ -121,6 +125,25 @@ ts(
   ],
   { x: 12 },
 );
+ts('HTTP latency p99 by service and route', 's', [
+  [
+    `histogram_quantile(0.99, sum by (service, route, le) (rate(paver_http_request_duration_seconds_bucket{${svc}}[${RI}])))`,
+    '{{service}} {{route}}',
+  ],
+]);
+ts(
+  'Oldest unprocessed event age',
+  's',
+  [[`max by (service) (paver_consumer_oldest_unprocessed_age_seconds{${svc}})`, '{{service}}']],
+  { x: 12, description: 'Age of the oldest event not yet processed on any assigned partition.' },
+);
+ts('Autoseq proposals/s by origin, state and outcome', 'ops', [
+  [
+    `sum by (origin, state, outcome) (rate(paver_autoseq_proposals_total[${RI}]))`,
+    '{{origin}} {{state}} {{outcome}}',
+  ],
+]);
+ts('Active learned rules', 'short', [[`sum(paver_autoseq_active_rules)`, 'active rules']], { x: 12 });
 
 row('Flows and savings');
 ts('Flow candidates published/s by status', 'ops', [
