@@ -11,7 +11,7 @@ import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { main } from '../cli/paver.js';
 import { matchSteps, planOf, type Match } from '../services/flows/src/core/score.js';
-import { requestTermsOf } from '../services/flows/src/core/terms.js';
+import { requestTermsOf } from '../shared/core/terms.js';
 import { say, writeResult } from './harness.js';
 
 interface Run {

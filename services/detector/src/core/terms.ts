@@ -1,58 +1,11 @@
 import type { RequestTerms } from '../../../../schemas/index.js';
 import { codePointCompare } from './order.js';
+export { MAX_TERMS_PER_MESSAGE, requestTermsOf } from '../../../../shared/core/terms.js';
 
-/** Distinct terms kept per message: the first ones in text order (a long message never grows the state). */
-export const MAX_TERMS_PER_MESSAGE = 32;
 /** Terms a candidate carries (the schema's bound). */
 export const MAX_CANDIDATE_TERMS = 64;
 /** Terms quoted in a proposed flow's description. */
 export const DESCRIPTION_TERMS = 12;
-const MIN_TERM = 2;
-/** Longer words are codes, hashes or glued identifiers rather than words a user would type again. */
-const MAX_TERM = 24;
-
-// A general English stop-word list plus the greetings and politeness every chat request starts with:
-// they appear in nearly every request, so they would only make unrelated flows look alike.
-const STOP_WORDS = new Set(
-  (
-    'a about above after again against all am an and any are aren as at be because been before being below ' +
-    'between both but by can cannot could couldn did didn do does doesn doing don down during each few for ' +
-    'from further had hadn has hasn have haven having he her here hers herself him himself his how i if in ' +
-    'into is isn it its itself just let ll me more most mustn my myself no nor not now of off on once only ' +
-    'or other ought our ours ourselves out over own re same shan she should shouldn so some such than that ' +
-    'the their theirs them themselves then there these they this those through to too under until up ve ' +
-    'very was wasn we were weren what when where which while who whom why will with won would wouldn you ' +
-    'your yours yourself yourselves also get got may might must shall us one two yes yeah ok okay sure ' +
-    'hi hello hey dear please thanks thank thx hope hoping im ive id wanna gonna gotta like want wanted ' +
-    'need needed help would could today right well really just know think'
-  ).split(' '),
-);
-
-/**
- * Terms of a user's request: lower-cased words without stop words, numbers or identifier-like tokens.
- * A whitespace-separated token is dropped whole when it holds a digit, an `@`, an underscore, a URL
- * scheme, or inner capitals (ids, emails, codes, camelCase names); what is left is split into letter runs.
- * Only these terms are ever stored, never the text.
- */
-export function requestTermsOf(text: string): string[] {
-  const out: string[] = [];
-  const seen = new Set<string>();
-  for (const raw of text.normalize('NFKC').split(/\s+/u)) {
-    const token = raw.replace(/^[^\p{L}\p{N}]+|[^\p{L}\p{N}]+$/gu, '');
-    if (token === '' || token.length > MAX_TERM) continue;
-    if (/[\p{N}@_]|:\/\//u.test(token) || /\p{Ll}\p{Lu}|\p{Lu}{2,}\p{Ll}|\p{Lu}\p{Lu}.*\p{Lu}/u.test(token))
-      continue;
-    for (const m of token.toLowerCase().matchAll(/\p{L}+/gu)) {
-      const term = m[0];
-      if (term.length < MIN_TERM || term.length > MAX_TERM || STOP_WORDS.has(term) || seen.has(term))
-        continue;
-      seen.add(term);
-      out.push(term);
-      if (out.length === MAX_TERMS_PER_MESSAGE) return out;
-    }
-  }
-  return out;
-}
 
 /**
  * Term statistics over the records that contain a sequence: `terms` is null for a task whose first user

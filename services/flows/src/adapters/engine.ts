@@ -6,7 +6,7 @@ import type {
 } from '../../../../schemas/index.js';
 import type { OutcomeBook } from '../core/outcomes.js';
 import { flowTools } from '../core/outcomes.js';
-import { requestTermsOf } from '../core/terms.js';
+import { requestTermsOf } from '../../../../shared/core/terms.js';
 import {
   inShadow,
   onCandidate,

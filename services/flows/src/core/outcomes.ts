@@ -1,5 +1,5 @@
 import type { RegisteredFlow, ToolCallsEvent } from '../../../../schemas/index.js';
-import { requestTermsOf } from './terms.js';
+import { requestTermsOf } from '../../../../shared/core/terms.js';
 import { matchSteps, planOf, type PlanStep } from './score.js';
 
 /** One finished run as the outcome scorer keeps it: the terms of its first request and the tools it called. */

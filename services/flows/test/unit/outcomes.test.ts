@@ -5,7 +5,7 @@ import { FlowRegistry, flowsFromCandidates, registerManual } from '../../src/cor
 import { matchSteps } from '../../src/core/score.js';
 import { DEFAULT_POLICY, recall } from '../../src/core/select.js';
 import { SessionTracker } from '../../src/core/sessions.js';
-import { requestTermsOf } from '../../src/core/terms.js';
+import { requestTermsOf } from '../../../../shared/core/terms.js';
 
 const flow = (name: string, tools: string[], text = '') =>
   registerManual(

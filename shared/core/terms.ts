@@ -1,8 +1,9 @@
-// The same term rules as the detector's request terms (services/detector/src/core/terms.ts), so that the
-// outcome memory and candidates' request_terms speak alike. A copy, since services share code only through
-// shared/: both should move to shared/core/terms.ts.
+/**
+ * The request-term rules: which words of a user's message Paver keeps (never the text). One module, so the
+ * detector's candidate request_terms and the flows service's outcome memory speak alike.
+ */
 /** Distinct terms kept per message: the first ones in text order (a long message never grows the state). */
-const MAX_TERMS_PER_MESSAGE = 32;
+export const MAX_TERMS_PER_MESSAGE = 32;
 const MIN_TERM = 2;
 /** Longer words are codes, hashes or glued identifiers rather than words a user would type again. */
 const MAX_TERM = 24;
