@@ -33,6 +33,12 @@ export interface ServiceParts<T> {
   inputTopics: string[];
   parse: Parser<T>;
   handler: BatchHandler<T>;
+  /**
+   * What the consumer decodes input values with before `parse`; by default the configured Paver codec (JSON
+   * or Confluent framing). A service whose input is another format (OTLP, say) passes bytes through here.
+   * Outputs always use the configured codec.
+   */
+  inputCodec?: Codec;
   routes?: Route[];
   extraTopics?: TopicSpec[];
   /** Runs after the topics exist and before the main consumer starts (load a catalog from its topic, say). */
@@ -176,7 +182,7 @@ export async function runService<E extends CommonEnv, T>(
         handler: parts.handler,
         ready: () => redisReady(redis),
       },
-      runtime,
+      parts.inputCodec ? { ...runtime, codec: parts.inputCodec } : runtime,
     );
     const r = runner;
     http = createHttpServer({
