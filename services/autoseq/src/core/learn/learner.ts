@@ -463,14 +463,7 @@ export function stepToolCall(
   opts: LearnOptions = DEFAULT_LEARN,
   validate?: ArgsValidator,
 ): StepResult {
-  const out: StepResult = {
-    duplicate: false,
-    held: task.best,
-    next: null,
-    scored: [],
-    transitions: [],
-    task,
-  };
+  const out = stepStart(task);
   if (task.seen.includes(e.event_id)) return { ...out, held: null, duplicate: true };
   scope.clock++;
   const fp = argsFp(e.args);
@@ -501,6 +494,11 @@ export function stepToolCall(
   return out;
 }
 
+/** The result of a step before any scoring: the proposal held so far, nothing learned yet. */
+function stepStart(task: LearnTask): StepResult {
+  return { duplicate: false, held: task.best, next: null, scored: [], transitions: [], task };
+}
+
 /** A task_completed: every proposal held for a next call that never came is a miss. Mutates `scope`. */
 export function stepTaskCompleted(
   scope: ScopeState,
@@ -508,14 +506,7 @@ export function stepTaskCompleted(
   e: TaskCompletedEvent,
   opts: LearnOptions = DEFAULT_LEARN,
 ): StepResult {
-  const out: StepResult = {
-    duplicate: false,
-    held: task.best,
-    next: null,
-    scored: [],
-    transitions: [],
-    task,
-  };
+  const out = stepStart(task);
   if (task.seen.includes(e.event_id)) return { ...out, held: null, duplicate: true };
   scope.clock++;
   if (task.best) out.heldHit = false;
