@@ -88,6 +88,11 @@ export async function* readEvents(
       const obj = raw as Record<string, unknown>;
       for (const [alias, field] of Object.entries(ALIASES)) {
         if (!Object.hasOwn(obj, alias) || Object.hasOwn(obj, field)) continue;
+        // `"agent": null` (as exported benchmark runs write it) means "not given": the default applies.
+        if (obj[alias] === null) {
+          delete obj[alias];
+          continue;
+        }
         obj[field] = obj[alias];
         delete obj[alias];
         if (!aliased.has(alias)) {

@@ -236,6 +236,16 @@ describe('readEvents: unknown fields and scope aliases', () => {
     expect(r.stats.unknown).toEqual({});
   });
 
+  it('reads a null agent/tenant as not given: the defaults apply, nothing is rejected', async () => {
+    const r = await read([event({ agent: null, tenant: null }), event({ agent: null })]);
+    expect(r.stats.bad).toBe(0);
+    expect(r.events.map((e) => [e.tenant_id, e.agent_id])).toEqual([
+      ['default', 'default'],
+      ['default', 'default'],
+    ]);
+    expect(r.stats.unknown).toEqual({});
+  });
+
   it('counts unknown fields per name and reports each name once, never a value', async () => {
     const r = await read([
       event({ colour: 'SECRET-1', agent_id: 'a', agent: 'b' }),
