@@ -1,0 +1,30 @@
+import { afterAll, describe, expect, it } from 'vitest';
+import { createEpoch } from '../../shared/redis/epoch.js';
+import { testRedis, unique } from '../helpers/kafka.js';
+
+describe('epoch marker (real Redis)', () => {
+  const redis = testRedis();
+  afterAll(() => redis.quit());
+
+  it('reports lost on a first start, steady while the marker stays, lost again once it is gone', async () => {
+    const key = unique('paver-test:epoch');
+    const a = createEpoch(redis, key);
+    const first = await a.check();
+    expect(first.lost).toBe(true);
+    expect(a.current()).toBe(first.epoch);
+    expect(await a.check()).toEqual({ lost: false, epoch: first.epoch });
+
+    // A second instance that starts while the state is there adopts it without a rebuild.
+    const b = createEpoch(redis, key);
+    expect(await b.check()).toEqual({ lost: false, epoch: first.epoch });
+
+    // State lost: the first to look recreates the marker, the other sees a different epoch; both rebuild.
+    await redis.del(key);
+    const again = await a.check();
+    expect(again.lost).toBe(true);
+    expect(again.epoch).not.toBe(first.epoch);
+    expect(await b.check()).toEqual({ lost: true, epoch: again.epoch });
+    expect(await b.check()).toEqual({ lost: false, epoch: again.epoch });
+    await redis.del(key);
+  });
+});
