@@ -11,6 +11,7 @@ import {
   type Source,
 } from '../../../../../shared/core/bindings.js';
 import type { TaskCompletedEvent, ToolCallEvent, UserMessageEvent } from '../../../../../schemas/index.js';
+import { failedOutput } from './outcome.js';
 import { fnv64, wilsonLower } from './stats.js';
 
 /**
@@ -181,14 +182,20 @@ const SLOT_SEP = '\u001e';
 export const slotKey = (ctx: string, tool: string) => `${ctx}${SLOT_SEP}${tool}`;
 const argsFp = (args: Record<string, unknown> | undefined) => fnv64(canonicalJson(args ?? {}));
 
+/** Marks a context whose last call failed: what follows a failure has statistics (and rules) of its own. */
+const FAILED = `${SEP}!failed`;
+
 function contexts(calls: readonly PastCall[], maxK: number): { key: string; k: number }[] {
   const out: { key: string; k: number }[] = [];
+  if (calls.length === 0) return out;
+  const mark = failedOutput(calls[calls.length - 1]!.observation) ? FAILED : '';
   for (let k = 1; k <= Math.min(maxK, calls.length); k++)
     out.push({
-      key: calls
-        .slice(calls.length - k)
-        .map((c) => c.tool)
-        .join(SEP),
+      key:
+        calls
+          .slice(calls.length - k)
+          .map((c) => c.tool)
+          .join(SEP) + mark,
       k,
     });
   return out;
@@ -530,6 +537,7 @@ export function stepUserMessage(task: LearnTask, e: UserMessageEvent): LearnTask
 
 export interface RuleView {
   rule_id: string;
+  /** The last k tools; a last entry `!failed` means "after that call failed". */
   context: string[];
   tool: string;
   state: RuleState;

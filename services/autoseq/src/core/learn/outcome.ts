@@ -1,0 +1,20 @@
+/**
+ * Whether a tool's output reports a failure, by the conventions tools commonly follow: a string that starts
+ * with an error word ("Error: user not found"), or an object flagging one (`error`, `errors`, `ok: false`,
+ * `success: false`, `status: "error"`). What an agent does after a failed call (retry with other arguments,
+ * ask the user, give up) differs from what it does after a good one, and a binding to a failed call's output
+ * would feed an error message into the next call: the learner keeps the two apart.
+ */
+const ERROR_TEXT =
+  /^\s*[[(]?\s*(error|exception|failed|failure|invalid|unable|cannot|can't|not found|unknown)\b/i;
+
+export function failedOutput(observation: unknown): boolean {
+  if (typeof observation === 'string') return ERROR_TEXT.test(observation.slice(0, 64));
+  if (observation === null || typeof observation !== 'object' || Array.isArray(observation)) return false;
+  const o = observation as Record<string, unknown>;
+  const truthy = (v: unknown) => v !== undefined && v !== null && v !== false && v !== '';
+  if (truthy(o.error)) return true;
+  if (Array.isArray(o.errors) ? o.errors.length > 0 : truthy(o.errors)) return true;
+  if (o.ok === false || o.success === false) return true;
+  return typeof o.status === 'string' && /^(error|failed|failure)$/i.test(o.status);
+}
