@@ -32,6 +32,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
     const catalog = await initialCatalog(env.AUTOSEQ_CATALOG_FILE, new SchemaCompiler());
     const prefix = env.REDIS_KEY_PREFIX;
     const store = new RedisTaskStore(redis, prefix, env.AUTOSEQ_TASK_TTL_MS);
+    const learnOptions = learnOptionsFromEnv(env);
     const m = createAutoseqMetrics(metrics.registry, () => catalog.size.tools);
     const feed = createCatalogFeed(catalog, {
       topic: env.PAVER_TOPIC_TOOL_CATALOG,
@@ -66,11 +67,11 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
         catalog,
         store,
         loadLearn: env.AUTOSEQ_LEARN_ENABLED
-          ? (refs) => RedisLearnStore.load(redis, prefix, env.AUTOSEQ_TASK_TTL_MS, refs)
+          ? (events) => RedisLearnStore.load(redis, prefix, env.AUTOSEQ_TASK_TTL_MS, learnOptions, events)
           : null,
         taskKey: (ref) => taskKey(prefix, ref),
         opts: optionsFromEnv(env),
-        lopts: learnOptionsFromEnv(env),
+        lopts: learnOptions,
         sink,
         topic: env.PAVER_TOPIC_NEXT_ACTIONS,
         metrics: m,

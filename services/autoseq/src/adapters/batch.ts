@@ -9,7 +9,7 @@ import type { ArgsValidator, LearnOptions } from '../core/learn/learner.js';
 import { learnedExecutable, learnedRecord } from '../core/learn/record.js';
 import { payloadShape } from '../core/shape.js';
 import type { AutoseqMetrics } from './metrics.js';
-import type { BatchRef, RedisLearnStore } from './redis/learn-store.js';
+import type { RedisLearnStore } from './redis/learn-store.js';
 import type { RedisTaskStore, TaskRef } from './redis/task-store.js';
 
 const idOf = (e: { tenant_id: string; agent_id: string; task_id?: string | undefined }) =>
@@ -23,7 +23,7 @@ export function createBatchHandler(o: {
   catalog: Catalog;
   store: Pick<RedisTaskStore, 'load' | 'save'>;
   /** Null when learning is off: typed state alone is stored. */
-  loadLearn: ((refs: BatchRef[]) => Promise<RedisLearnStore>) | null;
+  loadLearn: ((events: ToolCallsEvent[]) => Promise<RedisLearnStore>) | null;
   taskKey: (ref: TaskRef) => string;
   opts: AutoseqOptions;
   lopts: LearnOptions;
@@ -38,7 +38,7 @@ export function createBatchHandler(o: {
   };
   return async (batch) => {
     const refs = new Map<string, TaskRef>();
-    const learnRefs: BatchRef[] = [];
+    const learnEvents: ToolCallsEvent[] = [];
     for (const { value: e } of batch) {
       if (e.type === 'tool_call')
         refs.set(idOf(e), {
@@ -46,12 +46,11 @@ export function createBatchHandler(o: {
           agent: e.agent_id,
           task: e.task_id,
         });
-      if (e.task_id !== undefined)
-        learnRefs.push({ tenant: e.tenant_id, agent: e.agent_id, task: e.task_id });
+      if (e.task_id !== undefined) learnEvents.push(e);
     }
-    if (learnRefs.length === 0) return;
+    if (learnEvents.length === 0) return;
     const states = await store.load(refs);
-    const learn = loadLearn ? await loadLearn(learnRefs) : null;
+    const learn = loadLearn ? await loadLearn(learnEvents) : null;
     const dirty = new Map<string, { ref: TaskRef; state: TaskState }>();
     const out: NextActionRecord[] = [];
     const scored: { held: boolean; origin: string; state: string; hit: boolean; executed: boolean }[] = [];
@@ -128,11 +127,7 @@ export function createBatchHandler(o: {
     if (learn) {
       // Typed and learned state in one MULTI: a crash never keeps one without the other.
       await learn.save([...dirty.values()].map(({ ref, state }) => [taskKey(ref), JSON.stringify(state)]));
-      for (const s of learn.scopeStates())
-        m.activeByScope.set(
-          scopeId(s.tenant, s.agent),
-          Object.values(s.state.slots).filter((x) => x.rule?.state === 'active').length,
-        );
+      for (const s of learn.scopeStates()) m.activeByScope.set(scopeId(s.tenant, s.agent), s.state.nActive);
     } else await store.save(dirty);
     for (const rec of out) m.decisions.inc({ event_type: rec.event_type, reason: rec.reason ?? '' });
     for (const sc of scored) {

@@ -15,8 +15,10 @@ afterAll(() => {
 });
 
 const fixture = join(import.meta.dirname, '../fixtures/tau2-airline-30.jsonl');
-// A low bar so that rules reach every state on 30 tasks; the service gets the same values by environment.
-const lowBar = { ...DEFAULT_LEARN, minTrials: 5, minPrecision: 0.5 };
+// A low bar so that rules reach every state on 30 tasks, and small bounds so that eviction runs several times
+// (the service then reads whole scopes for some batches and only the touched contexts for others); the
+// service gets the same values by environment.
+const lowBar = { ...DEFAULT_LEARN, minTrials: 5, minPrecision: 0.5, maxContexts: 20, maxSlots: 10 };
 
 async function start(env: Record<string, string>) {
   const p = await startProcess(['bin/paver.js', 'run', 'autoseq'], env);
@@ -35,6 +37,8 @@ describe('autoseq learned proposals (real Kafka, real Redis)', () => {
       AUTOSEQ_CATALOG_WAIT_MS: '0',
       AUTOSEQ_LEARN_MIN_TRIALS: String(lowBar.minTrials),
       AUTOSEQ_LEARN_MIN_PRECISION: String(lowBar.minPrecision),
+      AUTOSEQ_LEARN_MAX_CONTEXTS: String(lowBar.maxContexts),
+      AUTOSEQ_LEARN_MAX_SLOTS: String(lowBar.maxSlots),
     });
     await createTopics([
       { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 },
@@ -119,8 +123,14 @@ describe('autoseq learned proposals (real Kafka, real Redis)', () => {
     const m = parsePrometheus(String((await getJson(p.url('/metrics'))).body));
     expect(m.value('paver_autoseq_active_rules')).toBeGreaterThan(0);
     const redis = testRedis();
-    const bytes = await redis.memory('USAGE', `${env.REDIS_KEY_PREFIX}:aseq:{default|default}:learn`);
-    expect(bytes).toBeGreaterThan(0);
+    const key = `${env.REDIS_KEY_PREFIX}:aseq:{default|default}:rules`;
+    expect(await redis.memory('USAGE', key)).toBeGreaterThan(0);
+    // One field per context plus the counts, within the bound (passed by at most a quarter before eviction).
+    const fields = await redis.hlen(key);
+    expect(fields - 1).toBeGreaterThan(lowBar.maxContexts / 2);
+    expect(fields - 1).toBeLessThanOrEqual(lowBar.maxContexts * 1.25);
+    const meta = JSON.parse((await redis.hget(key, 'm'))!) as { nCtx: number };
+    expect(meta.nCtx).toBe(fields - 1);
     redis.disconnect();
     p.child.kill('SIGTERM');
     expect(await p.exited).toBe(0);

@@ -1,23 +1,50 @@
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
+import type { TaskCompletedEvent, ToolCallEvent } from '../../../../../schemas/index.js';
 import { execPipeline } from '../../../../../shared/redis/replies.js';
 import { escapeKeyPart, scopeTag } from '../../../../../shared/redis/keys.js';
-import { newLearnTask, newScopeState, type LearnTask, type ScopeState } from '../../core/learn/learner.js';
+import {
+  contextsTouched,
+  evictionDue,
+  newLearnTask,
+  newScopeState,
+  slotContext,
+  slotKey,
+  type CtxStat,
+  type LearnOptions,
+  type LearnTask,
+  type ScopeState,
+  type Slot,
+} from '../../core/learn/learner.js';
 import { scopeId, taskId, type LearnStore } from '../../core/learn/engine.js';
 
-/** `<prefix>:aseq:{tenant|agent}:learn`: the scope's learned state (contexts, slots, rules), one JSON value. */
+/**
+ * `<prefix>:aseq:{tenant|agent}:rules`: the scope's learned state as a hash, one field per context (its
+ * next-tool counts and its slots, with their rules) and a field `m` for the clock and the counts. A batch
+ * reads and writes only the contexts its events touch, so the cost per batch does not grow with what the
+ * scope has learned.
+ */
 export const learnKey = (prefix: string, tenant: string, agent: string): string =>
-  `${prefix}:aseq:${scopeTag(tenant, agent)}:learn`;
+  `${prefix}:aseq:${scopeTag(tenant, agent)}:rules`;
 /** `<prefix>:aseq:{tenant|agent}:ltask:<task_id>`: a task's recent calls, user text and pending proposals. */
 export const learnTaskKey = (prefix: string, tenant: string, agent: string, task: string): string =>
   `${prefix}:aseq:${scopeTag(tenant, agent)}:ltask:${escapeKeyPart(task)}`;
 
+const META = 'm';
+const ctxField = (ctx: string) => `c:${ctx}`;
+
 // Shallow checks: the state is ours (written by this code); a mismatch (another version) starts afresh.
-const scopeShape = z.object({
-  v: z.literal(1),
+const metaShape = z.object({
+  v: z.literal(2),
   clock: z.number(),
-  ctx: z.record(z.string(), z.unknown()),
-  slots: z.record(z.string(), z.unknown()),
+  nCtx: z.number(),
+  nSlots: z.number(),
+  nActive: z.number(),
+});
+type Meta = z.infer<typeof metaShape>;
+const ctxShape = z.object({
+  c: z.object({ n: z.number() }).passthrough(),
+  s: z.record(z.string(), z.unknown()),
 });
 const taskShape = z.object({
   seen: z.array(z.string()),
@@ -27,63 +54,156 @@ const taskShape = z.object({
   best: z.unknown(),
 });
 
-export interface BatchRef {
-  tenant: string;
-  agent: string;
-  task?: string | undefined;
+const parseJson = (v: unknown): unknown => {
+  if (typeof v !== 'string') return null;
+  try {
+    return JSON.parse(v) as unknown;
+  } catch {
+    return null;
+  }
+};
+
+/** A context field's value: the context's counts and its slots by next tool. */
+interface CtxGroup {
+  c: CtxStat;
+  s: Record<string, Slot>;
 }
 
+function readGroup(state: ScopeState, ctx: string, raw: unknown): boolean {
+  const v = parseJson(raw);
+  if (v === null || !ctxShape.safeParse(v).success) return false;
+  const g = v as CtxGroup;
+  state.ctx[ctx] = g.c;
+  for (const [tool, slot] of Object.entries(g.s)) state.slots[slotKey(ctx, tool)] = slot;
+  return true;
+}
+
+/** The scope's context groups as field values (slots grouped under their context). */
+function writeGroups(state: ScopeState): Map<string, string> {
+  const groups = new Map<string, CtxGroup>();
+  for (const [ctx, c] of Object.entries(state.ctx)) groups.set(ctx, { c, s: {} });
+  for (const [sk, slot] of Object.entries(state.slots)) {
+    const g = groups.get(slotContext(sk));
+    if (g) g.s[slot.tool] = slot;
+  }
+  const out = new Map<string, string>();
+  for (const [ctx, g] of groups) out.set(ctxField(ctx), JSON.stringify(g));
+  return out;
+}
+
+interface LoadedScope {
+  tenant: string;
+  agent: string;
+  state: ScopeState;
+  /** Field → value as read, to write back only what changed and delete what was evicted. */
+  read: Map<string, string>;
+}
+
+type ScopeEvent = ToolCallEvent | TaskCompletedEvent;
+
 /**
- * A batch's learned state: loaded with one pipelined round trip, mutated in memory by the core, written
- * back with one MULTI (scope values and task values together, so a crash never leaves one without the
- * other). Task values expire after the task TTL; scope values are bounded by the core's limits instead.
+ * A batch's learned state, in two pipelined round trips: the tasks and each scope's counts, then the
+ * contexts the batch's events can touch (the whole scope when eviction may run in this batch). Written back
+ * with one MULTI: changed context fields, deleted (evicted) ones, the counts, and the task values, so a crash
+ * never leaves one without the others. Task values expire after the task TTL; scope values are bounded by
+ * the core's limits instead.
  */
 export class RedisLearnStore implements LearnStore {
-  private readonly scopes = new Map<string, { tenant: string; agent: string; state: ScopeState }>();
-  private readonly tasks = new Map<string, { ref: Required<BatchRef>; state: LearnTask }>();
+  private readonly scopes = new Map<string, LoadedScope>();
+  private readonly tasks = new Map<
+    string,
+    { ref: { tenant: string; agent: string; task: string }; state: LearnTask }
+  >();
   private readonly dirtyTasks = new Set<string>();
 
-  constructor(
+  private constructor(
     private readonly redis: Redis,
     private readonly prefix: string,
     private readonly taskTtlMs: number,
   ) {}
 
+  /** `events`: the batch's events that carry a task id, in batch order. */
   static async load(
     redis: Redis,
     prefix: string,
     taskTtlMs: number,
-    refs: BatchRef[],
+    opts: LearnOptions,
+    events: readonly (
+      ScopeEvent | { type: 'user_message'; tenant_id: string; agent_id: string; task_id?: string | undefined }
+    )[],
   ): Promise<RedisLearnStore> {
     const s = new RedisLearnStore(redis, prefix, taskTtlMs);
-    const scopeRefs = new Map<string, BatchRef>();
-    const taskRefs = new Map<string, Required<BatchRef>>();
-    for (const r of refs) {
-      scopeRefs.set(scopeId(r.tenant, r.agent), r);
-      if (r.task !== undefined) taskRefs.set(taskId(r.tenant, r.agent, r.task), r as Required<BatchRef>);
+    const scopeRefs = new Map<string, { tenant: string; agent: string; events: number }>();
+    const taskRefs = new Map<string, { tenant: string; agent: string; task: string; events: ScopeEvent[] }>();
+    for (const e of events) {
+      if (e.task_id === undefined) continue;
+      const sid = scopeId(e.tenant_id, e.agent_id);
+      const sr = scopeRefs.get(sid) ?? { tenant: e.tenant_id, agent: e.agent_id, events: 0 };
+      scopeRefs.set(sid, sr);
+      const tid = taskId(e.tenant_id, e.agent_id, e.task_id);
+      const tr = taskRefs.get(tid) ?? { tenant: e.tenant_id, agent: e.agent_id, task: e.task_id, events: [] };
+      taskRefs.set(tid, tr);
+      if (e.type !== 'user_message') {
+        sr.events++;
+        tr.events.push(e as ScopeEvent);
+      }
     }
-    const pipe = redis.pipeline();
-    for (const r of scopeRefs.values()) pipe.get(learnKey(prefix, r.tenant, r.agent));
-    for (const r of taskRefs.values()) pipe.get(learnTaskKey(prefix, r.tenant, r.agent, r.task));
-    const replies = await execPipeline(pipe, 'learned state read');
-    const value = (i: number): unknown => {
-      const v = replies[i];
-      return typeof v === 'string' ? (JSON.parse(v) as unknown) : null;
-    };
+    const first = redis.pipeline();
+    for (const r of scopeRefs.values()) first.hget(learnKey(prefix, r.tenant, r.agent), META);
+    for (const r of taskRefs.values()) first.get(learnTaskKey(prefix, r.tenant, r.agent, r.task));
+    const replies = await execPipeline(first, 'learned state read');
     let i = 0;
-    for (const [id, r] of scopeRefs) {
-      const v = value(i++);
-      s.scopes.set(id, {
-        tenant: r.tenant,
-        agent: r.agent,
-        state: v !== null && scopeShape.safeParse(v).success ? (v as ScopeState) : newScopeState(),
-      });
+    const metas = new Map<string, Meta | null>();
+    for (const id of scopeRefs.keys()) {
+      const m = parseJson(replies[i++]);
+      metas.set(id, m !== null && metaShape.safeParse(m).success ? (m as Meta) : null);
     }
     for (const [id, r] of taskRefs) {
-      const v = value(i++);
+      const v = parseJson(replies[i++]);
       s.tasks.set(id, {
         ref: r,
         state: v !== null && taskShape.safeParse(v).success ? (v as LearnTask) : newLearnTask(),
+      });
+    }
+
+    // Which contexts each scope's events can touch, from the tasks as read.
+    const wanted = new Map<string, Set<string>>();
+    for (const [id, r] of taskRefs) {
+      const sid = scopeId(r.tenant, r.agent);
+      const set = wanted.get(sid) ?? new Set<string>();
+      wanted.set(sid, set);
+      for (const k of contextsTouched(s.tasks.get(id)!.state, r.events, opts)) set.add(k);
+    }
+    const second = redis.pipeline();
+    const plan: { id: string; all: boolean; fields: string[] }[] = [];
+    for (const [id, r] of scopeRefs) {
+      const meta = metas.get(id) ?? null;
+      const state = newScopeState();
+      if (meta) Object.assign(state, meta);
+      s.scopes.set(id, { tenant: r.tenant, agent: r.agent, state, read: new Map() });
+      if (!meta) continue; // a new (or unreadable) scope starts empty
+      const key = learnKey(prefix, r.tenant, r.agent);
+      if (evictionDue(meta, r.events, opts)) {
+        second.hgetall(key);
+        plan.push({ id, all: true, fields: [] });
+      } else {
+        const fields = [...(wanted.get(id) ?? [])].map(ctxField);
+        if (fields.length === 0) continue;
+        second.hmget(key, ...fields);
+        plan.push({ id, all: false, fields });
+      }
+    }
+    if (plan.length > 0) {
+      const got = await execPipeline(second, 'learned contexts read');
+      plan.forEach((p, j) => {
+        const sc = s.scopes.get(p.id)!;
+        const pairs: [string, unknown][] = p.all
+          ? Object.entries((got[j] ?? {}) as Record<string, string>).filter(([f]) => f !== META)
+          : p.fields.map((f, k) => [f, (got[j] as unknown[])[k]]);
+        for (const [field, raw] of pairs) {
+          if (typeof raw !== 'string' || !field.startsWith('c:')) continue;
+          if (readGroup(sc.state, field.slice(2), raw)) sc.read.set(field, raw);
+        }
       });
     }
     return s;
@@ -92,7 +212,7 @@ export class RedisLearnStore implements LearnStore {
   scope(tenant: string, agent: string): ScopeState {
     const id = scopeId(tenant, agent);
     let s = this.scopes.get(id);
-    if (!s) this.scopes.set(id, (s = { tenant, agent, state: newScopeState() }));
+    if (!s) this.scopes.set(id, (s = { tenant, agent, state: newScopeState(), read: new Map() }));
     return s.state;
   }
   task(tenant: string, agent: string, task: string): LearnTask {
@@ -111,8 +231,16 @@ export class RedisLearnStore implements LearnStore {
   async save(extra: [string, string][] = []): Promise<void> {
     const multi = this.redis.multi();
     for (const [k, v] of extra) multi.set(k, v, 'PX', this.taskTtlMs);
-    for (const s of this.scopes.values())
-      multi.set(learnKey(this.prefix, s.tenant, s.agent), JSON.stringify(s.state));
+    for (const sc of this.scopes.values()) {
+      const key = learnKey(this.prefix, sc.tenant, sc.agent);
+      const { clock, nCtx, nSlots, nActive } = sc.state;
+      const fields = writeGroups(sc.state);
+      const changed: string[] = [META, JSON.stringify({ v: 2, clock, nCtx, nSlots, nActive })];
+      for (const [f, v] of fields) if (sc.read.get(f) !== v) changed.push(f, v);
+      multi.hset(key, ...changed);
+      const gone = [...sc.read.keys()].filter((f) => !fields.has(f));
+      if (gone.length > 0) multi.hdel(key, ...gone);
+    }
     for (const id of this.dirtyTasks) {
       const t = this.tasks.get(id)!;
       multi.set(
@@ -126,15 +254,19 @@ export class RedisLearnStore implements LearnStore {
   }
 }
 
-/** One scope's learned state for `GET /rules` (read-only). */
+/** One scope's whole learned state for `GET /rules` (read-only). */
 export async function readScope(
   redis: Redis,
   prefix: string,
   tenant: string,
   agent: string,
 ): Promise<ScopeState | null> {
-  const v = await redis.get(learnKey(prefix, tenant, agent));
-  if (v === null) return null;
-  const parsed = JSON.parse(v) as unknown;
-  return scopeShape.safeParse(parsed).success ? (parsed as ScopeState) : null;
+  const all = await redis.hgetall(learnKey(prefix, tenant, agent));
+  const meta = parseJson(all[META]);
+  if (meta === null || !metaShape.safeParse(meta).success) return null;
+  const state = newScopeState();
+  Object.assign(state, meta);
+  for (const [field, raw] of Object.entries(all))
+    if (field.startsWith('c:')) readGroup(state, field.slice(2), raw);
+  return state;
 }

@@ -109,14 +109,29 @@ export interface CtxStat {
 }
 
 export interface ScopeState {
-  v: 1;
+  v: 2;
   /** Events applied (the recency clock for eviction). */
   clock: number;
+  /**
+   * Counts of contexts, slots and active rules in the whole scope, kept by the core: a store may load only the
+   * contexts a batch touches, and these decide (deterministically) when eviction must see everything.
+   */
+  nCtx: number;
+  nSlots: number;
+  nActive: number;
   ctx: Record<string, CtxStat>;
   slots: Record<string, Slot>;
 }
 
-export const newScopeState = (): ScopeState => ({ v: 1, clock: 0, ctx: {}, slots: {} });
+export const newScopeState = (): ScopeState => ({
+  v: 2,
+  clock: 0,
+  nCtx: 0,
+  nSlots: 0,
+  nActive: 0,
+  ctx: {},
+  slots: {},
+});
 
 export interface Proposal {
   tool: string;
@@ -180,6 +195,8 @@ export type ArgsValidator = (
 const SEP = '\u001f';
 const SLOT_SEP = '\u001e';
 export const slotKey = (ctx: string, tool: string) => `${ctx}${SLOT_SEP}${tool}`;
+/** The context part of a slot key. */
+export const slotContext = (sk: string) => sk.slice(0, sk.lastIndexOf(SLOT_SEP));
 const argsFp = (args: Record<string, unknown> | undefined) => fnv64(canonicalJson(args ?? {}));
 
 /** Marks a context whose last call failed: what follows a failure has statistics (and rules) of its own. */
@@ -203,7 +220,7 @@ function contexts(calls: readonly PastCall[], maxK: number): { key: string; k: n
 
 const confidence = (r: Rule) => wilsonLower(r.dh, r.dn);
 
-function score(r: Rule, hit: boolean, ts: number, opts: LearnOptions): RuleState {
+function score(scope: ScopeState, r: Rule, hit: boolean, ts: number, opts: LearnOptions): RuleState {
   const keep = 1 - 1 / opts.window;
   r.dn = r.dn * keep + 1;
   r.dh = r.dh * keep + (hit ? 1 : 0);
@@ -213,7 +230,10 @@ function score(r: Rule, hit: boolean, ts: number, opts: LearnOptions): RuleState
   const lb = confidence(r);
   if (r.state !== 'active' && r.trials >= opts.minTrials && lb >= opts.minPrecision) r.state = 'active';
   else if (r.state === 'active' && lb < opts.minPrecision) r.state = 'demoted';
-  if (r.state !== from) r.changed = ts;
+  if (r.state !== from) {
+    r.changed = ts;
+    scope.nActive += (r.state === 'active' ? 1 : 0) - (from === 'active' ? 1 : 0);
+  }
   return from;
 }
 
@@ -252,7 +272,7 @@ function bestBindings(slot: Slot, opts: LearnOptions): { bindings: Binding[]; co
   return { bindings, counts };
 }
 
-function refreshRule(slot: Slot, ts: number, opts: LearnOptions): void {
+function refreshRule(scope: ScopeState, slot: Slot, ts: number, opts: LearnOptions): void {
   if (slot.n < opts.minSupport) return;
   const best = bestBindings(slot, opts);
   if (!best) return;
@@ -272,6 +292,7 @@ function refreshRule(slot: Slot, ts: number, opts: LearnOptions): void {
     )
       return;
   }
+  if (slot.rule?.state === 'active') scope.nActive--;
   slot.rule = {
     id,
     bindings: best.bindings,
@@ -296,7 +317,11 @@ function learnOccurrence(
   // (share ≥ minShare); elsewhere no rule could be proven, so its slot would be work and bytes for nothing.
   const learnAt: { key: string; k: number }[] = [];
   for (const { key, k } of ctxs) {
-    const c = (scope.ctx[key] ??= { n: 0, next: {}, at: 0 });
+    let c = scope.ctx[key];
+    if (!c) {
+      c = scope.ctx[key] = { n: 0, next: {}, at: 0 };
+      scope.nCtx++;
+    }
     c.n++;
     c.next[e.tool] = (c.next[e.tool] ?? 0) + 1;
     c.at = scope.clock;
@@ -309,6 +334,7 @@ function learnOccurrence(
   const unitKeys = units.map((u) => ({ path: pathKey(u.path), sources: u.sources.map(sourceKey) }));
   for (const { key, k } of learnAt) {
     const sk = slotKey(key, e.tool);
+    if (!scope.slots[sk]) scope.nSlots++;
     const slot = (scope.slots[sk] ??= {
       ctx: key,
       k,
@@ -352,13 +378,41 @@ function learnOccurrence(
         const u = unitKeys[i]!;
         return u.path === pathKey(b.path) && u.sources.includes(sourceKey(b.source));
       });
-    if (!reproduced) refreshRule(slot, e.ts, opts);
+    if (!reproduced) refreshRule(scope, slot, e.ts, opts);
   }
 }
 
+/** How far the counts may pass their bounds before eviction runs: it sorts the whole scope, so not every event. */
+const slack = (max: number) => Math.ceil(max / 4);
+
+/**
+ * Whether eviction can run while applying `events` more events to a scope with these counts: a store that
+ * loads only part of a scope loads all of it then (each event adds at most K contexts and K slots).
+ */
+export function evictionDue(
+  counts: Pick<ScopeState, 'nCtx' | 'nSlots'>,
+  events: number,
+  opts: LearnOptions,
+): boolean {
+  const grow = events * opts.maxK;
+  return (
+    counts.nCtx + grow > opts.maxContexts + slack(opts.maxContexts) ||
+    counts.nSlots + grow > opts.maxSlots + slack(opts.maxSlots)
+  );
+}
+
+function deleteSlot(scope: ScopeState, sk: string): void {
+  const slot = scope.slots[sk];
+  if (!slot) return;
+  if (slot.rule?.state === 'active') scope.nActive--;
+  scope.nSlots--;
+  delete scope.slots[sk];
+}
+
+/** Back down to the bounds, least recently used first (active rules last); needs the whole scope. */
 function evict(scope: ScopeState, opts: LearnOptions): void {
-  const slotKeys = Object.keys(scope.slots);
-  if (slotKeys.length > opts.maxSlots) {
+  if (scope.nSlots > opts.maxSlots + slack(opts.maxSlots)) {
+    const slotKeys = Object.keys(scope.slots);
     const order = slotKeys.sort((a, b) => {
       const sa = scope.slots[a]!;
       const sb = scope.slots[b]!;
@@ -366,14 +420,15 @@ function evict(scope: ScopeState, opts: LearnOptions): void {
       const ab = sb.rule?.state === 'active' ? 1 : 0;
       return aa - ab || sa.at - sb.at || (a < b ? -1 : 1);
     });
-    for (const k of order.slice(0, slotKeys.length - opts.maxSlots)) delete scope.slots[k];
+    for (const k of order.slice(0, slotKeys.length - opts.maxSlots)) deleteSlot(scope, k);
   }
-  const ctxKeys = Object.keys(scope.ctx);
-  if (ctxKeys.length > opts.maxContexts) {
+  if (scope.nCtx > opts.maxContexts + slack(opts.maxContexts)) {
+    const ctxKeys = Object.keys(scope.ctx);
     const order = ctxKeys.sort((a, b) => scope.ctx[a]!.at - scope.ctx[b]!.at || (a < b ? -1 : 1));
     for (const k of order.slice(0, ctxKeys.length - opts.maxContexts)) {
-      for (const t of Object.keys(scope.ctx[k]!.next)) delete scope.slots[slotKey(k, t)];
+      for (const t of Object.keys(scope.ctx[k]!.next)) deleteSlot(scope, slotKey(k, t));
       delete scope.ctx[k];
+      scope.nCtx--;
     }
   }
 }
@@ -456,10 +511,41 @@ function scorePending(
     const rule = slot?.rule;
     if (!rule || rule.id !== p.id) continue;
     const hit = actual !== null && actual.tool === p.tool && actual.fp === p.fp;
-    const from = score(rule, hit, ts, opts);
+    const from = score(scope, rule, hit, ts, opts);
     out.scored.push({ rule_id: rule.id, tool: p.tool, state: from, hit });
     if (rule.state !== from) out.transitions.push({ rule_id: rule.id, tool: p.tool, from, to: rule.state });
   }
+}
+
+/** What a task remembers of a call: its tool, and its arguments and output unless they are too large. */
+function pastCall(e: ToolCallEvent, opts: LearnOptions): PastCall {
+  const call: PastCall = { tool: e.tool };
+  const args = trimPayload(e.args, opts.maxPayloadChars) as Record<string, unknown> | undefined;
+  const obs = trimPayload(e.observation, opts.maxPayloadChars);
+  if (args !== undefined) call.args = args;
+  if (obs !== undefined) call.observation = obs;
+  return call;
+}
+
+/**
+ * Every context key that applying `events` (one task's, in order) to `task` can read or write: the contexts
+ * of its pending proposals and of its calls before and after each event. A store that loads a scope in part
+ * loads these; the set may hold more than is touched (duplicates are not simulated), never less.
+ */
+export function contextsTouched(
+  task: LearnTask,
+  events: readonly (ToolCallEvent | TaskCompletedEvent)[],
+  opts: LearnOptions,
+): Set<string> {
+  const keys = new Set<string>(task.pending.map((p) => slotContext(p.slot)));
+  let calls = task.calls;
+  for (const { key } of contexts(calls, opts.maxK)) keys.add(key);
+  for (const e of events) {
+    if (e.type !== 'tool_call') continue;
+    calls = [...calls, pastCall(e, opts)].slice(-opts.historyPerTask);
+    for (const { key } of contexts(calls, opts.maxK)) keys.add(key);
+  }
+  return keys;
 }
 
 /** A tool_call: score what was proposed for it, learn from it, propose the task's next call. Mutates `scope`. */
@@ -479,16 +565,12 @@ export function stepToolCall(
   const bctx: BindingContext = { calls: task.calls, userText: task.user ?? undefined };
   const ctxs = contexts(task.calls, opts.maxK);
   if (ctxs.length > 0) learnOccurrence(scope, ctxs, bctx, e, opts);
-  // Eviction scans the scope: every 64 events keeps it amortised (and deterministic: the clock is state).
-  if (scope.clock % 64 === 0) evict(scope, opts);
-  const call: PastCall = { tool: e.tool };
-  const args = trimPayload(e.args, opts.maxPayloadChars) as Record<string, unknown> | undefined;
-  const obs = trimPayload(e.observation, opts.maxPayloadChars);
-  if (args !== undefined) call.args = args;
-  if (obs !== undefined) call.observation = obs;
+  // Eviction sorts the scope: it runs once the counts pass their bounds by a quarter, so its cost is amortised,
+  // and the decision depends on the counts alone (state), so every store makes it at the same event.
+  evict(scope, opts);
   const next: LearnTask = {
     seen: [...task.seen, e.event_id].slice(-opts.seenPerTask),
-    calls: [...task.calls, call].slice(-opts.historyPerTask),
+    calls: [...task.calls, pastCall(e, opts)].slice(-opts.historyPerTask),
     user: task.user,
     pending: [],
     best: null,
