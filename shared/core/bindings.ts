@@ -72,12 +72,23 @@ export const DEFAULT_ENUMERATE: EnumerateOptions = {
 /** JSON with sorted object keys, so deep-equal values have the same text; `undefined` members are dropped. */
 export function canonicalJson(v: unknown): string {
   if (v === null || typeof v !== 'object') return v === undefined ? 'null' : JSON.stringify(v);
-  if (Array.isArray(v)) return `[${v.map((x) => canonicalJson(x)).join(',')}]`;
+  // Plain loops and concatenation: this runs for every source of every argument on the hot path.
+  if (Array.isArray(v)) {
+    let out = '[';
+    for (let i = 0; i < v.length; i++) out += (i > 0 ? ',' : '') + canonicalJson(v[i]);
+    return out + ']';
+  }
   const o = v as Record<string, unknown>;
-  const keys = Object.keys(o)
-    .filter((k) => o[k] !== undefined)
-    .sort();
-  return `{${keys.map((k) => `${JSON.stringify(k)}:${canonicalJson(o[k])}`).join(',')}}`;
+  const keys = Object.keys(o).sort();
+  let out = '{';
+  let first = true;
+  for (const k of keys) {
+    const x = o[k];
+    if (x === undefined) continue;
+    out += (first ? '' : ',') + JSON.stringify(k) + ':' + canonicalJson(x);
+    first = false;
+  }
+  return out + '}';
 }
 
 /** A stable identity for a source (canonical JSON of it). */
@@ -331,8 +342,6 @@ function scalarPaths(root: unknown, value: unknown, opts: EnumerateOptions): Pat
   return root === value ? [[]] : [];
 }
 
-const KIND_RANK: Record<Source['kind'], number> = { prev: 0, last: 1, loop: 2, user: 3, const: 4 };
-
 /**
  * The sources that reproduce `value` as an argument of a call of `nextTool` following `ctx.calls`, the
  * preferred first: relative to the previous call, then to the last call of a tool, then a loop over a list,
@@ -345,6 +354,17 @@ export function enumerateSources(
   opts: EnumerateOptions = DEFAULT_ENUMERATE,
 ): Source[] {
   const found: Source[] = [];
+  const seen = new Set<string>();
+  /** Adds a source unless already found; false once the list is full. */
+  const add = (src: Source): boolean => {
+    if (found.length >= opts.maxSources) return false;
+    const k = sourceKey(src);
+    if (!seen.has(k)) {
+      seen.add(k);
+      found.push(src);
+    }
+    return found.length < opts.maxSources;
+  };
   const calls = ctx.calls;
   // Trivial scalars (booleans, null, empty strings) are found everywhere: only the constant explains them.
   const searchable =
@@ -367,44 +387,39 @@ export function enumerateSources(
         for (const p of paths) hits.push({ call: i, part, path: p });
       }
     }
+    // Kinds in preference order, each in hit order; deduplicated; stops at maxSources, so a common value
+    // (found in hundreds of places) costs a few sources, not hundreds of keys.
     const prev = calls.length - 1;
     for (const h of hits) {
-      const c = calls[h.call]!;
-      if (h.call === prev) found.push({ kind: 'prev', part: h.part, path: h.path });
-      found.push({ kind: 'last', tool: c.tool, part: h.part, path: h.path });
+      if (h.call !== prev) continue;
+      if (!add({ kind: 'prev', part: h.part, path: h.path })) return found;
+    }
+    for (const h of hits)
+      if (!add({ kind: 'last', tool: calls[h.call]!.tool, part: h.part, path: h.path })) return found;
+    for (const h of hits) {
       const at = countAfter(calls, h.call, nextTool);
-      h.path.forEach((seg, j) => {
-        if (seg === at)
-          found.push({
-            kind: 'loop',
-            tool: c.tool,
-            part: h.part,
-            list: h.path.slice(0, j),
-            item: h.path.slice(j + 1),
-          });
-      });
+      for (let j = 0; j < h.path.length; j++) {
+        if (h.path[j] !== at) continue;
+        const loop: Source = {
+          kind: 'loop',
+          tool: calls[h.call]!.tool,
+          part: h.part,
+          list: h.path.slice(0, j),
+          item: h.path.slice(j + 1),
+        };
+        if (!add(loop)) return found;
+      }
     }
   }
   if (typeof value === 'string' && ctx.userText && ctx.userText.includes(value)) {
     for (const pattern of userShapes(value)) {
       const index = userMatches(ctx.userText, pattern).indexOf(value);
-      if (index >= 0) found.push({ kind: 'user', pattern, index });
+      if (index >= 0 && !add({ kind: 'user', pattern, index })) return found;
     }
   }
   // A long value is an unlikely constant and would bloat whoever stores sources: only short ones qualify.
-  if (canonicalJson(value).length <= opts.maxConstChars) found.push({ kind: 'const', value });
-  const seen = new Set<string>();
-  return found
-    .map((s, i) => ({ s, i }))
-    .sort((a, b) => KIND_RANK[a.s.kind] - KIND_RANK[b.s.kind] || a.i - b.i)
-    .map(({ s }) => s)
-    .filter((s) => {
-      const k = sourceKey(s);
-      if (seen.has(k)) return false;
-      seen.add(k);
-      return true;
-    })
-    .slice(0, opts.maxSources);
+  if (canonicalJson(value).length <= opts.maxConstChars) add({ kind: 'const', value });
+  return found;
 }
 
 /**
