@@ -1,6 +1,6 @@
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
-import type { TaskCompletedEvent, ToolCallEvent } from '../../../../../schemas/index.js';
+import type { TaskCompletedEvent, ToolCallEvent, ToolCallsEvent } from '../../../../../schemas/index.js';
 import { execPipeline } from '../../../../../shared/redis/replies.js';
 import { escapeKeyPart, scopeTag } from '../../../../../shared/redis/keys.js';
 import {
@@ -128,9 +128,7 @@ export class RedisLearnStore implements LearnStore {
     prefix: string,
     taskTtlMs: number,
     opts: LearnOptions,
-    events: readonly (
-      ScopeEvent | { type: 'user_message'; tenant_id: string; agent_id: string; task_id?: string | undefined }
-    )[],
+    events: readonly ToolCallsEvent[],
   ): Promise<RedisLearnStore> {
     const s = new RedisLearnStore(redis, prefix, taskTtlMs);
     const scopeRefs = new Map<string, { tenant: string; agent: string; events: number }>();
@@ -145,7 +143,7 @@ export class RedisLearnStore implements LearnStore {
       taskRefs.set(tid, tr);
       if (e.type !== 'user_message') {
         sr.events++;
-        tr.events.push(e as ScopeEvent);
+        tr.events.push(e);
       }
     }
     const first = redis.pipeline();
