@@ -14,6 +14,8 @@ export const flowsEnvSchema = z
     FLOWS_FILE: z.string().min(1).optional(),
     FLOWS_POLICY_FILE: z.string().min(1).optional(),
     PAVER_TOPIC_FLOWS: topicName.default('paver.flows.v1'),
+    // Unset: `<PAVER_TOPIC_FLOWS>.state` (the candidates' states belong with the registry they feed).
+    FLOWS_STATE_TOPIC: topicName.optional(),
     FLOWS_PROMOTION: z.enum(['manual', 'auto']).default('manual'),
     FLOWS_AUTO_MIN_OCCURRENCES: int(1).default(10),
     FLOWS_AUTO_MIN_SAVINGS: z.coerce.number().min(0).default(0),
@@ -39,6 +41,8 @@ export const flowsEnvSchema = z
   })
   .superRefine(refineCommon);
 export type FlowsEnv = z.infer<typeof flowsEnvSchema>;
+export const stateTopicOf = (env: Pick<FlowsEnv, 'FLOWS_STATE_TOPIC' | 'PAVER_TOPIC_FLOWS'>) =>
+  env.FLOWS_STATE_TOPIC ?? `${env.PAVER_TOPIC_FLOWS}.state`;
 
 /** Per-agent overrides of the environment's promotion and selection defaults (FLOWS_POLICY_FILE). */
 export const policyFileV1 = z

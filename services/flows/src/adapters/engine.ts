@@ -4,7 +4,7 @@ import type {
   RegisteredFlow,
   ToolCallsEvent,
 } from '../../../../schemas/index.js';
-import type { OutcomeBook } from '../core/outcomes.js';
+import type { OutcomeBook, PastRun } from '../core/outcomes.js';
 import { flowTools } from '../core/outcomes.js';
 import { requestTermsOf } from '../../../../shared/core/terms.js';
 import {
@@ -40,6 +40,15 @@ export interface EngineDeps {
   onDecision?: (status: StoredCandidate['status']) => void;
   onSelection?: (path: FlowSelectionRecord['path']) => void;
   onShadow?: () => void;
+  /**
+   * Where the outcome memory persists (the service: a capped Redis list per scope); without it the memory is
+   * this process's alone. A scope's runs are loaded the first time a batch touches the scope, before any run
+   * of this process joins it, so the order (oldest first) holds.
+   */
+  runs?: {
+    load(tenant: string, agent: string): Promise<PastRun[]>;
+    append(tenant: string, agent: string, run: PastRun): Promise<void>;
+  };
 }
 
 /**
@@ -51,7 +60,26 @@ export class FlowsEngine {
   /** Pending candidates under shadow trial, as flows: chosen among in shadow, never shown to the agent. */
   readonly shadow = new FlowRegistry();
   readonly sessions = new SessionTracker();
+  private readonly loaded = new Set<string>();
   constructor(private readonly d: EngineDeps) {}
+
+  /** Puts pending candidates under shadow trial back into the pool (start-up, from the candidates' states). */
+  restoreShadow(tenant: string, agent: string, candidates: readonly StoredCandidate[]): void {
+    const p = this.d.promotionPolicy(tenant, agent);
+    for (const c of candidates) if (inShadow(c, p)) this.shadow.upsert(flowFromCandidate(c.record, 0));
+  }
+
+  private async loadRuns(batch: readonly Inbound[]): Promise<void> {
+    if (!this.d.runs) return;
+    for (const v of batch) {
+      if (v.kind !== 'event') continue;
+      const k = `${v.e.tenant_id}\u001f${v.e.agent_id}`;
+      if (this.loaded.has(k)) continue;
+      const runs = await this.d.runs.load(v.e.tenant_id, v.e.agent_id);
+      for (const r of runs) this.d.selector.outcomes.add(v.e.tenant_id, v.e.agent_id, r);
+      this.loaded.add(k);
+    }
+  }
 
   private async apply(t: string, a: string, decisions: Decision[]): Promise<void> {
     const changed = new Map<string, StoredCandidate>();
@@ -93,6 +121,7 @@ export class FlowsEngine {
       }
       await this.apply(t, a, decisions);
     }
+    await this.loadRuns(batch);
     // Events, in order: what a session asked, then did, then whether it ended.
     const out: FlowSelectionRecord[] = [];
     for (const v of batch) {
@@ -148,7 +177,9 @@ export class FlowsEngine {
   private async finish(session: string): Promise<void> {
     const s = this.sessions.onDone(session);
     if (!s) return;
-    this.d.selector.outcomes.add(s.tenant, s.agent, { terms: s.terms, calls: s.calls });
+    const run = { terms: s.terms, calls: s.calls };
+    this.d.selector.outcomes.add(s.tenant, s.agent, run);
+    await this.d.runs?.append(s.tenant, s.agent, run);
     if (!s.shadow) return;
     const prev = (await this.d.store.getCandidates(s.tenant, s.agent, [s.shadow.key])).get(s.shadow.key);
     if (!prev) return;

@@ -5,75 +5,12 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { replay } from '../../../../cli/flows-replay.js';
 import { consumeUntil, createTopics, produce, waitFor } from '../../../../test/helpers/kafka.js';
 import { isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
+import { FLOWS, stream } from './account-stream.js';
 
 const procs: Proc[] = [];
 afterAll(() => {
   for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
 });
-
-/**
- * Two flows share the word of a vague request; the one the words favour ('review') is not what agents do for
- * it ('close'). Past outcomes must move the choice after the first runs, so the choices change along the
- * stream, and the live service has to learn exactly as the replay does to give the same ones.
- */
-const FLOWS = [
-  {
-    name: 'account_review',
-    description: 'Help review an account: look it up, audit it, report.',
-    condition: 'The user wants help reviewing their account.',
-    steps: [
-      { name: 'Lookup', skill_key: 'acct_lookup' },
-      { name: 'Audit', skill_key: 'acct_audit' },
-      { name: 'Report', skill_key: 'acct_report' },
-    ],
-  },
-  {
-    name: 'account_close',
-    description: 'Close an account: look it up, freeze it, close it.',
-    condition: 'The user wants their account closed.',
-    steps: [
-      { name: 'Lookup', skill_key: 'acct_lookup' },
-      { name: 'Freeze', skill_key: 'acct_freeze' },
-      { name: 'Close', skill_key: 'acct_close' },
-    ],
-  },
-];
-
-function stream(): { lines: string[]; requests: number } {
-  const lines: string[] = [];
-  let ts = 1_700_000_000_000;
-  let requests = 0;
-  const runs: [string, string[]][] = [];
-  for (let i = 0; i < 14; i++) {
-    if (i % 4 === 3)
-      runs.push([
-        'I need a written audit report of my account spending',
-        ['acct_lookup', 'acct_audit', 'acct_report'],
-      ]);
-    else runs.push(['please help with my account', ['acct_lookup', 'acct_freeze', 'acct_close', 'notify']]);
-  }
-  runs.forEach(([text, tools], i) => {
-    const s = `run-${i}`;
-    const base = { session_id: s, task_id: s };
-    lines.push(JSON.stringify({ type: 'user_message', event_id: `${s}:user`, ...base, ts: ts++, text }));
-    requests++;
-    tools.forEach((tool, step) =>
-      lines.push(
-        JSON.stringify({
-          type: 'tool_call',
-          event_id: `${s}:${step}`,
-          ...base,
-          step,
-          tool,
-          args: {},
-          ts: ts++,
-        }),
-      ),
-    );
-    lines.push(JSON.stringify({ type: 'task_completed', event_id: `${s}:done`, ...base, ts: ts++ }));
-  });
-  return { lines, requests };
-}
 
 describe('flows replay equals the live service', () => {
   it("the replay's choices equal the live service's flow-selections for the same stream", async () => {
