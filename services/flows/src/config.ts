@@ -22,6 +22,7 @@ export const flowsEnvSchema = z
     FLOWS_SHADOW_TRIALS: int(0, 1_000_000).default(5),
     FLOWS_SHADOW_PRECISION: z.coerce.number().min(0).max(1).default(0.5),
     FLOWS_OUTCOME_CAPACITY: int(0, 100_000).default(500),
+    FLOWS_EVIDENCE_RUNS: int(0, 100_000).default(200),
     FLOWS_OUTCOME_NEIGHBOURS: int(1, 1_000).default(10),
     FLOWS_OUTCOME_WRONG_COST: z.coerce.number().min(0).default(4),
     FLOWS_OUTCOME_FLOOR: z.coerce.number().default(0),

@@ -149,6 +149,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       onDecision: (status) => decisions.inc({ status }),
       onSelection: (path) => selections.inc({ path }),
       onShadow: () => shadowTrials.inc(),
+      evidenceRuns: env.FLOWS_EVIDENCE_RUNS,
       runs: {
         load: (t, a) => store.loadRuns(t, a),
         append: (t, a, run) => store.appendRun(t, a, run, outcomeCapacity),
@@ -269,6 +270,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       },
       routes: flowRoutes({
         store,
+        evidence: (t, a) => engine.evidence.runs(t, a),
         registry,
         async promote(flow, candidate) {
           // Topic first, then Redis: a crash in between re-promotes to the same id on redelivery.

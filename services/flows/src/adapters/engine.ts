@@ -15,6 +15,7 @@ import {
   type PromotionPolicy,
   type StoredCandidate,
 } from '../core/promotion.js';
+import { DEFAULT_EVIDENCE_RUNS, EvidenceBook } from '../core/dataflow.js';
 import { flowFromCandidate, FlowRegistry, promotedFlowId } from '../core/registry.js';
 import { matchSteps } from '../core/score.js';
 import { recall, type SelectPolicy } from '../core/select.js';
@@ -49,6 +50,8 @@ export interface EngineDeps {
     load(tenant: string, agent: string): Promise<PastRun[]>;
     append(tenant: string, agent: string, run: PastRun): Promise<void>;
   };
+  /** Finished runs kept per scope to learn promoted flows' `input_map` from (FLOWS_EVIDENCE_RUNS; 0: off). */
+  evidenceRuns?: number;
 }
 
 /**
@@ -61,7 +64,11 @@ export class FlowsEngine {
   readonly shadow = new FlowRegistry();
   readonly sessions = new SessionTracker();
   private readonly loaded = new Set<string>();
-  constructor(private readonly d: EngineDeps) {}
+  /** Finished runs with arguments and outputs: promotion learns `input_map` from them (core/dataflow.ts). */
+  readonly evidence: EvidenceBook;
+  constructor(private readonly d: EngineDeps) {
+    this.evidence = new EvidenceBook(d.evidenceRuns ?? DEFAULT_EVIDENCE_RUNS);
+  }
 
   /** Puts pending candidates under shadow trial back into the pool (start-up, from the candidates' states). */
   restoreShadow(tenant: string, agent: string, candidates: readonly StoredCandidate[]): void {
@@ -88,7 +95,9 @@ export class FlowsEngine {
     for (const o of decisions) {
       if (o.kind === 'ignore') continue;
       changed.set(o.next.record.dedupe_key, o.next);
-      if (o.kind === 'promote') promoted.push(flowFromCandidate(o.next.record, now));
+      // The same function `from-candidates --history` uses, over the runs this engine has seen finish.
+      if (o.kind === 'promote')
+        promoted.push(flowFromCandidate(o.next.record, now, this.evidence.runs(t, a)));
     }
     if (promoted.length) await this.d.publishFlows(promoted);
     await this.d.store.save(t, a, [...changed.values()], promoted);
@@ -146,13 +155,20 @@ export class FlowsEngine {
           ts: e.ts,
           ...sel,
         });
-        this.sessions.onRequest(e.session_id, {
-          tenant: e.tenant_id,
-          agent: e.agent_id,
-          terms: requestTermsOf(e.text),
-          shadow: this.shadowChoice(e.tenant_id, e.agent_id, e.text),
-        });
-      } else if (e.type === 'tool_call') this.sessions.onCall(e.session_id, e.tool);
+        const keep = this.evidence.capacity > 0;
+        this.sessions.onRequest(
+          e.session_id,
+          {
+            tenant: e.tenant_id,
+            agent: e.agent_id,
+            terms: requestTermsOf(e.text),
+            shadow: this.shadowChoice(e.tenant_id, e.agent_id, e.text),
+            ...(keep ? { userText: e.text } : {}),
+          },
+          keep,
+        );
+      } else if (e.type === 'tool_call')
+        this.sessions.onCall(e.session_id, { tool: e.tool, args: e.args, observation: e.observation });
       else if (e.type === 'task_completed') await this.finish(e.session_id);
     }
     return out;
@@ -179,6 +195,7 @@ export class FlowsEngine {
     if (!s) return;
     const run = { terms: s.terms, calls: s.calls };
     this.d.selector.outcomes.add(s.tenant, s.agent, run);
+    if (s.evidence) this.evidence.add(s.tenant, s.agent, { userText: s.userText, calls: s.evidence });
     await this.d.runs?.append(s.tenant, s.agent, run);
     if (!s.shadow) return;
     const prev = (await this.d.store.getCandidates(s.tenant, s.agent, [s.shadow.key])).get(s.shadow.key);

@@ -61,3 +61,41 @@ export function stream(): { lines: string[]; requests: number } {
   });
   return { lines, requests };
 }
+
+/**
+ * Runs whose arguments come from earlier outputs and from the request: the order a run acts on is the first
+ * of the account's orders, the account is found by the email in the request. `input_map` is learned from it.
+ */
+export function dataFlowStream(runs: number): string[] {
+  const lines: string[] = [];
+  let ts = 1_700_000_000_000;
+  for (let i = 0; i < runs; i++) {
+    const s = `df-${i}`;
+    const base = { session_id: s, task_id: s };
+    const email = `user${i}@example.com`;
+    const order = `O${i}x${(i * 7) % 10}`;
+    const text = `I am ${email}, please cancel my latest order`;
+    lines.push(JSON.stringify({ type: 'user_message', event_id: `${s}:user`, ...base, ts: ts++, text }));
+    const calls: [string, Record<string, unknown>, unknown][] = [
+      ['acct_find', { email }, { account_id: `A${i}k`, orders: [order, `O${i}y`] }],
+      ['order_get', { order_id: order }, { order_id: order, status: 'open', total: 10 + i }],
+      ['order_cancel', { order_id: order, reason: 'customer_request' }, { ok: true }],
+    ];
+    calls.forEach(([tool, args, observation], step) =>
+      lines.push(
+        JSON.stringify({
+          type: 'tool_call',
+          event_id: `${s}:${step}`,
+          ...base,
+          step,
+          tool,
+          args,
+          observation,
+          ts: ts++,
+        }),
+      ),
+    );
+    lines.push(JSON.stringify({ type: 'task_completed', event_id: `${s}:done`, ...base, ts: ts++ }));
+  }
+  return lines;
+}
