@@ -30,6 +30,7 @@ export const flowsEnvSchema = z
     FLOWS_TOP_K: int(1, 100).default(3),
     FLOWS_RRF_K: int(1, 1000).default(10),
     FLOWS_SCORE_FLOOR: z.coerce.number().min(0).default(0),
+    FLOWS_PREFIX_BACKOFF: envBool.default(true),
     FLOWS_FAIL_OPEN: envBool.default(false),
     FLOWS_SELECT_BUDGET_MS: int(10, 120_000).default(3000),
     FLOWS_CHAT_URL: url.optional(),
@@ -99,6 +100,7 @@ export function policies(env: FlowsEnv, overrides: PolicyFile) {
         failOpen: o?.fail_open ?? env.FLOWS_FAIL_OPEN,
         outcomeFloor: o?.outcome_floor ?? env.FLOWS_OUTCOME_FLOOR,
         outcomeWeight: env.FLOWS_OUTCOME_WEIGHT,
+        prefixBackoff: env.FLOWS_PREFIX_BACKOFF,
       };
     },
   };

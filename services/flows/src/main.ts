@@ -285,7 +285,18 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         },
         onDecision: (status) => decisions.inc({ status }),
         now: Date.now,
-      }),
+      }).map((route) =>
+        // Candidates live in Redis: never read or decide them in a Redis that lost them (selection does not need it).
+        route.path.startsWith('/flows/candidates')
+          ? {
+              ...route,
+              handler: async (req) => {
+                await guard.ensure();
+                return route.handler(req);
+              },
+            }
+          : route,
+      ),
       close: async () => {
         if (vectorTimer) clearInterval(vectorTimer);
         await Promise.all([feed.stop(), stateFeed.stop()]);
