@@ -91,6 +91,7 @@ export async function replay(o: ReplayOptions) {
     selectPolicy: pol.select,
     // Event time, so that a replay decides the same whenever it runs.
     now: () => clock,
+    evidenceRuns: env.FLOWS_EVIDENCE_RUNS,
   });
   if (o.flows) {
     const parsed = flowsFileV1.safeParse(await readConfigFile(o.flows));
@@ -184,6 +185,7 @@ export async function replay(o: ReplayOptions) {
     coverage: ratio(total.matched, total.tool_calls) ?? 0,
     precision: ratio(total.matched, total.proposed),
     promoted: promoted.length,
+    promoted_flows: promoted.map((f) => ({ id: f.id, dedupe_key: f.dedupe_key ?? null, steps: f.steps })),
     candidates: [...candidates.values()].map((c) => ({
       dedupe_key: c.record.dedupe_key,
       status: c.status,

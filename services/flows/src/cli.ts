@@ -75,6 +75,7 @@ export async function selectCommand(argv: string[]): Promise<number> {
       failOpen: !!values['fail-open'],
       outcomeFloor: num(values['outcome-floor'], settings.FLOWS_OUTCOME_FLOOR, -Infinity),
       outcomeWeight: settings.FLOWS_OUTCOME_WEIGHT,
+      prefixBackoff: settings.FLOWS_PREFIX_BACKOFF,
     };
   } catch (err) {
     process.stderr.write(`paver select: ${errorMessage(err)}\n`);

@@ -14,12 +14,15 @@ export const flowsEnvSchema = z
     FLOWS_FILE: z.string().min(1).optional(),
     FLOWS_POLICY_FILE: z.string().min(1).optional(),
     PAVER_TOPIC_FLOWS: topicName.default('paver.flows.v1'),
+    // Unset: `<PAVER_TOPIC_FLOWS>.state` (the candidates' states belong with the registry they feed).
+    FLOWS_STATE_TOPIC: topicName.optional(),
     FLOWS_PROMOTION: z.enum(['manual', 'auto']).default('manual'),
     FLOWS_AUTO_MIN_OCCURRENCES: int(1).default(10),
     FLOWS_AUTO_MIN_SAVINGS: z.coerce.number().min(0).default(0),
     FLOWS_SHADOW_TRIALS: int(0, 1_000_000).default(5),
     FLOWS_SHADOW_PRECISION: z.coerce.number().min(0).max(1).default(0.5),
     FLOWS_OUTCOME_CAPACITY: int(0, 100_000).default(500),
+    FLOWS_EVIDENCE_RUNS: int(0, 100_000).default(200),
     FLOWS_OUTCOME_NEIGHBOURS: int(1, 1_000).default(10),
     FLOWS_OUTCOME_WRONG_COST: z.coerce.number().min(0).default(4),
     FLOWS_OUTCOME_FLOOR: z.coerce.number().default(0),
@@ -27,6 +30,7 @@ export const flowsEnvSchema = z
     FLOWS_TOP_K: int(1, 100).default(3),
     FLOWS_RRF_K: int(1, 1000).default(10),
     FLOWS_SCORE_FLOOR: z.coerce.number().min(0).default(0),
+    FLOWS_PREFIX_BACKOFF: envBool.default(true),
     FLOWS_FAIL_OPEN: envBool.default(false),
     FLOWS_SELECT_BUDGET_MS: int(10, 120_000).default(3000),
     FLOWS_CHAT_URL: url.optional(),
@@ -39,6 +43,8 @@ export const flowsEnvSchema = z
   })
   .superRefine(refineCommon);
 export type FlowsEnv = z.infer<typeof flowsEnvSchema>;
+export const stateTopicOf = (env: Pick<FlowsEnv, 'FLOWS_STATE_TOPIC' | 'PAVER_TOPIC_FLOWS'>) =>
+  env.FLOWS_STATE_TOPIC ?? `${env.PAVER_TOPIC_FLOWS}.state`;
 
 /** Per-agent overrides of the environment's promotion and selection defaults (FLOWS_POLICY_FILE). */
 export const policyFileV1 = z
@@ -94,6 +100,7 @@ export function policies(env: FlowsEnv, overrides: PolicyFile) {
         failOpen: o?.fail_open ?? env.FLOWS_FAIL_OPEN,
         outcomeFloor: o?.outcome_floor ?? env.FLOWS_OUTCOME_FLOOR,
         outcomeWeight: env.FLOWS_OUTCOME_WEIGHT,
+        prefixBackoff: env.FLOWS_PREFIX_BACKOFF,
       };
     },
   };

@@ -10,16 +10,27 @@ import {
 import { PaverError, errorMessage } from '../../../shared/errors.js';
 import { describeIssues, readConfigFile } from '../../../shared/jsonl.js';
 import { zodParser, type Parser } from '../../../shared/kafka/runner.js';
+import { createEpoch } from '../../../shared/redis/epoch.js';
+import { createStateGuard, type RebuildReason } from '../../../shared/redis/rebuild.js';
+import { scopeTag } from '../../../shared/redis/keys.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
 import { FlowsEngine, type Inbound } from './adapters/engine.js';
 import { flowRoutes } from './adapters/http.js';
 import { RedisFlowStore } from './adapters/redis/store.js';
 import { createRegistryFeed } from './adapters/registry-feed.js';
+import { CandidateStates, createStateFeed, stateWriter } from './adapters/state-feed.js';
 import { fillVectors, select, type SelectorDeps } from './adapters/selector.js';
 import { OutcomeBook } from './core/outcomes.js';
 import { PromptCache } from './core/prompt.js';
 import { FlowRegistry, registerManual } from './core/registry.js';
-import { flowsEnvSchema, policies, policyFileV1, type FlowsEnv, type PolicyFile } from './config.js';
+import {
+  flowsEnvSchema,
+  policies,
+  stateTopicOf,
+  policyFileV1,
+  type FlowsEnv,
+  type PolicyFile,
+} from './config.js';
 
 async function loadFile<T>(path: string, schema: z.ZodType<T>, what: string): Promise<T> {
   let raw: unknown;
@@ -49,7 +60,9 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
 
     const registry = new FlowRegistry();
     const prompts = new PromptCache();
-    const store = new RedisFlowStore(redis, env.REDIS_KEY_PREFIX);
+    const stateTopic = stateTopicOf(env);
+    const states = new CandidateStates();
+    const store = new RedisFlowStore(redis, env.REDIS_KEY_PREFIX, stateWriter(sink, stateTopic, states));
     const r = [metrics.registry];
     const selections = new Counter({
       name: 'paver_flows_selections_total',
@@ -72,6 +85,12 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
     const shadowTrials = new Counter({
       name: 'paver_flows_shadow_trials_total',
       help: 'Shadow choices of pending candidates scored against what the agent did.',
+      registers: r,
+    });
+    const rebuilds = new Counter({
+      name: 'paver_flows_state_rebuilds_total',
+      help: 'Rebuilds of the Redis state from Kafka, by reason (start, lost) and outcome.',
+      labelNames: ['reason', 'outcome'],
       registers: r,
     });
     new Gauge({
@@ -130,6 +149,11 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       onDecision: (status) => decisions.inc({ status }),
       onSelection: (path) => selections.inc({ path }),
       onShadow: () => shadowTrials.inc(),
+      evidenceRuns: env.FLOWS_EVIDENCE_RUNS,
+      runs: {
+        load: (t, a) => store.loadRuns(t, a),
+        append: (t, a, run) => store.appendRun(t, a, run, outcomeCapacity),
+      },
     });
 
     let vectorTimer: NodeJS.Timeout | null = null;
@@ -139,6 +163,56 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         log.warn({ err: errorMessage(err) }, 'flow embeddings failed; sparse recall only until the next try'),
       );
     };
+
+    const stateFeed = createStateFeed(states, {
+      topic: stateTopic,
+      groupPrefix: env.FLOWS_GROUP_ID,
+      env,
+      kafka,
+      codec,
+      sink,
+      metrics,
+      log,
+      onFatal: fatal,
+    });
+    const outcomeCapacity = policy.outcome().capacity;
+    /**
+     * Redis from Kafka: candidates' states from the state topic (HSETNX: a newer live write wins), promoted
+     * flows from the registry (the flows topic), and the outcome memory this instance holds. The feeds must
+     * have read their topics to the end first, or the copy would miss what was decided before the loss.
+     */
+    const rebuild = async (reason: RebuildReason) => {
+      if (!(await stateFeed.caughtUp(env.FLOWS_REGISTRY_WAIT_MS)))
+        throw new PaverError('KAFKA_UNAVAILABLE', 'flows state topic not read to its end yet');
+      if (!(await feed.caughtUp(env.FLOWS_REGISTRY_WAIT_MS)))
+        throw new PaverError('KAFKA_UNAVAILABLE', 'flows topic not read to its end yet');
+      const flows = new Map<string, RegisteredFlow[]>();
+      for (const f of registry.all()) {
+        if (f.source !== 'promoted') continue;
+        const k = scopeTag(f.tenant_id, f.agent_id);
+        flows.set(k, [...(flows.get(k) ?? []), f]);
+      }
+      let candidates = 0;
+      for (const s of states.entries()) {
+        await store.restore(s.tenant, s.agent, s.candidates, flows.get(scopeTag(s.tenant, s.agent)) ?? []);
+        flows.delete(scopeTag(s.tenant, s.agent));
+        candidates += s.candidates.length;
+        if (reason === 'start') engine.restoreShadow(s.tenant, s.agent, s.candidates);
+      }
+      for (const fs of flows.values()) await store.restore(fs[0]!.tenant_id, fs[0]!.agent_id, [], fs);
+      let runs = 0;
+      for (const o of outcomes.entries()) {
+        await store.restoreRuns(o.tenant, o.agent, o.runs, outcomeCapacity);
+        runs += o.runs.length;
+      }
+      log.info({ reason, candidates, flows: registry.size, runs }, 'flows state restored to redis');
+    };
+    const guard = createStateGuard({
+      epoch: createEpoch(redis, `${env.REDIS_KEY_PREFIX}:flows:epoch`),
+      log,
+      rebuild,
+      onRebuild: (reason, outcome) => rebuilds.inc({ reason, outcome }),
+    });
 
     const parseCandidate = zodParser(flowCandidateRecordV1);
     const parseEvent = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
@@ -153,10 +227,13 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
 
     return {
       inputTopics: [env.PAVER_TOPIC_TOOL_CALLS, env.PAVER_TOPIC_FLOW_CANDIDATES],
-      extraTopics: [{ topic: env.PAVER_TOPIC_FLOWS, compacted: true }],
+      extraTopics: [
+        { topic: env.PAVER_TOPIC_FLOWS, compacted: true },
+        { topic: stateTopic, compacted: true },
+      ],
       parse,
       async start() {
-        await feed.start();
+        await Promise.all([feed.start(), stateFeed.start()]);
         if (await feed.caughtUp(env.FLOWS_REGISTRY_WAIT_MS))
           log.info({ flows: registry.size }, 'flow registry loaded');
         else log.warn('flows topic not caught up yet; consuming anyway, /readyz says so');
@@ -170,11 +247,20 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
           for (const f of flows) registry.upsert(f);
           log.info({ count: flows.length }, 'hand-written flows registered');
         }
+        // The first use always rebuilds (idempotent): a process that died mid-rebuild left the marker behind.
+        await guard.ensure().catch(() => {
+          // Logged by the guard; still owed, so the first batch retries it and /readyz stays false till then.
+        });
         await refreshVectors();
         if (embCfg) vectorTimer = setInterval(() => void refreshVectors(), 30_000).unref();
       },
-      readiness: [{ name: 'flow_registry', check: () => feed.isCaughtUp() }],
+      readiness: [
+        { name: 'flow_registry', check: () => feed.isCaughtUp() },
+        { name: 'redis_state', check: () => guard.ready() },
+      ],
       async handler(batch) {
+        // Decisions read and write the candidates' states: never against a Redis that lost them.
+        await guard.ensure();
         const out = await engine.handle(batch.map((m) => m.value));
         await sink.send(
           env.PAVER_TOPIC_FLOW_SELECTIONS,
@@ -184,6 +270,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       },
       routes: flowRoutes({
         store,
+        evidence: (t, a) => engine.evidence.runs(t, a),
         registry,
         async promote(flow, candidate) {
           // Topic first, then Redis: a crash in between re-promotes to the same id on redelivery.
@@ -198,10 +285,21 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         },
         onDecision: (status) => decisions.inc({ status }),
         now: Date.now,
-      }),
+      }).map((route) =>
+        // Candidates live in Redis: never read or decide them in a Redis that lost them (selection does not need it).
+        route.path.startsWith('/flows/candidates')
+          ? {
+              ...route,
+              handler: async (req) => {
+                await guard.ensure();
+                return route.handler(req);
+              },
+            }
+          : route,
+      ),
       close: async () => {
         if (vectorTimer) clearInterval(vectorTimer);
-        await feed.stop();
+        await Promise.all([feed.stop(), stateFeed.stop()]);
       },
     };
   },

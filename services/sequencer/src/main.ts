@@ -2,6 +2,8 @@ import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '.
 import { PaverError, errorMessage } from '../../../shared/errors.js';
 import { readConfigFile } from '../../../shared/jsonl.js';
 import { zodParser } from '../../../shared/kafka/runner.js';
+import { createEpoch } from '../../../shared/redis/epoch.js';
+import { createStateGuard } from '../../../shared/redis/rebuild.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
 import { createBatchHandler } from './adapters/batch.js';
 import { allowedToolsRoute } from './adapters/http.js';
@@ -52,20 +54,55 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
       onFatal: fatal,
       onApplied: (outcome, n) => m.updates.inc({ outcome }, n),
     });
+    /**
+     * Redis loss: there is nothing to rebuild session states from (the sequence-state topic is not compacted
+     * and its records do not carry the recent-tool history, the matched messages or the redelivery guard), so
+     * sessions start over: the guard's "rebuild" forgets what this instance cached and counts the loss. See
+     * README "Redis loss" for what a client sees.
+     */
+    const guard = createStateGuard({
+      epoch: createEpoch(redis, `${env.REDIS_KEY_PREFIX}:seq:epoch`),
+      log,
+      rebuild: async (reason) => {
+        cache.clear();
+        if (reason === 'lost') {
+          m.stateLosses.inc();
+          log.warn('session states lost with redis: sessions start over at their next event');
+        }
+      },
+    });
+    const handle = createBatchHandler({
+      config,
+      store,
+      sink,
+      topic: env.PAVER_TOPIC_SEQUENCE_STATE,
+      metrics: m,
+    });
     return {
       inputTopics: [env.PAVER_TOPIC_TOOL_CALLS],
       extraTopics: [{ topic: env.PAVER_TOPIC_ORCHESTRATION, compacted: true }],
       parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
       async start() {
+        // Redis not reachable yet: the first batch (or /readyz probe) checks again; failures are the guard's to log.
+        await guard.ensure().catch(() => undefined);
         await feed.start();
         if (await feed.caughtUp(env.SEQUENCER_CONFIG_WAIT_MS))
           log.info({ agents: config.size }, 'orchestration configuration loaded');
         else log.warn('orchestration topic not caught up yet; consuming anyway, /readyz says so');
       },
-      readiness: [{ name: 'orchestration', check: () => feed.isCaughtUp() }],
-      handler: createBatchHandler({ config, store, sink, topic: env.PAVER_TOPIC_SEQUENCE_STATE, metrics: m }),
+      readiness: [
+        { name: 'orchestration', check: () => feed.isCaughtUp() },
+        { name: 'redis_state', check: () => guard.ready() },
+      ],
+      async handler(batch, ctx) {
+        // A session loaded from a Redis that lost it starts over; a loss is noticed (and counted) first.
+        await guard.ensure();
+        return handle(batch, ctx);
+      },
       routes: [
         allowedToolsRoute(config, async (ref) => {
+          // A cached state from before a loss must not answer: the session's next event starts it over.
+          await guard.ensure();
           const r = await store.read(ref);
           m.stateReads.inc({ source: r.cached ? 'cache' : 'redis' });
           return r.state;

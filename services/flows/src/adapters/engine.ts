@@ -4,7 +4,7 @@ import type {
   RegisteredFlow,
   ToolCallsEvent,
 } from '../../../../schemas/index.js';
-import type { OutcomeBook } from '../core/outcomes.js';
+import type { OutcomeBook, PastRun } from '../core/outcomes.js';
 import { flowTools } from '../core/outcomes.js';
 import { requestTermsOf } from '../../../../shared/core/terms.js';
 import {
@@ -15,6 +15,7 @@ import {
   type PromotionPolicy,
   type StoredCandidate,
 } from '../core/promotion.js';
+import { DEFAULT_EVIDENCE_RUNS, EvidenceBook } from '../core/dataflow.js';
 import { flowFromCandidate, FlowRegistry, promotedFlowId } from '../core/registry.js';
 import { matchSteps } from '../core/score.js';
 import { recall, type SelectPolicy } from '../core/select.js';
@@ -40,6 +41,17 @@ export interface EngineDeps {
   onDecision?: (status: StoredCandidate['status']) => void;
   onSelection?: (path: FlowSelectionRecord['path']) => void;
   onShadow?: () => void;
+  /**
+   * Where the outcome memory persists (the service: a capped Redis list per scope); without it the memory is
+   * this process's alone. A scope's runs are loaded the first time a batch touches the scope, before any run
+   * of this process joins it, so the order (oldest first) holds.
+   */
+  runs?: {
+    load(tenant: string, agent: string): Promise<PastRun[]>;
+    append(tenant: string, agent: string, run: PastRun): Promise<void>;
+  };
+  /** Finished runs kept per scope to learn promoted flows' `input_map` from (FLOWS_EVIDENCE_RUNS; 0: off). */
+  evidenceRuns?: number;
 }
 
 /**
@@ -51,7 +63,30 @@ export class FlowsEngine {
   /** Pending candidates under shadow trial, as flows: chosen among in shadow, never shown to the agent. */
   readonly shadow = new FlowRegistry();
   readonly sessions = new SessionTracker();
-  constructor(private readonly d: EngineDeps) {}
+  private readonly loaded = new Set<string>();
+  /** Finished runs with arguments and outputs: promotion learns `input_map` from them (core/dataflow.ts). */
+  readonly evidence: EvidenceBook;
+  constructor(private readonly d: EngineDeps) {
+    this.evidence = new EvidenceBook(d.evidenceRuns ?? DEFAULT_EVIDENCE_RUNS);
+  }
+
+  /** Puts pending candidates under shadow trial back into the pool (start-up, from the candidates' states). */
+  restoreShadow(tenant: string, agent: string, candidates: readonly StoredCandidate[]): void {
+    const p = this.d.promotionPolicy(tenant, agent);
+    for (const c of candidates) if (inShadow(c, p)) this.shadow.upsert(flowFromCandidate(c.record, 0));
+  }
+
+  private async loadRuns(batch: readonly Inbound[]): Promise<void> {
+    if (!this.d.runs) return;
+    for (const v of batch) {
+      if (v.kind !== 'event') continue;
+      const k = `${v.e.tenant_id}\u001f${v.e.agent_id}`;
+      if (this.loaded.has(k)) continue;
+      const runs = await this.d.runs.load(v.e.tenant_id, v.e.agent_id);
+      for (const r of runs) this.d.selector.outcomes.add(v.e.tenant_id, v.e.agent_id, r);
+      this.loaded.add(k);
+    }
+  }
 
   private async apply(t: string, a: string, decisions: Decision[]): Promise<void> {
     const changed = new Map<string, StoredCandidate>();
@@ -60,7 +95,9 @@ export class FlowsEngine {
     for (const o of decisions) {
       if (o.kind === 'ignore') continue;
       changed.set(o.next.record.dedupe_key, o.next);
-      if (o.kind === 'promote') promoted.push(flowFromCandidate(o.next.record, now));
+      // The same function `from-candidates --history` uses, over the runs this engine has seen finish.
+      if (o.kind === 'promote')
+        promoted.push(flowFromCandidate(o.next.record, now, this.evidence.runs(t, a)));
     }
     if (promoted.length) await this.d.publishFlows(promoted);
     await this.d.store.save(t, a, [...changed.values()], promoted);
@@ -93,6 +130,7 @@ export class FlowsEngine {
       }
       await this.apply(t, a, decisions);
     }
+    await this.loadRuns(batch);
     // Events, in order: what a session asked, then did, then whether it ended.
     const out: FlowSelectionRecord[] = [];
     for (const v of batch) {
@@ -117,13 +155,20 @@ export class FlowsEngine {
           ts: e.ts,
           ...sel,
         });
-        this.sessions.onRequest(e.session_id, {
-          tenant: e.tenant_id,
-          agent: e.agent_id,
-          terms: requestTermsOf(e.text),
-          shadow: this.shadowChoice(e.tenant_id, e.agent_id, e.text),
-        });
-      } else if (e.type === 'tool_call') this.sessions.onCall(e.session_id, e.tool);
+        const keep = this.evidence.capacity > 0;
+        this.sessions.onRequest(
+          e.session_id,
+          {
+            tenant: e.tenant_id,
+            agent: e.agent_id,
+            terms: requestTermsOf(e.text),
+            shadow: this.shadowChoice(e.tenant_id, e.agent_id, e.text),
+            ...(keep ? { userText: e.text } : {}),
+          },
+          keep,
+        );
+      } else if (e.type === 'tool_call')
+        this.sessions.onCall(e.session_id, { tool: e.tool, args: e.args, observation: e.observation });
       else if (e.type === 'task_completed') await this.finish(e.session_id);
     }
     return out;
@@ -148,7 +193,10 @@ export class FlowsEngine {
   private async finish(session: string): Promise<void> {
     const s = this.sessions.onDone(session);
     if (!s) return;
-    this.d.selector.outcomes.add(s.tenant, s.agent, { terms: s.terms, calls: s.calls });
+    const run = { terms: s.terms, calls: s.calls };
+    this.d.selector.outcomes.add(s.tenant, s.agent, run);
+    if (s.evidence) this.evidence.add(s.tenant, s.agent, { userText: s.userText, calls: s.evidence });
+    await this.d.runs?.append(s.tenant, s.agent, run);
     if (!s.shadow) return;
     const prev = (await this.d.store.getCandidates(s.tenant, s.agent, [s.shadow.key])).get(s.shadow.key);
     if (!prev) return;

@@ -3,6 +3,7 @@ import { id as idSchema, LIMITS, type RegisteredFlow } from '../../../../schemas
 import type { Route } from '../../../../shared/http.js';
 import { describeIssues } from '../../../../shared/jsonl.js';
 import { decide, shadowPrecision, wilsonLower, type StoredCandidate } from '../core/promotion.js';
+import type { EvidenceRun } from '../core/dataflow.js';
 import { flowFromCandidate, type FlowRegistry } from '../core/registry.js';
 import type { Selection } from '../core/select.js';
 import type { RedisFlowStore } from './redis/store.js';
@@ -17,6 +18,8 @@ const selectBody = z
   .strict();
 
 export interface HttpDeps {
+  /** Finished runs of the scope to learn the promoted flow's `input_map` from (the engine's evidence). */
+  evidence?: (tenant: string, agent: string) => readonly EvidenceRun[];
   store: RedisFlowStore;
   registry: FlowRegistry;
   /** Publishes and stores a manually promoted flow with its candidate. */
@@ -72,7 +75,7 @@ export function flowRoutes(d: HttpDeps): Route[] {
           d.onDecision('rejected');
           return { status: 200, body: summary(o.next) };
         case 'promoted': {
-          const flow = flowFromCandidate(o.next.record, now);
+          const flow = flowFromCandidate(o.next.record, now, d.evidence?.(s.tenant, s.agent));
           await d.promote(flow, o.next);
           d.onDecision('promoted');
           return { status: 200, body: { flow } };

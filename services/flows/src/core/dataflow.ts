@@ -178,6 +178,31 @@ export function learnInputs(
   });
 }
 
+/** Past runs kept per scope for `input_map` learning by default (the protocol's history is 200 runs). */
+export const DEFAULT_EVIDENCE_RUNS = 200;
+
+/**
+ * The live service's evidence: per (tenant, agent), the last `capacity` finished runs with their arguments,
+ * outputs and first request, newest last; what `flowFromCandidate` learns `input_map` from at promotion, as
+ * `paver flows from-candidates --history` does from a file. In memory only (it holds arguments and request
+ * text; never logged, never written out), so a restart starts it empty and it refills as runs finish.
+ */
+export class EvidenceBook {
+  private readonly scopes = new Map<string, EvidenceRun[]>();
+  constructor(readonly capacity: number = DEFAULT_EVIDENCE_RUNS) {}
+  add(tenant: string, agent: string, run: EvidenceRun): void {
+    if (this.capacity <= 0) return;
+    const k = `${tenant}\u001f${agent}`;
+    let runs = this.scopes.get(k);
+    if (!runs) this.scopes.set(k, (runs = []));
+    runs.push(run);
+    if (runs.length > this.capacity) runs.splice(0, runs.length - this.capacity);
+  }
+  runs(tenant: string, agent: string): readonly EvidenceRun[] {
+    return this.scopes.get(`${tenant}\u001f${agent}`) ?? [];
+  }
+}
+
 /** Past runs as evidence, one per session in stream order of first appearance: calls and first request. */
 export function evidenceOf(events: Iterable<ToolCallsEvent>): EvidenceRun[] {
   const runs = new Map<string, EvidenceRun>();

@@ -35,6 +35,10 @@ export class OutcomeMemory {
   get size(): number {
     return this.runs.length;
   }
+  /** The runs held, oldest first (what is persisted and restored). */
+  all(): readonly PastRun[] {
+    return this.runs;
+  }
 
   add(run: PastRun): void {
     if (this.capacity <= 0) return;
@@ -117,6 +121,13 @@ export class OutcomeBook {
     let m = this.scopes.get(k);
     if (!m) this.scopes.set(k, (m = new OutcomeMemory(this.policy.capacity)));
     m.add(run);
+  }
+  /** Every scope's runs, oldest first. */
+  *entries(): Generator<{ tenant: string; agent: string; runs: readonly PastRun[] }> {
+    for (const [k, m] of this.scopes) {
+      const [tenant, agent] = k.split('\u001f') as [string, string];
+      yield { tenant, agent, runs: m.all() };
+    }
   }
   /** The scorer `recall` takes, for one request. */
   scorer(tenant: string, agent: string, query: string) {

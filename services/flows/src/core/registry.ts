@@ -80,6 +80,10 @@ export class FlowRegistry {
   ): { bm25: Bm25Index; vectors: Map<string, number[]>; flows: Map<string, RegisteredFlow> } | undefined {
     return this.scope(tenant, agent);
   }
+  /** Every flow of every scope. */
+  all(): RegisteredFlow[] {
+    return [...this.scopes.values()].flatMap((s) => [...s.flows.values()]);
+  }
   get size(): number {
     let n = 0;
     for (const s of this.scopes.values()) n += s.flows.size;

@@ -3,6 +3,7 @@ import { byScore, cosine, rrf, type Scored } from './bm25.js';
 import { parseIds } from './answer.js';
 import type { PromptCache } from './prompt.js';
 import type { FlowRegistry } from './registry.js';
+import { planOf } from './score.js';
 
 export interface SelectPolicy {
   topK: number;
@@ -20,6 +21,8 @@ export interface SelectPolicy {
   outcomeFloor: number;
   /** Weight of the past-outcome ranking in the fusion (sparse and dense weigh 1 each). */
   outcomeWeight: number;
+  /** A recalled flow that extends another registered flow of the scope is replaced by that flow (see `prefixOf`). */
+  prefixBackoff: boolean;
 }
 export const DEFAULT_POLICY: SelectPolicy = {
   topK: 3,
@@ -29,6 +32,7 @@ export const DEFAULT_POLICY: SelectPolicy = {
   maxSummaries: 3,
   outcomeFloor: 0,
   outcomeWeight: 1,
+  prefixBackoff: true,
 };
 
 export interface Candidate {
@@ -36,6 +40,29 @@ export interface Candidate {
   score: number;
   /** The past-outcome score, when similar past runs judged this flow. */
   outcome?: number;
+}
+
+const toolsOf = (f: RegisteredFlow) => planOf(f.steps).map((p) => p.tool);
+
+/**
+ * The shortest registered flow whose steps begin `f`'s (same tools in the same places, a loop counting as its
+ * tool; at least one step fewer), or `f` itself. Why back off: a flow that extends another carries steps the
+ * agents took in only some of the tasks the shorter one served, and those tasks' requests are a subset of the
+ * shorter one's, so request terms cannot tell when the extra steps apply. On the dev data those extra steps
+ * were most of the wrong steps (the bench in the README), while the shared steps were right.
+ */
+export function prefixOf(f: RegisteredFlow, flows: Iterable<RegisteredFlow>): RegisteredFlow {
+  const mine = toolsOf(f);
+  if (mine.some((t) => t === '')) return f;
+  let best = f;
+  let bestLen = mine.length;
+  for (const g of flows) {
+    if (g.id === f.id) continue;
+    const theirs = toolsOf(g);
+    if (theirs.length === 0 || theirs.length >= bestLen || theirs.some((t) => t === '')) continue;
+    if (theirs.every((t, i) => t === mine[i])) [best, bestLen] = [g, theirs.length];
+  }
+  return best;
 }
 
 /** Above this many flows in a scope, only the sparse and dense recall lists are judged on past outcomes. */
@@ -48,7 +75,8 @@ export const augment = (query: string, summaries: readonly string[], max: number
  * Stage 1: sparse (BM25), dense (when vectors are given) and past-outcome (when `outcomes` judges flows)
  * rankings fused by RRF; top_k of the fused list. Each ranking holds only documents it actually matched (a
  * positive BM25 score; the nearest vectors; a positive outcome score). When past outcomes judged a flow and
- * found it not above `outcomeFloor`, it is dropped: similar requests showed it does not pay off.
+ * found it not above `outcomeFloor`, it is dropped: similar requests showed it does not pay off. With
+ * `prefixBackoff`, a flow that extends another registered flow gives its place to that one (`prefixOf`).
  */
 export function recall(
   reg: FlowRegistry,
@@ -93,17 +121,24 @@ export function recall(
     );
     weights.push(p.outcomeWeight);
   }
-  return rrf(rankings, p.rrfK, weights)
-    .filter((s) => !judged.has(s.id) || judged.get(s.id)! > p.outcomeFloor)
-    .slice(0, p.topK)
-    .map((s) => {
-      const o = judged.get(s.id);
-      return {
-        flow: idx.flows.get(s.id)!,
-        score: Number(s.score.toFixed(6)),
-        ...(o === undefined ? {} : { outcome: Number(o.toFixed(6)) }),
-      };
+  const out: Candidate[] = [];
+  const seen = new Set<string>();
+  for (const s of rrf(rankings, p.rrfK, weights)) {
+    if (out.length >= p.topK) break;
+    if (judged.has(s.id) && judged.get(s.id)! <= p.outcomeFloor) continue;
+    const recalled = idx.flows.get(s.id)!;
+    // The replacement takes the place (and score) of the flow it shortens; a flow already listed is not repeated.
+    const flow = p.prefixBackoff ? prefixOf(recalled, idx.flows.values()) : recalled;
+    if (seen.has(flow.id)) continue;
+    seen.add(flow.id);
+    const o = judged.get(flow.id);
+    out.push({
+      flow,
+      score: Number(s.score.toFixed(6)),
+      ...(o === undefined ? {} : { outcome: Number(o.toFixed(6)) }),
     });
+  }
+  return out;
 }
 
 /** What stage 2 got from the model: nothing configured, an answer, or a failure (error, timeout, budget). */

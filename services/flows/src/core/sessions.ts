@@ -4,6 +4,7 @@
  * `task_completed`; then its run feeds the outcome scorer and its shadow choice is scored. Bounded: past
  * `maxSessions` the oldest open session is dropped unscored.
  */
+import type { PastCall } from '../../../../shared/core/bindings.js';
 import type { PlanStep } from './score.js';
 export interface OpenSession {
   tenant: string;
@@ -11,6 +12,9 @@ export interface OpenSession {
   terms: string[];
   calls: string[];
   shadow: { key: string; tools: PlanStep[] } | null;
+  /** The first request's text and the calls with arguments and outputs, when evidence is kept (input_map). */
+  userText?: string;
+  evidence?: PastCall[];
 }
 
 export class SessionTracker {
@@ -25,15 +29,17 @@ export class SessionTracker {
   }
 
   /** The first user message opens the session; later ones of the same session change nothing. */
-  onRequest(session: string, s: Omit<OpenSession, 'calls'>): void {
+  onRequest(session: string, s: Omit<OpenSession, 'calls' | 'evidence'>, keepEvidence = false): void {
     if (this.open.has(session)) return;
-    this.open.set(session, { ...s, calls: [] });
+    this.open.set(session, { ...s, calls: [], ...(keepEvidence ? { evidence: [] } : {}) });
     while (this.open.size > this.maxSessions) this.open.delete(this.open.keys().next().value!);
   }
 
-  onCall(session: string, tool: string): void {
+  onCall(session: string, call: PastCall): void {
     const s = this.open.get(session);
-    if (s && s.calls.length < this.maxCalls) s.calls.push(tool);
+    if (!s || s.calls.length >= this.maxCalls) return;
+    s.calls.push(call.tool);
+    s.evidence?.push(call);
   }
 
   /** Closes the session: what it requested and did (null when it was never opened). */

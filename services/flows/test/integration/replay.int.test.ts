@@ -1,79 +1,31 @@
+import { execFileSync } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { replay } from '../../../../cli/flows-replay.js';
-import { consumeUntil, createTopics, produce, waitFor } from '../../../../test/helpers/kafka.js';
-import { isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
+import {
+  consumeUntil,
+  createTopics,
+  groupCaughtUp,
+  produce,
+  waitFor,
+} from '../../../../test/helpers/kafka.js';
+import { isReady, PAVER_BIN, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
+import {
+  toolCallsEventV1,
+  type FlowCandidate,
+  type FlowCandidateRecord,
+  type ToolCallsEvent,
+} from '../../../../schemas/index.js';
+import { evidenceOf } from '../../src/core/dataflow.js';
+import { flowsFromCandidates, recordOfCandidate } from '../../src/core/registry.js';
+import { dataFlowStream, FLOWS, stream } from './account-stream.js';
 
 const procs: Proc[] = [];
 afterAll(() => {
   for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
 });
-
-/**
- * Two flows share the word of a vague request; the one the words favour ('review') is not what agents do for
- * it ('close'). Past outcomes must move the choice after the first runs, so the choices change along the
- * stream, and the live service has to learn exactly as the replay does to give the same ones.
- */
-const FLOWS = [
-  {
-    name: 'account_review',
-    description: 'Help review an account: look it up, audit it, report.',
-    condition: 'The user wants help reviewing their account.',
-    steps: [
-      { name: 'Lookup', skill_key: 'acct_lookup' },
-      { name: 'Audit', skill_key: 'acct_audit' },
-      { name: 'Report', skill_key: 'acct_report' },
-    ],
-  },
-  {
-    name: 'account_close',
-    description: 'Close an account: look it up, freeze it, close it.',
-    condition: 'The user wants their account closed.',
-    steps: [
-      { name: 'Lookup', skill_key: 'acct_lookup' },
-      { name: 'Freeze', skill_key: 'acct_freeze' },
-      { name: 'Close', skill_key: 'acct_close' },
-    ],
-  },
-];
-
-function stream(): { lines: string[]; requests: number } {
-  const lines: string[] = [];
-  let ts = 1_700_000_000_000;
-  let requests = 0;
-  const runs: [string, string[]][] = [];
-  for (let i = 0; i < 14; i++) {
-    if (i % 4 === 3)
-      runs.push([
-        'I need a written audit report of my account spending',
-        ['acct_lookup', 'acct_audit', 'acct_report'],
-      ]);
-    else runs.push(['please help with my account', ['acct_lookup', 'acct_freeze', 'acct_close', 'notify']]);
-  }
-  runs.forEach(([text, tools], i) => {
-    const s = `run-${i}`;
-    const base = { session_id: s, task_id: s };
-    lines.push(JSON.stringify({ type: 'user_message', event_id: `${s}:user`, ...base, ts: ts++, text }));
-    requests++;
-    tools.forEach((tool, step) =>
-      lines.push(
-        JSON.stringify({
-          type: 'tool_call',
-          event_id: `${s}:${step}`,
-          ...base,
-          step,
-          tool,
-          args: {},
-          ts: ts++,
-        }),
-      ),
-    );
-    lines.push(JSON.stringify({ type: 'task_completed', event_id: `${s}:done`, ...base, ts: ts++ }));
-  });
-  return { lines, requests };
-}
 
 describe('flows replay equals the live service', () => {
   it("the replay's choices equal the live service's flow-selections for the same stream", async () => {
@@ -121,6 +73,90 @@ describe('flows replay equals the live service', () => {
     expect(vague[0]).not.toBe('');
     expect(new Set(vague).size).toBeGreaterThan(1);
     expect(r.precision).toBeGreaterThan(0.5);
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toBe(0);
+  });
+
+  it('the live service learns input_map from the stream exactly as the replay and from-candidates --history do', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'paver-replay-df-'));
+    const input = join(dir, 'stream.jsonl');
+    const runs = 8;
+    const lines = dataFlowStream(runs);
+    writeFileSync(input, lines.join('\n') + '\n');
+    const events: ToolCallsEvent[] = lines.map((l) => toolCallsEventV1.parse(JSON.parse(l)));
+    const scope = { tenant: 'default', agent: 'default' };
+
+    // `paver detect` over the whole stream: the candidates the detector would publish at its end.
+    const detected = JSON.parse(
+      execFileSync(process.execPath, [PAVER_BIN, 'detect', '--input', input], { encoding: 'utf8' }),
+    ) as FlowCandidate[];
+    const cands = detected.filter((c) => c.occurrence_count >= runs);
+    expect(cands.length).toBeGreaterThan(0);
+    const records: FlowCandidateRecord[] = cands.map((c) => recordOfCandidate(c, scope, 1));
+
+    // Promotion needs every run: the replay then promotes at the last one, with the same runs behind it.
+    const env = serviceEnv({
+      FLOWS_GROUP_ID: `fl-${Date.now()}`,
+      PAVER_TOPIC_FLOWS: `flows-${Date.now()}`,
+      FLOWS_PROMOTION: 'auto',
+      FLOWS_AUTO_MIN_OCCURRENCES: String(runs),
+      FLOWS_SHADOW_TRIALS: '0',
+    });
+    await createTopics([
+      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 },
+      { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
+      { topic: env.PAVER_TOPIC_FLOW_SELECTIONS! },
+      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
+      { topic: env.PAVER_TOPIC_FLOWS!, compacted: true },
+    ]);
+    const p = await startProcess(['bin/paver.js', 'run', 'flows'], env);
+    procs.push(p);
+    await waitFor(() => isReady(p), 'flows /readyz');
+    await produce(
+      env.PAVER_TOPIC_TOOL_CALLS!,
+      lines.map((l) => ({ key: (JSON.parse(l) as { session_id: string }).session_id, value: l })),
+    );
+    await waitFor(() => groupCaughtUp(env.FLOWS_GROUP_ID!, env.PAVER_TOPIC_TOOL_CALLS!), 'stream consumed');
+    await produce(
+      env.PAVER_TOPIC_FLOW_CANDIDATES!,
+      records.map((r) => ({ key: r.dedupe_key, value: JSON.stringify(r) })),
+    );
+    const got = await consumeUntil(env.PAVER_TOPIC_FLOWS!, (all) => all.length >= records.length);
+    const inputsOf = (
+      steps: readonly { skill_key?: string; input_map?: Record<string, string>; unbound?: string[] }[],
+    ) => steps.map((s) => ({ tool: s.skill_key, input_map: s.input_map, unbound: s.unbound ?? null }));
+    const live = new Map(
+      got.map((m) => {
+        const f = (
+          JSON.parse(m.value!.toString()) as {
+            flow: { dedupe_key: string; steps: Parameters<typeof inputsOf>[0] };
+          }
+        ).flow;
+        return [f.dedupe_key, inputsOf(f.steps)] as const;
+      }),
+    );
+
+    const r = await replay({
+      input,
+      promotion: { mode: 'auto', minOccurrences: runs, shadowTrials: 0 },
+      env: {},
+    });
+    const offline = new Map(
+      r.promoted_flows
+        .filter((f) => live.has(f.dedupe_key!))
+        .map((f) => [f.dedupe_key!, inputsOf(f.steps)] as const),
+    );
+    const fromHistory = new Map(
+      flowsFromCandidates(cands, scope, evidenceOf(events)).map(
+        (d, i) => [cands[i]!.dedupe_key, inputsOf(d.steps)] as const,
+      ),
+    );
+    expect(live.size).toBe(records.length);
+    expect(live).toEqual(offline);
+    expect(live).toEqual(fromHistory);
+    // Not vacuous: an argument is bound to an earlier step's output.
+    const refs = [...live.values()].flat().flatMap((s) => Object.values(s.input_map ?? {}));
+    expect(refs.some((v) => v.startsWith('{{step_1.output'))).toBe(true);
     p.child.kill('SIGTERM');
     expect(await p.exited).toBe(0);
   });

@@ -20,7 +20,7 @@ import {
   promotedFlowId,
   registerManual,
 } from '../../src/core/registry.js';
-import { choose, DEFAULT_POLICY, recall } from '../../src/core/select.js';
+import { choose, DEFAULT_POLICY, prefixOf, recall } from '../../src/core/select.js';
 
 describe('BM25', () => {
   const idx = new Bm25Index();
@@ -194,6 +194,58 @@ describe('selection', () => {
     expect(
       recall(reg, 'default', 'default', 'money refund balance bill', [], { ...DEFAULT_POLICY, topK: 2 }),
     ).toHaveLength(2);
+  });
+});
+
+describe('prefix back-off', () => {
+  const flow = (name: string, description: string, steps: (string | { loop: string })[]) =>
+    registerManual(
+      flowDefinitionV1.parse({
+        name,
+        description,
+        steps: steps.map((t, i) =>
+          typeof t === 'string'
+            ? { name: `s${i}`, skill_key: t }
+            : {
+                id: `s${i}`,
+                name: `s${i}`,
+                skill_key: t.loop,
+                depends_on: [],
+                output_key: `o${i}`,
+                retry_max: 0,
+                retry_backoff: 0,
+                timeout_seconds: 30,
+                on_failure: 'stop',
+                input_map: {},
+                for_each: { over: null, body: 1 },
+              },
+        ),
+      }),
+      1,
+    );
+  const lookup = flow('lookup', 'look up a booking', [{ loop: 'get_booking' }]);
+  const change = flow('change', 'change a booking to another date', ['get_booking', 'search', 'update']);
+  const other = flow('other', 'change the address on file', ['get_profile', 'update']);
+  const reg = new FlowRegistry();
+  for (const f of [lookup, change, other]) reg.upsert(f);
+
+  it('a flow that extends a registered one gives its place to it (a loop counts as its tool)', () => {
+    const on = recall(reg, 'default', 'default', 'change my booking date', [], DEFAULT_POLICY);
+    expect(on[0]!.flow.name).toBe('lookup');
+    // Listed once, though both it and its extension were recalled.
+    expect(on.filter((c) => c.flow.name === 'lookup')).toHaveLength(1);
+    const off = recall(reg, 'default', 'default', 'change my booking date', [], {
+      ...DEFAULT_POLICY,
+      prefixBackoff: false,
+    });
+    expect(off[0]!.flow.name).toBe('change');
+  });
+  it('only a proper prefix of the same tools replaces a flow', () => {
+    expect(prefixOf(other, reg.list('default', 'default')).name).toBe('other');
+    expect(prefixOf(lookup, reg.list('default', 'default')).name).toBe('lookup');
+    const unnamed = flow('manual', 'no skills', ['x']);
+    const stepless = registerManual(flowDefinitionV1.parse({ name: 'bare', steps: [{ name: 'talk' }] }), 1);
+    expect(prefixOf(unnamed, [stepless]).name).toBe('manual');
   });
 });
 

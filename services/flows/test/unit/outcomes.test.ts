@@ -87,8 +87,8 @@ describe('sessions', () => {
     const t = new SessionTracker(2);
     t.onRequest('a', { tenant: 't', agent: 'a', terms: ['x'], shadow: null });
     t.onRequest('a', { tenant: 't', agent: 'a', terms: ['y'], shadow: null });
-    t.onCall('a', 'k');
-    t.onCall('nobody', 'k');
+    t.onCall('a', { tool: 'k', args: {} });
+    t.onCall('nobody', { tool: 'k', args: {} });
     expect(t.onDone('a')).toMatchObject({ terms: ['x'], calls: ['k'] });
     expect(t.onDone('a')).toBeNull();
     for (const s of ['b', 'c', 'd']) t.onRequest(s, { tenant: 't', agent: 'a', terms: [], shadow: null });

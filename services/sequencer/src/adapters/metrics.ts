@@ -47,6 +47,11 @@ export function createSequencerMetrics(
       labelNames: ['source'],
       registers,
     }),
+    stateLosses: new Counter({
+      name: 'paver_sequencer_state_losses_total',
+      help: 'Times the Redis session states were found lost (epoch marker gone); sessions then start over.',
+      registers,
+    }),
     updates: new Counter({
       name: 'paver_sequencer_config_updates_total',
       help: 'Orchestration topic records, by outcome (rejected ones are dead-lettered).',

@@ -53,4 +53,9 @@ export class StateCache {
   drop(key: string): void {
     this.entries.delete(key);
   }
+
+  /** Redis lost its states: every session starts over, so no state written before may answer a read. */
+  clear(): void {
+    this.entries.clear();
+  }
 }

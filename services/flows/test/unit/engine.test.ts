@@ -1,0 +1,160 @@
+import { describe, expect, it } from 'vitest';
+import type { FlowCandidateRecord, ToolCallsEvent } from '../../../../schemas/index.js';
+import { FlowsEngine, type CandidateStore } from '../../src/adapters/engine.js';
+import { EvidenceBook } from '../../src/core/dataflow.js';
+import { OutcomeBook, type PastRun } from '../../src/core/outcomes.js';
+import type { PromotionPolicy, StoredCandidate } from '../../src/core/promotion.js';
+import { PromptCache } from '../../src/core/prompt.js';
+import { FlowRegistry, promotedFlowId } from '../../src/core/registry.js';
+import { DEFAULT_POLICY } from '../../src/core/select.js';
+
+const AUTO: PromotionPolicy = {
+  mode: 'auto',
+  minOccurrences: 100,
+  minSavings: 0,
+  shadowTrials: 5,
+  shadowPrecision: 0.5,
+};
+
+/** An engine over in-memory stores (the replay's setup); `runs` stands for the Redis list of past runs. */
+function engine(
+  runs: Map<string, PastRun[]>,
+  evidenceRuns = 200,
+  outcomes = new OutcomeBook({ capacity: 3, neighbours: 10, wrongCost: 4 }),
+) {
+  const none: CandidateStore = { getCandidates: async () => new Map(), save: async () => undefined };
+  return new FlowsEngine({
+    store: none,
+    publishFlows: async () => undefined,
+    selector: {
+      registry: new FlowRegistry(),
+      prompts: new PromptCache(),
+      budgetMs: 100,
+      outcomes,
+    },
+    promotionPolicy: () => AUTO,
+    selectPolicy: () => DEFAULT_POLICY,
+    now: () => 0,
+    evidenceRuns,
+    runs: {
+      load: async (t, a) => [...(runs.get(`${t}/${a}`) ?? [])],
+      append: async (t, a, run) => void runs.set(`${t}/${a}`, [...(runs.get(`${t}/${a}`) ?? []), run]),
+    },
+  });
+}
+
+let ts = 1;
+const session = (id: string, text: string, tools: string[]): ToolCallsEvent[] => {
+  const base = { tenant_id: 'default', agent_id: 'default', session_id: id, task_id: id };
+  return [
+    { ...base, type: 'user_message', event_id: `${id}:u`, ts: ts++, text },
+    ...tools.map((tool, step): ToolCallsEvent => ({
+      ...base,
+      type: 'tool_call',
+      event_id: `${id}:${step}`,
+      ts: ts++,
+      step,
+      tool,
+      args: { n: step },
+      observation: { id: `${id}-${step}` },
+    })),
+    { ...base, type: 'task_completed', event_id: `${id}:done`, ts: ts++ },
+  ] as ToolCallsEvent[];
+};
+const feed = (e: FlowsEngine, evs: ToolCallsEvent[]) => e.handle(evs.map((x) => ({ kind: 'event', e: x })));
+
+describe('flows engine: what survives a restart', () => {
+  it('a new process starts from the persisted past runs, older ones first, then adds its own', async () => {
+    const runs = new Map<string, PastRun[]>();
+    const first = engine(runs);
+    await feed(first, session('a', 'close my account', ['lookup', 'close']));
+    await feed(first, session('b', 'review my account', ['lookup', 'audit']));
+    expect(runs.get('default/default')!.map((r) => r.calls)).toEqual([
+      ['lookup', 'close'],
+      ['lookup', 'audit'],
+    ]);
+    const book = new OutcomeBook({ capacity: 3, neighbours: 10, wrongCost: 4 });
+    const second = engine(runs, 200, book);
+    await feed(second, session('c', 'freeze my account', ['lookup', 'freeze']));
+    await feed(second, session('d', 'audit my account', ['lookup', 'audit', 'report']));
+    // Bounded by the capacity: the oldest persisted run left first.
+    expect(
+      book
+        .memory('default', 'default')!
+        .all()
+        .map((r) => r.calls),
+    ).toEqual([
+      ['lookup', 'audit'],
+      ['lookup', 'freeze'],
+      ['lookup', 'audit', 'report'],
+    ]);
+  });
+
+  it('puts pending candidates under shadow trial back into the shadow pool, and only those', () => {
+    const e = engine(new Map());
+    const rec = (key: string): FlowCandidateRecord => ({
+      schema_version: 1,
+      status: 'active',
+      tenant_id: 'default',
+      agent_id: 'default',
+      dedupe_key: key,
+      detected_at: 1,
+      title: key,
+      source_kind: 'tool_sequence',
+      occurrence_count: 3,
+      estimated_token_savings: 1,
+      candidate: {
+        tool_sequence: ['lookup', 'close'],
+        occurrence_count: 3,
+        match_type: 'exact',
+        estimated_token_savings: 1,
+        avg_cost_per_execution: 1,
+        dedupe_key: key,
+        proposed_flow: {
+          name: key,
+          description: key,
+          tags: [],
+          steps: ['lookup', 'close'].map((t, i) => ({
+            id: `s${i}`,
+            name: t,
+            skill_key: t,
+            depends_on: [],
+            output_key: `o${i}`,
+            retry_max: 0,
+            retry_backoff: 0,
+            timeout_seconds: 30,
+            on_failure: 'stop' as const,
+            input_map: {},
+          })),
+        },
+      },
+      promotion_effect: null,
+    });
+    const stored = (key: string, status: StoredCandidate['status']): StoredCandidate => ({
+      record: rec(key),
+      status,
+      retracted: false,
+      decided_at: null,
+      shadow_trials: 2,
+      shadow_proposed: 4,
+      shadow_matched: 4,
+    });
+    e.restoreShadow('default', 'default', [
+      stored('p', 'pending'),
+      stored('r', 'rejected'),
+      stored('x', 'promoted'),
+    ]);
+    expect(e.shadow.list('default', 'default').map((f) => f.id)).toEqual([promotedFlowId('p')]);
+  });
+
+  it('keeps the last N finished runs per scope as evidence, with arguments and outputs', async () => {
+    const e = engine(new Map(), 2);
+    for (const id of ['a', 'b', 'c']) await feed(e, session(id, `request ${id}`, ['lookup']));
+    const ev = e.evidence.runs('default', 'default');
+    expect(ev.map((r) => r.userText)).toEqual(['request b', 'request c']);
+    expect(ev[1]!.calls).toEqual([{ tool: 'lookup', args: { n: 0 }, observation: { id: 'c-0' } }]);
+    const off = new EvidenceBook(0);
+    off.add('default', 'default', { calls: [] });
+    expect(off.runs('default', 'default')).toEqual([]);
+  });
+});

@@ -1,0 +1,84 @@
+import { errorMessage } from '../errors.js';
+import type { Logger } from '../log.js';
+import type { Epoch } from './epoch.js';
+
+export type RebuildReason = 'start' | 'lost';
+
+/**
+ * Guards a service's Redis state with its epoch marker (`createEpoch`): `ensure()` before the state is used
+ * rebuilds it from Kafka when the marker says it is gone, and `ready()` is the `/readyz` check (false while a
+ * rebuild runs, or when this very probe finds the state gone, which starts the rebuild).
+ *
+ * - One rebuild at a time, and every caller of `ensure()` waits for it: nothing reads or writes half-rebuilt
+ *   state. Checks are single-flight too, so a second caller cannot pass on a marker the first just recreated.
+ * - A rebuild that fails stays owed (the marker is already back, so the next check alone would not say so)
+ *   and is retried by the next `ensure()`.
+ * - The first `ensure()` of a process always rebuilds (`start`): a process that died mid-rebuild left the
+ *   marker behind with the state incomplete, and a rebuild must therefore be cheap and idempotent.
+ */
+export interface StateGuard {
+  ensure(): Promise<void>;
+  ready(): Promise<boolean>;
+  rebuilding(): boolean;
+}
+
+export interface StateGuardSpec {
+  epoch: Epoch;
+  log: Logger;
+  /** Must be idempotent and must not overwrite state newer than what it restores. */
+  rebuild: (reason: RebuildReason) => Promise<void>;
+  onRebuild?: (reason: RebuildReason, outcome: 'ok' | 'failed') => void;
+}
+
+export function createStateGuard(s: StateGuardSpec): StateGuard {
+  let owed: RebuildReason | null = 'start';
+  let checking: Promise<void> | null = null;
+  let running: Promise<void> | null = null;
+
+  const check = () =>
+    (checking ??= (async () => {
+      const c = await s.epoch.check();
+      if (c.lost && !owed) {
+        owed = 'lost';
+        s.log.warn({ marker: s.epoch.key }, 'redis state lost (epoch marker gone); rebuilding from kafka');
+      }
+    })().finally(() => (checking = null)));
+
+  const rebuild = () =>
+    (running ??= (async () => {
+      const reason = owed!;
+      owed = null;
+      const t0 = Date.now();
+      try {
+        await s.rebuild(reason);
+        s.onRebuild?.(reason, 'ok');
+        s.log.info({ reason, ms: Date.now() - t0 }, 'redis state rebuilt from kafka');
+      } catch (err) {
+        owed ??= reason;
+        s.onRebuild?.(reason, 'failed');
+        s.log.error({ reason, err: errorMessage(err) }, 'redis state rebuild failed; retried on next use');
+        throw err;
+      }
+    })().finally(() => (running = null)));
+
+  return {
+    async ensure() {
+      // Loop: the state may be lost again while a rebuild runs; the check after it says so.
+      for (;;) {
+        // Another caller's rebuild: its failure is that caller's to report; this one retries what is owed.
+        if (running) await running.catch(() => undefined);
+        await check();
+        if (!owed) return;
+        await rebuild();
+      }
+    },
+    async ready() {
+      if (running) return false;
+      await check();
+      if (!owed) return true;
+      rebuild().catch(() => undefined);
+      return false;
+    },
+    rebuilding: () => running !== null,
+  };
+}
