@@ -4,6 +4,14 @@ import type { Codec } from '../codec.js';
 import { PaverError } from '../errors.js';
 import type { RuntimeMetrics } from '../metrics.js';
 import { accepts, zodIssues } from '../validate.js';
+import { groupBySize } from './dead-letter.js';
+
+/**
+ * Bytes of keys and values per produce request. A consumer batch's outputs go out together, and the broker
+ * refuses a partition's record batch above its message.max.bytes (1 MiB by default): half of that leaves
+ * room for headers and framing. Requests go one after another, so one key's records stay in order.
+ */
+export const PRODUCE_REQUEST_BUDGET = 512 * 1024;
 
 export interface OutRecord {
   key: string | null;
@@ -63,7 +71,12 @@ export function createSink(kafka: Kafka, codec: Codec, metrics?: RuntimeMetrics)
               headers: r.headers ?? {},
             })),
           );
-      await producer.send({ topic, messages, acks: -1, compression: CompressionTypes.None });
+      for (const group of groupBySize(
+        messages,
+        (m) => m.value.length + (m.key === null ? 0 : Buffer.byteLength(m.key)),
+        PRODUCE_REQUEST_BUDGET,
+      ))
+        await producer.send({ topic, messages: group, acks: -1, compression: CompressionTypes.None });
       metrics?.published.inc({ topic }, records.length);
     },
     async sendRaw(topic, records) {
