@@ -7,6 +7,13 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { CompressionTypes, Kafka, logLevel, Partitioners, type Producer } from 'kafkajs';
 import { Redis } from 'ioredis';
 import { freePort, packageRoot, type Stack } from '../deploy/local/stack.js';
+import { commonEnvShape } from '../shared/config.js';
+
+/** The services' partition concurrency (their default unless the bench's environment sets one): the baselines use it too. */
+export const concurrency = (): number =>
+  commonEnvShape.KAFKA_PARTITIONS_CONSUMED_CONCURRENTLY.parse(
+    process.env.KAFKA_PARTITIONS_CONSUMED_CONCURRENTLY,
+  );
 
 export const say = (s: string) => process.stderr.write(`bench: ${s}\n`);
 
@@ -99,6 +106,7 @@ async function bareConsumer(
   const batchMs: number[] = [];
   const end = await new Promise<number>((resolve) => {
     void bare.run({
+      partitionsConsumedConcurrently: concurrency(),
       eachBatch: async ({ batch }) => {
         const t = performance.now();
         if (!start) start = Date.now();
@@ -295,12 +303,15 @@ export function ratios(service: Rate, bare: Rate, pipe?: Rate) {
 }
 
 /** The runner settings a figure was measured with (the service's defaults unless BENCH_ENV overrides them). */
-export function benchConfig(): Record<string, string> {
-  return Object.fromEntries(
-    Object.entries(process.env).filter(
-      ([k]) => k.startsWith('KAFKA_PARTITIONS') || k.startsWith('PAVER_BATCH') || k === 'BENCH_PROFILE',
-    ) as [string, string][],
-  );
+export function benchConfig(): Record<string, string | number> {
+  return {
+    partitions_consumed_concurrently: concurrency(),
+    ...Object.fromEntries(
+      Object.entries(process.env).filter(
+        ([k]) => k.startsWith('KAFKA_PARTITIONS') || k.startsWith('PAVER_BATCH') || k === 'BENCH_PROFILE',
+      ) as [string, string][],
+    ),
+  };
 }
 
 export const redisInfo = async (redis: Redis, section: string, field: string) =>
