@@ -250,7 +250,7 @@ export async function benchAutoseq(b: Bench, n: number) {
   const run = await underLoad(() => serviceRate(p, sent));
   const rate = run.result.events_per_s;
   await p.stop();
-  say(`autoseq service: ${Math.round(rate)} events/s`);
+  say(`autoseq service: ${rate} events/s, ${run.result.cpu_us_per_event} µs CPU/event`);
   writeResult('autoseq', {
     catalog_tools: TOOLS,
     catalog_compile_ms: Math.round(compileMs),

@@ -52,7 +52,9 @@ export async function benchDetector(b: Bench, n: number) {
     await Promise.all([0, 1, 2, 3].map((a) => b.redis.zcard(`${id}:det:{default|agent-${a}}:window`)))
   ).reduce((x, y) => x + y, 0);
   const mem = (await redisInfo(b.redis, 'memory', 'used_memory')) - mem0;
-  say(`detector: ${Math.round(rate)} events/s, ${trips} round trips, ${cmds} commands`);
+  say(
+    `detector: ${rate} events/s, ${run.result.cpu_us_per_event} µs CPU/event, ${trips} round trips, ${cmds} commands`,
+  );
 
   // Latency: paced live traffic stamped with the wall clock; latency = the candidate record's Kafka timestamp
   // minus the ts of the newest task completion sent before it.

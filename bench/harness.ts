@@ -79,11 +79,17 @@ export async function produceBacklog(
 /** A consumer's speed over a backlog, and the time it spent per fetched batch (its eachBatch call). */
 export interface Rate {
   events_per_s: number;
+  /**
+   * CPU time of the consuming process per event (user + system), over the same interval. Other processes
+   * sharing the cores slow the wall clock far more than they change this, so it is the steadier figure.
+   */
+  cpu_us_per_event: number;
   batch_ms: { p50: number | null; p99: number | null; batches: number };
 }
 
-const rateOf = (count: number, ms: number, batchMs: number[], events?: number): Rate => ({
-  events_per_s: Math.round((events ?? count) / (ms / 1000)),
+const rateOf = (count: number, ms: number, cpuUs: number, batchMs: number[]): Rate => ({
+  events_per_s: Math.round(count / (ms / 1000)),
+  cpu_us_per_event: round(cpuUs / count, 2)!,
   batch_ms: { p50: round(pct(batchMs, 50)), p99: round(pct(batchMs, 99)), batches: batchMs.length },
 });
 
@@ -103,22 +109,31 @@ async function bareConsumer(
   await bare.subscribe({ topic, fromBeginning: true });
   let seen = 0;
   let start = 0;
+  let cpu0 = process.cpuUsage();
+  let cpuUs = 0;
   const batchMs: number[] = [];
   const end = await new Promise<number>((resolve) => {
     void bare.run({
       partitionsConsumedConcurrently: concurrency(),
       eachBatch: async ({ batch }) => {
         const t = performance.now();
-        if (!start) start = Date.now();
+        if (!start) {
+          start = Date.now();
+          cpu0 = process.cpuUsage();
+        }
         await work(batch.messages);
         seen += batch.messages.length;
         batchMs.push(performance.now() - t);
-        if (seen >= count) resolve(Date.now());
+        if (seen >= count) {
+          const c = process.cpuUsage(cpu0);
+          cpuUs = c.user + c.system;
+          resolve(Date.now());
+        }
       },
     });
   });
   await bare.disconnect();
-  return rateOf(count, end - start, batchMs);
+  return rateOf(count, end - start, cpuUs, batchMs);
 }
 
 /** The first baseline: a bare kafkajs consumer (eachBatch, JSON.parse, nothing else) over the same backlog. */
@@ -126,7 +141,7 @@ export async function bareRate(b: Bench, topic: string, count: number): Promise<
   const r = await bareConsumer(b, topic, `${topic}-bare`, count, async (messages) => {
     for (const m of messages) JSON.parse(m.value!.toString());
   });
-  say(`bare kafkajs over ${topic}: ${r.events_per_s} events/s`);
+  say(`bare kafkajs over ${topic}: ${r.events_per_s} events/s, ${r.cpu_us_per_event} µs CPU/event`);
   return r;
 }
 
@@ -142,14 +157,16 @@ export async function pipeRate(b: Bench, topic: string, outTopic: string, count:
   });
   await producer.connect();
   try {
-    const r = await bareConsumer(b, topic, `${topic}-pipe`, count, async (messages) => {
+    // Named, so that a CPU profile of the bench (node --cpu-prof) can find the pipe's phase.
+    async function pipeBatch(messages: { value: Buffer | null }[]) {
       const out = messages.map((m) => {
         const e = JSON.parse(m.value!.toString()) as { session_id: string; event_id: string };
         return { key: e.session_id, value: JSON.stringify({ event_id: e.event_id, piped: true }) };
       });
       await producer.send({ topic: outTopic, messages: out, acks: -1, compression: CompressionTypes.None });
-    });
-    say(`bare kafkajs pipe over ${topic}: ${r.events_per_s} events/s`);
+    }
+    const r = await bareConsumer(b, topic, `${topic}-pipe`, count, pipeBatch);
+    say(`bare kafkajs pipe over ${topic}: ${r.events_per_s} events/s, ${r.cpu_us_per_event} µs CPU/event`);
     return r;
   } finally {
     await producer.disconnect();
@@ -267,14 +284,19 @@ export async function startService(
  */
 export async function serviceRate(p: ServiceProc, count: number): Promise<Rate> {
   let start = 0;
+  let cpu0 = 0;
   for (;;) {
     if (p.child.exitCode !== null) throw new Error('service exited during the bench');
     const consumed = await p.metric('paver_events_consumed_total').catch(() => 0);
-    if (consumed > 0 && !start) start = Date.now();
+    if (consumed > 0 && !start) {
+      start = Date.now();
+      cpu0 = await p.metric('process_cpu_seconds_total');
+    }
     if (consumed >= count) break;
     await sleep(20);
   }
   const ms = Date.now() - start;
+  const cpuUs = ((await p.metric('process_cpu_seconds_total')) - cpu0) * 1e6;
   const text = await (await fetch(`http://127.0.0.1:${p.port}/metrics`)).text();
   const h = 'paver_batch_processing_seconds';
   const batches = text
@@ -283,6 +305,7 @@ export async function serviceRate(p: ServiceProc, count: number): Promise<Rate> 
     .reduce((a, l) => a + Number(l.split(' ').pop()), 0);
   return {
     events_per_s: Math.round(count / (ms / 1000)),
+    cpu_us_per_event: round(cpuUs / count, 2)!,
     batch_ms: {
       p50: histogramQuantileMs(text, h, 0.5),
       p99: histogramQuantileMs(text, h, 0.99),
@@ -293,9 +316,13 @@ export async function serviceRate(p: ServiceProc, count: number): Promise<Rate> 
 
 /** One throughput figure: the service against each baseline, in the same run, with the machine's load. */
 export function ratios(service: Rate, bare: Rate, pipe?: Rate) {
+  const cpu = (base: Rate) => Number((base.cpu_us_per_event / service.cpu_us_per_event).toFixed(3));
   return {
     ratio_to_bare: Number((service.events_per_s / bare.events_per_s).toFixed(3)),
     ...(pipe ? { ratio_to_pipe: Number((service.events_per_s / pipe.events_per_s).toFixed(3)) } : {}),
+    // The same ratios in CPU time per event (baseline ÷ service): what the service would reach on idle cores.
+    cpu_ratio_to_bare: cpu(bare),
+    ...(pipe ? { cpu_ratio_to_pipe: cpu(pipe) } : {}),
     service,
     bare_kafkajs: bare,
     ...(pipe ? { bare_kafkajs_pipe: pipe } : {}),

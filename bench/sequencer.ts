@@ -110,7 +110,7 @@ export async function benchSequencer(b: Bench, n: number, sessions: number) {
   const rate = run.result.events_per_s;
   const stored = (await b.redis.dbsize()) && (await countKeys(b, `${id}:seq:*`));
   const mem = (await redisInfo(b.redis, 'memory', 'used_memory')) - mem0;
-  say(`sequencer: ${Math.round(rate)} events/s, ${stored} sessions stored`);
+  say(`sequencer: ${rate} events/s, ${run.result.cpu_us_per_event} µs CPU/event, ${stored} sessions stored`);
 
   // allowed-tools over HTTP on loopback, one request at a time (the latency a runtime sees before an LLM call).
   const url = (s: number) =>
