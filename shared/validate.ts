@@ -100,16 +100,22 @@ function shaper(js: Json): Shaper {
   }
   const props = js.properties as Record<string, Json> | undefined;
   if (js.type === 'object' && props) {
-    const keys = Object.entries(props).map(([k, p]) => ({ k, shape: shaper(p), dflt: p.default }));
+    const keys = Object.entries(props).map(([k, p]) => ({
+      k,
+      shape: shaper(p),
+      dflt: p.default,
+      // A default object or array is copied per record (zod does too); a primitive needs no copy.
+      copy: typeof p.default === 'object' && p.default !== null,
+    }));
     // additionalProperties false (strict) is refused by the validator; a schema (loose) keeps extra keys.
     const strip = js.additionalProperties === undefined;
     return (v) => {
       const src = v as Json;
       const out: Json = {};
-      for (const { k, shape, dflt } of keys) {
+      for (const { k, shape, dflt, copy } of keys) {
         const x = src[k];
         if (x !== undefined) out[k] = shape(x);
-        else if (dflt !== undefined) out[k] = structuredClone(dflt);
+        else if (dflt !== undefined) out[k] = copy ? structuredClone(dflt) : dflt;
       }
       if (!strip) for (const k of Object.keys(src)) if (!(k in props)) out[k] = src[k];
       return out;
