@@ -19,7 +19,11 @@ import { toolCallsEventV1, type ToolCallsEvent } from '../schemas/index.js';
 import { pathToFileURL } from 'node:url';
 import {
   bareRate,
+  benchConfig,
   createTopics,
+  pipeRate,
+  ratios,
+  underLoad,
   pct,
   produceBacklog,
   round,
@@ -226,10 +230,12 @@ export async function benchAutoseq(b: Bench, n: number) {
     { topic },
     { topic: `${id}.next-actions` },
     { topic: `${id}.dead-letters` },
+    { topic: `${id}.pipe-out` },
     { topic: `${id}.tool-catalog`, compacted: true },
   ]);
   const sent = await produceBacklog(b, topic, events(n), n);
-  const bare = await bareRate(b, topic, sent);
+  const bare = await underLoad(() => bareRate(b, topic, sent));
+  const pipe = await underLoad(() => pipeRate(b, topic, `${id}.pipe-out`, sent));
   const catalogPath = join(tmpdir(), `${id}-catalog.json`);
   writeFileSync(catalogPath, JSON.stringify(file));
   const p = await startService(b, 'autoseq', {
@@ -241,9 +247,10 @@ export async function benchAutoseq(b: Bench, n: number) {
     AUTOSEQ_GROUP_ID: `${id}-autoseq`,
     AUTOSEQ_CATALOG_FILE: catalogPath,
   });
-  const rate = await serviceRate(p, sent);
+  const run = await underLoad(() => serviceRate(p, sent));
+  const rate = run.result.events_per_s;
   await p.stop();
-  say(`autoseq service: ${Math.round(rate)} events/s`);
+  say(`autoseq service: ${rate} events/s, ${run.result.cpu_us_per_event} µs CPU/event`);
   writeResult('autoseq', {
     catalog_tools: TOOLS,
     catalog_compile_ms: Math.round(compileMs),
@@ -253,9 +260,13 @@ export async function benchAutoseq(b: Bench, n: number) {
       p99: round(pct(times, 99), 4),
       definition: 'in-process decide() per tool_call event, 1,000-tool catalog',
     },
-    bare_kafkajs_events_per_s: Math.round(bare),
-    autoseq_events_per_s: Math.round(rate),
-    ratio_autoseq_to_bare: Number((rate / bare).toFixed(3)),
+    bare_kafkajs_events_per_s: bare.result.events_per_s,
+    autoseq_events_per_s: rate,
+    ratio_autoseq_to_bare: Number((rate / bare.result.events_per_s).toFixed(3)),
+    ratio_autoseq_to_pipe: Number((rate / pipe.result.events_per_s).toFixed(3)),
+    throughput: ratios(run.result, bare.result, pipe.result),
+    load: { bare: bare.load, pipe: pipe.load, service: run.load },
+    config: benchConfig(),
     learned,
     targets: { decision_p99_ms_max: 1, learned_proposal_p99_ms_max: 1, ratio_min: 0.6 },
   });

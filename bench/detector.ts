@@ -3,6 +3,8 @@ import { agentEvents } from '../testkit/streams.js';
 import {
   bareRate,
   createTopics,
+  ratios,
+  underLoad,
   pct,
   produceBacklog,
   redisInfo,
@@ -10,6 +12,7 @@ import {
   serviceRate,
   startService,
   writeResult,
+  benchConfig,
   type Bench,
 } from './harness.js';
 
@@ -30,7 +33,7 @@ export async function benchDetector(b: Bench, n: number) {
     agentEvents({ tasks: Math.ceil(n / 4), seed: 1, agents: 4 }),
     n,
   );
-  const bare = await bareRate(b, topic, sent);
+  const bare = await underLoad(() => bareRate(b, topic, sent));
 
   const cmds0 = await redisInfo(b.redis, 'stats', 'total_commands_processed');
   const mem0 = await redisInfo(b.redis, 'memory', 'used_memory');
@@ -41,14 +44,17 @@ export async function benchDetector(b: Bench, n: number) {
     PAVER_TOPIC_DEAD_LETTERS: `${id}.dead-letters`,
     DETECTOR_GROUP_ID: `${id}-detector`,
   });
-  const rate = await serviceRate(p, sent);
+  const run = await underLoad(() => serviceRate(p, sent));
+  const rate = run.result.events_per_s;
   const trips = await p.metric('paver_detector_redis_round_trips_total');
   const cmds = (await redisInfo(b.redis, 'stats', 'total_commands_processed')) - cmds0;
   const windowRecords = (
     await Promise.all([0, 1, 2, 3].map((a) => b.redis.zcard(`${id}:det:{default|agent-${a}}:window`)))
   ).reduce((x, y) => x + y, 0);
   const mem = (await redisInfo(b.redis, 'memory', 'used_memory')) - mem0;
-  say(`detector: ${Math.round(rate)} events/s, ${trips} round trips, ${cmds} commands`);
+  say(
+    `detector: ${rate} events/s, ${run.result.cpu_us_per_event} µs CPU/event, ${trips} round trips, ${cmds} commands`,
+  );
 
   // Latency: paced live traffic stamped with the wall clock; latency = the candidate record's Kafka timestamp
   // minus the ts of the newest task completion sent before it.
@@ -81,9 +87,12 @@ export async function benchDetector(b: Bench, n: number) {
 
   writeResult('detector', {
     events: sent,
-    bare_kafkajs_events_per_s: Math.round(bare),
-    detector_events_per_s: Math.round(rate),
-    ratio_detector_to_bare: Number((rate / bare).toFixed(3)),
+    bare_kafkajs_events_per_s: bare.result.events_per_s,
+    detector_events_per_s: rate,
+    ratio_detector_to_bare: Number((rate / bare.result.events_per_s).toFixed(3)),
+    throughput: ratios(run.result, bare.result),
+    load: { bare: bare.load, service: run.load },
+    config: benchConfig(),
     latency_ms: {
       p50: pct(latencies, 50),
       p99: pct(latencies, 99),

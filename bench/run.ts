@@ -8,6 +8,7 @@ import { benchAutoseq } from './autoseq.js';
 import { benchDetector } from './detector.js';
 import { benchSequencer } from './sequencer.js';
 import { benchFlows } from './flows.js';
+import { benchValidate } from './validate.js';
 import { benchContext, say } from './harness.js';
 
 const only = (process.env.BENCH_ONLY ?? '').split(',').filter(Boolean);
@@ -17,6 +18,7 @@ const SCENARIOS: Record<string, (b: Awaited<ReturnType<typeof benchContext>>) =>
   autoseq: (b) => benchAutoseq(b, events(100_000)),
   sequencer: (b) => benchSequencer(b, events(300_000), 100_000),
   flows: () => benchFlows(10_000, 5_000),
+  validate: async () => benchValidate(50_000),
 };
 
 const stack = await startStack({ log: say });

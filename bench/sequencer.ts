@@ -4,7 +4,11 @@ import { join } from 'node:path';
 import { rng } from '../testkit/streams.js';
 import {
   bareRate,
+  benchConfig,
   createTopics,
+  pipeRate,
+  ratios,
+  underLoad,
   pct,
   produceBacklog,
   redisInfo,
@@ -80,10 +84,12 @@ export async function benchSequencer(b: Bench, n: number, sessions: number) {
     { topic },
     { topic: `${id}.sequence-state` },
     { topic: `${id}.dead-letters` },
+    { topic: `${id}.pipe-out` },
     { topic: `${id}.orchestration`, compacted: true },
   ]);
   const sent = await produceBacklog(b, topic, events(sessions, n), n);
-  const bare = await bareRate(b, topic, sent);
+  const bare = await underLoad(() => bareRate(b, topic, sent));
+  const pipe = await underLoad(() => pipeRate(b, topic, `${id}.pipe-out`, sent));
   const config = join(tmpdir(), `${id}-orchestration.json`);
   writeFileSync(config, JSON.stringify(CONFIG));
   const mem0 = await redisInfo(b.redis, 'memory', 'used_memory');
@@ -100,10 +106,11 @@ export async function benchSequencer(b: Bench, n: number, sessions: number) {
     SEQUENCER_STATE_CACHE_SIZE: String(sessions),
     SEQUENCER_STATE_CACHE_MAX_AGE_MS: '3600000',
   });
-  const rate = await serviceRate(p, sent);
+  const run = await underLoad(() => serviceRate(p, sent));
+  const rate = run.result.events_per_s;
   const stored = (await b.redis.dbsize()) && (await countKeys(b, `${id}:seq:*`));
   const mem = (await redisInfo(b.redis, 'memory', 'used_memory')) - mem0;
-  say(`sequencer: ${Math.round(rate)} events/s, ${stored} sessions stored`);
+  say(`sequencer: ${rate} events/s, ${run.result.cpu_us_per_event} µs CPU/event, ${stored} sessions stored`);
 
   // allowed-tools over HTTP on loopback, one request at a time (the latency a runtime sees before an LLM call).
   const url = (s: number) =>
@@ -133,9 +140,13 @@ export async function benchSequencer(b: Bench, n: number, sessions: number) {
   writeResult('sequencer', {
     events: sent,
     sessions,
-    bare_kafkajs_events_per_s: Math.round(bare),
-    sequencer_events_per_s: Math.round(rate),
-    ratio_sequencer_to_bare: Number((rate / bare).toFixed(3)),
+    bare_kafkajs_events_per_s: bare.result.events_per_s,
+    sequencer_events_per_s: rate,
+    ratio_sequencer_to_bare: Number((rate / bare.result.events_per_s).toFixed(3)),
+    ratio_sequencer_to_pipe: Number((rate / pipe.result.events_per_s).toFixed(3)),
+    throughput: ratios(run.result, bare.result, pipe.result),
+    load: { bare: bare.load, pipe: pipe.load, service: run.load },
+    config: benchConfig(),
     allowed_tools_http_ms: {
       p50: round(pct(lat, 50)),
       p99: round(pct(lat, 99)),

@@ -20,6 +20,14 @@ export interface Codec {
   encode(contract: string, topic: string, value: unknown): Promise<Buffer>;
   /** Detects the framing per message: Confluent wire format starts with magic byte 0, JSON text never does. */
   decode(buf: Buffer): Promise<unknown>;
+  /**
+   * The hot path: decodes without a promise when no I/O is needed (JSON text), throwing DecodeError for bad
+   * bytes; returns `undefined` when only `decode` can answer (Confluent framing needs the registry). A codec
+   * without it is always decoded through `decode`.
+   */
+  decodeSync?(buf: Buffer): { value: unknown } | undefined;
+  /** Encodes without a promise when no I/O is needed (JSON); absent when every encode may need the registry. */
+  encodeSync?(value: unknown): Buffer;
 }
 
 function decodeJson(buf: Buffer): unknown {
@@ -32,21 +40,28 @@ function decodeJson(buf: Buffer): unknown {
 
 const isWireFormat = (buf: Buffer): boolean => buf.length >= 5 && buf[0] === 0;
 
+function decodeJsonOnly(buf: Buffer): unknown {
+  if (isWireFormat(buf)) {
+    throw new DecodeError(
+      'registry_error',
+      'Confluent wire format received but SCHEMA_REGISTRY_URL is not set',
+    );
+  }
+  return decodeJson(buf);
+}
+const encodeJson = (value: unknown): Buffer => Buffer.from(JSON.stringify(value));
+
 export function jsonCodec(): Codec {
   return {
     kind: 'json',
     async encode(_contract, _topic, value) {
-      return Buffer.from(JSON.stringify(value));
+      return encodeJson(value);
     },
     async decode(buf) {
-      if (isWireFormat(buf)) {
-        throw new DecodeError(
-          'registry_error',
-          'Confluent wire format received but SCHEMA_REGISTRY_URL is not set',
-        );
-      }
-      return decodeJson(buf);
+      return decodeJsonOnly(buf);
     },
+    decodeSync: (buf) => ({ value: decodeJsonOnly(buf) }),
+    encodeSync: encodeJson,
   };
 }
 
@@ -96,6 +111,8 @@ export function registryCodec(opts: RegistryOptions): Codec {
         });
       }
     },
+    // Plain JSON text needs no registry: only framed messages take the asynchronous (retried) path.
+    decodeSync: (buf) => (isWireFormat(buf) ? undefined : { value: decodeJson(buf) }),
     async decode(buf) {
       if (!isWireFormat(buf)) return decodeJson(buf);
       try {

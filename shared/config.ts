@@ -56,7 +56,11 @@ export const commonEnvShape = {
   PAVER_DEAD_LETTER_MAX_ORIGINAL_BYTES: int(0, 10 * 1024 * 1024).default(256 * 1024),
   /** How often each consumer asks the broker for its group's state and lag (readiness, lag, oldest age). */
   PAVER_LAG_POLL_MS: int(100, 300_000).default(5_000),
-  PAVER_BATCH_CHUNK: int(1, 100_000).default(500),
+  /**
+   * Records per handler call, each followed by its commit. The default takes a whole fetched batch (bounded by
+   * KAFKA_MAX_BYTES_PER_PARTITION) as one chunk: one state load, one produce, one commit per batch.
+   */
+  PAVER_BATCH_CHUNK: int(1, 100_000).default(10_000),
   PAVER_RETRY_ATTEMPTS: int(0, 100).default(8),
   PAVER_RETRY_INITIAL_MS: int(1, 60_000).default(100),
   PAVER_RETRY_MAX_MS: int(1, 600_000).default(5_000),

@@ -48,12 +48,18 @@ export interface BadRecord<M extends RawMessage = RawMessage> {
  * One chunk of one partition, in the order that makes at-least-once hold: decode every message, run the
  * handler on the good ones, dead-letter the bad ones and the handler's rejections. It resolves only when all
  * effects are written; the caller commits after it, never before. Any throw leaves the chunk uncommitted.
+ *
+ * Decoding is synchronous: only a message that needs I/O to decode (a registry lookup) goes through
+ * `decodeAsync` and the retry policy, so the common case costs no promise per message.
  */
 export async function processChunk<T, M extends RawMessage>(a: {
   topic: string;
   partition: number;
   chunk: M[];
-  decode: (msg: M) => Promise<Decoded<T>>;
+  /** A typed value or a dead-letter reason, or `undefined` when only `decodeAsync` can answer. */
+  decode: (msg: M) => Decoded<T> | undefined;
+  /** Decodes what needs I/O (Confluent framing); may throw what a retry cures. */
+  decodeAsync: (msg: M) => Promise<Decoded<T>>;
   handler: BatchHandler<T>;
   ctx: BatchContext;
   /** Wraps each effect in the runner's retry policy. */
@@ -63,10 +69,8 @@ export async function processChunk<T, M extends RawMessage>(a: {
   const { topic, partition } = a;
   const good: InboundRecord<T>[] = [];
   const bad: BadRecord<M>[] = [];
-  const byOffset = new Map<string, M>();
   for (const msg of a.chunk) {
-    byOffset.set(msg.offset, msg);
-    const r = await a.retry(() => a.decode(msg));
+    const r = a.decode(msg) ?? (await a.retry(() => a.decodeAsync(msg)));
     if (r.ok)
       good.push({
         topic,
@@ -81,11 +85,16 @@ export async function processChunk<T, M extends RawMessage>(a: {
   let rejected = 0;
   if (good.length > 0) {
     const result = await a.retry(() => a.handler(good, a.ctx));
-    for (const rej of result?.rejected ?? []) {
-      const msg = byOffset.get(rej.offset);
-      if (msg) {
-        bad.push({ msg, topic, partition, reason: rej.reason, detail: rej.detail });
-        rejected++;
+    const rejections = result?.rejected ?? [];
+    if (rejections.length > 0) {
+      // Rejections are rare: the offset index is built only when there are some.
+      const byOffset = new Map(a.chunk.map((m) => [m.offset, m]));
+      for (const rej of rejections) {
+        const msg = byOffset.get(rej.offset);
+        if (msg) {
+          bad.push({ msg, topic, partition, reason: rej.reason, detail: rej.detail });
+          rejected++;
+        }
       }
     }
   }

@@ -1,4 +1,5 @@
 import type { z } from 'zod';
+import { checker } from '../validate.js';
 import type { DeadLetterReason } from '../../schemas/index.js';
 import { DecodeError, type Codec } from '../codec.js';
 
@@ -10,10 +11,15 @@ export type Parser<T> = (
 
 export type Decoded<T> = ReturnType<Parser<T>>;
 
+/**
+ * Validates with the contract's compiled form when it has one (shared/validate.ts), zod otherwise; a refused
+ * value always gets zod's verdict and messages.
+ */
 export function zodParser<S extends z.ZodType>(
   schema: S,
   knownTypes?: readonly string[],
 ): Parser<z.infer<S>> {
+  const check = checker(schema);
   return (value) => {
     if (knownTypes && value !== null && typeof value === 'object' && !Array.isArray(value)) {
       const type = (value as { type?: unknown }).type;
@@ -25,14 +31,9 @@ export function zodParser<S extends z.ZodType>(
         };
       }
     }
-    const r = schema.safeParse(value);
-    if (r.success) return { ok: true, value: r.data };
+    const r = check(value);
     // Paths and messages only: zod's messages name expected types, not the offending values.
-    const detail = r.error.issues
-      .slice(0, 10)
-      .map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`)
-      .join('; ');
-    return { ok: false, reason: 'invalid', detail };
+    return r.ok ? { ok: true, value: r.value } : { ok: false, reason: 'invalid', detail: r.detail };
   };
 }
 
@@ -45,15 +46,11 @@ export interface DecodeOptions<T> {
   maxBytes: number;
 }
 
-/**
- * One message to a typed value or a dead-letter reason. Throws only what a retry may cure (a registry that
- * does not answer); everything about the bytes themselves is an answer, not an exception.
- */
-export async function decodeMessage<T>(
+/** Checks on the bytes before any decoding: a tombstone, an empty value, an oversize one. */
+function precheck<T>(
   msg: { key: Buffer | null; value: Buffer | null },
-  topic: string,
   o: DecodeOptions<T>,
-): Promise<Decoded<T>> {
+): Decoded<T> | undefined {
   if (msg.value === null && o.tombstone) {
     const t = o.tombstone(msg.key === null ? null : msg.key.toString('utf8'));
     if (t !== null) return { ok: true, value: t };
@@ -63,9 +60,46 @@ export async function decodeMessage<T>(
   if (msg.value.length > o.maxBytes) {
     return { ok: false, reason: 'oversize', detail: `${msg.value.length} bytes > PAVER_MAX_MESSAGE_BYTES` };
   }
+  return undefined;
+}
+
+/**
+ * The hot path: one message to a typed value or a dead-letter reason with no promise, or `undefined` when only
+ * the asynchronous `decodeMessage` can answer (Confluent framing: a registry lookup). Never throws for bad
+ * bytes.
+ */
+export function decodeMessageSync<T>(
+  msg: { key: Buffer | null; value: Buffer | null },
+  topic: string,
+  o: DecodeOptions<T>,
+): Decoded<T> | undefined {
+  const pre = precheck(msg, o);
+  if (pre) return pre;
+  if (!o.codec.decodeSync) return undefined;
+  let raw: { value: unknown } | undefined;
+  try {
+    raw = o.codec.decodeSync(msg.value!);
+  } catch (err) {
+    if (err instanceof DecodeError) return { ok: false, reason: err.reason, detail: err.message };
+    throw err;
+  }
+  return raw && o.parse(raw.value, topic);
+}
+
+/**
+ * One message to a typed value or a dead-letter reason. Throws only what a retry may cure (a registry that
+ * does not answer); everything about the bytes themselves is an answer, not an exception.
+ */
+export async function decodeMessage<T>(
+  msg: { key: Buffer | null; value: Buffer | null },
+  topic: string,
+  o: DecodeOptions<T>,
+): Promise<Decoded<T>> {
+  const pre = precheck(msg, o);
+  if (pre) return pre;
   let raw: unknown;
   try {
-    raw = await o.codec.decode(msg.value);
+    raw = await o.codec.decode(msg.value!);
   } catch (err) {
     if (err instanceof DecodeError) return { ok: false, reason: err.reason, detail: err.message };
     throw err;

@@ -13,7 +13,7 @@ import {
   type DeadLetterSource,
 } from './dead-letter.js';
 import { processChunk, type BadRecord, type BatchContext, type BatchHandler } from './chunk.js';
-import { decodeMessage, type Parser } from './decode.js';
+import { decodeMessage, decodeMessageSync, type Parser } from './decode.js';
 import { createGroupMonitor } from './group-monitor.js';
 import type { Sink } from './sink.js';
 
@@ -303,7 +303,8 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
         topic,
         partition,
         chunk,
-        decode: (msg) => decodeMessage(msg, topic, decodeOptions),
+        decode: (msg) => decodeMessageSync(msg, topic, decodeOptions),
+        decodeAsync: (msg) => decodeMessage(msg, topic, decodeOptions),
         handler: o.handler,
         ctx,
         retry: (fn) => withRetry(fn, retry),

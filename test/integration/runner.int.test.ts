@@ -11,6 +11,9 @@ import {
 } from '../helpers/kafka.js';
 import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
 import { parsePrometheus } from '../helpers/prometheus.js';
+import { jsonCodec } from '../../shared/codec.js';
+import { createSink } from '../../shared/kafka/sink.js';
+import { testKafka } from '../helpers/kafka.js';
 
 const FIXTURE = ['--import', 'tsx', 'test/fixtures/recorder-service.ts'];
 const redis = testRedis();
@@ -223,6 +226,55 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
     const reread = Object.keys(before).filter((id) => after[id] !== before[id]);
     expect(reread).toEqual([]);
     expect(after.e300).toBe('1');
+  });
+
+  it('publishes one batch of outputs bigger than the broker accepts per request in several requests, in order', async () => {
+    const topic = unique('out');
+    // One partition, so the order of every record is observable; the broker's own limit stays the default.
+    await createTopics([{ topic, partitions: 1 }]);
+    const sink = createSink(testKafka(), jsonCodec());
+    await sink.connect();
+    const N = 1500; // ≈ 3 MiB: three times what one request to this broker may carry
+    const record = (i: number) => ({
+      schema_version: 1 as const,
+      tenant_id: 'default',
+      agent_id: 'default',
+      session_id: `s${i % 3}`,
+      event_id: `e${i}`,
+      ts: i,
+      active_step: null,
+      sequence_index: i,
+      expected: [],
+      allowed_tools: Array.from({ length: 200 }, (_, k) => `tool_${k}`),
+      completed: false,
+      violation: null,
+    });
+    try {
+      await sink.send(
+        topic,
+        'sequence-state.v1',
+        Array.from({ length: N }, (_, i) => ({ key: `s${i % 3}`, value: record(i) })),
+      );
+    } finally {
+      await sink.disconnect();
+    }
+    const got = await consumeUntil(topic, (all) => all.length >= N);
+    expect(got.map((m) => (JSON.parse(String(m.value)) as { event_id: string }).event_id)).toEqual(
+      Array.from({ length: N }, (_, i) => `e${i}`),
+    );
+    // And an output that breaks its contract never leaves, whatever else is in the batch.
+    const bad = createSink(testKafka(), jsonCodec());
+    await bad.connect();
+    try {
+      await expect(
+        bad.send(topic, 'sequence-state.v1', [
+          { key: 's', value: record(1) },
+          { key: 's', value: { ...record(2), sequence_index: -1 } },
+        ]),
+      ).rejects.toThrow(/output violates sequence-state.v1: sequence_index: /);
+    } finally {
+      await bad.disconnect();
+    }
   });
 
   it('refuses bad configuration with one message naming every bad variable, exit 78', async () => {

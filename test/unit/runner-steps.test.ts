@@ -1,8 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1 } from '../../schemas/index.js';
-import { jsonCodec } from '../../shared/codec.js';
+import { jsonCodec, registryCodec } from '../../shared/codec.js';
 import { processChunk, type BadRecord, type RawMessage } from '../../shared/kafka/chunk.js';
-import { decodeMessage, zodParser } from '../../shared/kafka/decode.js';
+import { decodeMessage, decodeMessageSync, zodParser } from '../../shared/kafka/decode.js';
 
 const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
 const event = (i: number, extra: Record<string, unknown> = {}) => ({
@@ -33,7 +33,30 @@ describe('decode step', () => {
     for (const [value, want] of cases) {
       const r = await decodeMessage({ key: null, value }, 't', opts);
       expect(r.ok ? 'ok' : r.reason).toBe(want);
+      // The synchronous hot path gives the same answer for every message a JSON codec sees.
+      const s = decodeMessageSync({ key: null, value }, 't', opts);
+      expect(s && (s.ok ? 'ok' : s.reason)).toBe(want);
     }
+  });
+
+  it('leaves only Confluent-framed messages to the asynchronous path when a registry is configured', () => {
+    // The registry is never contacted: deciding that a message needs it is local.
+    const reg = { ...opts, codec: registryCodec({ url: 'http://127.0.0.1:9' }) };
+    expect(decodeMessageSync({ key: null, value: Buffer.from([0, 0, 0, 0, 7, 123, 125]) }, 't', reg)).toBe(
+      undefined,
+    );
+    const plain = decodeMessageSync({ key: null, value: buf(event(1)) }, 't', reg);
+    expect(plain?.ok).toBe(true);
+    // A codec without a synchronous form (a service's own input codec) always takes the asynchronous path.
+    const { decodeSync: _omitted, ...asyncOnly } = jsonCodec();
+    expect(decodeMessageSync({ key: null, value: buf(event(1)) }, 't', { ...opts, codec: asyncOnly })).toBe(
+      undefined,
+    );
+  });
+
+  it('names the offending field when a record is invalid', async () => {
+    const r = await decodeMessage({ key: null, value: buf(event(2, { step: 'three' })) }, 't', opts);
+    expect(r.ok ? '' : r.detail).toMatch(/^step: /);
   });
 
   it('maps a tombstone through the tombstone function when given', async () => {
@@ -62,7 +85,8 @@ describe('chunk step (the consumer loop body)', () => {
       topic: 't',
       partition: 1,
       chunk,
-      decode: (m) => decodeMessage(m, 't', opts),
+      decode: (m) => decodeMessageSync(m, 't', opts),
+      decodeAsync: (m) => decodeMessage(m, 't', opts),
       handler: async (records) => {
         log.push(`handler ${records.map((x) => x.offset).join(',')}`);
         return { rejected: [{ offset: '13', reason: 'rejected', detail: 'no' }] };
@@ -83,7 +107,8 @@ describe('chunk step (the consumer loop body)', () => {
         topic: 't',
         partition: 0,
         chunk: [msg(0, 'bad')],
-        decode: (m) => decodeMessage(m, 't', opts),
+        decode: (m) => decodeMessageSync(m, 't', opts),
+        decodeAsync: (m) => decodeMessage(m, 't', opts),
         handler: async () => undefined,
         ctx,
         retry: direct,
@@ -110,7 +135,8 @@ describe('chunk step (the consumer loop body)', () => {
       topic: 't',
       partition: 0,
       chunk: [msg(5, event(5))],
-      decode: (m) => decodeMessage(m, 't', opts),
+      decode: (m) => decodeMessageSync(m, 't', opts),
+      decodeAsync: (m) => decodeMessage(m, 't', opts),
       handler: async () => {
         if (calls++ === 0) throw new Error('transient');
       },
@@ -119,5 +145,46 @@ describe('chunk step (the consumer loop body)', () => {
       deadLetter: async () => undefined,
     });
     expect([calls, r.processed]).toEqual([2, 1]);
+  });
+
+  it('retries decoding only for messages that need I/O, and the handler once per chunk', async () => {
+    const framed = (offset: number): RawMessage => ({
+      ...msg(offset, ''),
+      value: Buffer.from([0, 0, 0, 0, 1]),
+    });
+    const chunk = [msg(0, event(0)), framed(1), msg(2, event(2)), msg(3, event(3))];
+    const retried: string[] = [];
+    let failNext = true;
+    const r = await processChunk({
+      topic: 't',
+      partition: 0,
+      chunk,
+      decode: (m) => (m.value?.[0] === 0 ? undefined : decodeMessageSync(m, 't', opts)),
+      decodeAsync: async (m) => {
+        // A registry that fails once, then answers: the retry policy cures it.
+        if (failNext) {
+          failNext = false;
+          throw new Error('registry down');
+        }
+        return { ok: true, value: { ...event(Number(m.offset)), type: 'tool_call' } } as never;
+      },
+      handler: async (records) => {
+        expect(records.map((x) => x.offset)).toEqual(['0', '1', '2', '3']);
+      },
+      ctx,
+      retry: async <R>(fn: () => Promise<R>): Promise<R> => {
+        retried.push('call');
+        try {
+          return await fn();
+        } catch {
+          retried.push('again');
+          return fn();
+        }
+      },
+      deadLetter: async () => undefined,
+    });
+    // One retried decode (the framed message, cured on its second try) and one retried handler call.
+    expect(retried).toEqual(['call', 'again', 'call']);
+    expect(r).toEqual({ processed: 4, deadLettered: 0, last: '3' });
   });
 });
