@@ -17,7 +17,7 @@ import { emptyResult, type ApplyResult, type TermRecord } from '../../core/state
 
 export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
 /** Script name → key count: the file each name must load (a stale build may still hold older versions). */
-export const SCRIPT_KEYS = { apply: 10, snapshot: 4, claim: 3, release: 3 } as const;
+export const SCRIPT_KEYS = { apply: 11, snapshot: 4, claim: 3, release: 3 } as const;
 export const SCRIPTS = Object.keys(SCRIPT_KEYS) as (keyof typeof SCRIPT_KEYS)[];
 
 /** One pure key builder for the detector's keyspace: `<prefix>:det:{tenant|agent}:<name>`. */
@@ -35,11 +35,28 @@ export function detectorKeys(prefix: string, s: Scope) {
     exact: k('exact'),
     cost: k('cost'),
     msgs: k('msgs'),
+    starts: k('starts'),
     lock: k('lock'),
     dirty: k('dirty'),
     published: k('published'),
   };
 }
+
+/**
+ * Keys outside any scope (each its own slot; never touched by a script together with scope keys): the epoch
+ * marker (shared/redis/epoch.ts), the epoch each partition's state was last rebuilt in, and the scopes holding
+ * state per partition (what the checkpoint's minimum is taken over).
+ */
+export function detectorGlobalKeys(prefix: string) {
+  return {
+    epoch: `${prefix}:det:epoch`,
+    rebuilt: `${prefix}:det:rebuilt`,
+    scopes: (partition: number) => `${prefix}:det:scopes:${partition}`,
+  };
+}
+
+/** Script status when a scope's state belongs to another epoch (apply mode "n"). */
+const OTHER_EPOCH = -4;
 
 const CODES = {
   [-2]: {
@@ -49,21 +66,44 @@ const CODES = {
   },
   [-3]: { code: 'REDIS_STATE_CONFLICT' as const, message: 'publication lock lost (TTL expired)' },
 };
-const applyReply = z.tuple([
-  z.literal(1),
-  z.number(),
-  z.number(),
-  z.number(),
-  z.number(),
-  z.number(),
-  z.number(),
-  z.number(),
-]);
+const applyReply = z
+  .tuple([
+    z.literal(1),
+    z.number(),
+    z.number(),
+    z.number(),
+    z.number(),
+    z.number(),
+    z.number(),
+    z.number(),
+    z.number(),
+  ])
+  .rest(z.number());
 const flatReply = z.array(z.union([z.string(), z.number()]));
 
 export interface BatchOutcome extends Omit<ApplyResult, 'changed'> {
   changed: Scope[];
+  /**
+   * With an epoch: the Redis state this batch was meant for is gone (the marker was missing or replaced before
+   * or after the scripts ran, or a scope belongs to another epoch). What the batch wrote must not be trusted.
+   */
+  lost: boolean;
 }
+
+export interface ApplyOptions {
+  /** The epoch the caller verified; the marker is read before and after the scripts in the same round trip. */
+  epoch?: string;
+  /** "r" while rebuilding: a scope written under another epoch is deleted first (see apply-11.lua). */
+  mode?: 'n' | 'r';
+  /** Scopes to bring under `epoch` even with no op (rebuild mode: clears what a lost batch wrote). */
+  touch?: Scope[];
+}
+
+const scopeMember = (s: Scope) => JSON.stringify([s.tenant, s.agent]);
+const memberScope = (m: string): Scope | null => {
+  const r = z.tuple([z.string(), z.string()]).safeParse(JSON.parse(m));
+  return r.success ? { tenant: r.data[0], agent: r.data[1] } : null;
+};
 
 /**
  * One place for a failed script call in a pipeline: a lost connection is retriable (classifyError knows
@@ -75,7 +115,7 @@ export function pipelineError(script: string, err: unknown): PaverError {
   return new PaverError('REDIS_SCRIPT_FAILED', `${script}: ${errorMessage(err)}`, { cause: err });
 }
 
-/** A window record as apply-10.lua packs it: tools, costs and, when the task had a user message, its terms. */
+/** A window record as apply-11.lua packs it: tools, costs and, when the task had a user message, its terms. */
 export function unpackRecord(packed: string): TermRecord {
   const [tools = '', , terms] = packed.split('\u001e');
   return {
@@ -87,6 +127,9 @@ export function unpackRecord(packed: string): TermRecord {
 /** The detector state in Redis: the Lua twin of core/state.ts. */
 export class RedisDetectorStore {
   private readonly cfg: string;
+  private readonly global: ReturnType<typeof detectorGlobalKeys>;
+  /** partition + scope pairs this process has added to the per-partition scope sets. */
+  private readonly knownScopes = new Set<string>();
   roundTrips = 0;
   constructor(
     private readonly redis: Redis,
@@ -94,6 +137,7 @@ export class RedisDetectorStore {
     private readonly prefix: string,
   ) {
     this.cfg = stateFingerprint(params);
+    this.global = detectorGlobalKeys(prefix);
     const files = readScripts(SCRIPT_DIR, [...SCRIPTS]).filter(
       (f) => SCRIPT_KEYS[f.name as keyof typeof SCRIPT_KEYS] === f.numberOfKeys,
     );
@@ -102,38 +146,80 @@ export class RedisDetectorStore {
     defineScripts(redis, files);
   }
 
-  /** One script call per scope, all in one pipeline: one round trip per batch. */
-  async applyBatch(ops: readonly DetectorOp[]): Promise<BatchOutcome> {
-    const byScope = new Map<string, { scope: Scope; argv: (string | number)[]; n: number }>();
-    for (const op of ops) {
-      const id = scopeId(op.scope);
+  /**
+   * One script call per scope, all in one pipeline: one round trip per batch. With an epoch, the marker is
+   * read first and last in the same pipeline: a loss before or during the batch is seen by this very call.
+   */
+  async applyBatch(ops: readonly DetectorOp[], opts: ApplyOptions = {}): Promise<BatchOutcome> {
+    const byScope = new Map<
+      string,
+      { scope: Scope; argv: (string | number)[]; n: number; parts: Set<number> }
+    >();
+    const group = (scope: Scope) => {
+      const id = scopeId(scope);
       let g = byScope.get(id);
-      if (!g) byScope.set(id, (g = { scope: op.scope, argv: [], n: 0 }));
+      if (!g) byScope.set(id, (g = { scope, argv: [], n: 0, parts: new Set() }));
+      return g;
+    };
+    for (const s of opts.touch ?? []) group(s);
+    for (const op of ops) {
+      const g = group(op.scope);
       const part = op.partition ?? 0;
-      if (op.kind === 'call') g.argv.push('c', op.task, op.eventId, op.ts, op.step, op.tool, op.cost, part);
+      const off = op.offset ?? '';
+      if (op.kind === 'call')
+        g.argv.push('c', op.task, op.eventId, op.ts, op.step, op.tool, op.cost, part, off);
       else if (op.kind === 'msg')
-        g.argv.push('m', op.task, op.eventId, op.ts, 0, op.terms.join(','), 0, part);
-      else g.argv.push('d', op.task, op.eventId, op.ts, 0, '', 0, part);
+        g.argv.push('m', op.task, op.eventId, op.ts, 0, op.terms.join(','), 0, part, off);
+      else g.argv.push('d', op.task, op.eventId, op.ts, 0, '', 0, part, off);
+      g.parts.add(part);
       g.n++;
     }
     const { changed: _c, ...zero } = emptyResult();
-    const out: BatchOutcome = { ...zero, changed: [] };
+    const out: BatchOutcome = { ...zero, changed: [], lost: false };
     if (byScope.size === 0) return out;
     const pipe = this.redis.pipeline();
+    const epoch = opts.epoch;
+    if (epoch !== undefined) pipe.get(this.global.epoch);
     const groups = [...byScope.values()];
+    // Which scopes hold state per partition (the checkpoint's minimum runs over them); added before the
+    // script that writes the state, never removed, so a concurrent checkpoint cannot miss a scope.
+    const added: string[] = [];
+    for (const g of groups)
+      for (const part of g.parts) {
+        const member = `${part}\u001f${scopeId(g.scope)}`;
+        if (this.knownScopes.has(member)) continue;
+        pipe.sadd(this.global.scopes(part), scopeMember(g.scope));
+        added.push(member);
+      }
     for (const g of groups) {
       const k = detectorKeys(this.prefix, g.scope);
       invokeScript(
         pipe,
         'apply',
-        [k.meta, k.open, k.events, k.done, k.window, k.records, k.support, k.exact, k.cost, k.msgs],
-        [this.cfg, g.n, ...g.argv],
+        [k.meta, k.open, k.events, k.done, k.window, k.records, k.support, k.exact, k.cost, k.msgs, k.starts],
+        [this.cfg, epoch ?? '', opts.mode ?? 'n', g.n, ...g.argv],
       );
     }
+    if (epoch !== undefined) pipe.get(this.global.epoch);
     const replies = (await pipe.exec()) ?? [];
     this.roundTrips++;
-    replies.forEach(([err, reply], i) => {
-      if (err) throw pipelineError('apply', err);
+    const failed = replies.find(([err]) => err);
+    if (failed) throw pipelineError('apply', failed[0]);
+    let at = 0;
+    if (epoch !== undefined) {
+      const before = replies[0]![1];
+      const after = replies[replies.length - 1]![1];
+      if (before !== epoch || after !== epoch) out.lost = true;
+      at = 1;
+    }
+    at += added.length;
+    for (const m of added) this.knownScopes.add(m);
+    groups.forEach((g, i) => {
+      const reply = replies[at + i]![1];
+      if (Array.isArray(reply) && reply[0] === OTHER_EPOCH) {
+        out.lost = true;
+        return;
+      }
       const [, changed, applied, ignored, completed, dup, late, limit] = parseScriptReply(
         'apply',
         reply,
@@ -146,9 +232,50 @@ export class RedisDetectorStore {
       out.ignoredBy.late += late;
       out.ignoredBy.task_limit += limit;
       out.completed += completed;
-      if (changed === 1) out.changed.push(groups[i]!.scope);
+      if (changed === 1) out.changed.push(g.scope);
     });
     return out;
+  }
+
+  /** Forgets which scopes this process has registered (after a loss, the registry itself is gone). */
+  forgetScopes(): void {
+    this.knownScopes.clear();
+  }
+
+  /**
+   * Where a rebuild of `partition` must start replaying: the smallest start offset of any open task or window
+   * record from that partition, over every scope, capped by `next` (the next offset to process). The value
+   * only grows over time, so an older checkpoint is always a safe (longer) replay.
+   */
+  async checkpoint(partition: number, next: bigint): Promise<bigint> {
+    const members = await this.redis.smembers(this.global.scopes(partition));
+    this.roundTrips++;
+    let min = next;
+    const scopes = members.map(memberScope).filter((s): s is Scope => s !== null);
+    if (scopes.length === 0) return min;
+    const pipe = this.redis.pipeline();
+    for (const s of scopes)
+      pipe.zrange(`${detectorKeys(this.prefix, s).starts}:${partition}`, 0, 0, 'WITHSCORES');
+    const replies = (await pipe.exec()) ?? [];
+    this.roundTrips++;
+    for (const [err, reply] of replies) {
+      if (err) throw pipelineError('checkpoint', err);
+      const r = z.array(z.string()).parse(reply);
+      if (r.length === 2 && BigInt(r[1]!) < min) min = BigInt(r[1]!);
+    }
+    return min;
+  }
+
+  /** The epoch in which `partition`'s state was last fully rebuilt (or found complete), if any. */
+  async rebuiltIn(partition: number): Promise<string | null> {
+    const v = await this.redis.hget(this.global.rebuilt, String(partition));
+    this.roundTrips++;
+    return v;
+  }
+
+  async markRebuilt(partition: number, epoch: string): Promise<void> {
+    await this.redis.hset(this.global.rebuilt, String(partition), epoch);
+    this.roundTrips++;
   }
 
   /** The frequent sequences and, with request terms on, the window's records, in one atomic read. */

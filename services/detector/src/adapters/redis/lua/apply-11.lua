@@ -16,6 +16,9 @@
   KEYS[8] exact    hash  gram -> records in the window consisting of exactly it
   KEYS[9] cost     hash  gram -> sum of first-occurrence cost over containing records (1/10,000 cent)
   KEYS[10] msgs    hash  task_id -> first user message of an open task: ts "\31" event_id "\31" terms joined by ","
+  KEYS[11] starts  zset  base name: KEYS[11]..":"..p holds, for each open task and window record of partition p,
+                         task_id -> the offset of its first event: the smallest score is where a rebuild of this
+                         scope's state on p must start replaying (see src/adapters/rebuild.ts)
   (frequency is support >= minOcc, read by snapshot-4.lua)
 
   The per-partition keys are derived from declared ones and share their hash tag, so they live in the
@@ -23,14 +26,43 @@
   session_id); core/state.ts makes the same assumption.
 
   ARGV[1] cfg fingerprint: minLen|maxLen|minOcc|lookback|windowMs(0=off)|idleMs|doneRetentionMs|maxTaskEvents|format
-  ARGV[2] op count N, then N ops of 8 fields each:
+  ARGV[2] epoch: the Redis epoch (shared/redis/epoch.ts) the caller verified, kept in meta; "" = no epoch check
+  ARGV[3] mode: "n" normal: state of another epoch is refused ({-4}), nothing written;
+                "r" rebuild: state of another epoch (written into an emptied Redis before the loss was seen)
+                is deleted, then the scope is rebuilt under ARGV[2]
+  ARGV[4] op count N, then N ops of 9 fields each:
           kind ("c" tool call | "d" task completed | "m" user message), task_id, event_id, ts ms, step,
-          tool (for "m": the message's terms joined by ","), cost units, source partition
+          tool (for "m": the message's terms joined by ","), cost units, source partition, source offset
+          ("" when unknown: offline, tests)
 
-  Returns {1, changed (0|1), applied, ignored, completed, ignored as duplicate, as late, over the task limit}
-  or {-2, stored cfg} when the state was built with other parameters.
+  Returns {1, changed (0|1), applied, ignored, completed, ignored as duplicate, as late, over the task limit,
+  P, then P pairs (partition, smallest start offset of the scope's state on it, -1 when none)},
+  {-2, stored cfg} when the state was built with other parameters, or {-4, stored epoch} (mode "n") when the
+  scope's state belongs to another epoch.
 ]]
-local cfg = ARGV[1]
+local cfg, epoch, mode = ARGV[1], ARGV[2], ARGV[3]
+
+-- Partitions this scope holds state on: meta keeps a clock per partition.
+local scopeParts = {}
+for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if string.sub(f, 1, 6) == 'clock:' then scopeParts[string.sub(f, 7)] = true end
+end
+
+if epoch ~= '' then
+  local ep = redis.call('HGET', KEYS[1], 'epoch')
+  if ep ~= epoch then
+    if redis.call('EXISTS', KEYS[1]) == 1 then
+      if mode ~= 'r' then return {-4, ep or ''} end
+      for part in pairs(scopeParts) do
+        redis.call('DEL', KEYS[2] .. ':' .. part, KEYS[4] .. ':' .. part, KEYS[11] .. ':' .. part)
+      end
+      redis.call('DEL', KEYS[1], KEYS[3], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10])
+      scopeParts = {}
+    end
+    redis.call('HSET', KEYS[1], 'epoch', epoch)
+  end
+end
+
 local stored = redis.call('HGET', KEYS[1], 'cfg')
 if stored and stored ~= cfg then return {-2, stored} end
 if not stored then redis.call('HSET', KEYS[1], 'cfg', cfg) end
@@ -112,9 +144,23 @@ local function unpackRecord(packed)
   return tools, costs
 end
 
+-- A task's start offset: kept while it is open and while its record is in the window (the lower one wins
+-- when a forgotten task id comes back while its older record is still in the window).
+local function markStart(task, part, off)
+  if off == nil then return end
+  local key = KEYS[11] .. ':' .. part
+  local cur = redis.call('ZSCORE', key, task)
+  if not cur or tonumber(cur) > off then redis.call('ZADD', key, int(off), task) end
+end
+
+local function dropStart(task)
+  for part in pairs(scopeParts) do redis.call('ZREM', KEYS[11] .. ':' .. part, task) end
+end
+
 local function evictOldest()
   local oldest = redis.call('ZPOPMIN', KEYS[5])
   local task = oldest[1]
+  dropStart(task)
   local packed = redis.call('HGET', KEYS[6], task)
   redis.call('HDEL', KEYS[6], task)
   if packed then
@@ -183,11 +229,13 @@ local function expire(doneKey, clock)
   redis.call('ZREMRANGEBYSCORE', doneKey, '-inf', '(' .. int(clock - retention))
 end
 
-local n = tonumber(ARGV[2])
+local n = tonumber(ARGV[4])
 for k = 0, n - 1 do
-  local b = 3 + k * 8
+  local b = 5 + k * 9
   local kind, task, eid, ts = ARGV[b], ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3])
   local part = ARGV[b + 7]
+  local off = tonumber(ARGV[b + 8])
+  scopeParts[part] = true
   local openKey, doneKey = KEYS[2] .. ':' .. part, KEYS[4] .. ':' .. part
   if ts > maxTs then maxTs = ts end
   if clocks[part] == nil then clocks[part] = tonumber(redis.call('HGET', KEYS[1], 'clock:' .. part) or '0') end
@@ -213,6 +261,7 @@ for k = 0, n - 1 do
       take = ts < cts or (ts == cts and bytesLess(eid, f[2]))
     end
     if take then redis.call('HSET', KEYS[10], task, int(ts) .. US .. eid .. US .. ARGV[b + 5]) end
+    if not last then markStart(task, part, off) end
     if ts > tonumber(last or '-1') then redis.call('ZADD', openKey, ts, task) end
     applied = applied + 1
   elseif kind == 'c' then
@@ -229,8 +278,11 @@ for k = 0, n - 1 do
       redis.call('HSET', KEYS[3], task, packed .. RS .. eid .. US .. ARGV[b + 4] .. US .. ARGV[b + 5] .. US .. ARGV[b + 6])
       applied = applied + 1
     end
+    if not last then markStart(task, part, off) end
     if ts > tonumber(last or '-1') then redis.call('ZADD', openKey, ts, task) end
   else
+    -- A completion with no open task still makes a (possibly empty) record: it starts here.
+    markStart(task, part, off)
     complete(task, ts, openKey, doneKey)
     applied = applied + 1
   end
@@ -238,4 +290,11 @@ for k = 0, n - 1 do
 end
 redis.call('HSET', KEYS[1], 'maxTs', int(maxTs))
 for part, c in pairs(clocks) do redis.call('HSET', KEYS[1], 'clock:' .. part, int(c)) end
-return {1, changed, applied, ignored, completed, dup, late, overLimit}
+local out = {1, changed, applied, ignored, completed, dup, late, overLimit, 0}
+for part in pairs(scopeParts) do
+  local first = redis.call('ZRANGE', KEYS[11] .. ':' .. part, 0, 0, 'WITHSCORES')
+  out[#out + 1] = tonumber(part)
+  out[#out + 1] = #first == 0 and -1 or tonumber(first[2])
+  out[9] = out[9] + 1
+end
+return out
