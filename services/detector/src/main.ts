@@ -6,14 +6,16 @@ import { runService, type ServiceSpec } from '../../../shared/service.js';
 import {
   TOOL_CALLS_EVENT_TYPES,
   toolCallsEventV1,
+  flowCandidateRecordV1,
   type ToolCallsEvent,
   id as idSchema,
 } from '../../../schemas/index.js';
 import { CheckpointLog } from './adapters/kafka/checkpoints.js';
-import { readRanges, type ReplayOptions } from './adapters/kafka/replay.js';
+import { readRanges, readToEnd, type ReplayOptions } from './adapters/kafka/replay.js';
 import { publishScope } from './adapters/publisher.js';
 import { Rebuilder, type PartitionReplay } from './adapters/rebuild.js';
 import { detectorGlobalKeys, RedisDetectorStore } from './adapters/redis/store.js';
+import { candidateKey } from './core/candidate.js';
 import { liveCandidates } from './core/detect.js';
 import { scopeId, toOp, type DetectorOp, type Scope } from './core/ops.js';
 import { IGNORE_REASONS } from './core/state.js';
@@ -116,8 +118,40 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
           'rebuild replay starts after its checkpoint: the tool-calls topic no longer retains it (raise its retention); the oldest window records are missing',
         );
     };
+    /** The candidates the topic still holds as active, per scope (the latest record per key wins). */
+    const restorePublished = async (): Promise<Scope[]> => {
+      const latest = new Map<string, { scope: Scope; key: string; active: boolean }>();
+      await readToEnd(replayOptions(env.PAVER_TOPIC_FLOW_CANDIDATES), async (_p, messages) => {
+        for (const m of messages) {
+          if (m.value === null) continue;
+          const rec = await codec.decode(m.value).then(
+            (v) => flowCandidateRecordV1.safeParse(v),
+            () => null,
+          );
+          if (!rec?.success) continue;
+          const scope = { tenant: rec.data.tenant_id, agent: rec.data.agent_id };
+          latest.set(candidateKey(scope, rec.data.dedupe_key), {
+            scope,
+            key: rec.data.dedupe_key,
+            active: rec.data.status === 'active',
+          });
+        }
+      });
+      const byScope = new Map<string, { scope: Scope; keys: string[] }>();
+      for (const c of latest.values()) {
+        if (!c.active) continue;
+        const id = scopeId(c.scope);
+        let g = byScope.get(id);
+        if (!g) byScope.set(id, (g = { scope: c.scope, keys: [] }));
+        g.keys.push(c.key);
+      }
+      await store.restorePublished([...byScope.values()]);
+      log.info({ scopes: byScope.size }, 'publication state restored from the flow-candidates topic');
+      return [...byScope.values()].map((g) => g.scope);
+    };
     const rebuilder = new Rebuilder({
       store,
+      restorePublished,
       epoch: createEpoch(redis, detectorGlobalKeys(env.REDIS_KEY_PREFIX).epoch),
       checkpoints,
       replay,

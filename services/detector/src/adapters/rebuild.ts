@@ -38,6 +38,8 @@ const MAX_ATTEMPTS = 5;
 export class Rebuilder {
   private readonly verified = new Map<number, string>();
   private active = 0;
+  /** The epoch whose publication maps this process has restored from the candidates topic. */
+  private restoredIn: string | null = null;
 
   constructor(
     private readonly d: {
@@ -45,6 +47,8 @@ export class Rebuilder {
       epoch: Epoch;
       checkpoints: CheckpointLog;
       replay: PartitionReplay;
+      /** Puts back the publication maps from the candidates topic; returns the scopes it touched. */
+      restorePublished: () => Promise<Scope[]>;
       log: Logger;
       hooks: RebuildHooks;
     },
@@ -78,7 +82,14 @@ export class Rebuilder {
         return { epoch, changed: [] };
       }
       const changed = await this.rebuild(partition, epoch, end, touch, heartbeat);
-      if (changed) return { epoch, changed };
+      if (changed) {
+        if (this.restoredIn !== epoch) {
+          // Before anything is published in this epoch, so stale candidates get their retraction.
+          changed.push(...(await this.d.restorePublished()));
+          this.restoredIn = epoch;
+        }
+        return { epoch, changed };
+      }
       if (attempt >= MAX_ATTEMPTS)
         throw new PaverError(
           'REDIS_UNAVAILABLE',

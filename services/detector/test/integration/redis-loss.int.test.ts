@@ -3,10 +3,19 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as tick } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createTopics, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
+import {
+  consumeUntil,
+  createTopics,
+  produce,
+  testRedis,
+  waitFor,
+  type Consumed,
+} from '../../../../test/helpers/kafka.js';
 import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
+import { flowCandidateRecordV1, type FlowCandidate } from '../../../../schemas/index.js';
 import { agentEvents } from '../../../../testkit/streams.js';
+import { candidateKey, toRecord } from '../../src/core/candidate.js';
 import { withRequests } from '../reference/requests.js';
 
 /**
@@ -33,6 +42,19 @@ afterAll(async () => {
 const metrics = async (p: Proc) => parsePrometheus(String((await getJson(p.url('/metrics'))).body));
 const candidates = async (p: Proc) =>
   (await getJson(p.url('/candidates?tenant_id=default&agent_id=agent-0'))).body;
+
+/** The candidates the topic holds as active (the latest record per key), sorted by dedupe_key. */
+function activeOnTopic(all: Consumed[]): unknown[] {
+  const latest = new Map<string, { status: string; dedupe_key: string; candidate: unknown }>();
+  for (const m of all)
+    if (m.key !== null && m.value !== null) latest.set(m.key, JSON.parse(m.value.toString()));
+  return [...latest.values()]
+    .filter((r) => r.status === 'active')
+    .sort((a, b) => (a.dedupe_key < b.dedupe_key ? -1 : 1))
+    .map((r) => r.candidate);
+}
+const byKey = (xs: { dedupe_key?: unknown }[]) =>
+  [...xs].sort((a, b) => (String(a.dedupe_key) < String(b.dedupe_key) ? -1 : 1));
 
 /** Deletes every key under the prefix, as a FLUSHALL would (but only this test's). */
 async function flushPrefix(prefix: string): Promise<number> {
@@ -110,6 +132,20 @@ describe('detector after a Redis loss (real Kafka, real Redis)', () => {
         await tick(5);
       }
     })();
+    // A candidate the detector published before the loss (as far as the topic knows) and that is not live
+    // after it: its entry in the publication map is lost with Redis, yet it must still be retracted.
+    const scope = { tenant: 'default', agent: 'agent-0' };
+    const stale = {
+      ...(offline[0] as FlowCandidate),
+      tool_sequence: ['stale_a', 'stale_b', 'stale_c'],
+      dedupe_key: 'flow_offload:stale_a>stale_b>stale_c',
+    };
+    await produce(env.PAVER_TOPIC_FLOW_CANDIDATES!, [
+      {
+        key: candidateKey(scope, stale.dedupe_key),
+        value: JSON.stringify(flowCandidateRecordV1.parse(toRecord(stale, scope, Date.now()))),
+      },
+    ]);
     const t0 = Date.now();
     expect(await flushPrefix(env.REDIS_KEY_PREFIX!)).toBeGreaterThan(0);
 
@@ -143,9 +179,21 @@ describe('detector after a Redis loss (real Kafka, real Redis)', () => {
       );
     });
     expect(await candidates(p)).toEqual(offline);
+    // The topic agrees: what it holds as active (latest record per key) is exactly the offline answer, so
+    // nothing published before the loss was left behind unretracted.
+    const want = JSON.stringify(byKey(offline as { dedupe_key?: unknown }[]));
+    const topic = await consumeUntil(
+      env.PAVER_TOPIC_FLOW_CANDIDATES!,
+      (all) => JSON.stringify(activeOnTopic(all)) === want,
+    ).catch((err: Error) => {
+      throw new Error(`${err.message}
+${p.output().slice(-3000)}`);
+    });
+    expect(activeOnTopic(topic)).toEqual(byKey(offline as { dedupe_key?: unknown }[]));
     const m = await metrics(p);
     expect(m.value('paver_dead_letters_total')).toBe(0);
     expect(p.output()).toContain('detector partition state rebuilt from Kafka');
+    expect(p.output()).toContain('publication state restored from the flow-candidates topic');
     if (process.env.PAVER_TEST_FIGURES)
       console.log(
         'redis loss scenario',

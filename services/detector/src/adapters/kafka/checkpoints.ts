@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import type { Sink } from '../../../../../shared/kafka/sink.js';
-import { readRanges, type OffsetRange, type ReplayOptions } from './replay.js';
+import { readToEnd, type ReplayOptions } from './replay.js';
 
 /**
  * The detector's replay checkpoints, on a compacted topic it owns: per (Redis key prefix, input topic,
@@ -57,18 +57,7 @@ export class CheckpointLog {
   /** Reads the whole (small, compacted) topic; records of other prefixes or topics, or unreadable ones, are skipped. */
   private async load(): Promise<Map<number, bigint>> {
     const out = new Map<number, bigint>();
-    const admin = this.replay.kafka.admin();
-    let ends: { partition: number; high: string; low: string }[];
-    try {
-      await admin.connect();
-      ends = await admin.fetchTopicOffsets(this.replay.topic);
-    } finally {
-      await admin.disconnect().catch(() => undefined);
-    }
-    const ranges = new Map<number, OffsetRange>(
-      ends.map((e) => [e.partition, { from: BigInt(e.low), end: BigInt(e.high) }]),
-    );
-    await readRanges(this.replay, ranges, async (_p, messages) => {
+    await readToEnd(this.replay, async (_p, messages) => {
       for (const m of messages) {
         if (m.value === null) continue;
         let parsed: unknown;

@@ -108,3 +108,25 @@ export async function readRanges(
     await cleanup.disconnect().catch(() => undefined);
   }
 }
+
+/** Reads every partition of a topic from its low to its high watermark as they are now. */
+export async function readToEnd(
+  o: ReplayOptions,
+  onBatch: (partition: number, messages: KafkaMessage[]) => Promise<void>,
+): Promise<void> {
+  const admin = o.kafka.admin();
+  let ends: { partition: number; high: string; low: string }[];
+  try {
+    await admin.connect();
+    ends = await admin.fetchTopicOffsets(o.topic);
+  } catch (err) {
+    throw new PaverError('KAFKA_UNAVAILABLE', `read of ${o.topic}: ${errorMessage(err)}`, { cause: err });
+  } finally {
+    await admin.disconnect().catch(() => undefined);
+  }
+  await readRanges(
+    o,
+    new Map(ends.map((e) => [e.partition, { from: BigInt(e.low), end: BigInt(e.high) }])),
+    onBatch,
+  );
+}

@@ -64,7 +64,12 @@ const CODES = {
     message:
       'detector state under this key prefix was built with other parameters; use a new REDIS_KEY_PREFIX or delete the old keys',
   },
-  [-3]: { code: 'REDIS_STATE_CONFLICT' as const, message: 'publication lock lost (TTL expired)' },
+  // Retriable: the lock expired, or Redis lost it with the rest of the state; the batch is applied again
+  // (its events are then duplicates), which publishes again, after a rebuild if the state is gone.
+  [-3]: {
+    code: 'STATE_CONTENDED' as const,
+    message: 'publication lock lost (TTL expired, or Redis lost its state)',
+  },
 };
 const applyReply = z
   .tuple([
@@ -264,6 +269,22 @@ export class RedisDetectorStore {
       if (r.length === 2 && BigInt(r[1]!) < min) min = BigInt(r[1]!);
     }
     return min;
+  }
+
+  /**
+   * After a loss, the `published` maps are gone with the state, and a candidate published before it that is
+   * no longer live would never be retracted. This puts back, without overwriting anything published since,
+   * an entry for every candidate the topic still holds as active (its value unknown: it is sent again).
+   */
+  async restorePublished(active: { scope: Scope; keys: string[] }[]): Promise<void> {
+    if (active.length === 0) return;
+    const pipe = this.redis.pipeline();
+    for (const { scope, keys } of active)
+      for (const key of keys) pipe.hsetnx(detectorKeys(this.prefix, scope).published, key, '');
+    const replies = (await pipe.exec()) ?? [];
+    this.roundTrips++;
+    const failed = replies.find(([err]) => err);
+    if (failed) throw pipelineError('restore published', failed[0]);
   }
 
   /** The epoch in which `partition`'s state was last fully rebuilt (or found complete), if any. */
