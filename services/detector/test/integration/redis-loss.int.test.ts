@@ -56,16 +56,17 @@ function activeOnTopic(all: Consumed[]): unknown[] {
 const byKey = (xs: { dedupe_key?: unknown }[]) =>
   [...xs].sort((a, b) => (String(a.dedupe_key) < String(b.dedupe_key) ? -1 : 1));
 
-/** Deletes every key under the prefix, as a FLUSHALL would (but only this test's). */
+/**
+ * Deletes every key under the prefix at once, as FLUSHALL does (atomically: one script), but only this
+ * test's keys (other test files share this Redis).
+ */
 async function flushPrefix(prefix: string): Promise<number> {
-  let cursor = '0';
-  let n = 0;
-  do {
-    const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:*`, 'COUNT', 1000);
-    cursor = next;
-    if (keys.length) n += await redis.del(...keys);
-  } while (cursor !== '0');
-  return n;
+  const n = await redis.eval(
+    "local n = 0 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do n = n + redis.call('DEL', k) end return n",
+    0,
+    `${prefix}:*`,
+  );
+  return Number(n);
 }
 
 beforeAll(async () => {

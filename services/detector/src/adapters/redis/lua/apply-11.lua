@@ -7,7 +7,9 @@
                          seen on partition p: its stream time)
   KEYS[2] open     zset  base name: open tasks of partition p live in KEYS[2]..":"..p, task_id -> last event ts
   KEYS[3] events   hash  task_id -> packed events of an open task: ("\30" event_id "\31" step "\31" tool "\31" cost)*
-  KEYS[4] done     zset  base name: KEYS[4]..":"..p holds partition p's completed task_id -> completion ts,
+  KEYS[4] done     zset  base name: KEYS[4]..":"..p..":"..b holds partition p's completed task_id -> completion ts
+                         for the task ids hashed to bucket b (of DONE_BUCKETS): small sets stay in Redis's
+                         compact listpack encoding (about 25 bytes an id instead of 127 in one big sorted set);
                          remembered doneRetentionMs of p's clock
   KEYS[5] window   zset  task_id -> completion ts (ms); ties ordered by task_id bytes
   KEYS[6] records  hash  task_id -> tools joined by "\31", "\30", costs joined by ",", and when the task had a
@@ -41,6 +43,14 @@
   scope's state belongs to another epoch.
 ]]
 local cfg, epoch, mode = ARGV[1], ARGV[2], ARGV[3]
+local DONE_BUCKETS = 128
+
+-- The done bucket of a task id (a fixed string hash: the same id always lands in the same bucket).
+local function doneKeyOf(part, task)
+  local h = 0
+  for i = 1, #task do h = (h * 31 + string.byte(task, i)) % 16777216 end
+  return KEYS[4] .. ':' .. part .. ':' .. (h % DONE_BUCKETS)
+end
 
 -- Partitions this scope holds state on: meta keeps a clock per partition.
 local scopeParts = {}
@@ -54,7 +64,8 @@ if epoch ~= '' then
     if redis.call('EXISTS', KEYS[1]) == 1 then
       if mode ~= 'r' then return {-4, ep or ''} end
       for part in pairs(scopeParts) do
-        redis.call('DEL', KEYS[2] .. ':' .. part, KEYS[4] .. ':' .. part, KEYS[11] .. ':' .. part)
+        redis.call('DEL', KEYS[2] .. ':' .. part, KEYS[11] .. ':' .. part)
+        for bucket = 0, DONE_BUCKETS - 1 do redis.call('DEL', KEYS[4] .. ':' .. part .. ':' .. bucket) end
       end
       redis.call('DEL', KEYS[1], KEYS[3], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10])
       scopeParts = {}
@@ -169,13 +180,13 @@ local function evictOldest()
   end
 end
 
-local function complete(task, ts, openKey, doneKey)
+local function complete(task, ts, openKey, part)
   local packed = redis.call('HGET', KEYS[3], task)
   redis.call('HDEL', KEYS[3], task)
   local msg = redis.call('HGET', KEYS[10], task)
   redis.call('HDEL', KEYS[10], task)
   redis.call('ZREM', openKey, task)
-  redis.call('ZADD', doneKey, ts, task)
+  redis.call('ZADD', doneKeyOf(part, task), ts, task)
   local evs = {}
   if packed then
     for _, e in ipairs(split(string.sub(packed, 2), RS)) do
@@ -210,13 +221,14 @@ local function complete(task, ts, openKey, doneKey)
 end
 
 -- Only this partition's tasks: another partition running ahead (catching up, a backlog) must not cut them.
-local function sweep(openKey, doneKey, clock)
+local function sweep(openKey, part, clock)
   local due = redis.call('ZRANGEBYSCORE', openKey, '-inf', int(clock - idleMs), 'WITHSCORES')
   -- (last + idle, task) order equals (last, task) order: ZRANGEBYSCORE already returns it.
-  for i = 1, #due, 2 do complete(due[i], tonumber(due[i + 1]) + idleMs, openKey, doneKey) end
+  for i = 1, #due, 2 do complete(due[i], tonumber(due[i + 1]) + idleMs, openKey, part) end
 end
 
--- The window against the scope's newest ts; remembered task ids against their partition's clock.
+-- The window against the scope's newest ts; remembered task ids against their partition's clock (here in the
+-- bucket the op touched; the others are trimmed when next touched, and read as core/state.ts has them).
 local function expire(doneKey, clock)
   if windowMs > 0 then
     while true do
@@ -236,13 +248,16 @@ for k = 0, n - 1 do
   local part = ARGV[b + 7]
   local off = tonumber(ARGV[b + 8])
   scopeParts[part] = true
-  local openKey, doneKey = KEYS[2] .. ':' .. part, KEYS[4] .. ':' .. part
+  local openKey, doneKey = KEYS[2] .. ':' .. part, doneKeyOf(part, task)
   if ts > maxTs then maxTs = ts end
   if clocks[part] == nil then clocks[part] = tonumber(redis.call('HGET', KEYS[1], 'clock:' .. part) or '0') end
+  -- The clock at this partition's last expiry: what core/state.ts has already forgotten by now.
+  local forgotten = clocks[part] - retention
   if ts > clocks[part] then clocks[part] = ts end
   local clock = clocks[part]
-  sweep(openKey, doneKey, clock)
+  sweep(openKey, part, clock)
   local closed = redis.call('ZSCORE', doneKey, task)
+  if closed and tonumber(closed) < forgotten then closed = false end
   local last = redis.call('ZSCORE', openKey, task)
   if closed then
     ignored = ignored + 1
@@ -283,7 +298,7 @@ for k = 0, n - 1 do
   else
     -- A completion with no open task still makes a (possibly empty) record: it starts here.
     markStart(task, part, off)
-    complete(task, ts, openKey, doneKey)
+    complete(task, ts, openKey, part)
     applied = applied + 1
   end
   expire(doneKey, clock)
