@@ -17,7 +17,7 @@ import { emptyResult, type ApplyResult, type TermRecord } from '../../core/state
 
 export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
 /** Script name → key count: the file each name must load (a stale build may still hold older versions). */
-export const SCRIPT_KEYS = { apply: 11, snapshot: 4, claim: 3, release: 3 } as const;
+export const SCRIPT_KEYS = { apply: 11, snapshot: 4, claimSnapshot: 7, release: 3 } as const;
 export const SCRIPTS = Object.keys(SCRIPT_KEYS) as (keyof typeof SCRIPT_KEYS)[];
 
 /** One pure key builder for the detector's keyspace: `<prefix>:det:{tenant|agent}:<name>`. */
@@ -127,6 +127,28 @@ export function unpackRecord(packed: string): TermRecord {
     tools: tools === '' ? [] : tools.split('\u001f'),
     terms: terms === undefined ? null : terms === '' ? [] : terms.split(','),
   };
+}
+
+export interface Snapshot {
+  stats: GramStat[];
+  records: TermRecord[];
+}
+
+/** A snapshot as snapshot-4.lua (and claimSnapshot-7.lua after its published map) returns it, from `at`. */
+function parseSnapshot(reply: (string | number)[], at: number): Snapshot {
+  const n = Number(reply[at]);
+  const stats: GramStat[] = [];
+  for (let i = 0; i < n; i++) {
+    const j = at + 1 + i * 4;
+    stats.push({
+      key: String(reply[j]),
+      support: Number(reply[j + 1]),
+      exact: Number(reply[j + 2]),
+      cost: Number(reply[j + 3]),
+    });
+  }
+  const records = reply.slice(at + 1 + n * 4).map((packed) => unpackRecord(String(packed)));
+  return { stats, records };
 }
 
 /** The detector state in Redis: the Lua twin of core/state.ts. */
@@ -300,7 +322,7 @@ export class RedisDetectorStore {
   }
 
   /** The frequent sequences and, with request terms on, the window's records, in one atomic read. */
-  async snapshot(scope: Scope): Promise<{ stats: GramStat[]; records: TermRecord[] }> {
+  async snapshot(scope: Scope): Promise<Snapshot> {
     const k = detectorKeys(this.prefix, scope);
     const reply = parseScriptReply(
       'snapshot',
@@ -313,34 +335,35 @@ export class RedisDetectorStore {
       flatReply,
     );
     this.roundTrips++;
-    const n = Number(reply[1]);
-    const stats: GramStat[] = [];
-    for (let i = 0; i < n; i++) {
-      const at = 2 + i * 4;
-      stats.push({
-        key: String(reply[at]),
-        support: Number(reply[at + 1]),
-        exact: Number(reply[at + 2]),
-        cost: Number(reply[at + 3]),
-      });
-    }
-    const records = reply.slice(2 + n * 4).map((packed) => unpackRecord(String(packed)));
-    return { stats, records };
+    return parseSnapshot(reply, 1);
   }
 
-  /** The published map when the publication lock was taken; null when another instance holds it. */
-  async claim(scope: Scope, token: string, ttlMs: number): Promise<Map<string, string> | null> {
+  /**
+   * Takes the publication lock and reads the published map and the snapshot in the same call; null when
+   * another instance holds the lock (it is marked dirty, so the holder publishes again).
+   */
+  async claimSnapshot(
+    scope: Scope,
+    token: string,
+    ttlMs: number,
+  ): Promise<{ published: Map<string, string>; snapshot: Snapshot } | null> {
     const k = detectorKeys(this.prefix, scope);
     const reply = parseScriptReply(
-      'claim',
-      await invokeScript(this.redis, 'claim', [k.lock, k.dirty, k.published], [token, ttlMs]),
+      'claimSnapshot',
+      await invokeScript(
+        this.redis,
+        'claimSnapshot',
+        [k.lock, k.dirty, k.published, k.support, k.exact, k.cost, k.records],
+        [token, ttlMs, this.params.minOccurrences, this.params.requestTerms ? '1' : '0'],
+      ),
       flatReply,
     );
     this.roundTrips++;
     if (reply[0] !== 1) return null;
-    const m = new Map<string, string>();
-    for (let i = 1; i + 1 < reply.length; i += 2) m.set(String(reply[i]), String(reply[i + 1]));
-    return m;
+    const pairs = Number(reply[1]);
+    const published = new Map<string, string>();
+    for (let i = 0; i < pairs; i++) published.set(String(reply[2 + i * 2]), String(reply[3 + i * 2]));
+    return { published, snapshot: parseSnapshot(reply, 2 + pairs * 2) };
   }
 
   /** Records what was published; true when the scope changed meanwhile and must be published again. */
