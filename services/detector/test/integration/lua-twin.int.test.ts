@@ -17,11 +17,11 @@ const sortRecords = (xs: { tools: string[]; terms: string[] | null }[]) =>
   xs.map((x) => JSON.stringify(x)).sort();
 
 /**
- * The Lua twin (apply-11.lua, snapshot-4.lua) against core/state.ts on real Redis (issue 11 item 5):
+ * The Lua twin (apply-10.lua, snapshot-3.lua) against core/state.ts on real Redis (issue 11 item 5):
  * random operation streams over several partitions and scopes, in random chunk sizes, give equal counters
  * after every chunk and equal counts, windows and candidates at the end.
  */
-describe('apply-11.lua = core/state.ts', () => {
+describe('apply-10.lua = core/state.ts', () => {
   it('random streams in random chunks give equal counters, snapshots and candidates', async () => {
     let chunks = 0;
     await fc.assert(

@@ -17,7 +17,7 @@ import { emptyResult, type ApplyResult, type TermRecord } from '../../core/state
 
 export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
 /** Script name → key count: the file each name must load (a stale build may still hold older versions). */
-export const SCRIPT_KEYS = { apply: 11, snapshot: 4, claimSnapshot: 7, release: 3 } as const;
+export const SCRIPT_KEYS = { apply: 10, snapshot: 3, claimSnapshot: 6, release: 3 } as const;
 export const SCRIPTS = Object.keys(SCRIPT_KEYS) as (keyof typeof SCRIPT_KEYS)[];
 
 /** One pure key builder for the detector's keyspace: `<prefix>:det:{tenant|agent}:<name>`. */
@@ -33,7 +33,6 @@ export function detectorKeys(prefix: string, s: Scope) {
     records: k('records'),
     support: k('support'),
     exact: k('exact'),
-    cost: k('cost'),
     msgs: k('msgs'),
     starts: k('starts'),
     lock: k('lock'),
@@ -98,7 +97,7 @@ export interface BatchOutcome extends Omit<ApplyResult, 'changed'> {
 export interface ApplyOptions {
   /** The epoch the caller verified; the marker is read before and after the scripts in the same round trip. */
   epoch?: string;
-  /** "r" while rebuilding: a scope written under another epoch is deleted first (see apply-11.lua). */
+  /** "r" while rebuilding: a scope written under another epoch is deleted first (see apply-10.lua). */
   mode?: 'n' | 'r';
   /** Scopes to bring under `epoch` even with no op (rebuild mode: clears what a lost batch wrote). */
   touch?: Scope[];
@@ -120,7 +119,7 @@ export function pipelineError(script: string, err: unknown): PaverError {
   return new PaverError('REDIS_SCRIPT_FAILED', `${script}: ${errorMessage(err)}`, { cause: err });
 }
 
-/** A window record as apply-11.lua packs it: tools, costs and, when the task had a user message, its terms. */
+/** A window record as apply-10.lua packs it: tools, costs and, when the task had a user message, its terms. */
 export function unpackRecord(packed: string): TermRecord {
   const [tools = '', , terms] = packed.split('\u001e');
   return {
@@ -134,7 +133,7 @@ export interface Snapshot {
   records: TermRecord[];
 }
 
-/** A snapshot as snapshot-4.lua (and claimSnapshot-7.lua after its published map) returns it, from `at`. */
+/** A snapshot as snapshot-3.lua (and claimSnapshot-6.lua after its published map) returns it, from `at`. */
 function parseSnapshot(reply: (string | number)[], at: number): Snapshot {
   const n = Number(reply[at]);
   const stats: GramStat[] = [];
@@ -223,7 +222,7 @@ export class RedisDetectorStore {
       invokeScript(
         pipe,
         'apply',
-        [k.meta, k.open, k.events, k.done, k.window, k.records, k.support, k.exact, k.cost, k.msgs, k.starts],
+        [k.meta, k.open, k.events, k.done, k.window, k.records, k.support, k.exact, k.msgs, k.starts],
         [this.cfg, epoch ?? '', opts.mode ?? 'n', g.n, ...g.argv],
       );
     }
@@ -329,7 +328,7 @@ export class RedisDetectorStore {
       await invokeScript(
         this.redis,
         'snapshot',
-        [k.support, k.exact, k.cost, k.records],
+        [k.support, k.exact, k.records],
         [this.params.minOccurrences, this.params.requestTerms ? '1' : '0'],
       ),
       flatReply,
@@ -353,7 +352,7 @@ export class RedisDetectorStore {
       await invokeScript(
         this.redis,
         'claimSnapshot',
-        [k.lock, k.dirty, k.published, k.support, k.exact, k.cost, k.records],
+        [k.lock, k.dirty, k.published, k.support, k.exact, k.records],
         [token, ttlMs, this.params.minOccurrences, this.params.requestTerms ? '1' : '0'],
       ),
       flatReply,

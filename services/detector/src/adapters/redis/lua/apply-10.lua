@@ -14,14 +14,14 @@
   KEYS[5] window   zset  task_id -> completion ts (ms); ties ordered by task_id bytes
   KEYS[6] records  hash  task_id -> tools joined by "\31", "\30", costs joined by ",", and when the task had a
                          user message: "\30", its terms joined by ","  (window members only)
-  KEYS[7] support  hash  gram -> records in the window containing it
+  KEYS[7] support  hash  gram -> "<support>,<cost>": records in the window containing it, and the sum of its
+                         first-occurrence cost over them (1/10,000 cent); one hash, so each gram is stored once
   KEYS[8] exact    hash  gram -> records in the window consisting of exactly it
-  KEYS[9] cost     hash  gram -> sum of first-occurrence cost over containing records (1/10,000 cent)
-  KEYS[10] msgs    hash  task_id -> first user message of an open task: ts "\31" event_id "\31" terms joined by ","
-  KEYS[11] starts  zset  base name: KEYS[11]..":"..p holds, for each open task and window record of partition p,
+  KEYS[9] msgs     hash  task_id -> first user message of an open task: ts "\31" event_id "\31" terms joined by ","
+  KEYS[10] starts  zset  base name: KEYS[10]..":"..p holds, for each open task and window record of partition p,
                          task_id -> the offset of its first event: the smallest score is where a rebuild of this
                          scope's state on p must start replaying (see src/adapters/rebuild.ts)
-  (frequency is support >= minOcc, read by snapshot-4.lua)
+  (frequency is support >= minOcc, read by snapshot-3.lua and claimSnapshot-6.lua)
 
   The per-partition keys are derived from declared ones and share their hash tag, so they live in the
   scope's slot. A task's events are assumed to arrive on one partition (they do: the topic is keyed by
@@ -64,10 +64,10 @@ if epoch ~= '' then
     if redis.call('EXISTS', KEYS[1]) == 1 then
       if mode ~= 'r' then return {-4, ep or ''} end
       for part in pairs(scopeParts) do
-        redis.call('DEL', KEYS[2] .. ':' .. part, KEYS[11] .. ':' .. part)
+        redis.call('DEL', KEYS[2] .. ':' .. part, KEYS[10] .. ':' .. part)
         for bucket = 0, DONE_BUCKETS - 1 do redis.call('DEL', KEYS[4] .. ':' .. part .. ':' .. bucket) end
       end
-      redis.call('DEL', KEYS[1], KEYS[3], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10])
+      redis.call('DEL', KEYS[1], KEYS[3], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
       scopeParts = {}
     end
     redis.call('HSET', KEYS[1], 'epoch', epoch)
@@ -132,13 +132,14 @@ local function count(tools, costs, d)
     if seen[whole] == nil then seen[whole] = prefix[n]; order[#order + 1] = whole end
   end
   for _, key in ipairs(order) do
-    local s = redis.call('HINCRBY', KEYS[7], key, d)
-    if s == 0 then
-      redis.call('HDEL', KEYS[7], key)
-      redis.call('HDEL', KEYS[9], key)
-    else
-      redis.call('HINCRBY', KEYS[9], key, int(d * seen[key]))
+    local s, c = d, d * seen[key]
+    local cur = redis.call('HGET', KEYS[7], key)
+    if cur then
+      local comma = string.find(cur, ',', 1, true)
+      s = s + tonumber(string.sub(cur, 1, comma - 1))
+      c = c + tonumber(string.sub(cur, comma + 1))
     end
+    if s == 0 then redis.call('HDEL', KEYS[7], key) else redis.call('HSET', KEYS[7], key, int(s) .. ',' .. int(c)) end
   end
   if whole ~= nil then
     local x = redis.call('HINCRBY', KEYS[8], whole, d)
@@ -159,13 +160,13 @@ end
 -- when a forgotten task id comes back while its older record is still in the window).
 local function markStart(task, part, off)
   if off == nil then return end
-  local key = KEYS[11] .. ':' .. part
+  local key = KEYS[10] .. ':' .. part
   local cur = redis.call('ZSCORE', key, task)
   if not cur or tonumber(cur) > off then redis.call('ZADD', key, int(off), task) end
 end
 
 local function dropStart(task)
-  for part in pairs(scopeParts) do redis.call('ZREM', KEYS[11] .. ':' .. part, task) end
+  for part in pairs(scopeParts) do redis.call('ZREM', KEYS[10] .. ':' .. part, task) end
 end
 
 local function evictOldest()
@@ -183,8 +184,8 @@ end
 local function complete(task, ts, openKey, part)
   local packed = redis.call('HGET', KEYS[3], task)
   redis.call('HDEL', KEYS[3], task)
-  local msg = redis.call('HGET', KEYS[10], task)
-  redis.call('HDEL', KEYS[10], task)
+  local msg = redis.call('HGET', KEYS[9], task)
+  redis.call('HDEL', KEYS[9], task)
   redis.call('ZREM', openKey, task)
   redis.call('ZADD', doneKeyOf(part, task), ts, task)
   local evs = {}
@@ -268,14 +269,14 @@ for k = 0, n - 1 do
     late = late + 1
   elseif kind == 'm' then
     -- The first message by (ts, event_id) wins, whatever order redeliveries bring them in.
-    local cur = redis.call('HGET', KEYS[10], task)
+    local cur = redis.call('HGET', KEYS[9], task)
     local take = cur == nil or cur == false
     if not take then
       local f = split(cur, US)
       local cts = tonumber(f[1])
       take = ts < cts or (ts == cts and bytesLess(eid, f[2]))
     end
-    if take then redis.call('HSET', KEYS[10], task, int(ts) .. US .. eid .. US .. ARGV[b + 5]) end
+    if take then redis.call('HSET', KEYS[9], task, int(ts) .. US .. eid .. US .. ARGV[b + 5]) end
     if not last then markStart(task, part, off) end
     if ts > tonumber(last or '-1') then redis.call('ZADD', openKey, ts, task) end
     applied = applied + 1
@@ -307,7 +308,7 @@ redis.call('HSET', KEYS[1], 'maxTs', int(maxTs))
 for part, c in pairs(clocks) do redis.call('HSET', KEYS[1], 'clock:' .. part, int(c)) end
 local out = {1, changed, applied, ignored, completed, dup, late, overLimit, 0}
 for part in pairs(scopeParts) do
-  local first = redis.call('ZRANGE', KEYS[11] .. ':' .. part, 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', KEYS[10] .. ':' .. part, 0, 0, 'WITHSCORES')
   out[#out + 1] = tonumber(part)
   out[#out + 1] = #first == 0 and -1 or tonumber(first[2])
   out[9] = out[9] + 1
