@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { commonEnvShape, envBool, refineCommon } from '../../../shared/config.js';
+import { commonEnvShape, envBool, refineCommon, topicName } from '../../../shared/config.js';
 import type { DetectorParams } from './core/params.js';
 
 const int = (min: number, max = Number.MAX_SAFE_INTEGER) => z.coerce.number().int().min(min).max(max);
@@ -19,6 +19,10 @@ export const detectorEnvSchema = z
     DETECTOR_MAX_TASK_EVENTS: int(1, 100_000).default(1000),
     /** Stores the terms (never the text) of each task's first user message; see the README. */
     DETECTOR_REQUEST_TERMS: envBool.default(true),
+    /** Compacted topic of replay checkpoints: where a rebuild after a Redis loss starts, per partition. */
+    DETECTOR_TOPIC_CHECKPOINTS: topicName.default('paver.detector-checkpoints.v1'),
+    /** How often (at most) each partition's checkpoint is recomputed and written; 0 = after every chunk. */
+    DETECTOR_CHECKPOINT_INTERVAL_MS: int(0).default(5_000),
   })
   .superRefine((env, ctx) => {
     refineCommon(env, ctx);

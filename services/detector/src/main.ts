@@ -1,16 +1,23 @@
-import { Counter } from 'prom-client';
+import { Counter, Gauge } from 'prom-client';
 import { zodParser } from '../../../shared/kafka/runner.js';
+import { createEpoch } from '../../../shared/redis/epoch.js';
+import { PaverError } from '../../../shared/errors.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
 import {
   TOOL_CALLS_EVENT_TYPES,
   toolCallsEventV1,
+  flowCandidateRecordV1,
   type ToolCallsEvent,
   id as idSchema,
 } from '../../../schemas/index.js';
+import { CheckpointLog } from './adapters/kafka/checkpoints.js';
+import { readRanges, readToEnd, type ReplayOptions } from './adapters/kafka/replay.js';
 import { publishScope } from './adapters/publisher.js';
-import { RedisDetectorStore } from './adapters/redis/store.js';
+import { Rebuilder, type PartitionReplay } from './adapters/rebuild.js';
+import { detectorGlobalKeys, RedisDetectorStore } from './adapters/redis/store.js';
+import { candidateKey } from './core/candidate.js';
 import { liveCandidates } from './core/detect.js';
-import { toOp, type DetectorOp, type Scope } from './core/ops.js';
+import { scopeId, toOp, type DetectorOp, type Scope } from './core/ops.js';
 import { IGNORE_REASONS } from './core/state.js';
 import { detectorEnvSchema, paramsFromEnv, type DetectorEnv } from './config.js';
 
@@ -19,9 +26,10 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
   envSchema: detectorEnvSchema,
   defaultPort: 9101,
   groupId: (env) => env.DETECTOR_GROUP_ID,
-  async setup({ env, redis, sink, metrics, log }) {
+  async setup({ env, redis, sink, metrics, log, kafka, codec }) {
     const params = paramsFromEnv(env);
     const store = new RedisDetectorStore(redis, params, env.REDIS_KEY_PREFIX);
+    const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
     const r = [metrics.registry];
     const events = new Counter({
       name: 'paver_detector_events_total',
@@ -52,6 +60,121 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
       help: 'Redis round trips made by the detector.',
       registers: r,
     });
+    const rebuilds = new Counter({
+      name: 'paver_detector_rebuilds_total',
+      help: 'Partition state rebuilds from Kafka (the Redis state was lost, or the partition was never built under the current epoch), by outcome: rebuilt, retried (lost again meanwhile), failed.',
+      labelNames: ['outcome'],
+      registers: r,
+    });
+    for (const outcome of ['rebuilt', 'retried', 'failed']) rebuilds.inc({ outcome }, 0);
+    const rebuilding = new Gauge({
+      name: 'paver_detector_rebuilding',
+      help: 'Partitions whose state is being rebuilt from Kafka now (/readyz is false meanwhile).',
+      registers: r,
+    });
+    const replayed = new Counter({
+      name: 'paver_detector_rebuild_events_total',
+      help: 'Input messages replayed from Kafka by rebuilds.',
+      registers: r,
+    });
+    const replayOptions = (topic: string): ReplayOptions => ({
+      kafka,
+      topic,
+      groupPrefix: env.DETECTOR_GROUP_ID,
+      sessionTimeoutMs: env.KAFKA_SESSION_TIMEOUT_MS,
+      maxBytesPerPartition: env.KAFKA_MAX_BYTES_PER_PARTITION,
+    });
+    const checkpoints = new CheckpointLog(
+      sink,
+      replayOptions(env.DETECTOR_TOPIC_CHECKPOINTS),
+      env.REDIS_KEY_PREFIX,
+      env.PAVER_TOPIC_TOOL_CALLS,
+    );
+    const input = replayOptions(env.PAVER_TOPIC_TOOL_CALLS);
+    const replay: PartitionReplay = async (partition, from, end, each) => {
+      const { lowWatermarks } = await readRanges(
+        input,
+        new Map([[partition, { from: from ?? 0n, end }]]),
+        async (_p, messages) => {
+          const ops: DetectorOp[] = [];
+          for (const m of messages) {
+            if (m.value === null) continue;
+            // Messages that do not decode were dead-lettered when first read: they made no state then either.
+            const decoded = await codec.decode(m.value).then(
+              (v) => parse(v, input.topic),
+              () => null,
+            );
+            if (!decoded?.ok) continue;
+            const op = toOp(decoded.value, params.requestTerms, partition, m.offset);
+            if (op) ops.push(op);
+          }
+          await each(ops, messages.length);
+        },
+      );
+      const low = lowWatermarks.get(partition) ?? 0n;
+      if (from !== null && from < low)
+        log.error(
+          { partition, checkpoint: from.toString(), lowWatermark: low.toString() },
+          'rebuild replay starts after its checkpoint: the tool-calls topic no longer retains it (raise its retention); the oldest window records are missing',
+        );
+    };
+    /** The candidates the topic still holds as active, per scope (the latest record per key wins). */
+    const restorePublished = async (): Promise<Scope[]> => {
+      const latest = new Map<string, { scope: Scope; key: string; active: boolean }>();
+      await readToEnd(replayOptions(env.PAVER_TOPIC_FLOW_CANDIDATES), async (_p, messages) => {
+        for (const m of messages) {
+          if (m.value === null) continue;
+          const rec = await codec.decode(m.value).then(
+            (v) => flowCandidateRecordV1.safeParse(v),
+            () => null,
+          );
+          if (!rec?.success) continue;
+          const scope = { tenant: rec.data.tenant_id, agent: rec.data.agent_id };
+          latest.set(candidateKey(scope, rec.data.dedupe_key), {
+            scope,
+            key: rec.data.dedupe_key,
+            active: rec.data.status === 'active',
+          });
+        }
+      });
+      const byScope = new Map<string, { scope: Scope; keys: string[] }>();
+      for (const c of latest.values()) {
+        if (!c.active) continue;
+        const id = scopeId(c.scope);
+        let g = byScope.get(id);
+        if (!g) byScope.set(id, (g = { scope: c.scope, keys: [] }));
+        g.keys.push(c.key);
+      }
+      await store.restorePublished([...byScope.values()]);
+      log.info({ scopes: byScope.size }, 'publication state restored from the flow-candidates topic');
+      return [...byScope.values()].map((g) => g.scope);
+    };
+    const rebuilder = new Rebuilder({
+      store,
+      restorePublished,
+      epoch: createEpoch(redis, detectorGlobalKeys(env.REDIS_KEY_PREFIX).epoch),
+      checkpoints,
+      replay,
+      log,
+      hooks: {
+        started: () => rebuilding.inc(),
+        finished: (_p, outcome, events) => {
+          rebuilding.dec();
+          rebuilds.inc({ outcome });
+          replayed.inc(events);
+        },
+      },
+    });
+    const lastCheckpoint = new Map<number, { at: number; offset: bigint }>();
+    /** Throttled: an older checkpoint is always safe (a longer replay), never a wrong one. */
+    const maybeCheckpoint = async (partition: number, next: bigint) => {
+      const now = Date.now();
+      const prev = lastCheckpoint.get(partition);
+      if (prev && now - prev.at < env.DETECTOR_CHECKPOINT_INTERVAL_MS) return;
+      const offset = await store.checkpoint(partition, next);
+      if (prev?.offset !== offset) await checkpoints.write(partition, offset, now);
+      lastCheckpoint.set(partition, { at: now, offset });
+    };
     let tripsSeen = 0;
     const countTrips = () => {
       trips.inc(store.roundTrips - tripsSeen);
@@ -60,12 +183,39 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
 
     return {
       inputTopics: [env.PAVER_TOPIC_TOOL_CALLS],
-      parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
-      async handler(batch) {
+      parse,
+      extraTopics: [{ topic: env.DETECTOR_TOPIC_CHECKPOINTS, compacted: true, partitions: 1 }],
+      readiness: [{ name: 'detector_state', check: () => !rebuilder.isRebuilding() }],
+      async handler(batch, ctx) {
+        const first = batch[0];
+        if (!first) return;
+        const partition = first.partition;
         const ops = batch
-          .map((b) => toOp(b.value, params.requestTerms, b.partition))
+          .map((b) => toOp(b.value, params.requestTerms, b.partition, b.offset))
           .filter((o): o is DetectorOp => o !== null);
-        const out = await store.applyBatch(ops);
+        const touched = new Map(ops.map((o) => [scopeId(o.scope), o.scope]));
+        const toPublish = new Map<string, Scope>();
+        let out: Awaited<ReturnType<typeof store.applyBatch>>;
+        for (let attempt = 1; ; attempt++) {
+          // Everything before this chunk on its partition has been applied (by this process or an earlier
+          // owner): that is where a rebuild's replay ends.
+          const ready = await rebuilder.ensure(partition, BigInt(first.offset), [...touched.values()], () =>
+            ctx.heartbeat(),
+          );
+          for (const s of ready.changed) toPublish.set(scopeId(s), s);
+          out = await store.applyBatch(ops, { epoch: ready.epoch });
+          if (!out.lost) break;
+          if (attempt >= 5)
+            throw new PaverError(
+              'REDIS_UNAVAILABLE',
+              'detector state lost in Redis again after every rebuild',
+            );
+          log.warn(
+            { partition },
+            'detector state lost in Redis during a batch: rebuilding before applying it',
+          );
+          rebuilder.invalidate(partition);
+        }
         events.inc({ outcome: 'applied' }, out.applied);
         events.inc({ outcome: 'ignored' }, out.ignored);
         for (const reason of IGNORE_REASONS) ignoredBy.inc({ reason }, out.ignoredBy[reason]);
@@ -76,11 +226,13 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
             'late events ignored (older than DETECTOR_TASK_IDLE_MS behind their partition, or after their task closed)',
           );
         records.inc(out.completed);
-        for (const scope of out.changed) {
+        for (const s of out.changed) toPublish.set(scopeId(s), s);
+        for (const scope of toPublish.values()) {
           await publishScope(store, sink, env.PAVER_TOPIC_FLOW_CANDIDATES, params, scope, (status, n) =>
             published.inc({ status }, n),
           );
         }
+        await maybeCheckpoint(partition, BigInt(batch[batch.length - 1]!.offset) + 1n);
         countTrips();
       },
       routes: [

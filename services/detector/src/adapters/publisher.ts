@@ -22,10 +22,13 @@ export async function publishScope(
   onPublished: (status: 'active' | 'retracted', n: number) => void,
 ): Promise<void> {
   const token = randomUUID();
-  let published = await store.claim(scope, token, LOCK_TTL_MS);
-  if (!published) return;
+  // The lock, the published map and the snapshot in one round trip; a second pass (the scope changed while
+  // this one published) reads a fresh snapshot under the lock it still holds.
+  const claimed = await store.claimSnapshot(scope, token, LOCK_TTL_MS);
+  if (!claimed) return;
+  let published = claimed.published;
+  let snap = claimed.snapshot;
   for (;;) {
-    const snap = await store.snapshot(scope);
     const live = liveCandidates(snap.stats, params, snap.records);
     const { upserts, retracts, next } = diffCandidates(published, live);
     const now = Date.now();
@@ -44,5 +47,6 @@ export async function publishScope(
     );
     if (!again) return;
     published = next;
+    snap = await store.snapshot(scope);
   }
 }

@@ -33,16 +33,25 @@ export type DetectorOp = (
   | { kind: 'done'; scope: Scope; task: string; eventId: string; ts: number }
   /** A user message of a task: only its terms travel (empty when request terms are off), never the text. */
   | { kind: 'msg'; scope: Scope; task: string; eventId: string; ts: number; terms: string[] }
-) & { partition?: number };
+) & {
+  partition?: number;
+  /** The source offset (streaming only): where a rebuild must start replaying to see this event again. */
+  offset?: string;
+};
 
 /**
  * Tool calls make a record; a completion closes it; a task's user message is an event of the task (it keeps
  * the task open) whose terms describe the request. A user message without task_id belongs to no record.
  */
-export function toOp(e: ToolCallsEvent, requestTerms = true, partition = 0): DetectorOp | null {
+export function toOp(
+  e: ToolCallsEvent,
+  requestTerms = true,
+  partition = 0,
+  offset?: string,
+): DetectorOp | null {
   const scope = { tenant: e.tenant_id, agent: e.agent_id };
   const op = toOpAt(e, scope, requestTerms);
-  return op && { ...op, partition };
+  return op && (offset === undefined ? { ...op, partition } : { ...op, partition, offset });
 }
 
 function toOpAt(e: ToolCallsEvent, scope: Scope, requestTerms: boolean): DetectorOp | null {

@@ -44,8 +44,9 @@ export function stateFingerprint(p: DetectorParams): string {
     p.taskIdleMs,
     p.doneRetentionMs,
     p.maxTaskEvents,
-    // State layout version: v2 keeps open and completed tasks per partition (per-partition stream time).
-    'v2',
+    // State layout version: v2 keeps open and completed tasks per partition (per-partition stream time);
+    // v3 adds each task's start offset (what a rebuild after a Redis loss replays from) and the epoch.
+    'v3',
   ].join('|');
 }
 

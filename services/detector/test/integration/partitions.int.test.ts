@@ -92,7 +92,9 @@ describe('detector across partitions and restarts (real Kafka, real Redis)', () 
           return v >= 100 ? v : 0;
         },
         `records before kill ${kill + 1}`,
-      );
+      ).catch((err: Error) => {
+        throw new Error(`${err.message}\n${p.output().slice(-4000)}`);
+      });
       p.child.kill('SIGKILL');
       await p.exited;
       done.push(n);

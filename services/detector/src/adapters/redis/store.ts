@@ -17,7 +17,7 @@ import { emptyResult, type ApplyResult, type TermRecord } from '../../core/state
 
 export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
 /** Script name → key count: the file each name must load (a stale build may still hold older versions). */
-export const SCRIPT_KEYS = { apply: 10, snapshot: 4, claim: 3, release: 3 } as const;
+export const SCRIPT_KEYS = { apply: 10, snapshot: 3, claimSnapshot: 6, release: 3 } as const;
 export const SCRIPTS = Object.keys(SCRIPT_KEYS) as (keyof typeof SCRIPT_KEYS)[];
 
 /** One pure key builder for the detector's keyspace: `<prefix>:det:{tenant|agent}:<name>`. */
@@ -33,13 +33,29 @@ export function detectorKeys(prefix: string, s: Scope) {
     records: k('records'),
     support: k('support'),
     exact: k('exact'),
-    cost: k('cost'),
     msgs: k('msgs'),
+    starts: k('starts'),
     lock: k('lock'),
     dirty: k('dirty'),
     published: k('published'),
   };
 }
+
+/**
+ * Keys outside any scope (each its own slot; never touched by a script together with scope keys): the epoch
+ * marker (shared/redis/epoch.ts), the epoch each partition's state was last rebuilt in, and the scopes holding
+ * state per partition (what the checkpoint's minimum is taken over).
+ */
+export function detectorGlobalKeys(prefix: string) {
+  return {
+    epoch: `${prefix}:det:epoch`,
+    rebuilt: `${prefix}:det:rebuilt`,
+    scopes: (partition: number) => `${prefix}:det:scopes:${partition}`,
+  };
+}
+
+/** Script status when a scope's state belongs to another epoch (apply mode "n"). */
+const OTHER_EPOCH = -4;
 
 const CODES = {
   [-2]: {
@@ -47,23 +63,51 @@ const CODES = {
     message:
       'detector state under this key prefix was built with other parameters; use a new REDIS_KEY_PREFIX or delete the old keys',
   },
-  [-3]: { code: 'REDIS_STATE_CONFLICT' as const, message: 'publication lock lost (TTL expired)' },
+  // Retriable: the lock expired, or Redis lost it with the rest of the state; the batch is applied again
+  // (its events are then duplicates), which publishes again, after a rebuild if the state is gone.
+  [-3]: {
+    code: 'STATE_CONTENDED' as const,
+    message: 'publication lock lost (TTL expired, or Redis lost its state)',
+  },
 };
-const applyReply = z.tuple([
-  z.literal(1),
-  z.number(),
-  z.number(),
-  z.number(),
-  z.number(),
-  z.number(),
-  z.number(),
-  z.number(),
-]);
+const applyReply = z
+  .tuple([
+    z.literal(1),
+    z.number(),
+    z.number(),
+    z.number(),
+    z.number(),
+    z.number(),
+    z.number(),
+    z.number(),
+    z.number(),
+  ])
+  .rest(z.number());
 const flatReply = z.array(z.union([z.string(), z.number()]));
 
 export interface BatchOutcome extends Omit<ApplyResult, 'changed'> {
   changed: Scope[];
+  /**
+   * With an epoch: the Redis state this batch was meant for is gone (the marker was missing or replaced before
+   * or after the scripts ran, or a scope belongs to another epoch). What the batch wrote must not be trusted.
+   */
+  lost: boolean;
 }
+
+export interface ApplyOptions {
+  /** The epoch the caller verified; the marker is read before and after the scripts in the same round trip. */
+  epoch?: string;
+  /** "r" while rebuilding: a scope written under another epoch is deleted first (see apply-10.lua). */
+  mode?: 'n' | 'r';
+  /** Scopes to bring under `epoch` even with no op (rebuild mode: clears what a lost batch wrote). */
+  touch?: Scope[];
+}
+
+const scopeMember = (s: Scope) => JSON.stringify([s.tenant, s.agent]);
+const memberScope = (m: string): Scope | null => {
+  const r = z.tuple([z.string(), z.string()]).safeParse(JSON.parse(m));
+  return r.success ? { tenant: r.data[0], agent: r.data[1] } : null;
+};
 
 /**
  * One place for a failed script call in a pipeline: a lost connection is retriable (classifyError knows
@@ -84,9 +128,34 @@ export function unpackRecord(packed: string): TermRecord {
   };
 }
 
+export interface Snapshot {
+  stats: GramStat[];
+  records: TermRecord[];
+}
+
+/** A snapshot as snapshot-3.lua (and claimSnapshot-6.lua after its published map) returns it, from `at`. */
+function parseSnapshot(reply: (string | number)[], at: number): Snapshot {
+  const n = Number(reply[at]);
+  const stats: GramStat[] = [];
+  for (let i = 0; i < n; i++) {
+    const j = at + 1 + i * 4;
+    stats.push({
+      key: String(reply[j]),
+      support: Number(reply[j + 1]),
+      exact: Number(reply[j + 2]),
+      cost: Number(reply[j + 3]),
+    });
+  }
+  const records = reply.slice(at + 1 + n * 4).map((packed) => unpackRecord(String(packed)));
+  return { stats, records };
+}
+
 /** The detector state in Redis: the Lua twin of core/state.ts. */
 export class RedisDetectorStore {
   private readonly cfg: string;
+  private readonly global: ReturnType<typeof detectorGlobalKeys>;
+  /** partition + scope pairs this process has added to the per-partition scope sets. */
+  private readonly knownScopes = new Set<string>();
   roundTrips = 0;
   constructor(
     private readonly redis: Redis,
@@ -94,6 +163,7 @@ export class RedisDetectorStore {
     private readonly prefix: string,
   ) {
     this.cfg = stateFingerprint(params);
+    this.global = detectorGlobalKeys(prefix);
     const files = readScripts(SCRIPT_DIR, [...SCRIPTS]).filter(
       (f) => SCRIPT_KEYS[f.name as keyof typeof SCRIPT_KEYS] === f.numberOfKeys,
     );
@@ -102,38 +172,80 @@ export class RedisDetectorStore {
     defineScripts(redis, files);
   }
 
-  /** One script call per scope, all in one pipeline: one round trip per batch. */
-  async applyBatch(ops: readonly DetectorOp[]): Promise<BatchOutcome> {
-    const byScope = new Map<string, { scope: Scope; argv: (string | number)[]; n: number }>();
-    for (const op of ops) {
-      const id = scopeId(op.scope);
+  /**
+   * One script call per scope, all in one pipeline: one round trip per batch. With an epoch, the marker is
+   * read first and last in the same pipeline: a loss before or during the batch is seen by this very call.
+   */
+  async applyBatch(ops: readonly DetectorOp[], opts: ApplyOptions = {}): Promise<BatchOutcome> {
+    const byScope = new Map<
+      string,
+      { scope: Scope; argv: (string | number)[]; n: number; parts: Set<number> }
+    >();
+    const group = (scope: Scope) => {
+      const id = scopeId(scope);
       let g = byScope.get(id);
-      if (!g) byScope.set(id, (g = { scope: op.scope, argv: [], n: 0 }));
+      if (!g) byScope.set(id, (g = { scope, argv: [], n: 0, parts: new Set() }));
+      return g;
+    };
+    for (const s of opts.touch ?? []) group(s);
+    for (const op of ops) {
+      const g = group(op.scope);
       const part = op.partition ?? 0;
-      if (op.kind === 'call') g.argv.push('c', op.task, op.eventId, op.ts, op.step, op.tool, op.cost, part);
+      const off = op.offset ?? '';
+      if (op.kind === 'call')
+        g.argv.push('c', op.task, op.eventId, op.ts, op.step, op.tool, op.cost, part, off);
       else if (op.kind === 'msg')
-        g.argv.push('m', op.task, op.eventId, op.ts, 0, op.terms.join(','), 0, part);
-      else g.argv.push('d', op.task, op.eventId, op.ts, 0, '', 0, part);
+        g.argv.push('m', op.task, op.eventId, op.ts, 0, op.terms.join(','), 0, part, off);
+      else g.argv.push('d', op.task, op.eventId, op.ts, 0, '', 0, part, off);
+      g.parts.add(part);
       g.n++;
     }
     const { changed: _c, ...zero } = emptyResult();
-    const out: BatchOutcome = { ...zero, changed: [] };
+    const out: BatchOutcome = { ...zero, changed: [], lost: false };
     if (byScope.size === 0) return out;
     const pipe = this.redis.pipeline();
+    const epoch = opts.epoch;
+    if (epoch !== undefined) pipe.get(this.global.epoch);
     const groups = [...byScope.values()];
+    // Which scopes hold state per partition (the checkpoint's minimum runs over them); added before the
+    // script that writes the state, never removed, so a concurrent checkpoint cannot miss a scope.
+    const added: string[] = [];
+    for (const g of groups)
+      for (const part of g.parts) {
+        const member = `${part}\u001f${scopeId(g.scope)}`;
+        if (this.knownScopes.has(member)) continue;
+        pipe.sadd(this.global.scopes(part), scopeMember(g.scope));
+        added.push(member);
+      }
     for (const g of groups) {
       const k = detectorKeys(this.prefix, g.scope);
       invokeScript(
         pipe,
         'apply',
-        [k.meta, k.open, k.events, k.done, k.window, k.records, k.support, k.exact, k.cost, k.msgs],
-        [this.cfg, g.n, ...g.argv],
+        [k.meta, k.open, k.events, k.done, k.window, k.records, k.support, k.exact, k.msgs, k.starts],
+        [this.cfg, epoch ?? '', opts.mode ?? 'n', g.n, ...g.argv],
       );
     }
+    if (epoch !== undefined) pipe.get(this.global.epoch);
     const replies = (await pipe.exec()) ?? [];
     this.roundTrips++;
-    replies.forEach(([err, reply], i) => {
-      if (err) throw pipelineError('apply', err);
+    const failed = replies.find(([err]) => err);
+    if (failed) throw pipelineError('apply', failed[0]);
+    let at = 0;
+    if (epoch !== undefined) {
+      const before = replies[0]![1];
+      const after = replies[replies.length - 1]![1];
+      if (before !== epoch || after !== epoch) out.lost = true;
+      at = 1;
+    }
+    at += added.length;
+    for (const m of added) this.knownScopes.add(m);
+    groups.forEach((g, i) => {
+      const reply = replies[at + i]![1];
+      if (Array.isArray(reply) && reply[0] === OTHER_EPOCH) {
+        out.lost = true;
+        return;
+      }
       const [, changed, applied, ignored, completed, dup, late, limit] = parseScriptReply(
         'apply',
         reply,
@@ -146,53 +258,111 @@ export class RedisDetectorStore {
       out.ignoredBy.late += late;
       out.ignoredBy.task_limit += limit;
       out.completed += completed;
-      if (changed === 1) out.changed.push(groups[i]!.scope);
+      if (changed === 1) out.changed.push(g.scope);
     });
     return out;
   }
 
+  /** Forgets which scopes this process has registered (after a loss, the registry itself is gone). */
+  forgetScopes(): void {
+    this.knownScopes.clear();
+  }
+
+  /**
+   * Where a rebuild of `partition` must start replaying: the smallest start offset of any open task or window
+   * record from that partition, over every scope, capped by `next` (the next offset to process). The value
+   * only grows over time, so an older checkpoint is always a safe (longer) replay.
+   */
+  async checkpoint(partition: number, next: bigint): Promise<bigint> {
+    const members = await this.redis.smembers(this.global.scopes(partition));
+    this.roundTrips++;
+    let min = next;
+    const scopes = members.map(memberScope).filter((s): s is Scope => s !== null);
+    if (scopes.length === 0) return min;
+    const pipe = this.redis.pipeline();
+    for (const s of scopes)
+      pipe.zrange(`${detectorKeys(this.prefix, s).starts}:${partition}`, 0, 0, 'WITHSCORES');
+    const replies = (await pipe.exec()) ?? [];
+    this.roundTrips++;
+    for (const [err, reply] of replies) {
+      if (err) throw pipelineError('checkpoint', err);
+      const r = z.array(z.string()).parse(reply);
+      if (r.length === 2 && BigInt(r[1]!) < min) min = BigInt(r[1]!);
+    }
+    return min;
+  }
+
+  /**
+   * After a loss, the `published` maps are gone with the state, and a candidate published before it that is
+   * no longer live would never be retracted. This puts back, without overwriting anything published since,
+   * an entry for every candidate the topic still holds as active (its value unknown: it is sent again).
+   */
+  async restorePublished(active: { scope: Scope; keys: string[] }[]): Promise<void> {
+    if (active.length === 0) return;
+    const pipe = this.redis.pipeline();
+    for (const { scope, keys } of active)
+      for (const key of keys) pipe.hsetnx(detectorKeys(this.prefix, scope).published, key, '');
+    const replies = (await pipe.exec()) ?? [];
+    this.roundTrips++;
+    const failed = replies.find(([err]) => err);
+    if (failed) throw pipelineError('restore published', failed[0]);
+  }
+
+  /** The epoch in which `partition`'s state was last fully rebuilt (or found complete), if any. */
+  async rebuiltIn(partition: number): Promise<string | null> {
+    const v = await this.redis.hget(this.global.rebuilt, String(partition));
+    this.roundTrips++;
+    return v;
+  }
+
+  async markRebuilt(partition: number, epoch: string): Promise<void> {
+    await this.redis.hset(this.global.rebuilt, String(partition), epoch);
+    this.roundTrips++;
+  }
+
   /** The frequent sequences and, with request terms on, the window's records, in one atomic read. */
-  async snapshot(scope: Scope): Promise<{ stats: GramStat[]; records: TermRecord[] }> {
+  async snapshot(scope: Scope): Promise<Snapshot> {
     const k = detectorKeys(this.prefix, scope);
     const reply = parseScriptReply(
       'snapshot',
       await invokeScript(
         this.redis,
         'snapshot',
-        [k.support, k.exact, k.cost, k.records],
+        [k.support, k.exact, k.records],
         [this.params.minOccurrences, this.params.requestTerms ? '1' : '0'],
       ),
       flatReply,
     );
     this.roundTrips++;
-    const n = Number(reply[1]);
-    const stats: GramStat[] = [];
-    for (let i = 0; i < n; i++) {
-      const at = 2 + i * 4;
-      stats.push({
-        key: String(reply[at]),
-        support: Number(reply[at + 1]),
-        exact: Number(reply[at + 2]),
-        cost: Number(reply[at + 3]),
-      });
-    }
-    const records = reply.slice(2 + n * 4).map((packed) => unpackRecord(String(packed)));
-    return { stats, records };
+    return parseSnapshot(reply, 1);
   }
 
-  /** The published map when the publication lock was taken; null when another instance holds it. */
-  async claim(scope: Scope, token: string, ttlMs: number): Promise<Map<string, string> | null> {
+  /**
+   * Takes the publication lock and reads the published map and the snapshot in the same call; null when
+   * another instance holds the lock (it is marked dirty, so the holder publishes again).
+   */
+  async claimSnapshot(
+    scope: Scope,
+    token: string,
+    ttlMs: number,
+  ): Promise<{ published: Map<string, string>; snapshot: Snapshot } | null> {
     const k = detectorKeys(this.prefix, scope);
     const reply = parseScriptReply(
-      'claim',
-      await invokeScript(this.redis, 'claim', [k.lock, k.dirty, k.published], [token, ttlMs]),
+      'claimSnapshot',
+      await invokeScript(
+        this.redis,
+        'claimSnapshot',
+        [k.lock, k.dirty, k.published, k.support, k.exact, k.records],
+        [token, ttlMs, this.params.minOccurrences, this.params.requestTerms ? '1' : '0'],
+      ),
       flatReply,
     );
     this.roundTrips++;
     if (reply[0] !== 1) return null;
-    const m = new Map<string, string>();
-    for (let i = 1; i + 1 < reply.length; i += 2) m.set(String(reply[i]), String(reply[i + 1]));
-    return m;
+    const pairs = Number(reply[1]);
+    const published = new Map<string, string>();
+    for (let i = 0; i < pairs; i++) published.set(String(reply[2 + i * 2]), String(reply[3 + i * 2]));
+    return { published, snapshot: parseSnapshot(reply, 2 + pairs * 2) };
   }
 
   /** Records what was published; true when the scope changed meanwhile and must be published again. */

@@ -7,30 +7,73 @@
                          seen on partition p: its stream time)
   KEYS[2] open     zset  base name: open tasks of partition p live in KEYS[2]..":"..p, task_id -> last event ts
   KEYS[3] events   hash  task_id -> packed events of an open task: ("\30" event_id "\31" step "\31" tool "\31" cost)*
-  KEYS[4] done     zset  base name: KEYS[4]..":"..p holds partition p's completed task_id -> completion ts,
+  KEYS[4] done     zset  base name: KEYS[4]..":"..p..":"..b holds partition p's completed task_id -> completion ts
+                         for the task ids hashed to bucket b (of DONE_BUCKETS): small sets stay in Redis's
+                         compact listpack encoding (about 25 bytes an id instead of 127 in one big sorted set);
                          remembered doneRetentionMs of p's clock
   KEYS[5] window   zset  task_id -> completion ts (ms); ties ordered by task_id bytes
   KEYS[6] records  hash  task_id -> tools joined by "\31", "\30", costs joined by ",", and when the task had a
                          user message: "\30", its terms joined by ","  (window members only)
-  KEYS[7] support  hash  gram -> records in the window containing it
+  KEYS[7] support  hash  gram -> "<support>,<cost>": records in the window containing it, and the sum of its
+                         first-occurrence cost over them (1/10,000 cent); one hash, so each gram is stored once
   KEYS[8] exact    hash  gram -> records in the window consisting of exactly it
-  KEYS[9] cost     hash  gram -> sum of first-occurrence cost over containing records (1/10,000 cent)
-  KEYS[10] msgs    hash  task_id -> first user message of an open task: ts "\31" event_id "\31" terms joined by ","
-  (frequency is support >= minOcc, read by snapshot-4.lua)
+  KEYS[9] msgs     hash  task_id -> first user message of an open task: ts "\31" event_id "\31" terms joined by ","
+  KEYS[10] starts  zset  base name: KEYS[10]..":"..p holds, for each open task and window record of partition p,
+                         task_id -> the offset of its first event: the smallest score is where a rebuild of this
+                         scope's state on p must start replaying (see src/adapters/rebuild.ts)
+  (frequency is support >= minOcc, read by snapshot-3.lua and claimSnapshot-6.lua)
 
   The per-partition keys are derived from declared ones and share their hash tag, so they live in the
   scope's slot. A task's events are assumed to arrive on one partition (they do: the topic is keyed by
   session_id); core/state.ts makes the same assumption.
 
   ARGV[1] cfg fingerprint: minLen|maxLen|minOcc|lookback|windowMs(0=off)|idleMs|doneRetentionMs|maxTaskEvents|format
-  ARGV[2] op count N, then N ops of 8 fields each:
+  ARGV[2] epoch: the Redis epoch (shared/redis/epoch.ts) the caller verified, kept in meta; "" = no epoch check
+  ARGV[3] mode: "n" normal: state of another epoch is refused ({-4}), nothing written;
+                "r" rebuild: state of another epoch (written into an emptied Redis before the loss was seen)
+                is deleted, then the scope is rebuilt under ARGV[2]
+  ARGV[4] op count N, then N ops of 9 fields each:
           kind ("c" tool call | "d" task completed | "m" user message), task_id, event_id, ts ms, step,
-          tool (for "m": the message's terms joined by ","), cost units, source partition
+          tool (for "m": the message's terms joined by ","), cost units, source partition, source offset
+          ("" when unknown: offline, tests)
 
-  Returns {1, changed (0|1), applied, ignored, completed, ignored as duplicate, as late, over the task limit}
-  or {-2, stored cfg} when the state was built with other parameters.
+  Returns {1, changed (0|1), applied, ignored, completed, ignored as duplicate, as late, over the task limit,
+  P, then P pairs (partition, smallest start offset of the scope's state on it, -1 when none)},
+  {-2, stored cfg} when the state was built with other parameters, or {-4, stored epoch} (mode "n") when the
+  scope's state belongs to another epoch.
 ]]
-local cfg = ARGV[1]
+local cfg, epoch, mode = ARGV[1], ARGV[2], ARGV[3]
+local DONE_BUCKETS = 128
+
+-- The done bucket of a task id (a fixed string hash: the same id always lands in the same bucket).
+local function doneKeyOf(part, task)
+  local h = 0
+  for i = 1, #task do h = (h * 31 + string.byte(task, i)) % 16777216 end
+  return KEYS[4] .. ':' .. part .. ':' .. (h % DONE_BUCKETS)
+end
+
+-- Partitions this scope holds state on: meta keeps a clock per partition.
+local scopeParts = {}
+for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if string.sub(f, 1, 6) == 'clock:' then scopeParts[string.sub(f, 7)] = true end
+end
+
+if epoch ~= '' then
+  local ep = redis.call('HGET', KEYS[1], 'epoch')
+  if ep ~= epoch then
+    if redis.call('EXISTS', KEYS[1]) == 1 then
+      if mode ~= 'r' then return {-4, ep or ''} end
+      for part in pairs(scopeParts) do
+        redis.call('DEL', KEYS[2] .. ':' .. part, KEYS[10] .. ':' .. part)
+        for bucket = 0, DONE_BUCKETS - 1 do redis.call('DEL', KEYS[4] .. ':' .. part .. ':' .. bucket) end
+      end
+      redis.call('DEL', KEYS[1], KEYS[3], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
+      scopeParts = {}
+    end
+    redis.call('HSET', KEYS[1], 'epoch', epoch)
+  end
+end
+
 local stored = redis.call('HGET', KEYS[1], 'cfg')
 if stored and stored ~= cfg then return {-2, stored} end
 if not stored then redis.call('HSET', KEYS[1], 'cfg', cfg) end
@@ -89,13 +132,14 @@ local function count(tools, costs, d)
     if seen[whole] == nil then seen[whole] = prefix[n]; order[#order + 1] = whole end
   end
   for _, key in ipairs(order) do
-    local s = redis.call('HINCRBY', KEYS[7], key, d)
-    if s == 0 then
-      redis.call('HDEL', KEYS[7], key)
-      redis.call('HDEL', KEYS[9], key)
-    else
-      redis.call('HINCRBY', KEYS[9], key, int(d * seen[key]))
+    local s, c = d, d * seen[key]
+    local cur = redis.call('HGET', KEYS[7], key)
+    if cur then
+      local comma = string.find(cur, ',', 1, true)
+      s = s + tonumber(string.sub(cur, 1, comma - 1))
+      c = c + tonumber(string.sub(cur, comma + 1))
     end
+    if s == 0 then redis.call('HDEL', KEYS[7], key) else redis.call('HSET', KEYS[7], key, int(s) .. ',' .. int(c)) end
   end
   if whole ~= nil then
     local x = redis.call('HINCRBY', KEYS[8], whole, d)
@@ -112,9 +156,23 @@ local function unpackRecord(packed)
   return tools, costs
 end
 
+-- A task's start offset: kept while it is open and while its record is in the window (the lower one wins
+-- when a forgotten task id comes back while its older record is still in the window).
+local function markStart(task, part, off)
+  if off == nil then return end
+  local key = KEYS[10] .. ':' .. part
+  local cur = redis.call('ZSCORE', key, task)
+  if not cur or tonumber(cur) > off then redis.call('ZADD', key, int(off), task) end
+end
+
+local function dropStart(task)
+  for part in pairs(scopeParts) do redis.call('ZREM', KEYS[10] .. ':' .. part, task) end
+end
+
 local function evictOldest()
   local oldest = redis.call('ZPOPMIN', KEYS[5])
   local task = oldest[1]
+  dropStart(task)
   local packed = redis.call('HGET', KEYS[6], task)
   redis.call('HDEL', KEYS[6], task)
   if packed then
@@ -123,13 +181,13 @@ local function evictOldest()
   end
 end
 
-local function complete(task, ts, openKey, doneKey)
+local function complete(task, ts, openKey, part)
   local packed = redis.call('HGET', KEYS[3], task)
   redis.call('HDEL', KEYS[3], task)
-  local msg = redis.call('HGET', KEYS[10], task)
-  redis.call('HDEL', KEYS[10], task)
+  local msg = redis.call('HGET', KEYS[9], task)
+  redis.call('HDEL', KEYS[9], task)
   redis.call('ZREM', openKey, task)
-  redis.call('ZADD', doneKey, ts, task)
+  redis.call('ZADD', doneKeyOf(part, task), ts, task)
   local evs = {}
   if packed then
     for _, e in ipairs(split(string.sub(packed, 2), RS)) do
@@ -164,13 +222,14 @@ local function complete(task, ts, openKey, doneKey)
 end
 
 -- Only this partition's tasks: another partition running ahead (catching up, a backlog) must not cut them.
-local function sweep(openKey, doneKey, clock)
+local function sweep(openKey, part, clock)
   local due = redis.call('ZRANGEBYSCORE', openKey, '-inf', int(clock - idleMs), 'WITHSCORES')
   -- (last + idle, task) order equals (last, task) order: ZRANGEBYSCORE already returns it.
-  for i = 1, #due, 2 do complete(due[i], tonumber(due[i + 1]) + idleMs, openKey, doneKey) end
+  for i = 1, #due, 2 do complete(due[i], tonumber(due[i + 1]) + idleMs, openKey, part) end
 end
 
--- The window against the scope's newest ts; remembered task ids against their partition's clock.
+-- The window against the scope's newest ts; remembered task ids against their partition's clock (here in the
+-- bucket the op touched; the others are trimmed when next touched, and read as core/state.ts has them).
 local function expire(doneKey, clock)
   if windowMs > 0 then
     while true do
@@ -183,18 +242,23 @@ local function expire(doneKey, clock)
   redis.call('ZREMRANGEBYSCORE', doneKey, '-inf', '(' .. int(clock - retention))
 end
 
-local n = tonumber(ARGV[2])
+local n = tonumber(ARGV[4])
 for k = 0, n - 1 do
-  local b = 3 + k * 8
+  local b = 5 + k * 9
   local kind, task, eid, ts = ARGV[b], ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3])
   local part = ARGV[b + 7]
-  local openKey, doneKey = KEYS[2] .. ':' .. part, KEYS[4] .. ':' .. part
+  local off = tonumber(ARGV[b + 8])
+  scopeParts[part] = true
+  local openKey, doneKey = KEYS[2] .. ':' .. part, doneKeyOf(part, task)
   if ts > maxTs then maxTs = ts end
   if clocks[part] == nil then clocks[part] = tonumber(redis.call('HGET', KEYS[1], 'clock:' .. part) or '0') end
+  -- The clock at this partition's last expiry: what core/state.ts has already forgotten by now.
+  local forgotten = clocks[part] - retention
   if ts > clocks[part] then clocks[part] = ts end
   local clock = clocks[part]
-  sweep(openKey, doneKey, clock)
+  sweep(openKey, part, clock)
   local closed = redis.call('ZSCORE', doneKey, task)
+  if closed and tonumber(closed) < forgotten then closed = false end
   local last = redis.call('ZSCORE', openKey, task)
   if closed then
     ignored = ignored + 1
@@ -205,14 +269,15 @@ for k = 0, n - 1 do
     late = late + 1
   elseif kind == 'm' then
     -- The first message by (ts, event_id) wins, whatever order redeliveries bring them in.
-    local cur = redis.call('HGET', KEYS[10], task)
+    local cur = redis.call('HGET', KEYS[9], task)
     local take = cur == nil or cur == false
     if not take then
       local f = split(cur, US)
       local cts = tonumber(f[1])
       take = ts < cts or (ts == cts and bytesLess(eid, f[2]))
     end
-    if take then redis.call('HSET', KEYS[10], task, int(ts) .. US .. eid .. US .. ARGV[b + 5]) end
+    if take then redis.call('HSET', KEYS[9], task, int(ts) .. US .. eid .. US .. ARGV[b + 5]) end
+    if not last then markStart(task, part, off) end
     if ts > tonumber(last or '-1') then redis.call('ZADD', openKey, ts, task) end
     applied = applied + 1
   elseif kind == 'c' then
@@ -229,13 +294,23 @@ for k = 0, n - 1 do
       redis.call('HSET', KEYS[3], task, packed .. RS .. eid .. US .. ARGV[b + 4] .. US .. ARGV[b + 5] .. US .. ARGV[b + 6])
       applied = applied + 1
     end
+    if not last then markStart(task, part, off) end
     if ts > tonumber(last or '-1') then redis.call('ZADD', openKey, ts, task) end
   else
-    complete(task, ts, openKey, doneKey)
+    -- A completion with no open task still makes a (possibly empty) record: it starts here.
+    markStart(task, part, off)
+    complete(task, ts, openKey, part)
     applied = applied + 1
   end
   expire(doneKey, clock)
 end
 redis.call('HSET', KEYS[1], 'maxTs', int(maxTs))
 for part, c in pairs(clocks) do redis.call('HSET', KEYS[1], 'clock:' .. part, int(c)) end
-return {1, changed, applied, ignored, completed, dup, late, overLimit}
+local out = {1, changed, applied, ignored, completed, dup, late, overLimit, 0}
+for part in pairs(scopeParts) do
+  local first = redis.call('ZRANGE', KEYS[10] .. ':' .. part, 0, 0, 'WITHSCORES')
+  out[#out + 1] = tonumber(part)
+  out[#out + 1] = #first == 0 and -1 or tonumber(first[2])
+  out[9] = out[9] + 1
+end
+return out

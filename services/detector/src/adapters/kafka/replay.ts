@@ -1,0 +1,132 @@
+import { randomUUID } from 'node:crypto';
+import type { Kafka, KafkaMessage } from 'kafkajs';
+import { errorMessage, PaverError } from '../../../../../shared/errors.js';
+
+/** Offsets [from, end) of one partition. */
+export interface OffsetRange {
+  from: bigint;
+  end: bigint;
+}
+
+export interface ReplayOptions {
+  kafka: Kafka;
+  topic: string;
+  /** Prefix of the throwaway group's id (deleted afterwards). */
+  groupPrefix: string;
+  sessionTimeoutMs: number;
+  maxBytesPerPartition: number;
+}
+
+/**
+ * Reads [from, end) of some partitions of a topic, in order, through `onBatch`. kafkajs has no `assign()`, so
+ * this is a throwaway consumer group that seeks each wanted partition to its start and pauses every other
+ * one; it commits nothing and is deleted afterwards. Ranges starting below the partition's low watermark
+ * (retention removed them) start at the low watermark: `lowWatermarks` says where that was.
+ */
+export async function readRanges(
+  o: ReplayOptions,
+  ranges: Map<number, OffsetRange>,
+  onBatch: (partition: number, messages: KafkaMessage[]) => Promise<void>,
+): Promise<{ lowWatermarks: Map<number, bigint> }> {
+  const admin = o.kafka.admin();
+  const lowWatermarks = new Map<number, bigint>();
+  try {
+    await admin.connect();
+    for (const p of await admin.fetchTopicOffsets(o.topic)) lowWatermarks.set(p.partition, BigInt(p.low));
+  } catch (err) {
+    throw new PaverError('KAFKA_UNAVAILABLE', `replay of ${o.topic}: ${errorMessage(err)}`, { cause: err });
+  } finally {
+    await admin.disconnect().catch(() => undefined);
+  }
+  const todo = new Map<number, OffsetRange>();
+  for (const [p, r] of ranges) {
+    const from = r.from > (lowWatermarks.get(p) ?? 0n) ? r.from : (lowWatermarks.get(p) ?? 0n);
+    if (r.end > from) todo.set(p, { from, end: r.end });
+  }
+  if (todo.size === 0) return { lowWatermarks };
+
+  const groupId = `${o.groupPrefix}-replay-${randomUUID()}`;
+  const consumer = o.kafka.consumer({
+    groupId,
+    sessionTimeout: o.sessionTimeoutMs,
+    heartbeatInterval: Math.floor(o.sessionTimeoutMs / 10),
+    maxBytesPerPartition: o.maxBytesPerPartition,
+    allowAutoTopicCreation: false,
+    retry: { retries: 5 },
+  });
+  const left = new Set(todo.keys());
+  let settle!: (err?: unknown) => void;
+  const done = new Promise<void>((resolve, reject) => {
+    settle = (err) => (err === undefined ? resolve() : reject(err));
+  });
+  consumer.on(consumer.events.CRASH, (e) => {
+    if (!e.payload.restart) settle(e.payload.error);
+  });
+  try {
+    await consumer.connect();
+    await consumer.subscribe({ topic: o.topic, fromBeginning: true });
+    await consumer.run({
+      autoCommit: false,
+      eachBatchAutoResolve: false,
+      eachBatch: async ({ batch, pause, heartbeat, resolveOffset }) => {
+        const r = todo.get(batch.partition);
+        if (!r || !left.has(batch.partition)) {
+          pause();
+          return;
+        }
+        try {
+          // A fetch in flight before the seek, or a batch reaching past the end: keep only the range.
+          const msgs = batch.messages.filter((m) => {
+            const off = BigInt(m.offset);
+            return off >= r.from && off < r.end;
+          });
+          if (msgs.length > 0) await onBatch(batch.partition, msgs);
+          // Nothing is committed (the group is thrown away), but the fetch position moves on only when resolved.
+          resolveOffset(batch.lastOffset());
+          await heartbeat();
+        } catch (err) {
+          pause();
+          settle(err);
+          return;
+        }
+        if (BigInt(batch.lastOffset()) + 1n >= r.end) {
+          left.delete(batch.partition);
+          pause();
+          if (left.size === 0) settle();
+        }
+      },
+    });
+    for (const [partition, r] of todo)
+      consumer.seek({ topic: o.topic, partition, offset: r.from.toString() });
+    await done;
+    return { lowWatermarks };
+  } finally {
+    await consumer.disconnect().catch(() => undefined);
+    const cleanup = o.kafka.admin();
+    await cleanup.connect().catch(() => undefined);
+    await cleanup.deleteGroups([groupId]).catch(() => undefined);
+    await cleanup.disconnect().catch(() => undefined);
+  }
+}
+
+/** Reads every partition of a topic from its low to its high watermark as they are now. */
+export async function readToEnd(
+  o: ReplayOptions,
+  onBatch: (partition: number, messages: KafkaMessage[]) => Promise<void>,
+): Promise<void> {
+  const admin = o.kafka.admin();
+  let ends: { partition: number; high: string; low: string }[];
+  try {
+    await admin.connect();
+    ends = await admin.fetchTopicOffsets(o.topic);
+  } catch (err) {
+    throw new PaverError('KAFKA_UNAVAILABLE', `read of ${o.topic}: ${errorMessage(err)}`, { cause: err });
+  } finally {
+    await admin.disconnect().catch(() => undefined);
+  }
+  await readRanges(
+    o,
+    new Map(ends.map((e) => [e.partition, { from: BigInt(e.low), end: BigInt(e.high) }])),
+    onBatch,
+  );
+}

@@ -1,0 +1,161 @@
+import type { Epoch } from '../../../../shared/redis/epoch.js';
+import { PaverError } from '../../../../shared/errors.js';
+import type { Logger } from '../../../../shared/log.js';
+import { scopeId, type DetectorOp, type Scope } from '../core/ops.js';
+import type { CheckpointLog } from './kafka/checkpoints.js';
+import type { RedisDetectorStore } from './redis/store.js';
+
+/** Reads [from ?? earliest, end) of one input partition as ops, in order, batch by batch. */
+export type PartitionReplay = (
+  partition: number,
+  from: bigint | null,
+  end: bigint,
+  each: (ops: DetectorOp[], messages: number) => Promise<void>,
+) => Promise<void>;
+
+export interface RebuildHooks {
+  started(partition: number): void;
+  finished(partition: number, outcome: 'rebuilt' | 'retried' | 'failed', events: number): void;
+}
+
+class LostAgain extends Error {}
+
+const MAX_ATTEMPTS = 5;
+
+/**
+ * Redis loss, survived. Each input partition's state is trusted only once it is known to be complete under
+ * the current epoch (shared/redis/epoch.ts): `rebuilt` in Redis records, per partition, the epoch it was last
+ * rebuilt (or found complete) in. When the marker is gone or replaced, or this partition was never rebuilt
+ * in it, the partition's span is replayed from its checkpoint (the first offset of its oldest open task or
+ * window record, kept on a Kafka topic) up to the chunk in hand, through the same scripts as live traffic.
+ *
+ * Why per partition, with no global pause: which records exist depends only on each partition's own
+ * sequence, and the window is a function of the set of records (README: "Why the result does not depend on
+ * partition interleaving"), so partitions may be replayed independently, by whichever instance owns them,
+ * while others flow. A replay that stops halfway is resumed from its checkpoint: what it had applied is
+ * then ignored as `duplicate`, as a redelivery is.
+ */
+export class Rebuilder {
+  private readonly verified = new Map<number, string>();
+  private active = 0;
+  /** The epoch whose publication maps this process has restored from the candidates topic. */
+  private restoredIn: string | null = null;
+
+  constructor(
+    private readonly d: {
+      store: RedisDetectorStore;
+      epoch: Epoch;
+      checkpoints: CheckpointLog;
+      replay: PartitionReplay;
+      /** Puts back the publication maps from the candidates topic; returns the scopes it touched. */
+      restorePublished: () => Promise<Scope[]>;
+      log: Logger;
+      hooks: RebuildHooks;
+    },
+  ) {}
+
+  isRebuilding(): boolean {
+    return this.active > 0;
+  }
+
+  /** The chunk just applied saw the state gone: the next `ensure` re-checks the epoch. */
+  invalidate(partition: number): void {
+    this.verified.delete(partition);
+  }
+
+  /**
+   * Makes sure `partition`'s state is present before a chunk starting at `end` is applied, rebuilding it when
+   * it is not. Returns the epoch to write under and the scopes a rebuild changed (to publish).
+   */
+  async ensure(
+    partition: number,
+    end: bigint,
+    touch: Scope[],
+    heartbeat: () => Promise<void>,
+  ): Promise<{ epoch: string; changed: Scope[] }> {
+    const seen = this.verified.get(partition);
+    if (seen !== undefined && seen === this.d.epoch.current()) return { epoch: seen, changed: [] };
+    for (let attempt = 1; ; attempt++) {
+      const { epoch } = await this.d.epoch.check();
+      if ((await this.d.store.rebuiltIn(partition)) === epoch) {
+        this.verified.set(partition, epoch);
+        return { epoch, changed: [] };
+      }
+      const changed = await this.rebuild(partition, epoch, end, touch, heartbeat);
+      if (changed) {
+        if (this.restoredIn !== epoch) {
+          // Before anything is published in this epoch, so stale candidates get their retraction.
+          changed.push(...(await this.d.restorePublished()));
+          this.restoredIn = epoch;
+        }
+        return { epoch, changed };
+      }
+      if (attempt >= MAX_ATTEMPTS)
+        throw new PaverError(
+          'REDIS_UNAVAILABLE',
+          `detector state lost again during ${attempt} rebuild attempts of partition ${partition}`,
+        );
+    }
+  }
+
+  private async rebuild(
+    partition: number,
+    epoch: string,
+    end: bigint,
+    touch: Scope[],
+    heartbeat: () => Promise<void>,
+  ): Promise<Scope[] | null> {
+    const { store, log, hooks } = this.d;
+    this.active++;
+    hooks.started(partition);
+    const t0 = Date.now();
+    let events = 0;
+    let outcome: 'rebuilt' | 'retried' | 'failed' = 'failed';
+    try {
+      // The registry of scopes per partition went with the state: register again as scopes are rebuilt.
+      store.forgetScopes();
+      const changed = new Map<string, Scope>();
+      // What a batch wrote into the emptied Redis before the loss was seen is cleared here (rebuild mode).
+      if ((await store.applyBatch([], { epoch, mode: 'r', touch })).lost) {
+        outcome = 'retried';
+        return null;
+      }
+      const from = await this.d.checkpoints.get(partition);
+      log.warn(
+        { partition, from: from === null ? 'earliest' : from.toString(), to: end.toString() },
+        'detector state for this partition is not in Redis (lost, or never built in this epoch): replaying it from Kafka',
+      );
+      try {
+        await this.d.replay(partition, from, end, async (ops, messages) => {
+          const out = await store.applyBatch(ops, { epoch, mode: 'r' });
+          if (out.lost) throw new LostAgain();
+          for (const s of out.changed) changed.set(scopeId(s), s);
+          events += messages;
+          await heartbeat();
+        });
+      } catch (err) {
+        if (err instanceof LostAgain) {
+          outcome = 'retried';
+          return null;
+        }
+        throw err;
+      }
+      await store.markRebuilt(partition, epoch);
+      // The marker must still be the one rebuilt under; if not, the state went again meanwhile.
+      if ((await this.d.epoch.check()).epoch !== epoch) {
+        outcome = 'retried';
+        return null;
+      }
+      this.verified.set(partition, epoch);
+      outcome = 'rebuilt';
+      log.info(
+        { partition, events, scopes: changed.size, ms: Date.now() - t0 },
+        'detector partition state rebuilt from Kafka',
+      );
+      return [...changed.values()];
+    } finally {
+      this.active--;
+      hooks.finished(partition, outcome, events);
+    }
+  }
+}

@@ -1,0 +1,213 @@
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as tick } from 'node:timers/promises';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import {
+  consumeUntil,
+  createTopics,
+  produce,
+  testRedis,
+  waitFor,
+  type Consumed,
+} from '../../../../test/helpers/kafka.js';
+import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
+import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
+import { flowCandidateRecordV1, type FlowCandidate } from '../../../../schemas/index.js';
+import { agentEvents } from '../../../../testkit/streams.js';
+import { candidateKey, toRecord } from '../../src/core/candidate.js';
+import { withRequests } from '../reference/requests.js';
+
+/**
+ * Issue 12 item 4: Redis loss, survived. A 3-partition backlog is read by the detector (a real process);
+ * mid-stream every detector key is deleted (what FLUSHALL or an empty Redis after a restart does to it,
+ * without touching the other test files sharing this Redis). The detector must notice (epoch marker), say so
+ * on /readyz while it replays each partition's window span from Kafka, and end with the candidates
+ * `paver detect` gives over the same events.
+ */
+const TASKS = 600;
+const IDLE_MS = '300';
+const PARAMS = { DETECTOR_LOOKBACK: '80', DETECTOR_MAX_CANDIDATES: '4', DETECTOR_TASK_IDLE_MS: IDLE_MS };
+const events = withRequests([...agentEvents({ tasks: TASKS, seed: 23 })]);
+const file = join(mkdtempSync(join(tmpdir(), 'paver-det-loss-')), 'events.jsonl');
+let offline: { tool_sequence: string[]; occurrence_count: number }[];
+
+const redis = testRedis();
+const procs: Proc[] = [];
+afterAll(async () => {
+  for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
+  redis.disconnect();
+});
+
+const metrics = async (p: Proc) => parsePrometheus(String((await getJson(p.url('/metrics'))).body));
+const candidates = async (p: Proc) =>
+  (await getJson(p.url('/candidates?tenant_id=default&agent_id=agent-0'))).body;
+
+/** The candidates the topic holds as active (the latest record per key), sorted by dedupe_key. */
+function activeOnTopic(all: Consumed[]): unknown[] {
+  const latest = new Map<string, { status: string; dedupe_key: string; candidate: unknown }>();
+  for (const m of all)
+    if (m.key !== null && m.value !== null) latest.set(m.key, JSON.parse(m.value.toString()));
+  return [...latest.values()]
+    .filter((r) => r.status === 'active')
+    .sort((a, b) => (a.dedupe_key < b.dedupe_key ? -1 : 1))
+    .map((r) => r.candidate);
+}
+const byKey = (xs: { dedupe_key?: unknown }[]) =>
+  [...xs].sort((a, b) => (String(a.dedupe_key) < String(b.dedupe_key) ? -1 : 1));
+
+/**
+ * Deletes every key under the prefix at once, as FLUSHALL does (atomically: one script), but only this
+ * test's keys (other test files share this Redis).
+ */
+async function flushPrefix(prefix: string): Promise<number> {
+  const n = await redis.eval(
+    "local n = 0 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do n = n + redis.call('DEL', k) end return n",
+    0,
+    `${prefix}:*`,
+  );
+  return Number(n);
+}
+
+beforeAll(async () => {
+  writeFileSync(file, events.map((e) => JSON.stringify(e)).join('\n') + '\n');
+  const p = await startProcess(
+    [
+      'bin/paver.js',
+      'detect',
+      '--input',
+      file,
+      '--lookback',
+      '80',
+      '--max-candidates',
+      '4',
+      '--task-idle-ms',
+      IDLE_MS,
+    ],
+    { PATH: process.env.PATH ?? '' },
+  );
+  expect(await p.exited).toBe(0);
+  offline = JSON.parse(p.output().slice(p.output().indexOf('['), p.output().lastIndexOf(']') + 1));
+});
+
+describe('detector after a Redis loss (real Kafka, real Redis)', () => {
+  it('notices the loss, is not ready while it replays, and ends with the candidates `paver detect` gives', async () => {
+    expect(offline).toHaveLength(4);
+    for (const c of offline) expect(c.occurrence_count).toBeGreaterThanOrEqual(8);
+
+    const env = serviceEnv({
+      ...PARAMS,
+      PAVER_BATCH_CHUNK: '40',
+      KAFKA_MAX_BYTES_PER_PARTITION: '16384',
+      DETECTOR_CHECKPOINT_INTERVAL_MS: '0',
+    });
+    env.DETECTOR_TOPIC_CHECKPOINTS = `${env.PAVER_TOPIC_TOOL_CALLS!}.detector-checkpoints`;
+    await createTopics([
+      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 3 },
+      { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
+      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
+    ]);
+    await produce(
+      env.PAVER_TOPIC_TOOL_CALLS!,
+      events.map((e) => ({ key: e.session_id, value: JSON.stringify(e) })),
+    );
+
+    const p = await startProcess(['bin/paver.js', 'run', 'detector'], env);
+    procs.push(p);
+    await waitFor(() => isReady(p), 'detector /readyz').catch((err: Error) => {
+      throw new Error(`${err.message}\n${p.output()}`);
+    });
+    const before = await waitFor(async () => {
+      const m = await metrics(p);
+      return m.value('paver_detector_records_completed_total') >= 150 ? m : null;
+    }, 'records before the loss');
+    const rebuiltBefore = before.value('paver_detector_rebuilds_total', { outcome: 'rebuilt' });
+    const replayedBefore = before.value('paver_detector_rebuild_events_total');
+
+    // Watch /readyz from before the loss until the rebuilds are over: it must go false, then true again.
+    let sawNotReady = false;
+    let watching = true;
+    const watcher = (async () => {
+      while (watching) {
+        if (!(await isReady(p))) sawNotReady = true;
+        await tick(5);
+      }
+    })();
+    // A candidate the detector published before the loss (as far as the topic knows) and that is not live
+    // after it: its entry in the publication map is lost with Redis, yet it must still be retracted.
+    const scope = { tenant: 'default', agent: 'agent-0' };
+    const stale = {
+      ...(offline[0] as FlowCandidate),
+      tool_sequence: ['stale_a', 'stale_b', 'stale_c'],
+      dedupe_key: 'flow_offload:stale_a>stale_b>stale_c',
+    };
+    await produce(env.PAVER_TOPIC_FLOW_CANDIDATES!, [
+      {
+        key: candidateKey(scope, stale.dedupe_key),
+        value: JSON.stringify(flowCandidateRecordV1.parse(toRecord(stale, scope, Date.now()))),
+      },
+    ]);
+    const t0 = Date.now();
+    expect(await flushPrefix(env.REDIS_KEY_PREFIX!)).toBeGreaterThan(0);
+
+    // Every partition is rebuilt (the loss is seen by each partition's next batch).
+    const after = await waitFor(async () => {
+      const m = await metrics(p);
+      return m.value('paver_detector_rebuilds_total', { outcome: 'rebuilt' }) >= rebuiltBefore + 3 &&
+        m.value('paver_detector_rebuilding') === 0
+        ? m
+        : null;
+    }, 'three partition rebuilds').catch((err: Error) => {
+      throw new Error(`${err.message}\n${p.output().slice(-4000)}`);
+    });
+    await waitFor(() => isReady(p), '/readyz true after the rebuild');
+    const rebuildMs = Date.now() - t0;
+    watching = false;
+    await watcher;
+    expect(sawNotReady).toBe(true);
+    // The loss came mid-stream: the backlog was not done when the state went.
+    expect(before.value('paver_detector_records_completed_total')).toBeLessThan(TASKS);
+    const replayed = after.value('paver_detector_rebuild_events_total') - replayedBefore;
+    expect(replayed).toBeGreaterThan(0);
+
+    await waitFor(
+      async () => JSON.stringify(await candidates(p)) === JSON.stringify(offline),
+      'live candidates equal to the offline run',
+      120_000,
+    ).catch(async (err: Error) => {
+      throw new Error(
+        `${err.message}\nlive: ${JSON.stringify(await candidates(p)).slice(0, 2000)}\n${p.output().slice(-4000)}`,
+      );
+    });
+    expect(await candidates(p)).toEqual(offline);
+    // The topic agrees: what it holds as active (latest record per key) is exactly the offline answer, so
+    // nothing published before the loss was left behind unretracted.
+    const want = JSON.stringify(byKey(offline as { dedupe_key?: unknown }[]));
+    const topic = await consumeUntil(
+      env.PAVER_TOPIC_FLOW_CANDIDATES!,
+      (all) => JSON.stringify(activeOnTopic(all)) === want,
+    ).catch((err: Error) => {
+      throw new Error(`${err.message}
+${p.output().slice(-3000)}`);
+    });
+    expect(activeOnTopic(topic)).toEqual(byKey(offline as { dedupe_key?: unknown }[]));
+    const m = await metrics(p);
+    expect(m.value('paver_dead_letters_total')).toBe(0);
+    expect(p.output()).toContain('detector partition state rebuilt from Kafka');
+    expect(p.output()).toContain('publication state restored from the flow-candidates topic');
+    if (process.env.PAVER_TEST_FIGURES)
+      console.log(
+        'redis loss scenario',
+        JSON.stringify({
+          events: events.length,
+          recordsBeforeLoss: before.value('paver_detector_records_completed_total'),
+          replayedAfterLoss: replayed,
+          rebuildMs,
+          rebuilds: m.value('paver_detector_rebuilds_total', { outcome: 'rebuilt' }),
+          duplicate: m.value('paver_detector_events_ignored_total', { reason: 'duplicate' }),
+          late: m.value('paver_detector_events_ignored_total', { reason: 'late' }),
+          offline: offline.map((c) => c.occurrence_count),
+        }),
+      );
+  }, 300_000);
+});

@@ -1,0 +1,82 @@
+import { afterAll, describe, expect, it } from 'vitest';
+import { testRedis, unique } from '../../../../test/helpers/kafka.js';
+import { detectorGlobalKeys, detectorKeys, RedisDetectorStore } from '../../src/adapters/redis/store.js';
+import type { DetectorOp } from '../../src/core/ops.js';
+import { DEFAULT_PARAMS } from '../../src/core/params.js';
+
+const redis = testRedis();
+afterAll(() => redis.disconnect());
+
+const scope = { tenant: 'acme', agent: 'a1' };
+const call = (task: string, step: number, ts: number, offset: number, partition = 0): DetectorOp => ({
+  kind: 'call',
+  scope,
+  task,
+  eventId: `${task}-${step}`,
+  ts,
+  step,
+  tool: `tool${step}`,
+  cost: 10_000,
+  partition,
+  offset: String(offset),
+});
+const done = (task: string, ts: number, offset: number, partition = 0): DetectorOp => ({
+  kind: 'done',
+  scope,
+  task,
+  eventId: `${task}-done`,
+  ts,
+  partition,
+  offset: String(offset),
+});
+
+/** The Redis side of a Redis loss (services/detector/README.md, "Redis loss"), on real Redis. */
+describe('detector store: epochs and checkpoints', () => {
+  it('a batch meeting an emptied Redis, or state of another epoch, is reported lost; rebuild mode clears it', async () => {
+    const prefix = unique('det-epoch');
+    const g = detectorGlobalKeys(prefix);
+    const store = new RedisDetectorStore(redis, { ...DEFAULT_PARAMS, lookback: 2 }, prefix);
+    await redis.set(g.epoch, 'E1');
+    const ok = await store.applyBatch([call('t1', 0, 1000, 0), call('t1', 1, 1001, 1)], { epoch: 'E1' });
+    expect(ok.lost).toBe(false);
+    expect(ok.applied).toBe(2);
+
+    // The marker is gone (FLUSHALL): the batch's own round trip says so.
+    await redis.del(g.epoch);
+    expect((await store.applyBatch([call('t1', 2, 1002, 2)], { epoch: 'E1' })).lost).toBe(true);
+
+    // A new epoch: state written under E1 is refused in normal mode, nothing written...
+    await redis.set(g.epoch, 'E2');
+    const meta = detectorKeys(prefix, scope).meta;
+    const before = await redis.hgetall(meta);
+    expect((await store.applyBatch([call('t1', 3, 1003, 3)], { epoch: 'E2' })).lost).toBe(true);
+    expect(await redis.hgetall(meta)).toEqual(before);
+
+    // ...and cleared in rebuild mode, after which the scope holds only what the rebuild applies.
+    const r = await store.applyBatch([call('t2', 0, 2000, 10)], { epoch: 'E2', mode: 'r' });
+    expect(r.lost).toBe(false);
+    expect(r.applied).toBe(1);
+    expect(await redis.hget(meta, 'epoch')).toBe('E2');
+    expect(await redis.hexists(`${detectorKeys(prefix, scope).events}`, 't1')).toBe(0);
+    // t1's events were cleared with the old epoch: a late redelivery of one opens t1 anew.
+    expect((await store.applyBatch([call('t1', 0, 2001, 0)], { epoch: 'E2' })).applied).toBe(1);
+  });
+
+  it('the checkpoint is the first offset of the oldest open task or window record, per partition', async () => {
+    const prefix = unique('det-ckpt');
+    const store = new RedisDetectorStore(redis, { ...DEFAULT_PARAMS, lookback: 2 }, prefix);
+    await redis.set(detectorGlobalKeys(prefix).epoch, 'E');
+    const apply = (ops: DetectorOp[]) => store.applyBatch(ops, { epoch: 'E' });
+    // Nothing held yet: the next offset to read.
+    expect(await store.checkpoint(0, 5n)).toBe(5n);
+    await apply([call('a', 0, 100, 5), call('b', 0, 101, 6), call('a', 1, 102, 7), done('a', 103, 8)]);
+    await apply([call('x', 0, 100, 40, 1)]);
+    expect(await store.checkpoint(0, 9n)).toBe(5n); // a (window) starts at 5
+    expect(await store.checkpoint(1, 41n)).toBe(40n); // partition 1 on its own
+    await apply([done('b', 104, 9), call('c', 0, 105, 10), done('c', 106, 11)]);
+    // The window holds 2 records (b, c): a left it, so a replay may start at b's first event.
+    expect(await store.checkpoint(0, 12n)).toBe(6n);
+    await apply([call('d', 0, 107, 12), done('d', 108, 13)]);
+    expect(await store.checkpoint(0, 14n)).toBe(10n);
+  });
+});
