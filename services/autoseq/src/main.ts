@@ -2,6 +2,8 @@ import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '.
 import { PaverError, errorMessage } from '../../../shared/errors.js';
 import { readConfigFile } from '../../../shared/jsonl.js';
 import { zodParser } from '../../../shared/kafka/runner.js';
+import { createEpoch } from '../../../shared/redis/epoch.js';
+import { createStateGuard } from '../../../shared/redis/rebuild.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
 import { createBatchHandler } from './adapters/batch.js';
 import { createCatalogFeed } from './adapters/catalog-feed.js';
@@ -47,11 +49,43 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       onApplied: (outcome, n) => m.catalogUpdates.inc({ outcome }, n),
     });
 
+    /**
+     * Redis loss: the learned rules are statistics over the whole stream (decayed), not records Kafka keeps
+     * in a form to replay cheaply, and task states are short-lived; both start over. The guard makes the loss
+     * visible (a metric, a warning, /readyz false until it is noticed) instead of silent. See README.
+     */
+    const guard = createStateGuard({
+      epoch: createEpoch(redis, `${prefix}:aseq:epoch`),
+      log,
+      rebuild: async (reason) => {
+        if (reason === 'lost') {
+          m.stateLosses.inc();
+          m.activeByScope.clear();
+          log.warn('learned rules and task states lost with redis: learning starts over from the stream');
+        }
+      },
+    });
+    const handle = createBatchHandler({
+      catalog,
+      store,
+      loadLearn: env.AUTOSEQ_LEARN_ENABLED
+        ? (events) => RedisLearnStore.load(redis, prefix, env.AUTOSEQ_TASK_TTL_MS, learnOptions, events)
+        : null,
+      taskKey: (ref) => taskKey(prefix, ref),
+      opts: optionsFromEnv(env),
+      lopts: learnOptions,
+      sink,
+      topic: env.PAVER_TOPIC_NEXT_ACTIONS,
+      metrics: m,
+    });
+
     return {
       inputTopics: [env.PAVER_TOPIC_TOOL_CALLS],
       extraTopics: [{ topic: env.PAVER_TOPIC_TOOL_CATALOG, compacted: true }],
       parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
       async start() {
+        // Redis not reachable yet: the first batch (or /readyz probe) checks again; the guard logs failures.
+        await guard.ensure().catch(() => undefined);
         await feed.start();
         const t0 = Date.now();
         if (await feed.caughtUp(env.AUTOSEQ_CATALOG_WAIT_MS))
@@ -62,20 +96,14 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
             'tool catalog not caught up yet; consuming anyway, /readyz says so',
           );
       },
-      readiness: [{ name: 'tool_catalog', check: () => feed.isCaughtUp() }],
-      handler: createBatchHandler({
-        catalog,
-        store,
-        loadLearn: env.AUTOSEQ_LEARN_ENABLED
-          ? (events) => RedisLearnStore.load(redis, prefix, env.AUTOSEQ_TASK_TTL_MS, learnOptions, events)
-          : null,
-        taskKey: (ref) => taskKey(prefix, ref),
-        opts: optionsFromEnv(env),
-        lopts: learnOptions,
-        sink,
-        topic: env.PAVER_TOPIC_NEXT_ACTIONS,
-        metrics: m,
-      }),
+      readiness: [
+        { name: 'tool_catalog', check: () => feed.isCaughtUp() },
+        { name: 'redis_state', check: () => guard.ready() },
+      ],
+      async handler(batch, ctx) {
+        await guard.ensure();
+        return handle(batch, ctx);
+      },
       routes: [rulesRoute((tenant, agent) => readScope(redis, prefix, tenant, agent))],
       close: () => feed.stop(),
     };

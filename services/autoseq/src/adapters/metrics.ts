@@ -64,7 +64,13 @@ export function createAutoseqMetrics(registry: Registry, catalogTools: () => num
       this.set(catalogTools());
     },
   });
+  const stateLosses = new Counter({
+    name: 'paver_autoseq_state_losses_total',
+    help: 'Times the Redis state (learned rules, task states) was found lost (epoch marker gone); learning starts over.',
+    registers,
+  });
   return {
+    stateLosses,
     decisions,
     saved,
     proposals,

@@ -8,6 +8,7 @@ import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import { DEFAULT_LEARN } from '../../src/core/learn/learner.js';
 import type { PredictLine } from '../../src/core/learn/engine.js';
 import { replay } from '../../src/learn-cli.js';
+import { expectSameAsPredict } from './predict-compare.js';
 
 const procs: Proc[] = [];
 afterAll(() => {
@@ -90,30 +91,7 @@ describe('autoseq learned proposals (real Kafka, real Redis)', () => {
       byEvent.set(r.event_id, r);
     }
     // The record published after call j of a task is the proposal predict holds for call j+1.
-    const prevCall = new Map<string, string>();
-    let compared = 0;
-    calls.forEach((e, i) => {
-      const before = prevCall.get(e.task_id);
-      prevCall.set(e.task_id, e.event_id);
-      if (!before) return;
-      const rec = byEvent.get(before)!;
-      const fromService =
-        rec.origin === 'learned'
-          ? {
-              tool: rec.tool,
-              args: rec.args,
-              origin: 'learned',
-              state: rec.rule_state,
-              rule_id: rec.rule_id,
-              confidence: rec.confidence,
-            }
-          : null;
-      expect({ event: e.event_id, proposal: fromService }).toEqual({
-        event: e.event_id,
-        proposal: predicted[i]!.proposal,
-      });
-      compared++;
-    });
+    const compared = expectSameAsPredict(calls, byEvent, predicted);
     expect(compared).toBeGreaterThan(100);
 
     const rules = (await getJson(p.url('/rules?tenant_id=default&agent_id=default'))).body as {
