@@ -60,8 +60,13 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
      * sessions start over: the guard's "rebuild" forgets what this instance cached and counts the loss. See
      * README "Redis loss" for what a client sees.
      */
+    // Epoch checks on a connection of their own: every allowed-tools read checks the epoch (a state cached
+    // before a Redis loss must not answer; no push-based scheme can promise that), and on the shared connection
+    // that check waited behind whole batches' session pipelines.
+    const epochRedis = redis.duplicate();
+    epochRedis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error (epoch)'));
     const guard = createStateGuard({
-      epoch: createEpoch(redis, `${env.REDIS_KEY_PREFIX}:seq:epoch`),
+      epoch: createEpoch(epochRedis, `${env.REDIS_KEY_PREFIX}:seq:epoch`),
       log,
       rebuild: async (reason) => {
         cache.clear();
@@ -108,7 +113,10 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
           return r.state;
         }),
       ],
-      close: () => feed.stop(),
+      close: async () => {
+        await feed.stop();
+        epochRedis.disconnect();
+      },
     };
   },
 };

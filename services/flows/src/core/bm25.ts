@@ -35,21 +35,48 @@ export interface Scored {
   score: number;
 }
 
+/** The slots of the documents that hold one term, packed for a fast walk; removal swaps in the last slot. */
+class Posting {
+  constructor(readonly term: string) {}
+  slots = new Int32Array(4);
+  size = 0;
+  push(slot: number): number {
+    if (this.size === this.slots.length) {
+      const grown = new Int32Array(this.slots.length * 2);
+      grown.set(this.slots);
+      this.slots = grown;
+    }
+    this.slots[this.size] = slot;
+    return this.size++;
+  }
+}
+
 /**
- * Okapi BM25 (binary term frequency) with incremental add/remove (k1 1.2, b 0.75), postings per term over numeric slots: a query
- * touches only the documents that share a term with it and keeps the best `limit` in a small heap, so
- * 10,000 flows stay in the millisecond range. Hand-written: the npm BM25 packages rebuild the whole index on
- * every change, and the registry changes one flow at a time.
+ * Okapi BM25 (binary term frequency) with incremental add/remove (k1 1.2, b 0.75), postings per term over numeric
+ * slots: a query touches only the documents that share a term with it and keeps the best `limit` in a small
+ * heap, so 10,000 flows stay in the millisecond range. Hand-written: the npm BM25 packages rebuild the whole
+ * index on every change, and the registry changes one flow at a time.
+ *
+ * Postings are packed slot arrays (a slot's place in each of its postings is kept, so removal is O(terms));
+ * a query walks them into a reused score array and only a document that beats the heap's worst is
+ * materialised. The order a posting lists its documents in does not change any answer: a document's score
+ * sums its terms in query-term order, and the ranking is a total order (score, then id).
  */
 export class Bm25Index {
-  private readonly postings = new Map<string, Map<number, number>>();
+  private readonly postings = new Map<string, Posting>();
   private readonly slotOf = new Map<string, number>();
   private ids: (string | null)[] = [];
-  private lengths: number[] = [];
-  private docTerms: string[][] = [];
+  private lengths = new Float64Array(0);
+  private docTerms: Posting[][] = [];
+  /** Where the slot sits in each posting of `docTerms[slot]` (same order). */
+  private docPlaces: number[][] = [];
   private readonly free: number[] = [];
   private totalLength = 0;
   private scores = new Float64Array(0);
+  private touched = new Int32Array(0);
+  /** Per slot, BM25's length-normalised denominator for `normAvg` (the same float the formula gives inline). */
+  private norms = new Float64Array(0);
+  private normAvg = Number.NaN;
   constructor(
     private readonly k1 = 1.2,
     private readonly b = 0.75,
@@ -64,32 +91,49 @@ export class Bm25Index {
     const ts = terms(text);
     // Each term counts once per flow: a tool named three times in a looping flow must not outrank a flow
     // that names it once (length normalisation still applies).
-    const tf = new Map<string, number>();
-    for (const t of ts) tf.set(t, 1);
+    const distinct = new Set(ts);
     const slot = this.free.pop() ?? this.ids.length;
     this.ids[slot] = id;
-    this.lengths[slot] = ts.length;
-    this.docTerms[slot] = [...tf.keys()];
-    this.slotOf.set(id, slot);
-    for (const [t, n] of tf) {
-      let p = this.postings.get(t);
-      if (!p) this.postings.set(t, (p = new Map()));
-      p.set(slot, n);
+    if (slot >= this.lengths.length) {
+      const grown = new Float64Array(Math.max(16, (slot + 1) * 2));
+      grown.set(this.lengths);
+      this.lengths = grown;
     }
+    this.lengths[slot] = ts.length;
+    const mine: Posting[] = [];
+    const places: number[] = [];
+    for (const t of distinct) {
+      let p = this.postings.get(t);
+      if (!p) this.postings.set(t, (p = new Posting(t)));
+      mine.push(p);
+      places.push(p.push(slot));
+    }
+    this.docTerms[slot] = mine;
+    this.docPlaces[slot] = places;
+    this.slotOf.set(id, slot);
     this.totalLength += ts.length;
   }
 
   remove(id: string): void {
     const slot = this.slotOf.get(id);
     if (slot === undefined) return;
-    for (const t of this.docTerms[slot]!) {
-      const p = this.postings.get(t)!;
-      p.delete(slot);
-      if (p.size === 0) this.postings.delete(t);
+    const mine = this.docTerms[slot]!;
+    const places = this.docPlaces[slot]!;
+    for (let i = 0; i < mine.length; i++) {
+      const p = mine[i]!;
+      const at = places[i]!;
+      const last = p.slots[--p.size]!;
+      if (last !== slot) {
+        // The last document of this posting moves into the freed place: update where it records it.
+        p.slots[at] = last;
+        this.docPlaces[last]![this.docTerms[last]!.indexOf(p)] = at;
+      }
+      if (p.size === 0) this.postings.delete(p.term);
     }
     this.totalLength -= this.lengths[slot]!;
     this.ids[slot] = null;
     this.docTerms[slot] = [];
+    this.docPlaces[slot] = [];
     this.slotOf.delete(id);
     this.free.push(slot);
   }
@@ -99,25 +143,44 @@ export class Bm25Index {
     const n = this.slotOf.size;
     if (n === 0 || limit <= 0) return [];
     const avg = this.totalLength / n || 1;
-    if (this.scores.length < this.ids.length) this.scores = new Float64Array(this.ids.length * 2);
-    const scores = this.scores;
-    const touched: number[] = [];
-    const { k1, b } = this;
+    if (this.scores.length < this.ids.length) {
+      this.scores = new Float64Array(this.ids.length * 2);
+      this.touched = new Int32Array(this.ids.length * 2);
+    }
+    const { scores, touched, k1, b } = this;
+    if (avg !== this.normAvg || this.norms.length < this.ids.length) {
+      // Recomputed only when the average length moved (a flow added or removed), not per query.
+      if (this.norms.length < this.ids.length) this.norms = new Float64Array(this.ids.length * 2);
+      for (let slot = 0; slot < this.ids.length; slot++)
+        this.norms[slot] = 1 + k1 * (1 - b + (b * this.lengths[slot]!) / avg);
+      this.normAvg = avg;
+    }
+    const norms = this.norms;
+    let nTouched = 0;
     for (const t of new Set(terms(query))) {
       const p = this.postings.get(t);
-      if (!p) continue;
-      const idf = Math.log(1 + (n - p.size + 0.5) / (p.size + 0.5));
-      for (const [slot, tf] of p) {
-        if (scores[slot] === 0) touched.push(slot);
-        scores[slot]! += (idf * tf * (k1 + 1)) / (tf + k1 * (1 - b + (b * this.lengths[slot]!) / avg));
+      if (!p || p.size === 0) continue;
+      const df = p.size;
+      const idf = Math.log(1 + (n - df + 0.5) / (df + 0.5));
+      // Binary tf (1): idf·(k1 + 1) / (1 + k1·(1 − b + b·len/avg)).
+      const num = idf * 1 * (k1 + 1);
+      const slots = p.slots;
+      for (let i = 0; i < df; i++) {
+        const slot = slots[i]!;
+        if (scores[slot] === 0) touched[nTouched++] = slot;
+        scores[slot]! += num / norms[slot]!;
       }
     }
-    // Keep the best `limit` in a min-heap (worst on top): O(touched · log limit), not a full sort.
+    // Keep the best `limit` in a min-heap (worst on top): O(touched · log limit), not a full sort. A document
+    // whose score is below the worst kept one is dropped before anything is allocated for it.
     const heap: Scored[] = [];
     const worse = (x: Scored, y: Scored) => byScore(x, y) > 0;
-    for (const slot of touched) {
-      const item = { id: this.ids[slot]!, score: scores[slot]! };
+    for (let j = 0; j < nTouched; j++) {
+      const slot = touched[j]!;
+      const score = scores[slot]!;
       scores[slot] = 0;
+      if (heap.length === limit && score < heap[0]!.score) continue;
+      const item = { id: this.ids[slot]!, score };
       if (heap.length < limit) {
         heap.push(item);
         for (let i = heap.length - 1; i > 0;) {

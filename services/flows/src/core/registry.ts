@@ -9,6 +9,7 @@ import type {
 } from '../../../../schemas/index.js';
 import { Bm25Index } from './bm25.js';
 import { learnInputs, type EvidenceRun } from './dataflow.js';
+import { planOf } from './score.js';
 
 /** Namespace of Paver flow ids (UUID v5): the same definition key always gives the same id. */
 export const FLOW_NAMESPACE = '6f0e6a55-6d2f-5b6e-9c39-7061766572f1';
@@ -22,10 +23,68 @@ export const scopeId = (tenant: string, agent: string) => `${tenant}\u001f${agen
 export const searchText = (f: RegisteredFlow) =>
   [f.name, f.description, f.condition, ...f.desired_effects].join('\n');
 
+/** A flow's tools in step order, a loop counting as its tool ('' for a step without a skill). */
+export const toolsOf = (f: RegisteredFlow) => planOf(f.steps).map((p) => p.tool);
+
+/** One key per tool sequence (JSON per tool, so no tool name can make two sequences collide). */
+const seqKey = (tools: readonly string[], n: number) => {
+  let k = '';
+  for (let i = 0; i < n; i++) k += (i ? ',' : '') + JSON.stringify(tools[i]);
+  return k;
+};
+
+/**
+ * The flows of a scope grouped by their exact tool sequence (flows with a skill-less step left out: they never
+ * replace another), each group in registration order like the scope's own map. Prefix back-off asks, for a
+ * recalled flow, for the shortest registered flow its steps begin with; a scan of the scope per recalled flow
+ * was most of a recall at 10,000 flows, a lookup per prefix length is a handful of map reads.
+ */
+export class ToolSequenceIndex {
+  private readonly bySeq = new Map<string, Map<string, RegisteredFlow>>();
+
+  private static keyOf(f: RegisteredFlow): string | undefined {
+    const tools = toolsOf(f);
+    return tools.length === 0 || tools.includes('') ? undefined : seqKey(tools, tools.length);
+  }
+
+  add(f: RegisteredFlow): void {
+    const k = ToolSequenceIndex.keyOf(f);
+    if (k === undefined) return;
+    let group = this.bySeq.get(k);
+    if (!group) this.bySeq.set(k, (group = new Map()));
+    group.set(f.id, f);
+  }
+
+  remove(f: RegisteredFlow): void {
+    const k = ToolSequenceIndex.keyOf(f);
+    const group = k === undefined ? undefined : this.bySeq.get(k);
+    if (!group) return;
+    group.delete(f.id);
+    if (group.size === 0) this.bySeq.delete(k!);
+  }
+
+  /**
+   * The first registered flow (other than `f`) of the shortest tool sequence that is a proper, non-empty prefix
+   * of `f`'s, or undefined: the same answer as a scan of the scope in registration order keeping the first
+   * shortest (`prefixOf` in select.ts), which the unit tests check against this.
+   */
+  shortestPrefix(f: RegisteredFlow): RegisteredFlow | undefined {
+    const mine = toolsOf(f);
+    if (mine.includes('')) return undefined;
+    for (let n = 1; n < mine.length; n++) {
+      const group = this.bySeq.get(seqKey(mine, n));
+      if (!group) continue;
+      for (const g of group.values()) if (g.id !== f.id) return g;
+    }
+    return undefined;
+  }
+}
+
 class ScopeRegistry {
   readonly flows = new Map<string, RegisteredFlow>();
   readonly bm25 = new Bm25Index();
   readonly vectors = new Map<string, number[]>();
+  readonly sequences = new ToolSequenceIndex();
 }
 
 /** Registered flows per (tenant, agent), with their sparse index and, when an embedder is configured, vectors. */
@@ -47,6 +106,7 @@ export class FlowRegistry {
     const s = this.scope(f.tenant_id, f.agent_id, true);
     s.flows.set(f.id, f);
     s.bm25.add(f.id, searchText(f));
+    s.sequences.add(f);
   }
   remove(id: string): RegisteredFlow | undefined {
     for (const s of this.scopes.values()) {
@@ -54,6 +114,7 @@ export class FlowRegistry {
       if (f) {
         s.flows.delete(id);
         s.bm25.remove(id);
+        s.sequences.remove(f);
         s.vectors.delete(id);
         return f;
       }
@@ -77,7 +138,14 @@ export class FlowRegistry {
   index(
     tenant: string,
     agent: string,
-  ): { bm25: Bm25Index; vectors: Map<string, number[]>; flows: Map<string, RegisteredFlow> } | undefined {
+  ):
+    | {
+        bm25: Bm25Index;
+        vectors: Map<string, number[]>;
+        flows: Map<string, RegisteredFlow>;
+        sequences: ToolSequenceIndex;
+      }
+    | undefined {
     return this.scope(tenant, agent);
   }
   /** Every flow of every scope. */

@@ -2,8 +2,7 @@ import type { FlowSelectionRecord, RegisteredFlow } from '../../../../schemas/in
 import { byScore, cosine, rrf, type Scored } from './bm25.js';
 import { parseIds } from './answer.js';
 import type { PromptCache } from './prompt.js';
-import type { FlowRegistry } from './registry.js';
-import { planOf } from './score.js';
+import { toolsOf, type FlowRegistry } from './registry.js';
 
 export interface SelectPolicy {
   topK: number;
@@ -41,8 +40,6 @@ export interface Candidate {
   /** The past-outcome score, when similar past runs judged this flow. */
   outcome?: number;
 }
-
-const toolsOf = (f: RegisteredFlow) => planOf(f.steps).map((p) => p.tool);
 
 /**
  * The shortest registered flow whose steps begin `f`'s (same tools in the same places, a loop counting as its
@@ -128,7 +125,7 @@ export function recall(
     if (judged.has(s.id) && judged.get(s.id)! <= p.outcomeFloor) continue;
     const recalled = idx.flows.get(s.id)!;
     // The replacement takes the place (and score) of the flow it shortens; a flow already listed is not repeated.
-    const flow = p.prefixBackoff ? prefixOf(recalled, idx.flows.values()) : recalled;
+    const flow = p.prefixBackoff ? (idx.sequences.shortestPrefix(recalled) ?? recalled) : recalled;
     if (seen.has(flow.id)) continue;
     seen.add(flow.id);
     const o = judged.get(flow.id);

@@ -1,7 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { flowDefinitionV1, type FlowCandidateRecord } from '../../../../schemas/index.js';
 import { parseIds } from '../../src/core/answer.js';
-import { Bm25Index, rrf } from '../../src/core/bm25.js';
+import { Bm25Index, byScore, rrf, terms, type Scored } from '../../src/core/bm25.js';
+import { rng } from '../../../../testkit/streams.js';
 import {
   decide,
   inShadow,
@@ -43,6 +44,57 @@ describe('BM25', () => {
     expect(i2.search('beta', 5)).toEqual([]);
     expect(i2.search('delta', 5).map((x) => x.id)).toEqual(['b']);
     expect(i2.size).toBe(1);
+  });
+  it('after any churn of adds, re-adds and removals, ranks exactly as BM25 over the live documents', () => {
+    // Reference: score every live document from scratch (binary tf, k1 1.2, b 0.75), best first, ties by id.
+    const reference = (docs: Map<string, string>, query: string, limit: number): Scored[] => {
+      const k1 = 1.2;
+      const b = 0.75;
+      const bags = [...docs].map(([id, text]) => ({
+        id,
+        len: terms(text).length,
+        set: new Set(terms(text)),
+      }));
+      const avg = bags.reduce((s, d) => s + d.len, 0) / bags.length || 1;
+      const qs = [...new Set(terms(query))];
+      const out: Scored[] = [];
+      for (const d of bags) {
+        let score = 0;
+        for (const t of qs) {
+          if (!d.set.has(t)) continue;
+          const df = bags.filter((x) => x.set.has(t)).length;
+          const idf = Math.log(1 + (bags.length - df + 0.5) / (df + 0.5));
+          score += (idf * (k1 + 1)) / (1 + k1 * (1 - b + (b * d.len) / avg));
+        }
+        if (score > 0) out.push({ id: d.id, score });
+      }
+      return out.sort(byScore).slice(0, limit);
+    };
+    const words = 'alpha beta gamma delta epsilon zeta eta theta iota kappa'.split(' ');
+    const r = rng(7);
+    const pick = (n: number) =>
+      Array.from({ length: n }, () => words[Math.floor(r() * words.length)]).join(' ');
+    const idx = new Bm25Index();
+    const live = new Map<string, string>();
+    for (let step = 0; step < 600; step++) {
+      const id = `d${Math.floor(r() * 40)}`;
+      if (r() < 0.3) {
+        idx.remove(id);
+        live.delete(id);
+      } else {
+        const text = pick(1 + Math.floor(r() * 6));
+        idx.add(id, text);
+        live.set(id, text);
+      }
+      if (step % 20 === 0) {
+        const q = pick(3);
+        const got = idx.search(q, 5);
+        const want = reference(live, q, 5);
+        expect(got.map((x) => x.id)).toEqual(want.map((x) => x.id));
+        got.forEach((x, i) => expect(x.score).toBeCloseTo(want[i]!.score, 12));
+      }
+    }
+    expect(idx.size).toBe(live.size);
   });
   it('splits snake_case and is case-insensitive', () => {
     const i3 = new Bm25Index();
@@ -246,6 +298,47 @@ describe('prefix back-off', () => {
     const unnamed = flow('manual', 'no skills', ['x']);
     const stepless = registerManual(flowDefinitionV1.parse({ name: 'bare', steps: [{ name: 'talk' }] }), 1);
     expect(prefixOf(unnamed, [stepless]).name).toBe('manual');
+  });
+  it("the registry's sequence index answers as a scan of the scope in registration order, through churn", () => {
+    const r = rng(11);
+    const tools = ['a', 'b', 'c'];
+    const steps = () =>
+      Array.from({ length: Math.floor(r() * 4) }, () =>
+        r() < 0.1 ? { loop: tools[Math.floor(r() * 3)]! } : r() < 0.05 ? '' : tools[Math.floor(r() * 3)]!,
+      );
+    const seqs = new FlowRegistry();
+    let compared = 0;
+    let replaced = 0;
+    for (let step = 0; step < 400; step++) {
+      const name = `f${Math.floor(r() * 30)}`;
+      if (r() < 0.2) seqs.remove(manualFlowId({ tenant_id: 'default', agent_id: 'default', name }));
+      else
+        seqs.upsert(
+          registerManual(
+            flowDefinitionV1.parse({
+              name,
+              steps: steps().map((t, i) =>
+                typeof t === 'string'
+                  ? t
+                    ? { name: `s${i}`, skill_key: t }
+                    : { name: `s${i}` }
+                  : { name: `s${i}`, skill_key: t.loop, for_each: { over: null, body: 1 } },
+              ),
+            }),
+            1,
+          ),
+        );
+      const idx = seqs.index('default', 'default');
+      for (const f of idx?.flows.values() ?? []) {
+        const fast = idx!.sequences.shortestPrefix(f) ?? f;
+        expect(fast.id).toBe(prefixOf(f, idx!.flows.values()).id);
+        compared++;
+        if (fast.id !== f.id) replaced++;
+      }
+    }
+    // The property held over many flows, among them many that a shorter one replaced.
+    expect(compared).toBeGreaterThan(1000);
+    expect(replaced).toBeGreaterThan(100);
   });
 });
 

@@ -131,6 +131,13 @@ describe('sequencer: Redis state lost mid-stream', () => {
       const id = `sess-${s}`;
       expect(live.get(id), id).toEqual([...(ref1.get(id) ?? []), ...(ref2.get(id) ?? [])]);
     }
+    // A second loss, read right away: no read may be answered from a state cached before it.
+    await redis.flushall();
+    for (let s = 0; s < sessions; s++) expect(await allowed(`sess-${s}`)).toEqual(fresh);
+    await waitFor(async () => {
+      const m = parsePrometheus(String((await getJson(p.url('/metrics'))).body));
+      return m.value('paver_sequencer_state_losses_total') === 2;
+    }, 'the second loss counted');
     p.child.kill('SIGTERM');
     expect(await p.exited).toBe(0);
   });
