@@ -49,6 +49,6 @@ export async function benchFlows(flows: number, queries: number) {
       p99: round(pct(times, 99)),
       definition: 'stage-1 recall (BM25 + RRF, top_k 3, query + 2 episode summaries), in-process',
     },
-    targets: { recall_p99_ms_max: 5 },
+    targets: { recall_p99_ms_max: 2 },
   });
 }
