@@ -137,6 +137,25 @@ ts(
   [[`max by (service) (paver_consumer_oldest_unprocessed_age_seconds{${svc}})`, '{{service}}']],
   { x: 12, description: 'Age of the oldest event not yet processed on any assigned partition.' },
 );
+ts(
+  'Redis state: losses noticed and rebuilds from Kafka',
+  'short',
+  [
+    [`sum by (outcome) (increase(paver_detector_rebuilds_total[${RI}]))`, 'detector rebuild {{outcome}}'],
+    [`max(paver_detector_rebuilding)`, 'detector rebuilding'],
+    [
+      `sum by (reason, outcome) (increase(paver_flows_state_rebuilds_total[${RI}]))`,
+      'flows {{reason}} {{outcome}}',
+    ],
+    [`sum(increase(paver_sequencer_state_losses_total[${RI}]))`, 'sequencer loss (sessions start over)'],
+    [`sum(increase(paver_autoseq_state_losses_total[${RI}]))`, 'autoseq loss (learning starts over)'],
+  ],
+  {
+    w: 24,
+    description:
+      'A Redis that lost its state (FLUSHALL, restart without persistence, failover to an empty replica).',
+  },
+);
 ts('Autoseq proposals/s by origin, state and outcome', 'ops', [
   [
     `sum by (origin, state, outcome) (rate(paver_autoseq_proposals_total[${RI}]))`,
