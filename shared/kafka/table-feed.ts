@@ -31,25 +31,11 @@ export interface TableFeedSpec<T> {
   onApplied?: (outcome: 'applied' | 'rejected', n: number) => void;
 }
 
-/** `createTableFeed(spec, deps)`, or the flat `createTableFeed({ ...spec, ...deps })` of earlier call sites. */
-export function createTableFeed<T>(spec: TableFeedSpec<T>, deps: RuntimeDeps): TableFeed;
-export function createTableFeed<T>(o: TableFeedSpec<T> & RuntimeDeps): TableFeed;
-export function createTableFeed<T>(
-  spec: TableFeedSpec<T> | (TableFeedSpec<T> & RuntimeDeps),
-  runtime?: RuntimeDeps,
-): TableFeed {
-  const o: TableFeedSpec<T> & RuntimeDeps = runtime
-    ? { ...spec, ...runtime }
-    : (spec as TableFeedSpec<T> & RuntimeDeps);
-  const deps: RuntimeDeps = {
-    env: o.env,
-    kafka: o.kafka,
-    codec: o.codec,
-    sink: o.sink,
-    metrics: o.metrics,
-    log: o.log,
-    onFatal: o.onFatal,
-  };
+/** Where a service's table lives: what its feed wrapper (catalog, orchestration, flows…) takes from `main.ts`. */
+export type TablePlace = Pick<TableFeedSpec<unknown>, 'topic' | 'groupPrefix' | 'onApplied'>;
+
+export function createTableFeed<T>(spec: TableFeedSpec<T>, deps: RuntimeDeps): TableFeed {
+  const o: TableFeedSpec<T> & RuntimeDeps = { ...spec, ...deps };
   const groupId = `${o.groupPrefix}-table-${randomUUID()}`;
   let caught = false;
   let runner: Runner | null = null;

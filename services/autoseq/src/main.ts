@@ -30,24 +30,21 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
   envSchema: autoseqEnvSchema,
   defaultPort: 9102,
   groupId: (env) => env.AUTOSEQ_GROUP_ID,
-  async setup({ env, redis, kafka, codec, sink, metrics, log, fatal }) {
+  async setup({ env, redis, sink, metrics, log, runtime }) {
     const catalog = await initialCatalog(env.AUTOSEQ_CATALOG_FILE, new SchemaCompiler());
     const prefix = env.REDIS_KEY_PREFIX;
     const store = new RedisTaskStore(redis, prefix, env.AUTOSEQ_TASK_TTL_MS);
     const learnOptions = learnOptionsFromEnv(env);
     const m = createAutoseqMetrics(metrics.registry, () => catalog.size.tools);
-    const feed = createCatalogFeed(catalog, {
-      topic: env.PAVER_TOPIC_TOOL_CATALOG,
-      groupPrefix: env.AUTOSEQ_GROUP_ID,
-      env,
-      kafka,
-      codec,
-      sink,
-      metrics,
-      log,
-      onFatal: fatal,
-      onApplied: (outcome, n) => m.catalogUpdates.inc({ outcome }, n),
-    });
+    const feed = createCatalogFeed(
+      catalog,
+      {
+        topic: env.PAVER_TOPIC_TOOL_CATALOG,
+        groupPrefix: env.AUTOSEQ_GROUP_ID,
+        onApplied: (outcome, n) => m.catalogUpdates.inc({ outcome }, n),
+      },
+      runtime,
+    );
 
     /**
      * Redis loss: the learned rules are statistics over the whole stream (decayed), not records Kafka keeps

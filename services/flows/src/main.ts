@@ -50,7 +50,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
   envSchema: flowsEnvSchema,
   defaultPort: 9104,
   groupId: (env) => env.FLOWS_GROUP_ID,
-  async setup({ env, redis, kafka, codec, sink, metrics, log, fatal }) {
+  async setup({ env, redis, sink, metrics, log, runtime }) {
     const manualFile = env.FLOWS_FILE ? await loadFile(env.FLOWS_FILE, flowsFileV1, 'FLOWS_FILE') : [];
     const manual = Array.isArray(manualFile) ? manualFile : manualFile.flows;
     const overrides: PolicyFile = env.FLOWS_POLICY_FILE
@@ -121,17 +121,15 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       onModel: (o) => modelCalls.inc({ outcome: o }),
       outcomes,
     };
-    const feed = createRegistryFeed(registry, prompts, {
-      topic: env.PAVER_TOPIC_FLOWS,
-      groupPrefix: env.FLOWS_GROUP_ID,
-      env,
-      kafka,
-      codec,
-      sink,
-      metrics,
-      log,
-      onFatal: fatal,
-    });
+    const feed = createRegistryFeed(
+      registry,
+      prompts,
+      {
+        topic: env.PAVER_TOPIC_FLOWS,
+        groupPrefix: env.FLOWS_GROUP_ID,
+      },
+      runtime,
+    );
     const publishFlows = (flows: RegisteredFlow[]) =>
       sink.send(
         env.PAVER_TOPIC_FLOWS,
@@ -164,17 +162,14 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       );
     };
 
-    const stateFeed = createStateFeed(states, {
-      topic: stateTopic,
-      groupPrefix: env.FLOWS_GROUP_ID,
-      env,
-      kafka,
-      codec,
-      sink,
-      metrics,
-      log,
-      onFatal: fatal,
-    });
+    const stateFeed = createStateFeed(
+      states,
+      {
+        topic: stateTopic,
+        groupPrefix: env.FLOWS_GROUP_ID,
+      },
+      runtime,
+    );
     const outcomeCapacity = policy.outcome().capacity;
     /**
      * Redis from Kafka: candidates' states from the state topic (HSETNX: a newer live write wins), promoted

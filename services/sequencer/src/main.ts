@@ -29,7 +29,7 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
   envSchema: sequencerEnvSchema,
   defaultPort: 9103,
   groupId: (env) => env.SEQUENCER_GROUP_ID,
-  async setup({ env, redis, kafka, codec, sink, metrics, log, fatal }) {
+  async setup({ env, redis, sink, metrics, log, runtime }) {
     const config = await initialOrchestrations(env.SEQUENCER_CONFIG_FILE);
     const cache = new StateCache(
       env.SEQUENCER_STATE_CACHE_SIZE,
@@ -42,18 +42,15 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
       () => config.size,
       () => cache.size,
     );
-    const feed = createOrchestrationFeed(config, {
-      topic: env.PAVER_TOPIC_ORCHESTRATION,
-      groupPrefix: env.SEQUENCER_GROUP_ID,
-      env,
-      kafka,
-      codec,
-      sink,
-      metrics,
-      log,
-      onFatal: fatal,
-      onApplied: (outcome, n) => m.updates.inc({ outcome }, n),
-    });
+    const feed = createOrchestrationFeed(
+      config,
+      {
+        topic: env.PAVER_TOPIC_ORCHESTRATION,
+        groupPrefix: env.SEQUENCER_GROUP_ID,
+        onApplied: (outcome, n) => m.updates.inc({ outcome }, n),
+      },
+      runtime,
+    );
     /**
      * Redis loss: there is nothing to rebuild session states from (the sequence-state topic is not compacted
      * and its records do not carry the recent-tool history, the matched messages or the redelivery guard), so

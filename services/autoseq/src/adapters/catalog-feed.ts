@@ -1,6 +1,11 @@
 import { toolCatalogRecordV1, type ToolCatalogRecord } from '../../../../schemas/index.js';
-import { zodParser } from '../../../../shared/kafka/runner.js';
-import { createTableFeed, TableRejection, type TableFeed } from '../../../../shared/kafka/table-feed.js';
+import { zodParser, type RuntimeDeps } from '../../../../shared/kafka/runner.js';
+import {
+  createTableFeed,
+  TableRejection,
+  type TableFeed,
+  type TablePlace,
+} from '../../../../shared/kafka/table-feed.js';
 import { CatalogError, type Catalog } from '../core/catalog.js';
 
 type FeedRecord = ToolCatalogRecord | { kind: 'tombstone'; key: string | null };
@@ -20,25 +25,25 @@ export function parseToolKey(
 }
 
 /** The compacted tool-catalog topic applied to the in-memory catalog; a tombstone on a tool key removes the tool. */
-export function createCatalogFeed(
-  catalog: Catalog,
-  o: Omit<Parameters<typeof createTableFeed<FeedRecord>>[0], 'parse' | 'apply' | 'tombstone' | 'service'>,
-): TableFeed {
-  return createTableFeed<FeedRecord>({
-    ...o,
-    service: 'autoseq',
-    parse: zodParser(toolCatalogRecordV1),
-    tombstone: (key) => ({ kind: 'tombstone', key }),
-    apply(v) {
-      try {
-        if (v.kind === 'tombstone') {
-          const ref = parseToolKey(v.key);
-          if (!ref) throw new CatalogError('tombstone key must be tenant/agent/tool/NAME');
-          catalog.apply({ schema_version: 1, kind: 'tool_removed', ...ref });
-        } else catalog.apply(v);
-      } catch (err) {
-        throw err instanceof CatalogError ? new TableRejection(err.message) : err;
-      }
+export function createCatalogFeed(catalog: Catalog, place: TablePlace, runtime: RuntimeDeps): TableFeed {
+  return createTableFeed<FeedRecord>(
+    {
+      ...place,
+      service: 'autoseq',
+      parse: zodParser(toolCatalogRecordV1),
+      tombstone: (key) => ({ kind: 'tombstone', key }),
+      apply(v) {
+        try {
+          if (v.kind === 'tombstone') {
+            const ref = parseToolKey(v.key);
+            if (!ref) throw new CatalogError('tombstone key must be tenant/agent/tool/NAME');
+            catalog.apply({ schema_version: 1, kind: 'tool_removed', ...ref });
+          } else catalog.apply(v);
+        } catch (err) {
+          throw err instanceof CatalogError ? new TableRejection(err.message) : err;
+        }
+      },
     },
-  });
+    runtime,
+  );
 }

@@ -1,6 +1,6 @@
 import { flowRegistryRecordV1, type FlowRegistryRecord } from '../../../../schemas/index.js';
-import { zodParser } from '../../../../shared/kafka/runner.js';
-import { createTableFeed, type TableFeed } from '../../../../shared/kafka/table-feed.js';
+import { zodParser, type RuntimeDeps } from '../../../../shared/kafka/runner.js';
+import { createTableFeed, type TableFeed, type TablePlace } from '../../../../shared/kafka/table-feed.js';
 import type { PromptCache } from '../core/prompt.js';
 import type { FlowRegistry } from '../core/registry.js';
 
@@ -10,18 +10,22 @@ type FeedRecord = FlowRegistryRecord | { kind: 'tombstone'; key: string | null }
 export function createRegistryFeed(
   registry: FlowRegistry,
   prompts: PromptCache,
-  o: Omit<Parameters<typeof createTableFeed<FeedRecord>>[0], 'parse' | 'apply' | 'tombstone' | 'service'>,
+  place: TablePlace,
+  runtime: RuntimeDeps,
 ): TableFeed {
-  return createTableFeed<FeedRecord>({
-    ...o,
-    service: 'flows',
-    parse: zodParser(flowRegistryRecordV1),
-    tombstone: (key) => ({ kind: 'tombstone', key }),
-    apply(v) {
-      if ('kind' in v) {
-        if (v.key) registry.remove(v.key);
-        if (v.key) prompts.delete(v.key);
-      } else registry.upsert(v.flow);
+  return createTableFeed<FeedRecord>(
+    {
+      ...place,
+      service: 'flows',
+      parse: zodParser(flowRegistryRecordV1),
+      tombstone: (key) => ({ kind: 'tombstone', key }),
+      apply(v) {
+        if ('kind' in v) {
+          if (v.key) registry.remove(v.key);
+          if (v.key) prompts.delete(v.key);
+        } else registry.upsert(v.flow);
+      },
     },
-  });
+    runtime,
+  );
 }

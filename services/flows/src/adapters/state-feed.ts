@@ -2,7 +2,7 @@ import { z } from 'zod';
 import { id } from '../../../../schemas/index.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
 import { zodParser, type RuntimeDeps } from '../../../../shared/kafka/runner.js';
-import { createTableFeed, type TableFeed, type TableFeedSpec } from '../../../../shared/kafka/table-feed.js';
+import { createTableFeed, type TableFeed, type TablePlace } from '../../../../shared/kafka/table-feed.js';
 import type { StoredCandidate } from '../core/promotion.js';
 import { scopeId } from '../core/registry.js';
 import { storedCandidate } from './redis/store.js';
@@ -66,14 +66,14 @@ export function stateWriter(sink: Sink, topic: string, states: CandidateStates) 
   };
 }
 
-export function createStateFeed(
-  states: CandidateStates,
-  o: Omit<TableFeedSpec<CandidateState>, 'parse' | 'apply' | 'tombstone' | 'service'> & RuntimeDeps,
-): TableFeed {
-  return createTableFeed<CandidateState>({
-    ...o,
-    service: 'flows',
-    parse: zodParser(candidateStateV1),
-    apply: (v) => states.set(v.tenant_id, v.agent_id, v.candidate),
-  });
+export function createStateFeed(states: CandidateStates, place: TablePlace, runtime: RuntimeDeps): TableFeed {
+  return createTableFeed<CandidateState>(
+    {
+      ...place,
+      service: 'flows',
+      parse: zodParser(candidateStateV1),
+      apply: (v) => states.set(v.tenant_id, v.agent_id, v.candidate),
+    },
+    runtime,
+  );
 }

@@ -1,6 +1,11 @@
 import { orchestrationRecordV1, type OrchestrationRecord } from '../../../../schemas/index.js';
-import { zodParser } from '../../../../shared/kafka/runner.js';
-import { createTableFeed, TableRejection, type TableFeed } from '../../../../shared/kafka/table-feed.js';
+import { zodParser, type RuntimeDeps } from '../../../../shared/kafka/runner.js';
+import {
+  createTableFeed,
+  TableRejection,
+  type TableFeed,
+  type TablePlace,
+} from '../../../../shared/kafka/table-feed.js';
 import { ConfigError, type Orchestrations } from '../core/orchestration.js';
 
 type FeedRecord = OrchestrationRecord | { kind: 'tombstone'; key: string | null };
@@ -22,27 +27,31 @@ export function parseAgentKey(key: string | null): { tenant: string; agent: stri
  */
 export function createOrchestrationFeed(
   config: Orchestrations,
-  o: Omit<Parameters<typeof createTableFeed<FeedRecord>>[0], 'parse' | 'apply' | 'tombstone' | 'service'>,
+  place: TablePlace,
+  runtime: RuntimeDeps,
 ): TableFeed {
-  return createTableFeed<FeedRecord>({
-    ...o,
-    service: 'sequencer',
-    parse: zodParser(orchestrationRecordV1),
-    tombstone: (key) => ({ kind: 'tombstone', key }),
-    apply(v, key) {
-      if ('kind' in v) {
-        const scope = parseAgentKey(v.key);
-        if (!scope) throw new TableRejection('tombstone key must be tenant_id/agent_id');
-        return config.delete(scope.tenant, scope.agent);
-      }
-      const scope = parseAgentKey(key);
-      if (scope && (scope.tenant !== v.tenant_id || scope.agent !== v.agent_id))
-        throw new TableRejection(`key '${key}' does not match the record's tenant_id/agent_id`);
-      try {
-        config.set(v);
-      } catch (err) {
-        throw err instanceof ConfigError ? new TableRejection(err.message) : err;
-      }
+  return createTableFeed<FeedRecord>(
+    {
+      ...place,
+      service: 'sequencer',
+      parse: zodParser(orchestrationRecordV1),
+      tombstone: (key) => ({ kind: 'tombstone', key }),
+      apply(v, key) {
+        if ('kind' in v) {
+          const scope = parseAgentKey(v.key);
+          if (!scope) throw new TableRejection('tombstone key must be tenant_id/agent_id');
+          return config.delete(scope.tenant, scope.agent);
+        }
+        const scope = parseAgentKey(key);
+        if (scope && (scope.tenant !== v.tenant_id || scope.agent !== v.agent_id))
+          throw new TableRejection(`key '${key}' does not match the record's tenant_id/agent_id`);
+        try {
+          config.set(v);
+        } catch (err) {
+          throw err instanceof ConfigError ? new TableRejection(err.message) : err;
+        }
+      },
     },
-  });
+    runtime,
+  );
 }
