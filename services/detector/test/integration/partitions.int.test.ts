@@ -1,12 +1,16 @@
-import { mkdtempSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTopics, produce, waitFor } from '../../../../test/helpers/kafka.js';
-import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
-import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
+import { serviceEnv, type Proc } from '../../../../test/helpers/process.js';
 import { agentEvents } from '../../../../testkit/streams.js';
 import { withRequests } from '../reference/requests.js';
+import {
+  candidates,
+  detectOffline,
+  metrics,
+  PARAMS,
+  startDetector,
+  type OfflineCandidate,
+} from './backlog.js';
 
 /**
  * Issue 12: the result must not depend on how partitions interleave or on restarts. A backlog on 3
@@ -15,48 +19,16 @@ import { withRequests } from '../reference/requests.js';
  * rest of them). The detector is SIGKILLed twice mid-stream; the final candidates must equal `paver detect`.
  */
 const TASKS = 600;
-const IDLE_MS = '300';
-const PARAMS = { DETECTOR_LOOKBACK: '80', DETECTOR_MAX_CANDIDATES: '4', DETECTOR_TASK_IDLE_MS: IDLE_MS };
 const events = withRequests([...agentEvents({ tasks: TASKS, seed: 11 })]);
-const file = join(mkdtempSync(join(tmpdir(), 'paver-det-parts-')), 'events.jsonl');
-let offline: { tool_sequence: string[]; occurrence_count: number; request_terms?: { tasks: number } }[];
+let offline: OfflineCandidate[];
 
 const procs: Proc[] = [];
 afterAll(() => {
   for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
 });
 
-async function startDetector(env: Record<string, string>) {
-  const p = await startProcess(['bin/paver.js', 'run', 'detector'], env);
-  procs.push(p);
-  await waitFor(() => isReady(p), 'detector /readyz').catch((err: Error) => {
-    throw new Error(`${err.message}\n${p.output()}`);
-  });
-  return p;
-}
-const metrics = async (p: Proc) => parsePrometheus(String((await getJson(p.url('/metrics'))).body));
-const candidates = async (p: Proc) =>
-  (await getJson(p.url('/candidates?tenant_id=default&agent_id=agent-0'))).body;
-
 beforeAll(async () => {
-  writeFileSync(file, events.map((e) => JSON.stringify(e)).join('\n') + '\n');
-  const p = await startProcess(
-    [
-      'bin/paver.js',
-      'detect',
-      '--input',
-      file,
-      '--lookback',
-      '80',
-      '--max-candidates',
-      '4',
-      '--task-idle-ms',
-      IDLE_MS,
-    ],
-    { PATH: process.env.PATH ?? '' },
-  );
-  expect(await p.exited).toBe(0);
-  offline = JSON.parse(p.output().slice(p.output().indexOf('['), p.output().lastIndexOf(']') + 1));
+  offline = await detectOffline(events);
 });
 
 describe('detector across partitions and restarts (real Kafka, real Redis)', () => {
@@ -85,7 +57,7 @@ describe('detector across partitions and restarts (real Kafka, real Redis)', () 
 
     const done: number[] = [];
     for (let kill = 0; kill < 2; kill++) {
-      const p = await startDetector(env);
+      const p = await startDetector(env, procs);
       const n = await waitFor(
         async () => {
           const v = (await metrics(p)).value('paver_detector_records_completed_total');
@@ -102,7 +74,7 @@ describe('detector across partitions and restarts (real Kafka, real Redis)', () 
     // Both kills came mid-stream: together they had not completed every task.
     expect(done[0]! + done[1]!).toBeLessThan(TASKS);
 
-    const last = await startDetector(env);
+    const last = await startDetector(env, procs);
     await waitFor(
       async () => JSON.stringify(await candidates(last)) === JSON.stringify(offline),
       'live candidates equal to the offline run',

@@ -1,6 +1,3 @@
-import { mkdtempSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { setTimeout as tick } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
@@ -11,12 +8,19 @@ import {
   waitFor,
   type Consumed,
 } from '../../../../test/helpers/kafka.js';
-import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
-import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
+import { isReady, serviceEnv, type Proc } from '../../../../test/helpers/process.js';
 import { flowCandidateRecordV1, type FlowCandidate } from '../../../../schemas/index.js';
 import { agentEvents } from '../../../../testkit/streams.js';
 import { candidateKey, toRecord } from '../../src/core/candidate.js';
 import { withRequests } from '../reference/requests.js';
+import {
+  candidates,
+  detectOffline,
+  metrics,
+  PARAMS,
+  startDetector,
+  type OfflineCandidate,
+} from './backlog.js';
 
 /**
  * Issue 12 item 4: Redis loss, survived. A 3-partition backlog is read by the detector (a real process);
@@ -26,11 +30,8 @@ import { withRequests } from '../reference/requests.js';
  * `paver detect` gives over the same events.
  */
 const TASKS = 600;
-const IDLE_MS = '300';
-const PARAMS = { DETECTOR_LOOKBACK: '80', DETECTOR_MAX_CANDIDATES: '4', DETECTOR_TASK_IDLE_MS: IDLE_MS };
 const events = withRequests([...agentEvents({ tasks: TASKS, seed: 23 })]);
-const file = join(mkdtempSync(join(tmpdir(), 'paver-det-loss-')), 'events.jsonl');
-let offline: { tool_sequence: string[]; occurrence_count: number }[];
+let offline: OfflineCandidate[];
 
 const redis = testRedis();
 const procs: Proc[] = [];
@@ -38,10 +39,6 @@ afterAll(async () => {
   for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
   redis.disconnect();
 });
-
-const metrics = async (p: Proc) => parsePrometheus(String((await getJson(p.url('/metrics'))).body));
-const candidates = async (p: Proc) =>
-  (await getJson(p.url('/candidates?tenant_id=default&agent_id=agent-0'))).body;
 
 /** The candidates the topic holds as active (the latest record per key), sorted by dedupe_key. */
 function activeOnTopic(all: Consumed[]): unknown[] {
@@ -70,24 +67,7 @@ async function flushPrefix(prefix: string): Promise<number> {
 }
 
 beforeAll(async () => {
-  writeFileSync(file, events.map((e) => JSON.stringify(e)).join('\n') + '\n');
-  const p = await startProcess(
-    [
-      'bin/paver.js',
-      'detect',
-      '--input',
-      file,
-      '--lookback',
-      '80',
-      '--max-candidates',
-      '4',
-      '--task-idle-ms',
-      IDLE_MS,
-    ],
-    { PATH: process.env.PATH ?? '' },
-  );
-  expect(await p.exited).toBe(0);
-  offline = JSON.parse(p.output().slice(p.output().indexOf('['), p.output().lastIndexOf(']') + 1));
+  offline = await detectOffline(events);
 });
 
 describe('detector after a Redis loss (real Kafka, real Redis)', () => {
@@ -112,11 +92,7 @@ describe('detector after a Redis loss (real Kafka, real Redis)', () => {
       events.map((e) => ({ key: e.session_id, value: JSON.stringify(e) })),
     );
 
-    const p = await startProcess(['bin/paver.js', 'run', 'detector'], env);
-    procs.push(p);
-    await waitFor(() => isReady(p), 'detector /readyz').catch((err: Error) => {
-      throw new Error(`${err.message}\n${p.output()}`);
-    });
+    const p = await startDetector(env, procs);
     const before = await waitFor(async () => {
       const m = await metrics(p);
       return m.value('paver_detector_records_completed_total') >= 150 ? m : null;
