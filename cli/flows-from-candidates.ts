@@ -1,4 +1,4 @@
-import { parseArgs } from 'node:util';
+import { parseFlags } from '../shared/flags.js';
 import { z } from 'zod';
 import { flowCandidate, id as idSchema, type ToolCallsEvent } from '../schemas/index.js';
 import { errorMessage } from '../shared/errors.js';
@@ -25,26 +25,14 @@ the candidates carry no argument data: steps say \`inputs: "unknown"\` and bind 
 const input = z.union([z.array(flowCandidate), z.object({ candidates: z.array(flowCandidate) })]);
 
 export async function fromCandidatesCommand(argv: string[]): Promise<number> {
-  let values;
-  try {
-    ({ values } = parseArgs({
-      args: argv,
-      options: {
-        input: { type: 'string' },
-        history: { type: 'string' },
-        tenant: { type: 'string' },
-        agent: { type: 'string' },
-        help: { type: 'boolean' },
-      },
-    }));
-  } catch (err) {
-    process.stderr.write(`paver flows from-candidates: ${errorMessage(err)}\n\n${USAGE}`);
-    return 2;
-  }
-  if (values.help) {
-    process.stdout.write(USAGE);
-    return 0;
-  }
+  const values = parseFlags('flows from-candidates', USAGE, argv, {
+    input: { type: 'string' },
+    history: { type: 'string' },
+    tenant: { type: 'string' },
+    agent: { type: 'string' },
+    help: { type: 'boolean' },
+  });
+  if (typeof values === 'number') return values;
   if (!values.input) {
     process.stderr.write(`paver flows from-candidates: --input is required\n\n${USAGE}`);
     return 2;

@@ -1,4 +1,4 @@
-import { parseArgs } from 'node:util';
+import { parseFlags } from '../shared/flags.js';
 import {
   flowsFileV1,
   type FlowCandidateRecord,
@@ -204,31 +204,19 @@ export async function replay(o: ReplayOptions) {
 }
 
 export async function replayCommand(argv: string[]): Promise<number> {
-  let values;
-  try {
-    ({ values } = parseArgs({
-      args: argv,
-      options: {
-        input: { type: 'string' },
-        json: { type: 'boolean' },
-        flows: { type: 'string' },
-        promotion: { type: 'string' },
-        'min-occurrences': { type: 'string' },
-        'min-savings': { type: 'string' },
-        'shadow-trials': { type: 'string' },
-        'shadow-precision': { type: 'string' },
-        'no-outcomes': { type: 'boolean' },
-        help: { type: 'boolean' },
-      },
-    }));
-  } catch (err) {
-    process.stderr.write(`paver flows replay: ${errorMessage(err)}\n\n${USAGE}`);
-    return 2;
-  }
-  if (values.help) {
-    process.stdout.write(USAGE);
-    return 0;
-  }
+  const values = parseFlags('flows replay', USAGE, argv, {
+    input: { type: 'string' },
+    json: { type: 'boolean' },
+    flows: { type: 'string' },
+    promotion: { type: 'string' },
+    'min-occurrences': { type: 'string' },
+    'min-savings': { type: 'string' },
+    'shadow-trials': { type: 'string' },
+    'shadow-precision': { type: 'string' },
+    'no-outcomes': { type: 'boolean' },
+    help: { type: 'boolean' },
+  });
+  if (typeof values === 'number') return values;
   if (!values.input) {
     process.stderr.write(`paver flows replay: --input is required\n\n${USAGE}`);
     return 2;

@@ -1,4 +1,4 @@
-import { parseArgs } from 'node:util';
+import { parseFlags } from '../../../shared/flags.js';
 import { sha256 } from '../../../shared/hash.js';
 import { readConfigFile, readEvents } from '../../../shared/jsonl.js';
 import { CatalogError, loadCatalogFile, type Catalog } from './core/catalog.js';
@@ -36,27 +36,15 @@ export async function runAutoseq(
 }
 
 export async function autoseqCommand(argv: string[]): Promise<number> {
-  let values;
-  try {
-    ({ values } = parseArgs({
-      args: argv,
-      options: {
-        catalog: { type: 'string' },
-        input: { type: 'string' },
-        'max-consecutive': { type: 'string' },
-        'no-arguments': { type: 'boolean' },
-        pretty: { type: 'boolean' },
-        help: { type: 'boolean' },
-      },
-    }));
-  } catch (err) {
-    process.stderr.write(`paver autoseq: ${errorMessage(err)}\n\n${USAGE}`);
-    return 2;
-  }
-  if (values.help) {
-    process.stdout.write(USAGE);
-    return 0;
-  }
+  const values = parseFlags('autoseq', USAGE, argv, {
+    catalog: { type: 'string' },
+    input: { type: 'string' },
+    'max-consecutive': { type: 'string' },
+    'no-arguments': { type: 'boolean' },
+    pretty: { type: 'boolean' },
+    help: { type: 'boolean' },
+  });
+  if (typeof values === 'number') return values;
   if (!values.catalog || !values.input) {
     process.stderr.write(`paver autoseq: --catalog and --input are required\n\n${USAGE}`);
     return 2;

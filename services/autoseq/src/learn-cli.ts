@@ -1,4 +1,4 @@
-import { parseArgs } from 'node:util';
+import { parseFlags } from '../../../shared/flags.js';
 import { errorMessage } from '../../../shared/errors.js';
 import { sha256 } from '../../../shared/hash.js';
 import { readConfigFile, readEvents } from '../../../shared/jsonl.js';
@@ -92,29 +92,17 @@ export async function replay(
 const num = (s: string | undefined, d: number) => (s === undefined ? d : Number(s));
 
 async function parse(cmd: string, argv: string[], usage: string, extra: Record<string, { type: 'boolean' }>) {
-  let values;
-  try {
-    ({ values } = parseArgs({
-      args: argv,
-      options: {
-        input: { type: 'string' },
-        catalog: { type: 'string' },
-        'max-k': { type: 'string' },
-        'min-trials': { type: 'string' },
-        'min-precision': { type: 'string' },
-        window: { type: 'string' },
-        help: { type: 'boolean' },
-        ...extra,
-      },
-    }));
-  } catch (err) {
-    process.stderr.write(`paver ${cmd}: ${errorMessage(err)}\n\n${usage}`);
-    return 2;
-  }
-  if (values.help) {
-    process.stdout.write(usage);
-    return 0;
-  }
+  const values = parseFlags(cmd, usage, argv, {
+    input: { type: 'string' },
+    catalog: { type: 'string' },
+    'max-k': { type: 'string' },
+    'min-trials': { type: 'string' },
+    'min-precision': { type: 'string' },
+    window: { type: 'string' },
+    help: { type: 'boolean' },
+    ...extra,
+  });
+  if (typeof values === 'number') return values;
   if (!values.input) {
     process.stderr.write(`paver ${cmd}: --input is required\n\n${usage}`);
     return 2;

@@ -1,4 +1,4 @@
-import { parseArgs } from 'node:util';
+import { parseFlags } from '../../../shared/flags.js';
 import { readEvents } from '../../../shared/jsonl.js';
 import { liveCandidates } from './core/detect.js';
 import { toOp, scopeId, type Scope } from './core/ops.js';
@@ -42,34 +42,22 @@ export async function detect(
 }
 
 export async function detectCommand(argv: string[]): Promise<number> {
-  let values;
-  try {
-    ({ values } = parseArgs({
-      args: argv,
-      options: {
-        input: { type: 'string' },
-        'min-length': { type: 'string' },
-        'max-length': { type: 'string' },
-        'min-occurrences': { type: 'string' },
-        lookback: { type: 'string' },
-        'max-candidates': { type: 'string' },
-        'window-ms': { type: 'string' },
-        'task-idle-ms': { type: 'string' },
-        'request-terms': { type: 'string' },
-        tenant: { type: 'string' },
-        agent: { type: 'string' },
-        pretty: { type: 'boolean' },
-        help: { type: 'boolean' },
-      },
-    }));
-  } catch (err) {
-    process.stderr.write(`paver detect: ${errorMessage(err)}\n\n${USAGE}`);
-    return 2;
-  }
-  if (values.help) {
-    process.stdout.write(USAGE);
-    return 0;
-  }
+  const values = parseFlags('detect', USAGE, argv, {
+    input: { type: 'string' },
+    'min-length': { type: 'string' },
+    'max-length': { type: 'string' },
+    'min-occurrences': { type: 'string' },
+    lookback: { type: 'string' },
+    'max-candidates': { type: 'string' },
+    'window-ms': { type: 'string' },
+    'task-idle-ms': { type: 'string' },
+    'request-terms': { type: 'string' },
+    tenant: { type: 'string' },
+    agent: { type: 'string' },
+    pretty: { type: 'boolean' },
+    help: { type: 'boolean' },
+  });
+  if (typeof values === 'number') return values;
   if (!values.input) {
     process.stderr.write(`paver detect: --input is required\n\n${USAGE}`);
     return 2;

@@ -1,3 +1,4 @@
+import { parseFlags } from '../../../shared/flags.js';
 import { parseArgs } from 'node:util';
 import { flowsFileV1 } from '../../../schemas/index.js';
 import { describeIssues, readConfigFile } from '../../../shared/jsonl.js';
@@ -21,33 +22,21 @@ on such evidence is not chosen.
 `;
 
 export async function selectCommand(argv: string[]): Promise<number> {
-  let values;
-  try {
-    ({ values } = parseArgs({
-      args: argv,
-      options: {
-        flows: { type: 'string' },
-        query: { type: 'string' },
-        summary: { type: 'string', multiple: true },
-        'top-k': { type: 'string' },
-        'rrf-k': { type: 'string' },
-        'score-floor': { type: 'string' },
-        'outcome-floor': { type: 'string' },
-        'fail-open': { type: 'boolean' },
-        pretty: { type: 'boolean' },
-        tenant: { type: 'string' },
-        agent: { type: 'string' },
-        help: { type: 'boolean' },
-      },
-    }));
-  } catch (err) {
-    process.stderr.write(`paver select: ${errorMessage(err)}\n\n${SELECT_USAGE}`);
-    return 2;
-  }
-  if (values.help) {
-    process.stdout.write(SELECT_USAGE);
-    return 0;
-  }
+  const values = parseFlags('select', SELECT_USAGE, argv, {
+    flows: { type: 'string' },
+    query: { type: 'string' },
+    summary: { type: 'string', multiple: true },
+    'top-k': { type: 'string' },
+    'rrf-k': { type: 'string' },
+    'score-floor': { type: 'string' },
+    'outcome-floor': { type: 'string' },
+    'fail-open': { type: 'boolean' },
+    pretty: { type: 'boolean' },
+    tenant: { type: 'string' },
+    agent: { type: 'string' },
+    help: { type: 'boolean' },
+  });
+  if (typeof values === 'number') return values;
   if (!values.flows || !values.query) {
     process.stderr.write(`paver select: --flows and --query are required\n\n${SELECT_USAGE}`);
     return 2;

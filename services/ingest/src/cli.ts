@@ -1,6 +1,6 @@
+import { parseFlags } from '../../../shared/flags.js';
 import { createWriteStream } from 'node:fs';
 import { readFile } from 'node:fs/promises';
-import { parseArgs } from 'node:util';
 import { errorMessage } from '../../../shared/errors.js';
 import { DEFAULT_MAP_OPTIONS, mapSpans, type MapOptions } from './core/map.js';
 import { DEFAULT_DECODE_LIMITS, OtlpError, spansFromRequest, type OtlpSpan } from './core/otlp.js';
@@ -78,30 +78,18 @@ export function parseExport(
 }
 
 export async function otelCommand(argv: string[]): Promise<number> {
-  let values;
-  try {
-    ({ values } = parseArgs({
-      args: argv,
-      options: {
-        input: { type: 'string' },
-        output: { type: 'string' },
-        tenant: { type: 'string' },
-        'tenant-attribute': { type: 'string' },
-        'no-payloads': { type: 'boolean' },
-        'max-payload-bytes': { type: 'string' },
-        strict: { type: 'boolean' },
-        pretty: { type: 'boolean' },
-        help: { type: 'boolean', short: 'h' },
-      },
-    }));
-  } catch (err) {
-    process.stderr.write(`paver otel: ${errorMessage(err)}\n\n${USAGE}`);
-    return 2;
-  }
-  if (values.help) {
-    process.stdout.write(USAGE);
-    return 0;
-  }
+  const values = parseFlags('otel', USAGE, argv, {
+    input: { type: 'string' },
+    output: { type: 'string' },
+    tenant: { type: 'string' },
+    'tenant-attribute': { type: 'string' },
+    'no-payloads': { type: 'boolean' },
+    'max-payload-bytes': { type: 'string' },
+    strict: { type: 'boolean' },
+    pretty: { type: 'boolean' },
+    help: { type: 'boolean', short: 'h' },
+  });
+  if (typeof values === 'number') return values;
   if (!values.input) {
     process.stderr.write(`paver otel: --input is required\n\n${USAGE}`);
     return 2;

@@ -1,4 +1,4 @@
-import { parseArgs } from 'node:util';
+import { parseFlags } from '../../../shared/flags.js';
 import { readConfigFile, readEvents } from '../../../shared/jsonl.js';
 import { ConfigError, loadOrchestrationFile, type Orchestrations } from './core/orchestration.js';
 import { applyEvent, newSession, type SessionState } from './core/session.js';
@@ -29,25 +29,13 @@ export async function runSequence(
 }
 
 export async function sequenceCommand(argv: string[]): Promise<number> {
-  let values;
-  try {
-    ({ values } = parseArgs({
-      args: argv,
-      options: {
-        config: { type: 'string' },
-        input: { type: 'string' },
-        pretty: { type: 'boolean' },
-        help: { type: 'boolean' },
-      },
-    }));
-  } catch (err) {
-    process.stderr.write(`paver sequence: ${errorMessage(err)}\n\n${USAGE}`);
-    return 2;
-  }
-  if (values.help) {
-    process.stdout.write(USAGE);
-    return 0;
-  }
+  const values = parseFlags('sequence', USAGE, argv, {
+    config: { type: 'string' },
+    input: { type: 'string' },
+    pretty: { type: 'boolean' },
+    help: { type: 'boolean' },
+  });
+  if (typeof values === 'number') return values;
   if (!values.config || !values.input) {
     process.stderr.write(`paver sequence: --config and --input are required\n\n${USAGE}`);
     return 2;
