@@ -18,14 +18,7 @@ import {
 export interface PredictLine {
   event_id: string;
   task_id: string;
-  proposal: null | {
-    tool: string;
-    args: Record<string, unknown>;
-    origin: 'typed' | 'learned';
-    state: 'active' | 'shadow';
-    rule_id: string | null;
-    confidence: number | null;
-  };
+  proposal: null | Pick<Proposal, 'tool' | 'args' | 'origin' | 'state' | 'rule_id' | 'confidence'>;
 }
 
 export const predictProposal = (p: Proposal | null): PredictLine['proposal'] =>
