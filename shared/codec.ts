@@ -28,6 +28,11 @@ export interface Codec {
   decodeSync?(buf: Buffer): { value: unknown } | undefined;
   /** Encodes without a promise when no I/O is needed (JSON); absent when every encode may need the registry. */
   encodeSync?(value: unknown): Buffer;
+  /**
+   * The producer's hot path for a text format (JSON): the record's value as a string, which kafkajs writes
+   * straight into its request buffer as UTF-8, so no Buffer is made and copied per record.
+   */
+  encodeText?(value: unknown): string;
 }
 
 function decodeJson(buf: Buffer): unknown {
@@ -62,6 +67,7 @@ export function jsonCodec(): Codec {
     },
     decodeSync: (buf) => ({ value: decodeJsonOnly(buf) }),
     encodeSync: encodeJson,
+    encodeText: (value) => JSON.stringify(value),
   };
 }
 

@@ -32,8 +32,9 @@ export function zodParser<S extends z.ZodType>(
       }
     }
     const r = check(value);
-    // Paths and messages only: zod's messages name expected types, not the offending values.
-    return r.ok ? { ok: true, value: r.value } : { ok: false, reason: 'invalid', detail: r.detail };
+    // Paths and messages only: zod's messages name expected types, not the offending values. A valid
+    // value's answer is the checker's own object (no second one per message).
+    return r.ok ? r : { ok: false, reason: 'invalid', detail: r.detail };
   };
 }
 

@@ -12,7 +12,7 @@ import {
 import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
 import { parsePrometheus } from '../helpers/prometheus.js';
 import { jsonCodec } from '../../shared/codec.js';
-import { createSink } from '../../shared/kafka/sink.js';
+import { createSink, PRODUCE_REQUEST_MAX_RECORDS } from '../../shared/kafka/sink.js';
 import { testKafka } from '../helpers/kafka.js';
 
 const FIXTURE = ['--import', 'tsx', 'test/fixtures/recorder-service.ts'];
@@ -35,6 +35,22 @@ function event(i: number, extra: Record<string, unknown> = {}) {
     ...extra,
   };
 }
+
+/** A sequence-state.v1 output record, the sink's contract in these tests. */
+const stateRecord = (i: number, session: string, tools: number) => ({
+  schema_version: 1 as const,
+  tenant_id: 'default',
+  agent_id: 'default',
+  session_id: session,
+  event_id: `e${i}`,
+  ts: i,
+  active_step: null,
+  sequence_index: i,
+  expected: [],
+  allowed_tools: Array.from({ length: tools }, (_, k) => `tool_${k}`),
+  completed: false,
+  violation: null,
+});
 
 async function start(env: Record<string, string>) {
   const p = await startProcess(FIXTURE, env);
@@ -235,20 +251,7 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
     const sink = createSink(testKafka(), jsonCodec());
     await sink.connect();
     const N = 1500; // ≈ 3 MiB: three times what one request to this broker may carry
-    const record = (i: number) => ({
-      schema_version: 1 as const,
-      tenant_id: 'default',
-      agent_id: 'default',
-      session_id: `s${i % 3}`,
-      event_id: `e${i}`,
-      ts: i,
-      active_step: null,
-      sequence_index: i,
-      expected: [],
-      allowed_tools: Array.from({ length: 200 }, (_, k) => `tool_${k}`),
-      completed: false,
-      violation: null,
-    });
+    const record = (i: number) => stateRecord(i, `s${i % 3}`, 200);
     try {
       await sink.send(
         topic,
@@ -274,6 +277,61 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
       ).rejects.toThrow(/output violates sequence-state.v1: sequence_index: /);
     } finally {
       await bad.disconnect();
+    }
+  });
+
+  it("puts every key on the partition kafkajs's default partitioner picks, in order per key over several requests", async () => {
+    const [viaSink, viaKafkajs] = [unique('sink'), unique('kafkajs')];
+    await createTopics([
+      { topic: viaSink, partitions: 5 },
+      { topic: viaKafkajs, partitions: 5 },
+    ]);
+    // More records than one request carries, keys of several shapes (ASCII of every length mod 4, non-ASCII).
+    const keys = Array.from({ length: 300 }, (_, k) =>
+      k % 10 === 0 ? `sessión-${k}-é` : `s-${'x'.repeat(k % 4)}${k}`,
+    );
+    const N = PRODUCE_REQUEST_MAX_RECORDS * 2 + 500;
+    const out = Array.from({ length: N }, (_, i) => ({
+      key: keys[i % keys.length]!,
+      value: stateRecord(i, keys[i % keys.length]!, 1),
+    }));
+    const sink = createSink(testKafka(), jsonCodec());
+    await sink.connect();
+    try {
+      await sink.send(viaSink, 'sequence-state.v1', out);
+    } finally {
+      await sink.disconnect();
+    }
+    await produce(
+      viaKafkajs,
+      out.map((r) => ({ key: r.key, value: 'x' })),
+    );
+    const [a, b] = await Promise.all([
+      consumeUntil(viaSink, (all) => all.length >= N),
+      consumeUntil(viaKafkajs, (all) => all.length >= N),
+    ]);
+    const partitionOf = (got: typeof a) => {
+      const m = new Map<string, Set<number>>();
+      for (const r of got) m.set(r.key!, (m.get(r.key!) ?? new Set()).add(r.partition));
+      return m;
+    };
+    const [pa, pb] = [partitionOf(a), partitionOf(b)];
+    expect(pa.size).toBe(keys.length);
+    for (const k of keys) {
+      expect(pa.get(k)!.size).toBe(1);
+      expect([...pa.get(k)!]).toEqual([...pb.get(k)!]);
+    }
+    expect(new Set(a.map((r) => r.partition)).size).toBe(5);
+    // Per key, the records come back in the order they were sent.
+    const seqOf = (r: (typeof a)[number]) =>
+      (JSON.parse(String(r.value)) as { sequence_index: number }).sequence_index;
+    for (const k of keys) {
+      const seq = a
+        .filter((r) => r.key === k)
+        .sort((x, y) => Number(BigInt(x.offset) - BigInt(y.offset)))
+        .map(seqOf);
+      expect(seq).toEqual([...seq].sort((x, y) => x - y));
+      expect(seq.length).toBe(out.filter((r) => r.key === k).length);
     }
   });
 

@@ -3,6 +3,10 @@ import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1 } from '../../schemas/index.js
 import { jsonCodec, registryCodec } from '../../shared/codec.js';
 import { processChunk, type BadRecord, type RawMessage } from '../../shared/kafka/chunk.js';
 import { decodeMessage, decodeMessageSync, zodParser } from '../../shared/kafka/decode.js';
+import { keyedPartitioner, murmur2 } from '../../shared/kafka/partitioner.js';
+import { PRODUCE_REQUEST_MAX_RECORDS, produceRequests } from '../../shared/kafka/sink.js';
+import { Partitioners, type PartitionMetadata } from 'kafkajs';
+import fc from 'fast-check';
 
 const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
 const event = (i: number, extra: Record<string, unknown> = {}) => ({
@@ -186,5 +190,97 @@ describe('chunk step (the consumer loop body)', () => {
     // One retried decode (the framed message, cured on its second try) and one retried handler call.
     expect(retried).toEqual(['call', 'again', 'call']);
     expect(r).toEqual({ processed: 4, deadLettered: 0, last: '3' });
+  });
+});
+
+describe('produce step (the sink)', () => {
+  const metadata = (n: number, leaderless: number[] = []): PartitionMetadata[] =>
+    Array.from({ length: n }, (_, i) => ({
+      partitionId: i,
+      leader: leaderless.includes(i) ? -1 : 0,
+      replicas: [0],
+      isr: [0],
+      partitionErrorCode: 0,
+    }));
+  // Keys of every shape: ASCII of every length mod 4, any Unicode (lone surrogates too), raw bytes.
+  const keys = fc.oneof(
+    fc.string({ maxLength: 40 }),
+    fc.string({ unit: 'grapheme', maxLength: 12 }),
+    fc.string({ unit: 'binary', maxLength: 12 }),
+    fc.uint8Array({ maxLength: 24 }).map((b) => Buffer.from(b)),
+    fc.uuid(),
+  );
+
+  it("puts every key on kafkajs's (and the Java client's) partition, for any partition count", () => {
+    const ours = keyedPartitioner()();
+    const theirs = Partitioners.DefaultPartitioner();
+    fc.assert(
+      fc.property(keys, fc.integer({ min: 1, max: 64 }), (key, n) => {
+        const args = { topic: 't', partitionMetadata: metadata(n, [0]), message: { key, value: 'v' } };
+        expect(ours(args)).toBe(theirs(args));
+      }),
+      { numRuns: 20_000 },
+    );
+    // Known values of the Java client's Utils.murmur2 (its test vectors), so both sides are checked at once.
+    expect(murmur2('21')).toBe(-973932308);
+    expect(murmur2('foobar')).toBe(-790332482);
+    expect(murmur2('a-little-bit-long-string')).toBe(-985981536);
+    expect(murmur2('a-little-bit-longer-string')).toBe(-1486304829);
+    expect(murmur2('lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8')).toBe(-58897971);
+    expect(murmur2(Buffer.from('abc'))).toBe(479470107);
+  });
+
+  it('reads the partition count at every call, so a topic that grew is partitioned as kafkajs would', () => {
+    const ours = keyedPartitioner()();
+    const theirs = Partitioners.DefaultPartitioner();
+    for (const n of [3, 6, 3, 12]) {
+      for (let i = 0; i < 500; i++) {
+        const args = {
+          topic: 't',
+          partitionMetadata: metadata(n),
+          message: { key: `sess-${i}`, value: 'v' },
+        };
+        expect(ours(args)).toBe(theirs(args));
+      }
+    }
+  });
+
+  it("leaves an explicit partition and a keyless record to kafkajs's rules", () => {
+    const ours = keyedPartitioner()();
+    const partitionMetadata = metadata(4, [1, 2]);
+    expect(ours({ topic: 't', partitionMetadata, message: { key: 'k', partition: 2, value: 'v' } })).toBe(2);
+    // Keyless: round-robin over the partitions that have a leader.
+    const seen = new Set<number>();
+    for (let i = 0; i < 8; i++)
+      seen.add(ours({ topic: 't', partitionMetadata, message: { key: null, value: 'v' } }));
+    expect([...seen].sort()).toEqual([0, 3]);
+  });
+
+  it('splits a batch into requests in order, under the byte budget and the record limit', () => {
+    fc.assert(
+      fc.property(
+        fc.array(fc.integer({ min: 1, max: 400 }), { maxLength: 3000 }),
+        fc.integer({ min: 1, max: 50 }),
+        (bytes, maxRecords) => {
+          const messages = bytes.map((_, i) => i);
+          const requests = produceRequests(messages, bytes, 1000, maxRecords);
+          expect(requests.flat()).toEqual(messages);
+          for (const r of requests) {
+            expect(r.length).toBeGreaterThan(0);
+            expect(r.length).toBeLessThanOrEqual(maxRecords);
+            const size = r.reduce((a, i) => a + bytes[i]!, 0);
+            expect(r.length === 1 || size <= 1000).toBe(true);
+          }
+        },
+      ),
+      { numRuns: 300 },
+    );
+    // A record over the budget goes alone; a small batch goes whole, as it came.
+    expect(produceRequests(['a', 'b', 'c'], [10, 2000, 10], 1000)).toEqual([['a'], ['b'], ['c']]);
+    const small = ['a', 'b'];
+    expect(produceRequests(small, [1, 1])[0]).toBe(small);
+    const n = PRODUCE_REQUEST_MAX_RECORDS * 2 + 7;
+    const sizes = produceRequests(Array<number>(n).fill(0), Array<number>(n).fill(1)).map((r) => r.length);
+    expect(sizes).toEqual([PRODUCE_REQUEST_MAX_RECORDS, PRODUCE_REQUEST_MAX_RECORDS, 7]);
   });
 });
