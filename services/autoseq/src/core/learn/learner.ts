@@ -331,7 +331,7 @@ function learnOccurrence(
   if (learnAt.length === 0) return;
   const units = enumerateArgs(bctx, e.tool, e.args);
   const sig = canonicalJson(units.map((u) => u.path));
-  const unitKeys = units.map((u) => ({ path: pathKey(u.path), sources: u.sources.map(sourceKey) }));
+  const unitKeys = units.map((u) => ({ path: pathKey(u.path), sources: u.keys }));
   for (const { key, k } of learnAt) {
     const sk = slotKey(key, e.tool);
     if (!scope.slots[sk]) scope.nSlots++;
@@ -350,18 +350,22 @@ function learnOccurrence(
     slot.sigs[sig] = (slot.sigs[sig] ?? 0) + 1;
     for (const u of unitKeys) {
       const srcs = (slot.units[u.path] ??= {});
+      // The unit's keys in insertion order (Object.keys order), read once and kept in step below.
+      let keys: string[] | null = null;
       for (const key2 of u.sources) {
         if (key2 in srcs) srcs[key2]! += 1;
         else {
-          const keys = Object.keys(srcs);
+          keys ??= Object.keys(srcs);
           if (keys.length >= opts.maxSourcesPerUnit) {
             // Full: a new source replaces the weakest one only if that one has proven nothing yet.
-            let weakest = keys[0]!;
-            for (const kk of keys) if (srcs[kk]! < srcs[weakest]!) weakest = kk;
-            if (srcs[weakest]! > 1) continue;
-            delete srcs[weakest];
+            let weakest = 0;
+            for (let j = 1; j < keys.length; j++) if (srcs[keys[j]!]! < srcs[keys[weakest]!]!) weakest = j;
+            if (srcs[keys[weakest]!]! > 1) continue;
+            delete srcs[keys[weakest]!];
+            keys.splice(weakest, 1);
           }
           srcs[key2] = 1;
+          keys.push(key2);
         }
       }
     }
