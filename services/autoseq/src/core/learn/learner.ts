@@ -415,21 +415,18 @@ function deleteSlot(scope: ScopeState, sk: string): void {
 
 /** Back down to the bounds, least recently used first (active rules last); needs the whole scope. */
 function evict(scope: ScopeState, opts: LearnOptions): void {
+  // Sort keys were read out once per entry (not per comparison): the order is the same total order.
   if (scope.nSlots > opts.maxSlots + slack(opts.maxSlots)) {
-    const slotKeys = Object.keys(scope.slots);
-    const order = slotKeys.sort((a, b) => {
-      const sa = scope.slots[a]!;
-      const sb = scope.slots[b]!;
-      const aa = sa.rule?.state === 'active' ? 1 : 0;
-      const ab = sb.rule?.state === 'active' ? 1 : 0;
-      return aa - ab || sa.at - sb.at || (a < b ? -1 : 1);
-    });
-    for (const k of order.slice(0, slotKeys.length - opts.maxSlots)) deleteSlot(scope, k);
+    const order = Object.entries(scope.slots)
+      .map(([k, s]) => ({ k, active: s.rule?.state === 'active' ? 1 : 0, at: s.at }))
+      .sort((a, b) => a.active - b.active || a.at - b.at || (a.k < b.k ? -1 : 1));
+    for (const { k } of order.slice(0, order.length - opts.maxSlots)) deleteSlot(scope, k);
   }
   if (scope.nCtx > opts.maxContexts + slack(opts.maxContexts)) {
-    const ctxKeys = Object.keys(scope.ctx);
-    const order = ctxKeys.sort((a, b) => scope.ctx[a]!.at - scope.ctx[b]!.at || (a < b ? -1 : 1));
-    for (const k of order.slice(0, ctxKeys.length - opts.maxContexts)) {
+    const order = Object.entries(scope.ctx)
+      .map(([k, c]) => ({ k, at: c.at }))
+      .sort((a, b) => a.at - b.at || (a.k < b.k ? -1 : 1));
+    for (const { k } of order.slice(0, order.length - opts.maxContexts)) {
       for (const t of Object.keys(scope.ctx[k]!.next)) deleteSlot(scope, slotKey(k, t));
       delete scope.ctx[k];
       scope.nCtx--;
