@@ -355,7 +355,7 @@ export async function benchLearnedFiles(spec = process.env.BENCH_AUTOSEQ_FILE ??
   return {
     files: results,
     definition:
-      'in-process applyEvent() per tool_call event over real runs (score + learn + propose), default options; warm = passes after a first one, each from a fresh parse and an empty store; warm_least = per event, the least of its warm passes (the work without preemption and GC pauses)',
+      'in-process applyEvent() per tool_call event over real runs (score + learn + propose), default options; warm = passes after a first one, each from a fresh parse and an empty store; warm_least = per event, the least of its warm passes (the work without preemption and GC pauses); CPU = the whole process (V8 background compiler and GC threads included)',
   };
 }
 
