@@ -44,6 +44,8 @@ export interface BindingContext {
 export interface ArgUnit {
   path: Path;
   sources: Source[];
+  /** `sourceKey` of each source, in the same order. */
+  keys: string[];
 }
 
 export interface Binding {
@@ -91,9 +93,31 @@ export function canonicalJson(v: unknown): string {
   return out + '}';
 }
 
-/** A stable identity for a source (canonical JSON of it). */
-export const sourceKey = (s: Source): string => canonicalJson(s);
-export const pathKey = (p: Path): string => canonicalJson(p);
+/** `canonicalJson(p)`: a path is a flat list of strings and numbers, which JSON.stringify writes the same way. */
+export const pathKey = (p: Path): string => JSON.stringify(p);
+
+/**
+ * A stable identity for a source: `canonicalJson(s)` (sorted keys), written per kind without sorting, since
+ * enumeration keys every source it finds (`part` is `out` or `args`: no escaping needed).
+ */
+export function sourceKey(s: Source): string {
+  switch (s.kind) {
+    case 'prev':
+      return `{"kind":"prev","part":"${s.part}","path":${pathKey(s.path)}}`;
+    case 'last':
+      return `{"kind":"last","part":"${s.part}","path":${pathKey(s.path)},"tool":${JSON.stringify(s.tool)}}`;
+    case 'loop':
+      return `{"item":${pathKey(s.item)},"kind":"loop","list":${pathKey(s.list)},"part":"${s.part}","tool":${JSON.stringify(s.tool)}}`;
+    case 'const':
+      return constKey(canonicalJson(s.value), s.value);
+    case 'user':
+      return `{"index":${JSON.stringify(s.index)},"kind":"user","pattern":${JSON.stringify(s.pattern)}}`;
+  }
+}
+
+/** The key of a `const` source whose value has canonical text `text` (canonicalJson drops an undefined member). */
+const constKey = (text: string, value: unknown) =>
+  value === undefined ? '{"kind":"const"}' : `{"kind":"const","value":${text}}`;
 
 export function getPath(root: unknown, path: Path): { ok: true; value: unknown } | { ok: false } {
   let cur = root;
@@ -282,24 +306,59 @@ function sameShape(a: object, b: unknown): boolean {
   );
 }
 
-/** Every path under `root` whose value is canonically equal to `value` (bounded walk). */
-function findPaths(root: unknown, value: unknown, opts: EnumerateOptions, out: PathSeg[][]): void {
+/**
+ * The canonical text of a container inside an earlier call, memoised per object: the same outputs are
+ * searched for every container argument of every later call of the task (derived data only, as below).
+ */
+const canonicalTexts = new WeakMap<object, string>();
+function canonicalOf(node: object): string {
+  let t = canonicalTexts.get(node);
+  if (t === undefined) canonicalTexts.set(node, (t = canonicalJson(node)));
+  return t;
+}
+
+/** Every path under `root` whose value is canonically equal to `value` (`target`: its canonical text; bounded walk). */
+function findPaths(
+  root: unknown,
+  value: unknown,
+  target: string,
+  opts: EnumerateOptions,
+  out: PathSeg[][],
+): void {
   let visited = 0;
   const container = value !== null && typeof value === 'object';
-  const target = container ? canonicalJson(value) : '';
-  const walk = (node: unknown, path: PathSeg[]) => {
+  // One path stack for the walk (copied only into results): this runs per argument per earlier call.
+  const path: PathSeg[] = [];
+  const walk = (node: unknown) => {
     if (++visited > opts.maxNodes || out.length >= opts.maxSources * 4) return;
     const isObj = node !== null && typeof node === 'object';
     // Scalars compare directly; containers by canonical text, only when the value is a container too.
-    if (isObj ? container && sameShape(node, value) && canonicalJson(node) === target : node === value) {
+    if (isObj ? container && sameShape(node, value) && canonicalOf(node) === target : node === value) {
       out.push([...path]);
       return;
     }
     if (!isObj || path.length >= opts.maxDepth) return;
-    if (Array.isArray(node)) node.forEach((x, i) => walk(x, [...path, i]));
-    else for (const [k, x] of Object.entries(node as Record<string, unknown>)) walk(x, [...path, k]);
+    walkChildren(node, path, walk);
   };
-  walk(root, []);
+  walk(root);
+}
+
+/** Calls `visit` on each child of a container with `path` extended by the child's index or key (then restored). */
+function walkChildren(node: object, path: PathSeg[], visit: (child: unknown) => void): void {
+  if (Array.isArray(node)) {
+    for (let i = 0; i < node.length; i++) {
+      if (!(i in node)) continue;
+      path.push(i);
+      visit(node[i]);
+      path.pop();
+    }
+    return;
+  }
+  for (const k of Object.keys(node)) {
+    path.push(k);
+    visit((node as Record<string, unknown>)[k]);
+    path.pop();
+  }
 }
 
 const scalarKey = (v: unknown) => `${typeof v}:${String(v)}`;
@@ -316,7 +375,8 @@ function partIndex(root: unknown, opts: EnumerateOptions): Map<string, PathSeg[]
   if (cached) return cached;
   const index = new Map<string, PathSeg[][]>();
   let visited = 0;
-  const walk = (node: unknown, path: PathSeg[]) => {
+  const path: PathSeg[] = [];
+  const walk = (node: unknown) => {
     if (++visited > opts.maxNodes) return;
     if (node === null || typeof node !== 'object') {
       if ((typeof node === 'string' && node.length > 0) || typeof node === 'number') {
@@ -328,17 +388,17 @@ function partIndex(root: unknown, opts: EnumerateOptions): Map<string, PathSeg[]
       return;
     }
     if (path.length >= opts.maxDepth) return;
-    if (Array.isArray(node)) node.forEach((x, j) => walk(x, [...path, j]));
-    else for (const [k, x] of Object.entries(node as Record<string, unknown>)) walk(x, [...path, k]);
+    walkChildren(node, path, walk);
   };
-  walk(root, []);
+  walk(root);
   partIndexes.set(root, index);
   return index;
 }
 
-function scalarPaths(root: unknown, value: unknown, opts: EnumerateOptions): PathSeg[][] {
+/** Paths of the scalar `value` (`key`: its scalarKey) under `root`. */
+function scalarPaths(root: unknown, key: string, value: unknown, opts: EnumerateOptions): PathSeg[][] {
   const index = partIndex(root, opts);
-  if (index) return index.get(scalarKey(value)) ?? [];
+  if (index) return index.get(key) ?? [];
   return root === value ? [[]] : [];
 }
 
@@ -353,27 +413,38 @@ export function enumerateSources(
   value: unknown,
   opts: EnumerateOptions = DEFAULT_ENUMERATE,
 ): Source[] {
+  return keyedSources(ctx, nextTool, value, opts).sources;
+}
+
+/** `enumerateSources` with each source's `sourceKey` (computed anyway to deduplicate; callers store by it). */
+function keyedSources(
+  ctx: BindingContext,
+  nextTool: string,
+  value: unknown,
+  opts: EnumerateOptions,
+): { sources: Source[]; keys: string[] } {
   const found: Source[] = [];
+  const keys: string[] = [];
+  const out = { sources: found, keys };
   const seen = new Set<string>();
-  /** Adds a source unless already found; false once the list is full. */
-  const add = (src: Source): boolean => {
+  /** Adds a source (`k`: its key) unless already found; false once the list is full. */
+  const add = (src: Source, k: string): boolean => {
     if (found.length >= opts.maxSources) return false;
-    const k = sourceKey(src);
     if (!seen.has(k)) {
       seen.add(k);
       found.push(src);
+      keys.push(k);
     }
     return found.length < opts.maxSources;
   };
   const calls = ctx.calls;
+  const scalar = value === null || typeof value !== 'object';
+  const canonical = canonicalJson(value);
   // Trivial scalars (booleans, null, empty strings) are found everywhere: only the constant explains them.
-  const searchable =
-    (typeof value === 'string' && value.length > 0) ||
-    typeof value === 'number' ||
-    (value !== null && typeof value === 'object');
+  const searchable = (typeof value === 'string' && value.length > 0) || typeof value === 'number' || !scalar;
   if (searchable) {
     const hits: Hit[] = [];
-    const scalar = value === null || typeof value !== 'object';
+    const key = scalar ? scalarKey(value) : '';
     // Only the last call of each tool can be addressed (`last`), plus the previous call (`prev`).
     const seenTools = new Set<string>();
     for (let i = calls.length - 1; i >= 0; i--) {
@@ -382,20 +453,28 @@ export function enumerateSources(
       seenTools.add(c.tool);
       for (const part of ['out', 'args'] as const) {
         const paths: PathSeg[][] = [];
-        if (scalar) paths.push(...scalarPaths(partOf(c, part), value, opts));
-        else findPaths(partOf(c, part), value, opts, paths);
+        if (scalar) paths.push(...scalarPaths(partOf(c, part), key, value, opts));
+        else findPaths(partOf(c, part), value, canonical, opts, paths);
         for (const p of paths) hits.push({ call: i, part, path: p });
       }
     }
     // Kinds in preference order, each in hit order; deduplicated; stops at maxSources, so a common value
     // (found in hundreds of places) costs a few sources, not hundreds of keys.
     const prev = calls.length - 1;
-    for (const h of hits) {
+    const pathKeys: (string | undefined)[] = [];
+    const pathKeyOf = (i: number) => (pathKeys[i] ??= pathKey(hits[i]!.path));
+    for (let i = 0; i < hits.length; i++) {
+      const h = hits[i]!;
       if (h.call !== prev) continue;
-      if (!add({ kind: 'prev', part: h.part, path: h.path })) return found;
+      const k = `{"kind":"prev","part":"${h.part}","path":${pathKeyOf(i)}}`;
+      if (!add({ kind: 'prev', part: h.part, path: h.path }, k)) return out;
     }
-    for (const h of hits)
-      if (!add({ kind: 'last', tool: calls[h.call]!.tool, part: h.part, path: h.path })) return found;
+    for (let i = 0; i < hits.length; i++) {
+      const h = hits[i]!;
+      const tool = calls[h.call]!.tool;
+      const k = `{"kind":"last","part":"${h.part}","path":${pathKeyOf(i)},"tool":${JSON.stringify(tool)}}`;
+      if (!add({ kind: 'last', tool, part: h.part, path: h.path }, k)) return out;
+    }
     for (const h of hits) {
       const at = countAfter(calls, h.call, nextTool);
       for (let j = 0; j < h.path.length; j++) {
@@ -407,19 +486,21 @@ export function enumerateSources(
           list: h.path.slice(0, j),
           item: h.path.slice(j + 1),
         };
-        if (!add(loop)) return found;
+        if (!add(loop, sourceKey(loop))) return out;
       }
     }
   }
   if (typeof value === 'string' && ctx.userText && ctx.userText.includes(value)) {
     for (const pattern of userShapes(value)) {
       const index = userMatches(ctx.userText, pattern).indexOf(value);
-      if (index >= 0 && !add({ kind: 'user', pattern, index })) return found;
+      if (index < 0) continue;
+      const user: Source = { kind: 'user', pattern, index };
+      if (!add(user, sourceKey(user))) return out;
     }
   }
   // A long value is an unlikely constant and would bloat whoever stores sources: only short ones qualify.
-  if (canonicalJson(value).length <= opts.maxConstChars) add({ kind: 'const', value });
-  return found;
+  if (canonical.length <= opts.maxConstChars) add({ kind: 'const', value }, constKey(canonical, value));
+  return out;
 }
 
 /**
@@ -446,14 +527,14 @@ export function enumerateArgs(
         return;
       }
     }
-    units.push({ path, sources: enumerateSources(ctx, nextTool, v, opts) });
+    units.push({ path, ...keyedSources(ctx, nextTool, v, opts) });
   };
   for (const name of Object.keys(args ?? {}).sort()) {
     const v = args![name];
     if (v === undefined) continue;
-    const whole = enumerateSources(ctx, nextTool, v, opts);
-    if (v === null || typeof v !== 'object' || whole.some((s) => s.kind !== 'const'))
-      units.push({ path: [name], sources: whole });
+    const whole = keyedSources(ctx, nextTool, v, opts);
+    if (v === null || typeof v !== 'object' || whole.sources.some((s) => s.kind !== 'const'))
+      units.push({ path: [name], ...whole });
     else leaves(v, [name]);
   }
   return units;

@@ -16,6 +16,22 @@ const idOf = (e: { tenant_id: string; agent_id: string; task_id?: string | undef
   `${e.tenant_id}\u001f${e.agent_id}\u001f${e.task_id}`;
 
 /**
+ * A payload fingerprint hashes a payload's type and key names, which repeat from event to event (twice per
+ * event when a learned record replaces the typed one): the digests of recent texts are kept (bounded).
+ */
+function memoHash(hash: (text: string) => string, max = 4096): (text: string) => string {
+  const cache = new Map<string, string>();
+  return (text) => {
+    let h = cache.get(text);
+    if (h === undefined) {
+      if (cache.size >= max) cache.clear();
+      cache.set(text, (h = hash(text)));
+    }
+    return h;
+  };
+}
+
+/**
  * One batch: load the typed task states (and, with learning on, the learned state), decide every tool call
  * typed then learned, publish the records, then store the states.
  */
@@ -32,6 +48,7 @@ export function createBatchHandler(o: {
   metrics: AutoseqMetrics;
 }): BatchHandler<ToolCallsEvent> {
   const { catalog, store, loadLearn, taskKey, opts, lopts, sink, topic, metrics: m } = o;
+  const hash = memoHash(sha256);
   const validate: ArgsValidator = (who, tool, args) => {
     const t = catalog.scope(who.tenant_id, who.agent_id)?.tools.get(tool);
     return t ? t.validate(args) : undefined;
@@ -71,7 +88,7 @@ export function createBatchHandler(o: {
       }
       const id = idOf(e);
       const end = m.decisionSeconds.startTimer();
-      const d = decide(e, catalog, states.get(id) ?? newTaskState(), opts, sha256);
+      const d = decide(e, catalog, states.get(id) ?? newTaskState(), opts, hash);
       if (d.duplicate) {
         end();
         m.duplicates.inc();
@@ -80,26 +97,16 @@ export function createBatchHandler(o: {
       const typedNext = typedProposal(d.records, e.observation);
       const lr = learn ? applyEvent(learn, e, lopts, validate, typedNext) : null;
       let task = d.task;
-      let records = d.records.map((rec) =>
-        rec.event_type === 'auto_seq_detected_unique' ? { ...rec, origin: 'typed' as const } : rec,
-      );
+      // decide() built these records for this event alone: marking them in place changes nothing else.
+      let records = d.records;
+      for (const rec of records) if (rec.event_type === 'auto_seq_detected_unique') rec.origin = 'typed';
       if (!typedNext && lr?.next) {
         // A learned proposal replaces the typed "none/ambiguous/skipped" record for this event.
         const gate = learnedExecutable(e, lr.next, catalog, task, opts);
         task = gate.task;
-        const base = {
-          schema_version: 1 as const,
-          tenant_id: e.tenant_id,
-          agent_id: e.agent_id,
-          session_id: e.session_id,
-          task_id: e.task_id,
-          event_id: e.event_id,
-          step: e.step,
-          ts: e.ts,
-        };
         records = [
           ...records.filter((rec) => rec.event_type === 'auto_seq_executed'),
-          learnedRecord(base, payloadShape(e.observation, sha256), lr.next, gate.execute),
+          learnedRecord(e, payloadShape(e.observation, hash), lr.next, gate.execute),
         ];
       }
       end();

@@ -1,6 +1,6 @@
 import type { NextActionRecord, ToolCallEvent } from '../../../../schemas/index.js';
 import type { Catalog, CompiledTool } from './catalog.js';
-import { isMapping, payloadShape, type Hash } from './shape.js';
+import { isMapping, payloadShape, type Hash, type PayloadShape } from './shape.js';
 
 export interface AutoseqOptions {
   /** Auto-executed steps in a row per task before the loop guard stops execution. */
@@ -33,11 +33,6 @@ export interface Decision {
   duplicate: boolean;
 }
 
-type Base = Pick<
-  NextActionRecord,
-  'schema_version' | 'tenant_id' | 'agent_id' | 'session_id' | 'task_id' | 'event_id' | 'step' | 'ts'
->;
-
 /**
  * The reference's gates, in order, for one `tool_call` event, with Paver's stricter rules: an unannotated
  * tool is not read-only, a tool whose schema requires nothing needs `auto_seq_from`, `auto_seq_from`
@@ -51,20 +46,12 @@ export function decide(
   hash: Hash,
 ): Decision {
   if (task.seen.includes(e.event_id)) return { records: [], task, duplicate: true };
-  const base: Base = {
-    schema_version: 1,
-    tenant_id: e.tenant_id,
-    agent_id: e.agent_id,
-    session_id: e.session_id,
-    task_id: e.task_id,
-    event_id: e.event_id,
-    step: e.step,
-    ts: e.ts,
-  };
   const records: NextActionRecord[] = [];
   const auto = e.origin === 'auto_seq';
   if (auto && task.pending === e.tool) {
-    records.push({ ...base, event_type: 'auto_seq_executed', tool: e.tool, ...payloadShape(e.args, hash) });
+    const r = head(e, 'auto_seq_executed');
+    r.tool = e.tool;
+    records.push(withShape(r, payloadShape(e.args, hash)));
   }
   const next: TaskState = {
     seen: [...task.seen, e.event_id].slice(-opts.seenPerTask),
@@ -77,7 +64,10 @@ export function decide(
   const scope = catalog.scope(e.tenant_id, e.agent_id);
   const policy = scope?.policy;
   const skip = (reason: NonNullable<NextActionRecord['reason']>, tool?: string) => {
-    records.push({ ...base, event_type: 'auto_seq_skipped', reason, ...(tool ? { tool } : {}), ...shape });
+    const r = head(e, 'auto_seq_skipped');
+    r.reason = reason;
+    if (tool) r.tool = tool;
+    records.push(withShape(r, shape));
     return { records, task: next, duplicate: false };
   };
   if (!scope || !policy?.auto_seq_enabled) return skip('disabled');
@@ -105,23 +95,17 @@ export function decide(
     .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
 
   if (matched.length === 0) {
-    records.push({
-      ...base,
-      event_type: 'auto_seq_detected_none',
-      candidates: [],
-      candidate_count: 0,
-      ...shape,
-    });
+    const r = head(e, 'auto_seq_detected_none');
+    r.candidates = [];
+    r.candidate_count = 0;
+    records.push(withShape(r, shape));
     return { records, task: next, duplicate: false };
   }
   if (matched.length > 1) {
-    records.push({
-      ...base,
-      event_type: 'auto_seq_detected_ambiguous',
-      candidates: matched.map((t) => t.name),
-      candidate_count: matched.length,
-      ...shape,
-    });
+    const r = head(e, 'auto_seq_detected_ambiguous');
+    r.candidates = matched.map((t) => t.name);
+    r.candidate_count = matched.length;
+    records.push(withShape(r, shape));
     return { records, task: next, duplicate: false };
   }
   const tool = matched[0]!;
@@ -133,15 +117,39 @@ export function decide(
     next.last = { tool: tool.name, fp: shape.payload_fingerprint };
   }
   next.pending = tool.name;
-  records.push({
-    ...base,
-    event_type: 'auto_seq_detected_unique',
-    tool: tool.name,
-    candidates: [tool.name],
-    candidate_count: 1,
-    execute,
-    ...shape,
-    ...(execute && opts.includeArguments ? { arguments: obs } : {}),
-  });
+  const r = head(e, 'auto_seq_detected_unique');
+  r.tool = tool.name;
+  r.candidates = [tool.name];
+  r.candidate_count = 1;
+  r.execute = execute;
+  withShape(r, shape);
+  if (execute && opts.includeArguments) r.arguments = obs;
+  records.push(r);
   return { records, task: next, duplicate: false };
+}
+
+/**
+ * A record's common fields, in contract order. Records are built by plain stores in a fixed order (never
+ * object spreads): one hidden-class chain per record kind, and the same key order as before on the wire.
+ */
+export function head(e: ToolCallEvent, event_type: NextActionRecord['event_type']): NextActionRecord {
+  return {
+    schema_version: 1,
+    tenant_id: e.tenant_id,
+    agent_id: e.agent_id,
+    session_id: e.session_id,
+    task_id: e.task_id,
+    event_id: e.event_id,
+    step: e.step,
+    ts: e.ts,
+    event_type,
+  };
+}
+
+/** Appends the payload shape fields to `r`, in the order `payloadShape` gives them. */
+export function withShape(r: NextActionRecord, shape: PayloadShape): NextActionRecord {
+  r.payload_type = shape.payload_type;
+  r.payload_keys_count = shape.payload_keys_count;
+  r.payload_fingerprint = shape.payload_fingerprint;
+  return r;
 }

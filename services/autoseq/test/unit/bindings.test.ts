@@ -4,7 +4,9 @@ import {
   canonicalJson,
   enumerateArgs,
   enumerateSources,
+  pathKey,
   resolveSource,
+  sourceKey,
   userShapes,
   type BindingContext,
   type Source,
@@ -123,6 +125,21 @@ describe('bindings: build arguments', () => {
       units.map((u) => ({ path: u.path, source: u.sources[0]! })),
     );
     expect(built.ok && canonicalJson(built.args)).toBe(canonicalJson(args));
+  });
+
+  it('source and path keys are the canonical JSON of the source, for every kind (and units carry them)', () => {
+    const sources: Source[] = [
+      { kind: 'prev', part: 'out', path: ['a', 0, 'b"c'] },
+      { kind: 'last', tool: 'get "x"', part: 'args', path: [] },
+      { kind: 'loop', tool: 't', part: 'out', list: ['items'], item: ['sku'] },
+      { kind: 'const', value: { z: [1, { y: null, x: 'é' }], a: true } },
+      { kind: 'const', value: 'k' },
+      { kind: 'user', pattern: '[A-Z0-9]{6}', index: 2 },
+    ];
+    for (const s of sources) expect(sourceKey(s)).toBe(canonicalJson(s));
+    expect(pathKey(['a', 1, 'é\n'])).toBe(canonicalJson(['a', 1, 'é\n']));
+    const units = enumerateArgs(ctx, 'x', { user_id: 'emma_kim_9957', sku: { s: 'A1', q: 2 }, f: false });
+    for (const u of units) expect(u.keys).toEqual(u.sources.map((s) => canonicalJson(s)));
   });
 
   it('canonical JSON ignores key order', () => {

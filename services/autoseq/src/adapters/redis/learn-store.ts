@@ -69,26 +69,32 @@ interface CtxGroup {
   s: Record<string, Slot>;
 }
 
-function readGroup(state: ScopeState, ctx: string, raw: unknown): boolean {
+/** Reads one context field into `state`; its number of slots, or -1 when the value is not ours. */
+function readGroup(state: ScopeState, ctx: string, raw: unknown): number {
   const v = parseJson(raw);
-  if (v === null || !ctxShape.safeParse(v).success) return false;
+  if (v === null || !ctxShape.safeParse(v).success) return -1;
   const g = v as CtxGroup;
   state.ctx[ctx] = g.c;
-  for (const [tool, slot] of Object.entries(g.s)) state.slots[slotKey(ctx, tool)] = slot;
-  return true;
+  let slots = 0;
+  for (const [tool, slot] of Object.entries(g.s)) {
+    state.slots[slotKey(ctx, tool)] = slot;
+    slots++;
+  }
+  return slots;
 }
 
-/** The scope's context groups as field values (slots grouped under their context). */
-function writeGroups(state: ScopeState): Map<string, string> {
-  const groups = new Map<string, CtxGroup>();
-  for (const [ctx, c] of Object.entries(state.ctx)) groups.set(ctx, { c, s: {} });
+/** The scope's context groups (slots grouped under their context), by context. */
+function contextGroups(state: ScopeState): Map<string, CtxGroup & { slots: number }> {
+  const groups = new Map<string, CtxGroup & { slots: number }>();
+  for (const [ctx, c] of Object.entries(state.ctx)) groups.set(ctx, { c, s: {}, slots: 0 });
   for (const [sk, slot] of Object.entries(state.slots)) {
     const g = groups.get(slotContext(sk));
-    if (g) g.s[slot.tool] = slot;
+    if (g) {
+      g.s[slot.tool] = slot;
+      g.slots++;
+    }
   }
-  const out = new Map<string, string>();
-  for (const [ctx, g] of groups) out.set(ctxField(ctx), JSON.stringify(g));
-  return out;
+  return groups;
 }
 
 interface LoadedScope {
@@ -97,6 +103,14 @@ interface LoadedScope {
   state: ScopeState;
   /** Field → value as read, to write back only what changed and delete what was evicted. */
   read: Map<string, string>;
+  /** Field → its number of slots as read. */
+  readSlots: Map<string, number>;
+  /**
+   * Contexts the batch's events can change (the core's `contextsTouched`). Any other context read (the whole
+   * scope is read when eviction may run) can only lose slots to eviction, or go whole: one whose slot count
+   * is as read is unchanged, and is not serialised again to find that out.
+   */
+  touched: Set<string>;
 }
 
 type ScopeEvent = ToolCallEvent | TaskCompletedEvent;
@@ -178,7 +192,14 @@ export class RedisLearnStore implements LearnStore {
       const meta = metas.get(id) ?? null;
       const state = newScopeState();
       if (meta) Object.assign(state, meta);
-      s.scopes.set(id, { tenant: r.tenant, agent: r.agent, state, read: new Map() });
+      s.scopes.set(id, {
+        tenant: r.tenant,
+        agent: r.agent,
+        state,
+        read: new Map(),
+        readSlots: new Map(),
+        touched: wanted.get(id) ?? new Set(),
+      });
       if (!meta) continue; // a new (or unreadable) scope starts empty
       const key = learnKey(prefix, r.tenant, r.agent);
       if (evictionDue(meta, r.events, opts)) {
@@ -200,7 +221,10 @@ export class RedisLearnStore implements LearnStore {
           : p.fields.map((f, k) => [f, (got[j] as unknown[])[k]]);
         for (const [field, raw] of pairs) {
           if (typeof raw !== 'string' || !field.startsWith('c:')) continue;
-          if (readGroup(sc.state, field.slice(2), raw)) sc.read.set(field, raw);
+          const slots = readGroup(sc.state, field.slice(2), raw);
+          if (slots < 0) continue;
+          sc.read.set(field, raw);
+          sc.readSlots.set(field, slots);
         }
       });
     }
@@ -210,7 +234,18 @@ export class RedisLearnStore implements LearnStore {
   scope(tenant: string, agent: string): ScopeState {
     const id = scopeId(tenant, agent);
     let s = this.scopes.get(id);
-    if (!s) this.scopes.set(id, (s = { tenant, agent, state: newScopeState(), read: new Map() }));
+    if (!s)
+      this.scopes.set(
+        id,
+        (s = {
+          tenant,
+          agent,
+          state: newScopeState(),
+          read: new Map(),
+          readSlots: new Map(),
+          touched: new Set(),
+        }),
+      );
     return s.state;
   }
   task(tenant: string, agent: string, task: string): LearnTask {
@@ -232,9 +267,16 @@ export class RedisLearnStore implements LearnStore {
     for (const sc of this.scopes.values()) {
       const key = learnKey(this.prefix, sc.tenant, sc.agent);
       const { clock, nCtx, nSlots, nActive } = sc.state;
-      const fields = writeGroups(sc.state);
+      const fields = new Set<string>();
       const changed: string[] = [META, JSON.stringify({ v: 2, clock, nCtx, nSlots, nActive })];
-      for (const [f, v] of fields) if (sc.read.get(f) !== v) changed.push(f, v);
+      for (const [ctx, g] of contextGroups(sc.state)) {
+        const f = ctxField(ctx);
+        fields.add(f);
+        const was = sc.read.get(f);
+        if (was !== undefined && !sc.touched.has(ctx) && sc.readSlots.get(f) === g.slots) continue;
+        const v = JSON.stringify({ c: g.c, s: g.s });
+        if (was !== v) changed.push(f, v);
+      }
       multi.hset(key, ...changed);
       const gone = [...sc.read.keys()].filter((f) => !fields.has(f));
       if (gone.length > 0) multi.hdel(key, ...gone);

@@ -331,7 +331,7 @@ function learnOccurrence(
   if (learnAt.length === 0) return;
   const units = enumerateArgs(bctx, e.tool, e.args);
   const sig = canonicalJson(units.map((u) => u.path));
-  const unitKeys = units.map((u) => ({ path: pathKey(u.path), sources: u.sources.map(sourceKey) }));
+  const unitKeys = units.map((u) => ({ path: pathKey(u.path), sources: u.keys }));
   for (const { key, k } of learnAt) {
     const sk = slotKey(key, e.tool);
     if (!scope.slots[sk]) scope.nSlots++;
@@ -350,18 +350,22 @@ function learnOccurrence(
     slot.sigs[sig] = (slot.sigs[sig] ?? 0) + 1;
     for (const u of unitKeys) {
       const srcs = (slot.units[u.path] ??= {});
+      // The unit's keys in insertion order (Object.keys order), read once and kept in step below.
+      let keys: string[] | null = null;
       for (const key2 of u.sources) {
         if (key2 in srcs) srcs[key2]! += 1;
         else {
-          const keys = Object.keys(srcs);
+          keys ??= Object.keys(srcs);
           if (keys.length >= opts.maxSourcesPerUnit) {
             // Full: a new source replaces the weakest one only if that one has proven nothing yet.
-            let weakest = keys[0]!;
-            for (const kk of keys) if (srcs[kk]! < srcs[weakest]!) weakest = kk;
-            if (srcs[weakest]! > 1) continue;
-            delete srcs[weakest];
+            let weakest = 0;
+            for (let j = 1; j < keys.length; j++) if (srcs[keys[j]!]! < srcs[keys[weakest]!]!) weakest = j;
+            if (srcs[keys[weakest]!]! > 1) continue;
+            delete srcs[keys[weakest]!];
+            keys.splice(weakest, 1);
           }
           srcs[key2] = 1;
+          keys.push(key2);
         }
       }
     }
@@ -411,21 +415,18 @@ function deleteSlot(scope: ScopeState, sk: string): void {
 
 /** Back down to the bounds, least recently used first (active rules last); needs the whole scope. */
 function evict(scope: ScopeState, opts: LearnOptions): void {
+  // Sort keys were read out once per entry (not per comparison): the order is the same total order.
   if (scope.nSlots > opts.maxSlots + slack(opts.maxSlots)) {
-    const slotKeys = Object.keys(scope.slots);
-    const order = slotKeys.sort((a, b) => {
-      const sa = scope.slots[a]!;
-      const sb = scope.slots[b]!;
-      const aa = sa.rule?.state === 'active' ? 1 : 0;
-      const ab = sb.rule?.state === 'active' ? 1 : 0;
-      return aa - ab || sa.at - sb.at || (a < b ? -1 : 1);
-    });
-    for (const k of order.slice(0, slotKeys.length - opts.maxSlots)) deleteSlot(scope, k);
+    const order = Object.entries(scope.slots)
+      .map(([k, s]) => ({ k, active: s.rule?.state === 'active' ? 1 : 0, at: s.at }))
+      .sort((a, b) => a.active - b.active || a.at - b.at || (a.k < b.k ? -1 : 1));
+    for (const { k } of order.slice(0, order.length - opts.maxSlots)) deleteSlot(scope, k);
   }
   if (scope.nCtx > opts.maxContexts + slack(opts.maxContexts)) {
-    const ctxKeys = Object.keys(scope.ctx);
-    const order = ctxKeys.sort((a, b) => scope.ctx[a]!.at - scope.ctx[b]!.at || (a < b ? -1 : 1));
-    for (const k of order.slice(0, ctxKeys.length - opts.maxContexts)) {
+    const order = Object.entries(scope.ctx)
+      .map(([k, c]) => ({ k, at: c.at }))
+      .sort((a, b) => a.at - b.at || (a.k < b.k ? -1 : 1));
+    for (const { k } of order.slice(0, order.length - opts.maxContexts)) {
       for (const t of Object.keys(scope.ctx[k]!.next)) deleteSlot(scope, slotKey(k, t));
       delete scope.ctx[k];
       scope.nCtx--;

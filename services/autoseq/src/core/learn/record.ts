@@ -1,6 +1,7 @@
 import type { NextActionRecord, ToolCallEvent } from '../../../../../schemas/index.js';
 import type { Catalog } from '../catalog.js';
-import type { AutoseqOptions, TaskState } from '../decide.js';
+import { head, withShape, type AutoseqOptions, type TaskState } from '../decide.js';
+import type { PayloadShape } from '../shape.js';
 import { canonicalJson } from '../../../../../shared/core/bindings.js';
 import type { Proposal } from './learner.js';
 import { fnv64 } from './stats.js';
@@ -36,27 +37,22 @@ export function learnedExecutable(
 
 /** The next-action record of a learned proposal (same contract as a typed unique decision). */
 export function learnedRecord(
-  base: Pick<
-    NextActionRecord,
-    'schema_version' | 'tenant_id' | 'agent_id' | 'session_id' | 'task_id' | 'event_id' | 'step' | 'ts'
-  >,
-  shape: Pick<NextActionRecord, 'payload_type' | 'payload_keys_count' | 'payload_fingerprint'>,
+  e: ToolCallEvent,
+  shape: PayloadShape,
   p: Proposal,
   execute: boolean,
 ): NextActionRecord {
-  return {
-    ...base,
-    event_type: 'auto_seq_detected_unique',
-    tool: p.tool,
-    candidates: [p.tool],
-    candidate_count: 1,
-    execute,
-    ...shape,
-    origin: 'learned',
-    ...(p.rule_id !== null ? { rule_id: p.rule_id } : {}),
-    rule_state: p.state,
-    confidence: p.confidence ?? 0,
-    trials: p.trials,
-    args: p.args,
-  };
+  const r = head(e, 'auto_seq_detected_unique');
+  r.tool = p.tool;
+  r.candidates = [p.tool];
+  r.candidate_count = 1;
+  r.execute = execute;
+  withShape(r, shape);
+  r.origin = 'learned';
+  if (p.rule_id !== null) r.rule_id = p.rule_id;
+  r.rule_state = p.state;
+  r.confidence = p.confidence ?? 0;
+  r.trials = p.trials;
+  r.args = p.args;
+  return r;
 }
