@@ -99,4 +99,61 @@ describe('apply-10.lua = core/state.ts', () => {
     if (process.env.PAVER_TEST_FIGURES)
       console.log('lua twin figures', JSON.stringify({ runs: 120, chunks }));
   }, 300_000);
+
+  it('a remembered id is forgotten after the retention, and its id then makes a new record', async () => {
+    const params: DetectorParams = {
+      ...DEFAULT_PARAMS,
+      minLength: 2,
+      minOccurrences: 1,
+      lookback: 50,
+      taskIdleMs: 50,
+      doneRetentionMs: 100,
+    };
+    const scope = { tenant: 'acme', agent: 'forget' };
+    const ev = (task: string, ts: number, i: number, type = 'tool_call') =>
+      toOp(
+        {
+          type,
+          tenant_id: scope.tenant,
+          agent_id: scope.agent,
+          session_id: task,
+          task_id: task,
+          event_id: `${task}-${ts}-${type}`,
+          ts,
+          step: i,
+          tool: `tool${i % 3}`,
+        } as never,
+        true,
+        0,
+        String(ts),
+      )!;
+    const task = (id: string, ts: number) => [
+      ev(id, ts, 0),
+      ev(id, ts + 1, 1),
+      ev(id, ts + 2, 2, 'task_completed'),
+    ];
+    const ops: DetectorOp[] = [
+      ...task('t1', 0),
+      ev('t1', 1, 1), // a redelivery: duplicate
+      ev('t1', 5, 1), // after its completion: late
+      // Enough tasks that the remembered ids' buckets are appended to (and trimmed) while the clock passes.
+      ...Array.from({ length: 40 }, (_, i) => task(`u${i}`, 10 + i * 10)).flat(),
+      ...task('t1', 420), // forgotten: a new record for t1 replaces the first
+      ev('t1', 421, 1), // remembered again: duplicate
+    ];
+    const state = new DetectorState(params);
+    const prefix = unique('twin-forget');
+    const store = new RedisDetectorStore(redis, params, prefix);
+    for (const op of ops) {
+      const mem = state.apply(op);
+      const { changed: luaChanged, lost: _l, ...lua } = await store.applyBatch([op]);
+      const { changed, ...memCounts } = mem;
+      expect(lua).toEqual(memCounts);
+      expect(luaChanged.length > 0).toBe(changed);
+    }
+    const snap = await store.snapshot(scope);
+    expect(sortStats(snap.stats)).toEqual(sortStats(state.frequentStats(scope)));
+    expect(sortRecords(snap.records)).toEqual(sortRecords(state.windowRecords(scope)));
+    expect(state.windowTasks(scope).filter((t) => t === 't1')).toHaveLength(1);
+  });
 });

@@ -7,10 +7,13 @@
                          seen on partition p: its stream time)
   KEYS[2] open     zset  base name: open tasks of partition p live in KEYS[2]..":"..p, task_id -> last event ts
   KEYS[3] events   hash  task_id -> packed events of an open task: ("\30" event_id "\31" step "\31" tool "\31" cost)*
-  KEYS[4] done     zset  base name: KEYS[4]..":"..p..":"..b holds partition p's completed task_id -> completion ts
-                         for the task ids hashed to bucket b (of DONE_BUCKETS): small sets stay in Redis's
-                         compact listpack encoding (about 25 bytes an id instead of 127 in one big sorted set);
-                         remembered doneRetentionMs of p's clock
+  KEYS[4] done     string base name: KEYS[4]..":"..p..":"..b holds partition p's completed task ids hashed to
+                         bucket b (of DONE_BUCKETS), packed: ("\30" task_id "\31" completion ts in base 94)*, in
+                         completion order (task ids hold no control characters, the ts digits are '!'..'~', so
+                         "\30" id "\31" finds exactly one entry). An id is remembered doneRetentionMs of p's
+                         clock: an older entry is read as forgotten, and is cut when its bucket is next appended
+                         to (the expired prefix; one behind a younger entry waits for it). About id + 9 bytes an
+                         id, against about 28 in the v3 layout's listpack sorted sets
   KEYS[5] window   zset  task_id -> completion ts (ms); ties ordered by task_id bytes
   KEYS[6] records  hash  task_id -> tools joined by "\31", "\30", costs joined by ",", and when the task had a
                          user message: "\30", its terms joined by ","  (window members only)
@@ -27,7 +30,9 @@
   scope's slot. A task's events are assumed to arrive on one partition (they do: the topic is keyed by
   session_id); core/state.ts makes the same assumption.
 
-  ARGV[1] cfg fingerprint: minLen|maxLen|minOcc|lookback|windowMs(0=off)|idleMs|doneRetentionMs|maxTaskEvents|format
+  ARGV[1] cfg fingerprint: minLen|maxLen|minOcc|lookback|windowMs(0=off)|idleMs|doneRetentionMs|maxTaskEvents|layout
+          State of the same parameters in another layout (an older version) cannot be read here: it is handled as
+          state of another epoch (refused in mode "n", so the caller rebuilds; cleared in mode "r").
   ARGV[2] epoch: the Redis epoch (shared/redis/epoch.ts) the caller verified, kept in meta; "" = no epoch check
   ARGV[3] mode: "n" normal: state of another epoch is refused ({-4}), nothing written;
                 "r" rebuild: state of another epoch (written into an emptied Redis before the loss was seen)
@@ -37,13 +42,19 @@
           tool (for "m": the message's terms joined by ","), cost units, source partition, source offset
           ("" when unknown: offline, tests)
 
+  Reads and writes of the counts, open tasks' events and done buckets go through per-call caches: each key or
+  field is read at most once per call and written back once at its end (fewer Redis calls per event).
+
   Returns {1, changed (0|1), applied, ignored, completed, ignored as duplicate, as late, over the task limit,
   P, then P pairs (partition, smallest start offset of the scope's state on it, -1 when none)},
   {-2, stored cfg} when the state was built with other parameters, or {-4, stored epoch} (mode "n") when the
   scope's state belongs to another epoch.
 ]]
 local cfg, epoch, mode = ARGV[1], ARGV[2], ARGV[3]
-local DONE_BUCKETS = 128
+local DONE_BUCKETS = 64
+-- The v3 layout kept 128 sorted-set buckets under the same names: a clear covers both layouts.
+local CLEAR_BUCKETS = 128
+local US, RS = '\31', '\30'
 
 -- The done bucket of a task id (a fixed string hash: the same id always lands in the same bucket).
 local function doneKeyOf(part, task)
@@ -58,24 +69,38 @@ for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
   if string.sub(f, 1, 6) == 'clock:' then scopeParts[string.sub(f, 7)] = true end
 end
 
+local function clearScope()
+  for part in pairs(scopeParts) do
+    redis.call('DEL', KEYS[2] .. ':' .. part, KEYS[10] .. ':' .. part)
+    for bucket = 0, CLEAR_BUCKETS - 1 do redis.call('DEL', KEYS[4] .. ':' .. part .. ':' .. bucket) end
+  end
+  redis.call('DEL', KEYS[1], KEYS[3], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
+  scopeParts = {}
+end
+
 if epoch ~= '' then
   local ep = redis.call('HGET', KEYS[1], 'epoch')
   if ep ~= epoch then
     if redis.call('EXISTS', KEYS[1]) == 1 then
       if mode ~= 'r' then return {-4, ep or ''} end
-      for part in pairs(scopeParts) do
-        redis.call('DEL', KEYS[2] .. ':' .. part, KEYS[10] .. ':' .. part)
-        for bucket = 0, DONE_BUCKETS - 1 do redis.call('DEL', KEYS[4] .. ':' .. part .. ':' .. bucket) end
-      end
-      redis.call('DEL', KEYS[1], KEYS[3], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
-      scopeParts = {}
+      clearScope()
     end
     redis.call('HSET', KEYS[1], 'epoch', epoch)
   end
 end
 
+-- The fingerprint without its last field (the layout version): the detection parameters.
+local function paramsOf(c) return string.match(c, '^(.*)|[^|]*$') or c end
+
 local stored = redis.call('HGET', KEYS[1], 'cfg')
-if stored and stored ~= cfg then return {-2, stored} end
+if stored and stored ~= cfg then
+  if paramsOf(stored) ~= paramsOf(cfg) then return {-2, stored} end
+  -- Same parameters, an older layout: never misread, treated as lost and rebuilt from Kafka.
+  if mode ~= 'r' then return {-4, redis.call('HGET', KEYS[1], 'epoch') or ''} end
+  clearScope()
+  if epoch ~= '' then redis.call('HSET', KEYS[1], 'epoch', epoch) end
+  stored = nil
+end
 if not stored then redis.call('HSET', KEYS[1], 'cfg', cfg) end
 
 local p = {}
@@ -86,7 +111,8 @@ local maxTs = tonumber(redis.call('HGET', KEYS[1], 'maxTs') or '0')
 local changed, applied, ignored, completed = 0, 0, 0, 0
 local dup, late, overLimit = 0, 0, 0
 local clocks = {}
-local US, RS = '\31', '\30'
+-- The current op's partition: ids completed on it before this are forgotten (see the main loop).
+local forgotten = 0
 
 local function int(x) return string.format('%.0f', x) end
 
@@ -113,6 +139,47 @@ local function split(s, sep)
   return out
 end
 
+-- Writes `fields` (field -> value, false = delete) to a hash, a bounded number of fields per command.
+local function flushHash(key, fields)
+  local set, del = {}, {}
+  local function put()
+    if #set > 0 then redis.call('HSET', key, unpack(set)); set = {} end
+    if #del > 0 then redis.call('HDEL', key, unpack(del)); del = {} end
+  end
+  for f, v in pairs(fields) do
+    if v == false then del[#del + 1] = f else set[#set + 1] = f; set[#set + 1] = v end
+    if #set >= 512 or #del >= 256 then put() end
+  end
+  put()
+end
+
+-- Support ("<support>,<cost>") and exact counts: each field read once per call, written back at the end.
+local supS, supC, supSeen, supDirty = {}, {}, {}, {}
+local exN, exDirty = {}, {}
+
+local function loadSupport(keys)
+  local want = {}
+  for _, key in ipairs(keys) do
+    if not supSeen[key] then want[#want + 1] = key; supSeen[key] = true end
+  end
+  for i = 1, #want, 256 do
+    local part = {}
+    for j = i, math.min(#want, i + 255) do part[#part + 1] = want[j] end
+    local vals = redis.call('HMGET', KEYS[7], unpack(part))
+    for j, key in ipairs(part) do
+      local cur = vals[j]
+      if cur then
+        local comma = string.find(cur, ',', 1, true)
+        supS[key] = tonumber(string.sub(cur, 1, comma - 1))
+        supC[key] = tonumber(string.sub(cur, comma + 1))
+      else
+        supS[key] = 0
+        supC[key] = 0
+      end
+    end
+  end
+end
+
 -- Adds (d = 1) or removes (d = -1) one record's distinct grams; see core/grams.ts.
 local function count(tools, costs, d)
   local n = #tools
@@ -131,20 +198,79 @@ local function count(tools, costs, d)
     whole = table.concat(tools, US)
     if seen[whole] == nil then seen[whole] = prefix[n]; order[#order + 1] = whole end
   end
+  loadSupport(order)
   for _, key in ipairs(order) do
-    local s, c = d, d * seen[key]
-    local cur = redis.call('HGET', KEYS[7], key)
-    if cur then
-      local comma = string.find(cur, ',', 1, true)
-      s = s + tonumber(string.sub(cur, 1, comma - 1))
-      c = c + tonumber(string.sub(cur, comma + 1))
-    end
-    if s == 0 then redis.call('HDEL', KEYS[7], key) else redis.call('HSET', KEYS[7], key, int(s) .. ',' .. int(c)) end
+    supS[key] = supS[key] + d
+    supC[key] = supC[key] + d * seen[key]
+    supDirty[key] = true
   end
   if whole ~= nil then
-    local x = redis.call('HINCRBY', KEYS[8], whole, d)
-    if x == 0 then redis.call('HDEL', KEYS[8], whole) end
+    if exN[whole] == nil then exN[whole] = tonumber(redis.call('HGET', KEYS[8], whole) or '0') end
+    exN[whole] = exN[whole] + d
+    exDirty[whole] = true
   end
+end
+
+-- Open tasks' packed events: read once per call, written back at the end (false = no events / deleted).
+local evs, evN, evDirty = {}, {}, {}
+local function eventsOf(task)
+  local e = evs[task]
+  if e == nil then
+    e = redis.call('HGET', KEYS[3], task) or false
+    evs[task] = e
+    evN[task] = e and select(2, string.gsub(e, RS, '')) or 0
+  end
+  return e
+end
+
+-- Done buckets (see KEYS[4]): read once per call, written back at the end.
+local blobs, blobDirty = {}, {}
+local function blobOf(key)
+  local b = blobs[key]
+  if b == nil then b = redis.call('GET', key) or ''; blobs[key] = b end
+  return b
+end
+
+-- Completion ts in base 94 with digits '!'..'~' (never a separator); a leading ' ' marks a negative value.
+local function enc(n)
+  local neg = n < 0
+  if neg then n = -n end
+  local s = ''
+  repeat
+    local d = n % 94
+    s = string.char(33 + d) .. s
+    n = (n - d) / 94
+  until n == 0
+  if neg then s = ' ' .. s end
+  return s
+end
+local function dec(s, from, to)
+  local n, neg = 0, false
+  if string.byte(s, from) == 32 then neg = true; from = from + 1 end
+  for k = from, to do n = n * 94 + string.byte(s, k) - 33 end
+  if neg then return -n end
+  return n
+end
+
+-- The entry of `task` in bucket string b: its start, the start of the next entry, and its ts; nil if none.
+local function doneFind(b, task)
+  local i, j = string.find(b, RS .. task .. US, 1, true)
+  if not i then return nil end
+  local e = string.find(b, RS, j + 1, true) or (#b + 1)
+  return i, e, dec(b, j + 1, e - 1)
+end
+
+-- Cuts the entries of b expired before `limit`, from the front while they are (they come in completion order).
+local function trimExpired(b, limit)
+  local at = 1
+  while at <= #b do
+    local u = string.find(b, US, at, true)
+    local e = string.find(b, RS, u + 1, true) or (#b + 1)
+    if dec(b, u + 1, e - 1) >= limit then break end
+    at = e
+  end
+  if at == 1 then return b end
+  return string.sub(b, at)
 end
 
 -- A record's tools and costs; a third section (request terms) does not take part in counting.
@@ -169,8 +295,11 @@ local function dropStart(task)
   for part in pairs(scopeParts) do redis.call('ZREM', KEYS[10] .. ':' .. part, task) end
 end
 
+local windowSize = redis.call('ZCARD', KEYS[5])
+
 local function evictOldest()
   local oldest = redis.call('ZPOPMIN', KEYS[5])
+  windowSize = windowSize - 1
   local task = oldest[1]
   dropStart(task)
   local packed = redis.call('HGET', KEYS[6], task)
@@ -182,29 +311,39 @@ local function evictOldest()
 end
 
 local function complete(task, ts, openKey, part)
-  local packed = redis.call('HGET', KEYS[3], task)
-  redis.call('HDEL', KEYS[3], task)
+  local packed = eventsOf(task)
+  evs[task] = false
+  evN[task] = 0
+  evDirty[task] = true
   local msg = redis.call('HGET', KEYS[9], task)
-  redis.call('HDEL', KEYS[9], task)
+  if msg then redis.call('HDEL', KEYS[9], task) end
   redis.call('ZREM', openKey, task)
-  redis.call('ZADD', doneKeyOf(part, task), ts, task)
-  local evs = {}
+  -- Remember the id: an older entry of the same id is one already forgotten (a live one would have made
+  -- this task's events ignored); expired entries at the front go.
+  local doneKey = doneKeyOf(part, task)
+  local b = blobOf(doneKey)
+  local i, e = doneFind(b, task)
+  if i then b = string.sub(b, 1, i - 1) .. string.sub(b, e) end
+  blobs[doneKey] = trimExpired(b, forgotten) .. RS .. task .. US .. enc(ts)
+  blobDirty[doneKey] = true
+  local list = {}
   if packed then
-    for _, e in ipairs(split(string.sub(packed, 2), RS)) do
-      local f = split(e, US)
-      evs[#evs + 1] = {id = f[1], step = tonumber(f[2]), tool = f[3], cost = tonumber(f[4])}
+    for _, ev in ipairs(split(string.sub(packed, 2), RS)) do
+      local f = split(ev, US)
+      list[#list + 1] = {id = f[1], step = tonumber(f[2]), tool = f[3], cost = tonumber(f[4])}
     end
   end
-  table.sort(evs, function(a, b)
+  table.sort(list, function(a, b)
     if a.step ~= b.step then return a.step < b.step end
     return bytesLess(a.id, b.id)
   end)
   local tools, costs, costStr = {}, {}, {}
-  for i, e in ipairs(evs) do tools[i] = e.tool; costs[i] = e.cost; costStr[i] = int(e.cost) end
+  for k, ev in ipairs(list) do tools[k] = ev.tool; costs[k] = ev.cost; costStr[k] = int(ev.cost) end
   -- A task id seen again after it was forgotten replaces its older record (see core/state.ts).
   if redis.call('ZSCORE', KEYS[5], task) then
     local prev = redis.call('HGET', KEYS[6], task)
     redis.call('ZREM', KEYS[5], task)
+    windowSize = windowSize - 1
     redis.call('HDEL', KEYS[6], task)
     if prev then
       local ptools, pcosts = unpackRecord(prev)
@@ -212,13 +351,14 @@ local function complete(task, ts, openKey, part)
     end
   end
   redis.call('ZADD', KEYS[5], ts, task)
+  windowSize = windowSize + 1
   local rec = table.concat(tools, US) .. RS .. table.concat(costStr, ',')
   if msg then rec = rec .. RS .. split(msg, US)[3] end
   redis.call('HSET', KEYS[6], task, rec)
   count(tools, costs, 1)
   completed = completed + 1
   changed = 1
-  while redis.call('ZCARD', KEYS[5]) > lookback do evictOldest() end
+  while windowSize > lookback do evictOldest() end
 end
 
 -- Only this partition's tasks: another partition running ahead (catching up, a backlog) must not cut them.
@@ -228,9 +368,8 @@ local function sweep(openKey, part, clock)
   for i = 1, #due, 2 do complete(due[i], tonumber(due[i + 1]) + idleMs, openKey, part) end
 end
 
--- The window against the scope's newest ts; remembered task ids against their partition's clock (here in the
--- bucket the op touched; the others are trimmed when next touched, and read as core/state.ts has them).
-local function expire(doneKey, clock)
+-- The window against the scope's newest ts. (Remembered task ids expire by reading: see KEYS[4].)
+local function expire()
   if windowMs > 0 then
     while true do
       local oldest = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
@@ -239,9 +378,11 @@ local function expire(doneKey, clock)
       changed = 1
     end
   end
-  redis.call('ZREMRANGEBYSCORE', doneKey, '-inf', '(' .. int(clock - retention))
 end
 
+-- The newest ts an open task of each partition may have and still not be due: a sweep is needed only when the
+-- partition's clock moved (a task's last ts only grows, and a task cannot open already due).
+local swept = {}
 local n = tonumber(ARGV[4])
 for k = 0, n - 1 do
   local b = 5 + k * 9
@@ -249,20 +390,23 @@ for k = 0, n - 1 do
   local part = ARGV[b + 7]
   local off = tonumber(ARGV[b + 8])
   scopeParts[part] = true
-  local openKey, doneKey = KEYS[2] .. ':' .. part, doneKeyOf(part, task)
+  local openKey = KEYS[2] .. ':' .. part
   if ts > maxTs then maxTs = ts end
   if clocks[part] == nil then clocks[part] = tonumber(redis.call('HGET', KEYS[1], 'clock:' .. part) or '0') end
   -- The clock at this partition's last expiry: what core/state.ts has already forgotten by now.
-  local forgotten = clocks[part] - retention
+  forgotten = clocks[part] - retention
   if ts > clocks[part] then clocks[part] = ts end
   local clock = clocks[part]
-  sweep(openKey, part, clock)
-  local closed = redis.call('ZSCORE', doneKey, task)
-  if closed and tonumber(closed) < forgotten then closed = false end
+  if swept[part] ~= clock then
+    sweep(openKey, part, clock)
+    swept[part] = clock
+  end
+  local _, _, closed = doneFind(blobOf(doneKeyOf(part, task)), task)
+  if closed and closed < forgotten then closed = nil end
   local last = redis.call('ZSCORE', openKey, task)
   if closed then
     ignored = ignored + 1
-    if ts > tonumber(closed) then late = late + 1 else dup = dup + 1 end
+    if ts > closed then late = late + 1 else dup = dup + 1 end
   elseif not last and ts + idleMs <= clock then
     -- It would open a task already idle on its partition's clock: a fragment of an older task.
     ignored = ignored + 1
@@ -281,17 +425,17 @@ for k = 0, n - 1 do
     if ts > tonumber(last or '-1') then redis.call('ZADD', openKey, ts, task) end
     applied = applied + 1
   elseif kind == 'c' then
-    local packed = redis.call('HGET', KEYS[3], task) or ''
-    local count_ = 0
-    if packed ~= '' then count_ = select(2, string.gsub(packed, RS, '')) end
+    local packed = eventsOf(task) or ''
     if string.find(packed, RS .. eid .. US, 1, true) ~= nil then
       ignored = ignored + 1
       dup = dup + 1
-    elseif count_ >= maxEvents then
+    elseif evN[task] >= maxEvents then
       ignored = ignored + 1
       overLimit = overLimit + 1
     else
-      redis.call('HSET', KEYS[3], task, packed .. RS .. eid .. US .. ARGV[b + 4] .. US .. ARGV[b + 5] .. US .. ARGV[b + 6])
+      evs[task] = packed .. RS .. eid .. US .. ARGV[b + 4] .. US .. ARGV[b + 5] .. US .. ARGV[b + 6]
+      evN[task] = evN[task] + 1
+      evDirty[task] = true
       applied = applied + 1
     end
     if not last then markStart(task, part, off) end
@@ -302,8 +446,25 @@ for k = 0, n - 1 do
     complete(task, ts, openKey, part)
     applied = applied + 1
   end
-  expire(doneKey, clock)
+  expire()
 end
+
+-- Write back what the caches changed.
+local supOut, exOut, evOut = {}, {}, {}
+for key in pairs(supDirty) do
+  if supS[key] == 0 then supOut[key] = false else supOut[key] = int(supS[key]) .. ',' .. int(supC[key]) end
+end
+for key in pairs(exDirty) do
+  if exN[key] == 0 then exOut[key] = false else exOut[key] = int(exN[key]) end
+end
+for task in pairs(evDirty) do evOut[task] = evs[task] end
+flushHash(KEYS[7], supOut)
+flushHash(KEYS[8], exOut)
+flushHash(KEYS[3], evOut)
+for key in pairs(blobDirty) do
+  if blobs[key] == '' then redis.call('DEL', key) else redis.call('SET', key, blobs[key]) end
+end
+
 redis.call('HSET', KEYS[1], 'maxTs', int(maxTs))
 for part, c in pairs(clocks) do redis.call('HSET', KEYS[1], 'clock:' .. part, int(c)) end
 local out = {1, changed, applied, ignored, completed, dup, late, overLimit, 0}
