@@ -46,7 +46,8 @@ export function stateFingerprint(p: DetectorParams): string {
     p.maxTaskEvents,
     // State layout version: v2 keeps open and completed tasks per partition (per-partition stream time);
     // v3 adds each task's start offset (what a rebuild after a Redis loss replays from) and the epoch;
-    // v4 packs remembered task ids into strings (apply-10.lua, KEYS[4]). Older layouts are rebuilt from Kafka.
+    // v4 packs remembered task ids into strings, codes tool names, buckets the support counts (apply-11.lua).
+    // Older layouts are rebuilt from Kafka.
     'v4',
   ].join('|');
 }

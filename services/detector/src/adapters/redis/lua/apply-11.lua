@@ -8,22 +8,33 @@
   KEYS[2] open     zset  base name: open tasks of partition p live in KEYS[2]..":"..p, task_id -> last event ts
   KEYS[3] events   hash  task_id -> packed events of an open task: ("\30" event_id "\31" step "\31" tool "\31" cost)*
   KEYS[4] done     string base name: KEYS[4]..":"..p..":"..b holds partition p's completed task ids hashed to
-                         bucket b (of DONE_BUCKETS), packed: ("\30" task_id "\31" completion ts in base 94)*, in
-                         completion order (task ids hold no control characters, the ts digits are '!'..'~', so
-                         "\30" id "\31" finds exactly one entry). An id is remembered doneRetentionMs of p's
-                         clock: an older entry is read as forgotten, and is cut when its bucket is next appended
-                         to (the expired prefix; one behind a younger entry waits for it). About id + 9 bytes an
-                         id, against about 28 in the v3 layout's listpack sorted sets
+                         bucket b (of DONE_BUCKETS), packed: a base ts, then ("\30" task_id "\31" completion ts
+                         minus the base)* in completion order; numbers in base 94 with digits '!'..'~' (a leading
+                         ' ' for a negative one). Task ids hold no control characters and digits are neither
+                         separator, so "\30" id "\31" finds exactly one entry. An id is remembered
+                         doneRetentionMs of p's clock: an older entry is read as forgotten, and is cut when its
+                         bucket is next appended to (the expired prefix; one behind a younger entry waits for
+                         it). The base is the first entry's ts, moved up when the oldest live entry is 94^4 ms
+                         (about 22 hours) past it, so an entry takes the id's length + 2 + 3 to 5 bytes (about
+                         28 bytes an id in the v3 layout's listpack sorted sets)
   KEYS[5] window   zset  task_id -> completion ts (ms); ties ordered by task_id bytes
-  KEYS[6] records  hash  task_id -> tools joined by "\31", "\30", costs joined by ",", and when the task had a
-                         user message: "\30", its terms joined by ","  (window members only)
-  KEYS[7] support  hash  gram -> "<support>,<cost>": records in the window containing it, and the sum of its
-                         first-occurrence cost over them (1/10,000 cent); one hash, so each gram is stored once
-  KEYS[8] exact    hash  gram -> records in the window consisting of exactly it
+  KEYS[6] records  hash  task_id -> its tools' codes (see KEYS[11]), "\30", costs joined by ",", and when the
+                         task had a user message: "\30", its terms joined by ","  (window members only)
+  KEYS[7] support  hash  base name: KEYS[7]..":"..b (of SUPPORT_BUCKETS, by a hash of the gram) holds
+                         gram -> "<support>,<cost>[,<exact>]": records in the window containing it, the sum of
+                         its first-occurrence cost over them (1/10,000 cent), and (when not 0) how many consist
+                         of exactly it. A gram is its tools' codes, concatenated. Small hashes of short fields
+                         stay in Redis's listpack encoding (about 20 bytes a gram, against about 120 in one
+                         hash of tool names joined by "\31" in layout v3)
+  KEYS[8] exact    (layout v3 only: cleared with the scope; v4 keeps exact counts in support)
   KEYS[9] msgs     hash  task_id -> first user message of an open task: ts "\31" event_id "\31" terms joined by ","
   KEYS[10] starts  zset  base name: KEYS[10]..":"..p holds, for each open task and window record of partition p,
                          task_id -> the offset of its first event: the smallest score is where a rebuild of this
                          scope's state on p must start replaying (see src/adapters/rebuild.ts)
+  KEYS[11] tools   string the scope's tool names joined by "\31", in order of first use: the i-th (from 0) has
+                         code codeOf(i), printable ASCII ending at its only byte >= "@" (so codes concatenate
+                         without separators): one byte for the first 63 tools, two for the next 2,016, and so
+                         on. Append-only: it holds every tool name the scope's records ever used
   (frequency is support >= minOcc, read by snapshot-3.lua and claimSnapshot-6.lua)
 
   The per-partition keys are derived from declared ones and share their hash tag, so they live in the
@@ -51,7 +62,8 @@
   scope's state belongs to another epoch.
 ]]
 local cfg, epoch, mode = ARGV[1], ARGV[2], ARGV[3]
-local DONE_BUCKETS = 64
+local DONE_BUCKETS = 16
+local SUPPORT_BUCKETS = 16
 -- The v3 layout kept 128 sorted-set buckets under the same names: a clear covers both layouts.
 local CLEAR_BUCKETS = 128
 local US, RS = '\31', '\30'
@@ -74,7 +86,8 @@ local function clearScope()
     redis.call('DEL', KEYS[2] .. ':' .. part, KEYS[10] .. ':' .. part)
     for bucket = 0, CLEAR_BUCKETS - 1 do redis.call('DEL', KEYS[4] .. ':' .. part .. ':' .. bucket) end
   end
-  redis.call('DEL', KEYS[1], KEYS[3], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
+  redis.call('DEL', KEYS[1], KEYS[3], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[11])
+  for bucket = 0, SUPPORT_BUCKETS - 1 do redis.call('DEL', KEYS[7] .. ':' .. bucket) end
   scopeParts = {}
 end
 
@@ -153,34 +166,79 @@ local function flushHash(key, fields)
   put()
 end
 
--- Support ("<support>,<cost>") and exact counts: each field read once per call, written back at the end.
-local supS, supC, supSeen, supDirty = {}, {}, {}, {}
-local exN, exDirty = {}, {}
-
-local function loadSupport(keys)
-  local want = {}
-  for _, key in ipairs(keys) do
-    if not supSeen[key] then want[#want + 1] = key; supSeen[key] = true end
+-- The tool dictionary (KEYS[11]): names in order of first use, and each name's code.
+local toolNames, toolCode, toolsDirty = nil, {}, false
+local function codeOf(i)
+  local cap, len = 63, 1
+  while i >= cap do i = i - cap; cap = cap * 32; len = len + 1 end
+  local last = i % 63
+  i = (i - last) / 63
+  local s = string.char(64 + last)
+  for _ = 2, len do
+    local d = i % 32
+    s = string.char(32 + d) .. s
+    i = (i - d) / 32
   end
-  for i = 1, #want, 256 do
-    local part = {}
-    for j = i, math.min(#want, i + 255) do part[#part + 1] = want[j] end
-    local vals = redis.call('HMGET', KEYS[7], unpack(part))
-    for j, key in ipairs(part) do
-      local cur = vals[j]
-      if cur then
-        local comma = string.find(cur, ',', 1, true)
-        supS[key] = tonumber(string.sub(cur, 1, comma - 1))
-        supC[key] = tonumber(string.sub(cur, comma + 1))
-      else
-        supS[key] = 0
-        supC[key] = 0
+  return s
+end
+local function loadTools()
+  if toolNames then return end
+  toolNames = split(redis.call('GET', KEYS[11]) or '', US)
+  for i, name in ipairs(toolNames) do toolCode[name] = codeOf(i - 1) end
+end
+local function encodeTool(name)
+  loadTools()
+  local c = toolCode[name]
+  if c == nil then
+    toolNames[#toolNames + 1] = name
+    c = codeOf(#toolNames - 1)
+    toolCode[name] = c
+    toolsDirty = true
+  end
+  return c
+end
+-- A record's codes, one per tool, from their concatenation.
+local function splitCodes(s)
+  local out, from = {}, 1
+  for i = 1, #s do
+    if string.byte(s, i) >= 64 then out[#out + 1] = string.sub(s, from, i); from = i + 1 end
+  end
+  return out
+end
+
+-- Support, cost and exact counts per gram: each read once per call, written back at the end.
+local supS, supC, supX, supSeen, supDirty = {}, {}, {}, {}, {}
+local function supportKeyOf(gram)
+  local h = 0
+  for i = 1, #gram do h = (h * 31 + string.byte(gram, i)) % 16777216 end
+  return KEYS[7] .. ':' .. (h % SUPPORT_BUCKETS)
+end
+
+local function loadSupport(grams)
+  local want = {}
+  for _, g in ipairs(grams) do
+    if not supSeen[g] then
+      supSeen[g] = true
+      local key = supportKeyOf(g)
+      want[key] = want[key] or {}
+      local w = want[key]
+      w[#w + 1] = g
+    end
+  end
+  for key, gs in pairs(want) do
+    for i = 1, #gs, 256 do
+      local part = {}
+      for j = i, math.min(#gs, i + 255) do part[#part + 1] = gs[j] end
+      local vals = redis.call('HMGET', key, unpack(part))
+      for j, g in ipairs(part) do
+        local f = split(vals[j] or '0,0', ',')
+        supS[g], supC[g], supX[g] = tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or '0')
       end
     end
   end
 end
 
--- Adds (d = 1) or removes (d = -1) one record's distinct grams; see core/grams.ts.
+-- Adds (d = 1) or removes (d = -1) one record's distinct grams; see core/grams.ts. `tools` are codes.
 local function count(tools, costs, d)
   local n = #tools
   local prefix = {[0] = 0}
@@ -189,13 +247,13 @@ local function count(tools, costs, d)
   local top = math.min(maxLen, n)
   for len = minLen, top do
     for i = 1, n - len + 1 do
-      local key = table.concat(tools, US, i, i + len - 1)
+      local key = table.concat(tools, '', i, i + len - 1)
       if seen[key] == nil then seen[key] = prefix[i + len - 1] - prefix[i - 1]; order[#order + 1] = key end
     end
   end
   local whole = nil
   if n >= minLen then
-    whole = table.concat(tools, US)
+    whole = table.concat(tools, '')
     if seen[whole] == nil then seen[whole] = prefix[n]; order[#order + 1] = whole end
   end
   loadSupport(order)
@@ -204,11 +262,7 @@ local function count(tools, costs, d)
     supC[key] = supC[key] + d * seen[key]
     supDirty[key] = true
   end
-  if whole ~= nil then
-    if exN[whole] == nil then exN[whole] = tonumber(redis.call('HGET', KEYS[8], whole) or '0') end
-    exN[whole] = exN[whole] + d
-    exDirty[whole] = true
-  end
+  if whole ~= nil then supX[whole] = supX[whole] + d end
 end
 
 -- Open tasks' packed events: read once per call, written back at the end (false = no events / deleted).
@@ -223,15 +277,7 @@ local function eventsOf(task)
   return e
 end
 
--- Done buckets (see KEYS[4]): read once per call, written back at the end.
-local blobs, blobDirty = {}, {}
-local function blobOf(key)
-  local b = blobs[key]
-  if b == nil then b = redis.call('GET', key) or ''; blobs[key] = b end
-  return b
-end
-
--- Completion ts in base 94 with digits '!'..'~' (never a separator); a leading ' ' marks a negative value.
+-- Numbers in base 94 with digits '!'..'~' (never a separator); a leading ' ' marks a negative value.
 local function enc(n)
   local neg = n < 0
   if neg then n = -n end
@@ -252,31 +298,59 @@ local function dec(s, from, to)
   return n
 end
 
--- The entry of `task` in bucket string b: its start, the start of the next entry, and its ts; nil if none.
-local function doneFind(b, task)
-  local i, j = string.find(b, RS .. task .. US, 1, true)
-  if not i then return nil end
-  local e = string.find(b, RS, j + 1, true) or (#b + 1)
-  return i, e, dec(b, j + 1, e - 1)
+-- Done buckets (see KEYS[4]): read once per call, written back at the end. In memory a bucket is its base
+-- (nil when it holds no entry) and its entries ("\30" id "\31" delta)*.
+local buckets, bucketDirty = {}, {}
+local function bucketOf(key)
+  local b = buckets[key]
+  if b == nil then
+    local raw = redis.call('GET', key) or ''
+    local first = string.find(raw, RS, 1, true)
+    if first == nil then b = {base = nil, body = ''}
+    else b = {base = dec(raw, 1, first - 1), body = string.sub(raw, first)} end
+    buckets[key] = b
+  end
+  return b
 end
 
--- Cuts the entries of b expired before `limit`, from the front while they are (they come in completion order).
+-- The entry of `task` in a bucket: its start, the start of the next entry, and its ts; nil if none.
+local function doneFind(b, task)
+  local body = b.body
+  local i, j = string.find(body, RS .. task .. US, 1, true)
+  if not i then return nil end
+  local e = string.find(body, RS, j + 1, true) or (#body + 1)
+  return i, e, b.base + dec(body, j + 1, e - 1)
+end
+
+-- Cuts the entries expired before `limit` from the front while they are (they come in completion order),
+-- and moves the base up to the oldest entry left when that is 94^4 ms past it (deltas stay short).
 local function trimExpired(b, limit)
-  local at = 1
-  while at <= #b do
-    local u = string.find(b, US, at, true)
-    local e = string.find(b, RS, u + 1, true) or (#b + 1)
-    if dec(b, u + 1, e - 1) >= limit then break end
+  local body, at = b.body, 1
+  local firstTs = nil
+  while at <= #body do
+    local u = string.find(body, US, at, true)
+    local e = string.find(body, RS, u + 1, true) or (#body + 1)
+    firstTs = b.base + dec(body, u + 1, e - 1)
+    if firstTs >= limit then break end
     at = e
   end
-  if at == 1 then return b end
-  return string.sub(b, at)
+  if at > #body then b.base = nil; b.body = ''; return end
+  if at > 1 then body = string.sub(body, at) end
+  if firstTs - b.base >= 78074896 then
+    local out = {}
+    for id, d in string.gmatch(body, RS .. '([^' .. US .. ']*)' .. US .. '([^' .. RS .. ']*)') do
+      out[#out + 1] = RS .. id .. US .. enc(b.base + dec(d, 1, #d) - firstTs)
+    end
+    b.base = firstTs
+    body = table.concat(out)
+  end
+  b.body = body
 end
 
 -- A record's tools and costs; a third section (request terms) does not take part in counting.
 local function unpackRecord(packed)
   local parts = split(packed, RS)
-  local tools = split(parts[1], US)
+  local tools = splitCodes(parts[1] or '')
   local costs = {}
   for _, c in ipairs(split(parts[2], ',')) do costs[#costs + 1] = tonumber(c) end
   return tools, costs
@@ -321,11 +395,13 @@ local function complete(task, ts, openKey, part)
   -- Remember the id: an older entry of the same id is one already forgotten (a live one would have made
   -- this task's events ignored); expired entries at the front go.
   local doneKey = doneKeyOf(part, task)
-  local b = blobOf(doneKey)
+  local b = bucketOf(doneKey)
   local i, e = doneFind(b, task)
-  if i then b = string.sub(b, 1, i - 1) .. string.sub(b, e) end
-  blobs[doneKey] = trimExpired(b, forgotten) .. RS .. task .. US .. enc(ts)
-  blobDirty[doneKey] = true
+  if i then b.body = string.sub(b.body, 1, i - 1) .. string.sub(b.body, e) end
+  trimExpired(b, forgotten)
+  if b.base == nil then b.base = ts end
+  b.body = b.body .. RS .. task .. US .. enc(ts - b.base)
+  bucketDirty[doneKey] = true
   local list = {}
   if packed then
     for _, ev in ipairs(split(string.sub(packed, 2), RS)) do
@@ -338,7 +414,7 @@ local function complete(task, ts, openKey, part)
     return bytesLess(a.id, b.id)
   end)
   local tools, costs, costStr = {}, {}, {}
-  for k, ev in ipairs(list) do tools[k] = ev.tool; costs[k] = ev.cost; costStr[k] = int(ev.cost) end
+  for k, ev in ipairs(list) do tools[k] = encodeTool(ev.tool); costs[k] = ev.cost; costStr[k] = int(ev.cost) end
   -- A task id seen again after it was forgotten replaces its older record (see core/state.ts).
   if redis.call('ZSCORE', KEYS[5], task) then
     local prev = redis.call('HGET', KEYS[6], task)
@@ -352,7 +428,7 @@ local function complete(task, ts, openKey, part)
   end
   redis.call('ZADD', KEYS[5], ts, task)
   windowSize = windowSize + 1
-  local rec = table.concat(tools, US) .. RS .. table.concat(costStr, ',')
+  local rec = table.concat(tools, '') .. RS .. table.concat(costStr, ',')
   if msg then rec = rec .. RS .. split(msg, US)[3] end
   redis.call('HSET', KEYS[6], task, rec)
   count(tools, costs, 1)
@@ -401,7 +477,7 @@ for k = 0, n - 1 do
     sweep(openKey, part, clock)
     swept[part] = clock
   end
-  local _, _, closed = doneFind(blobOf(doneKeyOf(part, task)), task)
+  local _, _, closed = doneFind(bucketOf(doneKeyOf(part, task)), task)
   if closed and closed < forgotten then closed = nil end
   local last = redis.call('ZSCORE', openKey, task)
   if closed then
@@ -450,19 +526,25 @@ for k = 0, n - 1 do
 end
 
 -- Write back what the caches changed.
-local supOut, exOut, evOut = {}, {}, {}
-for key in pairs(supDirty) do
-  if supS[key] == 0 then supOut[key] = false else supOut[key] = int(supS[key]) .. ',' .. int(supC[key]) end
+local supOut, evOut = {}, {}
+for g in pairs(supDirty) do
+  local key = supportKeyOf(g)
+  supOut[key] = supOut[key] or {}
+  if supS[g] == 0 then
+    supOut[key][g] = false
+  elseif supX[g] == 0 then
+    supOut[key][g] = int(supS[g]) .. ',' .. int(supC[g])
+  else
+    supOut[key][g] = int(supS[g]) .. ',' .. int(supC[g]) .. ',' .. int(supX[g])
+  end
 end
-for key in pairs(exDirty) do
-  if exN[key] == 0 then exOut[key] = false else exOut[key] = int(exN[key]) end
-end
+for key, fields in pairs(supOut) do flushHash(key, fields) end
 for task in pairs(evDirty) do evOut[task] = evs[task] end
-flushHash(KEYS[7], supOut)
-flushHash(KEYS[8], exOut)
 flushHash(KEYS[3], evOut)
-for key in pairs(blobDirty) do
-  if blobs[key] == '' then redis.call('DEL', key) else redis.call('SET', key, blobs[key]) end
+if toolsDirty then redis.call('SET', KEYS[11], table.concat(toolNames, US)) end
+for key in pairs(bucketDirty) do
+  local b = buckets[key]
+  if b.body == '' then redis.call('DEL', key) else redis.call('SET', key, enc(b.base) .. b.body) end
 end
 
 redis.call('HSET', KEYS[1], 'maxTs', int(maxTs))
