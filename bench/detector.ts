@@ -48,8 +48,13 @@ export async function benchDetector(b: Bench, n: number) {
   const rate = run.result.events_per_s;
   const trips = await p.metric('paver_detector_redis_round_trips_total');
   const cmds = (await redisInfo(b.redis, 'stats', 'total_commands_processed')) - cmds0;
+  // The window is split over `window:<bucket>` zsets (layout v4); `window` itself in older layouts.
   const windowRecords = (
-    await Promise.all([0, 1, 2, 3].map((a) => b.redis.zcard(`${id}:det:{default|agent-${a}}:window`)))
+    await Promise.all(
+      [0, 1, 2, 3].flatMap((a) =>
+        ['', ':0', ':1'].map((bucket) => b.redis.zcard(`${id}:det:{default|agent-${a}}:window${bucket}`)),
+      ),
+    )
   ).reduce((x, y) => x + y, 0);
   const mem = (await redisInfo(b.redis, 'memory', 'used_memory')) - mem0;
   const state = await stateBytes(b, id);

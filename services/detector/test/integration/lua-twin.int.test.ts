@@ -208,6 +208,53 @@ describe('apply-11.lua = core/state.ts', () => {
     expect(sortRecords(snap.records)).toEqual(sortRecords(state.windowRecords(scope)));
   });
 
+  it('a window over several buckets keeps the (ts, task_id) order, ties included, by count and by time', async () => {
+    const scope = { tenant: 'acme', agent: 'buckets' };
+    for (const windowMs of [null, 900]) {
+      const params: DetectorParams = {
+        ...DEFAULT_PARAMS,
+        minLength: 2,
+        minOccurrences: 2,
+        lookback: 250,
+        windowMs,
+      };
+      const ops: DetectorOp[] = [];
+      // 600 tasks completing in groups of 4 at the same ts (ties broken by task_id bytes across buckets).
+      for (let t = 0; t < 600; t++) {
+        const task = `task-${(t * 7919) % 600}`;
+        const ts = Math.floor(t / 4) * 10;
+        for (let i = 0; i < 3; i++)
+          ops.push({
+            kind: 'call',
+            scope,
+            task,
+            eventId: `${task}-${i}`,
+            ts,
+            step: i,
+            tool: `tool${(t + i) % 5}`,
+            cost: 10_000 * (i + 1),
+            partition: 0,
+          });
+        ops.push({ kind: 'done', scope, task, eventId: `${task}-done`, ts, partition: 0 });
+      }
+      const state = new DetectorState(params);
+      const store = new RedisDetectorStore(redis, params, unique('twin-buckets'));
+      const r = rng(7);
+      for (let i = 0; i < ops.length;) {
+        const chunk = ops.slice(i, i + 1 + Math.floor(r() * 40));
+        i += chunk.length;
+        const { changed, ...mem } = state.applyAll(chunk);
+        const { changed: luaChanged, lost: _l, ...lua } = await store.applyBatch(chunk);
+        expect(lua).toEqual(mem);
+        expect(luaChanged.length > 0).toBe(changed);
+      }
+      const snap = await store.snapshot(scope);
+      expect(snap.records).toHaveLength(state.windowTasks(scope).length);
+      expect(sortStats(snap.stats)).toEqual(sortStats(state.frequentStats(scope)));
+      expect(sortRecords(snap.records)).toEqual(sortRecords(state.windowRecords(scope)));
+    }
+  });
+
   it('tools past the one-byte codes (63 per scope) are counted and read back by name', async () => {
     const params: DetectorParams = { ...DEFAULT_PARAMS, minLength: 2, minOccurrences: 2, lookback: 400 };
     const scope = { tenant: 'acme', agent: 'many-tools' };

@@ -21,6 +21,12 @@ export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
 export const SCRIPT_KEYS = { apply: 11, snapshot: 3, claimSnapshot: 6, release: 3 } as const;
 export const SCRIPTS = Object.keys(SCRIPT_KEYS) as (keyof typeof SCRIPT_KEYS)[];
 
+/**
+ * How many zsets and hashes the window and its records are split over (apply-11.lua's WINDOW_BUCKETS): one per
+ * 100 records of lookback, so each stays in Redis's compact listpack encoding under its default limits.
+ */
+export const windowBuckets = (lookback: number): number => Math.max(1, Math.ceil(lookback / 100));
+
 /** One pure key builder for the detector's keyspace: `<prefix>:det:{tenant|agent}:<name>`. */
 export function detectorKeys(prefix: string, s: Scope) {
   const base = `${prefix}:det:${scopeTag(s.tenant, s.agent)}`;
@@ -392,7 +398,11 @@ export class RedisDetectorStore {
         this.redis,
         'snapshot',
         [k.support, k.tools, k.records],
-        [this.params.minOccurrences, this.params.requestTerms ? '1' : '0'],
+        [
+          this.params.minOccurrences,
+          this.params.requestTerms ? '1' : '0',
+          windowBuckets(this.params.lookback),
+        ],
       ),
       flatReply,
     );
@@ -416,7 +426,13 @@ export class RedisDetectorStore {
         this.redis,
         'claimSnapshot',
         [k.lock, k.dirty, k.published, k.support, k.tools, k.records],
-        [token, ttlMs, this.params.minOccurrences, this.params.requestTerms ? '1' : '0'],
+        [
+          token,
+          ttlMs,
+          this.params.minOccurrences,
+          this.params.requestTerms ? '1' : '0',
+          windowBuckets(this.params.lookback),
+        ],
       ),
       flatReply,
     );

@@ -17,9 +17,13 @@
                          it). The base is the first entry's ts, moved up when the oldest live entry is 94^4 ms
                          (about 22 hours) past it, so an entry takes the id's length + 2 + 3 to 5 bytes (about
                          28 bytes an id in the v3 layout's listpack sorted sets)
-  KEYS[5] window   zset  task_id -> completion ts (ms); ties ordered by task_id bytes
-  KEYS[6] records  hash  task_id -> its tools' codes (see KEYS[11]), "\30", costs joined by ",", and when the
-                         task had a user message: "\30", its terms joined by ","  (window members only)
+  KEYS[5] window   zset  base name: the window is split over KEYS[5]..":"..b for b < WINDOW_BUCKETS (one per
+                         100 records of lookback, by a hash of the task id, so that each stays in Redis's compact
+                         listpack encoding under its default 128-entry limit): task_id -> completion ts (ms); the
+                         window's order is (ts, task_id bytes) across them
+  KEYS[6] records  hash  base name: KEYS[6]..":"..b holds the records of the task ids in window bucket b:
+                         task_id -> its tools' codes (see KEYS[11]), "\30", costs joined by ",", and when the
+                         task had a user message: "\30", its terms joined by "," (window members only)
   KEYS[7] support  hash  base name: KEYS[7]..":"..b (of SUPPORT_BUCKETS, by a hash of the gram) holds
                          gram -> "<support>,<cost>[,<exact>]": records in the window containing it, the sum of
                          its first-occurrence cost over them (1/10,000 cent), and (when not 0) how many consist
@@ -81,7 +85,8 @@ for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
   if string.sub(f, 1, 6) == 'clock:' then scopeParts[string.sub(f, 7)] = true end
 end
 
-local function clearScope()
+local function clearScope(buckets)
+  for b = 0, buckets - 1 do redis.call('DEL', KEYS[5] .. ':' .. b, KEYS[6] .. ':' .. b) end
   for part in pairs(scopeParts) do
     redis.call('DEL', KEYS[2] .. ':' .. part, KEYS[10] .. ':' .. part)
     for bucket = 0, CLEAR_BUCKETS - 1 do redis.call('DEL', KEYS[4] .. ':' .. part .. ':' .. bucket) end
@@ -91,12 +96,15 @@ local function clearScope()
   scopeParts = {}
 end
 
+-- One window bucket per 100 records of lookback (the fourth parameter): the same for state of these parameters.
+local WINDOW_BUCKETS = math.max(1, math.ceil(tonumber(string.match(cfg, '^[^|]*|[^|]*|[^|]*|([^|]*)')) / 100))
+
 if epoch ~= '' then
   local ep = redis.call('HGET', KEYS[1], 'epoch')
   if ep ~= epoch then
     if redis.call('EXISTS', KEYS[1]) == 1 then
       if mode ~= 'r' then return {-4, ep or ''} end
-      clearScope()
+      clearScope(WINDOW_BUCKETS)
     end
     redis.call('HSET', KEYS[1], 'epoch', epoch)
   end
@@ -110,7 +118,7 @@ if stored and stored ~= cfg then
   if paramsOf(stored) ~= paramsOf(cfg) then return {-2, stored} end
   -- Same parameters, an older layout: never misread, treated as lost and rebuilt from Kafka.
   if mode ~= 'r' then return {-4, redis.call('HGET', KEYS[1], 'epoch') or ''} end
-  clearScope()
+  clearScope(WINDOW_BUCKETS)
   if epoch ~= '' then redis.call('HSET', KEYS[1], 'epoch', epoch) end
   stored = nil
 end
@@ -369,15 +377,56 @@ local function dropStart(task)
   for part in pairs(scopeParts) do redis.call('ZREM', KEYS[10] .. ':' .. part, task) end
 end
 
-local windowSize = redis.call('ZCARD', KEYS[5])
+local function windowBucketOf(task)
+  local h = 0
+  for i = 1, #task do h = (h * 31 + string.byte(task, i)) % 16777216 end
+  return h % WINDOW_BUCKETS
+end
+
+-- The window's size, and each bucket's oldest record ({task, ts}; false when empty, nil when not read yet).
+local windowSize = 0
+for b = 0, WINDOW_BUCKETS - 1 do windowSize = windowSize + redis.call('ZCARD', KEYS[5] .. ':' .. b) end
+local heads = {}
+local function before(a, b) return a.ts < b.ts or (a.ts == b.ts and bytesLess(a.task, b.task)) end
+local function headOf(b)
+  local h = heads[b]
+  if h == nil then
+    local r = redis.call('ZRANGE', KEYS[5] .. ':' .. b, 0, 0, 'WITHSCORES')
+    if #r == 0 then h = false else h = {task = r[1], ts = tonumber(r[2])} end
+    heads[b] = h
+  end
+  return h
+end
+-- The window's oldest record by (ts, task_id bytes): its bucket and {task, ts}; nil when the window is empty.
+local function oldestRecord()
+  local best, bestB = nil, nil
+  for b = 0, WINDOW_BUCKETS - 1 do
+    local h = headOf(b)
+    if h and (best == nil or before(h, best)) then best, bestB = h, b end
+  end
+  return bestB, best
+end
+local function windowRemove(b, task)
+  redis.call('ZREM', KEYS[5] .. ':' .. b, task)
+  windowSize = windowSize - 1
+  local h = heads[b]
+  if h and h.task == task then heads[b] = nil end
+end
+local function windowAdd(b, task, ts)
+  redis.call('ZADD', KEYS[5] .. ':' .. b, ts, task)
+  windowSize = windowSize + 1
+  local h, new = heads[b], {task = task, ts = ts}
+  if h == false or (h and before(new, h)) then heads[b] = new end
+end
 
 local function evictOldest()
-  local oldest = redis.call('ZPOPMIN', KEYS[5])
-  windowSize = windowSize - 1
-  local task = oldest[1]
+  local b, oldest = oldestRecord()
+  local task = oldest.task
+  windowRemove(b, task)
   dropStart(task)
-  local packed = redis.call('HGET', KEYS[6], task)
-  redis.call('HDEL', KEYS[6], task)
+  local recordsKey = KEYS[6] .. ':' .. b
+  local packed = redis.call('HGET', recordsKey, task)
+  redis.call('HDEL', recordsKey, task)
   if packed then
     local tools, costs = unpackRecord(packed)
     count(tools, costs, -1)
@@ -416,21 +465,21 @@ local function complete(task, ts, openKey, part)
   local tools, costs, costStr = {}, {}, {}
   for k, ev in ipairs(list) do tools[k] = encodeTool(ev.tool); costs[k] = ev.cost; costStr[k] = int(ev.cost) end
   -- A task id seen again after it was forgotten replaces its older record (see core/state.ts).
-  if redis.call('ZSCORE', KEYS[5], task) then
-    local prev = redis.call('HGET', KEYS[6], task)
-    redis.call('ZREM', KEYS[5], task)
-    windowSize = windowSize - 1
-    redis.call('HDEL', KEYS[6], task)
+  local wb = windowBucketOf(task)
+  local recordsKey = KEYS[6] .. ':' .. wb
+  if redis.call('ZSCORE', KEYS[5] .. ':' .. wb, task) then
+    local prev = redis.call('HGET', recordsKey, task)
+    windowRemove(wb, task)
+    redis.call('HDEL', recordsKey, task)
     if prev then
       local ptools, pcosts = unpackRecord(prev)
       count(ptools, pcosts, -1)
     end
   end
-  redis.call('ZADD', KEYS[5], ts, task)
-  windowSize = windowSize + 1
+  windowAdd(wb, task, ts)
   local rec = table.concat(tools, '') .. RS .. table.concat(costStr, ',')
   if msg then rec = rec .. RS .. split(msg, US)[3] end
-  redis.call('HSET', KEYS[6], task, rec)
+  redis.call('HSET', recordsKey, task, rec)
   count(tools, costs, 1)
   completed = completed + 1
   changed = 1
@@ -448,16 +497,16 @@ end
 local function expire()
   if windowMs > 0 then
     while true do
-      local oldest = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
-      if #oldest == 0 or tonumber(oldest[2]) > maxTs - windowMs then break end
+      local _, oldest = oldestRecord()
+      if oldest == nil or oldest.ts > maxTs - windowMs then break end
       evictOldest()
       changed = 1
     end
   end
 end
 
--- The newest ts an open task of each partition may have and still not be due: a sweep is needed only when the
--- partition's clock moved (a task's last ts only grows, and a task cannot open already due).
+-- Each partition's clock at its last sweep in this call: a sweep is needed only when the clock moved (a
+-- task's last ts only grows, and a task cannot open already due).
 local swept = {}
 local n = tonumber(ARGV[4])
 for k = 0, n - 1 do

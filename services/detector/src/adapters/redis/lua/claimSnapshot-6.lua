@@ -9,11 +9,12 @@
   KEYS[3] published  hash    dedupe_key -> candidate JSON as last published
   KEYS[4] support    base name of the support buckets (as in snapshot-3.lua)
   KEYS[5] tools      string  the scope's tool dictionary (as in snapshot-3.lua)
-  KEYS[6] records    hash    task_id -> packed record (see apply-11.lua)
+  KEYS[6] records    base name of the window's record hashes (as in snapshot-3.lua)
   ARGV[1] token
   ARGV[2] lock TTL ms
   ARGV[3] minOcc  support threshold
   ARGV[4] "1" to return the window's records as well (request terms), else "0"
+  ARGV[5] the number of window buckets (WINDOW_BUCKETS in apply-11.lua)
 
   Returns {1, P, k1, v1, ..., kP, vP, tools, n, gram1, support1, exact1, cost1, ..., gramN, ..., record1, ...}: the
   lock taken, the P published pairs, then the snapshot exactly as snapshot-3.lua returns it after its status;
@@ -50,6 +51,8 @@ out[#out + 1] = redis.call('GET', KEYS[5]) or ''
 out[#out + 1] = #grams / 4
 for i = 1, #grams do out[#out + 1] = grams[i] end
 if ARGV[4] == '1' then
-  for _, rec in ipairs(redis.call('HVALS', KEYS[6])) do out[#out + 1] = rec end
+  for b = 0, tonumber(ARGV[5]) - 1 do
+    for _, rec in ipairs(redis.call('HVALS', KEYS[6] .. ':' .. b)) do out[#out + 1] = rec end
+  end
 end
 return out
