@@ -234,14 +234,11 @@ export class RedisDetectorStore {
    * read first and last in the same pipeline: a loss before or during the batch is seen by this very call.
    */
   async applyBatch(ops: readonly DetectorOp[], opts: ApplyOptions = {}): Promise<BatchOutcome> {
-    const byScope = new Map<
-      string,
-      { scope: Scope; argv: (string | number)[]; n: number; parts: Set<number> }
-    >();
+    const byScope = new Map<string, { scope: Scope; fields: (string | number)[]; parts: Set<number> }>();
     const group = (scope: Scope) => {
       const id = scopeId(scope);
       let g = byScope.get(id);
-      if (!g) byScope.set(id, (g = { scope, argv: [], n: 0, parts: new Set() }));
+      if (!g) byScope.set(id, (g = { scope, fields: [], parts: new Set() }));
       return g;
     };
     for (const s of opts.touch ?? []) group(s);
@@ -250,12 +247,11 @@ export class RedisDetectorStore {
       const part = op.partition ?? 0;
       const off = op.offset ?? '';
       if (op.kind === 'call')
-        g.argv.push('c', op.task, op.eventId, op.ts, op.step, op.tool, op.cost, part, off);
+        g.fields.push('c', op.task, op.eventId, op.ts, op.step, op.tool, op.cost, part, off);
       else if (op.kind === 'msg')
-        g.argv.push('m', op.task, op.eventId, op.ts, 0, op.terms.join(','), 0, part, off);
-      else g.argv.push('d', op.task, op.eventId, op.ts, 0, '', 0, part, off);
+        g.fields.push('m', op.task, op.eventId, op.ts, 0, op.terms.join(','), 0, part, off);
+      else g.fields.push('d', op.task, op.eventId, op.ts, 0, '', 0, part, off);
       g.parts.add(part);
-      g.n++;
     }
     const { changed: _c, ...zero } = emptyResult();
     const out: BatchOutcome = { ...zero, changed: [], lost: false };
@@ -292,7 +288,8 @@ export class RedisDetectorStore {
           k.starts,
           k.tools,
         ],
-        [this.cfg, epoch ?? '', opts.mode ?? 'n', g.n, ...g.argv],
+        // Every field followed by \x1f (none holds a control character): one argument for all the ops.
+        [this.cfg, epoch ?? '', opts.mode ?? 'n', g.fields.length ? g.fields.join('\u001f') + '\u001f' : ''],
       );
     }
     if (epoch !== undefined) pipe.get(this.global.epoch);

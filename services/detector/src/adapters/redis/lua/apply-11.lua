@@ -52,9 +52,10 @@
   ARGV[3] mode: "n" normal: state of another epoch is refused ({-4}), nothing written;
                 "r" rebuild: state of another epoch (written into an emptied Redis before the loss was seen)
                 is deleted, then the scope is rebuilt under ARGV[2]
-  ARGV[4] op count N, then N ops of 9 fields each:
-          kind ("c" tool call | "d" task completed | "m" user message), task_id, event_id, ts ms, step,
-          tool (for "m": the message's terms joined by ","), cost units, source partition, source offset
+  ARGV[4] the ops, packed in one argument (one string for Redis to read instead of 9 per op): 9 fields per op,
+          each followed by "\31" (no field holds a control character: ids and tool names may not, terms are
+          letters): kind ("c" tool call | "d" task completed | "m" user message), task_id, event_id, ts ms,
+          step, tool (for "m": the message's terms joined by ","), cost units, source partition, source offset
           ("" when unknown: offline, tests)
 
   Reads and writes of the counts, open tasks' events and done buckets go through per-call caches: each key or
@@ -508,12 +509,13 @@ end
 -- Each partition's clock at its last sweep in this call: a sweep is needed only when the clock moved (a
 -- task's last ts only grows, and a task cannot open already due).
 local swept = {}
-local n = tonumber(ARGV[4])
-for k = 0, n - 1 do
-  local b = 5 + k * 9
-  local kind, task, eid, ts = ARGV[b], ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3])
-  local part = ARGV[b + 7]
-  local off = tonumber(ARGV[b + 8])
+local F = {}
+for f in string.gmatch(ARGV[4], '([^' .. US .. ']*)' .. US) do F[#F + 1] = f end
+for k = 0, #F / 9 - 1 do
+  local b = 1 + k * 9
+  local kind, task, eid, ts = F[b], F[b + 1], F[b + 2], tonumber(F[b + 3])
+  local part = F[b + 7]
+  local off = tonumber(F[b + 8])
   scopeParts[part] = true
   local openKey = KEYS[2] .. ':' .. part
   if ts > maxTs then maxTs = ts end
@@ -545,7 +547,7 @@ for k = 0, n - 1 do
       local cts = tonumber(f[1])
       take = ts < cts or (ts == cts and bytesLess(eid, f[2]))
     end
-    if take then redis.call('HSET', KEYS[9], task, int(ts) .. US .. eid .. US .. ARGV[b + 5]) end
+    if take then redis.call('HSET', KEYS[9], task, int(ts) .. US .. eid .. US .. F[b + 5]) end
     if not last then markStart(task, part, off) end
     if ts > tonumber(last or '-1') then redis.call('ZADD', openKey, ts, task) end
     applied = applied + 1
@@ -558,7 +560,7 @@ for k = 0, n - 1 do
       ignored = ignored + 1
       overLimit = overLimit + 1
     else
-      evs[task] = packed .. RS .. eid .. US .. ARGV[b + 4] .. US .. ARGV[b + 5] .. US .. ARGV[b + 6]
+      evs[task] = packed .. RS .. eid .. US .. F[b + 4] .. US .. F[b + 5] .. US .. F[b + 6]
       evN[task] = evN[task] + 1
       evDirty[task] = true
       applied = applied + 1
