@@ -223,25 +223,37 @@ local function supportKeyOf(gram)
   return KEYS[7] .. ':' .. (h % SUPPORT_BUCKETS)
 end
 
+-- A support bucket is read whole (HGETALL) the first time one of its grams is needed: the buckets are small
+-- (listpack-sized), and a call touches most of them, so this is a few reads per call instead of one per record
+-- and bucket.
+local supLoaded = {}
 local function loadSupport(grams)
-  local want = {}
   for _, g in ipairs(grams) do
     if not supSeen[g] then
-      supSeen[g] = true
       local key = supportKeyOf(g)
-      want[key] = want[key] or {}
-      local w = want[key]
-      w[#w + 1] = g
-    end
-  end
-  for key, gs in pairs(want) do
-    for i = 1, #gs, 256 do
-      local part = {}
-      for j = i, math.min(#gs, i + 255) do part[#part + 1] = gs[j] end
-      local vals = redis.call('HMGET', key, unpack(part))
-      for j, g in ipairs(part) do
-        local f = split(vals[j] or '0,0', ',')
-        supS[g], supC[g], supX[g] = tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or '0')
+      if not supLoaded[key] then
+        supLoaded[key] = true
+        local all = redis.call('HGETALL', key)
+        for i = 1, #all, 2 do
+          local f, v = all[i], all[i + 1]
+          if not supSeen[f] then
+            supSeen[f] = true
+            local c1 = string.find(v, ',', 1, true)
+            local c2 = string.find(v, ',', c1 + 1, true)
+            supS[f] = tonumber(string.sub(v, 1, c1 - 1))
+            if c2 then
+              supC[f] = tonumber(string.sub(v, c1 + 1, c2 - 1))
+              supX[f] = tonumber(string.sub(v, c2 + 1))
+            else
+              supC[f] = tonumber(string.sub(v, c1 + 1))
+              supX[f] = 0
+            end
+          end
+        end
+      end
+      if not supSeen[g] then
+        supSeen[g] = true
+        supS[g], supC[g], supX[g] = 0, 0, 0
       end
     end
   end
