@@ -45,8 +45,10 @@ export function stateFingerprint(p: DetectorParams): string {
     p.doneRetentionMs,
     p.maxTaskEvents,
     // State layout version: v2 keeps open and completed tasks per partition (per-partition stream time);
-    // v3 adds each task's start offset (what a rebuild after a Redis loss replays from) and the epoch.
-    'v3',
+    // v3 adds each task's start offset (what a rebuild after a Redis loss replays from) and the epoch;
+    // v4 packs remembered task ids into strings, codes tool names, buckets the support counts (apply-11.lua).
+    // Older layouts are rebuilt from Kafka.
+    'v4',
   ].join('|');
 }
 

@@ -17,11 +17,11 @@ const sortRecords = (xs: { tools: string[]; terms: string[] | null }[]) =>
   xs.map((x) => JSON.stringify(x)).sort();
 
 /**
- * The Lua twin (apply-10.lua, snapshot-3.lua) against core/state.ts on real Redis (issue 11 item 5):
+ * The Lua twin (apply-11.lua, snapshot-3.lua) against core/state.ts on real Redis (issue 11 item 5):
  * random operation streams over several partitions and scopes, in random chunk sizes, give equal counters
  * after every chunk and equal counts, windows and candidates at the end.
  */
-describe('apply-10.lua = core/state.ts', () => {
+describe('apply-11.lua = core/state.ts', () => {
   it('random streams in random chunks give equal counters, snapshots and candidates', async () => {
     let chunks = 0;
     await fc.assert(
@@ -99,4 +99,198 @@ describe('apply-10.lua = core/state.ts', () => {
     if (process.env.PAVER_TEST_FIGURES)
       console.log('lua twin figures', JSON.stringify({ runs: 120, chunks }));
   }, 300_000);
+
+  it('a remembered id is forgotten after the retention, and its id then makes a new record', async () => {
+    const params: DetectorParams = {
+      ...DEFAULT_PARAMS,
+      minLength: 2,
+      minOccurrences: 1,
+      lookback: 50,
+      taskIdleMs: 50,
+      doneRetentionMs: 100,
+    };
+    const scope = { tenant: 'acme', agent: 'forget' };
+    const ev = (task: string, ts: number, i: number, type = 'tool_call') =>
+      toOp(
+        {
+          type,
+          tenant_id: scope.tenant,
+          agent_id: scope.agent,
+          session_id: task,
+          task_id: task,
+          event_id: `${task}-${ts}-${type}`,
+          ts,
+          step: i,
+          tool: `tool${i % 3}`,
+        } as never,
+        true,
+        0,
+        String(ts),
+      )!;
+    const task = (id: string, ts: number) => [
+      ev(id, ts, 0),
+      ev(id, ts + 1, 1),
+      ev(id, ts + 2, 2, 'task_completed'),
+    ];
+    const ops: DetectorOp[] = [
+      ...task('t1', 0),
+      ev('t1', 1, 1), // a redelivery: duplicate
+      ev('t1', 5, 1), // after its completion: late
+      // Enough tasks that the remembered ids' buckets are appended to (and trimmed) while the clock passes.
+      ...Array.from({ length: 40 }, (_, i) => task(`u${i}`, 10 + i * 10)).flat(),
+      ...task('t1', 420), // forgotten: a new record for t1 replaces the first
+      ev('t1', 421, 1), // remembered again: duplicate
+    ];
+    const state = new DetectorState(params);
+    const prefix = unique('twin-forget');
+    const store = new RedisDetectorStore(redis, params, prefix);
+    for (const op of ops) {
+      const mem = state.apply(op);
+      const { changed: luaChanged, lost: _l, ...lua } = await store.applyBatch([op]);
+      const { changed, ...memCounts } = mem;
+      expect(lua).toEqual(memCounts);
+      expect(luaChanged.length > 0).toBe(changed);
+    }
+    const snap = await store.snapshot(scope);
+    expect(sortStats(snap.stats)).toEqual(sortStats(state.frequentStats(scope)));
+    expect(sortRecords(snap.records)).toEqual(sortRecords(state.windowRecords(scope)));
+    expect(state.windowTasks(scope).filter((t) => t === 't1')).toHaveLength(1);
+  });
+
+  it('over days of event time, remembered ids expire, come back and keep their exact times', async () => {
+    const hour = 3_600_000;
+    const params: DetectorParams = {
+      ...DEFAULT_PARAMS,
+      minLength: 2,
+      minOccurrences: 1,
+      lookback: 30,
+      taskIdleMs: hour / 2,
+      doneRetentionMs: 30 * hour,
+    };
+    const scope = { tenant: 'acme', agent: 'days' };
+    const call = (task: string, ts: number, step: number): DetectorOp => ({
+      kind: 'call',
+      scope,
+      task,
+      eventId: `${task}-${ts}-${step}`,
+      ts,
+      step,
+      tool: `tool${step % 3}`,
+      cost: 10_000,
+      partition: 0,
+    });
+    const done = (task: string, ts: number): DetectorOp => ({
+      kind: 'done',
+      scope,
+      task,
+      eventId: `${task}-${ts}-done`,
+      ts,
+      partition: 0,
+    });
+    const ops: DetectorOp[] = [];
+    for (let i = 0; i < 90; i++) {
+      const ts = i * 2 * hour + (i % 7) * 1_000;
+      ops.push(call(`u${i}`, ts, 0), call(`u${i}`, ts + 1, 1), done(`u${i}`, ts + 2));
+      // Remembered (12 hours old): late. Forgotten (40 hours old): opens its task again.
+      if (i >= 6) ops.push(call(`u${i - 6}`, ts + 3, 2));
+      if (i >= 20) ops.push(call(`u${i - 20}`, ts + 4, 2), done(`u${i - 20}`, ts + 5));
+    }
+    const state = new DetectorState(params);
+    const store = new RedisDetectorStore(redis, params, unique('twin-days'));
+    for (const op of ops) {
+      const { changed, ...mem } = state.apply(op);
+      const { changed: luaChanged, lost: _l, ...lua } = await store.applyBatch([op]);
+      expect(lua).toEqual(mem);
+      expect(luaChanged.length > 0).toBe(changed);
+    }
+    const snap = await store.snapshot(scope);
+    expect(sortStats(snap.stats)).toEqual(sortStats(state.frequentStats(scope)));
+    expect(sortRecords(snap.records)).toEqual(sortRecords(state.windowRecords(scope)));
+  });
+
+  it('a window over several buckets keeps the (ts, task_id) order, ties included, by count and by time', async () => {
+    const scope = { tenant: 'acme', agent: 'buckets' };
+    for (const windowMs of [null, 900]) {
+      const params: DetectorParams = {
+        ...DEFAULT_PARAMS,
+        minLength: 2,
+        minOccurrences: 2,
+        lookback: 250,
+        windowMs,
+      };
+      const ops: DetectorOp[] = [];
+      // 600 tasks completing in groups of 4 at the same ts (ties broken by task_id bytes across buckets).
+      for (let t = 0; t < 600; t++) {
+        const task = `task-${(t * 7919) % 600}`;
+        const ts = Math.floor(t / 4) * 10;
+        for (let i = 0; i < 3; i++)
+          ops.push({
+            kind: 'call',
+            scope,
+            task,
+            eventId: `${task}-${i}`,
+            ts,
+            step: i,
+            tool: `tool${(t + i) % 5}`,
+            cost: 10_000 * (i + 1),
+            partition: 0,
+          });
+        ops.push({ kind: 'done', scope, task, eventId: `${task}-done`, ts, partition: 0 });
+      }
+      const state = new DetectorState(params);
+      const store = new RedisDetectorStore(redis, params, unique('twin-buckets'));
+      const r = rng(7);
+      for (let i = 0; i < ops.length;) {
+        const chunk = ops.slice(i, i + 1 + Math.floor(r() * 40));
+        i += chunk.length;
+        const { changed, ...mem } = state.applyAll(chunk);
+        const { changed: luaChanged, lost: _l, ...lua } = await store.applyBatch(chunk);
+        expect(lua).toEqual(mem);
+        expect(luaChanged.length > 0).toBe(changed);
+      }
+      const snap = await store.snapshot(scope);
+      expect(snap.records).toHaveLength(state.windowTasks(scope).length);
+      expect(sortStats(snap.stats)).toEqual(sortStats(state.frequentStats(scope)));
+      expect(sortRecords(snap.records)).toEqual(sortRecords(state.windowRecords(scope)));
+    }
+  });
+
+  it('tools past the one-byte codes (63 per scope) are counted and read back by name', async () => {
+    const params: DetectorParams = { ...DEFAULT_PARAMS, minLength: 2, minOccurrences: 2, lookback: 400 };
+    const scope = { tenant: 'acme', agent: 'many-tools' };
+    const ops: DetectorOp[] = [];
+    // 2,200 tool names: one-, two- and three-byte codes; each pair of neighbours repeats in two tasks.
+    for (let t = 0; t < 220; t++)
+      for (const copy of [0, 1]) {
+        const task = `t${t}-${copy}`;
+        for (let i = 0; i < 11; i++)
+          ops.push({
+            kind: 'call',
+            scope,
+            task,
+            eventId: `${task}-${i}`,
+            ts: t * 100 + copy * 50 + i,
+            step: i,
+            tool: `tool-${t * 10 + i}`,
+            cost: 10_000,
+            partition: 0,
+          });
+        ops.push({
+          kind: 'done',
+          scope,
+          task,
+          eventId: `${task}-done`,
+          ts: t * 100 + copy * 50 + 20,
+          partition: 0,
+        });
+      }
+    const state = new DetectorState(params);
+    state.applyAll(ops);
+    const store = new RedisDetectorStore(redis, params, unique('twin-tools'));
+    await store.applyBatch(ops);
+    const snap = await store.snapshot(scope);
+    expect(snap.stats.length).toBeGreaterThan(2000);
+    expect(sortStats(snap.stats)).toEqual(sortStats(state.frequentStats(scope)));
+    expect(sortRecords(snap.records)).toEqual(sortRecords(state.windowRecords(scope)));
+  });
 });

@@ -2,7 +2,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { testRedis, unique } from '../../../../test/helpers/kafka.js';
 import { detectorGlobalKeys, detectorKeys, RedisDetectorStore } from '../../src/adapters/redis/store.js';
 import type { DetectorOp } from '../../src/core/ops.js';
-import { DEFAULT_PARAMS } from '../../src/core/params.js';
+import { DEFAULT_PARAMS, stateFingerprint } from '../../src/core/params.js';
 
 const redis = testRedis();
 afterAll(() => redis.disconnect());
@@ -78,5 +78,35 @@ describe('detector store: epochs and checkpoints', () => {
     expect(await store.checkpoint(0, 12n)).toBe(6n);
     await apply([call('d', 0, 107, 12), done('d', 108, 13)]);
     expect(await store.checkpoint(0, 14n)).toBe(10n);
+  });
+
+  it('state of an older layout with the same parameters is lost, not misread: refused, then cleared by a rebuild', async () => {
+    const prefix = unique('det-layout');
+    const params = { ...DEFAULT_PARAMS, lookback: 2 };
+    const store = new RedisDetectorStore(redis, params, prefix);
+    await redis.set(detectorGlobalKeys(prefix).epoch, 'E');
+    const k = detectorKeys(prefix, scope);
+    // What a v3 detector left: the same parameters under layout v3, and task ids in sorted-set buckets.
+    const v3 = stateFingerprint(params).replace(/\|[^|]*$/, '|v3');
+    await redis.hset(k.meta, 'cfg', v3, 'epoch', 'E', 'maxTs', '1000', 'clock:0', '1000');
+    await redis.zadd(`${k.done}:0:127`, 1000, 'old-task');
+    await redis.hset(k.support, 'tool0\u001ftool1', '1,10000');
+    // Normal mode: refused as another epoch's state (the service then rebuilds the partition), nothing written.
+    expect((await store.applyBatch([call('t1', 0, 1001, 0)], { epoch: 'E' })).lost).toBe(true);
+    expect(await redis.hget(k.meta, 'cfg')).toBe(v3);
+    // Rebuild mode clears every key of the old layout, then applies under the current one.
+    const r = await store.applyBatch([call('t1', 0, 1001, 0), done('t1', 1002, 1)], {
+      epoch: 'E',
+      mode: 'r',
+    });
+    expect(r).toMatchObject({ lost: false, applied: 2, completed: 1 });
+    expect(await redis.hget(k.meta, 'cfg')).toBe(stateFingerprint(params));
+    expect(await redis.exists(`${k.done}:0:127`)).toBe(0);
+    expect(await redis.hexists(k.support, 'tool0\u001ftool1')).toBe(0);
+    // Parameters that differ are still refused outright (exit 1), never cleared.
+    const other = new RedisDetectorStore(redis, { ...params, lookback: 3 }, prefix);
+    await expect(other.applyBatch([call('t2', 0, 1003, 2)], { epoch: 'E', mode: 'r' })).rejects.toThrow(
+      /other parameters/,
+    );
   });
 });

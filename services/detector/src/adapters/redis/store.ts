@@ -12,13 +12,20 @@ import { classifyError, errorMessage, PaverError } from '../../../../../shared/e
 import type { DetectorOp, Scope } from '../../core/ops.js';
 import { scopeId } from '../../core/ops.js';
 import { stateFingerprint, type DetectorParams } from '../../core/params.js';
+import { SEP } from '../../core/grams.js';
 import type { GramStat } from '../../core/select.js';
 import { emptyResult, type ApplyResult, type TermRecord } from '../../core/state.js';
 
 export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
 /** Script name → key count: the file each name must load (a stale build may still hold older versions). */
-export const SCRIPT_KEYS = { apply: 10, snapshot: 3, claimSnapshot: 6, release: 3 } as const;
+export const SCRIPT_KEYS = { apply: 11, snapshot: 3, claimSnapshot: 6, release: 3 } as const;
 export const SCRIPTS = Object.keys(SCRIPT_KEYS) as (keyof typeof SCRIPT_KEYS)[];
+
+/**
+ * How many zsets and hashes the window and its records are split over (apply-11.lua's WINDOW_BUCKETS): one per
+ * 100 records of lookback, so each stays in Redis's compact listpack encoding under its default limits.
+ */
+export const windowBuckets = (lookback: number): number => Math.max(1, Math.ceil(lookback / 100));
 
 /** One pure key builder for the detector's keyspace: `<prefix>:det:{tenant|agent}:<name>`. */
 export function detectorKeys(prefix: string, s: Scope) {
@@ -35,6 +42,7 @@ export function detectorKeys(prefix: string, s: Scope) {
     exact: k('exact'),
     msgs: k('msgs'),
     starts: k('starts'),
+    tools: k('tools'),
     lock: k('lock'),
     dirty: k('dirty'),
     published: k('published'),
@@ -97,7 +105,7 @@ export interface BatchOutcome extends Omit<ApplyResult, 'changed'> {
 export interface ApplyOptions {
   /** The epoch the caller verified; the marker is read before and after the scripts in the same round trip. */
   epoch?: string;
-  /** "r" while rebuilding: a scope written under another epoch is deleted first (see apply-10.lua). */
+  /** "r" while rebuilding: a scope written under another epoch is deleted first (see apply-11.lua). */
   mode?: 'n' | 'r';
   /** Scopes to bring under `epoch` even with no op (rebuild mode: clears what a lost batch wrote). */
   touch?: Scope[];
@@ -119,11 +127,54 @@ export function pipelineError(script: string, err: unknown): PaverError {
   return new PaverError('REDIS_SCRIPT_FAILED', `${script}: ${errorMessage(err)}`, { cause: err });
 }
 
-/** A window record as apply-10.lua packs it: tools, costs and, when the task had a user message, its terms. */
-export function unpackRecord(packed: string): TermRecord {
+/**
+ * The code of the scope's i-th tool (from 0), as apply-11.lua's codeOf gives it: printable ASCII whose last
+ * byte, and only that one, is >= "@" (63 one-byte codes, then 63 × 32 two-byte codes, and so on).
+ */
+export function toolCode(i: number): string {
+  let cap = 63;
+  let len = 1;
+  while (i >= cap) {
+    i -= cap;
+    cap *= 32;
+    len++;
+  }
+  let s = String.fromCharCode(64 + (i % 63));
+  i = Math.floor(i / 63);
+  for (let d = 1; d < len; d++) {
+    s = String.fromCharCode(32 + (i % 32)) + s;
+    i = Math.floor(i / 32);
+  }
+  return s;
+}
+
+/** Decodes concatenated tool codes with a scope's dictionary (names joined by "\x1f", in code order). */
+export function toolDecoder(dictionary: string): (codes: string) => string[] {
+  const byCode = new Map<string, string>();
+  if (dictionary !== '') dictionary.split('\u001f').forEach((name, i) => byCode.set(toolCode(i), name));
+  return (codes) => {
+    const out: string[] = [];
+    let from = 0;
+    for (let i = 0; i < codes.length; i++) {
+      if (codes.charCodeAt(i) < 64) continue;
+      const name = byCode.get(codes.slice(from, i + 1));
+      if (name === undefined)
+        throw new PaverError('INTERNAL', 'detector record holds a tool code missing from its dictionary');
+      out.push(name);
+      from = i + 1;
+    }
+    return out;
+  };
+}
+
+/**
+ * A window record as apply-11.lua packs it: its tools' codes, costs and, when the task had a user message,
+ * its terms.
+ */
+export function unpackRecord(packed: string, decode: (codes: string) => string[]): TermRecord {
   const [tools = '', , terms] = packed.split('\u001e');
   return {
-    tools: tools === '' ? [] : tools.split('\u001f'),
+    tools: decode(tools),
     terms: terms === undefined ? null : terms === '' ? [] : terms.split(','),
   };
 }
@@ -133,20 +184,26 @@ export interface Snapshot {
   records: TermRecord[];
 }
 
-/** A snapshot as snapshot-3.lua (and claimSnapshot-6.lua after its published map) returns it, from `at`. */
+/**
+ * A snapshot as snapshot-3.lua (and claimSnapshot-6.lua after its published map) returns it, from `at`: the
+ * tool dictionary, then grams and records in tool codes, decoded here (not in Redis, which serves every
+ * instance).
+ */
 function parseSnapshot(reply: (string | number)[], at: number): Snapshot {
+  const decode = toolDecoder(String(reply[at]));
+  at++;
   const n = Number(reply[at]);
   const stats: GramStat[] = [];
   for (let i = 0; i < n; i++) {
     const j = at + 1 + i * 4;
     stats.push({
-      key: String(reply[j]),
+      key: decode(String(reply[j])).join(SEP),
       support: Number(reply[j + 1]),
       exact: Number(reply[j + 2]),
       cost: Number(reply[j + 3]),
     });
   }
-  const records = reply.slice(at + 1 + n * 4).map((packed) => unpackRecord(String(packed)));
+  const records = reply.slice(at + 1 + n * 4).map((packed) => unpackRecord(String(packed), decode));
   return { stats, records };
 }
 
@@ -177,14 +234,11 @@ export class RedisDetectorStore {
    * read first and last in the same pipeline: a loss before or during the batch is seen by this very call.
    */
   async applyBatch(ops: readonly DetectorOp[], opts: ApplyOptions = {}): Promise<BatchOutcome> {
-    const byScope = new Map<
-      string,
-      { scope: Scope; argv: (string | number)[]; n: number; parts: Set<number> }
-    >();
+    const byScope = new Map<string, { scope: Scope; fields: (string | number)[]; parts: Set<number> }>();
     const group = (scope: Scope) => {
       const id = scopeId(scope);
       let g = byScope.get(id);
-      if (!g) byScope.set(id, (g = { scope, argv: [], n: 0, parts: new Set() }));
+      if (!g) byScope.set(id, (g = { scope, fields: [], parts: new Set() }));
       return g;
     };
     for (const s of opts.touch ?? []) group(s);
@@ -193,12 +247,11 @@ export class RedisDetectorStore {
       const part = op.partition ?? 0;
       const off = op.offset ?? '';
       if (op.kind === 'call')
-        g.argv.push('c', op.task, op.eventId, op.ts, op.step, op.tool, op.cost, part, off);
+        g.fields.push('c', op.task, op.eventId, op.ts, op.step, op.tool, op.cost, part, off);
       else if (op.kind === 'msg')
-        g.argv.push('m', op.task, op.eventId, op.ts, 0, op.terms.join(','), 0, part, off);
-      else g.argv.push('d', op.task, op.eventId, op.ts, 0, '', 0, part, off);
+        g.fields.push('m', op.task, op.eventId, op.ts, 0, op.terms.join(','), 0, part, off);
+      else g.fields.push('d', op.task, op.eventId, op.ts, 0, '', 0, part, off);
       g.parts.add(part);
-      g.n++;
     }
     const { changed: _c, ...zero } = emptyResult();
     const out: BatchOutcome = { ...zero, changed: [], lost: false };
@@ -222,8 +275,21 @@ export class RedisDetectorStore {
       invokeScript(
         pipe,
         'apply',
-        [k.meta, k.open, k.events, k.done, k.window, k.records, k.support, k.exact, k.msgs, k.starts],
-        [this.cfg, epoch ?? '', opts.mode ?? 'n', g.n, ...g.argv],
+        [
+          k.meta,
+          k.open,
+          k.events,
+          k.done,
+          k.window,
+          k.records,
+          k.support,
+          k.exact,
+          k.msgs,
+          k.starts,
+          k.tools,
+        ],
+        // Every field followed by \x1f (none holds a control character): one argument for all the ops.
+        [this.cfg, epoch ?? '', opts.mode ?? 'n', g.fields.length ? g.fields.join('\u001f') + '\u001f' : ''],
       );
     }
     if (epoch !== undefined) pipe.get(this.global.epoch);
@@ -328,8 +394,12 @@ export class RedisDetectorStore {
       await invokeScript(
         this.redis,
         'snapshot',
-        [k.support, k.exact, k.records],
-        [this.params.minOccurrences, this.params.requestTerms ? '1' : '0'],
+        [k.support, k.tools, k.records],
+        [
+          this.params.minOccurrences,
+          this.params.requestTerms ? '1' : '0',
+          windowBuckets(this.params.lookback),
+        ],
       ),
       flatReply,
     );
@@ -352,8 +422,14 @@ export class RedisDetectorStore {
       await invokeScript(
         this.redis,
         'claimSnapshot',
-        [k.lock, k.dirty, k.published, k.support, k.exact, k.records],
-        [token, ttlMs, this.params.minOccurrences, this.params.requestTerms ? '1' : '0'],
+        [k.lock, k.dirty, k.published, k.support, k.tools, k.records],
+        [
+          token,
+          ttlMs,
+          this.params.minOccurrences,
+          this.params.requestTerms ? '1' : '0',
+          windowBuckets(this.params.lookback),
+        ],
       ),
       flatReply,
     );

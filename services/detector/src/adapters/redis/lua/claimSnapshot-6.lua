@@ -7,15 +7,16 @@
   KEYS[1] lock       string  holder token, with a TTL
   KEYS[2] dirty      string  set when someone could not take the lock: the holder must publish again
   KEYS[3] published  hash    dedupe_key -> candidate JSON as last published
-  KEYS[4] support    hash    gram -> "<support>,<cost sum>"   (as in snapshot-3.lua)
-  KEYS[5] exact      hash    gram -> exact count
-  KEYS[6] records    hash    task_id -> packed record (see apply-10.lua)
+  KEYS[4] support    base name of the support buckets (as in snapshot-3.lua)
+  KEYS[5] tools      string  the scope's tool dictionary (as in snapshot-3.lua)
+  KEYS[6] records    base name of the window's record hashes (as in snapshot-3.lua)
   ARGV[1] token
   ARGV[2] lock TTL ms
   ARGV[3] minOcc  support threshold
   ARGV[4] "1" to return the window's records as well (request terms), else "0"
+  ARGV[5] the number of window buckets (WINDOW_BUCKETS in apply-11.lua)
 
-  Returns {1, P, k1, v1, ..., kP, vP, n, gram1, support1, exact1, cost1, ..., gramN, ..., record1, ...}: the
+  Returns {1, P, k1, v1, ..., kP, vP, tools, n, gram1, support1, exact1, cost1, ..., gramN, ..., record1, ...}: the
   lock taken, the P published pairs, then the snapshot exactly as snapshot-3.lua returns it after its status;
   or {0} (held elsewhere; marked dirty).
 ]]
@@ -31,22 +32,27 @@ out[2] = #all / 2
 
 local minOcc = tonumber(ARGV[3])
 local grams = {}
-local support = redis.call('HGETALL', KEYS[4])
-for i = 1, #support, 2 do
-  local v = support[i + 1]
-  local comma = string.find(v, ',', 1, true)
-  local s = tonumber(string.sub(v, 1, comma - 1))
-  if s >= minOcc then
-    local key = support[i]
-    grams[#grams + 1] = key
-    grams[#grams + 1] = s
-    grams[#grams + 1] = tonumber(redis.call('HGET', KEYS[5], key) or '0')
-    grams[#grams + 1] = string.sub(v, comma + 1)
+for b = 0, 15 do
+  local all = redis.call('HGETALL', KEYS[4] .. ':' .. b)
+  for i = 1, #all, 2 do
+    local v = all[i + 1]
+    local c1 = string.find(v, ',', 1, true)
+    local s = tonumber(string.sub(v, 1, c1 - 1))
+    if s >= minOcc then
+      local c2 = string.find(v, ',', c1 + 1, true)
+      grams[#grams + 1] = all[i]
+      grams[#grams + 1] = s
+      grams[#grams + 1] = c2 and tonumber(string.sub(v, c2 + 1)) or 0
+      grams[#grams + 1] = c2 and string.sub(v, c1 + 1, c2 - 1) or string.sub(v, c1 + 1)
+    end
   end
 end
+out[#out + 1] = redis.call('GET', KEYS[5]) or ''
 out[#out + 1] = #grams / 4
 for i = 1, #grams do out[#out + 1] = grams[i] end
 if ARGV[4] == '1' then
-  for _, rec in ipairs(redis.call('HVALS', KEYS[6])) do out[#out + 1] = rec end
+  for b = 0, tonumber(ARGV[5]) - 1 do
+    for _, rec in ipairs(redis.call('HVALS', KEYS[6] .. ':' .. b)) do out[#out + 1] = rec end
+  end
 end
 return out

@@ -1,0 +1,622 @@
+--[[
+  apply: one batch of detector events for ONE scope (all keys share the scope's hash tag).
+  Mirrors services/detector/src/core/state.ts event for event (test/integration/lua-twin.int.test.ts holds
+  the two equal on random operation streams).
+
+  KEYS[1] meta     hash  cfg (parameter fingerprint), maxTs (newest ts in the scope), clock:<p> (newest ts
+                         seen on partition p: its stream time)
+  KEYS[2] open     zset  base name: open tasks of partition p live in KEYS[2]..":"..p, task_id -> last event ts
+  KEYS[3] events   hash  task_id -> packed events of an open task: ("\30" event_id "\31" step "\31" tool "\31" cost)*
+  KEYS[4] done     string base name: KEYS[4]..":"..p..":"..b holds partition p's completed task ids hashed to
+                         bucket b (of DONE_BUCKETS), packed: a base ts, then ("\30" task_id "\31" completion ts
+                         minus the base)* in completion order; numbers in base 94 with digits '!'..'~' (a leading
+                         ' ' for a negative one). Task ids hold no control characters and digits are neither
+                         separator, so "\30" id "\31" finds exactly one entry. An id is remembered
+                         doneRetentionMs of p's clock: an older entry is read as forgotten, and is cut when its
+                         bucket is next appended to (the expired prefix; one behind a younger entry waits for
+                         it). The base is the first entry's ts, moved up when the oldest live entry is 94^4 ms
+                         (about 22 hours) past it, so an entry takes the id's length + 2 + 3 to 5 bytes (about
+                         28 bytes an id in the v3 layout's listpack sorted sets)
+  KEYS[5] window   zset  base name: the window is split over KEYS[5]..":"..b for b < WINDOW_BUCKETS (one per
+                         100 records of lookback, by a hash of the task id, so that each stays in Redis's compact
+                         listpack encoding under its default 128-entry limit): task_id -> completion ts (ms); the
+                         window's order is (ts, task_id bytes) across them
+  KEYS[6] records  hash  base name: KEYS[6]..":"..b holds the records of the task ids in window bucket b:
+                         task_id -> its tools' codes (see KEYS[11]), "\30", costs joined by ",", and when the
+                         task had a user message: "\30", its terms joined by "," (window members only)
+  KEYS[7] support  hash  base name: KEYS[7]..":"..b (of SUPPORT_BUCKETS, by a hash of the gram) holds
+                         gram -> "<support>,<cost>[,<exact>]": records in the window containing it, the sum of
+                         its first-occurrence cost over them (1/10,000 cent), and (when not 0) how many consist
+                         of exactly it. A gram is its tools' codes, concatenated. Small hashes of short fields
+                         stay in Redis's listpack encoding (about 20 bytes a gram, against about 120 in one
+                         hash of tool names joined by "\31" in layout v3)
+  KEYS[8] exact    (layout v3 only: cleared with the scope; v4 keeps exact counts in support)
+  KEYS[9] msgs     hash  task_id -> first user message of an open task: ts "\31" event_id "\31" terms joined by ","
+  KEYS[10] starts  zset  base name: KEYS[10]..":"..p holds, for each open task and window record of partition p,
+                         task_id -> the offset of its first event: the smallest score is where a rebuild of this
+                         scope's state on p must start replaying (see src/adapters/rebuild.ts)
+  KEYS[11] tools   string the scope's tool names joined by "\31", in order of first use: the i-th (from 0) has
+                         code codeOf(i), printable ASCII ending at its only byte >= "@" (so codes concatenate
+                         without separators): one byte for the first 63 tools, two for the next 2,016, and so
+                         on. Append-only: it holds every tool name the scope's records ever used
+  (frequency is support >= minOcc, read by snapshot-3.lua and claimSnapshot-6.lua)
+
+  The per-partition keys are derived from declared ones and share their hash tag, so they live in the
+  scope's slot. A task's events are assumed to arrive on one partition (they do: the topic is keyed by
+  session_id); core/state.ts makes the same assumption.
+
+  ARGV[1] cfg fingerprint: minLen|maxLen|minOcc|lookback|windowMs(0=off)|idleMs|doneRetentionMs|maxTaskEvents|layout
+          State of the same parameters in another layout (an older version) cannot be read here: it is handled as
+          state of another epoch (refused in mode "n", so the caller rebuilds; cleared in mode "r").
+  ARGV[2] epoch: the Redis epoch (shared/redis/epoch.ts) the caller verified, kept in meta; "" = no epoch check
+  ARGV[3] mode: "n" normal: state of another epoch is refused ({-4}), nothing written;
+                "r" rebuild: state of another epoch (written into an emptied Redis before the loss was seen)
+                is deleted, then the scope is rebuilt under ARGV[2]
+  ARGV[4] the ops, packed in one argument (one string for Redis to read instead of 9 per op): 9 fields per op,
+          each followed by "\31" (no field holds a control character: ids and tool names may not, terms are
+          letters): kind ("c" tool call | "d" task completed | "m" user message), task_id, event_id, ts ms,
+          step, tool (for "m": the message's terms joined by ","), cost units, source partition, source offset
+          ("" when unknown: offline, tests)
+
+  Reads and writes of the counts, open tasks' events and done buckets go through per-call caches: each key or
+  field is read at most once per call and written back once at its end (fewer Redis calls per event).
+
+  Returns {1, changed (0|1), applied, ignored, completed, ignored as duplicate, as late, over the task limit,
+  P, then P pairs (partition, smallest start offset of the scope's state on it, -1 when none)},
+  {-2, stored cfg} when the state was built with other parameters, or {-4, stored epoch} (mode "n") when the
+  scope's state belongs to another epoch.
+]]
+local cfg, epoch, mode = ARGV[1], ARGV[2], ARGV[3]
+local DONE_BUCKETS = 16
+local SUPPORT_BUCKETS = 16
+-- The v3 layout kept 128 sorted-set buckets under the same names: a clear covers both layouts.
+local CLEAR_BUCKETS = 128
+local US, RS = '\31', '\30'
+
+-- The done bucket of a task id (a fixed string hash: the same id always lands in the same bucket).
+local function doneKeyOf(part, task)
+  local h = 0
+  for i = 1, #task do h = (h * 31 + string.byte(task, i)) % 16777216 end
+  return KEYS[4] .. ':' .. part .. ':' .. (h % DONE_BUCKETS)
+end
+
+-- Partitions this scope holds state on: meta keeps a clock per partition.
+local scopeParts = {}
+for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if string.sub(f, 1, 6) == 'clock:' then scopeParts[string.sub(f, 7)] = true end
+end
+
+local function clearScope(buckets)
+  for b = 0, buckets - 1 do redis.call('DEL', KEYS[5] .. ':' .. b, KEYS[6] .. ':' .. b) end
+  for part in pairs(scopeParts) do
+    redis.call('DEL', KEYS[2] .. ':' .. part, KEYS[10] .. ':' .. part)
+    for bucket = 0, CLEAR_BUCKETS - 1 do redis.call('DEL', KEYS[4] .. ':' .. part .. ':' .. bucket) end
+  end
+  redis.call('DEL', KEYS[1], KEYS[3], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[11])
+  for bucket = 0, SUPPORT_BUCKETS - 1 do redis.call('DEL', KEYS[7] .. ':' .. bucket) end
+  scopeParts = {}
+end
+
+-- One window bucket per 100 records of lookback (the fourth parameter): the same for state of these parameters.
+local WINDOW_BUCKETS = math.max(1, math.ceil(tonumber(string.match(cfg, '^[^|]*|[^|]*|[^|]*|([^|]*)')) / 100))
+
+if epoch ~= '' then
+  local ep = redis.call('HGET', KEYS[1], 'epoch')
+  if ep ~= epoch then
+    if redis.call('EXISTS', KEYS[1]) == 1 then
+      if mode ~= 'r' then return {-4, ep or ''} end
+      clearScope(WINDOW_BUCKETS)
+    end
+    redis.call('HSET', KEYS[1], 'epoch', epoch)
+  end
+end
+
+-- The fingerprint without its last field (the layout version): the detection parameters.
+local function paramsOf(c) return string.match(c, '^(.*)|[^|]*$') or c end
+
+local stored = redis.call('HGET', KEYS[1], 'cfg')
+if stored and stored ~= cfg then
+  if paramsOf(stored) ~= paramsOf(cfg) then return {-2, stored} end
+  -- Same parameters, an older layout: never misread, treated as lost and rebuilt from Kafka.
+  if mode ~= 'r' then return {-4, redis.call('HGET', KEYS[1], 'epoch') or ''} end
+  clearScope(WINDOW_BUCKETS)
+  if epoch ~= '' then redis.call('HSET', KEYS[1], 'epoch', epoch) end
+  stored = nil
+end
+if not stored then redis.call('HSET', KEYS[1], 'cfg', cfg) end
+
+local p = {}
+for v in string.gmatch(cfg, '[^|]+') do p[#p + 1] = tonumber(v) end
+local minLen, maxLen, minOcc, lookback, windowMs, idleMs, retention, maxEvents = p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]
+
+local maxTs = tonumber(redis.call('HGET', KEYS[1], 'maxTs') or '0')
+local changed, applied, ignored, completed = 0, 0, 0, 0
+local dup, late, overLimit = 0, 0, 0
+local clocks = {}
+-- The current op's partition: ids completed on it before this are forgotten (see the main loop).
+local forgotten = 0
+
+local function int(x) return string.format('%.0f', x) end
+
+-- Byte order (as ZSET members and core/order.ts compare); Lua's own `<` on strings follows the locale.
+local function bytesLess(a, b)
+  local la, lb = #a, #b
+  for i = 1, math.min(la, lb) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return la < lb
+end
+
+local function split(s, sep)
+  local out = {}
+  if s == nil or s == '' then return out end
+  local start = 1
+  while true do
+    local i = string.find(s, sep, start, true)
+    if not i then out[#out + 1] = string.sub(s, start); break end
+    out[#out + 1] = string.sub(s, start, i - 1)
+    start = i + 1
+  end
+  return out
+end
+
+-- Writes `fields` (field -> value, false = delete) to a hash, a bounded number of fields per command.
+local function flushHash(key, fields)
+  local set, del = {}, {}
+  local function put()
+    if #set > 0 then redis.call('HSET', key, unpack(set)); set = {} end
+    if #del > 0 then redis.call('HDEL', key, unpack(del)); del = {} end
+  end
+  for f, v in pairs(fields) do
+    if v == false then del[#del + 1] = f else set[#set + 1] = f; set[#set + 1] = v end
+    if #set >= 512 or #del >= 256 then put() end
+  end
+  put()
+end
+
+-- The tool dictionary (KEYS[11]): names in order of first use, and each name's code.
+local toolNames, toolCode, toolsDirty = nil, {}, false
+local function codeOf(i)
+  local cap, len = 63, 1
+  while i >= cap do i = i - cap; cap = cap * 32; len = len + 1 end
+  local last = i % 63
+  i = (i - last) / 63
+  local s = string.char(64 + last)
+  for _ = 2, len do
+    local d = i % 32
+    s = string.char(32 + d) .. s
+    i = (i - d) / 32
+  end
+  return s
+end
+local function loadTools()
+  if toolNames then return end
+  toolNames = split(redis.call('GET', KEYS[11]) or '', US)
+  for i, name in ipairs(toolNames) do toolCode[name] = codeOf(i - 1) end
+end
+local function encodeTool(name)
+  loadTools()
+  local c = toolCode[name]
+  if c == nil then
+    toolNames[#toolNames + 1] = name
+    c = codeOf(#toolNames - 1)
+    toolCode[name] = c
+    toolsDirty = true
+  end
+  return c
+end
+-- A record's codes, one per tool, from their concatenation.
+local function splitCodes(s)
+  local out, from = {}, 1
+  for i = 1, #s do
+    if string.byte(s, i) >= 64 then out[#out + 1] = string.sub(s, from, i); from = i + 1 end
+  end
+  return out
+end
+
+-- Support, cost and exact counts per gram: each read once per call, written back at the end.
+local supS, supC, supX, supSeen, supDirty = {}, {}, {}, {}, {}
+local function supportKeyOf(gram)
+  local h = 0
+  for i = 1, #gram do h = (h * 31 + string.byte(gram, i)) % 16777216 end
+  return KEYS[7] .. ':' .. (h % SUPPORT_BUCKETS)
+end
+
+-- A support bucket is read whole (HGETALL) the first time one of its grams is needed: the buckets are small
+-- (listpack-sized), and a call touches most of them, so this is a few reads per call instead of one per record
+-- and bucket.
+local supLoaded = {}
+local function loadSupport(grams)
+  for _, g in ipairs(grams) do
+    if not supSeen[g] then
+      local key = supportKeyOf(g)
+      if not supLoaded[key] then
+        supLoaded[key] = true
+        local all = redis.call('HGETALL', key)
+        for i = 1, #all, 2 do
+          local f, v = all[i], all[i + 1]
+          if not supSeen[f] then
+            supSeen[f] = true
+            local c1 = string.find(v, ',', 1, true)
+            local c2 = string.find(v, ',', c1 + 1, true)
+            supS[f] = tonumber(string.sub(v, 1, c1 - 1))
+            if c2 then
+              supC[f] = tonumber(string.sub(v, c1 + 1, c2 - 1))
+              supX[f] = tonumber(string.sub(v, c2 + 1))
+            else
+              supC[f] = tonumber(string.sub(v, c1 + 1))
+              supX[f] = 0
+            end
+          end
+        end
+      end
+      if not supSeen[g] then
+        supSeen[g] = true
+        supS[g], supC[g], supX[g] = 0, 0, 0
+      end
+    end
+  end
+end
+
+-- Adds (d = 1) or removes (d = -1) one record's distinct grams; see core/grams.ts. `tools` are codes.
+local function count(tools, costs, d)
+  local n = #tools
+  local prefix = {[0] = 0}
+  for i = 1, n do prefix[i] = prefix[i - 1] + costs[i] end
+  local seen, order = {}, {}
+  local top = math.min(maxLen, n)
+  for len = minLen, top do
+    for i = 1, n - len + 1 do
+      local key = table.concat(tools, '', i, i + len - 1)
+      if seen[key] == nil then seen[key] = prefix[i + len - 1] - prefix[i - 1]; order[#order + 1] = key end
+    end
+  end
+  local whole = nil
+  if n >= minLen then
+    whole = table.concat(tools, '')
+    if seen[whole] == nil then seen[whole] = prefix[n]; order[#order + 1] = whole end
+  end
+  loadSupport(order)
+  for _, key in ipairs(order) do
+    supS[key] = supS[key] + d
+    supC[key] = supC[key] + d * seen[key]
+    supDirty[key] = true
+  end
+  if whole ~= nil then supX[whole] = supX[whole] + d end
+end
+
+-- Open tasks' packed events: read once per call, written back at the end (false = no events / deleted).
+local evs, evN, evDirty = {}, {}, {}
+local function eventsOf(task)
+  local e = evs[task]
+  if e == nil then
+    e = redis.call('HGET', KEYS[3], task) or false
+    evs[task] = e
+    evN[task] = e and select(2, string.gsub(e, RS, '')) or 0
+  end
+  return e
+end
+
+-- Numbers in base 94 with digits '!'..'~' (never a separator); a leading ' ' marks a negative value.
+local function enc(n)
+  local neg = n < 0
+  if neg then n = -n end
+  local s = ''
+  repeat
+    local d = n % 94
+    s = string.char(33 + d) .. s
+    n = (n - d) / 94
+  until n == 0
+  if neg then s = ' ' .. s end
+  return s
+end
+local function dec(s, from, to)
+  local n, neg = 0, false
+  if string.byte(s, from) == 32 then neg = true; from = from + 1 end
+  for k = from, to do n = n * 94 + string.byte(s, k) - 33 end
+  if neg then return -n end
+  return n
+end
+
+-- Done buckets (see KEYS[4]): read once per call, written back at the end. In memory a bucket is its base
+-- (nil when it holds no entry) and its entries ("\30" id "\31" delta)*.
+local buckets, bucketDirty = {}, {}
+local function bucketOf(key)
+  local b = buckets[key]
+  if b == nil then
+    local raw = redis.call('GET', key) or ''
+    local first = string.find(raw, RS, 1, true)
+    if first == nil then b = {base = nil, body = ''}
+    else b = {base = dec(raw, 1, first - 1), body = string.sub(raw, first)} end
+    buckets[key] = b
+  end
+  return b
+end
+
+-- The entry of `task` in a bucket: its start, the start of the next entry, and its ts; nil if none.
+local function doneFind(b, task)
+  local body = b.body
+  local i, j = string.find(body, RS .. task .. US, 1, true)
+  if not i then return nil end
+  local e = string.find(body, RS, j + 1, true) or (#body + 1)
+  return i, e, b.base + dec(body, j + 1, e - 1)
+end
+
+-- Cuts the entries expired before `limit` from the front while they are (they come in completion order),
+-- and moves the base up to the oldest entry left when that is 94^4 ms past it (deltas stay short).
+local function trimExpired(b, limit)
+  local body, at = b.body, 1
+  local firstTs = nil
+  while at <= #body do
+    local u = string.find(body, US, at, true)
+    local e = string.find(body, RS, u + 1, true) or (#body + 1)
+    firstTs = b.base + dec(body, u + 1, e - 1)
+    if firstTs >= limit then break end
+    at = e
+  end
+  if at > #body then b.base = nil; b.body = ''; return end
+  if at > 1 then body = string.sub(body, at) end
+  if firstTs - b.base >= 78074896 then
+    local out = {}
+    for id, d in string.gmatch(body, RS .. '([^' .. US .. ']*)' .. US .. '([^' .. RS .. ']*)') do
+      out[#out + 1] = RS .. id .. US .. enc(b.base + dec(d, 1, #d) - firstTs)
+    end
+    b.base = firstTs
+    body = table.concat(out)
+  end
+  b.body = body
+end
+
+-- A record's tools and costs; a third section (request terms) does not take part in counting.
+local function unpackRecord(packed)
+  local parts = split(packed, RS)
+  local tools = splitCodes(parts[1] or '')
+  local costs = {}
+  for _, c in ipairs(split(parts[2], ',')) do costs[#costs + 1] = tonumber(c) end
+  return tools, costs
+end
+
+-- A task's start offset: kept while it is open and while its record is in the window (the lower one wins
+-- when a forgotten task id comes back while its older record is still in the window).
+local function markStart(task, part, off)
+  if off == nil then return end
+  local key = KEYS[10] .. ':' .. part
+  local cur = redis.call('ZSCORE', key, task)
+  if not cur or tonumber(cur) > off then redis.call('ZADD', key, int(off), task) end
+end
+
+local function dropStart(task)
+  for part in pairs(scopeParts) do redis.call('ZREM', KEYS[10] .. ':' .. part, task) end
+end
+
+local function windowBucketOf(task)
+  local h = 0
+  for i = 1, #task do h = (h * 31 + string.byte(task, i)) % 16777216 end
+  return h % WINDOW_BUCKETS
+end
+
+-- The window's size, and each bucket's oldest record ({task, ts}; false when empty, nil when not read yet).
+local windowSize = 0
+for b = 0, WINDOW_BUCKETS - 1 do windowSize = windowSize + redis.call('ZCARD', KEYS[5] .. ':' .. b) end
+local heads = {}
+local function before(a, b) return a.ts < b.ts or (a.ts == b.ts and bytesLess(a.task, b.task)) end
+local function headOf(b)
+  local h = heads[b]
+  if h == nil then
+    local r = redis.call('ZRANGE', KEYS[5] .. ':' .. b, 0, 0, 'WITHSCORES')
+    if #r == 0 then h = false else h = {task = r[1], ts = tonumber(r[2])} end
+    heads[b] = h
+  end
+  return h
+end
+-- The window's oldest record by (ts, task_id bytes): its bucket and {task, ts}; nil when the window is empty.
+local function oldestRecord()
+  local best, bestB = nil, nil
+  for b = 0, WINDOW_BUCKETS - 1 do
+    local h = headOf(b)
+    if h and (best == nil or before(h, best)) then best, bestB = h, b end
+  end
+  return bestB, best
+end
+local function windowRemove(b, task)
+  redis.call('ZREM', KEYS[5] .. ':' .. b, task)
+  windowSize = windowSize - 1
+  local h = heads[b]
+  if h and h.task == task then heads[b] = nil end
+end
+local function windowAdd(b, task, ts)
+  redis.call('ZADD', KEYS[5] .. ':' .. b, ts, task)
+  windowSize = windowSize + 1
+  local h, new = heads[b], {task = task, ts = ts}
+  if h == false or (h and before(new, h)) then heads[b] = new end
+end
+
+local function evictOldest()
+  local b, oldest = oldestRecord()
+  local task = oldest.task
+  windowRemove(b, task)
+  dropStart(task)
+  local recordsKey = KEYS[6] .. ':' .. b
+  local packed = redis.call('HGET', recordsKey, task)
+  redis.call('HDEL', recordsKey, task)
+  if packed then
+    local tools, costs = unpackRecord(packed)
+    count(tools, costs, -1)
+  end
+end
+
+local function complete(task, ts, openKey, part)
+  local packed = eventsOf(task)
+  evs[task] = false
+  evN[task] = 0
+  evDirty[task] = true
+  local msg = redis.call('HGET', KEYS[9], task)
+  if msg then redis.call('HDEL', KEYS[9], task) end
+  redis.call('ZREM', openKey, task)
+  -- Remember the id: an older entry of the same id is one already forgotten (a live one would have made
+  -- this task's events ignored); expired entries at the front go.
+  local doneKey = doneKeyOf(part, task)
+  local b = bucketOf(doneKey)
+  local i, e = doneFind(b, task)
+  if i then b.body = string.sub(b.body, 1, i - 1) .. string.sub(b.body, e) end
+  trimExpired(b, forgotten)
+  if b.base == nil then b.base = ts end
+  b.body = b.body .. RS .. task .. US .. enc(ts - b.base)
+  bucketDirty[doneKey] = true
+  local list = {}
+  if packed then
+    for _, ev in ipairs(split(string.sub(packed, 2), RS)) do
+      local f = split(ev, US)
+      list[#list + 1] = {id = f[1], step = tonumber(f[2]), tool = f[3], cost = tonumber(f[4])}
+    end
+  end
+  table.sort(list, function(a, b)
+    if a.step ~= b.step then return a.step < b.step end
+    return bytesLess(a.id, b.id)
+  end)
+  local tools, costs, costStr = {}, {}, {}
+  for k, ev in ipairs(list) do tools[k] = encodeTool(ev.tool); costs[k] = ev.cost; costStr[k] = int(ev.cost) end
+  -- A task id seen again after it was forgotten replaces its older record (see core/state.ts).
+  local wb = windowBucketOf(task)
+  local recordsKey = KEYS[6] .. ':' .. wb
+  if redis.call('ZSCORE', KEYS[5] .. ':' .. wb, task) then
+    local prev = redis.call('HGET', recordsKey, task)
+    windowRemove(wb, task)
+    redis.call('HDEL', recordsKey, task)
+    if prev then
+      local ptools, pcosts = unpackRecord(prev)
+      count(ptools, pcosts, -1)
+    end
+  end
+  windowAdd(wb, task, ts)
+  local rec = table.concat(tools, '') .. RS .. table.concat(costStr, ',')
+  if msg then rec = rec .. RS .. split(msg, US)[3] end
+  redis.call('HSET', recordsKey, task, rec)
+  count(tools, costs, 1)
+  completed = completed + 1
+  changed = 1
+  while windowSize > lookback do evictOldest() end
+end
+
+-- Only this partition's tasks: another partition running ahead (catching up, a backlog) must not cut them.
+local function sweep(openKey, part, clock)
+  local due = redis.call('ZRANGEBYSCORE', openKey, '-inf', int(clock - idleMs), 'WITHSCORES')
+  -- (last + idle, task) order equals (last, task) order: ZRANGEBYSCORE already returns it.
+  for i = 1, #due, 2 do complete(due[i], tonumber(due[i + 1]) + idleMs, openKey, part) end
+end
+
+-- The window against the scope's newest ts. (Remembered task ids expire by reading: see KEYS[4].)
+local function expire()
+  if windowMs > 0 then
+    while true do
+      local _, oldest = oldestRecord()
+      if oldest == nil or oldest.ts > maxTs - windowMs then break end
+      evictOldest()
+      changed = 1
+    end
+  end
+end
+
+-- Each partition's clock at its last sweep in this call: a sweep is needed only when the clock moved (a
+-- task's last ts only grows, and a task cannot open already due).
+local swept = {}
+local F = {}
+for f in string.gmatch(ARGV[4], '([^' .. US .. ']*)' .. US) do F[#F + 1] = f end
+for k = 0, #F / 9 - 1 do
+  local b = 1 + k * 9
+  local kind, task, eid, ts = F[b], F[b + 1], F[b + 2], tonumber(F[b + 3])
+  local part = F[b + 7]
+  local off = tonumber(F[b + 8])
+  scopeParts[part] = true
+  local openKey = KEYS[2] .. ':' .. part
+  if ts > maxTs then maxTs = ts end
+  if clocks[part] == nil then clocks[part] = tonumber(redis.call('HGET', KEYS[1], 'clock:' .. part) or '0') end
+  -- The clock at this partition's last expiry: what core/state.ts has already forgotten by now.
+  forgotten = clocks[part] - retention
+  if ts > clocks[part] then clocks[part] = ts end
+  local clock = clocks[part]
+  if swept[part] ~= clock then
+    sweep(openKey, part, clock)
+    swept[part] = clock
+  end
+  local _, _, closed = doneFind(bucketOf(doneKeyOf(part, task)), task)
+  if closed and closed < forgotten then closed = nil end
+  local last = redis.call('ZSCORE', openKey, task)
+  if closed then
+    ignored = ignored + 1
+    if ts > closed then late = late + 1 else dup = dup + 1 end
+  elseif not last and ts + idleMs <= clock then
+    -- It would open a task already idle on its partition's clock: a fragment of an older task.
+    ignored = ignored + 1
+    late = late + 1
+  elseif kind == 'm' then
+    -- The first message by (ts, event_id) wins, whatever order redeliveries bring them in.
+    local cur = redis.call('HGET', KEYS[9], task)
+    local take = cur == nil or cur == false
+    if not take then
+      local f = split(cur, US)
+      local cts = tonumber(f[1])
+      take = ts < cts or (ts == cts and bytesLess(eid, f[2]))
+    end
+    if take then redis.call('HSET', KEYS[9], task, int(ts) .. US .. eid .. US .. F[b + 5]) end
+    if not last then markStart(task, part, off) end
+    if ts > tonumber(last or '-1') then redis.call('ZADD', openKey, ts, task) end
+    applied = applied + 1
+  elseif kind == 'c' then
+    local packed = eventsOf(task) or ''
+    if string.find(packed, RS .. eid .. US, 1, true) ~= nil then
+      ignored = ignored + 1
+      dup = dup + 1
+    elseif evN[task] >= maxEvents then
+      ignored = ignored + 1
+      overLimit = overLimit + 1
+    else
+      evs[task] = packed .. RS .. eid .. US .. F[b + 4] .. US .. F[b + 5] .. US .. F[b + 6]
+      evN[task] = evN[task] + 1
+      evDirty[task] = true
+      applied = applied + 1
+    end
+    if not last then markStart(task, part, off) end
+    if ts > tonumber(last or '-1') then redis.call('ZADD', openKey, ts, task) end
+  else
+    -- A completion with no open task still makes a (possibly empty) record: it starts here.
+    markStart(task, part, off)
+    complete(task, ts, openKey, part)
+    applied = applied + 1
+  end
+  expire()
+end
+
+-- Write back what the caches changed.
+local supOut, evOut = {}, {}
+for g in pairs(supDirty) do
+  local key = supportKeyOf(g)
+  supOut[key] = supOut[key] or {}
+  if supS[g] == 0 then
+    supOut[key][g] = false
+  elseif supX[g] == 0 then
+    supOut[key][g] = int(supS[g]) .. ',' .. int(supC[g])
+  else
+    supOut[key][g] = int(supS[g]) .. ',' .. int(supC[g]) .. ',' .. int(supX[g])
+  end
+end
+for key, fields in pairs(supOut) do flushHash(key, fields) end
+for task in pairs(evDirty) do evOut[task] = evs[task] end
+flushHash(KEYS[3], evOut)
+if toolsDirty then redis.call('SET', KEYS[11], table.concat(toolNames, US)) end
+for key in pairs(bucketDirty) do
+  local b = buckets[key]
+  if b.body == '' then redis.call('DEL', key) else redis.call('SET', key, enc(b.base) .. b.body) end
+end
+
+redis.call('HSET', KEYS[1], 'maxTs', int(maxTs))
+for part, c in pairs(clocks) do redis.call('HSET', KEYS[1], 'clock:' .. part, int(c)) end
+local out = {1, changed, applied, ignored, completed, dup, late, overLimit, 0}
+for part in pairs(scopeParts) do
+  local first = redis.call('ZRANGE', KEYS[10] .. ':' .. part, 0, 0, 'WITHSCORES')
+  out[#out + 1] = tonumber(part)
+  out[#out + 1] = #first == 0 and -1 or tonumber(first[2])
+  out[9] = out[9] + 1
+end
+return out
