@@ -99,7 +99,22 @@ const sorted = (xs: Iterable<string>) => [...new Set(xs)].sort((a, b) => (a < b 
  * active step: every tool.
  */
 export function view(agent: Agent | undefined, s: SessionState, universe: readonly string[]): View {
-  const step = agent && s.step !== null ? agent.byName.get(s.step) : undefined;
+  return viewAt(s.step === null ? undefined : agent?.byName.get(s.step), s.index, universe);
+}
+
+/** Where `settle` would put the session, without touching it: the step (or none) and the index in it. */
+export function settledPosition(agent: Agent, s: SessionState): { step: Step | undefined; index: number } {
+  const current = s.step === null ? undefined : agent.byName.get(s.step);
+  if (s.step !== null && !completed(current, s.index)) return { step: current, index: s.index };
+  const picked = selectStep(agent, s);
+  // As moveTo: staying in the same step keeps the index, any move resets it.
+  return (picked?.name ?? null) === s.step
+    ? { step: current, index: s.index }
+    : { step: picked ?? undefined, index: 0 };
+}
+
+/** The view of a step (undefined: none active) at an index of its sequence. */
+export function viewAt(step: Step | undefined, index: number, universe: readonly string[]): View {
   if (!step)
     return {
       active_step: null,
@@ -110,14 +125,14 @@ export function view(agent: Agent | undefined, s: SessionState, universe: readon
     };
   const filtered = universe.filter((t) => stepAllows(step, t));
   const seq = step.sequence;
-  const expected = s.index < seq.length ? seq[s.index]! : [];
+  const expected = index < seq.length ? seq[index]! : [];
   const available = expected.filter((t) => filtered.includes(t));
   return {
     active_step: step.name,
-    sequence_index: s.index,
+    sequence_index: index,
     expected: sorted(expected),
     allowed_tools: sorted(available.length ? available : filtered),
-    completed: seq.length > 0 && s.index >= seq.length,
+    completed: seq.length > 0 && index >= seq.length,
   };
 }
 

@@ -2,7 +2,7 @@ import { fileURLToPath } from 'node:url';
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import { escapeKeyPart } from '../../../../../shared/redis/keys.js';
-import { execPipeline } from '../../../../../shared/redis/replies.js';
+import { execPipeline, redisFailure } from '../../../../../shared/redis/replies.js';
 import {
   defineScripts,
   invokeScript,
@@ -109,15 +109,21 @@ export class RedisSessionStore {
     return out;
   }
 
-  async loadOne(ref: SessionRef): Promise<SessionState> {
-    return (await this.load(new Map([['x', ref]]))).get('x')!.state;
-  }
-
-  /** A session's state for a reader (allowed tools): what this instance last wrote, else Redis. */
+  /**
+   * A session's state for a reader (allowed tools): what this instance last wrote, else Redis (one plain `GET`:
+   * a pipeline for one key costs a pipeline object and its command wrappers on every read).
+   */
   async read(ref: SessionRef): Promise<{ state: SessionState; cached: boolean }> {
-    const hit = this.cache.get(sessionKey(this.prefix, ref));
+    const key = sessionKey(this.prefix, ref);
+    const hit = this.cache.get(key);
     if (hit) return { state: hit.state, cached: true };
-    return { state: await this.loadOne(ref), cached: false };
+    let raw: string | null;
+    try {
+      raw = await this.redis.get(key);
+    } catch (err) {
+      throw redisFailure('session read', err);
+    }
+    return { state: raw === null ? newSession() : decode(raw.slice(raw.indexOf('|') + 1)), cached: false };
   }
 
   async save(writes: { ref: SessionRef; state: SessionState; version: string }[]): Promise<void> {
