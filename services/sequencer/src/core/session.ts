@@ -113,6 +113,25 @@ export function settledPosition(agent: Agent, s: SessionState): { step: Step | u
     : { step: picked ?? undefined, index: 0 };
 }
 
+/**
+ * `view` over the agent's own tool list (every event without `visible_tools`), kept per agent, step and index: it
+ * is a pure function of those, computed once instead of filtering and sorting the tools on every event. A new
+ * configuration is a new Agent, so nothing outlives its configuration. Views are shared: never modify one.
+ */
+const agentViews = new WeakMap<Agent, Map<string | null, View[]>>();
+function agentView(agent: Agent, s: SessionState): View {
+  const step = s.step === null ? undefined : agent.byName.get(s.step);
+  // Past the sequence's end (a state this code never writes) an index is not worth a slot.
+  if (step && s.index > step.sequence.length) return viewAt(step, s.index, agent.tools);
+  const index = step ? s.index : 0;
+  let byStep = agentViews.get(agent);
+  if (!byStep) agentViews.set(agent, (byStep = new Map()));
+  const name = step ? step.name : null;
+  let byIndex = byStep.get(name);
+  if (!byIndex) byStep.set(name, (byIndex = []));
+  return (byIndex[index] ??= viewAt(step, index, agent.tools));
+}
+
 /** The view of a step (undefined: none active) at an index of its sequence. */
 export function viewAt(step: Step | undefined, index: number, universe: readonly string[]): View {
   if (!step)
@@ -156,7 +175,7 @@ export function applyEvent(
     ...prev,
     history: [...prev.history],
     msg: prev.msg,
-    seen: [...prev.seen, e.event_id].slice(-SEEN),
+    seen: prev.seen.length < SEEN ? [...prev.seen, e.event_id] : [...prev.seen.slice(1 - SEEN), e.event_id],
     pos: at ? { p: at.partition, o: at.offset } : prev.pos,
   };
   let violation: SequenceStateRecord['violation'] = null;
@@ -198,7 +217,7 @@ export function applyEvent(
     }
   } else if (e.type === 'tool_call' && e.visible_tools) universe = e.visible_tools;
 
-  const v = view(agent, s, universe);
+  const v = agent && universe === agent.tools ? agentView(agent, s) : view(agent, s, universe);
   return {
     record: {
       schema_version: 1,

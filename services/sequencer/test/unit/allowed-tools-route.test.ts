@@ -6,6 +6,7 @@ import { allowedToolsRoute, parseTools, validId, validToolName } from '../../src
 import type { SessionRef } from '../../src/adapters/redis/store.js';
 import { loadOrchestrationFile, type Orchestrations } from '../../src/core/orchestration.js';
 import {
+  applyEvent,
   newSession,
   settle,
   settledPosition,
@@ -118,6 +119,32 @@ describe('allowed-tools route', () => {
       expect(at.step).toBe(settled.step === null ? undefined : agent.byName.get(settled.step));
       if (at.step) expect(at.index).toBe(settled.index);
       expect(viewAt(at.step, at.index, TOOLS)).toEqual(view(agent, settled, TOOLS));
+    }
+  });
+
+  it("an event's record views the agent's tools as a fresh view() of its state does (memoized views)", () => {
+    const config = loadOrchestrationFile(CONFIG);
+    const agent = config.get('default', 'default')!;
+    const r = rng(13);
+    let s = newSession();
+    for (let i = 0; i < 3000; i++) {
+      const base = { event_id: `e${i}`, ts: i, tenant_id: 'default', agent_id: 'default', session_id: 's' };
+      const e =
+        r() < 0.15
+          ? { ...base, type: 'user_message' as const, text: r() < 0.5 ? 'research this' : 'hello' }
+          : {
+              ...base,
+              type: 'tool_call' as const,
+              task_id: 't',
+              step: i,
+              tool: TOOLS[Math.floor(r() * TOOLS.length)]!,
+            };
+      const out = applyEvent(agent, s, e);
+      const { active_step, sequence_index, expected, allowed_tools, completed } = out.record!;
+      expect({ active_step, sequence_index, expected, allowed_tools, completed }).toEqual(
+        view(agent, out.state, TOOLS),
+      );
+      s = out.state;
     }
   });
 
