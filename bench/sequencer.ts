@@ -1,5 +1,5 @@
 import { writeFileSync } from 'node:fs';
-import { connect } from 'node:net';
+import { connect, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { rng } from '../testkit/streams.js';
@@ -201,39 +201,50 @@ export async function benchSequencer(b: Bench, n: number, sessions: number) {
 
 /**
  * A keep-alive HTTP/1.1 GET client on one socket, one request at a time: what the service answers, with as little
- * of the client's own work (and garbage) as possible in the measured time. Responses carry content-length.
+ * of the client's own work (and garbage) as possible in the measured time. Responses carry content-length. The
+ * server closes a connection idle for its keep-alive timeout: the next request then opens another (as fetch does).
  */
 async function leanClient(port: number) {
-  const sock = connect(port, '127.0.0.1');
-  sock.setNoDelay(true);
-  await new Promise<void>((resolve, reject) => {
-    sock.once('connect', resolve);
-    sock.once('error', reject);
-  });
+  let sock: Socket | null = null;
   let waiting: { resolve: (r: { status: number; body: string }) => void; reject: (e: Error) => void } | null =
     null;
   let buf: Buffer | null = null;
-  sock.on('data', (chunk: Buffer) => {
-    buf = buf ? Buffer.concat([buf, chunk]) : chunk;
-    const end = buf.indexOf('\r\n\r\n');
-    if (end < 0) return;
-    const head = buf.toString('latin1', 0, end);
-    const len = Number(/content-length: *(\d+)/i.exec(head)?.[1] ?? 0);
-    if (buf.length < end + 4 + len) return;
-    const res = { status: Number(head.slice(9, 12)), body: buf.toString('utf8', end + 4, end + 4 + len) };
-    buf = buf.length > end + 4 + len ? buf.subarray(end + 4 + len) : null;
-    const w = waiting;
-    waiting = null;
-    w?.resolve(res);
-  });
-  sock.on('error', (err) => waiting?.reject(err));
+  const open = () =>
+    new Promise<Socket>((resolve, reject) => {
+      const s = connect(port, '127.0.0.1');
+      s.setNoDelay(true);
+      s.once('connect', () => resolve(s));
+      s.once('error', reject);
+      s.on('data', (chunk: Buffer) => {
+        buf = buf ? Buffer.concat([buf, chunk]) : chunk;
+        const end = buf.indexOf('\r\n\r\n');
+        if (end < 0) return;
+        const head = buf.toString('latin1', 0, end);
+        const len = Number(/content-length: *(\d+)/i.exec(head)?.[1] ?? 0);
+        if (buf.length < end + 4 + len) return;
+        const res = { status: Number(head.slice(9, 12)), body: buf.toString('utf8', end + 4, end + 4 + len) };
+        buf = buf.length > end + 4 + len ? buf.subarray(end + 4 + len) : null;
+        const w = waiting;
+        waiting = null;
+        w?.resolve(res);
+      });
+      s.on('error', (err) => waiting?.reject(err));
+      s.on('close', () => {
+        if (sock === s) sock = null;
+        buf = null;
+        waiting?.reject(new Error('connection closed before the response'));
+      });
+    });
+  sock = await open();
   return {
-    get: (path: string) =>
-      new Promise<{ status: number; body: string }>((resolve, reject) => {
+    async get(path: string) {
+      const s = (sock ??= await open());
+      return new Promise<{ status: number; body: string }>((resolve, reject) => {
         waiting = { resolve, reject };
-        sock.write(`GET ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n`);
-      }),
-    close: () => sock.destroy(),
+        s.write(`GET ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n`);
+      });
+    },
+    close: () => sock?.destroy(),
   };
 }
 
