@@ -11,6 +11,7 @@ import {
   ratios,
   underLoad,
   pct,
+  histogramQuantileMs,
   produceBacklog,
   redisInfo,
   round,
@@ -21,6 +22,8 @@ import {
   type Bench,
 } from './harness.js';
 
+const HTTP_METRIC = 'paver_http_request_duration_seconds';
+const ROUTE = '/sessions/:session_id/allowed-tools';
 const TOOLS = [
   'web_search',
   'think',
@@ -141,13 +144,40 @@ export async function benchSequencer(b: Bench, n: number, sessions: number) {
   const r = rng(5);
   const hit = () => Math.floor(r() * sessions);
   const never = () => sessions + Math.floor(r() * sessions);
+  // The service's own view of the same requests: its latency histogram, differenced around each phase.
+  const routeBuckets = async () => {
+    const text = await (await fetch(`http://127.0.0.1:${p.port}/metrics`)).text();
+    const buckets = new Map<string, number>();
+    for (const line of text.split('\n')) {
+      if (!line.startsWith(`${HTTP_METRIC}_bucket{`) || !line.includes(`route="${ROUTE}"`)) continue;
+      const le = /le="([^"]+)"/.exec(line)![1]!;
+      buckets.set(le, (buckets.get(le) ?? 0) + Number(line.split(' ').pop()));
+    }
+    return buckets;
+  };
+  async function phase(client: 'fetch' | 'lean', pick: () => number) {
+    const before = await routeBuckets();
+    const lat = await latencies(client, pick);
+    const after = await routeBuckets();
+    const text = [...after]
+      .map(([le, n]) => `${HTTP_METRIC}_bucket{le="${le}"} ${n - (before.get(le) ?? 0)}`)
+      .join('\n');
+    return {
+      lat,
+      server: {
+        p50: histogramQuantileMs(text, HTTP_METRIC, 0.5),
+        p99: histogramQuantileMs(text, HTTP_METRIC, 0.99),
+      },
+    };
+  }
   const http = await underLoad(async () => ({
-    lat: await latencies('fetch', hit),
-    leanLat: await latencies('lean', hit),
-    miss: await latencies('fetch', never),
-    leanMiss: await latencies('lean', never),
+    hitFetch: await phase('fetch', hit),
+    hitLean: await phase('lean', hit),
+    missFetch: await phase('fetch', never),
+    missLean: await phase('lean', never),
   }));
-  const { lat, leanLat, miss, leanMiss } = http.result;
+  const { hitFetch, hitLean, missFetch, missLean } = http.result;
+  const [lat, leanLat, miss, leanMiss] = [hitFetch.lat, hitLean.lat, missFetch.lat, missLean.lat];
   lean.close();
   const metricsText = await (await fetch(`http://127.0.0.1:${p.port}/metrics`)).text();
   const reads = (source: string) =>
@@ -192,6 +222,11 @@ export async function benchSequencer(b: Bench, n: number, sessions: number) {
       p99: round(pct(leanMiss, 99)),
       requests: leanMiss.length,
       definition: 'the lean client, for sessions this instance never wrote',
+    },
+    allowed_tools_server_side_ms: {
+      cache_path: { fetch: hitFetch.server, lean_client: hitLean.server },
+      redis_path: { fetch: missFetch.server, lean_client: missLean.server },
+      definition: `the service's own ${HTTP_METRIC} for the same requests (request received to response finished), interpolated within its buckets (0.5, 1, 2.5, 5 ms …)`,
     },
     allowed_tools_reads_by_source: readsBySource,
     redis_bytes_per_session: stored ? Math.round(mem / stored) : null,
