@@ -1,6 +1,6 @@
 import { Registry } from 'prom-client';
 import { afterAll, describe, expect, it } from 'vitest';
-import { createHttpServer } from '../../shared/http.js';
+import { createHttpServer, parseTarget } from '../../shared/http.js';
 import { createLogger } from '../../shared/log.js';
 import { parsePrometheus } from '../helpers/prometheus.js';
 
@@ -45,5 +45,53 @@ describe('HTTP latency histogram', () => {
     expect(() =>
       createHttpServer({ registry, log: createLogger('test', 'silent'), readiness: [] }),
     ).not.toThrow();
+  });
+});
+
+describe('request target parsing', () => {
+  it('gives the path and query URL would, for any target', () => {
+    const alphabet = [
+      'a',
+      'Z',
+      '0',
+      '/',
+      '//',
+      '.',
+      '..',
+      '%2e',
+      '%2E',
+      '%41',
+      '%',
+      '?',
+      '&',
+      '=',
+      '+',
+      '#',
+      ' ',
+      '"',
+    ];
+    alphabet.push("'", '<', '{', '`', '\\', '\t', 'é', '~', '@', ':', ';', ',', '*', '!', '$', '(', '[');
+    let seed = 1;
+    const r = () => (seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648;
+    const targets = ['/', '/?', '/sessions/s-1/allowed-tools?tools=a,b&tenant_id=t', 'http://h/x?y=1', '*'];
+    for (let i = 0; i < 5000; i++)
+      targets.push(
+        '/' +
+          Array.from(
+            { length: 1 + Math.floor(r() * 12) },
+            () => alphabet[Math.floor(r() * alphabet.length)],
+          ).join(''),
+      );
+    for (const t of targets) {
+      let url: URL;
+      try {
+        url = new URL(t, 'http://localhost');
+      } catch {
+        expect(() => parseTarget(t), t).toThrow(); // a '//' target whose host does not parse
+        continue;
+      }
+      const got = parseTarget(t);
+      expect([got.pathname, [...got.query]], t).toEqual([url.pathname, [...url.searchParams]]);
+    }
   });
 });

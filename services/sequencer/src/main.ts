@@ -8,6 +8,7 @@ import { runService, type ServiceSpec } from '../../../shared/service.js';
 import { createBatchHandler } from './adapters/batch.js';
 import { allowedToolsRoute } from './adapters/http.js';
 import { createSequencerMetrics } from './adapters/metrics.js';
+import { cheapEpochCheck } from './adapters/epoch.js';
 import { createOrchestrationFeed } from './adapters/orchestration-feed.js';
 import { RedisSessionStore } from './adapters/redis/store.js';
 import { StateCache } from './adapters/state-cache.js';
@@ -63,7 +64,7 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
     const epochRedis = redis.duplicate();
     epochRedis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error (epoch)'));
     const guard = createStateGuard({
-      epoch: createEpoch(epochRedis, `${env.REDIS_KEY_PREFIX}:seq:epoch`),
+      epoch: cheapEpochCheck(epochRedis, createEpoch(epochRedis, `${env.REDIS_KEY_PREFIX}:seq:epoch`)),
       log,
       rebuild: async (reason) => {
         cache.clear();

@@ -22,14 +22,17 @@ export function createBatchHandler(o: {
   const { config, store, sink, topic, metrics } = o;
   return async (batch) => {
     const refs = new Map<string, SessionRef>();
-    for (const { value: e } of batch)
-      refs.set(idOf(e), { tenant: e.tenant_id, agent: e.agent_id, session: e.session_id });
+    const ids = batch.map(({ value: e }) => {
+      const id = idOf(e);
+      if (!refs.has(id)) refs.set(id, { tenant: e.tenant_id, agent: e.agent_id, session: e.session_id });
+      return id;
+    });
     const loaded = await store.load(refs);
     const current = new Map<string, SessionState>();
     const out: SequenceStateRecord[] = [];
-    for (const rec of batch) {
+    for (const [i, rec] of batch.entries()) {
       const e = rec.value;
-      const id = idOf(e);
+      const id = ids[i]!;
       const prev = current.get(id) ?? loaded.get(id)!.state;
       const r = applyEvent(config.get(e.tenant_id, e.agent_id), prev, e, {
         partition: rec.partition,
@@ -49,7 +52,10 @@ export function createBatchHandler(o: {
       out.map((v) => ({ key: v.session_id, value: v })),
     );
     await store.save(
-      [...current].map(([id, state]) => ({ ref: refs.get(id)!, state, version: loaded.get(id)!.version })),
+      [...current].map(([id, state]) => {
+        const { version, key } = loaded.get(id)!;
+        return { ref: refs.get(id)!, state, version, key };
+      }),
     );
     metrics.states.inc(out.length);
     for (const v of out) if (v.violation) metrics.violations.inc({ policy: v.violation.policy });

@@ -1,16 +1,79 @@
-import { id as idSchema, toolName } from '../../../../schemas/index.js';
+import { LIMITS } from '../../../../schemas/limits.js';
 import type { Route } from '../../../../shared/http.js';
-import type { Orchestrations } from '../core/orchestration.js';
-import { settle, view, type SessionState } from '../core/session.js';
+import type { Agent, Orchestrations } from '../core/orchestration.js';
+import { settledPosition, viewAt, type SessionState, type View } from '../core/session.js';
 import type { SessionRef } from './redis/store.js';
 
 const BAD_ID = 'session_id, tenant_id and agent_id must be 1-256 characters without control characters';
+const BAD_TOOLS = 'tools must be a comma-separated list of tool names';
+const MAX_TOOLS = 10_000;
+
+// The contracts' `id` and `toolName` (schemas/tool-calls.v1.ts) without zod's result objects on every read:
+// 1 to 256 UTF-16 units, no control character. A unit test holds them to the schemas.
+// eslint-disable-next-line no-control-regex -- rejecting control characters is the point
+const CONTROL = /[\u0000-\u001f\u007f]/;
+export const validId = (s: string): boolean =>
+  s.length >= 1 && s.length <= LIMITS.idLength && !CONTROL.test(s);
+export const validToolName = (s: string): boolean =>
+  s.length >= 1 && s.length <= LIMITS.toolNameLength && !CONTROL.test(s);
+
+/** `a, b,,c` → `[a, b, c]`; null when the list is too long or a name is invalid. */
+export function parseTools(param: string): string[] | null {
+  const tools: string[] = [];
+  for (const part of param.split(',')) {
+    const t = part.trim();
+    if (!t) continue;
+    if (tools.length === MAX_TOOLS || !validToolName(t)) return null;
+    tools.push(t);
+  }
+  return tools;
+}
+
+/**
+ * Views already computed: a view is a pure function of the agent (a configuration change makes a new Agent, so no
+ * entry outlives its configuration), the `tools` parameter, the step and the index, and a runtime asks with the
+ * same few tool lists over and over. A hit skips parsing the list and computing the view. Views are shared and
+ * never modified. Bounded: lists longer than MEMO_MAX_PARAM characters are not kept, and the whole memo is
+ * dropped once it holds MEMO_MAX_VIEWS views (at most a few MB whatever the requests).
+ */
+const MEMO_MAX_PARAM = 1024;
+const MEMO_MAX_VIEWS = 4096;
+const NO_TOOLS = '\u0000absent';
+const NO_STEP = '\u0000none';
+const NO_AGENT = {};
+
+class ViewMemo {
+  private byAgent = new WeakMap<object, Map<string, Map<string, View[]>>>();
+  private views = 0;
+
+  /** The views of one (agent, tools) pair, by step then index; undefined when not kept (or not yet). */
+  lists(agent: Agent | undefined, toolsParam: string | null): Map<string, View[]> | undefined {
+    return this.byAgent.get(agent ?? NO_AGENT)?.get(toolsParam ?? NO_TOOLS);
+  }
+
+  keep(agent: Agent | undefined, toolsParam: string | null, stepKey: string, index: number, v: View): void {
+    if (toolsParam !== null && toolsParam.length > MEMO_MAX_PARAM) return;
+    if (++this.views > MEMO_MAX_VIEWS) {
+      this.byAgent = new WeakMap();
+      this.views = 1;
+    }
+    const a = agent ?? NO_AGENT;
+    let byTools = this.byAgent.get(a);
+    if (!byTools) this.byAgent.set(a, (byTools = new Map()));
+    let byStep = byTools.get(toolsParam ?? NO_TOOLS);
+    if (!byStep) byTools.set(toolsParam ?? NO_TOOLS, (byStep = new Map()));
+    let byIndex = byStep.get(stepKey);
+    if (!byIndex) byStep.set(stepKey, (byIndex = []));
+    byIndex[index] = v;
+  }
+}
 
 /** `GET /sessions/:session_id/allowed-tools?tools=a,b[&tenant_id&agent_id]`: the allowed tools now. */
 export function allowedToolsRoute(
   config: Orchestrations,
   readState: (ref: SessionRef) => Promise<SessionState>,
 ): Route {
+  const memo = new ViewMemo();
   return {
     method: 'GET',
     path: '/sessions/:session_id/allowed-tools',
@@ -20,27 +83,29 @@ export function allowedToolsRoute(
         agent: req.query.get('agent_id') ?? 'default',
         session: req.params.session_id ?? '',
       };
-      if (![ref.tenant, ref.agent, ref.session].every((x) => idSchema.safeParse(x).success))
+      if (!validId(ref.tenant) || !validId(ref.agent) || !validId(ref.session))
         return { status: 400, body: { error: BAD_ID } };
       const toolsParam = req.query.get('tools');
-      const tools =
-        toolsParam === null
-          ? null
-          : toolsParam
-              .split(',')
-              .map((t) => t.trim())
-              .filter(Boolean);
-      if (tools && (tools.length > 10_000 || !tools.every((t) => toolName.safeParse(t).success)))
-        return { status: 400, body: { error: 'tools must be a comma-separated list of tool names' } };
       const agent = config.get(ref.tenant, ref.agent);
-      const state = { ...(await readState(ref)) };
+      // A list already in the memo was valid; any other is parsed (and refused) before the state is read.
+      let tools: string[] | null = null;
+      if (toolsParam !== null && !memo.lists(agent, toolsParam) && !(tools = parseTools(toolsParam)))
+        return { status: 400, body: { error: BAD_TOOLS } };
+      const state = await readState(ref);
       // The step the next event would be processed in: a session never seen is in the step the rule picks for
       // an empty session (the default step, if any); a finished sequence gives way to the rule's pick.
-      if (agent) settle(agent, state);
-      return {
-        status: 200,
-        body: { session_id: ref.session, ...view(agent, state, tools ?? agent?.tools ?? []) },
-      };
+      const at = agent ? settledPosition(agent, state) : { step: undefined, index: 0 };
+      const stepKey = at.step?.name ?? NO_STEP;
+      const index = at.step ? at.index : 0;
+      // Past the sequence's end (a state this code never writes) an index is not a key worth keeping.
+      const keep = !at.step || index <= at.step.sequence.length;
+      let v = keep ? memo.lists(agent, toolsParam)?.get(stepKey)?.[index] : undefined;
+      if (!v) {
+        const universe = toolsParam === null ? (agent?.tools ?? []) : (tools ?? parseTools(toolsParam)!);
+        v = viewAt(at.step, index, universe);
+        if (keep) memo.keep(agent, toolsParam, stepKey, index, v);
+      }
+      return { status: 200, body: { session_id: ref.session, ...v } };
     },
   };
 }

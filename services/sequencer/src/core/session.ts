@@ -99,7 +99,41 @@ const sorted = (xs: Iterable<string>) => [...new Set(xs)].sort((a, b) => (a < b 
  * active step: every tool.
  */
 export function view(agent: Agent | undefined, s: SessionState, universe: readonly string[]): View {
-  const step = agent && s.step !== null ? agent.byName.get(s.step) : undefined;
+  return viewAt(s.step === null ? undefined : agent?.byName.get(s.step), s.index, universe);
+}
+
+/** Where `settle` would put the session, without touching it: the step (or none) and the index in it. */
+export function settledPosition(agent: Agent, s: SessionState): { step: Step | undefined; index: number } {
+  const current = s.step === null ? undefined : agent.byName.get(s.step);
+  if (s.step !== null && !completed(current, s.index)) return { step: current, index: s.index };
+  const picked = selectStep(agent, s);
+  // As moveTo: staying in the same step keeps the index, any move resets it.
+  return (picked?.name ?? null) === s.step
+    ? { step: current, index: s.index }
+    : { step: picked ?? undefined, index: 0 };
+}
+
+/**
+ * `view` over the agent's own tool list (every event without `visible_tools`), kept per agent, step and index: it
+ * is a pure function of those, computed once instead of filtering and sorting the tools on every event. A new
+ * configuration is a new Agent, so nothing outlives its configuration. Views are shared: never modify one.
+ */
+const agentViews = new WeakMap<Agent, Map<string | null, View[]>>();
+function agentView(agent: Agent, s: SessionState): View {
+  const step = s.step === null ? undefined : agent.byName.get(s.step);
+  // Past the sequence's end (a state this code never writes) an index is not worth a slot.
+  if (step && s.index > step.sequence.length) return viewAt(step, s.index, agent.tools);
+  const index = step ? s.index : 0;
+  let byStep = agentViews.get(agent);
+  if (!byStep) agentViews.set(agent, (byStep = new Map()));
+  const name = step ? step.name : null;
+  let byIndex = byStep.get(name);
+  if (!byIndex) byStep.set(name, (byIndex = []));
+  return (byIndex[index] ??= viewAt(step, index, agent.tools));
+}
+
+/** The view of a step (undefined: none active) at an index of its sequence. */
+export function viewAt(step: Step | undefined, index: number, universe: readonly string[]): View {
   if (!step)
     return {
       active_step: null,
@@ -110,14 +144,14 @@ export function view(agent: Agent | undefined, s: SessionState, universe: readon
     };
   const filtered = universe.filter((t) => stepAllows(step, t));
   const seq = step.sequence;
-  const expected = s.index < seq.length ? seq[s.index]! : [];
+  const expected = index < seq.length ? seq[index]! : [];
   const available = expected.filter((t) => filtered.includes(t));
   return {
     active_step: step.name,
-    sequence_index: s.index,
+    sequence_index: index,
     expected: sorted(expected),
     allowed_tools: sorted(available.length ? available : filtered),
-    completed: seq.length > 0 && s.index >= seq.length,
+    completed: seq.length > 0 && index >= seq.length,
   };
 }
 
@@ -141,7 +175,7 @@ export function applyEvent(
     ...prev,
     history: [...prev.history],
     msg: prev.msg,
-    seen: [...prev.seen, e.event_id].slice(-SEEN),
+    seen: prev.seen.length < SEEN ? [...prev.seen, e.event_id] : [...prev.seen.slice(1 - SEEN), e.event_id],
     pos: at ? { p: at.partition, o: at.offset } : prev.pos,
   };
   let violation: SequenceStateRecord['violation'] = null;
@@ -183,7 +217,7 @@ export function applyEvent(
     }
   } else if (e.type === 'tool_call' && e.visible_tools) universe = e.visible_tools;
 
-  const v = view(agent, s, universe);
+  const v = agent && universe === agent.tools ? agentView(agent, s) : view(agent, s, universe);
   return {
     record: {
       schema_version: 1,

@@ -2,7 +2,7 @@ import { fileURLToPath } from 'node:url';
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import { escapeKeyPart } from '../../../../../shared/redis/keys.js';
-import { execPipeline } from '../../../../../shared/redis/replies.js';
+import { execPipeline, redisFailure } from '../../../../../shared/redis/replies.js';
 import {
   defineScripts,
   invokeScript,
@@ -35,7 +35,7 @@ export const sessionKey = (prefix: string, r: SessionRef) =>
   `${prefix}:seq:{${escapeKeyPart(r.tenant)}|${escapeKeyPart(r.agent)}|${escapeKeyPart(r.session)}}`;
 
 // Stored as a positional array: a few hundred bytes per session, not a few kilobytes.
-const storedV1 = z.tuple([
+export const storedV1 = z.tuple([
   z.string().nullable(),
   z.number().int().nonnegative(),
   z.union([z.literal(0), z.literal(1)]),
@@ -56,10 +56,30 @@ const encode = (s: SessionState) =>
     s.pos?.p ?? null,
     s.pos?.o ?? null,
   ]);
-function decode(json: string): SessionState {
-  const r = storedV1.safeParse(JSON.parse(json));
-  if (!r.success) return newSession(); // state of another version: the session starts afresh rather than the consumer stopping
-  const [step, index, held, history, msg, seen, p, o] = r.data;
+const isStrings = (x: unknown): x is string[] => Array.isArray(x) && x.every((v) => typeof v === 'string');
+const isIntOrNull = (x: unknown): x is number | null => x === null || Number.isSafeInteger(x);
+
+/** The `storedV1` tuple checked by hand: this runs for every session of every batch. A unit test holds the two equal. */
+export function isStoredV1(v: unknown): v is z.infer<typeof storedV1> {
+  return (
+    Array.isArray(v) &&
+    v.length === 8 &&
+    (v[0] === null || typeof v[0] === 'string') &&
+    Number.isSafeInteger(v[1]) &&
+    (v[1] as number) >= 0 &&
+    (v[2] === 0 || v[2] === 1) &&
+    isStrings(v[3]) &&
+    isStrings(v[4]) &&
+    isStrings(v[5]) &&
+    isIntOrNull(v[6]) &&
+    (v[7] === null || typeof v[7] === 'string')
+  );
+}
+
+export function decode(json: string): SessionState {
+  const v: unknown = JSON.parse(json);
+  if (!isStoredV1(v)) return newSession(); // state of another version: the session starts afresh rather than the consumer stopping
+  const [step, index, held, history, msg, seen, p, o] = v;
   return {
     step,
     index,
@@ -74,6 +94,8 @@ function decode(json: string): SessionState {
 export interface Loaded {
   state: SessionState;
   version: string;
+  /** The session's Redis key, for `save` (built once per batch, not twice). */
+  key: string;
 }
 
 /**
@@ -97,35 +119,47 @@ export class RedisSessionStore {
     const out = new Map<string, Loaded>();
     if (!ids.length) return out;
     const pipe = this.redis.pipeline();
-    for (const id of ids) pipe.get(sessionKey(this.prefix, refs.get(id)!));
+    const keys = ids.map((id) => sessionKey(this.prefix, refs.get(id)!));
+    for (const key of keys) pipe.get(key);
     const values = await execPipeline(pipe, 'session read');
     this.roundTrips++;
     ids.forEach((id, i) => {
       const raw = values[i];
-      if (typeof raw !== 'string') return out.set(id, { state: newSession(), version: '' });
+      const key = keys[i]!;
+      if (typeof raw !== 'string') return out.set(id, { state: newSession(), version: '', key });
       const bar = raw.indexOf('|');
-      out.set(id, { state: decode(raw.slice(bar + 1)), version: raw.slice(0, bar) });
+      out.set(id, { state: decode(raw.slice(bar + 1)), version: raw.slice(0, bar), key });
     });
     return out;
   }
 
-  async loadOne(ref: SessionRef): Promise<SessionState> {
-    return (await this.load(new Map([['x', ref]]))).get('x')!.state;
-  }
-
-  /** A session's state for a reader (allowed tools): what this instance last wrote, else Redis. */
+  /**
+   * A session's state for a reader (allowed tools): what this instance last wrote, else Redis (one plain `GET`:
+   * a pipeline for one key costs a pipeline object and its command wrappers on every read).
+   */
   async read(ref: SessionRef): Promise<{ state: SessionState; cached: boolean }> {
-    const hit = this.cache.get(sessionKey(this.prefix, ref));
+    const key = sessionKey(this.prefix, ref);
+    const hit = this.cache.get(key);
     if (hit) return { state: hit.state, cached: true };
-    return { state: await this.loadOne(ref), cached: false };
+    let raw: string | null;
+    try {
+      raw = await this.redis.get(key);
+    } catch (err) {
+      throw redisFailure('session read', err);
+    }
+    return { state: raw === null ? newSession() : decode(raw.slice(raw.indexOf('|') + 1)), cached: false };
   }
 
-  async save(writes: { ref: SessionRef; state: SessionState; version: string }[]): Promise<void> {
+  /** `key`: the one `load` gave (else built from `ref`). */
+  async save(
+    writes: { ref: SessionRef; state: SessionState; version: string; key?: string }[],
+  ): Promise<void> {
     if (!writes.length) return;
     const pipe = this.redis.pipeline();
     const planned = writes.map((w) => ({
-      ...w,
-      key: sessionKey(this.prefix, w.ref),
+      key: w.key ?? sessionKey(this.prefix, w.ref),
+      state: w.state,
+      version: w.version,
       next: String((Number(w.version) || 0) + 1),
     }));
     for (const w of planned)
@@ -148,7 +182,10 @@ export class RedisSessionStore {
     let failure: unknown = null;
     for (const [i, w] of planned.entries()) {
       try {
-        parseScriptReply('writeSessionIfUnchanged', replies[i], writtenReply, WRITE_CODES);
+        // `{1}`, the reply of every write that did not race, without a schema parse; any other through the parser.
+        const r = replies[i];
+        if (!(Array.isArray(r) && r.length === 1 && r[0] === 1))
+          parseScriptReply('writeSessionIfUnchanged', r, writtenReply, WRITE_CODES);
         this.cache.written(w.key, w.state, w.next);
       } catch (err) {
         this.cache.drop(w.key);
