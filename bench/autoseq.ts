@@ -33,6 +33,7 @@ import {
   startService,
   writeResult,
   type Bench,
+  quantiles,
 } from './harness.js';
 
 const TOOLS = 1000;
@@ -187,8 +188,8 @@ export function benchLearned(n: number) {
   const scope = store.scope('default', 'default');
   const result = {
     events: times.length,
-    proposal_ms: { p50: round(pct(times, 50), 4), p99: round(pct(times, 99), 4) },
-    proposal_cpu_ms: { p50: round(pct(cpu, 50), 4), p99: round(pct(cpu, 99), 4) },
+    proposal_ms: quantiles(times, 4),
+    proposal_cpu_ms: quantiles(cpu, 4),
     active_proposals: active,
     active_hits: activeHits,
     coverage: round(activeHits / Math.max(1, times.length), 4),
@@ -258,8 +259,7 @@ export async function benchAutoseq(b: Bench, n: number) {
     catalog_compile_ms: Math.round(compileMs),
     events: sent,
     decision_ms: {
-      p50: round(pct(times, 50), 4),
-      p99: round(pct(times, 99), 4),
+      ...quantiles(times, 4),
       definition: 'in-process decide() per tool_call event, 1,000-tool catalog',
     },
     bare_kafkajs_events_per_s: bare.result.events_per_s,
@@ -300,8 +300,6 @@ function learnedPass(events: readonly ToolCallsEvent[]): { wall: number[]; cpu: 
   return { wall, cpu };
 }
 
-const quantiles = (xs: number[]) => ({ p50: round(pct(xs, 50), 4), p99: round(pct(xs, 99), 4) });
-
 /**
  * The learned decider over real agent runs (BENCH_AUTOSEQ_FILE: one file or several, comma-separated), in
  * process, as `paver predict` runs it: a cold pass (fresh process, first time through the code), then warm
@@ -339,12 +337,12 @@ export async function benchLearnedFiles(spec = process.env.BENCH_AUTOSEQ_FILE ??
       file: basename(file),
       tool_calls: r.cold.wall.length,
       warm_passes: passes,
-      warm_ms: quantiles(r.wall),
-      warm_cpu_ms: quantiles(r.cpu),
+      warm_ms: quantiles(r.wall, 4),
+      warm_cpu_ms: quantiles(r.cpu, 4),
       warm_p99_ms_per_pass: r.passP99,
-      warm_least_ms: quantiles(r.least),
-      cold_ms: quantiles(r.cold.wall),
-      cold_cpu_ms: quantiles(r.cold.cpu),
+      warm_least_ms: quantiles(r.least, 4),
+      cold_ms: quantiles(r.cold.wall, 4),
+      cold_cpu_ms: quantiles(r.cold.cpu, 4),
       load: run.load,
     };
     say(

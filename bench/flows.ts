@@ -2,7 +2,7 @@ import { flowDefinitionV1 } from '../schemas/index.js';
 import { FlowRegistry, registerManual } from '../services/flows/src/core/registry.js';
 import { DEFAULT_POLICY, recall } from '../services/flows/src/core/select.js';
 import { rng } from '../testkit/streams.js';
-import { pct, round, say, writeResult } from './harness.js';
+import { pct, quantiles, say, writeResult } from './harness.js';
 
 const WORDS =
   'account balance bill invoice refund order payment card transfer loan report search web summarize parse fetch email notify customer ticket support deploy build test review code database query backup restore schedule meeting calendar travel booking hotel flight cancel update address password reset login security audit export import csv pdf translate document contract sign approve reject escalate'.split(
@@ -45,8 +45,7 @@ export async function benchFlows(flows: number, queries: number) {
     index_build_ms: Math.round(indexMs),
     queries,
     recall_ms: {
-      p50: round(pct(times, 50)),
-      p99: round(pct(times, 99)),
+      ...quantiles(times),
       definition: 'stage-1 recall (BM25 + RRF, top_k 3, query + 2 episode summaries), in-process',
     },
     targets: { recall_p99_ms_max: 2 },

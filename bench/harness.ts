@@ -24,6 +24,11 @@ export const pct = (xs: number[], p: number): number | null => {
   return s.length ? s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))]! : null;
 };
 export const round = (x: number | null, digits = 3) => (x === null ? null : Number(x.toFixed(digits)));
+/** The p50 and p99 every figure reports, rounded alike. */
+export const quantiles = (xs: number[], digits = 3) => ({
+  p50: round(pct(xs, 50), digits),
+  p99: round(pct(xs, 99), digits),
+});
 
 export interface Bench {
   stack: Stack;
@@ -92,7 +97,7 @@ export interface Rate {
 const rateOf = (count: number, ms: number, cpuUs: number, batchMs: number[]): Rate => ({
   events_per_s: Math.round(count / (ms / 1000)),
   cpu_us_per_event: round(cpuUs / count, 2)!,
-  batch_ms: { p50: round(pct(batchMs, 50)), p99: round(pct(batchMs, 99)), batches: batchMs.length },
+  batch_ms: { ...quantiles(batchMs), batches: batchMs.length },
 });
 
 /**

@@ -10,15 +10,14 @@ import {
   pipeRate,
   ratios,
   underLoad,
-  pct,
   histogramQuantileMs,
   produceBacklog,
   redisInfo,
-  round,
   say,
   serviceRate,
   startService,
   writeResult,
+  quantiles,
   type Bench,
 } from './harness.js';
 
@@ -198,28 +197,24 @@ export async function benchSequencer(b: Bench, n: number, sessions: number) {
     load: { bare: bare.load, pipe: pipe.load, service: run.load, allowed_tools_http: http.load },
     config: benchConfig(),
     allowed_tools_http_ms: {
-      p50: round(pct(lat, 50)),
-      p99: round(pct(lat, 99)),
+      ...quantiles(lat),
       requests: lat.length,
       definition:
         'GET /sessions/{id}/allowed-tools on loopback, sequential, client-measured with fetch; sessions this instance wrote',
     },
     allowed_tools_http_lean_client_ms: {
-      p50: round(pct(leanLat, 50)),
-      p99: round(pct(leanLat, 99)),
+      ...quantiles(leanLat),
       requests: leanLat.length,
       definition:
         'the same measured with a lean keep-alive HTTP/1.1 client on one socket (the measuring process allocates little, so its GC stays out of the figure)',
     },
     allowed_tools_http_redis_path_ms: {
-      p50: round(pct(miss, 50)),
-      p99: round(pct(miss, 99)),
+      ...quantiles(miss),
       requests: miss.length,
       definition: 'fetch, for sessions this instance never wrote (one Redis round trip each)',
     },
     allowed_tools_http_redis_path_lean_client_ms: {
-      p50: round(pct(leanMiss, 50)),
-      p99: round(pct(leanMiss, 99)),
+      ...quantiles(leanMiss),
       requests: leanMiss.length,
       definition: 'the lean client, for sessions this instance never wrote',
     },
