@@ -117,12 +117,7 @@ export function decide(
     next.last = { tool: tool.name, fp: shape.payload_fingerprint };
   }
   next.pending = tool.name;
-  const r = head(e, 'auto_seq_detected_unique');
-  r.tool = tool.name;
-  r.candidates = [tool.name];
-  r.candidate_count = 1;
-  r.execute = execute;
-  withShape(r, shape);
+  const r = uniqueRecord(e, shape, tool.name, execute);
   if (execute && opts.includeArguments) r.arguments = obs;
   records.push(r);
   return { records, task: next, duplicate: false };
@@ -144,6 +139,21 @@ export function head(e: ToolCallEvent, event_type: NextActionRecord['event_type'
     ts: e.ts,
     event_type,
   };
+}
+
+/** A unique decision's record (typed or learned): the one tool, whether to execute it, the payload shape. */
+export function uniqueRecord(
+  e: ToolCallEvent,
+  shape: PayloadShape,
+  tool: string,
+  execute: boolean,
+): NextActionRecord {
+  const r = head(e, 'auto_seq_detected_unique');
+  r.tool = tool;
+  r.candidates = [tool];
+  r.candidate_count = 1;
+  r.execute = execute;
+  return withShape(r, shape);
 }
 
 /** Appends the payload shape fields to `r`, in the order `payloadShape` gives them. */

@@ -1,6 +1,6 @@
 import type { NextActionRecord, ToolCallEvent } from '../../../../../schemas/index.js';
 import type { Catalog } from '../catalog.js';
-import { head, withShape, type AutoseqOptions, type TaskState } from '../decide.js';
+import { uniqueRecord, type AutoseqOptions, type TaskState } from '../decide.js';
 import type { PayloadShape } from '../shape.js';
 import { canonicalJson } from '../../../../../shared/core/bindings.js';
 import type { Proposal } from './learner.js';
@@ -42,12 +42,7 @@ export function learnedRecord(
   p: Proposal,
   execute: boolean,
 ): NextActionRecord {
-  const r = head(e, 'auto_seq_detected_unique');
-  r.tool = p.tool;
-  r.candidates = [p.tool];
-  r.candidate_count = 1;
-  r.execute = execute;
-  withShape(r, shape);
+  const r = uniqueRecord(e, shape, p.tool, execute);
   r.origin = 'learned';
   if (p.rule_id !== null) r.rule_id = p.rule_id;
   r.rule_state = p.state;

@@ -432,11 +432,9 @@ local function windowAdd(b, task, ts)
   if h == false or (h and before(new, h)) then heads[b] = new end
 end
 
-local function evictOldest()
-  local b, oldest = oldestRecord()
-  local task = oldest.task
+-- Takes a record out of window bucket b and its sequences out of the counts.
+local function dropRecord(b, task)
   windowRemove(b, task)
-  dropStart(task)
   local recordsKey = KEYS[6] .. ':' .. b
   local packed = redis.call('HGET', recordsKey, task)
   redis.call('HDEL', recordsKey, task)
@@ -444,6 +442,12 @@ local function evictOldest()
     local tools, costs = unpackRecord(packed)
     count(tools, costs, -1)
   end
+end
+
+local function evictOldest()
+  local b, oldest = oldestRecord()
+  dropRecord(b, oldest.task)
+  dropStart(oldest.task)
 end
 
 local function complete(task, ts, openKey, part)
@@ -480,15 +484,7 @@ local function complete(task, ts, openKey, part)
   -- A task id seen again after it was forgotten replaces its older record (see core/state.ts).
   local wb = windowBucketOf(task)
   local recordsKey = KEYS[6] .. ':' .. wb
-  if redis.call('ZSCORE', KEYS[5] .. ':' .. wb, task) then
-    local prev = redis.call('HGET', recordsKey, task)
-    windowRemove(wb, task)
-    redis.call('HDEL', recordsKey, task)
-    if prev then
-      local ptools, pcosts = unpackRecord(prev)
-      count(ptools, pcosts, -1)
-    end
-  end
+  if redis.call('ZSCORE', KEYS[5] .. ':' .. wb, task) then dropRecord(wb, task) end
   windowAdd(wb, task, ts)
   local rec = table.concat(tools, '') .. RS .. table.concat(costStr, ',')
   if msg then rec = rec .. RS .. split(msg, US)[3] end
