@@ -167,11 +167,13 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
     });
     const lastCheckpoint = new Map<number, { at: number; offset: bigint }>();
     /** Throttled: an older checkpoint is always safe (a longer replay), never a wrong one. */
-    const maybeCheckpoint = async (partition: number, next: bigint) => {
+    const maybeCheckpoint = async (partition: number, next: bigint, epoch: string) => {
       const now = Date.now();
       const prev = lastCheckpoint.get(partition);
       if (prev && now - prev.at < env.DETECTOR_CHECKPOINT_INTERVAL_MS) return;
-      const offset = await store.checkpoint(partition, next);
+      const offset = await store.checkpoint(partition, next, epoch);
+      // The state went after this batch: its next batch rebuilds, from the checkpoint as it stands.
+      if (offset === null) return;
       if (prev?.offset !== offset) await checkpoints.write(partition, offset, now);
       lastCheckpoint.set(partition, { at: now, offset });
     };
@@ -196,6 +198,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
         const touched = new Map(ops.map((o) => [scopeId(o.scope), o.scope]));
         const toPublish = new Map<string, Scope>();
         let out: Awaited<ReturnType<typeof store.applyBatch>>;
+        let epoch: string;
         for (let attempt = 1; ; attempt++) {
           // Everything before this chunk on its partition has been applied (by this process or an earlier
           // owner): that is where a rebuild's replay ends.
@@ -203,7 +206,8 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
             ctx.heartbeat(),
           );
           for (const s of ready.changed) toPublish.set(scopeId(s), s);
-          out = await store.applyBatch(ops, { epoch: ready.epoch });
+          epoch = ready.epoch;
+          out = await store.applyBatch(ops, { epoch });
           if (!out.lost) break;
           if (attempt >= 5)
             throw new PaverError(
@@ -232,7 +236,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
             published.inc({ status }, n),
           );
         }
-        await maybeCheckpoint(partition, BigInt(batch[batch.length - 1]!.offset) + 1n);
+        await maybeCheckpoint(partition, BigInt(batch[batch.length - 1]!.offset) + 1n, epoch);
         countTrips();
       },
       routes: [

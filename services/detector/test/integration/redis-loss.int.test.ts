@@ -144,7 +144,7 @@ describe('detector after a Redis loss (real Kafka, real Redis)', () => {
     // The loss came mid-stream: the backlog was not done when the state went.
     expect(before.value('paver_detector_records_completed_total')).toBeLessThan(TASKS);
     const replayed = after.value('paver_detector_rebuild_events_total') - replayedBefore;
-    expect(replayed).toBeGreaterThan(0);
+    expect(replayed, `rebuilds replayed nothing\n${p.output().slice(-6000)}`).toBeGreaterThan(0);
 
     await waitFor(
       async () => JSON.stringify(await candidates(p)) === JSON.stringify(offline),

@@ -338,20 +338,32 @@ export class RedisDetectorStore {
    * Where a rebuild of `partition` must start replaying: the smallest start offset of any open task or window
    * record from that partition, over every scope, capped by `next` (the next offset to process). The value
    * only grows over time, so an older checkpoint is always a safe (longer) replay.
+   *
+   * Null when the state is no longer `epoch`'s: a loss after the batch leaves no starts, and reading that
+   * emptiness as "nothing open" would give `next`, a checkpoint past the whole window, so the rebuild the
+   * loss calls for would replay nothing. Each round trip ends by reading the marker: if it still names
+   * `epoch`, nothing read before it in that round trip came from a lost state.
    */
-  async checkpoint(partition: number, next: bigint): Promise<bigint> {
-    const members = await this.redis.smembers(this.global.scopes(partition));
+  async checkpoint(partition: number, next: bigint, epoch: string): Promise<bigint | null> {
+    const head =
+      (await this.redis.pipeline().smembers(this.global.scopes(partition)).get(this.global.epoch).exec()) ??
+      [];
     this.roundTrips++;
+    for (const [err] of head) if (err) throw pipelineError('checkpoint', err);
+    if (head[1]?.[1] !== epoch) return null;
     let min = next;
+    const members = z.array(z.string()).parse(head[0]?.[1]);
     const scopes = members.map(memberScope).filter((s): s is Scope => s !== null);
     if (scopes.length === 0) return min;
     const pipe = this.redis.pipeline();
     for (const s of scopes)
       pipe.zrange(`${detectorKeys(this.prefix, s).starts}:${partition}`, 0, 0, 'WITHSCORES');
+    pipe.get(this.global.epoch);
     const replies = (await pipe.exec()) ?? [];
     this.roundTrips++;
-    for (const [err, reply] of replies) {
-      if (err) throw pipelineError('checkpoint', err);
+    for (const [err] of replies) if (err) throw pipelineError('checkpoint', err);
+    if (replies[replies.length - 1]?.[1] !== epoch) return null;
+    for (const [, reply] of replies.slice(0, -1)) {
       const r = z.array(z.string()).parse(reply);
       if (r.length === 2 && BigInt(r[1]!) < min) min = BigInt(r[1]!);
     }
