@@ -34,6 +34,11 @@ export function createGroupMonitor(o: {
   metrics: RuntimeMetrics;
   memberId: () => string | null;
   assignment: () => Record<string, number[]>;
+  /** The admin client to poll with; the default is the monitor's own (tests pass one they control). */
+  admin?: () => Pick<
+    Admin,
+    'connect' | 'disconnect' | 'describeGroups' | 'fetchTopicOffsets' | 'fetchOffsets'
+  >;
 }): GroupMonitor {
   const interval = o.env.PAVER_LAG_POLL_MS;
   // Its own client with short timeouts and few, quick retries: a poll that cannot reach the broker must fail
@@ -47,7 +52,8 @@ export function createGroupMonitor(o: {
     // Its failures are this module's to report, once per outage, not kafkajs's once per request.
     logLevel: logLevel.NOTHING,
   });
-  let admin: Admin | null = null;
+  const newAdmin = o.admin ?? (() => kafka.admin());
+  let admin: ReturnType<typeof newAdmin> | null = null;
   let timer: NodeJS.Timeout | null = null;
   let running: Promise<void> | null = null;
   let stopped = false;
@@ -57,13 +63,22 @@ export function createGroupMonitor(o: {
   /** Per "topic\0partition": event time (ms) of the oldest message known to be unprocessed. */
   const oldest = new Map<string, number>();
   const k = (topic: string, partition: number) => `${topic}\0${partition}`;
+  /**
+   * Per "topic\0partition": the report count when the runner last set that partition's figures. A poll reads
+   * committed offsets before the runner's next commit and may answer after it; its figures are then older
+   * than the runner's and must not overwrite them (a finished partition would read its whole backlog as lag
+   * until the next poll).
+   */
+  let reports = 0;
+  const reportedAt = new Map<string, number>();
   const reported = new Set<string>();
 
   async function poll() {
     let answered = false;
+    const begun = reports;
     try {
       if (!admin) {
-        admin = kafka.admin();
+        admin = newAdmin();
         await admin.connect();
       }
       const groups = await admin.describeGroups([o.groupId]);
@@ -93,17 +108,20 @@ export function createGroupMonitor(o: {
           const from = c >= 0n ? c : BigInt(end.low);
           const lag = BigInt(end.high) > from ? BigInt(end.high) - from : 0n;
           const key = k(topic, partition);
-          if (lag === 0n) oldest.delete(key);
-          // Not fetched yet (a stall, a pause): the first time we saw it behind is a lower bound of its age.
-          else if (!oldest.has(key)) oldest.set(key, now);
+          seen.add(key);
           const labels = { topic, partition: String(partition) };
-          o.metrics.consumerLag.set(labels, Number(lag));
+          // The runner reported this partition after the poll began: its lag is the fresher one.
+          if ((reportedAt.get(key) ?? -1) < begun) {
+            if (lag === 0n) oldest.delete(key);
+            // Not fetched yet (a stall, a pause): the first time we saw it behind is a lower bound of its age.
+            else if (!oldest.has(key)) oldest.set(key, now);
+            o.metrics.consumerLag.set(labels, Number(lag));
+          }
           const since = oldest.get(key);
           o.metrics.oldestUnprocessedAge.set(
             labels,
             since === undefined ? 0 : Math.max(0, now - since) / 1000,
           );
-          seen.add(key);
         }
       }
       // Partitions moved to another member: their figures are that member's to report now.
@@ -113,6 +131,7 @@ export function createGroupMonitor(o: {
         o.metrics.consumerLag.remove({ topic, partition });
         o.metrics.oldestUnprocessedAge.remove({ topic, partition });
         oldest.delete(key);
+        reportedAt.delete(key);
         reported.delete(key);
       }
       for (const key of seen) reported.add(key);
@@ -161,6 +180,7 @@ export function createGroupMonitor(o: {
     },
     processed(topic, partition, next, high) {
       const key = k(topic, partition);
+      reportedAt.set(key, reports++);
       // The runner sets the lag gauge at the same moment: keep the two consistent between polls.
       if (next >= high) {
         oldest.delete(key);

@@ -1,0 +1,62 @@
+import { Registry } from 'prom-client';
+import { describe, expect, it } from 'vitest';
+import { commonEnvSchema } from '../../shared/config.js';
+import { createGroupMonitor } from '../../shared/kafka/group-monitor.js';
+import { silentLogger } from '../../shared/log.js';
+import { createMetrics } from '../../shared/metrics.js';
+
+/** An admin whose committed-offsets answer the test releases: a poll is then in flight exactly as long as wanted. */
+function slowAdmin(committed: () => string) {
+  let release: () => void = () => undefined;
+  let asked: () => void = () => undefined;
+  const askedP = new Promise<void>((r) => (asked = r));
+  const gate = new Promise<void>((r) => (release = r));
+  const admin = {
+    connect: async () => undefined,
+    disconnect: async () => undefined,
+    describeGroups: async () => ({
+      groups: [{ groupId: 'g', state: 'Stable', members: [{ memberId: 'm' }] }],
+    }),
+    fetchTopicOffsets: async () => [{ partition: 0, offset: '27', high: '27', low: '0' }],
+    fetchOffsets: async () => {
+      const answer = committed();
+      asked();
+      await gate;
+      return [{ topic: 't', partitions: [{ partition: 0, offset: answer, metadata: null }] }];
+    },
+  };
+  return { admin, askedP, release };
+}
+
+async function lagOf(registry: Registry): Promise<number | undefined> {
+  const m = (await registry.getMetricsAsJSON()).find((x) => x.name === 'paver_consumer_lag');
+  return m?.values.find((v) => v.labels.partition === '0')?.value;
+}
+
+describe('group monitor', () => {
+  it('a poll answered after the runner reported keeps the runner’s fresher lag', async () => {
+    const registry = new Registry();
+    const metrics = createMetrics('test', registry);
+    let committedNow = '-1';
+    const slow = slowAdmin(() => committedNow);
+    const monitor = createGroupMonitor({
+      groupId: 'g',
+      topics: ['t'],
+      env: commonEnvSchema.parse({ KAFKA_BROKERS: '127.0.0.1:1', REDIS_URL: 'redis://127.0.0.1:1' }),
+      log: silentLogger(),
+      metrics,
+      memberId: () => 'm',
+      assignment: () => ({ t: [0] }),
+      admin: () => slow.admin as never,
+    });
+    monitor.poke();
+    // The poll read "nothing committed"; meanwhile the runner processes all 27, commits and reports lag 0.
+    await slow.askedP;
+    committedNow = '27';
+    metrics.consumerLag.set({ topic: 't', partition: '0' }, 0);
+    monitor.processed('t', 0, 27n, 27n);
+    slow.release();
+    await monitor.stop();
+    expect(await lagOf(registry)).toBe(0);
+  });
+});
