@@ -9,8 +9,9 @@
  * Source kinds (a `Source` is plain JSON, so callers can store it and compare it by `sourceKey`):
  * - `prev`:  a path in the previous call's output (`part: "out"`) or arguments (`part: "args"`);
  * - `last`:  a path in the last call of tool X (output or arguments); list elements are path indices;
- * - `loop`:  element i of a list in the last call of tool X, where i = how many calls of the next tool the
- *            task made after that call (the agent walks the list in order, one call per element);
+ * - `loop`:  the first element of a list in the last call of tool X that no earlier call of the next tool
+ *            in this task took as an argument value (the agent walks the list in order, one call per
+ *            element, skipping what it has already looked at);
  * - `const`: the same value every time;
  * - `user`:  the n-th token of the user's text that matches a shape pattern learned from the value
  *            (verbatim substring: the value itself never becomes part of the binding).
@@ -141,10 +142,26 @@ function lastIndexOf(calls: readonly PastCall[], tool: string): number {
   return -1;
 }
 
-function countAfter(calls: readonly PastCall[], from: number, tool: string): number {
-  let n = 0;
-  for (let i = from + 1; i < calls.length; i++) if (calls[i]!.tool === tool) n++;
-  return n;
+/**
+ * Canonical texts of the argument values earlier calls of `tool` took (top-level arguments): what a loop over
+ * a list has already used. Element values are compared whole, so an id taken by any argument counts.
+ */
+function usedBy(calls: readonly PastCall[], tool: string): Set<string> {
+  const used = new Set<string>();
+  for (const c of calls) {
+    if (c.tool !== tool || !c.args) continue;
+    for (const v of Object.values(c.args)) if (v !== undefined) used.add(canonicalJson(v));
+  }
+  return used;
+}
+
+/** Index of the first element of `list` whose `item` value is not in `used`, or -1. */
+function firstUnused(list: readonly unknown[], item: Path, used: ReadonlySet<string>): number {
+  for (let j = 0; j < list.length; j++) {
+    const v = getPath(list[j], item);
+    if (v.ok && !used.has(canonicalJson(v.value))) return j;
+  }
+  return -1;
 }
 
 // ---- user text shapes ----------------------------------------------------------------------------------
@@ -222,8 +239,8 @@ export function resolveSource(ctx: BindingContext, nextTool: string, s: Source):
       if (i < 0) return NONE;
       const list = getPath(partOf(calls[i]!, s.part), s.list);
       if (!list.ok || !Array.isArray(list.value)) return NONE;
-      const at = countAfter(calls, i, nextTool);
-      return at < list.value.length ? getPath(list.value[at], s.item) : NONE;
+      const at = firstUnused(list.value, s.item, usedBy(calls, nextTool));
+      return at < 0 ? NONE : getPath(list.value[at], s.item);
     }
     case 'user': {
       if (!ctx.userText) return NONE;
@@ -475,10 +492,15 @@ function keyedSources(
       const k = `{"kind":"last","part":"${h.part}","path":${pathKeyOf(i)},"tool":${JSON.stringify(tool)}}`;
       if (!add({ kind: 'last', tool, part: h.part, path: h.path }, k)) return out;
     }
+    let used: Set<string> | undefined;
     for (const h of hits) {
-      const at = countAfter(calls, h.call, nextTool);
       for (let j = 0; j < h.path.length; j++) {
-        if (h.path[j] !== at) continue;
+        const at = h.path[j];
+        if (typeof at !== 'number') continue;
+        const list = getPath(partOf(calls[h.call]!, h.part), h.path.slice(0, j));
+        if (!list.ok || !Array.isArray(list.value)) continue;
+        used ??= usedBy(calls, nextTool);
+        if (firstUnused(list.value, h.path.slice(j + 1), used) !== at) continue;
         const loop: Source = {
           kind: 'loop',
           tool: calls[h.call]!.tool,

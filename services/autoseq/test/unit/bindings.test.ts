@@ -69,6 +69,19 @@ describe('bindings: enumerate and resolve each source kind', () => {
     expect(resolveSource(done, 'get_item', loop)).toEqual({ ok: false });
   });
 
+  it('loop: an element the next tool already took out of order is skipped, not fetched again', () => {
+    const loop = { kind: 'loop', tool: 'list', part: 'out', list: ['ids'], item: [] } as const;
+    const list = { tool: 'list', args: {}, observation: { ids: ['A', 'B', 'C'] } };
+    // The agent looked at B first (the user named it), then walks the list: A, then C — never B again.
+    const afterB = { calls: [list, { tool: 'get', args: { id: 'B' }, observation: {} }] };
+    expect(resolveSource(afterB, 'get', loop)).toEqual({ ok: true, value: 'A' });
+    expect(enumerateSources(afterB, 'get', 'A')).toContainEqual(loop);
+    const afterA = { calls: [...afterB.calls, { tool: 'get', args: { id: 'A' }, observation: {} }] };
+    expect(resolveSource(afterA, 'get', loop)).toEqual({ ok: true, value: 'C' });
+    expect(enumerateSources(afterA, 'get', 'C')).toContainEqual(loop);
+    expect(enumerateSources(afterA, 'get', 'B')).not.toContainEqual(loop);
+  });
+
   it('constant', () => {
     expect(enumerateSources(ctx, 'x', true)).toEqual([{ kind: 'const', value: true }]);
     expect(resolveSource({ calls: [] }, 'x', { kind: 'const', value: { a: 1 } })).toEqual({

@@ -158,6 +158,53 @@ describe('learned rule lifecycle', () => {
   });
 });
 
+describe('repeated calls', () => {
+  /** lookup(id) → fetch(record_id = its output), then the agent fetches the record again `again` times. */
+  function refetch(n: number, again: number): ToolCallsEvent[] {
+    const t = `r${n}-${again}`;
+    const rid = `R${n}`;
+    const evs = [call(t, 0, 'lookup', { q: `user${n}` }, { record_id: rid })];
+    for (let i = 0; i <= again; i++) evs.push(call(t, 1 + i, 'fetch', { record_id: rid }, { ok: true }));
+    return [...evs, done(t)];
+  }
+
+  it('a call the agent never repeats verbatim is not proposed again; where repeats are the norm it is', () => {
+    // lookup returns a record and a related one; the agent fetches both, but when they are the same record it
+    // stops after one fetch. The rule fetch(record_id = lookup's `related`) would then repeat the fetch.
+    const store = new MemoryLearnStore();
+    let repeated = 0;
+    let held = 0;
+    for (let i = 0; i < 60; i++) {
+      const t = `p${i}`;
+      const rid = `R${i}`;
+      const related = i % 3 === 0 ? rid : `Q${i}`;
+      const evs = [
+        call(t, 0, 'lookup', { q: `user${i}` }, { record_id: rid, related }),
+        call(t, 1, 'fetch', { record_id: rid }, { ok: true }),
+        ...(related === rid ? [] : [call(t, 2, 'fetch', { record_id: related }, { ok: true })]),
+        done(t),
+      ];
+      for (const r of run(store, evs)) {
+        const p = r.next;
+        if (p?.tool !== 'fetch' || r.task.calls.length < 2) continue;
+        held++;
+        if (r.task.calls.some((c) => c.tool === 'fetch' && c.args?.record_id === p.args.record_id))
+          repeated++;
+      }
+    }
+    expect(held).toBeGreaterThan(20);
+    expect(repeated).toBe(0);
+    const rule = listRules(store.scope('default', 'default')).find(
+      (r) => r.tool === 'fetch' && r.context.join('>').endsWith('fetch'),
+    );
+    expect(rule?.hits).toBe(rule?.trials);
+    // Polling: the agent fetches the same record until it changes (repeats are what this slot does).
+    const polls = new MemoryLearnStore();
+    const rs = Array.from({ length: 30 }, (_, i) => run(polls, refetch(i, 2))).flat();
+    expect(rs.filter((r) => r.heldHit && r.task.calls.length > 2).length).toBeGreaterThan(0);
+  });
+});
+
 describe('failed calls', () => {
   it('recognises the common ways tools report a failure, and nothing else', () => {
     for (const o of [

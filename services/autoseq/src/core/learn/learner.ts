@@ -95,6 +95,12 @@ export interface Slot {
   n: number;
   /** Argument unit signatures (sorted unit paths) → occurrences. */
   sigs: Record<string, number>;
+  /**
+   * Occurrences that repeated an earlier call of the task exactly (same tool and arguments; halved with `n`).
+   * Agents rarely repeat a call verbatim, so where this slot never does, a proposal that would is not made.
+   * Absent in state written before it was kept: read as 0.
+   */
+  rep?: number;
   /** Unit path key → source key → occurrences it reproduced the value. */
   units: Record<string, Record<string, number>>;
   rule: Rule | null;
@@ -198,6 +204,19 @@ export const slotKey = (ctx: string, tool: string) => `${ctx}${SLOT_SEP}${tool}`
 /** The context part of a slot key. */
 export const slotContext = (sk: string) => sk.slice(0, sk.lastIndexOf(SLOT_SEP));
 const argsFp = (args: Record<string, unknown> | undefined) => fnv64(canonicalJson(args ?? {}));
+/** Fingerprints of earlier calls' arguments, memoised per object (derived data only: results stay deterministic). */
+const pastFps = new WeakMap<object, string>();
+function pastFp(c: PastCall): string {
+  if (!c.args) return argsFp(undefined);
+  let fp = pastFps.get(c.args);
+  if (fp === undefined) pastFps.set(c.args, (fp = argsFp(c.args)));
+  return fp;
+}
+/** Whether a call of `tool` with arguments fingerprinted `fp` would repeat one of `calls` exactly. */
+const repeats = (calls: readonly PastCall[], tool: string, fp: string) =>
+  calls.some((c) => c.tool === tool && pastFp(c) === fp);
+/** A slot repeats calls often enough that a proposal repeating one is plausible (polling, retries). */
+const repeatsOften = (slot: Slot) => (slot.rep ?? 0) * 2 >= slot.n;
 
 /** Marks a context whose last call failed: what follows a failure has statistics (and rules) of its own. */
 const FAILED = `${SEP}!failed`;
@@ -311,6 +330,7 @@ function learnOccurrence(
   ctxs: { key: string; k: number }[],
   bctx: BindingContext,
   e: ToolCallEvent,
+  repeat: boolean,
   opts: LearnOptions,
 ): void {
   // Next-tool statistics first: bindings are learned only where the tool is the context's usual next call
@@ -346,6 +366,7 @@ function learnOccurrence(
       at: 0,
     });
     slot.n++;
+    if (repeat) slot.rep = (slot.rep ?? 0) + 1;
     slot.at = scope.clock;
     slot.sigs[sig] = (slot.sigs[sig] ?? 0) + 1;
     for (const u of unitKeys) {
@@ -371,6 +392,7 @@ function learnOccurrence(
     }
     if (halveIfOver(slot.sigs, slot.n, opts.maxCount)) {
       slot.n /= 2;
+      if (slot.rep) slot.rep /= 2;
       for (const srcs of Object.values(slot.units)) for (const kk of Object.keys(srcs)) srcs[kk]! /= 2;
     }
     // The current rule reproduced this occurrence: no source can have overtaken its bindings.
@@ -460,11 +482,14 @@ function propose(
       // proven, so it is neither proposed nor scored (this bounds the work to ~K candidates per event).
       if (tool === '' || c.next[tool]! < c.n * opts.minShare) continue;
       const sk = slotKey(key, tool);
-      const rule = scope.slots[sk]?.rule;
-      if (!rule) continue;
+      const slot = scope.slots[sk];
+      const rule = slot?.rule;
+      if (!slot || !rule) continue;
       const built = buildArgs(bctx, tool, rule.bindings);
       if (!built.ok) continue;
       if (validate?.(who, tool, built.args) === false) continue;
+      const fp = argsFp(built.args);
+      if (!repeatsOften(slot) && repeats(task.calls, tool, fp)) continue;
       cands.push({
         tool,
         args: built.args,
@@ -475,7 +500,7 @@ function propose(
         trials: rule.trials,
         k,
         slot: sk,
-        fp: argsFp(built.args),
+        fp,
       });
     }
   }
@@ -565,7 +590,7 @@ export function stepToolCall(
   scorePending(scope, task, { tool: e.tool, fp }, e.ts, opts, out);
   const bctx: BindingContext = { calls: task.calls, userText: task.user ?? undefined };
   const ctxs = contexts(task.calls, opts.maxK);
-  if (ctxs.length > 0) learnOccurrence(scope, ctxs, bctx, e, opts);
+  if (ctxs.length > 0) learnOccurrence(scope, ctxs, bctx, e, repeats(task.calls, e.tool, fp), opts);
   // Eviction sorts the scope: it runs once the counts pass their bounds by a quarter, so its cost is amortised,
   // and the decision depends on the counts alone (state), so every store makes it at the same event.
   evict(scope, opts);
