@@ -1,6 +1,11 @@
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
-import type { TaskCompletedEvent, ToolCallEvent, ToolCallsEvent } from '../../../../../schemas/index.js';
+import type {
+  TaskCompletedEvent,
+  ToolCallEvent,
+  ToolCallsEvent,
+  UserMessageEvent,
+} from '../../../../../schemas/index.js';
 import { execPipeline } from '../../../../../shared/redis/replies.js';
 import { escapeKeyPart, scopeTag } from '../../../../../shared/redis/keys.js';
 import {
@@ -113,7 +118,7 @@ interface LoadedScope {
   touched: Set<string>;
 }
 
-type ScopeEvent = ToolCallEvent | TaskCompletedEvent;
+type ScopeEvent = ToolCallEvent | TaskCompletedEvent | UserMessageEvent;
 
 /**
  * A batch's learned state, in two pipelined round trips: the tasks and each scope's counts, then the
@@ -155,10 +160,9 @@ export class RedisLearnStore implements LearnStore {
       const tid = taskId(e.tenant_id, e.agent_id, e.task_id);
       const tr = taskRefs.get(tid) ?? { tenant: e.tenant_id, agent: e.agent_id, task: e.task_id, events: [] };
       taskRefs.set(tid, tr);
-      if (e.type !== 'user_message') {
-        sr.events++;
-        tr.events.push(e);
-      }
+      // A user message changes no count, but it refines the contexts the task's later calls touch.
+      if (e.type !== 'user_message') sr.events++;
+      tr.events.push(e);
     }
     const first = redis.pipeline();
     for (const r of scopeRefs.values()) first.hget(learnKey(prefix, r.tenant, r.agent), META);

@@ -11,7 +11,7 @@ import {
   type Source,
 } from '../../../../../shared/core/bindings.js';
 import type { TaskCompletedEvent, ToolCallEvent, UserMessageEvent } from '../../../../../schemas/index.js';
-import { failedOutput } from './outcome.js';
+import { failedOutput, mentionsRequest } from './outcome.js';
 import { fnv64, wilsonLower } from './stats.js';
 
 /**
@@ -220,20 +220,34 @@ const repeatsOften = (slot: Slot) => (slot.rep ?? 0) * 2 >= slot.n;
 
 /** Marks a context whose last call failed: what follows a failure has statistics (and rules) of its own. */
 const FAILED = `${SEP}!failed`;
+/**
+ * Marks refining a context by whether its last output mentions a word of the user's request (see
+ * `mentionsRequest`). Both refinements are kept beside the plain context, not instead of it: a rule that
+ * holds either way is proven on all its trials (no slower promotion), and one that holds on one side only
+ * (a list walk that goes on while records do not mention what the user asked for) can be proven there.
+ */
+const MENTIONS = `${SEP}!mentions`;
+const QUIET = `${SEP}!quiet`;
 
-function contexts(calls: readonly PastCall[], maxK: number): { key: string; k: number }[] {
+function contexts(
+  calls: readonly PastCall[],
+  maxK: number,
+  userText: string | null,
+): { key: string; k: number }[] {
   const out: { key: string; k: number }[] = [];
   if (calls.length === 0) return out;
-  const mark = failedOutput(calls[calls.length - 1]!.observation) ? FAILED : '';
-  for (let k = 1; k <= Math.min(maxK, calls.length); k++)
-    out.push({
-      key:
-        calls
-          .slice(calls.length - k)
-          .map((c) => c.tool)
-          .join(SEP) + mark,
-      k,
-    });
+  const last = calls[calls.length - 1]!.observation;
+  const failed = failedOutput(last);
+  // Without a request there is nothing to mention: the refinement would only copy the plain context.
+  const refine = failed || !userText ? '' : mentionsRequest(last, userText) ? MENTIONS : QUIET;
+  for (let k = 1; k <= Math.min(maxK, calls.length); k++) {
+    const tools = calls
+      .slice(calls.length - k)
+      .map((c) => c.tool)
+      .join(SEP);
+    out.push({ key: tools + (failed ? FAILED : ''), k });
+    if (refine) out.push({ key: tools + refine, k });
+  }
   return out;
 }
 
@@ -413,14 +427,15 @@ const slack = (max: number) => Math.ceil(max / 4);
 
 /**
  * Whether eviction can run while applying `events` more events to a scope with these counts: a store that
- * loads only part of a scope loads all of it then (each event adds at most K contexts and K slots).
+ * loads only part of a scope loads all of it then.
  */
 export function evictionDue(
   counts: Pick<ScopeState, 'nCtx' | 'nSlots'>,
   events: number,
   opts: LearnOptions,
 ): boolean {
-  const grow = events * opts.maxK;
+  // Each event adds at most two contexts (plain and refined) and two slots per k.
+  const grow = events * opts.maxK * 2;
   return (
     counts.nCtx + grow > opts.maxContexts + slack(opts.maxContexts) ||
     counts.nSlots + grow > opts.maxSlots + slack(opts.maxSlots)
@@ -474,7 +489,7 @@ function propose(
 ): { pending: Pending[]; best: Proposal | null } {
   const bctx: BindingContext = { calls: task.calls, userText: task.user ?? undefined };
   const cands: (Proposal & { slot: string; fp: string })[] = [];
-  for (const { key, k } of contexts(task.calls, opts.maxK)) {
+  for (const { key, k } of contexts(task.calls, opts.maxK, task.user)) {
     const c = scope.ctx[key];
     if (!c) continue;
     for (const tool of Object.keys(c.next)) {
@@ -560,16 +575,21 @@ function pastCall(e: ToolCallEvent, opts: LearnOptions): PastCall {
  */
 export function contextsTouched(
   task: LearnTask,
-  events: readonly (ToolCallEvent | TaskCompletedEvent)[],
+  events: readonly (ToolCallEvent | TaskCompletedEvent | UserMessageEvent)[],
   opts: LearnOptions,
 ): Set<string> {
   const keys = new Set<string>(task.pending.map((p) => slotContext(p.slot)));
   let calls = task.calls;
-  for (const { key } of contexts(calls, opts.maxK)) keys.add(key);
+  // The request refines contexts: a user message in the batch changes them from there on (as stepUserMessage).
+  let user = task.user;
+  for (const { key } of contexts(calls, opts.maxK, user)) keys.add(key);
   for (const e of events) {
-    if (e.type !== 'tool_call') continue;
-    calls = [...calls, pastCall(e, opts)].slice(-opts.historyPerTask);
-    for (const { key } of contexts(calls, opts.maxK)) keys.add(key);
+    if (e.type === 'user_message') {
+      if (user !== null) continue;
+      user = e.text;
+    } else if (e.type === 'tool_call') calls = [...calls, pastCall(e, opts)].slice(-opts.historyPerTask);
+    else continue;
+    for (const { key } of contexts(calls, opts.maxK, user)) keys.add(key);
   }
   return keys;
 }
@@ -589,7 +609,7 @@ export function stepToolCall(
   if (task.best) out.heldHit = task.best.tool === e.tool && argsFp(task.best.args) === fp;
   scorePending(scope, task, { tool: e.tool, fp }, e.ts, opts, out);
   const bctx: BindingContext = { calls: task.calls, userText: task.user ?? undefined };
-  const ctxs = contexts(task.calls, opts.maxK);
+  const ctxs = contexts(task.calls, opts.maxK, task.user);
   if (ctxs.length > 0) learnOccurrence(scope, ctxs, bctx, e, repeats(task.calls, e.tool, fp), opts);
   // Eviction sorts the scope: it runs once the counts pass their bounds by a quarter, so its cost is amortised,
   // and the decision depends on the counts alone (state), so every store makes it at the same event.
@@ -626,7 +646,7 @@ export function stepTaskCompleted(
   scope.clock++;
   if (task.best) out.heldHit = false;
   scorePending(scope, task, null, e.ts, opts, out);
-  for (const { key } of contexts(task.calls, opts.maxK)) {
+  for (const { key } of contexts(task.calls, opts.maxK, task.user)) {
     const c = scope.ctx[key];
     if (!c) continue;
     c.n++;
