@@ -63,6 +63,30 @@ function requestWords(text: string): Set<string> {
  */
 export function mentionsRequest(observation: unknown, userText: string | undefined): boolean {
   if (!userText) return false;
+  // Asked several times per event for the same last output (context keys, the store's partial load):
+  // memoised per output object and request (derived data only, so answers stay deterministic).
+  if (observation !== null && typeof observation === 'object') {
+    const m = mentionMemo.get(observation);
+    if (m?.text === userText) return m.result;
+    const result = searchMentions(observation, userText);
+    mentionMemo.set(observation, { text: userText, result });
+    return result;
+  }
+  if (typeof observation !== 'string') return false;
+  if (observation !== lastOutput || userText !== lastOutputText) {
+    lastResult = searchMentions(observation, userText);
+    lastOutput = observation;
+    lastOutputText = userText;
+  }
+  return lastResult;
+}
+
+const mentionMemo = new WeakMap<object, { text: string; result: boolean }>();
+let lastOutput: string | null = null;
+let lastOutputText: string | null = null;
+let lastResult = false;
+
+function searchMentions(observation: unknown, userText: string): boolean {
   const asked = requestWords(userText);
   if (asked.size === 0) return false;
   const seen = new Set<string>();
