@@ -59,6 +59,8 @@ export async function* readEvents(
   path: string,
   stats: ReadStats,
   warn: (s: string) => void,
+  /** Called with each bad line that was JSON (after it is counted and reported), in input order. */
+  onBad?: (raw: unknown) => void,
 ): AsyncGenerator<ToolCallsEvent> {
   const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
   const rl = createInterface({ input: openInput(path), crlfDelay: Infinity });
@@ -111,6 +113,7 @@ export async function* readEvents(
     const r = parse(raw, 'file');
     if (!r.ok) {
       fail(`${r.reason}: ${r.detail}`);
+      onBad?.(raw);
       continue;
     }
     yield r.value;

@@ -23,7 +23,8 @@ ${TUNING}
 Replays the file through autoseq's deciders (typed from the catalog, learned from the stream), learning only
 from what came before each event, and prints exactly one JSON line per tool_call event, in input order:
 {"event_id","task_id","proposal": null | {"tool","args","origin","state","rule_id","confidence"}}
-where proposal is the best proposal held for that call before it was read.
+where proposal is the best proposal held for that call before it was read. A tool_call line that is not a
+valid event (reported on stderr) or repeats an event_id already read gets a line with proposal null.
 `;
 const SAVINGS_USAGE = `Usage: paver savings --input EVENTS.jsonl [--catalog FILE] [--json]
 ${TUNING}
@@ -66,7 +67,17 @@ export async function replay(
   const savings = new SavingsCounter();
   const stats = { lines: 0, bad: 0 };
   let events = 0;
-  for await (const e of readEvents(input, stats, warn)) {
+  // One line per input tool_call, even a bad or repeated one (with no proposal): a consumer can align the
+  // output with its input line for line.
+  const badCall = (raw: unknown) => {
+    if (raw === null || typeof raw !== 'object') return;
+    const o = raw as Record<string, unknown>;
+    if (o.type !== 'tool_call' || typeof o.event_id !== 'string') return;
+    const task =
+      typeof o.task_id === 'string' ? o.task_id : typeof o.session_id === 'string' ? o.session_id : '';
+    onLine({ event_id: o.event_id, task_id: task, proposal: null });
+  };
+  for await (const e of readEvents(input, stats, warn, badCall)) {
     events++;
     if (progress && events % 10_000 === 0) progress(events);
     let typedNext = null;
@@ -79,6 +90,8 @@ export async function replay(
       }
     }
     const r = applyEvent(store, e, opts, validate, typedNext);
+    if (r?.duplicate && e.type === 'tool_call')
+      onLine({ event_id: e.event_id, task_id: e.task_id, proposal: null });
     if (!r || r.duplicate) continue;
     if (e.type === 'tool_call') {
       onLine({ event_id: e.event_id, task_id: e.task_id, proposal: predictProposal(r.held) });

@@ -356,6 +356,42 @@ describe('paver predict', () => {
     expect(out.some((l) => l.proposal !== null)).toBe(true);
   });
 
+  it('a bad or repeated tool_call line still gets its line (proposal null), so output aligns with input', async () => {
+    const all = readFileSync(fixture, 'utf8').trim().split('\n');
+    const calls = all.filter((l) => (JSON.parse(l) as { type: string }).type === 'tool_call');
+    const broken = {
+      ...(JSON.parse(calls[3]!) as Record<string, unknown>),
+      args: null,
+      event_id: 'broken:1',
+    };
+    const noStep = { ...(JSON.parse(calls[4]!) as Record<string, unknown>), event_id: 'broken:2' };
+    delete noStep.step;
+    const dir = mkdtempSync(join(tmpdir(), 'predict-'));
+    const file = join(dir, 'in.jsonl');
+    const input = [
+      ...all.slice(0, 20),
+      JSON.stringify(broken),
+      calls[2]!,
+      JSON.stringify(noStep),
+      ...all.slice(20),
+    ];
+    writeFileSync(file, input.join('\n'));
+    const out = (await lines(file)).map((l) => JSON.parse(l) as { event_id: string; proposal: unknown });
+    const expected = input
+      .map((l) => JSON.parse(l) as { type: string; event_id: string })
+      .filter((e) => e.type === 'tool_call')
+      .map((e) => e.event_id);
+    expect(out.map((l) => l.event_id)).toEqual(expected);
+    for (const l of out.filter((x) => x.event_id.startsWith('broken:'))) expect(l.proposal).toBeNull();
+    // The repeated line (calls[2], read again) holds nothing and changes nothing after it.
+    const whole = (await lines(fixture)).map((l) => JSON.parse(l) as { event_id: string });
+    expect(
+      out.filter(
+        (_, i) => !expected.slice(0, i).includes(expected[i]!) && !expected[i]!.startsWith('broken:'),
+      ),
+    ).toEqual(whole);
+  });
+
   it('with a catalog, the typed decider wins when it is unique', async () => {
     const root = join(import.meta.dirname, '../../../../examples');
     const { loadCatalogFile } = await import('../../src/core/catalog.js');
