@@ -364,7 +364,7 @@ describe('paver predict', () => {
       args: null,
       event_id: 'broken:1',
     };
-    const noStep = { ...(JSON.parse(calls[4]!) as Record<string, unknown>), event_id: 'broken:2' };
+    const noStep: Record<string, unknown> = { ...(JSON.parse(calls[4]!) as object), event_id: 'broken:2' };
     delete noStep.step;
     const dir = mkdtempSync(join(tmpdir(), 'predict-'));
     const file = join(dir, 'in.jsonl');
