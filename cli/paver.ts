@@ -227,32 +227,30 @@ Examples:
       done(await offline('autoseq', o.strict, () => autoseqCommand(without(after(1), '--strict'))));
     });
 
-  sub(program, 'predict', 'one line per tool_call: the proposal held for it (JSONL)')
-    .addOption(INPUT().makeOptionMandatory())
-    .option('--catalog <file>', 'tool catalog (JSON or YAML)')
-    .addOption(num('--max-k', 'longest context learned, 1..8'))
-    .addOption(num('--min-trials', 'trials before a proposal is active'))
-    .addOption(num('--min-precision', 'precision before a proposal is active, 0..1'))
-    .addOption(num('--window', 'trials remembered per context, ≥ 2'))
-    .addOption(STRICT())
-    .action(async (o: Flags) => {
-      const { predictCommand } = await import('../services/autoseq/src/learn-cli.js');
-      done(await offline('predict', o.strict, () => predictCommand(without(after(1), '--strict'))));
-    });
+  // predict and savings replay the same learned core: the same input, catalog and tuning flags.
+  const learned = (name: string, summary: string, extra: (c: Command) => Command = (c) => c) =>
+    extra(
+      sub(program, name, summary)
+        .addOption(INPUT().makeOptionMandatory())
+        .option('--catalog <file>', 'tool catalog (JSON or YAML)'),
+    )
+      .addOption(num('--max-k', 'longest context learned, 1..8'))
+      .addOption(num('--min-trials', 'trials before a proposal is active'))
+      .addOption(num('--min-precision', 'precision before a proposal is active, 0..1'))
+      .addOption(num('--window', 'trials remembered per context, ≥ 2'))
+      .addOption(STRICT());
 
-  sub(program, 'savings', 'LLM steps that active proposals would have saved')
-    .addOption(INPUT().makeOptionMandatory())
-    .option('--catalog <file>', 'tool catalog (JSON or YAML)')
-    .option('--json', 'one JSON object instead of text')
-    .addOption(num('--max-k', 'longest context learned, 1..8'))
-    .addOption(num('--min-trials', 'trials before a proposal is active'))
-    .addOption(num('--min-precision', 'precision before a proposal is active, 0..1'))
-    .addOption(num('--window', 'trials remembered per context, ≥ 2'))
-    .addOption(STRICT())
-    .action(async (o: Flags) => {
-      const { savingsCommand } = await import('../services/autoseq/src/learn-cli.js');
-      done(await offline('savings', o.strict, () => savingsCommand(without(after(1), '--strict'))));
-    });
+  learned('predict', 'one line per tool_call: the proposal held for it (JSONL)').action(async (o: Flags) => {
+    const { predictCommand } = await import('../services/autoseq/src/learn-cli.js');
+    done(await offline('predict', o.strict, () => predictCommand(without(after(1), '--strict'))));
+  });
+
+  learned('savings', 'LLM steps that active proposals would have saved', (c) =>
+    c.option('--json', 'one JSON object instead of text'),
+  ).action(async (o: Flags) => {
+    const { savingsCommand } = await import('../services/autoseq/src/learn-cli.js');
+    done(await offline('savings', o.strict, () => savingsCommand(without(after(1), '--strict'))));
+  });
 
   sub(program, 'sequence', "the sequencer's state record per event of a JSONL file (JSONL)")
     .requiredOption('--config <file>', 'orchestration file (JSON or YAML)')
