@@ -2,13 +2,13 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { nextActionRecordV1, type NextActionRecord } from '../../../../schemas/index.js';
-import { consumeUntil, createTopics, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
-import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
+import { consumeUntil, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
+import { getJson, isReady, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import { DEFAULT_LEARN } from '../../src/core/learn/learner.js';
 import type { PredictLine } from '../../src/core/learn/engine.js';
 import { replay } from '../../src/learn-cli.js';
-import { expectSameAsPredict } from './predict-compare.js';
+import { expectSameAsPredict, learnedServiceEnv } from './predict-compare.js';
 
 const procs: Proc[] = [];
 afterAll(() => {
@@ -32,21 +32,7 @@ async function start(env: Record<string, string>) {
 
 describe('autoseq learned proposals (real Kafka, real Redis)', () => {
   it('a dev file on a 1-partition topic gives the proposals `paver predict` gives, across a SIGKILL', async () => {
-    const env = serviceEnv({
-      AUTOSEQ_GROUP_ID: `g-${Date.now()}`,
-      PAVER_TOPIC_TOOL_CATALOG: `cat-${Date.now()}`,
-      AUTOSEQ_CATALOG_WAIT_MS: '0',
-      AUTOSEQ_LEARN_MIN_TRIALS: String(lowBar.minTrials),
-      AUTOSEQ_LEARN_MIN_PRECISION: String(lowBar.minPrecision),
-      AUTOSEQ_LEARN_MAX_CONTEXTS: String(lowBar.maxContexts),
-      AUTOSEQ_LEARN_MAX_SLOTS: String(lowBar.maxSlots),
-    });
-    await createTopics([
-      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 },
-      { topic: env.PAVER_TOPIC_NEXT_ACTIONS!, partitions: 1 },
-      { topic: env.PAVER_TOPIC_DEAD_LETTERS!, partitions: 1 },
-      { topic: env.PAVER_TOPIC_TOOL_CATALOG!, partitions: 1, compacted: true },
-    ]);
+    const env = await learnedServiceEnv('aseq-learned', lowBar);
     const lines = readFileSync(fixture, 'utf8').trim().split('\n');
     const events = lines.map(
       (l) => JSON.parse(l) as { type: string; event_id: string; task_id: string; session_id: string },

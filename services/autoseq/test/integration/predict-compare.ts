@@ -1,6 +1,32 @@
 import { expect } from 'vitest';
 import type { NextActionRecord } from '../../../../schemas/index.js';
+import { createTopics } from '../../../../test/helpers/kafka.js';
+import { serviceEnv } from '../../../../test/helpers/process.js';
 import type { PredictLine } from '../../src/core/learn/engine.js';
+import type { LearnOptions } from '../../src/core/learn/learner.js';
+
+/**
+ * The environment of an autoseq that learns with `opts` (as `paver predict` is given them), on fresh
+ * 1-partition topics it creates: one partition, so the service reads the file's order as predict does.
+ */
+export async function learnedServiceEnv(name: string, opts: LearnOptions): Promise<Record<string, string>> {
+  const env = serviceEnv({
+    AUTOSEQ_GROUP_ID: `${name}-${Date.now()}`,
+    PAVER_TOPIC_TOOL_CATALOG: `cat-${name}-${Date.now()}`,
+    AUTOSEQ_CATALOG_WAIT_MS: '0',
+    AUTOSEQ_LEARN_MIN_TRIALS: String(opts.minTrials),
+    AUTOSEQ_LEARN_MIN_PRECISION: String(opts.minPrecision),
+    AUTOSEQ_LEARN_MAX_CONTEXTS: String(opts.maxContexts),
+    AUTOSEQ_LEARN_MAX_SLOTS: String(opts.maxSlots),
+  });
+  await createTopics([
+    { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 },
+    { topic: env.PAVER_TOPIC_NEXT_ACTIONS!, partitions: 1 },
+    { topic: env.PAVER_TOPIC_DEAD_LETTERS!, partitions: 1 },
+    { topic: env.PAVER_TOPIC_TOOL_CATALOG!, partitions: 1, compacted: true },
+  ]);
+  return env;
+}
 
 /**
  * Holds the service's next-action records to `paver predict`'s lines over the same tool calls: the record

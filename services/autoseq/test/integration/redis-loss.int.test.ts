@@ -3,13 +3,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { nextActionRecordV1, type NextActionRecord } from '../../../../schemas/index.js';
-import { consumeUntil, createTopics, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
-import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
+import { consumeUntil, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
+import { getJson, isReady, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import type { PredictLine } from '../../src/core/learn/engine.js';
 import { DEFAULT_LEARN } from '../../src/core/learn/learner.js';
 import { replay } from '../../src/learn-cli.js';
-import { expectSameAsPredict } from './predict-compare.js';
+import { expectSameAsPredict, learnedServiceEnv } from './predict-compare.js';
 
 const procs: Proc[] = [];
 const redis = testRedis();
@@ -39,19 +39,7 @@ async function predict(lines: string[]): Promise<PredictLine[]> {
 
 describe('autoseq: Redis state lost mid-stream', () => {
   it('notices the loss (readyz false then true, a metric), and learns again as from a fresh start', async () => {
-    const env = serviceEnv({
-      AUTOSEQ_GROUP_ID: `aseq-loss-${Date.now()}`,
-      PAVER_TOPIC_TOOL_CATALOG: `cat-loss-${Date.now()}`,
-      AUTOSEQ_CATALOG_WAIT_MS: '0',
-      AUTOSEQ_LEARN_MIN_TRIALS: String(lowBar.minTrials),
-      AUTOSEQ_LEARN_MIN_PRECISION: String(lowBar.minPrecision),
-    });
-    await createTopics([
-      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 },
-      { topic: env.PAVER_TOPIC_NEXT_ACTIONS!, partitions: 1 },
-      { topic: env.PAVER_TOPIC_DEAD_LETTERS!, partitions: 1 },
-      { topic: env.PAVER_TOPIC_TOOL_CATALOG!, partitions: 1, compacted: true },
-    ]);
+    const env = await learnedServiceEnv('aseq-loss', lowBar);
     const lines = readFileSync(fixture, 'utf8').trim().split('\n');
     const events = lines.map((l) => JSON.parse(l) as Ev);
     // Split at a task boundary: the tasks after the loss begin after it.
