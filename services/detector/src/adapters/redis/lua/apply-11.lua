@@ -73,12 +73,33 @@ local SUPPORT_BUCKETS = 16
 local CLEAR_BUCKETS = 128
 local US, RS = '\31', '\30'
 
--- The done bucket of a task id (a fixed string hash: the same id always lands in the same bucket).
-local function doneKeyOf(part, task)
-  local h = 0
-  for i = 1, #task do h = (h * 31 + string.byte(task, i)) % 16777216 end
-  return KEYS[4] .. ':' .. part .. ':' .. (h % DONE_BUCKETS)
+-- A fixed string hash of a task id or gram (the same string always lands in the same bucket), computed once
+-- per string and call: a task's events come several to a call.
+local hashes = {}
+local function hashOf(s)
+  local h = hashes[s]
+  if h == nil then
+    h = 0
+    for i = 1, #s do h = (h * 31 + string.byte(s, i)) % 16777216 end
+    hashes[s] = h
+  end
+  return h
 end
+
+-- The done bucket of a task id on a partition (a task's events all come from one partition: see above).
+-- Each entry also caches the task's completion ts found in (or written to) its bucket (`closed`: nil until
+-- read, false when none); an entry that trimExpired cuts meanwhile is one already forgotten on that
+-- partition's clock, which only grows, so the cached ts is then read as forgotten too.
+local doneKeys = {}
+local function doneEntryOf(part, task)
+  local k = doneKeys[task]
+  if k == nil or k.part ~= part then
+    k = {part = part, key = KEYS[4] .. ':' .. part .. ':' .. (hashOf(task) % DONE_BUCKETS)}
+    doneKeys[task] = k
+  end
+  return k
+end
+local function doneKeyOf(part, task) return doneEntryOf(part, task).key end
 
 -- Partitions this scope holds state on: meta keeps a clock per partition.
 local scopeParts = {}
@@ -136,7 +157,13 @@ local clocks = {}
 -- The current op's partition: ids completed on it before this are forgotten (see the main loop).
 local forgotten = 0
 
-local function int(x) return string.format('%.0f', x) end
+-- '%d' formats an integer without the float printing path '%.0f' takes (about 3x the cost, once per number
+-- written); every number written here is an integer (ms, offsets, counts, cost units), '%.0f' stays for others.
+local fmt, floor = string.format, math.floor
+local function int(x)
+  if x == floor(x) and x < 9e15 and x > -9e15 then return fmt('%d', x) end
+  return fmt('%.0f', x)
+end
 
 -- Byte order (as ZSET members and core/order.ts compare); Lua's own `<` on strings follows the locale.
 local function bytesLess(a, b)
@@ -217,10 +244,14 @@ end
 
 -- Support, cost and exact counts per gram: each read once per call, written back at the end.
 local supS, supC, supX, supSeen, supDirty = {}, {}, {}, {}, {}
+local supportKeys = {}
 local function supportKeyOf(gram)
-  local h = 0
-  for i = 1, #gram do h = (h * 31 + string.byte(gram, i)) % 16777216 end
-  return KEYS[7] .. ':' .. (h % SUPPORT_BUCKETS)
+  local k = supportKeys[gram]
+  if k == nil then
+    k = KEYS[7] .. ':' .. (hashOf(gram) % SUPPORT_BUCKETS)
+    supportKeys[gram] = k
+  end
+  return k
 end
 
 -- A support bucket is read whole (HGETALL) the first time one of its grams is needed: the buckets are small
@@ -391,9 +422,7 @@ local function dropStart(task)
 end
 
 local function windowBucketOf(task)
-  local h = 0
-  for i = 1, #task do h = (h * 31 + string.byte(task, i)) % 16777216 end
-  return h % WINDOW_BUCKETS
+  return hashOf(task) % WINDOW_BUCKETS
 end
 
 -- The window's size, and each bucket's oldest record ({task, ts}; false when empty, nil when not read yet).
@@ -426,7 +455,7 @@ local function windowRemove(b, task)
   if h and h.task == task then heads[b] = nil end
 end
 local function windowAdd(b, task, ts)
-  redis.call('ZADD', KEYS[5] .. ':' .. b, ts, task)
+  redis.call('ZADD', KEYS[5] .. ':' .. b, int(ts), task)
   windowSize = windowSize + 1
   local h, new = heads[b], {task = task, ts = ts}
   if h == false or (h and before(new, h)) then heads[b] = new end
@@ -450,6 +479,47 @@ local function evictOldest()
   dropStart(oldest.task)
 end
 
+-- Open tasks' last ts per partition (KEYS[2]..":"..p): each task's score read once per call, writes kept
+-- here and flushed before the sorted set is read by range (a sweep) and at the end (fewer Redis calls per
+-- event). `due[p]`: a lower bound on (smallest last ts + idleMs) over p's open tasks, nil when unknown: no
+-- task of p is idle before p's clock reaches it, so the sweep's range read is skipped until then.
+local openLast, openDirty, due = {}, {}, {}
+local function lastOf(part, task)
+  local t = openLast[part]
+  if t == nil then t = {}; openLast[part] = t; openDirty[part] = {} end
+  local v = t[task]
+  if v == nil then
+    v = redis.call('ZSCORE', KEYS[2] .. ':' .. part, task)
+    v = v and tonumber(v) or false
+    t[task] = v
+  end
+  return v
+end
+-- ts = false: the task is no longer open.
+local function setLast(part, task, ts)
+  lastOf(part, task)
+  openLast[part][task] = ts
+  openDirty[part][task] = true
+  if ts and due[part] and ts + idleMs < due[part] then due[part] = ts + idleMs end
+end
+local function flushOpen(part)
+  local dirty = openDirty[part]
+  if dirty == nil or next(dirty) == nil then return end
+  local key, t = KEYS[2] .. ':' .. part, openLast[part]
+  local add, rem = {}, {}
+  local function put()
+    if #add > 0 then redis.call('ZADD', key, unpack(add)); add = {} end
+    if #rem > 0 then redis.call('ZREM', key, unpack(rem)); rem = {} end
+  end
+  for task in pairs(dirty) do
+    local v = t[task]
+    if v then add[#add + 1] = int(v); add[#add + 1] = task else rem[#rem + 1] = task end
+    if #add >= 512 or #rem >= 256 then put() end
+  end
+  put()
+  openDirty[part] = {}
+end
+
 local function complete(task, ts, openKey, part)
   local packed = eventsOf(task)
   evs[task] = false
@@ -457,7 +527,7 @@ local function complete(task, ts, openKey, part)
   evDirty[task] = true
   local msg = redis.call('HGET', KEYS[9], task)
   if msg then redis.call('HDEL', KEYS[9], task) end
-  redis.call('ZREM', openKey, task)
+  setLast(part, task, false)
   -- Remember the id: an older entry of the same id is one already forgotten (a live one would have made
   -- this task's events ignored); expired entries at the front go.
   local doneKey = doneKeyOf(part, task)
@@ -468,6 +538,7 @@ local function complete(task, ts, openKey, part)
   if b.base == nil then b.base = ts end
   b.body = b.body .. RS .. task .. US .. enc(ts - b.base)
   bucketDirty[doneKey] = true
+  doneEntryOf(part, task).closed = ts
   local list = {}
   if packed then
     for _, ev in ipairs(split(string.sub(packed, 2), RS)) do
@@ -497,9 +568,17 @@ end
 
 -- Only this partition's tasks: another partition running ahead (catching up, a backlog) must not cut them.
 local function sweep(openKey, part, clock)
-  local due = redis.call('ZRANGEBYSCORE', openKey, '-inf', int(clock - idleMs), 'WITHSCORES')
+  if due[part] == nil then
+    flushOpen(part)
+    local first = redis.call('ZRANGE', openKey, 0, 0, 'WITHSCORES')
+    due[part] = #first == 0 and math.huge or tonumber(first[2]) + idleMs
+  end
+  if clock < due[part] then return end
+  flushOpen(part)
+  local idle = redis.call('ZRANGEBYSCORE', openKey, '-inf', int(clock - idleMs), 'WITHSCORES')
   -- (last + idle, task) order equals (last, task) order: ZRANGEBYSCORE already returns it.
-  for i = 1, #due, 2 do complete(due[i], tonumber(due[i + 1]) + idleMs, openKey, part) end
+  for i = 1, #idle, 2 do complete(idle[i], tonumber(idle[i + 1]) + idleMs, openKey, part) end
+  due[part] = nil
 end
 
 -- The window against the scope's newest ts. (Remembered task ids expire by reading: see KEYS[4].)
@@ -536,9 +615,14 @@ for k = 0, #F / 9 - 1 do
     sweep(openKey, part, clock)
     swept[part] = clock
   end
-  local _, _, closed = doneFind(bucketOf(doneKeyOf(part, task)), task)
+  local d = doneEntryOf(part, task)
+  if d.closed == nil then
+    local _, _, c = doneFind(bucketOf(d.key), task)
+    d.closed = c or false
+  end
+  local closed = d.closed
   if closed and closed < forgotten then closed = nil end
-  local last = redis.call('ZSCORE', openKey, task)
+  local last = lastOf(part, task)
   if closed then
     ignored = ignored + 1
     if ts > closed then late = late + 1 else dup = dup + 1 end
@@ -557,7 +641,7 @@ for k = 0, #F / 9 - 1 do
     end
     if take then redis.call('HSET', KEYS[9], task, int(ts) .. US .. eid .. US .. F[b + 5]) end
     if not last then markStart(task, part, off) end
-    if ts > tonumber(last or '-1') then redis.call('ZADD', openKey, ts, task) end
+    if ts > (last or -1) then setLast(part, task, ts) end
     applied = applied + 1
   elseif kind == 'c' then
     local packed = eventsOf(task) or ''
@@ -574,7 +658,7 @@ for k = 0, #F / 9 - 1 do
       applied = applied + 1
     end
     if not last then markStart(task, part, off) end
-    if ts > tonumber(last or '-1') then redis.call('ZADD', openKey, ts, task) end
+    if ts > (last or -1) then setLast(part, task, ts) end
   else
     -- A completion with no open task still makes a (possibly empty) record: it starts here.
     markStart(task, part, off)
@@ -585,6 +669,7 @@ for k = 0, #F / 9 - 1 do
 end
 
 -- Write back what the caches changed.
+for part in pairs(openDirty) do flushOpen(part) end
 local supOut, evOut = {}, {}
 for g in pairs(supDirty) do
   local key = supportKeyOf(g)
