@@ -254,35 +254,58 @@ local function supportKeyOf(gram)
   return k
 end
 
--- A support bucket is read whole (HGETALL) the first time one of its grams is needed: the buckets are small
--- (listpack-sized), and a call touches most of them, so this is a few reads per call instead of one per record
--- and bucket.
+local function parseSupport(f, v)
+  supSeen[f] = true
+  local c1 = string.find(v, ',', 1, true)
+  local c2 = string.find(v, ',', c1 + 1, true)
+  supS[f] = tonumber(string.sub(v, 1, c1 - 1))
+  if c2 then
+    supC[f] = tonumber(string.sub(v, c1 + 1, c2 - 1))
+    supX[f] = tonumber(string.sub(v, c2 + 1))
+  else
+    supC[f] = tonumber(string.sub(v, c1 + 1))
+    supX[f] = 0
+  end
+end
+
+-- In a call of many ops (a backlog), a support bucket is read whole (HGETALL) the first time one of its grams
+-- is needed: the buckets are small (listpack-sized) and such a call touches most of them, so this is a few
+-- reads per call instead of one per record and bucket. In a call of few ops (live traffic: a record or two),
+-- only the record's grams are read (HMGET per bucket): parsing every gram of the scope would cost more than the
+-- whole rest of the call.
+local bulkSupport = true
 local supLoaded = {}
 local function loadSupport(grams)
+  local wanted = nil
   for _, g in ipairs(grams) do
     if not supSeen[g] then
       local key = supportKeyOf(g)
-      if not supLoaded[key] then
-        supLoaded[key] = true
-        local all = redis.call('HGETALL', key)
-        for i = 1, #all, 2 do
-          local f, v = all[i], all[i + 1]
-          if not supSeen[f] then
-            supSeen[f] = true
-            local c1 = string.find(v, ',', 1, true)
-            local c2 = string.find(v, ',', c1 + 1, true)
-            supS[f] = tonumber(string.sub(v, 1, c1 - 1))
-            if c2 then
-              supC[f] = tonumber(string.sub(v, c1 + 1, c2 - 1))
-              supX[f] = tonumber(string.sub(v, c2 + 1))
-            else
-              supC[f] = tonumber(string.sub(v, c1 + 1))
-              supX[f] = 0
-            end
+      if bulkSupport then
+        if not supLoaded[key] then
+          supLoaded[key] = true
+          local all = redis.call('HGETALL', key)
+          for i = 1, #all, 2 do
+            if not supSeen[all[i]] then parseSupport(all[i], all[i + 1]) end
           end
         end
+        if not supSeen[g] then
+          supSeen[g] = true
+          supS[g], supC[g], supX[g] = 0, 0, 0
+        end
+      else
+        wanted = wanted or {}
+        local w = wanted[key]
+        if w == nil then w = {}; wanted[key] = w end
+        w[#w + 1] = g
       end
-      if not supSeen[g] then
+    end
+  end
+  if wanted == nil then return end
+  for key, gs in pairs(wanted) do
+    local vs = redis.call('HMGET', key, unpack(gs))
+    for i, g in ipairs(gs) do
+      if vs[i] then parseSupport(g, vs[i])
+      else
         supSeen[g] = true
         supS[g], supC[g], supX[g] = 0, 0, 0
       end
@@ -598,6 +621,7 @@ end
 local swept = {}
 local F = {}
 for f in string.gmatch(ARGV[4], '([^' .. US .. ']*)' .. US) do F[#F + 1] = f end
+bulkSupport = #F >= 9 * 64
 for k = 0, #F / 9 - 1 do
   local b = 1 + k * 9
   local kind, task, eid, ts = F[b], F[b + 1], F[b + 2], tonumber(F[b + 3])
