@@ -274,7 +274,9 @@ end
 -- only the record's grams are read (HMGET per bucket): parsing every gram of the scope would cost more than the
 -- whole rest of the call.
 local bulkSupport = true
-local supLoaded = {}
+-- Bulk reads keep each field's stored value as read; a gram's value is parsed when one of its records is
+-- counted (many of a bucket's grams are not, in a given call).
+local supLoaded, supRaw = {}, {}
 local function loadSupport(grams)
   local wanted = nil
   for _, g in ipairs(grams) do
@@ -284,11 +286,12 @@ local function loadSupport(grams)
         if not supLoaded[key] then
           supLoaded[key] = true
           local all = redis.call('HGETALL', key)
-          for i = 1, #all, 2 do
-            if not supSeen[all[i]] then parseSupport(all[i], all[i + 1]) end
-          end
+          for i = 1, #all, 2 do supRaw[all[i]] = all[i + 1] end
         end
-        if not supSeen[g] then
+        local v = supRaw[g]
+        if v then
+          parseSupport(g, v)
+        else
           supSeen[g] = true
           supS[g], supC[g], supX[g] = 0, 0, 0
         end
@@ -319,11 +322,13 @@ local function count(tools, costs, d)
   local prefix = {[0] = 0}
   for i = 1, n do prefix[i] = prefix[i - 1] + costs[i] end
   local seen, order = {}, {}
-  local top = math.min(maxLen, n)
-  for len = minLen, top do
-    for i = 1, n - len + 1 do
-      local key = table.concat(tools, '', i, i + len - 1)
-      if seen[key] == nil then seen[key] = prefix[i + len - 1] - prefix[i - 1]; order[#order + 1] = key end
+  -- By start, each gram extending the one before it (one concatenation per gram); a gram's cost is that of
+  -- its first position, the smallest start (codes are self-delimiting: a gram's string is one sequence).
+  for i = 1, n - minLen + 1 do
+    local key = table.concat(tools, '', i, i + minLen - 2)
+    for j = i + minLen - 1, math.min(n, i + maxLen - 1) do
+      key = key .. tools[j]
+      if seen[key] == nil then seen[key] = prefix[j] - prefix[i - 1]; order[#order + 1] = key end
     end
   end
   local whole = nil
@@ -543,6 +548,13 @@ local function flushOpen(part)
   openDirty[part] = {}
 end
 
+-- One packed event of an open task (see KEYS[3]): event_id, step, tool, cost units.
+local EVENT = RS .. '([^' .. US .. ']*)' .. US .. '([^' .. US .. ']*)' .. US .. '([^' .. US .. ']*)' .. US .. '([^' .. RS .. ']*)'
+local function stepOrder(a, b)
+  if a.step ~= b.step then return a.step < b.step end
+  return bytesLess(a.id, b.id)
+end
+
 local function complete(task, ts, openKey, part)
   local packed = eventsOf(task)
   evs[task] = false
@@ -564,15 +576,11 @@ local function complete(task, ts, openKey, part)
   doneEntryOf(part, task).closed = ts
   local list = {}
   if packed then
-    for _, ev in ipairs(split(string.sub(packed, 2), RS)) do
-      local f = split(ev, US)
-      list[#list + 1] = {id = f[1], step = tonumber(f[2]), tool = f[3], cost = tonumber(f[4])}
+    for id, step, tool, cost in string.gmatch(packed, EVENT) do
+      list[#list + 1] = {id = id, step = tonumber(step), tool = tool, cost = tonumber(cost)}
     end
   end
-  table.sort(list, function(a, b)
-    if a.step ~= b.step then return a.step < b.step end
-    return bytesLess(a.id, b.id)
-  end)
+  table.sort(list, stepOrder)
   local tools, costs, costStr = {}, {}, {}
   for k, ev in ipairs(list) do tools[k] = encodeTool(ev.tool); costs[k] = ev.cost; costStr[k] = int(ev.cost) end
   -- A task id seen again after it was forgotten replaces its older record (see core/state.ts).
