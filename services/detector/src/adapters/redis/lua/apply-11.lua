@@ -438,16 +438,33 @@ end
 
 -- A task's start offset: kept while it is open and while its record is in the window (the lower one wins
 -- when a forgotten task id comes back while its older record is still in the window).
--- Evicted records' starts are removed at the end of the call, a few commands per partition (`unstart[p]`: the
--- task ids to remove from starts:<p>); a start marked meanwhile for one of them cancels its removal there.
+-- Evicted records' starts are removed in batches (`unstart[p]`: the task ids to remove from starts:<p>), each
+-- flushed before the next start is added on p and at the end of the call: p's set is never larger at an add
+-- than removing at once would leave it (so it keeps the same listpack encoding), for about one command per
+-- eviction instead of one per partition. A start marked meanwhile for a pending id cancels its removal.
 local unstart = {}
+local function flushUnstart(part)
+  local gone = unstart[part]
+  if gone == nil then return end
+  unstart[part] = nil
+  local batch = {}
+  for task in pairs(gone) do
+    batch[#batch + 1] = task
+    if #batch >= 256 then redis.call('ZREM', KEYS[10] .. ':' .. part, unpack(batch)); batch = {} end
+  end
+  if #batch > 0 then redis.call('ZREM', KEYS[10] .. ':' .. part, unpack(batch)) end
+end
+
 local function markStart(task, part, off)
   if off == nil then return end
   local key = KEYS[10] .. ':' .. part
   local cur
   local gone = unstart[part]
   if gone and gone[task] then gone[task] = nil else cur = redis.call('ZSCORE', key, task) end
-  if not cur or tonumber(cur) > off then redis.call('ZADD', key, int(off), task) end
+  if not cur or tonumber(cur) > off then
+    flushUnstart(part)
+    redis.call('ZADD', key, int(off), task)
+  end
 end
 
 local function dropStart(task)
@@ -456,18 +473,6 @@ local function dropStart(task)
     if gone == nil then gone = {}; unstart[part] = gone end
     gone[task] = true
   end
-end
-
-local function flushUnstart()
-  for part, gone in pairs(unstart) do
-    local batch = {}
-    for task in pairs(gone) do
-      batch[#batch + 1] = task
-      if #batch >= 256 then redis.call('ZREM', KEYS[10] .. ':' .. part, unpack(batch)); batch = {} end
-    end
-    if #batch > 0 then redis.call('ZREM', KEYS[10] .. ':' .. part, unpack(batch)) end
-  end
-  unstart = {}
 end
 
 local function windowBucketOf(task)
@@ -746,7 +751,7 @@ end
 
 redis.call('HSET', KEYS[1], 'maxTs', int(maxTs))
 for part, c in pairs(clocks) do redis.call('HSET', KEYS[1], 'clock:' .. part, int(c)) end
-flushUnstart()
+for part in pairs(unstart) do flushUnstart(part) end
 local out = {1, changed, applied, ignored, completed, dup, late, overLimit, 0}
 for part in pairs(scopeParts) do
   local first = redis.call('ZRANGE', KEYS[10] .. ':' .. part, 0, 0, 'WITHSCORES')
