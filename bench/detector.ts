@@ -36,6 +36,7 @@ export async function benchDetector(b: Bench, n: number) {
   const bare = await underLoad(() => bareRate(b, topic, sent));
 
   const cmds0 = await redisInfo(b.redis, 'stats', 'total_commands_processed');
+  const redis0 = await redisTime(b, true);
   const mem0 = await redisInfo(b.redis, 'memory', 'used_memory');
   const p = await startService(b, 'detector', {
     REDIS_KEY_PREFIX: id,
@@ -48,6 +49,9 @@ export async function benchDetector(b: Bench, n: number) {
   const rate = run.result.events_per_s;
   const trips = await p.metric('paver_detector_redis_round_trips_total');
   const cmds = (await redisInfo(b.redis, 'stats', 'total_commands_processed')) - cmds0;
+  const redis1 = await redisTime(b);
+  const backlogSeconds = sent / rate;
+  const scripts = await scriptsByTime(b);
   // The window is split over `window:<bucket>` zsets (layout v4); `window` itself in older layouts.
   const windowRecords = (
     await Promise.all(
@@ -108,6 +112,13 @@ export async function benchDetector(b: Bench, n: number) {
     },
     redis_round_trips_per_event: Number((trips / sent).toFixed(4)),
     redis_commands_per_event: Number((cmds / sent).toFixed(2)),
+    // Where the backlog's time goes in Redis: its scripts (every EVALSHA, apply and publication) and its whole
+    // CPU, per event, and the share of the backlog's wall time Redis was busy (the rest it waited on the service).
+    redis_script_us_per_event: Number(((redis1.scriptUs - redis0.scriptUs) / sent).toFixed(2)),
+    redis_script_calls: redis1.scriptCalls - redis0.scriptCalls,
+    ...(scripts ? { redis_scripts: scripts } : {}),
+    redis_cpu_us_per_event: Number(((redis1.cpuUs - redis0.cpuUs) / sent).toFixed(2)),
+    redis_busy_fraction: Number(((redis1.cpuUs - redis0.cpuUs) / 1e6 / backlogSeconds).toFixed(3)),
     redis_memory_bytes_per_window_record: windowRecords ? Math.round(mem / windowRecords) : null,
     redis_state_bytes_per_window_record: windowRecords ? Math.round(state.total / windowRecords) : null,
     redis_state_bytes_per_window_record_by_family: Object.fromEntries(
@@ -121,6 +132,46 @@ export async function benchDetector(b: Bench, n: number) {
     window_records: windowRecords,
     targets: { ratio_min: 0.5, round_trips_per_event_max: 0.05 },
   });
+}
+
+/**
+ * Redis's script time and calls (INFO commandstats: EVALSHA and EVAL, µs) and its process CPU (INFO cpu, µs)
+ * so far; with BENCH_SLOWLOG set, every command is logged from the first call on (SLOWLOG GET then gives each
+ * script's calls and time: see scriptsByTime).
+ */
+async function redisTime(b: Bench, first = false) {
+  if (first && process.env.BENCH_SLOWLOG) {
+    await b.redis.config('SET', 'slowlog-log-slower-than', '0', 'slowlog-max-len', '100000');
+    await b.redis.slowlog('RESET');
+  }
+  const stats = await b.redis.info('commandstats');
+  let scriptUs = 0;
+  let scriptCalls = 0;
+  for (const m of stats.matchAll(/^cmdstat_(?:evalsha|eval):calls=(\d+),usec=(\d+)/gm)) {
+    scriptCalls += Number(m[1]);
+    scriptUs += Number(m[2]);
+  }
+  const cpu = await b.redis.info('cpu');
+  const secs = (f: string) => Number(new RegExp(`^${f}:([\\d.]+)`, 'm').exec(cpu)?.[1] ?? 0);
+  return { scriptUs, scriptCalls, cpuUs: (secs('used_cpu_user') + secs('used_cpu_sys')) * 1e6 };
+}
+
+/** Per script (SHA1 prefix and key count, which names it: apply = 11 keys), calls and µs per call, from SLOWLOG. */
+async function scriptsByTime(b: Bench) {
+  if (!process.env.BENCH_SLOWLOG) return undefined;
+  const log = (await b.redis.slowlog('GET', 100000)) as [number, number, number, string[]][];
+  const by: Record<string, { calls: number; us: number }> = {};
+  for (const [, , us, args] of log) {
+    if (String(args[0]).toLowerCase() !== 'evalsha') continue;
+    const k = `${String(args[1]).slice(0, 8)}/${args[2]}`;
+    by[k] ??= { calls: 0, us: 0 };
+    by[k].calls++;
+    by[k].us += us;
+  }
+  await b.redis.config('SET', 'slowlog-log-slower-than', '10000');
+  return Object.fromEntries(
+    Object.entries(by).map(([k, v]) => [k, { calls: v.calls, us_per_call: Math.round(v.us / v.calls) }]),
+  );
 }
 
 /** The detector's keys (MEMORY USAGE, every element sampled), summed by family: `done:<p>:<b>` → `done`. */

@@ -231,11 +231,17 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
           );
         records.inc(out.completed);
         for (const s of out.changed) toPublish.set(scopeId(s), s);
-        for (const scope of toPublish.values()) {
-          await publishScope(store, sink, env.PAVER_TOPIC_FLOW_CANDIDATES, params, scope, (status, n) =>
-            published.inc({ status }, n),
-          );
-        }
+        // Scopes publish independently (each under its own lock, to its own keys): their Redis and Kafka round
+        // trips overlap instead of adding up. Every one has finished, written or failed, before the chunk counts
+        // as handled; the first failure then fails it (and it is retried whole).
+        const publications = await Promise.allSettled(
+          [...toPublish.values()].map((scope) =>
+            publishScope(store, sink, env.PAVER_TOPIC_FLOW_CANDIDATES, params, scope, (status, n) =>
+              published.inc({ status }, n),
+            ),
+          ),
+        );
+        for (const p of publications) if (p.status === 'rejected') throw p.reason;
         await maybeCheckpoint(partition, BigInt(batch[batch.length - 1]!.offset) + 1n, epoch);
         countTrips();
       },

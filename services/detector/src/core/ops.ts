@@ -50,13 +50,10 @@ export function toOp(
   offset?: string,
 ): DetectorOp | null {
   const scope = { tenant: e.tenant_id, agent: e.agent_id };
-  const op = toOpAt(e, scope, requestTerms);
-  return op && (offset === undefined ? { ...op, partition } : { ...op, partition, offset });
-}
-
-function toOpAt(e: ToolCallsEvent, scope: Scope, requestTerms: boolean): DetectorOp | null {
+  // Built whole, in one shape per kind (no spread of a partial op): this runs once per consumed event.
+  let op: DetectorOp;
   if (e.type === 'tool_call') {
-    return {
+    op = {
       kind: 'call',
       scope,
       task: e.task_id,
@@ -65,17 +62,22 @@ function toOpAt(e: ToolCallsEvent, scope: Scope, requestTerms: boolean): Detecto
       step: e.step,
       tool: e.tool,
       cost: costUnits(e.cost_cents),
+      partition,
+    };
+  } else if (e.type === 'task_completed') {
+    op = { kind: 'done', scope, task: e.task_id, eventId: e.event_id, ts: e.ts, partition };
+  } else {
+    if (e.task_id === undefined) return null;
+    op = {
+      kind: 'msg',
+      scope,
+      task: e.task_id,
+      eventId: e.event_id,
+      ts: e.ts,
+      terms: requestTerms ? requestTermsOf(e.text) : [],
+      partition,
     };
   }
-  if (e.type === 'task_completed')
-    return { kind: 'done', scope, task: e.task_id, eventId: e.event_id, ts: e.ts };
-  if (e.task_id === undefined) return null;
-  return {
-    kind: 'msg',
-    scope,
-    task: e.task_id,
-    eventId: e.event_id,
-    ts: e.ts,
-    terms: requestTerms ? requestTermsOf(e.text) : [],
-  };
+  if (offset !== undefined) op.offset = offset;
+  return op;
 }

@@ -73,12 +73,33 @@ local SUPPORT_BUCKETS = 16
 local CLEAR_BUCKETS = 128
 local US, RS = '\31', '\30'
 
--- The done bucket of a task id (a fixed string hash: the same id always lands in the same bucket).
-local function doneKeyOf(part, task)
-  local h = 0
-  for i = 1, #task do h = (h * 31 + string.byte(task, i)) % 16777216 end
-  return KEYS[4] .. ':' .. part .. ':' .. (h % DONE_BUCKETS)
+-- A fixed string hash of a task id or gram (the same string always lands in the same bucket), computed once
+-- per string and call: a task's events come several to a call.
+local hashes = {}
+local function hashOf(s)
+  local h = hashes[s]
+  if h == nil then
+    h = 0
+    for i = 1, #s do h = (h * 31 + string.byte(s, i)) % 16777216 end
+    hashes[s] = h
+  end
+  return h
 end
+
+-- The done bucket of a task id on a partition (a task's events all come from one partition: see above).
+-- Each entry also caches the task's completion ts found in (or written to) its bucket (`closed`: nil until
+-- read, false when none); an entry that trimExpired cuts meanwhile is one already forgotten on that
+-- partition's clock, which only grows, so the cached ts is then read as forgotten too.
+local doneKeys = {}
+local function doneEntryOf(part, task)
+  local k = doneKeys[task]
+  if k == nil or k.part ~= part then
+    k = {part = part, key = KEYS[4] .. ':' .. part .. ':' .. (hashOf(task) % DONE_BUCKETS)}
+    doneKeys[task] = k
+  end
+  return k
+end
+local function doneKeyOf(part, task) return doneEntryOf(part, task).key end
 
 -- Partitions this scope holds state on: meta keeps a clock per partition.
 local scopeParts = {}
@@ -136,7 +157,13 @@ local clocks = {}
 -- The current op's partition: ids completed on it before this are forgotten (see the main loop).
 local forgotten = 0
 
-local function int(x) return string.format('%.0f', x) end
+-- '%d' formats an integer without the float printing path '%.0f' takes (about 3x the cost, once per number
+-- written); every number written here is an integer (ms, offsets, counts, cost units), '%.0f' stays for others.
+local fmt, floor = string.format, math.floor
+local function int(x)
+  if x == floor(x) and x < 9e15 and x > -9e15 then return fmt('%d', x) end
+  return fmt('%.0f', x)
+end
 
 -- Byte order (as ZSET members and core/order.ts compare); Lua's own `<` on strings follows the locale.
 local function bytesLess(a, b)
@@ -217,41 +244,71 @@ end
 
 -- Support, cost and exact counts per gram: each read once per call, written back at the end.
 local supS, supC, supX, supSeen, supDirty = {}, {}, {}, {}, {}
+local supportKeys = {}
 local function supportKeyOf(gram)
-  local h = 0
-  for i = 1, #gram do h = (h * 31 + string.byte(gram, i)) % 16777216 end
-  return KEYS[7] .. ':' .. (h % SUPPORT_BUCKETS)
+  local k = supportKeys[gram]
+  if k == nil then
+    k = KEYS[7] .. ':' .. (hashOf(gram) % SUPPORT_BUCKETS)
+    supportKeys[gram] = k
+  end
+  return k
 end
 
--- A support bucket is read whole (HGETALL) the first time one of its grams is needed: the buckets are small
--- (listpack-sized), and a call touches most of them, so this is a few reads per call instead of one per record
--- and bucket.
-local supLoaded = {}
+local function parseSupport(f, v)
+  supSeen[f] = true
+  local c1 = string.find(v, ',', 1, true)
+  local c2 = string.find(v, ',', c1 + 1, true)
+  supS[f] = tonumber(string.sub(v, 1, c1 - 1))
+  if c2 then
+    supC[f] = tonumber(string.sub(v, c1 + 1, c2 - 1))
+    supX[f] = tonumber(string.sub(v, c2 + 1))
+  else
+    supC[f] = tonumber(string.sub(v, c1 + 1))
+    supX[f] = 0
+  end
+end
+
+-- In a call of many ops (a backlog), a support bucket is read whole (HGETALL) the first time one of its grams
+-- is needed: the buckets are small (listpack-sized) and such a call touches most of them, so this is a few
+-- reads per call instead of one per record and bucket. In a call of few ops (live traffic: a record or two),
+-- only the record's grams are read (HMGET per bucket): parsing every gram of the scope would cost more than the
+-- whole rest of the call.
+local bulkSupport = true
+-- Bulk reads keep each field's stored value as read; a gram's value is parsed when one of its records is
+-- counted (many of a bucket's grams are not, in a given call).
+local supLoaded, supRaw = {}, {}
 local function loadSupport(grams)
+  local wanted = nil
   for _, g in ipairs(grams) do
     if not supSeen[g] then
       local key = supportKeyOf(g)
-      if not supLoaded[key] then
-        supLoaded[key] = true
-        local all = redis.call('HGETALL', key)
-        for i = 1, #all, 2 do
-          local f, v = all[i], all[i + 1]
-          if not supSeen[f] then
-            supSeen[f] = true
-            local c1 = string.find(v, ',', 1, true)
-            local c2 = string.find(v, ',', c1 + 1, true)
-            supS[f] = tonumber(string.sub(v, 1, c1 - 1))
-            if c2 then
-              supC[f] = tonumber(string.sub(v, c1 + 1, c2 - 1))
-              supX[f] = tonumber(string.sub(v, c2 + 1))
-            else
-              supC[f] = tonumber(string.sub(v, c1 + 1))
-              supX[f] = 0
-            end
-          end
+      if bulkSupport then
+        if not supLoaded[key] then
+          supLoaded[key] = true
+          local all = redis.call('HGETALL', key)
+          for i = 1, #all, 2 do supRaw[all[i]] = all[i + 1] end
         end
+        local v = supRaw[g]
+        if v then
+          parseSupport(g, v)
+        else
+          supSeen[g] = true
+          supS[g], supC[g], supX[g] = 0, 0, 0
+        end
+      else
+        wanted = wanted or {}
+        local w = wanted[key]
+        if w == nil then w = {}; wanted[key] = w end
+        w[#w + 1] = g
       end
-      if not supSeen[g] then
+    end
+  end
+  if wanted == nil then return end
+  for key, gs in pairs(wanted) do
+    local vs = redis.call('HMGET', key, unpack(gs))
+    for i, g in ipairs(gs) do
+      if vs[i] then parseSupport(g, vs[i])
+      else
         supSeen[g] = true
         supS[g], supC[g], supX[g] = 0, 0, 0
       end
@@ -265,11 +322,13 @@ local function count(tools, costs, d)
   local prefix = {[0] = 0}
   for i = 1, n do prefix[i] = prefix[i - 1] + costs[i] end
   local seen, order = {}, {}
-  local top = math.min(maxLen, n)
-  for len = minLen, top do
-    for i = 1, n - len + 1 do
-      local key = table.concat(tools, '', i, i + len - 1)
-      if seen[key] == nil then seen[key] = prefix[i + len - 1] - prefix[i - 1]; order[#order + 1] = key end
+  -- By start, each gram extending the one before it (one concatenation per gram); a gram's cost is that of
+  -- its first position, the smallest start (codes are self-delimiting: a gram's string is one sequence).
+  for i = 1, n - minLen + 1 do
+    local key = table.concat(tools, '', i, i + minLen - 2)
+    for j = i + minLen - 1, math.min(n, i + maxLen - 1) do
+      key = key .. tools[j]
+      if seen[key] == nil then seen[key] = prefix[j] - prefix[i - 1]; order[#order + 1] = key end
     end
   end
   local whole = nil
@@ -379,21 +438,45 @@ end
 
 -- A task's start offset: kept while it is open and while its record is in the window (the lower one wins
 -- when a forgotten task id comes back while its older record is still in the window).
+-- Evicted records' starts are removed in batches (`unstart[p]`: the task ids to remove from starts:<p>), each
+-- flushed before the next start is added on p and at the end of the call: p's set is never larger at an add
+-- than removing at once would leave it (so it keeps the same listpack encoding), for about one command per
+-- eviction instead of one per partition. A start marked meanwhile for a pending id cancels its removal.
+local unstart = {}
+local function flushUnstart(part)
+  local gone = unstart[part]
+  if gone == nil then return end
+  unstart[part] = nil
+  local batch = {}
+  for task in pairs(gone) do
+    batch[#batch + 1] = task
+    if #batch >= 256 then redis.call('ZREM', KEYS[10] .. ':' .. part, unpack(batch)); batch = {} end
+  end
+  if #batch > 0 then redis.call('ZREM', KEYS[10] .. ':' .. part, unpack(batch)) end
+end
+
 local function markStart(task, part, off)
   if off == nil then return end
   local key = KEYS[10] .. ':' .. part
-  local cur = redis.call('ZSCORE', key, task)
-  if not cur or tonumber(cur) > off then redis.call('ZADD', key, int(off), task) end
+  local cur
+  local gone = unstart[part]
+  if gone and gone[task] then gone[task] = nil else cur = redis.call('ZSCORE', key, task) end
+  if not cur or tonumber(cur) > off then
+    flushUnstart(part)
+    redis.call('ZADD', key, int(off), task)
+  end
 end
 
 local function dropStart(task)
-  for part in pairs(scopeParts) do redis.call('ZREM', KEYS[10] .. ':' .. part, task) end
+  for part in pairs(scopeParts) do
+    local gone = unstart[part]
+    if gone == nil then gone = {}; unstart[part] = gone end
+    gone[task] = true
+  end
 end
 
 local function windowBucketOf(task)
-  local h = 0
-  for i = 1, #task do h = (h * 31 + string.byte(task, i)) % 16777216 end
-  return h % WINDOW_BUCKETS
+  return hashOf(task) % WINDOW_BUCKETS
 end
 
 -- The window's size, and each bucket's oldest record ({task, ts}; false when empty, nil when not read yet).
@@ -426,7 +509,7 @@ local function windowRemove(b, task)
   if h and h.task == task then heads[b] = nil end
 end
 local function windowAdd(b, task, ts)
-  redis.call('ZADD', KEYS[5] .. ':' .. b, ts, task)
+  redis.call('ZADD', KEYS[5] .. ':' .. b, int(ts), task)
   windowSize = windowSize + 1
   local h, new = heads[b], {task = task, ts = ts}
   if h == false or (h and before(new, h)) then heads[b] = new end
@@ -450,6 +533,54 @@ local function evictOldest()
   dropStart(oldest.task)
 end
 
+-- Open tasks' last ts per partition (KEYS[2]..":"..p): each task's score read once per call, writes kept
+-- here and flushed before the sorted set is read by range (a sweep) and at the end (fewer Redis calls per
+-- event). `due[p]`: a lower bound on (smallest last ts + idleMs) over p's open tasks, nil when unknown: no
+-- task of p is idle before p's clock reaches it, so the sweep's range read is skipped until then.
+local openLast, openDirty, due = {}, {}, {}
+local function lastOf(part, task)
+  local t = openLast[part]
+  if t == nil then t = {}; openLast[part] = t; openDirty[part] = {} end
+  local v = t[task]
+  if v == nil then
+    v = redis.call('ZSCORE', KEYS[2] .. ':' .. part, task)
+    v = v and tonumber(v) or false
+    t[task] = v
+  end
+  return v
+end
+-- ts = false: the task is no longer open.
+local function setLast(part, task, ts)
+  lastOf(part, task)
+  openLast[part][task] = ts
+  openDirty[part][task] = true
+  if ts and due[part] and ts + idleMs < due[part] then due[part] = ts + idleMs end
+end
+local function flushOpen(part)
+  local dirty = openDirty[part]
+  if dirty == nil or next(dirty) == nil then return end
+  local key, t = KEYS[2] .. ':' .. part, openLast[part]
+  local add, rem = {}, {}
+  local function put()
+    if #add > 0 then redis.call('ZADD', key, unpack(add)); add = {} end
+    if #rem > 0 then redis.call('ZREM', key, unpack(rem)); rem = {} end
+  end
+  for task in pairs(dirty) do
+    local v = t[task]
+    if v then add[#add + 1] = int(v); add[#add + 1] = task else rem[#rem + 1] = task end
+    if #add >= 512 or #rem >= 256 then put() end
+  end
+  put()
+  openDirty[part] = {}
+end
+
+-- One packed event of an open task (see KEYS[3]): event_id, step, tool, cost units.
+local EVENT = RS .. '([^' .. US .. ']*)' .. US .. '([^' .. US .. ']*)' .. US .. '([^' .. US .. ']*)' .. US .. '([^' .. RS .. ']*)'
+local function stepOrder(a, b)
+  if a.step ~= b.step then return a.step < b.step end
+  return bytesLess(a.id, b.id)
+end
+
 local function complete(task, ts, openKey, part)
   local packed = eventsOf(task)
   evs[task] = false
@@ -457,7 +588,7 @@ local function complete(task, ts, openKey, part)
   evDirty[task] = true
   local msg = redis.call('HGET', KEYS[9], task)
   if msg then redis.call('HDEL', KEYS[9], task) end
-  redis.call('ZREM', openKey, task)
+  setLast(part, task, false)
   -- Remember the id: an older entry of the same id is one already forgotten (a live one would have made
   -- this task's events ignored); expired entries at the front go.
   local doneKey = doneKeyOf(part, task)
@@ -468,17 +599,14 @@ local function complete(task, ts, openKey, part)
   if b.base == nil then b.base = ts end
   b.body = b.body .. RS .. task .. US .. enc(ts - b.base)
   bucketDirty[doneKey] = true
+  doneEntryOf(part, task).closed = ts
   local list = {}
   if packed then
-    for _, ev in ipairs(split(string.sub(packed, 2), RS)) do
-      local f = split(ev, US)
-      list[#list + 1] = {id = f[1], step = tonumber(f[2]), tool = f[3], cost = tonumber(f[4])}
+    for id, step, tool, cost in string.gmatch(packed, EVENT) do
+      list[#list + 1] = {id = id, step = tonumber(step), tool = tool, cost = tonumber(cost)}
     end
   end
-  table.sort(list, function(a, b)
-    if a.step ~= b.step then return a.step < b.step end
-    return bytesLess(a.id, b.id)
-  end)
+  table.sort(list, stepOrder)
   local tools, costs, costStr = {}, {}, {}
   for k, ev in ipairs(list) do tools[k] = encodeTool(ev.tool); costs[k] = ev.cost; costStr[k] = int(ev.cost) end
   -- A task id seen again after it was forgotten replaces its older record (see core/state.ts).
@@ -497,9 +625,17 @@ end
 
 -- Only this partition's tasks: another partition running ahead (catching up, a backlog) must not cut them.
 local function sweep(openKey, part, clock)
-  local due = redis.call('ZRANGEBYSCORE', openKey, '-inf', int(clock - idleMs), 'WITHSCORES')
+  if due[part] == nil then
+    flushOpen(part)
+    local first = redis.call('ZRANGE', openKey, 0, 0, 'WITHSCORES')
+    due[part] = #first == 0 and math.huge or tonumber(first[2]) + idleMs
+  end
+  if clock < due[part] then return end
+  flushOpen(part)
+  local idle = redis.call('ZRANGEBYSCORE', openKey, '-inf', int(clock - idleMs), 'WITHSCORES')
   -- (last + idle, task) order equals (last, task) order: ZRANGEBYSCORE already returns it.
-  for i = 1, #due, 2 do complete(due[i], tonumber(due[i + 1]) + idleMs, openKey, part) end
+  for i = 1, #idle, 2 do complete(idle[i], tonumber(idle[i + 1]) + idleMs, openKey, part) end
+  due[part] = nil
 end
 
 -- The window against the scope's newest ts. (Remembered task ids expire by reading: see KEYS[4].)
@@ -519,6 +655,7 @@ end
 local swept = {}
 local F = {}
 for f in string.gmatch(ARGV[4], '([^' .. US .. ']*)' .. US) do F[#F + 1] = f end
+bulkSupport = #F >= 9 * 64
 for k = 0, #F / 9 - 1 do
   local b = 1 + k * 9
   local kind, task, eid, ts = F[b], F[b + 1], F[b + 2], tonumber(F[b + 3])
@@ -536,9 +673,14 @@ for k = 0, #F / 9 - 1 do
     sweep(openKey, part, clock)
     swept[part] = clock
   end
-  local _, _, closed = doneFind(bucketOf(doneKeyOf(part, task)), task)
+  local d = doneEntryOf(part, task)
+  if d.closed == nil then
+    local _, _, c = doneFind(bucketOf(d.key), task)
+    d.closed = c or false
+  end
+  local closed = d.closed
   if closed and closed < forgotten then closed = nil end
-  local last = redis.call('ZSCORE', openKey, task)
+  local last = lastOf(part, task)
   if closed then
     ignored = ignored + 1
     if ts > closed then late = late + 1 else dup = dup + 1 end
@@ -557,7 +699,7 @@ for k = 0, #F / 9 - 1 do
     end
     if take then redis.call('HSET', KEYS[9], task, int(ts) .. US .. eid .. US .. F[b + 5]) end
     if not last then markStart(task, part, off) end
-    if ts > tonumber(last or '-1') then redis.call('ZADD', openKey, ts, task) end
+    if ts > (last or -1) then setLast(part, task, ts) end
     applied = applied + 1
   elseif kind == 'c' then
     local packed = eventsOf(task) or ''
@@ -574,7 +716,7 @@ for k = 0, #F / 9 - 1 do
       applied = applied + 1
     end
     if not last then markStart(task, part, off) end
-    if ts > tonumber(last or '-1') then redis.call('ZADD', openKey, ts, task) end
+    if ts > (last or -1) then setLast(part, task, ts) end
   else
     -- A completion with no open task still makes a (possibly empty) record: it starts here.
     markStart(task, part, off)
@@ -585,6 +727,7 @@ for k = 0, #F / 9 - 1 do
 end
 
 -- Write back what the caches changed.
+for part in pairs(openDirty) do flushOpen(part) end
 local supOut, evOut = {}, {}
 for g in pairs(supDirty) do
   local key = supportKeyOf(g)
@@ -608,6 +751,7 @@ end
 
 redis.call('HSET', KEYS[1], 'maxTs', int(maxTs))
 for part, c in pairs(clocks) do redis.call('HSET', KEYS[1], 'clock:' .. part, int(c)) end
+for part in pairs(unstart) do flushUnstart(part) end
 local out = {1, changed, applied, ignored, completed, dup, late, overLimit, 0}
 for part in pairs(scopeParts) do
   local first = redis.call('ZRANGE', KEYS[10] .. ':' .. part, 0, 0, 'WITHSCORES')
