@@ -133,6 +133,11 @@ export class RedisSessionStore {
     return out;
   }
 
+  /** The state this instance last wrote for the session, if cached: no Redis command. */
+  cached(ref: SessionRef): SessionState | undefined {
+    return this.cache.get(sessionKey(this.prefix, ref))?.state;
+  }
+
   /**
    * A session's state for a reader (allowed tools): what this instance last wrote, else Redis (one plain `GET`:
    * a pipeline for one key costs a pipeline object and its command wrappers on every read).
