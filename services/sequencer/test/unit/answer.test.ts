@@ -22,18 +22,21 @@ function setup() {
     checks.push(p);
     return p;
   };
+  const redisReads: number[] = [];
   const store: StateReader = {
     cached: () => cache.get('k')?.state,
-    read: () =>
-      Promise.resolve(
-        cache.get('k')
-          ? { state: cache.get('k')!.state, cached: true }
-          : { state: redisState, cached: false },
-      ),
+    fromRedis: () => (redisReads.push(checks.length), Promise.resolve(redisState)),
   };
   const sources: string[] = [];
   const answer = answerFromState({ ensure, cache, store, onRead: (s) => sources.push(s) });
-  return { cache, answer, sources, release: () => release(), fail: (e: Error) => fail(e), checks };
+  return {
+    cache,
+    answer,
+    sources,
+    redisReads,
+    release: () => release(),
+    fail: (e: Error) => fail(e),
+  };
 }
 
 describe('allowed-tools answer from state', () => {
@@ -68,11 +71,21 @@ describe('allowed-tools answer from state', () => {
     expect(t.sources).toEqual([]);
   });
 
-  it('a session not cached is read after the check', async () => {
+  it('a session not cached is read from Redis alongside the check, and answers once the check found no loss', async () => {
     const t = setup();
     t.cache.drop('k');
     const out = t.answer(ref, (s) => s.step);
+    expect(t.redisReads).toHaveLength(1); // sent before the check replied: one round trip, not two
     t.release();
     expect(await out).toBe('redis');
+    expect(t.sources).toEqual(['redis']);
+  });
+
+  it('a session not cached and a failed check: the read fails, whatever its own GET did', async () => {
+    const t = setup();
+    t.cache.drop('k');
+    const out = t.answer(ref, (s) => s.step);
+    t.fail(new Error('redis down'));
+    await expect(out).rejects.toThrow('redis down');
   });
 });
