@@ -172,10 +172,13 @@ export async function benchSequencer(b: Bench, n: number, sessions: number) {
   const http = await underLoad(async () => ({
     hitFetch: await phase('fetch', hit),
     hitLean: await phase('lean', hit),
+    // Every read, the cached ones included, waits for one Redis GET (the epoch check): that round trip alone,
+    // from this process in the same conditions, is the floor under the figures around it.
+    redisGet: await redisGetLatencies(b, 5000),
     missFetch: await phase('fetch', never),
     missLean: await phase('lean', never),
   }));
-  const { hitFetch, hitLean, missFetch, missLean } = http.result;
+  const { hitFetch, hitLean, missFetch, missLean, redisGet } = http.result;
   const [lat, leanLat, miss, leanMiss] = [hitFetch.lat, hitLean.lat, missFetch.lat, missLean.lat];
   lean.close();
   const metricsText = await (await fetch(`http://127.0.0.1:${p.port}/metrics`)).text();
@@ -218,10 +221,16 @@ export async function benchSequencer(b: Bench, n: number, sessions: number) {
       requests: leanMiss.length,
       definition: 'the lean client, for sessions this instance never wrote',
     },
+    redis_get_round_trip_ms: {
+      ...quantiles(redisGet),
+      requests: redisGet.length,
+      definition:
+        'one GET on a raw RESP socket from the bench process to the same Redis, one at a time, between the cached and Redis-path phases: the round trip every allowed-tools read includes (the epoch check)',
+    },
     allowed_tools_server_side_ms: {
       cache_path: { fetch: hitFetch.server, lean_client: hitLean.server },
       redis_path: { fetch: missFetch.server, lean_client: missLean.server },
-      definition: `the service's own ${HTTP_METRIC} for the same requests (request received to response finished), interpolated within its buckets (0.5, 1, 2.5, 5 ms …)`,
+      definition: `the service's own ${HTTP_METRIC} for the same requests (request received to response finished), interpolated within its buckets (0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 2.5, 5 ms …)`,
     },
     allowed_tools_reads_by_source: readsBySource,
     redis_bytes_per_session: stored ? Math.round(mem / stored) : null,
@@ -276,6 +285,33 @@ async function leanClient(port: number) {
     },
     close: () => sock?.destroy(),
   };
+}
+
+/** Sequential GETs of a missing key on a raw RESP socket: the loopback round trip to Redis, with no client library. */
+async function redisGetLatencies(b: Bench, n: number): Promise<number[]> {
+  const url = new URL(b.stack.redisUrl);
+  const s = connect(Number(url.port), url.hostname);
+  s.setNoDelay(true);
+  await new Promise<void>((resolve, reject) => {
+    s.once('connect', resolve);
+    s.once('error', reject);
+  });
+  let replied: () => void = () => undefined;
+  s.on('data', () => replied());
+  const lat: number[] = [];
+  try {
+    for (let i = 0; i < n; i++) {
+      const t = performance.now();
+      await new Promise<void>((resolve) => {
+        replied = resolve;
+        s.write('*2\r\n$3\r\nGET\r\n$18\r\npaver-bench:absent\r\n');
+      });
+      lat.push(performance.now() - t);
+    }
+  } finally {
+    s.destroy();
+  }
+  return lat;
 }
 
 async function countKeys(b: Bench, pattern: string) {

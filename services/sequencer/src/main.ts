@@ -6,6 +6,7 @@ import { createEpoch } from '../../../shared/redis/epoch.js';
 import { createStateGuard } from '../../../shared/redis/rebuild.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
 import { createBatchHandler } from './adapters/batch.js';
+import { answerFromState } from './adapters/answer.js';
 import { allowedToolsRoute } from './adapters/http.js';
 import { createSequencerMetrics } from './adapters/metrics.js';
 import { cheapEpochCheck } from './adapters/epoch.js';
@@ -103,13 +104,15 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
         return handle(batch, ctx);
       },
       routes: [
-        allowedToolsRoute(config, async (ref) => {
-          // A cached state from before a loss must not answer: the session's next event starts it over.
-          await guard.ensure();
-          const r = await store.read(ref);
-          m.stateReads.inc({ source: r.cached ? 'cache' : 'redis' });
-          return r.state;
-        }),
+        allowedToolsRoute(
+          config,
+          answerFromState({
+            ensure: () => guard.ensure(),
+            cache,
+            store,
+            onRead: (source) => m.stateReads.inc({ source }),
+          }),
+        ),
       ],
       close: async () => {
         await feed.stop();

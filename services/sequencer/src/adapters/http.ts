@@ -32,8 +32,8 @@ export function parseTools(param: string): string[] | null {
 /**
  * Views already computed: a view is a pure function of the agent (a configuration change makes a new Agent, so no
  * entry outlives its configuration), the `tools` parameter, the step and the index, and a runtime asks with the
- * same few tool lists over and over. A hit skips parsing the list and computing the view. Views are shared and
- * never modified. Bounded: lists longer than MEMO_MAX_PARAM characters are not kept, and the whole memo is
+ * same few tool lists over and over. A hit skips parsing the list, computing the view and serializing it (a view is
+ * kept as its serialized body tail, `bodyTail`). Bounded: lists longer than MEMO_MAX_PARAM characters are not kept, and the whole memo is
  * dropped once it holds MEMO_MAX_VIEWS views (at most a few MB whatever the requests).
  */
 const MEMO_MAX_PARAM = 1024;
@@ -43,15 +43,21 @@ const NO_STEP = '\u0000none';
 const NO_AGENT = {};
 
 class ViewMemo {
-  private byAgent = new WeakMap<object, Map<string, Map<string, View[]>>>();
+  private byAgent = new WeakMap<object, Map<string, Map<string, string[]>>>();
   private views = 0;
 
-  /** The views of one (agent, tools) pair, by step then index; undefined when not kept (or not yet). */
-  lists(agent: Agent | undefined, toolsParam: string | null): Map<string, View[]> | undefined {
+  /** The views (serialized) of one (agent, tools) pair, by step then index; undefined when not kept (or not yet). */
+  lists(agent: Agent | undefined, toolsParam: string | null): Map<string, string[]> | undefined {
     return this.byAgent.get(agent ?? NO_AGENT)?.get(toolsParam ?? NO_TOOLS);
   }
 
-  keep(agent: Agent | undefined, toolsParam: string | null, stepKey: string, index: number, v: View): void {
+  keep(
+    agent: Agent | undefined,
+    toolsParam: string | null,
+    stepKey: string,
+    index: number,
+    tail: string,
+  ): void {
     if (toolsParam !== null && toolsParam.length > MEMO_MAX_PARAM) return;
     if (++this.views > MEMO_MAX_VIEWS) {
       this.byAgent = new WeakMap();
@@ -64,15 +70,24 @@ class ViewMemo {
     if (!byStep) byTools.set(toolsParam ?? NO_TOOLS, (byStep = new Map()));
     let byIndex = byStep.get(stepKey);
     if (!byIndex) byStep.set(stepKey, (byIndex = []));
-    byIndex[index] = v;
+    byIndex[index] = tail;
   }
 }
 
+/**
+ * Answers from a session's state: `respond` runs on the state this instance cached while the Redis-loss check is
+ * still in flight, and again on the state read from Redis when the cached one may not answer (not cached, or
+ * Redis lost the states meanwhile). Only the last answer is sent.
+ */
+export type AnswerFromState = <R>(ref: SessionRef, respond: (state: SessionState) => R) => Promise<R>;
+
+/** The response body without its opening `{`: the view's part of `{"session_id": …, …view}`, serialized once. */
+const bodyTail = (v: View): string => JSON.stringify(v).slice(1);
+const bodyJson = (session: string, tail: string): string =>
+  `{"session_id":${JSON.stringify(session)}${tail === '}' ? '' : ','}${tail}`;
+
 /** `GET /sessions/:session_id/allowed-tools?tools=a,b[&tenant_id&agent_id]`: the allowed tools now. */
-export function allowedToolsRoute(
-  config: Orchestrations,
-  readState: (ref: SessionRef) => Promise<SessionState>,
-): Route {
+export function allowedToolsRoute(config: Orchestrations, answer: AnswerFromState): Route {
   const memo = new ViewMemo();
   return {
     method: 'GET',
@@ -91,21 +106,23 @@ export function allowedToolsRoute(
       let tools: string[] | null = null;
       if (toolsParam !== null && !memo.lists(agent, toolsParam) && !(tools = parseTools(toolsParam)))
         return { status: 400, body: { error: BAD_TOOLS } };
-      const state = await readState(ref);
-      // The step the next event would be processed in: a session never seen is in the step the rule picks for
-      // an empty session (the default step, if any); a finished sequence gives way to the rule's pick.
-      const at = agent ? settledPosition(agent, state) : { step: undefined, index: 0 };
-      const stepKey = at.step?.name ?? NO_STEP;
-      const index = at.step ? at.index : 0;
-      // Past the sequence's end (a state this code never writes) an index is not a key worth keeping.
-      const keep = !at.step || index <= at.step.sequence.length;
-      let v = keep ? memo.lists(agent, toolsParam)?.get(stepKey)?.[index] : undefined;
-      if (!v) {
-        const universe = toolsParam === null ? (agent?.tools ?? []) : (tools ?? parseTools(toolsParam)!);
-        v = viewAt(at.step, index, universe);
-        if (keep) memo.keep(agent, toolsParam, stepKey, index, v);
-      }
-      return { status: 200, body: { session_id: ref.session, ...v } };
+      const respond = (state: SessionState) => {
+        // The step the next event would be processed in: a session never seen is in the step the rule picks for
+        // an empty session (the default step, if any); a finished sequence gives way to the rule's pick.
+        const at = agent ? settledPosition(agent, state) : { step: undefined, index: 0 };
+        const stepKey = at.step?.name ?? NO_STEP;
+        const index = at.step ? at.index : 0;
+        // Past the sequence's end (a state this code never writes) an index is not a key worth keeping.
+        const keep = !at.step || index <= at.step.sequence.length;
+        let tail = keep ? memo.lists(agent, toolsParam)?.get(stepKey)?.[index] : undefined;
+        if (tail === undefined) {
+          const universe = toolsParam === null ? (agent?.tools ?? []) : (tools ?? parseTools(toolsParam)!);
+          tail = bodyTail(viewAt(at.step, index, universe));
+          if (keep) memo.keep(agent, toolsParam, stepKey, index, tail);
+        }
+        return { status: 200, body: null, json: bodyJson(ref.session, tail) };
+      };
+      return answer(ref, respond);
     },
   };
 }

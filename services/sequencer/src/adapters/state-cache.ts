@@ -15,6 +15,8 @@ interface Entry {
  */
 export class StateCache {
   private readonly entries = new Map<string, Entry>();
+  /** Bumped by `clear()`: a read that looked an entry up before a clear can tell that it may no longer answer. */
+  generation = 0;
   constructor(
     readonly maxEntries: number,
     readonly maxAgeMs: number,
@@ -57,5 +59,6 @@ export class StateCache {
   /** Redis lost its states: every session starts over, so no state written before may answer a read. */
   clear(): void {
     this.entries.clear();
+    this.generation++;
   }
 }

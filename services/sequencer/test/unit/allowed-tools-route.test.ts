@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { agentOrchestrationV1, id as idSchema, toolName } from '../../../../schemas/index.js';
-import type { HttpRequest } from '../../../../shared/http.js';
+import type { HttpRequest, HttpResponse } from '../../../../shared/http.js';
 import { rng } from '../../../../testkit/streams.js';
 import { allowedToolsRoute, parseTools, validId, validToolName } from '../../src/adapters/http.js';
 import type { SessionRef } from '../../src/adapters/redis/store.js';
@@ -81,6 +81,12 @@ const request = (session: string, query: string): HttpRequest => ({
   body: () => Promise.resolve(undefined),
 });
 
+/** What the client receives: a body sent pre-serialized (`json`) is the same JSON. */
+const sent = (r: HttpResponse): { status: number; body: unknown } => ({
+  status: r.status,
+  body: r.json !== undefined ? JSON.parse(r.json) : r.body,
+});
+
 const ODD = [
   '',
   ' ',
@@ -152,9 +158,11 @@ describe('allowed-tools route', () => {
     const config = loadOrchestrationFile(CONFIG);
     const states = new Map<string, SessionState>();
     const reads: SessionRef[] = [];
-    const route = allowedToolsRoute(config, (ref) => {
+    const route = allowedToolsRoute(config, (ref, respond) => {
       reads.push(ref);
-      return Promise.resolve(states.get(`${ref.tenant}|${ref.agent}|${ref.session}`) ?? newSession());
+      return Promise.resolve(
+        respond(states.get(`${ref.tenant}|${ref.agent}|${ref.session}`) ?? newSession()),
+      );
     });
     const r = rng(7);
     const pick = <T>(xs: readonly T[]): T => xs[Math.floor(r() * xs.length)]!;
@@ -166,7 +174,7 @@ describe('allowed-tools route', () => {
       const q = new URLSearchParams(query);
       const key = `${q.get('tenant_id') ?? 'default'}|${q.get('agent_id') ?? 'default'}|${session}`;
       states.set(key, randomState(r));
-      const got = await route.handler(request(session, query));
+      const got = sent(await route.handler(request(session, query)));
       expect(got).toEqual(await oracle(config, states.get(key)!, q, session));
     }
     // Refused requests read no state.
@@ -175,10 +183,13 @@ describe('allowed-tools route', () => {
 
   it('a configuration change is seen by the next read, memo or not', async () => {
     const config = loadOrchestrationFile(CONFIG);
-    const route = allowedToolsRoute(config, () => Promise.resolve(newSession()));
+    const route = allowedToolsRoute(config, (_ref, respond) => Promise.resolve(respond(newSession())));
     const ask = async () =>
-      ((await route.handler(request('s', `tools=${TOOLS.join(',')}`))).body as { allowed_tools: string[] })
-        .allowed_tools;
+      (
+        sent(await route.handler(request('s', `tools=${TOOLS.join(',')}`))).body as {
+          allowed_tools: string[];
+        }
+      ).allowed_tools;
     expect(await ask()).not.toContain('save');
     config.set(agentOrchestrationV1.parse({ tools: TOOLS, steps: [] }));
     expect(await ask()).toContain('save');

@@ -133,21 +133,30 @@ export class RedisSessionStore {
     return out;
   }
 
+  /** The state this instance last wrote for the session, if cached: no Redis command. */
+  cached(ref: SessionRef): SessionState | undefined {
+    return this.cache.get(sessionKey(this.prefix, ref))?.state;
+  }
+
   /**
    * A session's state for a reader (allowed tools): what this instance last wrote, else Redis (one plain `GET`:
    * a pipeline for one key costs a pipeline object and its command wrappers on every read).
    */
   async read(ref: SessionRef): Promise<{ state: SessionState; cached: boolean }> {
-    const key = sessionKey(this.prefix, ref);
-    const hit = this.cache.get(key);
-    if (hit) return { state: hit.state, cached: true };
+    const hit = this.cached(ref);
+    if (hit) return { state: hit, cached: true };
+    return { state: await this.fromRedis(ref), cached: false };
+  }
+
+  /** The session's state in Redis, not the cache's (a new session when none). */
+  async fromRedis(ref: SessionRef): Promise<SessionState> {
     let raw: string | null;
     try {
-      raw = await this.redis.get(key);
+      raw = await this.redis.get(sessionKey(this.prefix, ref));
     } catch (err) {
       throw redisFailure('session read', err);
     }
-    return { state: raw === null ? newSession() : decode(raw.slice(raw.indexOf('|') + 1)), cached: false };
+    return raw === null ? newSession() : decode(raw.slice(raw.indexOf('|') + 1));
   }
 
   /** `key`: the one `load` gave (else built from `ref`). */

@@ -1,0 +1,53 @@
+import type { SessionState } from '../core/session.js';
+import type { AnswerFromState } from './http.js';
+import type { SessionRef } from './redis/store.js';
+import type { StateCache } from './state-cache.js';
+
+export interface StateReader {
+  /** What this instance last wrote for the session, if cached (no Redis command). */
+  cached(ref: SessionRef): SessionState | undefined;
+  /** The state in Redis (one GET), never the cache's. */
+  fromRedis(ref: SessionRef): Promise<SessionState>;
+}
+
+/**
+ * Allowed-tools reads: a cached state from before a Redis loss must not answer (the session's next event starts it
+ * over), so every read waits for the epoch check (`ensure`, one GET). The GET leaves first and the answer from the
+ * cached state is computed while it travels, taking that work off the round trip; it is sent only when the check
+ * found no loss meanwhile (a loss clears the cache, which bumps its generation), else the state is read again
+ * from Redis. A state this instance wrote between the lookup and the check's reply is not missed by a read
+ * that arrived before it was written, so the answer is still the state at some instant of the request.
+ */
+export function answerFromState(o: {
+  ensure: () => Promise<void>;
+  cache: StateCache;
+  store: StateReader;
+  onRead: (source: 'cache' | 'redis') => void;
+}): AnswerFromState {
+  return async (ref, respond) => {
+    const generation = o.cache.generation;
+    const checked = o.ensure();
+    const hit = o.store.cached(ref);
+    // Not cached: the state's GET goes out with the check's, not after it (one round trip, not two). A value read
+    // from Redis is never a lost state (a lost one is no longer there), so it need not wait for the check.
+    const fromRedis = hit ? undefined : o.store.fromRedis(ref);
+    let early: ReturnType<typeof respond> | undefined;
+    try {
+      if (hit) early = respond(hit);
+    } finally {
+      // Either failure fails the read; the other promise must not be left rejected and unhandled.
+      await checked.catch((err: unknown) => {
+        fromRedis?.catch(() => undefined);
+        throw err;
+      });
+    }
+    if (hit && o.cache.generation === generation) {
+      o.onRead('cache');
+      return early!;
+    }
+    // A cached state that the check found lost is read again from Redis (where the session now starts over).
+    const state = await (fromRedis ?? o.store.fromRedis(ref));
+    o.onRead('redis');
+    return respond(state);
+  };
+}
