@@ -53,13 +53,7 @@ export async function benchDetector(b: Bench, n: number) {
   const backlogSeconds = sent / rate;
   const scripts = await scriptsByTime(b);
   // The window is split over `window:<bucket>` zsets (layout v4); `window` itself in older layouts.
-  const windowRecords = (
-    await Promise.all(
-      [0, 1, 2, 3].flatMap((a) =>
-        ['', ':0', ':1'].map((bucket) => b.redis.zcard(`${id}:det:{default|agent-${a}}:window${bucket}`)),
-      ),
-    )
-  ).reduce((x, y) => x + y, 0);
+  const windowRecords = await windowRecordsOf(b, id);
   const mem = (await redisInfo(b.redis, 'memory', 'used_memory')) - mem0;
   const state = await stateBytes(b, id);
   say(
@@ -81,7 +75,9 @@ export async function benchDetector(b: Bench, n: number) {
     },
   });
   await sleep(2000);
+  let paced = 0;
   for (const e of agentEvents({ tasks: 400, seed: 99, agents: 1, concurrency: 5, startTs: Date.now() })) {
+    paced++;
     const now = Date.now();
     await b.producer.send({
       topic,
@@ -94,6 +90,25 @@ export async function benchDetector(b: Bench, n: number) {
   await sleep(3000);
   await reader.disconnect();
   await p.stop();
+
+  // Memory at a 10× window, the same backlog read again under a fresh prefix: used_memory growth then spreads
+  // Redis's fixed overhead (script cache, first-use allocations: ~0.65 MB) over 10× the records, so it shows
+  // what a window record costs as the window grows, not the overhead of a small one.
+  const bigId = `${id}-big`;
+  const bigMem0 = await redisInfo(b.redis, 'memory', 'used_memory');
+  const big = await startService(b, 'detector', {
+    REDIS_KEY_PREFIX: bigId,
+    PAVER_TOPIC_TOOL_CALLS: topic,
+    PAVER_TOPIC_FLOW_CANDIDATES: `${bigId}.candidates`,
+    PAVER_TOPIC_DEAD_LETTERS: `${id}.dead-letters`,
+    DETECTOR_GROUP_ID: `${bigId}-detector`,
+    DETECTOR_LOOKBACK: '2000',
+  });
+  await serviceRate(big, sent + paced);
+  await big.stop();
+  const bigRecords = await windowRecordsOf(b, bigId);
+  const bigMem = (await redisInfo(b.redis, 'memory', 'used_memory')) - bigMem0;
+  const bigState = await stateBytes(b, bigId);
 
   writeResult('detector', {
     events: sent,
@@ -130,8 +145,27 @@ export async function benchDetector(b: Bench, n: number) {
       state: "MEMORY USAGE (SAMPLES 0) summed over the run's keys, by key family",
     },
     window_records: windowRecords,
+    at_lookback_2000: {
+      window_records: bigRecords,
+      redis_memory_bytes_per_window_record: bigRecords ? Math.round(bigMem / bigRecords) : null,
+      redis_state_bytes_per_window_record: bigRecords ? Math.round(bigState.total / bigRecords) : null,
+      definition:
+        'the same backlog (and the paced traffic) read again by a detector with DETECTOR_LOOKBACK=2000 (10× the default) under a fresh prefix; same two measures',
+    },
     targets: { ratio_min: 0.5, round_trips_per_event_max: 0.05 },
   });
+}
+
+/** Window records of the bench's four agents under `prefix`, over every window bucket. */
+async function windowRecordsOf(b: Bench, prefix: string): Promise<number> {
+  const cards = await Promise.all(
+    [0, 1, 2, 3].flatMap((a) =>
+      Array.from({ length: 41 }, (_, i) => (i === 0 ? '' : `:${i - 1}`)).map((bucket) =>
+        b.redis.zcard(`${prefix}:det:{default|agent-${a}}:window${bucket}`),
+      ),
+    ),
+  );
+  return cards.reduce((x, y) => x + y, 0);
 }
 
 /**
