@@ -12,6 +12,18 @@ export interface ScriptFile {
 }
 
 const FILE = /^([a-z][a-zA-Z0-9]*)-(\d+)\.lua$/;
+/** `--- @include "lib/x.lua"` (BullMQ's convention): the file's text, path relative to the script folder. */
+const INCLUDE = /^--- @include "([a-zA-Z0-9_./-]+\.lua)"$/gm;
+
+/** A script's text with its includes inlined (one level: a fragment holds local functions, not includes). */
+function withIncludes(dir: string, lua: string): string {
+  return lua.replace(INCLUDE, (_, rel: string) => {
+    const path = join(dir, rel);
+    if (rel.includes('..') || !existsSync(path))
+      throw new PaverError('INTERNAL', `Lua include missing: ${path} (was the build run?)`);
+    return readFileSync(path, 'utf8');
+  });
+}
 
 /** Reads every script in a folder; fails fast when the folder or an expected script is missing from the build. */
 export function readScripts(dir: string, expected: string[]): ScriptFile[] {
@@ -20,7 +32,11 @@ export function readScripts(dir: string, expected: string[]): ScriptFile[] {
   const files = readdirSync(dir)
     .map((f) => FILE.exec(f))
     .filter((m): m is RegExpExecArray => m !== null)
-    .map((m) => ({ name: m[1]!, numberOfKeys: Number(m[2]), lua: readFileSync(join(dir, m[0]), 'utf8') }));
+    .map((m) => ({
+      name: m[1]!,
+      numberOfKeys: Number(m[2]),
+      lua: withIncludes(dir, readFileSync(join(dir, m[0]), 'utf8')),
+    }));
   for (const name of expected) {
     if (!files.some((f) => f.name === name))
       throw new PaverError('INTERNAL', `Lua script missing: ${dir}/${name}-N.lua`);

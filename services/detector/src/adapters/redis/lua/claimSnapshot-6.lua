@@ -20,6 +20,7 @@
   lock taken, the P published pairs, then the snapshot exactly as snapshot-3.lua returns it after its status;
   or {0} (held elsewhere; marked dirty).
 ]]
+--- @include "lib/snapshot.lua"
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
   return {0}
@@ -30,29 +31,5 @@ local all = redis.call('HGETALL', KEYS[3])
 for i = 1, #all do out[#out + 1] = all[i] end
 out[2] = #all / 2
 
-local minOcc = tonumber(ARGV[3])
-local grams = {}
-for b = 0, 15 do
-  local all = redis.call('HGETALL', KEYS[4] .. ':' .. b)
-  for i = 1, #all, 2 do
-    local v = all[i + 1]
-    local c1 = string.find(v, ',', 1, true)
-    local s = tonumber(string.sub(v, 1, c1 - 1))
-    if s >= minOcc then
-      local c2 = string.find(v, ',', c1 + 1, true)
-      grams[#grams + 1] = all[i]
-      grams[#grams + 1] = s
-      grams[#grams + 1] = c2 and tonumber(string.sub(v, c2 + 1)) or 0
-      grams[#grams + 1] = c2 and string.sub(v, c1 + 1, c2 - 1) or string.sub(v, c1 + 1)
-    end
-  end
-end
-out[#out + 1] = redis.call('GET', KEYS[5]) or ''
-out[#out + 1] = #grams / 4
-for i = 1, #grams do out[#out + 1] = grams[i] end
-if ARGV[4] == '1' then
-  for b = 0, tonumber(ARGV[5]) - 1 do
-    for _, rec in ipairs(redis.call('HVALS', KEYS[6] .. ':' .. b)) do out[#out + 1] = rec end
-  end
-end
+appendSnapshot(out, KEYS[4], KEYS[5], KEYS[6], tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5]))
 return out

@@ -14,28 +14,7 @@
   dictionary, the n grams with support >= minOcc (as codes), then (when asked) every window record as packed
   in KEYS[3]. The caller decodes the codes (store.ts): Redis does no more than read.
 ]]
-local minOcc = tonumber(ARGV[1])
-local grams = {}
-for b = 0, 15 do
-  local all = redis.call('HGETALL', KEYS[1] .. ':' .. b)
-  for i = 1, #all, 2 do
-    local v = all[i + 1]
-    local c1 = string.find(v, ',', 1, true)
-    local s = tonumber(string.sub(v, 1, c1 - 1))
-    if s >= minOcc then
-      local c2 = string.find(v, ',', c1 + 1, true)
-      grams[#grams + 1] = all[i]
-      grams[#grams + 1] = s
-      grams[#grams + 1] = c2 and tonumber(string.sub(v, c2 + 1)) or 0
-      grams[#grams + 1] = c2 and string.sub(v, c1 + 1, c2 - 1) or string.sub(v, c1 + 1)
-    end
-  end
-end
-local out = {1, redis.call('GET', KEYS[2]) or '', #grams / 4}
-for i = 1, #grams do out[#out + 1] = grams[i] end
-if ARGV[2] == '1' then
-  for b = 0, tonumber(ARGV[3]) - 1 do
-    for _, rec in ipairs(redis.call('HVALS', KEYS[3] .. ':' .. b)) do out[#out + 1] = rec end
-  end
-end
+--- @include "lib/snapshot.lua"
+local out = {1}
+appendSnapshot(out, KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), ARGV[2] == '1', tonumber(ARGV[3]))
 return out
