@@ -147,13 +147,21 @@ function lastIndexOf(calls: readonly PastCall[], tool: string): number {
  * a list has already used. Element values are compared whole, so an id taken by any argument counts.
  */
 function usedBy(calls: readonly PastCall[], tool: string): Set<string> {
-  const used = new Set<string>();
+  // Asked for every loop source of every rule and argument after a call, over the same history: memoised per
+  // history array (callers build a new one per call) and tool; derived data only, so answers stay deterministic.
+  let byTool = usedCache.get(calls);
+  if (!byTool) usedCache.set(calls, (byTool = new Map()));
+  let used = byTool.get(tool);
+  if (used) return used;
+  used = new Set<string>();
   for (const c of calls) {
     if (c.tool !== tool || !c.args) continue;
     for (const v of Object.values(c.args)) if (v !== undefined) used.add(canonicalJson(v));
   }
+  byTool.set(tool, used);
   return used;
 }
+const usedCache = new WeakMap<readonly PastCall[], Map<string, Set<string>>>();
 
 /** Index of the first element of `list` whose `item` value is not in `used`, or -1. */
 function firstUnused(list: readonly unknown[], item: Path, used: ReadonlySet<string>): number {
@@ -492,15 +500,13 @@ function keyedSources(
       const k = `{"kind":"last","part":"${h.part}","path":${pathKeyOf(i)},"tool":${JSON.stringify(tool)}}`;
       if (!add({ kind: 'last', tool, part: h.part, path: h.path }, k)) return out;
     }
-    let used: Set<string> | undefined;
     for (const h of hits) {
       for (let j = 0; j < h.path.length; j++) {
         const at = h.path[j];
         if (typeof at !== 'number') continue;
         const list = getPath(partOf(calls[h.call]!, h.part), h.path.slice(0, j));
         if (!list.ok || !Array.isArray(list.value)) continue;
-        used ??= usedBy(calls, nextTool);
-        if (firstUnused(list.value, h.path.slice(j + 1), used) !== at) continue;
+        if (firstUnused(list.value, h.path.slice(j + 1), usedBy(calls, nextTool)) !== at) continue;
         const loop: Source = {
           kind: 'loop',
           tool: calls[h.call]!.tool,
