@@ -4,14 +4,17 @@ import type { Redis, ChainableCommander } from 'ioredis';
 import type { z } from 'zod';
 import { PaverError, type ErrorCode } from '../errors.js';
 
-/** A Lua script file `<name>-<numKeys>.lua` (BullMQ's convention). */
+/**
+ * A Lua script file `<name>-<numKeys>.lua` (BullMQ's convention), or `<name>-n.lua` for a script whose key
+ * count varies per call (`numberOfKeys` null: `invokeScript` passes the count first, as EVALSHA wants it).
+ */
 export interface ScriptFile {
   name: string;
-  numberOfKeys: number;
+  numberOfKeys: number | null;
   lua: string;
 }
 
-const FILE = /^([a-z][a-zA-Z0-9]*)-(\d+)\.lua$/;
+const FILE = /^([a-z][a-zA-Z0-9]*)-(\d+|n)\.lua$/;
 /** `--- @include "lib/x.lua"` (BullMQ's convention): the file's text, path relative to the script folder. */
 const INCLUDE = /^--- @include "([a-zA-Z0-9_./-]+\.lua)"$/gm;
 
@@ -34,20 +37,33 @@ export function readScripts(dir: string, expected: string[]): ScriptFile[] {
     .filter((m): m is RegExpExecArray => m !== null)
     .map((m) => ({
       name: m[1]!,
-      numberOfKeys: Number(m[2]),
+      numberOfKeys: m[2] === 'n' ? null : Number(m[2]),
       lua: withIncludes(dir, readFileSync(join(dir, m[0]), 'utf8')),
     }));
   for (const name of expected) {
     if (!files.some((f) => f.name === name))
-      throw new PaverError('INTERNAL', `Lua script missing: ${dir}/${name}-N.lua`);
+      throw new PaverError('INTERNAL', `Lua script missing: ${dir}/${name}-N.lua (or -n.lua)`);
   }
   return files;
 }
 
+/** Key counts of the scripts defined with a variable one, per connection. */
+const variableKeys = new WeakMap<object, Set<string>>();
+
 /** Registers scripts once per connection; ioredis sends EVALSHA and falls back to EVAL on NOSCRIPT. */
 export function defineScripts(redis: Redis, scripts: ScriptFile[]): void {
   for (const s of scripts) {
-    if (!(s.name in redis)) redis.defineCommand(s.name, { numberOfKeys: s.numberOfKeys, lua: s.lua });
+    if (s.numberOfKeys === null) {
+      const set = variableKeys.get(redis) ?? new Set<string>();
+      variableKeys.set(redis, set.add(s.name));
+    }
+    if (s.name in redis && !(s.name in (redis as unknown as { scriptsSet: object }).scriptsSet))
+      throw new PaverError('INTERNAL', `Lua script name ${s.name} is a Redis command's: rename the file`);
+    if (!(s.name in redis))
+      redis.defineCommand(
+        s.name,
+        s.numberOfKeys === null ? { lua: s.lua } : { numberOfKeys: s.numberOfKeys, lua: s.lua },
+      );
   }
 }
 
@@ -62,6 +78,9 @@ export function invokeScript(
 ): unknown {
   const fn = (target as unknown as Record<string, (...a: unknown[]) => unknown>)[name];
   if (typeof fn !== 'function') throw new PaverError('INTERNAL', `Lua script ${name} is not registered`);
+  // A pipeline or transaction is not the connection: ask the connection it was made from.
+  const conn = (target as unknown as { redis?: object }).redis ?? target;
+  if (variableKeys.get(conn)?.has(name)) return fn.call(target, keys.length, ...keys, ...argv);
   return fn.call(target, ...keys, ...argv);
 }
 

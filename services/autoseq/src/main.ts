@@ -66,7 +66,12 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       catalog,
       store,
       loadLearn: env.AUTOSEQ_LEARN_ENABLED
-        ? (events) => RedisLearnStore.load(redis, prefix, env.AUTOSEQ_TASK_TTL_MS, learnOptions, events)
+        ? (events, heartbeat) =>
+            RedisLearnStore.load(redis, prefix, env.AUTOSEQ_TASK_TTL_MS, learnOptions, events, {
+              ttlMs: env.AUTOSEQ_LEARN_LEASE_MS,
+              heartbeat,
+              onWait: () => m.leaseWaits.inc(),
+            })
         : null,
       taskKey: (ref) => taskKey(prefix, ref),
       opts: optionsFromEnv(env),

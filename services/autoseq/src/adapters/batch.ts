@@ -39,7 +39,7 @@ export function createBatchHandler(o: {
   catalog: Catalog;
   store: Pick<RedisTaskStore, 'load' | 'save'>;
   /** Null when learning is off: typed state alone is stored. */
-  loadLearn: ((events: ToolCallsEvent[]) => Promise<RedisLearnStore>) | null;
+  loadLearn: ((events: ToolCallsEvent[], heartbeat: () => Promise<void>) => Promise<RedisLearnStore>) | null;
   taskKey: (ref: TaskRef) => string;
   opts: AutoseqOptions;
   lopts: LearnOptions;
@@ -53,7 +53,7 @@ export function createBatchHandler(o: {
     const t = catalog.scope(who.tenant_id, who.agent_id)?.tools.get(tool);
     return t ? t.validate(args) : undefined;
   };
-  return async (batch) => {
+  return async (batch, ctx) => {
     const refs = new Map<string, TaskRef>();
     const learnEvents: ToolCallsEvent[] = [];
     for (const { value: e } of batch) {
@@ -67,7 +67,22 @@ export function createBatchHandler(o: {
     }
     if (learnEvents.length === 0) return;
     const states = await store.load(refs);
-    const learn = loadLearn ? await loadLearn(learnEvents) : null;
+    const learn = loadLearn ? await loadLearn(learnEvents, ctx.heartbeat) : null;
+    try {
+      await decideAndStore(batch, refs, states, learn);
+    } catch (err) {
+      // The scopes' leases go back at once: a retry of this batch (or another instance) need not wait them out.
+      await learn?.release().catch(() => undefined);
+      throw err;
+    }
+  };
+
+  async function decideAndStore(
+    batch: Parameters<BatchHandler<ToolCallsEvent>>[0],
+    refs: Map<string, TaskRef>,
+    states: Map<string, TaskState>,
+    learn: RedisLearnStore | null,
+  ): Promise<void> {
     const dirty = new Map<string, { ref: TaskRef; state: TaskState }>();
     const out: NextActionRecord[] = [];
     const scored: { held: boolean; origin: string; state: string; hit: boolean; executed: boolean }[] = [];
@@ -125,15 +140,24 @@ export function createBatchHandler(o: {
       dirty.set(id, { ref: refs.get(id)!, state: task });
       out.push(...records);
     }
-    // Publish first, then store: a crash in between re-decides the same events to the same records.
+    // Publish first, then store: a crash in between re-decides the same events to the same records. A batch
+    // that ran long renews its leases first, so its write is not refused after its records are out.
+    await learn?.leases.keepFresh();
     await sink.send(
       topic,
       'next-actions.v1',
       out.map((rec) => ({ key: rec.session_id, value: rec })),
     );
     if (learn) {
-      // Typed and learned state in one MULTI: a crash never keeps one without the other.
-      await learn.save([...dirty.values()].map(({ ref, state }) => [taskKey(ref), JSON.stringify(state)]));
+      // Typed and learned state in one script call per scope: a crash never keeps one without the other.
+      await learn.save(
+        [...dirty.values()].map(({ ref, state }) => ({
+          tenant: ref.tenant,
+          agent: ref.agent,
+          key: taskKey(ref),
+          value: JSON.stringify(state),
+        })),
+      );
       for (const s of learn.scopeStates()) m.activeByScope.set(scopeId(s.tenant, s.agent), s.state.nActive);
     } else await store.save(dirty);
     for (const rec of out) m.decisions.inc({ event_type: rec.event_type, reason: rec.reason ?? '' });
@@ -142,5 +166,5 @@ export function createBatchHandler(o: {
       if (sc.executed || (sc.hit && sc.state === 'active')) m.saved.inc();
     }
     for (const to of moved) m.transitions.inc({ to });
-  };
+  }
 }

@@ -69,7 +69,13 @@ export function createAutoseqMetrics(registry: Registry, catalogTools: () => num
     help: 'Times the Redis state (learned rules, task states) was found lost (epoch marker gone); learning starts over.',
     registers,
   });
+  const leaseWaits = new Counter({
+    name: 'paver_autoseq_scope_lease_waits_total',
+    help: 'Batches that waited for a scope another batch (another instance, or partition) was learning in.',
+    registers,
+  });
   return {
+    leaseWaits,
     stateLosses,
     decisions,
     saved,

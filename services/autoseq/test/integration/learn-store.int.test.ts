@@ -3,8 +3,9 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { toolCallsEventV1, type ToolCallsEvent } from '../../../../schemas/index.js';
 import { rng } from '../../../../testkit/streams.js';
-import { testRedis, unique } from '../../../../test/helpers/kafka.js';
+import { testRedis, unique, waitFor } from '../../../../test/helpers/kafka.js';
 import { readScope, RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
+import { leaseKey } from '../../src/adapters/redis/scope-lease.js';
 import { applyEvent, MemoryLearnStore } from '../../src/core/learn/engine.js';
 import { DEFAULT_LEARN, type LearnOptions } from '../../src/core/learn/learner.js';
 
@@ -32,7 +33,7 @@ describe('learned state in Redis, read in part (real Redis)', () => {
       while (i < events.length) {
         const batch = events.slice(i, i + 1 + Math.floor(random() * 40));
         i += batch.length;
-        const store = await RedisLearnStore.load(redis, prefix, 60_000, opts, batch);
+        const store = await RedisLearnStore.load(redis, prefix, 60_000, opts, batch, { ttlMs: 10_000 });
         for (const e of batch) {
           const a = applyEvent(store, e, opts);
           const b = applyEvent(memory, e, opts);
@@ -49,4 +50,48 @@ describe('learned state in Redis, read in part (real Redis)', () => {
       expect(m.nActive).toBeGreaterThan(0);
       await redis.del(`${prefix}:aseq:{default|default}:rules`);
     });
+
+  it('one batch at a time learns in a scope; a write after its lease expired is refused and writes nothing', async () => {
+    const prefix = unique('paver-test');
+    const opts = DEFAULT_LEARN;
+    const [one, two] = [events.slice(0, 40), events.slice(40, 80)];
+    const lease = leaseKey(prefix, 'default', 'default');
+    const first = await RedisLearnStore.load(redis, prefix, 60_000, opts, one, { ttlMs: 60_000 });
+    expect(await redis.get(lease)).toBe(first.leases.token);
+
+    // A second batch of the scope waits for the first, then reads what the first wrote.
+    let waits = 0;
+    const pending = RedisLearnStore.load(redis, prefix, 60_000, opts, two, {
+      ttlMs: 1_500,
+      onWait: () => waits++,
+    });
+    await waitFor(async () => waits > 0, 'the second batch waiting');
+    for (const e of one) applyEvent(first, e, opts);
+    await first.save();
+    const clock = first.scope('default', 'default').clock;
+    expect(clock).toBeGreaterThan(0);
+    const second = await pending;
+    expect(second.scope('default', 'default').clock).toBe(clock);
+
+    // Its lease lapses before it writes (a stall): the write is refused, retriably, and the state is as it was.
+    for (const e of two) applyEvent(second, e, opts);
+    await waitFor(async () => (await redis.exists(lease)) === 0, 'the second lease expired');
+    await expect(second.save()).rejects.toMatchObject({ code: 'STATE_CONTENDED', retriable: true });
+    expect((await readScope(redis, prefix, 'default', 'default'))!.clock).toBe(clock);
+
+    // A batch that failed gives its lease back: the next one takes it without waiting.
+    const failed = await RedisLearnStore.load(redis, prefix, 60_000, opts, two, { ttlMs: 60_000 });
+    await failed.release();
+    let waited = false;
+    const retry = await RedisLearnStore.load(redis, prefix, 60_000, opts, two, {
+      ttlMs: 60_000,
+      onWait: () => (waited = true),
+    });
+    expect(waited).toBe(false);
+    for (const e of two) applyEvent(retry, e, opts);
+    await retry.save();
+    expect((await readScope(redis, prefix, 'default', 'default'))!.clock).toBeGreaterThan(clock);
+    expect(await redis.exists(lease)).toBe(0);
+    await redis.del(`${prefix}:aseq:{default|default}:rules`);
+  });
 });

@@ -7,6 +7,7 @@ import type {
   UserMessageEvent,
 } from '../../../../../schemas/index.js';
 import { execPipeline } from '../../../../../shared/redis/replies.js';
+import { invokeScript } from '../../../../../shared/redis/scripts.js';
 import { escapeKeyPart, scopeTag } from '../../../../../shared/redis/keys.js';
 import {
   contextsTouched,
@@ -22,6 +23,7 @@ import {
   type Slot,
 } from '../../core/learn/learner.js';
 import { scopeId, taskId, type LearnStore } from '../../core/learn/engine.js';
+import { defineScopeScripts, lost, ScopeLeases, type LeaseOptions } from './scope-lease.js';
 
 /**
  * `<prefix>:aseq:{tenant|agent}:rules`: the scope's learned state as a hash, one field per context (its
@@ -120,12 +122,21 @@ interface LoadedScope {
 
 type ScopeEvent = ToolCallEvent | TaskCompletedEvent | UserMessageEvent;
 
+/** A task state written with the learned state of its scope (the typed decider's, beside the learned one). */
+export interface TaskWrite {
+  tenant: string;
+  agent: string;
+  key: string;
+  value: string;
+}
+
 /**
- * A batch's learned state, in two pipelined round trips: the tasks and each scope's counts, then the
- * contexts the batch's events can touch (the whole scope when eviction may run in this batch). Written back
- * with one MULTI: changed context fields, deleted (evicted) ones, the counts, and the task values, so a crash
- * never leaves one without the others. Task values expire after the task TTL; scope values are bounded by
- * the core's limits instead.
+ * A batch's learned state, in two pipelined round trips: the leases of its scopes, the tasks and each scope's
+ * counts, then the contexts the batch's events can touch (the whole scope when eviction may run in this
+ * batch). Written back with one script call per scope (`save-n.lua`): changed context fields, deleted
+ * (evicted) ones, the counts, and the scope's task values, only while the batch still holds the scope's
+ * lease, so a crash never leaves one without the others and no other batch's learning is overwritten.
+ * Task values expire after the task TTL; scope values are bounded by the core's limits instead.
  */
 export class RedisLearnStore implements LearnStore {
   private readonly scopes = new Map<string, LoadedScope>();
@@ -139,17 +150,34 @@ export class RedisLearnStore implements LearnStore {
     private readonly redis: Redis,
     private readonly prefix: string,
     private readonly taskTtlMs: number,
+    readonly leases: ScopeLeases,
   ) {}
 
-  /** `events`: the batch's events that carry a task id, in batch order. */
+  /**
+   * `events`: the batch's events that carry a task id, in batch order. Holds the leases of their scopes
+   * until `save` (or `release`, which the caller owes on any failure in between).
+   */
   static async load(
     redis: Redis,
     prefix: string,
     taskTtlMs: number,
     opts: LearnOptions,
     events: readonly ToolCallsEvent[],
+    lease: LeaseOptions,
   ): Promise<RedisLearnStore> {
-    const s = new RedisLearnStore(redis, prefix, taskTtlMs);
+    defineScopeScripts(redis);
+    const s = new RedisLearnStore(redis, prefix, taskTtlMs, new ScopeLeases(redis, prefix, lease));
+    try {
+      await s.read(opts, events);
+    } catch (err) {
+      await s.leases.release().catch(() => undefined);
+      throw err;
+    }
+    return s;
+  }
+
+  private async read(opts: LearnOptions, events: readonly ToolCallsEvent[]): Promise<void> {
+    const { redis, prefix } = this;
     const scopeRefs = new Map<string, { tenant: string; agent: string; events: number }>();
     const taskRefs = new Map<string, { tenant: string; agent: string; task: string; events: ScopeEvent[] }>();
     for (const e of events) {
@@ -164,10 +192,22 @@ export class RedisLearnStore implements LearnStore {
       if (e.type !== 'user_message') sr.events++;
       tr.events.push(e);
     }
+    const scopes = [...scopeRefs].map(([id, r]) => ({ id, tenant: r.tenant, agent: r.agent }));
+    const reads = (pipe: ReturnType<Redis['pipeline']>) => {
+      for (const r of scopeRefs.values()) pipe.hget(learnKey(prefix, r.tenant, r.agent), META);
+      for (const r of taskRefs.values()) pipe.get(learnTaskKey(prefix, r.tenant, r.agent, r.task));
+      return pipe;
+    };
+    // The leases ride the first read's round trip; a scope another batch holds is waited for, then read.
     const first = redis.pipeline();
-    for (const r of scopeRefs.values()) first.hget(learnKey(prefix, r.tenant, r.agent), META);
-    for (const r of taskRefs.values()) first.get(learnTaskKey(prefix, r.tenant, r.agent, r.task));
-    const replies = await execPipeline(first, 'learned state read');
+    const took = this.leases.tryAll(first, scopes);
+    reads(first);
+    let replies = await execPipeline(first, 'learned state read');
+    if (took(replies.slice(0, scopes.length))) replies = replies.slice(scopes.length);
+    else {
+      await this.leases.acquire(scopes);
+      replies = await execPipeline(reads(redis.pipeline()), 'learned state read');
+    }
     let i = 0;
     const metas = new Map<string, Meta | null>();
     for (const id of scopeRefs.keys()) {
@@ -176,7 +216,7 @@ export class RedisLearnStore implements LearnStore {
     }
     for (const [id, r] of taskRefs) {
       const v = parseJson(replies[i++]);
-      s.tasks.set(id, {
+      this.tasks.set(id, {
         ref: r,
         state: v !== null && taskShape.safeParse(v).success ? (v as LearnTask) : newLearnTask(),
       });
@@ -188,7 +228,7 @@ export class RedisLearnStore implements LearnStore {
       const sid = scopeId(r.tenant, r.agent);
       const set = wanted.get(sid) ?? new Set<string>();
       wanted.set(sid, set);
-      for (const k of contextsTouched(s.tasks.get(id)!.state, r.events, opts)) set.add(k);
+      for (const k of contextsTouched(this.tasks.get(id)!.state, r.events, opts)) set.add(k);
     }
     const second = redis.pipeline();
     const plan: { id: string; all: boolean; fields: string[] }[] = [];
@@ -196,7 +236,7 @@ export class RedisLearnStore implements LearnStore {
       const meta = metas.get(id) ?? null;
       const state = newScopeState();
       if (meta) Object.assign(state, meta);
-      s.scopes.set(id, {
+      this.scopes.set(id, {
         tenant: r.tenant,
         agent: r.agent,
         state,
@@ -219,7 +259,7 @@ export class RedisLearnStore implements LearnStore {
     if (plan.length > 0) {
       const got = await execPipeline(second, 'learned contexts read');
       plan.forEach((p, j) => {
-        const sc = s.scopes.get(p.id)!;
+        const sc = this.scopes.get(p.id)!;
         const pairs: [string, unknown][] = p.all
           ? Object.entries((got[j] ?? {}) as Record<string, string>).filter(([f]) => f !== META)
           : p.fields.map((f, k) => [f, (got[j] as unknown[])[k]]);
@@ -232,7 +272,11 @@ export class RedisLearnStore implements LearnStore {
         }
       });
     }
-    return s;
+  }
+
+  /** Gives the batch's leases back unwritten: owed by a caller whose batch failed between `load` and `save`. */
+  release(): Promise<void> {
+    return this.leases.release();
   }
 
   scope(tenant: string, agent: string): ScopeState {
@@ -264,11 +308,32 @@ export class RedisLearnStore implements LearnStore {
     return [...this.scopes.values()];
   }
 
-  /** `extra`: other per-task values (key, JSON) written with the same TTL in the same transaction. */
-  async save(extra: [string, string][] = []): Promise<void> {
-    const multi = this.redis.multi();
-    for (const [k, v] of extra) multi.set(k, v, 'PX', this.taskTtlMs);
-    for (const sc of this.scopes.values()) {
+  /**
+   * `extra`: other per-task values written with the same TTL by the same call (each in its scope's). Throws a
+   * retriable STATE_CONTENDED when a scope's lease was lost: that scope wrote nothing (others may have).
+   */
+  async save(extra: TaskWrite[] = []): Promise<void> {
+    const writes = new Map<string, { keys: string[]; values: string[] }>();
+    const taskWrite = (tenant: string, agent: string, key: string, value: string) => {
+      const id = scopeId(tenant, agent);
+      const w = writes.get(id);
+      if (!w) throw new Error(`task state of a scope this batch did not load: ${id}`);
+      w.keys.push(key);
+      w.values.push(value);
+    };
+    for (const [id] of this.scopes) writes.set(id, { keys: [], values: [] });
+    for (const t of extra) taskWrite(t.tenant, t.agent, t.key, t.value);
+    for (const id of this.dirtyTasks) {
+      const t = this.tasks.get(id)!;
+      taskWrite(
+        t.ref.tenant,
+        t.ref.agent,
+        learnTaskKey(this.prefix, t.ref.tenant, t.ref.agent, t.ref.task),
+        JSON.stringify(t.state),
+      );
+    }
+    const pipe = this.redis.pipeline();
+    for (const [id, sc] of this.scopes) {
       const key = learnKey(this.prefix, sc.tenant, sc.agent);
       const { clock, nCtx, nSlots, nActive } = sc.state;
       const fields = new Set<string>();
@@ -281,20 +346,26 @@ export class RedisLearnStore implements LearnStore {
         const v = JSON.stringify({ c: g.c, s: g.s });
         if (was !== v) changed.push(f, v);
       }
-      multi.hset(key, ...changed);
       const gone = [...sc.read.keys()].filter((f) => !fields.has(f));
-      if (gone.length > 0) multi.hdel(key, ...gone);
-    }
-    for (const id of this.dirtyTasks) {
-      const t = this.tasks.get(id)!;
-      multi.set(
-        learnTaskKey(this.prefix, t.ref.tenant, t.ref.agent, t.ref.task),
-        JSON.stringify(t.state),
-        'PX',
-        this.taskTtlMs,
+      const w = writes.get(id)!;
+      invokeScript(
+        pipe,
+        'learnSave',
+        [this.leases.leaseKey(sc), key, ...w.keys],
+        [
+          this.leases.token,
+          this.taskTtlMs,
+          changed.length / 2,
+          ...changed,
+          gone.length,
+          ...gone,
+          ...w.values,
+        ],
       );
     }
-    await execPipeline(multi, 'learned state write');
+    const replies = await execPipeline(pipe, 'learned state write');
+    this.leases.released();
+    if (replies.some((r) => !Array.isArray(r) || r[0] !== 1)) throw lost();
   }
 }
 
