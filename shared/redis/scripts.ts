@@ -53,17 +53,20 @@ const variableKeys = new WeakMap<object, Set<string>>();
 /** Registers scripts once per connection; ioredis sends EVALSHA and falls back to EVAL on NOSCRIPT. */
 export function defineScripts(redis: Redis, scripts: ScriptFile[]): void {
   for (const s of scripts) {
+    if (s.name in (redis as unknown as { scriptsSet: object }).scriptsSet) continue; // defined already
+    if (s.name in redis)
+      throw new PaverError(
+        'INTERNAL',
+        `Lua script name ${s.name} is taken on the Redis client (a command or a property): rename the file`,
+      );
     if (s.numberOfKeys === null) {
       const set = variableKeys.get(redis) ?? new Set<string>();
       variableKeys.set(redis, set.add(s.name));
     }
-    if (s.name in redis && !(s.name in (redis as unknown as { scriptsSet: object }).scriptsSet))
-      throw new PaverError('INTERNAL', `Lua script name ${s.name} is a Redis command's: rename the file`);
-    if (!(s.name in redis))
-      redis.defineCommand(
-        s.name,
-        s.numberOfKeys === null ? { lua: s.lua } : { numberOfKeys: s.numberOfKeys, lua: s.lua },
-      );
+    redis.defineCommand(
+      s.name,
+      s.numberOfKeys === null ? { lua: s.lua } : { numberOfKeys: s.numberOfKeys, lua: s.lua },
+    );
   }
 }
 

@@ -20,7 +20,7 @@ export const autoseqEnvSchema = z
     AUTOSEQ_LEARN_WINDOW: int(2, 1_000_000).default(DEFAULT_LEARN.window),
     AUTOSEQ_LEARN_MAX_SLOTS: int(10, 1_000_000).default(DEFAULT_LEARN.maxSlots),
     AUTOSEQ_LEARN_MAX_CONTEXTS: int(10, 1_000_000).default(DEFAULT_LEARN.maxContexts),
-    AUTOSEQ_LEARN_LEASE_MS: int(1000, 600_000).default(10_000),
+    AUTOSEQ_LEARN_LEASE_MS: int(1000, 120_000).default(10_000),
     AUTOSEQ_LEARN_TASK_HISTORY: int(1, 1000).default(DEFAULT_LEARN.historyPerTask),
   })
   .superRefine(refineCommon);

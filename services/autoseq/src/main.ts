@@ -66,10 +66,11 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       catalog,
       store,
       loadLearn: env.AUTOSEQ_LEARN_ENABLED
-        ? (events, heartbeat) =>
+        ? (events, ctx) =>
             RedisLearnStore.load(redis, prefix, env.AUTOSEQ_TASK_TTL_MS, learnOptions, events, {
               ttlMs: env.AUTOSEQ_LEARN_LEASE_MS,
-              heartbeat,
+              heartbeat: ctx.heartbeat,
+              isRunning: ctx.isRunning,
               onWait: () => m.leaseWaits.inc(),
             })
         : null,

@@ -1,6 +1,6 @@
 import type { NextActionRecord, ToolCallsEvent } from '../../../../schemas/index.js';
 import { sha256 } from '../../../../shared/hash.js';
-import type { BatchHandler } from '../../../../shared/kafka/runner.js';
+import type { BatchContext, BatchHandler } from '../../../../shared/kafka/runner.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
 import type { Catalog } from '../core/catalog.js';
 import { decide, newTaskState, type AutoseqOptions, type TaskState } from '../core/decide.js';
@@ -39,7 +39,7 @@ export function createBatchHandler(o: {
   catalog: Catalog;
   store: Pick<RedisTaskStore, 'load' | 'save'>;
   /** Null when learning is off: typed state alone is stored. */
-  loadLearn: ((events: ToolCallsEvent[], heartbeat: () => Promise<void>) => Promise<RedisLearnStore>) | null;
+  loadLearn: ((events: ToolCallsEvent[], ctx: BatchContext) => Promise<RedisLearnStore>) | null;
   taskKey: (ref: TaskRef) => string;
   opts: AutoseqOptions;
   lopts: LearnOptions;
@@ -66,9 +66,10 @@ export function createBatchHandler(o: {
       if (e.task_id !== undefined) learnEvents.push(e);
     }
     if (learnEvents.length === 0) return;
-    const states = await store.load(refs);
-    const learn = loadLearn ? await loadLearn(learnEvents, ctx.heartbeat) : null;
+    // The typed states are read once the scopes' leases are held: a batch that waited reads them fresh.
+    const learn = loadLearn ? await loadLearn(learnEvents, ctx) : null;
     try {
+      const states = await store.load(refs);
       await decideAndStore(batch, refs, states, learn);
     } catch (err) {
       // The scopes' leases go back at once: a retry of this batch (or another instance) need not wait them out.
@@ -141,7 +142,7 @@ export function createBatchHandler(o: {
       out.push(...records);
     }
     // Publish first, then store: a crash in between re-decides the same events to the same records. A batch
-    // that ran long renews its leases first, so its write is not refused after its records are out.
+    // (or a send) that ran long renews its leases before and after, so its write is not refused.
     await learn?.leases.keepFresh();
     await sink.send(
       topic,
@@ -149,6 +150,7 @@ export function createBatchHandler(o: {
       out.map((rec) => ({ key: rec.session_id, value: rec })),
     );
     if (learn) {
+      await learn.leases.keepFresh();
       // Typed and learned state in one script call per scope: a crash never keeps one without the other.
       await learn.save(
         [...dirty.values()].map(({ ref, state }) => ({

@@ -5,7 +5,7 @@ import { toolCallsEventV1, type ToolCallsEvent } from '../../../../schemas/index
 import { rng } from '../../../../testkit/streams.js';
 import { testRedis, unique, waitFor } from '../../../../test/helpers/kafka.js';
 import { readScope, RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
-import { leaseKey } from '../../src/adapters/redis/scope-lease.js';
+import { defineScopeScripts, leaseKey, ScopeLeases } from '../../src/adapters/redis/scope-lease.js';
 import { applyEvent, MemoryLearnStore } from '../../src/core/learn/engine.js';
 import { DEFAULT_LEARN, type LearnOptions } from '../../src/core/learn/learner.js';
 
@@ -61,10 +61,13 @@ describe('learned state in Redis, read in part (real Redis)', () => {
 
     // A second batch of the scope waits for the first, then reads what the first wrote.
     let waits = 0;
+    // Its lease is short (it must lapse below), but it waits up to twice that: ample on a busy machine.
     const pending = RedisLearnStore.load(redis, prefix, 60_000, opts, two, {
-      ttlMs: 1_500,
+      ttlMs: 4_000,
       onWait: () => waits++,
     });
+    pending.catch(() => undefined); // awaited below; a failure must not surface as an unhandled rejection
+
     await waitFor(async () => waits > 0, 'the second batch waiting');
     for (const e of one) applyEvent(first, e, opts);
     await first.save();
@@ -93,5 +96,38 @@ describe('learned state in Redis, read in part (real Redis)', () => {
     expect((await readScope(redis, prefix, 'default', 'default'))!.clock).toBeGreaterThan(clock);
     expect(await redis.exists(lease)).toBe(0);
     await redis.del(`${prefix}:aseq:{default|default}:rules`);
+  });
+
+  it('leases taken before a wait are kept through it, however long it lasts; a stopping consumer stops waiting', async () => {
+    const prefix = unique('paver-test');
+    defineScopeScripts(redis);
+    const [x, y] = [
+      { id: 'a', tenant: 't', agent: 'a' },
+      { id: 'b', tenant: 't', agent: 'b' },
+    ];
+    const other = new ScopeLeases(redis, prefix, { ttlMs: 60_000 });
+    await other.acquire([y]);
+    let polls = 0;
+    const t0 = Date.now();
+    const mine = new ScopeLeases(redis, prefix, { ttlMs: 1_000, heartbeat: async () => void polls++ });
+    const waiting = mine.acquire([x, y]);
+    // Held past its own TTL while it waits for y: x's lease is extended by every poll, not left to lapse.
+    await waitFor(async () => polls > 3 && Date.now() - t0 > 1_500, 'a wait longer than the lease');
+    expect(await redis.get(leaseKey(prefix, 't', 'a'))).toBe(mine.token);
+    await other.release();
+    await waiting;
+    expect(await redis.get(leaseKey(prefix, 't', 'a'))).toBe(mine.token);
+    expect(await redis.get(leaseKey(prefix, 't', 'b'))).toBe(mine.token);
+
+    // A consumer that stops (rebalance, shutdown) gives up its wait at once, and what it held goes back.
+    let running = true;
+    const third = new ScopeLeases(redis, prefix, { ttlMs: 60_000, isRunning: () => running });
+    const gaveUp = third.acquire([{ id: '0', tenant: 't', agent: '0' }, x]);
+    gaveUp.catch(() => undefined);
+    await waitFor(async () => (await redis.get(leaseKey(prefix, 't', '0'))) === third.token, 'third waiting');
+    running = false;
+    await expect(gaveUp).rejects.toMatchObject({ code: 'STATE_CONTENDED' });
+    expect(await redis.exists(leaseKey(prefix, 't', '0'))).toBe(0);
+    await mine.release();
   });
 });

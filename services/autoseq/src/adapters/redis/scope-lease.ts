@@ -43,6 +43,8 @@ export interface LeaseOptions {
   heartbeat?: () => Promise<void>;
   /** Called once per batch that had to wait for a lease. */
   onWait?: () => void;
+  /** False once the consumer stops or rebalances: a waiting batch gives up at once. */
+  isRunning?: () => boolean;
 }
 
 export interface ScopeRef {
@@ -97,7 +99,9 @@ export class ScopeLeases {
   /**
    * Takes every lease of `scopes`, waiting for those another batch holds. Leases are taken in scope order
    * and only a prefix of that order is kept while waiting, so batches waiting for each other cannot form a
-   * cycle. Gives up (retriable) after twice the TTL: by then a holder that died has lost its lease.
+   * cycle; each poll asks for the first missing scope only, and extends the leases already held (a wait can
+   * outlast them). Gives up (retriable) after twice the TTL, by when a holder that died has lost its lease,
+   * or as soon as the consumer stops (a rebalance, a shutdown).
    */
   async acquire(scopes: ScopeRef[]): Promise<void> {
     const sorted = [...scopes].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
@@ -106,28 +110,35 @@ export class ScopeLeases {
     // Keep the longest sorted prefix already held; what was taken beyond a gap goes back first.
     let prefix = 0;
     while (prefix < sorted.length && have.has(sorted[prefix]!.id)) prefix++;
-    const beyond = this.held.filter((s) => !sorted.slice(0, prefix).some((p) => p.id === s.id));
-    await this.releaseSome(beyond);
+    const kept = new Set(sorted.slice(0, prefix).map((s) => s.id));
+    await this.releaseSome(this.held.filter((s) => !kept.has(s.id)));
     this.held = sorted.slice(0, prefix);
     this.opts.onWait?.();
     const deadline = Date.now() + 2 * this.opts.ttlMs;
     let pause = 2;
     while (this.held.length < sorted.length) {
-      const rest = sorted.slice(this.held.length);
+      const next = sorted[this.held.length]!;
       const pipe = this.redis.pipeline();
-      for (const s of rest) this.queueAcquire(pipe, s);
+      // The held ones first: the script extends a lease that is the caller's already.
+      for (const s of [...this.held, next]) this.queueAcquire(pipe, s);
       const replies = await execPipeline(pipe, 'scope lease acquire');
-      let n = 0;
-      while (n < rest.length && replies[n] === 1) n++;
-      this.held.push(...rest.slice(0, n));
-      const extra = rest.slice(n + 1).filter((_, i) => replies[n + 1 + i] === 1);
-      await this.releaseSome(extra);
-      if (this.held.length === sorted.length) break;
-      if (Date.now() > deadline) {
+      if (replies.slice(0, this.held.length).some((r) => r !== 1)) {
+        await this.release().catch(() => undefined);
+        throw lost();
+      }
+      this.takenAt = Date.now();
+      if (replies[this.held.length] === 1) {
+        this.held.push(next);
+        continue;
+      }
+      const stop = this.opts.isRunning?.() === false;
+      if (stop || Date.now() > deadline) {
         await this.release().catch(() => undefined);
         throw new PaverError(
           'STATE_CONTENDED',
-          `learned state of a scope held by another batch for over ${2 * this.opts.ttlMs} ms (AUTOSEQ_LEARN_LEASE_MS)`,
+          stop
+            ? 'stopped waiting for a scope lease: the consumer is stopping or rebalancing'
+            : `learned state of a scope held by another batch for over ${2 * this.opts.ttlMs} ms (AUTOSEQ_LEARN_LEASE_MS)`,
         );
       }
       await this.opts.heartbeat?.().catch(() => undefined);
@@ -135,21 +146,24 @@ export class ScopeLeases {
       await sleep(pause * (0.5 + Math.random()));
       pause = Math.min(pause * 2, 100);
     }
-    this.takenAt = Date.now();
   }
 
   /**
-   * Before publishing: a batch that took more than half its lease renews it, so it still holds it when it
-   * writes. A lease already lost means another batch may have written: this one is retried from a fresh read.
+   * Around publishing: a batch that has held its leases for a quarter of their TTL extends them, before it
+   * publishes and again after, so a slow batch or a slow send still holds them when it writes. A lease
+   * already lost means another batch may have written: this one is retried from a fresh read.
    */
   async keepFresh(): Promise<void> {
-    if (this.held.length === 0 || Date.now() - this.takenAt < this.opts.ttlMs / 2) return;
+    if (this.held.length === 0 || Date.now() - this.takenAt < this.opts.ttlMs / 4) return;
     const pipe = this.redis.pipeline();
     for (const s of this.held)
       invokeScript(pipe, 'leaseRenew', [this.leaseKey(s)], [this.token, this.opts.ttlMs]);
     const replies = await execPipeline(pipe, 'scope lease renew');
     this.takenAt = Date.now();
-    if (replies.some((r) => r !== 1)) throw lost();
+    if (replies.some((r) => r !== 1)) {
+      await this.release().catch(() => undefined);
+      throw lost();
+    }
   }
 
   /** Gives back every lease still held and withdraws every waiting mark (a batch that failed before its write). */

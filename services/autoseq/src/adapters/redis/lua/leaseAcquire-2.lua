@@ -7,14 +7,19 @@
   KEYS[2] want   string  token of the batch waiting longest
   ARGV[1] token
   ARGV[2] lease TTL ms (also the longest a waiting mark lasts: a waiter that gave up does not block for long)
-  Returns 1 when the lease is this token's, 0 when not (and this token now waits, unless another does).
+  Returns 1 when the lease is this token's (taken now, or held already: then extended by the TTL), 0 when
+  not (and this token now waits, unless another does; a waiting mark of its own is extended).
 ]]
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
 local want = redis.call('GET', KEYS[2])
-if redis.call('EXISTS', KEYS[1]) == 0 and (not want or want == ARGV[1]) then
+if not holder and (not want or want == ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   if want then redis.call('DEL', KEYS[2]) end
   return 1
 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then return 1 end
-if not want then redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2]) end
+if not want or want == ARGV[1] then redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2]) end
 return 0
