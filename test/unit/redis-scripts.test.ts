@@ -25,7 +25,7 @@ describe('Lua script files', () => {
 
   it("refuses a script named like a Redis command (ioredis would quietly keep the command's)", () => {
     expect(() => defineScripts(redis, [{ name: 'save', numberOfKeys: 0, lua: 'return 1' }])).toThrow(
-      /is a Redis command/,
+      /is taken on the Redis client/,
     );
     defineScripts(redis, [{ name: 'paverOwnScript', numberOfKeys: 0, lua: 'return 1' }]);
     // Defining again (another batch, another store on the same connection) is a no-op.
