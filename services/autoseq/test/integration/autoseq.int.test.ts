@@ -4,8 +4,9 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { catalogKey, nextActionRecordV1, type NextActionRecord } from '../../../../schemas/index.js';
 import { consumeUntil, createTopics, produce, waitFor } from '../../../../test/helpers/kafka.js';
-import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
+import { getJson, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
+import { startAutoseq } from './predict-compare.js';
 
 const procs: Proc[] = [];
 afterAll(() => {
@@ -41,14 +42,7 @@ const call = (task: string, extra: Record<string, unknown> = {}) => ({
   }),
 });
 
-async function start(env: Record<string, string>) {
-  const p = await startProcess(['bin/paver.js', 'run', 'autoseq'], env);
-  procs.push(p);
-  await waitFor(() => isReady(p), 'autoseq /readyz').catch((err: Error) => {
-    throw new Error(`${err.message}\n${p.output()}`);
-  });
-  return p;
-}
+const start = (env: Record<string, string>) => startAutoseq(env, procs);
 const decisions = async (topic: string, count: number) =>
   (await consumeUntil(topic, (all) => all.length >= count))
     .map((m) => nextActionRecordV1.parse(JSON.parse(m.value!.toString())) as NextActionRecord)

@@ -10,8 +10,9 @@ import {
   testRedis,
   waitFor,
 } from '../../../../test/helpers/kafka.js';
-import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
+import { getJson, serviceEnv, type Proc } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
+import { startAutoseq } from './predict-compare.js';
 
 /**
  * Two autoseq instances in one group, one scope spread over three partitions: both read-modify-write the
@@ -27,14 +28,7 @@ afterAll(() => {
 const fixture = join(import.meta.dirname, '../fixtures/tau2-airline-30.jsonl');
 const COPIES = 12;
 
-async function start(env: Record<string, string>) {
-  const p = await startProcess(['bin/paver.js', 'run', 'autoseq'], env);
-  procs.push(p);
-  await waitFor(() => isReady(p), 'autoseq /readyz').catch((err: Error) => {
-    throw new Error(`${err.message}\n${p.output()}`);
-  });
-  return p;
-}
+const start = (env: Record<string, string>) => startAutoseq(env, procs);
 
 async function groupMembers(groupId: string): Promise<number> {
   const admin = testKafka().admin();

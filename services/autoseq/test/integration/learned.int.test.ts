@@ -2,13 +2,13 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { nextActionRecordV1, type NextActionRecord } from '../../../../schemas/index.js';
-import { consumeUntil, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
-import { getJson, isReady, startProcess, type Proc } from '../../../../test/helpers/process.js';
+import { consumeUntil, produce, testRedis } from '../../../../test/helpers/kafka.js';
+import { getJson, type Proc } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import { DEFAULT_LEARN } from '../../src/core/learn/learner.js';
 import type { PredictLine } from '../../src/core/learn/engine.js';
 import { replay } from '../../src/learn-cli.js';
-import { expectSameAsPredict, learnedServiceEnv } from './predict-compare.js';
+import { expectSameAsPredict, learnedServiceEnv, startAutoseq } from './predict-compare.js';
 
 const procs: Proc[] = [];
 afterAll(() => {
@@ -21,14 +21,7 @@ const fixture = join(import.meta.dirname, '../fixtures/tau2-airline-30.jsonl');
 // service gets the same values by environment.
 const lowBar = { ...DEFAULT_LEARN, minTrials: 5, minPrecision: 0.5, maxContexts: 40, maxSlots: 20 };
 
-async function start(env: Record<string, string>) {
-  const p = await startProcess(['bin/paver.js', 'run', 'autoseq'], env);
-  procs.push(p);
-  await waitFor(() => isReady(p), 'autoseq /readyz').catch((err: Error) => {
-    throw new Error(`${err.message}\n${p.output()}`);
-  });
-  return p;
-}
+const start = (env: Record<string, string>) => startAutoseq(env, procs);
 
 describe('autoseq learned proposals (real Kafka, real Redis)', () => {
   it('a dev file on a 1-partition topic gives the proposals `paver predict` gives, across a SIGKILL', async () => {

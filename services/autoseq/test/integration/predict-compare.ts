@@ -1,7 +1,7 @@
 import { expect } from 'vitest';
 import type { NextActionRecord } from '../../../../schemas/index.js';
-import { createTopics } from '../../../../test/helpers/kafka.js';
-import { serviceEnv } from '../../../../test/helpers/process.js';
+import { createTopics, waitFor } from '../../../../test/helpers/kafka.js';
+import { isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import type { PredictLine } from '../../src/core/learn/engine.js';
 import type { LearnOptions } from '../../src/core/learn/learner.js';
 
@@ -62,4 +62,14 @@ export function expectSameAsPredict(
     compared++;
   });
   return compared;
+}
+
+/** Starts `paver run autoseq` with `env`, adds it to `procs` (killed after the file), and waits until it is ready. */
+export async function startAutoseq(env: Record<string, string>, procs: Proc[]): Promise<Proc> {
+  const p = await startProcess(['bin/paver.js', 'run', 'autoseq'], env);
+  procs.push(p);
+  await waitFor(() => isReady(p), 'autoseq /readyz').catch((err: Error) => {
+    throw new Error(`${err.message}\n${p.output()}`);
+  });
+  return p;
 }
