@@ -62,6 +62,32 @@ export interface Runner {
 
 const MAX_KEY_BYTES = 1024;
 
+/** kafkajs error types that mean "this member must rejoin the group" (kafkajs's isRebalancing, plus a lost member id). */
+const MEMBERSHIP = new Set([
+  'REBALANCE_IN_PROGRESS',
+  'NOT_COORDINATOR_FOR_GROUP',
+  'ILLEGAL_GENERATION',
+  'UNKNOWN_MEMBER_ID',
+]);
+
+/**
+ * The kafkajs error, anywhere in `err`'s cause chain, saying the group is rebalancing or forgot this member
+ * (a heartbeat or a commit during a batch, when another instance joined, left or died). Not a failure of
+ * the batch: it stops here, its offsets stay uncommitted, and its partitions are read again by whoever owns
+ * them after the rejoin. kafkajs rejoins only when it gets this error back as it threw it.
+ */
+export function membershipChange(err: unknown): Error | null {
+  for (
+    let e = err as { type?: unknown; cause?: unknown; originalError?: unknown } | undefined, i = 0;
+    e && i < 6;
+    i++
+  ) {
+    if (typeof e.type === 'string' && MEMBERSHIP.has(e.type)) return e as unknown as Error;
+    e = (e.cause ?? e.originalError) as typeof e;
+  }
+  return null;
+}
+
 /**
  * kafkajs reports its exhausted retries against an unreachable broker as non-retriable
  * (KafkaJSNumberOfRetriesExceeded wrapping a connection error): for the runner that is an outage to ride out,
@@ -347,6 +373,14 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
             try {
               await eachBatch(p);
             } catch (err) {
+              const rejoin = membershipChange(err);
+              if (rejoin) {
+                o.log.warn(
+                  { err: rejoin.message, topic: p.batch.topic, partition: p.batch.partition },
+                  'group membership changing: batch stopped, its uncommitted records are read again after the rejoin',
+                );
+                throw rejoin;
+              }
               const e = classifyError(err);
               o.log.error(
                 { code: e.code, err: e.message, topic: p.batch.topic, partition: p.batch.partition },

@@ -1,0 +1,40 @@
+import { KafkaJSConnectionError, KafkaJSNonRetriableError, KafkaJSProtocolError } from 'kafkajs';
+import { describe, expect, it } from 'vitest';
+import { PaverError } from '../../shared/errors.js';
+import { isBrokerOutage, membershipChange } from '../../shared/kafka/runner.js';
+
+// kafkajs builds protocol errors from the broker's error table this way; its typings only declare `Error | string`.
+const protocol = (type: string, code: number) =>
+  new KafkaJSProtocolError({
+    type,
+    code,
+    retriable: false,
+    message: `${type} from the broker`,
+  } as unknown as Error);
+
+describe('what the runner makes of a failed batch', () => {
+  it('a heartbeat or commit that finds the group rebalancing is handed back to kafkajs as it was thrown', () => {
+    for (const [type, code] of [
+      ['REBALANCE_IN_PROGRESS', 27],
+      ['ILLEGAL_GENERATION', 22],
+      ['NOT_COORDINATOR_FOR_GROUP', 16],
+      ['UNKNOWN_MEMBER_ID', 25],
+    ] as const) {
+      const raw = protocol(type, code);
+      expect(membershipChange(raw)).toBe(raw);
+      // Wrapped (a cause, kafkajs's originalError): still found, and the original is what goes back.
+      expect(membershipChange(new PaverError('INTERNAL', 'batch', { cause: raw }))).toBe(raw);
+      expect(
+        membershipChange(Object.assign(new KafkaJSNonRetriableError('retries'), { originalError: raw })),
+      ).toBe(raw);
+    }
+  });
+
+  it('other failures are not mistaken for a rebalance', () => {
+    expect(membershipChange(protocol('UNKNOWN_TOPIC_OR_PARTITION', 3))).toBeNull();
+    expect(membershipChange(new PaverError('INTERNAL', 'a bug'))).toBeNull();
+    expect(membershipChange(new KafkaJSConnectionError('gone'))).toBeNull();
+    expect(membershipChange('not even an error')).toBeNull();
+    expect(isBrokerOutage(protocol('REBALANCE_IN_PROGRESS', 27))).toBe(false);
+  });
+});
