@@ -119,10 +119,11 @@ export async function consumeUntil(
     const started = Date.now();
     const stuck = () => all.length === 0 && Date.now() - started > 30_000 && deadline - Date.now() > 5_000;
     try {
-      await waitFor(
-        () => done(all) || stuck(),
-        `messages on ${topic} (have ${all.length})`,
-        deadline - started,
+      await waitFor(() => done(all) || stuck(), `messages on ${topic}`, deadline - started).catch(
+        (err: Error) => {
+          // The count when the wait gave up (a description is fixed before the wait begins).
+          throw new Error(`${err.message} (read ${all.length})`);
+        },
       );
     } finally {
       await consumer.disconnect();
