@@ -45,6 +45,8 @@ export interface ServiceParts<T> {
   start?: () => Promise<void>;
   /** Readiness beyond Kafka and Redis (a catalog loaded, say). */
   readiness?: ReadinessCheck[];
+  /** The main consumer's group is rebalancing, or this member joined it again (see RunnerSpec.onRebalance). */
+  onRebalance?: () => void;
   close?: () => Promise<void>;
 }
 
@@ -181,6 +183,7 @@ export async function runService<E extends CommonEnv, T>(
         parse: parts.parse,
         handler: parts.handler,
         ready: () => redisReady(redis),
+        ...(parts.onRebalance ? { onRebalance: parts.onRebalance } : {}),
       },
       parts.inputCodec ? { ...runtime, codec: parts.inputCodec } : runtime,
     );

@@ -44,6 +44,12 @@ export interface RunnerSpec<T> {
   ready?: () => boolean;
   /** Compacted topics: maps a tombstone (null value) to a typed record; without it a tombstone is dead-lettered. */
   tombstone?: (key: string | null) => T | null;
+  /**
+   * Called when a rebalance starts and when this member joins the new generation: partitions may have moved,
+   * so what the service keeps of its partitions' state in process (a read cache) may now be written by
+   * another instance.
+   */
+  onRebalance?: () => void;
 }
 
 /** The flat form (spec and dependencies in one object) that existing call sites use. */
@@ -169,6 +175,7 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     monitor.poke();
     o.metrics.rebalances.inc();
     o.log.info({ assignment: assigned, groupId: o.groupId }, 'joined consumer group');
+    o.onRebalance?.();
   });
   consumer.on(consumer.events.CRASH, (e) => {
     joined = false;
@@ -177,7 +184,10 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     o.log.error({ err: e.payload.error.message, restart }, 'consumer crashed');
     if (!restart && !stopping) o.onFatal(e.payload.error);
   });
-  consumer.on(consumer.events.REBALANCING, () => (joined = false));
+  consumer.on(consumer.events.REBALANCING, () => {
+    joined = false;
+    o.onRebalance?.();
+  });
   consumer.on(consumer.events.STOP, () => (joined = false));
 
   async function deadLetter(records: BadRecord<KafkaMessage>[]) {

@@ -98,6 +98,9 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
         { name: 'orchestration', check: () => feed.isCaughtUp() },
         { name: 'redis_state', check: () => guard.ready() },
       ],
+      // Sessions whose partition moves are written by their new owner from now on: what this instance cached
+      // of them would answer stale (up to the cache's max age). Every entry goes; the next read refills it.
+      onRebalance: () => cache.clear(),
       async handler(batch, ctx) {
         // A session loaded from a Redis that lost it starts over; a loss is noticed (and counted) first.
         await guard.ensure();

@@ -263,4 +263,31 @@ describe('sequencer service (real Kafka, real Redis)', () => {
     p.child.kill('SIGTERM');
     expect(await p.exited).toBe(0);
   });
+
+  it('a rebalance empties the cache: the previous owner of a session never answers from a state another instance now writes', async () => {
+    const env = envFor();
+    await topics(env);
+    const a = await start(env);
+    const cached = async (p: Proc) =>
+      parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(
+        'paver_sequencer_state_cache_entries',
+      );
+    // Sessions on every partition, written (and so cached) by the only instance.
+    await produce(
+      env.PAVER_TOPIC_TOOL_CALLS!,
+      events.slice(0, 200).map((e) => ({ key: e.session_id as string, value: JSON.stringify(e) })),
+    );
+    await waitFor(async () => (await cached(a)) > 10, 'states cached by the first instance');
+
+    // A second instance joins: partitions move, so the first forgets what it cached (no events come after).
+    const b = await start(env);
+    await waitFor(async () => (await cached(a)) === 0, 'the first instance cache emptied by the rebalance');
+    // It still answers, from Redis now.
+    const res = await getJson(a.url(`/sessions/sess-3/allowed-tools?tools=${TOOLS.join(',')}`));
+    expect(res.status).toBe(200);
+    expect(res.body).toMatchObject({ session_id: 'sess-3' });
+    for (const p of [a, b]) p.child.kill('SIGTERM');
+    expect(await a.exited).toBe(0);
+    expect(await b.exited).toBe(0);
+  });
 });
