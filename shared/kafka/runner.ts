@@ -83,15 +83,18 @@ const MEMBERSHIP = new Set([
  * them after the rejoin. kafkajs rejoins only when it gets this error back as it threw it.
  */
 export function membershipChange(err: unknown): Error | null {
-  for (
-    let e = err as { type?: unknown; cause?: unknown; originalError?: unknown } | undefined, i = 0;
-    e && i < 6;
-    i++
-  ) {
+  for (const e of causeChain(err))
     if (typeof e.type === 'string' && MEMBERSHIP.has(e.type)) return e as unknown as Error;
+  return null;
+}
+
+/** `err`, then what it wraps (`cause`, or kafkajs's `originalError`), a few levels deep. */
+function* causeChain(err: unknown): Generator<{ name?: unknown; type?: unknown }> {
+  let e = err as { name?: unknown; type?: unknown; cause?: unknown; originalError?: unknown } | undefined;
+  for (let i = 0; e && i < 6; i++) {
+    yield e;
     e = (e.cause ?? e.originalError) as typeof e;
   }
-  return null;
 }
 
 /**
@@ -102,14 +105,7 @@ export function membershipChange(err: unknown): Error | null {
 export function isBrokerOutage(err: unknown): boolean {
   const names =
     /^KafkaJS(ConnectionError|ConnectionClosedError|RequestTimeoutError|BrokerNotFound|NumberOfRetriesExceeded|Lock(Timeout)?|NoBrokerAvailableError)$/;
-  for (
-    let e = err as { name?: unknown; cause?: unknown; originalError?: unknown } | undefined, i = 0;
-    e && i < 6;
-    i++
-  ) {
-    if (typeof e.name === 'string' && names.test(e.name)) return true;
-    e = (e.cause ?? e.originalError) as typeof e;
-  }
+  for (const e of causeChain(err)) if (typeof e.name === 'string' && names.test(e.name)) return true;
   return false;
 }
 const DEAD_LETTER_REQUEST_BUDGET = 512 * 1024;

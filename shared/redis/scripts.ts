@@ -47,22 +47,18 @@ export function readScripts(dir: string, expected: string[]): ScriptFile[] {
   return files;
 }
 
-/** Key counts of the scripts defined with a variable one, per connection. */
-const variableKeys = new WeakMap<object, Set<string>>();
+/** ioredis keeps each defined script, with its key count (null when given per call), on the connection. */
+type Scripts = { scriptsSet: Record<string, { numberOfKeys: number | null } | undefined> };
 
 /** Registers scripts once per connection; ioredis sends EVALSHA and falls back to EVAL on NOSCRIPT. */
 export function defineScripts(redis: Redis, scripts: ScriptFile[]): void {
   for (const s of scripts) {
-    if (s.name in (redis as unknown as { scriptsSet: object }).scriptsSet) continue; // defined already
+    if ((redis as unknown as Scripts).scriptsSet[s.name]) continue; // defined already
     if (s.name in redis)
       throw new PaverError(
         'INTERNAL',
         `Lua script name ${s.name} is taken on the Redis client (a command or a property): rename the file`,
       );
-    if (s.numberOfKeys === null) {
-      const set = variableKeys.get(redis) ?? new Set<string>();
-      variableKeys.set(redis, set.add(s.name));
-    }
     redis.defineCommand(
       s.name,
       s.numberOfKeys === null ? { lua: s.lua } : { numberOfKeys: s.numberOfKeys, lua: s.lua },
@@ -82,8 +78,8 @@ export function invokeScript(
   const fn = (target as unknown as Record<string, (...a: unknown[]) => unknown>)[name];
   if (typeof fn !== 'function') throw new PaverError('INTERNAL', `Lua script ${name} is not registered`);
   // A pipeline or transaction is not the connection: ask the connection it was made from.
-  const conn = (target as unknown as { redis?: object }).redis ?? target;
-  if (variableKeys.get(conn)?.has(name)) return fn.call(target, keys.length, ...keys, ...argv);
+  const conn = ((target as unknown as { redis?: Scripts }).redis ?? target) as unknown as Scripts;
+  if (conn.scriptsSet[name]?.numberOfKeys === null) return fn.call(target, keys.length, ...keys, ...argv);
   return fn.call(target, ...keys, ...argv);
 }
 

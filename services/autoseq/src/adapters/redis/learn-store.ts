@@ -7,7 +7,7 @@ import type {
   UserMessageEvent,
 } from '../../../../../schemas/index.js';
 import { execPipeline } from '../../../../../shared/redis/replies.js';
-import { invokeScript } from '../../../../../shared/redis/scripts.js';
+import { invokeScript, parseScriptReply } from '../../../../../shared/redis/scripts.js';
 import { escapeKeyPart, scopeTag } from '../../../../../shared/redis/keys.js';
 import {
   contextsTouched,
@@ -23,7 +23,7 @@ import {
   type Slot,
 } from '../../core/learn/learner.js';
 import { scopeId, taskId, type LearnStore } from '../../core/learn/engine.js';
-import { defineScopeScripts, lost, ScopeLeases, type LeaseOptions } from './scope-lease.js';
+import { defineScopeScripts, LEASE_LOST_CODES, ScopeLeases, type LeaseOptions } from './scope-lease.js';
 
 /**
  * `<prefix>:aseq:{tenant|agent}:rules`: the scope's learned state as a hash, one field per context (its
@@ -53,6 +53,7 @@ const ctxShape = z.object({
   c: z.object({ n: z.number() }).passthrough(),
   s: z.record(z.string(), z.unknown()),
 });
+const saveReply = z.tuple([z.literal(1)]);
 const taskShape = z.object({
   seen: z.array(z.string()),
   calls: z.array(z.object({ tool: z.string() }).passthrough()),
@@ -133,7 +134,7 @@ export interface TaskWrite {
 /**
  * A batch's learned state, in two pipelined round trips: the leases of its scopes, the tasks and each scope's
  * counts, then the contexts the batch's events can touch (the whole scope when eviction may run in this
- * batch). Written back with one script call per scope (`save-n.lua`): changed context fields, deleted
+ * batch). Written back with one script call per scope (`learnSave-n.lua`): changed context fields, deleted
  * (evicted) ones, the counts, and the scope's task values, only while the batch still holds the scope's
  * lease, so a crash never leaves one without the others and no other batch's learning is overwritten.
  * Task values expire after the task TTL; scope values are bounded by the core's limits instead.
@@ -365,7 +366,7 @@ export class RedisLearnStore implements LearnStore {
     }
     const replies = await execPipeline(pipe, 'learned state write');
     this.leases.released();
-    if (replies.some((r) => !Array.isArray(r) || r[0] !== 1)) throw lost();
+    for (const r of replies) parseScriptReply('learnSave', r, saveReply, LEASE_LOST_CODES);
   }
 }
 

@@ -53,6 +53,10 @@ export interface ScopeRef {
   agent: string;
 }
 
+/** Leases are always taken in this one order (see `acquire`). */
+const inScopeOrder = (scopes: readonly ScopeRef[]) =>
+  [...scopes].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+
 /** The leases of one batch: taken by `acquire`, given back by the save script or by `release`. */
 export class ScopeLeases {
   readonly token = randomUUID();
@@ -85,7 +89,7 @@ export class ScopeLeases {
    * returns how to read the replies: true when every lease was taken.
    */
   tryAll(pipe: ChainableCommander, scopes: ScopeRef[]): (replies: unknown[]) => boolean {
-    const sorted = [...scopes].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+    const sorted = inScopeOrder(scopes);
     this.asked = sorted;
     for (const s of sorted) this.queueAcquire(pipe, s);
     return (replies) => {
@@ -104,7 +108,7 @@ export class ScopeLeases {
    * or as soon as the consumer stops (a rebalance, a shutdown).
    */
   async acquire(scopes: ScopeRef[]): Promise<void> {
-    const sorted = [...scopes].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+    const sorted = inScopeOrder(scopes);
     this.asked = sorted;
     const have = new Set(this.held.map((s) => s.id));
     // Keep the longest sorted prefix already held; what was taken beyond a gap goes back first.
@@ -192,8 +196,11 @@ export class ScopeLeases {
 }
 
 /** A write refused because the batch no longer held a scope's lease: retriable, from a fresh read. */
-export const lost = () =>
-  new PaverError(
-    'STATE_CONTENDED',
+const LOST = {
+  code: 'STATE_CONTENDED' as const,
+  message:
     'scope lease lost before the learned state was written (held past AUTOSEQ_LEARN_LEASE_MS, or Redis lost its state)',
-  );
+};
+const lost = () => new PaverError(LOST.code, LOST.message);
+/** learnSave-n.lua's status -3, for `parseScriptReply`. */
+export const LEASE_LOST_CODES = { [-3]: LOST };
