@@ -63,17 +63,19 @@ export async function replay(o: ReplayOptions) {
   const registry = new FlowRegistry();
   const candidates = new Map<string, StoredCandidate>();
   const ck = (t: string, a: string, k: string) => `${t}\u001f${a}\u001f${k}`;
+  // One writer: every write finds what it read.
   const store: CandidateStore = {
-    async getCandidates(t, a, keys) {
+    async read(t, a, keys) {
       const out = new Map<string, StoredCandidate>();
       for (const k of keys) {
         const c = candidates.get(ck(t, a, k));
         if (c) out.set(k, c);
       }
-      return out;
+      return { candidates: out, versions: new Map() };
     },
-    async save(t, a, cs) {
+    async write(t, a, _read, cs) {
       for (const c of cs) candidates.set(ck(t, a, c.record.dedupe_key), c);
+      return true;
     },
   };
   let clock = 0;

@@ -57,10 +57,10 @@ export interface OutRecord {
 export interface Sink {
   connect(): Promise<void>;
   send(topic: string, contract: string, records: OutRecord[]): Promise<void>;
-  /** Bytes as they are (dead letters keep the original message). */
+  /** Bytes as they are (dead letters keep the original message); a null value is a tombstone. */
   sendRaw(
     topic: string,
-    records: { key: Buffer | string | null; value: Buffer | string; headers?: IHeaders }[],
+    records: { key: Buffer | string | null; value: Buffer | string | null; headers?: IHeaders }[],
   ): Promise<void>;
   disconnect(): Promise<void>;
   isConnected(): boolean;

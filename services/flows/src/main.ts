@@ -87,6 +87,11 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       help: 'Shadow choices of pending candidates scored against what the agent did.',
       registers: r,
     });
+    const contention = new Counter({
+      name: 'paver_flows_write_conflicts_total',
+      help: 'Candidate writes that lost to another writer of the same candidate and were decided again.',
+      registers: r,
+    });
     const rebuilds = new Counter({
       name: 'paver_flows_state_rebuilds_total',
       help: 'Rebuilds of the Redis state from Kafka, by reason (start, lost) and outcome.',
@@ -137,9 +142,15 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         flows.map((flow) => ({ key: flow.id, value: { schema_version: 1, flow } })),
       );
     const engine = new FlowsEngine({
-      // Topic first, then Redis: a crash in between re-promotes to the same id on redelivery.
       store,
       publishFlows,
+      // Tombstones: the registry feed removes the flow on every instance.
+      withdrawFlows: (ids) =>
+        sink.sendRaw(
+          env.PAVER_TOPIC_FLOWS,
+          ids.map((id) => ({ key: id, value: null })),
+        ),
+      onContention: () => contention.inc(),
       selector,
       promotionPolicy: policy.promotion,
       selectPolicy: policy.select,
@@ -265,21 +276,13 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       },
       routes: flowRoutes({
         store,
-        evidence: (t, a) => engine.evidence.runs(t, a),
         registry,
-        async promote(flow, candidate) {
-          // Topic first, then Redis: a crash in between re-promotes to the same id on redelivery.
-          await publishFlows([flow]);
-          await store.save(flow.tenant_id, flow.agent_id, [candidate], [flow]);
-          registry.upsert(flow);
-        },
+        decide: (t, a, key, to) => engine.decide(t, a, key, to),
         select: async (t, a, query, summaries) => {
           const sel = await select(selector, t, a, query, summaries, policy.select(t, a));
           selections.inc({ path: sel.path });
           return sel;
         },
-        onDecision: (status) => decisions.inc({ status }),
-        now: Date.now,
       }).map((route) =>
         // Candidates live in Redis: never read or decide them in a Redis that lost them (selection does not need it).
         route.path.startsWith('/flows/candidates')

@@ -8,10 +8,12 @@ import type { OutcomeBook, PastRun } from '../core/outcomes.js';
 import { flowTools } from '../core/outcomes.js';
 import { requestTermsOf } from '../../../../shared/core/terms.js';
 import {
+  decide,
   inShadow,
   onCandidate,
   onShadowOutcome,
   type Decision,
+  type ManualDecision,
   type PromotionPolicy,
   type StoredCandidate,
 } from '../core/promotion.js';
@@ -21,19 +23,49 @@ import { matchSteps } from '../core/score.js';
 import { recall, type SelectPolicy } from '../core/select.js';
 import { SessionTracker } from '../core/sessions.js';
 import { select, type SelectorDeps } from './selector.js';
+import { PaverError } from '../../../../shared/errors.js';
 
 export type Inbound = { kind: 'candidate'; r: FlowCandidateRecord } | { kind: 'event'; e: ToolCallsEvent };
 
-/** Where candidates and their decisions live: Redis in the service, a map in the replay. */
-export interface CandidateStore {
-  getCandidates(tenant: string, agent: string, keys: string[]): Promise<Map<string, StoredCandidate>>;
-  save(tenant: string, agent: string, candidates: StoredCandidate[], flows: RegisteredFlow[]): Promise<void>;
+/** Candidates of one scope as read, and what a write must find unchanged (per key: its stored text, null: absent). */
+export interface CandidatesRead {
+  candidates: Map<string, StoredCandidate>;
+  versions: ReadonlyMap<string, string | null>;
 }
+
+/**
+ * Where candidates and their decisions live: Redis in the service, a map in the replay. Several writers decide
+ * the same candidate (any instance's new detector record or shadow outcome, an operator's call), so a write is
+ * a compare-and-set against what was read: false when a written candidate changed in between.
+ */
+export interface CandidateStore {
+  read(tenant: string, agent: string, keys: string[]): Promise<CandidatesRead>;
+  write(
+    tenant: string,
+    agent: string,
+    read: CandidatesRead,
+    candidates: StoredCandidate[],
+    flows: RegisteredFlow[],
+  ): Promise<boolean>;
+}
+
+/** A decision over some candidates of one scope, from their current states; pure, as it runs again on a conflict. */
+type Plan<T> = (current: Map<string, StoredCandidate>, now: number) => { decisions: Decision[]; result: T };
+
+/** Attempts at a contended candidate write before the batch fails (retriable): each one lost to a fresh write. */
+const MAX_WRITE_ATTEMPTS = 16;
 
 export interface EngineDeps {
   store: CandidateStore;
   /** Makes promoted flows known to every instance (the flows topic); the replay has nothing to tell. */
   publishFlows: (flows: RegisteredFlow[]) => Promise<void>;
+  /**
+   * Withdraws flows published for a promotion whose write then lost to another decision that left the candidate
+   * unpromoted (a tombstone on the flows topic).
+   */
+  withdrawFlows?: (ids: string[]) => Promise<void>;
+  /** A candidate write lost to another writer and was decided again. */
+  onContention?: () => void;
   selector: SelectorDeps & { outcomes: OutcomeBook };
   promotionPolicy: (tenant: string, agent: string) => PromotionPolicy;
   selectPolicy: (tenant: string, agent: string) => SelectPolicy;
@@ -88,26 +120,74 @@ export class FlowsEngine {
     }
   }
 
-  private async apply(t: string, a: string, decisions: Decision[]): Promise<void> {
-    const changed = new Map<string, StoredCandidate>();
-    const promoted: RegisteredFlow[] = [];
-    const now = this.d.now();
-    for (const o of decisions) {
-      if (o.kind === 'ignore') continue;
-      changed.set(o.next.record.dedupe_key, o.next);
-      // The same function `from-candidates --history` uses, over the runs this engine has seen finish.
-      if (o.kind === 'promote')
-        promoted.push(flowFromCandidate(o.next.record, now, this.evidence.runs(t, a)));
+  /**
+   * Reads, decides and writes some candidates of one scope, deciding again from a fresh read whenever another
+   * writer changed one of them first. Flows go to the topic before Redis (a crash in between re-promotes to the
+   * same id on redelivery); one published by an attempt that lost, whose candidate ended up unpromoted, is
+   * withdrawn.
+   */
+  private async commit<T>(
+    t: string,
+    a: string,
+    keys: string[],
+    plan: Plan<T>,
+  ): Promise<{ result: T; promoted: RegisteredFlow[] }> {
+    const published = new Map<string, string>();
+    for (let attempt = 1; ; attempt++) {
+      const read = await this.d.store.read(t, a, keys);
+      const now = this.d.now();
+      const { decisions, result } = plan(new Map(read.candidates), now);
+      const changed = new Map<string, StoredCandidate>();
+      const promoted: RegisteredFlow[] = [];
+      for (const o of decisions) {
+        if (o.kind === 'ignore') continue;
+        changed.set(o.next.record.dedupe_key, o.next);
+        // The same function `from-candidates --history` uses, over the runs this engine has seen finish.
+        if (o.kind === 'promote')
+          promoted.push(flowFromCandidate(o.next.record, now, this.evidence.runs(t, a)));
+      }
+      if (promoted.length) await this.d.publishFlows(promoted);
+      for (const f of promoted) published.set(f.id, f.dedupe_key ?? '');
+      if (!(await this.d.store.write(t, a, read, [...changed.values()], promoted))) {
+        this.d.onContention?.();
+        if (attempt < MAX_WRITE_ATTEMPTS) continue;
+        throw new PaverError('STATE_CONTENDED', `flows: candidate write lost ${attempt} times in a row`);
+      }
+      const final = new Map([...read.candidates, ...changed]);
+      const orphans = [...published].filter(([, key]) => final.get(key)?.status !== 'promoted');
+      if (orphans.length && this.d.withdrawFlows) await this.d.withdrawFlows(orphans.map(([id]) => id));
+      this.settle(t, a, [...changed.values()], promoted);
+      return { result, promoted };
     }
-    if (promoted.length) await this.d.publishFlows(promoted);
-    await this.d.store.save(t, a, [...changed.values()], promoted);
+  }
+
+  /** In-process effects of a write that landed: the registry, the shadow pool, the decision counts. */
+  private settle(t: string, a: string, changed: StoredCandidate[], promoted: RegisteredFlow[]): void {
     for (const f of promoted) this.d.selector.registry.upsert(f);
     const p = this.d.promotionPolicy(t, a);
-    for (const c of changed.values()) {
+    for (const c of changed) {
       this.d.onDecision?.(c.status);
       if (inShadow(c, p)) this.shadow.upsert(flowFromCandidate(c.record, 0));
       else this.shadow.remove(promotedFlowId(c.record.dedupe_key));
     }
+  }
+
+  /** An operator's promote or reject, decided on the candidate's current state like every other write. */
+  async decide(
+    t: string,
+    a: string,
+    key: string,
+    to: 'promote' | 'reject',
+  ): Promise<{ outcome: ManualDecision; flow: RegisteredFlow | null }> {
+    const { result, promoted } = await this.commit<ManualDecision>(t, a, [key], (current, now) => {
+      const outcome = decide(current.get(key), to, now);
+      if (outcome.kind === 'rejected')
+        return { decisions: [{ kind: 'store', next: outcome.next }], result: outcome };
+      if (outcome.kind === 'promoted')
+        return { decisions: [{ kind: 'promote', next: outcome.next }], result: outcome };
+      return { decisions: [], result: outcome };
+    });
+    return { outcome: result, flow: promoted[0] ?? null };
   }
 
   async handle(batch: readonly Inbound[]): Promise<FlowSelectionRecord[]> {
@@ -120,15 +200,16 @@ export class FlowsEngine {
     }
     for (const records of byScope.values()) {
       const { tenant_id: t, agent_id: a } = records[0]!;
-      const stored = await this.d.store.getCandidates(t, a, [...new Set(records.map((x) => x.dedupe_key))]);
-      const decisions: Decision[] = [];
-      const now = this.d.now();
-      for (const rec of records) {
-        const o = onCandidate(stored.get(rec.dedupe_key), rec, this.d.promotionPolicy(t, a), now);
-        if (o.kind !== 'ignore') stored.set(rec.dedupe_key, o.next);
-        decisions.push(o);
-      }
-      await this.apply(t, a, decisions);
+      const keys = [...new Set(records.map((x) => x.dedupe_key))];
+      await this.commit(t, a, keys, (stored, now) => {
+        const decisions: Decision[] = [];
+        for (const rec of records) {
+          const o = onCandidate(stored.get(rec.dedupe_key), rec, this.d.promotionPolicy(t, a), now);
+          if (o.kind !== 'ignore') stored.set(rec.dedupe_key, o.next);
+          decisions.push(o);
+        }
+        return { decisions, result: undefined };
+      });
     }
     await this.loadRuns(batch);
     // Events, in order: what a session asked, then did, then whether it ended.
@@ -197,16 +278,17 @@ export class FlowsEngine {
     this.d.selector.outcomes.add(s.tenant, s.agent, run);
     if (s.evidence) this.evidence.add(s.tenant, s.agent, { userText: s.userText, calls: s.evidence });
     await this.d.runs?.append(s.tenant, s.agent, run);
-    if (!s.shadow) return;
-    const prev = (await this.d.store.getCandidates(s.tenant, s.agent, [s.shadow.key])).get(s.shadow.key);
-    if (!prev) return;
-    this.d.onShadow?.();
-    const o = onShadowOutcome(
-      prev,
-      matchSteps(s.shadow.tools, s.calls),
-      this.d.promotionPolicy(s.tenant, s.agent),
-      this.d.now(),
-    );
-    await this.apply(s.tenant, s.agent, [o]);
+    const shadow = s.shadow;
+    if (!shadow) return;
+    const m = matchSteps(shadow.tools, s.calls);
+    const { result: counted } = await this.commit(s.tenant, s.agent, [shadow.key], (current, now) => {
+      const prev = current.get(shadow.key);
+      if (!prev) return { decisions: [], result: false };
+      return {
+        decisions: [onShadowOutcome(prev, m, this.d.promotionPolicy(s.tenant, s.agent), now)],
+        result: true,
+      };
+    });
+    if (counted) this.d.onShadow?.();
   }
 }

@@ -2,9 +2,13 @@ import { z } from 'zod';
 import { id as idSchema, LIMITS, type RegisteredFlow } from '../../../../schemas/index.js';
 import type { Route } from '../../../../shared/http.js';
 import { describeIssues } from '../../../../shared/jsonl.js';
-import { decide, shadowPrecision, wilsonLower, type StoredCandidate } from '../core/promotion.js';
-import type { EvidenceRun } from '../core/dataflow.js';
-import { flowFromCandidate, type FlowRegistry } from '../core/registry.js';
+import {
+  shadowPrecision,
+  wilsonLower,
+  type ManualDecision,
+  type StoredCandidate,
+} from '../core/promotion.js';
+import type { FlowRegistry } from '../core/registry.js';
 import type { Selection } from '../core/select.js';
 import type { RedisFlowStore } from './redis/store.js';
 
@@ -18,15 +22,16 @@ const selectBody = z
   .strict();
 
 export interface HttpDeps {
-  /** Finished runs of the scope to learn the promoted flow's `input_map` from (the engine's evidence). */
-  evidence?: (tenant: string, agent: string) => readonly EvidenceRun[];
   store: RedisFlowStore;
   registry: FlowRegistry;
-  /** Publishes and stores a manually promoted flow with its candidate. */
-  promote: (flow: RegisteredFlow, candidate: StoredCandidate) => Promise<void>;
+  /** An operator's decision, made and stored as the engine makes every other (FlowsEngine.decide). */
+  decide: (
+    tenant: string,
+    agent: string,
+    key: string,
+    to: 'promote' | 'reject',
+  ) => Promise<{ outcome: ManualDecision; flow: RegisteredFlow | null }>;
   select: (tenant: string, agent: string, query: string, summaries: string[]) => Promise<Selection>;
-  onDecision: (status: StoredCandidate['status']) => void;
-  now: () => number;
 }
 
 const scopeOf = (q: URLSearchParams) => ({
@@ -62,24 +67,16 @@ export function flowRoutes(d: HttpDeps): Route[] {
       const s = scopeOf(req.query);
       if (badScope(s)) return { status: 400, body: { error: 'bad tenant_id/agent_id' } };
       const key = req.params.key ?? '';
-      const c = (await d.store.getCandidates(s.tenant, s.agent, [key])).get(key);
-      const now = d.now();
-      const o = decide(c, to, now);
+      const { outcome: o, flow } = await d.decide(s.tenant, s.agent, key, to);
       switch (o.kind) {
         case 'not_found':
           return { status: 404, body: { error: `no candidate '${key}' for ${s.tenant}/${s.agent}` } };
         case 'conflict':
           return { status: 409, body: { error: o.error } };
         case 'rejected':
-          await d.store.save(s.tenant, s.agent, [o.next], []);
-          d.onDecision('rejected');
           return { status: 200, body: summary(o.next) };
-        case 'promoted': {
-          const flow = flowFromCandidate(o.next.record, now, d.evidence?.(s.tenant, s.agent));
-          await d.promote(flow, o.next);
-          d.onDecision('promoted');
+        case 'promoted':
           return { status: 200, body: { flow } };
-        }
       }
     };
   return [

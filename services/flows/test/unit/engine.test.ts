@@ -22,7 +22,10 @@ function engine(
   evidenceRuns = 200,
   outcomes = new OutcomeBook({ capacity: 3, neighbours: 10, wrongCost: 4 }),
 ) {
-  const none: CandidateStore = { getCandidates: async () => new Map(), save: async () => undefined };
+  const none: CandidateStore = {
+    read: async () => ({ candidates: new Map(), versions: new Map() }),
+    write: async () => true,
+  };
   return new FlowsEngine({
     store: none,
     publishFlows: async () => undefined,

@@ -1,3 +1,4 @@
+import { fileURLToPath } from 'node:url';
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import {
@@ -8,7 +9,13 @@ import {
 import { scopeTag } from '../../../../../shared/redis/keys.js';
 import type { PastRun } from '../../core/outcomes.js';
 import type { StoredCandidate } from '../../core/promotion.js';
-import { execPipeline } from '../../../../../shared/redis/replies.js';
+import { callScript, execPipeline } from '../../../../../shared/redis/replies.js';
+import { defineScripts, parseScriptReply, readScripts } from '../../../../../shared/redis/scripts.js';
+import { PaverError } from '../../../../../shared/errors.js';
+import type { CandidatesRead } from '../engine.js';
+
+const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
+const writeReply = z.tuple([z.union([z.literal(0), z.literal(1)])]);
 
 export const storedCandidate = z.object({
   record: flowCandidateRecordV1,
@@ -34,7 +41,9 @@ export class RedisFlowStore {
     private readonly prefix: string,
     /** Called with every candidate state before Redis is written (the durable copy, the state topic). */
     private readonly beforeSave?: (tenant: string, agent: string, c: StoredCandidate[]) => Promise<void>,
-  ) {}
+  ) {
+    defineScripts(redis, readScripts(SCRIPT_DIR, ['writeCandidates']));
+  }
   private key(tenant: string, agent: string, name: string) {
     return `${this.prefix}:flows:${scopeTag(tenant, agent)}:${name}`;
   }
@@ -53,21 +62,51 @@ export class RedisFlowStore {
     const all = await this.redis.hvals(this.key(tenant, agent, 'candidates'));
     return all.map((v) => storedCandidate.parse(JSON.parse(v)));
   }
-  /** Writes candidate decisions and promoted flows of one scope in one MULTI (both land or neither). */
-  async save(
+  /** The candidates as stored, with the text each was read as (what `write` compares against). */
+  async read(tenant: string, agent: string, keys: string[]): Promise<CandidatesRead> {
+    const candidates = new Map<string, StoredCandidate>();
+    const versions = new Map<string, string | null>();
+    if (!keys.length) return { candidates, versions };
+    const vals = await this.redis.hmget(this.key(tenant, agent, 'candidates'), ...keys);
+    keys.forEach((k, i) => {
+      const v = vals[i] ?? null;
+      versions.set(k, v);
+      if (v) candidates.set(k, storedCandidate.parse(JSON.parse(v)));
+    });
+    return { candidates, versions };
+  }
+
+  /**
+   * Writes candidate decisions and promoted flows of one scope in one script (both land or neither), only if
+   * every written candidate still holds the text `read` found; false when one changed. The state topic gets the
+   * states first: it is the copy that must not miss a decision (a state whose write then lost is superseded by
+   * the retry's).
+   */
+  async write(
     tenant: string,
     agent: string,
+    read: CandidatesRead,
     candidates: StoredCandidate[],
     flows: RegisteredFlow[],
-  ): Promise<void> {
-    if (!candidates.length && !flows.length) return;
+  ): Promise<boolean> {
+    if (!candidates.length && !flows.length) return true;
+    const argv: string[] = [String(candidates.length)];
+    for (const c of candidates) {
+      const k = c.record.dedupe_key;
+      const seen = read.versions.get(k);
+      if (seen === undefined)
+        throw new PaverError('INTERNAL', 'flows state write: a candidate written without being read first');
+      argv.push(k, seen ?? '', JSON.stringify(c));
+    }
+    for (const f of flows) argv.push(f.id, JSON.stringify(f));
     await this.beforeSave?.(tenant, agent, candidates);
-    const m = this.redis.multi();
-    for (const c of candidates)
-      m.hset(this.key(tenant, agent, 'candidates'), c.record.dedupe_key, JSON.stringify(c));
-    for (const f of flows) m.hset(this.key(tenant, agent, 'registry'), f.id, JSON.stringify(f));
-    // A MULTI reports each command's error in its reply, not by throwing: check every one.
-    await execPipeline(m, 'flows state write');
+    const reply = await callScript(
+      this.redis,
+      'writeCandidates',
+      [this.key(tenant, agent, 'candidates'), this.key(tenant, agent, 'registry')],
+      argv,
+    );
+    return parseScriptReply('writeCandidates', reply, writeReply)[0] === 1;
   }
   async listFlows(tenant: string, agent: string): Promise<RegisteredFlow[]> {
     return (await this.redis.hvals(this.key(tenant, agent, 'registry'))).map((v) =>

@@ -1,0 +1,207 @@
+import { afterAll, describe, expect, it } from 'vitest';
+import type { FlowCandidateRecord, ToolCallsEvent } from '../../../../schemas/index.js';
+import { jsonCodec } from '../../../../shared/codec.js';
+import { createSink } from '../../../../shared/kafka/sink.js';
+import { consumeUntil, createTopics, testKafka, testRedis, unique } from '../../../../test/helpers/kafka.js';
+import { FlowsEngine, type CandidateStore, type Inbound } from '../../src/adapters/engine.js';
+import { RedisFlowStore } from '../../src/adapters/redis/store.js';
+import { OutcomeBook } from '../../src/core/outcomes.js';
+import type { PromotionPolicy } from '../../src/core/promotion.js';
+import { PromptCache } from '../../src/core/prompt.js';
+import { FlowRegistry, promotedFlowId } from '../../src/core/registry.js';
+import { DEFAULT_POLICY } from '../../src/core/select.js';
+
+/*
+ * Several writers decide one candidate: every instance's detector records and shadow outcomes (sessions are
+ * spread over partitions, candidates are per scope) and the operator's HTTP calls. These tests put a second
+ * writer's whole decision between one writer's read and its write, on a real Redis, and check that neither
+ * undoes the other. Before the write became a compare-and-set, the reject was undone and a shadow trial lost.
+ */
+
+const redis = testRedis();
+const sink = createSink(testKafka(), jsonCodec());
+const T = 'acme';
+const A = 'support';
+afterAll(async () => {
+  await sink.disconnect();
+  await redis.quit();
+});
+
+const TOOLS = ['lookup_account', 'close_account'];
+const record = (key: string, occurrences: number, detectedAt: number): FlowCandidateRecord => ({
+  schema_version: 1,
+  status: 'active',
+  tenant_id: T,
+  agent_id: A,
+  dedupe_key: key,
+  detected_at: detectedAt,
+  title: 'close account',
+  source_kind: 'tool_sequence',
+  occurrence_count: occurrences,
+  estimated_token_savings: 10,
+  candidate: {
+    tool_sequence: TOOLS,
+    occurrence_count: occurrences,
+    match_type: 'exact',
+    estimated_token_savings: 10,
+    avg_cost_per_execution: 1,
+    dedupe_key: key,
+    proposed_flow: {
+      name: 'close_account',
+      description: 'close the account of the user',
+      tags: [],
+      steps: TOOLS.map((t, i) => ({
+        id: `s${i}`,
+        name: t,
+        skill_key: t,
+        depends_on: [],
+        output_key: `o${i}`,
+        retry_max: 0,
+        retry_backoff: 0,
+        timeout_seconds: 30,
+        on_failure: 'stop' as const,
+        input_map: {},
+      })),
+    },
+  },
+  promotion_effect: null,
+});
+
+/** A store whose first write (with candidates) first lets `between` run to its end: a race, made certain. */
+function racing(store: CandidateStore, between: () => Promise<void>): CandidateStore {
+  let armed = true;
+  return {
+    read: (t, a, keys) => store.read(t, a, keys),
+    async write(t, a, read, candidates, flows) {
+      if (armed && candidates.length) {
+        armed = false;
+        await between();
+      }
+      return store.write(t, a, read, candidates, flows);
+    },
+  };
+}
+
+function engine(store: CandidateStore, policy: PromotionPolicy, flowsTopic: string) {
+  const seen = { contention: 0 };
+  const e = new FlowsEngine({
+    store,
+    publishFlows: (flows) =>
+      sink.send(
+        flowsTopic,
+        'flows.v1',
+        flows.map((flow) => ({ key: flow.id, value: { schema_version: 1, flow } })),
+      ),
+    withdrawFlows: (ids) =>
+      sink.sendRaw(
+        flowsTopic,
+        ids.map((id) => ({ key: id, value: null })),
+      ),
+    onContention: () => seen.contention++,
+    selector: {
+      registry: new FlowRegistry(),
+      prompts: new PromptCache(),
+      budgetMs: 100,
+      outcomes: new OutcomeBook({ capacity: 0, neighbours: 10, wrongCost: 4 }),
+    },
+    promotionPolicy: () => policy,
+    selectPolicy: () => DEFAULT_POLICY,
+    now: Date.now,
+  });
+  return { e, seen };
+}
+
+let ts = 1;
+const session = (id: string): Inbound[] =>
+  (
+    [
+      { type: 'user_message', event_id: `${id}:u`, text: 'please close my account' },
+      ...TOOLS.map((tool, step) => ({
+        type: 'tool_call',
+        event_id: `${id}:${step}`,
+        task_id: id,
+        step,
+        tool,
+        args: {},
+        observation: 'ok',
+      })),
+      { type: 'task_completed', event_id: `${id}:done`, task_id: id },
+    ] as const
+  ).map((x) => ({
+    kind: 'event' as const,
+    e: { ...x, tenant_id: T, agent_id: A, session_id: id, ts: ts++ } as ToolCallsEvent,
+  }));
+
+describe('flows: one candidate decided by several writers at once (real Redis and Kafka)', () => {
+  it("an operator's reject between a promotion's read and its write stands; the flow published for it is withdrawn", async () => {
+    const prefix = unique('race');
+    const flowsTopic = unique('flows');
+    await createTopics([{ topic: flowsTopic, partitions: 1, compacted: true }]);
+    await sink.connect();
+    const policy: PromotionPolicy = {
+      mode: 'auto',
+      minOccurrences: 10,
+      minSavings: 0,
+      shadowTrials: 0,
+      shadowPrecision: 0,
+    };
+    const store = new RedisFlowStore(redis, prefix);
+    const operator = engine(new RedisFlowStore(redis, prefix), policy, flowsTopic);
+    const worker = engine(
+      racing(store, async () => {
+        const r = await operator.e.decide(T, A, 'k1', 'reject');
+        expect(r.outcome.kind).toBe('rejected');
+      }),
+      policy,
+      flowsTopic,
+    );
+    // Pending below the bar (the racing store lets this first write through untouched: nothing to race yet).
+    await operator.e.handle([{ kind: 'candidate', r: record('k1', 3, 1) }]);
+    // The detector's next count clears the bar: the worker promotes, but the operator rejects in between.
+    await worker.e.handle([{ kind: 'candidate', r: record('k1', 20, 2) }]);
+
+    const stored = await store.getCandidates(T, A, ['k1']);
+    expect(stored.get('k1')).toMatchObject({ status: 'rejected', record: { occurrence_count: 20 } });
+    expect(await redis.hlen(`${prefix}:flows:{${T}|${A}}:registry`)).toBe(0);
+    expect(worker.seen.contention).toBe(1);
+    expect(worker.e.shadow.list(T, A)).toEqual([]);
+    // The first attempt published the flow before losing; the topic ends with its tombstone.
+    const id = promotedFlowId('k1');
+    const onTopic = await consumeUntil(flowsTopic, (all) => all.some((m) => m.value === null));
+    expect(onTopic.map((m) => [m.key, m.value === null])).toEqual([
+      [id, false],
+      [id, true],
+    ]);
+  });
+
+  it('shadow outcomes two instances count at the same moment are both counted', async () => {
+    const prefix = unique('race');
+    const flowsTopic = unique('flows');
+    await createTopics([{ topic: flowsTopic, partitions: 1, compacted: true }]);
+    await sink.connect();
+    // Shadow trials on, a bar never reached: every finished session's shadow choice is one more trial.
+    const policy: PromotionPolicy = {
+      mode: 'auto',
+      minOccurrences: 1,
+      minSavings: 0,
+      shadowTrials: 1000,
+      shadowPrecision: 0,
+    };
+    const store = new RedisFlowStore(redis, prefix);
+    const b = engine(new RedisFlowStore(redis, prefix), policy, flowsTopic);
+    const a = engine(
+      racing(store, () => b.e.handle(session('s-b')).then(() => undefined)),
+      policy,
+      flowsTopic,
+    );
+    await b.e.handle([{ kind: 'candidate', r: record('k2', 5, 1) }]);
+    a.e.restoreShadow(T, A, await store.listCandidates(T, A));
+    expect(a.e.shadow.list(T, A)).toHaveLength(1);
+
+    await a.e.handle(session('s-a'));
+
+    const c = (await store.getCandidates(T, A, ['k2'])).get('k2');
+    expect(c).toMatchObject({ status: 'pending', shadow_trials: 2, shadow_proposed: 4, shadow_matched: 4 });
+    expect(a.seen.contention).toBe(1);
+  });
+});
