@@ -4,7 +4,7 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom
 export interface RuntimeMetrics {
   registry: Registry;
   eventsConsumed: Counter<'topic' | 'outcome'>;
-  processingSeconds: Histogram<'topic'>;
+  processingSeconds: Histogram<'topic' | 'outcome'>;
   deadLetters: Counter<'reason'>;
   consumerLag: Gauge<'topic' | 'partition'>;
   oldestUnprocessedAge: Gauge<'topic' | 'partition'>;
@@ -29,8 +29,8 @@ export function createMetrics(service: string, registry = new Registry()): Runti
     }),
     processingSeconds: new Histogram({
       name: 'paver_batch_processing_seconds',
-      help: 'Time to process one consumed batch, from decode to committed effects.',
-      labelNames: ['topic'],
+      help: 'Time to process one consumed batch, from decode to committed effects (outcome: ok, failed).',
+      labelNames: ['topic', 'outcome'],
       buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
       registers: r,
     }),

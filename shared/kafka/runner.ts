@@ -308,57 +308,63 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     if (o.ready && !o.ready()) return pauseUntilReady(p.pause);
 
     const endTimer = o.metrics.processingSeconds.startTimer({ topic });
-    const ctx: BatchContext = {
-      heartbeat: () => p.heartbeat(),
-      isRunning: () => p.isRunning() && !p.isStale(),
-    };
-    const retry = {
-      attempts: o.env.PAVER_RETRY_ATTEMPTS,
-      initialMs: o.env.PAVER_RETRY_INITIAL_MS,
-      maxMs: o.env.PAVER_RETRY_MAX_MS,
-      shouldStop: () => !p.isRunning(),
-      onRetry: async (err: PaverError, attempt: number, waitMs: number) => {
-        o.metrics.retries.inc({ code: err.code });
-        o.log.warn(
-          { code: err.code, err: err.message, attempt, waitMs, topic, partition },
-          'retrying batch chunk',
-        );
-        await p.heartbeat().catch(() => undefined);
-      },
-    };
+    // A batch that fails is timed too (a stuck dependency shows as slow failed batches, not as no batches).
+    let outcome: 'ok' | 'failed' = 'failed';
+    try {
+      const ctx: BatchContext = {
+        heartbeat: () => p.heartbeat(),
+        isRunning: () => p.isRunning() && !p.isStale(),
+      };
+      const retry = {
+        attempts: o.env.PAVER_RETRY_ATTEMPTS,
+        initialMs: o.env.PAVER_RETRY_INITIAL_MS,
+        maxMs: o.env.PAVER_RETRY_MAX_MS,
+        shouldStop: () => !p.isRunning(),
+        onRetry: async (err: PaverError, attempt: number, waitMs: number) => {
+          o.metrics.retries.inc({ code: err.code });
+          o.log.warn(
+            { code: err.code, err: err.message, attempt, waitMs, topic, partition },
+            'retrying batch chunk',
+          );
+          await p.heartbeat().catch(() => undefined);
+        },
+      };
 
-    const messages = batch.messages;
-    for (let i = 0; i < messages.length; i += o.env.PAVER_BATCH_CHUNK) {
-      const chunk = messages.slice(i, i + o.env.PAVER_BATCH_CHUNK);
-      monitor.processing(topic, partition, Number(chunk[0]!.timestamp));
-      const r = await processChunk<T, KafkaMessage>({
-        topic,
-        partition,
-        chunk,
-        decode: (msg) => decodeMessageSync(msg, topic, decodeOptions),
-        decodeAsync: (msg) => decodeMessage(msg, topic, decodeOptions),
-        handler: o.handler,
-        ctx,
-        retry: (fn) => withRetry(fn, retry),
-        deadLetter,
-      });
-      if (r.processed > 0) o.metrics.eventsConsumed.inc({ topic, outcome: 'processed' }, r.processed);
+      const messages = batch.messages;
+      for (let i = 0; i < messages.length; i += o.env.PAVER_BATCH_CHUNK) {
+        const chunk = messages.slice(i, i + o.env.PAVER_BATCH_CHUNK);
+        monitor.processing(topic, partition, Number(chunk[0]!.timestamp));
+        const r = await processChunk<T, KafkaMessage>({
+          topic,
+          partition,
+          chunk,
+          decode: (msg) => decodeMessageSync(msg, topic, decodeOptions),
+          decodeAsync: (msg) => decodeMessage(msg, topic, decodeOptions),
+          handler: o.handler,
+          ctx,
+          retry: (fn) => withRetry(fn, retry),
+          deadLetter,
+        });
+        if (r.processed > 0) o.metrics.eventsConsumed.inc({ topic, outcome: 'processed' }, r.processed);
 
-      // Effects are written: now, and only now, the offsets may be committed.
-      const last = chunk[chunk.length - 1]!.offset;
-      markProcessed(topic, partition, BigInt(last) + 1n);
-      p.resolveOffset(last);
-      await p.commitOffsetsIfNecessary({
-        topics: [{ topic, partitions: [{ partition, offset: (BigInt(last) + 1n).toString() }] }],
-      });
-      await p.heartbeat();
-      if (!p.isRunning() || p.isStale()) break;
+        // Effects are written: now, and only now, the offsets may be committed.
+        const last = chunk[chunk.length - 1]!.offset;
+        markProcessed(topic, partition, BigInt(last) + 1n);
+        p.resolveOffset(last);
+        await p.commitOffsetsIfNecessary({
+          topics: [{ topic, partitions: [{ partition, offset: (BigInt(last) + 1n).toString() }] }],
+        });
+        await p.heartbeat();
+        if (!p.isRunning() || p.isStale()) break;
+      }
+      const hw = BigInt(batch.highWatermark);
+      const next = BigInt(batch.lastOffset()) + 1n;
+      o.metrics.consumerLag.set({ topic, partition: String(partition) }, Number(hw > next ? hw - next : 0n));
+      monitor.processed(topic, partition, next, hw);
+      outcome = 'ok';
+    } finally {
+      endTimer({ outcome });
     }
-    const hw = BigInt(batch.highWatermark);
-    const next = BigInt(batch.lastOffset()) + 1n;
-    o.metrics.consumerLag.set({ topic, partition: String(partition) }, Number(hw > next ? hw - next : 0n));
-    monitor.processed(topic, partition, next, hw);
-    endTimer();
   }
 
   return {

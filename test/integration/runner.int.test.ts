@@ -214,6 +214,34 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
     },
   );
 
+  it('times a failed batch (outcome failed) and delivers its records again once the dependency is back', async () => {
+    const env = serviceEnv({
+      FIXTURE_GROUP_ID: unique('g'),
+      PAVER_RETRY_ATTEMPTS: '1',
+      PAVER_RETRY_INITIAL_MS: '50',
+      PAVER_RETRY_MAX_MS: '100',
+    });
+    await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS! }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    await redis.set(`${env.REDIS_KEY_PREFIX}:fail`, '1');
+    await produce(
+      env.PAVER_TOPIC_TOOL_CALLS!,
+      Array.from({ length: 30 }, (_, i) => ({ key: `s${i % 7}`, value: JSON.stringify(event(i)) })),
+    );
+    const p = await start(env);
+    const metrics = async () => parsePrometheus(String((await getJson(p.url('/metrics'))).body));
+    await waitFor(
+      async () => (await metrics()).value('paver_batch_processing_seconds_count', { outcome: 'failed' }) >= 1,
+      'a failed batch timed',
+    );
+    expect(await redis.scard(`${env.REDIS_KEY_PREFIX}:seen`)).toBe(0);
+    await redis.del(`${env.REDIS_KEY_PREFIX}:fail`);
+    await waitFor(async () => (await redis.scard(`${env.REDIS_KEY_PREFIX}:seen`)) === 30, 'all events');
+    expect(
+      (await metrics()).value('paver_batch_processing_seconds_count', { outcome: 'ok' }),
+    ).toBeGreaterThan(0);
+    expect(p.child.exitCode).toBeNull();
+  });
+
   it('stops gracefully on SIGTERM: exit 0, offsets committed, nothing re-read after restart', async () => {
     const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g') });
     await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS! }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
