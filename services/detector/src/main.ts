@@ -12,7 +12,7 @@ import {
 } from '../../../schemas/index.js';
 import { CheckpointLog } from './adapters/kafka/checkpoints.js';
 import { readRanges, readToEnd, type ReplayOptions } from './adapters/kafka/replay.js';
-import { publishScope } from './adapters/publisher.js';
+import { ScopePublisher } from './adapters/publisher.js';
 import { Rebuilder, type PartitionReplay } from './adapters/rebuild.js';
 import { detectorGlobalKeys, RedisDetectorStore } from './adapters/redis/store.js';
 import { candidateKey } from './core/candidate.js';
@@ -53,6 +53,12 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
       name: 'paver_detector_candidates_published_total',
       help: 'Candidate records published, by status.',
       labelNames: ['status'],
+      registers: r,
+    });
+    const recovered = new Counter({
+      name: 'paver_detector_recovered_publications_total',
+      help: 'Publications of changes an instance applied and never published (it died first), by how they were found: batch (a later batch of the scope), retry (the lock its holder left ran out).',
+      labelNames: ['via'],
       registers: r,
     });
     const trips = new Counter({
@@ -149,6 +155,15 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
       log.info({ scopes: byScope.size }, 'publication state restored from the flow-candidates topic');
       return [...byScope.values()].map((g) => g.scope);
     };
+    const publisher = new ScopePublisher({
+      store,
+      sink,
+      topic: env.PAVER_TOPIC_FLOW_CANDIDATES,
+      params,
+      log,
+      onPublished: (status, n) => published.inc({ status }, n),
+      onRecovered: (via) => recovered.inc({ via }),
+    });
     const rebuilder = new Rebuilder({
       store,
       restorePublished,
@@ -188,6 +203,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
       parse,
       extraTopics: [{ topic: env.DETECTOR_TOPIC_CHECKPOINTS, compacted: true, partitions: 1 }],
       readiness: [{ name: 'detector_state', check: () => !rebuilder.isRebuilding() }],
+      close: async () => publisher.close(),
       async handler(batch, ctx) {
         const first = batch[0];
         if (!first) return;
@@ -231,16 +247,14 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
           );
         records.inc(out.completed);
         for (const s of out.changed) toPublish.set(scopeId(s), s);
+        const owedOnly = out.owed.filter((s) => !toPublish.has(scopeId(s)));
         // Scopes publish independently (each under its own lock, to its own keys): their Redis and Kafka round
         // trips overlap instead of adding up. Every one has finished, written or failed, before the chunk counts
         // as handled; the first failure then fails it (and it is retried whole).
-        const publications = await Promise.allSettled(
-          [...toPublish.values()].map((scope) =>
-            publishScope(store, sink, env.PAVER_TOPIC_FLOW_CANDIDATES, params, scope, (status, n) =>
-              published.inc({ status }, n),
-            ),
-          ),
-        );
+        const publications = await Promise.allSettled([
+          ...[...toPublish.values()].map((scope) => publisher.publish(scope, true)),
+          ...owedOnly.map((scope) => publisher.publish(scope, false)),
+        ]);
         for (const p of publications) if (p.status === 'rejected') throw p.reason;
         await maybeCheckpoint(partition, BigInt(batch[batch.length - 1]!.offset) + 1n, epoch);
         countTrips();

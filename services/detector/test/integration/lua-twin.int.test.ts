@@ -78,7 +78,7 @@ describe('apply-11.lua = core/state.ts', () => {
             // With an epoch, as the service runs it (the marker is read around the scripts).
             const lua = await store.applyBatch(chunk, { epoch });
             const { changed: _m, ...memCounts } = mem;
-            const { changed: luaChanged, lost, ...luaCounts } = lua;
+            const { changed: luaChanged, lost, owed: _o, ...luaCounts } = lua;
             expect(lost).toBe(false);
             expect(luaCounts).toEqual(memCounts);
             expect(luaChanged.length > 0).toBe(mem.changed);
@@ -148,7 +148,7 @@ describe('apply-11.lua = core/state.ts', () => {
     const store = new RedisDetectorStore(redis, params, prefix);
     for (const op of ops) {
       const mem = state.apply(op);
-      const { changed: luaChanged, lost: _l, ...lua } = await store.applyBatch([op]);
+      const { changed: luaChanged, lost: _l, owed: _o, ...lua } = await store.applyBatch([op]);
       const { changed, ...memCounts } = mem;
       expect(lua).toEqual(memCounts);
       expect(luaChanged.length > 0).toBe(changed);
@@ -201,7 +201,7 @@ describe('apply-11.lua = core/state.ts', () => {
     const store = new RedisDetectorStore(redis, params, unique('twin-days'));
     for (const op of ops) {
       const { changed, ...mem } = state.apply(op);
-      const { changed: luaChanged, lost: _l, ...lua } = await store.applyBatch([op]);
+      const { changed: luaChanged, lost: _l, owed: _o, ...lua } = await store.applyBatch([op]);
       expect(lua).toEqual(mem);
       expect(luaChanged.length > 0).toBe(changed);
     }
@@ -246,7 +246,7 @@ describe('apply-11.lua = core/state.ts', () => {
         const chunk = ops.slice(i, i + 1 + Math.floor(r() * 40));
         i += chunk.length;
         const { changed, ...mem } = state.applyAll(chunk);
-        const { changed: luaChanged, lost: _l, ...lua } = await store.applyBatch(chunk);
+        const { changed: luaChanged, lost: _l, owed: _o, ...lua } = await store.applyBatch(chunk);
         expect(lua).toEqual(mem);
         expect(luaChanged.length > 0).toBe(changed);
       }

@@ -8,6 +8,7 @@ import {
   readScripts,
 } from '../../../../../shared/redis/scripts.js';
 import { scopeTag } from '../../../../../shared/redis/keys.js';
+import { redisFailure } from '../../../../../shared/redis/replies.js';
 import { classifyError, errorMessage, PaverError } from '../../../../../shared/errors.js';
 import type { DetectorOp, Scope } from '../../core/ops.js';
 import { scopeId } from '../../core/ops.js';
@@ -18,7 +19,7 @@ import { emptyResult, type ApplyResult, type TermRecord } from '../../core/state
 
 export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
 /** Script name → key count: the file each name must load (a stale build may still hold older versions). */
-export const SCRIPT_KEYS = { apply: 11, snapshot: 3, claimSnapshot: 6, release: 3 } as const;
+export const SCRIPT_KEYS = { apply: 11, snapshot: 3, claimSnapshot: 7, release: 4 } as const;
 export const SCRIPTS = Object.keys(SCRIPT_KEYS) as (keyof typeof SCRIPT_KEYS)[];
 
 /**
@@ -89,12 +90,18 @@ const applyReply = z
     z.number(),
     z.number(),
     z.number(),
+    z.number(),
   ])
   .rest(z.number());
 const flatReply = z.array(z.union([z.string(), z.number()]));
 
 export interface BatchOutcome extends Omit<ApplyResult, 'changed'> {
   changed: Scope[];
+  /**
+   * Scopes with a change not yet published: changed by this batch, or earlier by a batch whose publication never
+   * released (its instance died; a redelivery then finds only duplicates). What the batch must publish.
+   */
+  owed: Scope[];
   /**
    * With an epoch: the Redis state this batch was meant for is gone (the marker was missing or replaced before
    * or after the scripts ran, or a scope belongs to another epoch). What the batch wrote must not be trusted.
@@ -185,7 +192,7 @@ export interface Snapshot {
 }
 
 /**
- * A snapshot as snapshot-3.lua (and claimSnapshot-6.lua after its published map) returns it, from `at`: the
+ * A snapshot as snapshot-3.lua (and claimSnapshot-7.lua after its published map) returns it, from `at`: the
  * tool dictionary, then grams and records in tool codes, decoded here (not in Redis, which serves every
  * instance).
  */
@@ -257,7 +264,7 @@ export class RedisDetectorStore {
       g.parts.add(part);
     }
     const { changed: _c, ...zero } = emptyResult();
-    const out: BatchOutcome = { ...zero, changed: [], lost: false };
+    const out: BatchOutcome = { ...zero, changed: [], owed: [], lost: false };
     if (byScope.size === 0) return out;
     const pipe = this.redis.pipeline();
     const epoch = opts.epoch;
@@ -314,7 +321,7 @@ export class RedisDetectorStore {
         out.lost = true;
         return;
       }
-      const [, changed, applied, ignored, completed, dup, late, limit] = parseScriptReply(
+      const [, changed, applied, ignored, completed, dup, late, limit, owed] = parseScriptReply(
         'apply',
         reply,
         applyReply,
@@ -327,6 +334,7 @@ export class RedisDetectorStore {
       out.ignoredBy.task_limit += limit;
       out.completed += completed;
       if (changed === 1) out.changed.push(g.scope);
+      if (owed === 1) out.owed.push(g.scope);
     });
     return out;
   }
@@ -421,57 +429,80 @@ export class RedisDetectorStore {
     return parseSnapshot(reply, 1);
   }
 
+  /** Whether the scope holds a change no publication has released yet (apply-11.lua's `owed`). */
+  async isOwed(scope: Scope): Promise<boolean> {
+    const k = detectorKeys(this.prefix, scope);
+    let n: number;
+    try {
+      n = await this.redis.hexists(k.meta, 'owed');
+    } catch (err) {
+      throw redisFailure('owed read', err);
+    }
+    this.roundTrips++;
+    return n === 1;
+  }
+
   /**
-   * Takes the publication lock and reads the published map and the snapshot in the same call; null when
-   * another instance holds the lock (it is marked dirty, so the holder publishes again).
+   * Takes the publication lock and reads the owed count, the published map and the snapshot in the same call;
+   * `held` when another instance holds the lock (marked dirty unless `markDirty` is false, so the holder
+   * publishes again), with the lock's remaining time (when its holder died, the lock is free after that).
    */
   async claimSnapshot(
     scope: Scope,
     token: string,
     ttlMs: number,
-  ): Promise<{ published: Map<string, string>; snapshot: Snapshot } | null> {
+    markDirty = true,
+  ): Promise<
+    | { held: false; owed: number; published: Map<string, string>; snapshot: Snapshot }
+    | { held: true; remainingMs: number }
+  > {
     const k = detectorKeys(this.prefix, scope);
     const reply = parseScriptReply(
       'claimSnapshot',
       await invokeScript(
         this.redis,
         'claimSnapshot',
-        [k.lock, k.dirty, k.published, k.support, k.tools, k.records],
+        [k.lock, k.dirty, k.published, k.support, k.tools, k.records, k.meta],
         [
           token,
           ttlMs,
           this.params.minOccurrences,
           this.params.requestTerms ? '1' : '0',
           windowBuckets(this.params.lookback),
+          markDirty ? '1' : '0',
         ],
       ),
       flatReply,
     );
     this.roundTrips++;
-    if (reply[0] !== 1) return null;
-    const pairs = Number(reply[1]);
+    if (reply[0] !== 1) return { held: true, remainingMs: Math.max(0, Number(reply[1] ?? 0)) };
+    const pairs = Number(reply[2]);
     const published = new Map<string, string>();
-    for (let i = 0; i < pairs; i++) published.set(String(reply[2 + i * 2]), String(reply[3 + i * 2]));
-    return { published, snapshot: parseSnapshot(reply, 2 + pairs * 2) };
+    for (let i = 0; i < pairs; i++) published.set(String(reply[3 + i * 2]), String(reply[4 + i * 2]));
+    return { held: false, owed: Number(reply[1]), published, snapshot: parseSnapshot(reply, 3 + pairs * 2) };
   }
 
-  /** Records what was published; true when the scope changed meanwhile and must be published again. */
+  /**
+   * Records what was published, whose snapshot saw `owed`; `again` when the scope changed meanwhile and must be
+   * published again (with the owed count the next snapshot sees at least).
+   */
   async release(
     scope: Scope,
     token: string,
     ttlMs: number,
+    owed: number,
     upserts: [string, string][],
     deletes: string[],
-  ): Promise<boolean> {
+  ): Promise<{ again: boolean; owed: number }> {
     const k = detectorKeys(this.prefix, scope);
-    const argv = [token, ttlMs, upserts.length, ...upserts.flat(), ...deletes];
+    const argv = [token, ttlMs, owed, upserts.length, ...upserts.flat(), ...deletes];
     const reply = parseScriptReply(
       'release',
-      await invokeScript(this.redis, 'release', [k.lock, k.dirty, k.published], argv),
-      z.tuple([z.literal(1), z.number()]),
+      await invokeScript(this.redis, 'release', [k.lock, k.dirty, k.published, k.meta], argv),
+      z.tuple([z.literal(1), z.number(), z.number()]),
       CODES,
     );
     this.roundTrips++;
-    return reply[1] === 1;
+    return { again: reply[1] === 1, owed: reply[2] };
   }
 }

@@ -3,7 +3,8 @@
   Mirrors services/detector/src/core/state.ts event for event (test/integration/lua-twin.int.test.ts holds
   the two equal on random operation streams).
 
-  KEYS[1] meta     hash  cfg (parameter fingerprint), maxTs (newest ts in the scope), clock:<p> (newest ts
+  KEYS[1] meta     hash  cfg (parameter fingerprint), maxTs (newest ts in the scope), owed (changes not yet
+                         published, see the end), clock:<p> (newest ts
                          seen on partition p: its stream time)
   KEYS[2] open     zset  base name: open tasks of partition p live in KEYS[2]..":"..p, task_id -> last event ts
   KEYS[3] events   hash  task_id -> packed events of an open task: ("\30" event_id "\31" step "\31" tool "\31" cost)*
@@ -39,7 +40,7 @@
                          code codeOf(i), printable ASCII ending at its only byte >= "@" (so codes concatenate
                          without separators): one byte for the first 63 tools, two for the next 2,016, and so
                          on. Append-only: it holds every tool name the scope's records ever used
-  (frequency is support >= minOcc, read by snapshot-3.lua and claimSnapshot-6.lua)
+  (frequency is support >= minOcc, read by snapshot-3.lua and claimSnapshot-7.lua)
 
   The per-partition keys are derived from declared ones and share their hash tag, so they live in the
   scope's slot. A task's events are assumed to arrive on one partition (they do: the topic is keyed by
@@ -62,7 +63,7 @@
   field is read at most once per call and written back once at its end (fewer Redis calls per event).
 
   Returns {1, changed (0|1), applied, ignored, completed, ignored as duplicate, as late, over the task limit,
-  P, then P pairs (partition, smallest start offset of the scope's state on it, -1 when none)},
+  owed (0|1: changed now or earlier and not yet published, see the end), P, then P pairs (partition, smallest start offset of the scope's state on it, -1 when none)},
   {-2, stored cfg} when the state was built with other parameters, or {-4, stored epoch} (mode "n") when the
   scope's state belongs to another epoch.
 ]]
@@ -752,11 +753,16 @@ end
 redis.call('HSET', KEYS[1], 'maxTs', int(maxTs))
 for part, c in pairs(clocks) do redis.call('HSET', KEYS[1], 'clock:' .. part, int(c)) end
 for part in pairs(unstart) do flushUnstart(part) end
-local out = {1, changed, applied, ignored, completed, dup, late, overLimit, 0}
+-- A change is owed to the flow-candidates topic until a publication that saw it releases (release-4.lua): a
+-- batch that finds the scope owed publishes it, so a change whose instance died before publishing (its batch
+-- redelivered as duplicates, or its publication lock left to expire) is not left unpublished.
+if changed == 1 then redis.call('HINCRBY', KEYS[1], 'owed', 1) end
+local owed = (changed == 1 or redis.call('HEXISTS', KEYS[1], 'owed') == 1) and 1 or 0
+local out = {1, changed, applied, ignored, completed, dup, late, overLimit, owed, 0}
 for part in pairs(scopeParts) do
   local first = redis.call('ZRANGE', KEYS[10] .. ':' .. part, 0, 0, 'WITHSCORES')
   out[#out + 1] = tonumber(part)
   out[#out + 1] = #first == 0 and -1 or tonumber(first[2])
-  out[9] = out[9] + 1
+  out[10] = out[10] + 1
 end
 return out

@@ -1,0 +1,135 @@
+import { afterAll, describe, expect, it } from 'vitest';
+import { jsonCodec } from '../../../../shared/codec.js';
+import { createSink } from '../../../../shared/kafka/sink.js';
+import { createLogger } from '../../../../shared/log.js';
+import { consumeUntil, createTopics, testKafka, testRedis, unique } from '../../../../test/helpers/kafka.js';
+import { ScopePublisher } from '../../src/adapters/publisher.js';
+import { detectorKeys, RedisDetectorStore } from '../../src/adapters/redis/store.js';
+import type { DetectorOp } from '../../src/core/ops.js';
+import { DEFAULT_PARAMS } from '../../src/core/params.js';
+
+/*
+ * A change the detector applied is owed to the flow-candidates topic until a publication that saw it
+ * releases. These tests leave a change unpublished the two ways an instance dying can (between its apply and
+ * its publication; holding the publication lock) on a real Redis, and read the real topic for what follows.
+ * Before the owed mark, the first case published nothing on redelivery (only duplicates: nothing "changed"),
+ * and the second nothing at all: the dirty mark left for a dead holder is never read.
+ */
+
+const redis = testRedis();
+const sink = createSink(testKafka(), jsonCodec());
+const log = createLogger('test', 'silent');
+afterAll(async () => {
+  await sink.disconnect();
+  redis.disconnect();
+});
+
+const scope = { tenant: 'acme', agent: 'a1' };
+/** Three tasks running the same three tools: one candidate once the third completes. */
+const ops = (): DetectorOp[] => {
+  const out: DetectorOp[] = [];
+  let offset = 0;
+  for (const task of ['t1', 't2', 't3']) {
+    const base = 1_000 * Number(task.slice(1));
+    ['lookup', 'check', 'close'].forEach((tool, step) =>
+      out.push({
+        kind: 'call',
+        scope,
+        task,
+        eventId: `${task}-${step}`,
+        ts: base + step,
+        step,
+        tool,
+        cost: 10_000,
+        partition: 0,
+        offset: String(offset++),
+      }),
+    );
+    out.push({
+      kind: 'done',
+      scope,
+      task,
+      eventId: `${task}-done`,
+      ts: base + 10,
+      partition: 0,
+      offset: String(offset++),
+    });
+  }
+  return out;
+};
+
+async function setup() {
+  const prefix = unique('det-owed');
+  const topic = unique('candidates');
+  await createTopics([{ topic, partitions: 1, compacted: true }]);
+  await sink.connect();
+  const store = new RedisDetectorStore(redis, DEFAULT_PARAMS, prefix);
+  const recovered: string[] = [];
+  const publisher = new ScopePublisher({
+    store,
+    sink,
+    topic,
+    params: DEFAULT_PARAMS,
+    log,
+    onPublished: () => undefined,
+    onRecovered: (via) => recovered.push(via),
+  });
+  return { prefix, topic, store, publisher, recovered };
+}
+
+describe('detector: a change is published even when the instance that applied it dies', () => {
+  it('between its apply and its publication: the redelivered batch (only duplicates) publishes it', async () => {
+    const { topic, store, publisher, recovered } = await setup();
+    const first = await store.applyBatch(ops());
+    expect(first.changed).toEqual([scope]);
+    // The instance dies here. Its batch, uncommitted, goes to the partition's next owner.
+    const again = await store.applyBatch(ops());
+    expect(again.applied).toBe(0);
+    expect(again.changed).toEqual([]);
+    expect(again.owed).toEqual([scope]);
+    await publisher.publish(scope, false);
+    expect(recovered).toEqual(['batch']);
+    const records = await consumeUntil(topic, (all) => all.length > 0);
+    expect(records.map((r) => JSON.parse(String(r.value)) as { status: string })).toMatchObject([
+      { status: 'active' },
+    ]);
+    // Published and released: nothing is owed any more.
+    expect(await store.isOwed(scope)).toBe(false);
+    expect((await store.applyBatch(ops())).owed).toEqual([]);
+    publisher.close();
+  });
+
+  it('holding the publication lock: the instance that found it held publishes once the lock runs out', async () => {
+    const { prefix, topic, store, publisher, recovered } = await setup();
+    expect((await store.applyBatch(ops())).changed).toEqual([scope]);
+    // A holder that took the lock and died: nobody will read the dirty mark left for it.
+    await redis.set(detectorKeys(prefix, scope).lock, 'dead-holder', 'PX', 1_500);
+    await publisher.publish(scope, true);
+    expect(publisher.waiting).toBe(1);
+    const records = await consumeUntil(topic, (all) => all.length > 0);
+    expect(records).toHaveLength(1);
+    expect(recovered).toEqual(['retry']);
+    expect(await store.isOwed(scope)).toBe(false);
+    publisher.close();
+  });
+
+  it('a release clears only the changes its snapshot saw; a live holder leaves nothing to retry', async () => {
+    const { store } = await setup();
+    const [a, b] = [ops().slice(0, 8), ops().slice(8)];
+    await store.applyBatch(a);
+    const claimed = await store.claimSnapshot(scope, 'me', 30_000);
+    if (claimed.held) throw new Error('lock held');
+    // A change lands after this publication's snapshot: its release must leave it owed.
+    expect((await store.applyBatch(b)).changed).toEqual([scope]);
+    expect(await store.release(scope, 'me', 30_000, claimed.owed, [], [])).toEqual({ again: false, owed: 0 });
+    expect(await store.isOwed(scope)).toBe(true);
+    // Another instance finding the lock held marks the scope dirty: the holder publishes again and clears it.
+    const second = await store.claimSnapshot(scope, 'me', 30_000);
+    if (second.held) throw new Error('lock held');
+    expect(await store.claimSnapshot(scope, 'other', 30_000)).toMatchObject({ held: true });
+    const r = await store.release(scope, 'me', 30_000, second.owed, [], []);
+    expect(r.again).toBe(true);
+    expect(await store.release(scope, 'me', 30_000, r.owed, [], [])).toEqual({ again: false, owed: 0 });
+    expect(await store.isOwed(scope)).toBe(false);
+  });
+});
