@@ -132,21 +132,29 @@ const session = (id: string): Inbound[] =>
     e: { ...x, tenant_id: T, agent_id: A, session_id: id, ts: ts++ } as ToolCallsEvent,
   }));
 
+/** A fresh keyspace and flows topic; two stores over the same Redis stand for two writers. */
+async function place(policy: Omit<PromotionPolicy, 'mode' | 'minSavings'>) {
+  const prefix = unique('race');
+  const flowsTopic = unique('flows');
+  await createTopics([{ topic: flowsTopic, partitions: 1, compacted: true }]);
+  await sink.connect();
+  return {
+    prefix,
+    flowsTopic,
+    policy: { mode: 'auto', minSavings: 0, ...policy } satisfies PromotionPolicy,
+    store: new RedisFlowStore(redis, prefix),
+    other: new RedisFlowStore(redis, prefix),
+  };
+}
+
 describe('flows: one candidate decided by several writers at once (real Redis and Kafka)', () => {
   it("an operator's reject between a promotion's read and its write stands; the flow published for it is withdrawn", async () => {
-    const prefix = unique('race');
-    const flowsTopic = unique('flows');
-    await createTopics([{ topic: flowsTopic, partitions: 1, compacted: true }]);
-    await sink.connect();
-    const policy: PromotionPolicy = {
-      mode: 'auto',
+    const { prefix, flowsTopic, policy, store, other } = await place({
       minOccurrences: 10,
-      minSavings: 0,
       shadowTrials: 0,
       shadowPrecision: 0,
-    };
-    const store = new RedisFlowStore(redis, prefix);
-    const operator = engine(new RedisFlowStore(redis, prefix), policy, flowsTopic);
+    });
+    const operator = engine(other, policy, flowsTopic);
     const worker = engine(
       racing(store, async () => {
         const r = await operator.e.decide(T, A, 'k1', 'reject');
@@ -175,20 +183,13 @@ describe('flows: one candidate decided by several writers at once (real Redis an
   });
 
   it('shadow outcomes two instances count at the same moment are both counted', async () => {
-    const prefix = unique('race');
-    const flowsTopic = unique('flows');
-    await createTopics([{ topic: flowsTopic, partitions: 1, compacted: true }]);
-    await sink.connect();
     // Shadow trials on, a bar never reached: every finished session's shadow choice is one more trial.
-    const policy: PromotionPolicy = {
-      mode: 'auto',
+    const { flowsTopic, policy, store, other } = await place({
       minOccurrences: 1,
-      minSavings: 0,
       shadowTrials: 1000,
       shadowPrecision: 0,
-    };
-    const store = new RedisFlowStore(redis, prefix);
-    const b = engine(new RedisFlowStore(redis, prefix), policy, flowsTopic);
+    });
+    const b = engine(other, policy, flowsTopic);
     const a = engine(
       racing(store, () => b.e.handle(session('s-b')).then(() => undefined)),
       policy,
