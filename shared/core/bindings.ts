@@ -179,6 +179,10 @@ const escapeRe = (s: string) => s.replace(/[.*+?^${}()|[\]\\/-]/g, '\\$&');
 const charClass = (c: string): string =>
   /[A-Z]/.test(c) ? 'A' : /[a-z]/.test(c) ? 'a' : /[0-9]/.test(c) ? '9' : c;
 const CLASS_RE: Record<string, string> = { A: '[A-Z]', a: '[a-z]', '9': '[0-9]' };
+/** Not at the start of the text or of a sentence (after `.`, `!`, `?`, `:` or a line break, and spaces). */
+const MID_SENTENCE = '(?<!(?:^|[.!?:\\n])[\\s"\'(]*)';
+/** Characters that join the parts of one token (an address, a code): its value runs through them. */
+const TOKEN_CHAR = '[A-Za-z0-9_.%+-]';
 
 /**
  * Two shapes per value, so that either can prove consistent across tasks: the run signature (`emma_kim_9957`
@@ -203,7 +207,16 @@ export function userShapes(value: string): string[] {
     .join('');
   const digits = sets.has('9') || letters === 'A-Z' ? '0-9' : '';
   const setRe = `[${letters}${digits}${others}]{${value.length}}`;
-  return runRe === setRe ? [runRe] : [runRe, setRe];
+  const shapes = runRe === setRe ? [runRe] : [runRe, setRe];
+  // A capitalised word (a name): its index among all capitalised words moves with how the message opens
+  // ("Hi, I'm Mia" / "Hello! My name is Mia"); among those that do not start a sentence, it does not.
+  if (/^[A-Z][a-z]/.test(value)) shapes.push(`${MID_SENTENCE}${runRe}`);
+  // A token marked by a character that joins no words (`@`, `#`, `:`…): its runs vary from one value to the
+  // next (`mia.lee42@example.com`, `omar@mail.net`), but "the token that holds this character" does not.
+  if (/^[A-Za-z0-9]/.test(value) && /[A-Za-z0-9]$/.test(value))
+    for (const c of new Set(value.replace(/[A-Za-z0-9_.%+-]/g, '')))
+      shapes.push(`${TOKEN_CHAR}*${escapeRe(c)}${TOKEN_CHAR}*[A-Za-z0-9]`);
+  return shapes;
 }
 
 const compiled = new Map<string, RegExp>();

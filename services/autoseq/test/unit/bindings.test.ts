@@ -106,6 +106,30 @@ describe('bindings: enumerate and resolve each source kind', () => {
       value: 'mia_li_3668',
     });
   });
+
+  it('user text: a token marked by a non-joining character, whatever its runs', () => {
+    const at = (v: string) => userShapes(v).find((p) => p.startsWith('[A-Za-z0-9_.%+-]*@'))!;
+    // Addresses of different run shapes share the "token holding @" shape (and it stops before a full stop).
+    expect(at('mia.garcia2723@example.com')).toBe(at('omar12@mail.net'));
+    const src = { kind: 'user', pattern: at('omar12@mail.net'), index: 0 } as const;
+    expect(
+      resolveSource({ calls: [], userText: 'Mail me at yusuf_rossi@corp.example.org.' }, 'x', src),
+    ).toEqual({
+      ok: true,
+      value: 'yusuf_rossi@corp.example.org',
+    });
+  });
+
+  it('user text: a capitalised word counted among those that do not start a sentence', () => {
+    const name = userShapes('Mia').find((p) => p.startsWith('(?<!'))!;
+    const src = { kind: 'user', pattern: name, index: 0 } as const;
+    for (const [text, value] of [
+      ["Hi, I'm Mia and I need help.", 'Mia'],
+      ['Hello! My name is Omar. I have a problem.', 'Omar'],
+      ['Good morning.\nThis is Ava Lopez', 'Ava'],
+    ])
+      expect(resolveSource({ calls: [], userText: text }, 'x', src)).toEqual({ ok: true, value });
+  });
 });
 
 describe('bindings: build arguments', () => {
