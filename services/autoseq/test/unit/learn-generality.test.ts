@@ -313,6 +313,52 @@ describe('learned decider: generality over synthetic domains', () => {
     expectLearned(simulate(tasks), 'get_record', 0.55);
   });
 
+  it('i. a loop interleaved with a call per element (get_item, then get_product of the item’s product)', () => {
+    const r = prng(10);
+    const tasks = Array.from({ length: TASKS }, (_, i) => {
+      const p = person(r);
+      const orders = Array.from({ length: r.int(1, 4) }, () => orderId(r));
+      const t = new TaskBuilder(`i${i}`).user(`I want to exchange something I bought.`);
+      t.call('lookup_id', { email: p.email }, p.id);
+      t.call('get_record', { user_id: p.id }, { name: p.first, orders });
+      for (const o of orders) {
+        const pid = r.digits(10);
+        t.call('get_item', { order_id: o }, { items: [{ product_id: pid, item_id: r.digits(10) }] });
+        t.call('get_product', { product_id: pid }, { name: r.pick(['lamp', 'desk', 'mug']) });
+      }
+      noise(t, r, r.int(0, 2));
+      return t.end();
+    });
+    const o = simulate(tasks);
+    expectLearned(o, 'get_record', 0.5);
+    expectLearned(o, 'get_item', 0.4);
+    expectLearned(o, 'get_product', 0.5);
+  });
+
+  it('k. a list walk that stops at the record that mentions what the user asked for', () => {
+    const r = prng(11);
+    const products = ['lamp', 'kettle', 'backpack', 'headphones', 'keyboard', 'blender', 'tent', 'jacket'];
+    const tasks = Array.from({ length: 150 }, (_, i) => {
+      const p = person(r);
+      const orders = Array.from({ length: r.int(2, 5) }, () => ({ id: orderId(r), what: r.pick(products) }));
+      const want = r.int(0, orders.length - 1);
+      const wanted = orders[want]!.what;
+      const t = new TaskBuilder(`k${i}`).user(
+        `Hi, the ${wanted} I ordered is broken and I want to return it.`,
+      );
+      t.call('get_record', { user_id: p.id }, { orders: orders.map((x) => x.id) });
+      for (const o of orders) {
+        t.call('get_item', { order_id: o.id }, { item: o.what, status: 'delivered' });
+        if (o.what === wanted) break;
+      }
+      t.call('return_items', { order_id: orders.find((x) => x.what === wanted)!.id, reason: 'broken' }, 'ok');
+      return t.end();
+    });
+    const o = simulate(tasks);
+    expectLearned(o, 'get_item', 0.3);
+    expectLearned(o, 'return_items', 0.3);
+  });
+
   it('h. a next tool that follows only 70% of the time is never promoted', () => {
     const r = prng(9);
     const tasks = Array.from({ length: 200 }, (_, i) => {
