@@ -202,6 +202,23 @@ describe('learned decider: generality over synthetic domains', () => {
     expectLearned(simulate(tasks), 'get_item', 0.5);
   });
 
+  it('c3. loop over short lists: the next element follows less often than not, but always while one is left', () => {
+    const r = prng(12);
+    const tasks = Array.from({ length: 150 }, (_, i) => {
+      const p = person(r);
+      const orders = Array.from({ length: r.next() < 0.6 ? 1 : 2 }, () => orderId(r));
+      const t = new TaskBuilder(`c3${i}`).user(`Where is my package?`);
+      t.call('get_record', { user_id: p.id }, { name: p.first, orders });
+      for (const o of orders)
+        t.call('get_item', { order_id: o }, { status: r.pick(['pending', 'delivered']) });
+      noise(t, r, r.int(1, 2));
+      return t.end();
+    });
+    // The first element alone is ~70% of the calls, ~38 of them warm-up: the second must be proposed too,
+    // though after a first element the walk goes on only ~30% of the time.
+    expectLearned(simulate(tasks), 'get_item', 0.55);
+  });
+
   // The first call of a task has no context: what the user said is bound from the second call on.
   for (const [name, value, say] of [
     [

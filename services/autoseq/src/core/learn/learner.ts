@@ -49,7 +49,10 @@ export interface LearnOptions {
   maxPayloadChars: number;
   /** Proposals scored per task step (best first). */
   maxPending: number;
-  /** Share of a context's next calls a tool needs for its rule to propose at all. */
+  /**
+   * Share of a context's next calls a tool needs for its bindings to be learned and its rule to propose at
+   * all. Below half, since a rule proposes only where its bindings resolve (a list not walked to its end).
+   */
   minShare: number;
 }
 
@@ -67,7 +70,7 @@ export const DEFAULT_LEARN: LearnOptions = {
   seenPerTask: 128,
   maxPayloadChars: 32_768,
   maxPending: 24,
-  minShare: 0.5,
+  minShare: 0.25,
 };
 
 export type RuleState = 'shadow' | 'active' | 'demoted';
@@ -347,8 +350,8 @@ function learnOccurrence(
   repeat: boolean,
   opts: LearnOptions,
 ): void {
-  // Next-tool statistics first: bindings are learned only where the tool is the context's usual next call
-  // (share ≥ minShare); elsewhere no rule could be proven, so its slot would be work and bytes for nothing.
+  // Next-tool statistics first: bindings are learned only where the tool is a common next call (share ≥
+  // minShare); elsewhere no rule could be proven, so its slot would be work and bytes for nothing.
   const learnAt: { key: string; k: number }[] = [];
   for (const { key, k } of ctxs) {
     let c = scope.ctx[key];
@@ -493,8 +496,10 @@ function propose(
     const c = scope.ctx[key];
     if (!c) continue;
     for (const tool of Object.keys(c.next)) {
-      // A rule's precision cannot exceed its tool's share after the context: below half, it can never be
-      // proven, so it is neither proposed nor scored (this bounds the work to ~K candidates per event).
+      // A rule proposes only where its bindings resolve, so its precision can exceed its tool's share (a walk
+      // over a list goes on while an element is left: after a call of a short list's walk, the next call is
+      // the walk's less often than not, but always while one is left). Far below that share it cannot be
+      // proven: such a tool is neither proposed nor scored (this bounds the work to 1/minShare per context).
       if (tool === '' || c.next[tool]! < c.n * opts.minShare) continue;
       const sk = slotKey(key, tool);
       const slot = scope.slots[sk];
