@@ -315,6 +315,22 @@ describe('learned decider: generality over synthetic domains', () => {
     expectLearned(o, 'lookup_by_name', 0.15);
   });
 
+  it('f2. a failure told in a sentence that does not open with an error word is kept apart too', () => {
+    const r = prng(13);
+    const tasks = Array.from({ length: TASKS }, (_, i) => {
+      const p = person(r);
+      const t = new TaskBuilder(`f2${i}`).user(`Hello, I need to update my address.`);
+      if (r.next() < 0.25) {
+        t.call('lookup_id', { email: p.email }, r.pick(['User not found', 'No user found with that email.']));
+        t.call('lookup_id', { email: `${p.first}@mail.net` }, p.id);
+      } else t.call('lookup_id', { email: p.email }, p.id);
+      t.call('get_record', { user_id: p.id }, { name: p.first, zip: p.zip });
+      noise(t, r, r.int(0, 2));
+      return t.end();
+    });
+    expectLearned(simulate(tasks), 'get_record', 0.5);
+  });
+
   it('g. a pair A → B behind varied calls: the k = 1 rule acts though longer contexts are scattered', () => {
     const r = prng(8);
     const tasks = Array.from({ length: TASKS }, (_, i) => {

@@ -1,6 +1,6 @@
 /**
  * Whether a tool's output reports a failure, by the conventions tools commonly follow: a string that starts
- * with an error word ("Error: user not found"), or an object flagging one (`error`, `errors`, `ok: false`,
+ * with an error word ("Error: user not found") or tells one ("User not found"), or an object flagging one (`error`, `errors`, `ok: false`,
  * `success: false`, `status: "error"`). What an agent does after a failed call (retry with other arguments,
  * ask the user, give up) differs from what it does after a good one, and a binding to a failed call's output
  * would feed an error message into the next call: the learner keeps the two apart.
@@ -8,8 +8,16 @@
 const ERROR_TEXT =
   /^\s*[[(]?\s*(error|exception|failed|failure|invalid|unable|cannot|can't|not found|unknown)\b/i;
 
+/**
+ * A failure told in a sentence that does not open with an error word ("User not found", "No user found with
+ * that email", "Order #W1 does not exist"): phrases no good output of a lookup or an action carries.
+ */
+const FAILURE_PHRASE =
+  /\b(not found|no such|does not exist|doesn't exist|do not exist|could not|couldn't|unable to|declined|denied|not allowed|not authori[sz]ed|forbidden)\b|^\s*no\b[^.\n]{0,40}\bfound\b/i;
+
 export function failedOutput(observation: unknown): boolean {
-  if (typeof observation === 'string') return ERROR_TEXT.test(observation.slice(0, 64));
+  if (typeof observation === 'string')
+    return ERROR_TEXT.test(observation.slice(0, 64)) || FAILURE_PHRASE.test(observation.slice(0, 160));
   if (observation === null || typeof observation !== 'object' || Array.isArray(observation)) return false;
   const o = observation as Record<string, unknown>;
   const truthy = (v: unknown) => v !== undefined && v !== null && v !== false && v !== '';
