@@ -392,6 +392,29 @@ describe('learned decider: generality over synthetic domains', () => {
     expectLearned(o, 'return_items', 0.3);
   });
 
+  it('m. the element the user named when they named one, else the walk from the first', () => {
+    const r = prng(14);
+    const tasks = Array.from({ length: 150 }, (_, i) => {
+      const p = person(r);
+      const orders = Array.from({ length: r.int(2, 4) }, () => orderId(r));
+      const named = r.next() < 0.4 ? r.pick(orders) : null;
+      const t = new TaskBuilder(`m${i}`).user(
+        named
+          ? `Hi, I want to return order ${named}, it arrived damaged.`
+          : `Hi, I want to return something.`,
+      );
+      t.call('get_record', { user_id: p.id }, { name: p.first, orders });
+      if (named) t.call('get_item', { order_id: named }, { status: 'delivered' });
+      else for (const o of orders) t.call('get_item', { order_id: o }, { status: 'delivered' });
+      noise(t, r, r.int(1, 2));
+      return t.end();
+    });
+    // Refined by whether the record mentions the request, the first call is exact on both sides (the named
+    // element / the list's first), each side proving itself on its own trials; a walk's second step follows
+    // the same tools as a named fetch's noise, so it is learned only from the third step's contexts on.
+    expectLearned(simulate(tasks), 'get_item', 0.3);
+  });
+
   it('h. a next tool that follows only 70% of the time is never promoted', () => {
     const r = prng(9);
     const tasks = Array.from({ length: 200 }, (_, i) => {
