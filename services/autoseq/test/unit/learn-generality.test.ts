@@ -415,6 +415,55 @@ describe('learned decider: generality over synthetic domains', () => {
     expectLearned(simulate(tasks), 'get_item', 0.3);
   });
 
+  it('z. a whole customer-service-like domain: ≥ 10% of all calls at ≥ 95% precision, warm-up included', () => {
+    const r = prng(15);
+    const products = ['lamp', 'kettle', 'backpack', 'headphones', 'keyboard', 'blender', 'tent', 'jacket'];
+    const tasks = Array.from({ length: 150 }, (_, i) => {
+      const p = person(r);
+      const orders = Array.from({ length: r.int(1, 4) }, () => ({
+        id: orderId(r),
+        what: r.pick(products),
+        pid: r.digits(10),
+        item: r.digits(10),
+      }));
+      const want = r.pick(orders);
+      const t = new TaskBuilder(`z${i}`).user(
+        r.pick([
+          `Hi! I want to return the ${want.what} I bought.`,
+          `Hello, my ${want.what} is broken. Can I exchange it? My email is ${p.email}.`,
+          `Hi, I'm ${cap(p.first)} ${cap(p.last)} and I need help with my ${want.what}.`,
+        ]),
+      );
+      if (r.next() < 0.3) {
+        t.call('lookup_by_email', { email: p.email }, 'Error: user not found');
+        t.call('lookup_by_name', { first: cap(p.first), last: cap(p.last), zip: p.zip }, p.id);
+      } else if (r.next() < 0.7) t.call('lookup_by_email', { email: p.email }, p.id);
+      else t.call('lookup_by_name', { first: cap(p.first), last: cap(p.last), zip: p.zip }, p.id);
+      if (r.next() < 0.15) noise(t, r, 1);
+      t.call(
+        'get_record',
+        { user_id: p.id },
+        { name: { first: p.first }, zip: p.zip, orders: orders.map((o) => o.id) },
+      );
+      for (const o of orders) {
+        t.call(
+          'get_item',
+          { order_id: o.id },
+          { items: [{ name: o.what, product_id: o.pid, item_id: o.item }] },
+        );
+        if (o === want) break;
+      }
+      if (r.next() < 0.6) t.call('get_product', { product_id: want.pid }, { variants: r.int(1, 5) });
+      noise(t, r, r.int(0, 2));
+      if (r.next() < 0.7)
+        t.call('return_items', { order_id: want.id, item_ids: [want.item], reason: 'broken' }, 'ok');
+      return t.end();
+    });
+    const o = simulate(tasks);
+    expect(o.report.overall.precision!, JSON.stringify(o.report.overall)).toBeGreaterThanOrEqual(0.95);
+    expect(o.report.overall.coverage, JSON.stringify(o.report.overall)).toBeGreaterThanOrEqual(0.1);
+  });
+
   it('h. a next tool that follows only 70% of the time is never promoted', () => {
     const r = prng(9);
     const tasks = Array.from({ length: 200 }, (_, i) => {
