@@ -415,6 +415,35 @@ describe('learned decider: generality over synthetic domains', () => {
     expectLearned(simulate(tasks), 'get_item', 0.3);
   });
 
+  it('p. argument = a field of the list element that mentions what the user asked for', () => {
+    const r = prng(16);
+    const products = ['lamp', 'kettle', 'backpack', 'headphones', 'keyboard', 'blender', 'tent', 'jacket'];
+    const tasks = Array.from({ length: TASKS }, (_, i) => {
+      const p = person(r);
+      const names = [...products].sort(() => r.next() - 0.5).slice(0, r.int(2, 4));
+      const items = names.map((name) => ({
+        name,
+        product_id: r.digits(10),
+        item_id: r.digits(10),
+        price: r.int(5, 300),
+      }));
+      const want = r.pick(items);
+      const t = new TaskBuilder(`p${i}`).user(
+        r.pick([
+          `Hi, I want to exchange the ${want.name} from my last order.`,
+          `My ${want.name} broke. Can you help?`,
+        ]),
+      );
+      const oid = orderId(r);
+      t.call('get_record', { user_id: p.id }, { orders: [oid] });
+      t.call('get_order', { order_id: oid }, { items, status: 'delivered' });
+      t.call('get_product', { product_id: want.product_id }, { variants: r.int(1, 5) });
+      noise(t, r, r.int(0, 2));
+      return t.end();
+    });
+    expectLearned(simulate(tasks), 'get_product', 0.5);
+  });
+
   it('z. a whole customer-service-like domain: ≥ 10% of all calls at ≥ 95% precision, warm-up included', () => {
     const r = prng(15);
     const products = ['lamp', 'kettle', 'backpack', 'headphones', 'keyboard', 'blender', 'tent', 'jacket'];
