@@ -493,6 +493,28 @@ describe('learned decider: generality over synthetic domains', () => {
     expect(o.report.overall.coverage, JSON.stringify(o.report.overall)).toBeGreaterThanOrEqual(0.1);
   });
 
+  it('q. a longer context’s proven exception wins over the shorter context’s rule where both are active', () => {
+    const r = prng(17);
+    const tasks = Array.from({ length: 1500 }, (_, i) => {
+      const p = person(r);
+      const t = new TaskBuilder(`q${i}`).user(`Hello, a question about my account.`);
+      const acct = `A${r.digits(8)}`;
+      // 5% of the time the record was reached through an archive lookup: then its history is fetched instead.
+      const archived = r.next() < 0.05;
+      if (archived) t.call('lookup_archive', { key: p.email }, { found: true, n: r.int(1, 9) });
+      else noise(t, r, r.int(0, 1));
+      t.call('get_record', { user_id: p.id }, { account_id: acct });
+      t.call(archived ? 'get_history' : 'get_account', { account_id: acct }, { ok: 1 });
+      noise(t, r, r.int(0, 1));
+      return t.end();
+    });
+    const o = simulate(tasks);
+    expectLearned(o, 'get_account', 0.8);
+    expectLearned(o, 'get_history', 0.1);
+    // Once the exception is proven, the shorter context's rule no longer answers for it.
+    expect(o.report.per_tool.get_account!.precision!).toBeGreaterThanOrEqual(0.97);
+  });
+
   it('h. a next tool that follows only 70% of the time is never promoted', () => {
     const r = prng(9);
     const tasks = Array.from({ length: 200 }, (_, i) => {

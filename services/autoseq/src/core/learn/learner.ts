@@ -475,9 +475,17 @@ function evict(scope: ScopeState, opts: LearnOptions): void {
 }
 
 const rank = (p: Proposal) => (p.state === 'active' ? 1 : 0);
-/** Active before shadow, then the higher bound, then the longer context (back-off), then the rule id. */
-export function better(a: Proposal, b: Proposal): boolean {
+/** How specific a proposal's context is: longer, then refined (a subset of its plain context's occurrences). */
+const specificity = (p: Proposal & { refined?: boolean }) => p.k * 2 + (p.refined ? 1 : 0);
+/**
+ * Active before shadow; between active proposals, the more specific context first (back-off: a longer or
+ * refined context's proven rule answers for the situations it covers, where the shorter context's rule, when
+ * it proposes otherwise, is the one that misses: its precision there is at most the complement of the
+ * specific rule's); then the higher bound, then the longer context, then the rule id.
+ */
+export function better(a: Proposal & { refined?: boolean }, b: Proposal & { refined?: boolean }): boolean {
   if (rank(a) !== rank(b)) return rank(a) > rank(b);
+  if (rank(a) === 1 && specificity(a) !== specificity(b)) return specificity(a) > specificity(b);
   if ((a.confidence ?? 0) !== (b.confidence ?? 0)) return (a.confidence ?? 0) > (b.confidence ?? 0);
   if (a.k !== b.k) return a.k > b.k;
   return (a.rule_id ?? '') < (b.rule_id ?? '');
@@ -491,8 +499,9 @@ function propose(
   validate?: ArgsValidator,
 ): { pending: Pending[]; best: Proposal | null } {
   const bctx: BindingContext = { calls: task.calls, userText: task.user ?? undefined };
-  const cands: (Proposal & { slot: string; fp: string })[] = [];
+  const cands: (Proposal & { slot: string; fp: string; refined: boolean })[] = [];
   for (const { key, k } of contexts(task.calls, opts.maxK, task.user)) {
+    const refined = key.endsWith(MENTIONS) || key.endsWith(QUIET);
     const c = scope.ctx[key];
     if (!c) continue;
     for (const tool of Object.keys(c.next)) {
@@ -521,6 +530,7 @@ function propose(
         k,
         slot: sk,
         fp,
+        refined,
       });
     }
   }
