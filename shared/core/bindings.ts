@@ -12,10 +12,14 @@
  * - `loop`:  the first element of a list in the last call of tool X that no earlier call of the next tool
  *            in this task took as an argument value (the agent walks the list in order, one call per
  *            element, skipping what it has already looked at);
+ * - `pick`:  the element of a list in the last call of tool X that mentions a word of the user's request (the
+ *            first such element: the item the user named, among an order's items);
  * - `const`: the same value every time;
  * - `user`:  the n-th token of the user's text that matches a shape pattern learned from the value
  *            (verbatim substring: the value itself never becomes part of the binding).
  */
+
+import { mentionsRequest } from './mentions.js';
 
 export type PathSeg = string | number;
 export type Path = readonly PathSeg[];
@@ -25,6 +29,7 @@ export type Source =
   | { kind: 'prev'; part: Part; path: Path }
   | { kind: 'last'; tool: string; part: Part; path: Path }
   | { kind: 'loop'; tool: string; part: Part; list: Path; item: Path }
+  | { kind: 'pick'; tool: string; part: Part; list: Path; item: Path }
   | { kind: 'const'; value: unknown }
   | { kind: 'user'; pattern: string; index: number };
 
@@ -109,6 +114,8 @@ export function sourceKey(s: Source): string {
       return `{"kind":"last","part":"${s.part}","path":${pathKey(s.path)},"tool":${JSON.stringify(s.tool)}}`;
     case 'loop':
       return `{"item":${pathKey(s.item)},"kind":"loop","list":${pathKey(s.list)},"part":"${s.part}","tool":${JSON.stringify(s.tool)}}`;
+    case 'pick':
+      return `{"item":${pathKey(s.item)},"kind":"pick","list":${pathKey(s.list)},"part":"${s.part}","tool":${JSON.stringify(s.tool)}}`;
     case 'const':
       return constKey(canonicalJson(s.value), s.value);
     case 'user':
@@ -163,6 +170,13 @@ function usedBy(calls: readonly PastCall[], tool: string): Set<string> {
 }
 const usedCache = new WeakMap<readonly PastCall[], Map<string, Set<string>>>();
 
+/** Index of the first element of `list` that mentions a word of the user's request, or -1. */
+function firstMentioning(list: readonly unknown[], userText: string | undefined): number {
+  if (!userText) return -1;
+  for (let j = 0; j < list.length; j++) if (mentionsRequest(list[j], userText)) return j;
+  return -1;
+}
+
 /** Index of the first element of `list` whose `item` value is not in `used`, or -1. */
 function firstUnused(list: readonly unknown[], item: Path, used: ReadonlySet<string>): number {
   for (let j = 0; j < list.length; j++) {
@@ -179,6 +193,10 @@ const escapeRe = (s: string) => s.replace(/[.*+?^${}()|[\]\\/-]/g, '\\$&');
 const charClass = (c: string): string =>
   /[A-Z]/.test(c) ? 'A' : /[a-z]/.test(c) ? 'a' : /[0-9]/.test(c) ? '9' : c;
 const CLASS_RE: Record<string, string> = { A: '[A-Z]', a: '[a-z]', '9': '[0-9]' };
+/** Not at the start of the text or of a sentence (after `.`, `!`, `?`, `:` or a line break, and spaces). */
+const MID_SENTENCE = '(?<!(?:^|[.!?:\\n])[\\s"\'(]*)';
+/** Characters that join the parts of one token (an address, a code): its value runs through them. */
+const TOKEN_CHAR = '[A-Za-z0-9_.%+-]';
 
 /**
  * Two shapes per value, so that either can prove consistent across tasks: the run signature (`emma_kim_9957`
@@ -203,7 +221,16 @@ export function userShapes(value: string): string[] {
     .join('');
   const digits = sets.has('9') || letters === 'A-Z' ? '0-9' : '';
   const setRe = `[${letters}${digits}${others}]{${value.length}}`;
-  return runRe === setRe ? [runRe] : [runRe, setRe];
+  const shapes = runRe === setRe ? [runRe] : [runRe, setRe];
+  // A capitalised word (a name): its index among all capitalised words moves with how the message opens
+  // ("Hi, I'm Mia" / "Hello! My name is Mia"); among those that do not start a sentence, it does not.
+  if (/^[A-Z][a-z]/.test(value)) shapes.push(`${MID_SENTENCE}${runRe}`);
+  // A token marked by a character that joins no words (`@`, `#`, `:`…): its runs vary from one value to the
+  // next (`mia.lee42@example.com`, `omar@mail.net`), but "the token that holds this character" does not.
+  if (/^[A-Za-z0-9]/.test(value) && /[A-Za-z0-9]$/.test(value))
+    for (const c of new Set(value.replace(/[A-Za-z0-9_.%+-]/g, '')))
+      shapes.push(`${TOKEN_CHAR}*${escapeRe(c)}${TOKEN_CHAR}*[A-Za-z0-9]`);
+  return shapes;
 }
 
 const compiled = new Map<string, RegExp>();
@@ -248,6 +275,14 @@ export function resolveSource(ctx: BindingContext, nextTool: string, s: Source):
       const list = getPath(partOf(calls[i]!, s.part), s.list);
       if (!list.ok || !Array.isArray(list.value)) return NONE;
       const at = firstUnused(list.value, s.item, usedBy(calls, nextTool));
+      return at < 0 ? NONE : getPath(list.value[at], s.item);
+    }
+    case 'pick': {
+      const i = lastIndexOf(calls, s.tool);
+      if (i < 0) return NONE;
+      const list = getPath(partOf(calls[i]!, s.part), s.list);
+      if (!list.ok || !Array.isArray(list.value)) return NONE;
+      const at = firstMentioning(list.value, ctx.userText);
       return at < 0 ? NONE : getPath(list.value[at], s.item);
     }
     case 'user': {
@@ -515,6 +550,24 @@ function keyedSources(
           item: h.path.slice(j + 1),
         };
         if (!add(loop, sourceKey(loop))) return out;
+      }
+    }
+    // The element the user named: the first of its list that mentions a word of the request.
+    for (const h of hits) {
+      for (let j = 0; j < h.path.length; j++) {
+        const at = h.path[j];
+        if (typeof at !== 'number') continue;
+        const list = getPath(partOf(calls[h.call]!, h.part), h.path.slice(0, j));
+        if (!list.ok || !Array.isArray(list.value)) continue;
+        if (firstMentioning(list.value, ctx.userText) !== at) continue;
+        const pick: Source = {
+          kind: 'pick',
+          tool: calls[h.call]!.tool,
+          part: h.part,
+          list: h.path.slice(0, j),
+          item: h.path.slice(j + 1),
+        };
+        if (!add(pick, sourceKey(pick))) return out;
       }
     }
   }

@@ -106,6 +106,56 @@ describe('bindings: enumerate and resolve each source kind', () => {
       value: 'mia_li_3668',
     });
   });
+
+  it('user text: a token marked by a non-joining character, whatever its runs', () => {
+    const at = (v: string) => userShapes(v).find((p) => p.startsWith('[A-Za-z0-9_.%+-]*@'))!;
+    // Addresses of different run shapes share the "token holding @" shape (and it stops before a full stop).
+    expect(at('mia.garcia2723@example.com')).toBe(at('omar12@mail.net'));
+    const src = { kind: 'user', pattern: at('omar12@mail.net'), index: 0 } as const;
+    expect(
+      resolveSource({ calls: [], userText: 'Mail me at yusuf_rossi@corp.example.org.' }, 'x', src),
+    ).toEqual({
+      ok: true,
+      value: 'yusuf_rossi@corp.example.org',
+    });
+  });
+
+  it('pick: the field of the list element that mentions a word of the request', () => {
+    const order = (names: string[]) => ({
+      tool: 'get_order',
+      args: { order_id: '#W1' },
+      observation: { items: names.map((name, i) => ({ name, product_id: `P${i}${name.length}` })) },
+    });
+    const c1: BindingContext = {
+      userText: 'My kettle broke, can I swap it?',
+      calls: [order(['lamp', 'kettle', 'tent'])],
+    };
+    const pick = {
+      kind: 'pick',
+      tool: 'get_order',
+      part: 'out',
+      list: ['items'],
+      item: ['product_id'],
+    } as const;
+    expect(enumerateSources(c1, 'get_product', 'P16')).toContainEqual(pick);
+    expect(sourceKey(pick)).toBe(canonicalJson(pick));
+    // Another task: the element named moved, the binding follows it; nothing named, no value.
+    const c2: BindingContext = { userText: 'I want to return the tent.', calls: [order(['tent', 'mug'])] };
+    expect(resolveSource(c2, 'get_product', pick)).toEqual({ ok: true, value: 'P04' });
+    const c3: BindingContext = { userText: 'Where is my parcel?', calls: [order(['tent', 'mug'])] };
+    expect(resolveSource(c3, 'get_product', pick)).toEqual({ ok: false });
+  });
+
+  it('user text: a capitalised word counted among those that do not start a sentence', () => {
+    const name = userShapes('Mia').find((p) => p.startsWith('(?<!'))!;
+    const src = { kind: 'user', pattern: name, index: 0 } as const;
+    for (const [text, value] of [
+      ["Hi, I'm Mia and I need help.", 'Mia'],
+      ['Hello! My name is Omar. I have a problem.', 'Omar'],
+      ['Good morning.\nThis is Ava Lopez', 'Ava'],
+    ])
+      expect(resolveSource({ calls: [], userText: text }, 'x', src)).toEqual({ ok: true, value });
+  });
 });
 
 describe('bindings: build arguments', () => {

@@ -93,6 +93,9 @@ function referenceOf(s: Source, steps: readonly FlowStep[], i: number, inLoop: b
       if (j < 0) return null;
       return `{{${under('item', s.item)}}}\u0000{{${under(`step_${j + 1}.${s.part === 'out' ? 'output' : 'input'}`, s.list)}}}`;
     }
+    // The element mentioning the request has no reference in the flow template language.
+    case 'pick':
+      return null;
     case 'user':
       return `{{_trigger.input ~ /${s.pattern}/ #${s.index}}}`;
     case 'const':

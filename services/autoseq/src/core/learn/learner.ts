@@ -49,7 +49,10 @@ export interface LearnOptions {
   maxPayloadChars: number;
   /** Proposals scored per task step (best first). */
   maxPending: number;
-  /** Share of a context's next calls a tool needs for its rule to propose at all. */
+  /**
+   * Share of a context's next calls a tool needs for its bindings to be learned and its rule to propose at
+   * all. Below half, since a rule proposes only where its bindings resolve (a list not walked to its end).
+   */
   minShare: number;
 }
 
@@ -67,7 +70,7 @@ export const DEFAULT_LEARN: LearnOptions = {
   seenPerTask: 128,
   maxPayloadChars: 32_768,
   maxPending: 24,
-  minShare: 0.5,
+  minShare: 0.25,
 };
 
 export type RuleState = 'shadow' | 'active' | 'demoted';
@@ -347,8 +350,8 @@ function learnOccurrence(
   repeat: boolean,
   opts: LearnOptions,
 ): void {
-  // Next-tool statistics first: bindings are learned only where the tool is the context's usual next call
-  // (share ≥ minShare); elsewhere no rule could be proven, so its slot would be work and bytes for nothing.
+  // Next-tool statistics first: bindings are learned only where the tool is a common next call (share ≥
+  // minShare); elsewhere no rule could be proven, so its slot would be work and bytes for nothing.
   const learnAt: { key: string; k: number }[] = [];
   for (const { key, k } of ctxs) {
     let c = scope.ctx[key];
@@ -472,9 +475,17 @@ function evict(scope: ScopeState, opts: LearnOptions): void {
 }
 
 const rank = (p: Proposal) => (p.state === 'active' ? 1 : 0);
-/** Active before shadow, then the higher bound, then the longer context (back-off), then the rule id. */
-export function better(a: Proposal, b: Proposal): boolean {
+/** How specific a proposal's context is: longer, then refined (a subset of its plain context's occurrences). */
+const specificity = (p: Proposal & { refined?: boolean }) => p.k * 2 + (p.refined ? 1 : 0);
+/**
+ * Active before shadow; between active proposals, the more specific context first (back-off: a longer or
+ * refined context's proven rule answers for the situations it covers, where the shorter context's rule, when
+ * it proposes otherwise, is the one that misses: its precision there is at most the complement of the
+ * specific rule's); then the higher bound, then the longer context, then the rule id.
+ */
+export function better(a: Proposal & { refined?: boolean }, b: Proposal & { refined?: boolean }): boolean {
   if (rank(a) !== rank(b)) return rank(a) > rank(b);
+  if (rank(a) === 1 && specificity(a) !== specificity(b)) return specificity(a) > specificity(b);
   if ((a.confidence ?? 0) !== (b.confidence ?? 0)) return (a.confidence ?? 0) > (b.confidence ?? 0);
   if (a.k !== b.k) return a.k > b.k;
   return (a.rule_id ?? '') < (b.rule_id ?? '');
@@ -488,13 +499,16 @@ function propose(
   validate?: ArgsValidator,
 ): { pending: Pending[]; best: Proposal | null } {
   const bctx: BindingContext = { calls: task.calls, userText: task.user ?? undefined };
-  const cands: (Proposal & { slot: string; fp: string })[] = [];
+  const cands: (Proposal & { slot: string; fp: string; refined: boolean })[] = [];
   for (const { key, k } of contexts(task.calls, opts.maxK, task.user)) {
+    const refined = key.endsWith(MENTIONS) || key.endsWith(QUIET);
     const c = scope.ctx[key];
     if (!c) continue;
     for (const tool of Object.keys(c.next)) {
-      // A rule's precision cannot exceed its tool's share after the context: below half, it can never be
-      // proven, so it is neither proposed nor scored (this bounds the work to ~K candidates per event).
+      // A rule proposes only where its bindings resolve, so its precision can exceed its tool's share (a walk
+      // over a list goes on while an element is left: after a call of a short list's walk, the next call is
+      // the walk's less often than not, but always while one is left). Far below that share it cannot be
+      // proven: such a tool is neither proposed nor scored (this bounds the work to 1/minShare per context).
       if (tool === '' || c.next[tool]! < c.n * opts.minShare) continue;
       const sk = slotKey(key, tool);
       const slot = scope.slots[sk];
@@ -516,6 +530,7 @@ function propose(
         k,
         slot: sk,
         fp,
+        refined,
       });
     }
   }
