@@ -37,6 +37,8 @@ export interface PastCall {
   tool: string;
   args?: Record<string, unknown> | undefined;
   observation?: unknown;
+  /** What the producer said (`status`: `error` is true, `ok` false), whatever the output looks like. */
+  failed?: boolean;
 }
 
 export interface BindingContext {

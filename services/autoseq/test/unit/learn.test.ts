@@ -280,6 +280,39 @@ describe('failed calls', () => {
     const fetch = rules.find((r) => r.tool === 'fetch' && r.state === 'active');
     expect(fetch?.context).toEqual(['lookup']);
   });
+
+  it("takes the producer's status over what the output looks like", () => {
+    // Every 5th lookup fails with an output that looks like any other (a placeholder id): only the event's
+    // `status: "error"` tells. Every 7th succeeds with an output that reads like an error.
+    const events = (n: number): ToolCallsEvent[] => {
+      const t = `s${n}`;
+      const rid = n % 7 === 0 ? `Invalid-${n}` : `R${1000 + n}`;
+      if (n % 5 === 0)
+        return [
+          { ...call(t, 0, 'lookup', { q: `user${n}` }, 'R0000'), status: 'error' } as ToolCallsEvent,
+          call(t, 1, 'lookup', { q: `user${n}b` }, rid),
+          call(t, 2, 'fetch', { record_id: rid }, { ok: true }),
+          done(t),
+        ];
+      return [
+        { ...call(t, 0, 'lookup', { q: `user${n}` }, rid), status: 'ok' } as ToolCallsEvent,
+        call(t, 1, 'fetch', { record_id: rid }, { ok: true }),
+        done(t),
+      ];
+    };
+    const strict: LearnOptions = { ...DEFAULT_LEARN, minTrials: 20, minPrecision: 0.9, window: 400 };
+    const store = new MemoryLearnStore();
+    let activeHits = 0;
+    let activeProposals = 0;
+    for (let i = 1; i <= 120; i++)
+      for (const r of run(store, events(i), strict)) {
+        if (r.held?.state !== 'active') continue;
+        activeProposals++;
+        if (r.heldHit) activeHits++;
+      }
+    expect(activeProposals).toBeGreaterThan(40);
+    expect(activeHits).toBe(activeProposals);
+  });
 });
 
 describe('outputs that mention the request', () => {

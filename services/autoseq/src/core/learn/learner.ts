@@ -239,8 +239,10 @@ function contexts(
 ): { key: string; k: number }[] {
   const out: { key: string; k: number }[] = [];
   if (calls.length === 0) return out;
-  const last = calls[calls.length - 1]!.observation;
-  const failed = failedOutput(last);
+  const lastCall = calls[calls.length - 1]!;
+  const last = lastCall.observation;
+  // The producer's own word first (the event's `status`), else what the output says.
+  const failed = lastCall.failed ?? failedOutput(last);
   // Without a request there is nothing to mention: the refinement would only copy the plain context.
   const refine = failed || !userText ? '' : mentionsRequest(last, userText) ? MENTIONS : QUIET;
   for (let k = 1; k <= Math.min(maxK, calls.length); k++) {
@@ -580,6 +582,7 @@ function pastCall(e: ToolCallEvent, opts: LearnOptions): PastCall {
   const obs = trimPayload(e.observation, opts.maxPayloadChars);
   if (args !== undefined) call.args = args;
   if (obs !== undefined) call.observation = obs;
+  if (e.status) call.failed = e.status === 'error';
   return call;
 }
 
