@@ -77,6 +77,8 @@ export async function replay(o: ReplayOptions) {
       for (const c of cs) candidates.set(ck(t, a, c.record.dedupe_key), c);
       return true;
     },
+    // Nothing is ever reconciled here: with one writer every write lands.
+    flows: async () => [],
   };
   let clock = 0;
   const promoted: RegisteredFlow[] = [];

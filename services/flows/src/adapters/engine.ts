@@ -40,6 +40,8 @@ export interface CandidatesRead {
  */
 export interface CandidateStore {
   read(tenant: string, agent: string, keys: string[]): Promise<CandidatesRead>;
+  /** Promoted flows as stored with their candidates (the registry's copy in Redis), by id; missing ones left out. */
+  flows(tenant: string, agent: string, ids: string[]): Promise<RegisteredFlow[]>;
   write(
     tenant: string,
     agent: string,
@@ -122,9 +124,14 @@ export class FlowsEngine {
 
   /**
    * Reads, decides and writes some candidates of one scope, deciding again from a fresh read whenever another
-   * writer changed one of them first. Flows go to the topic before Redis (a crash in between re-promotes to the
-   * same id on redelivery); one published by an attempt that lost, whose candidate ended up unpromoted, is
-   * withdrawn.
+   * writer changed one of them first.
+   *
+   * Flows go to the topic before Redis (a crash in between re-promotes to the same id on redelivery) and again
+   * once the write landed (a withdrawal racing this promotion then cannot have the last word, see reconcile).
+   * A flow published by an attempt that lost, or by a commit that failed, is reconciled with the candidate's
+   * final state. Candidate states go to the state topic before each attempt's write, so a lost attempt's states
+   * are written again (unchanged, through the same compare-and-set) by the next: the topic's last word on a
+   * candidate is always a state that landed.
    */
   private async commit<T>(
     t: string,
@@ -132,32 +139,85 @@ export class FlowsEngine {
     keys: string[],
     plan: Plan<T>,
   ): Promise<{ result: T; promoted: RegisteredFlow[] }> {
-    const published = new Map<string, string>();
-    for (let attempt = 1; ; attempt++) {
-      const read = await this.d.store.read(t, a, keys);
-      const now = this.d.now();
-      const { decisions, result } = plan(new Map(read.candidates), now);
-      const changed = new Map<string, StoredCandidate>();
-      const promoted: RegisteredFlow[] = [];
-      for (const o of decisions) {
-        if (o.kind === 'ignore') continue;
-        changed.set(o.next.record.dedupe_key, o.next);
-        // The same function `from-candidates --history` uses, over the runs this engine has seen finish.
-        if (o.kind === 'promote')
-          promoted.push(flowFromCandidate(o.next.record, now, this.evidence.runs(t, a)));
+    const unsettled = new Map<string, string>();
+    const sent = new Set<string>();
+    try {
+      for (let attempt = 1; ; attempt++) {
+        const read = await this.d.store.read(t, a, keys);
+        const now = this.d.now();
+        const { decisions, result } = plan(new Map(read.candidates), now);
+        const changed = new Map<string, StoredCandidate>();
+        const promoted: RegisteredFlow[] = [];
+        for (const o of decisions) {
+          if (o.kind === 'ignore') continue;
+          changed.set(o.next.record.dedupe_key, o.next);
+          // The same function `from-candidates --history` uses, over the runs this engine has seen finish.
+          if (o.kind === 'promote')
+            promoted.push(flowFromCandidate(o.next.record, now, this.evidence.runs(t, a)));
+        }
+        const writes = new Map(changed);
+        // A key a lost attempt sent is in `keys` and, once created, never leaves Redis: it is in `read`.
+        for (const k of sent)
+          if (!writes.has(k) && read.candidates.has(k)) writes.set(k, read.candidates.get(k)!);
+        if (promoted.length) await this.d.publishFlows(promoted);
+        for (const f of promoted) unsettled.set(f.id, f.dedupe_key ?? '');
+        if (!(await this.d.store.write(t, a, read, [...writes.values()], promoted))) {
+          for (const k of writes.keys()) sent.add(k);
+          this.d.onContention?.();
+          if (attempt < MAX_WRITE_ATTEMPTS) continue;
+          throw new PaverError('STATE_CONTENDED', `flows: candidate write lost ${attempt} times in a row`);
+        }
+        this.settle(t, a, [...changed.values()], promoted);
+        if (promoted.length) await this.d.publishFlows(promoted);
+        for (const f of promoted) unsettled.delete(f.id);
+        if (unsettled.size) await this.reconcile(t, a, unsettled);
+        return { result, promoted };
       }
-      if (promoted.length) await this.d.publishFlows(promoted);
-      for (const f of promoted) published.set(f.id, f.dedupe_key ?? '');
-      if (!(await this.d.store.write(t, a, read, [...changed.values()], promoted))) {
-        this.d.onContention?.();
-        if (attempt < MAX_WRITE_ATTEMPTS) continue;
-        throw new PaverError('STATE_CONTENDED', `flows: candidate write lost ${attempt} times in a row`);
-      }
-      const final = new Map([...read.candidates, ...changed]);
-      const orphans = [...published].filter(([, key]) => final.get(key)?.status !== 'promoted');
-      if (orphans.length && this.d.withdrawFlows) await this.d.withdrawFlows(orphans.map(([id]) => id));
-      this.settle(t, a, [...changed.values()], promoted);
-      return { result, promoted };
+    } catch (err) {
+      // Flows out on the topic whose write did not land (or whose reconciliation failed): settled by the next
+      // batch, before anything else (in memory: a process that dies here leaves them as they are).
+      if (unsettled.size) this.owe(t, a, unsettled);
+      throw err;
+    }
+  }
+
+  /** Flows awaiting reconciliation, per scope (flow id → candidate key). */
+  private readonly owed = new Map<string, { t: string; a: string; ids: Map<string, string> }>();
+  private owe(t: string, a: string, ids: ReadonlyMap<string, string>): void {
+    const k = `${t}\u001f${a}`;
+    const o = this.owed.get(k) ?? { t, a, ids: new Map<string, string>() };
+    for (const [id, key] of ids) o.ids.set(id, key);
+    this.owed.set(k, o);
+  }
+  private async settleOwed(): Promise<void> {
+    for (const [k, o] of this.owed) {
+      await this.reconcile(o.t, o.a, o.ids);
+      this.owed.delete(k);
+    }
+  }
+
+  /**
+   * Makes the flows topic agree with the candidates' final states for flows published by writes that did not
+   * land: a flow whose candidate is not promoted is withdrawn (a tombstone), one whose candidate another writer
+   * promoted is published again as that writer stored it. A promotion can land between the read and the
+   * tombstone; its promoter publishes again after its write, and this re-reads after the tombstone, so one of the
+   * two publications comes after it.
+   */
+  private async reconcile(t: string, a: string, ids: ReadonlyMap<string, string>): Promise<void> {
+    const promotedNow = async (of: string[]) => {
+      const read = await this.d.store.read(t, a, [...new Set(of.map((id) => ids.get(id)!))]);
+      return of.filter((id) => read.candidates.get(ids.get(id)!)?.status === 'promoted');
+    };
+    const all = [...ids.keys()];
+    const keep = new Set(await promotedNow(all));
+    const withdraw = all.filter((id) => !keep.has(id));
+    if (withdraw.length && this.d.withdrawFlows) {
+      await this.d.withdrawFlows(withdraw);
+      for (const id of await promotedNow(withdraw)) keep.add(id);
+    }
+    if (keep.size) {
+      const stored = await this.d.store.flows(t, a, [...keep]);
+      if (stored.length) await this.d.publishFlows(stored);
     }
   }
 
@@ -191,6 +251,7 @@ export class FlowsEngine {
   }
 
   async handle(batch: readonly Inbound[]): Promise<FlowSelectionRecord[]> {
+    await this.settleOwed();
     // Candidates, per scope: one read, one write.
     const byScope = new Map<string, FlowCandidateRecord[]>();
     for (const v of batch) {

@@ -2,9 +2,17 @@ import { afterAll, describe, expect, it } from 'vitest';
 import type { FlowCandidateRecord, ToolCallsEvent } from '../../../../schemas/index.js';
 import { jsonCodec } from '../../../../shared/codec.js';
 import { createSink } from '../../../../shared/kafka/sink.js';
-import { consumeUntil, createTopics, testKafka, testRedis, unique } from '../../../../test/helpers/kafka.js';
+import {
+  consumeUntil,
+  createTopics,
+  testKafka,
+  testRedis,
+  unique,
+  type Consumed,
+} from '../../../../test/helpers/kafka.js';
 import { FlowsEngine, type CandidateStore, type Inbound } from '../../src/adapters/engine.js';
 import { RedisFlowStore } from '../../src/adapters/redis/store.js';
+import { CandidateStates, candidateStateKey, stateWriter } from '../../src/adapters/state-feed.js';
 import { OutcomeBook } from '../../src/core/outcomes.js';
 import type { PromotionPolicy } from '../../src/core/promotion.js';
 import { PromptCache } from '../../src/core/prompt.js';
@@ -72,6 +80,7 @@ function racing(store: CandidateStore, between: () => Promise<void>): CandidateS
   let armed = true;
   return {
     read: (t, a, keys) => store.read(t, a, keys),
+    flows: (t, a, ids) => store.flows(t, a, ids),
     async write(t, a, read, candidates, flows) {
       if (armed && candidates.length) {
         armed = false;
@@ -82,7 +91,7 @@ function racing(store: CandidateStore, between: () => Promise<void>): CandidateS
   };
 }
 
-function engine(store: CandidateStore, policy: PromotionPolicy, flowsTopic: string) {
+function engine(store: CandidateStore, policy: PromotionPolicy, flowsTopic: string, now = Date.now) {
   const seen = { contention: 0 };
   const e = new FlowsEngine({
     store,
@@ -106,7 +115,7 @@ function engine(store: CandidateStore, policy: PromotionPolicy, flowsTopic: stri
     },
     promotionPolicy: () => policy,
     selectPolicy: () => DEFAULT_POLICY,
-    now: Date.now,
+    now,
   });
   return { e, seen };
 }
@@ -136,15 +145,30 @@ const session = (id: string): Inbound[] =>
 async function place(policy: Omit<PromotionPolicy, 'mode' | 'minSavings'>) {
   const prefix = unique('race');
   const flowsTopic = unique('flows');
-  await createTopics([{ topic: flowsTopic, partitions: 1, compacted: true }]);
+  const stateTopic = unique('flows-state');
+  await createTopics([
+    { topic: flowsTopic, partitions: 1, compacted: true },
+    { topic: stateTopic, partitions: 1, compacted: true },
+  ]);
   await sink.connect();
+  // Both writers send candidate states to the state topic before Redis, as the service does.
+  const states = stateWriter(sink, stateTopic, new CandidateStates());
   return {
     prefix,
     flowsTopic,
+    stateTopic,
     policy: { mode: 'auto', minSavings: 0, ...policy } satisfies PromotionPolicy,
-    store: new RedisFlowStore(redis, prefix),
-    other: new RedisFlowStore(redis, prefix),
+    store: new RedisFlowStore(redis, prefix, states),
+    other: new RedisFlowStore(redis, prefix, states),
   };
+}
+
+/** The last record per key of a topic, read from its beginning once `done` holds. */
+async function lastByKey(topic: string, done: (all: Consumed[]) => boolean) {
+  const last = new Map<string, Buffer | null>();
+  // What a test waits for is on the topic before it looks (every send was acknowledged): 30 s is ample.
+  for (const m of await consumeUntil(topic, done, 30_000)) last.set(m.key ?? '', m.value);
+  return last;
 }
 
 describe('flows: one candidate decided by several writers at once (real Redis and Kafka)', () => {
@@ -204,5 +228,58 @@ describe('flows: one candidate decided by several writers at once (real Redis an
     const c = (await store.getCandidates(T, A, ['k2'])).get('k2');
     expect(c).toMatchObject({ status: 'pending', shadow_trials: 2, shadow_proposed: 4, shadow_matched: 4 });
     expect(a.seen.contention).toBe(1);
+  });
+
+  it('the state topic ends with the state that landed, even when the losing writer then has nothing to write', async () => {
+    // A counts a shadow trial on a pending candidate; the operator rejects it in between. A's first attempt sent
+    // "pending, one more trial" to the state topic before losing; its second decides nothing (not pending).
+    const { stateTopic, flowsTopic, policy, store, other } = await place({
+      minOccurrences: 1,
+      shadowTrials: 1000,
+      shadowPrecision: 0,
+    });
+    const operator = engine(other, policy, flowsTopic);
+    const a = engine(
+      racing(store, async () => void (await operator.e.decide(T, A, 'k3', 'reject'))),
+      policy,
+      flowsTopic,
+    );
+    await operator.e.handle([{ kind: 'candidate', r: record('k3', 5, 1) }]);
+    a.e.restoreShadow(T, A, await store.listCandidates(T, A));
+    await a.e.handle(session('s-c'));
+
+    expect((await store.getCandidates(T, A, ['k3'])).get('k3')).toMatchObject({
+      status: 'rejected',
+      shadow_trials: 0,
+    });
+    const key = candidateStateKey(T, A, 'k3');
+    // pending (operator) → rejected (operator) → pending + 1 trial (A, lost) → rejected (A, written again).
+    const last = await lastByKey(stateTopic, (all) => all.filter((m) => m.key === key).length >= 4);
+    expect(JSON.parse(String(last.get(key)))).toMatchObject({ candidate: { status: 'rejected' } });
+  });
+
+  it("a promotion that loses to another writer's promotion leaves that writer's flow on the topic", async () => {
+    const { flowsTopic, policy, store, other } = await place({
+      minOccurrences: 10,
+      shadowTrials: 0,
+      shadowPrecision: 0,
+    });
+    // Different clocks: the two writers' flows differ (registered_at), so the topic says whose it kept.
+    const operator = engine(other, policy, flowsTopic, () => 1_000);
+    const worker = engine(
+      racing(store, async () => void (await operator.e.decide(T, A, 'k4', 'promote'))),
+      policy,
+      flowsTopic,
+      () => 2_000,
+    );
+    await operator.e.handle([{ kind: 'candidate', r: record('k4', 3, 1) }]);
+    await worker.e.handle([{ kind: 'candidate', r: record('k4', 20, 2) }]);
+
+    const id = promotedFlowId('k4');
+    const [stored] = await store.flows(T, A, [id]);
+    expect(stored).toMatchObject({ id, registered_at: 1_000 });
+    // operator (before and after its write), worker (lost), then the stored flow again.
+    const last = await lastByKey(flowsTopic, (all) => all.length >= 4);
+    expect(JSON.parse(String(last.get(id)))).toMatchObject({ flow: { registered_at: 1_000 } });
   });
 });

@@ -25,6 +25,7 @@ function engine(
   const none: CandidateStore = {
     read: async () => ({ candidates: new Map(), versions: new Map() }),
     write: async () => true,
+    flows: async () => [],
   };
   return new FlowsEngine({
     store: none,
@@ -159,5 +160,96 @@ describe('flows engine: what survives a restart', () => {
     const off = new EvidenceBook(0);
     off.add('default', 'default', { calls: [] });
     expect(off.runs('default', 'default')).toEqual([]);
+  });
+});
+
+describe('flows engine: flows published by writes that did not land', () => {
+  it('a withdrawal that fails is owed: the next batch makes it before anything else', async () => {
+    const rec = (occurrences: number, at: number): FlowCandidateRecord => ({
+      schema_version: 1,
+      status: 'active',
+      tenant_id: 'default',
+      agent_id: 'default',
+      dedupe_key: 'k',
+      detected_at: at,
+      title: 'k',
+      source_kind: 'tool_sequence',
+      occurrence_count: occurrences,
+      estimated_token_savings: 1,
+      candidate: null,
+      promotion_effect: {
+        effect_type: 'flow_offload_registration',
+        proposed_flow: {
+          name: 'k',
+          description: 'k',
+          tags: [],
+          steps: [
+            {
+              id: 's1',
+              name: 'lookup',
+              skill_key: 'lookup',
+              depends_on: [],
+              output_key: 'o1',
+              retry_max: 0,
+              retry_backoff: 0,
+              timeout_seconds: 30,
+              on_failure: 'stop',
+              input_map: {},
+            },
+          ],
+        },
+        agent_prompt_hint: 'k',
+        reason: 'k',
+      },
+    });
+    // One candidate in a map; the first write with a promotion loses to an operator's reject.
+    let stored: StoredCandidate | undefined;
+    let raced = false;
+    const store: CandidateStore = {
+      read: async () => ({
+        candidates: new Map(stored ? [['k', stored]] : []),
+        versions: new Map(),
+      }),
+      async write(_t, _a, _read, cs, flows) {
+        if (flows.length && !raced) {
+          raced = true;
+          stored = { ...stored!, status: 'rejected', decided_at: 1 };
+          return false;
+        }
+        for (const c of cs) stored = c;
+        return true;
+      },
+      flows: async () => [],
+    };
+    const published: string[] = [];
+    const withdrawn: string[] = [];
+    let kafkaDown = true;
+    const e = new FlowsEngine({
+      store,
+      publishFlows: async (fs) => void published.push(...fs.map((f) => f.id)),
+      withdrawFlows: async (ids) => {
+        if (kafkaDown) throw new Error('broker unreachable');
+        withdrawn.push(...ids);
+      },
+      selector: {
+        registry: new FlowRegistry(),
+        prompts: new PromptCache(),
+        budgetMs: 100,
+        outcomes: new OutcomeBook({ capacity: 0, neighbours: 10, wrongCost: 4 }),
+      },
+      promotionPolicy: () => ({ ...AUTO, minOccurrences: 10, shadowTrials: 0 }),
+      selectPolicy: () => DEFAULT_POLICY,
+      now: () => 0,
+    });
+    await e.handle([{ kind: 'candidate', r: rec(3, 1) }]);
+    await expect(e.handle([{ kind: 'candidate', r: rec(20, 2) }])).rejects.toThrow('broker unreachable');
+    expect(published).toEqual([promotedFlowId('k')]);
+    expect(stored?.status).toBe('rejected');
+    kafkaDown = false;
+    await e.handle([]);
+    expect(withdrawn).toEqual([promotedFlowId('k')]);
+    // Settled: nothing more is owed.
+    await e.handle([]);
+    expect(withdrawn).toHaveLength(1);
   });
 });

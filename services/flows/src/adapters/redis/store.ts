@@ -108,6 +108,11 @@ export class RedisFlowStore {
     );
     return parseScriptReply('writeCandidates', reply, writeReply)[0] === 1;
   }
+  async flows(tenant: string, agent: string, ids: string[]): Promise<RegisteredFlow[]> {
+    if (!ids.length) return [];
+    const vals = await this.redis.hmget(this.key(tenant, agent, 'registry'), ...ids);
+    return vals.filter((v): v is string => v !== null).map((v) => registeredFlowV1.parse(JSON.parse(v)));
+  }
   async listFlows(tenant: string, agent: string): Promise<RegisteredFlow[]> {
     return (await this.redis.hvals(this.key(tenant, agent, 'registry'))).map((v) =>
       registeredFlowV1.parse(JSON.parse(v)),
