@@ -29,7 +29,7 @@ export function createMetrics(service: string, registry = new Registry()): Runti
     }),
     processingSeconds: new Histogram({
       name: 'paver_batch_processing_seconds',
-      help: 'Time to process one consumed batch, from decode to committed effects (outcome: ok, failed).',
+      help: 'Time to process one consumed batch, from decode to committed effects (outcome: ok, failed, stopped: cut short by a stop or a rebalance).',
       labelNames: ['topic', 'outcome'],
       buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
       registers: r,

@@ -308,8 +308,9 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     if (o.ready && !o.ready()) return pauseUntilReady(p.pause);
 
     const endTimer = o.metrics.processingSeconds.startTimer({ topic });
-    // A batch that fails is timed too (a stuck dependency shows as slow failed batches, not as no batches).
-    let outcome: 'ok' | 'failed' = 'failed';
+    // A batch that fails is timed too (a stuck dependency shows as slow failed batches, not as no batches); one
+    // cut short by a stop or a rebalance is `stopped`, neither a whole batch nor a failure.
+    let outcome: 'ok' | 'failed' | 'stopped' = 'ok';
     try {
       const ctx: BatchContext = {
         heartbeat: () => p.heartbeat(),
@@ -355,13 +356,18 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
           topics: [{ topic, partitions: [{ partition, offset: (BigInt(last) + 1n).toString() }] }],
         });
         await p.heartbeat();
-        if (!p.isRunning() || p.isStale()) break;
+        if (!p.isRunning() || p.isStale()) {
+          if (i + o.env.PAVER_BATCH_CHUNK < messages.length) outcome = 'stopped';
+          break;
+        }
       }
       const hw = BigInt(batch.highWatermark);
       const next = BigInt(batch.lastOffset()) + 1n;
       o.metrics.consumerLag.set({ topic, partition: String(partition) }, Number(hw > next ? hw - next : 0n));
       monitor.processed(topic, partition, next, hw);
-      outcome = 'ok';
+    } catch (err) {
+      outcome = membershipChange(err) ? 'stopped' : 'failed';
+      throw err;
     } finally {
       endTimer({ outcome });
     }

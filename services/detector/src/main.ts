@@ -203,7 +203,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
       parse,
       extraTopics: [{ topic: env.DETECTOR_TOPIC_CHECKPOINTS, compacted: true, partitions: 1 }],
       readiness: [{ name: 'detector_state', check: () => !rebuilder.isRebuilding() }],
-      close: async () => publisher.close(),
+      close: () => publisher.close(),
       async handler(batch, ctx) {
         const first = batch[0];
         if (!first) return;

@@ -8,8 +8,6 @@ import { scopeId, type Scope } from '../core/ops.js';
 import type { DetectorParams } from '../core/params.js';
 import type { RedisDetectorStore } from './redis/store.js';
 
-const LOCK_TTL_MS = 30_000;
-
 export interface PublisherDeps {
   store: RedisDetectorStore;
   sink: Sink;
@@ -27,19 +25,20 @@ export interface PublisherDeps {
 /**
  * Publishes a scope's changed candidates. Serialised per scope through a Redis lock: an instance that finds
  * the lock taken leaves a dirty mark, and the holder publishes again before releasing, so the last state
- * published is always the newest and no change is lost between instances. Returns the lock's remaining time
- * when it was held elsewhere, else null.
+ * published is always the newest and no change is lost between instances. When the lock was held elsewhere,
+ * returns its remaining time and Redis's time then; else null.
  */
 export async function publishScope(
   d: PublisherDeps,
   scope: Scope,
   how: { markDirty: boolean; onClaimed?: () => void },
-): Promise<number | null> {
+): Promise<{ remainingMs: number; redisNowMs: number } | null> {
   const token = randomUUID();
+  const ttl = d.store.publicationLockMs;
   // The lock, the owed count, the published map and the snapshot in one round trip; a second pass (the scope
   // changed while this one published) reads a fresh snapshot under the lock it still holds.
-  const claimed = await d.store.claimSnapshot(scope, token, LOCK_TTL_MS, how.markDirty);
-  if (claimed.held) return claimed.remainingMs;
+  const claimed = await d.store.claimSnapshot(scope, token, ttl, how.markDirty);
+  if (claimed.held) return claimed;
   how.onClaimed?.();
   let { published, snapshot: snap, owed } = claimed;
   for (;;) {
@@ -55,7 +54,7 @@ export async function publishScope(
     const r = await d.store.release(
       scope,
       token,
-      LOCK_TTL_MS,
+      ttl,
       owed,
       upserts.map((c) => [c.dedupe_key, next.get(c.dedupe_key)!]),
       retracts,
@@ -70,27 +69,29 @@ export async function publishScope(
 /**
  * publishScope for the batches. A change is owed in Redis from its apply until a publication that saw it
  * releases (apply-11.lua, release-4.lua), which covers an instance dying in between:
- * - a later batch of the scope finds it owed (a redelivery of the dead one's batch finds only duplicates, so
- *   nothing "changed") and publishes it; without marking the scope dirty, as a live holder may be publishing
- *   it right now;
- * - a publication that finds the lock held is tried again once the lock's time is up, if the scope is still
- *   owed: its holder may have died, and then the dirty mark left for it is never read. A live holder has
- *   published the change by then, and the retry costs one HEXISTS.
- * Retries still waiting at shutdown are dropped: the change stays owed in Redis, and the next batch of the scope
- * on any instance publishes it.
+ * - a batch of the scope that finds a change owed for longer than a publication may take publishes it (a
+ *   redelivery of the dead one's batch finds only duplicates, so nothing "changed"); without marking the scope
+ *   dirty;
+ * - a publication that finds the lock held is tried again once the lock's time is up, if a change owed since
+ *   then (or earlier) is still owed: its holder may have died, and then the dirty mark left for it is never
+ *   read. A live holder has published it by then (its release clears the count, or moves `owedAt` past it),
+ *   and the check costs one HMGET.
+ * Retries still waiting at shutdown are dropped: the change stays owed in Redis, and a batch of the scope on
+ * any instance publishes it once it is old enough.
  */
 export class ScopePublisher {
   private readonly retries = new Map<string, NodeJS.Timeout>();
+  private readonly running = new Set<Promise<void>>();
   private closed = false;
   constructor(private readonly d: PublisherDeps) {}
 
-  /** `changed`: this batch changed the scope (else it was found owed). */
+  /** `changed`: this batch changed the scope (else it found an abandoned change owed). */
   async publish(scope: Scope, changed: boolean): Promise<void> {
-    const heldMs = await publishScope(this.d, scope, {
+    const held = await publishScope(this.d, scope, {
       markDirty: changed,
       onClaimed: changed ? undefined : () => this.d.onRecovered?.('batch'),
     });
-    if (heldMs !== null) this.retryLater(scope, heldMs);
+    if (held) this.retryLater(scope, held.remainingMs, held.redisNowMs);
   }
 
   /** Scopes waiting for a held lock's time to be up. */
@@ -98,32 +99,37 @@ export class ScopePublisher {
     return this.retries.size;
   }
 
-  private retryLater(scope: Scope, ms: number): void {
+  private retryLater(scope: Scope, ms: number, since: number): void {
     const id = scopeId(scope);
     if (this.closed || this.retries.has(id)) return;
     const t = setTimeout(() => {
       this.retries.delete(id);
-      void this.retry(scope).catch((err: unknown) => {
-        this.d.log.warn({ err: errorMessage(err) }, 'owed publication failed; trying again later');
-        this.retryLater(scope, LOCK_TTL_MS);
-      });
+      const run = this.retry(scope, since)
+        .catch((err: unknown) => {
+          this.d.log.warn({ err: errorMessage(err) }, 'owed publication failed; trying again later');
+          this.retryLater(scope, this.d.store.publicationLockMs, since);
+        })
+        .finally(() => this.running.delete(run));
+      this.running.add(run);
     }, ms + 50);
     t.unref();
     this.retries.set(id, t);
   }
 
-  private async retry(scope: Scope): Promise<void> {
-    if (this.closed || !(await this.d.store.isOwed(scope))) return;
-    const heldMs = await publishScope(this.d, scope, {
+  private async retry(scope: Scope, since: number): Promise<void> {
+    if (this.closed || !(await this.d.store.isOwed(scope, since))) return;
+    const held = await publishScope(this.d, scope, {
       markDirty: false,
       onClaimed: () => this.d.onRecovered?.('retry'),
     });
-    if (heldMs !== null) this.retryLater(scope, heldMs);
+    if (held) this.retryLater(scope, held.remainingMs, since);
   }
 
-  close(): void {
+  /** Drops the retries still waiting, and waits for one already running (the producer and Redis close next). */
+  async close(): Promise<void> {
     this.closed = true;
     for (const t of this.retries.values()) clearTimeout(t);
     this.retries.clear();
+    await Promise.allSettled([...this.running]);
   }
 }

@@ -2,7 +2,14 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { jsonCodec } from '../../../../shared/codec.js';
 import { createSink } from '../../../../shared/kafka/sink.js';
 import { createLogger } from '../../../../shared/log.js';
-import { consumeUntil, createTopics, testKafka, testRedis, unique } from '../../../../test/helpers/kafka.js';
+import {
+  consumeUntil,
+  createTopics,
+  testKafka,
+  testRedis,
+  unique,
+  waitFor,
+} from '../../../../test/helpers/kafka.js';
 import { ScopePublisher } from '../../src/adapters/publisher.js';
 import { detectorKeys, RedisDetectorStore } from '../../src/adapters/redis/store.js';
 import type { DetectorOp } from '../../src/core/ops.js';
@@ -63,7 +70,8 @@ async function setup() {
   const topic = unique('candidates');
   await createTopics([{ topic, partitions: 1, compacted: true }]);
   await sink.connect();
-  const store = new RedisDetectorStore(redis, DEFAULT_PARAMS, prefix);
+  // A publication may take 1 s here (30 s in the service): a change owed for longer was abandoned.
+  const store = new RedisDetectorStore(redis, DEFAULT_PARAMS, prefix, 1_000);
   const recovered: string[] = [];
   const publisher = new ScopePublisher({
     store,
@@ -82,9 +90,16 @@ describe('detector: a change is published even when the instance that applied it
     const { topic, store, publisher, recovered } = await setup();
     const first = await store.applyBatch(ops());
     expect(first.changed).toEqual([scope]);
-    // The instance dies here. Its batch, uncommitted, goes to the partition's next owner.
-    const again = await store.applyBatch(ops());
-    expect(again.applied).toBe(0);
+    // The instance dies here. Its batch, uncommitted, goes to the partition's next owner. At first the change
+    // is young (its instance may still be publishing it): nothing to do.
+    const early = await store.applyBatch(ops());
+    expect(early.applied).toBe(0);
+    expect(early.changed).toEqual([]);
+    // Once it is older than a publication may take, a batch of the scope (here, that redelivery) takes it up.
+    const again = await waitFor(async () => {
+      const r = await store.applyBatch(ops());
+      return r.owed.length > 0 && r;
+    }, 'the change to be owed for longer than a publication may take');
     expect(again.changed).toEqual([]);
     expect(again.owed).toEqual([scope]);
     await publisher.publish(scope, false);
@@ -96,21 +111,22 @@ describe('detector: a change is published even when the instance that applied it
     // Published and released: nothing is owed any more.
     expect(await store.isOwed(scope)).toBe(false);
     expect((await store.applyBatch(ops())).owed).toEqual([]);
-    publisher.close();
+    await publisher.close();
   });
 
   it('holding the publication lock: the instance that found it held publishes once the lock runs out', async () => {
     const { prefix, topic, store, publisher, recovered } = await setup();
     expect((await store.applyBatch(ops())).changed).toEqual([scope]);
     // A holder that took the lock and died: nobody will read the dirty mark left for it.
-    await redis.set(detectorKeys(prefix, scope).lock, 'dead-holder', 'PX', 1_500);
+    await redis.set(detectorKeys(prefix, scope).lock, 'dead-holder', 'PX', 5_000);
     await publisher.publish(scope, true);
     expect(publisher.waiting).toBe(1);
     const records = await consumeUntil(topic, (all) => all.length > 0);
     expect(records).toHaveLength(1);
     expect(recovered).toEqual(['retry']);
-    expect(await store.isOwed(scope)).toBe(false);
-    publisher.close();
+    // Released once the send was acknowledged, a moment after the record could be read.
+    await waitFor(async () => !(await store.isOwed(scope)), 'the owed change to be released');
+    await publisher.close();
   });
 
   it('a release clears only the changes its snapshot saw; a live holder leaves nothing to retry', async () => {
@@ -131,5 +147,16 @@ describe('detector: a change is published even when the instance that applied it
     expect(r.again).toBe(true);
     expect(await store.release(scope, 'me', 30_000, r.owed, [], [])).toEqual({ again: false, owed: 0 });
     expect(await store.isOwed(scope)).toBe(false);
+  });
+
+  it('a change young enough to be in a live publication is left to it', async () => {
+    const prefix = unique('det-owed');
+    const store = new RedisDetectorStore(redis, DEFAULT_PARAMS, prefix, 60_000);
+    expect((await store.applyBatch(ops())).changed).toEqual([scope]);
+    // Another batch of the scope (here a redelivery) does not take it up, and a retry armed before it was
+    // applied finds nothing owed since then.
+    expect((await store.applyBatch(ops())).owed).toEqual([]);
+    expect(await store.isOwed(scope)).toBe(true);
+    expect(await store.isOwed(scope, 0)).toBe(false);
   });
 });

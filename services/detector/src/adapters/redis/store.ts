@@ -225,6 +225,11 @@ export class RedisDetectorStore {
     private readonly redis: Redis,
     private readonly params: DetectorParams,
     private readonly prefix: string,
+    /**
+     * The publication lock's TTL: a publication takes at most this long, so a change still owed after it was
+     * abandoned by an instance that died (tests shorten it).
+     */
+    readonly publicationLockMs = 30_000,
   ) {
     this.cfg = stateFingerprint(params);
     this.global = detectorGlobalKeys(prefix);
@@ -298,7 +303,7 @@ export class RedisDetectorStore {
           k.starts,
           k.tools,
         ],
-        [this.cfg, epoch ?? '', opts.mode ?? 'n', g.packed],
+        [this.cfg, epoch ?? '', opts.mode ?? 'n', g.packed, this.publicationLockMs],
       );
     }
     if (epoch !== undefined) pipe.get(this.global.epoch);
@@ -429,17 +434,21 @@ export class RedisDetectorStore {
     return parseSnapshot(reply, 1);
   }
 
-  /** Whether the scope holds a change no publication has released yet (apply-11.lua's `owed`). */
-  async isOwed(scope: Scope): Promise<boolean> {
+  /**
+   * Whether the scope holds a change no publication has released yet (apply-11.lua's `owed`), owed since
+   * `since` (Redis time, ms) or earlier when given: a change applied later has a live instance to publish it.
+   */
+  async isOwed(scope: Scope, since?: number): Promise<boolean> {
     const k = detectorKeys(this.prefix, scope);
-    let n: number;
+    let v: (string | null)[];
     try {
-      n = await this.redis.hexists(k.meta, 'owed');
+      v = await this.redis.hmget(k.meta, 'owed', 'owedAt');
     } catch (err) {
       throw redisFailure('owed read', err);
     }
     this.roundTrips++;
-    return n === 1;
+    if (v[0] === null) return false;
+    return since === undefined || v[1] === null || Number(v[1]) <= since;
   }
 
   /**
@@ -454,7 +463,7 @@ export class RedisDetectorStore {
     markDirty = true,
   ): Promise<
     | { held: false; owed: number; published: Map<string, string>; snapshot: Snapshot }
-    | { held: true; remainingMs: number }
+    | { held: true; remainingMs: number; redisNowMs: number }
   > {
     const k = detectorKeys(this.prefix, scope);
     const reply = parseScriptReply(
@@ -475,7 +484,12 @@ export class RedisDetectorStore {
       flatReply,
     );
     this.roundTrips++;
-    if (reply[0] !== 1) return { held: true, remainingMs: Math.max(0, Number(reply[1] ?? 0)) };
+    if (reply[0] !== 1)
+      return {
+        held: true,
+        remainingMs: Math.max(0, Number(reply[1] ?? 0)),
+        redisNowMs: Number(reply[2] ?? 0),
+      };
     const pairs = Number(reply[2]);
     const published = new Map<string, string>();
     for (let i = 0; i < pairs; i++) published.set(String(reply[3 + i * 2]), String(reply[4 + i * 2]));

@@ -3,8 +3,8 @@
   Mirrors services/detector/src/core/state.ts event for event (test/integration/lua-twin.int.test.ts holds
   the two equal on random operation streams).
 
-  KEYS[1] meta     hash  cfg (parameter fingerprint), maxTs (newest ts in the scope), owed (changes not yet
-                         published, see the end), clock:<p> (newest ts
+  KEYS[1] meta     hash  cfg (parameter fingerprint), maxTs (newest ts in the scope), owed and owedAt (changes
+                         not yet published and since when, see the end), clock:<p> (newest ts
                          seen on partition p: its stream time)
   KEYS[2] open     zset  base name: open tasks of partition p live in KEYS[2]..":"..p, task_id -> last event ts
   KEYS[3] events   hash  task_id -> packed events of an open task: ("\30" event_id "\31" step "\31" tool "\31" cost)*
@@ -58,12 +58,13 @@
           letters): kind ("c" tool call | "d" task completed | "m" user message), task_id, event_id, ts ms,
           step, tool (for "m": the message's terms joined by ","), cost units, source partition, source offset
           ("" when unknown: offline, tests)
+  ARGV[5] ms after which a change still owed is taken as abandoned (the publication lock's TTL; see the end)
 
   Reads and writes of the counts, open tasks' events and done buckets go through per-call caches: each key or
   field is read at most once per call and written back once at its end (fewer Redis calls per event).
 
   Returns {1, changed (0|1), applied, ignored, completed, ignored as duplicate, as late, over the task limit,
-  owed (0|1: changed now or earlier and not yet published, see the end), P, then P pairs (partition, smallest start offset of the scope's state on it, -1 when none)},
+  owed (0|1: changed now, or earlier and unpublished for longer than ARGV[5], see the end), P, then P pairs (partition, smallest start offset of the scope's state on it, -1 when none)},
   {-2, stored cfg} when the state was built with other parameters, or {-4, stored epoch} (mode "n") when the
   scope's state belongs to another epoch.
 ]]
@@ -753,11 +754,20 @@ end
 redis.call('HSET', KEYS[1], 'maxTs', int(maxTs))
 for part, c in pairs(clocks) do redis.call('HSET', KEYS[1], 'clock:' .. part, int(c)) end
 for part in pairs(unstart) do flushUnstart(part) end
--- A change is owed to the flow-candidates topic until a publication that saw it releases (release-4.lua): a
--- batch that finds the scope owed publishes it, so a change whose instance died before publishing (its batch
--- redelivered as duplicates, or its publication lock left to expire) is not left unpublished.
-if changed == 1 then redis.call('HINCRBY', KEYS[1], 'owed', 1) end
-local owed = (changed == 1 or redis.call('HEXISTS', KEYS[1], 'owed') == 1) and 1 or 0
+-- A change is owed to the flow-candidates topic until a publication that saw it releases (release-4.lua):
+-- `owed` counts the changes, `owedAt` (Redis time, ms) is when the oldest one still owed was applied. A batch
+-- that finds a change owed for longer than a publication may take (ARGV[5], the lock's TTL) publishes it: its
+-- instance died between its apply and its publication (its batch, redelivered, is all duplicates).
+local now = redis.call('TIME')
+local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+if changed == 1 and redis.call('HINCRBY', KEYS[1], 'owed', 1) == 1 then
+  redis.call('HSET', KEYS[1], 'owedAt', nowMs)
+end
+local owed = changed
+if owed == 0 then
+  local at = redis.call('HGET', KEYS[1], 'owedAt')
+  if at and nowMs - tonumber(at) >= tonumber(ARGV[5]) then owed = 1 end
+end
 local out = {1, changed, applied, ignored, completed, dup, late, overLimit, owed, 0}
 for part in pairs(scopeParts) do
   local first = redis.call('ZRANGE', KEYS[10] .. ':' .. part, 0, 0, 'WITHSCORES')

@@ -22,12 +22,14 @@
 
   Returns {1, owed, P, k1, v1, ..., kP, vP, tools, n, gram1, support1, exact1, cost1, ..., gramN, ..., record1, ...}:
   the lock taken, the owed count it saw, the P published pairs, then the snapshot exactly as snapshot-3.lua
-  returns it after its status; or {0, ms} (held elsewhere; marked dirty if asked; the lock's remaining TTL).
+  returns it after its status; or {0, ms, now} (held elsewhere; marked dirty if asked; the lock's remaining TTL
+  and Redis's time, ms: a retry asks whether a change owed since then is still owed).
 ]]
 --- @include "lib/snapshot.lua"
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if ARGV[6] == '1' then redis.call('SET', KEYS[2], '1', 'PX', ARGV[2]) end
-  return {0, redis.call('PTTL', KEYS[1])}
+  local now = redis.call('TIME')
+  return {0, redis.call('PTTL', KEYS[1]), tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)}
 end
 redis.call('DEL', KEYS[2])
 local out = {1, tonumber(redis.call('HGET', KEYS[7], 'owed') or '0'), 0}

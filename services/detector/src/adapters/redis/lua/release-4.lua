@@ -7,7 +7,7 @@
   KEYS[1] lock       string  holder token
   KEYS[2] dirty      string  mark left by claimSnapshot-7.lua
   KEYS[3] published  hash    dedupe_key -> candidate JSON
-  KEYS[4] meta       hash    field `owed`
+  KEYS[4] meta       hash    fields `owed` and `owedAt`
   ARGV[1] token
   ARGV[2] lock TTL ms
   ARGV[3] the owed count the published snapshot saw
@@ -26,6 +26,12 @@ if redis.call('DEL', KEYS[2]) == 1 then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, 1, tonumber(owed)}
 end
-if owed == ARGV[3] then redis.call('HDEL', KEYS[4], 'owed') end
+if owed == ARGV[3] then
+  redis.call('HDEL', KEYS[4], 'owed', 'owedAt')
+elseif owed ~= '0' then
+  -- What is left was applied after this snapshot, by instances still to publish it: owed from now.
+  local now = redis.call('TIME')
+  redis.call('HSET', KEYS[4], 'owedAt', tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
+end
 redis.call('DEL', KEYS[1])
 return {1, 0, 0}
