@@ -23,6 +23,8 @@ export const flowsEnvSchema = z
     FLOWS_SHADOW_PRECISION: z.coerce.number().min(0).max(1).default(0.5),
     FLOWS_OUTCOME_CAPACITY: int(0, 100_000).default(500),
     FLOWS_EVIDENCE_RUNS: int(0, 100_000).default(200),
+    // An open session is kept in Redis this long after its last event (one idler is taken as abandoned).
+    FLOWS_SESSION_TTL_MS: int(60_000, 30 * 86_400_000).default(86_400_000),
     FLOWS_OUTCOME_NEIGHBOURS: int(1, 1_000).default(10),
     FLOWS_OUTCOME_WRONG_COST: z.coerce.number().min(0).default(4),
     FLOWS_OUTCOME_FLOOR: z.coerce.number().default(0),

@@ -159,6 +159,10 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       onSelection: (path) => selections.inc({ path }),
       onShadow: () => shadowTrials.inc(),
       evidenceRuns: env.FLOWS_EVIDENCE_RUNS,
+      sessions: {
+        load: (refs) => store.loadSessions(refs),
+        save: (open, closed) => store.saveSessions(open, closed, env.FLOWS_SESSION_TTL_MS),
+      },
       runs: {
         load: (t, a) => store.loadRuns(t, a),
         append: (t, a, run) => store.appendRun(t, a, run, outcomeCapacity),
@@ -260,6 +264,8 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         await refreshVectors();
         if (embCfg) vectorTimer = setInterval(() => void refreshVectors(), 30_000).unref();
       },
+      // Sessions may move to another instance: this one reads them back from Redis if they come back.
+      onRebalance: () => engine.forgetSessions(),
       readiness: [
         { name: 'flow_registry', check: () => feed.isCaughtUp() },
         { name: 'redis_state', check: () => guard.ready() },
@@ -267,7 +273,9 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       async handler(batch) {
         // Decisions read and write the candidates' states: never against a Redis that lost them.
         await guard.ensure();
-        const out = await engine.handle(batch.map((m) => m.value));
+        const out = await engine.handle(
+          batch.map((m) => (m.value.kind === 'event' ? { ...m.value, offset: m.offset } : m.value)),
+        );
         await sink.send(
           env.PAVER_TOPIC_FLOW_SELECTIONS,
           'flow-selections.v1',

@@ -21,11 +21,33 @@ import { DEFAULT_EVIDENCE_RUNS, EvidenceBook } from '../core/dataflow.js';
 import { flowFromCandidate, FlowRegistry, promotedFlowId } from '../core/registry.js';
 import { matchSteps } from '../core/score.js';
 import { recall, type SelectPolicy } from '../core/select.js';
-import { SessionTracker } from '../core/sessions.js';
+import { SessionTracker, type OpenSession } from '../core/sessions.js';
 import { select, type SelectorDeps } from './selector.js';
 import { PaverError } from '../../../../shared/errors.js';
 
-export type Inbound = { kind: 'candidate'; r: FlowCandidateRecord } | { kind: 'event'; e: ToolCallsEvent };
+/** `offset`: where the event stands in its partition (the service), so that a redelivery is applied once. */
+export type Inbound =
+  { kind: 'candidate'; r: FlowCandidateRecord } | { kind: 'event'; e: ToolCallsEvent; offset?: string };
+
+/** An open session's place: its scope, and its id. */
+export interface SessionRef {
+  tenant: string;
+  agent: string;
+  session: string;
+}
+
+/**
+ * Where open sessions outlive the process (the service: Redis). A session's events all come from one partition
+ * (the topic is keyed by session), so one instance follows it at a time; another takes it up after a rebalance
+ * or a restart by reading it here.
+ */
+export interface SessionStore {
+  load(refs: readonly SessionRef[]): Promise<Map<string, OpenSession>>;
+  save(open: readonly { ref: SessionRef; s: OpenSession }[], closed: readonly SessionRef[]): Promise<void>;
+}
+
+/** Sessions known to be in no store, remembered so that events of sessions never opened cost no read. */
+const MAX_ABSENT = 10_000;
 
 /** Candidates of one scope as read, and what a write must find unchanged (per key: its stored text, null: absent). */
 export interface CandidatesRead {
@@ -80,6 +102,8 @@ export interface EngineDeps {
    * this process's alone. A scope's runs are loaded the first time a batch touches the scope, before any run
    * of this process joins it, so the order (oldest first) holds.
    */
+  /** Where open sessions are kept between processes; without it they live and die with this one. */
+  sessions?: SessionStore;
   runs?: {
     load(tenant: string, agent: string): Promise<PastRun[]>;
     append(tenant: string, agent: string, run: PastRun): Promise<void>;
@@ -273,11 +297,19 @@ export class FlowsEngine {
       });
     }
     await this.loadRuns(batch);
+    await this.loadSessions(batch);
     // Events, in order: what a session asked, then did, then whether it ended.
     const out: FlowSelectionRecord[] = [];
+    const touched = new Map<string, { ref: SessionRef; closed: boolean }>();
     for (const v of batch) {
       if (v.kind !== 'event') continue;
       const e = v.e;
+      const ref = { tenant: e.tenant_id, agent: e.agent_id, session: e.session_id };
+      const open = this.sessions.get(e.session_id);
+      // Applied before a restart (its batch's sessions were saved, its offsets not committed): a call or an end
+      // is not applied twice. A request still gets its selection (the output may not have gone out).
+      const seen = open?.at !== undefined && v.offset !== undefined && BigInt(open.at) >= BigInt(v.offset);
+      if (seen && e.type !== 'user_message') continue;
       if (e.type === 'user_message') {
         const sel = await select(
           this.d.selector,
@@ -309,11 +341,69 @@ export class FlowsEngine {
           },
           keep,
         );
+        this.absent.delete(e.session_id);
       } else if (e.type === 'tool_call')
         this.sessions.onCall(e.session_id, { tool: e.tool, args: e.args, observation: e.observation });
-      else if (e.type === 'task_completed') await this.finish(e.session_id);
+      else if (e.type === 'task_completed' && (await this.finish(e.session_id)))
+        touched.set(e.session_id, { ref, closed: true });
+      const now = this.sessions.get(e.session_id);
+      if (now) {
+        if (v.offset !== undefined && !seen) now.at = v.offset;
+        touched.set(e.session_id, { ref, closed: false });
+      }
     }
+    await this.saveSessions(touched);
     return out;
+  }
+
+  private readonly absent = new Set<string>();
+
+  /** Reads back the open sessions this batch continues that this process does not hold (after a restart). */
+  private async loadSessions(batch: readonly Inbound[]): Promise<void> {
+    if (!this.d.sessions) return;
+    const refs = new Map<string, SessionRef>();
+    for (const v of batch) {
+      if (v.kind !== 'event') continue;
+      const id = v.e.session_id;
+      if (this.sessions.get(id) || this.absent.has(id) || refs.has(id)) continue;
+      refs.set(id, { tenant: v.e.tenant_id, agent: v.e.agent_id, session: id });
+    }
+    if (!refs.size) return;
+    const found = await this.d.sessions.load([...refs.values()]);
+    for (const id of refs.keys()) {
+      const s = found.get(id);
+      if (s) this.sessions.restore(id, s);
+      else this.absent.add(id);
+    }
+    for (const id of this.absent) {
+      if (this.absent.size <= MAX_ABSENT) break;
+      this.absent.delete(id);
+    }
+  }
+
+  /** Saves the sessions this batch changed (before its offsets are committed): open ones, and the end of others. */
+  private async saveSessions(
+    touched: ReadonlyMap<string, { ref: SessionRef; closed: boolean }>,
+  ): Promise<void> {
+    if (!this.d.sessions || !touched.size) return;
+    const open: { ref: SessionRef; s: OpenSession }[] = [];
+    const closed: SessionRef[] = [];
+    for (const [id, t] of touched) {
+      const s = t.closed ? undefined : this.sessions.get(id);
+      if (s) open.push({ ref: t.ref, s });
+      else closed.push(t.ref);
+    }
+    await this.d.sessions.save(open, closed);
+  }
+
+  /**
+   * Forgets the open sessions this process holds: after a rebalance another instance may follow them, so they
+   * are read again from the store when their next events come.
+   */
+  forgetSessions(): void {
+    if (!this.d.sessions) return;
+    this.sessions.clear();
+    this.absent.clear();
   }
 
   /** The shadow pool's top candidate for this request (no model: shadow choices cost nothing). */
@@ -332,15 +422,16 @@ export class FlowsEngine {
     return c?.flow.dedupe_key ? { key: c.flow.dedupe_key, tools: flowTools(c.flow) } : null;
   }
 
-  private async finish(session: string): Promise<void> {
+  /** Ends a session: true when it was open. */
+  private async finish(session: string): Promise<boolean> {
     const s = this.sessions.onDone(session);
-    if (!s) return;
+    if (!s) return false;
     const run = { terms: s.terms, calls: s.calls };
     this.d.selector.outcomes.add(s.tenant, s.agent, run);
     if (s.evidence) this.evidence.add(s.tenant, s.agent, { userText: s.userText, calls: s.evidence });
     await this.d.runs?.append(s.tenant, s.agent, run);
     const shadow = s.shadow;
-    if (!shadow) return;
+    if (!shadow) return true;
     const m = matchSteps(shadow.tools, s.calls);
     const { result: counted } = await this.commit(s.tenant, s.agent, [shadow.key], (current, now) => {
       const prev = current.get(shadow.key);
@@ -351,5 +442,6 @@ export class FlowsEngine {
       };
     });
     if (counted) this.d.onShadow?.();
+    return true;
   }
 }

@@ -2,7 +2,8 @@
  * Open sessions as the flows service follows them on the tool-calls topic: the terms of the first request,
  * the tools called since, and the pending candidate chosen for it in shadow. A session ends at its
  * `task_completed`; then its run feeds the outcome scorer and its shadow choice is scored. Bounded: past
- * `maxSessions` the oldest open session is dropped unscored.
+ * `maxSessions` the oldest open session is dropped from memory (the service keeps every open session in Redis
+ * too, and reads one back when its next event comes; without that, as offline, it is dropped unscored).
  */
 import type { PastCall } from '../../../../shared/core/bindings.js';
 import type { PlanStep } from './score.js';
@@ -15,6 +16,11 @@ export interface OpenSession {
   /** The first request's text and the calls with arguments and outputs, when evidence is kept (input_map). */
   userText?: string;
   evidence?: PastCall[];
+  /**
+   * Where the last event applied to it stands in its stream (the service: its Kafka offset, a decimal string),
+   * so that an event delivered again after a restart is applied once.
+   */
+  at?: string;
 }
 
 export class SessionTracker {
@@ -28,11 +34,30 @@ export class SessionTracker {
     return this.open.size;
   }
 
+  get(session: string): OpenSession | undefined {
+    return this.open.get(session);
+  }
+
+  /** Puts back a session followed before (read from where the service keeps open sessions). */
+  restore(session: string, s: OpenSession): void {
+    this.open.set(session, s);
+    this.bound();
+  }
+
+  /** Forgets every open session (another instance may have followed them since: they are read again). */
+  clear(): void {
+    this.open.clear();
+  }
+
+  private bound(): void {
+    while (this.open.size > this.maxSessions) this.open.delete(this.open.keys().next().value!);
+  }
+
   /** The first user message opens the session; later ones of the same session change nothing. */
   onRequest(session: string, s: Omit<OpenSession, 'calls' | 'evidence'>, keepEvidence = false): void {
     if (this.open.has(session)) return;
     this.open.set(session, { ...s, calls: [], ...(keepEvidence ? { evidence: [] } : {}) });
-    while (this.open.size > this.maxSessions) this.open.delete(this.open.keys().next().value!);
+    this.bound();
   }
 
   onCall(session: string, call: PastCall): void {

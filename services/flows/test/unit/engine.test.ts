@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import type { FlowCandidateRecord, ToolCallsEvent } from '../../../../schemas/index.js';
-import { FlowsEngine, type CandidateStore } from '../../src/adapters/engine.js';
+import { FlowsEngine, type CandidateStore, type SessionStore } from '../../src/adapters/engine.js';
+import type { OpenSession } from '../../src/core/sessions.js';
 import { EvidenceBook } from '../../src/core/dataflow.js';
 import { OutcomeBook, type PastRun } from '../../src/core/outcomes.js';
 import type { PromotionPolicy, StoredCandidate } from '../../src/core/promotion.js';
@@ -21,6 +22,7 @@ function engine(
   runs: Map<string, PastRun[]>,
   evidenceRuns = 200,
   outcomes = new OutcomeBook({ capacity: 3, neighbours: 10, wrongCost: 4 }),
+  sessions?: SessionStore,
 ) {
   const none: CandidateStore = {
     read: async () => ({ candidates: new Map(), versions: new Map() }),
@@ -40,6 +42,7 @@ function engine(
     selectPolicy: () => DEFAULT_POLICY,
     now: () => 0,
     evidenceRuns,
+    ...(sessions ? { sessions } : {}),
     runs: {
       load: async (t, a) => [...(runs.get(`${t}/${a}`) ?? [])],
       append: async (t, a, run) => void runs.set(`${t}/${a}`, [...(runs.get(`${t}/${a}`) ?? []), run]),
@@ -92,6 +95,44 @@ describe('flows engine: what survives a restart', () => {
       ['lookup', 'freeze'],
       ['lookup', 'audit', 'report'],
     ]);
+  });
+
+  it('an open session is read back by the next process, and events it already applied are not applied again', async () => {
+    // The store copies in and out, as Redis does (JSON): nothing is shared with the process by reference.
+    const kept = new Map<string, string>();
+    const sessions: SessionStore = {
+      async load(refs) {
+        const out = new Map<string, OpenSession>();
+        for (const r of refs) {
+          const v = kept.get(r.session);
+          if (v) out.set(r.session, JSON.parse(v) as OpenSession);
+        }
+        return out;
+      },
+      async save(open, closed) {
+        for (const { ref, s } of open) kept.set(ref.session, JSON.stringify(s));
+        for (const r of closed) kept.delete(r.session);
+      },
+    };
+    const runs = new Map<string, PastRun[]>();
+    const events = session('s', 'close my account', ['lookup', 'freeze', 'close']).map((e, i) => ({
+      kind: 'event' as const,
+      e,
+      offset: String(100 + i),
+    }));
+    const first = engine(runs, 200, undefined, sessions);
+    await first.handle(events.slice(0, 3)); // the request and two calls; then the process dies
+    expect(JSON.parse(kept.get('s')!)).toMatchObject({ calls: ['lookup', 'freeze'], at: '102' });
+    const second = engine(runs, 200, undefined, sessions);
+    // Its last batch is delivered again (offsets not committed), then the rest.
+    const out = await second.handle(events.slice(1));
+    expect(out).toEqual([]);
+    expect(runs.get('default/default')!.map((r) => r.calls)).toEqual([['lookup', 'freeze', 'close']]);
+    expect(kept.has('s')).toBe(false);
+    // Without the store, the new process would not know the session: its end would count nothing.
+    const runsAlone = new Map<string, PastRun[]>();
+    await engine(runsAlone).handle(events.slice(3));
+    expect(runsAlone.get('default/default')).toBeUndefined();
   });
 
   it('puts pending candidates under shadow trial back into the shadow pool, and only those', () => {

@@ -12,7 +12,8 @@ import type { StoredCandidate } from '../../core/promotion.js';
 import { callScript, execPipeline } from '../../../../../shared/redis/replies.js';
 import { defineScripts, parseScriptReply, readScripts } from '../../../../../shared/redis/scripts.js';
 import { PaverError } from '../../../../../shared/errors.js';
-import type { CandidatesRead } from '../engine.js';
+import type { CandidatesRead, SessionRef } from '../engine.js';
+import type { OpenSession } from '../../core/sessions.js';
 
 const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
 const writeReply = z.tuple([z.union([z.literal(0), z.literal(1)])]);
@@ -34,6 +35,37 @@ export const storedCandidate = z.object({
  * with status `rejected`, which is how it is never proposed again.
  */
 const pastRun = z.object({ terms: z.array(z.string()), calls: z.array(z.string()) });
+
+/** An open session as kept between processes (what the tracker holds; see core/sessions.ts). */
+const openSession = z.object({
+  tenant: z.string(),
+  agent: z.string(),
+  terms: z.array(z.string()),
+  calls: z.array(z.string()),
+  shadow: z
+    .object({
+      key: z.string(),
+      tools: z.array(z.object({ tool: z.string(), body: z.number().int().positive().optional() })),
+    })
+    .nullable(),
+  userText: z.string().optional(),
+  evidence: z
+    .array(
+      z.object({
+        tool: z.string(),
+        args: z.record(z.string(), z.unknown()).optional(),
+        observation: z.unknown().optional(),
+      }),
+    )
+    .optional(),
+  at: z.string().regex(/^\d+$/).optional(),
+});
+
+/**
+ * Past this size a session is kept without its evidence (arguments and outputs, for input_map learning): the
+ * run and its shadow choice still count; only that run's evidence is lost, and only if the process stops.
+ */
+const MAX_SESSION_BYTES = 512 * 1024;
 
 export class RedisFlowStore {
   constructor(
@@ -135,6 +167,46 @@ export class RedisFlowStore {
       m.hsetnx(this.key(tenant, agent, 'candidates'), c.record.dedupe_key, JSON.stringify(c));
     for (const f of flows) m.hsetnx(this.key(tenant, agent, 'registry'), f.id, JSON.stringify(f));
     await execPipeline(m, 'flows state restore');
+  }
+
+  private sessionKey(r: SessionRef) {
+    return this.key(r.tenant, r.agent, `session:${r.session}`);
+  }
+
+  /** Open sessions by id (`…:session:<id>`); one that does not parse is left out (followed afresh). */
+  async loadSessions(refs: readonly SessionRef[]): Promise<Map<string, OpenSession>> {
+    const out = new Map<string, OpenSession>();
+    if (!refs.length) return out;
+    const pipe = this.redis.pipeline();
+    for (const r of refs) pipe.get(this.sessionKey(r));
+    const vals = await execPipeline(pipe, 'flows session read');
+    refs.forEach((r, i) => {
+      const v = vals[i];
+      if (typeof v !== 'string') return;
+      const p = openSession.safeParse(JSON.parse(v));
+      if (p.success) out.set(r.session, p.data as OpenSession);
+    });
+    return out;
+  }
+
+  /** Writes open sessions (each expiring `ttlMs` after its last event) and deletes ended ones, in one trip. */
+  async saveSessions(
+    open: readonly { ref: SessionRef; s: OpenSession }[],
+    closed: readonly SessionRef[],
+    ttlMs: number,
+  ): Promise<void> {
+    if (!open.length && !closed.length) return;
+    const pipe = this.redis.pipeline();
+    for (const { ref, s } of open) {
+      let text = JSON.stringify(s);
+      if (text.length > MAX_SESSION_BYTES && s.evidence) {
+        const { evidence: _e, ...lean } = s;
+        text = JSON.stringify(lean);
+      }
+      pipe.set(this.sessionKey(ref), text, 'PX', ttlMs);
+    }
+    for (const ref of closed) pipe.del(this.sessionKey(ref));
+    await execPipeline(pipe, 'flows session write');
   }
 
   /** The scope's past runs (outcome memory), oldest first: a capped list `…:outcomes`. */

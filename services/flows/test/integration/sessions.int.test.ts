@@ -1,0 +1,71 @@
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { createTopics, groupCaughtUp, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
+import { isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
+import { FLOWS, stream } from './account-stream.js';
+
+const procs: Proc[] = [];
+const redis = testRedis();
+afterAll(async () => {
+  for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
+  await redis.quit();
+});
+
+type Line = { type: string; session_id: string; tool?: string };
+
+describe('flows: open sessions outlive the process that followed them', () => {
+  it('SIGKILLed in the middle of sessions, the service still records every run as the stream has it', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'paver-sessions-'));
+    const flowsFile = join(dir, 'flows.json');
+    writeFileSync(flowsFile, JSON.stringify(FLOWS));
+    const env = serviceEnv({
+      FLOWS_GROUP_ID: `fl-${Date.now()}`,
+      PAVER_TOPIC_FLOWS: `flows-${Date.now()}`,
+      FLOWS_FILE: flowsFile,
+    });
+    await createTopics([
+      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 },
+      { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
+      { topic: env.PAVER_TOPIC_FLOW_SELECTIONS! },
+      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
+      { topic: env.PAVER_TOPIC_FLOWS!, compacted: true },
+    ]);
+    const { lines } = stream();
+    const parsed = lines.map((l) => JSON.parse(l) as Line);
+    // What the stream holds: each session's tools, in the order sessions end.
+    const expected = [...new Set(parsed.map((l) => l.session_id))].map((s) =>
+      parsed.filter((l) => l.session_id === s && l.type === 'tool_call').map((l) => l.tool),
+    );
+    // Cut in the middle of a session (its request and two calls before, the rest after), and again later.
+    const cuts = [
+      parsed.findIndex((l) => l.session_id === 'run-4') + 3,
+      parsed.findIndex((l) => l.session_id === 'run-9') + 2,
+    ];
+    const parts = [lines.slice(0, cuts[0]), lines.slice(cuts[0], cuts[1]), lines.slice(cuts[1])];
+    const send = (part: string[]) =>
+      produce(
+        env.PAVER_TOPIC_TOOL_CALLS!,
+        part.map((l) => ({ key: (JSON.parse(l) as Line).session_id, value: l })),
+      );
+
+    for (const [i, part] of parts.entries()) {
+      const p = await startProcess(['bin/paver.js', 'run', 'flows'], env);
+      procs.push(p);
+      await waitFor(() => isReady(p), 'flows /readyz');
+      await send(part);
+      await waitFor(() => groupCaughtUp(env.FLOWS_GROUP_ID!, env.PAVER_TOPIC_TOOL_CALLS!), 'part consumed');
+      if (i < parts.length - 1) {
+        p.child.kill('SIGKILL');
+        await p.exited;
+      }
+    }
+
+    const key = `${env.REDIS_KEY_PREFIX}:flows:{default|default}:outcomes`;
+    const runs = (await redis.lrange(key, 0, -1)).map((v) => (JSON.parse(v) as { calls: string[] }).calls);
+    expect(runs).toEqual(expected);
+    // Every session ended: none is left open.
+    expect(await redis.keys(`${env.REDIS_KEY_PREFIX}:flows:*:session:*`)).toEqual([]);
+  });
+});
