@@ -15,9 +15,19 @@ const ERROR_TEXT =
 const FAILURE_PHRASE =
   /\b(not found|no such|does not exist|doesn't exist|do not exist|could not|couldn't|unable to|declined|denied|not allowed|not authori[sz]ed|forbidden)\b|^\s*no\b[^.\n]{0,40}\bfound\b/i;
 
+/** The last string judged: one event asks about the same last output for every context it builds. */
+let lastText: string | null = null;
+let lastFailed = false;
+
 export function failedOutput(observation: unknown): boolean {
-  if (typeof observation === 'string')
-    return ERROR_TEXT.test(observation.slice(0, 64)) || FAILURE_PHRASE.test(observation.slice(0, 160));
+  if (typeof observation === 'string') {
+    if (observation !== lastText) {
+      lastFailed =
+        ERROR_TEXT.test(observation.slice(0, 64)) || FAILURE_PHRASE.test(observation.slice(0, 160));
+      lastText = observation;
+    }
+    return lastFailed;
+  }
   if (observation === null || typeof observation !== 'object' || Array.isArray(observation)) return false;
   const o = observation as Record<string, unknown>;
   const truthy = (v: unknown) => v !== undefined && v !== null && v !== false && v !== '';
