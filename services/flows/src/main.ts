@@ -161,7 +161,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       evidenceRuns: env.FLOWS_EVIDENCE_RUNS,
       sessions: {
         load: (refs) => store.loadSessions(refs),
-        save: (open, closed) => store.saveSessions(open, closed, env.FLOWS_SESSION_TTL_MS),
+        save: (open, ended) => store.saveSessions(open, ended, env.FLOWS_SESSION_TTL_MS),
       },
       runs: {
         load: (t, a) => store.loadRuns(t, a),
@@ -170,6 +170,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
     });
 
     let vectorTimer: NodeJS.Timeout | null = null;
+    let owedTimer: NodeJS.Timeout | null = null;
     const refreshVectors = async () => {
       if (!embCfg) return;
       await fillVectors(registry, embCfg, env.FLOWS_SELECT_BUDGET_MS * 5).catch((err: unknown) =>
@@ -263,6 +264,15 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         });
         await refreshVectors();
         if (embCfg) vectorTimer = setInterval(() => void refreshVectors(), 30_000).unref();
+        // Writes that did not land may leave the topics to set right; batches do it first, this when none come.
+        owedTimer = setInterval(() => {
+          if (!engine.hasOwed || !guard.ready()) return;
+          engine
+            .settleOwed()
+            .catch((err: unknown) =>
+              log.warn({ err: errorMessage(err) }, 'setting the flows topics right failed; trying again'),
+            );
+        }, 10_000).unref();
       },
       // Sessions may move to another instance: this one reads them back from Redis if they come back.
       onRebalance: () => engine.forgetSessions(),
@@ -274,7 +284,9 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         // Decisions read and write the candidates' states: never against a Redis that lost them.
         await guard.ensure();
         const out = await engine.handle(
-          batch.map((m) => (m.value.kind === 'event' ? { ...m.value, offset: m.offset } : m.value)),
+          batch.map((m) =>
+            m.value.kind === 'event' ? { ...m.value, partition: m.partition, offset: m.offset } : m.value,
+          ),
         );
         await sink.send(
           env.PAVER_TOPIC_FLOW_SELECTIONS,
@@ -305,6 +317,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       ),
       close: async () => {
         if (vectorTimer) clearInterval(vectorTimer);
+        if (owedTimer) clearInterval(owedTimer);
         await Promise.all([feed.stop(), stateFeed.stop()]);
       },
     };

@@ -25,9 +25,10 @@ import { SessionTracker, type OpenSession } from '../core/sessions.js';
 import { select, type SelectorDeps } from './selector.js';
 import { PaverError } from '../../../../shared/errors.js';
 
-/** `offset`: where the event stands in its partition (the service), so that a redelivery is applied once. */
+/** `partition`/`offset`: where the event stands in its topic (the service), so that a redelivery is applied once. */
 export type Inbound =
-  { kind: 'candidate'; r: FlowCandidateRecord } | { kind: 'event'; e: ToolCallsEvent; offset?: string };
+  | { kind: 'candidate'; r: FlowCandidateRecord }
+  | { kind: 'event'; e: ToolCallsEvent; partition?: number; offset?: string };
 
 /** An open session's place: its scope, and its id. */
 export interface SessionRef {
@@ -42,12 +43,36 @@ export interface SessionRef {
  * or a restart by reading it here.
  */
 export interface SessionStore {
-  load(refs: readonly SessionRef[]): Promise<Map<string, OpenSession>>;
-  save(open: readonly { ref: SessionRef; s: OpenSession }[], closed: readonly SessionRef[]): Promise<void>;
+  /** Open sessions, and ended ones still remembered (`{ended, at}`: where their last event stood). */
+  load(refs: readonly SessionRef[]): Promise<Map<string, OpenSession | EndedSession>>;
+  save(
+    open: readonly { ref: SessionRef; s: OpenSession }[],
+    ended: readonly { ref: SessionRef; at?: string }[],
+  ): Promise<void>;
+}
+
+/** A session that ended: kept a while, so that a redelivery of its events does not open and end it again. */
+export interface EndedSession {
+  ended: true;
+  at?: string;
+}
+
+/** Whether an event at `partition`/`offset` was applied already, given the position `at` of the last one. */
+function reached(at: string | undefined, partition: number | undefined, offset: string | undefined): boolean {
+  if (at === undefined || partition === undefined || offset === undefined) return false;
+  const i = at.indexOf(':');
+  return at.slice(0, i) === String(partition) && BigInt(at.slice(i + 1)) >= BigInt(offset);
 }
 
 /** Sessions known to be in no store, remembered so that events of sessions never opened cost no read. */
 const MAX_ABSENT = 10_000;
+
+/** A session a batch changed: open (`s`), or ended (`s` null), with where its last event stood. */
+interface Touched {
+  ref: SessionRef;
+  s: OpenSession | null;
+  at: string | undefined;
+}
 
 /** Candidates of one scope as read, and what a write must find unchanged (per key: its stored text, null: absent). */
 export interface CandidatesRead {
@@ -126,6 +151,8 @@ export class FlowsEngine {
   readonly evidence: EvidenceBook;
   constructor(private readonly d: EngineDeps) {
     this.evidence = new EvidenceBook(d.evidenceRuns ?? DEFAULT_EVIDENCE_RUNS);
+    // Kept in a store too: memory is bounded after each batch's save, never in the middle of its events.
+    this.sessions.deferBound = !!d.sessions;
   }
 
   /** Puts pending candidates under shadow trial back into the pool (start-up, from the candidates' states). */
@@ -162,9 +189,10 @@ export class FlowsEngine {
     a: string,
     keys: string[],
     plan: Plan<T>,
+    restate: Iterable<string> = [],
   ): Promise<{ result: T; promoted: RegisteredFlow[] }> {
     const unsettled = new Map<string, string>();
-    const sent = new Set<string>();
+    const sent = new Set<string>(restate);
     try {
       for (let attempt = 1; ; attempt++) {
         const read = await this.d.store.read(t, a, keys);
@@ -198,25 +226,52 @@ export class FlowsEngine {
         return { result, promoted };
       }
     } catch (err) {
-      // Flows out on the topic whose write did not land (or whose reconciliation failed): settled by the next
-      // batch, before anything else (in memory: a process that dies here leaves them as they are).
-      if (unsettled.size) this.owe(t, a, unsettled);
+      // Flows out on the topic whose write did not land (or whose reconciliation failed), and candidate states
+      // sent by attempts that lost: settled by the next batch before anything else, or by the service's timer
+      // (in memory: a process that dies here leaves them as they are).
+      if (unsettled.size || sent.size) this.owe(t, a, unsettled, sent);
       throw err;
     }
   }
 
-  /** Flows awaiting reconciliation, per scope (flow id → candidate key). */
-  private readonly owed = new Map<string, { t: string; a: string; ids: Map<string, string> }>();
-  private owe(t: string, a: string, ids: ReadonlyMap<string, string>): void {
+  /** Per scope: flows awaiting reconciliation (flow id → candidate key), and states to write again. */
+  private readonly owed = new Map<
+    string,
+    { t: string; a: string; ids: Map<string, string>; states: Set<string> }
+  >();
+  private owe(t: string, a: string, ids: ReadonlyMap<string, string>, states: ReadonlySet<string>): void {
     const k = `${t}\u001f${a}`;
-    const o = this.owed.get(k) ?? { t, a, ids: new Map<string, string>() };
+    const o = this.owed.get(k) ?? { t, a, ids: new Map<string, string>(), states: new Set<string>() };
     for (const [id, key] of ids) o.ids.set(id, key);
+    for (const key of states) o.states.add(key);
     this.owed.set(k, o);
   }
-  private async settleOwed(): Promise<void> {
-    for (const [k, o] of this.owed) {
-      await this.reconcile(o.t, o.a, o.ids);
+
+  /** Whether writes that did not land left the topics to be set right (`settleOwed`). */
+  get hasOwed(): boolean {
+    return this.owed.size > 0;
+  }
+
+  /**
+   * Sets the topics right after writes that did not land: each candidate a lost attempt sent to the state topic
+   * is written again as it stands (so the topic's last word is a state that landed), and each flow published
+   * for one is reconciled. Run before every batch, and by the service on a timer (a quiet topic, an operator's
+   * call).
+   */
+  async settleOwed(): Promise<void> {
+    for (const [k, o] of [...this.owed]) {
+      // Taken out first: what a failure leaves is owed again, merged with what was owed meanwhile.
       this.owed.delete(k);
+      try {
+        if (o.states.size) {
+          const keys = [...o.states];
+          await this.commit(o.t, o.a, keys, () => ({ decisions: [], result: undefined }), keys);
+        }
+        if (o.ids.size) await this.reconcile(o.t, o.a, o.ids);
+      } catch (err) {
+        this.owe(o.t, o.a, o.ids, o.states);
+        throw err;
+      }
     }
   }
 
@@ -300,15 +355,21 @@ export class FlowsEngine {
     await this.loadSessions(batch);
     // Events, in order: what a session asked, then did, then whether it ended.
     const out: FlowSelectionRecord[] = [];
-    const touched = new Map<string, { ref: SessionRef; closed: boolean }>();
+    const touched = new Map<string, Touched>();
     for (const v of batch) {
       if (v.kind !== 'event') continue;
       const e = v.e;
       const ref = { tenant: e.tenant_id, agent: e.agent_id, session: e.session_id };
-      const open = this.sessions.get(e.session_id);
+      const pos =
+        v.partition !== undefined && v.offset !== undefined ? `${v.partition}:${v.offset}` : undefined;
       // Applied before a restart (its batch's sessions were saved, its offsets not committed): a call or an end
-      // is not applied twice. A request still gets its selection (the output may not have gone out).
-      const seen = open?.at !== undefined && v.offset !== undefined && BigInt(open.at) >= BigInt(v.offset);
+      // is not applied twice, and a request does not open its session again. It still gets its selection (that
+      // output may not have gone out).
+      const seen = reached(
+        this.sessions.get(e.session_id)?.at ?? this.ended.get(e.session_id),
+        v.partition,
+        v.offset,
+      );
       if (seen && e.type !== 'user_message') continue;
       if (e.type === 'user_message') {
         const sel = await select(
@@ -330,30 +391,41 @@ export class FlowsEngine {
           ...sel,
         });
         const keep = this.evidence.capacity > 0;
-        this.sessions.onRequest(
-          e.session_id,
-          {
-            tenant: e.tenant_id,
-            agent: e.agent_id,
-            terms: requestTermsOf(e.text),
-            shadow: this.shadowChoice(e.tenant_id, e.agent_id, e.text),
-            ...(keep ? { userText: e.text } : {}),
-          },
-          keep,
-        );
+        if (!seen)
+          this.sessions.onRequest(
+            e.session_id,
+            {
+              tenant: e.tenant_id,
+              agent: e.agent_id,
+              terms: requestTermsOf(e.text),
+              shadow: this.shadowChoice(e.tenant_id, e.agent_id, e.text),
+              ...(keep ? { userText: e.text } : {}),
+            },
+            keep,
+          );
         this.absent.delete(e.session_id);
       } else if (e.type === 'tool_call')
         this.sessions.onCall(e.session_id, { tool: e.tool, args: e.args, observation: e.observation });
-      else if (e.type === 'task_completed' && (await this.finish(e.session_id)))
-        touched.set(e.session_id, { ref, closed: true });
+      else if (e.type === 'task_completed' && (await this.finish(e.session_id))) {
+        touched.set(e.session_id, { ref, s: null, at: pos });
+        if (pos) this.remember(e.session_id, pos);
+      }
       const now = this.sessions.get(e.session_id);
       if (now) {
-        if (v.offset !== undefined && !seen) now.at = v.offset;
-        touched.set(e.session_id, { ref, closed: false });
+        if (pos && !seen) now.at = pos;
+        touched.set(e.session_id, { ref, s: now, at: now.at });
       }
     }
     await this.saveSessions(touched);
     return out;
+  }
+
+  /** Ended sessions' last positions, bounded (their store copy is what a restart reads). */
+  private readonly ended = new Map<string, string>();
+  private remember(session: string, at: string): void {
+    this.ended.delete(session);
+    this.ended.set(session, at);
+    if (this.ended.size > MAX_ABSENT) this.ended.delete(this.ended.keys().next().value!);
   }
 
   private readonly absent = new Set<string>();
@@ -372,8 +444,11 @@ export class FlowsEngine {
     const found = await this.d.sessions.load([...refs.values()]);
     for (const id of refs.keys()) {
       const s = found.get(id);
-      if (s) this.sessions.restore(id, s);
-      else this.absent.add(id);
+      if (!s) this.absent.add(id);
+      else if ('ended' in s) {
+        if (s.at) this.remember(id, s.at);
+        this.absent.add(id);
+      } else this.sessions.restore(id, s);
     }
     for (const id of this.absent) {
       if (this.absent.size <= MAX_ABSENT) break;
@@ -381,19 +456,20 @@ export class FlowsEngine {
     }
   }
 
-  /** Saves the sessions this batch changed (before its offsets are committed): open ones, and the end of others. */
-  private async saveSessions(
-    touched: ReadonlyMap<string, { ref: SessionRef; closed: boolean }>,
-  ): Promise<void> {
+  /**
+   * Saves the sessions this batch changed (before its offsets are committed): open ones, and the end of others;
+   * then bounds memory (a session dropped from it is read back from the store when its next event comes).
+   */
+  private async saveSessions(touched: ReadonlyMap<string, Touched>): Promise<void> {
     if (!this.d.sessions || !touched.size) return;
     const open: { ref: SessionRef; s: OpenSession }[] = [];
-    const closed: SessionRef[] = [];
-    for (const [id, t] of touched) {
-      const s = t.closed ? undefined : this.sessions.get(id);
-      if (s) open.push({ ref: t.ref, s });
-      else closed.push(t.ref);
+    const ended: { ref: SessionRef; at?: string }[] = [];
+    for (const t of touched.values()) {
+      if (t.s) open.push({ ref: t.ref, s: t.s });
+      else ended.push({ ref: t.ref, ...(t.at ? { at: t.at } : {}) });
     }
-    await this.d.sessions.save(open, closed);
+    await this.d.sessions.save(open, ended);
+    this.sessions.trim();
   }
 
   /**
@@ -404,6 +480,7 @@ export class FlowsEngine {
     if (!this.d.sessions) return;
     this.sessions.clear();
     this.absent.clear();
+    this.ended.clear();
   }
 
   /** The shadow pool's top candidate for this request (no model: shadow choices cost nothing). */

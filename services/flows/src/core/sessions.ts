@@ -17,14 +17,19 @@ export interface OpenSession {
   userText?: string;
   evidence?: PastCall[];
   /**
-   * Where the last event applied to it stands in its stream (the service: its Kafka offset, a decimal string),
-   * so that an event delivered again after a restart is applied once.
+   * Where the last event applied to it stands in its stream (the service: `<partition>:<offset>`), so that an
+   * event delivered again after a restart is applied once.
    */
   at?: string;
 }
 
 export class SessionTracker {
   private readonly open = new Map<string, OpenSession>();
+  /**
+   * Bound only when told (`trim`), not on every insert: where open sessions are also kept in a store, one must
+   * not leave memory in the middle of a batch that is still applying its events.
+   */
+  deferBound = false;
   constructor(
     private readonly maxSessions = 10_000,
     private readonly maxCalls = 1_000,
@@ -50,6 +55,11 @@ export class SessionTracker {
   }
 
   private bound(): void {
+    if (!this.deferBound) this.trim();
+  }
+
+  /** Drops the oldest open sessions past the bound. */
+  trim(): void {
     while (this.open.size > this.maxSessions) this.open.delete(this.open.keys().next().value!);
   }
 

@@ -75,14 +75,24 @@ const record = (key: string, occurrences: number, detectedAt: number): FlowCandi
   promotion_effect: null,
 });
 
-/** A store whose first write (with candidates) first lets `between` run to its end: a race, made certain. */
-function racing(store: CandidateStore, between: () => Promise<void>): CandidateStore {
+/**
+ * A store whose first write (with candidates) first lets `between` run to its end: a race, made certain. With
+ * `afterRead`, `between` runs right after the first read of `afterRead` instead (before anything is published).
+ */
+function racing(store: CandidateStore, between: () => Promise<void>, afterRead?: string): CandidateStore {
   let armed = true;
   return {
-    read: (t, a, keys) => store.read(t, a, keys),
+    async read(t, a, keys) {
+      const r = await store.read(t, a, keys);
+      if (armed && afterRead && keys.includes(afterRead)) {
+        armed = false;
+        await between();
+      }
+      return r;
+    },
     flows: (t, a, ids) => store.flows(t, a, ids),
     async write(t, a, read, candidates, flows) {
-      if (armed && candidates.length) {
+      if (armed && !afterRead && candidates.length) {
         armed = false;
         await between();
       }
@@ -267,7 +277,7 @@ describe('flows: one candidate decided by several writers at once (real Redis an
     // Different clocks: the two writers' flows differ (registered_at), so the topic says whose it kept.
     const operator = engine(other, policy, flowsTopic, () => 1_000);
     const worker = engine(
-      racing(store, async () => void (await operator.e.decide(T, A, 'k4', 'promote'))),
+      racing(store, async () => void (await operator.e.decide(T, A, 'k4', 'promote')), 'k4'),
       policy,
       flowsTopic,
       () => 2_000,

@@ -1,6 +1,11 @@
 import { describe, expect, it } from 'vitest';
 import type { FlowCandidateRecord, ToolCallsEvent } from '../../../../schemas/index.js';
-import { FlowsEngine, type CandidateStore, type SessionStore } from '../../src/adapters/engine.js';
+import {
+  FlowsEngine,
+  type CandidateStore,
+  type EndedSession,
+  type SessionStore,
+} from '../../src/adapters/engine.js';
 import type { OpenSession } from '../../src/core/sessions.js';
 import { EvidenceBook } from '../../src/core/dataflow.js';
 import { OutcomeBook, type PastRun } from '../../src/core/outcomes.js';
@@ -102,37 +107,89 @@ describe('flows engine: what survives a restart', () => {
     const kept = new Map<string, string>();
     const sessions: SessionStore = {
       async load(refs) {
-        const out = new Map<string, OpenSession>();
+        const out = new Map<string, OpenSession | EndedSession>();
         for (const r of refs) {
           const v = kept.get(r.session);
-          if (v) out.set(r.session, JSON.parse(v) as OpenSession);
+          if (v) out.set(r.session, JSON.parse(v) as OpenSession | EndedSession);
         }
         return out;
       },
-      async save(open, closed) {
+      async save(open, ended) {
         for (const { ref, s } of open) kept.set(ref.session, JSON.stringify(s));
-        for (const r of closed) kept.delete(r.session);
+        for (const { ref, at } of ended) kept.set(ref.session, JSON.stringify({ ended: true, at }));
       },
     };
     const runs = new Map<string, PastRun[]>();
     const events = session('s', 'close my account', ['lookup', 'freeze', 'close']).map((e, i) => ({
       kind: 'event' as const,
       e,
+      partition: 0,
       offset: String(100 + i),
     }));
     const first = engine(runs, 200, undefined, sessions);
     await first.handle(events.slice(0, 3)); // the request and two calls; then the process dies
-    expect(JSON.parse(kept.get('s')!)).toMatchObject({ calls: ['lookup', 'freeze'], at: '102' });
+    expect(JSON.parse(kept.get('s')!)).toMatchObject({ calls: ['lookup', 'freeze'], at: '0:102' });
     const second = engine(runs, 200, undefined, sessions);
     // Its last batch is delivered again (offsets not committed), then the rest.
     const out = await second.handle(events.slice(1));
     expect(out).toEqual([]);
     expect(runs.get('default/default')!.map((r) => r.calls)).toEqual([['lookup', 'freeze', 'close']]);
-    expect(kept.has('s')).toBe(false);
-    // Without the store, the new process would not know the session: its end would count nothing.
+    expect(JSON.parse(kept.get('s')!)).toEqual({ ended: true, at: '0:104' });
+    // The whole session once more (that batch's offsets were not committed either), to a third process: the
+    // request still gets its selection, and nothing opens or ends again.
+    const third = engine(runs, 200, undefined, sessions);
+    expect(await third.handle(events)).toHaveLength(1);
+    expect(runs.get('default/default')).toHaveLength(1);
+    // The same offsets on another partition are other events.
+    const moved = events.map((v) => ({ ...v, partition: 1 }));
+    await engine(runs, 200, undefined, sessions).handle(moved);
+    expect(runs.get('default/default')).toHaveLength(2);
+    // Without the store, a new process would not know the session: its end would count nothing.
     const runsAlone = new Map<string, PastRun[]>();
     await engine(runsAlone).handle(events.slice(3));
     expect(runsAlone.get('default/default')).toBeUndefined();
+  });
+
+  it('in a batch that opens more sessions than memory holds, none of them loses an event', async () => {
+    const kept = new Map<string, string>();
+    const sessions: SessionStore = {
+      async load(refs) {
+        const out = new Map<string, OpenSession | EndedSession>();
+        for (const r of refs) {
+          const v = kept.get(r.session);
+          if (v) out.set(r.session, JSON.parse(v) as OpenSession | EndedSession);
+        }
+        return out;
+      },
+      async save(open, ended) {
+        for (const { ref, s } of open) kept.set(ref.session, JSON.stringify(s));
+        for (const { ref, at } of ended) kept.set(ref.session, JSON.stringify({ ended: true, at }));
+      },
+    };
+    const runs = new Map<string, PastRun[]>();
+    const e = engine(runs, 200, undefined, sessions);
+    // Memory holds 10,000 open sessions: open 10,001 interleaved, then end them all in a later batch.
+    const n = 10_001;
+    const opening = Array.from({ length: n }, (_, i) => session(`s${i}`, 'close my account', ['lookup']))
+      .flatMap((evs) => evs.slice(0, 2))
+      .map((ev, i) => ({ kind: 'event' as const, e: ev, partition: 0, offset: String(i) }));
+    await e.handle(opening);
+    const ending = Array.from({ length: n }, (_, i) => ({
+      kind: 'event' as const,
+      e: {
+        type: 'task_completed',
+        event_id: `s${i}:done`,
+        ts: ts++,
+        tenant_id: 'default',
+        agent_id: 'default',
+        session_id: `s${i}`,
+        task_id: `s${i}`,
+      } as ToolCallsEvent,
+      partition: 0,
+      offset: String(2 * n + i),
+    }));
+    await e.handle(ending);
+    expect(runs.get('default/default')).toHaveLength(n);
   });
 
   it('puts pending candidates under shadow trial back into the shadow pool, and only those', () => {
@@ -204,44 +261,51 @@ describe('flows engine: what survives a restart', () => {
   });
 });
 
+/** A candidate record with a proposed one-step flow (key `k`). */
+const rec0 = (): FlowCandidateRecord => ({
+  schema_version: 1,
+  status: 'active',
+  tenant_id: 'default',
+  agent_id: 'default',
+  dedupe_key: 'k',
+  detected_at: 1,
+  title: 'k',
+  source_kind: 'tool_sequence',
+  occurrence_count: 3,
+  estimated_token_savings: 1,
+  candidate: null,
+  promotion_effect: {
+    effect_type: 'flow_offload_registration',
+    proposed_flow: {
+      name: 'k',
+      description: 'k',
+      tags: [],
+      steps: [
+        {
+          id: 's1',
+          name: 'lookup',
+          skill_key: 'lookup',
+          depends_on: [],
+          output_key: 'o1',
+          retry_max: 0,
+          retry_backoff: 0,
+          timeout_seconds: 30,
+          on_failure: 'stop',
+          input_map: {},
+        },
+      ],
+    },
+    agent_prompt_hint: 'k',
+    reason: 'k',
+  },
+});
+
 describe('flows engine: flows published by writes that did not land', () => {
   it('a withdrawal that fails is owed: the next batch makes it before anything else', async () => {
     const rec = (occurrences: number, at: number): FlowCandidateRecord => ({
-      schema_version: 1,
-      status: 'active',
-      tenant_id: 'default',
-      agent_id: 'default',
-      dedupe_key: 'k',
-      detected_at: at,
-      title: 'k',
-      source_kind: 'tool_sequence',
+      ...rec0(),
       occurrence_count: occurrences,
-      estimated_token_savings: 1,
-      candidate: null,
-      promotion_effect: {
-        effect_type: 'flow_offload_registration',
-        proposed_flow: {
-          name: 'k',
-          description: 'k',
-          tags: [],
-          steps: [
-            {
-              id: 's1',
-              name: 'lookup',
-              skill_key: 'lookup',
-              depends_on: [],
-              output_key: 'o1',
-              retry_max: 0,
-              retry_backoff: 0,
-              timeout_seconds: 30,
-              on_failure: 'stop',
-              input_map: {},
-            },
-          ],
-        },
-        agent_prompt_hint: 'k',
-        reason: 'k',
-      },
+      detected_at: at,
     });
     // One candidate in a map; the first write with a promotion loses to an operator's reject.
     let stored: StoredCandidate | undefined;
@@ -292,5 +356,51 @@ describe('flows engine: flows published by writes that did not land', () => {
     // Settled: nothing more is owed.
     await e.handle([]);
     expect(withdrawn).toHaveLength(1);
+  });
+
+  it('states sent by attempts that all lost are written again as they stand, once writes land again', async () => {
+    const stored: StoredCandidate = {
+      record: { ...rec0(), occurrence_count: 3 },
+      status: 'rejected',
+      retracted: false,
+      decided_at: 1,
+      shadow_trials: 0,
+      shadow_proposed: 0,
+      shadow_matched: 0,
+    };
+    let losing = true;
+    const written: StoredCandidate[][] = [];
+    const store: CandidateStore = {
+      read: async () => ({ candidates: new Map([['k', stored]]), versions: new Map() }),
+      async write(_t, _a, _read, cs) {
+        written.push(cs);
+        return !losing;
+      },
+      flows: async () => [],
+    };
+    const e = new FlowsEngine({
+      store,
+      publishFlows: async () => undefined,
+      selector: {
+        registry: new FlowRegistry(),
+        prompts: new PromptCache(),
+        budgetMs: 100,
+        outcomes: new OutcomeBook({ capacity: 0, neighbours: 10, wrongCost: 4 }),
+      },
+      promotionPolicy: () => AUTO,
+      selectPolicy: () => DEFAULT_POLICY,
+      now: () => 0,
+    });
+    // A newer record of a rejected candidate: stored (still rejected), but every attempt loses.
+    await expect(e.handle([{ kind: 'candidate', r: { ...rec0(), detected_at: 5 } }])).rejects.toThrow(
+      'lost 16 times',
+    );
+    expect(e.hasOwed).toBe(true);
+    losing = false;
+    written.length = 0;
+    await e.settleOwed();
+    // What stands now is written again (the state topic's last word becomes it), and nothing is owed.
+    expect(written).toEqual([[stored]]);
+    expect(e.hasOwed).toBe(false);
   });
 });

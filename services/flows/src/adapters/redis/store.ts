@@ -12,7 +12,7 @@ import type { StoredCandidate } from '../../core/promotion.js';
 import { callScript, execPipeline } from '../../../../../shared/redis/replies.js';
 import { defineScripts, parseScriptReply, readScripts } from '../../../../../shared/redis/scripts.js';
 import { PaverError } from '../../../../../shared/errors.js';
-import type { CandidatesRead, SessionRef } from '../engine.js';
+import type { CandidatesRead, EndedSession, SessionRef } from '../engine.js';
 import type { OpenSession } from '../../core/sessions.js';
 
 const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
@@ -58,8 +58,15 @@ const openSession = z.object({
       }),
     )
     .optional(),
-  at: z.string().regex(/^\d+$/).optional(),
+  at: z
+    .string()
+    .regex(/^\d+:\d+$/)
+    .optional(),
 });
+const endedSession = z.object({ ended: z.literal(true), at: openSession.shape.at });
+
+/** An ended session is remembered this long at most: past a redelivery of its events, it is not needed. */
+const ENDED_TTL_MS = 3_600_000;
 
 /**
  * Past this size a session is kept without its evidence (arguments and outputs, for input_map learning): the
@@ -173,9 +180,12 @@ export class RedisFlowStore {
     return this.key(r.tenant, r.agent, `session:${r.session}`);
   }
 
-  /** Open sessions by id (`…:session:<id>`); one that does not parse is left out (followed afresh). */
-  async loadSessions(refs: readonly SessionRef[]): Promise<Map<string, OpenSession>> {
-    const out = new Map<string, OpenSession>();
+  /**
+   * Open sessions, and ended ones still remembered, by id (`…:session:<id>`); one that does not parse is left
+   * out (followed afresh).
+   */
+  async loadSessions(refs: readonly SessionRef[]): Promise<Map<string, OpenSession | EndedSession>> {
+    const out = new Map<string, OpenSession | EndedSession>();
     if (!refs.length) return out;
     const pipe = this.redis.pipeline();
     for (const r of refs) pipe.get(this.sessionKey(r));
@@ -183,29 +193,49 @@ export class RedisFlowStore {
     refs.forEach((r, i) => {
       const v = vals[i];
       if (typeof v !== 'string') return;
-      const p = openSession.safeParse(JSON.parse(v));
-      if (p.success) out.set(r.session, p.data as OpenSession);
+      let json: unknown;
+      try {
+        json = JSON.parse(v);
+      } catch {
+        return;
+      }
+      const ended = endedSession.safeParse(json);
+      if (ended.success) return void out.set(r.session, ended.data as EndedSession);
+      const open = openSession.safeParse(json);
+      if (open.success) out.set(r.session, open.data as OpenSession);
     });
     return out;
   }
 
-  /** Writes open sessions (each expiring `ttlMs` after its last event) and deletes ended ones, in one trip. */
+  /**
+   * Writes open sessions (each expiring `ttlMs` after its last event) and the ends of others (where their last
+   * event stood, for an hour at most: a redelivery then neither opens nor ends them again), in one trip.
+   */
   async saveSessions(
     open: readonly { ref: SessionRef; s: OpenSession }[],
-    closed: readonly SessionRef[],
+    ended: readonly { ref: SessionRef; at?: string }[],
     ttlMs: number,
   ): Promise<void> {
-    if (!open.length && !closed.length) return;
+    if (!open.length && !ended.length) return;
     const pipe = this.redis.pipeline();
     for (const { ref, s } of open) {
       let text = JSON.stringify(s);
-      if (text.length > MAX_SESSION_BYTES && s.evidence) {
+      if (Buffer.byteLength(text) > MAX_SESSION_BYTES && s.evidence) {
         const { evidence: _e, ...lean } = s;
         text = JSON.stringify(lean);
       }
       pipe.set(this.sessionKey(ref), text, 'PX', ttlMs);
     }
-    for (const ref of closed) pipe.del(this.sessionKey(ref));
+    for (const { ref, at } of ended) {
+      if (at)
+        pipe.set(
+          this.sessionKey(ref),
+          JSON.stringify({ ended: true, at }),
+          'PX',
+          Math.min(ttlMs, ENDED_TTL_MS),
+        );
+      else pipe.del(this.sessionKey(ref));
+    }
     await execPipeline(pipe, 'flows session write');
   }
 
