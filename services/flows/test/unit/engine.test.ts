@@ -75,6 +75,26 @@ const session = (id: string, text: string, tools: string[]): ToolCallsEvent[] =>
 };
 const feed = (e: FlowsEngine, evs: ToolCallsEvent[]) => e.handle(evs.map((x) => ({ kind: 'event', e: x })));
 
+/** A session store over a map that copies in and out as Redis does (JSON): nothing is shared by reference. */
+function jsonSessions() {
+  const kept = new Map<string, string>();
+  const sessions: SessionStore = {
+    async load(refs) {
+      const out = new Map<string, OpenSession | EndedSession>();
+      for (const r of refs) {
+        const v = kept.get(r.session);
+        if (v) out.set(r.session, JSON.parse(v) as OpenSession | EndedSession);
+      }
+      return out;
+    },
+    async save(open, ended) {
+      for (const { ref, s } of open) kept.set(ref.session, JSON.stringify(s));
+      for (const { ref, at } of ended) kept.set(ref.session, JSON.stringify({ ended: true, at }));
+    },
+  };
+  return { kept, sessions };
+}
+
 describe('flows engine: what survives a restart', () => {
   it('a new process starts from the persisted past runs, older ones first, then adds its own', async () => {
     const runs = new Map<string, PastRun[]>();
@@ -103,22 +123,7 @@ describe('flows engine: what survives a restart', () => {
   });
 
   it('an open session is read back by the next process, and events it already applied are not applied again', async () => {
-    // The store copies in and out, as Redis does (JSON): nothing is shared with the process by reference.
-    const kept = new Map<string, string>();
-    const sessions: SessionStore = {
-      async load(refs) {
-        const out = new Map<string, OpenSession | EndedSession>();
-        for (const r of refs) {
-          const v = kept.get(r.session);
-          if (v) out.set(r.session, JSON.parse(v) as OpenSession | EndedSession);
-        }
-        return out;
-      },
-      async save(open, ended) {
-        for (const { ref, s } of open) kept.set(ref.session, JSON.stringify(s));
-        for (const { ref, at } of ended) kept.set(ref.session, JSON.stringify({ ended: true, at }));
-      },
-    };
+    const { kept, sessions } = jsonSessions();
     const runs = new Map<string, PastRun[]>();
     const events = session('s', 'close my account', ['lookup', 'freeze', 'close']).map((e, i) => ({
       kind: 'event' as const,
@@ -151,21 +156,7 @@ describe('flows engine: what survives a restart', () => {
   });
 
   it('in a batch that opens more sessions than memory holds, none of them loses an event', async () => {
-    const kept = new Map<string, string>();
-    const sessions: SessionStore = {
-      async load(refs) {
-        const out = new Map<string, OpenSession | EndedSession>();
-        for (const r of refs) {
-          const v = kept.get(r.session);
-          if (v) out.set(r.session, JSON.parse(v) as OpenSession | EndedSession);
-        }
-        return out;
-      },
-      async save(open, ended) {
-        for (const { ref, s } of open) kept.set(ref.session, JSON.stringify(s));
-        for (const { ref, at } of ended) kept.set(ref.session, JSON.stringify({ ended: true, at }));
-      },
-    };
+    const { sessions } = jsonSessions();
     const runs = new Map<string, PastRun[]>();
     const e = engine(runs, 200, undefined, sessions);
     // Memory holds 10,000 open sessions: open 10,001 interleaved, then end them all in a later batch.
