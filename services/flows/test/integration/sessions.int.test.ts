@@ -2,8 +2,16 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { createTopics, groupCaughtUp, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
+import {
+  createTopics,
+  groupCaughtUp,
+  produce,
+  testRedis,
+  unique,
+  waitFor,
+} from '../../../../test/helpers/kafka.js';
 import { isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
+import { RedisFlowStore } from '../../src/adapters/redis/store.js';
 import { FLOWS, stream } from './account-stream.js';
 
 const procs: Proc[] = [];
@@ -72,5 +80,33 @@ describe('flows: open sessions outlive the process that followed them', () => {
       expect(JSON.parse((await redis.get(k))!)).toMatchObject({ ended: true });
       expect(await redis.pttl(k)).toBeLessThanOrEqual(3_600_000);
     }
+  });
+
+  it("an expelled instance's late save does not put an older state back", async () => {
+    const store = new RedisFlowStore(redis, unique('sess'));
+    const ref = { tenant: 'acme', agent: 'a1', session: 's1' };
+    const state = (calls: string[], at: string) => ({
+      tenant: 'acme',
+      agent: 'a1',
+      terms: ['close'],
+      calls,
+      shadow: null,
+      at,
+    });
+    const read = async () => (await store.loadSessions([ref])).get('s1');
+    // The partition's next owner saved further along; the expelled one saves its older state afterwards.
+    await store.saveSessions([{ ref, s: state(['a', 'b', 'c'], '0:12') }], [], 60_000);
+    await store.saveSessions([{ ref, s: state(['a', 'b'], '0:9') }], [], 60_000);
+    expect(await read()).toMatchObject({ calls: ['a', 'b', 'c'], at: '0:12' });
+    // Further along (one more digit too: offsets compare as numbers), or its end, does replace it.
+    await store.saveSessions([{ ref, s: state(['a', 'b', 'c', 'd'], '0:100') }], [], 60_000);
+    expect(await read()).toMatchObject({ at: '0:100' });
+    await store.saveSessions([], [{ ref, at: '0:101' }], 60_000);
+    expect(await read()).toEqual({ ended: true, at: '0:101' });
+    await store.saveSessions([{ ref, s: state(['a'], '0:99') }], [], 60_000);
+    expect(await read()).toEqual({ ended: true, at: '0:101' });
+    // Another partition (the topic was recreated or grew): the newer write wins.
+    await store.saveSessions([{ ref, s: state(['x'], '3:5') }], [], 60_000);
+    expect(await read()).toMatchObject({ calls: ['x'], at: '3:5' });
   });
 });

@@ -10,7 +10,12 @@ import { scopeTag } from '../../../../../shared/redis/keys.js';
 import type { PastRun } from '../../core/outcomes.js';
 import type { StoredCandidate } from '../../core/promotion.js';
 import { callScript, execPipeline } from '../../../../../shared/redis/replies.js';
-import { defineScripts, parseScriptReply, readScripts } from '../../../../../shared/redis/scripts.js';
+import {
+  defineScripts,
+  invokeScript,
+  parseScriptReply,
+  readScripts,
+} from '../../../../../shared/redis/scripts.js';
 import { PaverError } from '../../../../../shared/errors.js';
 import type { CandidatesRead, EndedSession, SessionRef } from '../engine.js';
 import type { OpenSession } from '../../core/sessions.js';
@@ -81,7 +86,7 @@ export class RedisFlowStore {
     /** Called with every candidate state before Redis is written (the durable copy, the state topic). */
     private readonly beforeSave?: (tenant: string, agent: string, c: StoredCandidate[]) => Promise<void>,
   ) {
-    defineScripts(redis, readScripts(SCRIPT_DIR, ['writeCandidates']));
+    defineScripts(redis, readScripts(SCRIPT_DIR, ['writeCandidates', 'saveSession']));
   }
   private key(tenant: string, agent: string, name: string) {
     return `${this.prefix}:flows:${scopeTag(tenant, agent)}:${name}`;
@@ -218,22 +223,19 @@ export class RedisFlowStore {
   ): Promise<void> {
     if (!open.length && !ended.length) return;
     const pipe = this.redis.pipeline();
+    // Through a script that keeps a state further along (saved by the partition's next owner) in place.
+    const save = (ref: SessionRef, text: string, at: string | undefined, ttl: number) =>
+      invokeScript(pipe, 'saveSession', [this.sessionKey(ref)], [text, at ?? '', ttl]);
     for (const { ref, s } of open) {
       let text = JSON.stringify(s);
       if (Buffer.byteLength(text) > MAX_SESSION_BYTES && s.evidence) {
         const { evidence: _e, ...lean } = s;
         text = JSON.stringify(lean);
       }
-      pipe.set(this.sessionKey(ref), text, 'PX', ttlMs);
+      save(ref, text, s.at, ttlMs);
     }
     for (const { ref, at } of ended) {
-      if (at)
-        pipe.set(
-          this.sessionKey(ref),
-          JSON.stringify({ ended: true, at }),
-          'PX',
-          Math.min(ttlMs, ENDED_TTL_MS),
-        );
+      if (at) save(ref, JSON.stringify({ ended: true, at }), at, Math.min(ttlMs, ENDED_TTL_MS));
       else pipe.del(this.sessionKey(ref));
     }
     await execPipeline(pipe, 'flows session write');

@@ -1,0 +1,27 @@
+-- Writes a session's state unless the stored one is further along the same partition: an instance expelled from
+-- the group (a stall past the session timeout) may save after the partition's next owner did, and must not
+-- put an older state back.
+-- KEYS[1] the session key.
+-- ARGV[1] the state (JSON with `at`: "<partition>:<offset>" of its last event); ARGV[2] that position ("" when
+-- unknown); ARGV[3] TTL ms.
+-- Returns {1} when written, {0} when the stored state is further along.
+local function parse(pos)
+  local p, o = string.match(pos or '', '^(%d+):(%d+)$')
+  return p, o
+end
+-- Offsets are decimal strings of up to 19 digits: compared by length, then as text (no float rounding).
+local function after(a, b)
+  if #a ~= #b then return #a > #b end
+  return a > b
+end
+local cur = redis.call('GET', KEYS[1])
+if cur and ARGV[2] ~= '' then
+  local ok, stored = pcall(cjson.decode, cur)
+  if ok and type(stored) == 'table' and type(stored.at) == 'string' then
+    local sp, so = parse(stored.at)
+    local np, no = parse(ARGV[2])
+    if sp and np and sp == np and after(so, no) then return {0} end
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+return {1}
