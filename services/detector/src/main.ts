@@ -57,7 +57,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
     });
     const recovered = new Counter({
       name: 'paver_detector_recovered_publications_total',
-      help: 'Publications of changes an instance applied and never published (it died first), by how they were found: batch (a later batch of the scope), retry (the lock its holder left ran out).',
+      help: 'Publications of changes an instance applied and never published (it died first), by how they were found: batch (a later batch of the scope), retry (the lock its holder left ran out), sweep (the periodic check of every scope).',
       labelNames: ['via'],
       registers: r,
     });
@@ -164,6 +164,8 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
       onPublished: (status, n) => published.inc({ status }, n),
       onRecovered: (via) => recovered.inc({ via }),
     });
+    // A change whose instance died, in a scope that gets no more batches: found within a minute.
+    publisher.sweepEvery(60_000);
     const rebuilder = new Rebuilder({
       store,
       restorePublished,

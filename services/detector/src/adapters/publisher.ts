@@ -19,7 +19,7 @@ export interface PublisherDeps {
    * A publication of a change an instance applied and never published (it died): found by a later batch of the
    * scope, or by the retry after a dead holder's lock ran out.
    */
-  onRecovered?: (via: 'batch' | 'retry') => void;
+  onRecovered?: (via: 'batch' | 'retry' | 'sweep') => void;
 }
 
 /**
@@ -77,7 +77,7 @@ export async function publishScope(
  *   read. A live holder has published it by then (its release clears the count, or moves `owedAt` past it),
  *   and the check costs one HMGET.
  * Retries still waiting at shutdown are dropped: the change stays owed in Redis, and a batch of the scope on
- * any instance publishes it once it is old enough.
+ * any instance publishes it once it is old enough, or else the sweep does (`sweepEvery`).
  */
 export class ScopePublisher {
   private readonly retries = new Map<string, NodeJS.Timeout>();
@@ -125,9 +125,45 @@ export class ScopePublisher {
     if (held) this.retryLater(scope, held.remainingMs, since);
   }
 
+  /**
+   * Publishes every scope whose change was abandoned and that no batch took up (its scope gets none): after a
+   * restart, or a retry dropped at shutdown. The service runs it on a timer.
+   */
+  async sweep(): Promise<void> {
+    for (const scope of await this.d.store.abandoned()) {
+      if (this.closed) return;
+      const held = await publishScope(this.d, scope, {
+        markDirty: false,
+        onClaimed: () => this.d.onRecovered?.('sweep'),
+      });
+      if (held) this.retryLater(scope, held.remainingMs, held.redisNowMs);
+    }
+  }
+
+  private sweeper: NodeJS.Timeout | null = null;
+  /** Sweeps every `ms` (one at a time), until closed. */
+  sweepEvery(ms: number): void {
+    let running = false;
+    this.sweeper = setInterval(() => {
+      if (running || this.closed) return;
+      running = true;
+      const run = this.sweep()
+        .catch((err: unknown) =>
+          this.d.log.warn({ err: errorMessage(err) }, 'sweep for unpublished changes failed; trying again'),
+        )
+        .finally(() => {
+          running = false;
+          this.running.delete(run);
+        });
+      this.running.add(run);
+    }, ms);
+    this.sweeper.unref();
+  }
+
   /** Drops the retries still waiting, and waits for one already running (the producer and Redis close next). */
   async close(): Promise<void> {
     this.closed = true;
+    if (this.sweeper) clearInterval(this.sweeper);
     for (const t of this.retries.values()) clearTimeout(t);
     this.retries.clear();
     await Promise.allSettled([...this.running]);

@@ -159,4 +159,17 @@ describe('detector: a change is published even when the instance that applied it
     expect(await store.isOwed(scope)).toBe(true);
     expect(await store.isOwed(scope, 0)).toBe(false);
   });
+
+  it('a change left owed in a scope that gets no more batches is published by the sweep', async () => {
+    const { topic, store, publisher, recovered } = await setup();
+    expect((await store.applyBatch(ops())).changed).toEqual([scope]);
+    // Its instance dies before publishing, and the scope gets no more events: only the sweep can find it,
+    // once it is older than a publication may take (1 s here).
+    await waitFor(async () => (await store.abandoned()).length > 0, 'the change to count as abandoned');
+    await publisher.sweep();
+    expect(recovered).toEqual(['sweep']);
+    expect(await consumeUntil(topic, (all) => all.length > 0)).toHaveLength(1);
+    await waitFor(async () => (await store.abandoned()).length === 0, 'nothing left abandoned');
+    await publisher.close();
+  });
 });

@@ -8,7 +8,7 @@ import {
   readScripts,
 } from '../../../../../shared/redis/scripts.js';
 import { scopeTag } from '../../../../../shared/redis/keys.js';
-import { redisFailure } from '../../../../../shared/redis/replies.js';
+import { execPipeline, redisFailure } from '../../../../../shared/redis/replies.js';
 import { classifyError, errorMessage, PaverError } from '../../../../../shared/errors.js';
 import type { DetectorOp, Scope } from '../../core/ops.js';
 import { scopeId } from '../../core/ops.js';
@@ -449,6 +449,52 @@ export class RedisDetectorStore {
     this.roundTrips++;
     if (v[0] === null) return false;
     return since === undefined || v[1] === null || Number(v[1]) <= since;
+  }
+
+  /**
+   * Every scope holding state (the per-partition registries) whose oldest owed change is older than a
+   * publication may take, by Redis's clock: changes whose instance died before publishing them, which no batch
+   * has taken up (the scope gets none).
+   */
+  async abandoned(): Promise<Scope[]> {
+    const registries: string[] = [];
+    try {
+      let cursor = '0';
+      do {
+        const [next, keys] = await this.redis.scan(
+          cursor,
+          'MATCH',
+          `${this.prefix}:det:scopes:*`,
+          'COUNT',
+          1000,
+        );
+        registries.push(...keys);
+        cursor = next;
+      } while (cursor !== '0');
+    } catch (err) {
+      throw redisFailure('scope registry scan', err);
+    }
+    if (!registries.length) return [];
+    const sets = await execPipeline(
+      registries.reduce((p, k) => p.smembers(k), this.redis.pipeline()),
+      'scope registry read',
+    );
+    const scopes = new Map<string, Scope>();
+    for (const m of sets.flatMap((v) => z.array(z.string()).parse(v))) {
+      const s = memberScope(m);
+      if (s) scopes.set(scopeId(s), s);
+    }
+    const list = [...scopes.values()];
+    const pipe = this.redis.pipeline().time();
+    for (const s of list) pipe.hmget(detectorKeys(this.prefix, s).meta, 'owed', 'owedAt');
+    const [time, ...marks] = await execPipeline(pipe, 'owed marks read');
+    this.roundTrips += 3;
+    const [sec, usec] = z.tuple([z.string(), z.string()]).parse(time);
+    const now = Number(sec) * 1000 + Math.floor(Number(usec) / 1000);
+    return list.filter((_, i) => {
+      const [owed, at] = z.array(z.string().nullable()).parse(marks[i]);
+      return owed !== null && at !== null && now - Number(at) >= this.publicationLockMs;
+    });
   }
 
   /**
