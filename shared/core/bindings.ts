@@ -537,41 +537,33 @@ function keyedSources(
       const k = `{"kind":"last","part":"${h.part}","path":${pathKeyOf(i)},"tool":${JSON.stringify(tool)}}`;
       if (!add({ kind: 'last', tool, part: h.part, path: h.path }, k)) return out;
     }
-    for (const h of hits) {
+    // Every list element the value was found in: the element's index, its list and the path inside it.
+    const elements: { h: Hit; at: number; list: unknown[]; path: Path; item: Path }[] = [];
+    for (const h of hits)
       for (let j = 0; j < h.path.length; j++) {
         const at = h.path[j];
         if (typeof at !== 'number') continue;
         const list = getPath(partOf(calls[h.call]!, h.part), h.path.slice(0, j));
-        if (!list.ok || !Array.isArray(list.value)) continue;
-        if (firstUnused(list.value, h.path.slice(j + 1), usedBy(calls, nextTool)) !== at) continue;
-        const loop: Source = {
-          kind: 'loop',
-          tool: calls[h.call]!.tool,
-          part: h.part,
-          list: h.path.slice(0, j),
-          item: h.path.slice(j + 1),
-        };
-        if (!add(loop, sourceKey(loop))) return out;
+        if (list.ok && Array.isArray(list.value))
+          elements.push({ h, at, list: list.value, path: h.path.slice(0, j), item: h.path.slice(j + 1) });
       }
-    }
-    // The element the user named: the first of its list that mentions a word of the request.
-    for (const h of hits) {
-      for (let j = 0; j < h.path.length; j++) {
-        const at = h.path[j];
-        if (typeof at !== 'number') continue;
-        const list = getPath(partOf(calls[h.call]!, h.part), h.path.slice(0, j));
-        if (!list.ok || !Array.isArray(list.value)) continue;
-        if (firstMentioning(list.value, ctx.userText) !== at) continue;
-        const pick: Source = {
-          kind: 'pick',
-          tool: calls[h.call]!.tool,
-          part: h.part,
-          list: h.path.slice(0, j),
-          item: h.path.slice(j + 1),
+    // The walk: the first element no earlier call of the next tool took; then the element the user named.
+    for (const kind of ['loop', 'pick'] as const)
+      for (const el of elements) {
+        const first =
+          kind === 'loop'
+            ? firstUnused(el.list, el.item, usedBy(calls, nextTool))
+            : firstMentioning(el.list, ctx.userText);
+        if (first !== el.at) continue;
+        const s: Source = {
+          kind,
+          tool: calls[el.h.call]!.tool,
+          part: el.h.part,
+          list: el.path,
+          item: el.item,
         };
-        if (!add(pick, sourceKey(pick))) return out;
+        if (!add(s, sourceKey(s))) return out;
       }
-    }
   }
   if (typeof value === 'string' && ctx.userText && ctx.userText.includes(value)) {
     for (const pattern of userShapes(value)) {

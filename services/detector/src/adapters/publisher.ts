@@ -87,11 +87,21 @@ export class ScopePublisher {
 
   /** `changed`: this batch changed the scope (else it found an abandoned change owed). */
   async publish(scope: Scope, changed: boolean): Promise<void> {
-    const held = await publishScope(this.d, scope, {
-      markDirty: changed,
-      onClaimed: changed ? undefined : () => this.d.onRecovered?.('batch'),
-    });
+    if (!changed) return this.recover(scope, 'batch');
+    const held = await publishScope(this.d, scope, { markDirty: true });
     if (held) this.retryLater(scope, held.remainingMs, held.redisNowMs);
+  }
+
+  /**
+   * Publishes a change another instance may have abandoned: without marking the scope dirty (a live holder may
+   * be publishing it), counted as recovered if the lock is taken, and retried when a held lock runs out.
+   */
+  private async recover(scope: Scope, via: 'batch' | 'retry' | 'sweep', since?: number): Promise<void> {
+    const held = await publishScope(this.d, scope, {
+      markDirty: false,
+      onClaimed: () => this.d.onRecovered?.(via),
+    });
+    if (held) this.retryLater(scope, held.remainingMs, since ?? held.redisNowMs);
   }
 
   /** Scopes waiting for a held lock's time to be up. */
@@ -118,11 +128,7 @@ export class ScopePublisher {
 
   private async retry(scope: Scope, since: number): Promise<void> {
     if (this.closed || !(await this.d.store.isOwed(scope, since))) return;
-    const held = await publishScope(this.d, scope, {
-      markDirty: false,
-      onClaimed: () => this.d.onRecovered?.('retry'),
-    });
-    if (held) this.retryLater(scope, held.remainingMs, since);
+    await this.recover(scope, 'retry', since);
   }
 
   /**
@@ -132,11 +138,7 @@ export class ScopePublisher {
   async sweep(): Promise<void> {
     for (const scope of await this.d.store.abandoned()) {
       if (this.closed) return;
-      const held = await publishScope(this.d, scope, {
-        markDirty: false,
-        onClaimed: () => this.d.onRecovered?.('sweep'),
-      });
-      if (held) this.retryLater(scope, held.remainingMs, held.redisNowMs);
+      await this.recover(scope, 'sweep');
     }
   }
 

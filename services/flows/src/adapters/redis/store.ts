@@ -93,14 +93,7 @@ export class RedisFlowStore {
   }
 
   async getCandidates(tenant: string, agent: string, keys: string[]): Promise<Map<string, StoredCandidate>> {
-    const out = new Map<string, StoredCandidate>();
-    if (!keys.length) return out;
-    const vals = await this.redis.hmget(this.key(tenant, agent, 'candidates'), ...keys);
-    keys.forEach((k, i) => {
-      const v = vals[i];
-      if (v) out.set(k, storedCandidate.parse(JSON.parse(v)));
-    });
-    return out;
+    return (await this.read(tenant, agent, keys)).candidates;
   }
   async listCandidates(tenant: string, agent: string): Promise<StoredCandidate[]> {
     const all = await this.redis.hvals(this.key(tenant, agent, 'candidates'));

@@ -758,15 +758,18 @@ for part in pairs(unstart) do flushUnstart(part) end
 -- `owed` counts the changes, `owedAt` (Redis time, ms) is when the oldest one still owed was applied. A batch
 -- that finds a change owed for longer than a publication may take (ARGV[5], the lock's TTL) publishes it: its
 -- instance died between its apply and its publication (its batch, redelivered, is all duplicates).
-local now = redis.call('TIME')
-local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+-- Redis's clock is read only when needed (most batches change nothing, or add to a count already owed).
+local function nowMs()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 if changed == 1 and redis.call('HINCRBY', KEYS[1], 'owed', 1) == 1 then
-  redis.call('HSET', KEYS[1], 'owedAt', nowMs)
+  redis.call('HSET', KEYS[1], 'owedAt', nowMs())
 end
 local owed = changed
 if owed == 0 then
   local at = redis.call('HGET', KEYS[1], 'owedAt')
-  if at and nowMs - tonumber(at) >= tonumber(ARGV[5]) then owed = 1 end
+  if at and nowMs() - tonumber(at) >= tonumber(ARGV[5]) then owed = 1 end
 end
 local out = {1, changed, applied, ignored, completed, dup, late, overLimit, owed, 0}
 for part in pairs(scopeParts) do
