@@ -40,6 +40,12 @@ export function readScripts(dir: string, expected: string[]): ScriptFile[] {
       numberOfKeys: m[2] === 'n' ? null : Number(m[2]),
       lua: withIncludes(dir, readFileSync(join(dir, m[0]), 'utf8')),
     }));
+  const names = new Set<string>();
+  for (const f of files) {
+    if (names.has(f.name))
+      throw new PaverError('INTERNAL', `Lua script ${f.name} is defined twice in ${dir} (a stale build?)`);
+    names.add(f.name);
+  }
   for (const name of expected) {
     if (!files.some((f) => f.name === name))
       throw new PaverError('INTERNAL', `Lua script missing: ${dir}/${name}-N.lua (or -n.lua)`);

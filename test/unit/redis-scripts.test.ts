@@ -21,6 +21,9 @@ describe('Lua script files', () => {
       ['fixedOne', 2],
     ]);
     expect(() => readScripts(dir, ['missing'])).toThrow(/missing-N\.lua/);
+    // A script whose key count changed, its old copy left behind by a build: which one ran would be luck.
+    writeFileSync(join(dir, 'fixedOne-n.lua'), 'return 1');
+    expect(() => readScripts(dir, ['fixedOne'])).toThrow(/fixedOne is defined twice/);
   });
 
   it("refuses a script named like a Redis command (ioredis would quietly keep the command's)", () => {

@@ -165,7 +165,8 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       },
       runs: {
         load: (t, a) => store.loadRuns(t, a),
-        append: (t, a, run) => store.appendRun(t, a, run, outcomeCapacity),
+        append: (t, a, run, mark) =>
+          store.appendRun(t, a, run, outcomeCapacity, mark, env.FLOWS_SESSION_TTL_MS),
       },
     });
 

@@ -51,6 +51,17 @@ export interface SessionStore {
   ): Promise<void>;
 }
 
+/**
+ * What recording a session's run leaves of the session, in the same write (so that an end delivered again counts
+ * the run once): its end at `at` (the end event's position), or, while its shadow outcome is still to be written,
+ * `awaiting`: the session as it stood, marked `ran` (the outcome's write then ends it, see `CandidateStore.write`).
+ */
+export interface RunMark {
+  ref: SessionRef;
+  at?: string;
+  awaiting: OpenSession | null;
+}
+
 /** A session that ended: kept a while, so that a redelivery of its events does not open and end it again. */
 export interface EndedSession {
   ended: true;
@@ -95,6 +106,8 @@ export interface CandidateStore {
     read: CandidatesRead,
     candidates: StoredCandidate[],
     flows: RegisteredFlow[],
+    /** Sessions this write ends (a shadow outcome's): written with it or not at all. */
+    ends?: readonly { ref: SessionRef; at: string }[],
   ): Promise<boolean>;
 }
 
@@ -131,7 +144,8 @@ export interface EngineDeps {
   sessions?: SessionStore;
   runs?: {
     load(tenant: string, agent: string): Promise<PastRun[]>;
-    append(tenant: string, agent: string, run: PastRun): Promise<void>;
+    /** With `mark` (sessions kept in a store): false when the run was recorded already, by an earlier delivery. */
+    append(tenant: string, agent: string, run: PastRun, mark?: RunMark): Promise<boolean | void>;
   };
   /** Finished runs kept per scope to learn promoted flows' `input_map` from (FLOWS_EVIDENCE_RUNS; 0: off). */
   evidenceRuns?: number;
@@ -190,6 +204,7 @@ export class FlowsEngine {
     keys: string[],
     plan: Plan<T>,
     restate: Iterable<string> = [],
+    ends: readonly { ref: SessionRef; at: string }[] = [],
   ): Promise<{ result: T; promoted: RegisteredFlow[] }> {
     const unsettled = new Map<string, string>();
     const sent = new Set<string>(restate);
@@ -213,7 +228,7 @@ export class FlowsEngine {
           if (!writes.has(k) && read.candidates.has(k)) writes.set(k, read.candidates.get(k)!);
         if (promoted.length) await this.d.publishFlows(promoted);
         for (const f of promoted) unsettled.set(f.id, f.dedupe_key ?? '');
-        if (!(await this.d.store.write(t, a, read, [...writes.values()], promoted))) {
+        if (!(await this.d.store.write(t, a, read, [...writes.values()], promoted, ends))) {
           for (const k of writes.keys()) sent.add(k);
           this.d.onContention?.();
           if (attempt < MAX_WRITE_ATTEMPTS) continue;
@@ -406,7 +421,7 @@ export class FlowsEngine {
         this.absent.delete(e.session_id);
       } else if (e.type === 'tool_call')
         this.sessions.onCall(e.session_id, { tool: e.tool, args: e.args, observation: e.observation });
-      else if (e.type === 'task_completed' && (await this.finish(e.session_id))) {
+      else if (e.type === 'task_completed' && (await this.finish(ref, pos))) {
         touched.set(e.session_id, { ref, s: null, at: pos });
         if (pos) this.remember(e.session_id, pos);
       }
@@ -499,25 +514,43 @@ export class FlowsEngine {
     return c?.flow.dedupe_key ? { key: c.flow.dedupe_key, tools: flowTools(c.flow) } : null;
   }
 
-  /** Ends a session: true when it was open. */
-  private async finish(session: string): Promise<boolean> {
-    const s = this.sessions.onDone(session);
+  /**
+   * Ends a session: true when it was open. Its run is recorded, then its shadow choice scored; with a session
+   * store, each of the two writes also records how far the end went, so an end delivered again (a batch retried
+   * after a failure, or read again after a restart) does neither twice.
+   */
+  private async finish(ref: SessionRef, at: string | undefined): Promise<boolean> {
+    const s = this.sessions.onDone(ref.session);
     if (!s) return false;
-    const run = { terms: s.terms, calls: s.calls };
-    this.d.selector.outcomes.add(s.tenant, s.agent, run);
-    if (s.evidence) this.evidence.add(s.tenant, s.agent, { userText: s.userText, calls: s.evidence });
-    await this.d.runs?.append(s.tenant, s.agent, run);
     const shadow = s.shadow;
+    if (!s.ran) {
+      const run = { terms: s.terms, calls: s.calls };
+      const mark = this.d.sessions ? { ref, ...(at ? { at } : {}), awaiting: shadow ? s : null } : undefined;
+      // The durable write first: a failure there leaves nothing added in memory to be added again.
+      const recorded = (await this.d.runs?.append(s.tenant, s.agent, run, mark)) ?? true;
+      if (recorded !== false) {
+        this.d.selector.outcomes.add(s.tenant, s.agent, run);
+        if (s.evidence) this.evidence.add(s.tenant, s.agent, { userText: s.userText, calls: s.evidence });
+      }
+    }
     if (!shadow) return true;
     const m = matchSteps(shadow.tools, s.calls);
-    const { result: counted } = await this.commit(s.tenant, s.agent, [shadow.key], (current, now) => {
-      const prev = current.get(shadow.key);
-      if (!prev) return { decisions: [], result: false };
-      return {
-        decisions: [onShadowOutcome(prev, m, this.d.promotionPolicy(s.tenant, s.agent), now)],
-        result: true,
-      };
-    });
+    const ends = this.d.sessions && at ? [{ ref, at }] : [];
+    const { result: counted } = await this.commit(
+      s.tenant,
+      s.agent,
+      [shadow.key],
+      (current, now) => {
+        const prev = current.get(shadow.key);
+        if (!prev) return { decisions: [], result: false };
+        return {
+          decisions: [onShadowOutcome(prev, m, this.d.promotionPolicy(s.tenant, s.agent), now)],
+          result: true,
+        };
+      },
+      [],
+      ends,
+    );
     if (counted) this.d.onShadow?.();
     return true;
   }

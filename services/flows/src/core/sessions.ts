@@ -21,6 +21,11 @@ export interface OpenSession {
    * event delivered again after a restart is applied once.
    */
   at?: string;
+  /**
+   * Its run is recorded (the outcome memory) and its end awaits the write of its shadow outcome: kept so that an
+   * end delivered again after a failure between the two counts the run once, and the shadow trial once.
+   */
+  ran?: boolean;
 }
 
 export class SessionTracker {

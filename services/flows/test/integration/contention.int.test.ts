@@ -1,23 +1,9 @@
 import { afterAll, describe, expect, it } from 'vitest';
-import type { FlowCandidateRecord, ToolCallsEvent } from '../../../../schemas/index.js';
-import { jsonCodec } from '../../../../shared/codec.js';
-import { createSink } from '../../../../shared/kafka/sink.js';
-import {
-  consumeUntil,
-  createTopics,
-  testKafka,
-  testRedis,
-  unique,
-  type Consumed,
-} from '../../../../test/helpers/kafka.js';
-import { FlowsEngine, type CandidateStore, type Inbound } from '../../src/adapters/engine.js';
-import { RedisFlowStore } from '../../src/adapters/redis/store.js';
-import { CandidateStates, candidateStateKey, stateWriter } from '../../src/adapters/state-feed.js';
-import { OutcomeBook } from '../../src/core/outcomes.js';
-import type { PromotionPolicy } from '../../src/core/promotion.js';
-import { PromptCache } from '../../src/core/prompt.js';
-import { FlowRegistry, promotedFlowId } from '../../src/core/registry.js';
-import { DEFAULT_POLICY } from '../../src/core/select.js';
+import { consumeUntil, type Consumed } from '../../../../test/helpers/kafka.js';
+import type { CandidateStore } from '../../src/adapters/engine.js';
+import { candidateStateKey } from '../../src/adapters/state-feed.js';
+import { promotedFlowId } from '../../src/core/registry.js';
+import { A, T, closeFixture, engine, place, record, redis, session } from './engine-fixture.js';
 
 /*
  * Several writers decide one candidate: every instance's detector records and shadow outcomes (sessions are
@@ -26,54 +12,7 @@ import { DEFAULT_POLICY } from '../../src/core/select.js';
  * undoes the other. Before the write became a compare-and-set, the reject was undone and a shadow trial lost.
  */
 
-const redis = testRedis();
-const sink = createSink(testKafka(), jsonCodec());
-const T = 'acme';
-const A = 'support';
-afterAll(async () => {
-  await sink.disconnect();
-  await redis.quit();
-});
-
-const TOOLS = ['lookup_account', 'close_account'];
-const record = (key: string, occurrences: number, detectedAt: number): FlowCandidateRecord => ({
-  schema_version: 1,
-  status: 'active',
-  tenant_id: T,
-  agent_id: A,
-  dedupe_key: key,
-  detected_at: detectedAt,
-  title: 'close account',
-  source_kind: 'tool_sequence',
-  occurrence_count: occurrences,
-  estimated_token_savings: 10,
-  candidate: {
-    tool_sequence: TOOLS,
-    occurrence_count: occurrences,
-    match_type: 'exact',
-    estimated_token_savings: 10,
-    avg_cost_per_execution: 1,
-    dedupe_key: key,
-    proposed_flow: {
-      name: 'close_account',
-      description: 'close the account of the user',
-      tags: [],
-      steps: TOOLS.map((t, i) => ({
-        id: `s${i}`,
-        name: t,
-        skill_key: t,
-        depends_on: [],
-        output_key: `o${i}`,
-        retry_max: 0,
-        retry_backoff: 0,
-        timeout_seconds: 30,
-        on_failure: 'stop' as const,
-        input_map: {},
-      })),
-    },
-  },
-  promotion_effect: null,
-});
+afterAll(closeFixture);
 
 /**
  * A store whose first write (with candidates) first lets `between` run to its end: a race, made certain. With
@@ -98,78 +37,6 @@ function racing(store: CandidateStore, between: () => Promise<void>, afterRead?:
       }
       return store.write(t, a, read, candidates, flows);
     },
-  };
-}
-
-function engine(store: CandidateStore, policy: PromotionPolicy, flowsTopic: string, now = Date.now) {
-  const seen = { contention: 0 };
-  const e = new FlowsEngine({
-    store,
-    publishFlows: (flows) =>
-      sink.send(
-        flowsTopic,
-        'flows.v1',
-        flows.map((flow) => ({ key: flow.id, value: { schema_version: 1, flow } })),
-      ),
-    withdrawFlows: (ids) =>
-      sink.sendRaw(
-        flowsTopic,
-        ids.map((id) => ({ key: id, value: null })),
-      ),
-    onContention: () => seen.contention++,
-    selector: {
-      registry: new FlowRegistry(),
-      prompts: new PromptCache(),
-      budgetMs: 100,
-      outcomes: new OutcomeBook({ capacity: 0, neighbours: 10, wrongCost: 4 }),
-    },
-    promotionPolicy: () => policy,
-    selectPolicy: () => DEFAULT_POLICY,
-    now,
-  });
-  return { e, seen };
-}
-
-let ts = 1;
-const session = (id: string): Inbound[] =>
-  (
-    [
-      { type: 'user_message', event_id: `${id}:u`, text: 'please close my account' },
-      ...TOOLS.map((tool, step) => ({
-        type: 'tool_call',
-        event_id: `${id}:${step}`,
-        task_id: id,
-        step,
-        tool,
-        args: {},
-        observation: 'ok',
-      })),
-      { type: 'task_completed', event_id: `${id}:done`, task_id: id },
-    ] as const
-  ).map((x) => ({
-    kind: 'event' as const,
-    e: { ...x, tenant_id: T, agent_id: A, session_id: id, ts: ts++ } as ToolCallsEvent,
-  }));
-
-/** A fresh keyspace and flows topic; two stores over the same Redis stand for two writers. */
-async function place(policy: Omit<PromotionPolicy, 'mode' | 'minSavings'>) {
-  const prefix = unique('race');
-  const flowsTopic = unique('flows');
-  const stateTopic = unique('flows-state');
-  await createTopics([
-    { topic: flowsTopic, partitions: 1, compacted: true },
-    { topic: stateTopic, partitions: 1, compacted: true },
-  ]);
-  await sink.connect();
-  // Both writers send candidate states to the state topic before Redis, as the service does.
-  const states = stateWriter(sink, stateTopic, new CandidateStates());
-  return {
-    prefix,
-    flowsTopic,
-    stateTopic,
-    policy: { mode: 'auto', minSavings: 0, ...policy } satisfies PromotionPolicy,
-    store: new RedisFlowStore(redis, prefix, states),
-    other: new RedisFlowStore(redis, prefix, states),
   };
 }
 

@@ -17,7 +17,7 @@ import {
   readScripts,
 } from '../../../../../shared/redis/scripts.js';
 import { PaverError } from '../../../../../shared/errors.js';
-import type { CandidatesRead, EndedSession, SessionRef } from '../engine.js';
+import type { CandidatesRead, EndedSession, RunMark, SessionRef } from '../engine.js';
 import type { OpenSession } from '../../core/sessions.js';
 
 const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
@@ -67,6 +67,7 @@ const openSession = z.object({
     .string()
     .regex(/^\d+:\d+$/)
     .optional(),
+  ran: z.boolean().optional(),
 });
 const endedSession = z.object({ ended: z.literal(true), at: openSession.shape.at });
 
@@ -79,6 +80,14 @@ const ENDED_TTL_MS = 3_600_000;
  */
 const MAX_SESSION_BYTES = 512 * 1024;
 
+/** A session as stored: without its evidence past MAX_SESSION_BYTES. */
+function sessionText(s: OpenSession): string {
+  const text = JSON.stringify(s);
+  if (Buffer.byteLength(text) <= MAX_SESSION_BYTES || !s.evidence) return text;
+  const { evidence: _e, ...lean } = s;
+  return JSON.stringify(lean);
+}
+
 export class RedisFlowStore {
   constructor(
     private readonly redis: Redis,
@@ -86,7 +95,7 @@ export class RedisFlowStore {
     /** Called with every candidate state before Redis is written (the durable copy, the state topic). */
     private readonly beforeSave?: (tenant: string, agent: string, c: StoredCandidate[]) => Promise<void>,
   ) {
-    defineScripts(redis, readScripts(SCRIPT_DIR, ['writeCandidates', 'saveSession']));
+    defineScripts(redis, readScripts(SCRIPT_DIR, ['writeCandidates', 'saveSession', 'recordRun']));
   }
   private key(tenant: string, agent: string, name: string) {
     return `${this.prefix}:flows:${scopeTag(tenant, agent)}:${name}`;
@@ -125,9 +134,10 @@ export class RedisFlowStore {
     read: CandidatesRead,
     candidates: StoredCandidate[],
     flows: RegisteredFlow[],
+    ends: readonly { ref: SessionRef; at: string }[] = [],
   ): Promise<boolean> {
     if (!candidates.length && !flows.length) return true;
-    const argv: string[] = [String(candidates.length)];
+    const argv: string[] = [String(candidates.length), String(flows.length)];
     for (const c of candidates) {
       const k = c.record.dedupe_key;
       const seen = read.versions.get(k);
@@ -136,11 +146,16 @@ export class RedisFlowStore {
       argv.push(k, seen ?? '', JSON.stringify(c));
     }
     for (const f of flows) argv.push(f.id, JSON.stringify(f));
+    for (const e of ends) argv.push(JSON.stringify({ ended: true, at: e.at }), String(ENDED_TTL_MS));
     await this.beforeSave?.(tenant, agent, candidates);
     const reply = await callScript(
       this.redis,
       'writeCandidates',
-      [this.key(tenant, agent, 'candidates'), this.key(tenant, agent, 'registry')],
+      [
+        this.key(tenant, agent, 'candidates'),
+        this.key(tenant, agent, 'registry'),
+        ...ends.map((e) => this.sessionKey(e.ref)),
+      ],
       argv,
     );
     return parseScriptReply('writeCandidates', reply, writeReply)[0] === 1;
@@ -219,14 +234,7 @@ export class RedisFlowStore {
     // Through a script that keeps a state further along (saved by the partition's next owner) in place.
     const save = (ref: SessionRef, text: string, at: string | undefined, ttl: number) =>
       invokeScript(pipe, 'saveSession', [this.sessionKey(ref)], [text, at ?? '', ttl]);
-    for (const { ref, s } of open) {
-      let text = JSON.stringify(s);
-      if (Buffer.byteLength(text) > MAX_SESSION_BYTES && s.evidence) {
-        const { evidence: _e, ...lean } = s;
-        text = JSON.stringify(lean);
-      }
-      save(ref, text, s.at, ttlMs);
-    }
+    for (const { ref, s } of open) save(ref, sessionText(s), s.at, ttlMs);
     for (const { ref, at } of ended) {
       if (at) save(ref, JSON.stringify({ ended: true, at }), at, Math.min(ttlMs, ENDED_TTL_MS));
       else pipe.del(this.sessionKey(ref));
@@ -245,13 +253,38 @@ export class RedisFlowStore {
     }
     return out;
   }
-  async appendRun(tenant: string, agent: string, run: PastRun, capacity: number): Promise<void> {
-    if (capacity <= 0) return;
+  /**
+   * Appends a finished session's run to the outcome memory. With `mark`, only if the stored session does not
+   * show it recorded already, and together with what is left of the session (`recordRun-2.lua`): false when it
+   * was recorded before (a redelivered end).
+   */
+  async appendRun(
+    tenant: string,
+    agent: string,
+    run: PastRun,
+    capacity: number,
+    mark?: RunMark,
+    ttlMs = ENDED_TTL_MS,
+  ): Promise<boolean> {
     const k = this.key(tenant, agent, 'outcomes');
-    await execPipeline(
-      this.redis.multi().rpush(k, JSON.stringify(run)).ltrim(k, -capacity, -1),
-      'flows outcome write',
+    if (!mark) {
+      if (capacity <= 0) return true;
+      await execPipeline(
+        this.redis.multi().rpush(k, JSON.stringify(run)).ltrim(k, -capacity, -1),
+        'flows outcome write',
+      );
+      return true;
+    }
+    const [state, ttl] = mark.awaiting
+      ? [sessionText({ ...mark.awaiting, ran: true }), ttlMs]
+      : [JSON.stringify({ ended: true, at: mark.at }), Math.min(ttlMs, ENDED_TTL_MS)];
+    const reply = await callScript(
+      this.redis,
+      'recordRun',
+      [k, this.sessionKey(mark.ref)],
+      [JSON.stringify(run), Math.max(0, capacity), state, mark.at ?? '', ttl],
     );
+    return parseScriptReply('recordRun', reply, writeReply)[0] === 1;
   }
   /** A rebuild's write of the runs this instance holds, only where the list is gone (never doubling a live one). */
   async restoreRuns(

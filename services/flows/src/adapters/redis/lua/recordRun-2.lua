@@ -1,0 +1,33 @@
+-- Records a finished session's run in the scope's outcome memory and, in the same step, what is left of the
+-- session: its end, or (when its shadow outcome is still to be written) its state marked `ran`. A session's
+-- end delivered again after a failure (or to the partition's next owner) then finds the run recorded and does
+-- not record it twice.
+-- KEYS[1] the outcome list, KEYS[2] the session key.
+-- ARGV[1] the run (JSON), ARGV[2] the list's capacity (0: no list), ARGV[3] the session's new state,
+-- ARGV[4] the end event's position ("<partition>:<offset>", "" when unknown), ARGV[5] TTL ms of the state.
+-- Returns {1} when recorded, {0} when the stored session shows it was already (ran, or ended at or after it).
+local function parse(pos)
+  local p, o = string.match(pos or '', '^(%d+):(%d+)$')
+  return p, o
+end
+-- Offsets are decimal strings of up to 19 digits: compared by length, then as text (no float rounding).
+local function atOrAfter(a, b)
+  if #a ~= #b then return #a > #b end
+  return a >= b
+end
+local cur = redis.call('GET', KEYS[2])
+if cur and ARGV[4] ~= '' then
+  local ok, stored = pcall(cjson.decode, cur)
+  if ok and type(stored) == 'table' and type(stored.at) == 'string' then
+    local sp, so = parse(stored.at)
+    local np, no = parse(ARGV[4])
+    if sp and np and sp == np and (stored.ran == true or atOrAfter(so, no)) then return {0} end
+  end
+end
+local cap = tonumber(ARGV[2])
+if cap > 0 then
+  redis.call('RPUSH', KEYS[1], ARGV[1])
+  redis.call('LTRIM', KEYS[1], -cap, -1)
+end
+redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[5])
+return {1}

@@ -1,0 +1,96 @@
+import { afterAll, describe, expect, it } from 'vitest';
+import type { EngineDeps } from '../../src/adapters/engine.js';
+import type { RedisFlowStore } from '../../src/adapters/redis/store.js';
+import { A, T, closeFixture, engine, place, record, redis, session } from './engine-fixture.js';
+
+/*
+ * A session's end has two durable effects: its run joins the outcome memory, and its shadow choice is scored on
+ * the candidate. A batch that fails after either (Redis refusing a write, the broker gone) is applied again, by
+ * the runner's retry or, after a restart, by the partition's next reader. Before each effect recorded how far
+ * the end went, every such delivery recorded the run again, and a restart scored the shadow trial again.
+ */
+
+afterAll(closeFixture);
+
+const CAPACITY = 50;
+const DAY_MS = 86_400_000;
+
+/** The service's wiring of sessions and runs to Redis (main.ts); the session save fails while `fail.on`. */
+function durable(store: RedisFlowStore, fail = { on: false }): Partial<EngineDeps> {
+  return {
+    sessions: {
+      load: (refs) => store.loadSessions(refs),
+      save: async (open, ended) => {
+        if (fail.on) throw new Error('injected: session save failed');
+        await store.saveSessions(open, ended, DAY_MS);
+      },
+    },
+    runs: {
+      load: (t, a) => store.loadRuns(t, a),
+      append: (t, a, run, mark) => store.appendRun(t, a, run, CAPACITY, mark, DAY_MS),
+    },
+  };
+}
+
+// Shadow trials on, a bar never reached: every finished session's shadow choice is one more trial.
+const SHADOW = { minOccurrences: 1, shadowTrials: 1000, shadowPrecision: 0 };
+
+describe('flows: a session end delivered again is counted once (real Redis and Kafka)', () => {
+  it('a batch failing after the run was recorded, retried and read again after a restart: one run, one trial', async () => {
+    const { prefix, flowsTopic, policy, store } = await place(SHADOW);
+    const started = () => engine(store, policy, flowsTopic, Date.now, durable(store));
+    const first = started();
+    await first.e.handle([{ kind: 'candidate', r: record('k1', 5, 1) }]);
+    expect(first.e.shadow.list(T, A)).toHaveLength(1);
+    const candidates = `${prefix}:flows:{${T}|${A}}:candidates`;
+    const outcomes = `${prefix}:flows:{${T}|${A}}:outcomes`;
+
+    // Redis refuses the candidates' read (the key holds a string meanwhile): the shadow outcome cannot be
+    // written, so the batch fails after the session's run was recorded.
+    await redis.rename(candidates, `${candidates}:aside`);
+    await redis.set(candidates, 'not a hash');
+    const batch = session('s1', { partition: 0, offset: 10 });
+    await expect(first.e.handle(batch)).rejects.toThrow(/WRONGTYPE/);
+    // The runner's retry, then the partition's next reader after a restart.
+    await expect(first.e.handle(batch)).rejects.toThrow(/WRONGTYPE/);
+    const restarted = started();
+    await expect(restarted.e.handle(batch)).rejects.toThrow(/WRONGTYPE/);
+    await redis.del(candidates);
+    await redis.rename(`${candidates}:aside`, candidates);
+    await restarted.e.handle(batch);
+
+    const check = async () => {
+      expect(await redis.lrange(outcomes, 0, -1)).toHaveLength(1);
+      const c = (await store.getCandidates(T, A, ['k1'])).get('k1');
+      expect(c).toMatchObject({ status: 'pending', shadow_trials: 1, shadow_proposed: 2, shadow_matched: 2 });
+      const left = await redis.get(`${prefix}:flows:{${T}|${A}}:session:s1`);
+      expect(JSON.parse(left!)).toEqual({ ended: true, at: '0:13' });
+    };
+    await check();
+    // Delivered once more after it went through (offsets not committed when a process died): nothing changes.
+    await started().e.handle(batch);
+    await check();
+  });
+
+  it('a batch failing after the shadow outcome was written, then read again after a restart: one run, one trial', async () => {
+    const { prefix, flowsTopic, policy, store } = await place(SHADOW);
+    const fail = { on: true };
+    const started = () => engine(store, policy, flowsTopic, Date.now, durable(store, fail));
+    const first = started();
+    await first.e.handle([{ kind: 'candidate', r: record('k2', 5, 1) }]);
+    const batch = session('s2', { partition: 1, offset: 7 });
+    // Both effects land; the session save at the batch's end fails, so its offsets are never committed.
+    await expect(first.e.handle(batch)).rejects.toThrow(/injected/);
+    // A restart (its shadow pool restored from the candidates, as the service does): the batch is read again.
+    fail.on = false;
+    const restarted = started();
+    restarted.e.restoreShadow(T, A, await store.listCandidates(T, A));
+    const out = await restarted.e.handle(batch);
+    // The request still gets its selection (that output may not have gone out).
+    expect(out.map((r) => r.event_id)).toEqual(['s2:u']);
+
+    expect(await redis.lrange(`${prefix}:flows:{${T}|${A}}:outcomes`, 0, -1)).toHaveLength(1);
+    const c = (await store.getCandidates(T, A, ['k2'])).get('k2');
+    expect(c).toMatchObject({ shadow_trials: 1 });
+  });
+});
