@@ -528,10 +528,11 @@ export class FlowsEngine {
       const mark = this.d.sessions ? { ref, ...(at ? { at } : {}), awaiting: shadow ? s : null } : undefined;
       // The durable write first: a failure there leaves nothing added in memory to be added again.
       const recorded = (await this.d.runs?.append(s.tenant, s.agent, run, mark)) ?? true;
-      if (recorded !== false) {
-        this.d.selector.outcomes.add(s.tenant, s.agent, run);
-        if (s.evidence) this.evidence.add(s.tenant, s.agent, { userText: s.userText, calls: s.evidence });
-      }
+      // Refused: another delivery of this end (an instance that held the session before a rebalance) recorded
+      // the run, and scores its shadow choice.
+      if (recorded === false) return true;
+      this.d.selector.outcomes.add(s.tenant, s.agent, run);
+      if (s.evidence) this.evidence.add(s.tenant, s.agent, { userText: s.userText, calls: s.evidence });
     }
     if (!shadow) return true;
     const m = matchSteps(shadow.tools, s.calls);

@@ -93,4 +93,22 @@ describe('flows: a session end delivered again is counted once (real Redis and K
     const c = (await store.getCandidates(T, A, ['k2'])).get('k2');
     expect(c).toMatchObject({ shadow_trials: 1 });
   });
+
+  it("an instance expelled by a stall, delivering an end the partition's next owner applied: no second run or trial", async () => {
+    const { prefix, flowsTopic, policy, store } = await place(SHADOW);
+    const started = () => engine(store, policy, flowsTopic, Date.now, durable(store));
+    const stalled = started();
+    await stalled.e.handle([{ kind: 'candidate', r: record('k3', 5, 1) }]);
+    const whole = session('s3', { partition: 2, offset: 40 });
+    // The stalled instance applied the session up to its end; it still holds it when it wakes up.
+    await stalled.e.handle(whole.slice(0, -1));
+    // Meanwhile the partition's next owner read from the last commit: the whole session, its end included.
+    const owner = started();
+    owner.e.restoreShadow(T, A, await store.listCandidates(T, A));
+    await owner.e.handle(whole);
+    await stalled.e.handle(whole.slice(-1));
+
+    expect(await redis.lrange(`${prefix}:flows:{${T}|${A}}:outcomes`, 0, -1)).toHaveLength(1);
+    expect((await store.getCandidates(T, A, ['k3'])).get('k3')).toMatchObject({ shadow_trials: 1 });
+  });
 });
