@@ -42,6 +42,10 @@ export const flowsEnvSchema = z
     FLOWS_EMBEDDINGS_MODEL: z.string().min(1).default('text-embedding-3-small'),
     FLOWS_EMBEDDINGS_API_KEY: z.string().min(1).optional(),
     FLOWS_REGISTRY_WAIT_MS: int(0, 600_000).default(30_000),
+    // How often the flows topic is checked against the candidates' states (0: never); flows promoted less than
+    // FLOWS_RECONCILE_MIN_AGE_MS ago are left to their promotion.
+    FLOWS_RECONCILE_MS: int(0, 86_400_000).default(300_000),
+    FLOWS_RECONCILE_MIN_AGE_MS: int(1_000, 86_400_000).default(120_000),
   })
   .superRefine(refineCommon);
 export type FlowsEnv = z.infer<typeof flowsEnvSchema>;

@@ -92,6 +92,11 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       help: 'Candidate writes that lost to another writer of the same candidate and were decided again.',
       registers: r,
     });
+    const orphans = new Counter({
+      name: 'paver_flows_orphans_withdrawn_total',
+      help: 'Promoted flows found on the flows topic with a candidate decided otherwise, and withdrawn.',
+      registers: r,
+    });
     const rebuilds = new Counter({
       name: 'paver_flows_state_rebuilds_total',
       help: 'Rebuilds of the Redis state from Kafka, by reason (start, lost) and outcome.',
@@ -172,6 +177,8 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
 
     let vectorTimer: NodeJS.Timeout | null = null;
     let owedTimer: NodeJS.Timeout | null = null;
+    let reconcileTimer: NodeJS.Timeout | null = null;
+    let reconciling: Promise<void> | null = null;
     const refreshVectors = async () => {
       if (!embCfg) return;
       await fillVectors(registry, embCfg, env.FLOWS_SELECT_BUDGET_MS * 5).catch((err: unknown) =>
@@ -274,6 +281,32 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
               log.warn({ err: errorMessage(err) }, 'setting the flows topics right failed; trying again'),
             );
         }, 10_000).unref();
+        // Anti-entropy: a promotion that published and died before its write leaves a flow the topic should not
+        // hold once the candidate is decided otherwise. Only against a state known intact and a registry read
+        // to the end.
+        if (env.FLOWS_RECONCILE_MS > 0) {
+          reconcileTimer = setInterval(() => {
+            if (reconciling || !guard.ready() || !feed.isCaughtUp()) return;
+            reconciling = engine
+              .reconcileRegistry(registry.all(), env.FLOWS_RECONCILE_MIN_AGE_MS)
+              .then((n) => {
+                if (n) {
+                  orphans.inc(n);
+                  log.warn(
+                    { withdrawn: n },
+                    'withdrew promoted flows whose candidates were decided otherwise',
+                  );
+                }
+              })
+              .catch((err: unknown) =>
+                log.warn(
+                  { err: errorMessage(err) },
+                  'checking the flows topic against the candidates failed',
+                ),
+              )
+              .finally(() => (reconciling = null));
+          }, env.FLOWS_RECONCILE_MS).unref();
+        }
       },
       // Sessions may move to another instance: this one reads them back from Redis if they come back.
       onRebalance: () => engine.forgetSessions(),
@@ -319,6 +352,8 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       close: async () => {
         if (vectorTimer) clearInterval(vectorTimer);
         if (owedTimer) clearInterval(owedTimer);
+        if (reconcileTimer) clearInterval(reconcileTimer);
+        await reconciling;
         await Promise.all([feed.stop(), stateFeed.stop()]);
       },
     };

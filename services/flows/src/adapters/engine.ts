@@ -297,7 +297,7 @@ export class FlowsEngine {
    * tombstone; its promoter publishes again after its write, and this re-reads after the tombstone, so one of the
    * two publications comes after it.
    */
-  private async reconcile(t: string, a: string, ids: ReadonlyMap<string, string>): Promise<void> {
+  private async reconcile(t: string, a: string, ids: ReadonlyMap<string, string>): Promise<number> {
     const promotedNow = async (of: string[]) => {
       const read = await this.d.store.read(t, a, [...new Set(of.map((id) => ids.get(id)!))]);
       return of.filter((id) => read.candidates.get(ids.get(id)!)?.status === 'promoted');
@@ -305,14 +305,50 @@ export class FlowsEngine {
     const all = [...ids.keys()];
     const keep = new Set(await promotedNow(all));
     const withdraw = all.filter((id) => !keep.has(id));
+    let withdrawn = 0;
     if (withdraw.length && this.d.withdrawFlows) {
       await this.d.withdrawFlows(withdraw);
-      for (const id of await promotedNow(withdraw)) keep.add(id);
+      const back = await promotedNow(withdraw);
+      for (const id of back) keep.add(id);
+      withdrawn = withdraw.length - back.length;
     }
     if (keep.size) {
       const stored = await this.d.store.flows(t, a, [...keep]);
       if (stored.length) await this.d.publishFlows(stored);
     }
+    return withdrawn;
+  }
+
+  /**
+   * Anti-entropy for the flows topic: of the promoted flows it holds (the registry, as read from it), those whose
+   * candidate is stored and not promoted are reconciled (withdrawn unless promoted meanwhile). Such a flow is left
+   * by a promotion that published and then never wrote, its process dead before it could reconcile (the owed work
+   * is in memory), while the candidate was decided otherwise. Flows younger than `minAgeMs` are left alone: their
+   * promotion may be on its way to Redis. A flow whose candidate is not stored at all is left too: only a Redis
+   * that lost its state says that, and the service runs this only while its state is known intact.
+   * Returns the flows withdrawn.
+   */
+  async reconcileRegistry(flows: readonly RegisteredFlow[], minAgeMs: number): Promise<number> {
+    const byScope = new Map<string, { t: string; a: string; ids: Map<string, string> }>();
+    const now = this.d.now();
+    for (const f of flows) {
+      if (f.source !== 'promoted' || !f.dedupe_key || now - f.registered_at < minAgeMs) continue;
+      const k = `${f.tenant_id}\u001f${f.agent_id}`;
+      const g = byScope.get(k) ?? { t: f.tenant_id, a: f.agent_id, ids: new Map<string, string>() };
+      g.ids.set(f.id, f.dedupe_key);
+      byScope.set(k, g);
+    }
+    let withdrawn = 0;
+    for (const { t, a, ids } of byScope.values()) {
+      const read = await this.d.store.read(t, a, [...new Set(ids.values())]);
+      const orphans = new Map<string, string>();
+      for (const [id, key] of ids) {
+        const c = read.candidates.get(key);
+        if (c && c.status !== 'promoted') orphans.set(id, key);
+      }
+      if (orphans.size) withdrawn += await this.reconcile(t, a, orphans);
+    }
+    return withdrawn;
   }
 
   /** In-process effects of a write that landed: the registry, the shadow pool, the decision counts. */
