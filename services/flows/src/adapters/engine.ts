@@ -62,6 +62,12 @@ export interface RunMark {
   awaiting: OpenSession | null;
 }
 
+/**
+ * What recording a run found: `recorded` (now), `recorded-before` (by another delivery of the end, whose shadow
+ * outcome is still to be written: this one goes on to write it), `ended` (another delivery wrote both).
+ */
+export type RunRecord = 'recorded' | 'recorded-before' | 'ended';
+
 /** A session that ended: kept a while, so that a redelivery of its events does not open and end it again. */
 export interface EndedSession {
   ended: true;
@@ -106,9 +112,12 @@ export interface CandidateStore {
     read: CandidatesRead,
     candidates: StoredCandidate[],
     flows: RegisteredFlow[],
-    /** Sessions this write ends (a shadow outcome's): written with it or not at all. */
+    /**
+     * Sessions this write ends (a shadow outcome's): written with it or not at all. `ended` (nothing written)
+     * when one of them is already ended at or past that end: another delivery of it wrote its outcome.
+     */
     ends?: readonly { ref: SessionRef; at: string }[],
-  ): Promise<boolean>;
+  ): Promise<boolean | 'ended'>;
 }
 
 /** A decision over some candidates of one scope, from their current states; pure, as it runs again on a conflict. */
@@ -144,8 +153,8 @@ export interface EngineDeps {
   sessions?: SessionStore;
   runs?: {
     load(tenant: string, agent: string): Promise<PastRun[]>;
-    /** With `mark` (sessions kept in a store): false when the run was recorded already, by an earlier delivery. */
-    append(tenant: string, agent: string, run: PastRun, mark?: RunMark): Promise<boolean | void>;
+    /** With `mark` (sessions kept in a store), recorded once whatever the deliveries of the session's end. */
+    append(tenant: string, agent: string, run: PastRun, mark?: RunMark): Promise<RunRecord | void>;
   };
   /** Finished runs kept per scope to learn promoted flows' `input_map` from (FLOWS_EVIDENCE_RUNS; 0: off). */
   evidenceRuns?: number;
@@ -205,7 +214,7 @@ export class FlowsEngine {
     plan: Plan<T>,
     restate: Iterable<string> = [],
     ends: readonly { ref: SessionRef; at: string }[] = [],
-  ): Promise<{ result: T; promoted: RegisteredFlow[] }> {
+  ): Promise<{ result: T; promoted: RegisteredFlow[]; landed: boolean }> {
     const unsettled = new Map<string, string>();
     const sent = new Set<string>(restate);
     try {
@@ -228,7 +237,18 @@ export class FlowsEngine {
           if (!writes.has(k) && read.candidates.has(k)) writes.set(k, read.candidates.get(k)!);
         if (promoted.length) await this.d.publishFlows(promoted);
         for (const f of promoted) unsettled.set(f.id, f.dedupe_key ?? '');
-        if (!(await this.d.store.write(t, a, read, [...writes.values()], promoted, ends))) {
+        const wrote = await this.d.store.write(t, a, read, [...writes.values()], promoted, ends);
+        if (wrote === 'ended') {
+          // Another delivery of the session's end wrote its outcome: this attempt lands nothing. What it sent
+          // is set right as after a lost attempt (its states written again as they stand, its flows reconciled).
+          for (const k of writes.keys()) sent.add(k);
+          await this.commit(t, a, [...sent], () => ({ decisions: [], result: undefined }), sent);
+          sent.clear();
+          if (unsettled.size) await this.reconcile(t, a, unsettled);
+          unsettled.clear();
+          return { result, promoted: [], landed: false };
+        }
+        if (!wrote) {
           for (const k of writes.keys()) sent.add(k);
           this.d.onContention?.();
           if (attempt < MAX_WRITE_ATTEMPTS) continue;
@@ -238,7 +258,7 @@ export class FlowsEngine {
         if (promoted.length) await this.d.publishFlows(promoted);
         for (const f of promoted) unsettled.delete(f.id);
         if (unsettled.size) await this.reconcile(t, a, unsettled);
-        return { result, promoted };
+        return { result, promoted, landed: true };
       }
     } catch (err) {
       // Flows out on the topic whose write did not land (or whose reconciliation failed), and candidate states
@@ -563,17 +583,19 @@ export class FlowsEngine {
       const run = { terms: s.terms, calls: s.calls };
       const mark = this.d.sessions ? { ref, ...(at ? { at } : {}), awaiting: shadow ? s : null } : undefined;
       // The durable write first: a failure there leaves nothing added in memory to be added again.
-      const recorded = (await this.d.runs?.append(s.tenant, s.agent, run, mark)) ?? true;
-      // Refused: another delivery of this end (an instance that held the session before a rebalance) recorded
-      // the run, and scores its shadow choice.
-      if (recorded === false) return true;
-      this.d.selector.outcomes.add(s.tenant, s.agent, run);
-      if (s.evidence) this.evidence.add(s.tenant, s.agent, { userText: s.userText, calls: s.evidence });
+      // Another delivery of this end (an instance expelled by a stall, or this one's earlier attempt) may have
+      // recorded the run, and its shadow outcome too (`ended`): then nothing is left to do.
+      const recorded = (await this.d.runs?.append(s.tenant, s.agent, run, mark)) ?? 'recorded';
+      if (recorded === 'ended') return true;
+      if (recorded === 'recorded') {
+        this.d.selector.outcomes.add(s.tenant, s.agent, run);
+        if (s.evidence) this.evidence.add(s.tenant, s.agent, { userText: s.userText, calls: s.evidence });
+      }
     }
     if (!shadow) return true;
     const m = matchSteps(shadow.tools, s.calls);
     const ends = this.d.sessions && at ? [{ ref, at }] : [];
-    const { result: counted } = await this.commit(
+    const { result: counted, landed } = await this.commit(
       s.tenant,
       s.agent,
       [shadow.key],
@@ -588,7 +610,7 @@ export class FlowsEngine {
       [],
       ends,
     );
-    if (counted) this.d.onShadow?.();
+    if (counted && landed) this.d.onShadow?.();
     return true;
   }
 }

@@ -42,21 +42,17 @@ describe('flows: a session end delivered again is counted once (real Redis and K
     const first = started();
     await first.e.handle([{ kind: 'candidate', r: record('k1', 5, 1) }]);
     expect(first.e.shadow.list(T, A)).toHaveLength(1);
-    const candidates = `${prefix}:flows:{${T}|${A}}:candidates`;
     const outcomes = `${prefix}:flows:{${T}|${A}}:outcomes`;
 
-    // Redis refuses the candidates' read (the key holds a string meanwhile): the shadow outcome cannot be
-    // written, so the batch fails after the session's run was recorded.
-    await redis.rename(candidates, `${candidates}:aside`);
-    await redis.set(candidates, 'not a hash');
+    // Redis refuses the candidates' read: the shadow outcome cannot be written, so the batch fails after the
+    // session's run was recorded. The runner's retry, then the partition's next reader after a restart.
     const batch = session('s1', { partition: 0, offset: 10 });
-    await expect(first.e.handle(batch)).rejects.toThrow(/WRONGTYPE/);
-    // The runner's retry, then the partition's next reader after a restart.
-    await expect(first.e.handle(batch)).rejects.toThrow(/WRONGTYPE/);
     const restarted = started();
-    await expect(restarted.e.handle(batch)).rejects.toThrow(/WRONGTYPE/);
-    await redis.del(candidates);
-    await redis.rename(`${candidates}:aside`, candidates);
+    await candidatesRefused(prefix, async () => {
+      await expect(first.e.handle(batch)).rejects.toThrow(/WRONGTYPE/);
+      await expect(first.e.handle(batch)).rejects.toThrow(/WRONGTYPE/);
+      await expect(restarted.e.handle(batch)).rejects.toThrow(/WRONGTYPE/);
+    });
     await restarted.e.handle(batch);
 
     const check = async () => {
@@ -110,5 +106,83 @@ describe('flows: a session end delivered again is counted once (real Redis and K
 
     expect(await redis.lrange(`${prefix}:flows:{${T}|${A}}:outcomes`, 0, -1)).toHaveLength(1);
     expect((await store.getCandidates(T, A, ['k3'])).get('k3')).toMatchObject({ shadow_trials: 1 });
+  });
+
+  /** Redis refuses the candidates' read while `during` runs (the key holds a string meanwhile). */
+  async function candidatesRefused(prefix: string, during: () => Promise<void>) {
+    const candidates = `${prefix}:flows:{${T}|${A}}:candidates`;
+    await redis.rename(candidates, `${candidates}:aside`);
+    await redis.set(candidates, 'not a hash');
+    try {
+      await during();
+    } finally {
+      await redis.del(candidates);
+      await redis.rename(`${candidates}:aside`, candidates);
+    }
+  }
+
+  it('the stalled instance records the run and fails to score; the next owner scores the trial', async () => {
+    const { prefix, flowsTopic, policy, store } = await place(SHADOW);
+    const started = () => engine(store, policy, flowsTopic, Date.now, durable(store));
+    const stalled = started();
+    await stalled.e.handle([{ kind: 'candidate', r: record('k4', 5, 1) }]);
+    const whole = session('s4', { partition: 3, offset: 60 });
+    await stalled.e.handle(whole.slice(0, -1));
+    // The next owner read from the last commit: it holds the session too, up to its end.
+    const owner = started();
+    owner.e.restoreShadow(T, A, await store.listCandidates(T, A));
+    await owner.e.handle(whole.slice(0, -1));
+    // The stalled instance delivers the end: its run is recorded, its shadow outcome cannot be written.
+    await candidatesRefused(prefix, () =>
+      expect(stalled.e.handle(whole.slice(-1))).rejects.toThrow(/WRONGTYPE/),
+    );
+    // The owner delivers it (the run found recorded, it writes the trial), then the stalled one retries.
+    await owner.e.handle(whole.slice(-1));
+    await stalled.e.handle(whole.slice(-1));
+
+    expect(await redis.lrange(`${prefix}:flows:{${T}|${A}}:outcomes`, 0, -1)).toHaveLength(1);
+    expect((await store.getCandidates(T, A, ['k4'])).get('k4')).toMatchObject({ shadow_trials: 1 });
+  });
+
+  it("a save at the run's position keeps the mark that the run was recorded", async () => {
+    const { prefix, flowsTopic, policy, store } = await place(SHADOW);
+    const stalled = engine(store, policy, flowsTopic, Date.now, durable(store));
+    await stalled.e.handle([{ kind: 'candidate', r: record('k5', 5, 1) }]);
+    const whole = session('s5', { partition: 4, offset: 80 });
+    await stalled.e.handle(whole.slice(0, -1));
+    const fail = { on: true };
+    const owner = engine(store, policy, flowsTopic, Date.now, durable(store, fail));
+    owner.e.restoreShadow(T, A, await store.listCandidates(T, A));
+    // The owner holds the session up to its end; its save is still to come (it failed once).
+    await expect(owner.e.handle(whole.slice(0, -1))).rejects.toThrow(/injected/);
+    // The stalled instance records the run (the mark, at the owner's position) and fails to score.
+    await candidatesRefused(prefix, () =>
+      expect(stalled.e.handle(whole.slice(-1))).rejects.toThrow(/WRONGTYPE/),
+    );
+    fail.on = false;
+    // The owner's retry saves its state at the same position, then delivers the end.
+    await owner.e.handle(whole.slice(0, -1));
+    await owner.e.handle(whole.slice(-1));
+
+    expect(await redis.lrange(`${prefix}:flows:{${T}|${A}}:outcomes`, 0, -1)).toHaveLength(1);
+    expect((await store.getCandidates(T, A, ['k5'])).get('k5')).toMatchObject({ shadow_trials: 1 });
+  });
+
+  it('two deliveries racing to score one end: one trial lands, the other writes nothing', async () => {
+    const { prefix, flowsTopic, policy, store } = await place(SHADOW);
+    const started = () => engine(store, policy, flowsTopic, Date.now, durable(store));
+    const a = started();
+    await a.e.handle([{ kind: 'candidate', r: record('k6', 5, 1) }]);
+    const whole = session('s6', { partition: 5, offset: 5 });
+    await a.e.handle(whole.slice(0, -1));
+    const b = started();
+    b.e.restoreShadow(T, A, await store.listCandidates(T, A));
+    await b.e.handle(whole.slice(0, -1));
+    // A records the run and fails to score; then both score at once.
+    await candidatesRefused(prefix, () => expect(a.e.handle(whole.slice(-1))).rejects.toThrow(/WRONGTYPE/));
+    await Promise.all([a.e.handle(whole.slice(-1)), b.e.handle(whole.slice(-1))]);
+
+    expect(await redis.lrange(`${prefix}:flows:{${T}|${A}}:outcomes`, 0, -1)).toHaveLength(1);
+    expect((await store.getCandidates(T, A, ['k6'])).get('k6')).toMatchObject({ shadow_trials: 1 });
   });
 });

@@ -17,11 +17,11 @@ import {
   readScripts,
 } from '../../../../../shared/redis/scripts.js';
 import { PaverError } from '../../../../../shared/errors.js';
-import type { CandidatesRead, EndedSession, RunMark, SessionRef } from '../engine.js';
+import type { CandidatesRead, EndedSession, RunMark, RunRecord, SessionRef } from '../engine.js';
 import type { OpenSession } from '../../core/sessions.js';
 
 const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
-const writeReply = z.tuple([z.union([z.literal(0), z.literal(1)])]);
+const endReply = z.tuple([z.union([z.literal(0), z.literal(1), z.literal(2)])]);
 
 export const storedCandidate = z.object({
   record: flowCandidateRecordV1,
@@ -135,7 +135,7 @@ export class RedisFlowStore {
     candidates: StoredCandidate[],
     flows: RegisteredFlow[],
     ends: readonly { ref: SessionRef; at: string }[] = [],
-  ): Promise<boolean> {
+  ): Promise<boolean | 'ended'> {
     if (!candidates.length && !flows.length) return true;
     const argv: string[] = [String(candidates.length), String(flows.length)];
     for (const c of candidates) {
@@ -146,7 +146,7 @@ export class RedisFlowStore {
       argv.push(k, seen ?? '', JSON.stringify(c));
     }
     for (const f of flows) argv.push(f.id, JSON.stringify(f));
-    for (const e of ends) argv.push(JSON.stringify({ ended: true, at: e.at }), String(ENDED_TTL_MS));
+    for (const e of ends) argv.push(JSON.stringify({ ended: true, at: e.at }), String(ENDED_TTL_MS), e.at);
     await this.beforeSave?.(tenant, agent, candidates);
     const reply = await callScript(
       this.redis,
@@ -158,7 +158,8 @@ export class RedisFlowStore {
       ],
       argv,
     );
-    return parseScriptReply('writeCandidates', reply, writeReply)[0] === 1;
+    const code = parseScriptReply('writeCandidates', reply, endReply)[0];
+    return code === 2 ? 'ended' : code === 1;
   }
   async flows(tenant: string, agent: string, ids: string[]): Promise<RegisteredFlow[]> {
     if (!ids.length) return [];
@@ -255,8 +256,8 @@ export class RedisFlowStore {
   }
   /**
    * Appends a finished session's run to the outcome memory. With `mark`, only if the stored session does not
-   * show it recorded already, and together with what is left of the session (`recordRun-2.lua`): false when it
-   * was recorded before (a redelivered end).
+   * show it recorded already, and together with what is left of the session (`recordRun-2.lua`): see
+   * `RunRecord` for the answers.
    */
   async appendRun(
     tenant: string,
@@ -265,15 +266,15 @@ export class RedisFlowStore {
     capacity: number,
     mark?: RunMark,
     ttlMs = ENDED_TTL_MS,
-  ): Promise<boolean> {
+  ): Promise<RunRecord> {
     const k = this.key(tenant, agent, 'outcomes');
     if (!mark) {
-      if (capacity <= 0) return true;
+      if (capacity <= 0) return 'recorded';
       await execPipeline(
         this.redis.multi().rpush(k, JSON.stringify(run)).ltrim(k, -capacity, -1),
         'flows outcome write',
       );
-      return true;
+      return 'recorded';
     }
     const [state, ttl] = mark.awaiting
       ? [sessionText({ ...mark.awaiting, ran: true }), ttlMs]
@@ -284,7 +285,8 @@ export class RedisFlowStore {
       [k, this.sessionKey(mark.ref)],
       [JSON.stringify(run), Math.max(0, capacity), state, mark.at ?? '', ttl],
     );
-    return parseScriptReply('recordRun', reply, writeReply)[0] === 1;
+    const code = parseScriptReply('recordRun', reply, endReply)[0];
+    return code === 1 ? 'recorded' : code === 2 ? 'recorded-before' : 'ended';
   }
   /** A rebuild's write of the runs this instance holds, only where the list is gone (never doubling a live one). */
   async restoreRuns(

@@ -5,7 +5,9 @@
 -- KEYS[1] the outcome list, KEYS[2] the session key.
 -- ARGV[1] the run (JSON), ARGV[2] the list's capacity (0: no list), ARGV[3] the session's new state,
 -- ARGV[4] the end event's position ("<partition>:<offset>", "" when unknown), ARGV[5] TTL ms of the state.
--- Returns {1} when recorded, {0} when the stored session shows it was already (ran, or ended at or after it).
+-- Returns {1} when recorded; {2} when the stored session shows the run recorded (`ran`) and its shadow outcome
+-- still to be written (the caller goes on to write it); {0} when the stored session is at or past the end
+-- (ended: nothing is left to do).
 local function parse(pos)
   local p, o = string.match(pos or '', '^(%d+):(%d+)$')
   return p, o
@@ -21,7 +23,10 @@ if cur and ARGV[4] ~= '' then
   if ok and type(stored) == 'table' and type(stored.at) == 'string' then
     local sp, so = parse(stored.at)
     local np, no = parse(ARGV[4])
-    if sp and np and sp == np and (stored.ran == true or atOrAfter(so, no)) then return {0} end
+    if sp and np and sp == np then
+      if stored.ran == true then return {2} end
+      if atOrAfter(so, no) then return {0} end
+    end
   end
 end
 local cap = tonumber(ARGV[2])

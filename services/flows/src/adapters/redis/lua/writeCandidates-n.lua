@@ -4,10 +4,33 @@
 -- outcome ends its session in the same write, so a redelivered end neither counts the trial again nor loses it.
 -- KEYS[1] candidates hash, KEYS[2] registry hash, KEYS[3..] session keys to mark ended.
 -- ARGV[1] n, ARGV[2] m; then n triples (dedupe key, text read or '' when it was absent, new text); then m pairs
--- (flow id, flow text) for the registry; then, per session key, its ended state and TTL ms.
--- Returns {1} when written; {0} when a candidate changed (the caller reads again and decides again).
+-- (flow id, flow text) for the registry; then, per session key, its ended state, TTL ms and end position
+-- ("<partition>:<offset>").
+-- Returns {1} when written; {0} when a candidate changed (the caller reads again and decides again); {2} when a
+-- session is already ended at or past that end (another delivery of it wrote its outcome: nothing is written).
 local n = tonumber(ARGV[1])
 local m = tonumber(ARGV[2])
+local function parse(pos)
+  local p, o = string.match(pos or '', '^(%d+):(%d+)$')
+  return p, o
+end
+-- Offsets are decimal strings of up to 19 digits: compared by length, then as text (no float rounding).
+local function atOrAfter(a, b)
+  if #a ~= #b then return #a > #b end
+  return a >= b
+end
+local e = 3 + n * 3 + m * 2
+for k = 3, #KEYS do
+  local cur = redis.call('GET', KEYS[k])
+  if cur then
+    local ok, stored = pcall(cjson.decode, cur)
+    if ok and type(stored) == 'table' and stored.ended == true and type(stored.at) == 'string' then
+      local sp, so = parse(stored.at)
+      local np, no = parse(ARGV[e + (k - 3) * 3 + 2])
+      if sp and np and sp == np and atOrAfter(so, no) then return {2} end
+    end
+  end
+end
 for i = 0, n - 1 do
   local cur = redis.call('HGET', KEYS[1], ARGV[3 + i * 3])
   if (cur or '') ~= ARGV[4 + i * 3] then return {0} end
@@ -19,9 +42,8 @@ local f = 3 + n * 3
 for j = 0, m - 1 do
   redis.call('HSET', KEYS[2], ARGV[f + j * 2], ARGV[f + 1 + j * 2])
 end
-local s = f + m * 2
 for k = 3, #KEYS do
+  local s = e + (k - 3) * 3
   redis.call('SET', KEYS[k], ARGV[s], 'PX', ARGV[s + 1])
-  s = s + 2
 end
 return {1}
