@@ -41,6 +41,11 @@ export const nextActionRecordV1 = z.object({
   payload_type: z.string().optional(),
   /** Present only for an executable unique decision, and only when enabled by configuration. */
   arguments: z.record(z.string(), z.unknown()).optional(),
+  /**
+   * The decision's `arguments` were left out: the record would have been over PAVER_MAX_OUTPUT_BYTES. The call's
+   * arguments are the previous tool's output, which the runtime holds.
+   */
+  arguments_omitted: z.literal(true).optional(),
   /** Which decider made a unique decision: the catalog's schemas (`typed`) or a rule learned from the stream. */
   origin: z.enum(['typed', 'learned']).optional(),
   /** Learned proposals only: the rule, its state when it proposed, its precision's Wilson lower bound and trials. */

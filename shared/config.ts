@@ -52,6 +52,11 @@ export const commonEnvShape = {
   PAVER_TOPIC_FLOW_SELECTIONS: topicName.default('paver.flow-selections.v1'),
   PAVER_TOPIC_DEAD_LETTERS: topicName.default('paver.dead-letters.v1'),
   PAVER_MAX_MESSAGE_BYTES: int(1024, 50 * 1024 * 1024).default(1024 * 1024),
+  /**
+   * Largest output record produced: under the topics' max.message.bytes (1 MiB by default, with room for the
+   * record batch's own bytes). A bigger one is made smaller where its contract allows, else left out and counted.
+   */
+  PAVER_MAX_OUTPUT_BYTES: int(1024, 50 * 1024 * 1024).default(1_000_000),
   /** Dead letters keep the original bytes up to this size, beyond it a hash: a record always fits the broker. */
   PAVER_DEAD_LETTER_MAX_ORIGINAL_BYTES: int(0, 10 * 1024 * 1024).default(256 * 1024),
   /** How often each consumer asks the broker for its group's state and lag (readiness, lag, oldest age). */

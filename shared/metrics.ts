@@ -13,6 +13,7 @@ export interface RuntimeMetrics {
   rebalances: Counter;
   paused: Gauge;
   published: Counter<'topic'>;
+  oversizeOutputs: Counter<'topic' | 'outcome'>;
 }
 
 export function createMetrics(service: string, registry = new Registry()): RuntimeMetrics {
@@ -78,6 +79,12 @@ export function createMetrics(service: string, registry = new Registry()): Runti
       name: 'paver_records_published_total',
       help: 'Records produced to output topics.',
       labelNames: ['topic'],
+      registers: r,
+    }),
+    oversizeOutputs: new Counter({
+      name: 'paver_outputs_oversize_total',
+      help: 'Output records over PAVER_MAX_OUTPUT_BYTES, by what was done: trimmed (made to fit) or dropped.',
+      labelNames: ['topic', 'outcome'],
       registers: r,
     }),
   };

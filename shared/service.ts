@@ -117,7 +117,12 @@ export async function runService<E extends CommonEnv, T>(
   const codec = createCodec(env);
   const kafka = createKafka(env, log, `${env.KAFKA_CLIENT_ID}-${spec.name}`);
   const redis = createRedis(env, log);
-  const sink = createSink(kafka, codec, metrics);
+  const sink = createSink(kafka, codec, metrics, {
+    maxRecordBytes: env.PAVER_MAX_OUTPUT_BYTES,
+    // Its size and topic only: the record is the service's output, derived from payloads.
+    onDropped: (topic, bytes) =>
+      log.warn({ topic, bytes }, 'an output record over PAVER_MAX_OUTPUT_BYTES was left out'),
+  });
 
   let resolveExit!: (code: number) => void;
   const exited = new Promise<number>((r) => (resolveExit = r));

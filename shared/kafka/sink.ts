@@ -4,6 +4,7 @@ import type { Codec } from '../codec.js';
 import { PaverError } from '../errors.js';
 import type { RuntimeMetrics } from '../metrics.js';
 import { accepts, zodIssues } from '../validate.js';
+import { isTooLarge } from './dead-letter.js';
 import { keyedPartitioner } from './partitioner.js';
 
 /**
@@ -53,10 +54,28 @@ export interface OutRecord {
   headers?: IHeaders;
 }
 
+/**
+ * Makes an output record that is over the size limit smaller, as its contract allows (e.g. leaving out a copy of
+ * a payload the reader already has), or gives null when it cannot.
+ */
+export type Fit = (value: unknown) => unknown;
+
+export interface SinkOptions {
+  /** PAVER_MAX_OUTPUT_BYTES: a record's key and value bytes above this are made to fit, or left out. */
+  maxRecordBytes?: number;
+  /** Told of each record left out (never its content): the service logs it. */
+  onDropped?: (topic: string, bytes: number) => void;
+}
+
 /** The producing side of the Kafka port: validates every record against its contract before it leaves. */
 export interface Sink {
   connect(): Promise<void>;
-  send(topic: string, contract: string, records: OutRecord[]): Promise<void>;
+  /**
+   * A record over `maxRecordBytes` is passed to `fit` and sent as it returns, if that fits; otherwise it is
+   * left out, counted and reported: one oversized output must not stop a service (the broker would refuse it,
+   * every time the batch is read again).
+   */
+  send(topic: string, contract: string, records: OutRecord[], fit?: Fit): Promise<void>;
   /** Bytes as they are (dead letters keep the original message); a null value is a tombstone. */
   sendRaw(
     topic: string,
@@ -66,7 +85,13 @@ export interface Sink {
   isConnected(): boolean;
 }
 
-export function createSink(kafka: Kafka, codec: Codec, metrics?: RuntimeMetrics): Sink {
+export function createSink(
+  kafka: Kafka,
+  codec: Codec,
+  metrics?: RuntimeMetrics,
+  opts: SinkOptions = {},
+): Sink {
+  const maxRecordBytes = opts.maxRecordBytes ?? Infinity;
   const producer: Producer = kafka.producer({
     // kafkajs's default partitioning (murmur2 of the key, as the Java client), computed without its per-message
     // BigInt hash and metadata filter: the same key lands on the same partition as before.
@@ -81,21 +106,22 @@ export function createSink(kafka: Kafka, codec: Codec, metrics?: RuntimeMetrics)
   return {
     connect: () => producer.connect(),
     isConnected: () => connected,
-    async send(topic, contract, records) {
+    async send(topic, contract, records, fit) {
       if (records.length === 0) return;
       const c = CONTRACTS[contract];
       if (!c) throw new PaverError('INTERNAL', `unknown contract ${contract}`);
       // Every record is checked, by the contract's compiled validator (zod where the contract cannot be
       // compiled faithfully): cheap enough for the hot path, so no sampling and no test-only checks.
       const valid = accepts(c.schema);
-      for (const r of records) {
-        if (valid(r.value)) continue;
+      const check = (value: unknown) => {
+        if (valid(value)) return;
         // zod has the last word on a refusal (and names the field).
-        const ok = c.schema.safeParse(r.value);
-        if (ok.success) continue;
+        const ok = c.schema.safeParse(value);
+        if (ok.success) return;
         // An output that breaks its own contract is a bug in Paver, not bad input: fail loudly.
         throw new PaverError('INTERNAL', `output violates ${contract}: ${zodIssues(ok.error)}`);
-      }
+      };
+      for (const r of records) check(r.value);
       const encodeText = codec.encodeText;
       const encodeSync = codec.encodeSync;
       // A registry codec's encodes may wait on a registration: those run together, as one await.
@@ -103,8 +129,15 @@ export function createSink(kafka: Kafka, codec: Codec, metrics?: RuntimeMetrics)
         encodeText || encodeSync
           ? null
           : await Promise.all(records.map((r) => codec.encode(contract, topic, r.value)));
-      const messages: Message[] = new Array(records.length);
-      const bytes = new Array<number>(records.length);
+      const encodeOne = (value: unknown): Promise<string | Buffer> | string | Buffer =>
+        encodeText
+          ? encodeText(value)
+          : encodeSync
+            ? encodeSync(value)
+            : codec.encode(contract, topic, value);
+      let messages: Message[] = new Array(records.length);
+      let bytes = new Array<number>(records.length);
+      let oversize = false;
       for (let i = 0; i < records.length; i++) {
         const r = records[i]!;
         const value = encodeText ? encodeText(r.value) : encoded ? encoded[i]! : encodeSync!(r.value);
@@ -113,10 +146,48 @@ export function createSink(kafka: Kafka, codec: Codec, metrics?: RuntimeMetrics)
         if (r.headers) m.headers = r.headers;
         messages[i] = m;
         bytes[i] = Buffer.byteLength(value) + (r.key === null ? 0 : Buffer.byteLength(r.key));
+        if (bytes[i]! > maxRecordBytes) oversize = true;
       }
-      for (const request of produceRequests(messages, bytes))
-        await producer.send({ topic, messages: request, acks: -1, compression: CompressionTypes.None });
-      metrics?.published.inc({ topic }, records.length);
+      if (oversize) {
+        const keptMessages: Message[] = [];
+        const keptBytes: number[] = [];
+        for (let i = 0; i < messages.length; i++) {
+          const m = messages[i]!;
+          let n = bytes[i]!;
+          if (n > maxRecordBytes) {
+            const keyBytes = n - Buffer.byteLength(m.value as string | Buffer);
+            const smaller = fit ? fit(records[i]!.value) : null;
+            if (smaller !== null && smaller !== undefined) {
+              check(smaller);
+              m.value = await encodeOne(smaller);
+              n = Buffer.byteLength(m.value) + keyBytes;
+            }
+            if (n > maxRecordBytes) {
+              metrics?.oversizeOutputs.inc({ topic, outcome: 'dropped' });
+              opts.onDropped?.(topic, n);
+              continue;
+            }
+            metrics?.oversizeOutputs.inc({ topic, outcome: 'trimmed' });
+          }
+          keptMessages.push(m);
+          keptBytes.push(n);
+        }
+        [messages, bytes] = [keptMessages, keptBytes];
+      }
+      try {
+        for (const request of produceRequests(messages, bytes))
+          await producer.send({ topic, messages: request, acks: -1, compression: CompressionTypes.None });
+      } catch (err) {
+        // Under PAVER_MAX_OUTPUT_BYTES and still refused: the topic's limit is lower. A configuration error
+        // (retrying cannot help), named as one.
+        if (isTooLarge(err))
+          throw new PaverError(
+            'CONFIG_INVALID',
+            `${topic} refused an output record as too large: set PAVER_MAX_OUTPUT_BYTES under the topic's max.message.bytes`,
+          );
+        throw err;
+      }
+      metrics?.published.inc({ topic }, messages.length);
     },
     async sendRaw(topic, records) {
       if (records.length === 0) return;

@@ -3,7 +3,13 @@ import { sha256 } from '../../../../shared/hash.js';
 import type { BatchContext, BatchHandler } from '../../../../shared/kafka/runner.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
 import type { Catalog } from '../core/catalog.js';
-import { decide, newTaskState, type AutoseqOptions, type TaskState } from '../core/decide.js';
+import {
+  decide,
+  newTaskState,
+  withoutArguments,
+  type AutoseqOptions,
+  type TaskState,
+} from '../core/decide.js';
 import { applyEvent, scopeId, typedProposal } from '../core/learn/engine.js';
 import type { ArgsValidator, LearnOptions } from '../core/learn/learner.js';
 import { learnedExecutable, learnedRecord } from '../core/learn/record.js';
@@ -148,6 +154,7 @@ export function createBatchHandler(o: {
       topic,
       'next-actions.v1',
       out.map((rec) => ({ key: rec.session_id, value: rec })),
+      withoutArguments,
     );
     if (learn) {
       await learn.leases.keepFresh();

@@ -124,6 +124,18 @@ export function decide(
 }
 
 /**
+ * A next-action record made smaller when it is over the output size limit: an executable decision without the
+ * copy of the previous output in `arguments` (the runtime holds that output), marked `arguments_omitted`. Null
+ * when there is nothing to leave out.
+ */
+export function withoutArguments(value: unknown): NextActionRecord | null {
+  const r = value as NextActionRecord;
+  if (r.arguments === undefined) return null;
+  const { arguments: _left, ...rest } = r;
+  return { ...rest, arguments_omitted: true };
+}
+
+/**
  * A record's common fields, in contract order. Records are built by plain stores in a fixed order (never
  * object spreads): one hidden-class chain per record kind, and the same key order as before on the wire.
  */

@@ -1,0 +1,186 @@
+import { afterAll, describe, expect, it } from 'vitest';
+import { catalogKey, type NextActionRecord } from '../../schemas/index.js';
+import { jsonCodec } from '../../shared/codec.js';
+import { createSink } from '../../shared/kafka/sink.js';
+import { createMetrics } from '../../shared/metrics.js';
+import { withoutArguments } from '../../services/autoseq/src/core/decide.js';
+import { startAutoseq } from '../../services/autoseq/test/integration/predict-compare.js';
+import {
+  consumeUntil,
+  createTopics,
+  groupCaughtUp,
+  produce,
+  testKafka,
+  unique,
+  waitFor,
+} from '../helpers/kafka.js';
+import { getJson, serviceEnv, type Proc } from '../helpers/process.js';
+import { parsePrometheus } from '../helpers/prometheus.js';
+
+/*
+ * An output can be bigger than the input it came from: autoseq copies an executable decision's input (the
+ * previous tool's output) into `arguments`, and adds its own fields. An input just under the limits then gave
+ * an output the broker refused as too large; the runner took that as fatal and the service exited, again at
+ * every restart, since the batch was never committed. Outputs over PAVER_MAX_OUTPUT_BYTES are now made to fit
+ * where their contract allows, or left out and counted.
+ */
+
+const procs: Proc[] = [];
+afterAll(() => {
+  for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
+});
+
+const record = (id: string, extra: Partial<NextActionRecord> = {}): NextActionRecord => ({
+  schema_version: 1,
+  tenant_id: 'acme',
+  agent_id: 'a1',
+  session_id: 's1',
+  task_id: 't1',
+  event_id: id,
+  step: 1,
+  ts: 1,
+  event_type: 'auto_seq_detected_unique',
+  tool: 'next_tool',
+  execute: true,
+  ...extra,
+});
+
+describe('outputs over PAVER_MAX_OUTPUT_BYTES (real Kafka)', () => {
+  it('the sink trims what its contract allows, leaves out the rest, counts both, and sends the others', async () => {
+    const topic = unique('oversize');
+    await createTopics([{ topic, partitions: 1 }]);
+    const metrics = createMetrics('test');
+    const dropped: number[] = [];
+    const sink = createSink(testKafka(), jsonCodec(), metrics, {
+      maxRecordBytes: 2_000,
+      onDropped: (_t, bytes) => dropped.push(bytes),
+    });
+    await sink.connect();
+    try {
+      const big = { text: 'x'.repeat(5_000) };
+      await sink.send(
+        topic,
+        'next-actions.v1',
+        [
+          { key: 's1', value: record('small') },
+          { key: 's1', value: record('trimmed', { arguments: big }) },
+          // Nothing to leave out: too big as it is.
+          {
+            key: 's1',
+            value: record('dropped', {
+              candidates: Array.from({ length: 20 }, (_, i) => `t${i}`.padEnd(200, 'x')),
+            }),
+          },
+          { key: 's1', value: record('after') },
+        ],
+        withoutArguments,
+      );
+      const got = await consumeUntil(topic, (all) => all.length >= 3);
+      const values = got.map((m) => JSON.parse(m.value!.toString()) as NextActionRecord);
+      expect(values.map((v) => v.event_id)).toEqual(['small', 'trimmed', 'after']);
+      expect(values[1]).toMatchObject({ arguments_omitted: true, execute: true });
+      expect(values[1]!.arguments).toBeUndefined();
+      expect(dropped).toHaveLength(1);
+      expect(dropped[0]).toBeGreaterThan(2_000);
+      const m = parsePrometheus(await metrics.registry.metrics());
+      expect(m.value('paver_outputs_oversize_total', { topic, outcome: 'trimmed' })).toBe(1);
+      expect(m.value('paver_outputs_oversize_total', { topic, outcome: 'dropped' })).toBe(1);
+    } finally {
+      await sink.disconnect();
+    }
+  });
+
+  it('a topic whose limit is under PAVER_MAX_OUTPUT_BYTES: a configuration error that says so', async () => {
+    const topic = unique('oversize-small');
+    await createTopics([{ topic, partitions: 1, config: { 'max.message.bytes': '2000' } }]);
+    const sink = createSink(testKafka(), jsonCodec(), undefined, { maxRecordBytes: 10_000 });
+    await sink.connect();
+    try {
+      await expect(
+        sink.send(topic, 'next-actions.v1', [
+          { key: 's1', value: record('big', { arguments: { text: 'x'.repeat(5_000) } }) },
+        ]),
+      ).rejects.toThrow(/PAVER_MAX_OUTPUT_BYTES under the topic's max\.message\.bytes/);
+    } finally {
+      await sink.disconnect();
+    }
+  });
+
+  it('autoseq keeps running when an executable decision would copy an input just under the limit', async () => {
+    const env = serviceEnv({
+      AUTOSEQ_GROUP_ID: unique('as'),
+      PAVER_TOPIC_TOOL_CATALOG: unique('catalog'),
+    });
+    await createTopics([
+      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 },
+      { topic: env.PAVER_TOPIC_NEXT_ACTIONS! },
+      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
+      { topic: env.PAVER_TOPIC_TOOL_CATALOG!, compacted: true },
+    ]);
+    await produce(env.PAVER_TOPIC_TOOL_CATALOG!, [
+      {
+        key: catalogKey('default', 'default', 'policy'),
+        value: JSON.stringify({
+          schema_version: 1,
+          kind: 'policy',
+          policy: { auto_seq_enabled: true, auto_seq_execute: true },
+        }),
+      },
+      {
+        key: catalogKey('default', 'default', 'tool', 'uppercase'),
+        value: JSON.stringify({
+          schema_version: 1,
+          kind: 'tool',
+          tool: {
+            name: 'uppercase',
+            args_schema: { type: 'object', properties: { text: { type: 'string' } }, required: ['text'] },
+            side_effects: 'read',
+            auto_seq: true,
+            auto_seq_execute: true,
+          },
+        }),
+      },
+    ]);
+    const event = (id: string, step: number, text: string) =>
+      JSON.stringify({
+        type: 'tool_call',
+        event_id: id,
+        ts: 1_700_000_000_000 + step,
+        tenant_id: 'default',
+        agent_id: 'default',
+        session_id: `s-${id}`,
+        task_id: `t-${id}`,
+        step,
+        tool: 'fetch',
+        observation: { text },
+      });
+    // 1,048,480 bytes: under PAVER_MAX_MESSAGE_BYTES (1 MiB) and the broker's default limit; its decision,
+    // with the observation as `arguments`, is over both.
+    const size = 1_048_480;
+    const bigEvent = event('big', 1, 'x'.repeat(size - event('big', 1, '').length));
+    expect(Buffer.byteLength(bigEvent)).toBe(size);
+    const p = await startAutoseq(env, procs);
+    // Apart: the broker's limit is per record batch.
+    await produce(env.PAVER_TOPIC_TOOL_CALLS!, [{ key: 's-big', value: bigEvent }]);
+    await produce(env.PAVER_TOPIC_TOOL_CALLS!, [{ key: 's-small', value: event('small', 1, 'hello') }]);
+    await waitFor(
+      () => groupCaughtUp(env.AUTOSEQ_GROUP_ID!, env.PAVER_TOPIC_TOOL_CALLS!),
+      'both events consumed and committed',
+    );
+    expect(p.child.exitCode).toBeNull();
+    const out = await consumeUntil(env.PAVER_TOPIC_NEXT_ACTIONS!, (all) => all.length >= 2);
+    const byId = new Map(
+      out.map((m) => {
+        const v = JSON.parse(m.value!.toString()) as NextActionRecord;
+        return [v.event_id, v];
+      }),
+    );
+    expect(byId.get('big')).toMatchObject({ tool: 'uppercase', execute: true, arguments_omitted: true });
+    expect(byId.get('big')!.arguments).toBeUndefined();
+    expect(byId.get('small')).toMatchObject({ tool: 'uppercase', arguments: { text: 'hello' } });
+    const m = parsePrometheus((await getJson(p.url('/metrics'))).body as string);
+    expect(
+      m.value('paver_outputs_oversize_total', { topic: env.PAVER_TOPIC_NEXT_ACTIONS!, outcome: 'trimmed' }),
+    ).toBe(1);
+  });
+});
