@@ -34,6 +34,11 @@ export interface ServiceParts<T> {
   parse: Parser<T>;
   handler: BatchHandler<T>;
   /**
+   * Inputs are consumed only while this holds (besides Redis being reachable): what the handler must not run
+   * without, such as a configuration table read to its end. Consumption pauses meanwhile, /readyz says why.
+   */
+  consumeWhen?: () => boolean;
+  /**
    * What the consumer decodes input values with before `parse`; by default the configured Paver codec (JSON
    * or Confluent framing). A service whose input is another format (OTLP, say) passes bytes through here.
    * Outputs always use the configured codec.
@@ -180,6 +185,7 @@ export async function runService<E extends CommonEnv, T>(
       await prepareTopics(kafka, parts.extraTopics, env, log);
     }
     await parts.start?.();
+    const consumeWhen = parts.consumeWhen;
     runner = createRunner<T>(
       {
         service: spec.name,
@@ -187,7 +193,7 @@ export async function runService<E extends CommonEnv, T>(
         topics: parts.inputTopics,
         parse: parts.parse,
         handler: parts.handler,
-        ready: () => redisReady(redis),
+        ready: consumeWhen ? () => redisReady(redis) && consumeWhen() : () => redisReady(redis),
         ...(parts.onRebalance ? { onRebalance: parts.onRebalance } : {}),
       },
       parts.inputCodec ? { ...runtime, codec: parts.inputCodec } : runtime,

@@ -92,8 +92,11 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
         await feed.start();
         if (await feed.caughtUp(env.SEQUENCER_CONFIG_WAIT_MS))
           log.info({ agents: config.size }, 'orchestration configuration loaded');
-        else log.warn('orchestration topic not caught up yet; consuming anyway, /readyz says so');
+        else log.warn('orchestration topic not caught up yet; consumption waits for it, /readyz says so');
       },
+      // An event judged without its agent's configuration would be published with no tool allowed and move the
+      // session on (its position advances, so no redelivery repairs it): events wait for the table instead.
+      consumeWhen: () => feed.isCaughtUp(),
       readiness: [
         { name: 'orchestration', check: () => feed.isCaughtUp() },
         { name: 'redis_state', check: () => guard.ready() },

@@ -290,4 +290,61 @@ describe('sequencer service (real Kafka, real Redis)', () => {
     expect(await a.exited).toBe(0);
     expect(await b.exited).toBe(0);
   });
+
+  it('waits for its orchestration table before judging events (no session moved on without its configuration)', async () => {
+    // The configuration only on the topic, behind a backlog of other agents' that takes the table a while to
+    // read, and no wait for it at start: events already on the topic must not be judged before it is read.
+    const env = envFor({ SEQUENCER_CONFIG_FILE: '', SEQUENCER_CONFIG_WAIT_MS: '0' });
+    await topics(env);
+    const config = (i: number) => ({
+      schema_version: 1,
+      tools: Array.from({ length: 60 }, (_, t) => `tool_${i}_${t}`),
+      steps: [
+        {
+          name: 'all',
+          isDefault: true,
+          availableTools: { allowed: [`tool_${i}_0`, `tool_${i}_1`] },
+          sequence: [`tool_${i}_0`, `tool_${i}_1`],
+        },
+      ],
+    });
+    const backlog = Array.from({ length: 30_000 }, (_, i) => ({
+      key: `t/agent-${i}`,
+      value: JSON.stringify(config(i)),
+    }));
+    for (let i = 0; i < backlog.length; i += 3_000)
+      await produce(env.PAVER_TOPIC_ORCHESTRATION!, backlog.slice(i, i + 3_000));
+    const good = {
+      schema_version: 1,
+      tools: ['a', 'b', 'c'],
+      steps: [{ name: 'ab', isDefault: true, availableTools: { allowed: ['a', 'b'] }, sequence: ['a', 'b'] }],
+    };
+    await produce(env.PAVER_TOPIC_ORCHESTRATION!, [{ key: 'default/default', value: JSON.stringify(good) }]);
+    const calls = ['a', 'b'].map((tool, step) => ({
+      type: 'tool_call',
+      event_id: `gate-${step}`,
+      ts: 1_760_000_000_000 + step,
+      session_id: 'gate',
+      task_id: 'gate',
+      step,
+      tool,
+    }));
+    await produce(
+      env.PAVER_TOPIC_TOOL_CALLS!,
+      calls.map((e) => ({ key: 'gate', value: JSON.stringify(e) })),
+    );
+    const p = await startProcess(['bin/paver.js', 'run', 'sequencer'], env);
+    procs.push(p);
+
+    const got = await consumeUntil(env.PAVER_TOPIC_SEQUENCE_STATE!, (all) => all.length >= 2);
+    const records = got.map((m) => sequenceStateRecordV1.parse(JSON.parse(m.value!.toString())));
+    // Judged with its configuration: `a` then `b`, the sequence followed (without it: nothing allowed).
+    expect(records.map((r) => [r.event_id, r.allowed_tools, r.violation ?? null])).toEqual([
+      ['gate-0', ['b'], null],
+      ['gate-1', expect.any(Array), null],
+    ]);
+    expect(records[1]!.allowed_tools.length).toBeGreaterThan(0);
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toBe(0);
+  });
 });
