@@ -147,7 +147,8 @@ export function createBatchHandler(o: {
       dirty.set(id, { ref: refs.get(id)!, state: task });
       out.push(...records);
     }
-    // Publish first, then store: a crash in between re-decides the same events to the same records. A batch
+    // Publish first, then store: a crash in between re-decides the same events to the same records (unless the
+    // catalog changed meanwhile). A batch
     // (or a send) that ran long renews its leases before and after, so its write is not refused.
     await learn?.leases.keepFresh();
     await sink.send(

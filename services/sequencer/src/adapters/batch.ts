@@ -45,7 +45,8 @@ export function createBatchHandler(o: {
       current.set(id, r.state);
       if (r.record) out.push(r.record);
     }
-    // Publish, then store: a crash in between re-applies the same events to the same records.
+    // Publish, then store: a crash in between re-applies the same events, to the same records unless the
+    // orchestration changed meanwhile (at-least-once: the stored state decides, never the record).
     await sink.send(
       topic,
       'sequence-state.v1',
