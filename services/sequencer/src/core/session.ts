@@ -72,6 +72,16 @@ export function settle(agent: Agent, s: SessionState): void {
   if (s.step === null || completed(agent.byName.get(s.step), s.index)) moveTo(s, selectStep(agent, s));
 }
 
+/**
+ * Moves the session to where a tool call is judged (`applyEvent` does this before it looks at the tool). A step
+ * removed or renamed by a configuration change is left first: `settle` alone would keep the name, and the
+ * session would be in no step at all instead of the one the rule picks.
+ */
+export function settleForToolCall(agent: Agent, s: SessionState): void {
+  if (s.step !== null && !agent.byName.has(s.step)) moveTo(s, null);
+  settle(agent, s);
+}
+
 function moveTo(s: SessionState, step: Step | null): void {
   const name = step?.name ?? null;
   if (name !== s.step) {
@@ -102,13 +112,17 @@ export function view(agent: Agent | undefined, s: SessionState, universe: readon
   return viewAt(s.step === null ? undefined : agent?.byName.get(s.step), s.index, universe);
 }
 
-/** Where `settle` would put the session, without touching it: the step (or none) and the index in it. */
+/**
+ * Where a tool call's `applyEvent` would judge it, without touching the state: the step (or none) and the index
+ * in it. A step no longer configured counts as none, so the rule picks again, as `applyEvent` does before it
+ * settles; treating it as no active step would allow every tool, and the next call would be judged otherwise.
+ */
 export function settledPosition(agent: Agent, s: SessionState): { step: Step | undefined; index: number } {
   const current = s.step === null ? undefined : agent.byName.get(s.step);
-  if (s.step !== null && !completed(current, s.index)) return { step: current, index: s.index };
+  if (current && !completed(current, s.index)) return { step: current, index: s.index };
   const picked = selectStep(agent, s);
   // As moveTo: staying in the same step keeps the index, any move resets it.
-  return (picked?.name ?? null) === s.step
+  return current && picked === current
     ? { step: current, index: s.index }
     : { step: picked ?? undefined, index: 0 };
 }
@@ -182,7 +196,7 @@ export function applyEvent(
   let universe: readonly string[] = agent?.tools ?? [];
 
   if (agent) {
-    // A step removed by a configuration change is left; the rule then picks again.
+    // A step removed by a configuration change is left, whatever the event; the rule then picks again.
     if (s.step !== null && !agent.byName.has(s.step)) moveTo(s, null);
     if (e.type === 'user_message') {
       s.msg = agent.steps
@@ -195,7 +209,7 @@ export function applyEvent(
       moveTo(s, selectStep(agent, s));
     } else if (e.type === 'tool_call') {
       if (e.visible_tools) universe = e.visible_tools;
-      settle(agent, s);
+      settleForToolCall(agent, s);
       const step = s.step === null ? undefined : agent.byName.get(s.step);
       let completing = false;
       if (step && step.sequence.length > 0 && s.index < step.sequence.length) {

@@ -8,8 +8,8 @@ import { loadOrchestrationFile, type Orchestrations } from '../../src/core/orche
 import {
   applyEvent,
   newSession,
-  settle,
   settledPosition,
+  settleForToolCall,
   view,
   viewAt,
   type SessionState,
@@ -47,7 +47,10 @@ const CONFIG = {
   ],
 };
 
-/** The route as it was before the fast path (zod on every id and tool, a copy of the state settled): the oracle. */
+/**
+ * The route as it was before the fast path (zod on every id and tool, a copy of the state moved where a tool call
+ * would be judged): the oracle.
+ */
 async function oracle(
   config: Orchestrations,
   state: SessionState,
@@ -69,7 +72,7 @@ async function oracle(
     return { status: 400, body: { error: 'tools must be a comma-separated list of tool names' } };
   const agent = config.get(ref.tenant, ref.agent);
   const s = { ...state };
-  if (agent) settle(agent, s);
+  if (agent) settleForToolCall(agent, s);
   return { status: 200, body: { session_id: sessionId, ...view(agent, s, tools ?? agent?.tools ?? []) } };
 }
 
@@ -112,21 +115,67 @@ describe('allowed-tools route', () => {
     expect(parseTools('a,b\u0001')).toBeNull();
   });
 
-  it('settledPosition is where settle() moves a copy, and viewAt at it is the settled view', () => {
+  it("settledPosition is where a tool call's applyEvent judges it, and viewAt at it is that view", () => {
     const config = loadOrchestrationFile(CONFIG);
     const agent = config.get('default', 'default')!;
     const r = rng(3);
     for (let i = 0; i < 2000; i++) {
+      // Some states are in a step no longer configured ('gone').
       const s = randomState(r);
-      const settled = { ...s };
-      settle(agent, settled);
+      const judged = { ...s };
+      settleForToolCall(agent, judged);
       const at = settledPosition(agent, s);
-      // A step no longer configured ('gone') stays in the state but is no step to a reader.
-      expect(at.step).toBe(settled.step === null ? undefined : agent.byName.get(settled.step));
-      if (at.step) expect(at.index).toBe(settled.index);
-      expect(viewAt(at.step, at.index, TOOLS)).toEqual(view(agent, settled, TOOLS));
+      expect(at.step).toBe(judged.step === null ? undefined : agent.byName.get(judged.step));
+      expect(judged.step === null || agent.byName.has(judged.step)).toBe(true);
+      if (at.step) expect(at.index).toBe(judged.index);
+      expect(viewAt(at.step, at.index, TOOLS)).toEqual(view(agent, judged, TOOLS));
     }
   });
+
+  for (const change of ['removed', 'renamed'] as const) {
+    it(`after the current step is ${change}, the allowed tools are those the next tool call is judged by`, async () => {
+      const research = {
+        name: 'research',
+        conditions: [{ type: 'message_regex', value: 'research' }],
+        availableTools: { allowed: ['web_search', 'summarize'] },
+        sequence: ['web_search', 'summarize'],
+      };
+      // A default step with a sequence: a tool the answer allows but the event path refuses shows as a violation.
+      const plan = { name: 'plan', isDefault: true, sequence: ['think', 'save'] };
+      const orchestration = (steps: object[]) =>
+        agentOrchestrationV1.parse({ tools: TOOLS, steps, options: { violation_policy: 'warn' } });
+      const config = loadOrchestrationFile({ agents: [] });
+      config.set(orchestration([research, plan]));
+      const agent0 = config.get('default', 'default')!;
+      const base = { ts: 0, tenant_id: 'default', agent_id: 'default', session_id: 's' };
+      const call = (id: string, tool: string) =>
+        ({ ...base, event_id: id, type: 'tool_call', task_id: 't', step: 0, tool }) as const;
+      let s = applyEvent(agent0, newSession(), {
+        ...base,
+        event_id: 'm',
+        type: 'user_message',
+        text: 'research',
+      }).state;
+      s = applyEvent(agent0, s, call('c', 'web_search')).state;
+      expect(s).toMatchObject({ step: 'research', index: 1 });
+
+      config.set(orchestration(change === 'removed' ? [plan] : [{ ...research, name: 'investigate' }, plan]));
+      const agent = config.get('default', 'default')!;
+      const route = allowedToolsRoute(config, (_ref, respond) => Promise.resolve(respond(s)));
+      const answer = sent(await route.handler(request('s', ''))).body as {
+        active_step: string | null;
+        expected: string[];
+        allowed_tools: string[];
+      };
+      const judged = TOOLS.map((tool) => ({ tool, record: applyEvent(agent, s, call('n', tool)).record! }));
+      const allowed = judged.filter((j) => j.record.violation === null).map((j) => j.tool);
+      expect(answer.allowed_tools).toEqual([...allowed].sort());
+      expect(answer.allowed_tools).toEqual(['think']);
+      for (const j of judged.filter((x) => x.record.violation))
+        expect(j.record.violation!.expected).toEqual(answer.expected);
+      expect(answer.active_step).toBe('plan');
+    });
+  }
 
   it("an event's record views the agent's tools as a fresh view() of its state does (memoized views)", () => {
     const config = loadOrchestrationFile(CONFIG);
