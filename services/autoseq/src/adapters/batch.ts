@@ -94,9 +94,10 @@ export function createBatchHandler(o: {
     const out: NextActionRecord[] = [];
     const scored: { held: boolean; origin: string; state: string; hit: boolean; executed: boolean }[] = [];
     const moved: string[] = [];
-    for (const { value: e } of batch) {
+    for (const { value: e, partition, offset } of batch) {
+      const pos = { partition, offset };
       if (e.type !== 'tool_call') {
-        const lr = learn ? applyEvent(learn, e, lopts, validate) : null;
+        const lr = learn ? applyEvent(learn, e, lopts, validate, null, pos) : null;
         if (lr?.held)
           scored.push({
             held: true,
@@ -110,14 +111,14 @@ export function createBatchHandler(o: {
       }
       const id = idOf(e);
       const end = m.decisionSeconds.startTimer();
-      const d = decide(e, catalog, states.get(id) ?? newTaskState(), opts, hash);
+      const d = decide(e, catalog, states.get(id) ?? newTaskState(), opts, hash, pos);
       if (d.duplicate) {
         end();
         m.duplicates.inc();
         continue;
       }
       const typedNext = typedProposal(d.records, e.observation);
-      const lr = learn ? applyEvent(learn, e, lopts, validate, typedNext) : null;
+      const lr = learn ? applyEvent(learn, e, lopts, validate, typedNext, pos) : null;
       let task = d.task;
       // decide() built these records for this event alone: marking them in place changes nothing else.
       let records = d.records;

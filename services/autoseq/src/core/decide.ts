@@ -1,5 +1,6 @@
 import type { NextActionRecord, ToolCallEvent } from '../../../../schemas/index.js';
 import type { Catalog, CompiledTool } from './catalog.js';
+import { appliedBefore, type Position } from './position.js';
 import { isMapping, payloadShape, type Hash, type PayloadShape } from './shape.js';
 
 export interface AutoseqOptions {
@@ -23,6 +24,8 @@ export interface TaskState {
   consecutive: number;
   /** The last executable decision in the current auto-executed run: tool and payload fingerprint. */
   last: { tool: string; fp: string } | null;
+  /** Where the task's last applied event stood; absent offline (files) and in state written before it was kept. */
+  at?: Position;
 }
 
 export const newTaskState = (): TaskState => ({ seen: [], pending: null, consecutive: 0, last: null });
@@ -44,8 +47,10 @@ export function decide(
   task: TaskState,
   opts: AutoseqOptions,
   hash: Hash,
+  pos?: Position,
 ): Decision {
-  if (task.seen.includes(e.event_id)) return { records: [], task, duplicate: true };
+  if (appliedBefore(task.at, pos) || task.seen.includes(e.event_id))
+    return { records: [], task, duplicate: true };
   const records: NextActionRecord[] = [];
   const auto = e.origin === 'auto_seq';
   if (auto && task.pending === e.tool) {
@@ -59,6 +64,8 @@ export function decide(
     consecutive: auto ? task.consecutive + 1 : 0,
     last: auto ? task.last : null,
   };
+  const at = pos ?? task.at;
+  if (at) next.at = at;
 
   const shape = payloadShape(e.observation, hash);
   const scope = catalog.scope(e.tenant_id, e.agent_id);

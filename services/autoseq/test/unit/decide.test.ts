@@ -238,6 +238,50 @@ describe('task state: executed, loop guard, idempotency', () => {
     expect(again).toMatchObject({ duplicate: true, records: [] });
     expect(again.task).toBe(first.task);
   });
+  it('a redelivered batch longer than the id window: every event at or before the last applied position is skipped', () => {
+    const c = catalogOf([tool('init_docs', route)]);
+    // 70 events (over the 64 ids kept) alternating a decision and its auto-executed call.
+    const events = Array.from({ length: 70 }, (_, i) =>
+      i % 2 === 0 ? event(good) : event({ done: true }, { tool: 'init_docs', origin: 'auto_seq' }),
+    );
+    const at = (i: number) => ({ partition: 0, offset: String(1000 + i) });
+    let task = newTaskState();
+    let decided = 0;
+    events.forEach((e, i) => {
+      const d = decide(e, c, task, DEFAULT_OPTIONS, sha256, at(i));
+      decided += d.records.length;
+      task = d.task;
+    });
+    expect(decided).toBeGreaterThan(70);
+    expect(task.at).toEqual(at(69));
+    const state = task;
+    events.forEach((e, i) => {
+      const d = decide(e, c, task, DEFAULT_OPTIONS, sha256, at(i));
+      expect(d).toMatchObject({ duplicate: true, records: [] });
+      task = d.task;
+    });
+    expect(task).toBe(state);
+    // Offsets compare as numbers, not strings ('999' < '1069').
+    expect(
+      decide(event(good), c, state, DEFAULT_OPTIONS, sha256, { partition: 0, offset: '999' }).duplicate,
+    ).toBe(true);
+    // A new event after it, or on another partition (at any offset), is decided.
+    const next = decide(event(good), c, state, DEFAULT_OPTIONS, sha256, at(70));
+    expect(next).toMatchObject({ duplicate: false, task: { at: at(70) } });
+    expect(next.records).toHaveLength(1);
+    const other = decide(event(good), c, state, DEFAULT_OPTIONS, sha256, { partition: 1, offset: '0' });
+    expect(other).toMatchObject({ duplicate: false, task: { at: { partition: 1, offset: '0' } } });
+  });
+  it('without positions (files), the id window alone decides what is a duplicate, and no position is kept', () => {
+    const c = catalogOf([tool('init_docs', route)]);
+    const e = event(good);
+    const first = run(c, e);
+    expect('at' in first.task).toBe(false);
+    expect(run(c, e, first.task).duplicate).toBe(true);
+    // An old state without a position: the window still holds.
+    const withPos = decide(e, c, first.task, DEFAULT_OPTIONS, sha256, { partition: 0, offset: '5' });
+    expect(withPos.duplicate).toBe(true);
+  });
   it('the same tool on the same payload shape twice in a row is stopped', () => {
     const c = catalogOf([tool('loop', route)]);
     const a = run(c, event(good));

@@ -132,6 +132,42 @@ describe('learned rule lifecycle', () => {
     expect(JSON.stringify([...store.scopes.values()])).toBe(snapshot);
   });
 
+  it('redelivery of more events than the id window holds: positions skip them all, no trial counts twice', () => {
+    const store = new MemoryLearnStore();
+    for (let i = 0; i < 12; i++) run(store, task(i));
+    // One task of 140 events (over the 128 ids kept), each at its offset on partition 3.
+    const events: ToolCallsEvent[] = [];
+    for (let i = 0; i < 70; i++) {
+      const rid = `R${2000 + i}`;
+      events.push(call('long', 2 * i, 'lookup', { q: `u${i}` }, { record_id: rid, items: [] }));
+      events.push(call('long', 2 * i + 1, 'fetch', { record_id: rid }, { ok: true }));
+    }
+    const at = (i: number) => ({ partition: 3, offset: String(90 + i) });
+    const first = events.map((e, i) => applyEvent(store, e, opts, undefined, null, at(i))!);
+    expect(first.some((r) => r.scored.length > 0)).toBe(true);
+    const snapshot = JSON.stringify([...store.scopes.values()]);
+    const kept = store.task('default', 'default', 'long');
+    expect(kept.at).toEqual(at(139));
+    const again = events.map((e, i) => applyEvent(store, e, opts, undefined, null, at(i))!);
+    expect(again.every((r) => r.duplicate && r.held === null && r.scored.length === 0)).toBe(true);
+    expect(JSON.stringify([...store.scopes.values()])).toBe(snapshot);
+    expect(store.task('default', 'default', 'long')).toBe(kept);
+    // A new event on another partition is applied (and scored).
+    const moved = applyEvent(
+      store,
+      call('long', 140, 'lookup', { q: 'x' }, { record_id: 'R9' }),
+      opts,
+      undefined,
+      null,
+      {
+        partition: 4,
+        offset: '0',
+      },
+    )!;
+    expect(moved.duplicate).toBe(false);
+    expect(store.task('default', 'default', 'long').at).toEqual({ partition: 4, offset: '0' });
+  });
+
   it('state stays within its bounds', () => {
     const small: LearnOptions = { ...opts, maxSlots: 20, maxContexts: 10, historyPerTask: 4 };
     const store = new MemoryLearnStore();

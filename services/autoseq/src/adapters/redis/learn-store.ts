@@ -56,6 +56,7 @@ const ctxShape = z.object({
 const saveReply = z.tuple([z.literal(1)]);
 const taskShape = z.object({
   seen: z.array(z.string()),
+  at: z.object({ partition: z.number().int().nonnegative(), offset: z.string().regex(/^\d+$/) }).optional(),
   calls: z.array(z.object({ tool: z.string() }).passthrough()),
   user: z.string().nullable(),
   pending: z.array(z.unknown()),

@@ -19,6 +19,8 @@ const stored = z.object({
   pending: z.string().nullable(),
   consecutive: z.number().int().nonnegative(),
   last: z.object({ tool: z.string(), fp: z.string() }).nullable(),
+  // Absent in state written before positions were kept: the task's position is then unknown.
+  at: z.object({ partition: z.number().int().nonnegative(), offset: z.string().regex(/^\d+$/) }).optional(),
 });
 
 /**

@@ -13,6 +13,7 @@ import {
   type ScopeState,
   type StepResult,
 } from './learner.js';
+import type { Position } from '../position.js';
 
 /** One `paver predict` line: the best proposal held for this call before it was read. */
 export interface PredictLine {
@@ -96,11 +97,12 @@ export function applyEvent(
   opts: LearnOptions = DEFAULT_LEARN,
   validate?: ArgsValidator,
   typedNext: Proposal | null = null,
+  pos?: Position,
 ): StepResult | null {
   if (e.type === 'user_message') {
     if (!e.task_id) return null;
     const t = store.task(e.tenant_id, e.agent_id, e.task_id);
-    const next = stepUserMessage(t, e);
+    const next = stepUserMessage(t, e, pos);
     if (next !== t) store.setTask(e.tenant_id, e.agent_id, e.task_id, next);
     return null;
   }
@@ -108,8 +110,8 @@ export function applyEvent(
   const task = store.task(e.tenant_id, e.agent_id, e.task_id);
   const r =
     e.type === 'tool_call'
-      ? stepToolCall(scope, task, e, opts, validate)
-      : stepTaskCompleted(scope, task, e, opts);
+      ? stepToolCall(scope, task, e, opts, validate, pos)
+      : stepTaskCompleted(scope, task, e, opts, pos);
   if (r.duplicate) return r;
   // The typed decider wins when it is unique: it becomes the proposal held for the next call.
   if (typedNext && e.type === 'tool_call') {

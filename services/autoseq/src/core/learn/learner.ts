@@ -11,6 +11,7 @@ import {
   type Source,
 } from '../../../../../shared/core/bindings.js';
 import type { TaskCompletedEvent, ToolCallEvent, UserMessageEvent } from '../../../../../schemas/index.js';
+import { appliedBefore, type Position } from '../position.js';
 import { failedOutput, mentionsRequest } from './outcome.js';
 import { fnv64, wilsonLower } from './stats.js';
 
@@ -163,6 +164,8 @@ interface Pending {
 
 export interface LearnTask {
   seen: string[];
+  /** Where the task's last applied event stood (see `appliedBefore`); absent offline and in older state. */
+  at?: Position;
   calls: PastCall[];
   user: string | null;
   /** Every learned proposal for the next call (scored when it comes). */
@@ -620,9 +623,11 @@ export function stepToolCall(
   e: ToolCallEvent,
   opts: LearnOptions = DEFAULT_LEARN,
   validate?: ArgsValidator,
+  pos?: Position,
 ): StepResult {
   const out = stepStart(task);
-  if (task.seen.includes(e.event_id)) return { ...out, held: null, duplicate: true };
+  if (appliedBefore(task.at, pos) || task.seen.includes(e.event_id))
+    return { ...out, held: null, duplicate: true };
   scope.clock++;
   const fp = argsFp(e.args);
   if (task.best) out.heldHit = task.best.tool === e.tool && argsFp(task.best.args) === fp;
@@ -640,6 +645,7 @@ export function stepToolCall(
     pending: [],
     best: null,
   };
+  withAt(next, task, pos);
   const p = propose(scope, e, next, opts, validate);
   next.pending = p.pending;
   next.best = p.best;
@@ -659,9 +665,11 @@ export function stepTaskCompleted(
   task: LearnTask,
   e: TaskCompletedEvent,
   opts: LearnOptions = DEFAULT_LEARN,
+  pos?: Position,
 ): StepResult {
   const out = stepStart(task);
-  if (task.seen.includes(e.event_id)) return { ...out, held: null, duplicate: true };
+  if (appliedBefore(task.at, pos) || task.seen.includes(e.event_id))
+    return { ...out, held: null, duplicate: true };
   scope.clock++;
   if (task.best) out.heldHit = false;
   scorePending(scope, task, null, e.ts, opts, out);
@@ -672,14 +680,26 @@ export function stepTaskCompleted(
     c.next[''] = (c.next[''] ?? 0) + 1;
     if (halveIfOver(c.next, c.n, opts.maxCount)) c.n /= 2;
   }
-  out.task = { ...task, seen: [...task.seen, e.event_id].slice(-opts.seenPerTask), pending: [], best: null };
+  out.task = withAt(
+    { ...task, seen: [...task.seen, e.event_id].slice(-opts.seenPerTask), pending: [], best: null },
+    task,
+    pos,
+  );
   return out;
 }
 
+/** Records where the applied event stood; without a position (offline) the task keeps what it had. */
+function withAt(next: LearnTask, task: LearnTask, pos: Position | undefined): LearnTask {
+  const at = pos ?? task.at;
+  if (at) next.at = at;
+  else delete next.at;
+  return next;
+}
+
 /** The task's first user message is the one binding source that is not a call. */
-export function stepUserMessage(task: LearnTask, e: UserMessageEvent): LearnTask {
-  if (task.user !== null || task.seen.includes(e.event_id)) return task;
-  return { ...task, user: e.text, seen: [...task.seen, e.event_id] };
+export function stepUserMessage(task: LearnTask, e: UserMessageEvent, pos?: Position): LearnTask {
+  if (task.user !== null || appliedBefore(task.at, pos) || task.seen.includes(e.event_id)) return task;
+  return withAt({ ...task, user: e.text, seen: [...task.seen, e.event_id] }, task, pos);
 }
 
 export interface RuleView {

@@ -1,0 +1,142 @@
+import { Registry } from 'prom-client';
+import { afterAll, describe, expect, it } from 'vitest';
+import {
+  catalogPolicyV1,
+  catalogToolV1,
+  type NextActionRecord,
+  type ToolCallsEvent,
+} from '../../../../schemas/index.js';
+import type { InboundRecord } from '../../../../shared/kafka/chunk.js';
+import type { Sink } from '../../../../shared/kafka/sink.js';
+import { testRedis, unique } from '../../../../test/helpers/kafka.js';
+import { createBatchHandler } from '../../src/adapters/batch.js';
+import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
+import { RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
+import { RedisTaskStore, taskKey } from '../../src/adapters/redis/task-store.js';
+import { Catalog } from '../../src/core/catalog.js';
+import { DEFAULT_OPTIONS } from '../../src/core/decide.js';
+import { DEFAULT_LEARN } from '../../src/core/learn/learner.js';
+import { SchemaCompiler } from '../../src/core/schema-compiler.js';
+
+function catalog(): Catalog {
+  const c = new Catalog(new SchemaCompiler());
+  c.loadAgent({
+    tenant_id: 'default',
+    agent_id: 'default',
+    tools: [
+      catalogToolV1.parse({
+        name: 'init_docs',
+        args_schema: {
+          type: 'object',
+          properties: { route: { type: 'string' }, text: { type: 'string' } },
+          required: ['route', 'text'],
+        },
+        side_effects: 'read',
+        auto_seq: true,
+        auto_seq_execute: true,
+      }),
+    ],
+    policy: catalogPolicyV1.parse({ auto_seq_enabled: true, auto_seq_execute: true }),
+  });
+  return c;
+}
+
+/**
+ * One task's 70 events (more than the 64 ids the typed state keeps), at consecutive offsets of one partition:
+ * a decision, then its auto-executed call, by turns.
+ */
+function chunk(task: string): InboundRecord<ToolCallsEvent>[] {
+  return Array.from({ length: 70 }, (_, i) => {
+    const value: ToolCallsEvent = {
+      type: 'tool_call',
+      event_id: `${task}:${i}`,
+      ts: 1_000 + i,
+      tenant_id: 'default',
+      agent_id: 'default',
+      session_id: task,
+      task_id: task,
+      step: i,
+      ...(i % 2 === 0
+        ? { tool: 'triage', args: {}, observation: { route: 'docs', text: `q${i}` } }
+        : {
+            tool: 'init_docs',
+            args: { route: 'docs', text: `q${i - 1}` },
+            origin: 'auto_seq',
+            observation: {},
+          }),
+    } as ToolCallsEvent;
+    return {
+      topic: 'tool-calls',
+      partition: 2,
+      offset: String(500 + i),
+      key: task,
+      timestamp: '0',
+      value,
+    };
+  });
+}
+
+describe('autoseq redelivery of a chunk over the id window (real Redis, the service batch handler)', () => {
+  const redis = testRedis();
+  afterAll(() => redis.quit());
+  const ctx = { heartbeat: async () => undefined, isRunning: () => true };
+
+  for (const learning of [false, true])
+    it(`a chunk handled again (state saved, offsets not committed) publishes nothing and saves no step twice (learning ${learning ? 'on' : 'off'})`, async () => {
+      const prefix = unique('paver-test');
+      const registry = new Registry();
+      const metrics = createAutoseqMetrics(registry, () => 1);
+      const sent: NextActionRecord[][] = [];
+      const sink = {
+        send: async (_topic: string, _contract: string, records: { value: unknown }[]) => {
+          sent.push(records.map((r) => r.value as NextActionRecord));
+        },
+      } as unknown as Sink;
+      const store = new RedisTaskStore(redis, prefix, 60_000);
+      const handle = createBatchHandler({
+        catalog: catalog(),
+        store,
+        loadLearn: learning
+          ? (events, c) =>
+              RedisLearnStore.load(redis, prefix, 60_000, DEFAULT_LEARN, events, {
+                ttlMs: 10_000,
+                heartbeat: c.heartbeat,
+                isRunning: c.isRunning,
+              })
+          : null,
+        taskKey: (ref) => taskKey(prefix, ref),
+        opts: DEFAULT_OPTIONS,
+        lopts: DEFAULT_LEARN,
+        sink,
+        topic: 'next-actions',
+        metrics,
+      });
+      const saved = async () => (await metrics.saved.get()).values[0]?.value ?? 0;
+      const batch = chunk(unique('task'));
+
+      await handle(batch, ctx);
+      const first = sent.flat();
+      expect(first.filter((r) => r.event_type === 'auto_seq_executed')).toHaveLength(35);
+      const savedOnce = await saved();
+      expect(savedOnce).toBe(35);
+
+      // The same chunk again, as after a rebalance between the state write and the offset commit.
+      await handle(batch, ctx);
+      expect(sent.slice(1).flat()).toEqual([]);
+      expect(await saved()).toBe(savedOnce);
+      expect((await metrics.duplicates.get()).values[0]?.value).toBe(70);
+    });
+
+  it('task state written before positions were kept reads as position unknown; a position saved reads back', async () => {
+    const prefix = unique('paver-test');
+    const store = new RedisTaskStore(redis, prefix, 60_000);
+    const ref = { tenant: 'default', agent: 'default', task: 'old' };
+    const old = { seen: ['a'], pending: null, consecutive: 0, last: null };
+    await redis.set(taskKey(prefix, ref), JSON.stringify(old));
+    const read = await store.load(new Map([['x', ref]]));
+    expect(read.get('x')).toEqual(old);
+    const at = { partition: 1, offset: '12345678901234567890' };
+    await store.save(new Map([['x', { ref, state: { ...old, at } }]]));
+    expect((await store.load(new Map([['x', ref]]))).get('x')).toEqual({ ...old, at });
+  });
+});
