@@ -7,8 +7,10 @@ import {
   type ToolCallsEvent,
 } from '../../../../schemas/index.js';
 import type { InboundRecord } from '../../../../shared/kafka/chunk.js';
-import type { Sink } from '../../../../shared/kafka/sink.js';
-import { testRedis, unique } from '../../../../test/helpers/kafka.js';
+import { jsonCodec } from '../../../../shared/codec.js';
+import { createSink } from '../../../../shared/kafka/sink.js';
+import { createMetrics } from '../../../../shared/metrics.js';
+import { consumeUntil, createTopics, testKafka, testRedis, unique } from '../../../../test/helpers/kafka.js';
 import { createBatchHandler } from '../../src/adapters/batch.js';
 import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
 import { RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
@@ -76,9 +78,14 @@ function chunk(task: string): InboundRecord<ToolCallsEvent>[] {
   });
 }
 
-describe('autoseq redelivery of a chunk over the id window (real Redis, the service batch handler)', () => {
+describe('autoseq redelivery of a chunk over the id window (real Redis and Kafka, the service batch handler)', () => {
   const redis = testRedis();
-  afterAll(() => redis.quit());
+  const runtime = createMetrics('autoseq-test');
+  const sink = createSink(testKafka(), jsonCodec(), runtime);
+  afterAll(async () => {
+    await sink.disconnect();
+    await redis.quit();
+  });
   const ctx = { heartbeat: async () => undefined, isRunning: () => true };
 
   for (const learning of [false, true])
@@ -86,12 +93,11 @@ describe('autoseq redelivery of a chunk over the id window (real Redis, the serv
       const prefix = unique('paver-test');
       const registry = new Registry();
       const metrics = createAutoseqMetrics(registry, () => 1);
-      const sent: NextActionRecord[][] = [];
-      const sink = {
-        send: async (_topic: string, _contract: string, records: { value: unknown }[]) => {
-          sent.push(records.map((r) => r.value as NextActionRecord));
-        },
-      } as unknown as Sink;
+      const topic = unique('next-actions');
+      await createTopics([{ topic, partitions: 1 }]);
+      await sink.connect();
+      const published = async () =>
+        (await runtime.published.get()).values.find((v) => v.labels.topic === topic)?.value ?? 0;
       const store = new RedisTaskStore(redis, prefix, 60_000);
       const handle = createBatchHandler({
         catalog: catalog(),
@@ -108,21 +114,25 @@ describe('autoseq redelivery of a chunk over the id window (real Redis, the serv
         opts: DEFAULT_OPTIONS,
         lopts: DEFAULT_LEARN,
         sink,
-        topic: 'next-actions',
+        topic,
         metrics,
       });
       const saved = async () => (await metrics.saved.get()).values[0]?.value ?? 0;
       const batch = chunk(unique('task'));
 
       await handle(batch, ctx);
-      const first = sent.flat();
+      const count = await published();
+      const first = (await consumeUntil(topic, (all) => all.length >= count)).map(
+        (m) => JSON.parse(m.value!.toString()) as NextActionRecord,
+      );
       expect(first.filter((r) => r.event_type === 'auto_seq_executed')).toHaveLength(35);
       const savedOnce = await saved();
       expect(savedOnce).toBe(35);
 
       // The same chunk again, as after a rebalance between the state write and the offset commit.
       await handle(batch, ctx);
-      expect(sent.slice(1).flat()).toEqual([]);
+      // Every send is acknowledged before the handler returns: the count is what reached the topic.
+      expect(await published()).toBe(count);
       expect(await saved()).toBe(savedOnce);
       expect((await metrics.duplicates.get()).values[0]?.value).toBe(70);
     });
