@@ -217,8 +217,24 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
             cause: err,
           });
         }
-        // The broker's limit is below ours: no retry can change that, so keep the hash and position only.
-        for (const { r } of group) {
+        // The broker's limit is below ours: no retry can change that. Each record alone, then, with its original
+        // bytes where it fits (the group's others need not lose theirs), else with the hash and position only.
+        for (const { r, message } of group) {
+          if (group.length > 1) {
+            try {
+              await o.sink.sendRaw(o.env.PAVER_TOPIC_DEAD_LETTERS, [message]);
+              continue;
+            } catch (e1) {
+              if (!isTooLarge(e1))
+                throw new PaverError(
+                  'DEAD_LETTER_WRITE_FAILED',
+                  `dead-letter write failed: ${errorMessage(e1)}`,
+                  {
+                    cause: e1,
+                  },
+                );
+            }
+          }
           const small = withoutOriginal(o.service, sourceOf(r), r.reason, r.detail, now);
           try {
             await o.sink.sendRaw(o.env.PAVER_TOPIC_DEAD_LETTERS, [small]);

@@ -214,6 +214,29 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
     },
   );
 
+  it('dead letters the broker refuses together go one by one, each keeping its original bytes where it fits', async () => {
+    const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g') });
+    // A dead-letter topic whose limit is under the runner's request budget: three 60 KB dead letters (under
+    // PAVER_DEAD_LETTER_MAX_ORIGINAL_BYTES) fit alone, not together.
+    await createTopics([
+      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 },
+      { topic: env.PAVER_TOPIC_DEAD_LETTERS!, partitions: 1, config: { 'max.message.bytes': '150000' } },
+    ]);
+    const bad = [1, 2, 3].map((i) =>
+      Buffer.from(JSON.stringify(event(6000 + i, { step: 'three', args: { blob: 'q'.repeat(45_000) } }))),
+    );
+    await produce(
+      env.PAVER_TOPIC_TOOL_CALLS!,
+      bad.map((value) => ({ key: 's', value })),
+    );
+    await start(env);
+    const dl = await consumeUntil(env.PAVER_TOPIC_DEAD_LETTERS!, (all) => all.length >= 3);
+    const bodies = dl.map((m) => JSON.parse(m.value!.toString()) as { original_b64: string | null });
+    expect(
+      bodies.map((b) => (b.original_b64 === null ? null : Buffer.from(b.original_b64, 'base64'))),
+    ).toEqual(bad);
+  });
+
   it('times a failed batch (outcome failed) and delivers its records again once the dependency is back', async () => {
     const env = serviceEnv({
       FIXTURE_GROUP_ID: unique('g'),
