@@ -73,9 +73,10 @@ export interface Sink {
   /**
    * A record over `maxRecordBytes` is passed to `fit` and sent as it returns, if that fits; otherwise it is
    * left out, counted and reported: one oversized output must not stop a service (the broker would refuse it,
-   * every time the batch is read again).
+   * every time the batch is read again). `'keep'`: records that must not be left out (a table's, whose copy
+   * in Redis says they were published): one over the limit fails the send, as the broker would.
    */
-  send(topic: string, contract: string, records: OutRecord[], fit?: Fit): Promise<void>;
+  send(topic: string, contract: string, records: OutRecord[], fit?: Fit | 'keep'): Promise<void>;
   /** Bytes as they are (dead letters keep the original message); a null value is a tombstone. */
   sendRaw(
     topic: string,
@@ -92,6 +93,8 @@ export function createSink(
   opts: SinkOptions = {},
 ): Sink {
   const maxRecordBytes = opts.maxRecordBytes ?? Infinity;
+  // A request's records for one partition go as one record batch, which the topic's limit bounds too.
+  const requestBudget = Math.min(PRODUCE_REQUEST_BUDGET, maxRecordBytes);
   const producer: Producer = kafka.producer({
     // kafkajs's default partitioning (murmur2 of the key, as the Java client), computed without its per-message
     // BigInt hash and metadata filter: the same key lands on the same partition as before.
@@ -148,6 +151,11 @@ export function createSink(
         bytes[i] = Buffer.byteLength(value) + (r.key === null ? 0 : Buffer.byteLength(r.key));
         if (bytes[i]! > maxRecordBytes) oversize = true;
       }
+      if (oversize && fit === 'keep')
+        throw new PaverError(
+          'INTERNAL',
+          `an output record for ${topic} is over PAVER_MAX_OUTPUT_BYTES and must not be left out`,
+        );
       if (oversize) {
         const keptMessages: Message[] = [];
         const keptBytes: number[] = [];
@@ -156,7 +164,7 @@ export function createSink(
           let n = bytes[i]!;
           if (n > maxRecordBytes) {
             const keyBytes = n - Buffer.byteLength(m.value as string | Buffer);
-            const smaller = fit ? fit(records[i]!.value) : null;
+            const smaller = typeof fit === 'function' ? fit(records[i]!.value) : null;
             if (smaller !== null && smaller !== undefined) {
               check(smaller);
               m.value = await encodeOne(smaller);
@@ -175,7 +183,7 @@ export function createSink(
         [messages, bytes] = [keptMessages, keptBytes];
       }
       try {
-        for (const request of produceRequests(messages, bytes))
+        for (const request of produceRequests(messages, bytes, requestBudget))
           await producer.send({ topic, messages: request, acks: -1, compression: CompressionTypes.None });
       } catch (err) {
         // Under PAVER_MAX_OUTPUT_BYTES and still refused: the topic's limit is lower. A configuration error

@@ -74,7 +74,7 @@ export function createTableFeed<T>(spec: TableFeedSpec<T>, deps: RuntimeDeps): T
       await runner.start();
     },
     caughtUp(timeoutMs) {
-      progress ??= (async () => {
+      progress ??= (async (): Promise<boolean> => {
         const admin = o.kafka.admin();
         await admin.connect();
         try {
@@ -111,15 +111,27 @@ export function createTableFeed<T>(spec: TableFeedSpec<T>, deps: RuntimeDeps): T
           }
           return false;
         } finally {
-          await admin.disconnect();
+          await admin.disconnect().catch(() => undefined);
         }
-      })();
+      })().catch((err: unknown) => {
+        // The broker unreachable past the retries: checked again on the next ask (`isCaughtUp` asks), so a
+        // service whose consumption waits on the table does not wait for good.
+        progress = null;
+        o.log.warn(
+          { topic: o.topic, err: errorMessage(err) },
+          'could not tell whether the table is read; trying again',
+        );
+        return false;
+      });
       return Promise.race([
         progress,
         new Promise<boolean>((r) => setTimeout(() => r(false), timeoutMs).unref()),
       ]);
     },
-    isCaughtUp: () => caught,
+    isCaughtUp() {
+      if (!caught && !progress && !stopped && runner) void this.caughtUp(0);
+      return caught;
+    },
     async stop() {
       stopped = true;
       await progress?.catch(() => undefined);

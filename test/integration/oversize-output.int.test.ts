@@ -106,6 +106,33 @@ describe('outputs over PAVER_MAX_OUTPUT_BYTES (real Kafka)', () => {
     }
   });
 
+  it('requests are cut under the limit: a topic whose max.message.bytes is above it takes every record', async () => {
+    const topic = unique('oversize-batch');
+    await createTopics([{ topic, partitions: 1, config: { 'max.message.bytes': '100000' } }]);
+    const sink = createSink(testKafka(), jsonCodec(), undefined, { maxRecordBytes: 50_000 });
+    await sink.connect();
+    try {
+      // Ten 40 KB records: one 400 KB request (one record batch) before, which this topic refuses.
+      const records = Array.from({ length: 10 }, (_, i) => ({
+        key: 's1',
+        value: record(`r${i}`, { arguments: { text: 'x'.repeat(40_000) } }),
+      }));
+      await sink.send(topic, 'next-actions.v1', records);
+      expect(await consumeUntil(topic, (all) => all.length >= 10)).toHaveLength(10);
+      // Records that must not be left out fail the send instead.
+      await expect(
+        sink.send(
+          topic,
+          'next-actions.v1',
+          [{ key: 's1', value: record('big', { arguments: { text: 'x'.repeat(60_000) } }) }],
+          'keep',
+        ),
+      ).rejects.toThrow(/must not be left out/);
+    } finally {
+      await sink.disconnect();
+    }
+  });
+
   it('autoseq keeps running when an executable decision would copy an input just under the limit', async () => {
     const env = serviceEnv({
       AUTOSEQ_GROUP_ID: unique('as'),

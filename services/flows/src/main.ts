@@ -145,6 +145,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         env.PAVER_TOPIC_FLOWS,
         'flows.v1',
         flows.map((flow) => ({ key: flow.id, value: { schema_version: 1, flow } })),
+        'keep',
       );
     const engine = new FlowsEngine({
       store,

@@ -92,7 +92,16 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
         await feed.start();
         if (await feed.caughtUp(env.SEQUENCER_CONFIG_WAIT_MS))
           log.info({ agents: config.size }, 'orchestration configuration loaded');
-        else log.warn('orchestration topic not caught up yet; consumption waits for it, /readyz says so');
+        else {
+          log.warn('orchestration topic not caught up yet; consumption waits for it, /readyz says so');
+          // Said again while it lasts: a consumer paused for good must not look like a quiet topic.
+          const nag = setInterval(() => {
+            if (feed.isCaughtUp()) {
+              clearInterval(nag);
+              log.info({ agents: config.size }, 'orchestration configuration loaded; consuming');
+            } else log.warn('still waiting for the orchestration topic to be read to its end');
+          }, 30_000).unref();
+        }
       },
       // An event judged without its agent's configuration would be published with no tool allowed and move the
       // session on (its position advances, so no redelivery repairs it): events wait for the table instead.

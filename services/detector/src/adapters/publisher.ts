@@ -45,10 +45,15 @@ export async function publishScope(
     const live = liveCandidates(snap.stats, d.params, snap.records);
     const { upserts, retracts, next } = diffCandidates(published, live);
     const now = Date.now();
-    await d.sink.send(d.topic, 'flow-candidates.v1', [
-      ...upserts.map((c) => ({ key: candidateKey(scope, c.dedupe_key), value: toRecord(c, scope, now) })),
-      ...retracts.map((k) => ({ key: candidateKey(scope, k), value: retractedRecord(k, scope, now) })),
-    ]);
+    await d.sink.send(
+      d.topic,
+      'flow-candidates.v1',
+      [
+        ...upserts.map((c) => ({ key: candidateKey(scope, c.dedupe_key), value: toRecord(c, scope, now) })),
+        ...retracts.map((k) => ({ key: candidateKey(scope, k), value: retractedRecord(k, scope, now) })),
+      ],
+      'keep',
+    );
     if (upserts.length) d.onPublished('active', upserts.length);
     if (retracts.length) d.onPublished('retracted', retracts.length);
     const r = await d.store.release(
