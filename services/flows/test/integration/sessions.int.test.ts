@@ -83,7 +83,8 @@ describe('flows: open sessions outlive the process that followed them', () => {
   });
 
   it("an expelled instance's late save does not put an older state back", async () => {
-    const store = new RedisFlowStore(redis, unique('sess'));
+    const prefix = unique('sess');
+    const store = new RedisFlowStore(redis, prefix);
     const ref = { tenant: 'acme', agent: 'a1', session: 's1' };
     const state = (calls: string[], at: string) => ({
       tenant: 'acme',
@@ -105,6 +106,24 @@ describe('flows: open sessions outlive the process that followed them', () => {
     expect(await read()).toEqual({ ended: true, at: '0:101' });
     await store.saveSessions([{ ref, s: state(['a'], '0:99') }], [], 60_000);
     expect(await read()).toEqual({ ended: true, at: '0:101' });
+    // Arguments, outputs and the request's text (input_map evidence) are not written: a session is written again
+    // after every batch, and the evidence runs live in memory anyway.
+    await store.saveSessions(
+      [
+        {
+          ref,
+          s: {
+            ...state(['a', 'b', 'c', 'd', 'e'], '0:102'),
+            userText: 'close my account',
+            evidence: [{ tool: 'a', args: { id: 1 }, observation: 'x'.repeat(10_000) }],
+          },
+        },
+      ],
+      [],
+      60_000,
+    );
+    const stored = (await redis.get(`${prefix}:flows:{acme|a1}:session:s1`))!;
+    expect(JSON.parse(stored)).toEqual(state(['a', 'b', 'c', 'd', 'e'], '0:102'));
     // Another partition (the topic was recreated or grew): the newer write wins.
     await store.saveSessions([{ ref, s: state(['x'], '3:5') }], [], 60_000);
     expect(await read()).toMatchObject({ calls: ['x'], at: '3:5' });

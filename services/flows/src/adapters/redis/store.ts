@@ -75,17 +75,15 @@ const endedSession = z.object({ ended: z.literal(true), at: openSession.shape.at
 const ENDED_TTL_MS = 3_600_000;
 
 /**
- * Past this size a session is kept without its evidence (arguments and outputs, for input_map learning): the
- * run and its shadow choice still count; only that run's evidence is lost, and only if the process stops.
+ * A session as stored: without its arguments, outputs and request text (its `input_map` evidence). A session is
+ * written again after every batch that changes it, so evidence there would cost the square of its size (a
+ * 30-call session of 5 KB outputs read one event per batch: 2.3 MB written); and the evidence runs themselves
+ * are kept in memory only. A session taken up by another instance, or after a restart, gives its run and its
+ * shadow trial, without evidence. Raw payloads stay out of Redis as well.
  */
-const MAX_SESSION_BYTES = 512 * 1024;
-
-/** A session as stored: without its evidence past MAX_SESSION_BYTES. */
 function sessionText(s: OpenSession): string {
-  const text = JSON.stringify(s);
-  if (Buffer.byteLength(text) <= MAX_SESSION_BYTES || !s.evidence) return text;
-  const { evidence: _e, ...lean } = s;
-  return JSON.stringify(lean);
+  const { evidence: _e, userText: _u, ...kept } = s;
+  return JSON.stringify(kept);
 }
 
 export class RedisFlowStore {
