@@ -1,7 +1,8 @@
 import { afterAll, describe, expect, it } from 'vitest';
-import { createTopics, waitFor } from '../../../../test/helpers/kafka.js';
+import { waitFor } from '../../../../test/helpers/kafka.js';
 import { startLlmDouble } from '../../../../test/helpers/llm-double.js';
 import { isReady, ROOT, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
+import { createFlowsTopics } from './service-topics.js';
 
 const procs: Proc[] = [];
 const closers: (() => Promise<void>)[] = [];
@@ -35,13 +36,7 @@ describe('flows service: the model stage against malformed, slow and failing ans
       FLOWS_CHAT_URL: llm.url,
       FLOWS_SELECT_BUDGET_MS: '500',
     });
-    await createTopics([
-      { topic: env.PAVER_TOPIC_TOOL_CALLS! },
-      { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
-      { topic: env.PAVER_TOPIC_FLOW_SELECTIONS! },
-      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
-      { topic: env.PAVER_TOPIC_FLOWS!, compacted: true },
-    ]);
+    await createFlowsTopics(env);
     const p = await startProcess(['bin/paver.js', 'run', 'flows'], env);
     procs.push(p);
     await waitFor(() => isReady(p), 'flows /readyz');

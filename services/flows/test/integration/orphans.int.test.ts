@@ -1,9 +1,10 @@
 import { afterAll, describe, expect, it } from 'vitest';
-import { consumeUntil, createTopics, produce, unique, waitFor } from '../../../../test/helpers/kafka.js';
+import { consumeUntil, produce, unique, waitFor } from '../../../../test/helpers/kafka.js';
 import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import { flowFromCandidate, promotedFlowId } from '../../src/core/registry.js';
 import { A, T, closeFixture, engine, place, record, sink } from './engine-fixture.js';
+import { createFlowsTopics } from './service-topics.js';
 
 /*
  * A promotion publishes its flow before its write. A process that dies in between leaves the flow on the topic,
@@ -29,14 +30,7 @@ describe('flows: promoted flows the candidates do not back are withdrawn (real R
       FLOWS_RECONCILE_MS: '300',
       FLOWS_RECONCILE_MIN_AGE_MS: '60000',
     });
-    await createTopics([
-      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 },
-      { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
-      { topic: env.PAVER_TOPIC_FLOW_SELECTIONS! },
-      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
-      { topic: env.PAVER_TOPIC_FLOWS!, compacted: true },
-      { topic: `${env.PAVER_TOPIC_FLOWS!}.state`, compacted: true },
-    ]);
+    await createFlowsTopics(env, 1);
     const p = await startProcess(['bin/paver.js', 'run', 'flows'], env);
     procs.push(p);
     await waitFor(() => isReady(p), 'flows /readyz');

@@ -4,17 +4,11 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import type { FlowCandidateRecord } from '../../../../schemas/index.js';
 import { replay } from '../../../../cli/flows-replay.js';
-import {
-  consumeUntil,
-  createTopics,
-  groupCaughtUp,
-  produce,
-  testRedis,
-  waitFor,
-} from '../../../../test/helpers/kafka.js';
+import { consumeUntil, groupCaughtUp, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
 import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import { FLOWS, stream } from './account-stream.js';
+import { createFlowsTopics } from './service-topics.js';
 
 const procs: Proc[] = [];
 const redis = testRedis();
@@ -101,14 +95,7 @@ describe('flows service: Redis state lost mid-stream', () => {
       FLOWS_AUTO_MIN_OCCURRENCES: '5',
       FLOWS_SHADOW_TRIALS: '0',
     });
-    await createTopics([
-      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 },
-      { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
-      { topic: env.PAVER_TOPIC_FLOW_SELECTIONS! },
-      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
-      { topic: env.PAVER_TOPIC_FLOWS!, compacted: true },
-      { topic: `${env.PAVER_TOPIC_FLOWS!}.state`, compacted: true },
-    ]);
+    await createFlowsTopics(env, 1);
     const p = await startProcess(['bin/paver.js', 'run', 'flows'], env);
     procs.push(p);
     await waitFor(() => isReady(p), 'flows /readyz');

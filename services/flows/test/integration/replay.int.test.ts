@@ -4,13 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { replay } from '../../../../cli/flows-replay.js';
-import {
-  consumeUntil,
-  createTopics,
-  groupCaughtUp,
-  produce,
-  waitFor,
-} from '../../../../test/helpers/kafka.js';
+import { consumeUntil, groupCaughtUp, produce, waitFor } from '../../../../test/helpers/kafka.js';
 import { isReady, PAVER_BIN, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import {
   toolCallsEventV1,
@@ -21,6 +15,7 @@ import {
 import { evidenceOf } from '../../src/core/dataflow.js';
 import { flowsFromCandidates, recordOfCandidate } from '../../src/core/registry.js';
 import { dataFlowStream, FLOWS, stream } from './account-stream.js';
+import { createFlowsTopics } from './service-topics.js';
 
 const procs: Proc[] = [];
 afterAll(() => {
@@ -41,14 +36,7 @@ describe('flows replay equals the live service', () => {
       PAVER_TOPIC_FLOWS: `flows-${Date.now()}`,
       FLOWS_FILE: flowsFile,
     });
-    await createTopics([
-      // One partition: the live service sees the stream in file order, as the replay does.
-      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 },
-      { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
-      { topic: env.PAVER_TOPIC_FLOW_SELECTIONS! },
-      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
-      { topic: env.PAVER_TOPIC_FLOWS!, compacted: true },
-    ]);
+    await createFlowsTopics(env, 1);
     const p = await startProcess(['bin/paver.js', 'run', 'flows'], env);
     procs.push(p);
     await waitFor(() => isReady(p), 'flows /readyz');
@@ -102,13 +90,7 @@ describe('flows replay equals the live service', () => {
       FLOWS_AUTO_MIN_OCCURRENCES: String(runs),
       FLOWS_SHADOW_TRIALS: '0',
     });
-    await createTopics([
-      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 },
-      { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
-      { topic: env.PAVER_TOPIC_FLOW_SELECTIONS! },
-      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
-      { topic: env.PAVER_TOPIC_FLOWS!, compacted: true },
-    ]);
+    await createFlowsTopics(env, 1);
     const p = await startProcess(['bin/paver.js', 'run', 'flows'], env);
     procs.push(p);
     await waitFor(() => isReady(p), 'flows /readyz');

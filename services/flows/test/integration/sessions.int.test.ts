@@ -2,17 +2,11 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import {
-  createTopics,
-  groupCaughtUp,
-  produce,
-  testRedis,
-  unique,
-  waitFor,
-} from '../../../../test/helpers/kafka.js';
+import { groupCaughtUp, produce, testRedis, unique, waitFor } from '../../../../test/helpers/kafka.js';
 import { isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import { RedisFlowStore } from '../../src/adapters/redis/store.js';
 import { FLOWS, stream } from './account-stream.js';
+import { createFlowsTopics } from './service-topics.js';
 
 const procs: Proc[] = [];
 const redis = testRedis();
@@ -33,13 +27,7 @@ describe('flows: open sessions outlive the process that followed them', () => {
       PAVER_TOPIC_FLOWS: `flows-${Date.now()}`,
       FLOWS_FILE: flowsFile,
     });
-    await createTopics([
-      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 },
-      { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
-      { topic: env.PAVER_TOPIC_FLOW_SELECTIONS! },
-      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
-      { topic: env.PAVER_TOPIC_FLOWS!, compacted: true },
-    ]);
+    await createFlowsTopics(env, 1);
     const { lines } = stream();
     const parsed = lines.map((l) => JSON.parse(l) as Line);
     // What the stream holds: each session's tools, in the order sessions end.

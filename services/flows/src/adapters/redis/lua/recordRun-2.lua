@@ -8,24 +8,16 @@
 -- Returns {1} when recorded; {2} when the stored session shows the run recorded (`ran`) and its shadow outcome
 -- still to be written (the caller goes on to write it); {0} when the stored session is at or past the end
 -- (ended: nothing is left to do).
-local function parse(pos)
-  local p, o = string.match(pos or '', '^(%d+):(%d+)$')
-  return p, o
-end
--- Offsets are decimal strings of up to 19 digits: compared by length, then as text (no float rounding).
-local function atOrAfter(a, b)
-  if #a ~= #b then return #a > #b end
-  return a >= b
-end
+--- @include "lib/position.lua"
 local cur = redis.call('GET', KEYS[2])
 if cur and ARGV[4] ~= '' then
   local ok, stored = pcall(cjson.decode, cur)
   if ok and type(stored) == 'table' and type(stored.at) == 'string' then
-    local sp, so = parse(stored.at)
-    local np, no = parse(ARGV[4])
+    local sp, so = parsePosition(stored.at)
+    local np, no = parsePosition(ARGV[4])
     if sp and np and sp == np then
       if stored.ran == true then return {2} end
-      if atOrAfter(so, no) then return {0} end
+      if offsetAtOrAfter(so, no) then return {0} end
     end
   end
 end

@@ -5,26 +5,18 @@
 -- ARGV[1] the state (JSON with `at`: "<partition>:<offset>" of its last event); ARGV[2] that position ("" when
 -- unknown); ARGV[3] TTL ms.
 -- Returns {1} when written, {0} when the stored state is further along.
-local function parse(pos)
-  local p, o = string.match(pos or '', '^(%d+):(%d+)$')
-  return p, o
-end
--- Offsets are decimal strings of up to 19 digits: compared by length, then as text (no float rounding).
-local function after(a, b)
-  if #a ~= #b then return #a > #b end
-  return a > b
-end
+--- @include "lib/position.lua"
 local cur = redis.call('GET', KEYS[1])
 if cur and ARGV[2] ~= '' then
   local ok, stored = pcall(cjson.decode, cur)
   if ok and type(stored) == 'table' and type(stored.at) == 'string' then
-    local sp, so = parse(stored.at)
-    local np, no = parse(ARGV[2])
+    local sp, so = parsePosition(stored.at)
+    local np, no = parsePosition(ARGV[2])
     if sp and np and sp == np then
-      if after(so, no) then return {0} end
+      if offsetAfter(so, no) then return {0} end
       -- A session whose run another delivery of its end recorded (`ran`, see recordRun-2.lua) keeps that mark
       -- until a state strictly further along (its end) replaces it.
-      if stored.ran == true and not after(no, so) then return {0} end
+      if stored.ran == true and not offsetAfter(no, so) then return {0} end
     end
   end
 end

@@ -10,24 +10,16 @@
 -- session is already ended at or past that end (another delivery of it wrote its outcome: nothing is written).
 local n = tonumber(ARGV[1])
 local m = tonumber(ARGV[2])
-local function parse(pos)
-  local p, o = string.match(pos or '', '^(%d+):(%d+)$')
-  return p, o
-end
--- Offsets are decimal strings of up to 19 digits: compared by length, then as text (no float rounding).
-local function atOrAfter(a, b)
-  if #a ~= #b then return #a > #b end
-  return a >= b
-end
+--- @include "lib/position.lua"
 local e = 3 + n * 3 + m * 2
 for k = 3, #KEYS do
   local cur = redis.call('GET', KEYS[k])
   if cur then
     local ok, stored = pcall(cjson.decode, cur)
     if ok and type(stored) == 'table' and stored.ended == true and type(stored.at) == 'string' then
-      local sp, so = parse(stored.at)
-      local np, no = parse(ARGV[e + (k - 3) * 3 + 2])
-      if sp and np and sp == np and atOrAfter(so, no) then return {2} end
+      local sp, so = parsePosition(stored.at)
+      local np, no = parsePosition(ARGV[e + (k - 3) * 3 + 2])
+      if sp and np and sp == np and offsetAtOrAfter(so, no) then return {2} end
     end
   end
 end
