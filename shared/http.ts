@@ -78,8 +78,22 @@ export function parseTarget(target: string): { pathname: string; query: URLSearc
   const query = q < 0 ? '' : target.slice(q + 1);
   if (PLAIN_PATH.test(path) && !DOT_SEGMENT.test(path) && PLAIN_QUERY.test(query))
     return { pathname: path, query: new URLSearchParams(query) };
-  const url = new URL(target, 'http://localhost');
+  let url: URL;
+  try {
+    url = new URL(target, 'http://localhost');
+  } catch {
+    throw Object.assign(new Error('bad request target'), { status: 400 });
+  }
   return { pathname: url.pathname, query: url.searchParams };
+}
+
+/** A path parameter, percent-decoded; a bad escape is the client's error. */
+function decodeParam(raw: string): string {
+  try {
+    return decodeURIComponent(raw);
+  } catch {
+    throw Object.assign(new Error('bad percent-encoding in the path'), { status: 400 });
+  }
 }
 
 async function readBody(req: IncomingMessage): Promise<unknown> {
@@ -136,10 +150,13 @@ export function createHttpServer(opts: {
       );
     });
     void (async () => {
-      const url = parseTarget(req.url ?? '/');
-      if (url.pathname === '/metrics' || url.pathname === '/healthz' || url.pathname === '/readyz')
-        route = url.pathname;
+      // A target no URL parser takes (`GET http://[/x`), or a bad escape in a path parameter, is the client's
+      // error: a 400, never an exception out of this handler (which would end the process).
+      let url: ReturnType<typeof parseTarget> = { pathname: '', query: new URLSearchParams() };
       try {
+        url = parseTarget(req.url ?? '/');
+        if (url.pathname === '/metrics' || url.pathname === '/healthz' || url.pathname === '/readyz')
+          route = url.pathname;
         if (method === 'GET' && url.pathname === '/metrics') {
           return send(res, 200, await opts.registry.metrics(), opts.registry.contentType);
         }
@@ -159,7 +176,7 @@ export function createHttpServer(opts: {
           route = r.path;
           if (r.method !== method) return send(res, 405, { error: 'method not allowed' });
           const params: Record<string, string> = {};
-          r.names.forEach((n, i) => (params[n] = decodeURIComponent(m[i + 1] ?? '')));
+          r.names.forEach((n, i) => (params[n] = decodeParam(m[i + 1] ?? '')));
           const out = await r.handler({
             method,
             path: url.pathname,

@@ -1,3 +1,4 @@
+import { connect } from 'node:net';
 import { Registry } from 'prom-client';
 import { afterAll, describe, expect, it } from 'vitest';
 import { createHttpServer, parseTarget } from '../../shared/http.js';
@@ -21,10 +22,12 @@ const server = createHttpServer({
   ],
 });
 afterAll(() => server.close());
+let listening: Promise<number> | null = null;
+const listen = () => (listening ??= server.listen(0, '127.0.0.1'));
 
 describe('HTTP latency histogram', () => {
   it('observes every request by method, route pattern and status, never the raw path', async () => {
-    const port = await server.listen(0, '127.0.0.1');
+    const port = await listen();
     const get = (p: string, method = 'GET') => fetch(`http://127.0.0.1:${port}${p}`, { method });
     for (const id of ['s-secret-1', 's-secret-2']) await (await get(`/sessions/${id}/allowed-tools`)).text();
     await (await get('/readyz')).text();
@@ -93,5 +96,28 @@ describe('request target parsing', () => {
       const got = parseTarget(t);
       expect([got.pathname, [...got.query]], t).toEqual([url.pathname, [...url.searchParams]]);
     }
+  });
+});
+
+describe('requests a URL parser refuses', () => {
+  /** The status line of the answer to a raw request line (what a client library would not send). */
+  async function raw(port: number, requestLine: string): Promise<string> {
+    return new Promise((resolve, reject) => {
+      const socket = connect(port, '127.0.0.1', () =>
+        socket.write(`${requestLine}\r\nHost: x\r\nConnection: close\r\n\r\n`),
+      );
+      let got = '';
+      socket.on('data', (d) => (got += d.toString()));
+      socket.on('end', () => resolve(got.split('\r\n')[0] ?? ''));
+      socket.on('error', reject);
+    });
+  }
+
+  it('answers 400 to a target no URL takes and to a bad escape in a path parameter, and keeps serving', async () => {
+    const port = await listen();
+    // Before, the first one threw out of the request handler: an unhandled rejection, which ends the process.
+    expect(await raw(port, 'GET http://[/x HTTP/1.1')).toBe('HTTP/1.1 400 Bad Request');
+    expect(await raw(port, 'GET /sessions/%E0%A4%A/allowed-tools HTTP/1.1')).toBe('HTTP/1.1 400 Bad Request');
+    expect(await raw(port, 'GET /sessions/s-1/allowed-tools HTTP/1.1')).toBe('HTTP/1.1 200 OK');
   });
 });

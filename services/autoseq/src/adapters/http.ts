@@ -1,3 +1,4 @@
+import { id as idSchema } from '../../../../schemas/index.js';
 import type { Route } from '../../../../shared/http.js';
 import { listRules } from '../core/learn/learner.js';
 import type { ScopeState } from '../core/learn/learner.js';
@@ -10,7 +11,8 @@ export function rulesRoute(readScope: (tenant: string, agent: string) => Promise
     async handler(req) {
       const tenant = req.query.get('tenant_id') ?? 'default';
       const agent = req.query.get('agent_id') ?? 'default';
-      if (!tenant || !agent || tenant.length > 256 || agent.length > 256)
+      // The ids' contract (length, no control characters), as on every other route.
+      if (!idSchema.safeParse(tenant).success || !idSchema.safeParse(agent).success)
         return { status: 400, body: { error: 'bad tenant_id/agent_id' } };
       const scope = await readScope(tenant, agent);
       return {

@@ -118,6 +118,7 @@ export function flowRoutes(d: HttpDeps): Route[] {
       path: '/flows',
       handler(req) {
         const s = scopeOf(req.query);
+        if (badScope(s)) return { status: 400, body: { error: 'bad tenant_id/agent_id' } };
         return {
           status: 200,
           body: d.registry
