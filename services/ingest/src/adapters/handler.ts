@@ -82,7 +82,17 @@ export function createIngestHandler(deps: {
         fresh.push(kept);
         for (const n of notes) m.payloadsOmitted.inc(n);
       }
-    const traces = [...byTrace(fresh)].filter(([, spans]) => spans.some((s) => s.kind !== 'link'));
+    const all = [...byTrace(fresh)];
+    if (all.length === 0) return;
+    // Every trace's state is read, those with only links in this chunk too (one pipelined read either way): a
+    // tool span waiting in Redis may need exactly these links to reach its agent span, which comes later.
+    const { states, corrupt } = await store.load(all.map(([t]) => t));
+    if (corrupt) m.corruptState.inc(corrupt);
+    const traces = all.filter(
+      ([t, spans]) =>
+        spans.some((s) => s.kind !== 'link') ||
+        (states.get(t)?.spans.some((s) => s.kind === 'tool') ?? false),
+    );
     const relevant = new Set(traces.map(([t]) => t));
     m.spans.inc(
       { outcome: 'other' },
@@ -90,8 +100,6 @@ export function createIngestHandler(deps: {
     );
     if (traces.length === 0) return;
 
-    const { states, corrupt } = await store.load(traces.map(([t]) => t));
-    if (corrupt) m.corruptState.inc(corrupt);
     const events = [];
     const changes = new Map<string, TraceChange>();
     const outcomes = { tool_call: 0, pending: 0, late: 0, orphan: 0 };

@@ -199,15 +199,18 @@ export function resolveTrace(
     emptyAgents: 0,
   };
 
-  /** Nearest agent ancestor; null when the chain reaches a root without one; 'missing' when a link is unknown. */
-  const agentOf = (s: KeptSpan): KeptSpan | null | 'missing' => {
+  /**
+   * Nearest agent ancestor; null when the chain reaches a root without one; 'missing' when a link is unknown;
+   * 'late' when the chain reaches an agent span already completed (only its id is kept, in `done`).
+   */
+  const agentOf = (s: KeptSpan): KeptSpan | null | 'missing' | 'late' => {
     const seen = new Set<string>([s.spanId]);
     let parent = s.parentSpanId;
     while (parent !== null) {
       if (seen.has(parent)) return null;
       seen.add(parent);
       const p = index.get(parent);
-      if (!p) return 'missing';
+      if (!p) return done.has(parent) ? 'late' : 'missing';
       if (p.kind === 'agent') return p;
       parent = p.parentSpanId;
     }
@@ -230,6 +233,7 @@ export function resolveTrace(
     if (s.kind !== 'tool') continue;
     const agent = agentOf(s);
     if (agent === 'missing') r.pendingTools.push(s.spanId);
+    else if (agent === 'late') r.lateTools.push(s.spanId);
     else if (agent === null) r.orphanTools.push(s.spanId);
     else if (done.has(agent.spanId)) r.lateTools.push(s.spanId);
     else {

@@ -152,6 +152,11 @@ describe('OTLP GenAI spans → tool-calls events', () => {
     const late = resolveTrace([...keep(toolSpans), ...keep(agentSpans)], done, DEFAULT_MAP_OPTIONS);
     expect(late.events).toEqual([]);
     expect(late.lateTools).toHaveLength(3);
+    // The tool spans alone, after completion (the agent span is not kept, only its id): late too, not buffered
+    // as pending for hours.
+    const alone = resolveTrace(keep(toolSpans), done, DEFAULT_MAP_OPTIONS);
+    expect(alone.pendingTools).toEqual([]);
+    expect(alone.lateTools).toHaveLength(3);
   });
 
   it('produces nothing for tool spans outside any agent span, and ignores other spans', () => {
