@@ -8,6 +8,7 @@ export default defineConfig({
           name: 'unit',
           include: ['test/unit/**/*.test.ts', 'services/*/test/unit/**/*.test.ts'],
           environment: 'node',
+          globalSetup: ['test/helpers/tmp-setup.ts'],
           // Property tests run hundreds of streams; on a busy 2-core machine vitest's 5 s default fails them
           // for slowness, which is not what they test.
           testTimeout: 60_000,
@@ -23,7 +24,8 @@ export default defineConfig({
           ],
           environment: 'node',
           // One real broker and redis-server for the whole run, started and stopped here.
-          globalSetup: ['test/helpers/global-setup.ts'],
+          // The temporary folder first: the stack's data goes in it too, and it is removed last.
+          globalSetup: ['test/helpers/tmp-setup.ts', 'test/helpers/global-setup.ts'],
           // Files share the broker on a 2-core machine: one at a time keeps rebalances and timings sane.
           fileParallelism: false,
           testTimeout: 120_000,
