@@ -132,12 +132,6 @@ export function createSink(
         encodeText || encodeSync
           ? null
           : await Promise.all(records.map((r) => codec.encode(contract, topic, r.value)));
-      const encodeOne = (value: unknown): Promise<string | Buffer> | string | Buffer =>
-        encodeText
-          ? encodeText(value)
-          : encodeSync
-            ? encodeSync(value)
-            : codec.encode(contract, topic, value);
       let messages: Message[] = new Array(records.length);
       let bytes = new Array<number>(records.length);
       let oversize = false;
@@ -167,7 +161,8 @@ export function createSink(
             const smaller = typeof fit === 'function' ? fit(records[i]!.value) : null;
             if (smaller !== null && smaller !== undefined) {
               check(smaller);
-              m.value = await encodeOne(smaller);
+              // Rare: the general (asynchronous) encode, which every codec has.
+              m.value = await codec.encode(contract, topic, smaller);
               n = Buffer.byteLength(m.value) + keyBytes;
             }
             if (n > maxRecordBytes) {

@@ -1,10 +1,14 @@
 import { afterAll, describe, expect, it } from 'vitest';
-import { catalogKey, type NextActionRecord } from '../../schemas/index.js';
+import type { NextActionRecord } from '../../schemas/index.js';
 import { jsonCodec } from '../../shared/codec.js';
 import { createSink } from '../../shared/kafka/sink.js';
 import { createMetrics } from '../../shared/metrics.js';
 import { withoutArguments } from '../../services/autoseq/src/core/decide.js';
-import { startAutoseq } from '../../services/autoseq/test/integration/predict-compare.js';
+import {
+  policyRecord,
+  startAutoseq,
+  toolRecord,
+} from '../../services/autoseq/test/integration/predict-compare.js';
 import {
   consumeUntil,
   createTopics,
@@ -145,28 +149,12 @@ describe('outputs over PAVER_MAX_OUTPUT_BYTES (real Kafka)', () => {
       { topic: env.PAVER_TOPIC_TOOL_CATALOG!, compacted: true },
     ]);
     await produce(env.PAVER_TOPIC_TOOL_CATALOG!, [
-      {
-        key: catalogKey('default', 'default', 'policy'),
-        value: JSON.stringify({
-          schema_version: 1,
-          kind: 'policy',
-          policy: { auto_seq_enabled: true, auto_seq_execute: true },
-        }),
-      },
-      {
-        key: catalogKey('default', 'default', 'tool', 'uppercase'),
-        value: JSON.stringify({
-          schema_version: 1,
-          kind: 'tool',
-          tool: {
-            name: 'uppercase',
-            args_schema: { type: 'object', properties: { text: { type: 'string' } }, required: ['text'] },
-            side_effects: 'read',
-            auto_seq: true,
-            auto_seq_execute: true,
-          },
-        }),
-      },
+      policyRecord(),
+      toolRecord('uppercase', {
+        type: 'object',
+        properties: { text: { type: 'string' } },
+        required: ['text'],
+      }),
     ]);
     const event = (id: string, step: number, text: string) =>
       JSON.stringify({

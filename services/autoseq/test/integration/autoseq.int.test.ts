@@ -6,7 +6,7 @@ import { catalogKey, nextActionRecordV1, type NextActionRecord } from '../../../
 import { consumeUntil, createTopics, produce, waitFor } from '../../../../test/helpers/kafka.js';
 import { getJson, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
-import { startAutoseq } from './predict-compare.js';
+import { policyRecord, startAutoseq, toolRecord } from './predict-compare.js';
 
 const procs: Proc[] = [];
 afterAll(() => {
@@ -18,14 +18,6 @@ const route = {
   properties: { route: { type: 'string' }, text: { type: 'string' } },
   required: ['route', 'text'],
 };
-const toolRecord = (name: string, args_schema: unknown) => ({
-  key: catalogKey('default', 'default', 'tool', name),
-  value: JSON.stringify({
-    schema_version: 1,
-    kind: 'tool',
-    tool: { name, args_schema, side_effects: 'read', auto_seq: true, auto_seq_execute: true },
-  }),
-});
 let n = 0;
 const call = (task: string, extra: Record<string, unknown> = {}) => ({
   key: 's1',
@@ -61,17 +53,7 @@ describe('autoseq service (real Kafka, real Redis)', () => {
       { topic: env.PAVER_TOPIC_TOOL_CATALOG!, compacted: true },
     ]);
     // The catalog exists before the service starts: it must be loaded before the first decision.
-    await produce(env.PAVER_TOPIC_TOOL_CATALOG!, [
-      {
-        key: catalogKey('default', 'default', 'policy'),
-        value: JSON.stringify({
-          schema_version: 1,
-          kind: 'policy',
-          policy: { auto_seq_enabled: true, auto_seq_execute: true },
-        }),
-      },
-      toolRecord('init_docs', route),
-    ]);
+    await produce(env.PAVER_TOPIC_TOOL_CATALOG!, [policyRecord(), toolRecord('init_docs', route)]);
     const p = await start(env);
     await produce(env.PAVER_TOPIC_TOOL_CALLS!, [call('t1')]);
     expect((await decisions(env.PAVER_TOPIC_NEXT_ACTIONS!, 1))[0]).toMatchObject({

@@ -1,5 +1,5 @@
 import { expect } from 'vitest';
-import type { NextActionRecord } from '../../../../schemas/index.js';
+import { catalogKey, type NextActionRecord } from '../../../../schemas/index.js';
 import { createTopics, waitFor } from '../../../../test/helpers/kafka.js';
 import { isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import type { PredictLine } from '../../src/core/learn/engine.js';
@@ -73,3 +73,23 @@ export async function startAutoseq(env: Record<string, string>, procs: Proc[]): 
   });
   return p;
 }
+
+/** The default scope's catalog policy record: auto-seq on, executable. */
+export const policyRecord = () => ({
+  key: catalogKey('default', 'default', 'policy'),
+  value: JSON.stringify({
+    schema_version: 1,
+    kind: 'policy',
+    policy: { auto_seq_enabled: true, auto_seq_execute: true },
+  }),
+});
+
+/** A catalog record of a read-only tool of the default scope that auto-seq may run. */
+export const toolRecord = (name: string, args_schema: unknown) => ({
+  key: catalogKey('default', 'default', 'tool', name),
+  value: JSON.stringify({
+    schema_version: 1,
+    kind: 'tool',
+    tool: { name, args_schema, side_effects: 'read', auto_seq: true, auto_seq_execute: true },
+  }),
+});

@@ -9,17 +9,10 @@
 -- still to be written (the caller goes on to write it); {0} when the stored session is at or past the end
 -- (ended: nothing is left to do).
 --- @include "lib/position.lua"
-local cur = redis.call('GET', KEYS[2])
-if cur and ARGV[4] ~= '' then
-  local ok, stored = pcall(cjson.decode, cur)
-  if ok and type(stored) == 'table' and type(stored.at) == 'string' then
-    local sp, so = parsePosition(stored.at)
-    local np, no = parsePosition(ARGV[4])
-    if sp and np and sp == np then
-      if stored.ran == true then return {2} end
-      if offsetAtOrAfter(so, no) then return {0} end
-    end
-  end
+local stored, so, no = storedAgainst(KEYS[2], ARGV[4])
+if stored then
+  if stored.ran == true then return {2} end
+  if offsetAtOrAfter(so, no) then return {0} end
 end
 local cap = tonumber(ARGV[2])
 if cap > 0 then

@@ -6,19 +6,12 @@
 -- unknown); ARGV[3] TTL ms.
 -- Returns {1} when written, {0} when the stored state is further along.
 --- @include "lib/position.lua"
-local cur = redis.call('GET', KEYS[1])
-if cur and ARGV[2] ~= '' then
-  local ok, stored = pcall(cjson.decode, cur)
-  if ok and type(stored) == 'table' and type(stored.at) == 'string' then
-    local sp, so = parsePosition(stored.at)
-    local np, no = parsePosition(ARGV[2])
-    if sp and np and sp == np then
-      if offsetAfter(so, no) then return {0} end
-      -- A session whose run another delivery of its end recorded (`ran`, see recordRun-2.lua) keeps that mark
-      -- until a state strictly further along (its end) replaces it.
-      if stored.ran == true and not offsetAfter(no, so) then return {0} end
-    end
-  end
+local stored, so, no = storedAgainst(KEYS[1], ARGV[2])
+if stored then
+  if offsetAfter(so, no) then return {0} end
+  -- A session whose run another delivery of its end recorded (`ran`, see recordRun-2.lua) keeps that mark
+  -- until a state strictly further along (its end) replaces it.
+  if stored.ran == true and not offsetAfter(no, so) then return {0} end
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
 return {1}

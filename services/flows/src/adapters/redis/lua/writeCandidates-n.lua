@@ -13,15 +13,8 @@ local m = tonumber(ARGV[2])
 --- @include "lib/position.lua"
 local e = 3 + n * 3 + m * 2
 for k = 3, #KEYS do
-  local cur = redis.call('GET', KEYS[k])
-  if cur then
-    local ok, stored = pcall(cjson.decode, cur)
-    if ok and type(stored) == 'table' and stored.ended == true and type(stored.at) == 'string' then
-      local sp, so = parsePosition(stored.at)
-      local np, no = parsePosition(ARGV[e + (k - 3) * 3 + 2])
-      if sp and np and sp == np and offsetAtOrAfter(so, no) then return {2} end
-    end
-  end
+  local stored, so, no = storedAgainst(KEYS[k], ARGV[e + (k - 3) * 3 + 2])
+  if stored and stored.ended == true and offsetAtOrAfter(so, no) then return {2} end
 end
 for i = 0, n - 1 do
   local cur = redis.call('HGET', KEYS[1], ARGV[3 + i * 3])
