@@ -185,6 +185,27 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     o.onRebalance?.();
   });
   consumer.on(consumer.events.STOP, () => (joined = false));
+  // A fetch that held only records no consumer is given (the marker ending a transaction, aborted records)
+  // never reaches eachBatch: kafkajs moves its position past them, and, with autoCommit off, commits nothing.
+  // Committed here, or the group stays one marker short of the end: lag 1 and an oldest-unprocessed age that
+  // grows for good, and a table read from such a topic never caught up. Everything before the batch was
+  // processed already (the fetch starts where the last commit or resolve left the partition).
+  consumer.on(consumer.events.END_BATCH_PROCESS, (e) => {
+    const { topic, partition, batchSize, lastOffset, highWatermark } = e.payload;
+    if (batchSize !== 0 || stopping) return;
+    const next = BigInt(lastOffset) + 1n;
+    markProcessed(topic, partition, next);
+    reportProcessed(topic, partition, next, BigInt(highWatermark));
+    consumer.commitOffsets([{ topic, partition, offset: next.toString() }]).catch((err: unknown) => {
+      // A rebalance or a stop: the partition's next owner skips the same records and commits them.
+      o.log.debug({ err: errorMessage(err), topic, partition }, 'commit past skipped records failed');
+    });
+  });
+
+  function reportProcessed(topic: string, partition: number, next: bigint, hw: bigint) {
+    o.metrics.consumerLag.set({ topic, partition: String(partition) }, Number(hw > next ? hw - next : 0n));
+    monitor.processed(topic, partition, next, hw);
+  }
 
   async function deadLetter(records: BadRecord<KafkaMessage>[]) {
     if (records.length === 0) return;
@@ -348,6 +369,11 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
       };
 
       const messages = batch.messages;
+      // Past the last message kafkajs gives, a batch may hold records no consumer is given (transaction markers,
+      // aborted records): the last chunk commits past them too, or the group would stay short of the end for good.
+      const batchEnd = BigInt(batch.lastOffset()) + 1n;
+      /** Where the partition is committed to by this batch so far (a batch cut short reports its lag from there). */
+      let reached: bigint | null = null;
       for (let i = 0; i < messages.length; i += o.env.PAVER_BATCH_CHUNK) {
         const chunk = messages.slice(i, i + o.env.PAVER_BATCH_CHUNK);
         monitor.processing(topic, partition, Number(chunk[0]!.timestamp));
@@ -365,11 +391,14 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
         if (r.processed > 0) o.metrics.eventsConsumed.inc({ topic, outcome: 'processed' }, r.processed);
 
         // Effects are written: now, and only now, the offsets may be committed.
-        const last = chunk[chunk.length - 1]!.offset;
-        markProcessed(topic, partition, BigInt(last) + 1n);
-        p.resolveOffset(last);
+        const afterChunk = BigInt(chunk[chunk.length - 1]!.offset) + 1n;
+        const next =
+          i + o.env.PAVER_BATCH_CHUNK >= messages.length && batchEnd > afterChunk ? batchEnd : afterChunk;
+        markProcessed(topic, partition, next);
+        reached = next;
+        p.resolveOffset((next - 1n).toString());
         await p.commitOffsetsIfNecessary({
-          topics: [{ topic, partitions: [{ partition, offset: (BigInt(last) + 1n).toString() }] }],
+          topics: [{ topic, partitions: [{ partition, offset: next.toString() }] }],
         });
         await p.heartbeat();
         if (!p.isRunning() || p.isStale()) {
@@ -377,10 +406,7 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
           break;
         }
       }
-      const hw = BigInt(batch.highWatermark);
-      const next = BigInt(batch.lastOffset()) + 1n;
-      o.metrics.consumerLag.set({ topic, partition: String(partition) }, Number(hw > next ? hw - next : 0n));
-      monitor.processed(topic, partition, next, hw);
+      if (reached !== null) reportProcessed(topic, partition, reached, BigInt(batch.highWatermark));
     } catch (err) {
       outcome = membershipChange(err) ? 'stopped' : 'failed';
       throw err;

@@ -265,6 +265,77 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
     expect(p.child.exitCode).toBeNull();
   });
 
+  it('commits past the transaction markers of a transactional topic: no lag left, nothing delivered twice', async () => {
+    const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), PAVER_LAG_POLL_MS: '500' });
+    await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS! }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    // Upstream exactly-once writers (Kafka Streams, Connect, Flink) end every transaction with a control
+    // record: the last offset of each partition is a marker no consumer is given.
+    const producer = testKafka().producer({
+      transactionalId: unique('tx'),
+      idempotent: true,
+      maxInFlightRequests: 1,
+    });
+    await producer.connect();
+    const send = async (from: number, n: number, commit: boolean) => {
+      const tx = await producer.transaction();
+      await tx.send({
+        topic: env.PAVER_TOPIC_TOOL_CALLS!,
+        acks: -1,
+        messages: Array.from({ length: n }, (_, i) => ({
+          key: `s${(from + i) % 7}`,
+          value: JSON.stringify(event(from + i)),
+        })),
+      });
+      await (commit ? tx.commit() : tx.abort());
+    };
+    await send(0, 120, true);
+    await send(120, 30, false);
+    await send(150, 60, true);
+
+    const p = await start(env);
+    await waitFor(
+      async () => (await redis.scard(`${env.REDIS_KEY_PREFIX}:seen`)) === 180,
+      'the committed events',
+    );
+    // Before: the group stayed one offset short of each partition's end (the marker), for good: lag 1 and an
+    // oldest-unprocessed age growing without bound, and a table on such a topic never caught up.
+    await waitFor(
+      () => groupCaughtUp(env.FIXTURE_GROUP_ID!, env.PAVER_TOPIC_TOOL_CALLS!),
+      'committed to the end',
+      20_000,
+    );
+    const metrics = async () => parsePrometheus(String((await getJson(p.url('/metrics'))).body));
+    await waitFor(
+      async () => {
+        const m = await metrics();
+        return [0, 1, 2].every(
+          (i) =>
+            m.value('paver_consumer_lag', { partition: String(i) }) === 0 &&
+            m.value('paver_consumer_oldest_unprocessed_age_seconds', { partition: String(i) }) === 0,
+        );
+      },
+      'no lag reported',
+      20_000,
+    );
+    // A fetch holding nothing a consumer is given (an aborted transaction read once caught up) never reaches
+    // the batch handler: it is committed past all the same.
+    await send(210, 20, false);
+    await waitFor(
+      () => groupCaughtUp(env.FIXTURE_GROUP_ID!, env.PAVER_TOPIC_TOOL_CALLS!),
+      'committed past the aborted transaction',
+      20_000,
+    );
+    await producer.disconnect();
+    const deliveries = await redis.hgetall(`${env.REDIS_KEY_PREFIX}:deliveries`);
+    expect(Object.keys(deliveries).sort()).toEqual(
+      [
+        ...Array.from({ length: 120 }, (_, i) => `e${i}`),
+        ...Array.from({ length: 60 }, (_, i) => `e${150 + i}`),
+      ].sort(),
+    );
+    expect(Object.values(deliveries).every((n) => n === '1')).toBe(true);
+  });
+
   it('stops gracefully on SIGTERM: exit 0, offsets committed, nothing re-read after restart', async () => {
     const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g') });
     await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS! }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);

@@ -3,7 +3,15 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { sequenceStateRecordV1, type SequenceStateRecord } from '../../../../schemas/index.js';
-import { consumeUntil, createTopics, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
+import {
+  consumeUntil,
+  createTopics,
+  produce,
+  testKafka,
+  testRedis,
+  unique,
+  waitFor,
+} from '../../../../test/helpers/kafka.js';
 import {
   getJson,
   isReady,
@@ -344,6 +352,58 @@ describe('sequencer service (real Kafka, real Redis)', () => {
       ['gate-1', expect.any(Array), null],
     ]);
     expect(records[1]!.allowed_tools.length).toBeGreaterThan(0);
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toBe(0);
+  });
+  it('reads an orchestration table written in transactions to its end (the last offset a transaction marker)', async () => {
+    // An exactly-once writer (Kafka Streams, Connect) ends its table with a marker no consumer is given: the
+    // table must still count as read, or the sequencer, which waits for it, would never judge an event.
+    const env = envFor({ SEQUENCER_CONFIG_FILE: '', SEQUENCER_CONFIG_WAIT_MS: '0' });
+    await topics(env);
+    const producer = testKafka().producer({
+      transactionalId: unique('tx'),
+      idempotent: true,
+      maxInFlightRequests: 1,
+    });
+    await producer.connect();
+    const tx = await producer.transaction();
+    await tx.send({
+      topic: env.PAVER_TOPIC_ORCHESTRATION!,
+      acks: -1,
+      messages: [
+        {
+          key: 'default/default',
+          value: JSON.stringify({
+            schema_version: 1,
+            tools: ['a', 'b', 'c'],
+            steps: [
+              { name: 'ab', isDefault: true, availableTools: { allowed: ['a', 'b'] }, sequence: ['a', 'b'] },
+            ],
+          }),
+        },
+      ],
+    });
+    await tx.commit();
+    await producer.disconnect();
+    await produce(env.PAVER_TOPIC_TOOL_CALLS!, [
+      {
+        key: 'tx',
+        value: JSON.stringify({
+          type: 'tool_call',
+          event_id: 'tx-0',
+          ts: 1_760_000_000_000,
+          session_id: 'tx',
+          task_id: 'tx',
+          step: 0,
+          tool: 'a',
+        }),
+      },
+    ]);
+    const p = await startProcess(['bin/paver.js', 'run', 'sequencer'], env);
+    procs.push(p);
+    const [m] = await consumeUntil(env.PAVER_TOPIC_SEQUENCE_STATE!, (all) => all.length >= 1, 60_000);
+    const r = sequenceStateRecordV1.parse(JSON.parse(m!.value!.toString()));
+    expect([r.event_id, r.allowed_tools, r.violation ?? null]).toEqual(['tx-0', ['b'], null]);
     p.child.kill('SIGTERM');
     expect(await p.exited).toBe(0);
   });
