@@ -444,16 +444,22 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
       expect([...pa.get(k)!]).toEqual([...pb.get(k)!]);
     }
     expect(new Set(a.map((r) => r.partition)).size).toBe(5);
-    // Per key, the records come back in the order they were sent.
+    // Per key, every record comes back, first in the order it was sent. kafkajs resends a whole request to a
+    // broker that failed part of it (a partition between leaders, a timeout on a loaded machine), so a run of
+    // a request's records may come again right after it: at-least-once, as the README says; never a record
+    // missing, nor one first seen before an earlier one.
     const seqOf = (r: (typeof a)[number]) =>
       (JSON.parse(String(r.value)) as { sequence_index: number }).sequence_index;
     for (const k of keys) {
-      const seq = a
-        .filter((r) => r.key === k)
-        .sort((x, y) => Number(BigInt(x.offset) - BigInt(y.offset)))
-        .map(seqOf);
-      expect(seq).toEqual([...seq].sort((x, y) => x - y));
-      expect(seq.length).toBe(out.filter((r) => r.key === k).length);
+      const seq = [
+        ...new Set(
+          a
+            .filter((r) => r.key === k)
+            .sort((x, y) => Number(BigInt(x.offset) - BigInt(y.offset)))
+            .map(seqOf),
+        ),
+      ];
+      expect(seq).toEqual(out.flatMap((r, i) => (r.key === k ? [i] : [])));
     }
   });
 
