@@ -2,6 +2,7 @@ import { createReadStream } from 'node:fs';
 import { createInterface } from 'node:readline';
 import type { Readable } from 'node:stream';
 import {
+  id,
   taskCompletedEvent,
   toolCallEvent,
   toolCallsEventV1,
@@ -93,6 +94,16 @@ export async function* readEvents(
         // `"agent": null` (as exported benchmark runs write it) means "not given": the default applies.
         if (obj[alias] === null) {
           delete obj[alias];
+          continue;
+        }
+        // Only a value that can be an id is read as one: exported runs use these names for other things too
+        // (an object describing the agent, a long label). Such a value is an unknown field like any other,
+        // ignored, not a reason to refuse every line of the file.
+        if (!id.safeParse(obj[alias]).success) {
+          if (!aliased.has(alias)) {
+            aliased.add(alias);
+            warn(`line ${stats.lines}: field '${alias}' is not an id: ignored (write '${field}')`);
+          }
           continue;
         }
         obj[field] = obj[alias];

@@ -236,6 +236,22 @@ describe('readEvents: unknown fields and scope aliases', () => {
     expect(r.stats.unknown).toEqual({});
   });
 
+  it('leaves an agent/tenant that is not an id as an unknown field: the defaults apply, nothing is rejected', async () => {
+    const r = await read([
+      event({ agent: { name: 'tool-calling', model: 'gpt-4o' }, tenant: 'x'.repeat(300) }),
+      event({ agent: 7 }),
+      event({ agent: 'billing' }),
+    ]);
+    expect(r.stats.bad).toBe(0);
+    expect(r.events.map((e) => [e.tenant_id, e.agent_id])).toEqual([
+      ['default', 'default'],
+      ['default', 'default'],
+      ['default', 'billing'],
+    ]);
+    expect(r.stats.unknown).toEqual({ agent: 2, tenant: 1 });
+    expect(r.warnings.filter((w) => w.includes("'agent' is not an id"))).toHaveLength(1);
+  });
+
   it('reads a null agent/tenant as not given: the defaults apply, nothing is rejected', async () => {
     const r = await read([event({ agent: null, tenant: null }), event({ agent: null })]);
     expect(r.stats.bad).toBe(0);
