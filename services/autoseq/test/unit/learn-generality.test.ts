@@ -170,6 +170,34 @@ describe('learned decider: generality over synthetic domains', () => {
     expectLearned(simulate(tasks), 'get_account', 0.5);
   });
 
+  it('b2. the same, with outputs handed over as JSON text (as most agent frameworks pass them on)', () => {
+    const r = prng(2);
+    const tasks = Array.from({ length: TASKS }, (_, i) => {
+      const p = person(r);
+      const t = new TaskBuilder(`b2-${i}`).user(`Please look into my account.`);
+      noise(t, r, r.int(0, 1));
+      const acct = `A${r.digits(8)}`;
+      const orders = Array.from({ length: r.int(1, 3) }, () => orderId(r));
+      t.call(
+        'get_record',
+        { user_id: p.id },
+        JSON.stringify(
+          { profile: { name: p.first, billing: { account_id: acct, zip: p.zip } }, orders },
+          null,
+          r.pick([0, 2]),
+        ),
+      );
+      t.call('get_account', { account_id: acct }, JSON.stringify({ balance: r.int(0, 999) }));
+      for (const o of orders)
+        t.call('get_order', { order_id: o }, JSON.stringify({ id: o, total: r.int(1, 99) }));
+      noise(t, r, r.int(0, 2));
+      return t.end();
+    });
+    const o = simulate(tasks);
+    expectLearned(o, 'get_account', 0.5);
+    expectLearned(o, 'get_order', 0.4);
+  });
+
   it('c1. loop over a list of strings from an earlier output, in list order', () => {
     const r = prng(3);
     const tasks = Array.from({ length: TASKS }, (_, i) => {

@@ -579,11 +579,29 @@ function scorePending(
   }
 }
 
+/**
+ * An output handed over as JSON text (most agent frameworks pass a tool's result on as a string) read as the
+ * JSON it holds, so that its fields and lists can be binding sources, as when the producer publishes it
+ * parsed. Any other string (plain text, a number, an error sentence) stays as it is.
+ */
+function structured(v: unknown): unknown {
+  if (typeof v !== 'string') return v;
+  let i = 0;
+  while (i < v.length && (v[i] === ' ' || v[i] === '\n' || v[i] === '\r' || v[i] === '\t')) i++;
+  if (v[i] !== '{' && v[i] !== '[') return v;
+  try {
+    const parsed = JSON.parse(v) as unknown;
+    return parsed !== null && typeof parsed === 'object' ? parsed : v;
+  } catch {
+    return v;
+  }
+}
+
 /** What a task remembers of a call: its tool, and its arguments and output unless they are too large. */
 function pastCall(e: ToolCallEvent, opts: LearnOptions): PastCall {
   const call: PastCall = { tool: e.tool };
   const args = trimPayload(e.args, opts.maxPayloadChars) as Record<string, unknown> | undefined;
-  const obs = trimPayload(e.observation, opts.maxPayloadChars);
+  const obs = structured(trimPayload(e.observation, opts.maxPayloadChars));
   if (args !== undefined) call.args = args;
   if (obs !== undefined) call.observation = obs;
   if (e.status) call.failed = e.status === 'error';
