@@ -198,6 +198,35 @@ describe('learned decider: generality over synthetic domains', () => {
     expectLearned(o, 'get_order', 0.4);
   });
 
+  it('b3. the same, with outputs as MCP tool results (JSON text in content[0].text; isError on a failure)', () => {
+    const r = prng(3);
+    const mcp = (v: unknown) => ({ content: [{ type: 'text', text: JSON.stringify(v) }] });
+    const tasks = Array.from({ length: TASKS }, (_, i) => {
+      const p = person(r);
+      const t = new TaskBuilder(`b3-${i}`).user(`Please look into my account.`);
+      noise(t, r, r.int(0, 1));
+      if (r.next() < 0.3) {
+        // A failed lookup, told only by isError: what follows it is not the deterministic step.
+        t.call(
+          'get_record',
+          { user_id: `${p.first}_x` },
+          { content: [{ type: 'text', text: 'no' }], isError: true },
+        );
+        noise(t, r, 1);
+      }
+      const acct = `A${r.digits(8)}`;
+      t.call(
+        'get_record',
+        { user_id: p.id },
+        mcp({ profile: { name: p.first, billing: { account_id: acct } } }),
+      );
+      t.call('get_account', { account_id: acct }, mcp({ balance: r.int(0, 999) }));
+      noise(t, r, r.int(0, 2));
+      return t.end();
+    });
+    expectLearned(simulate(tasks), 'get_account', 0.5);
+  });
+
   it('c1. loop over a list of strings from an earlier output, in list order', () => {
     const r = prng(3);
     const tasks = Array.from({ length: TASKS }, (_, i) => {

@@ -258,6 +258,7 @@ describe('failed calls', () => {
       { ok: false },
       { success: false, data: null },
       { status: 'failed' },
+      { content: [{ type: 'text', text: 'Tool failed' }], isError: true },
     ])
       expect(failedOutput(o), JSON.stringify(o)).toBe(true);
     for (const o of [

@@ -579,22 +579,42 @@ function scorePending(
   }
 }
 
+/** How deep `structured` looks for JSON text inside an output (MCP's `content[i].text` is at depth 2). */
+const JSON_TEXT_DEPTH = 4;
+
 /**
- * An output handed over as JSON text (most agent frameworks pass a tool's result on as a string) read as the
- * JSON it holds, so that its fields and lists can be binding sources, as when the producer publishes it
- * parsed. Any other string (plain text, a number, an error sentence) stays as it is.
+ * An output handed over as JSON text (most agent frameworks pass a tool's result on as a string; MCP wraps it
+ * in `content[i].text`) read as the JSON it holds, so that its fields and lists can be binding sources, as
+ * when the producer publishes it parsed. Any other string (plain text, a number, an error sentence) stays as
+ * it is. Objects are copied only where a string inside them was read.
  */
-function structured(v: unknown): unknown {
-  if (typeof v !== 'string') return v;
-  let i = 0;
-  while (i < v.length && (v[i] === ' ' || v[i] === '\n' || v[i] === '\r' || v[i] === '\t')) i++;
-  if (v[i] !== '{' && v[i] !== '[') return v;
-  try {
-    const parsed = JSON.parse(v) as unknown;
-    return parsed !== null && typeof parsed === 'object' ? parsed : v;
-  } catch {
-    return v;
+function structured(v: unknown, depth = 0): unknown {
+  if (typeof v === 'string') {
+    let i = 0;
+    while (i < v.length && (v[i] === ' ' || v[i] === '\n' || v[i] === '\r' || v[i] === '\t')) i++;
+    if (v[i] !== '{' && v[i] !== '[') return v;
+    try {
+      const parsed = JSON.parse(v) as unknown;
+      return parsed !== null && typeof parsed === 'object' ? parsed : v;
+    } catch {
+      return v;
+    }
   }
+  if (v === null || typeof v !== 'object' || depth >= JSON_TEXT_DEPTH) return v;
+  if (Array.isArray(v)) {
+    let out: unknown[] | null = null;
+    for (let i = 0; i < v.length; i++) {
+      const x = structured(v[i], depth + 1);
+      if (x !== v[i]) (out ??= v.slice())[i] = x;
+    }
+    return out ?? v;
+  }
+  let out: Record<string, unknown> | null = null;
+  for (const [k, x] of Object.entries(v as Record<string, unknown>)) {
+    const y = structured(x, depth + 1);
+    if (y !== x) (out ??= { ...(v as Record<string, unknown>) })[k] = y;
+  }
+  return out ?? v;
 }
 
 /** What a task remembers of a call: its tool, and its arguments and output unless they are too large. */

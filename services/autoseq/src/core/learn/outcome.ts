@@ -1,7 +1,7 @@
 /**
  * Whether a tool's output reports a failure, by the conventions tools commonly follow: a string that starts
  * with an error word ("Error: user not found") or tells one ("User not found"), or an object flagging one (`error`, `errors`, `ok: false`,
- * `success: false`, `status: "error"`). What an agent does after a failed call (retry with other arguments,
+ * `success: false`, `isError: true`, `status: "error"`). What an agent does after a failed call (retry with other arguments,
  * ask the user, give up) differs from what it does after a good one, and a binding to a failed call's output
  * would feed an error message into the next call: the learner keeps the two apart.
  */
@@ -33,7 +33,8 @@ export function failedOutput(observation: unknown): boolean {
   const truthy = (v: unknown) => v !== undefined && v !== null && v !== false && v !== '';
   if (truthy(o.error)) return true;
   if (Array.isArray(o.errors) ? o.errors.length > 0 : truthy(o.errors)) return true;
-  if (o.ok === false || o.success === false) return true;
+  // MCP's tool result says it with `isError`.
+  if (o.ok === false || o.success === false || o.isError === true) return true;
   return typeof o.status === 'string' && /^(error|failed|failure)$/i.test(o.status);
 }
 
