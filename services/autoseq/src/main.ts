@@ -66,13 +66,21 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       catalog,
       store,
       loadLearn: env.AUTOSEQ_LEARN_ENABLED
-        ? (events, ctx) =>
-            RedisLearnStore.load(redis, prefix, env.AUTOSEQ_TASK_TTL_MS, learnOptions, events, {
-              ttlMs: env.AUTOSEQ_LEARN_LEASE_MS,
-              heartbeat: ctx.heartbeat,
-              isRunning: ctx.isRunning,
-              onWait: () => m.leaseWaits.inc(),
-            })
+        ? (events, ctx, positions) =>
+            RedisLearnStore.load(
+              redis,
+              prefix,
+              env.AUTOSEQ_TASK_TTL_MS,
+              learnOptions,
+              events,
+              {
+                ttlMs: env.AUTOSEQ_LEARN_LEASE_MS,
+                heartbeat: ctx.heartbeat,
+                isRunning: ctx.isRunning,
+                onWait: () => m.leaseWaits.inc(),
+              },
+              positions,
+            )
         : null,
       taskKey: (ref) => taskKey(prefix, ref),
       opts: optionsFromEnv(env),

@@ -13,6 +13,7 @@ import {
 import { applyEvent, scopeId, typedProposal } from '../core/learn/engine.js';
 import type { ArgsValidator, LearnOptions } from '../core/learn/learner.js';
 import { learnedExecutable, learnedRecord } from '../core/learn/record.js';
+import type { Position } from '../core/position.js';
 import { payloadShape } from '../core/shape.js';
 import type { AutoseqMetrics } from './metrics.js';
 import type { RedisLearnStore } from './redis/learn-store.js';
@@ -45,7 +46,8 @@ export function createBatchHandler(o: {
   catalog: Catalog;
   store: Pick<RedisTaskStore, 'load' | 'save'>;
   /** Null when learning is off: typed state alone is stored. */
-  loadLearn: ((events: ToolCallsEvent[], ctx: BatchContext) => Promise<RedisLearnStore>) | null;
+  loadLearn:
+    ((events: ToolCallsEvent[], ctx: BatchContext, positions: Position[]) => Promise<RedisLearnStore>) | null;
   taskKey: (ref: TaskRef) => string;
   opts: AutoseqOptions;
   lopts: LearnOptions;
@@ -62,18 +64,22 @@ export function createBatchHandler(o: {
   return async (batch, ctx) => {
     const refs = new Map<string, TaskRef>();
     const learnEvents: ToolCallsEvent[] = [];
-    for (const { value: e } of batch) {
+    const learnPositions: Position[] = [];
+    for (const { value: e, partition, offset } of batch) {
       if (e.type === 'tool_call')
         refs.set(idOf(e), {
           tenant: e.tenant_id,
           agent: e.agent_id,
           task: e.task_id,
         });
-      if (e.task_id !== undefined) learnEvents.push(e);
+      if (e.task_id !== undefined) {
+        learnEvents.push(e);
+        learnPositions.push({ partition, offset });
+      }
     }
     if (learnEvents.length === 0) return;
     // The typed states are read once the scopes' leases are held: a batch that waited reads them fresh.
-    const learn = loadLearn ? await loadLearn(learnEvents, ctx) : null;
+    const learn = loadLearn ? await loadLearn(learnEvents, ctx, learnPositions) : null;
     try {
       const states = await store.load(refs);
       await decideAndStore(batch, refs, states, learn);

@@ -60,8 +60,15 @@ class TaskBuilder {
   private base() {
     return { ts: ts++, tenant_id: 'default', agent_id: 'default', session_id: this.id, task_id: this.id };
   }
+  private said = 0;
   user(text: string): this {
-    this.events.push({ ...this.base(), type: 'user_message', event_id: `${this.id}:u`, text });
+    const n = this.said++;
+    this.events.push({
+      ...this.base(),
+      type: 'user_message',
+      event_id: n === 0 ? `${this.id}:u` : `${this.id}:u${n}`,
+      text,
+    });
     return this;
   }
   call(tool: string, args: Record<string, unknown>, observation: unknown): this {

@@ -23,6 +23,7 @@ import {
   type Slot,
 } from '../../core/learn/learner.js';
 import { scopeId, taskId, type LearnStore } from '../../core/learn/engine.js';
+import type { Position } from '../../core/position.js';
 import { defineScopeScripts, LEASE_LOST_CODES, ScopeLeases, type LeaseOptions } from './scope-lease.js';
 
 /**
@@ -156,8 +157,9 @@ export class RedisLearnStore implements LearnStore {
   ) {}
 
   /**
-   * `events`: the batch's events that carry a task id, in batch order. Holds the leases of their scopes
-   * until `save` (or `release`, which the caller owes on any failure in between).
+   * `events`: the batch's events that carry a task id, in batch order, each at `positions[i]` in Kafka when
+   * given (what tells a redelivered event). Holds the leases of their scopes until `save` (or `release`, which
+   * the caller owes on any failure in between).
    */
   static async load(
     redis: Redis,
@@ -166,11 +168,12 @@ export class RedisLearnStore implements LearnStore {
     opts: LearnOptions,
     events: readonly ToolCallsEvent[],
     lease: LeaseOptions,
+    positions?: readonly Position[],
   ): Promise<RedisLearnStore> {
     defineScopeScripts(redis);
     const s = new RedisLearnStore(redis, prefix, taskTtlMs, new ScopeLeases(redis, prefix, lease));
     try {
-      await s.read(opts, events);
+      await s.read(opts, events, positions);
     } catch (err) {
       await s.leases.release().catch(() => undefined);
       throw err;
@@ -178,21 +181,41 @@ export class RedisLearnStore implements LearnStore {
     return s;
   }
 
-  private async read(opts: LearnOptions, events: readonly ToolCallsEvent[]): Promise<void> {
+  private async read(
+    opts: LearnOptions,
+    events: readonly ToolCallsEvent[],
+    positions?: readonly Position[],
+  ): Promise<void> {
     const { redis, prefix } = this;
     const scopeRefs = new Map<string, { tenant: string; agent: string; events: number }>();
-    const taskRefs = new Map<string, { tenant: string; agent: string; task: string; events: ScopeEvent[] }>();
-    for (const e of events) {
+    const taskRefs = new Map<
+      string,
+      {
+        tenant: string;
+        agent: string;
+        task: string;
+        events: ScopeEvent[];
+        positions: (Position | undefined)[];
+      }
+    >();
+    for (const [i, e] of events.entries()) {
       if (e.task_id === undefined) continue;
       const sid = scopeId(e.tenant_id, e.agent_id);
       const sr = scopeRefs.get(sid) ?? { tenant: e.tenant_id, agent: e.agent_id, events: 0 };
       scopeRefs.set(sid, sr);
       const tid = taskId(e.tenant_id, e.agent_id, e.task_id);
-      const tr = taskRefs.get(tid) ?? { tenant: e.tenant_id, agent: e.agent_id, task: e.task_id, events: [] };
+      const tr = taskRefs.get(tid) ?? {
+        tenant: e.tenant_id,
+        agent: e.agent_id,
+        task: e.task_id,
+        events: [],
+        positions: [],
+      };
       taskRefs.set(tid, tr);
       // A user message changes no count, but it refines the contexts the task's later calls touch.
       if (e.type !== 'user_message') sr.events++;
       tr.events.push(e);
+      tr.positions.push(positions?.[i]);
     }
     const scopes = [...scopeRefs].map(([id, r]) => ({ id, tenant: r.tenant, agent: r.agent }));
     const reads = (pipe: ReturnType<Redis['pipeline']>) => {
@@ -230,7 +253,7 @@ export class RedisLearnStore implements LearnStore {
       const sid = scopeId(r.tenant, r.agent);
       const set = wanted.get(sid) ?? new Set<string>();
       wanted.set(sid, set);
-      for (const k of contextsTouched(this.tasks.get(id)!.state, r.events, opts)) set.add(k);
+      for (const k of contextsTouched(this.tasks.get(id)!.state, r.events, opts, r.positions)) set.add(k);
     }
     const second = redis.pipeline();
     const plan: { id: string; all: boolean; fields: string[] }[] = [];

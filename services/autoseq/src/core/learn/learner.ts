@@ -629,28 +629,37 @@ function pastCall(e: ToolCallEvent, opts: LearnOptions): PastCall {
 }
 
 /**
- * Every context key that applying `events` (one task's, in order) to `task` can read or write: the contexts
- * of its pending proposals and of its calls before and after each event. A store that loads a scope in part
- * loads these; the set may hold more than is touched (duplicates are not simulated), never less.
+ * Every context key that applying `events` (one task's, in order, each at `positions[i]` when the caller knows
+ * it) to `task` can read or write: the contexts of its pending proposals and of its calls before and after each
+ * event. A store that loads a scope in part loads these. Events the steps would take as already applied (by
+ * position or event id, as they judge it) change nothing here either: a redelivered event counted as applied
+ * would shift the calls behind the next ones and name contexts other than those they touch.
  */
 export function contextsTouched(
   task: LearnTask,
   events: readonly (ToolCallEvent | TaskCompletedEvent | UserMessageEvent)[],
   opts: LearnOptions,
+  positions?: readonly (Position | undefined)[],
 ): Set<string> {
   const keys = new Set<string>(task.pending.map((p) => slotContext(p.slot)));
   let calls = task.calls;
-  // The request refines contexts: a user message in the batch changes them from there on (as stepUserMessage).
   let user = task.user;
+  let seen = task.seen;
+  let at = task.at;
   for (const { key } of contexts(calls, opts.maxK, user)) keys.add(key);
-  for (const e of events) {
-    if (e.type === 'user_message') {
-      if (user !== null) continue;
-      user = e.text;
-    } else if (e.type === 'tool_call') calls = [...calls, pastCall(e, opts)].slice(-opts.historyPerTask);
-    else continue;
+  // As the steps judge and record each event (see stepUserMessage, stepToolCall, stepTaskCompleted).
+  events.forEach((e, i) => {
+    const pos = positions?.[i];
+    if (e.type === 'user_message' && user !== null) return;
+    if (appliedBefore(at, pos) || seen.includes(e.event_id)) return;
+    seen = e.type === 'user_message' ? [...seen, e.event_id] : [...seen, e.event_id].slice(-opts.seenPerTask);
+    at = pos ?? at;
+    // The request (the task's first user message) refines contexts from there on.
+    if (e.type === 'user_message') user = e.text;
+    else if (e.type === 'tool_call') calls = [...calls, pastCall(e, opts)].slice(-opts.historyPerTask);
+    else return;
     for (const { key } of contexts(calls, opts.maxK, user)) keys.add(key);
-  }
+  });
   return keys;
 }
 

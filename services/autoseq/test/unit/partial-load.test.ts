@@ -1,0 +1,154 @@
+import { describe, expect, it } from 'vitest';
+import type { ToolCallsEvent } from '../../../../schemas/index.js';
+import { applyEvent, MemoryLearnStore, taskId, type LearnStore } from '../../src/core/learn/engine.js';
+import {
+  contextsTouched,
+  DEFAULT_LEARN,
+  newLearnTask,
+  newScopeState,
+  slotContext,
+  type LearnOptions,
+  type LearnTask,
+  type ScopeState,
+} from '../../src/core/learn/learner.js';
+
+/**
+ * The service's store loads, per batch, only the contexts `contextsTouched` names (the whole scope only when
+ * eviction may run). A context it misses would start empty in that batch and be written back so: the service
+ * would learn otherwise than `paver predict`. This replays streams through such a store (pure, in memory) and
+ * through the whole-state store, and asks for the same answer at every event.
+ */
+
+/** mulberry32: the same streams at every run. */
+function prng(seed: number) {
+  let a = seed >>> 0;
+  const next = () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+  return { next, int: (lo: number, hi: number) => lo + Math.floor(next() * (hi - lo + 1)) };
+}
+
+const clone = <T>(v: T): T => JSON.parse(JSON.stringify(v)) as T;
+
+/** Loads a batch's contexts from `backing` as the Redis store does, applies the batch, writes back what it held. */
+class PartialStore implements LearnStore {
+  private part: ScopeState = newScopeState();
+  constructor(
+    private readonly backing: ScopeState,
+    private readonly tasks: Map<string, LearnTask>,
+  ) {}
+  load(events: ToolCallsEvent[], opts: LearnOptions) {
+    const byTask = new Map<string, ToolCallsEvent[]>();
+    for (const e of events) {
+      if (e.task_id === undefined) continue;
+      const id = taskId(e.tenant_id, e.agent_id, e.task_id);
+      byTask.set(id, [...(byTask.get(id) ?? []), e]);
+    }
+    const wanted = new Set<string>();
+    for (const [id, evs] of byTask)
+      for (const k of contextsTouched(this.tasks.get(id) ?? newLearnTask(), evs as never, opts))
+        wanted.add(k);
+    const { clock, nCtx, nSlots, nActive } = this.backing;
+    this.part = { ...newScopeState(), clock, nCtx, nSlots, nActive };
+    for (const k of wanted) if (this.backing.ctx[k]) this.part.ctx[k] = clone(this.backing.ctx[k]);
+    for (const [sk, slot] of Object.entries(this.backing.slots))
+      if (wanted.has(slotContext(sk))) this.part.slots[sk] = clone(slot);
+  }
+  save() {
+    const { clock, nCtx, nSlots, nActive } = this.part;
+    Object.assign(this.backing, { clock, nCtx, nSlots, nActive });
+    for (const [k, c] of Object.entries(this.part.ctx)) this.backing.ctx[k] = clone(c);
+    for (const [sk, s] of Object.entries(this.part.slots)) this.backing.slots[sk] = clone(s);
+  }
+  scope(): ScopeState {
+    return this.part;
+  }
+  task(tenant: string, agent: string, task: string): LearnTask {
+    return this.tasks.get(taskId(tenant, agent, task)) ?? newLearnTask();
+  }
+  setTask(tenant: string, agent: string, task: string, t: LearnTask): void {
+    this.tasks.set(taskId(tenant, agent, task), t);
+  }
+}
+
+/** Tasks whose ids come in later user messages, with failures, walks and redelivered events, interleaved. */
+function stream(seed: number, tasks: number): ToolCallsEvent[] {
+  const r = prng(seed);
+  let ts = 1;
+  const all: ToolCallsEvent[][] = [];
+  for (let i = 0; i < tasks; i++) {
+    const id = `t${i}`;
+    const base = () => ({ ts: ts++, tenant_id: 'default', agent_id: 'default', session_id: id, task_id: id });
+    const ev: ToolCallsEvent[] = [];
+    let step = 0;
+    let said = 0;
+    const user = (text: string) =>
+      ev.push({ ...base(), type: 'user_message', event_id: `${id}:u${said++}`, text });
+    const call = (tool: string, args: Record<string, unknown>, observation: unknown) =>
+      ev.push({
+        ...base(),
+        type: 'tool_call',
+        event_id: `${id}:${step}`,
+        step: step++,
+        tool,
+        args,
+        observation,
+      });
+    const order = `#W${r.int(1000000, 9999999)}`;
+    const items = Array.from({ length: r.int(1, 3) }, (_, k) => `I${i}-${k}`);
+    user(r.next() < 0.5 ? 'Hi, I need help with an order.' : `Hello, a question about my kettle.`);
+    call('list_options', { q: `x${r.int(0, 9)}` }, { options: r.int(0, 5) });
+    if (r.next() < 0.7) user(`Sure, it is order ${order}, the kettle one.`);
+    call('get_order', { order_id: order }, r.next() < 0.1 ? 'Error: order not found' : { id: order, items });
+    for (const it of items)
+      call('get_item', { item_id: it }, { id: it, name: r.next() < 0.3 ? 'kettle' : 'lamp' });
+    if (r.next() < 0.5) user('Yes please, go ahead.');
+    call('return_items', { order_id: order, item_ids: items.slice(0, 1) }, 'ok');
+    ev.push({ ...base(), type: 'task_completed', event_id: `${id}:end` });
+    all.push(ev);
+  }
+  // Three tasks at a time, and now and then an event read again (a redelivery).
+  const out: ToolCallsEvent[] = [];
+  for (let i = 0; i < all.length; i += 3) {
+    const group = all.slice(i, i + 3);
+    const n = Math.max(...group.map((g) => g.length));
+    for (let j = 0; j < n; j++)
+      for (const g of group) {
+        if (!g[j]) continue;
+        out.push(g[j]!);
+        if (r.next() < 0.05) out.push(g[r.int(0, j)]!);
+      }
+  }
+  return out;
+}
+
+describe('learned state loaded in part per batch (as the service does) gives the offline answers', () => {
+  // Bounds no stream reaches: eviction reads the whole scope, which this test is not about.
+  const opts: LearnOptions = { ...DEFAULT_LEARN, maxContexts: 100_000, maxSlots: 100_000 };
+
+  for (const seed of [1, 2, 3])
+    it(`the same proposal at every event, and the same state at the end (seed ${seed})`, () => {
+      const events = stream(seed, 240);
+      const whole = new MemoryLearnStore();
+      const expected = events.map((e) => JSON.stringify(applyEvent(whole, e, opts)?.next ?? null));
+
+      const backing = newScopeState();
+      const partial = new PartialStore(backing, new Map());
+      const r = prng(seed + 100);
+      const got: string[] = [];
+      for (let i = 0; i < events.length;) {
+        const batch = events.slice(i, (i += r.int(1, 9)));
+        partial.load(batch, opts);
+        for (const e of batch) got.push(JSON.stringify(applyEvent(partial, e, opts)?.next ?? null));
+        partial.save();
+      }
+      expect(got).toEqual(expected);
+      expect(got.filter((g) => g !== 'null').length).toBeGreaterThan(100);
+      const state = whole.scope('default', 'default');
+      expect(backing).toEqual(state);
+    });
+});
