@@ -26,12 +26,24 @@ export function restartDelay(failuresInARow: number): number {
   return Math.min(RESTART.maxMs, RESTART.initialMs * 2 ** Math.max(0, failuresInARow - 1));
 }
 
+/** A URL as it may be shown: an external REDIS_URL can carry a password, which no log line must. */
+export function withoutPassword(url: string): string {
+  try {
+    const u = new URL(url);
+    if (!u.password) return url;
+    u.password = '***';
+    return u.toString();
+  } catch {
+    return '(not shown)';
+  }
+}
+
 export async function dev(argv: { services?: string[] }): Promise<number> {
   const say = (s: string) => process.stderr.write(`paver dev: ${s}\n`);
   const t0 = Date.now();
   const stack = await startStack({ log: say });
   say(
-    `stack ready in ${Date.now() - t0} ms: KAFKA_BROKERS=${stack.brokers} REDIS_URL=${stack.redisUrl}${stack.started.length ? ` (started: ${stack.started.join(', ')})` : ' (external)'}`,
+    `stack ready in ${Date.now() - t0} ms: KAFKA_BROKERS=${stack.brokers} REDIS_URL=${withoutPassword(stack.redisUrl)}${stack.started.length ? ` (started: ${stack.started.join(', ')})` : ' (external)'}`,
   );
 
   const names = (argv.services?.length ? argv.services : Object.keys(SERVICES)) as ServiceName[];

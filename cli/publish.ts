@@ -1,11 +1,11 @@
 import { createReadStream } from 'node:fs';
 import { access } from 'node:fs/promises';
-import { createInterface } from 'node:readline';
 import { Kafka, logLevel, Partitioners } from 'kafkajs';
 import { z } from 'zod';
 import { createCodec } from '../shared/codec.js';
 import { commonEnvShape, EXIT_CONFIG, parseEnv, refineCommon } from '../shared/config.js';
 import { errorMessage } from '../shared/errors.js';
+import { boundedLines } from '../shared/jsonl.js';
 import { kafkaConfig } from '../shared/kafka/client.js';
 import { ensureTopics, paverTopics } from '../shared/kafka/topics.js';
 import { createLogger } from '../shared/log.js';
@@ -101,8 +101,16 @@ export async function publish(opts: {
       sent += batch.length;
       batch = [];
     };
-    const rl = createInterface({ input: createReadStream(opts.input), crlfDelay: Infinity });
-    for await (const line of rl) {
+    // Lines stream through a bounded reader: one endless line must not be held whole (readline would).
+    let lineNo = 0;
+    for await (const line of boundedLines(createReadStream(opts.input), env.PAVER_MAX_MESSAGE_BYTES)) {
+      lineNo++;
+      if (line === null) {
+        process.stderr.write(
+          `line ${lineNo}: longer than PAVER_MAX_MESSAGE_BYTES (${env.PAVER_MAX_MESSAGE_BYTES}); not sent\n`,
+        );
+        continue;
+      }
       if (!line.trim()) continue;
       let key: string | null = null;
       let value: Buffer = Buffer.from(line);

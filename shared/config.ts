@@ -100,6 +100,16 @@ export function refineCommon(env: CommonEnv, ctx: z.RefinementCtx): void {
       message: 'KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD are required when KAFKA_SASL_MECHANISM is set',
     });
   }
+  // Credentials the client would drop without a word: it would connect unauthenticated instead of failing.
+  if (!env.KAFKA_SASL_MECHANISM && (env.KAFKA_SASL_USERNAME || env.KAFKA_SASL_PASSWORD)) {
+    ctx.addIssue({
+      code: 'custom',
+      path: ['KAFKA_SASL_MECHANISM'],
+      message:
+        'required with KAFKA_SASL_USERNAME/KAFKA_SASL_PASSWORD (plain, scram-sha-256 or scram-sha-512)',
+    });
+  }
+  redisUrlIssues(env, ctx);
   if (!!env.KAFKA_SSL_CERT_FILE !== !!env.KAFKA_SSL_KEY_FILE) {
     ctx.addIssue({
       code: 'custom',
@@ -128,6 +138,35 @@ export function refineCommon(env: CommonEnv, ctx: z.RefinementCtx): void {
         ctx.addIssue({ code: 'custom', path: [key], message: `cannot read file ${file}` });
       }
     }
+  }
+}
+
+/**
+ * What the Redis client would choke on or drop in REDIS_URL: a user or password it cannot percent-decode (it
+ * throws "URI malformed" at start-up), or a user with no password (no AUTH is sent: the default user is used).
+ * Messages never quote the URL: it may hold the password.
+ */
+function redisUrlIssues(env: CommonEnv, ctx: z.RefinementCtx): void {
+  let user = '';
+  let password = '';
+  try {
+    const url = new URL(env.REDIS_URL);
+    user = decodeURIComponent(url.username);
+    password = decodeURIComponent(url.password);
+  } catch {
+    ctx.addIssue({
+      code: 'custom',
+      path: ['REDIS_URL'],
+      message: 'bad percent-encoding in its user or password (write reserved characters as %XX)',
+    });
+    return;
+  }
+  if ((env.REDIS_USERNAME || user) && !(env.REDIS_PASSWORD || password)) {
+    ctx.addIssue({
+      code: 'custom',
+      path: ['REDIS_PASSWORD'],
+      message: 'required with a Redis user (REDIS_USERNAME or a user in REDIS_URL)',
+    });
   }
 }
 

@@ -1,5 +1,4 @@
 import { createReadStream } from 'node:fs';
-import { createInterface } from 'node:readline';
 import type { Readable } from 'node:stream';
 import {
   id,
@@ -51,6 +50,50 @@ export function resetInputTally(): void {
 export const openInput = (path: string): Readable => (path === '-' ? process.stdin : createReadStream(path));
 
 /**
+ * The lines of a stream (split at `\n`, a `\r` before it dropped), each as text, or `null` for a line longer
+ * than `maxChars` characters. A long line is dropped as it streams by: readline would hold it whole before its
+ * length could be checked, and a file with one endless line ran the process out of memory.
+ */
+export async function* boundedLines(input: Readable, maxChars: number): AsyncGenerator<string | null> {
+  // A UTF-16 character takes at most 3 UTF-8 bytes: a line of more bytes than this is too long whatever it holds.
+  const maxBytes = 3 * maxChars + 1;
+  let parts: Buffer[] = [];
+  let size = 0;
+  let tooLong = false;
+  const take = (): string | null => {
+    const text = tooLong ? null : Buffer.concat(parts, size).toString('utf8');
+    parts = [];
+    size = 0;
+    tooLong = false;
+    if (text === null) return null;
+    const line = text.endsWith('\r') ? text.slice(0, -1) : text;
+    return line.length > maxChars ? null : line;
+  };
+  for await (const chunk of input) {
+    const buf = typeof chunk === 'string' ? Buffer.from(chunk) : (chunk as Buffer);
+    let start = 0;
+    for (;;) {
+      const nl = buf.indexOf(0x0a, start);
+      const end = nl < 0 ? buf.length : nl;
+      if (!tooLong && end > start) {
+        if (size + end - start > maxBytes) {
+          tooLong = true;
+          parts = [];
+          size = 0;
+        } else {
+          parts.push(buf.subarray(start, end));
+          size += end - start;
+        }
+      }
+      if (nl < 0) break;
+      yield take();
+      start = nl + 1;
+    }
+  }
+  if (tooLong || size > 0) yield take();
+}
+
+/**
  * Streams a JSONL file of tool-calls events for the offline commands: a million-event file never sits in
  * memory whole. Bad lines are reported with their line number (the first hundred), skipped and counted.
  * Unknown fields are counted per name and reported once at the end; `agent`/`tenant` are read as
@@ -64,22 +107,21 @@ export async function* readEvents(
   onBad?: (raw: unknown) => void,
 ): AsyncGenerator<ToolCallsEvent> {
   const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
-  const rl = createInterface({ input: openInput(path), crlfDelay: Infinity });
   const unknown: Record<string, number> = (stats.unknown ??= {});
   const aliased = new Set<string>();
-  for await (const line of rl) {
+  for await (const line of boundedLines(openInput(path), MAX_LINE)) {
     stats.lines++;
     inputTally.lines++;
-    if (!line.trim()) continue;
     const fail = (why: string) => {
       stats.bad++;
       inputTally.bad++;
       if (stats.bad <= MAX_WARNINGS) warn(`line ${stats.lines}: ${why}`);
     };
-    if (line.length > MAX_LINE) {
+    if (line === null) {
       fail(`longer than ${MAX_LINE} characters`);
       continue;
     }
+    if (!line.trim()) continue;
     let raw: unknown;
     try {
       raw = JSON.parse(line);

@@ -236,20 +236,62 @@ export function userShapes(value: string): string[] {
 }
 
 const compiled = new Map<string, RegExp>();
-function shapeRegExp(pattern: string): RegExp {
-  let re = compiled.get(pattern);
+/** `g` for a scan of the whole text; `y` (sticky) for one start, as token shapes are tried. */
+function shapeRegExp(pattern: string, flags: 'g' | 'y'): RegExp {
+  const key = flags + pattern;
+  let re = compiled.get(key);
   if (!re) {
-    re = new RegExp(`(?<![${BOUNDARY_CHARS}])${pattern}(?![${BOUNDARY_CHARS}])`, 'g');
+    re = new RegExp(`(?<![${BOUNDARY_CHARS}])${pattern}(?![${BOUNDARY_CHARS}])`, flags);
     if (compiled.size > 4096) compiled.clear();
-    compiled.set(pattern, re);
+    compiled.set(key, re);
   }
   return re;
 }
 
+const TOKEN_LEAD = `${TOKEN_CHAR}*`;
+const isTokenChar = (c: number) =>
+  (c >= 48 && c <= 57) ||
+  (c >= 65 && c <= 90) ||
+  (c >= 97 && c <= 122) ||
+  c === 95 ||
+  c === 46 ||
+  c === 37 ||
+  c === 43 ||
+  c === 45;
+const isBoundaryChar = (c: number) =>
+  (c >= 48 && c <= 57) || (c >= 65 && c <= 90) || (c >= 97 && c <= 122) || c === 95;
+
 function userMatches(text: string, pattern: string): string[] {
-  const re = shapeRegExp(pattern);
-  re.lastIndex = 0;
-  return [...text.matchAll(re)].map((m) => m[0]);
+  if (!pattern.startsWith(TOKEN_LEAD)) {
+    const re = shapeRegExp(pattern, 'g');
+    re.lastIndex = 0;
+    return [...text.matchAll(re)].map((m) => m[0]);
+  }
+  // A token shape (`TOKEN_CHAR* c …`, c not a token character) scanned by the regular expression alone is
+  // quadratic: every start after a `.`, `-`, `%` or `+` runs to the end of its run of token characters before
+  // failing, and a 64 KiB message of "a.a.a…" took seconds. From any start inside one run, `TOKEN_CHAR*` can
+  // only end at that run's end, so every start in it succeeds or fails alike: the first allowed one is tried,
+  // and on failure the scan jumps past the run. Same matches as the plain scan, in linear time.
+  const re = shapeRegExp(pattern, 'y');
+  const out: string[] = [];
+  let i = 0;
+  while (i < text.length) {
+    if (i > 0 && isBoundaryChar(text.charCodeAt(i - 1))) {
+      i++;
+      continue;
+    }
+    re.lastIndex = i;
+    const m = re.exec(text);
+    if (m) {
+      out.push(m[0]);
+      i = Math.max(re.lastIndex, i + 1);
+      continue;
+    }
+    let j = i;
+    while (j < text.length && isTokenChar(text.charCodeAt(j))) j++;
+    i = j > i ? j : i + 1;
+  }
+  return out;
 }
 
 // ---- resolve -------------------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ export function kafkaConfig(env: CommonEnv, log: Logger, clientId = env.KAFKA_CL
     } as SASLOptions;
   }
   const ssl =
-    env.KAFKA_SSL || env.KAFKA_SSL_CA_FILE
+    // A CA file or a client certificate asks for TLS as plainly as KAFKA_SSL does: never dropped for plaintext.
+    env.KAFKA_SSL || env.KAFKA_SSL_CA_FILE || env.KAFKA_SSL_CERT_FILE
       ? {
           rejectUnauthorized: env.KAFKA_SSL_REJECT_UNAUTHORIZED,
           ...(env.KAFKA_SSL_CA_FILE ? { ca: [readFileSync(env.KAFKA_SSL_CA_FILE, 'utf8')] } : {}),

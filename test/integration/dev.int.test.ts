@@ -62,4 +62,21 @@ describe('paver dev supervises its services (real Kafka, real Redis, real proces
     expect(await dev.exited).toBe(0);
     expect(dev.output()).toContain('paver dev: stopped');
   });
+
+  it('never prints the password of an external REDIS_URL', async () => {
+    const env = serviceEnv({ PAVER_DETECTOR_HTTP_PORT: String(await freePort()) });
+    const url = new URL(env.REDIS_URL!);
+    url.username = 'paver';
+    url.password = 'hunter2-secret';
+    env.REDIS_URL = url.toString();
+    const dev = await startProcess([PAVER_BIN, 'dev', '--service', 'detector'], env);
+    procs.push(dev);
+    // Before, its start-up line printed REDIS_URL as given, password and all.
+    await waitFor(() => dev.output().includes('detector starting'), 'detector launched', 60_000);
+    dev.child.kill('SIGTERM');
+    await dev.exited;
+    expect(dev.output()).toContain('stack ready');
+    expect(dev.output()).toContain(`REDIS_URL=redis://paver:***@${url.host}`);
+    expect(dev.output()).not.toContain('hunter2');
+  });
 });

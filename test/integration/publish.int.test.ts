@@ -1,4 +1,4 @@
-import { writeFileSync } from 'node:fs';
+import { appendFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -61,5 +61,29 @@ describe('paver publish', () => {
     expect(r.code).toBe(69);
     expect(r.out.trim().split('\n')).toHaveLength(1);
     expect(r.out).toContain(`no Kafka broker answered at 127.0.0.1:${port}`);
+  });
+
+  it('skips a line over PAVER_MAX_MESSAGE_BYTES as it streams by, never holding it whole', async () => {
+    const big = join(tmpdir(), `${unique('publish-big')}.jsonl`);
+    writeFileSync(
+      big,
+      JSON.stringify({ type: 'tool_call', event_id: 'a', session_id: 's1', tool: 'x' }) + '\n',
+    );
+    const mib = Buffer.alloc(1024 * 1024, 'x');
+    for (let i = 0; i < 256; i++) appendFileSync(big, mib);
+    appendFileSync(
+      big,
+      '\n' + JSON.stringify({ type: 'tool_call', event_id: 'b', session_id: 's2', tool: 'y' }) + '\n',
+    );
+    const env = serviceEnv();
+    // A 64 MiB heap: before, readline held the 256 MiB line whole and the process ran out of memory.
+    const p = await startProcess(['--max-old-space-size=64', PAVER_BIN, 'publish', '--input', big], env);
+    expect(await p.exited, p.output().slice(-2000)).toBe(0);
+    expect(p.output()).toContain('line 2: longer than PAVER_MAX_MESSAGE_BYTES');
+    expect(p.output()).toContain('published 2 events');
+    const got = await consumeUntil(env.PAVER_TOPIC_TOOL_CALLS!, (all) => all.length >= 2);
+    expect(got.map((m) => (JSON.parse(m.value!.toString()) as { event_id: string }).event_id).sort()).toEqual(
+      ['a', 'b'],
+    );
   });
 });

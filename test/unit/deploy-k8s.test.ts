@@ -135,7 +135,10 @@ describe.skipIf(!kubectl)('deploy/k8s (kubectl kustomize + schema validation)', 
           expect(Number(env.HTTP_PORT)).toBe(port);
           const spec = (await SERVICES[name].load()).service;
           // The Secret paver-credentials is created by the operator (see the overlay); stand in for it here.
-          const secret = { KAFKA_SASL_USERNAME: 'user', KAFKA_SASL_PASSWORD: 'password' };
+          // SASL credentials without a mechanism are refused (they would be dropped): only where one is set.
+          const secret = env.KAFKA_SASL_MECHANISM
+            ? { KAFKA_SASL_USERNAME: 'user', KAFKA_SASL_PASSWORD: 'password' }
+            : {};
           const noFiles = Object.fromEntries(Object.entries(env).filter(([k]) => !k.endsWith('_FILE')));
           const parsed = parseEnv(spec.envSchema as never, { ...secret, ...noFiles }) as Record<
             string,

@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { commonEnvShape, envBool, int, refineCommon, topicName } from '../../../shared/config.js';
+import { DEFAULT_MAX_PENDING_SPANS } from './adapters/handler.js';
 import { OTLP_ENCODINGS } from './adapters/otlp-decode.js';
 import type { MapOptions } from './core/map.js';
 import type { DecodeLimits } from './core/otlp.js';
@@ -19,6 +20,8 @@ export const ingestEnvSchema = z
     INGEST_MAX_PAYLOAD_BYTES: int(0, 16 * 1024 * 1024).default(64 * 1024),
     /** How long tool spans wait in Redis for their agent span (and completed tasks are remembered). */
     INGEST_PENDING_TTL_MS: int(1000).default(6 * 3_600_000),
+    /** Spans one trace may keep waiting for its agent span; more are dropped (and counted). */
+    INGEST_MAX_PENDING_SPANS: int(1, 1_000_000).default(DEFAULT_MAX_PENDING_SPANS),
   })
   .superRefine(refineCommon);
 export type IngestEnv = z.infer<typeof ingestEnvSchema>;

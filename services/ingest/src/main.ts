@@ -49,6 +49,7 @@ export const service: ServiceSpec<IngestEnv, OtlpMessage> & {
         topic: env.PAVER_TOPIC_TOOL_CALLS,
         opts: mapOptionsFromEnv(env),
         metrics: ingestMetrics,
+        maxPendingSpans: env.INGEST_MAX_PENDING_SPANS,
       }),
     };
   },

@@ -175,7 +175,13 @@ export function createBatchHandler(o: {
           value: JSON.stringify(state),
         })),
       );
-      for (const s of learn.scopeStates()) m.activeByScope.set(scopeId(s.tenant, s.agent), s.state.nActive);
+      // Only scopes with active rules take an entry: scope ids come from producers (a run id in agent_id makes
+      // every run a scope), and an entry of 0 per scope ever seen grew for the life of the process.
+      for (const s of learn.scopeStates()) {
+        const id = scopeId(s.tenant, s.agent);
+        if (s.state.nActive > 0) m.activeByScope.set(id, s.state.nActive);
+        else m.activeByScope.delete(id);
+      }
     } else await store.save(dirty);
     for (const rec of out) m.decisions.inc({ event_type: rec.event_type, reason: rec.reason ?? '' });
     for (const sc of scored) {

@@ -209,3 +209,41 @@ describe('bindings: build arguments', () => {
     expect(canonicalJson({ b: 1, a: [{ d: 1, c: 2 }] })).toBe(canonicalJson({ a: [{ c: 2, d: 1 }], b: 1 }));
   });
 });
+
+describe('bindings: user-text shapes on adversarial text', () => {
+  const at = (v: string) => userShapes(v).find((p) => p.startsWith('[A-Za-z0-9_.%+-]*@'))!;
+
+  it('a token shape runs in time linear in the text: a 64 KiB message of "a." does not stall learning', () => {
+    // A user message is up to 64 KiB (LIMITS.textLength). Before, each start after a '.' scanned the rest of
+    // the text and backtracked: 1.3 s of a blocked event loop per value and message (quadratic).
+    const text = 'write to mia@x.io ' + 'a.'.repeat(32 * 1024 - 16);
+    const t0 = performance.now();
+    const learned = enumerateSources({ calls: [], userText: text }, 'send', 'mia@x.io');
+    const src = { kind: 'user', pattern: at('mia@x.io'), index: 0 } as const;
+    expect(resolveSource({ calls: [], userText: 'a.'.repeat(32 * 1024) }, 'x', src)).toEqual({ ok: false });
+    expect(performance.now() - t0).toBeLessThan(250);
+    expect(learned).toContainEqual(src);
+  });
+
+  it('finds the same tokens as the plain regular expression, on random text', () => {
+    let seed = 7;
+    const r = () => (seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648;
+    const alphabet = ['a', 'Z', '1', '_', '.', '-', '%', '+', '@', '#', ' ', '\n', 'é'];
+    const patterns = [at('omar12@mail.net'), userShapes('a#b').find((p) => p.includes('#'))!];
+    for (let n = 0; n < 3000; n++) {
+      const text = Array.from(
+        { length: Math.floor(r() * 30) },
+        () => alphabet[Math.floor(r() * alphabet.length)],
+      ).join('');
+      for (const pattern of patterns) {
+        const re = new RegExp(`(?<![A-Za-z0-9_])${pattern}(?![A-Za-z0-9_])`, 'g');
+        const want = [...text.matchAll(re)].map((m) => m[0]);
+        for (let index = 0; index <= want.length; index++)
+          expect(
+            resolveSource({ calls: [], userText: text }, 'x', { kind: 'user', pattern, index }),
+            text,
+          ).toEqual(index < want.length ? { ok: true, value: want[index] } : { ok: false });
+      }
+    }
+  });
+});

@@ -10,6 +10,9 @@ export interface OtlpMessage {
   spans: OtlpSpan[];
 }
 
+/** Default of INGEST_MAX_PENDING_SPANS: spans of one trace waiting in Redis for its agent span. */
+export const DEFAULT_MAX_PENDING_SPANS = 10_000;
+
 /** Ingest metrics: counts and reasons only, never attribute values. */
 export function createIngestMetrics(registry: Registry) {
   const registers = [registry];
@@ -22,7 +25,7 @@ export function createIngestMetrics(registry: Registry) {
     }),
     spans: new Counter({
       name: 'paver_ingest_spans_total',
-      help: 'Spans read, by outcome: tool_call (published), pending (waiting for the agent span), late (agent already completed), orphan (no invoke_agent ancestor), other (not a GenAI tool or agent span).',
+      help: 'Spans read, by outcome: tool_call (published), pending (waiting for the agent span), dropped (its trace already has INGEST_MAX_PENDING_SPANS waiting), late (agent already completed), orphan (no invoke_agent ancestor), other (not a GenAI tool or agent span).',
       labelNames: ['outcome'],
       registers,
     }),
@@ -72,8 +75,11 @@ export function createIngestHandler(deps: {
   topic: string;
   opts: MapOptions;
   metrics: IngestMetrics;
+  /** Spans a trace may keep waiting in Redis for its agent span (INGEST_MAX_PENDING_SPANS); more are dropped. */
+  maxPendingSpans?: number;
 }): BatchHandler<OtlpMessage> {
   const { store, sink, topic, opts, metrics: m } = deps;
+  const maxPending = deps.maxPendingSpans ?? DEFAULT_MAX_PENDING_SPANS;
   return async (records) => {
     const fresh: KeptSpan[] = [];
     for (const rec of records)
@@ -102,7 +108,7 @@ export function createIngestHandler(deps: {
 
     const events = [];
     const changes = new Map<string, TraceChange>();
-    const outcomes = { tool_call: 0, pending: 0, late: 0, orphan: 0 };
+    const outcomes = { tool_call: 0, pending: 0, late: 0, orphan: 0, dropped: 0 };
     for (const [traceId, spans] of traces) {
       const state = states.get(traceId) ?? { spans: [], done: new Set<string>() };
       const res = resolveTrace([...state.spans, ...spans], state.done, opts);
@@ -111,14 +117,19 @@ export function createIngestHandler(deps: {
       const buffered = new Set(state.spans.map((s) => s.spanId));
       const pending = new Set(res.pendingTools);
       const settled = [...res.emittedTools, ...res.lateTools, ...res.orphanTools];
-      changes.set(traceId, {
-        // Links are kept only while a tool span still needs a path to its agent span.
-        put: spans.filter((s) => pending.has(s.spanId) || (pending.size > 0 && s.kind === 'link')),
-        drop: settled.filter((id) => buffered.has(id)),
-        done: res.completedAgents,
-      });
+      const drop = settled.filter((id) => buffered.has(id));
+      // Links are kept only while a tool span still needs a path to its agent span.
+      const waiting = spans.filter((s) => pending.has(s.spanId) || (pending.size > 0 && s.kind === 'link'));
+      // Bounded per trace: an agent span that never ends (a loop that runs for days, a crashed agent) would
+      // otherwise grow its hash for good, and every chunk of the trace reads the whole hash back.
+      const room = Math.max(0, maxPending - (state.spans.length - drop.length));
+      const put = waiting.slice(0, room);
+      const kept = new Set(put.map((s) => s.spanId));
+      changes.set(traceId, { put, drop, done: res.completedAgents });
+      const freshPending = res.pendingTools.filter((id) => freshIds.has(id));
       outcomes.tool_call += res.emittedTools.length;
-      outcomes.pending += res.pendingTools.filter((id) => freshIds.has(id)).length;
+      outcomes.pending += freshPending.filter((id) => kept.has(id)).length;
+      outcomes.dropped += freshPending.filter((id) => !kept.has(id)).length;
       outcomes.late += res.lateTools.filter((id) => freshIds.has(id)).length;
       outcomes.orphan += res.orphanTools.filter((id) => freshIds.has(id)).length;
     }

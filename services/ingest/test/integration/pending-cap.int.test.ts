@@ -1,0 +1,78 @@
+import { Registry } from 'prom-client';
+import { afterAll, describe, expect, it } from 'vitest';
+import { jsonCodec } from '../../../../shared/codec.js';
+import { createSink } from '../../../../shared/kafka/sink.js';
+import { createTopics, testKafka, testRedis, unique } from '../../../../test/helpers/kafka.js';
+import { decodeOtlp } from '../../src/adapters/otlp-decode.js';
+import { createIngestHandler, createIngestMetrics } from '../../src/adapters/handler.js';
+import { RedisTraceStore } from '../../src/adapters/trace-store.js';
+import { DEFAULT_MAP_OPTIONS } from '../../src/core/map.js';
+import { DEFAULT_DECODE_LIMITS, type OtlpSpan } from '../../src/core/otlp.js';
+import { otelRecorder, toProto } from '../helpers/otel.js';
+
+/*
+ * An agent span that never ends (a long-running agent loop, or one that crashed without exporting it) while its
+ * tool spans keep coming: each waits in the trace's Redis hash, and every chunk with a span of that trace reads
+ * the whole hash back. Without a bound, Redis memory and the work and memory of each chunk grew with the trace.
+ */
+
+const redis = testRedis();
+const sink = createSink(testKafka(), jsonCodec());
+afterAll(async () => {
+  await sink.disconnect();
+  await redis.quit();
+});
+
+const decode = (spans: Parameters<typeof toProto>[0]): OtlpSpan[] => {
+  const r = decodeOtlp(toProto(spans), 'auto', DEFAULT_DECODE_LIMITS);
+  if (!r.ok) throw new Error(r.detail);
+  return r.spans;
+};
+
+describe('ingest: spans waiting for an agent span are bounded per trace (real Redis and Kafka)', () => {
+  it('keeps at most maxPendingSpans of a trace and counts the rest as dropped', async () => {
+    const spans = otelRecorder().agent({
+      name: 'A',
+      tools: Array.from({ length: 30 }, (_, i) => ({ name: `t${i}` })),
+    });
+    const tools = decode(spans.filter((s) => s.name.startsWith('execute_tool')));
+    expect(tools).toHaveLength(30);
+    const traceId = tools[0]!.traceId;
+
+    const topic = unique('tool-calls');
+    await createTopics([{ topic, partitions: 1 }]);
+    await sink.connect();
+    const prefix = unique('ingest');
+    const registry = new Registry();
+    const handle = createIngestHandler({
+      store: new RedisTraceStore(redis, prefix, 3_600_000),
+      sink,
+      topic,
+      opts: DEFAULT_MAP_OPTIONS,
+      metrics: createIngestMetrics(registry),
+      maxPendingSpans: 8,
+    });
+    const ctx = { heartbeat: async () => undefined, isRunning: () => true };
+    // The agent span never comes: three messages of ten tool spans each.
+    for (let m = 0; m < 3; m++)
+      await handle(
+        [
+          {
+            topic: 'otlp',
+            partition: 0,
+            offset: String(m),
+            key: null,
+            timestamp: '0',
+            value: { spans: tools.slice(m * 10, m * 10 + 10) },
+          },
+        ],
+        ctx,
+      );
+    const fields = await redis.hkeys(`${prefix}:ingest:trace:${traceId}`);
+    // Before, all 30 waited (and a trace that never ends grew for good).
+    expect(fields.filter((f) => f.startsWith('s:'))).toHaveLength(8);
+    const metrics = await registry.getSingleMetricAsString('paver_ingest_spans_total');
+    expect(metrics).toContain('outcome="pending"} 8');
+    expect(metrics).toContain('outcome="dropped"} 22');
+  });
+});

@@ -1,0 +1,55 @@
+import { writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { commonEnvSchema, parseEnv, refineCommon } from '../../shared/config.js';
+import { kafkaConfig } from '../../shared/kafka/client.js';
+import { silentLogger } from '../../shared/log.js';
+
+const schema = commonEnvSchema.superRefine(refineCommon);
+const base = { KAFKA_BROKERS: 'k:9092', REDIS_URL: 'redis://r:6379' };
+/** The CONFIG_INVALID message for an environment (fails the test if it is accepted). */
+function refused(env: Record<string, string>): string {
+  try {
+    parseEnv(schema, { ...base, ...env });
+  } catch (err) {
+    expect((err as { code?: string }).code).toBe('CONFIG_INVALID');
+    return (err as Error).message;
+  }
+  throw new Error(`accepted: ${Object.keys(env).join(', ')}`);
+}
+
+describe('security settings that would be silently ignored are configuration errors', () => {
+  it('SASL credentials without a mechanism', () => {
+    // Before, the credentials were dropped and the client connected without authenticating.
+    const m = refused({ KAFKA_SASL_USERNAME: 'svc', KAFKA_SASL_PASSWORD: 'hunter2-secret' });
+    expect(m).toContain('KAFKA_SASL_MECHANISM');
+    expect(m).not.toContain('hunter2');
+  });
+
+  it('a Redis user without a password', () => {
+    // ioredis sends no AUTH without a password: the connection ran as the default user.
+    expect(refused({ REDIS_USERNAME: 'paver' })).toContain('REDIS_PASSWORD');
+    expect(() => parseEnv(schema, { ...base, REDIS_USERNAME: 'paver', REDIS_PASSWORD: 'x' })).not.toThrow();
+    expect(() =>
+      parseEnv(schema, { ...base, REDIS_URL: 'redis://paver:x@r:6379', REDIS_USERNAME: 'paver' }),
+    ).not.toThrow();
+  });
+
+  it('a REDIS_URL whose password is badly percent-encoded names the variable, not the password', () => {
+    // Before, it passed and the Redis client threw "URI malformed" at start-up: exit 1, no variable named.
+    const m = refused({ REDIS_URL: 'redis://:p%zz-hunter2-secret@r:6379' });
+    expect(m).toContain('REDIS_URL');
+    expect(m).not.toContain('hunter2');
+  });
+
+  it('a client certificate turns TLS on, like a CA file', () => {
+    const cert = join(tmpdir(), `cert-${process.pid}.pem`);
+    const key = join(tmpdir(), `key-${process.pid}.pem`);
+    writeFileSync(cert, 'CERT');
+    writeFileSync(key, 'KEY');
+    // Before, without KAFKA_SSL=true the certificate was dropped and the client connected in plaintext.
+    const env = parseEnv(schema, { ...base, KAFKA_SSL_CERT_FILE: cert, KAFKA_SSL_KEY_FILE: key });
+    expect(kafkaConfig(env, silentLogger()).ssl).toMatchObject({ cert: 'CERT', key: 'KEY' });
+  });
+});
