@@ -34,6 +34,27 @@ export interface ReadinessCheck {
 }
 
 const MAX_BODY = 1024 * 1024;
+/**
+ * How long one readiness check may take before it counts as failed. A dependency that hangs (a frozen Redis, a
+ * network partition that drops packets rather than refusing them) must make /readyz answer "not ready", not hang
+ * it: under Kubernetes's default probe timeout (1 s), so the probe and a person with curl both get an answer.
+ */
+export const READINESS_CHECK_TIMEOUT_MS = 800;
+
+/** `check` within `ms`, else false; a check that throws is false too. */
+async function bounded(check: ReadinessCheck['check'], ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      Promise.resolve()
+        .then(check)
+        .catch(() => false),
+      new Promise<boolean>((r) => (timer = setTimeout(() => r(false), ms))),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
 const HTTP_METRIC = 'paver_http_request_duration_seconds';
 
 /** One histogram per registry: a service may build more than one server on the same registry. */
@@ -118,11 +139,26 @@ async function readBody(req: IncomingMessage): Promise<unknown> {
  */
 export function createHttpServer(opts: {
   registry: Registry;
+  /** Read on every request: a caller may add checks to the array later (once start-up has built them). */
   readiness: ReadinessCheck[];
+  /** The service's own routes; left out, other paths answer 503 until `setRoutes` gives them. */
   routes?: Route[];
   log: Logger;
-}): { server: Server; listen: (port: number, host: string) => Promise<number>; close: () => Promise<void> } {
-  const routes = (opts.routes ?? []).map((r) => ({ ...r, ...compile(r.path) }));
+  /** Per check; defaults to READINESS_CHECK_TIMEOUT_MS. */
+  readinessTimeoutMs?: number;
+}): {
+  server: Server;
+  listen: (port: number, host: string) => Promise<number>;
+  close: () => Promise<void>;
+  /**
+   * The service's own routes, once start-up has built them. Until then any other path answers 503: the server
+   * listens from the first moment so that /healthz does not wait for Kafka, Redis or a table.
+   */
+  setRoutes: (routes: Route[]) => void;
+} {
+  const compileAll = (rs: Route[]) => rs.map((r) => ({ ...r, ...compile(r.path) }));
+  let routes: ReturnType<typeof compileAll> | null = opts.routes ? compileAll(opts.routes) : null;
+  const checkTimeout = opts.readinessTimeoutMs ?? READINESS_CHECK_TIMEOUT_MS;
   const send = (
     res: ServerResponse,
     status: number,
@@ -163,13 +199,12 @@ export function createHttpServer(opts: {
         if (method === 'GET' && url.pathname === '/healthz') return send(res, 200, { status: 'ok' });
         if (method === 'GET' && url.pathname === '/readyz') {
           const results = await Promise.all(
-            opts.readiness.map(
-              async (c) => [c.name, await Promise.resolve(c.check()).catch(() => false)] as const,
-            ),
+            opts.readiness.map(async (c) => [c.name, await bounded(c.check, checkTimeout)] as const),
           );
           const ready = results.every(([, ok]) => ok);
           return send(res, ready ? 200 : 503, { ready, checks: Object.fromEntries(results) });
         }
+        if (!routes) return send(res, 503, { error: 'starting' });
         for (const r of routes) {
           const m = r.re.exec(url.pathname);
           if (!m) continue;
@@ -210,5 +245,8 @@ export function createHttpServer(opts: {
         server.close(() => resolve());
         server.closeAllConnections();
       }),
+    setRoutes: (rs) => {
+      routes = compileAll(rs);
+    },
   };
 }

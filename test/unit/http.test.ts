@@ -121,3 +121,52 @@ describe('requests a URL parser refuses', () => {
     expect(await raw(port, 'GET /sessions/s-1/allowed-tools HTTP/1.1')).toBe('HTTP/1.1 200 OK');
   });
 });
+
+describe('readiness', () => {
+  it('answers 503 within the check timeout when a check hangs (a frozen dependency), naming the check', async () => {
+    const s = createHttpServer({
+      registry: new Registry(),
+      log: createLogger('test', 'silent'),
+      readiness: [
+        { name: 'fine', check: () => true },
+        { name: 'hangs', check: () => new Promise<boolean>(() => undefined) },
+      ],
+      routes: [],
+      readinessTimeoutMs: 300,
+    });
+    const port = await s.listen(0, '127.0.0.1');
+    try {
+      const t0 = Date.now();
+      // Before, the answer waited for the check: for good, with a Redis that no longer answers.
+      const res = await fetch(`http://127.0.0.1:${port}/readyz`, { signal: AbortSignal.timeout(5_000) });
+      expect(res.status).toBe(503);
+      expect(await res.json()).toEqual({ ready: false, checks: { fine: true, hangs: false } });
+      expect(Date.now() - t0).toBeLessThan(2_000);
+    } finally {
+      await s.close();
+    }
+  });
+
+  it('serves /healthz and /readyz before the service routes exist; other paths answer 503 until then', async () => {
+    let started = false;
+    const s = createHttpServer({
+      registry: new Registry(),
+      log: createLogger('test', 'silent'),
+      readiness: [{ name: 'startup', check: () => started }],
+    });
+    const port = await s.listen(0, '127.0.0.1');
+    const get = (p: string) => fetch(`http://127.0.0.1:${port}${p}`).then((r) => r.status);
+    try {
+      expect(await get('/healthz')).toBe(200);
+      expect(await get('/readyz')).toBe(503);
+      expect(await get('/things')).toBe(503);
+      s.setRoutes([{ method: 'GET', path: '/things', handler: () => ({ status: 200, body: [] }) }]);
+      started = true;
+      expect(await get('/readyz')).toBe(200);
+      expect(await get('/things')).toBe(200);
+      expect(await get('/other')).toBe(404);
+    } finally {
+      await s.close();
+    }
+  });
+});
