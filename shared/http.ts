@@ -34,6 +34,9 @@ export interface ReadinessCheck {
 }
 
 const MAX_BODY = 1024 * 1024;
+/** Time a client has to send a request's headers, and its whole request (a body is at most MAX_BODY). */
+export const HEADERS_TIMEOUT_MS = 10_000;
+const REQUEST_TIMEOUT_MS = 30_000;
 /**
  * How long one readiness check may take before it counts as failed. A dependency that hangs (a frozen Redis, a
  * network partition that drops packets rather than refusing them) must make /readyz answer "not ready", not hang
@@ -174,63 +177,73 @@ export function createHttpServer(opts: {
   const latency = requestHistogram(opts.registry);
   const KNOWN_METHODS = new Set(['GET', 'POST', 'PUT', 'DELETE', 'PATCH', 'HEAD', 'OPTIONS']);
 
-  const server = createServer((req, res) => {
-    const started = process.hrtime.bigint();
-    const method = req.method ?? 'GET';
-    // The route's pattern, not its path: session ids in a label would be unbounded cardinality.
-    let route = 'unmatched';
-    res.once('finish', () => {
-      latency.observe(
-        { method: KNOWN_METHODS.has(method) ? method : 'other', route, status: String(res.statusCode) },
-        Number(process.hrtime.bigint() - started) / 1e9,
-      );
-    });
-    void (async () => {
-      // A target no URL parser takes (`GET http://[/x`), or a bad escape in a path parameter, is the client's
-      // error: a 400, never an exception out of this handler (which would end the process).
-      let url: ReturnType<typeof parseTarget> = { pathname: '', query: new URLSearchParams() };
-      try {
-        url = parseTarget(req.url ?? '/');
-        if (url.pathname === '/metrics' || url.pathname === '/healthz' || url.pathname === '/readyz')
-          route = url.pathname;
-        if (method === 'GET' && url.pathname === '/metrics') {
-          return send(res, 200, await opts.registry.metrics(), opts.registry.contentType);
+  const server = createServer(
+    {
+      // A client that sends its headers byte by byte (slowloris) holds a socket, a file descriptor the process's
+      // Kafka and Redis connections share, for as long as the server lets it: Node's defaults are 60 s for the
+      // headers, checked every 30 s. Probes and scrapes send theirs at once.
+      headersTimeout: HEADERS_TIMEOUT_MS,
+      requestTimeout: REQUEST_TIMEOUT_MS,
+      connectionsCheckingInterval: 1_000,
+    },
+    (req, res) => {
+      const started = process.hrtime.bigint();
+      const method = req.method ?? 'GET';
+      // The route's pattern, not its path: session ids in a label would be unbounded cardinality.
+      let route = 'unmatched';
+      res.once('finish', () => {
+        latency.observe(
+          { method: KNOWN_METHODS.has(method) ? method : 'other', route, status: String(res.statusCode) },
+          Number(process.hrtime.bigint() - started) / 1e9,
+        );
+      });
+      void (async () => {
+        // A target no URL parser takes (`GET http://[/x`), or a bad escape in a path parameter, is the client's
+        // error: a 400, never an exception out of this handler (which would end the process).
+        let url: ReturnType<typeof parseTarget> = { pathname: '', query: new URLSearchParams() };
+        try {
+          url = parseTarget(req.url ?? '/');
+          if (url.pathname === '/metrics' || url.pathname === '/healthz' || url.pathname === '/readyz')
+            route = url.pathname;
+          if (method === 'GET' && url.pathname === '/metrics') {
+            return send(res, 200, await opts.registry.metrics(), opts.registry.contentType);
+          }
+          if (method === 'GET' && url.pathname === '/healthz') return send(res, 200, { status: 'ok' });
+          if (method === 'GET' && url.pathname === '/readyz') {
+            const results = await Promise.all(
+              opts.readiness.map(async (c) => [c.name, await bounded(c.check, checkTimeout)] as const),
+            );
+            const ready = results.every(([, ok]) => ok);
+            return send(res, ready ? 200 : 503, { ready, checks: Object.fromEntries(results) });
+          }
+          if (!routes) return send(res, 503, { error: 'starting' });
+          for (const r of routes) {
+            const m = r.re.exec(url.pathname);
+            if (!m) continue;
+            route = r.path;
+            if (r.method !== method) return send(res, 405, { error: 'method not allowed' });
+            const params: Record<string, string> = {};
+            r.names.forEach((n, i) => (params[n] = decodeParam(m[i + 1] ?? '')));
+            const out = await r.handler({
+              method,
+              path: url.pathname,
+              params,
+              query: url.query,
+              body: () => readBody(req),
+            });
+            if (out.json !== undefined) return send(res, out.status, out.json, 'application/json', true);
+            return send(res, out.status, out.body, out.contentType);
+          }
+          return send(res, 404, { error: 'not found' });
+        } catch (err) {
+          const status = (err as { status?: number }).status ?? 500;
+          if (status >= 500)
+            opts.log.error({ err: errorMessage(err), path: url.pathname }, 'http handler failed');
+          return send(res, status, { error: status >= 500 ? 'internal error' : errorMessage(err) });
         }
-        if (method === 'GET' && url.pathname === '/healthz') return send(res, 200, { status: 'ok' });
-        if (method === 'GET' && url.pathname === '/readyz') {
-          const results = await Promise.all(
-            opts.readiness.map(async (c) => [c.name, await bounded(c.check, checkTimeout)] as const),
-          );
-          const ready = results.every(([, ok]) => ok);
-          return send(res, ready ? 200 : 503, { ready, checks: Object.fromEntries(results) });
-        }
-        if (!routes) return send(res, 503, { error: 'starting' });
-        for (const r of routes) {
-          const m = r.re.exec(url.pathname);
-          if (!m) continue;
-          route = r.path;
-          if (r.method !== method) return send(res, 405, { error: 'method not allowed' });
-          const params: Record<string, string> = {};
-          r.names.forEach((n, i) => (params[n] = decodeParam(m[i + 1] ?? '')));
-          const out = await r.handler({
-            method,
-            path: url.pathname,
-            params,
-            query: url.query,
-            body: () => readBody(req),
-          });
-          if (out.json !== undefined) return send(res, out.status, out.json, 'application/json', true);
-          return send(res, out.status, out.body, out.contentType);
-        }
-        return send(res, 404, { error: 'not found' });
-      } catch (err) {
-        const status = (err as { status?: number }).status ?? 500;
-        if (status >= 500)
-          opts.log.error({ err: errorMessage(err), path: url.pathname }, 'http handler failed');
-        return send(res, status, { error: status >= 500 ? 'internal error' : errorMessage(err) });
-      }
-    })();
-  });
+      })();
+    },
+  );
   server.keepAliveTimeout = 5_000;
 
   return {

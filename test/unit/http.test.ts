@@ -1,7 +1,7 @@
 import { connect } from 'node:net';
 import { Registry } from 'prom-client';
 import { afterAll, describe, expect, it } from 'vitest';
-import { createHttpServer, parseTarget } from '../../shared/http.js';
+import { createHttpServer, HEADERS_TIMEOUT_MS, parseTarget } from '../../shared/http.js';
 import { createLogger } from '../../shared/log.js';
 import { parsePrometheus } from '../helpers/prometheus.js';
 
@@ -169,4 +169,40 @@ describe('readiness', () => {
       await s.close();
     }
   });
+});
+
+describe('slow clients', () => {
+  it('drops a client that sends its headers byte by byte (slowloris) after the headers timeout, and still closes at once', async () => {
+    const s = createHttpServer({
+      registry: new Registry(),
+      log: createLogger('test', 'silent'),
+      readiness: [],
+    });
+    const port = await s.listen(0, '127.0.0.1');
+    const t0 = Date.now();
+    const socket = connect(port, '127.0.0.1');
+    socket.on('error', () => undefined);
+    const dropped = new Promise<number>((r) => socket.once('close', () => r(Date.now() - t0)));
+    const header = 'GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ' + 'a'.repeat(200);
+    let i = 0;
+    const drip = setInterval(() => {
+      if (!socket.destroyed && i < header.length) socket.write(header[i++]!);
+    }, 200);
+    // An idle keep-alive connection besides it must not hold the close up either.
+    const idle = connect(port, '127.0.0.1');
+    idle.on('error', () => undefined);
+    try {
+      // Before: Node's defaults, 60 s for the headers checked every 30 s.
+      const ms = await Promise.race([dropped, new Promise<number>((r) => setTimeout(() => r(-1), 20_000))]);
+      expect(ms).toBeGreaterThan(0);
+      expect(ms).toBeLessThan(HEADERS_TIMEOUT_MS + 3_000);
+      const c0 = Date.now();
+      await s.close();
+      expect(Date.now() - c0).toBeLessThan(1_000);
+    } finally {
+      clearInterval(drip);
+      socket.destroy();
+      idle.destroy();
+    }
+  }, 40_000);
 });
