@@ -139,7 +139,11 @@ export async function runService<E extends CommonEnv, T>(
   // Filled in as start-up builds what the checks ask; /readyz reads the array on every request.
   const readiness: ReadinessCheck[] = [{ name: 'startup', check: () => startedUp }];
 
+  // The worst reason to stop wins: a fatal error met while a signal's stop drains the chunk in hand (a bug in it,
+  // a state conflict) must not leave with 0, which a supervisor reads as a clean stop and may not restart.
+  let exitCode = 0;
   const shutdown = (code: number, why: string) => {
+    exitCode = Math.max(exitCode, code);
     shuttingDown ??= (async () => {
       log.info({ why }, 'shutting down');
       const timer = setTimeout(() => {
@@ -160,8 +164,8 @@ export async function runService<E extends CommonEnv, T>(
       await step('http', () => http?.close());
       await step('redis', () => redis.quit());
       clearTimeout(timer);
-      log.info('stopped');
-      resolveExit(code);
+      log.info({ exitCode }, 'stopped');
+      resolveExit(exitCode);
     })();
   };
   // Listeners stay for the whole run: with `once`, a second SIGTERM (or SIGINT) met Node's default action and

@@ -272,4 +272,48 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       rmSync(dir, { recursive: true, force: true });
     }
   }, 240_000);
+
+  it('a fatal error met while a SIGTERM drains the chunk in hand exits 1, not 0, and commits nothing of that chunk', async () => {
+    const env = serviceEnv({
+      FIXTURE_GROUP_ID: unique('g'),
+      FIXTURE_DELAY_MS: '3000',
+      PAVER_BATCH_CHUNK: '10',
+    });
+    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
+    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    await produce(
+      topic,
+      Array.from({ length: 30 }, (_, i) => ({ key: `s${i}`, value: JSON.stringify(event(i)) })),
+    );
+    const check = testRedis();
+    const prefix = env.REDIS_KEY_PREFIX!;
+    try {
+      const p = await startProcess(FIXTURE, env);
+      procs.push(p);
+      await explained(
+        p,
+        waitFor(async () => (await check.scard(`${prefix}:seen`)) >= 10, 'the first chunk', 90_000),
+      );
+      p.child.kill('SIGTERM');
+      // The chunk in hand (3 s) meets a bug before it writes anything.
+      await check.set(`${prefix}:bug`, '1');
+      await waitFor(() => p.output().includes('"msg":"shutting down"'), 'the stop to begin');
+      // Before, the signal's stop had already settled on 0: a supervisor saw a clean stop.
+      expect(await explained(p, exitWithin(p, 30_000))).toBe(1);
+      expect(p.output()).toContain('fatal error');
+      const seen = await check.scard(`${prefix}:seen`);
+      await check.del(`${prefix}:bug`);
+      const again = await startProcess(FIXTURE, { ...env, FIXTURE_DELAY_MS: '0' });
+      procs.push(again);
+      await explained(
+        again,
+        waitFor(async () => (await check.scard(`${prefix}:seen`)) === 30, 'all 30 events', 90_000),
+      );
+      expect(seen).toBeLessThan(30);
+      again.child.kill('SIGTERM');
+      expect(await exitWithin(again, 30_000)).toBe(0);
+    } finally {
+      check.disconnect();
+    }
+  }, 240_000);
 });
