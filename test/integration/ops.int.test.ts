@@ -316,4 +316,67 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       check.disconnect();
     }
   }, 240_000);
+
+  it('Redis unreachable at start-up, then lost mid-stream and back: /readyz says so, consumption pauses and resumes, nothing lost', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'paver-ops-redis-'));
+    const port = await freePort();
+    const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), REDIS_URL: `redis://127.0.0.1:${port}` });
+    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
+    const prefix = env.REDIS_KEY_PREFIX!;
+    await createTopics([{ topic }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    const send = (from: number, n: number) =>
+      produce(
+        topic,
+        Array.from({ length: n }, (_, i) => ({
+          key: `s${from + i}`,
+          value: JSON.stringify(event(from + i)),
+        })),
+      );
+    await send(0, 50);
+    const p = await startProcess(FIXTURE, env);
+    procs.push(p);
+    let check: Redis | null = null;
+    const connectCheck = () => {
+      check = new Redis(port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+      check.on('error', () => undefined);
+      return check;
+    };
+    const notReady = () =>
+      waitFor(async () => {
+        const res = await probe(p.url('/readyz'), 3_000);
+        return res?.status === 503 && !(res.body as { checks: Record<string, boolean> }).checks.redis;
+      }, '/readyz 503, redis false');
+    try {
+      await explained(p, notReady());
+      expect((await probe(p.url('/healthz'), 2_000))?.status).toBe(200);
+      let r = await ownRedis(port, dir);
+      const c = connectCheck();
+      await explained(
+        p,
+        waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, 'ready', 90_000),
+      );
+      await waitFor(async () => (await c.scard(`${prefix}:seen`)) === 50, 'the first 50');
+      c.disconnect();
+
+      r.child.kill('SIGKILL');
+      await send(50, 50);
+      await explained(p, notReady());
+      r = await ownRedis(port, dir);
+      const c2 = connectCheck();
+      await explained(
+        p,
+        waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, 'ready again', 90_000),
+      );
+      await explained(
+        p,
+        waitFor(async () => (await c2.scard(`${prefix}:seen`)) === 100, 'all 100 events', 90_000),
+      );
+      expect(p.child.exitCode).toBeNull();
+      p.child.kill('SIGTERM');
+      expect(await exitWithin(p, 30_000)).toBe(0);
+    } finally {
+      (check as Redis | null)?.disconnect();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 240_000);
 });
