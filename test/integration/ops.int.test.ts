@@ -152,7 +152,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
     }
   }, 240_000);
 
-  it('/readyz answers (503) while Redis hangs, and the service goes on without loss or double count once it is back', async () => {
+  it('/readyz answers (503) while Redis hangs, and the service goes on without loss once it is back', async () => {
     const r = await ownRedis();
     const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), REDIS_URL: r.url });
     const topic = env.PAVER_TOPIC_TOOL_CALLS!;
@@ -377,6 +377,40 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
     } finally {
       (check as Redis | null)?.disconnect();
       rmSync(dir, { recursive: true, force: true });
+    }
+  }, 240_000);
+
+  it('SIGTERM while Redis is frozen mid-chunk: the stop cannot finish the chunk, and PAVER_SHUTDOWN_TIMEOUT_MS bounds it (exit 1)', async () => {
+    const r = await ownRedis();
+    const env = serviceEnv({
+      FIXTURE_GROUP_ID: unique('g'),
+      REDIS_URL: r.url,
+      FIXTURE_DELAY_MS: '1500',
+      PAVER_BATCH_CHUNK: '10',
+      PAVER_SHUTDOWN_TIMEOUT_MS: '4000',
+    });
+    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
+    const prefix = env.REDIS_KEY_PREFIX!;
+    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    await produce(
+      topic,
+      Array.from({ length: 40 }, (_, i) => ({ key: `s${i}`, value: JSON.stringify(event(i)) })),
+    );
+    const check = new Redis(r.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+    try {
+      const p = await startProcess(FIXTURE, env);
+      procs.push(p);
+      await explained(
+        p,
+        waitFor(async () => (await check.scard(`${prefix}:seen`)) >= 10, 'the first chunk', 90_000),
+      );
+      r.child.kill('SIGSTOP');
+      p.child.kill('SIGTERM');
+      expect(await explained(p, exitWithin(p, 15_000))).toBe(1);
+      expect(p.output()).toContain('shutdown timed out');
+    } finally {
+      r.child.kill('SIGCONT');
+      check.disconnect();
     }
   }, 240_000);
 });
