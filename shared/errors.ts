@@ -30,6 +30,13 @@ export class PaverError extends Error {
   }
 }
 
+/**
+ * Server replies that say "not now" rather than "never": a replica loading, a script running long, a cluster
+ * or failover in progress (a demoted primary answers READONLY until clients find the new one), memory full.
+ * Retrying later can succeed; every other error reply (a script error, a wrong type) is a bug no retry fixes.
+ */
+export const TRANSIENT_REPLY = /^(LOADING|BUSY|TRYAGAIN|CLUSTERDOWN|MASTERDOWN|READONLY|OOM|NOREPLICAS)\b/;
+
 /** Maps third-party failures onto the closed list, by shape rather than `instanceof` (the client may change). */
 export function classifyError(err: unknown): PaverError {
   if (err instanceof PaverError) return err;
@@ -48,7 +55,10 @@ export function classifyError(err: unknown): PaverError {
     e?.code === 'ETIMEDOUT' ||
     e?.code === 'EPIPE' ||
     name === 'MaxRetriesPerRequestError' ||
-    /Connection is closed|Stream isn't writeable|LOADING|BUSY|TRYAGAIN|CLUSTERDOWN/.test(message)
+    /Connection is closed|Stream isn't writeable|LOADING|BUSY|TRYAGAIN|CLUSTERDOWN/.test(message) ||
+    // The same transient replies redisFailure knows: before, a reply classified here (the detector's pipelines,
+    // any raw ioredis error) took READONLY, MASTERDOWN, OOM or NOREPLICAS for a bug and stopped the service.
+    TRANSIENT_REPLY.test(message)
   ) {
     return new PaverError('REDIS_UNAVAILABLE', message, { cause: err });
   }

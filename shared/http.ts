@@ -34,6 +34,30 @@ export interface ReadinessCheck {
 }
 
 const MAX_BODY = 1024 * 1024;
+/** Time a client has to send a request's headers, and its whole request (a body is at most MAX_BODY). */
+export const HEADERS_TIMEOUT_MS = 10_000;
+const REQUEST_TIMEOUT_MS = 30_000;
+/**
+ * How long one readiness check may take before it counts as failed. A dependency that hangs (a frozen Redis, a
+ * network partition that drops packets rather than refusing them) must make /readyz answer "not ready", not hang
+ * it: under Kubernetes's default probe timeout (1 s), so the probe and a person with curl both get an answer.
+ */
+export const READINESS_CHECK_TIMEOUT_MS = 800;
+
+/** `check` within `ms`, else false; a check that throws is false too. */
+async function bounded(check: ReadinessCheck['check'], ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      Promise.resolve()
+        .then(check)
+        .catch(() => false),
+      new Promise<boolean>((r) => (timer = setTimeout(() => r(false), ms))),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
 const HTTP_METRIC = 'paver_http_request_duration_seconds';
 
 /** One histogram per registry: a service may build more than one server on the same registry. */
@@ -118,11 +142,26 @@ async function readBody(req: IncomingMessage): Promise<unknown> {
  */
 export function createHttpServer(opts: {
   registry: Registry;
+  /** Read on every request: a caller may add checks to the array later (once start-up has built them). */
   readiness: ReadinessCheck[];
+  /** The service's own routes; left out, other paths answer 503 until `setRoutes` gives them. */
   routes?: Route[];
   log: Logger;
-}): { server: Server; listen: (port: number, host: string) => Promise<number>; close: () => Promise<void> } {
-  const routes = (opts.routes ?? []).map((r) => ({ ...r, ...compile(r.path) }));
+  /** Per check; defaults to READINESS_CHECK_TIMEOUT_MS. */
+  readinessTimeoutMs?: number;
+}): {
+  server: Server;
+  listen: (port: number, host: string) => Promise<number>;
+  close: () => Promise<void>;
+  /**
+   * The service's own routes, once start-up has built them. Until then any other path answers 503: the server
+   * listens from the first moment so that /healthz does not wait for Kafka, Redis or a table.
+   */
+  setRoutes: (routes: Route[]) => void;
+} {
+  const compileAll = (rs: Route[]) => rs.map((r) => ({ ...r, ...compile(r.path) }));
+  let routes: ReturnType<typeof compileAll> | null = opts.routes ? compileAll(opts.routes) : null;
+  const checkTimeout = opts.readinessTimeoutMs ?? READINESS_CHECK_TIMEOUT_MS;
   const send = (
     res: ServerResponse,
     status: number,
@@ -138,64 +177,73 @@ export function createHttpServer(opts: {
   const latency = requestHistogram(opts.registry);
   const KNOWN_METHODS = new Set(['GET', 'POST', 'PUT', 'DELETE', 'PATCH', 'HEAD', 'OPTIONS']);
 
-  const server = createServer((req, res) => {
-    const started = process.hrtime.bigint();
-    const method = req.method ?? 'GET';
-    // The route's pattern, not its path: session ids in a label would be unbounded cardinality.
-    let route = 'unmatched';
-    res.once('finish', () => {
-      latency.observe(
-        { method: KNOWN_METHODS.has(method) ? method : 'other', route, status: String(res.statusCode) },
-        Number(process.hrtime.bigint() - started) / 1e9,
-      );
-    });
-    void (async () => {
-      // A target no URL parser takes (`GET http://[/x`), or a bad escape in a path parameter, is the client's
-      // error: a 400, never an exception out of this handler (which would end the process).
-      let url: ReturnType<typeof parseTarget> = { pathname: '', query: new URLSearchParams() };
-      try {
-        url = parseTarget(req.url ?? '/');
-        if (url.pathname === '/metrics' || url.pathname === '/healthz' || url.pathname === '/readyz')
-          route = url.pathname;
-        if (method === 'GET' && url.pathname === '/metrics') {
-          return send(res, 200, await opts.registry.metrics(), opts.registry.contentType);
+  const server = createServer(
+    {
+      // A client that sends its headers byte by byte (slowloris) holds a socket, a file descriptor the process's
+      // Kafka and Redis connections share, for as long as the server lets it: Node's defaults are 60 s for the
+      // headers, checked every 30 s. Probes and scrapes send theirs at once.
+      headersTimeout: HEADERS_TIMEOUT_MS,
+      requestTimeout: REQUEST_TIMEOUT_MS,
+      connectionsCheckingInterval: 1_000,
+    },
+    (req, res) => {
+      const started = process.hrtime.bigint();
+      const method = req.method ?? 'GET';
+      // The route's pattern, not its path: session ids in a label would be unbounded cardinality.
+      let route = 'unmatched';
+      res.once('finish', () => {
+        latency.observe(
+          { method: KNOWN_METHODS.has(method) ? method : 'other', route, status: String(res.statusCode) },
+          Number(process.hrtime.bigint() - started) / 1e9,
+        );
+      });
+      void (async () => {
+        // A target no URL parser takes (`GET http://[/x`), or a bad escape in a path parameter, is the client's
+        // error: a 400, never an exception out of this handler (which would end the process).
+        let url: ReturnType<typeof parseTarget> = { pathname: '', query: new URLSearchParams() };
+        try {
+          url = parseTarget(req.url ?? '/');
+          if (url.pathname === '/metrics' || url.pathname === '/healthz' || url.pathname === '/readyz')
+            route = url.pathname;
+          if (method === 'GET' && url.pathname === '/metrics') {
+            return send(res, 200, await opts.registry.metrics(), opts.registry.contentType);
+          }
+          if (method === 'GET' && url.pathname === '/healthz') return send(res, 200, { status: 'ok' });
+          if (method === 'GET' && url.pathname === '/readyz') {
+            const results = await Promise.all(
+              opts.readiness.map(async (c) => [c.name, await bounded(c.check, checkTimeout)] as const),
+            );
+            const ready = results.every(([, ok]) => ok);
+            return send(res, ready ? 200 : 503, { ready, checks: Object.fromEntries(results) });
+          }
+          if (!routes) return send(res, 503, { error: 'starting' });
+          for (const r of routes) {
+            const m = r.re.exec(url.pathname);
+            if (!m) continue;
+            route = r.path;
+            if (r.method !== method) return send(res, 405, { error: 'method not allowed' });
+            const params: Record<string, string> = {};
+            r.names.forEach((n, i) => (params[n] = decodeParam(m[i + 1] ?? '')));
+            const out = await r.handler({
+              method,
+              path: url.pathname,
+              params,
+              query: url.query,
+              body: () => readBody(req),
+            });
+            if (out.json !== undefined) return send(res, out.status, out.json, 'application/json', true);
+            return send(res, out.status, out.body, out.contentType);
+          }
+          return send(res, 404, { error: 'not found' });
+        } catch (err) {
+          const status = (err as { status?: number }).status ?? 500;
+          if (status >= 500)
+            opts.log.error({ err: errorMessage(err), path: url.pathname }, 'http handler failed');
+          return send(res, status, { error: status >= 500 ? 'internal error' : errorMessage(err) });
         }
-        if (method === 'GET' && url.pathname === '/healthz') return send(res, 200, { status: 'ok' });
-        if (method === 'GET' && url.pathname === '/readyz') {
-          const results = await Promise.all(
-            opts.readiness.map(
-              async (c) => [c.name, await Promise.resolve(c.check()).catch(() => false)] as const,
-            ),
-          );
-          const ready = results.every(([, ok]) => ok);
-          return send(res, ready ? 200 : 503, { ready, checks: Object.fromEntries(results) });
-        }
-        for (const r of routes) {
-          const m = r.re.exec(url.pathname);
-          if (!m) continue;
-          route = r.path;
-          if (r.method !== method) return send(res, 405, { error: 'method not allowed' });
-          const params: Record<string, string> = {};
-          r.names.forEach((n, i) => (params[n] = decodeParam(m[i + 1] ?? '')));
-          const out = await r.handler({
-            method,
-            path: url.pathname,
-            params,
-            query: url.query,
-            body: () => readBody(req),
-          });
-          if (out.json !== undefined) return send(res, out.status, out.json, 'application/json', true);
-          return send(res, out.status, out.body, out.contentType);
-        }
-        return send(res, 404, { error: 'not found' });
-      } catch (err) {
-        const status = (err as { status?: number }).status ?? 500;
-        if (status >= 500)
-          opts.log.error({ err: errorMessage(err), path: url.pathname }, 'http handler failed');
-        return send(res, status, { error: status >= 500 ? 'internal error' : errorMessage(err) });
-      }
-    })();
-  });
+      })();
+    },
+  );
   server.keepAliveTimeout = 5_000;
 
   return {
@@ -210,5 +258,8 @@ export function createHttpServer(opts: {
         server.close(() => resolve());
         server.closeAllConnections();
       }),
+    setRoutes: (rs) => {
+      routes = compileAll(rs);
+    },
   };
 }

@@ -135,8 +135,15 @@ export async function runService<E extends CommonEnv, T>(
   let runner: ReturnType<typeof createRunner<T>> | null = null;
   let parts: ServiceParts<T> | null = null;
   let http: ReturnType<typeof createHttpServer> | null = null;
+  let startedUp = false;
+  // Filled in as start-up builds what the checks ask; /readyz reads the array on every request.
+  const readiness: ReadinessCheck[] = [{ name: 'startup', check: () => startedUp }];
 
+  // The worst reason to stop wins: a fatal error met while a signal's stop drains the chunk in hand (a bug in it,
+  // a state conflict) must not leave with 0, which a supervisor reads as a clean stop and may not restart.
+  let exitCode = 0;
   const shutdown = (code: number, why: string) => {
+    exitCode = Math.max(exitCode, code);
     shuttingDown ??= (async () => {
       log.info({ why }, 'shutting down');
       const timer = setTimeout(() => {
@@ -157,71 +164,114 @@ export async function runService<E extends CommonEnv, T>(
       await step('http', () => http?.close());
       await step('redis', () => redis.quit());
       clearTimeout(timer);
-      log.info('stopped');
-      resolveExit(code);
+      log.info({ exitCode }, 'stopped');
+      resolveExit(exitCode);
     })();
   };
-  const onSignal = (sig: NodeJS.Signals) => shutdown(0, sig);
-  process.once('SIGTERM', onSignal);
-  process.once('SIGINT', onSignal);
+  // Listeners stay for the whole run: with `once`, a second SIGTERM (or SIGINT) met Node's default action and
+  // killed the process in the middle of its graceful stop, before its commit. The stop is bounded by
+  // PAVER_SHUTDOWN_TIMEOUT_MS; a supervisor that cannot wait has SIGKILL.
+  const onSignal = (sig: NodeJS.Signals) => {
+    if (shuttingDown) log.warn({ signal: sig }, 'already shutting down');
+    else shutdown(0, sig);
+  };
+  process.on('SIGTERM', onSignal);
+  process.on('SIGINT', onSignal);
   const onFatal = (err: Error) => {
     log.fatal({ err: err.message, code: (err as PaverError).code }, 'fatal error');
     shutdown(1, 'fatal');
   };
 
-  try {
+  /**
+   * Start-up, step by step, each step only while no stop was asked. The process's exit waits for the stop,
+   * never for start-up: a SIGTERM while start-up retries an unreachable broker (minutes of kafkajs retries)
+   * used to wait for all of it, past any grace period.
+   */
+  const startUp = async () => {
+    // HTTP first: /healthz is the process's, and must answer while start-up waits on Kafka, Redis or a table
+    // (a startup or liveness probe would otherwise kill a process that is only waiting); /readyz says
+    // `startup` false meanwhile.
+    http = createHttpServer({ registry: metrics.registry, log, readiness });
+    const bound = await http.listen(env.HTTP_PORT ?? spec.defaultPort, env.HTTP_HOST);
+    log.info({ port: bound }, 'http listening (/metrics, /healthz, /readyz)');
+    readiness.push({ name: 'redis', check: () => redisAnswers() });
     await redis
       .connect()
       .catch((err: Error) => log.warn({ err: err.message }, 'redis not reachable yet; will retry'));
+    if (shuttingDown) return;
     if (env.KAFKA_CREATE_TOPICS) {
       const created = await prepareTopics(kafka, paverTopics(env), env, log);
       if (created.length) log.info({ created }, 'created topics');
     }
+    if (shuttingDown) return;
     await sink.connect();
+    if (shuttingDown) return;
     const runtime: RuntimeDeps = { env, log, metrics, kafka, sink, codec, onFatal };
     const deps: ServiceDeps<E> = { env, log, metrics, redis, kafka, sink, codec, fatal: onFatal, runtime };
-    parts = await spec.setup(deps);
-    if (parts.extraTopics?.length && env.KAFKA_CREATE_TOPICS) {
-      await prepareTopics(kafka, parts.extraTopics, env, log);
+    const p = await spec.setup(deps);
+    parts = p;
+    if (shuttingDown) {
+      // The stop may have passed its `service` step already: close what setup built.
+      await p.close?.().catch(() => undefined);
+      return;
     }
-    await parts.start?.();
-    const consumeWhen = parts.consumeWhen;
+    if (p.extraTopics?.length && env.KAFKA_CREATE_TOPICS) {
+      await prepareTopics(kafka, p.extraTopics, env, log);
+    }
+    if (shuttingDown) return;
+    await p.start?.();
+    if (shuttingDown) return;
+    const consumeWhen = p.consumeWhen;
     runner = createRunner<T>(
       {
         service: spec.name,
         groupId: spec.groupId(env),
-        topics: parts.inputTopics,
-        parse: parts.parse,
-        handler: parts.handler,
+        topics: p.inputTopics,
+        parse: p.parse,
+        handler: p.handler,
         ready: consumeWhen ? () => redisReady(redis) && consumeWhen() : () => redisReady(redis),
-        ...(parts.onRebalance ? { onRebalance: parts.onRebalance } : {}),
+        ...(p.onRebalance ? { onRebalance: p.onRebalance } : {}),
       },
-      parts.inputCodec ? { ...runtime, codec: parts.inputCodec } : runtime,
+      p.inputCodec ? { ...runtime, codec: p.inputCodec } : runtime,
     );
     const r = runner;
-    http = createHttpServer({
-      registry: metrics.registry,
-      log,
-      routes: parts.routes ?? [],
-      readiness: [
-        { name: 'kafka_broker', check: () => r.brokerReachable() },
-        { name: 'kafka_consumer', check: () => r.isJoined() },
-        { name: 'kafka_producer', check: () => sink.isConnected() },
-        { name: 'redis', check: async () => redisReady(redis) && (await redis.ping()) === 'PONG' },
-        ...(parts.readiness ?? []),
-      ],
-    });
-    const bound = await http.listen(env.HTTP_PORT ?? spec.defaultPort, env.HTTP_HOST);
-    log.info({ port: bound }, 'http listening (/metrics, /healthz, /readyz)');
-    if (!shuttingDown) await runner.start();
-    log.info({ topics: parts.inputTopics, groupId: spec.groupId(env) }, 'consuming');
-  } catch (err) {
+    readiness.push(
+      { name: 'kafka_broker', check: () => r.brokerReachable() },
+      { name: 'kafka_consumer', check: () => r.isJoined() },
+      { name: 'kafka_producer', check: () => sink.isConnected() },
+      ...(p.readiness ?? []),
+    );
+    http.setRoutes(p.routes ?? []);
+    await runner.start();
+    if (shuttingDown) return;
+    startedUp = true;
+    log.info({ topics: p.inputTopics, groupId: spec.groupId(env) }, 'consuming');
+  };
+  // One PING at a time: while Redis hangs, probes must not pile up commands in its queue.
+  let ping: Promise<boolean> | null = null;
+  const redisAnswers = (): Promise<boolean> | boolean => {
+    if (!redisReady(redis)) return false;
+    ping ??= redis
+      .ping()
+      .then(
+        (pong) => pong === 'PONG',
+        () => false,
+      )
+      .finally(() => (ping = null));
+    return ping;
+  };
+
+  startUp().catch((err: unknown) => {
+    if (shuttingDown) {
+      log.warn({ err: errorMessage(err) }, 'start-up ended by the stop');
+      return;
+    }
     log.fatal({ err: errorMessage(err) }, 'start-up failed');
     const config = (err as PaverError).code === 'CONFIG_INVALID';
     // Bad configuration files are the operator's to fix: say so on stderr too, and exit like a config error.
     if (config) process.stderr.write(`paver ${spec.name}: ${errorMessage(err)}\n`);
     shutdown(config ? EXIT_CONFIG : 1, 'start-up failed');
-  }
+  });
   const code = await exited;
   process.off('SIGTERM', onSignal);
   process.off('SIGINT', onSignal);

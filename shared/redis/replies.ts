@@ -1,13 +1,6 @@
 import type { ChainableCommander, Redis } from 'ioredis';
-import { classifyError, errorMessage, PaverError } from '../errors.js';
+import { classifyError, errorMessage, PaverError, TRANSIENT_REPLY } from '../errors.js';
 import { invokeScript } from './scripts.js';
-
-/**
- * Server replies that say "not now" rather than "never": a replica loading, a script running long, a cluster
- * or failover in progress, memory full. Retrying later can succeed; every other error reply (a script error,
- * a wrong type, a syntax error) is a bug that no retry fixes.
- */
-const TRANSIENT_REPLY = /^(LOADING|BUSY|TRYAGAIN|CLUSTERDOWN|MASTERDOWN|READONLY|OOM|NOREPLICAS)\b/;
 
 const isReplyError = (err: unknown): boolean =>
   typeof err === 'object' && err !== null && (err as { name?: unknown }).name === 'ReplyError';

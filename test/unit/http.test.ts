@@ -1,7 +1,7 @@
 import { connect } from 'node:net';
 import { Registry } from 'prom-client';
 import { afterAll, describe, expect, it } from 'vitest';
-import { createHttpServer, parseTarget } from '../../shared/http.js';
+import { createHttpServer, HEADERS_TIMEOUT_MS, parseTarget } from '../../shared/http.js';
 import { createLogger } from '../../shared/log.js';
 import { parsePrometheus } from '../helpers/prometheus.js';
 
@@ -120,4 +120,89 @@ describe('requests a URL parser refuses', () => {
     expect(await raw(port, 'GET /sessions/%E0%A4%A/allowed-tools HTTP/1.1')).toBe('HTTP/1.1 400 Bad Request');
     expect(await raw(port, 'GET /sessions/s-1/allowed-tools HTTP/1.1')).toBe('HTTP/1.1 200 OK');
   });
+});
+
+describe('readiness', () => {
+  it('answers 503 within the check timeout when a check hangs (a frozen dependency), naming the check', async () => {
+    const s = createHttpServer({
+      registry: new Registry(),
+      log: createLogger('test', 'silent'),
+      readiness: [
+        { name: 'fine', check: () => true },
+        { name: 'hangs', check: () => new Promise<boolean>(() => undefined) },
+      ],
+      routes: [],
+      readinessTimeoutMs: 300,
+    });
+    const port = await s.listen(0, '127.0.0.1');
+    try {
+      const t0 = Date.now();
+      // Before, the answer waited for the check: for good, with a Redis that no longer answers.
+      const res = await fetch(`http://127.0.0.1:${port}/readyz`, { signal: AbortSignal.timeout(5_000) });
+      expect(res.status).toBe(503);
+      expect(await res.json()).toEqual({ ready: false, checks: { fine: true, hangs: false } });
+      expect(Date.now() - t0).toBeLessThan(2_000);
+    } finally {
+      await s.close();
+    }
+  });
+
+  it('serves /healthz and /readyz before the service routes exist; other paths answer 503 until then', async () => {
+    let started = false;
+    const s = createHttpServer({
+      registry: new Registry(),
+      log: createLogger('test', 'silent'),
+      readiness: [{ name: 'startup', check: () => started }],
+    });
+    const port = await s.listen(0, '127.0.0.1');
+    const get = (p: string) => fetch(`http://127.0.0.1:${port}${p}`).then((r) => r.status);
+    try {
+      expect(await get('/healthz')).toBe(200);
+      expect(await get('/readyz')).toBe(503);
+      expect(await get('/things')).toBe(503);
+      s.setRoutes([{ method: 'GET', path: '/things', handler: () => ({ status: 200, body: [] }) }]);
+      started = true;
+      expect(await get('/readyz')).toBe(200);
+      expect(await get('/things')).toBe(200);
+      expect(await get('/other')).toBe(404);
+    } finally {
+      await s.close();
+    }
+  });
+});
+
+describe('slow clients', () => {
+  it('drops a client that sends its headers byte by byte (slowloris) after the headers timeout, and still closes at once', async () => {
+    const s = createHttpServer({
+      registry: new Registry(),
+      log: createLogger('test', 'silent'),
+      readiness: [],
+    });
+    const port = await s.listen(0, '127.0.0.1');
+    const t0 = Date.now();
+    const socket = connect(port, '127.0.0.1');
+    socket.on('error', () => undefined);
+    const dropped = new Promise<number>((r) => socket.once('close', () => r(Date.now() - t0)));
+    const header = 'GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ' + 'a'.repeat(200);
+    let i = 0;
+    const drip = setInterval(() => {
+      if (!socket.destroyed && i < header.length) socket.write(header[i++]!);
+    }, 200);
+    // An idle keep-alive connection besides it must not hold the close up either.
+    const idle = connect(port, '127.0.0.1');
+    idle.on('error', () => undefined);
+    try {
+      // Before: Node's defaults, 60 s for the headers checked every 30 s.
+      const ms = await Promise.race([dropped, new Promise<number>((r) => setTimeout(() => r(-1), 20_000))]);
+      expect(ms).toBeGreaterThan(0);
+      expect(ms).toBeLessThan(HEADERS_TIMEOUT_MS + 3_000);
+      const c0 = Date.now();
+      await s.close();
+      expect(Date.now() - c0).toBeLessThan(1_000);
+    } finally {
+      clearInterval(drip);
+      socket.destroy();
+      idle.destroy();
+    }
+  }, 40_000);
 });

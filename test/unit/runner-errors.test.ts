@@ -1,6 +1,7 @@
 import { KafkaJSConnectionError, KafkaJSNonRetriableError, KafkaJSProtocolError } from 'kafkajs';
 import { describe, expect, it } from 'vitest';
-import { PaverError } from '../../shared/errors.js';
+import { classifyError, PaverError } from '../../shared/errors.js';
+import { redisFailure } from '../../shared/redis/replies.js';
 import { isBrokerOutage, membershipChange } from '../../shared/kafka/runner.js';
 
 // kafkajs builds protocol errors from the broker's error table this way; its typings only declare `Error | string`.
@@ -36,5 +37,23 @@ describe('what the runner makes of a failed batch', () => {
     expect(membershipChange(new KafkaJSConnectionError('gone'))).toBeNull();
     expect(membershipChange('not even an error')).toBeNull();
     expect(isBrokerOutage(protocol('REBALANCE_IN_PROGRESS', 27))).toBe(false);
+  });
+});
+
+describe('Redis replies that say "not now"', () => {
+  const reply = (message: string) => Object.assign(new Error(message), { name: 'ReplyError' });
+  it('are retriable wherever they are classified, the same list as redisFailure', () => {
+    for (const m of [
+      "READONLY You can't write against a read only replica.",
+      'MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to no.',
+      "OOM command not allowed when used memory > 'maxmemory'.",
+      'NOREPLICAS Not enough good replicas to write.',
+      'LOADING Redis is loading the dataset in memory',
+    ]) {
+      expect(classifyError(reply(m)).retriable, m).toBe(true);
+      expect(redisFailure('apply', reply(m)).retriable, m).toBe(true);
+    }
+    expect(classifyError(reply('ERR Error running script: attempt to compare nil')).retriable).toBe(false);
+    expect(redisFailure('apply', reply('WRONGTYPE Operation against a key')).retriable).toBe(false);
   });
 });

@@ -1,0 +1,416 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { Redis } from 'ioredis';
+import { afterAll, describe, expect, it } from 'vitest';
+import { freePort } from '../../deploy/local/stack.js';
+import { createTopics, groupCaughtUp, produce, testRedis, unique, waitFor } from '../helpers/kafka.js';
+import { serviceEnv, startProcess, type Proc } from '../helpers/process.js';
+
+const FIXTURE = ['--import', 'tsx', 'test/fixtures/recorder-service.ts'];
+const procs: Proc[] = [];
+const servers: ChildProcess[] = [];
+afterAll(() => {
+  for (const p of procs)
+    if (p.child.exitCode === null && p.child.signalCode === null) p.child.kill('SIGKILL');
+  for (const s of servers) {
+    if (s.exitCode === null && s.signalCode === null) {
+      s.kill('SIGCONT');
+      s.kill('SIGKILL');
+    }
+  }
+});
+
+const event = (i: number) => ({
+  type: 'tool_call',
+  event_id: `e${i}`,
+  ts: 1_700_000_000_000 + i,
+  session_id: `s${i % 7}`,
+  task_id: `t${i % 50}`,
+  step: i,
+  tool: 'search',
+});
+
+/** A redis-server of this test's own, on a free port, to stop, freeze and start again. */
+async function ownRedis(
+  port?: number,
+  dir?: string,
+): Promise<{ child: ChildProcess; port: number; url: string }> {
+  const p = port ?? (await freePort());
+  // With a folder, an append-only file: what the test recorded survives a restart of this server.
+  const persistence = dir
+    ? ['--appendonly', 'yes', '--appendfsync', 'always', '--dir', dir]
+    : ['--appendonly', 'no'];
+  const child = spawn('redis-server', ['--port', String(p), '--save', '', ...persistence], {
+    stdio: 'ignore',
+  });
+  servers.push(child);
+  const probe = new Redis(p, '127.0.0.1', {
+    lazyConnect: true,
+    maxRetriesPerRequest: 0,
+    retryStrategy: () => null,
+  });
+  probe.on('error', () => undefined);
+  await waitFor(async () => {
+    try {
+      if (probe.status !== 'ready') await probe.connect();
+      return (await probe.ping()) === 'PONG';
+    } catch {
+      probe.disconnect();
+      return false;
+    }
+  }, `redis-server on ${p}`);
+  probe.disconnect();
+  return { child, port: p, url: `redis://127.0.0.1:${p}` };
+}
+
+/** One request, answered within `ms` or not at all (a timeout answers null). */
+async function probe(url: string, ms: number): Promise<{ status: number; body: unknown } | null> {
+  try {
+    const res = await fetch(url, { signal: AbortSignal.timeout(ms) });
+    const text = await res.text();
+    return { status: res.status, body: JSON.parse(text) as unknown };
+  } catch {
+    return null;
+  }
+}
+
+const explained = <T>(p: Proc, w: Promise<T>) =>
+  w.catch((err: Error) => {
+    throw new Error(`${err.message}\n${p.output().slice(-6000)}`);
+  });
+
+/** Resolves the exit code, or 'running' if the process is still up after `ms`. */
+const exitWithin = (p: Proc, ms: number) =>
+  Promise.race([p.exited, new Promise<'running'>((r) => setTimeout(() => r('running'), ms))]);
+
+describe('operations: start-up, shutdown and dependency outages (real Kafka, real Redis, real processes)', () => {
+  it('while the broker cannot be reached at start-up, /healthz answers and /readyz says why; SIGTERM ends the start-up at once', async () => {
+    const dead = await freePort();
+    const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), KAFKA_BROKERS: `127.0.0.1:${dead}` });
+    const p = await startProcess(FIXTURE, env);
+    procs.push(p);
+    // Liveness is the process's, never its dependencies': a start-up waiting for Kafka is alive.
+    await explained(
+      p,
+      waitFor(async () => (await probe(p.url('/healthz'), 2_000))?.status === 200, '/healthz 200', 20_000),
+    );
+    const ready = await probe(p.url('/readyz'), 2_000);
+    expect(ready?.status).toBe(503);
+    expect((ready?.body as { ready: boolean }).ready).toBe(false);
+    p.child.kill('SIGTERM');
+    // Before, the signal waited for the start-up's retries against the broker (minutes), past any grace period.
+    expect(await exitWithin(p, 10_000)).toBe(0);
+    expect(p.output()).not.toContain('"msg":"consuming"');
+  }, 60_000);
+
+  it('a second SIGTERM during the graceful stop does not cut it short: the chunk in hand is finished and committed, exit 0', async () => {
+    const env = serviceEnv({
+      FIXTURE_GROUP_ID: unique('g'),
+      FIXTURE_DELAY_MS: '3000',
+      PAVER_BATCH_CHUNK: '10',
+    });
+    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
+    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    await produce(
+      topic,
+      Array.from({ length: 60 }, (_, i) => ({ key: `s${i}`, value: JSON.stringify(event(i)) })),
+    );
+    const check = testRedis();
+    const prefix = env.REDIS_KEY_PREFIX!;
+    try {
+      const p = await startProcess(FIXTURE, env);
+      procs.push(p);
+      // The first chunk is written: the next one is in hand (3 s each).
+      await explained(
+        p,
+        waitFor(async () => (await check.scard(`${prefix}:seen`)) >= 10, 'the first chunk', 90_000),
+      );
+      p.child.kill('SIGTERM');
+      await waitFor(() => p.output().includes('"msg":"shutting down"'), 'the stop to begin');
+      // A second signal (an impatient operator, a supervisor that repeats it) while the chunk is finishing.
+      p.child.kill('SIGTERM');
+      expect(await exitWithin(p, 30_000)).toBe(0);
+      expect(p.output()).toContain('"msg":"stopped"');
+      const before = await check.hgetall(`${prefix}:deliveries`);
+
+      // What was written before the stop was committed: the next run reads only the rest.
+      const again = await startProcess(FIXTURE, { ...env, FIXTURE_DELAY_MS: '0' });
+      procs.push(again);
+      await explained(
+        again,
+        waitFor(async () => (await check.scard(`${prefix}:seen`)) === 60, 'all 60 events', 90_000),
+      );
+      await waitFor(() => groupCaughtUp(env.FIXTURE_GROUP_ID!, topic), 'caught up');
+      const after = await check.hgetall(`${prefix}:deliveries`);
+      expect(Object.keys(before).filter((id) => after[id] !== before[id])).toEqual([]);
+      again.child.kill('SIGINT');
+      expect(await exitWithin(again, 30_000)).toBe(0);
+    } finally {
+      check.disconnect();
+    }
+  }, 240_000);
+
+  it('/readyz answers (503) while Redis hangs, and the service goes on without loss once it is back', async () => {
+    const r = await ownRedis();
+    const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), REDIS_URL: r.url });
+    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
+    await createTopics([{ topic }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    const check = new Redis(r.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+    const prefix = env.REDIS_KEY_PREFIX!;
+    const send = (from: number, n: number) =>
+      produce(
+        topic,
+        Array.from({ length: n }, (_, i) => ({
+          key: `s${from + i}`,
+          value: JSON.stringify(event(from + i)),
+        })),
+      );
+    await send(0, 50);
+    const p = await startProcess(FIXTURE, env);
+    procs.push(p);
+    try {
+      await explained(
+        p,
+        waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, 'ready', 90_000),
+      );
+      await waitFor(async () => (await check.scard(`${prefix}:seen`)) === 50, 'the first 50');
+
+      // Redis stops answering without closing its connections (a frozen server, a network partition).
+      r.child.kill('SIGSTOP');
+      await send(50, 50);
+      // A probe needs an answer, not a hang: not ready, within a bounded time.
+      const down = await explained(
+        p,
+        waitFor(
+          async () => {
+            const res = await probe(p.url('/readyz'), 5_000);
+            return res?.status === 503 ? res : null;
+          },
+          '/readyz 503 while Redis hangs',
+          30_000,
+        ),
+      );
+      expect((down.body as { checks: Record<string, boolean> }).checks.redis).toBe(false);
+      expect((await probe(p.url('/healthz'), 2_000))?.status).toBe(200);
+
+      r.child.kill('SIGCONT');
+      await explained(
+        p,
+        waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, 'ready again', 60_000),
+      );
+      await waitFor(async () => (await check.scard(`${prefix}:seen`)) === 100, 'all 100 events', 60_000);
+      const deliveries = await check.hgetall(`${prefix}:deliveries`);
+      expect(Object.keys(deliveries)).toHaveLength(100);
+      expect(p.child.exitCode).toBeNull();
+      p.child.kill('SIGTERM');
+      expect(await exitWithin(p, 30_000)).toBe(0);
+    } finally {
+      r.child.kill('SIGCONT');
+      check.disconnect();
+    }
+  }, 240_000);
+
+  it('SIGTERM while Redis is down and a chunk is being retried: exits 0 within the retry bound, the chunk uncommitted and read again', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'paver-ops-redis-'));
+    let r = await ownRedis(undefined, dir);
+    const env = serviceEnv({
+      FIXTURE_GROUP_ID: unique('g'),
+      REDIS_URL: r.url,
+      FIXTURE_DELAY_MS: '2000',
+      PAVER_BATCH_CHUNK: '10',
+    });
+    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
+    const prefix = env.REDIS_KEY_PREFIX!;
+    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    await produce(
+      topic,
+      Array.from({ length: 40 }, (_, i) => ({ key: `s${i}`, value: JSON.stringify(event(i)) })),
+    );
+    let check = new Redis(r.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+    check.on('error', () => undefined);
+    try {
+      const p = await startProcess(FIXTURE, env);
+      procs.push(p);
+      await explained(
+        p,
+        waitFor(async () => (await check.scard(`${prefix}:seen`)) >= 10, 'the first chunk', 90_000),
+      );
+      const before = await check.hgetall(`${prefix}:deliveries`);
+      check.disconnect();
+      r.child.kill('SIGKILL');
+      await waitFor(() => r.child.exitCode !== null || r.child.signalCode !== null, 'redis-server gone');
+      await explained(
+        p,
+        waitFor(() => p.output().includes('retrying batch chunk'), 'the chunk in hand retried', 30_000),
+      );
+      const t0 = Date.now();
+      p.child.kill('SIGTERM');
+      // Bounded by one retry wait (PAVER_RETRY_MAX_MS, 5 s) plus one attempt against the dead Redis.
+      expect(await explained(p, exitWithin(p, 20_000))).toBe(0);
+      process.stderr.write(`[ops] exit ${Date.now() - t0} ms after SIGTERM with Redis down\n`);
+
+      r = await ownRedis(r.port, dir);
+      check = new Redis(r.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+      check.on('error', () => undefined);
+      expect(await check.hgetall(`${prefix}:deliveries`)).toEqual(before);
+      const again = await startProcess(FIXTURE, { ...env, FIXTURE_DELAY_MS: '0' });
+      procs.push(again);
+      await explained(
+        again,
+        waitFor(async () => (await check.scard(`${prefix}:seen`)) === 40, 'all 40 events', 90_000),
+      );
+      await waitFor(() => groupCaughtUp(env.FIXTURE_GROUP_ID!, topic), 'caught up');
+      const after = await check.hgetall(`${prefix}:deliveries`);
+      // What was written before the outage was committed: none of it is read again.
+      expect(Object.keys(before).filter((id) => after[id] !== before[id])).toEqual([]);
+      again.child.kill('SIGTERM');
+      expect(await exitWithin(again, 30_000)).toBe(0);
+    } finally {
+      check.disconnect();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 240_000);
+
+  it('a fatal error met while a SIGTERM drains the chunk in hand exits 1, not 0, and commits nothing of that chunk', async () => {
+    const env = serviceEnv({
+      FIXTURE_GROUP_ID: unique('g'),
+      FIXTURE_DELAY_MS: '3000',
+      PAVER_BATCH_CHUNK: '10',
+    });
+    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
+    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    await produce(
+      topic,
+      Array.from({ length: 30 }, (_, i) => ({ key: `s${i}`, value: JSON.stringify(event(i)) })),
+    );
+    const check = testRedis();
+    const prefix = env.REDIS_KEY_PREFIX!;
+    try {
+      const p = await startProcess(FIXTURE, env);
+      procs.push(p);
+      await explained(
+        p,
+        waitFor(async () => (await check.scard(`${prefix}:seen`)) >= 10, 'the first chunk', 90_000),
+      );
+      p.child.kill('SIGTERM');
+      // The chunk in hand (3 s) meets a bug before it writes anything.
+      await check.set(`${prefix}:bug`, '1');
+      await waitFor(() => p.output().includes('"msg":"shutting down"'), 'the stop to begin');
+      // Before, the signal's stop had already settled on 0: a supervisor saw a clean stop.
+      expect(await explained(p, exitWithin(p, 30_000))).toBe(1);
+      expect(p.output()).toContain('fatal error');
+      const seen = await check.scard(`${prefix}:seen`);
+      await check.del(`${prefix}:bug`);
+      const again = await startProcess(FIXTURE, { ...env, FIXTURE_DELAY_MS: '0' });
+      procs.push(again);
+      await explained(
+        again,
+        waitFor(async () => (await check.scard(`${prefix}:seen`)) === 30, 'all 30 events', 90_000),
+      );
+      expect(seen).toBeLessThan(30);
+      again.child.kill('SIGTERM');
+      expect(await exitWithin(again, 30_000)).toBe(0);
+    } finally {
+      check.disconnect();
+    }
+  }, 240_000);
+
+  it('Redis unreachable at start-up, then lost mid-stream and back: /readyz says so, consumption pauses and resumes, nothing lost', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'paver-ops-redis-'));
+    const port = await freePort();
+    const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), REDIS_URL: `redis://127.0.0.1:${port}` });
+    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
+    const prefix = env.REDIS_KEY_PREFIX!;
+    await createTopics([{ topic }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    const send = (from: number, n: number) =>
+      produce(
+        topic,
+        Array.from({ length: n }, (_, i) => ({
+          key: `s${from + i}`,
+          value: JSON.stringify(event(from + i)),
+        })),
+      );
+    await send(0, 50);
+    const p = await startProcess(FIXTURE, env);
+    procs.push(p);
+    let check: Redis | null = null;
+    const connectCheck = () => {
+      check = new Redis(port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+      check.on('error', () => undefined);
+      return check;
+    };
+    const notReady = () =>
+      waitFor(async () => {
+        const res = await probe(p.url('/readyz'), 3_000);
+        return res?.status === 503 && !(res.body as { checks: Record<string, boolean> }).checks.redis;
+      }, '/readyz 503, redis false');
+    try {
+      await explained(p, notReady());
+      expect((await probe(p.url('/healthz'), 2_000))?.status).toBe(200);
+      let r = await ownRedis(port, dir);
+      const c = connectCheck();
+      await explained(
+        p,
+        waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, 'ready', 90_000),
+      );
+      await waitFor(async () => (await c.scard(`${prefix}:seen`)) === 50, 'the first 50');
+      c.disconnect();
+
+      r.child.kill('SIGKILL');
+      await send(50, 50);
+      await explained(p, notReady());
+      r = await ownRedis(port, dir);
+      const c2 = connectCheck();
+      await explained(
+        p,
+        waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, 'ready again', 90_000),
+      );
+      await explained(
+        p,
+        waitFor(async () => (await c2.scard(`${prefix}:seen`)) === 100, 'all 100 events', 90_000),
+      );
+      expect(p.child.exitCode).toBeNull();
+      p.child.kill('SIGTERM');
+      expect(await exitWithin(p, 30_000)).toBe(0);
+    } finally {
+      (check as Redis | null)?.disconnect();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 240_000);
+
+  it('SIGTERM while Redis is frozen mid-chunk: the stop cannot finish the chunk, and PAVER_SHUTDOWN_TIMEOUT_MS bounds it (exit 1)', async () => {
+    const r = await ownRedis();
+    const env = serviceEnv({
+      FIXTURE_GROUP_ID: unique('g'),
+      REDIS_URL: r.url,
+      FIXTURE_DELAY_MS: '1500',
+      PAVER_BATCH_CHUNK: '10',
+      PAVER_SHUTDOWN_TIMEOUT_MS: '4000',
+    });
+    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
+    const prefix = env.REDIS_KEY_PREFIX!;
+    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    await produce(
+      topic,
+      Array.from({ length: 40 }, (_, i) => ({ key: `s${i}`, value: JSON.stringify(event(i)) })),
+    );
+    const check = new Redis(r.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+    try {
+      const p = await startProcess(FIXTURE, env);
+      procs.push(p);
+      await explained(
+        p,
+        waitFor(async () => (await check.scard(`${prefix}:seen`)) >= 10, 'the first chunk', 90_000),
+      );
+      r.child.kill('SIGSTOP');
+      p.child.kill('SIGTERM');
+      expect(await explained(p, exitWithin(p, 15_000))).toBe(1);
+      expect(p.output()).toContain('shutdown timed out');
+    } finally {
+      r.child.kill('SIGCONT');
+      check.disconnect();
+    }
+  }, 240_000);
+});
