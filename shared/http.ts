@@ -222,6 +222,11 @@ export function createHttpServer(opts: {
             if (!m) continue;
             route = r.path;
             if (r.method !== method) return send(res, 405, { error: 'method not allowed' });
+            // A browser sends Origin with a request another site's page makes; curl, the CLI and services do
+            // not. The API has no cookies or CORS, but a page can still POST (promote a flow) to a port it can
+            // reach (localhost, a cluster address): such a request is refused before its handler runs.
+            if (method !== 'GET' && req.headers.origin !== undefined)
+              return send(res, 403, { error: 'requests from web pages are refused (Origin header)' });
             const params: Record<string, string> = {};
             r.names.forEach((n, i) => (params[n] = decodeParam(m[i + 1] ?? '')));
             const out = await r.handler({

@@ -51,6 +51,20 @@ describe('HTTP latency histogram', () => {
   });
 });
 
+describe('requests from web pages', () => {
+  it('refuses a POST that carries an Origin header (another site’s page) before its handler runs; GETs and plain clients pass', async () => {
+    const port = await listen();
+    const post = (headers: Record<string, string>) =>
+      fetch(`http://127.0.0.1:${port}/boom`, { method: 'POST', headers }).then((r) => r.status);
+    expect(await post({ origin: 'https://evil.example' })).toBe(403);
+    expect(await post({})).toBe(500);
+    const get = await fetch(`http://127.0.0.1:${port}/sessions/s/allowed-tools`, {
+      headers: { origin: 'https://evil.example' },
+    });
+    expect(get.status).toBe(200);
+  });
+});
+
 describe('request target parsing', () => {
   it('gives the path and query URL would, for any target', () => {
     const alphabet = [
