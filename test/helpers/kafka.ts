@@ -59,6 +59,31 @@ export async function createTopics(
   await admin.disconnect();
 }
 
+/**
+ * Writes `batches` in transactions, one each, committed or aborted as asked: as exactly-once writers (Kafka
+ * Streams, Connect, Flink) do, each transaction ends with a marker no consumer is given.
+ */
+export async function produceInTransactions(
+  topic: string,
+  batches: { messages: { key: string | null; value: string }[]; commit: boolean }[],
+): Promise<void> {
+  const producer = testKafka().producer({
+    transactionalId: unique('tx'),
+    idempotent: true,
+    maxInFlightRequests: 1,
+  });
+  await producer.connect();
+  try {
+    for (const b of batches) {
+      const tx = await producer.transaction();
+      await tx.send({ topic, acks: -1, messages: b.messages });
+      await (b.commit ? tx.commit() : tx.abort());
+    }
+  } finally {
+    await producer.disconnect();
+  }
+}
+
 export async function produce(
   topic: string,
   messages: { key?: string | null; value: Buffer | string; headers?: IHeaders; partition?: number }[],

@@ -5,6 +5,7 @@ import {
   consumeUntil,
   groupCaughtUp,
   produce,
+  produceInTransactions,
   testRedis,
   unique,
   waitFor,
@@ -270,27 +271,18 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
     await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS! }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
     // Upstream exactly-once writers (Kafka Streams, Connect, Flink) end every transaction with a control
     // record: the last offset of each partition is a marker no consumer is given.
-    const producer = testKafka().producer({
-      transactionalId: unique('tx'),
-      idempotent: true,
-      maxInFlightRequests: 1,
+    const tx = (from: number, n: number, commit: boolean) => ({
+      commit,
+      messages: Array.from({ length: n }, (_, i) => ({
+        key: `s${(from + i) % 7}`,
+        value: JSON.stringify(event(from + i)),
+      })),
     });
-    await producer.connect();
-    const send = async (from: number, n: number, commit: boolean) => {
-      const tx = await producer.transaction();
-      await tx.send({
-        topic: env.PAVER_TOPIC_TOOL_CALLS!,
-        acks: -1,
-        messages: Array.from({ length: n }, (_, i) => ({
-          key: `s${(from + i) % 7}`,
-          value: JSON.stringify(event(from + i)),
-        })),
-      });
-      await (commit ? tx.commit() : tx.abort());
-    };
-    await send(0, 120, true);
-    await send(120, 30, false);
-    await send(150, 60, true);
+    await produceInTransactions(env.PAVER_TOPIC_TOOL_CALLS!, [
+      tx(0, 120, true),
+      tx(120, 30, false),
+      tx(150, 60, true),
+    ]);
 
     const p = await start(env);
     await waitFor(
@@ -319,13 +311,12 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
     );
     // A fetch holding nothing a consumer is given (an aborted transaction read once caught up) never reaches
     // the batch handler: it is committed past all the same.
-    await send(210, 20, false);
+    await produceInTransactions(env.PAVER_TOPIC_TOOL_CALLS!, [tx(210, 20, false)]);
     await waitFor(
       () => groupCaughtUp(env.FIXTURE_GROUP_ID!, env.PAVER_TOPIC_TOOL_CALLS!),
       'committed past the aborted transaction',
       20_000,
     );
-    await producer.disconnect();
     const deliveries = await redis.hgetall(`${env.REDIS_KEY_PREFIX}:deliveries`);
     expect(Object.keys(deliveries).sort()).toEqual(
       [

@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import type { ToolCallsEvent } from '../../../../schemas/index.js';
+import { rng } from '../../../../testkit/streams.js';
 import { applyEvent, MemoryLearnStore, taskId, type LearnStore } from '../../src/core/learn/engine.js';
 import {
   contextsTouched,
@@ -19,16 +20,9 @@ import {
  * through the whole-state store, and asks for the same answer at every event.
  */
 
-/** mulberry32: the same streams at every run. */
+/** Seeded, so that every run sees the same streams. */
 function prng(seed: number) {
-  let a = seed >>> 0;
-  const next = () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
+  const next = rng(seed);
   return { next, int: (lo: number, hi: number) => lo + Math.floor(next() * (hi - lo + 1)) };
 }
 

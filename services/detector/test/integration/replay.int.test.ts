@@ -1,29 +1,16 @@
 import { describe, expect, it } from 'vitest';
-import { createTopics, testKafka, unique } from '../../../../test/helpers/kafka.js';
+import { createTopics, produceInTransactions, testKafka, unique } from '../../../../test/helpers/kafka.js';
 import { readToEnd } from '../../src/adapters/kafka/replay.js';
 
 describe('replay reader (real Kafka)', () => {
   it('reads a topic written in transactions to its end, an aborted transaction last (no batch is ever given for it)', async () => {
     const topic = unique('replay-tx');
     await createTopics([{ topic, partitions: 2 }]);
-    const producer = testKafka().producer({
-      transactionalId: unique('tx'),
-      idempotent: true,
-      maxInFlightRequests: 1,
+    const tx = (from: number, n: number, commit: boolean) => ({
+      commit,
+      messages: Array.from({ length: n }, (_, i) => ({ key: `k${(from + i) % 5}`, value: `v${from + i}` })),
     });
-    await producer.connect();
-    const send = async (from: number, n: number, commit: boolean) => {
-      const tx = await producer.transaction();
-      await tx.send({
-        topic,
-        acks: -1,
-        messages: Array.from({ length: n }, (_, i) => ({ key: `k${(from + i) % 5}`, value: `v${from + i}` })),
-      });
-      await (commit ? tx.commit() : tx.abort());
-    };
-    await send(0, 50, true);
-    await send(50, 10, false);
-    await producer.disconnect();
+    await produceInTransactions(topic, [tx(0, 50, true), tx(50, 10, false)]);
 
     const read: string[] = [];
     const replay = readToEnd(

@@ -7,9 +7,8 @@ import {
   consumeUntil,
   createTopics,
   produce,
-  testKafka,
+  produceInTransactions,
   testRedis,
-  unique,
   waitFor,
 } from '../../../../test/helpers/kafka.js';
 import {
@@ -360,31 +359,28 @@ describe('sequencer service (real Kafka, real Redis)', () => {
     // table must still count as read, or the sequencer, which waits for it, would never judge an event.
     const env = envFor({ SEQUENCER_CONFIG_FILE: '', SEQUENCER_CONFIG_WAIT_MS: '0' });
     await topics(env);
-    const producer = testKafka().producer({
-      transactionalId: unique('tx'),
-      idempotent: true,
-      maxInFlightRequests: 1,
-    });
-    await producer.connect();
-    const tx = await producer.transaction();
-    await tx.send({
-      topic: env.PAVER_TOPIC_ORCHESTRATION!,
-      acks: -1,
-      messages: [
-        {
-          key: 'default/default',
-          value: JSON.stringify({
-            schema_version: 1,
-            tools: ['a', 'b', 'c'],
-            steps: [
-              { name: 'ab', isDefault: true, availableTools: { allowed: ['a', 'b'] }, sequence: ['a', 'b'] },
-            ],
-          }),
-        },
-      ],
-    });
-    await tx.commit();
-    await producer.disconnect();
+    await produceInTransactions(env.PAVER_TOPIC_ORCHESTRATION!, [
+      {
+        commit: true,
+        messages: [
+          {
+            key: 'default/default',
+            value: JSON.stringify({
+              schema_version: 1,
+              tools: ['a', 'b', 'c'],
+              steps: [
+                {
+                  name: 'ab',
+                  isDefault: true,
+                  availableTools: { allowed: ['a', 'b'] },
+                  sequence: ['a', 'b'],
+                },
+              ],
+            }),
+          },
+        ],
+      },
+    ]);
     await produce(env.PAVER_TOPIC_TOOL_CALLS!, [
       {
         key: 'tx',
