@@ -40,6 +40,17 @@ export function kafkaConfig(env: CommonEnv, log: Logger, clientId = env.KAFKA_CL
           ...(env.KAFKA_SSL_KEY_FILE ? { key: readFileSync(env.KAFKA_SSL_KEY_FILE, 'utf8') } : {}),
         }
       : undefined;
+  // Allowed (a test cluster with a self-signed certificate), never silent: these settings undo what TLS is for.
+  if (ssl && !env.KAFKA_SSL_REJECT_UNAUTHORIZED)
+    log.warn(
+      { setting: 'KAFKA_SSL_REJECT_UNAUTHORIZED' },
+      "Kafka TLS does not check the broker's certificate: anyone between can read and change the traffic",
+    );
+  if (sasl && !ssl && env.KAFKA_SASL_MECHANISM === 'plain')
+    log.warn(
+      { setting: 'KAFKA_SASL_MECHANISM' },
+      'SASL PLAIN without TLS (KAFKA_SSL) sends the Kafka password in clear',
+    );
   return {
     clientId,
     brokers: env.KAFKA_BROKERS,

@@ -13,6 +13,11 @@ export function createRedis(env: CommonEnv, log: Logger, extra: RedisOptions = {
           ...(env.REDIS_TLS_CA_FILE ? { ca: [readFileSync(env.REDIS_TLS_CA_FILE, 'utf8')] } : {}),
         }
       : undefined;
+  if (tls && !env.REDIS_TLS_REJECT_UNAUTHORIZED)
+    log.warn(
+      { setting: 'REDIS_TLS_REJECT_UNAUTHORIZED' },
+      "Redis TLS does not check the server's certificate: anyone between can read and change the traffic",
+    );
   const redis = new Redis(env.REDIS_URL, {
     ...(env.REDIS_PASSWORD ? { password: env.REDIS_PASSWORD } : {}),
     ...(env.REDIS_USERNAME ? { username: env.REDIS_USERNAME } : {}),

@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { commonEnvSchema, parseEnv, refineCommon } from '../../shared/config.js';
 import { kafkaConfig } from '../../shared/kafka/client.js';
+import { createRedis } from '../../shared/redis/client.js';
 import { silentLogger } from '../../shared/log.js';
 
 const schema = commonEnvSchema.superRefine(refineCommon);
@@ -51,5 +52,46 @@ describe('security settings that would be silently ignored are configuration err
     // Before, without KAFKA_SSL=true the certificate was dropped and the client connected in plaintext.
     const env = parseEnv(schema, { ...base, KAFKA_SSL_CERT_FILE: cert, KAFKA_SSL_KEY_FILE: key });
     expect(kafkaConfig(env, silentLogger()).ssl).toMatchObject({ cert: 'CERT', key: 'KEY' });
+  });
+});
+
+describe('security settings that weaken TLS are said at start-up', () => {
+  const warnings = () => {
+    const said: string[] = [];
+    const log = silentLogger();
+    log.warn = ((fields: unknown, msg?: string) => said.push(String(msg ?? fields))) as typeof log.warn;
+    return { said, log };
+  };
+
+  it('a broker certificate not checked, SASL PLAIN in clear, a Redis certificate not checked', () => {
+    const k = warnings();
+    kafkaConfig(
+      parseEnv(schema, { ...base, KAFKA_SSL: 'true', KAFKA_SSL_REJECT_UNAUTHORIZED: 'false' }),
+      k.log,
+    );
+    expect(k.said.join('\n')).toContain("does not check the broker's certificate");
+    const p = warnings();
+    kafkaConfig(
+      parseEnv(schema, {
+        ...base,
+        KAFKA_SASL_MECHANISM: 'plain',
+        KAFKA_SASL_USERNAME: 'svc',
+        KAFKA_SASL_PASSWORD: 'hunter2-secret',
+      }),
+      p.log,
+    );
+    expect(p.said.join('\n')).toContain('in clear');
+    expect(p.said.join('\n')).not.toContain('hunter2');
+    const r = warnings();
+    const redis = createRedis(
+      parseEnv(schema, { ...base, REDIS_URL: 'rediss://r:6380', REDIS_TLS_REJECT_UNAUTHORIZED: 'false' }),
+      r.log,
+    );
+    redis.disconnect();
+    expect(r.said.join('\n')).toContain("does not check the server's certificate");
+    const quiet = warnings();
+    kafkaConfig(parseEnv(schema, { ...base, KAFKA_SSL: 'true' }), quiet.log);
+    createRedis(parseEnv(schema, { ...base, REDIS_URL: 'rediss://r:6380' }), quiet.log).disconnect();
+    expect(quiet.said).toEqual([]);
   });
 });
