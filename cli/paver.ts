@@ -237,6 +237,7 @@ Examples:
       .addOption(num('--max-k', 'longest context learned, 1..8'))
       .addOption(num('--min-trials', 'trials before a proposal is active'))
       .addOption(num('--min-precision', 'precision before a proposal is active, 0..1'))
+      .addOption(num('--target-precision', 'precision an active rule must keep, 0..1'))
       .addOption(num('--window', 'trials remembered per context, ≥ 2'))
       .addOption(STRICT());
 

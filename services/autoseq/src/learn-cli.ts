@@ -16,7 +16,7 @@ import { DEFAULT_LEARN, listRules, type ArgsValidator, type LearnOptions } from 
 import { SavingsCounter, type SavingsReport } from './core/learn/savings.js';
 import { SchemaCompiler } from './core/schema-compiler.js';
 
-const TUNING = `  [--max-k ${DEFAULT_LEARN.maxK}] [--min-trials ${DEFAULT_LEARN.minTrials}] [--min-precision ${DEFAULT_LEARN.minPrecision}] [--window ${DEFAULT_LEARN.window}]`;
+const TUNING = `  [--max-k ${DEFAULT_LEARN.maxK}] [--min-trials ${DEFAULT_LEARN.minTrials}] [--min-precision ${DEFAULT_LEARN.minPrecision}] [--target-precision ${DEFAULT_LEARN.targetPrecision}] [--window ${DEFAULT_LEARN.window}]`;
 const PREDICT_USAGE = `Usage: paver predict --input EVENTS.jsonl [--catalog FILE]
 ${TUNING}
 
@@ -111,6 +111,7 @@ async function parse(cmd: string, argv: string[], usage: string, extra: Record<s
     'max-k': { type: 'string' },
     'min-trials': { type: 'string' },
     'min-precision': { type: 'string' },
+    'target-precision': { type: 'string' },
     window: { type: 'string' },
     help: { type: 'boolean' },
     ...extra,
@@ -125,6 +126,7 @@ async function parse(cmd: string, argv: string[], usage: string, extra: Record<s
     maxK: num(values['max-k'] as string | undefined, DEFAULT_LEARN.maxK),
     minTrials: num(values['min-trials'] as string | undefined, DEFAULT_LEARN.minTrials),
     minPrecision: num(values['min-precision'] as string | undefined, DEFAULT_LEARN.minPrecision),
+    targetPrecision: num(values['target-precision'] as string | undefined, DEFAULT_LEARN.targetPrecision),
     window: num(values.window as string | undefined, DEFAULT_LEARN.window),
   };
   const ok =
@@ -135,10 +137,12 @@ async function parse(cmd: string, argv: string[], usage: string, extra: Record<s
     opts.minTrials >= 1 &&
     opts.minPrecision > 0 &&
     opts.minPrecision < 1 &&
+    opts.targetPrecision >= 0 &&
+    opts.targetPrecision <= 1 &&
     opts.window >= 2;
   if (!ok) {
     process.stderr.write(
-      `paver ${cmd}: --max-k 1..8, --min-trials ≥ 1, 0 < --min-precision < 1, --window ≥ 2\n`,
+      `paver ${cmd}: --max-k 1..8, --min-trials ≥ 1, 0 < --min-precision < 1, 0 ≤ --target-precision ≤ 1, --window ≥ 2\n`,
     );
     return 2;
   }
