@@ -21,8 +21,18 @@ describe('learned state in Redis, read in part (real Redis)', () => {
 
   // Small bounds: eviction runs many times, so some batches read the whole scope and most read a part.
   for (const [name, opts] of [
-    ['default bounds', { ...DEFAULT_LEARN, minTrials: 5, minPrecision: 0.5 }],
-    ['small bounds', { ...DEFAULT_LEARN, minTrials: 5, minPrecision: 0.5, maxContexts: 40, maxSlots: 20 }],
+    ['default bounds', { ...DEFAULT_LEARN, minTrials: 5, minPrecision: 0.5, targetPrecision: 0.5 }],
+    [
+      'small bounds',
+      {
+        ...DEFAULT_LEARN,
+        minTrials: 5,
+        minPrecision: 0.5,
+        targetPrecision: 0.5,
+        maxContexts: 40,
+        maxSlots: 20,
+      },
+    ],
   ] as [string, LearnOptions][])
     it(`equals the in-memory state after every batch of random size (${name})`, async () => {
       const prefix = unique('paver-test');

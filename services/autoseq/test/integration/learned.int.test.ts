@@ -19,7 +19,14 @@ const fixture = join(import.meta.dirname, '../fixtures/tau2-airline-30.jsonl');
 // A low bar so that rules reach every state on 30 tasks, and small bounds so that eviction runs several times
 // (the service then reads whole scopes for some batches and only the touched contexts for others); the
 // service gets the same values by environment.
-const lowBar = { ...DEFAULT_LEARN, minTrials: 5, minPrecision: 0.5, maxContexts: 40, maxSlots: 20 };
+const lowBar = {
+  ...DEFAULT_LEARN,
+  minTrials: 5,
+  minPrecision: 0.5,
+  targetPrecision: 0.5,
+  maxContexts: 40,
+  maxSlots: 20,
+};
 
 const start = (env: Record<string, string>) => startAutoseq(env, procs);
 

@@ -16,6 +16,7 @@ export async function learnedServiceEnv(name: string, opts: LearnOptions): Promi
     AUTOSEQ_CATALOG_WAIT_MS: '0',
     AUTOSEQ_LEARN_MIN_TRIALS: String(opts.minTrials),
     AUTOSEQ_LEARN_MIN_PRECISION: String(opts.minPrecision),
+    AUTOSEQ_LEARN_TARGET_PRECISION: String(opts.targetPrecision),
     AUTOSEQ_LEARN_MAX_CONTEXTS: String(opts.maxContexts),
     AUTOSEQ_LEARN_MAX_SLOTS: String(opts.maxSlots),
   });

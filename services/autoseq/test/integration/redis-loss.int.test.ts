@@ -19,7 +19,7 @@ afterAll(async () => {
 });
 
 const fixture = join(import.meta.dirname, '../fixtures/tau2-airline-30.jsonl');
-const lowBar = { ...DEFAULT_LEARN, minTrials: 5, minPrecision: 0.5 };
+const lowBar = { ...DEFAULT_LEARN, minTrials: 5, minPrecision: 0.5, targetPrecision: 0.5 };
 
 type Ev = { type: string; event_id: string; task_id: string; session_id: string };
 
