@@ -1,4 +1,4 @@
-import { writeFileSync } from 'node:fs';
+import { rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { sha256 } from '../shared/hash.js';
@@ -250,9 +250,12 @@ export async function benchAutoseq(b: Bench, n: number) {
     AUTOSEQ_GROUP_ID: `${id}-autoseq`,
     AUTOSEQ_CATALOG_FILE: catalogPath,
   });
-  const run = await underLoad(() => serviceRate(p, sent));
+  const run = await underLoad(() => serviceRate(p, sent)).finally(async () => {
+    await p.stop();
+    // The service has read it; the bench leaves nothing behind in the temporary folder.
+    rmSync(catalogPath, { force: true });
+  });
   const rate = run.result.events_per_s;
-  await p.stop();
   say(`autoseq service: ${rate} events/s, ${run.result.cpu_us_per_event} µs CPU/event`);
   writeResult('autoseq', {
     catalog_tools: TOOLS,
