@@ -8,6 +8,7 @@ import { readScope, RedisLearnStore } from '../../src/adapters/redis/learn-store
 import { defineScopeScripts, leaseKey, ScopeLeases } from '../../src/adapters/redis/scope-lease.js';
 import { applyEvent, MemoryLearnStore } from '../../src/core/learn/engine.js';
 import { DEFAULT_LEARN, type LearnOptions } from '../../src/core/learn/learner.js';
+import { LOW_BAR } from './predict-compare.js';
 
 const fixture = join(import.meta.dirname, '../fixtures/tau2-airline-30.jsonl');
 const events = readFileSync(fixture, 'utf8')
@@ -22,17 +23,7 @@ describe('learned state in Redis, read in part (real Redis)', () => {
   // Small bounds: eviction runs many times, so some batches read the whole scope and most read a part.
   for (const [name, opts] of [
     ['default bounds', { ...DEFAULT_LEARN, minTrials: 5, minPrecision: 0.5, targetPrecision: 0.5 }],
-    [
-      'small bounds',
-      {
-        ...DEFAULT_LEARN,
-        minTrials: 5,
-        minPrecision: 0.5,
-        targetPrecision: 0.5,
-        maxContexts: 40,
-        maxSlots: 20,
-      },
-    ],
+    ['small bounds', LOW_BAR],
   ] as [string, LearnOptions][])
     it(`equals the in-memory state after every batch of random size (${name})`, async () => {
       const prefix = unique('paver-test');

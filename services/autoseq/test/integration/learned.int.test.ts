@@ -5,10 +5,9 @@ import { nextActionRecordV1, type NextActionRecord } from '../../../../schemas/i
 import { consumeUntil, produce, testRedis } from '../../../../test/helpers/kafka.js';
 import { getJson, type Proc } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
-import { DEFAULT_LEARN } from '../../src/core/learn/learner.js';
 import type { PredictLine } from '../../src/core/learn/engine.js';
 import { replay } from '../../src/learn-cli.js';
-import { expectSameAsPredict, learnedServiceEnv, startAutoseq } from './predict-compare.js';
+import { expectSameAsPredict, learnedServiceEnv, LOW_BAR, startAutoseq } from './predict-compare.js';
 
 const procs: Proc[] = [];
 afterAll(() => {
@@ -19,14 +18,7 @@ const fixture = join(import.meta.dirname, '../fixtures/tau2-airline-30.jsonl');
 // A low bar so that rules reach every state on 30 tasks, and small bounds so that eviction runs several times
 // (the service then reads whole scopes for some batches and only the touched contexts for others); the
 // service gets the same values by environment.
-const lowBar = {
-  ...DEFAULT_LEARN,
-  minTrials: 5,
-  minPrecision: 0.5,
-  targetPrecision: 0.5,
-  maxContexts: 40,
-  maxSlots: 20,
-};
+const lowBar = LOW_BAR;
 
 const start = (env: Record<string, string>) => startAutoseq(env, procs);
 

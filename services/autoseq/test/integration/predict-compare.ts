@@ -3,7 +3,7 @@ import { catalogKey, type NextActionRecord } from '../../../../schemas/index.js'
 import { createTopics, waitFor } from '../../../../test/helpers/kafka.js';
 import { isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import type { PredictLine } from '../../src/core/learn/engine.js';
-import type { LearnOptions } from '../../src/core/learn/learner.js';
+import { DEFAULT_LEARN, type LearnOptions } from '../../src/core/learn/learner.js';
 
 /**
  * The environment of an autoseq that learns with `opts` (as `paver predict` is given them), on fresh
@@ -94,3 +94,16 @@ export const toolRecord = (name: string, args_schema: unknown) => ({
     tool: { name, args_schema, side_effects: 'read', auto_seq: true, auto_seq_execute: true },
   }),
 });
+
+/**
+ * Bars low enough for rules to become active on a small dev file (what tests of active rules need), with bounds
+ * small enough that eviction runs: the same values go to `paver predict` and, by environment, to the service.
+ */
+export const LOW_BAR: LearnOptions = {
+  ...DEFAULT_LEARN,
+  minTrials: 5,
+  minPrecision: 0.5,
+  targetPrecision: 0.5,
+  maxContexts: 40,
+  maxSlots: 20,
+};

@@ -1,4 +1,6 @@
 import { context, SpanStatusCode, trace, type Span } from '@opentelemetry/api';
+import { decodeOtlp } from '../../src/adapters/otlp-decode.js';
+import { DEFAULT_DECODE_LIMITS, type OtlpSpan } from '../../src/core/otlp.js';
 import { JsonTraceSerializer, ProtobufTraceSerializer } from '@opentelemetry/otlp-transformer';
 import { resourceFromAttributes } from '@opentelemetry/resources';
 import {
@@ -125,3 +127,10 @@ export const toJson = (spans: ReadableSpan[]): Buffer =>
   Buffer.from(JsonTraceSerializer.serializeRequest(spans)!);
 export const toProto = (spans: ReadableSpan[]): Buffer =>
   Buffer.from(ProtobufTraceSerializer.serializeRequest(spans)!);
+
+/** Recorded spans as the ingest adapter decodes them from an OTLP protobuf export. */
+export function decodeRecorded(spans: ReadableSpan[]): OtlpSpan[] {
+  const r = decodeOtlp(toProto(spans), 'auto', DEFAULT_DECODE_LIMITS);
+  if (!r.ok) throw new Error(r.detail);
+  return r.spans;
+}

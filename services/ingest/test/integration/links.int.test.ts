@@ -3,12 +3,10 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { jsonCodec } from '../../../../shared/codec.js';
 import { createSink } from '../../../../shared/kafka/sink.js';
 import { consumeUntil, createTopics, testKafka, testRedis, unique } from '../../../../test/helpers/kafka.js';
-import { decodeOtlp } from '../../src/adapters/otlp-decode.js';
 import { createIngestHandler, createIngestMetrics } from '../../src/adapters/handler.js';
 import { RedisTraceStore } from '../../src/adapters/trace-store.js';
 import { DEFAULT_MAP_OPTIONS, mapSpans } from '../../src/core/map.js';
-import { DEFAULT_DECODE_LIMITS, type OtlpSpan } from '../../src/core/otlp.js';
-import { otelRecorder, toProto } from '../helpers/otel.js';
+import { decodeRecorded, otelRecorder } from '../helpers/otel.js';
 
 /*
  * A tool span whose parent is a plain (non-GenAI) span, exported in three messages: the tool span, then its
@@ -23,11 +21,7 @@ afterAll(async () => {
   await redis.quit();
 });
 
-const decode = (spans: Parameters<typeof toProto>[0]): OtlpSpan[] => {
-  const r = decodeOtlp(toProto(spans), 'auto', DEFAULT_DECODE_LIMITS);
-  if (!r.ok) throw new Error(r.detail);
-  return r.spans;
-};
+const decode = decodeRecorded;
 
 describe('ingest: a span between a tool and its agent, exported alone (real Redis and Kafka)', () => {
   it('keeps the link while a tool span waits for it, and publishes the task once the agent span comes', async () => {

@@ -3,12 +3,10 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { jsonCodec } from '../../../../shared/codec.js';
 import { createSink } from '../../../../shared/kafka/sink.js';
 import { createTopics, testKafka, testRedis, unique } from '../../../../test/helpers/kafka.js';
-import { decodeOtlp } from '../../src/adapters/otlp-decode.js';
 import { createIngestHandler, createIngestMetrics } from '../../src/adapters/handler.js';
 import { RedisTraceStore } from '../../src/adapters/trace-store.js';
 import { DEFAULT_MAP_OPTIONS } from '../../src/core/map.js';
-import { DEFAULT_DECODE_LIMITS, type OtlpSpan } from '../../src/core/otlp.js';
-import { otelRecorder, toProto } from '../helpers/otel.js';
+import { decodeRecorded, otelRecorder } from '../helpers/otel.js';
 
 /*
  * An agent span that never ends (a long-running agent loop, or one that crashed without exporting it) while its
@@ -23,11 +21,7 @@ afterAll(async () => {
   await redis.quit();
 });
 
-const decode = (spans: Parameters<typeof toProto>[0]): OtlpSpan[] => {
-  const r = decodeOtlp(toProto(spans), 'auto', DEFAULT_DECODE_LIMITS);
-  if (!r.ok) throw new Error(r.detail);
-  return r.spans;
-};
+const decode = decodeRecorded;
 
 describe('ingest: spans waiting for an agent span are bounded per trace (real Redis and Kafka)', () => {
   it('keeps at most maxPendingSpans of a trace and counts the rest as dropped', async () => {
