@@ -98,7 +98,7 @@ export async function replay(
       savings.add(e.tool, r.held, r.heldHit);
     } else if (e.type === 'task_completed') savings.add(null, r.held, false);
   }
-  const rules = [...store.scopes.values()].flatMap((s) => listRules(s));
+  const rules = [...store.scopes.values()].flatMap((s) => listRules(s, opts));
   return { ...stats, events, savings: savings.report(), rules, ms: performance.now() - t0 };
 }
 

@@ -115,7 +115,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
         await guard.ensure();
         return handle(batch, ctx);
       },
-      routes: [rulesRoute((tenant, agent) => readScope(redis, prefix, tenant, agent))],
+      routes: [rulesRoute((tenant, agent) => readScope(redis, prefix, tenant, agent), learnOptions)],
       close: () => feed.stop(),
     };
   },

@@ -1,10 +1,13 @@
 import { id as idSchema } from '../../../../schemas/index.js';
 import type { Route } from '../../../../shared/http.js';
-import { listRules } from '../core/learn/learner.js';
-import type { ScopeState } from '../core/learn/learner.js';
+import { DEFAULT_LEARN, listRules } from '../core/learn/learner.js';
+import type { LearnOptions, ScopeState } from '../core/learn/learner.js';
 
 /** `GET /rules?tenant_id&agent_id`: the learned rules of one scope (read-only). */
-export function rulesRoute(readScope: (tenant: string, agent: string) => Promise<ScopeState | null>): Route {
+export function rulesRoute(
+  readScope: (tenant: string, agent: string) => Promise<ScopeState | null>,
+  opts: LearnOptions = DEFAULT_LEARN,
+): Route {
   return {
     method: 'GET',
     path: '/rules',
@@ -17,7 +20,7 @@ export function rulesRoute(readScope: (tenant: string, agent: string) => Promise
       const scope = await readScope(tenant, agent);
       return {
         status: 200,
-        body: { tenant_id: tenant, agent_id: agent, rules: scope ? listRules(scope) : [] },
+        body: { tenant_id: tenant, agent_id: agent, rules: scope ? listRules(scope, opts) : [] },
       };
     },
   };

@@ -11,6 +11,7 @@ import {
   type Source,
 } from '../../../../../shared/core/bindings.js';
 import type { TaskCompletedEvent, ToolCallEvent, UserMessageEvent } from '../../../../../schemas/index.js';
+import { requestTermsOf } from '../../../../../shared/core/terms.js';
 import { appliedBefore, type Position } from '../position.js';
 import { failedOutput, mentionsRequest } from './outcome.js';
 import { fnv64, wilsonLower } from './stats.js';
@@ -63,6 +64,13 @@ export interface LearnOptions {
    * a third, not a quarter: the same synthetic cases are learned with 40% less state on the dev runs.
    */
   minShare: number;
+  /**
+   * Exceptions (see `Rule.ex`): a term of the user's request blocks a rule once the rule was scored at least
+   * `exMin` times on requests holding it, with a hit rate below `exBelow`; at most `exTerms` terms per rule.
+   */
+  exMin: number;
+  exBelow: number;
+  exTerms: number;
 }
 
 export const DEFAULT_LEARN: LearnOptions = {
@@ -81,6 +89,9 @@ export const DEFAULT_LEARN: LearnOptions = {
   maxPayloadChars: 32_768,
   maxPending: 24,
   minShare: 0.34,
+  exMin: 3,
+  exBelow: 0.5,
+  exTerms: 24,
 };
 
 export type RuleState = 'shadow' | 'active' | 'demoted';
@@ -98,6 +109,13 @@ export interface Rule {
   /** ts of the event that created it / last changed its state. */
   created: number;
   changed: number;
+  /**
+   * Exceptions: request term → [trials, hits] of this rule on tasks whose request holds the term, counted on
+   * every trial (blocked or not) once the term was met in a miss. A rule that holds in general but misses
+   * whenever the user asks for something else (a lookup after the user's profile, when the user wants to
+   * book) stops proposing on such requests, and is proven on the others. Absent: none yet.
+   */
+  ex?: Record<string, [number, number]>;
 }
 
 export interface Slot {
@@ -168,6 +186,8 @@ interface Pending {
   id: string;
   tool: string;
   fp: string;
+  /** Blocked by an exception: scored for the rule's exceptions only, never proposed. */
+  b?: 1;
 }
 
 export interface LearnTask {
@@ -269,6 +289,67 @@ function contexts(
 }
 
 const confidence = (r: Rule) => wilsonLower(r.dh, r.dn);
+
+/** Request terms per text, memoised (derived data only: results stay deterministic); bounded. */
+const termsMemo = new Map<string, readonly string[]>();
+function termsOf(text: string | null): readonly string[] {
+  if (!text) return [];
+  let t = termsMemo.get(text);
+  if (t === undefined) {
+    if (termsMemo.size >= 1024) termsMemo.clear();
+    termsMemo.set(text, (t = requestTermsOf(text)));
+  }
+  return t;
+}
+
+/** A term blocks once the rule's trials on requests holding it are enough and mostly misses. */
+const blocks = (s: [number, number], opts: LearnOptions) => s[0] >= opts.exMin && s[1] < s[0] * opts.exBelow;
+
+/** Whether an exception of the rule blocks it for a request with these terms. */
+function blocked(r: Rule, terms: readonly string[], opts: LearnOptions): boolean {
+  const ex = r.ex;
+  if (!ex) return false;
+  for (const t of terms) {
+    const s = ex[t];
+    if (s && blocks(s, opts)) return true;
+  }
+  return false;
+}
+
+/**
+ * Counts a trial of the rule for each term of the request. A term is first kept at a miss (terms met only in
+ * hits could never block); when the rule keeps `exTerms` already, the kept term least likely to block (highest
+ * hit rate, then fewest trials, then the oldest) gives way, unless it blocks now.
+ */
+function noteExceptions(r: Rule, terms: readonly string[], hit: boolean, opts: LearnOptions): void {
+  for (const t of terms) {
+    let s = r.ex?.[t];
+    if (!s) {
+      if (hit) continue;
+      const ex = (r.ex ??= {});
+      const keys = Object.keys(ex);
+      if (keys.length >= opts.exTerms) {
+        let w = 0;
+        for (let j = 1; j < keys.length; j++) {
+          const a = ex[keys[j]!]!;
+          const b = ex[keys[w]!]!;
+          const ra = a[1] / a[0];
+          const rb = b[1] / b[0];
+          if (ra > rb || (ra === rb && a[0] < b[0])) w = j;
+        }
+        if (blocks(ex[keys[w]!]!, opts)) continue;
+        delete ex[keys[w]!];
+      }
+      s = ex[t] = [0, 0];
+    }
+    s[0]++;
+    if (hit) s[1]++;
+    if (s[0] > opts.maxCount) {
+      s[0] /= 2;
+      s[1] /= 2;
+    }
+  }
+}
 
 function score(scope: ScopeState, r: Rule, hit: boolean, ts: number, opts: LearnOptions): RuleState {
   const keep = 1 - 1 / opts.window;
@@ -517,7 +598,8 @@ function propose(
   validate?: ArgsValidator,
 ): { pending: Pending[]; best: Proposal | null } {
   const bctx: BindingContext = { calls: task.calls, userText: task.user ?? undefined };
-  const cands: (Proposal & { slot: string; fp: string; refined: boolean })[] = [];
+  const terms = termsOf(task.user);
+  const cands: (Proposal & { slot: string; fp: string; refined: boolean; blocked: boolean })[] = [];
   for (const { key, k } of contexts(task.calls, opts.maxK, task.user)) {
     const refined = key.endsWith(MENTIONS) || key.endsWith(QUIET);
     const c = scope.ctx[key];
@@ -549,14 +631,22 @@ function propose(
         slot: sk,
         fp,
         refined,
+        blocked: blocked(rule, terms, opts),
       });
     }
   }
-  cands.sort((a, b) => (better(a, b) ? -1 : better(b, a) ? 1 : 0));
+  // Blocked candidates last: they are scored (for their exceptions) but never the proposal.
+  cands.sort((a, b) =>
+    a.blocked !== b.blocked ? (a.blocked ? 1 : -1) : better(a, b) ? -1 : better(b, a) ? 1 : 0,
+  );
   const kept = cands.slice(0, opts.maxPending);
-  const top = kept[0];
+  const top = kept[0]?.blocked ? undefined : kept[0];
   return {
-    pending: kept.map((c) => ({ slot: c.slot, id: c.rule_id!, tool: c.tool, fp: c.fp })),
+    pending: kept.map((c) => {
+      const p: Pending = { slot: c.slot, id: c.rule_id!, tool: c.tool, fp: c.fp };
+      if (c.blocked) p.b = 1;
+      return p;
+    }),
     best: top
       ? {
           tool: top.tool,
@@ -580,11 +670,14 @@ function scorePending(
   opts: LearnOptions,
   out: StepResult,
 ): void {
+  const terms = termsOf(task.user);
   for (const p of task.pending) {
     const slot = scope.slots[p.slot];
     const rule = slot?.rule;
     if (!rule || rule.id !== p.id) continue;
     const hit = actual !== null && actual.tool === p.tool && actual.fp === p.fp;
+    noteExceptions(rule, terms, hit, opts);
+    if (p.b) continue;
     const from = score(scope, rule, hit, ts, opts);
     out.scored.push({ rule_id: rule.id, tool: p.tool, state: from, hit });
     if (rule.state !== from) out.transitions.push({ rule_id: rule.id, tool: p.tool, from, to: rule.state });
@@ -772,12 +865,14 @@ export interface RuleView {
   precision: number | null;
   bound: number;
   bindings: { path: Path; source: Source['kind'] }[];
+  /** Request terms that block the rule now (a count: the terms are the user's words, never listed). */
+  exceptions: number;
   created_ts: number;
   changed_ts: number;
 }
 
 /** The scope's rules for `GET /rules` and `paver savings` (binding kinds only: no learned constants). */
-export function listRules(scope: ScopeState): RuleView[] {
+export function listRules(scope: ScopeState, opts: LearnOptions = DEFAULT_LEARN): RuleView[] {
   const out: RuleView[] = [];
   for (const s of Object.values(scope.slots)) {
     const r = s.rule;
@@ -792,6 +887,7 @@ export function listRules(scope: ScopeState): RuleView[] {
       precision: r.dn > 0 ? r.dh / r.dn : null,
       bound: confidence(r),
       bindings: r.bindings.map((b) => ({ path: b.path, source: b.source.kind })),
+      exceptions: r.ex ? Object.values(r.ex).filter((x) => blocks(x, opts)).length : 0,
       created_ts: r.created,
       changed_ts: r.changed,
     });
