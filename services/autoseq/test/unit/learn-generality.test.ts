@@ -579,6 +579,34 @@ describe('learned decider: generality over synthetic domains', () => {
     expect(o.report.per_tool.get_account!.precision!).toBeGreaterThanOrEqual(0.97);
   });
 
+  it('r. what follows a step depends on what the user asked for: proven on the requests it serves', () => {
+    const r = prng(21);
+    const products = ['lamp', 'kettle', 'backpack', 'headphones', 'keyboard', 'tent'];
+    const tasks = Array.from({ length: 200 }, (_, i) => {
+      const p = person(r);
+      const orders = Array.from({ length: r.int(1, 3) }, () => orderId(r));
+      const what = r.pick(products);
+      // A third of the users want to buy: the agent then searches the catalogue instead of opening orders.
+      const buy = r.next() < 0.33;
+      const t = new TaskBuilder(`r${i}`).user(
+        buy
+          ? r.pick([
+              `Hi, I'd like to buy a ${what}.`,
+              `Can I purchase a new ${what}?`,
+              `Looking to buy a ${what} today.`,
+            ])
+          : r.pick([`Where is my ${what}?`, `My ${what} arrived broken.`, `I want to return my ${what}.`]),
+      );
+      t.call('get_record', { user_id: p.id }, { orders });
+      if (buy) t.call('search_catalog', { query: what }, { hits: [r.digits(6)] });
+      else t.call('get_order', { order_id: orders[0]! }, { status: 'delivered' });
+      noise(t, r, r.int(0, 2));
+      return t.end();
+    });
+    // Without exceptions "get_record > get_order(first order)" hits two times in three and is never proven.
+    expectLearned(simulate(tasks), 'get_order', 0.15);
+  });
+
   it('h. a next tool that follows only 70% of the time is never promoted', () => {
     const r = prng(9);
     const tasks = Array.from({ length: 200 }, (_, i) => {

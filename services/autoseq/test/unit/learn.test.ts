@@ -474,8 +474,8 @@ describe('exceptions: request terms a rule misses on', () => {
     // Without exceptions "profile > order(first order)" hits 70% of the time: its bound never clears 0.9.
     expect(active).toBeGreaterThan(40);
     expect(hits).toBe(active);
-    // Blocked requests are still scored for the exception, never proposed: two misses of the first three
-    // "buy" requests block it, and the blocked trials keep the term's count low.
+    // Blocked requests are still scored for the exception, never proposed: two misses on "buy" requests block
+    // the term, and the blocked trials keep its hit rate low.
     expect(activeOnBuy).toBe(0);
     const rule = listRules(store.scope('default', 'default')).find((r) => r.tool === 'order');
     expect(rule?.state).toBe('active');
