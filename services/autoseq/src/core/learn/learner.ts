@@ -328,6 +328,7 @@ function blocked(r: Rule, terms: readonly string[], opts: LearnOptions): boolean
  * hit rate, then fewest trials, then the oldest) gives way, unless it blocks now.
  */
 function noteExceptions(r: Rule, terms: readonly string[], hit: boolean, opts: LearnOptions): void {
+  if (hit && !r.ex) return;
   for (const t of terms) {
     let s = r.ex?.[t];
     if (!s) {
