@@ -76,6 +76,13 @@ export const commonEnvShape = {
   REDIS_USERNAME: z.string().min(1).optional(),
   REDIS_TLS_CA_FILE: z.string().min(1).optional(),
   REDIS_TLS_REJECT_UNAUTHORIZED: envBool.default(true),
+  /**
+   * How long a Redis command may wait for its reply. A Redis that stops answering without closing the connection
+   * (a frozen process, a partition that drops packets) otherwise holds a batch until TCP gives up, minutes later;
+   * past this the command fails as a transient error and the batch is retried. Must exceed the slowest script
+   * call (one chunk's), or that chunk is retried for ever.
+   */
+  REDIS_COMMAND_TIMEOUT_MS: int(100, 600_000).default(5_000),
   REDIS_KEY_PREFIX: z
     .string()
     .regex(/^[a-zA-Z0-9_.:-]{1,64}$/)

@@ -27,6 +27,10 @@ export function createRedis(env: CommonEnv, log: Logger, extra: RedisOptions = {
     maxRetriesPerRequest: 2,
     enableOfflineQueue: true,
     retryStrategy: (times) => Math.min(times * 200, 5_000),
+    // A frozen Redis keeps its connection open: without a deadline a command waits until TCP gives up. The reply
+    // that comes late is matched to its timed-out command and dropped, so the connection stays in step. Paver
+    // sends no blocking command (BLPOP, XREAD BLOCK, WAIT), which this would cut short.
+    commandTimeout: env.REDIS_COMMAND_TIMEOUT_MS,
     ...extra,
   });
   let wasReady = false;

@@ -5,7 +5,11 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
 import { freePort } from '../../deploy/local/stack.js';
-import { createTopics, groupCaughtUp, produce, testRedis, unique, waitFor } from '../helpers/kafka.js';
+import { commonEnvSchema, parseEnv } from '../../shared/config.js';
+import { classifyError, errorMessage } from '../../shared/errors.js';
+import { silentLogger } from '../../shared/log.js';
+import { createRedis } from '../../shared/redis/client.js';
+import { createTopics, groupCaughtUp, produce, stack, testRedis, unique, waitFor } from '../helpers/kafka.js';
 import { serviceEnv, startProcess, type Proc } from '../helpers/process.js';
 
 const FIXTURE = ['--import', 'tsx', 'test/fixtures/recorder-service.ts'];
@@ -73,6 +77,16 @@ async function probe(url: string, ms: number): Promise<{ status: number; body: u
     return { status: res.status, body: JSON.parse(text) as unknown };
   } catch {
     return null;
+  }
+}
+
+/** `p`'s outcome, or `fallback` once `ms` have passed: a guard far above a deadline, so a hang fails the test. */
+async function within<T, F>(p: Promise<T>, ms: number, fallback: F): Promise<T | F> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([p, new Promise<F>((r) => (timer = setTimeout(() => r(fallback), ms)))]);
+  } finally {
+    clearTimeout(timer);
   }
 }
 
@@ -148,6 +162,116 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       again.child.kill('SIGINT');
       expect(await exitWithin(again, 30_000)).toBe(0);
     } finally {
+      check.disconnect();
+    }
+  }, 240_000);
+
+  it('a frozen Redis fails a command with "Command timed out" after REDIS_COMMAND_TIMEOUT_MS, as a transient error; after the thaw the same connection answers, in step', async () => {
+    const r = await ownRedis();
+    const env = parseEnv(commonEnvSchema, {
+      KAFKA_BROKERS: stack().brokers,
+      REDIS_URL: r.url,
+      REDIS_COMMAND_TIMEOUT_MS: '500',
+    });
+    const redis = createRedis(env, silentLogger());
+    try {
+      await redis.connect();
+      await redis.set('k', 'before');
+      // Redis stops answering without closing its connection: the kernel keeps acknowledging, TCP never fails.
+      r.child.kill('SIGSTOP');
+      // Before, the command waited for as long as the connection lived (minutes): the guard, far above the
+      // deadline, answers instead and fails the test.
+      const outcome = await within(
+        redis.set('k', 'during').then(
+          () => 'answered',
+          (err: unknown) => err,
+        ),
+        60_000,
+        'still waiting',
+      );
+      expect(errorMessage(outcome)).toBe('Command timed out');
+      // What the consumer runner's retry decides with: retried, not taken for a bug that stops the service.
+      expect(classifyError(outcome)).toMatchObject({ code: 'REDIS_UNAVAILABLE', retriable: true });
+      // The connection itself is kept: nothing to reconnect once Redis answers again.
+      expect(redis.status).toBe('ready');
+
+      r.child.kill('SIGCONT');
+      await waitFor(
+        async () => (await redis.ping().catch(() => null)) === 'PONG',
+        'the client answers again',
+      );
+      // The late reply went to the command that timed out, not to the next one. A timed-out write may still
+      // be applied once Redis thaws, which is why batch effects must be (and are) idempotent on retry.
+      expect(await redis.get('k')).toBe('during');
+      expect(await redis.set('k', 'after')).toBe('OK');
+      expect(await redis.get('k')).toBe('after');
+    } finally {
+      r.child.kill('SIGCONT');
+      redis.disconnect();
+    }
+  }, 120_000);
+
+  it('while Redis is frozen the chunk in hand fails with the command timeout and is retried (the service does not die); after the thaw every event is recorded', async () => {
+    const r = await ownRedis();
+    const env = serviceEnv({
+      FIXTURE_GROUP_ID: unique('g'),
+      REDIS_URL: r.url,
+      REDIS_COMMAND_TIMEOUT_MS: '1000',
+    });
+    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
+    const prefix = env.REDIS_KEY_PREFIX!;
+    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    const send = (from: number, n: number) =>
+      produce(
+        topic,
+        Array.from({ length: n }, (_, i) => ({
+          key: `s${from + i}`,
+          value: JSON.stringify(event(from + i)),
+        })),
+      );
+    await send(0, 20);
+    const check = new Redis(r.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+    check.on('error', () => undefined);
+    const p = await startProcess(FIXTURE, env);
+    procs.push(p);
+    try {
+      await explained(
+        p,
+        waitFor(async () => (await check.scard(`${prefix}:seen`)) === 20, 'the first 20', 90_000),
+      );
+      r.child.kill('SIGSTOP');
+      await send(20, 20);
+      // Before, the chunk's first command hung for as long as the connection lived: no retry, no error.
+      await explained(
+        p,
+        waitFor(
+          () =>
+            p
+              .output()
+              .split('\n')
+              .some(
+                (l) =>
+                  l.includes('retrying batch chunk') &&
+                  l.includes('"code":"REDIS_UNAVAILABLE"') &&
+                  l.includes('Command timed out'),
+              ),
+          'a chunk retried after a command timeout',
+          60_000,
+        ),
+      );
+      expect(p.child.exitCode).toBeNull();
+      r.child.kill('SIGCONT');
+      await explained(
+        p,
+        waitFor(async () => (await check.scard(`${prefix}:seen`)) === 40, 'all 40 events', 90_000),
+      );
+      await waitFor(() => groupCaughtUp(env.FIXTURE_GROUP_ID!, topic), 'caught up');
+      expect(Object.keys(await check.hgetall(`${prefix}:deliveries`))).toHaveLength(40);
+      expect(p.output()).not.toContain('fatal error');
+      p.child.kill('SIGTERM');
+      expect(await exitWithin(p, 30_000)).toBe(0);
+    } finally {
+      r.child.kill('SIGCONT');
       check.disconnect();
     }
   }, 240_000);
