@@ -8,7 +8,7 @@ import { freePort } from '../../deploy/local/stack.js';
 import { commonEnvSchema, parseEnv } from '../../shared/config.js';
 import { classifyError, errorMessage } from '../../shared/errors.js';
 import { silentLogger } from '../../shared/log.js';
-import { createRedis } from '../../shared/redis/client.js';
+import { createRedis, createRoleProbe } from '../../shared/redis/client.js';
 import { createTopics, groupCaughtUp, produce, stack, testRedis, unique, waitFor } from '../helpers/kafka.js';
 import { serviceEnv, startProcess, type Proc } from '../helpers/process.js';
 
@@ -275,6 +275,104 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       check.disconnect();
     }
   }, 240_000);
+
+  it('/readyz is 503 with a reason while the Redis server of REDIS_URL is a read-only replica (REPLICAOF), 200 again once it is a primary', async () => {
+    // Folders of their own: the full sync that REPLICAOF starts writes an RDB file in the server's folder.
+    const dirs = [0, 1].map(() => mkdtempSync(join(tmpdir(), 'paver-ops-replica-')));
+    const [a, b] = [await ownRedis(undefined, dirs[0]), await ownRedis(undefined, dirs[1])];
+    const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), REDIS_URL: a.url });
+    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
+    const prefix = env.REDIS_KEY_PREFIX!;
+    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    await produce(
+      topic,
+      Array.from({ length: 10 }, (_, i) => ({ key: `s${i}`, value: JSON.stringify(event(i)) })),
+    );
+    const admin = new Redis(a.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+    admin.on('error', () => undefined);
+    const p = await startProcess(FIXTURE, env);
+    procs.push(p);
+    type Readyz = { checks: Record<string, boolean>; reasons?: Record<string, string> };
+    try {
+      await explained(
+        p,
+        waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, 'ready', 90_000),
+      );
+      await waitFor(async () => (await admin.scard(`${prefix}:seen`)) === 10, 'the first 10');
+
+      // What a failover can leave behind: the address the service was given now leads to a replica, which
+      // answers PING (and every read) but refuses every write with READONLY.
+      await admin.call('REPLICAOF', '127.0.0.1', String(b.port));
+      // Before, the PING probe passed and /readyz stayed 200.
+      const down = await explained(
+        p,
+        waitFor(
+          async () => {
+            const res = await probe(p.url('/readyz'), 5_000);
+            return res?.status === 503 ? (res.body as Readyz) : null;
+          },
+          '/readyz 503 while Redis is a replica',
+          30_000,
+        ),
+      );
+      expect(down.checks.redis).toBe(false);
+      expect(down.reasons?.redis).toMatch(/read-only replica/);
+      // The reason names the setting, never the address (REDIS_URL may carry a password).
+      expect(down.reasons?.redis).not.toContain(String(a.port));
+      expect(p.child.exitCode).toBeNull();
+
+      await admin.call('REPLICAOF', 'NO', 'ONE');
+      await explained(
+        p,
+        waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, 'ready again', 30_000),
+      );
+      p.child.kill('SIGTERM');
+      expect(await exitWithin(p, 30_000)).toBe(0);
+    } finally {
+      admin.disconnect();
+      for (const s of [a, b]) s.child.kill('SIGKILL');
+      await Promise.all(
+        [a, b].map((s) =>
+          waitFor(() => s.child.exitCode !== null || s.child.signalCode !== null, 'redis-server gone'),
+        ),
+      );
+      for (const d of dirs) rmSync(d, { recursive: true, force: true });
+    }
+  }, 240_000);
+
+  it('the readiness role query works under an ACL that refuses ROLE (INFO replication instead), or ROLE and INFO (PING: role unknown, ready as before)', async () => {
+    const r = await ownRedis();
+    const admin = new Redis(r.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+    const clients: Redis[] = [];
+    const roleAs = async (user: string) => {
+      const env = parseEnv(commonEnvSchema, {
+        KAFKA_BROKERS: stack().brokers,
+        REDIS_URL: `redis://${user}:pw@127.0.0.1:${r.port}`,
+      });
+      const redis = createRedis(env, silentLogger());
+      clients.push(redis);
+      await redis.connect();
+      return createRoleProbe(redis, silentLogger());
+    };
+    try {
+      await admin.call('ACL', 'SETUSER', 'norole', 'on', '>pw', '~*', '&*', '+@all', '-role');
+      await admin.call('ACL', 'SETUSER', 'noinfo', 'on', '>pw', '~*', '&*', '+@all', '-role', '-info');
+      const [full, noRole, noInfo] = [
+        await roleAs('default'),
+        await roleAs('norole'),
+        await roleAs('noinfo'),
+      ];
+      expect([await full(), await noRole(), await noInfo()]).toEqual(['primary', 'primary', 'unknown']);
+      // A replica of a primary that does not even answer is a replica all the same: writes fail.
+      await admin.call('REPLICAOF', '127.0.0.1', String(await freePort()));
+      expect([await full(), await noRole(), await noInfo()]).toEqual(['replica', 'replica', 'unknown']);
+      await admin.call('REPLICAOF', 'NO', 'ONE');
+      expect([await full(), await noRole()]).toEqual(['primary', 'primary']);
+    } finally {
+      for (const c of clients) c.disconnect();
+      admin.disconnect();
+    }
+  }, 60_000);
 
   it('/readyz answers (503) while Redis hangs, and the service goes on without loss once it is back', async () => {
     const r = await ownRedis();
