@@ -98,8 +98,9 @@ export function buildProgram(argv: string[], done: (code: number) => void): Comm
       'after',
       `
 Conventions: output is one JSON per line (--pretty indents it); --input - reads stdin; bad input lines are
-counted on stderr and --strict turns them into exit 1; exit 2 is a usage error. Services take their
-settings from the environment (README "Configuration").
+counted on stderr and --strict turns them into exit 1; exit 2 is a usage error. Configuration files read
+whole (--flows, --config, --catalog, '-' too) are refused over PAVER_MAX_CONFIG_BYTES (64 MiB). Services take
+their settings from the environment (README "Configuration").
 
 Examples:
   paver dev                                         local stack + every service, Ctrl-C stops all
@@ -292,6 +293,7 @@ Examples:
     .option('--tenant-attribute <key>', 'span or resource attribute holding the tenant')
     .option('--no-payloads', 'leave tool arguments and results out')
     .addOption(num('--max-payload-bytes', 'leave out larger argument or result values'))
+    .addOption(num('--max-input-bytes', 'refuse a larger export (default 256 MiB)'))
     .addOption(new Option('--strict', 'exit 1 when any request in the input was bad'))
     .addOption(PRETTY())
     .action(async () => {

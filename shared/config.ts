@@ -26,6 +26,14 @@ export const topicName = z
   .string()
   .regex(/^[a-zA-Z0-9._-]{1,249}$/, 'expected a Kafka topic name ([a-zA-Z0-9._-], ≤249 chars)');
 
+/**
+ * Largest configuration file (orchestration, catalog, flows, policy, candidates) read whole, from a path or
+ * stdin: a file is parsed in memory, so without a bound a huge one (or an endless stdin) exhausts it. Below V8's
+ * largest string (about 512 MiB), which the text must fit anyway.
+ */
+export const DEFAULT_MAX_CONFIG_BYTES = 64 * 1024 * 1024;
+export const maxConfigBytes = int(1024, 500 * 1024 * 1024).default(DEFAULT_MAX_CONFIG_BYTES);
+
 /** Variables every service and the CLI share. Service configs extend this object. */
 export const commonEnvShape = {
   KAFKA_BROKERS: csv,
@@ -71,11 +79,19 @@ export const commonEnvShape = {
   PAVER_RETRY_MAX_MS: int(1, 600_000).default(5_000),
   PAVER_MAX_CONSUMER_RESTARTS: int(0, 1000).default(10),
   PAVER_SHUTDOWN_TIMEOUT_MS: int(100, 600_000).default(25_000),
+  PAVER_MAX_CONFIG_BYTES: maxConfigBytes,
   REDIS_URL: z.url({ protocol: /^rediss?$/, error: 'expected redis://host:port[/db] or rediss://…' }),
   REDIS_PASSWORD: z.string().min(1).optional(),
   REDIS_USERNAME: z.string().min(1).optional(),
   REDIS_TLS_CA_FILE: z.string().min(1).optional(),
   REDIS_TLS_REJECT_UNAUTHORIZED: envBool.default(true),
+  /**
+   * How long a Redis command may wait for its reply. A Redis that stops answering without closing the connection
+   * (a frozen process, a partition that drops packets) otherwise holds a batch until TCP gives up, minutes later;
+   * past this the command fails as a transient error and the batch is retried. Must exceed the slowest script
+   * call (one chunk's), or that chunk is retried for ever.
+   */
+  REDIS_COMMAND_TIMEOUT_MS: int(100, 600_000).default(5_000),
   REDIS_KEY_PREFIX: z
     .string()
     .regex(/^[a-zA-Z0-9_.:-]{1,64}$/)

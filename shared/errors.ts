@@ -55,6 +55,9 @@ export function classifyError(err: unknown): PaverError {
     e?.code === 'ETIMEDOUT' ||
     e?.code === 'EPIPE' ||
     name === 'MaxRetriesPerRequestError' ||
+    // ioredis's commandTimeout (REDIS_COMMAND_TIMEOUT_MS): Redis did not answer in time, a hang rather than a
+    // refusal. Before, it was INTERNAL: one frozen Redis stopped the service instead of retrying its batch.
+    /^Command timed out$/.test(message) ||
     /Connection is closed|Stream isn't writeable|LOADING|BUSY|TRYAGAIN|CLUSTERDOWN/.test(message) ||
     // The same transient replies redisFailure knows: before, a reply classified here (the detector's pipelines,
     // any raw ioredis error) took READONLY, MASTERDOWN, OOM or NOREPLICAS for a bug and stopped the service.

@@ -28,9 +28,11 @@ export interface Route {
   path: string;
   handler: Handler;
 }
+/** Ready or not; a check that knows why it is not ready says so, and /readyz shows it under `reasons`. */
+export type ReadinessResult = boolean | { ready: boolean; reason?: string };
 export interface ReadinessCheck {
   name: string;
-  check: () => Promise<boolean> | boolean;
+  check: () => Promise<ReadinessResult> | ReadinessResult;
 }
 
 const MAX_BODY = 1024 * 1024;
@@ -45,15 +47,19 @@ const REQUEST_TIMEOUT_MS = 30_000;
 export const READINESS_CHECK_TIMEOUT_MS = 800;
 
 /** `check` within `ms`, else false; a check that throws is false too. */
-async function bounded(check: ReadinessCheck['check'], ms: number): Promise<boolean> {
+async function bounded(
+  check: ReadinessCheck['check'],
+  ms: number,
+): Promise<{ ready: boolean; reason?: string }> {
   let timer: NodeJS.Timeout | undefined;
   try {
-    return await Promise.race([
+    const r = await Promise.race([
       Promise.resolve()
         .then(check)
         .catch(() => false),
       new Promise<boolean>((r) => (timer = setTimeout(() => r(false), ms))),
     ]);
+    return typeof r === 'boolean' ? { ready: r } : r;
   } finally {
     clearTimeout(timer);
   }
@@ -213,8 +219,13 @@ export function createHttpServer(opts: {
             const results = await Promise.all(
               opts.readiness.map(async (c) => [c.name, await bounded(c.check, checkTimeout)] as const),
             );
-            const ready = results.every(([, ok]) => ok);
-            return send(res, ready ? 200 : 503, { ready, checks: Object.fromEntries(results) });
+            const ready = results.every(([, r]) => r.ready);
+            const reasons = results.filter(([, r]) => !r.ready && r.reason).map(([n, r]) => [n, r.reason]);
+            return send(res, ready ? 200 : 503, {
+              ready,
+              checks: Object.fromEntries(results.map(([n, r]) => [n, r.ready])),
+              ...(reasons.length ? { reasons: Object.fromEntries(reasons) } : {}),
+            });
           }
           if (!routes) return send(res, 503, { error: 'starting' });
           for (const r of routes) {

@@ -11,6 +11,7 @@ import {
 } from '../schemas/index.js';
 import { zodParser } from './kafka/runner.js';
 import { errorMessage } from './errors.js';
+import { maxConfigBytes } from './config.js';
 
 const MAX_LINE = 1024 * 1024;
 const MAX_WARNINGS = 100;
@@ -181,11 +182,38 @@ export async function* readEvents(
     );
 }
 
-/** Reads stdin whole (for `-` where a configuration or candidates file is expected). */
-async function readStdin(): Promise<string> {
+/** An input over its size limit; the message names the limit and what raises it. */
+export class InputTooLargeError extends Error {
+  constructor(what: string, maxBytes: number, raise: string) {
+    super(`${what} is larger than ${maxBytes} bytes, the limit (raise it with ${raise})`);
+    this.name = 'InputTooLargeError';
+  }
+}
+
+/**
+ * A file, or stdin for `-`, read whole but never past `maxBytes`: counted as it streams, since stdin, a pipe or
+ * a device has no size to look at first, and a file may grow while it is read. Stops reading at the limit.
+ */
+export async function readBounded(path: string, maxBytes: number, raise: string): Promise<string> {
   const chunks: Buffer[] = [];
-  for await (const c of process.stdin) chunks.push(c as Buffer);
-  return Buffer.concat(chunks).toString('utf8');
+  let size = 0;
+  // Leaving the loop by the throw destroys the stream: a file's descriptor is freed, nothing more is read.
+  for await (const c of openInput(path)) {
+    const buf = typeof c === 'string' ? Buffer.from(c) : (c as Buffer);
+    size += buf.length;
+    if (size > maxBytes) throw new InputTooLargeError(path === '-' ? 'stdin' : path, maxBytes, raise);
+    chunks.push(buf);
+  }
+  return Buffer.concat(chunks, size).toString('utf8');
+}
+
+/** PAVER_MAX_CONFIG_BYTES from `env`, or its default; a bad value is an error that names the variable. */
+export function configByteLimit(env: NodeJS.ProcessEnv = process.env): number {
+  const raw = env.PAVER_MAX_CONFIG_BYTES;
+  const r = maxConfigBytes.safeParse(raw === '' ? undefined : raw);
+  if (!r.success)
+    throw new Error(`PAVER_MAX_CONFIG_BYTES: expected an integer from 1024 to ${500 * 1024 * 1024}`);
+  return r.data;
 }
 
 /** JSON lines (`paver detect`'s default output) as an array; undefined when some line is not JSON. */
@@ -204,11 +232,11 @@ function parseJsonLines(text: string): unknown[] | undefined {
 
 /**
  * Reads a JSON or YAML configuration file (by extension; JSON is tried first otherwise). JSON lines are
- * read as an array, so a command's JSONL output can be the next one's input file; `-` reads stdin.
+ * read as an array, so a command's JSONL output can be the next one's input file; `-` reads stdin. Larger
+ * than `maxBytes` (PAVER_MAX_CONFIG_BYTES, 64 MiB by default) it is refused before it fills the memory.
  */
-export async function readConfigFile(path: string): Promise<unknown> {
-  const { readFile } = await import('node:fs/promises');
-  const text = path === '-' ? await readStdin() : await readFile(path, 'utf8');
+export async function readConfigFile(path: string, maxBytes = configByteLimit()): Promise<unknown> {
+  const text = await readBounded(path, maxBytes, 'PAVER_MAX_CONFIG_BYTES');
   if (/\.ya?ml$/i.test(path)) return (await import('yaml')).parse(text);
   try {
     return JSON.parse(text);

@@ -5,14 +5,14 @@ import { createCodec, type Codec } from './codec.js';
 import { EXIT_CONFIG, parseEnv, type CommonEnv } from './config.js';
 import { PaverError } from './errors.js';
 import { withRetry } from './retry.js';
-import { createHttpServer, type ReadinessCheck, type Route } from './http.js';
+import { createHttpServer, type ReadinessCheck, type ReadinessResult, type Route } from './http.js';
 import { createKafka } from './kafka/client.js';
 import { createRunner, type BatchHandler, type Parser, type RuntimeDeps } from './kafka/runner.js';
 import { createSink, type Sink } from './kafka/sink.js';
 import { ensureTopics, paverTopics, type TopicSpec } from './kafka/topics.js';
 import { createLogger, type Logger } from './log.js';
 import { createMetrics, type RuntimeMetrics } from './metrics.js';
-import { createRedis, redisReady } from './redis/client.js';
+import { createRedis, createRoleProbe, redisReady } from './redis/client.js';
 import { errorMessage } from './errors.js';
 
 export interface ServiceDeps<E extends CommonEnv> {
@@ -247,18 +247,28 @@ export async function runService<E extends CommonEnv, T>(
     startedUp = true;
     log.info({ topics: p.inputTopics, groupId: spec.groupId(env) }, 'consuming');
   };
-  // One PING at a time: while Redis hangs, probes must not pile up commands in its queue.
-  let ping: Promise<boolean> | null = null;
-  const redisAnswers = (): Promise<boolean> | boolean => {
+  // One query at a time: while Redis hangs, probes must not pile up commands in its queue. It asks the server's
+  // role, not just for an answer: a replica (REDIS_URL leading to one after a failover) answers every read and
+  // refuses every write, and a service whose writes all fail is not ready.
+  const redisRole = createRoleProbe(redis, log);
+  let probing: Promise<ReadinessResult> | null = null;
+  const redisAnswers = (): Promise<ReadinessResult> | boolean => {
     if (!redisReady(redis)) return false;
-    ping ??= redis
-      .ping()
+    probing ??= redisRole()
       .then(
-        (pong) => pong === 'PONG',
+        (role): ReadinessResult =>
+          role === 'replica'
+            ? {
+                ready: false,
+                reason:
+                  'the Redis server at REDIS_URL is a read-only replica: writes fail with READONLY until it is ' +
+                  'promoted or REDIS_URL leads to the primary',
+              }
+            : true,
         () => false,
       )
-      .finally(() => (ping = null));
-    return ping;
+      .finally(() => (probing = null));
+    return probing;
   };
 
   startUp().catch((err: unknown) => {

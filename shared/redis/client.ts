@@ -27,6 +27,10 @@ export function createRedis(env: CommonEnv, log: Logger, extra: RedisOptions = {
     maxRetriesPerRequest: 2,
     enableOfflineQueue: true,
     retryStrategy: (times) => Math.min(times * 200, 5_000),
+    // A frozen Redis keeps its connection open: without a deadline a command waits until TCP gives up. The reply
+    // that comes late is matched to its timed-out command and dropped, so the connection stays in step. Paver
+    // sends no blocking command (BLPOP, XREAD BLOCK, WAIT), which this would cut short.
+    commandTimeout: env.REDIS_COMMAND_TIMEOUT_MS,
     ...extra,
   });
   let wasReady = false;
@@ -39,3 +43,51 @@ export function createRedis(env: CommonEnv, log: Logger, extra: RedisOptions = {
 }
 
 export const redisReady = (redis: Redis): boolean => redis.status === 'ready';
+
+export type RedisRole = 'primary' | 'replica' | 'unknown';
+
+/**
+ * What the connected server is, for /readyz: after a failover the address in REDIS_URL may lead to a replica,
+ * which answers PING but refuses every write with READONLY. `ROLE` is one O(1) command; a server that refuses
+ * it (an ACL without @admin, a managed Redis that renames it) is asked `INFO replication`, and one that refuses
+ * both is only pinged, its role `unknown` (ready, as before): a probe must not fail for want of a permission.
+ * Whatever worked is remembered, so a refused command is not sent again on every probe.
+ */
+export function createRoleProbe(redis: Redis, log: Logger): () => Promise<RedisRole> {
+  let method: 'role' | 'info' | 'ping' = 'role';
+  const refused = (err: unknown) => (err as { name?: unknown } | null)?.name === 'ReplyError';
+  const fallBack = (to: 'info' | 'ping', err: unknown) => {
+    method = to;
+    log.warn(
+      { err: (err as Error).message, using: to === 'info' ? 'INFO replication' : 'PING' },
+      'redis refused its role query; readiness cannot tell a replica',
+    );
+  };
+  const probe = async (): Promise<RedisRole> => {
+    if (method === 'role') {
+      try {
+        const reply = (await redis.role()) as unknown[];
+        return reply[0] === 'slave' || reply[0] === 'replica'
+          ? 'replica'
+          : reply[0] === 'master'
+            ? 'primary'
+            : 'unknown';
+      } catch (err) {
+        if (!refused(err)) throw err;
+        fallBack('info', err);
+      }
+    }
+    if (method === 'info') {
+      try {
+        const role = /^role:(\w+)/m.exec(await redis.info('replication'))?.[1];
+        return role === 'slave' || role === 'replica' ? 'replica' : role === 'master' ? 'primary' : 'unknown';
+      } catch (err) {
+        if (!refused(err)) throw err;
+        fallBack('ping', err);
+      }
+    }
+    if ((await redis.ping()) !== 'PONG') throw new Error('unexpected PING reply');
+    return 'unknown';
+  };
+  return probe;
+}

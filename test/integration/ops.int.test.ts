@@ -5,7 +5,11 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
 import { freePort } from '../../deploy/local/stack.js';
-import { createTopics, groupCaughtUp, produce, testRedis, unique, waitFor } from '../helpers/kafka.js';
+import { commonEnvSchema, parseEnv } from '../../shared/config.js';
+import { classifyError, errorMessage } from '../../shared/errors.js';
+import { silentLogger } from '../../shared/log.js';
+import { createRedis, createRoleProbe } from '../../shared/redis/client.js';
+import { createTopics, groupCaughtUp, produce, stack, testRedis, unique, waitFor } from '../helpers/kafka.js';
 import { serviceEnv, startProcess, type Proc } from '../helpers/process.js';
 
 const FIXTURE = ['--import', 'tsx', 'test/fixtures/recorder-service.ts'];
@@ -73,6 +77,16 @@ async function probe(url: string, ms: number): Promise<{ status: number; body: u
     return { status: res.status, body: JSON.parse(text) as unknown };
   } catch {
     return null;
+  }
+}
+
+/** `p`'s outcome, or `fallback` once `ms` have passed: a guard far above a deadline, so a hang fails the test. */
+async function within<T, F>(p: Promise<T>, ms: number, fallback: F): Promise<T | F> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([p, new Promise<F>((r) => (timer = setTimeout(() => r(fallback), ms)))]);
+  } finally {
+    clearTimeout(timer);
   }
 }
 
@@ -151,6 +165,214 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       check.disconnect();
     }
   }, 240_000);
+
+  it('a frozen Redis fails a command with "Command timed out" after REDIS_COMMAND_TIMEOUT_MS, as a transient error; after the thaw the same connection answers, in step', async () => {
+    const r = await ownRedis();
+    const env = parseEnv(commonEnvSchema, {
+      KAFKA_BROKERS: stack().brokers,
+      REDIS_URL: r.url,
+      REDIS_COMMAND_TIMEOUT_MS: '500',
+    });
+    const redis = createRedis(env, silentLogger());
+    try {
+      await redis.connect();
+      await redis.set('k', 'before');
+      // Redis stops answering without closing its connection: the kernel keeps acknowledging, TCP never fails.
+      r.child.kill('SIGSTOP');
+      // Before, the command waited for as long as the connection lived (minutes): the guard, far above the
+      // deadline, answers instead and fails the test.
+      const outcome = await within(
+        redis.set('k', 'during').then(
+          () => 'answered',
+          (err: unknown) => err,
+        ),
+        60_000,
+        'still waiting',
+      );
+      expect(errorMessage(outcome)).toBe('Command timed out');
+      // What the consumer runner's retry decides with: retried, not taken for a bug that stops the service.
+      expect(classifyError(outcome)).toMatchObject({ code: 'REDIS_UNAVAILABLE', retriable: true });
+      // The connection itself is kept: nothing to reconnect once Redis answers again.
+      expect(redis.status).toBe('ready');
+
+      r.child.kill('SIGCONT');
+      await waitFor(
+        async () => (await redis.ping().catch(() => null)) === 'PONG',
+        'the client answers again',
+      );
+      // The late reply went to the command that timed out, not to the next one. A timed-out write may still
+      // be applied once Redis thaws, which is why batch effects must be (and are) idempotent on retry.
+      expect(await redis.get('k')).toBe('during');
+      expect(await redis.set('k', 'after')).toBe('OK');
+      expect(await redis.get('k')).toBe('after');
+    } finally {
+      r.child.kill('SIGCONT');
+      redis.disconnect();
+    }
+  }, 120_000);
+
+  it('while Redis is frozen the chunk in hand fails with the command timeout and is retried (the service does not die); after the thaw every event is recorded', async () => {
+    const r = await ownRedis();
+    const env = serviceEnv({
+      FIXTURE_GROUP_ID: unique('g'),
+      REDIS_URL: r.url,
+      REDIS_COMMAND_TIMEOUT_MS: '1000',
+    });
+    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
+    const prefix = env.REDIS_KEY_PREFIX!;
+    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    const send = (from: number, n: number) =>
+      produce(
+        topic,
+        Array.from({ length: n }, (_, i) => ({
+          key: `s${from + i}`,
+          value: JSON.stringify(event(from + i)),
+        })),
+      );
+    await send(0, 20);
+    const check = new Redis(r.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+    check.on('error', () => undefined);
+    const p = await startProcess(FIXTURE, env);
+    procs.push(p);
+    try {
+      await explained(
+        p,
+        waitFor(async () => (await check.scard(`${prefix}:seen`)) === 20, 'the first 20', 90_000),
+      );
+      r.child.kill('SIGSTOP');
+      await send(20, 20);
+      // Before, the chunk's first command hung for as long as the connection lived: no retry, no error.
+      await explained(
+        p,
+        waitFor(
+          () =>
+            p
+              .output()
+              .split('\n')
+              .some(
+                (l) =>
+                  l.includes('retrying batch chunk') &&
+                  l.includes('"code":"REDIS_UNAVAILABLE"') &&
+                  l.includes('Command timed out'),
+              ),
+          'a chunk retried after a command timeout',
+          60_000,
+        ),
+      );
+      expect(p.child.exitCode).toBeNull();
+      r.child.kill('SIGCONT');
+      await explained(
+        p,
+        waitFor(async () => (await check.scard(`${prefix}:seen`)) === 40, 'all 40 events', 90_000),
+      );
+      await waitFor(() => groupCaughtUp(env.FIXTURE_GROUP_ID!, topic), 'caught up');
+      expect(Object.keys(await check.hgetall(`${prefix}:deliveries`))).toHaveLength(40);
+      expect(p.output()).not.toContain('fatal error');
+      p.child.kill('SIGTERM');
+      expect(await exitWithin(p, 30_000)).toBe(0);
+    } finally {
+      r.child.kill('SIGCONT');
+      check.disconnect();
+    }
+  }, 240_000);
+
+  it('/readyz is 503 with a reason while the Redis server of REDIS_URL is a read-only replica (REPLICAOF), 200 again once it is a primary', async () => {
+    // Folders of their own: the full sync that REPLICAOF starts writes an RDB file in the server's folder.
+    const dirs = [0, 1].map(() => mkdtempSync(join(tmpdir(), 'paver-ops-replica-')));
+    const [a, b] = [await ownRedis(undefined, dirs[0]), await ownRedis(undefined, dirs[1])];
+    const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), REDIS_URL: a.url });
+    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
+    const prefix = env.REDIS_KEY_PREFIX!;
+    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    await produce(
+      topic,
+      Array.from({ length: 10 }, (_, i) => ({ key: `s${i}`, value: JSON.stringify(event(i)) })),
+    );
+    const admin = new Redis(a.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+    admin.on('error', () => undefined);
+    const p = await startProcess(FIXTURE, env);
+    procs.push(p);
+    type Readyz = { checks: Record<string, boolean>; reasons?: Record<string, string> };
+    try {
+      await explained(
+        p,
+        waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, 'ready', 90_000),
+      );
+      await waitFor(async () => (await admin.scard(`${prefix}:seen`)) === 10, 'the first 10');
+
+      // What a failover can leave behind: the address the service was given now leads to a replica, which
+      // answers PING (and every read) but refuses every write with READONLY.
+      await admin.call('REPLICAOF', '127.0.0.1', String(b.port));
+      // Before, the PING probe passed and /readyz stayed 200.
+      const down = await explained(
+        p,
+        waitFor(
+          async () => {
+            const res = await probe(p.url('/readyz'), 5_000);
+            return res?.status === 503 ? (res.body as Readyz) : null;
+          },
+          '/readyz 503 while Redis is a replica',
+          30_000,
+        ),
+      );
+      expect(down.checks.redis).toBe(false);
+      expect(down.reasons?.redis).toMatch(/read-only replica/);
+      // The reason names the setting, never the address (REDIS_URL may carry a password).
+      expect(down.reasons?.redis).not.toContain(String(a.port));
+      expect(p.child.exitCode).toBeNull();
+
+      await admin.call('REPLICAOF', 'NO', 'ONE');
+      await explained(
+        p,
+        waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, 'ready again', 30_000),
+      );
+      p.child.kill('SIGTERM');
+      expect(await exitWithin(p, 30_000)).toBe(0);
+    } finally {
+      admin.disconnect();
+      for (const s of [a, b]) s.child.kill('SIGKILL');
+      await Promise.all(
+        [a, b].map((s) =>
+          waitFor(() => s.child.exitCode !== null || s.child.signalCode !== null, 'redis-server gone'),
+        ),
+      );
+      for (const d of dirs) rmSync(d, { recursive: true, force: true });
+    }
+  }, 240_000);
+
+  it('the readiness role query works under an ACL that refuses ROLE (INFO replication instead), or ROLE and INFO (PING: role unknown, ready as before)', async () => {
+    const r = await ownRedis();
+    const admin = new Redis(r.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+    const clients: Redis[] = [];
+    const roleAs = async (user: string) => {
+      const env = parseEnv(commonEnvSchema, {
+        KAFKA_BROKERS: stack().brokers,
+        REDIS_URL: `redis://${user}:pw@127.0.0.1:${r.port}`,
+      });
+      const redis = createRedis(env, silentLogger());
+      clients.push(redis);
+      await redis.connect();
+      return createRoleProbe(redis, silentLogger());
+    };
+    try {
+      await admin.call('ACL', 'SETUSER', 'norole', 'on', '>pw', '~*', '&*', '+@all', '-role');
+      await admin.call('ACL', 'SETUSER', 'noinfo', 'on', '>pw', '~*', '&*', '+@all', '-role', '-info');
+      const [full, noRole, noInfo] = [
+        await roleAs('default'),
+        await roleAs('norole'),
+        await roleAs('noinfo'),
+      ];
+      expect([await full(), await noRole(), await noInfo()]).toEqual(['primary', 'primary', 'unknown']);
+      // A replica of a primary that does not even answer is a replica all the same: writes fail.
+      await admin.call('REPLICAOF', '127.0.0.1', String(await freePort()));
+      expect([await full(), await noRole(), await noInfo()]).toEqual(['replica', 'replica', 'unknown']);
+      await admin.call('REPLICAOF', 'NO', 'ONE');
+      expect([await full(), await noRole()]).toEqual(['primary', 'primary']);
+    } finally {
+      for (const c of clients) c.disconnect();
+      admin.disconnect();
+    }
+  }, 60_000);
 
   it('/readyz answers (503) while Redis hangs, and the service goes on without loss once it is back', async () => {
     const r = await ownRedis();

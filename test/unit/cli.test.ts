@@ -278,3 +278,82 @@ describe('readEvents: unknown fields and scope aliases', () => {
     expect(r.warnings.join('\n')).not.toContain('SECRET');
   });
 });
+
+describe('inputs read whole have a size limit (a huge file or an endless stdin must not exhaust the memory)', () => {
+  const dir = () => mkdtempSync(join(tmpdir(), 'paver-cli-limit-'));
+  // Bytes, as a real stdin gives them.
+  const withStdinBytes = (text: string) =>
+    vi
+      .spyOn(process, 'stdin', 'get')
+      .mockReturnValue(Readable.from([Buffer.from(text)]) as typeof process.stdin);
+  // An OTLP/JSON export with no span: valid, so a command that reads it whole exits 0.
+  const emptyExport = (padTo: number) => {
+    const doc = JSON.stringify({ resourceSpans: [] });
+    return doc + ' '.repeat(Math.max(0, padTo - doc.length));
+  };
+
+  it('paver otel refuses an export over --max-input-bytes, file or stdin, naming the limit and the flag: exit 1', async () => {
+    const file = join(dir(), 'export.json');
+    writeFileSync(file, emptyExport(4096));
+    expect(await main(['otel', '--input', file, '--max-input-bytes', '4096'])).toBe(0);
+    err = '';
+    // Before, the flag did not exist and a file was read whole, however large.
+    expect(await main(['otel', '--input', file, '--max-input-bytes', '4095'])).toBe(1);
+    expect(err).toContain(`${file} is larger than 4095 bytes, the limit (raise it with --max-input-bytes)`);
+    expect(out).toBe('');
+
+    err = '';
+    withStdinBytes(emptyExport(5000));
+    expect(await main(['otel', '--input', '-', '--max-input-bytes', '4096'])).toBe(1);
+    expect(err).toContain('stdin is larger than 4096 bytes, the limit (raise it with --max-input-bytes)');
+  });
+
+  it('paver otel stops reading an endless input at the limit (/dev/zero)', async () => {
+    // Before: readFile('/dev/zero') never ends, and the process runs out of memory.
+    expect(await main(['otel', '--input', '/dev/zero', '--max-input-bytes', String(1024 * 1024)])).toBe(1);
+    expect(err).toContain(`/dev/zero is larger than ${1024 * 1024} bytes`);
+  });
+
+  it('paver otel refuses a --max-input-bytes that is not a usable limit (exit 2, the usage error)', async () => {
+    for (const bad of ['0', '-1', 'lots', String(600 * 1024 * 1024)]) {
+      err = '';
+      expect(await main(['otel', '--input', '-', '--max-input-bytes', bad]), bad).toBe(2);
+      expect(err, bad).toContain('--max-input-bytes');
+    }
+  });
+
+  it('a configuration read from stdin or a file is refused over PAVER_MAX_CONFIG_BYTES, naming it: exit 2 like other unreadable configurations', async () => {
+    const flows = readFileSync(join(root, 'examples/flows.yaml'), 'utf8');
+    const padded = `${flows}\n# ${'x'.repeat(4096)}\n`;
+    const select = (flowsArg: string) =>
+      main(['select', '--flows', flowsArg, '--query', 'refund my order 42']);
+    vi.stubEnv('PAVER_MAX_CONFIG_BYTES', '4096');
+    try {
+      withStdinBytes(padded);
+      // Before, stdin was read whole, however large: the command answered (exit 0).
+      expect(await select('-')).toBe(2);
+      expect(err).toContain(
+        'stdin is larger than 4096 bytes, the limit (raise it with PAVER_MAX_CONFIG_BYTES)',
+      );
+      expect(out).toBe('');
+
+      err = '';
+      const file = join(dir(), 'flows.yaml');
+      writeFileSync(file, padded);
+      expect(await select(file)).toBe(2);
+      expect(err).toContain(`${file} is larger than 4096 bytes`);
+
+      vi.stubEnv('PAVER_MAX_CONFIG_BYTES', String(Buffer.byteLength(padded)));
+      withStdinBytes(padded);
+      expect(await select('-')).toBe(0);
+
+      err = '';
+      vi.stubEnv('PAVER_MAX_CONFIG_BYTES', 'big');
+      withStdinBytes(flows);
+      expect(await select('-')).toBe(2);
+      expect(err).toContain('PAVER_MAX_CONFIG_BYTES: expected an integer');
+    } finally {
+      vi.unstubAllEnvs();
+    }
+  });
+});

@@ -95,3 +95,17 @@ describe('security settings that weaken TLS are said at start-up', () => {
     expect(quiet.said).toEqual([]);
   });
 });
+
+describe('REDIS_COMMAND_TIMEOUT_MS', () => {
+  it('defaults to 5 s, reaches the Redis client, and refuses values that are not a sane deadline', () => {
+    expect(parseEnv(schema, base).REDIS_COMMAND_TIMEOUT_MS).toBe(5_000);
+    const redis = createRedis(
+      parseEnv(schema, { ...base, REDIS_COMMAND_TIMEOUT_MS: '1500' }),
+      silentLogger(),
+    );
+    expect(redis.options.commandTimeout).toBe(1_500);
+    redis.disconnect();
+    for (const bad of ['0', '-1', 'soon', '1.5'])
+      expect(refused({ REDIS_COMMAND_TIMEOUT_MS: bad })).toContain('REDIS_COMMAND_TIMEOUT_MS');
+  });
+});

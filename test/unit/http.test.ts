@@ -161,6 +161,41 @@ describe('readiness', () => {
     }
   });
 
+  it('a check that says why it is not ready has its reason in the body, under `reasons`', async () => {
+    let replica = true;
+    const s = createHttpServer({
+      registry: new Registry(),
+      log: createLogger('test', 'silent'),
+      readiness: [
+        { name: 'fine', check: () => true },
+        { name: 'redis', check: () => (replica ? { ready: false, reason: 'a read-only replica' } : true) },
+      ],
+      routes: [],
+    });
+    const port = await s.listen(0, '127.0.0.1');
+    const get = async () => {
+      const res = await fetch(`http://127.0.0.1:${port}/readyz`);
+      return { status: res.status, body: (await res.json()) as unknown };
+    };
+    try {
+      expect(await get()).toEqual({
+        status: 503,
+        body: {
+          ready: false,
+          checks: { fine: true, redis: false },
+          reasons: { redis: 'a read-only replica' },
+        },
+      });
+      replica = false;
+      expect(await get()).toEqual({
+        status: 200,
+        body: { ready: true, checks: { fine: true, redis: true } },
+      });
+    } finally {
+      await s.close();
+    }
+  });
+
   it('serves /healthz and /readyz before the service routes exist; other paths answer 503 until then', async () => {
     let started = false;
     const s = createHttpServer({

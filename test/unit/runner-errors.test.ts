@@ -57,3 +57,15 @@ describe('Redis replies that say "not now"', () => {
     expect(redisFailure('apply', reply('WRONGTYPE Operation against a key')).retriable).toBe(false);
   });
 });
+
+describe("ioredis's command timeout (REDIS_COMMAND_TIMEOUT_MS)", () => {
+  it('is a transient Redis failure wherever it is classified: the batch is retried, the service stays up', () => {
+    // As ioredis rejects a command that got no reply within commandTimeout (a plain Error, no code).
+    const timedOut = new Error('Command timed out');
+    expect(classifyError(timedOut).code).toBe('REDIS_UNAVAILABLE');
+    expect(classifyError(timedOut).retriable).toBe(true);
+    expect(redisFailure('apply', timedOut).retriable).toBe(true);
+    // Only that message: a bug whose text merely mentions a timeout is still a bug.
+    expect(classifyError(new Error('parsing the Command timed out field')).retriable).toBe(false);
+  });
+});

@@ -1,12 +1,12 @@
 import { parseFlags } from '../../../shared/flags.js';
 import { createWriteStream } from 'node:fs';
-import { readFile } from 'node:fs/promises';
 import { errorMessage } from '../../../shared/errors.js';
+import { readBounded } from '../../../shared/jsonl.js';
 import { DEFAULT_MAP_OPTIONS, mapSpans, type MapOptions } from './core/map.js';
 import { DEFAULT_DECODE_LIMITS, OtlpError, spansFromRequest, type OtlpSpan } from './core/otlp.js';
 
 const USAGE = `Usage: paver otel --input FILE|- [--output FILE|-] [--tenant T] [--tenant-attribute KEY]
-                  [--no-payloads] [--max-payload-bytes N] [--strict] [--pretty]
+                  [--no-payloads] [--max-payload-bytes N] [--max-input-bytes N] [--strict] [--pretty]
 
 Maps an OTLP/JSON trace export (one ExportTraceServiceRequest document, or one per line as the Collector's
 file exporter writes them) to Paver tool-calls events, one JSON per line: a tool_call per execute_tool span,
@@ -19,23 +19,18 @@ ingest service. A summary goes to stderr.
   --tenant-attribute KEY    span or resource attribute holding the tenant (default 'paver.tenant_id')
   --no-payloads             leave gen_ai.tool.call.arguments/result out of the events
   --max-payload-bytes N     leave out an argument or result value larger than N bytes (default 65536)
+  --max-input-bytes N       refuse an export larger than N bytes (default 268435456, 256 MiB; at most 524288000)
   --strict                  exit 1 when any request in the input was bad
   --pretty                  indent each event (default: one JSON per line)
 `;
 
-const MAX_INPUT_BYTES = 1024 * 1024 * 1024;
-
-async function readInput(path: string): Promise<string> {
-  if (path !== '-') return readFile(path, 'utf8');
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const c of process.stdin) {
-    size += (c as Buffer).length;
-    if (size > MAX_INPUT_BYTES) throw new Error(`stdin is larger than ${MAX_INPUT_BYTES} bytes`);
-    chunks.push(c as Buffer);
-  }
-  return Buffer.concat(chunks).toString('utf8');
-}
+/**
+ * The export is parsed whole (it may be one JSON document), so its size bounds the memory the command takes,
+ * several times over once parsed. Before, a file had no bound at all and stdin one of 1 GiB, past V8's largest
+ * string. Stays under that string limit (about 512 MiB).
+ */
+export const DEFAULT_MAX_INPUT_BYTES = 256 * 1024 * 1024;
+const MAX_INPUT_BYTES_CEILING = 500 * 1024 * 1024;
 
 /** Requests of the file: the whole text as one JSON document, else one document per non-empty line. */
 export function parseExport(
@@ -85,6 +80,7 @@ export async function otelCommand(argv: string[]): Promise<number> {
     'tenant-attribute': { type: 'string' },
     'no-payloads': { type: 'boolean' },
     'max-payload-bytes': { type: 'string' },
+    'max-input-bytes': { type: 'string' },
     strict: { type: 'boolean' },
     pretty: { type: 'boolean' },
     help: { type: 'boolean', short: 'h' },
@@ -99,6 +95,13 @@ export async function otelCommand(argv: string[]): Promise<number> {
     process.stderr.write(`paver otel: --max-payload-bytes expects a non-negative integer\n`);
     return 2;
   }
+  const maxInput = values['max-input-bytes'] ?? String(DEFAULT_MAX_INPUT_BYTES);
+  if (!/^\d{1,9}$/.test(maxInput) || Number(maxInput) < 1 || Number(maxInput) > MAX_INPUT_BYTES_CEILING) {
+    process.stderr.write(
+      `paver otel: --max-input-bytes expects an integer from 1 to ${MAX_INPUT_BYTES_CEILING}\n`,
+    );
+    return 2;
+  }
   const opts: MapOptions = {
     defaultTenant: values.tenant ?? DEFAULT_MAP_OPTIONS.defaultTenant,
     tenantAttribute: values['tenant-attribute'] ?? DEFAULT_MAP_OPTIONS.tenantAttribute,
@@ -108,7 +111,7 @@ export async function otelCommand(argv: string[]): Promise<number> {
   const warn = (s: string) => process.stderr.write(`paver otel: ${s}\n`);
   let text: string;
   try {
-    text = await readInput(values.input);
+    text = await readBounded(values.input, Number(maxInput), '--max-input-bytes');
   } catch (err) {
     warn(`cannot read ${values.input}: ${errorMessage(err)}`);
     return 1;
