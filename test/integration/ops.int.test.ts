@@ -36,6 +36,13 @@ const event = (i: number) => ({
   tool: 'search',
 });
 
+/** Events `from` … `from + n - 1` to `topic`, each keyed by its own session. */
+const sendEvents = (topic: string, from: number, n: number) =>
+  produce(
+    topic,
+    Array.from({ length: n }, (_, i) => ({ key: `s${from + i}`, value: JSON.stringify(event(from + i)) })),
+  );
+
 /** A redis-server of this test's own, on a free port, to stop, freeze and start again. */
 async function ownRedis(
   port?: number,
@@ -221,14 +228,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
     const topic = env.PAVER_TOPIC_TOOL_CALLS!;
     const prefix = env.REDIS_KEY_PREFIX!;
     await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
-    const send = (from: number, n: number) =>
-      produce(
-        topic,
-        Array.from({ length: n }, (_, i) => ({
-          key: `s${from + i}`,
-          value: JSON.stringify(event(from + i)),
-        })),
-      );
+    const send = (from: number, n: number) => sendEvents(topic, from, n);
     await send(0, 20);
     const check = new Redis(r.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
     check.on('error', () => undefined);
@@ -284,10 +284,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
     const topic = env.PAVER_TOPIC_TOOL_CALLS!;
     const prefix = env.REDIS_KEY_PREFIX!;
     await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
-    await produce(
-      topic,
-      Array.from({ length: 10 }, (_, i) => ({ key: `s${i}`, value: JSON.stringify(event(i)) })),
-    );
+    await sendEvents(topic, 0, 10);
     const admin = new Redis(a.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
     admin.on('error', () => undefined);
     const p = await startProcess(FIXTURE, env);
@@ -381,14 +378,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
     await createTopics([{ topic }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
     const check = new Redis(r.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
     const prefix = env.REDIS_KEY_PREFIX!;
-    const send = (from: number, n: number) =>
-      produce(
-        topic,
-        Array.from({ length: n }, (_, i) => ({
-          key: `s${from + i}`,
-          value: JSON.stringify(event(from + i)),
-        })),
-      );
+    const send = (from: number, n: number) => sendEvents(topic, from, n);
     await send(0, 50);
     const p = await startProcess(FIXTURE, env);
     procs.push(p);
@@ -544,14 +534,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
     const topic = env.PAVER_TOPIC_TOOL_CALLS!;
     const prefix = env.REDIS_KEY_PREFIX!;
     await createTopics([{ topic }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
-    const send = (from: number, n: number) =>
-      produce(
-        topic,
-        Array.from({ length: n }, (_, i) => ({
-          key: `s${from + i}`,
-          value: JSON.stringify(event(from + i)),
-        })),
-      );
+    const send = (from: number, n: number) => sendEvents(topic, from, n);
     await send(0, 50);
     const p = await startProcess(FIXTURE, env);
     procs.push(p);
