@@ -31,6 +31,12 @@ export function createRedis(env: CommonEnv, log: Logger, extra: RedisOptions = {
     // that comes late is matched to its timed-out command and dropped, so the connection stays in step. Paver
     // sends no blocking command (BLPOP, XREAD BLOCK, WAIT), which this would cut short.
     commandTimeout: env.REDIS_COMMAND_TIMEOUT_MS,
+    // After a failover the name in REDIS_URL (a managed Redis's primary endpoint: ElastiCache, Memorystore,
+    // Azure Cache) leads to the new primary, but an open connection stays on the old one, now a replica that
+    // refuses every write with READONLY, for as long as it lives. Such a reply makes the connection again, so
+    // the name is resolved anew. The command is not sent again (1, not 2): it fails as a transient error and
+    // its batch is retried, by then on the new connection.
+    reconnectOnError: (err) => (err.message.includes('READONLY') ? 1 : false),
     ...extra,
   });
   let wasReady = false;

@@ -2,6 +2,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { spawn, type ChildProcess } from 'node:child_process';
+import { connect, createServer, type Socket } from 'node:net';
 import { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
 import { freePort } from '../../deploy/local/stack.js';
@@ -327,6 +328,87 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       expect(await exitWithin(p, 30_000)).toBe(0);
     } finally {
       admin.disconnect();
+      for (const s of [a, b]) s.child.kill('SIGKILL');
+      await Promise.all(
+        [a, b].map((s) =>
+          waitFor(() => s.child.exitCode !== null || s.child.signalCode !== null, 'redis-server gone'),
+        ),
+      );
+      for (const d of dirs) rmSync(d, { recursive: true, force: true });
+    }
+  }, 240_000);
+
+  it('a failover behind the same address (a DNS name moved to the promoted replica): the connection to the demoted primary is made again on READONLY, and nothing is lost', async () => {
+    // Folders of their own: the full sync that REPLICAOF starts writes an RDB file in the server's folder.
+    const dirs = [0, 1].map(() => mkdtempSync(join(tmpdir(), 'paver-ops-failover-')));
+    const [a, b] = [await ownRedis(undefined, dirs[0]), await ownRedis(undefined, dirs[1])];
+    // What a managed Redis's primary endpoint does at a failover, as a TCP hop: new connections go to the
+    // current primary, open ones stay where they were.
+    let target = a.port;
+    const sockets = new Set<Socket>();
+    const proxy = createServer((client) => {
+      const up = connect(target, '127.0.0.1');
+      for (const s of [client, up]) {
+        sockets.add(s);
+        s.on('error', () => undefined);
+        s.on('close', () => {
+          sockets.delete(s);
+          client.destroy();
+          up.destroy();
+        });
+      }
+      client.pipe(up);
+      up.pipe(client);
+    });
+    const proxyPort = await freePort();
+    await new Promise<void>((resolve) => proxy.listen(proxyPort, '127.0.0.1', resolve));
+    const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), REDIS_URL: `redis://127.0.0.1:${proxyPort}` });
+    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
+    const prefix = env.REDIS_KEY_PREFIX!;
+    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    const [adminA, adminB] = [a, b].map((s) => {
+      const c = new Redis(s.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+      c.on('error', () => undefined);
+      return c;
+    }) as [Redis, Redis];
+    await adminB.call('REPLICAOF', '127.0.0.1', String(a.port));
+    await sendEvents(topic, 0, 20);
+    const p = await startProcess(FIXTURE, env);
+    procs.push(p);
+    try {
+      await explained(
+        p,
+        waitFor(async () => (await adminA.scard(`${prefix}:seen`)) === 20, 'the first 20 on A', 90_000),
+      );
+      await waitFor(
+        async () =>
+          /master_link_status:up/.test(await adminB.info('replication')) &&
+          (await adminB.scard(`${prefix}:seen`)) === 20,
+        'B in sync with A',
+      );
+      // The failover: B promoted, A demoted to its replica, the address now leading to B.
+      await adminB.call('REPLICAOF', 'NO', 'ONE');
+      target = b.port;
+      await adminA.call('REPLICAOF', '127.0.0.1', String(b.port));
+      await sendEvents(topic, 20, 20);
+      // Before, the service's connection stayed on A: every batch failed with READONLY until its consumer gave up.
+      await explained(
+        p,
+        waitFor(async () => (await adminB.scard(`${prefix}:seen`)) === 40, 'all 40 on B', 90_000),
+      );
+      await waitFor(() => groupCaughtUp(env.FIXTURE_GROUP_ID!, topic), 'caught up');
+      expect(Object.keys(await adminB.hgetall(`${prefix}:deliveries`))).toHaveLength(40);
+      expect(p.output()).not.toContain('fatal error');
+      await explained(
+        p,
+        waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, 'ready on B', 30_000),
+      );
+      p.child.kill('SIGTERM');
+      expect(await exitWithin(p, 30_000)).toBe(0);
+    } finally {
+      for (const c of [adminA, adminB]) c.disconnect();
+      for (const s of sockets) s.destroy();
+      await new Promise((resolve) => proxy.close(resolve));
       for (const s of [a, b]) s.child.kill('SIGKILL');
       await Promise.all(
         [a, b].map((s) =>
