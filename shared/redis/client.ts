@@ -18,6 +18,7 @@ export function createRedis(env: CommonEnv, log: Logger, extra: RedisOptions = {
       { setting: 'REDIS_TLS_REJECT_UNAUTHORIZED' },
       "Redis TLS does not check the server's certificate: anyone between can read and change the traffic",
     );
+  let leaving = false;
   const redis = new Redis(env.REDIS_URL, {
     ...(env.REDIS_PASSWORD ? { password: env.REDIS_PASSWORD } : {}),
     ...(env.REDIS_USERNAME ? { username: env.REDIS_USERNAME } : {}),
@@ -36,11 +37,17 @@ export function createRedis(env: CommonEnv, log: Logger, extra: RedisOptions = {
     // refuses every write with READONLY, for as long as it lives. Such a reply makes the connection again, so
     // the name is resolved anew. The command is not sent again (1, not 2): it fails as a transient error and
     // its batch is retried, by then on the new connection.
-    reconnectOnError: (err) => (err.message.includes('READONLY') ? 1 : false),
+    // Once per connection: a pipeline's every reply says READONLY, and each would start another disconnect.
+    reconnectOnError: (err) => {
+      if (leaving || !err.message.includes('READONLY')) return false;
+      leaving = true;
+      return 1;
+    },
     ...extra,
   });
   let wasReady = false;
   redis.on('ready', () => {
+    leaving = false;
     if (wasReady) log.info('redis reconnected');
     wasReady = true;
   });
