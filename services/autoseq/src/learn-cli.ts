@@ -220,17 +220,18 @@ export function formatSavings(r: ReplayResult): string {
     ...Object.entries(s.per_rule).map(([k, t]) => {
       const rule = r.rules.find((x) => x.rule_id === k);
       const name = rule ? `${k} ${rule.context.join('>')}>${t.tool}` : `${k} ${t.tool}`;
-      return row(name.slice(0, 44), { ...t, coverage: t.tool_calls > 0 ? t.hits / t.tool_calls : 0 });
+      // Against all tool calls, as the overall row: a rule has no calls of its own.
+      return row(name.slice(0, 44), { ...t, tool_calls: s.overall.tool_calls });
     }),
     '',
-    'rules (all states, most trials first; bound = Wilson 95% lower bound of precision, the promotion test)',
-    `${'rule'.padEnd(17)} ${'state'.padEnd(7)} ${'trials'.padStart(6)} ${'hits'.padStart(6)} ${'bound'.padStart(6)}  context > tool [bindings]`,
+    'rules (all states, most trials first; bound = Wilson 95% lower bound of precision, the promotion test; exc = request terms blocking the rule)',
+    `${'rule'.padEnd(17)} ${'state'.padEnd(7)} ${'trials'.padStart(6)} ${'hits'.padStart(6)} ${'bound'.padStart(6)} ${'exc'.padStart(4)}  context > tool [bindings]`,
     ...[...r.rules]
       .sort((a, b) => b.trials - a.trials)
       .slice(0, 15)
       .map(
         (x) =>
-          `${x.rule_id.padEnd(17)} ${x.state.padEnd(7)} ${String(x.trials).padStart(6)} ${String(x.hits).padStart(6)} ${x.bound.toFixed(3).padStart(6)}  ${x.context.join('>')} > ${x.tool} [${x.bindings.map((b) => `${b.path.join('.')}:${b.source}`).join(', ')}]`,
+          `${x.rule_id.padEnd(17)} ${x.state.padEnd(7)} ${String(x.trials).padStart(6)} ${String(x.hits).padStart(6)} ${x.bound.toFixed(3).padStart(6)} ${String(x.exceptions).padStart(4)}  ${x.context.join('>')} > ${x.tool} [${x.bindings.map((b) => `${b.path.join('.')}:${b.source}`).join(', ')}]`,
       ),
   ];
   return lines.join('\n') + '\n';

@@ -22,7 +22,8 @@ const tally = (): Tally => ({
 export interface SavingsReport {
   overall: Tally & { coverage: number; precision: number | null };
   per_tool: Record<string, Tally & { coverage: number; precision: number | null }>;
-  per_rule: Record<string, Tally & { tool: string; precision: number | null }>;
+  /** Per rule: `coverage` is its active hits ÷ all tool calls (a rule has no calls of its own). */
+  per_rule: Record<string, Tally & { tool: string; coverage: number; precision: number | null }>;
 }
 
 /**
@@ -81,7 +82,11 @@ export class SavingsCounter {
           .filter(([, t]) => t.active_proposals > 0)
           .map(([k, t]) => [
             k,
-            { ...t, precision: t.active_proposals > 0 ? t.hits / t.active_proposals : null },
+            {
+              ...t,
+              coverage: this.all.tool_calls > 0 ? t.hits / this.all.tool_calls : 0,
+              precision: t.active_proposals > 0 ? t.hits / t.active_proposals : null,
+            },
           ]),
       ),
     };
