@@ -116,7 +116,7 @@ export interface Rule {
   created: number;
   changed: number;
   /**
-   * Exceptions: request term → [trials, hits] of this rule on tasks whose request holds the term, counted on
+   * Exceptions: request term (its hash) → [trials, hits] of this rule on tasks whose request holds the term, counted on
    * every trial (blocked or not) once the term was met in a miss. A rule that holds in general but misses
    * whenever the user asks for something else (a lookup after the user's profile, when the user wants to
    * book) stops proposing on such requests, and is proven on the others. Absent: none yet.
@@ -296,14 +296,18 @@ function contexts(
 
 const confidence = (r: Rule) => wilsonLower(r.dh, r.dn);
 
-/** Request terms per text, memoised (derived data only: results stay deterministic); bounded. */
+/**
+ * Request terms per text, as 32-bit hashes: rules outlive tasks (no TTL), so they keep no word of what users
+ * wrote. Memoised (derived data only: results stay deterministic); bounded.
+ */
 const termsMemo = new Map<string, readonly string[]>();
 function termsOf(text: string | null): readonly string[] {
   if (!text) return [];
   let t = termsMemo.get(text);
   if (t === undefined) {
     if (termsMemo.size >= 1024) termsMemo.clear();
-    termsMemo.set(text, (t = requestTermsOf(text)));
+    t = [...new Set(requestTermsOf(text).map((w) => fnv64(w).slice(0, 8)))];
+    termsMemo.set(text, t);
   }
   return t;
 }
