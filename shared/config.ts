@@ -32,7 +32,9 @@ export const topicName = z
  * largest string (about 512 MiB), which the text must fit anyway.
  */
 export const DEFAULT_MAX_CONFIG_BYTES = 64 * 1024 * 1024;
-export const maxConfigBytes = int(1024, 500 * 1024 * 1024).default(DEFAULT_MAX_CONFIG_BYTES);
+/** Largest whole-file input any limit may allow: under V8's largest string, which the text must fit. */
+export const MAX_WHOLE_INPUT_BYTES = 500 * 1024 * 1024;
+export const maxConfigBytes = int(1024, MAX_WHOLE_INPUT_BYTES).default(DEFAULT_MAX_CONFIG_BYTES);
 
 /** Variables every service and the CLI share. Service configs extend this object. */
 export const commonEnvShape = {

@@ -11,7 +11,7 @@ import {
 } from '../schemas/index.js';
 import { zodParser } from './kafka/runner.js';
 import { errorMessage } from './errors.js';
-import { maxConfigBytes } from './config.js';
+import { MAX_WHOLE_INPUT_BYTES, maxConfigBytes } from './config.js';
 
 const MAX_LINE = 1024 * 1024;
 const MAX_WARNINGS = 100;
@@ -212,7 +212,7 @@ export function configByteLimit(env: NodeJS.ProcessEnv = process.env): number {
   const raw = env.PAVER_MAX_CONFIG_BYTES;
   const r = maxConfigBytes.safeParse(raw === '' ? undefined : raw);
   if (!r.success)
-    throw new Error(`PAVER_MAX_CONFIG_BYTES: expected an integer from 1024 to ${500 * 1024 * 1024}`);
+    throw new Error(`PAVER_MAX_CONFIG_BYTES: expected an integer from 1024 to ${MAX_WHOLE_INPUT_BYTES}`);
   return r.data;
 }
 

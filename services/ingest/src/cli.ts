@@ -1,6 +1,7 @@
 import { parseFlags } from '../../../shared/flags.js';
 import { createWriteStream } from 'node:fs';
 import { errorMessage } from '../../../shared/errors.js';
+import { MAX_WHOLE_INPUT_BYTES } from '../../../shared/config.js';
 import { readBounded } from '../../../shared/jsonl.js';
 import { DEFAULT_MAP_OPTIONS, mapSpans, type MapOptions } from './core/map.js';
 import { DEFAULT_DECODE_LIMITS, OtlpError, spansFromRequest, type OtlpSpan } from './core/otlp.js';
@@ -30,7 +31,7 @@ ingest service. A summary goes to stderr.
  * string. Stays under that string limit (about 512 MiB).
  */
 export const DEFAULT_MAX_INPUT_BYTES = 256 * 1024 * 1024;
-const MAX_INPUT_BYTES_CEILING = 500 * 1024 * 1024;
+const MAX_INPUT_BYTES_CEILING = MAX_WHOLE_INPUT_BYTES;
 
 /** Requests of the file: the whole text as one JSON document, else one document per non-empty line. */
 export function parseExport(
