@@ -59,6 +59,10 @@ export const redisReady = (redis: Redis): boolean => redis.status === 'ready';
 
 export type RedisRole = 'primary' | 'replica' | 'unknown';
 
+/** The role a server names itself (`ROLE`'s first element, `INFO replication`'s `role:`). */
+const roleNamed = (name: unknown): RedisRole =>
+  name === 'slave' || name === 'replica' ? 'replica' : name === 'master' ? 'primary' : 'unknown';
+
 /**
  * What the connected server is, for /readyz: after a failover the address in REDIS_URL may lead to a replica,
  * which answers PING but refuses every write with READONLY. `ROLE` is one O(1) command; a server that refuses
@@ -79,12 +83,7 @@ export function createRoleProbe(redis: Redis, log: Logger): () => Promise<RedisR
   const probe = async (): Promise<RedisRole> => {
     if (method === 'role') {
       try {
-        const reply = (await redis.role()) as unknown[];
-        return reply[0] === 'slave' || reply[0] === 'replica'
-          ? 'replica'
-          : reply[0] === 'master'
-            ? 'primary'
-            : 'unknown';
+        return roleNamed(((await redis.role()) as unknown[])[0]);
       } catch (err) {
         if (!refused(err)) throw err;
         fallBack('info', err);
@@ -92,8 +91,7 @@ export function createRoleProbe(redis: Redis, log: Logger): () => Promise<RedisR
     }
     if (method === 'info') {
       try {
-        const role = /^role:(\w+)/m.exec(await redis.info('replication'))?.[1];
-        return role === 'slave' || role === 'replica' ? 'replica' : role === 'master' ? 'primary' : 'unknown';
+        return roleNamed(/^role:(\w+)/m.exec(await redis.info('replication'))?.[1]);
       } catch (err) {
         if (!refused(err)) throw err;
         fallBack('ping', err);

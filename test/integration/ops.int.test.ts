@@ -77,6 +77,25 @@ async function ownRedis(
   return { child, port: p, url: `redis://127.0.0.1:${p}` };
 }
 
+/**
+ * Two redis-servers of this test's own, each in a folder of its own (the full sync that REPLICAOF starts writes
+ * an RDB file in the server's folder); `stop` kills both and removes the folders.
+ */
+async function redisPair() {
+  const dirs = [0, 1].map(() => mkdtempSync(join(tmpdir(), 'paver-ops-pair-')));
+  const [a, b] = [await ownRedis(undefined, dirs[0]), await ownRedis(undefined, dirs[1])];
+  const stop = async () => {
+    for (const s of [a, b]) s.child.kill('SIGKILL');
+    await Promise.all(
+      [a, b].map((s) =>
+        waitFor(() => s.child.exitCode !== null || s.child.signalCode !== null, 'redis-server gone'),
+      ),
+    );
+    for (const d of dirs) rmSync(d, { recursive: true, force: true });
+  };
+  return { a, b, stop };
+}
+
 /** One request, answered within `ms` or not at all (a timeout answers null). */
 async function probe(url: string, ms: number): Promise<{ status: number; body: unknown } | null> {
   try {
@@ -102,6 +121,13 @@ const explained = <T>(p: Proc, w: Promise<T>) =>
   w.catch((err: Error) => {
     throw new Error(`${err.message}\n${p.output().slice(-6000)}`);
   });
+
+/** Until /readyz answers 200, the process's output in the error otherwise. */
+const untilReady = (p: Proc, what: string, ms: number) =>
+  explained(
+    p,
+    waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, what, ms),
+  );
 
 /** Resolves the exit code, or 'running' if the process is still up after `ms`. */
 const exitWithin = (p: Proc, ms: number) =>
@@ -278,9 +304,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
   }, 240_000);
 
   it('/readyz is 503 with a reason while the Redis server of REDIS_URL is a read-only replica (REPLICAOF), 200 again once it is a primary', async () => {
-    // Folders of their own: the full sync that REPLICAOF starts writes an RDB file in the server's folder.
-    const dirs = [0, 1].map(() => mkdtempSync(join(tmpdir(), 'paver-ops-replica-')));
-    const [a, b] = [await ownRedis(undefined, dirs[0]), await ownRedis(undefined, dirs[1])];
+    const { a, b, stop } = await redisPair();
     const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), REDIS_URL: a.url });
     const topic = env.PAVER_TOPIC_TOOL_CALLS!;
     const prefix = env.REDIS_KEY_PREFIX!;
@@ -292,10 +316,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
     procs.push(p);
     type Readyz = { checks: Record<string, boolean>; reasons?: Record<string, string> };
     try {
-      await explained(
-        p,
-        waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, 'ready', 90_000),
-      );
+      await untilReady(p, 'ready', 90_000);
       await waitFor(async () => (await admin.scard(`${prefix}:seen`)) === 10, 'the first 10');
 
       // What a failover can leave behind: the address the service was given now leads to a replica, which
@@ -320,28 +341,17 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       expect(p.child.exitCode).toBeNull();
 
       await admin.call('REPLICAOF', 'NO', 'ONE');
-      await explained(
-        p,
-        waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, 'ready again', 30_000),
-      );
+      await untilReady(p, 'ready again', 30_000);
       p.child.kill('SIGTERM');
       expect(await exitWithin(p, 30_000)).toBe(0);
     } finally {
       admin.disconnect();
-      for (const s of [a, b]) s.child.kill('SIGKILL');
-      await Promise.all(
-        [a, b].map((s) =>
-          waitFor(() => s.child.exitCode !== null || s.child.signalCode !== null, 'redis-server gone'),
-        ),
-      );
-      for (const d of dirs) rmSync(d, { recursive: true, force: true });
+      await stop();
     }
   }, 240_000);
 
   it('a failover behind the same address (a DNS name moved to the promoted replica): the connection to the demoted primary is made again on READONLY, and nothing is lost', async () => {
-    // Folders of their own: the full sync that REPLICAOF starts writes an RDB file in the server's folder.
-    const dirs = [0, 1].map(() => mkdtempSync(join(tmpdir(), 'paver-ops-failover-')));
-    const [a, b] = [await ownRedis(undefined, dirs[0]), await ownRedis(undefined, dirs[1])];
+    const { a, b, stop } = await redisPair();
     // What a managed Redis's primary endpoint does at a failover, as a TCP hop: new connections go to the
     // current primary, open ones stay where they were.
     let target = a.port;
@@ -399,23 +409,14 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       await waitFor(() => groupCaughtUp(env.FIXTURE_GROUP_ID!, topic), 'caught up');
       expect(Object.keys(await adminB.hgetall(`${prefix}:deliveries`))).toHaveLength(40);
       expect(p.output()).not.toContain('fatal error');
-      await explained(
-        p,
-        waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, 'ready on B', 30_000),
-      );
+      await untilReady(p, 'ready on B', 30_000);
       p.child.kill('SIGTERM');
       expect(await exitWithin(p, 30_000)).toBe(0);
     } finally {
       for (const c of [adminA, adminB]) c.disconnect();
       for (const s of sockets) s.destroy();
       await new Promise((resolve) => proxy.close(resolve));
-      for (const s of [a, b]) s.child.kill('SIGKILL');
-      await Promise.all(
-        [a, b].map((s) =>
-          waitFor(() => s.child.exitCode !== null || s.child.signalCode !== null, 'redis-server gone'),
-        ),
-      );
-      for (const d of dirs) rmSync(d, { recursive: true, force: true });
+      await stop();
     }
   }, 240_000);
 
@@ -465,10 +466,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
     const p = await startProcess(FIXTURE, env);
     procs.push(p);
     try {
-      await explained(
-        p,
-        waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, 'ready', 90_000),
-      );
+      await untilReady(p, 'ready', 90_000);
       await waitFor(async () => (await check.scard(`${prefix}:seen`)) === 50, 'the first 50');
 
       // Redis stops answering without closing its connections (a frozen server, a network partition).
@@ -490,10 +488,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       expect((await probe(p.url('/healthz'), 2_000))?.status).toBe(200);
 
       r.child.kill('SIGCONT');
-      await explained(
-        p,
-        waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, 'ready again', 60_000),
-      );
+      await untilReady(p, 'ready again', 60_000);
       await waitFor(async () => (await check.scard(`${prefix}:seen`)) === 100, 'all 100 events', 60_000);
       const deliveries = await check.hgetall(`${prefix}:deliveries`);
       expect(Object.keys(deliveries)).toHaveLength(100);
@@ -636,10 +631,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       expect((await probe(p.url('/healthz'), 2_000))?.status).toBe(200);
       let r = await ownRedis(port, dir);
       const c = connectCheck();
-      await explained(
-        p,
-        waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, 'ready', 90_000),
-      );
+      await untilReady(p, 'ready', 90_000);
       await waitFor(async () => (await c.scard(`${prefix}:seen`)) === 50, 'the first 50');
       c.disconnect();
 
@@ -648,10 +640,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       await explained(p, notReady());
       r = await ownRedis(port, dir);
       const c2 = connectCheck();
-      await explained(
-        p,
-        waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, 'ready again', 90_000),
-      );
+      await untilReady(p, 'ready again', 90_000);
       await explained(
         p,
         waitFor(async () => (await c2.scard(`${prefix}:seen`)) === 100, 'all 100 events', 90_000),
