@@ -8,6 +8,12 @@ export interface RetryOptions {
   /** Called before each wait; the runner heartbeats here so a long retry does not cost the assignment. */
   onRetry?: (err: PaverError, attempt: number, waitMs: number) => Promise<void> | void;
   shouldStop?: () => boolean;
+  /**
+   * Called after a retriable failure: while a dependency is known to be down (Redis disconnected, or a replica
+   * after a failover), waits until it is back and resolves true, and that failure is not counted as an attempt.
+   * Attempts bound failures the runner cannot explain; a dependency it watches has the pause for that.
+   */
+  hold?: (err: PaverError) => Promise<boolean>;
 }
 
 /**
@@ -21,7 +27,13 @@ export async function withRetry<T>(fn: () => Promise<T>, opts: RetryOptions): Pr
       return await fn();
     } catch (raw) {
       const err = classifyError(raw);
-      if (!err.retriable || attempt > opts.attempts || opts.shouldStop?.()) throw err;
+      if (!err.retriable || opts.shouldStop?.()) throw err;
+      if (opts.hold && (await opts.hold(err))) {
+        if (opts.shouldStop?.()) throw err;
+        attempt--;
+        continue;
+      }
+      if (attempt > opts.attempts) throw err;
       const cap = Math.min(opts.maxMs, opts.initialMs * 2 ** (attempt - 1));
       const waitMs = Math.round(cap / 2 + (Math.random() * cap) / 2);
       await opts.onRetry?.(err, attempt, waitMs);

@@ -12,7 +12,13 @@ import { createSink, type Sink } from './kafka/sink.js';
 import { ensureTopics, paverTopics, type TopicSpec } from './kafka/topics.js';
 import { createLogger, type Logger } from './log.js';
 import { createMetrics, type RuntimeMetrics } from './metrics.js';
-import { createRedis, createRoleProbe, redisReady } from './redis/client.js';
+import {
+  createRedis,
+  createReplicaWatch,
+  createRoleProbe,
+  redisReady,
+  type RedisRole,
+} from './redis/client.js';
 import { errorMessage } from './errors.js';
 
 export interface ServiceDeps<E extends CommonEnv> {
@@ -121,7 +127,15 @@ export async function runService<E extends CommonEnv, T>(
   const metrics = createMetrics(spec.name);
   const codec = createCodec(env);
   const kafka = createKafka(env, log, `${env.KAFKA_CLIENT_ID}-${spec.name}`);
-  const redis = createRedis(env, log);
+  // A READONLY reply marks the server a replica for the runner (see createReplicaWatch); `replicas` is made just
+  // below, before any command can be answered.
+  const redis = createRedis(env, log, {}, { readOnly: () => replicas.note('replica') });
+  // One role query at a time, for /readyz and the replica watch: while Redis hangs, probes must not pile up
+  // commands in its queue.
+  const redisRole = createRoleProbe(redis, log);
+  let asking: Promise<RedisRole> | null = null;
+  const roleOnce = () => (asking ??= redisRole().finally(() => (asking = null)));
+  const replicas = createReplicaWatch(roleOnce, log);
   const sink = createSink(kafka, codec, metrics, {
     maxRecordBytes: env.PAVER_MAX_OUTPUT_BYTES,
     // Its size and topic only: the record is the service's output, derived from payloads.
@@ -162,6 +176,7 @@ export async function runService<E extends CommonEnv, T>(
       await step('service', () => parts?.close?.());
       await step('producer', () => sink.disconnect());
       await step('http', () => http?.close());
+      replicas.stop();
       await step('redis', () => redis.quit());
       clearTimeout(timer);
       log.info({ exitCode }, 'stopped');
@@ -229,7 +244,7 @@ export async function runService<E extends CommonEnv, T>(
         topics: p.inputTopics,
         parse: p.parse,
         handler: p.handler,
-        ready: consumeWhen ? () => redisReady(redis) && consumeWhen() : () => redisReady(redis),
+        ready: () => redisReady(redis) && !replicas.isReplica() && (consumeWhen?.() ?? true),
         ...(p.onRebalance ? { onRebalance: p.onRebalance } : {}),
       },
       p.inputCodec ? { ...runtime, codec: p.inputCodec } : runtime,
@@ -247,28 +262,24 @@ export async function runService<E extends CommonEnv, T>(
     startedUp = true;
     log.info({ topics: p.inputTopics, groupId: spec.groupId(env) }, 'consuming');
   };
-  // One query at a time: while Redis hangs, probes must not pile up commands in its queue. It asks the server's
-  // role, not just for an answer: a replica (REDIS_URL leading to one after a failover) answers every read and
-  // refuses every write, and a service whose writes all fail is not ready.
-  const redisRole = createRoleProbe(redis, log);
-  let probing: Promise<ReadinessResult> | null = null;
+  // It asks the server's role, not just for an answer: a replica (REDIS_URL leading to one after a failover)
+  // answers every read and refuses every write, and a service whose writes all fail is not ready.
   const redisAnswers = (): Promise<ReadinessResult> | boolean => {
     if (!redisReady(redis)) return false;
-    probing ??= redisRole()
-      .then(
-        (role): ReadinessResult =>
-          role === 'replica'
-            ? {
-                ready: false,
-                reason:
-                  'the Redis server at REDIS_URL is a read-only replica: writes fail with READONLY until it is ' +
-                  'promoted or REDIS_URL leads to the primary',
-              }
-            : true,
-        () => false,
-      )
-      .finally(() => (probing = null));
-    return probing;
+    return roleOnce().then(
+      (role): ReadinessResult => {
+        replicas.note(role);
+        return role === 'replica'
+          ? {
+              ready: false,
+              reason:
+                'the Redis server at REDIS_URL is a read-only replica: writes fail with READONLY until it is ' +
+                'promoted or REDIS_URL leads to the primary',
+            }
+          : true;
+      },
+      () => false,
+    );
   };
 
   startUp().catch((err: unknown) => {

@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Consumer, EachBatchPayload, Kafka, KafkaMessage } from 'kafkajs';
 import type { Codec } from '../codec.js';
 import type { CommonEnv } from '../config.js';
@@ -365,6 +366,24 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
             'retrying batch chunk',
           );
           await p.heartbeat().catch(() => undefined);
+        },
+        hold: async (err: PaverError) => {
+          if (!o.ready || o.ready()) return false;
+          o.metrics.retries.inc({ code: err.code });
+          o.metrics.paused.set(1);
+          o.log.warn(
+            { code: err.code, err: err.message, topic, partition },
+            'retrying batch chunk once its dependency is ready',
+          );
+          // Heartbeats keep the assignment (kafkajs sends one per heartbeat interval at most); one that fails (a
+          // rebalance) ends the batch, uncommitted, as any failure would.
+          while (!o.ready() && p.isRunning() && !p.isStale() && !stopping) {
+            await p.heartbeat();
+            await sleep(200);
+          }
+          if (!backpressure) o.metrics.paused.set(0);
+          // Cut short by a stop or a rebalance, the failure counts as an attempt (and the stop then ends it).
+          return o.ready();
         },
       };
 

@@ -4,7 +4,12 @@ import type { CommonEnv } from '../config.js';
 import type { Logger } from '../log.js';
 
 /** ioredis from configuration: rediss:// or a CA file turns TLS on; password/username may override the URL's. */
-export function createRedis(env: CommonEnv, log: Logger, extra: RedisOptions = {}): Redis {
+export function createRedis(
+  env: CommonEnv,
+  log: Logger,
+  extra: RedisOptions = {},
+  on: { readOnly?: () => void } = {},
+): Redis {
   const url = new URL(env.REDIS_URL);
   const tls =
     url.protocol === 'rediss:' || env.REDIS_TLS_CA_FILE
@@ -39,7 +44,9 @@ export function createRedis(env: CommonEnv, log: Logger, extra: RedisOptions = {
     // its batch is retried, by then on the new connection.
     // Once per connection: a pipeline's every reply says READONLY, and each would start another disconnect.
     reconnectOnError: (err) => {
-      if (leaving || !err.message.includes('READONLY')) return false;
+      if (!err.message.includes('READONLY')) return false;
+      on.readOnly?.();
+      if (leaving) return false;
       leaving = true;
       return 1;
     },
@@ -101,4 +108,58 @@ export function createRoleProbe(redis: Redis, log: Logger): () => Promise<RedisR
     return 'unknown';
   };
   return probe;
+}
+
+export interface ReplicaWatch {
+  /** True from a READONLY reply (or a probe naming the server a replica) until the role is asked and is not. */
+  isReplica(): boolean;
+  /** A sign the server is a replica: a READONLY reply, or a role probe's answer. */
+  note(role: RedisRole): void;
+  stop(): void;
+}
+
+/**
+ * Whether the server behind the connection is known to be a read-only replica, for the consumer runner. A
+ * failover takes seconds to minutes (a manual one longer); meanwhile every write fails with READONLY, and a
+ * batch retried on it spent its attempts and then the consumer's restarts, until the process exited and its
+ * supervisor restarted it into the same state. Marked at the first READONLY reply, the role is asked every
+ * `everyMs` (the probe's own single flight) until the server, or the one the connection was made to again,
+ * says otherwise: consumption pauses and the batch in hand waits, then goes on where it was.
+ */
+export function createReplicaWatch(
+  role: () => Promise<RedisRole>,
+  log: Logger,
+  everyMs = 1_000,
+): ReplicaWatch {
+  let replica = false;
+  let stopped = false;
+  let timer: NodeJS.Timeout | null = null;
+  const ask = () => {
+    timer = setTimeout(() => {
+      timer = null;
+      if (stopped) return;
+      role().then(
+        (r) => {
+          if (r === 'replica') return ask();
+          replica = false;
+          log.info({ role: r }, 'redis accepts writes again');
+        },
+        () => ask(),
+      );
+    }, everyMs);
+    timer.unref();
+  };
+  return {
+    isReplica: () => replica,
+    note(r) {
+      if (r !== 'replica' || replica || stopped) return;
+      replica = true;
+      log.warn('redis is a read-only replica: consumption waits until it accepts writes');
+      ask();
+    },
+    stop() {
+      stopped = true;
+      if (timer) clearTimeout(timer);
+    },
+  };
 }

@@ -12,6 +12,7 @@ import { silentLogger } from '../../shared/log.js';
 import { createRedis, createRoleProbe } from '../../shared/redis/client.js';
 import { createTopics, groupCaughtUp, produce, stack, testRedis, unique, waitFor } from '../helpers/kafka.js';
 import { serviceEnv, startProcess, type Proc } from '../helpers/process.js';
+import { parsePrometheus } from '../helpers/prometheus.js';
 
 const FIXTURE = ['--import', 'tsx', 'test/fixtures/recorder-service.ts'];
 const procs: Proc[] = [];
@@ -346,6 +347,79 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       expect(await exitWithin(p, 30_000)).toBe(0);
     } finally {
       admin.disconnect();
+      await stop();
+    }
+  }, 240_000);
+
+  it('while the Redis server of REDIS_URL is a replica, consumption pauses and the chunk in hand waits (the service stays up, its retries unspent); promoted, it goes on and nothing is lost', async () => {
+    const { a, b, stop } = await redisPair();
+    const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), REDIS_URL: a.url, PAVER_RETRY_ATTEMPTS: '2' });
+    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
+    const prefix = env.REDIS_KEY_PREFIX!;
+    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    const [adminA, adminB] = [a, b].map((s) => {
+      const c = new Redis(s.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+      c.on('error', () => undefined);
+      return c;
+    }) as [Redis, Redis];
+    await adminB.call('REPLICAOF', '127.0.0.1', String(a.port));
+    await sendEvents(topic, 0, 10);
+    const p = await startProcess(FIXTURE, env);
+    procs.push(p);
+    const metric = async (name: string) =>
+      parsePrometheus(await fetch(p.url('/metrics')).then((r) => r.text())).value(name);
+    try {
+      await explained(
+        p,
+        waitFor(async () => (await adminA.scard(`${prefix}:seen`)) === 10, 'the first 10 on A', 90_000),
+      );
+      await waitFor(
+        async () =>
+          /master_link_status:up/.test(await adminB.info('replication')) &&
+          (await adminB.scard(`${prefix}:seen`)) === 10,
+        'B in sync with A',
+      );
+      // A manual failover half done: A demoted to a replica of B, nobody promoted back yet, REDIS_URL on A.
+      await adminA.call('REPLICAOF', '127.0.0.1', String(b.port));
+      await waitFor(async () => /master_link_status:up/.test(await adminA.info('replication')), 'A syncing');
+      await sendEvents(topic, 10, 30);
+      // Before, nothing paused (the runner looked at the connection only): the chunk spent its two retries on
+      // READONLY, then the consumer its restarts, until the process exited.
+      await explained(
+        p,
+        waitFor(async () => (await metric('paver_consumer_paused')) === 1, 'consumption paused', 30_000),
+      );
+      expect(p.output()).toContain('retrying batch chunk once its dependency is ready');
+      const held = await explained(
+        p,
+        waitFor(
+          async () => {
+            const res = await probe(p.url('/readyz'), 5_000);
+            return res?.status === 503 ? res : null;
+          },
+          '/readyz 503 while paused on a replica',
+          30_000,
+        ),
+      );
+      expect(held.status).toBe(503);
+      expect(p.child.exitCode).toBeNull();
+      expect(await adminA.scard(`${prefix}:seen`)).toBe(10);
+
+      // Promoted (B, the other primary, holds the same first 10 and nothing of the rest).
+      await adminA.call('REPLICAOF', 'NO', 'ONE');
+      await explained(
+        p,
+        waitFor(async () => (await adminA.scard(`${prefix}:seen`)) === 40, 'all 40 on A', 90_000),
+      );
+      await waitFor(() => groupCaughtUp(env.FIXTURE_GROUP_ID!, topic), 'caught up');
+      expect(Object.keys(await adminA.hgetall(`${prefix}:deliveries`))).toHaveLength(40);
+      expect(await metric('paver_consumer_paused')).toBe(0);
+      expect(p.output()).not.toContain('fatal error');
+      await untilReady(p, 'ready again', 30_000);
+      p.child.kill('SIGTERM');
+      expect(await exitWithin(p, 30_000)).toBe(0);
+    } finally {
+      for (const c of [adminA, adminB]) c.disconnect();
       await stop();
     }
   }, 240_000);
