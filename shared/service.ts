@@ -14,7 +14,7 @@ import { createLogger, type Logger } from './log.js';
 import { createMetrics, type RuntimeMetrics } from './metrics.js';
 import {
   createRedis,
-  createReplicaWatch,
+  createRedisWatch,
   createRoleProbe,
   redisReady,
   type RedisRole,
@@ -127,15 +127,15 @@ export async function runService<E extends CommonEnv, T>(
   const metrics = createMetrics(spec.name);
   const codec = createCodec(env);
   const kafka = createKafka(env, log, `${env.KAFKA_CLIENT_ID}-${spec.name}`);
-  // A READONLY reply marks the server a replica for the runner (see createReplicaWatch); `replicas` is made just
+  // A READONLY reply marks the server a replica for the runner (see createRedisWatch), made just
   // below, before any command can be answered.
-  const redis = createRedis(env, log, {}, { readOnly: () => replicas.note('replica') });
+  const redis = createRedis(env, log, {}, { readOnly: () => redisWatch.note('replica') });
   // One role query at a time, for /readyz and the replica watch: while Redis hangs, probes must not pile up
   // commands in its queue.
   const redisRole = createRoleProbe(redis, log);
   let asking: Promise<RedisRole> | null = null;
   const roleOnce = () => (asking ??= redisRole().finally(() => (asking = null)));
-  const replicas = createReplicaWatch(roleOnce, log);
+  const redisWatch = createRedisWatch(roleOnce, log);
   const sink = createSink(kafka, codec, metrics, {
     maxRecordBytes: env.PAVER_MAX_OUTPUT_BYTES,
     // Its size and topic only: the record is the service's output, derived from payloads.
@@ -176,7 +176,7 @@ export async function runService<E extends CommonEnv, T>(
       await step('service', () => parts?.close?.());
       await step('producer', () => sink.disconnect());
       await step('http', () => http?.close());
-      replicas.stop();
+      redisWatch.stop();
       await step('redis', () => redis.quit());
       clearTimeout(timer);
       log.info({ exitCode }, 'stopped');
@@ -244,7 +244,11 @@ export async function runService<E extends CommonEnv, T>(
         topics: p.inputTopics,
         parse: p.parse,
         handler: p.handler,
-        ready: () => redisReady(redis) && !replicas.isReplica() && (consumeWhen?.() ?? true),
+        ready: () => redisReady(redis) && redisWatch.down() === null && (consumeWhen?.() ?? true),
+        // A command past REDIS_COMMAND_TIMEOUT_MS: a frozen Redis, which keeps its connection open.
+        transientFailure: (err) => {
+          if (/Command timed out/.test(err.message)) redisWatch.note('unresponsive');
+        },
         ...(p.onRebalance ? { onRebalance: p.onRebalance } : {}),
       },
       p.inputCodec ? { ...runtime, codec: p.inputCodec } : runtime,
@@ -268,7 +272,7 @@ export async function runService<E extends CommonEnv, T>(
     if (!redisReady(redis)) return false;
     return roleOnce().then(
       (role): ReadinessResult => {
-        replicas.note(role);
+        redisWatch.note(role);
         return role === 'replica'
           ? {
               ready: false,

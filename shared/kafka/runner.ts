@@ -43,6 +43,11 @@ export interface RunnerSpec<T> {
   handler: BatchHandler<T>;
   /** Dependencies the handler needs (Redis); while false, consumption pauses instead of failing batches. */
   ready?: () => boolean;
+  /**
+   * Told of each transient failure of a chunk, before the runner asks `ready`: where the failure itself says a
+   * dependency is down (a Redis command past its deadline), the service marks it so, and the chunk waits.
+   */
+  transientFailure?: (err: PaverError) => void;
   /** Compacted topics: maps a tombstone (null value) to a typed record; without it a tombstone is dead-lettered. */
   tombstone?: (key: string | null) => T | null;
   /**
@@ -368,6 +373,7 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
           await p.heartbeat().catch(() => undefined);
         },
         hold: async (err: PaverError) => {
+          o.transientFailure?.(err);
           if (!o.ready || o.ready()) return false;
           o.metrics.retries.inc({ code: err.code });
           o.metrics.paused.set(1);

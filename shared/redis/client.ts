@@ -110,28 +110,28 @@ export function createRoleProbe(redis: Redis, log: Logger): () => Promise<RedisR
   return probe;
 }
 
-export interface ReplicaWatch {
-  /** True from a READONLY reply (or a probe naming the server a replica) until the role is asked and is not. */
-  isReplica(): boolean;
-  /** A sign the server is a replica: a READONLY reply, or a role probe's answer. */
-  note(role: RedisRole): void;
+/** Why Redis is known unable to take writes: a read-only replica, or no answer within the command deadline. */
+export type RedisDown = 'replica' | 'unresponsive';
+
+export interface RedisWatch {
+  /** From a sign (a READONLY reply, a command timeout, a probe naming a replica) until the role is asked and is fine. */
+  down(): RedisDown | null;
+  /** A sign: a role a probe found, or `unresponsive` for a command that timed out. */
+  note(sign: RedisRole | 'unresponsive'): void;
   stop(): void;
 }
 
 /**
- * Whether the server behind the connection is known to be a read-only replica, for the consumer runner. A
- * failover takes seconds to minutes (a manual one longer); meanwhile every write fails with READONLY, and a
- * batch retried on it spent its attempts and then the consumer's restarts, until the process exited and its
- * supervisor restarted it into the same state. Marked at the first READONLY reply, the role is asked every
- * `everyMs` (the probe's own single flight) until the server, or the one the connection was made to again,
- * says otherwise: consumption pauses and the batch in hand waits, then goes on where it was.
+ * Whether Redis is known unable to take writes, for the consumer runner. A failover takes seconds to minutes (a
+ * manual one longer), a frozen server as long as it is frozen; meanwhile every write fails (READONLY, or the
+ * command deadline), and a batch retried on it spent its attempts and then the consumer's restarts, until the
+ * process exited and its supervisor restarted it into the same state. Marked at the first sign, the role is
+ * asked every `everyMs` (the probe's own single flight, under the same deadline) until the server, or the one
+ * the connection was made to again, answers as anything but a replica: consumption pauses and the batch in
+ * hand waits, then goes on where it was.
  */
-export function createReplicaWatch(
-  role: () => Promise<RedisRole>,
-  log: Logger,
-  everyMs = 1_000,
-): ReplicaWatch {
-  let replica = false;
+export function createRedisWatch(role: () => Promise<RedisRole>, log: Logger, everyMs = 1_000): RedisWatch {
+  let down: RedisDown | null = null;
   let stopped = false;
   let timer: NodeJS.Timeout | null = null;
   const ask = () => {
@@ -140,9 +140,12 @@ export function createReplicaWatch(
       if (stopped) return;
       role().then(
         (r) => {
-          if (r === 'replica') return ask();
-          replica = false;
-          log.info({ role: r }, 'redis accepts writes again');
+          if (r === 'replica') {
+            down = 'replica';
+            return ask();
+          }
+          log.info({ was: down, role: r }, 'redis accepts writes again');
+          down = null;
         },
         () => ask(),
       );
@@ -150,12 +153,20 @@ export function createReplicaWatch(
     timer.unref();
   };
   return {
-    isReplica: () => replica,
-    note(r) {
-      if (r !== 'replica' || replica || stopped) return;
-      replica = true;
-      log.warn('redis is a read-only replica: consumption waits until it accepts writes');
-      ask();
+    down: () => down,
+    note(sign) {
+      if (stopped || (sign !== 'replica' && sign !== 'unresponsive')) return;
+      // A replica stays a replica until a probe says otherwise; a hang found to be a replica is one.
+      if (down === 'replica' || down === sign) return;
+      const first = down === null;
+      down = sign;
+      log.warn(
+        { reason: sign },
+        sign === 'replica'
+          ? 'redis is a read-only replica: consumption waits until it accepts writes'
+          : 'redis does not answer within REDIS_COMMAND_TIMEOUT_MS: consumption waits until it does',
+      );
+      if (first) ask();
     },
     stop() {
       stopped = true;

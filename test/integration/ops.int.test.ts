@@ -130,6 +130,10 @@ const untilReady = (p: Proc, what: string, ms: number) =>
     waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, what, ms),
   );
 
+/** A metric's value (summed over its series) from the process's /metrics. */
+const metric = async (p: Proc, name: string) =>
+  parsePrometheus(await fetch(p.url('/metrics')).then((r) => r.text())).value(name);
+
 /** Resolves the exit code, or 'running' if the process is still up after `ms`. */
 const exitWithin = (p: Proc, ms: number) =>
   Promise.race([p.exited, new Promise<'running'>((r) => setTimeout(() => r('running'), ms))]);
@@ -246,12 +250,14 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
     }
   }, 120_000);
 
-  it('while Redis is frozen the chunk in hand fails with the command timeout and is retried (the service does not die); after the thaw every event is recorded', async () => {
+  it('while Redis is frozen the chunk in hand fails with the command timeout, and consumption pauses with the chunk held (the service does not die, nor its consumer); after the thaw every event is recorded', async () => {
     const r = await ownRedis();
     const env = serviceEnv({
       FIXTURE_GROUP_ID: unique('g'),
       REDIS_URL: r.url,
       REDIS_COMMAND_TIMEOUT_MS: '1000',
+      // One retry: a chunk that spent its attempts would fail its batch and crash the consumer.
+      PAVER_RETRY_ATTEMPTS: '1',
     });
     const topic = env.PAVER_TOPIC_TOOL_CALLS!;
     const prefix = env.REDIS_KEY_PREFIX!;
@@ -287,6 +293,12 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
           60_000,
         ),
       );
+      // The timeout marks Redis unresponsive: consumption pauses and the chunk waits, its retry unspent. Before,
+      // the chunk failed its batch after one retry and the consumer crashed, restart after restart.
+      await explained(
+        p,
+        waitFor(async () => (await metric(p, 'paver_consumer_paused')) === 1, 'consumption paused', 30_000),
+      );
       expect(p.child.exitCode).toBeNull();
       r.child.kill('SIGCONT');
       await explained(
@@ -296,6 +308,8 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       await waitFor(() => groupCaughtUp(env.FIXTURE_GROUP_ID!, topic), 'caught up');
       expect(Object.keys(await check.hgetall(`${prefix}:deliveries`))).toHaveLength(40);
       expect(p.output()).not.toContain('fatal error');
+      expect(p.output()).not.toContain('consumer crashed');
+      expect(await metric(p, 'paver_consumer_paused')).toBe(0);
       p.child.kill('SIGTERM');
       expect(await exitWithin(p, 30_000)).toBe(0);
     } finally {
@@ -366,8 +380,6 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
     await sendEvents(topic, 0, 10);
     const p = await startProcess(FIXTURE, env);
     procs.push(p);
-    const metric = async (name: string) =>
-      parsePrometheus(await fetch(p.url('/metrics')).then((r) => r.text())).value(name);
     try {
       await explained(
         p,
@@ -387,7 +399,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       // READONLY, then the consumer its restarts, until the process exited.
       await explained(
         p,
-        waitFor(async () => (await metric('paver_consumer_paused')) === 1, 'consumption paused', 30_000),
+        waitFor(async () => (await metric(p, 'paver_consumer_paused')) === 1, 'consumption paused', 30_000),
       );
       expect(p.output()).toContain('retrying batch chunk once its dependency is ready');
       const held = await explained(
@@ -413,7 +425,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       );
       await waitFor(() => groupCaughtUp(env.FIXTURE_GROUP_ID!, topic), 'caught up');
       expect(Object.keys(await adminA.hgetall(`${prefix}:deliveries`))).toHaveLength(40);
-      expect(await metric('paver_consumer_paused')).toBe(0);
+      expect(await metric(p, 'paver_consumer_paused')).toBe(0);
       expect(p.output()).not.toContain('fatal error');
       await untilReady(p, 'ready again', 30_000);
       p.child.kill('SIGTERM');

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { PaverError } from '../../shared/errors.js';
 import { silentLogger } from '../../shared/log.js';
-import { createReplicaWatch, type RedisRole } from '../../shared/redis/client.js';
+import { createRedisWatch, type RedisRole } from '../../shared/redis/client.js';
 import { withRetry } from '../../shared/retry.js';
 
 const transient = () =>
@@ -71,22 +71,22 @@ describe('withRetry: failures while a dependency is known down are held, not cou
   });
 });
 
-describe('the replica watch', () => {
+describe('the Redis watch', () => {
   it('marks the server a replica at the first sign, asks its role until it is not, and stops asking', async () => {
     const answers: RedisRole[] = ['replica', 'replica', 'primary'];
     let asked = 0;
-    const watch = createReplicaWatch(
+    const watch = createRedisWatch(
       async () => answers[Math.min(asked++, answers.length - 1)]!,
       silentLogger(),
       5,
     );
-    expect(watch.isReplica()).toBe(false);
+    expect(watch.down() !== null).toBe(false);
     watch.note('primary');
-    expect(watch.isReplica()).toBe(false);
+    expect(watch.down() !== null).toBe(false);
     watch.note('replica');
     watch.note('replica');
-    expect(watch.isReplica()).toBe(true);
-    await expect.poll(() => watch.isReplica(), { timeout: 5_000 }).toBe(false);
+    expect(watch.down() !== null).toBe(true);
+    await expect.poll(() => watch.down() !== null, { timeout: 5_000 }).toBe(false);
     expect(asked).toBe(3);
     await new Promise((r) => setTimeout(r, 30));
     expect(asked).toBe(3);
@@ -95,7 +95,7 @@ describe('the replica watch', () => {
 
   it('a role query that fails keeps the mark and is asked again', async () => {
     let asked = 0;
-    const watch = createReplicaWatch(
+    const watch = createRedisWatch(
       async () => {
         if (++asked < 3) throw new Error('Connection is closed.');
         return 'unknown';
@@ -104,8 +104,33 @@ describe('the replica watch', () => {
       5,
     );
     watch.note('replica');
-    await expect.poll(() => watch.isReplica(), { timeout: 5_000 }).toBe(false);
+    await expect.poll(() => watch.down() !== null, { timeout: 5_000 }).toBe(false);
     expect(asked).toBe(3);
+    watch.stop();
+  });
+
+  it('a server that stopped answering is watched until it answers; one found to be a replica then stays marked as one', async () => {
+    // Each role query waits for the test's answer.
+    const queries: { resolve: (r: RedisRole) => void; reject: (e: Error) => void }[] = [];
+    const watch = createRedisWatch(
+      () => new Promise<RedisRole>((resolve, reject) => queries.push({ resolve, reject })),
+      silentLogger(),
+      5,
+    );
+    const query = async (n: number) => {
+      await expect.poll(() => queries.length, { timeout: 5_000 }).toBe(n);
+      return queries[n - 1]!;
+    };
+    watch.note('unresponsive');
+    expect(watch.down()).toBe('unresponsive');
+    (await query(1)).reject(new Error('Command timed out'));
+    (await query(2)).resolve('replica');
+    await expect.poll(() => watch.down(), { timeout: 5_000 }).toBe('replica');
+    // A later timeout does not hide that it is a replica.
+    watch.note('unresponsive');
+    expect(watch.down()).toBe('replica');
+    (await query(3)).resolve('primary');
+    await expect.poll(() => watch.down(), { timeout: 5_000 }).toBe(null);
     watch.stop();
   });
 });
