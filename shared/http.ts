@@ -46,7 +46,7 @@ const REQUEST_TIMEOUT_MS = 30_000;
  */
 export const READINESS_CHECK_TIMEOUT_MS = 800;
 
-/** `check` within `ms`, else false; a check that throws is false too. */
+/** `check` within `ms`, else not ready, saying so (a hang is worth telling from a refusal); a throw is false. */
 async function bounded(
   check: ReadinessCheck['check'],
   ms: number,
@@ -57,7 +57,9 @@ async function bounded(
       Promise.resolve()
         .then(check)
         .catch(() => false),
-      new Promise<boolean>((r) => (timer = setTimeout(() => r(false), ms))),
+      new Promise<ReadinessResult>(
+        (r) => (timer = setTimeout(() => r({ ready: false, reason: `no answer within ${ms} ms` }), ms)),
+      ),
     ]);
     return typeof r === 'boolean' ? { ready: r } : r;
   } finally {

@@ -268,8 +268,13 @@ export async function runService<E extends CommonEnv, T>(
   };
   // It asks the server's role, not just for an answer: a replica (REDIS_URL leading to one after a failover)
   // answers every read and refuses every write, and a service whose writes all fail is not ready.
-  const redisAnswers = (): Promise<ReadinessResult> | boolean => {
+  const redisAnswers = (): Promise<ReadinessResult> | ReadinessResult => {
     if (!redisReady(redis)) return false;
+    if (redisWatch.down() === 'unresponsive')
+      return {
+        ready: false,
+        reason: 'Redis does not answer within REDIS_COMMAND_TIMEOUT_MS: consumption waits until it does',
+      };
     return roleOnce().then(
       (role): ReadinessResult => {
         redisWatch.note(role);

@@ -570,7 +570,12 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
           30_000,
         ),
       );
-      expect((down.body as { checks: Record<string, boolean> }).checks.redis).toBe(false);
+      type Readyz = { checks: Record<string, boolean>; reasons?: Record<string, string> };
+      expect((down.body as Readyz).checks.redis).toBe(false);
+      // Why, too: a probe that got no answer in time, or a batch's command past REDIS_COMMAND_TIMEOUT_MS.
+      expect((down.body as Readyz).reasons?.redis).toMatch(
+        /^(no answer within \d+ ms|Redis does not answer within REDIS_COMMAND_TIMEOUT_MS)/,
+      );
       expect((await probe(p.url('/healthz'), 2_000))?.status).toBe(200);
 
       r.child.kill('SIGCONT');

@@ -137,7 +137,7 @@ describe('requests a URL parser refuses', () => {
 });
 
 describe('readiness', () => {
-  it('answers 503 within the check timeout when a check hangs (a frozen dependency), naming the check', async () => {
+  it('answers 503 within the check timeout when a check hangs (a frozen dependency), naming the check and why', async () => {
     const s = createHttpServer({
       registry: new Registry(),
       log: createLogger('test', 'silent'),
@@ -154,7 +154,12 @@ describe('readiness', () => {
       // Before, the answer waited for the check: for good, with a Redis that no longer answers.
       const res = await fetch(`http://127.0.0.1:${port}/readyz`, { signal: AbortSignal.timeout(5_000) });
       expect(res.status).toBe(503);
-      expect(await res.json()).toEqual({ ready: false, checks: { fine: true, hangs: false } });
+      expect(await res.json()).toEqual({
+        ready: false,
+        checks: { fine: true, hangs: false },
+        // A hang is told from a refusal.
+        reasons: { hangs: 'no answer within 300 ms' },
+      });
       expect(Date.now() - t0).toBeLessThan(2_000);
     } finally {
       await s.close();
