@@ -174,6 +174,14 @@ describe('allowed-tools route', () => {
       for (const j of judged.filter((x) => x.record.violation))
         expect(j.record.violation!.expected).toEqual(answer.expected);
       expect(answer.active_step).toBe('plan');
+      // The task's end, published from that state, says the same (it said no step, every tool).
+      const done = applyEvent(agent, s, {
+        ...base,
+        event_id: 'd',
+        type: 'task_completed',
+        task_id: 't',
+      }).record!;
+      expect(done).toMatchObject({ active_step: 'plan', allowed_tools: answer.allowed_tools });
     });
   }
 
