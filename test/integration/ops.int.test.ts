@@ -80,12 +80,18 @@ async function ownRedis(
 
 /**
  * Two redis-servers of this test's own, each in a folder of its own (the full sync that REPLICAOF starts writes
- * an RDB file in the server's folder); `stop` kills both and removes the folders.
+ * an RDB file in the server's folder), with an admin client each; `stop` kills both and removes the folders.
  */
 async function redisPair() {
   const dirs = [0, 1].map(() => mkdtempSync(join(tmpdir(), 'paver-ops-pair-')));
   const [a, b] = [await ownRedis(undefined, dirs[0]), await ownRedis(undefined, dirs[1])];
+  const [adminA, adminB] = [a, b].map((s) => {
+    const c = new Redis(s.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+    c.on('error', () => undefined);
+    return c;
+  }) as [Redis, Redis];
   const stop = async () => {
+    for (const c of [adminA, adminB]) c.disconnect();
     for (const s of [a, b]) s.child.kill('SIGKILL');
     await Promise.all(
       [a, b].map((s) =>
@@ -94,7 +100,36 @@ async function redisPair() {
     );
     for (const d of dirs) rmSync(d, { recursive: true, force: true });
   };
-  return { a, b, stop };
+  return { a, b, adminA, adminB, stop };
+}
+
+/**
+ * B made a replica of A, events 0 … n-1 sent, the recorder started on `env`: resolves once A has recorded them
+ * all and B holds them too.
+ */
+async function recorderWithReplica(
+  pair: Awaited<ReturnType<typeof redisPair>>,
+  env: Record<string, string>,
+  n: number,
+): Promise<Proc> {
+  const topic = env.PAVER_TOPIC_TOOL_CALLS!;
+  const seen = `${env.REDIS_KEY_PREFIX!}:seen`;
+  await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+  await pair.adminB.call('REPLICAOF', '127.0.0.1', String(pair.a.port));
+  await sendEvents(topic, 0, n);
+  const p = await startProcess(FIXTURE, env);
+  procs.push(p);
+  await explained(
+    p,
+    waitFor(async () => (await pair.adminA.scard(seen)) === n, `the first ${n} on A`, 90_000),
+  );
+  await waitFor(
+    async () =>
+      /master_link_status:up/.test(await pair.adminB.info('replication')) &&
+      (await pair.adminB.scard(seen)) === n,
+    'B in sync with A',
+  );
+  return p;
 }
 
 /** One request, answered within `ms` or not at all (a timeout answers null). */
@@ -319,14 +354,12 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
   }, 240_000);
 
   it('/readyz is 503 with a reason while the Redis server of REDIS_URL is a read-only replica (REPLICAOF), 200 again once it is a primary', async () => {
-    const { a, b, stop } = await redisPair();
+    const { a, b, adminA: admin, stop } = await redisPair();
     const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), REDIS_URL: a.url });
     const topic = env.PAVER_TOPIC_TOOL_CALLS!;
     const prefix = env.REDIS_KEY_PREFIX!;
     await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
     await sendEvents(topic, 0, 10);
-    const admin = new Redis(a.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
-    admin.on('error', () => undefined);
     const p = await startProcess(FIXTURE, env);
     procs.push(p);
     type Readyz = { checks: Record<string, boolean>; reasons?: Record<string, string> };
@@ -360,37 +393,22 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       p.child.kill('SIGTERM');
       expect(await exitWithin(p, 30_000)).toBe(0);
     } finally {
-      admin.disconnect();
       await stop();
     }
   }, 240_000);
 
   it('while the Redis server of REDIS_URL is a replica, consumption pauses and the chunk in hand waits (the service stays up, its retries unspent); promoted, it goes on and nothing is lost', async () => {
-    const { a, b, stop } = await redisPair();
-    const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), REDIS_URL: a.url, PAVER_RETRY_ATTEMPTS: '2' });
+    const pair = await redisPair();
+    const { b, adminA, stop } = pair;
+    const env = serviceEnv({
+      FIXTURE_GROUP_ID: unique('g'),
+      REDIS_URL: pair.a.url,
+      PAVER_RETRY_ATTEMPTS: '2',
+    });
     const topic = env.PAVER_TOPIC_TOOL_CALLS!;
     const prefix = env.REDIS_KEY_PREFIX!;
-    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
-    const [adminA, adminB] = [a, b].map((s) => {
-      const c = new Redis(s.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
-      c.on('error', () => undefined);
-      return c;
-    }) as [Redis, Redis];
-    await adminB.call('REPLICAOF', '127.0.0.1', String(a.port));
-    await sendEvents(topic, 0, 10);
-    const p = await startProcess(FIXTURE, env);
-    procs.push(p);
     try {
-      await explained(
-        p,
-        waitFor(async () => (await adminA.scard(`${prefix}:seen`)) === 10, 'the first 10 on A', 90_000),
-      );
-      await waitFor(
-        async () =>
-          /master_link_status:up/.test(await adminB.info('replication')) &&
-          (await adminB.scard(`${prefix}:seen`)) === 10,
-        'B in sync with A',
-      );
+      const p = await recorderWithReplica(pair, env, 10);
       // A manual failover half done: A demoted to a replica of B, nobody promoted back yet, REDIS_URL on A.
       await adminA.call('REPLICAOF', '127.0.0.1', String(b.port));
       await waitFor(async () => /master_link_status:up/.test(await adminA.info('replication')), 'A syncing');
@@ -431,13 +449,13 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       p.child.kill('SIGTERM');
       expect(await exitWithin(p, 30_000)).toBe(0);
     } finally {
-      for (const c of [adminA, adminB]) c.disconnect();
       await stop();
     }
   }, 240_000);
 
   it('a failover behind the same address (a DNS name moved to the promoted replica): the connection to the demoted primary is made again on READONLY, and nothing is lost', async () => {
-    const { a, b, stop } = await redisPair();
+    const pair = await redisPair();
+    const { a, b, adminA, adminB, stop } = pair;
     // What a managed Redis's primary endpoint does at a failover, as a TCP hop: new connections go to the
     // current primary, open ones stay where they were.
     let target = a.port;
@@ -461,27 +479,8 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
     const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), REDIS_URL: `redis://127.0.0.1:${proxyPort}` });
     const topic = env.PAVER_TOPIC_TOOL_CALLS!;
     const prefix = env.REDIS_KEY_PREFIX!;
-    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
-    const [adminA, adminB] = [a, b].map((s) => {
-      const c = new Redis(s.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
-      c.on('error', () => undefined);
-      return c;
-    }) as [Redis, Redis];
-    await adminB.call('REPLICAOF', '127.0.0.1', String(a.port));
-    await sendEvents(topic, 0, 20);
-    const p = await startProcess(FIXTURE, env);
-    procs.push(p);
     try {
-      await explained(
-        p,
-        waitFor(async () => (await adminA.scard(`${prefix}:seen`)) === 20, 'the first 20 on A', 90_000),
-      );
-      await waitFor(
-        async () =>
-          /master_link_status:up/.test(await adminB.info('replication')) &&
-          (await adminB.scard(`${prefix}:seen`)) === 20,
-        'B in sync with A',
-      );
+      const p = await recorderWithReplica(pair, env, 20);
       // The failover: B promoted, A demoted to its replica, the address now leading to B.
       await adminB.call('REPLICAOF', 'NO', 'ONE');
       target = b.port;
@@ -499,7 +498,6 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       p.child.kill('SIGTERM');
       expect(await exitWithin(p, 30_000)).toBe(0);
     } finally {
-      for (const c of [adminA, adminB]) c.disconnect();
       for (const s of sockets) s.destroy();
       await new Promise((resolve) => proxy.close(resolve));
       await stop();
