@@ -54,7 +54,7 @@ export const commonEnvShape = {
   KAFKA_SESSION_TIMEOUT_MS: int(6_000, 300_000).default(30_000),
   KAFKA_MAX_WAIT_MS: int(10, 10_000).default(200),
   KAFKA_MAX_BYTES_PER_PARTITION: int(1024, 100 * 1024 * 1024).default(1024 * 1024),
-  KAFKA_PARTITIONS_CONSUMED_CONCURRENTLY: int(1, 64).default(1),
+  KAFKA_PARTITIONS_CONSUMED_CONCURRENTLY: int(1, 64).default(3),
   PAVER_TOPIC_TOOL_CALLS: topicName.default('paver.tool-calls.v1'),
   PAVER_TOPIC_FLOW_CANDIDATES: topicName.default('paver.flow-candidates.v1'),
   PAVER_TOPIC_NEXT_ACTIONS: topicName.default('paver.next-actions.v1'),
