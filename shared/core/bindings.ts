@@ -16,7 +16,9 @@
  *            first such element: the item the user named, among an order's items);
  * - `const`: the same value every time;
  * - `user`:  the n-th token of the user's text that matches a shape pattern learned from the value
- *            (verbatim substring: the value itself never becomes part of the binding).
+ *            (verbatim substring: the value itself never becomes part of the binding);
+ * - `said`:  the same in the user's latest message after the first: what the user answered when the agent
+ *            asked (an email, an order number), which the first message did not hold.
  */
 
 import { mentionsRequest } from './mentions.js';
@@ -31,7 +33,8 @@ export type Source =
   | { kind: 'loop'; tool: string; part: Part; list: Path; item: Path }
   | { kind: 'pick'; tool: string; part: Part; list: Path; item: Path }
   | { kind: 'const'; value: unknown }
-  | { kind: 'user'; pattern: string; index: number };
+  | { kind: 'user'; pattern: string; index: number }
+  | { kind: 'said'; pattern: string; index: number };
 
 export interface PastCall {
   tool: string;
@@ -46,6 +49,8 @@ export interface BindingContext {
   calls: readonly PastCall[];
   /** The task's first user message, when known. */
   userText?: string | undefined;
+  /** The task's latest user message after the first, when there is one. */
+  saidText?: string | undefined;
 }
 
 /** One unit of a call's arguments: a top-level argument, or a leaf inside one when the whole has no source. */
@@ -121,7 +126,8 @@ export function sourceKey(s: Source): string {
     case 'const':
       return constKey(canonicalJson(s.value), s.value);
     case 'user':
-      return `{"index":${JSON.stringify(s.index)},"kind":"user","pattern":${JSON.stringify(s.pattern)}}`;
+    case 'said':
+      return `{"index":${JSON.stringify(s.index)},"kind":"${s.kind}","pattern":${JSON.stringify(s.pattern)}}`;
   }
 }
 
@@ -329,9 +335,11 @@ export function resolveSource(ctx: BindingContext, nextTool: string, s: Source):
       const at = firstMentioning(list.value, ctx.userText);
       return at < 0 ? NONE : getPath(list.value[at], s.item);
     }
-    case 'user': {
-      if (!ctx.userText) return NONE;
-      const m = userMatches(ctx.userText, s.pattern);
+    case 'user':
+    case 'said': {
+      const text = s.kind === 'user' ? ctx.userText : ctx.saidText;
+      if (!text) return NONE;
+      const m = userMatches(text, s.pattern);
       return s.index < m.length ? { ok: true, value: m[s.index] } : NONE;
     }
   }
@@ -607,12 +615,16 @@ function keyedSources(
         if (!add(s, sourceKey(s))) return out;
       }
   }
-  if (typeof value === 'string' && ctx.userText && ctx.userText.includes(value)) {
+  for (const [kind, text] of [
+    ['user', ctx.userText],
+    ['said', ctx.saidText],
+  ] as const) {
+    if (typeof value !== 'string' || !text || !text.includes(value)) continue;
     for (const pattern of userShapes(value)) {
-      const index = userMatches(ctx.userText, pattern).indexOf(value);
+      const index = userMatches(text, pattern).indexOf(value);
       if (index < 0) continue;
-      const user: Source = { kind: 'user', pattern, index };
-      if (!add(user, sourceKey(user))) return out;
+      const src: Source = { kind, pattern, index };
+      if (!add(src, sourceKey(src))) return out;
     }
   }
   // A long value is an unlikely constant and would bloat whoever stores sources: only short ones qualify.

@@ -1,8 +1,9 @@
-import { readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { nextActionRecordV1, type NextActionRecord } from '../../../../schemas/index.js';
-import { consumeUntil, produce, testRedis } from '../../../../test/helpers/kafka.js';
+import { consumeUntil, groupCaughtUp, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
 import { getJson, type Proc } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import type { PredictLine } from '../../src/core/learn/engine.js';
@@ -88,6 +89,92 @@ describe('autoseq learned proposals (real Kafka, real Redis)', () => {
     const meta = JSON.parse((await redis.hget(key, 'm'))!) as { nCtx: number };
     expect(meta.nCtx).toBe(fields - 1);
     redis.disconnect();
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toBe(0);
+  });
+
+  it('a value the user gives in a later message (stored with the task in Redis between batches) is proposed as `paver predict` proposes it', async () => {
+    // Tasks whose order number comes in the user's second message; each chunk sent ends right after such a
+    // message, so the service reads the task (and the message) back from Redis before the calls that use it.
+    const tasks: Record<string, unknown>[][] = [];
+    let ts = 1;
+    for (let i = 0; i < 40; i++) {
+      const id = `later-${i}`;
+      const base = () => ({ ts: ts++, session_id: id, task_id: id });
+      const order = `#W${String(1_000_000 + i * 7919).slice(0, 7)}`;
+      const user = `u${i}_${i % 7}`;
+      let step = 0;
+      const call = (tool: string, args: unknown, observation: unknown) => ({
+        ...base(),
+        type: 'tool_call',
+        event_id: `${id}:${step}`,
+        step: step++,
+        tool,
+        args,
+        observation,
+      });
+      tasks.push([
+        { ...base(), type: 'user_message', event_id: `${id}:u`, text: 'Hi, I need help with an order.' },
+        call('get_policy', { topic: 'returns' }, { text: `policy ${i}` }),
+        {
+          ...base(),
+          type: 'user_message',
+          event_id: `${id}:u1`,
+          text: `Sure: ${user}@example.com, order ${order}.`,
+        },
+        call('find_user_by_email', { email: `${user}@example.com` }, user),
+        call('get_order', { order_id: order }, { status: i % 2 ? 'delivered' : 'pending' }),
+        { ...base(), type: 'task_completed', event_id: `${id}:end` },
+      ]);
+    }
+    // Two tasks at a time, as sessions overlap; a chunk ends after each task's second message.
+    const chunks: Record<string, unknown>[][] = [];
+    for (let i = 0; i < tasks.length; i += 2) {
+      const [a, b] = [tasks[i]!, tasks[i + 1]!];
+      chunks.push([a[0]!, b[0]!, a[1]!, b[1]!, a[2]!, b[2]!], [a[3]!, b[3]!, a[4]!, b[4]!, a[5]!, b[5]!]);
+    }
+    const events = chunks.flat();
+    const dir = mkdtempSync(join(tmpdir(), 'paver-aseq-later-'));
+    const file = join(dir, 'events.jsonl');
+    writeFileSync(file, events.map((e) => JSON.stringify(e)).join('\n') + '\n');
+    const predicted: PredictLine[] = [];
+    try {
+      await replay(
+        file,
+        lowBar,
+        null,
+        (l) => predicted.push(l),
+        () => undefined,
+      );
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+    // The order number's only source is the second message: predict proposes it, active, for most tasks.
+    const active = predicted.filter((l) => l.proposal?.state === 'active' && l.proposal.tool === 'get_order');
+    expect(active.length).toBeGreaterThan(20);
+
+    const env = await learnedServiceEnv('aseq-later', lowBar);
+    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
+    const p = await start(env);
+    for (const chunk of chunks) {
+      await produce(
+        topic,
+        chunk.map((e) => ({ key: e.session_id as string, value: JSON.stringify(e) })),
+      );
+      await waitFor(() => groupCaughtUp(env.AUTOSEQ_GROUP_ID!, topic), 'chunk read');
+    }
+    const calls = events.filter((e) => e.type === 'tool_call') as { event_id: string; task_id: string }[];
+    const want = new Set(calls.map((e) => e.event_id));
+    const recs = (
+      await consumeUntil(env.PAVER_TOPIC_NEXT_ACTIONS!, (all) => {
+        const got = new Set(
+          all.map((m) => (JSON.parse(m.value!.toString()) as { event_id: string }).event_id),
+        );
+        return [...want].every((id) => got.has(id));
+      })
+    ).map((m) => nextActionRecordV1.parse(JSON.parse(m.value!.toString())) as NextActionRecord);
+    const byEvent = new Map(recs.map((r) => [r.event_id, r]));
+    expect(expectSameAsPredict(calls, byEvent, predicted)).toBe(80);
     p.child.kill('SIGTERM');
     expect(await p.exited).toBe(0);
   });

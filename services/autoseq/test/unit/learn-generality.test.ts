@@ -508,6 +508,44 @@ describe('learned decider: generality over synthetic domains', () => {
     expectLearned(simulate(tasks), 'get_product', 0.5);
   });
 
+  it('s. argument = a token of the user’s later message (the answer when the agent asked), used after a lookup', () => {
+    const r = prng(41);
+    const tasks = Array.from({ length: TASKS }, (_, i) => {
+      const p = person(r);
+      const order = orderId(r);
+      const t = new TaskBuilder(`s${i}`).user(
+        r.pick([
+          'Hi, I need help with an order.',
+          'Hello! Something went wrong with my purchase.',
+          'I want to return an item.',
+        ]),
+      );
+      t.call('get_policy', { topic: 'returns' }, { text: `policy ${r.digits(4)}` });
+      // What the first message did not hold: the user gives it once asked.
+      t.user(
+        r.pick([
+          `It's ${p.email}, and the order is ${order}.`,
+          `Sure: ${p.email}. Order ${order}.`,
+          `My email is ${p.email} and my order number is ${order}`,
+        ]),
+      );
+      t.call('find_user_by_email', { email: p.email }, p.id);
+      t.call(
+        'get_order',
+        { order_id: order },
+        { status: r.pick(['delivered', 'pending']), items: r.int(1, 4) },
+      );
+      noise(t, r, r.int(1, 3));
+      return t.end();
+    });
+    const o = simulate(tasks);
+    // Before, a message after the first was not read: the order number had no source, and no rule was made.
+    expectLearned(o, 'get_order', 0.5);
+    expect(o.rules.find((x) => x.tool === 'get_order' && x.state === 'active')?.bindings).toEqual([
+      { path: ['order_id'], source: 'said' },
+    ]);
+  });
+
   it('z. a whole customer-service-like domain: ≥ 10% of all calls at ≥ 95% precision, warm-up included', () => {
     const r = prng(15);
     const products = ['lamp', 'kettle', 'backpack', 'headphones', 'keyboard', 'blender', 'tent', 'jacket'];

@@ -98,6 +98,9 @@ function referenceOf(s: Source, steps: readonly FlowStep[], i: number, inLoop: b
       return null;
     case 'user':
       return `{{_trigger.input ~ /${s.pattern}/ #${s.index}}}`;
+    // Flows learn from the first message only (the trigger's input): never enumerated here.
+    case 'said':
+      return null;
     case 'const':
       return `{{const ${JSON.stringify(s.value)}}}`;
   }

@@ -60,6 +60,7 @@ const taskShape = z.object({
   at: z.object({ partition: z.number().int().nonnegative(), offset: z.string().regex(/^\d+$/) }).optional(),
   calls: z.array(z.object({ tool: z.string() }).passthrough()),
   user: z.string().nullable(),
+  said: z.string().optional(),
   pending: z.array(z.unknown()),
   best: z.unknown(),
 });

@@ -102,7 +102,7 @@ export function applyEvent(
   if (e.type === 'user_message') {
     if (!e.task_id) return null;
     const t = store.task(e.tenant_id, e.agent_id, e.task_id);
-    const next = stepUserMessage(t, e, pos);
+    const next = stepUserMessage(t, e, pos, opts);
     if (next !== t) store.setTask(e.tenant_id, e.agent_id, e.task_id, next);
     return null;
   }

@@ -202,6 +202,11 @@ export interface LearnTask {
   at?: Position;
   calls: PastCall[];
   user: string | null;
+  /**
+   * The task's latest user message after the first (the `said` binding source: what the user answered when the
+   * agent asked). Absent until there is one, and in state written before it was kept.
+   */
+  said?: string;
   /** Every learned proposal for the next call (scored when it comes). */
   pending: Pending[];
   /** The best proposal for the next call (what the runtime was told). */
@@ -608,7 +613,7 @@ function propose(
   opts: LearnOptions,
   validate?: ArgsValidator,
 ): { pending: Pending[]; best: Proposal | null } {
-  const bctx: BindingContext = { calls: task.calls, userText: task.user ?? undefined };
+  const bctx: BindingContext = { calls: task.calls, userText: task.user ?? undefined, saidText: task.said };
   const terms = termsOf(task.user);
   const cands: (Proposal & { slot: string; fp: string; refined: boolean; blocked: boolean })[] = [];
   for (const { key, k } of contexts(task.calls, opts.maxK, task.user)) {
@@ -766,13 +771,14 @@ export function contextsTouched(
   // As the steps judge and record each event (see stepUserMessage, stepToolCall, stepTaskCompleted).
   events.forEach((e, i) => {
     const pos = positions?.[i];
-    if (e.type === 'user_message' && user !== null) return;
     if (appliedBefore(at, pos) || seen.includes(e.event_id)) return;
-    seen = e.type === 'user_message' ? [...seen, e.event_id] : [...seen, e.event_id].slice(-opts.seenPerTask);
+    seen = seenWith(seen, e.event_id, e.type === 'user_message' && user === null, opts);
     at = pos ?? at;
-    // The request (the task's first user message) refines contexts from there on.
-    if (e.type === 'user_message') user = e.text;
-    else if (e.type === 'tool_call') calls = [...calls, pastCall(e, opts)].slice(-opts.historyPerTask);
+    // The request (the task's first user message) refines contexts from there on; a later message does not.
+    if (e.type === 'user_message') {
+      if (user !== null) return;
+      user = e.text;
+    } else if (e.type === 'tool_call') calls = [...calls, pastCall(e, opts)].slice(-opts.historyPerTask);
     else return;
     for (const { key } of contexts(calls, opts.maxK, user)) keys.add(key);
   });
@@ -795,7 +801,7 @@ export function stepToolCall(
   const fp = argsFp(e.args);
   if (task.best) out.heldHit = task.best.tool === e.tool && argsFp(task.best.args) === fp;
   scorePending(scope, task, { tool: e.tool, fp }, e.ts, opts, out);
-  const bctx: BindingContext = { calls: task.calls, userText: task.user ?? undefined };
+  const bctx: BindingContext = { calls: task.calls, userText: task.user ?? undefined, saidText: task.said };
   const ctxs = contexts(task.calls, opts.maxK, task.user);
   if (ctxs.length > 0) learnOccurrence(scope, ctxs, bctx, e, repeats(task.calls, e.tool, fp), opts);
   // Eviction sorts the scope: it runs once the counts pass their bounds by a quarter, so its cost is amortised,
@@ -808,6 +814,7 @@ export function stepToolCall(
     pending: [],
     best: null,
   };
+  if (task.said !== undefined) next.said = task.said;
   withAt(next, task, pos);
   const p = propose(scope, e, next, opts, validate);
   next.pending = p.pending;
@@ -859,10 +866,28 @@ function withAt(next: LearnTask, task: LearnTask, pos: Position | undefined): Le
   return next;
 }
 
-/** The task's first user message is the one binding source that is not a call. */
-export function stepUserMessage(task: LearnTask, e: UserMessageEvent, pos?: Position): LearnTask {
-  if (task.user !== null || appliedBefore(task.at, pos) || task.seen.includes(e.event_id)) return task;
-  return withAt({ ...task, user: e.text, seen: [...task.seen, e.event_id] }, task, pos);
+/**
+ * The ids a task remembers after one more: a call's, or a later message's, within the last `seenPerTask`; the
+ * first message's is kept whatever the count (it was kept so before later messages were).
+ */
+function seenWith(seen: readonly string[], id: string, first: boolean, opts: LearnOptions): string[] {
+  return first ? [...seen, id] : [...seen, id].slice(-opts.seenPerTask);
+}
+
+/**
+ * The user's messages are the binding sources that are not calls: the first (the request: `user` sources, and
+ * the terms and mentions that refine contexts and rules) and the latest after it (`said` sources).
+ */
+export function stepUserMessage(
+  task: LearnTask,
+  e: UserMessageEvent,
+  pos?: Position,
+  opts: LearnOptions = DEFAULT_LEARN,
+): LearnTask {
+  if (appliedBefore(task.at, pos) || task.seen.includes(e.event_id)) return task;
+  const first = task.user === null;
+  const seen = seenWith(task.seen, e.event_id, first, opts);
+  return withAt(first ? { ...task, user: e.text, seen } : { ...task, said: e.text, seen }, task, pos);
 }
 
 export interface RuleView {
