@@ -12,7 +12,7 @@ import {
 } from '../core/decide.js';
 import { applyEvent, scopeId, typedProposal } from '../core/learn/engine.js';
 import type { ArgsValidator, LearnOptions } from '../core/learn/learner.js';
-import { learnedExecutable, learnedRecord } from '../core/learn/record.js';
+import { learnedExecutable, learnedRecord, messageRecord } from '../core/learn/record.js';
 import type { Position } from '../core/position.js';
 import { payloadShape } from '../core/shape.js';
 import type { AutoseqMetrics } from './metrics.js';
@@ -66,12 +66,9 @@ export function createBatchHandler(o: {
     const learnEvents: ToolCallsEvent[] = [];
     const learnPositions: Position[] = [];
     for (const { value: e, partition, offset } of batch) {
-      if (e.type === 'tool_call')
-        refs.set(idOf(e), {
-          tenant: e.tenant_id,
-          agent: e.agent_id,
-          task: e.task_id,
-        });
+      // A later user message may publish a learned proposal too, gated by the task's typed state.
+      if (e.task_id !== undefined && (e.type === 'tool_call' || e.type === 'user_message'))
+        refs.set(idOf(e), { tenant: e.tenant_id, agent: e.agent_id, task: e.task_id });
       if (e.task_id !== undefined) {
         learnEvents.push(e);
         learnPositions.push({ partition, offset });
@@ -113,6 +110,16 @@ export function createBatchHandler(o: {
             executed: false,
           });
         for (const t of lr?.transitions ?? []) moved.push(t.to);
+        // Proposed again after a later user message: the record replaces the one of the task's last call.
+        if (e.type === 'user_message' && e.task_id !== undefined && lr) {
+          const id = idOf(e);
+          let task = states.get(id) ?? newTaskState();
+          let execute = false;
+          if (lr.next) ({ execute, task } = learnedExecutable(e, lr.next, catalog, task, opts));
+          out.push(messageRecord({ ...e, task_id: e.task_id }, lr.task.step ?? 0, lr.next, execute));
+          states.set(id, task);
+          dirty.set(id, { ref: refs.get(id)!, state: task });
+        }
         continue;
       }
       const id = idOf(e);

@@ -93,7 +93,7 @@ describe('autoseq learned proposals (real Kafka, real Redis)', () => {
     expect(await p.exited).toBe(0);
   });
 
-  it('a value the user gives in a later message (stored with the task in Redis between batches) is proposed as `paver predict` proposes it', async () => {
+  it('a value the user gives in a later message (stored with the task in Redis between batches) is proposed as `paver predict` proposes it, the next call proposed again after the message', async () => {
     // Tasks whose order number comes in the user's second message; each chunk sent ends right after such a
     // message, so the service reads the task (and the message) back from Redis before the calls that use it.
     const tasks: Record<string, unknown>[][] = [];
@@ -149,9 +149,12 @@ describe('autoseq learned proposals (real Kafka, real Redis)', () => {
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
-    // The order number's only source is the second message: predict proposes it, active, for most tasks.
-    const active = predicted.filter((l) => l.proposal?.state === 'active' && l.proposal.tool === 'get_order');
-    expect(active.length).toBeGreaterThan(20);
+    // The email's and the order number's only source is the second message: predict proposes both, active, for
+    // most tasks (the lookup from the proposal made again once the message came).
+    for (const tool of ['find_user_by_email', 'get_order']) {
+      const active = predicted.filter((l) => l.proposal?.state === 'active' && l.proposal.tool === tool);
+      expect(active.length, tool).toBeGreaterThan(20);
+    }
 
     const env = await learnedServiceEnv('aseq-later', lowBar);
     const topic = env.PAVER_TOPIC_TOOL_CALLS!;
@@ -174,7 +177,18 @@ describe('autoseq learned proposals (real Kafka, real Redis)', () => {
       })
     ).map((m) => nextActionRecordV1.parse(JSON.parse(m.value!.toString())) as NextActionRecord);
     const byEvent = new Map(recs.map((r) => [r.event_id, r]));
-    expect(expectSameAsPredict(calls, byEvent, predicted)).toBe(80);
+    expect(
+      expectSameAsPredict(
+        events as { type: string; event_id: string; task_id: string }[],
+        byEvent,
+        predicted,
+      ),
+    ).toBe(80);
+    // Records after the second messages: the lookup proposed with the email the answer gave.
+    const afterMessage = recs.filter((r) => r.event_id.endsWith(':u1'));
+    expect(
+      afterMessage.filter((r) => r.tool === 'find_user_by_email' && r.rule_state === 'active').length,
+    ).toBeGreaterThan(10);
     p.child.kill('SIGTERM');
     expect(await p.exited).toBe(0);
   });

@@ -30,38 +30,48 @@ export async function learnedServiceEnv(name: string, opts: LearnOptions): Promi
 }
 
 /**
- * Holds the service's next-action records to `paver predict`'s lines over the same tool calls: the record
- * published after call j of a task is the proposal predict holds for call j+1. Returns how many were compared.
+ * Holds the service's next-action records to `paver predict`'s lines over the same events (in stream order;
+ * predict's lines are per tool call): the record in force before call j+1 of a task, the one published after
+ * call j or after a later user message since, is the proposal predict holds for call j+1. Returns how many
+ * were compared.
  */
 export function expectSameAsPredict(
-  calls: { event_id: string; task_id: string }[],
+  events: { type: string; event_id: string; task_id: string }[],
   byEvent: Map<string, NextActionRecord>,
   predicted: PredictLine[],
 ): number {
-  const prevCall = new Map<string, string>();
+  const held = new Map<string, NextActionRecord>();
   let compared = 0;
-  calls.forEach((e, i) => {
-    const before = prevCall.get(e.task_id);
-    prevCall.set(e.task_id, e.event_id);
-    if (!before) return;
-    const rec = byEvent.get(before)!;
-    const fromService =
-      rec.origin === 'learned'
-        ? {
-            tool: rec.tool,
-            args: rec.args,
-            origin: 'learned',
-            state: rec.rule_state,
-            rule_id: rec.rule_id,
-            confidence: rec.confidence,
-          }
-        : null;
-    expect({ event: e.event_id, proposal: fromService }).toEqual({
-      event: e.event_id,
-      proposal: predicted[i]!.proposal,
-    });
-    compared++;
-  });
+  let i = 0;
+  for (const e of events) {
+    if (e.type === 'user_message') {
+      const rec = byEvent.get(e.event_id);
+      if (rec) held.set(e.task_id, rec);
+      continue;
+    }
+    if (e.type !== 'tool_call') continue;
+    const rec = held.get(e.task_id);
+    if (rec) {
+      const fromService =
+        rec.origin === 'learned' && rec.event_type === 'auto_seq_detected_unique'
+          ? {
+              tool: rec.tool,
+              args: rec.args,
+              origin: 'learned',
+              state: rec.rule_state,
+              rule_id: rec.rule_id,
+              confidence: rec.confidence,
+            }
+          : null;
+      expect({ event: e.event_id, proposal: fromService }).toEqual({
+        event: e.event_id,
+        proposal: predicted[i]!.proposal,
+      });
+      compared++;
+    }
+    held.set(e.task_id, byEvent.get(e.event_id)!);
+    i++;
+  }
   return compared;
 }
 

@@ -541,6 +541,9 @@ describe('learned decider: generality over synthetic domains', () => {
     const o = simulate(tasks);
     // Before, a message after the first was not read: the order number had no source, and no rule was made.
     expectLearned(o, 'get_order', 0.5);
+    // The lookup right after the answer: proposed again once the message came (the proposal made at the call
+    // before it had no email to give).
+    expectLearned(o, 'find_user_by_email', 0.5);
     expect(o.rules.find((x) => x.tool === 'get_order' && x.state === 'active')?.bindings).toEqual([
       { path: ['order_id'], source: 'said' },
     ]);

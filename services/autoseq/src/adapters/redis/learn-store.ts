@@ -61,6 +61,7 @@ const taskShape = z.object({
   calls: z.array(z.object({ tool: z.string() }).passthrough()),
   user: z.string().nullable(),
   said: z.string().optional(),
+  step: z.number().int().nonnegative().optional(),
   pending: z.array(z.unknown()),
   best: z.unknown(),
 });

@@ -5,6 +5,7 @@ import {
   newScopeState,
   stepTaskCompleted,
   stepToolCall,
+  proposeAfterMessage,
   stepUserMessage,
   type ArgsValidator,
   type LearnOptions,
@@ -103,8 +104,14 @@ export function applyEvent(
     if (!e.task_id) return null;
     const t = store.task(e.tenant_id, e.agent_id, e.task_id);
     const next = stepUserMessage(t, e, pos, opts);
-    if (next !== t) store.setTask(e.tenant_id, e.agent_id, e.task_id, next);
-    return null;
+    if (next === t) return null;
+    // A later message (the first was already read) may hold what the next call needs: propose again.
+    const again =
+      t.user === null
+        ? null
+        : proposeAfterMessage(store.scope(e.tenant_id, e.agent_id), next, e, opts, validate);
+    store.setTask(e.tenant_id, e.agent_id, e.task_id, again?.task ?? next);
+    return again;
   }
   const scope = store.scope(e.tenant_id, e.agent_id);
   const task = store.task(e.tenant_id, e.agent_id, e.task_id);

@@ -207,6 +207,8 @@ export interface LearnTask {
    * agent asked). Absent until there is one, and in state written before it was kept.
    */
   said?: string;
+  /** The step of the task's last call (what a record made after a later user message names). */
+  step?: number;
   /** Every learned proposal for the next call (scored when it comes). */
   pending: Pending[];
   /** The best proposal for the next call (what the runtime was told). */
@@ -815,6 +817,7 @@ export function stepToolCall(
     best: null,
   };
   if (task.said !== undefined) next.said = task.said;
+  next.step = e.step;
   withAt(next, task, pos);
   const p = propose(scope, e, next, opts, validate);
   next.pending = p.pending;
@@ -888,6 +891,26 @@ export function stepUserMessage(
   const first = task.user === null;
   const seen = seenWith(task.seen, e.event_id, first, opts);
   return withAt(first ? { ...task, user: e.text, seen } : { ...task, said: e.text, seen }, task, pos);
+}
+
+/**
+ * After a user message that came after the task's first calls (what the user answered when the agent asked),
+ * the learned proposals for the next call are made again, now with the answer as a `said` source: the same
+ * proposals wherever no rule reads it. Those made before, without the answer, are dropped unscored. A typed
+ * proposal stands (the catalog decided it from the last output, which the message does not change). Null when
+ * nothing is proposed again.
+ */
+export function proposeAfterMessage(
+  scope: ScopeState,
+  task: LearnTask,
+  who: { tenant_id: string; agent_id: string },
+  opts: LearnOptions = DEFAULT_LEARN,
+  validate?: ArgsValidator,
+): StepResult | null {
+  if (task.calls.length === 0 || task.best?.origin === 'typed') return null;
+  const p = propose(scope, who, task, opts, validate);
+  const next: LearnTask = { ...task, pending: p.pending, best: p.best };
+  return { duplicate: false, held: null, next: p.best, scored: [], transitions: [], task: next };
 }
 
 export interface RuleView {

@@ -1,4 +1,4 @@
-import type { NextActionRecord, ToolCallEvent } from '../../../../../schemas/index.js';
+import type { NextActionRecord, ToolCallEvent, UserMessageEvent } from '../../../../../schemas/index.js';
 import type { Catalog } from '../catalog.js';
 import { uniqueRecord, type AutoseqOptions, type TaskState } from '../decide.js';
 import type { PayloadShape } from '../shape.js';
@@ -13,7 +13,7 @@ import { fnv64 } from './stats.js';
  * Without a catalog nothing is executable (an unknown tool is not read-only).
  */
 export function learnedExecutable(
-  e: ToolCallEvent,
+  e: Pick<ToolCallEvent, 'tenant_id' | 'agent_id' | 'visible_tools'>,
   p: Proposal,
   catalog: Catalog,
   task: TaskState,
@@ -42,7 +42,44 @@ export function learnedRecord(
   p: Proposal,
   execute: boolean,
 ): NextActionRecord {
-  const r = uniqueRecord(e, shape, p.tool, execute);
+  return withProposal(uniqueRecord(e, shape, p.tool, execute), p);
+}
+
+/**
+ * The record of what is proposed after a later user message (see `proposeAfterMessage`): it replaces the one
+ * published after the task's last call, whose `step` it names; `auto_seq_detected_none` when nothing is
+ * proposed any more. No payload shape: a message has no output.
+ */
+export function messageRecord(
+  e: UserMessageEvent & { task_id: string },
+  step: number,
+  p: Proposal | null,
+  execute: boolean,
+): NextActionRecord {
+  const r: NextActionRecord = {
+    schema_version: 1,
+    tenant_id: e.tenant_id,
+    agent_id: e.agent_id,
+    session_id: e.session_id,
+    task_id: e.task_id,
+    event_id: e.event_id,
+    step,
+    ts: e.ts,
+    event_type: p ? 'auto_seq_detected_unique' : 'auto_seq_detected_none',
+  };
+  if (!p) {
+    r.candidates = [];
+    r.candidate_count = 0;
+    return r;
+  }
+  r.tool = p.tool;
+  r.candidates = [p.tool];
+  r.candidate_count = 1;
+  r.execute = execute;
+  return withProposal(r, p);
+}
+
+function withProposal(r: NextActionRecord, p: Proposal): NextActionRecord {
   r.origin = 'learned';
   if (p.rule_id !== null) r.rule_id = p.rule_id;
   r.rule_state = p.state;
