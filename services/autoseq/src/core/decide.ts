@@ -146,7 +146,10 @@ export function withoutArguments(value: unknown): NextActionRecord | null {
  * A record's common fields, in contract order. Records are built by plain stores in a fixed order (never
  * object spreads): one hidden-class chain per record kind, and the same key order as before on the wire.
  */
-export function head(e: ToolCallEvent, event_type: NextActionRecord['event_type']): NextActionRecord {
+export function head(
+  e: Pick<ToolCallEvent, 'tenant_id' | 'agent_id' | 'session_id' | 'task_id' | 'event_id' | 'step' | 'ts'>,
+  event_type: NextActionRecord['event_type'],
+): NextActionRecord {
   return {
     schema_version: 1,
     tenant_id: e.tenant_id,

@@ -23,6 +23,15 @@ const lowBar = LOW_BAR;
 
 const start = (env: Record<string, string>) => startAutoseq(env, procs);
 
+/** The next-action records read from `topic` once every event id of `want` has one (re-publications too). */
+const recordsFor = async (topic: string, want: Set<string>): Promise<NextActionRecord[]> =>
+  (
+    await consumeUntil(topic, (all) => {
+      const got = new Set(all.map((m) => (JSON.parse(m.value!.toString()) as { event_id: string }).event_id));
+      return [...want].every((id) => got.has(id));
+    })
+  ).map((m) => nextActionRecordV1.parse(JSON.parse(m.value!.toString())) as NextActionRecord);
+
 describe('autoseq learned proposals (real Kafka, real Redis)', () => {
   it('a dev file on a 1-partition topic gives the proposals `paver predict` gives, across a SIGKILL', async () => {
     const env = await learnedServiceEnv('aseq-learned', lowBar);
@@ -53,14 +62,7 @@ describe('autoseq learned proposals (real Kafka, real Redis)', () => {
     p = await start(env);
 
     const want = new Set(calls.map((e) => e.event_id));
-    const recs = (
-      await consumeUntil(env.PAVER_TOPIC_NEXT_ACTIONS!, (all) => {
-        const got = new Set(
-          all.map((m) => (JSON.parse(m.value!.toString()) as { event_id: string }).event_id),
-        );
-        return [...want].every((id) => got.has(id));
-      })
-    ).map((m) => nextActionRecordV1.parse(JSON.parse(m.value!.toString())) as NextActionRecord);
+    const recs = await recordsFor(env.PAVER_TOPIC_NEXT_ACTIONS!, want);
 
     // At-least-once: a record re-published after the crash is identical to the first one.
     const byEvent = new Map<string, NextActionRecord>();
@@ -168,14 +170,7 @@ describe('autoseq learned proposals (real Kafka, real Redis)', () => {
     }
     const calls = events.filter((e) => e.type === 'tool_call') as { event_id: string; task_id: string }[];
     const want = new Set(calls.map((e) => e.event_id));
-    const recs = (
-      await consumeUntil(env.PAVER_TOPIC_NEXT_ACTIONS!, (all) => {
-        const got = new Set(
-          all.map((m) => (JSON.parse(m.value!.toString()) as { event_id: string }).event_id),
-        );
-        return [...want].every((id) => got.has(id));
-      })
-    ).map((m) => nextActionRecordV1.parse(JSON.parse(m.value!.toString())) as NextActionRecord);
+    const recs = await recordsFor(env.PAVER_TOPIC_NEXT_ACTIONS!, want);
     const byEvent = new Map(recs.map((r) => [r.event_id, r]));
     expect(
       expectSameAsPredict(

@@ -1,6 +1,6 @@
 import type { NextActionRecord, ToolCallEvent, UserMessageEvent } from '../../../../../schemas/index.js';
 import type { Catalog } from '../catalog.js';
-import { uniqueRecord, type AutoseqOptions, type TaskState } from '../decide.js';
+import { head, uniqueRecord, type AutoseqOptions, type TaskState } from '../decide.js';
 import type { PayloadShape } from '../shape.js';
 import { canonicalJson } from '../../../../../shared/core/bindings.js';
 import type { Proposal } from './learner.js';
@@ -56,17 +56,7 @@ export function messageRecord(
   p: Proposal | null,
   execute: boolean,
 ): NextActionRecord {
-  const r: NextActionRecord = {
-    schema_version: 1,
-    tenant_id: e.tenant_id,
-    agent_id: e.agent_id,
-    session_id: e.session_id,
-    task_id: e.task_id,
-    event_id: e.event_id,
-    step,
-    ts: e.ts,
-    event_type: p ? 'auto_seq_detected_unique' : 'auto_seq_detected_none',
-  };
+  const r = head({ ...e, step }, p ? 'auto_seq_detected_unique' : 'auto_seq_detected_none');
   if (!p) {
     r.candidates = [];
     r.candidate_count = 0;
