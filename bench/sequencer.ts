@@ -1,4 +1,4 @@
-import { writeFileSync } from 'node:fs';
+import { rmSync, writeFileSync } from 'node:fs';
 import { connect, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -189,6 +189,8 @@ export async function benchSequencer(b: Bench, n: number, sessions: number) {
       .reduce((a, l) => a + Number(l.split(' ').pop()), 0);
   const readsBySource = { cache: reads('cache'), redis: reads('redis') };
   await p.stop();
+  // The service read it at start: left behind, every run added one to the temp folder.
+  rmSync(config, { force: true });
   writeResult('sequencer', {
     events: sent,
     sessions,
