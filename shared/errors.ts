@@ -37,6 +37,12 @@ export class PaverError extends Error {
  */
 export const TRANSIENT_REPLY = /^(LOADING|BUSY|TRYAGAIN|CLUSTERDOWN|MASTERDOWN|READONLY|OOM|NOREPLICAS)\b/;
 
+/**
+ * ioredis's commandTimeout (REDIS_COMMAND_TIMEOUT_MS) failure: its message alone, or as the end of one that names
+ * the call (`apply: Command timed out`); a text that merely mentions a timeout is not one.
+ */
+export const redisCommandTimedOut = (message: string): boolean => /(^|: )Command timed out$/.test(message);
+
 /** Maps third-party failures onto the closed list, by shape rather than `instanceof` (the client may change). */
 export function classifyError(err: unknown): PaverError {
   if (err instanceof PaverError) return err;
@@ -57,7 +63,7 @@ export function classifyError(err: unknown): PaverError {
     name === 'MaxRetriesPerRequestError' ||
     // ioredis's commandTimeout (REDIS_COMMAND_TIMEOUT_MS): Redis did not answer in time, a hang rather than a
     // refusal. Before, it was INTERNAL: one frozen Redis stopped the service instead of retrying its batch.
-    /^Command timed out$/.test(message) ||
+    redisCommandTimedOut(message) ||
     /Connection is closed|Stream isn't writeable|LOADING|BUSY|TRYAGAIN|CLUSTERDOWN/.test(message) ||
     // The same transient replies redisFailure knows: before, a reply classified here (the detector's pipelines,
     // any raw ioredis error) took READONLY, MASTERDOWN, OOM or NOREPLICAS for a bug and stopped the service.

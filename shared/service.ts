@@ -19,7 +19,7 @@ import {
   redisReady,
   type RedisRole,
 } from './redis/client.js';
-import { errorMessage } from './errors.js';
+import { errorMessage, redisCommandTimedOut } from './errors.js';
 
 export interface ServiceDeps<E extends CommonEnv> {
   env: E;
@@ -127,8 +127,8 @@ export async function runService<E extends CommonEnv, T>(
   const metrics = createMetrics(spec.name);
   const codec = createCodec(env);
   const kafka = createKafka(env, log, `${env.KAFKA_CLIENT_ID}-${spec.name}`);
-  // A READONLY reply marks the server a replica for the runner (see createRedisWatch), made just
-  // below, before any command can be answered.
+  // A READONLY reply marks the server a replica for the runner (see createRedisWatch; made below, before any
+  // command can be answered).
   const redis = createRedis(env, log, {}, { readOnly: () => redisWatch.note('replica') });
   // One role query at a time, for /readyz and the replica watch: while Redis hangs, probes must not pile up
   // commands in its queue.
@@ -247,7 +247,7 @@ export async function runService<E extends CommonEnv, T>(
         ready: () => redisReady(redis) && redisWatch.down() === null && (consumeWhen?.() ?? true),
         // A command past REDIS_COMMAND_TIMEOUT_MS: a frozen Redis, which keeps its connection open.
         transientFailure: (err) => {
-          if (/Command timed out/.test(err.message)) redisWatch.note('unresponsive');
+          if (redisCommandTimedOut(err.message)) redisWatch.note('unresponsive');
         },
         ...(p.onRebalance ? { onRebalance: p.onRebalance } : {}),
       },

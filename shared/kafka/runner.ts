@@ -328,6 +328,14 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     }
   }
 
+  /** Waits (checking every 200 ms, `each` between checks) until the dependencies are ready or `goOn` says stop. */
+  async function untilReady(goOn: () => boolean, each?: () => Promise<void>): Promise<void> {
+    while (!(o.ready?.() ?? true) && goOn()) {
+      await each?.();
+      await sleep(200);
+    }
+  }
+
   let backpressure: Promise<void> | null = null;
   function pauseUntilReady(pause: () => () => void) {
     const resume = pause();
@@ -335,7 +343,7 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     if (backpressure) return;
     o.log.warn('dependency not ready: pausing consumption');
     backpressure = (async () => {
-      while (!(o.ready?.() ?? true) && !stopping) await new Promise((r) => setTimeout(r, 200));
+      await untilReady(() => !stopping);
       o.metrics.paused.set(0);
       backpressure = null;
       o.log.info('dependency ready: resuming consumption');
@@ -383,10 +391,10 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
           );
           // Heartbeats keep the assignment (kafkajs sends one per heartbeat interval at most); one that fails (a
           // rebalance) ends the batch, uncommitted, as any failure would.
-          while (!o.ready() && p.isRunning() && !p.isStale() && !stopping) {
-            await p.heartbeat();
-            await sleep(200);
-          }
+          await untilReady(
+            () => p.isRunning() && !p.isStale() && !stopping,
+            () => p.heartbeat(),
+          );
           if (!backpressure) o.metrics.paused.set(0);
           // Cut short by a stop or a rebalance, the failure counts as an attempt (and the stop then ends it).
           return o.ready();

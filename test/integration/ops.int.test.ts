@@ -165,6 +165,26 @@ const untilReady = (p: Proc, what: string, ms: number) =>
     waitFor(async () => (await probe(p.url('/readyz'), 2_000))?.status === 200, what, ms),
   );
 
+/** Until /readyz answers 503, its answer; the process's output in the error otherwise. */
+const untilNotReady = (p: Proc, what: string, ms: number) =>
+  explained(
+    p,
+    waitFor(
+      async () => {
+        const res = await probe(p.url('/readyz'), 5_000);
+        return res?.status === 503 ? res : null;
+      },
+      what,
+      ms,
+    ),
+  );
+
+/** SIGTERM: the process stops gracefully, exit 0. */
+async function expectCleanStop(p: Proc): Promise<void> {
+  p.child.kill('SIGTERM');
+  expect(await exitWithin(p, 30_000)).toBe(0);
+}
+
 /** A metric's value (summed over its series) from the process's /metrics. */
 const metric = async (p: Proc, name: string) =>
   parsePrometheus(await fetch(p.url('/metrics')).then((r) => r.text())).value(name);
@@ -218,8 +238,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       p.child.kill('SIGTERM');
       await waitFor(() => p.output().includes('"msg":"shutting down"'), 'the stop to begin');
       // A second signal (an impatient operator, a supervisor that repeats it) while the chunk is finishing.
-      p.child.kill('SIGTERM');
-      expect(await exitWithin(p, 30_000)).toBe(0);
+      await expectCleanStop(p);
       expect(p.output()).toContain('"msg":"stopped"');
       const before = await check.hgetall(`${prefix}:deliveries`);
 
@@ -345,8 +364,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       expect(p.output()).not.toContain('fatal error');
       expect(p.output()).not.toContain('consumer crashed');
       expect(await metric(p, 'paver_consumer_paused')).toBe(0);
-      p.child.kill('SIGTERM');
-      expect(await exitWithin(p, 30_000)).toBe(0);
+      await expectCleanStop(p);
     } finally {
       r.child.kill('SIGCONT');
       check.disconnect();
@@ -371,17 +389,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       // answers PING (and every read) but refuses every write with READONLY.
       await admin.call('REPLICAOF', '127.0.0.1', String(b.port));
       // Before, the PING probe passed and /readyz stayed 200.
-      const down = await explained(
-        p,
-        waitFor(
-          async () => {
-            const res = await probe(p.url('/readyz'), 5_000);
-            return res?.status === 503 ? (res.body as Readyz) : null;
-          },
-          '/readyz 503 while Redis is a replica',
-          30_000,
-        ),
-      );
+      const down = (await untilNotReady(p, '/readyz 503 while Redis is a replica', 30_000)).body as Readyz;
       expect(down.checks.redis).toBe(false);
       expect(down.reasons?.redis).toMatch(/read-only replica/);
       // The reason names the setting, never the address (REDIS_URL may carry a password).
@@ -390,8 +398,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
 
       await admin.call('REPLICAOF', 'NO', 'ONE');
       await untilReady(p, 'ready again', 30_000);
-      p.child.kill('SIGTERM');
-      expect(await exitWithin(p, 30_000)).toBe(0);
+      await expectCleanStop(p);
     } finally {
       await stop();
     }
@@ -420,17 +427,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
         waitFor(async () => (await metric(p, 'paver_consumer_paused')) === 1, 'consumption paused', 30_000),
       );
       expect(p.output()).toContain('retrying batch chunk once its dependency is ready');
-      const held = await explained(
-        p,
-        waitFor(
-          async () => {
-            const res = await probe(p.url('/readyz'), 5_000);
-            return res?.status === 503 ? res : null;
-          },
-          '/readyz 503 while paused on a replica',
-          30_000,
-        ),
-      );
+      const held = await untilNotReady(p, '/readyz 503 while paused on a replica', 30_000);
       expect(held.status).toBe(503);
       expect(p.child.exitCode).toBeNull();
       expect(await adminA.scard(`${prefix}:seen`)).toBe(10);
@@ -446,8 +443,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       expect(await metric(p, 'paver_consumer_paused')).toBe(0);
       expect(p.output()).not.toContain('fatal error');
       await untilReady(p, 'ready again', 30_000);
-      p.child.kill('SIGTERM');
-      expect(await exitWithin(p, 30_000)).toBe(0);
+      await expectCleanStop(p);
     } finally {
       await stop();
     }
@@ -495,8 +491,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       expect(Object.keys(await adminB.hgetall(`${prefix}:deliveries`))).toHaveLength(40);
       expect(p.output()).not.toContain('fatal error');
       await untilReady(p, 'ready on B', 30_000);
-      p.child.kill('SIGTERM');
-      expect(await exitWithin(p, 30_000)).toBe(0);
+      await expectCleanStop(p);
     } finally {
       for (const s of sockets) s.destroy();
       await new Promise((resolve) => proxy.close(resolve));
@@ -557,17 +552,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       r.child.kill('SIGSTOP');
       await send(50, 50);
       // A probe needs an answer, not a hang: not ready, within a bounded time.
-      const down = await explained(
-        p,
-        waitFor(
-          async () => {
-            const res = await probe(p.url('/readyz'), 5_000);
-            return res?.status === 503 ? res : null;
-          },
-          '/readyz 503 while Redis hangs',
-          30_000,
-        ),
-      );
+      const down = await untilNotReady(p, '/readyz 503 while Redis hangs', 30_000);
       type Readyz = { checks: Record<string, boolean>; reasons?: Record<string, string> };
       expect((down.body as Readyz).checks.redis).toBe(false);
       // Why, too: a probe that got no answer in time, or a batch's command past REDIS_COMMAND_TIMEOUT_MS.
@@ -582,8 +567,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       const deliveries = await check.hgetall(`${prefix}:deliveries`);
       expect(Object.keys(deliveries)).toHaveLength(100);
       expect(p.child.exitCode).toBeNull();
-      p.child.kill('SIGTERM');
-      expect(await exitWithin(p, 30_000)).toBe(0);
+      await expectCleanStop(p);
     } finally {
       r.child.kill('SIGCONT');
       check.disconnect();
@@ -735,8 +719,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
         waitFor(async () => (await c2.scard(`${prefix}:seen`)) === 100, 'all 100 events', 90_000),
       );
       expect(p.child.exitCode).toBeNull();
-      p.child.kill('SIGTERM');
-      expect(await exitWithin(p, 30_000)).toBe(0);
+      await expectCleanStop(p);
     } finally {
       (check as Redis | null)?.disconnect();
       rmSync(dir, { recursive: true, force: true });

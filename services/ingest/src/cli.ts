@@ -31,7 +31,6 @@ ingest service. A summary goes to stderr.
  * string. Stays under that string limit (about 512 MiB).
  */
 export const DEFAULT_MAX_INPUT_BYTES = 256 * 1024 * 1024;
-const MAX_INPUT_BYTES_CEILING = MAX_WHOLE_INPUT_BYTES;
 
 /** Requests of the file: the whole text as one JSON document, else one document per non-empty line. */
 export function parseExport(
@@ -97,9 +96,9 @@ export async function otelCommand(argv: string[]): Promise<number> {
     return 2;
   }
   const maxInput = values['max-input-bytes'] ?? String(DEFAULT_MAX_INPUT_BYTES);
-  if (!/^\d{1,9}$/.test(maxInput) || Number(maxInput) < 1 || Number(maxInput) > MAX_INPUT_BYTES_CEILING) {
+  if (!/^\d{1,9}$/.test(maxInput) || Number(maxInput) < 1 || Number(maxInput) > MAX_WHOLE_INPUT_BYTES) {
     process.stderr.write(
-      `paver otel: --max-input-bytes expects an integer from 1 to ${MAX_INPUT_BYTES_CEILING}\n`,
+      `paver otel: --max-input-bytes expects an integer from 1 to ${MAX_WHOLE_INPUT_BYTES}\n`,
     );
     return 2;
   }

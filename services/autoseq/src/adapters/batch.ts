@@ -66,10 +66,10 @@ export function createBatchHandler(o: {
     const learnEvents: ToolCallsEvent[] = [];
     const learnPositions: Position[] = [];
     for (const { value: e, partition, offset } of batch) {
-      // A later user message may publish a learned proposal too, gated by the task's typed state.
-      if (e.task_id !== undefined && (e.type === 'tool_call' || e.type === 'user_message'))
-        refs.set(idOf(e), { tenant: e.tenant_id, agent: e.agent_id, task: e.task_id });
       if (e.task_id !== undefined) {
+        // A later user message may publish a learned proposal too, gated by the task's typed state.
+        if (e.type === 'tool_call' || e.type === 'user_message')
+          refs.set(idOf(e), { tenant: e.tenant_id, agent: e.agent_id, task: e.task_id });
         learnEvents.push(e);
         learnPositions.push({ partition, offset });
       }

@@ -196,12 +196,12 @@ export function applyEvent(
   let universe: readonly string[] = agent?.tools ?? [];
 
   if (agent) {
-    // A step removed by a configuration change is left, whatever the event; the rule then picks again, for any
-    // event: a task_completed's record showed no step (every tool allowed), where the allowed-tools route and
-    // the next tool call both go by the rule's pick.
+    // A step removed by a configuration change is left for the one the rule picks, whatever the event (a
+    // task_completed's record showed no step, every tool allowed, where the allowed-tools route and the next
+    // tool call go by the rule's pick).
     if (s.step !== null && !agent.byName.has(s.step)) {
       moveTo(s, null);
-      if (e.type !== 'user_message' && e.type !== 'tool_call') moveTo(s, selectStep(agent, s));
+      moveTo(s, selectStep(agent, s));
     }
     if (e.type === 'user_message') {
       s.msg = agent.steps

@@ -813,11 +813,11 @@ export function stepToolCall(
     seen: [...task.seen, e.event_id].slice(-opts.seenPerTask),
     calls: [...task.calls, pastCall(e, opts)].slice(-opts.historyPerTask),
     user: task.user,
+    ...(task.said !== undefined ? { said: task.said } : {}),
+    step: e.step,
     pending: [],
     best: null,
   };
-  if (task.said !== undefined) next.said = task.said;
-  next.step = e.step;
   withAt(next, task, pos);
   const p = propose(scope, e, next, opts, validate);
   next.pending = p.pending;
