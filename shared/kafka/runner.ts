@@ -337,6 +337,10 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
   }
 
   let backpressure: Promise<void> | null = null;
+  /** Chunks waiting in `hold` now: with partitions consumed concurrently, several at once. */
+  let holding = 0;
+  /** The gauge says paused while consumption is paused or any chunk waits for its dependency. */
+  const showPaused = () => o.metrics.paused.set(backpressure || holding > 0 ? 1 : 0);
   function pauseUntilReady(pause: () => () => void) {
     const resume = pause();
     o.metrics.paused.set(1);
@@ -344,8 +348,8 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     o.log.warn('dependency not ready: pausing consumption');
     backpressure = (async () => {
       await untilReady(() => !stopping);
-      o.metrics.paused.set(0);
       backpressure = null;
+      showPaused();
       o.log.info('dependency ready: resuming consumption');
       resume();
       consumer.resume(o.topics.map((topic) => ({ topic })));
@@ -384,18 +388,23 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
           o.transientFailure?.(err);
           if (!o.ready || o.ready()) return false;
           o.metrics.retries.inc({ code: err.code });
-          o.metrics.paused.set(1);
+          holding++;
+          showPaused();
           o.log.warn(
             { code: err.code, err: err.message, topic, partition },
             'retrying batch chunk once its dependency is ready',
           );
           // Heartbeats keep the assignment (kafkajs sends one per heartbeat interval at most); one that fails (a
           // rebalance) ends the batch, uncommitted, as any failure would.
-          await untilReady(
-            () => p.isRunning() && !p.isStale() && !stopping,
-            () => p.heartbeat(),
-          );
-          if (!backpressure) o.metrics.paused.set(0);
+          try {
+            await untilReady(
+              () => p.isRunning() && !p.isStale() && !stopping,
+              () => p.heartbeat(),
+            );
+          } finally {
+            holding--;
+            showPaused();
+          }
           // Cut short by a stop or a rebalance, the failure counts as an attempt (and the stop then ends it).
           return o.ready();
         },

@@ -422,9 +422,17 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       await sendEvents(topic, 10, 30);
       // Before, nothing paused (the runner looked at the connection only): the chunk spent its two retries on
       // READONLY, then the consumer its restarts, until the process exited.
+      // The chunk held, not only a batch paused at its start (REPLICAOF may drop the connection for a moment, and
+      // a batch met then pauses before the chunk in hand is held): wait for both.
       await explained(
         p,
-        waitFor(async () => (await metric(p, 'paver_consumer_paused')) === 1, 'consumption paused', 30_000),
+        waitFor(
+          async () =>
+            p.output().includes('retrying batch chunk once its dependency is ready') &&
+            (await metric(p, 'paver_consumer_paused')) === 1,
+          'consumption paused, the chunk held',
+          30_000,
+        ),
       );
       expect(p.output()).toContain('retrying batch chunk once its dependency is ready');
       const held = await untilNotReady(p, '/readyz 503 while paused on a replica', 30_000);
