@@ -260,6 +260,11 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
     expect(await redis.scard(`${env.REDIS_KEY_PREFIX}:seen`)).toBe(0);
     await redis.del(`${env.REDIS_KEY_PREFIX}:fail`);
     await waitFor(async () => (await redis.scard(`${env.REDIS_KEY_PREFIX}:seen`)) === 30, 'all events');
+    // A batch is timed when it ends, after its commit, which follows the writes just seen: wait for it.
+    await waitFor(
+      async () => (await metrics()).value('paver_batch_processing_seconds_count', { outcome: 'ok' }) > 0,
+      'a whole batch timed',
+    );
     expect(
       (await metrics()).value('paver_batch_processing_seconds_count', { outcome: 'ok' }),
     ).toBeGreaterThan(0);
