@@ -21,6 +21,7 @@ export function serviceEnv(overrides: Record<string, string> = {}): Record<strin
     PAVER_TOPIC_SEQUENCE_STATE: `${id}.sequence-state`,
     PAVER_TOPIC_FLOW_SELECTIONS: `${id}.flow-selections`,
     PAVER_TOPIC_DEAD_LETTERS: `${id}.dead-letters`,
+    AUTOSEQ_RULES_TOPIC: `${id}.autoseq-rules`,
     DETECTOR_GROUP_ID: `${id}-detector`,
     KAFKA_SESSION_TIMEOUT_MS: '10000',
     LOG_LEVEL: 'info',

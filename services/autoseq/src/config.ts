@@ -23,6 +23,10 @@ export const autoseqEnvSchema = z
     AUTOSEQ_LEARN_MAX_CONTEXTS: int(10, 1_000_000).default(DEFAULT_LEARN.maxContexts),
     AUTOSEQ_LEARN_LEASE_MS: int(1000, 120_000).default(10_000),
     AUTOSEQ_LEARN_TASK_HISTORY: int(1, 1000).default(DEFAULT_LEARN.historyPerTask),
+    /** Compacted topic of the learned rules' copy: what a Redis loss restores them from. */
+    AUTOSEQ_RULES_TOPIC: topicName.default('paver.autoseq-rules.v1'),
+    /** How often changed contexts are copied to it; 0: no copy (a Redis loss then loses the rules). */
+    AUTOSEQ_RULES_SNAPSHOT_MS: int(0, 3_600_000).default(5000),
   })
   .superRefine(refineCommon);
 export type AutoseqEnv = z.infer<typeof autoseqEnvSchema>;

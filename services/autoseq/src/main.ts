@@ -2,8 +2,8 @@ import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '.
 import { PaverError, errorMessage } from '../../../shared/errors.js';
 import { readConfigFile } from '../../../shared/jsonl.js';
 import { zodParser } from '../../../shared/kafka/runner.js';
-import { createEpoch } from '../../../shared/redis/epoch.js';
-import { createStateGuard } from '../../../shared/redis/rebuild.js';
+import { createEpoch, type Epoch } from '../../../shared/redis/epoch.js';
+import { createStateGuard, type StateGuard } from '../../../shared/redis/rebuild.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
 import { createBatchHandler } from './adapters/batch.js';
 import { createCatalogFeed } from './adapters/catalog-feed.js';
@@ -11,6 +11,7 @@ import { rulesRoute } from './adapters/http.js';
 import { createAutoseqMetrics } from './adapters/metrics.js';
 import { RedisTaskStore, taskKey } from './adapters/redis/task-store.js';
 import { readScope, RedisLearnStore } from './adapters/redis/learn-store.js';
+import { restoreOwed, restoreRules, RuleSnapshots } from './adapters/rules-snapshot.js';
 import { Catalog, CatalogError, loadCatalogFile } from './core/catalog.js';
 import { SchemaCompiler } from './core/schema-compiler.js';
 import { autoseqEnvSchema, learnOptionsFromEnv, optionsFromEnv, type AutoseqEnv } from './config.js';
@@ -46,20 +47,54 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       runtime,
     );
 
+    const copyRules = env.AUTOSEQ_LEARN_ENABLED && env.AUTOSEQ_RULES_SNAPSHOT_MS > 0;
+    let guard: StateGuard | null = null;
+    const snapshots = new RuleSnapshots({
+      redis,
+      prefix,
+      sink,
+      topic: env.AUTOSEQ_RULES_TOPIC,
+      maxRecordBytes: env.PAVER_MAX_OUTPUT_BYTES,
+      leaseMs: env.AUTOSEQ_LEARN_LEASE_MS,
+      log,
+      paused: () => guard?.rebuilding() ?? true,
+      metrics: m.snapshot,
+    });
+    // Whether the last epoch check found no marker: at start, Redis has no state of ours (or lost it before).
+    let unmarked = false;
+    const epoch = createEpoch(redis, `${prefix}:aseq:epoch`);
+    const watched: Epoch = {
+      key: epoch.key,
+      current: () => epoch.current(),
+      check: async () => {
+        const c = await epoch.check();
+        unmarked = c.lost;
+        return c;
+      },
+    };
     /**
-     * Redis loss: the learned rules are statistics over the whole stream (decayed), not records Kafka keeps
-     * in a form to replay cheaply, and task states are short-lived; both start over. The guard makes the loss
-     * visible (a metric, a warning, /readyz false until it is noticed) instead of silent. See README.
+     * Redis loss: the learned rules come back from the rules topic (the changes of the last copy interval
+     * excepted); task states live minutes and start over. The guard makes the loss visible (a metric, a
+     * warning, /readyz false until the rules are back). See README.
      */
-    const guard = createStateGuard({
-      epoch: createEpoch(redis, `${prefix}:aseq:epoch`),
+    guard = createStateGuard({
+      epoch: watched,
       log,
       rebuild: async (reason) => {
         if (reason === 'lost') {
           m.stateLosses.inc();
           m.activeByScope.clear();
-          log.warn('learned rules and task states lost with redis: learning starts over from the stream');
         }
+        if (!copyRules || (reason === 'start' && !unmarked && !(await restoreOwed(redis, prefix)))) return;
+        const r = await restoreRules(redis, prefix, {
+          kafka: runtime.kafka,
+          topic: env.AUTOSEQ_RULES_TOPIC,
+          groupPrefix: env.AUTOSEQ_GROUP_ID,
+          sessionTimeoutMs: env.KAFKA_SESSION_TIMEOUT_MS,
+          maxBytesPerPartition: env.KAFKA_MAX_BYTES_PER_PARTITION,
+        });
+        m.restoredContexts.inc(r.contexts);
+        log.info({ reason, ...r }, 'learned rules restored from the rules topic');
       },
     });
     const handle = createBatchHandler({
@@ -88,15 +123,20 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       sink,
       topic: env.PAVER_TOPIC_NEXT_ACTIONS,
       metrics: m,
+      onLearned: copyRules ? (written) => snapshots.mark(written) : undefined,
     });
 
     return {
       inputTopics: [env.PAVER_TOPIC_TOOL_CALLS],
-      extraTopics: [{ topic: env.PAVER_TOPIC_TOOL_CATALOG, compacted: true }],
+      extraTopics: [
+        { topic: env.PAVER_TOPIC_TOOL_CATALOG, compacted: true },
+        ...(copyRules ? [{ topic: env.AUTOSEQ_RULES_TOPIC, compacted: true }] : []),
+      ],
       parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
       async start() {
         // Redis not reachable yet: the first batch (or /readyz probe) checks again; the guard logs failures.
         await guard.ensure().catch(() => undefined);
+        if (copyRules) snapshots.start(env.AUTOSEQ_RULES_SNAPSHOT_MS);
         await feed.start();
         const t0 = Date.now();
         if (await feed.caughtUp(env.AUTOSEQ_CATALOG_WAIT_MS))
@@ -116,7 +156,11 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
         return handle(batch, ctx);
       },
       routes: [rulesRoute((tenant, agent) => readScope(redis, prefix, tenant, agent), learnOptions)],
-      close: () => feed.stop(),
+      // After the consumer's last batch: its changes are copied before the producer goes.
+      close: async () => {
+        if (copyRules) await snapshots.stop();
+        await feed.stop();
+      },
     };
   },
 };

@@ -11,7 +11,7 @@ import {
   id as idSchema,
 } from '../../../schemas/index.js';
 import { CheckpointLog } from './adapters/kafka/checkpoints.js';
-import { readRanges, readToEnd, type ReplayOptions } from './adapters/kafka/replay.js';
+import { readRanges, readToEnd, type ReplayOptions } from '../../../shared/kafka/replay.js';
 import { ScopePublisher } from './adapters/publisher.js';
 import { Rebuilder, type PartitionReplay } from './adapters/rebuild.js';
 import { detectorGlobalKeys, RedisDetectorStore } from './adapters/redis/store.js';

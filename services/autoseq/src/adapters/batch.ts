@@ -16,7 +16,7 @@ import { learnedExecutable, learnedRecord, messageRecord } from '../core/learn/r
 import type { Position } from '../core/position.js';
 import { payloadShape } from '../core/shape.js';
 import type { AutoseqMetrics } from './metrics.js';
-import type { RedisLearnStore } from './redis/learn-store.js';
+import type { ContextsWritten, RedisLearnStore } from './redis/learn-store.js';
 import type { RedisTaskStore, TaskRef } from './redis/task-store.js';
 
 const idOf = (e: { tenant_id: string; agent_id: string; task_id?: string | undefined }) =>
@@ -54,6 +54,8 @@ export function createBatchHandler(o: {
   sink: Sink;
   topic: string;
   metrics: AutoseqMetrics;
+  /** Told the contexts each learned save wrote (the rules topic's copy follows them). */
+  onLearned?: ((written: readonly ContextsWritten[]) => void) | undefined;
 }): BatchHandler<ToolCallsEvent> {
   const { catalog, store, loadLearn, taskKey, opts, lopts, sink, topic, metrics: m } = o;
   const hash = memoHash(sha256);
@@ -174,14 +176,19 @@ export function createBatchHandler(o: {
     if (learn) {
       await learn.leases.keepFresh();
       // Typed and learned state in one script call per scope: a crash never keeps one without the other.
-      await learn.save(
-        [...dirty.values()].map(({ ref, state }) => ({
-          tenant: ref.tenant,
-          agent: ref.agent,
-          key: taskKey(ref),
-          value: JSON.stringify(state),
-        })),
-      );
+      try {
+        await learn.save(
+          [...dirty.values()].map(({ ref, state }) => ({
+            tenant: ref.tenant,
+            agent: ref.agent,
+            key: taskKey(ref),
+            value: JSON.stringify(state),
+          })),
+        );
+      } finally {
+        // Scopes written before a failure (another scope's lease lost) are copied all the same.
+        o.onLearned?.(learn.written());
+      }
       // Only scopes with active rules take an entry: scope ids come from producers (a run id in agent_id makes
       // every run a scope), and an entry of 0 per scope ever seen grew for the life of the process.
       for (const s of learn.scopeStates()) {

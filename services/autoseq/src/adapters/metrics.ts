@@ -66,7 +66,29 @@ export function createAutoseqMetrics(registry: Registry, catalogTools: () => num
   });
   const stateLosses = new Counter({
     name: 'paver_autoseq_state_losses_total',
-    help: 'Times the Redis state (learned rules, task states) was found lost (epoch marker gone); learning starts over.',
+    help: 'Times the Redis state (learned rules, task states) was found lost (epoch marker gone); the rules are restored from the rules topic.',
+    registers,
+  });
+  const snapshotRecords = new Counter({
+    name: 'paver_autoseq_rules_snapshot_records_total',
+    help: 'Records written to the rules topic, by kind: context, tombstone (evicted), too_large (left out: over PAVER_MAX_OUTPUT_BYTES).',
+    labelNames: ['kind'],
+    registers,
+  });
+  const snapshotPending = new Gauge({
+    name: 'paver_autoseq_rules_snapshot_pending',
+    help: 'Learned contexts changed in Redis and not yet copied to the rules topic.',
+    registers,
+  });
+  const snapshotFlushes = new Counter({
+    name: 'paver_autoseq_rules_snapshot_flushes_total',
+    help: 'Copies of the changed contexts to the rules topic, by outcome (ok, failed: kept for the next one).',
+    labelNames: ['outcome'],
+    registers,
+  });
+  const restoredContexts = new Counter({
+    name: 'paver_autoseq_rules_restored_contexts_total',
+    help: 'Learned contexts written back to Redis from the rules topic after a Redis loss.',
     registers,
   });
   const leaseWaits = new Counter({
@@ -77,6 +99,8 @@ export function createAutoseqMetrics(registry: Registry, catalogTools: () => num
   return {
     leaseWaits,
     stateLosses,
+    snapshot: { records: snapshotRecords, pending: snapshotPending, flushes: snapshotFlushes },
+    restoredContexts,
     decisions,
     saved,
     proposals,

@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { nextActionRecordV1, type NextActionRecord } from '../../../../schemas/index.js';
-import { consumeUntil, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
+import { consumeUntil, groupCaughtUp, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
 import { getJson, isReady, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import type { PredictLine } from '../../src/core/learn/engine.js';
@@ -37,55 +37,125 @@ async function predict(lines: string[]): Promise<PredictLine[]> {
   return out;
 }
 
+const metric = async (p: Proc, name: string, labels?: Record<string, string>) =>
+  parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(name, labels) ?? 0;
+
+const callsOf = (ls: string[]) => ls.map((l) => JSON.parse(l) as Ev).filter((e) => e.type === 'tool_call');
+
+/** Publishing the fixture's lines and reading the service's records, on `env`'s topics. */
+const io = (env: Record<string, string>) => ({
+  callsOf,
+  send: (ls: string[]) =>
+    produce(
+      env.PAVER_TOPIC_TOOL_CALLS!,
+      ls.map((l) => ({ key: (JSON.parse(l) as Ev).session_id, value: l })),
+    ),
+  records: async (want: Set<string>) =>
+    (
+      await consumeUntil(env.PAVER_TOPIC_NEXT_ACTIONS!, (all) => {
+        const got = new Set(all.map((m) => (JSON.parse(m.value!.toString()) as Ev).event_id));
+        return [...want].every((id) => got.has(id));
+      })
+    ).map((m) => nextActionRecordV1.parse(JSON.parse(m.value!.toString())) as NextActionRecord),
+});
+
 describe('autoseq: Redis state lost mid-stream', () => {
-  it('notices the loss (readyz false then true, a metric), and learns again as from a fresh start', async () => {
-    const env = await learnedServiceEnv('aseq-loss', lowBar);
+  it('notices the loss (readyz false then true, a metric), restores the rules from the rules topic, and answers as if nothing was lost', async () => {
+    const env: Record<string, string> = {
+      ...(await learnedServiceEnv('aseq-loss', lowBar)),
+      AUTOSEQ_RULES_SNAPSHOT_MS: '200',
+    };
     const lines = readFileSync(fixture, 'utf8').trim().split('\n');
     const events = lines.map((l) => JSON.parse(l) as Ev);
-    // Split at a task boundary: the tasks after the loss begin after it.
+    // Split at a task boundary: the tasks after the loss begin after it (task states are not restored).
     const tasks = [...new Set(events.map((e) => e.task_id))];
     const firstAfter = events.findIndex((e) => e.task_id === tasks[15]);
     const [before, after] = [lines.slice(0, firstAfter), lines.slice(firstAfter)];
-    const callsOf = (ls: string[]) =>
-      ls.map((l) => JSON.parse(l) as Ev).filter((e) => e.type === 'tool_call');
-    const send = (ls: string[]) =>
-      produce(
-        env.PAVER_TOPIC_TOOL_CALLS!,
-        ls.map((l) => ({ key: (JSON.parse(l) as Ev).session_id, value: l })),
-      );
-    const records = async (want: Set<string>) =>
-      (
-        await consumeUntil(env.PAVER_TOPIC_NEXT_ACTIONS!, (all) => {
-          const got = new Set(all.map((m) => (JSON.parse(m.value!.toString()) as Ev).event_id));
-          return [...want].every((id) => got.has(id));
-        })
-      ).map((m) => nextActionRecordV1.parse(JSON.parse(m.value!.toString())) as NextActionRecord);
+    const { callsOf, send, records } = io(env);
 
     const p = await startProcess(['bin/paver.js', 'run', 'autoseq'], env);
     procs.push(p);
     await waitFor(() => isReady(p), 'autoseq /readyz');
     await send(before);
     await records(new Set(callsOf(before).map((e) => e.event_id)));
+    // Every batch saved (committed after its save), then every change it made copied to the rules topic.
+    await waitFor(
+      () => groupCaughtUp(env.AUTOSEQ_GROUP_ID!, env.PAVER_TOPIC_TOOL_CALLS!),
+      'the events before the loss committed',
+    );
+    await waitFor(
+      async () =>
+        (await metric(p, 'paver_autoseq_rules_snapshot_pending')) === 0 &&
+        (await metric(p, 'paver_autoseq_rules_snapshot_records_total', { kind: 'context' })) > 0,
+      'the learned state copied to the rules topic',
+    );
     const rulesUrl = p.url('/rules?tenant_id=default&agent_id=default');
-    const rulesBefore = (await getJson(rulesUrl)).body as { rules: unknown[] };
-    expect(rulesBefore.rules.length).toBeGreaterThan(0);
+    const rulesBefore = (await getJson(rulesUrl)).body as { rules: { trials: number }[] };
+    expect(rulesBefore.rules.length).toBeGreaterThan(3);
 
     await redis.flushall();
     await waitFor(async () => !(await isReady(p)), '/readyz false once the state is gone');
     await waitFor(() => isReady(p), '/readyz true again');
-    const m = parsePrometheus(String((await getJson(p.url('/metrics'))).body));
-    expect(m.value('paver_autoseq_state_losses_total')).toBe(1);
-    expect(((await getJson(rulesUrl)).body as { rules: unknown[] }).rules).toEqual([]);
+    expect(await metric(p, 'paver_autoseq_state_losses_total')).toBe(1);
+    expect(await metric(p, 'paver_autoseq_rules_restored_contexts_total')).toBeGreaterThan(0);
+    // The rules as they were: same states, trials, hits, bounds and bindings.
+    expect((await getJson(rulesUrl)).body).toEqual(rulesBefore);
 
-    // After the loss the service answers as a fresh one would over the later events alone: `paver predict`
-    // over them gives the same proposals (rules, states and arguments).
+    // And the service goes on as if nothing was lost: `paver predict` over the whole stream gives the same
+    // proposals (rules, states and arguments) for every call, those after the loss included.
     await send(after);
-    const afterCalls = callsOf(after);
-    const recs = await records(new Set(afterCalls.map((e) => e.event_id)));
+    const allCalls = callsOf(lines);
+    const recs = await records(new Set(allCalls.map((e) => e.event_id)));
     const byEvent = new Map(recs.map((r) => [r.event_id, r]));
-    const compared = expectSameAsPredict(afterCalls, byEvent, await predict(after));
-    expect(compared).toBeGreaterThan(40);
+    const predicted = await predict(lines);
+    const afterCompared = expectSameAsPredict(
+      callsOf(after),
+      byEvent,
+      predicted.slice(callsOf(before).length),
+    );
+    expect(afterCompared).toBeGreaterThan(40);
+    expect(expectSameAsPredict(allCalls, byEvent, predicted)).toBeGreaterThan(afterCompared);
+    // What the rules proven before the loss still earn after it: a fresh start (the state lost for good)
+    // would have made fewer active proposals over the same events.
+    const active = (ls: PredictLine[]) => ls.filter((l) => l.proposal?.state === 'active').length;
+    const afterActive = active(predicted.slice(callsOf(before).length));
+    expect(afterActive).toBeGreaterThan(active(await predict(after)));
     p.child.kill('SIGTERM');
     expect(await p.exited).toBe(0);
+  });
+
+  it('a Redis emptied while the service was down: the last copy (made by the graceful stop) comes back at the next start', async () => {
+    // No copy by interval within the test: only the one a graceful stop makes.
+    const env: Record<string, string> = {
+      ...(await learnedServiceEnv('aseq-down', lowBar)),
+      AUTOSEQ_RULES_SNAPSHOT_MS: '3600000',
+    };
+    const { send, records } = io(env);
+    const lines = readFileSync(fixture, 'utf8').trim().split('\n');
+    const p1 = await startProcess(['bin/paver.js', 'run', 'autoseq'], env);
+    procs.push(p1);
+    await waitFor(() => isReady(p1), 'autoseq /readyz');
+    await send(lines);
+    await records(new Set(callsOf(lines).map((e) => e.event_id)));
+    await waitFor(
+      () => groupCaughtUp(env.AUTOSEQ_GROUP_ID!, env.PAVER_TOPIC_TOOL_CALLS!),
+      'every event committed',
+    );
+    const rulesBefore = (await getJson(p1.url('/rules?tenant_id=default&agent_id=default'))).body as {
+      rules: { state: string }[];
+    };
+    expect(rulesBefore.rules.some((r) => r.state === 'active')).toBe(true);
+    expect(await metric(p1, 'paver_autoseq_rules_snapshot_records_total')).toBe(0);
+    p1.child.kill('SIGTERM');
+    expect(await p1.exited).toBe(0);
+
+    await redis.flushall();
+    const p2 = await startProcess(['bin/paver.js', 'run', 'autoseq'], env);
+    procs.push(p2);
+    await waitFor(() => isReady(p2), 'autoseq /readyz after the restore');
+    expect(await metric(p2, 'paver_autoseq_rules_restored_contexts_total')).toBeGreaterThan(0);
+    expect((await getJson(p2.url('/rules?tenant_id=default&agent_id=default'))).body).toEqual(rulesBefore);
+    p2.child.kill('SIGTERM');
+    expect(await p2.exited).toBe(0);
   });
 });

@@ -150,6 +150,8 @@ export class RedisLearnStore implements LearnStore {
     { ref: { tenant: string; agent: string; task: string }; state: LearnTask }
   >();
   private readonly dirtyTasks = new Set<string>();
+  /** Per scope `save` wrote: the contexts it set or deleted (what the rules topic must copy). */
+  private readonly wrote: ContextsWritten[] = [];
 
   private constructor(
     private readonly redis: Redis,
@@ -360,6 +362,7 @@ export class RedisLearnStore implements LearnStore {
       );
     }
     const pipe = this.redis.pipeline();
+    const wrote: ContextsWritten[] = [];
     for (const [id, sc] of this.scopes) {
       const key = learnKey(this.prefix, sc.tenant, sc.agent);
       const { clock, nCtx, nSlots, nActive } = sc.state;
@@ -374,6 +377,11 @@ export class RedisLearnStore implements LearnStore {
         if (was !== v) changed.push(f, v);
       }
       const gone = [...sc.read.keys()].filter((f) => !fields.has(f));
+      wrote.push({
+        tenant: sc.tenant,
+        agent: sc.agent,
+        ctxs: [...changed.filter((_, j) => j % 2 === 0 && j > 0), ...gone].map((f) => f.slice(2)),
+      });
       const w = writes.get(id)!;
       invokeScript(
         pipe,
@@ -392,8 +400,115 @@ export class RedisLearnStore implements LearnStore {
     }
     const replies = await execPipeline(pipe, 'learned state write');
     this.leases.released();
-    for (const r of replies) parseScriptReply('learnSave', r, saveReply, LEASE_LOST_CODES);
+    // A scope whose lease was lost wrote nothing; the others did, and are copied whatever the batch's fate.
+    let lost: unknown = null;
+    replies.forEach((r, j) => {
+      try {
+        parseScriptReply('learnSave', r, saveReply, LEASE_LOST_CODES);
+        if (wrote[j]!.ctxs.length > 0) this.wrote.push(wrote[j]!);
+      } catch (err) {
+        lost ??= err;
+      }
+    });
+    if (lost !== null) throw lost;
   }
+
+  /** The contexts each scope's `save` set or deleted. */
+  written(): readonly ContextsWritten[] {
+    return this.wrote;
+  }
+}
+
+/** Contexts of one scope whose stored value changed (set or deleted). */
+export interface ContextsWritten {
+  tenant: string;
+  agent: string;
+  ctxs: string[];
+}
+
+/** One scope's copy for the rules topic: its counts (`m`) and the named contexts (null: deleted, evicted). */
+export interface ScopeCopy {
+  tenant: string;
+  agent: string;
+  /** The `m` field as stored; null when the scope has no state (lost, or never written). */
+  meta: string | null;
+  ctxs: Map<string, string | null>;
+}
+
+/**
+ * Reads the named contexts of each scope, with its `m` field, in one round trip. The caller holds the scopes'
+ * leases, so each scope reads as one batch left it.
+ */
+export async function readContexts(
+  redis: Redis,
+  prefix: string,
+  scopes: readonly ContextsWritten[],
+): Promise<ScopeCopy[]> {
+  const pipe = redis.pipeline();
+  for (const s of scopes) {
+    const key = learnKey(prefix, s.tenant, s.agent);
+    pipe.hget(key, META);
+    pipe.hmget(key, ...s.ctxs.map(ctxField));
+  }
+  const replies = await execPipeline(pipe, 'learned contexts copy');
+  return scopes.map((s, i) => {
+    const meta = replies[2 * i];
+    const vals = replies[2 * i + 1] as (string | null)[];
+    return {
+      tenant: s.tenant,
+      agent: s.agent,
+      meta: typeof meta === 'string' ? meta : null,
+      ctxs: new Map(s.ctxs.map((c, j) => [c, vals[j] ?? null])),
+    };
+  });
+}
+
+/**
+ * Writes a scope's copy back when the scope has no state (`learnRestore-1.lua`). The counts are those of the
+ * contexts copied (a context left out of the copy is not counted); the clock is the copy's, or the latest
+ * context's use when later. False when the scope had state already (it is newer than the copy).
+ */
+export async function restoreScope(
+  redis: Redis,
+  prefix: string,
+  tenant: string,
+  agent: string,
+  clock: number,
+  ctxs: ReadonlyMap<string, string>,
+): Promise<{ written: boolean; contexts: number }> {
+  defineScopeScripts(redis);
+  const state = newScopeState();
+  state.clock = clock;
+  const pairs: string[] = [];
+  for (const [ctx, raw] of ctxs) {
+    const slots = readGroup(state, ctx, raw);
+    if (slots < 0) continue;
+    pairs.push(ctxField(ctx), raw);
+  }
+  let { clock: at } = state;
+  for (const c of Object.values(state.ctx)) at = Math.max(at, c.at);
+  let nActive = 0;
+  for (const s of Object.values(state.slots)) {
+    at = Math.max(at, s.at);
+    if (s.rule?.state === 'active') nActive++;
+  }
+  const meta: Meta = {
+    v: 2,
+    clock: at,
+    nCtx: Object.keys(state.ctx).length,
+    nSlots: Object.keys(state.slots).length,
+    nActive,
+  };
+  const pipe = redis.pipeline();
+  invokeScript(pipe, 'learnRestore', [learnKey(prefix, tenant, agent)], [JSON.stringify(meta), ...pairs]);
+  const [reply] = await execPipeline(pipe, 'learned state restore');
+  return { written: reply === 1, contexts: pairs.length / 2 };
+}
+
+/** The clock of a stored `m` value, or null when the value is not ours. */
+export function metaClock(raw: string): number | null {
+  const m = parseJson(raw);
+  return m !== null && metaShape.safeParse(m).success ? (m as Meta).clock : null;
 }
 
 /** One scope's whole learned state for `GET /rules` (read-only). */

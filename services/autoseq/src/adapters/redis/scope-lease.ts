@@ -21,7 +21,7 @@ import {
  */
 
 export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
-export const SCRIPTS = ['learnSave', 'leaseAcquire', 'leaseRelease', 'leaseRenew'] as const;
+export const SCRIPTS = ['learnRestore', 'learnSave', 'leaseAcquire', 'leaseRelease', 'leaseRenew'] as const;
 let files: ScriptFile[] | null = null;
 /** Registers the scope scripts on a connection (once; the files are read once per process). */
 export function defineScopeScripts(redis: Redis): void {

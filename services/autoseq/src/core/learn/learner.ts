@@ -951,5 +951,12 @@ export function listRules(scope: ScopeState, opts: LearnOptions = DEFAULT_LEARN)
       changed_ts: r.changed,
     });
   }
-  return out.sort((a, b) => (a.state === b.state ? b.trials - a.trials : a.state === 'active' ? -1 : 1));
+  // Ties by rule id: the order does not depend on the order the store gave the contexts in.
+  const rank = (v: RuleView) => (v.state === 'active' ? 0 : 1);
+  return out.sort(
+    (a, b) =>
+      rank(a) - rank(b) ||
+      b.trials - a.trials ||
+      (a.rule_id < b.rule_id ? -1 : a.rule_id > b.rule_id ? 1 : 0),
+  );
 }

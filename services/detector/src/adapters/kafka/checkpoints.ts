@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import type { Sink } from '../../../../../shared/kafka/sink.js';
-import { readToEnd, type ReplayOptions } from './replay.js';
+import { readToEnd, type ReplayOptions } from '../../../../../shared/kafka/replay.js';
 
 /**
  * The detector's replay checkpoints, on a compacted topic it owns: per (Redis key prefix, input topic,

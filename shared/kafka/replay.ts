@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import type { Kafka, KafkaMessage } from 'kafkajs';
-import { errorMessage, PaverError } from '../../../../../shared/errors.js';
+import { errorMessage, PaverError } from '../errors.js';
 
 /** Offsets [from, end) of one partition. */
 export interface OffsetRange {

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { createTopics, produceInTransactions, testKafka, unique } from '../../../../test/helpers/kafka.js';
-import { readToEnd } from '../../src/adapters/kafka/replay.js';
+import { createTopics, produceInTransactions, testKafka, unique } from '../helpers/kafka.js';
+import { readToEnd } from '../../shared/kafka/replay.js';
 
 describe('replay reader (real Kafka)', () => {
   it('reads a topic written in transactions to its end, an aborted transaction last (no batch is ever given for it)', async () => {

@@ -1,0 +1,85 @@
+import type { KafkaMessage } from 'kafkajs';
+import { z } from 'zod';
+import { readToEnd, type ReplayOptions } from '../../../../../shared/kafka/replay.js';
+
+/**
+ * The learned rules' copy on a compacted topic autoseq owns (`AUTOSEQ_RULES_TOPIC`): what survives a Redis
+ * loss. Internal to the service, so plain JSON with these shapes rather than a public contract.
+ *
+ * - key `["<key prefix>","<tenant>","<agent>"]`: the scope's clock (`{"v":1,"clock":N}`);
+ * - key `["<key prefix>","<tenant>","<agent>","<context>"]`: one context's value as Redis stores it (its
+ *   next-tool counts, its slots and their rules: counts, bindings, state; never an argument value the agent
+ *   passed, except a `const` binding's short constant), or a tombstone once the context was evicted.
+ *
+ * The prefix is part of the key: deployments sharing a topic (one per Redis key prefix) stay apart.
+ */
+const keyShape = z.union([
+  z.tuple([z.string(), z.string().min(1), z.string().min(1)]),
+  z.tuple([z.string(), z.string().min(1), z.string().min(1), z.string()]),
+]);
+const scopeValueV1 = z.object({ v: z.literal(1), clock: z.number().int().nonnegative() }).strict();
+const contextValueV1 = z.object({ v: z.literal(1), value: z.string().min(2) }).strict();
+
+export const scopeRecordKey = (prefix: string, tenant: string, agent: string): string =>
+  JSON.stringify([prefix, tenant, agent]);
+export const contextRecordKey = (prefix: string, tenant: string, agent: string, ctx: string): string =>
+  JSON.stringify([prefix, tenant, agent, ctx]);
+export const scopeRecordValue = (clock: number): string => JSON.stringify({ v: 1, clock });
+/** The stored text is carried as text: the copy is byte for byte what Redis held. */
+export const contextRecordValue = (stored: string): string => JSON.stringify({ v: 1, value: stored });
+
+/** One scope as the topic holds it now: its clock (0 when its clock record is missing) and its contexts. */
+export interface ScopeCopyRead {
+  tenant: string;
+  agent: string;
+  clock: number;
+  ctxs: Map<string, string>;
+}
+
+const parse = (buf: Buffer): unknown => {
+  try {
+    return JSON.parse(buf.toString('utf8')) as unknown;
+  } catch {
+    return undefined;
+  }
+};
+
+/**
+ * Reads the whole topic (its partitions from the low to the high watermark as they are now) and gives each
+ * scope of `prefix` as the latest record of each key says, as compaction would keep it. Records of other
+ * prefixes, and records this version cannot read, are skipped and counted.
+ */
+export async function readRulesLog(
+  o: ReplayOptions,
+  prefix: string,
+): Promise<{ scopes: ScopeCopyRead[]; skipped: number }> {
+  const latest = new Map<string, Buffer | null>();
+  await readToEnd(o, (_p, messages: KafkaMessage[]) => {
+    for (const m of messages) if (m.key) latest.set(m.key.toString('utf8'), m.value);
+    return Promise.resolve();
+  });
+  const scopes = new Map<string, ScopeCopyRead>();
+  let skipped = 0;
+  for (const [k, v] of latest) {
+    const key = keyShape.safeParse(parse(Buffer.from(k)));
+    if (!key.success) {
+      skipped++;
+      continue;
+    }
+    const [p, tenant, agent, ctx] = key.data;
+    if (p !== prefix || v === null) continue;
+    const id = JSON.stringify([tenant, agent]);
+    let s = scopes.get(id);
+    if (!s) scopes.set(id, (s = { tenant, agent, clock: 0, ctxs: new Map() }));
+    if (ctx === undefined) {
+      const r = scopeValueV1.safeParse(parse(v));
+      if (r.success) s.clock = r.data.clock;
+      else skipped++;
+    } else {
+      const r = contextValueV1.safeParse(parse(v));
+      if (r.success) s.ctxs.set(ctx, r.data.value);
+      else skipped++;
+    }
+  }
+  return { scopes: [...scopes.values()].filter((s) => s.ctxs.size > 0), skipped };
+}

@@ -1,0 +1,17 @@
+--[[
+  learnRestore: one scope's learned state copied back from the rules topic after a Redis loss, only where the
+  scope has no state (no `m` field): a scope another instance already restored, or one a batch has written
+  since, is newer than the copy and is left as it is.
+
+  KEYS[1]  rules   hash    `m` and one field per context
+  ARGV[1]  the `m` value
+  ARGV[2..]  (field, value) pairs
+
+  Returns 1 when written, 0 when the scope already had state.
+]]
+if redis.call('HEXISTS', KEYS[1], 'm') == 1 then return 0 end
+for i = 2, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+redis.call('HSET', KEYS[1], 'm', ARGV[1])
+return 1

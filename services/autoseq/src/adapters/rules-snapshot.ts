@@ -1,0 +1,207 @@
+import type { Redis } from 'ioredis';
+import type { Counter, Gauge } from 'prom-client';
+import { errorMessage } from '../../../../shared/errors.js';
+import type { ReplayOptions } from '../../../../shared/kafka/replay.js';
+import type { Sink } from '../../../../shared/kafka/sink.js';
+import type { Logger } from '../../../../shared/log.js';
+import { scopeId } from '../core/learn/engine.js';
+import { contextRecordKey, contextRecordValue, scopeRecordKey, scopeRecordValue } from './kafka/rules-log.js';
+import { readRulesLog } from './kafka/rules-log.js';
+import { metaClock, readContexts, restoreScope, type ContextsWritten } from './redis/learn-store.js';
+import { ScopeLeases } from './redis/scope-lease.js';
+
+/** Bytes of records per send: a partition's share of one request stays under the broker's default 1 MB. */
+const SEND_BUDGET = 512 * 1024;
+/** Scopes copied per round trip (and per set of leases held at once). */
+const SCOPES_PER_ROUND = 32;
+
+export interface RuleSnapshotsSpec {
+  redis: Redis;
+  prefix: string;
+  sink: Sink;
+  topic: string;
+  /** PAVER_MAX_OUTPUT_BYTES: a context's record above it is left out (counted, logged without content). */
+  maxRecordBytes: number;
+  leaseMs: number;
+  log: Logger;
+  /** While true (a restore runs), nothing is copied: the marks wait. */
+  paused: () => boolean;
+  metrics: {
+    records: Counter<'kind'>;
+    pending: Gauge;
+    flushes: Counter<'outcome'>;
+  };
+}
+
+/**
+ * Copies the learned state's changes to the rules topic, off the batch path: a batch marks the contexts its
+ * save set or deleted; every interval the marked contexts are read (under their scopes' leases, so each
+ * scope reads as one batch left it and copies land in the order of the writes they copy) and published,
+ * with the scope's clock. A context changed by many batches in an interval is published once.
+ *
+ * What the topic lacks after a loss: the changes of the last interval (and those an instance marked and then
+ * died with before copying). The rules are statistics: a restored rule is at most that far behind.
+ */
+export class RuleSnapshots {
+  private marks = new Map<string, { tenant: string; agent: string; ctxs: Set<string> }>();
+  private flushing: Promise<void> | null = null;
+  private timer: NodeJS.Timeout | null = null;
+  private stopped = false;
+  /** Contexts taken by the copy under way and not yet published. */
+  private inFlight = 0;
+
+  constructor(private readonly s: RuleSnapshotsSpec) {}
+
+  mark(written: readonly ContextsWritten[]): void {
+    for (const w of written) {
+      const id = scopeId(w.tenant, w.agent);
+      let m = this.marks.get(id);
+      if (!m) this.marks.set(id, (m = { tenant: w.tenant, agent: w.agent, ctxs: new Set() }));
+      for (const c of w.ctxs) m.ctxs.add(c);
+    }
+    this.s.metrics.pending.set(this.pending());
+  }
+
+  /** Contexts marked and not yet copied (those of the copy under way included). */
+  pending(): number {
+    let n = this.inFlight;
+    for (const m of this.marks.values()) n += m.ctxs.size;
+    return n;
+  }
+
+  start(intervalMs: number): void {
+    const tick = () => {
+      this.timer = setTimeout(() => {
+        void this.flush().finally(() => {
+          if (!this.stopped) tick();
+        });
+      }, intervalMs);
+      this.timer.unref();
+    };
+    tick();
+  }
+
+  /** A last copy of what is marked (graceful stop, after the consumer's last batch). */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.timer) clearTimeout(this.timer);
+    await this.flush();
+  }
+
+  /** Copies what is marked now; a failure keeps the marks for the next try (logged, counted). One at a time. */
+  flush(): Promise<void> {
+    return (this.flushing ??= this.copy().finally(() => (this.flushing = null)));
+  }
+
+  private async copy(): Promise<void> {
+    if (this.marks.size === 0 || this.s.paused()) return;
+    const todo = [...this.marks.values()];
+    this.marks = new Map();
+    for (const m of todo) this.inFlight += m.ctxs.size;
+    let done = 0;
+    try {
+      while (done < todo.length) {
+        const round = todo.slice(done, done + SCOPES_PER_ROUND);
+        await this.copyRound(round.map((m) => ({ tenant: m.tenant, agent: m.agent, ctxs: [...m.ctxs] })));
+        done += round.length;
+        for (const m of round) this.inFlight -= m.ctxs.size;
+        this.s.metrics.pending.set(this.pending());
+      }
+      this.s.metrics.flushes.inc({ outcome: 'ok' });
+    } catch (err) {
+      // Marks made meanwhile stay; the ones not copied go back beside them.
+      this.inFlight = 0;
+      for (const m of todo.slice(done)) this.mark([{ tenant: m.tenant, agent: m.agent, ctxs: [...m.ctxs] }]);
+      this.s.metrics.flushes.inc({ outcome: 'failed' });
+      this.s.log.warn(
+        { err: errorMessage(err), contexts: this.pending() },
+        'learned rules not copied to the rules topic; trying again',
+      );
+    } finally {
+      this.s.metrics.pending.set(this.pending());
+    }
+  }
+
+  private async copyRound(scopes: ContextsWritten[]): Promise<void> {
+    const { redis, prefix } = this.s;
+    const leases = new ScopeLeases(redis, prefix, { ttlMs: this.s.leaseMs });
+    const refs = scopes.map((s) => ({ id: scopeId(s.tenant, s.agent), tenant: s.tenant, agent: s.agent }));
+    await leases.acquire(refs);
+    try {
+      const copies = await readContexts(redis, prefix, scopes);
+      const records: { key: string; value: string | null }[] = [];
+      const kinds = { context: 0, tombstone: 0, too_large: 0 };
+      for (const c of copies) {
+        // No state: lost with Redis (the restore brings it back from the topic) or never written. Nothing to
+        // copy, and above all no tombstones.
+        const clock = c.meta === null ? null : metaClock(c.meta);
+        if (clock === null) continue;
+        records.push({ key: scopeRecordKey(prefix, c.tenant, c.agent), value: scopeRecordValue(clock) });
+        for (const [ctx, stored] of c.ctxs) {
+          const key = contextRecordKey(prefix, c.tenant, c.agent, ctx);
+          if (stored === null) {
+            records.push({ key, value: null });
+            kinds.tombstone++;
+            continue;
+          }
+          const value = contextRecordValue(stored);
+          const bytes = Buffer.byteLength(key) + Buffer.byteLength(value);
+          if (bytes > this.s.maxRecordBytes) {
+            kinds.too_large++;
+            this.s.log.warn(
+              { bytes, limit: this.s.maxRecordBytes },
+              'a learned context is over PAVER_MAX_OUTPUT_BYTES: left out of the rules topic',
+            );
+            continue;
+          }
+          records.push({ key, value });
+          kinds.context++;
+        }
+      }
+      let chunk: typeof records = [];
+      let bytes = 0;
+      for (const r of records) {
+        const n = Buffer.byteLength(r.key) + (r.value === null ? 0 : Buffer.byteLength(r.value));
+        if (chunk.length > 0 && bytes + n > SEND_BUDGET) {
+          await this.s.sink.sendRaw(this.s.topic, chunk);
+          [chunk, bytes] = [[], 0];
+        }
+        chunk.push(r);
+        bytes += n;
+      }
+      await this.s.sink.sendRaw(this.s.topic, chunk);
+      for (const [kind, n] of Object.entries(kinds)) if (n > 0) this.s.metrics.records.inc({ kind }, n);
+    } finally {
+      await leases.release();
+    }
+  }
+}
+
+/** Set while a restore runs: a process that died mid-restore leaves it, and the next start restores again. */
+const restoringKey = (prefix: string) => `${prefix}:aseq:restoring`;
+
+export const restoreOwed = async (redis: Redis, prefix: string): Promise<boolean> =>
+  (await redis.exists(restoringKey(prefix))) === 1;
+
+/**
+ * Copies the rules topic back into Redis: every scope of this key prefix that has no state in Redis gets the
+ * topic's copy (a scope with state is newer, and is left as it is). Idempotent: run again, it writes nothing.
+ */
+export async function restoreRules(
+  redis: Redis,
+  prefix: string,
+  replay: ReplayOptions,
+): Promise<{ scopes: number; restored: number; contexts: number; skipped: number }> {
+  await redis.set(restoringKey(prefix), String(Date.now()));
+  const { scopes, skipped } = await readRulesLog(replay, prefix);
+  let restored = 0;
+  let contexts = 0;
+  for (const s of scopes) {
+    const r = await restoreScope(redis, prefix, s.tenant, s.agent, s.clock, s.ctxs);
+    if (!r.written) continue;
+    restored++;
+    contexts += r.contexts;
+  }
+  await redis.del(restoringKey(prefix));
+  return { scopes: scopes.length, restored, contexts, skipped };
+}
