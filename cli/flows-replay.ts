@@ -1,3 +1,4 @@
+import { access, constants } from 'node:fs/promises';
 import { parseFlags } from '../shared/flags.js';
 import {
   flowsFileV1,
@@ -248,6 +249,16 @@ export async function replayCommand(argv: string[]): Promise<number> {
   } catch (err) {
     process.stderr.write(`paver flows replay: ${errorMessage(err)}\n`);
     return 2;
+  }
+  // Said as the sibling commands say it: which file, and that it could not be read.
+  for (const file of [values.input, values.flows]) {
+    if (file === undefined || file === '-') continue;
+    try {
+      await access(file, constants.R_OK);
+    } catch (err) {
+      process.stderr.write(`paver flows replay: cannot read ${file}: ${errorMessage(err)}\n`);
+      return 1;
+    }
   }
   let r;
   try {

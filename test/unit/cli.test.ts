@@ -128,6 +128,22 @@ describe('paver CLI conventions', { timeout: 120_000 }, () => {
     expect(err).toContain("unknown command 'nope'");
   });
 
+  it('a missing input file: every offline command names it and says it cannot read it', async () => {
+    const missing = join(mkdtempSync(join(tmpdir(), 'paver-cli-')), 'missing.jsonl');
+    for (const argv of [
+      ['detect', '--input', missing],
+      ['autoseq', '--catalog', join(root, 'examples/catalog.yaml'), '--input', missing],
+      ['predict', '--input', missing],
+      ['savings', '--input', missing],
+      ['flows', 'replay', '--input', missing],
+      ['flows', 'replay', '--input', EVENTS, '--flows', missing],
+    ]) {
+      err = '';
+      expect(await main(argv), argv.join(' ')).toBe(1);
+      expect(err, argv.join(' ')).toContain(`cannot read ${missing}: `);
+    }
+  });
+
   it('dev and publish get their options; publish --input - reads stdin', async () => {
     expect(await main(['dev', '--service', 'detector', '--service', 'flows'])).toBe(0);
     expect(
