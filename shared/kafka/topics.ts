@@ -7,6 +7,8 @@ export interface TopicSpec {
   topic: string;
   compacted?: boolean;
   partitions?: number;
+  /** A compacted topic whose records also expire (`compact,delete`): a key not written for this long goes. */
+  retentionMs?: number;
 }
 
 /** The topics of DESIGN.md; compacted ones hold latest-state-per-key records. */
@@ -95,8 +97,15 @@ async function createMissing(
       replicationFactor: defaults.replicationFactor,
       configEntries: s.compacted
         ? [
-            { name: 'cleanup.policy', value: 'compact' },
+            { name: 'cleanup.policy', value: s.retentionMs ? 'compact,delete' : 'compact' },
             { name: 'min.compaction.lag.ms', value: '60000' },
+            // Segments roll at least as often as records expire, so an expired one is not kept in an open segment.
+            ...(s.retentionMs
+              ? [
+                  { name: 'retention.ms', value: String(s.retentionMs) },
+                  { name: 'segment.ms', value: String(s.retentionMs) },
+                ]
+              : []),
           ]
         : [],
     })),

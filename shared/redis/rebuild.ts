@@ -1,5 +1,6 @@
 import { errorMessage } from '../errors.js';
 import type { Logger } from '../log.js';
+import type { Redis } from 'ioredis';
 import type { Epoch } from './epoch.js';
 
 export type RebuildReason = 'start' | 'lost';
@@ -68,6 +69,9 @@ export function createStateGuard(s: StateGuardSpec): StateGuard {
         // Another caller's rebuild: its failure is that caller's to report; this one retries what is owed.
         if (running) await running.catch(() => undefined);
         await check();
+        // Callers waiting on one check resume in turn: the first may have started the rebuild (and taken what
+        // was owed) before this one looks. It must wait for that rebuild, not pass as if nothing were owed.
+        if (running) continue;
         if (!owed) return;
         await rebuild();
       }
@@ -75,6 +79,7 @@ export function createStateGuard(s: StateGuardSpec): StateGuard {
     async ready() {
       if (running) return false;
       await check();
+      if (running) return false;
       if (!owed) return true;
       rebuild().catch(() => undefined);
       return false;
@@ -82,3 +87,35 @@ export function createStateGuard(s: StateGuardSpec): StateGuard {
     rebuilding: () => running !== null,
   };
 }
+
+/**
+ * An epoch whose last check is remembered: `lastLost()` is true when it found no marker (or another one). At
+ * start-up that tells a Redis without this service's state (a first start, or a loss while it was down) from
+ * one that kept it, so a service that restores from a copy need not read the copy at every start.
+ */
+export function watchedEpoch(e: Epoch): Epoch & { lastLost(): boolean } {
+  let lost = false;
+  return {
+    key: e.key,
+    current: () => e.current(),
+    async check() {
+      const c = await e.check();
+      lost = c.lost;
+      return c;
+    },
+    lastLost: () => lost,
+  };
+}
+
+/**
+ * Runs a restore under a flag key (no TTL) set before and deleted after it: a process that dies mid-restore
+ * leaves the flag, and `restoreCutShort` tells the next start to restore again (the marker is back by then).
+ */
+export async function flaggedRestore<T>(redis: Redis, flag: string, restore: () => Promise<T>): Promise<T> {
+  await redis.set(flag, String(Date.now()));
+  const r = await restore();
+  await redis.del(flag);
+  return r;
+}
+export const restoreCutShort = async (redis: Redis, flag: string): Promise<boolean> =>
+  (await redis.exists(flag)) === 1;

@@ -22,6 +22,7 @@ export function serviceEnv(overrides: Record<string, string> = {}): Record<strin
     PAVER_TOPIC_FLOW_SELECTIONS: `${id}.flow-selections`,
     PAVER_TOPIC_DEAD_LETTERS: `${id}.dead-letters`,
     AUTOSEQ_RULES_TOPIC: `${id}.autoseq-rules`,
+    SEQUENCER_STATE_TOPIC: `${id}.sequencer-sessions`,
     DETECTOR_GROUP_ID: `${id}-detector`,
     KAFKA_SESSION_TIMEOUT_MS: '10000',
     LOG_LEVEL: 'info',

@@ -75,4 +75,27 @@ describe('state guard', () => {
     expect(outcomes[0]).toBe('start:failed');
     expect(outcomes.at(-1)).toBe('start:ok');
   });
+
+  it('callers that met the loss in one check all wait for the rebuild (none passes before it ends)', async () => {
+    const e = fakeEpoch();
+    let release: (() => void) | null = null;
+    const g = createStateGuard({
+      epoch: e.epoch,
+      log,
+      rebuild: (r) => (r === 'lost' ? new Promise<void>((ok) => (release = ok)) : Promise.resolve()),
+    });
+    await g.ensure();
+    e.lose();
+    // Reads arriving together after the loss: they share one check, and the first to resume starts the rebuild.
+    const passed: number[] = [];
+    const users = [0, 1, 2, 3].map((i) => g.ensure().then(() => passed.push(i)));
+    const probe = g.ready();
+    for (let i = 0; i < 20; i++) await Promise.resolve();
+    expect(g.rebuilding()).toBe(true);
+    expect(passed).toEqual([]);
+    expect(await probe).toBe(false);
+    release!();
+    await Promise.all(users);
+    expect(passed.sort()).toEqual([0, 1, 2, 3]);
+  });
 });

@@ -2,8 +2,13 @@ import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '.
 import { PaverError, errorMessage } from '../../../shared/errors.js';
 import { readConfigFile } from '../../../shared/jsonl.js';
 import { zodParser } from '../../../shared/kafka/runner.js';
-import { createEpoch, type Epoch } from '../../../shared/redis/epoch.js';
-import { createStateGuard, type StateGuard } from '../../../shared/redis/rebuild.js';
+import { createEpoch } from '../../../shared/redis/epoch.js';
+import {
+  createStateGuard,
+  restoreCutShort,
+  watchedEpoch,
+  type StateGuard,
+} from '../../../shared/redis/rebuild.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
 import { createBatchHandler } from './adapters/batch.js';
 import { createCatalogFeed } from './adapters/catalog-feed.js';
@@ -11,7 +16,7 @@ import { rulesRoute } from './adapters/http.js';
 import { createAutoseqMetrics } from './adapters/metrics.js';
 import { RedisTaskStore, taskKey } from './adapters/redis/task-store.js';
 import { readScope, RedisLearnStore } from './adapters/redis/learn-store.js';
-import { restoreOwed, restoreRules, RuleSnapshots } from './adapters/rules-snapshot.js';
+import { restoreRules, restoringKey, RuleSnapshots } from './adapters/rules-snapshot.js';
 import { Catalog, CatalogError, loadCatalogFile } from './core/catalog.js';
 import { SchemaCompiler } from './core/schema-compiler.js';
 import { autoseqEnvSchema, learnOptionsFromEnv, optionsFromEnv, type AutoseqEnv } from './config.js';
@@ -60,32 +65,25 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       paused: () => guard?.rebuilding() ?? true,
       metrics: m.snapshot,
     });
-    // Whether the last epoch check found no marker: at start, Redis has no state of ours (or lost it before).
-    let unmarked = false;
-    const epoch = createEpoch(redis, `${prefix}:aseq:epoch`);
-    const watched: Epoch = {
-      key: epoch.key,
-      current: () => epoch.current(),
-      check: async () => {
-        const c = await epoch.check();
-        unmarked = c.lost;
-        return c;
-      },
-    };
+    const epoch = watchedEpoch(createEpoch(redis, `${prefix}:aseq:epoch`));
     /**
      * Redis loss: the learned rules come back from the rules topic (the changes of the last copy interval
      * excepted); task states live minutes and start over. The guard makes the loss visible (a metric, a
      * warning, /readyz false until the rules are back). See README.
      */
     guard = createStateGuard({
-      epoch: watched,
+      epoch,
       log,
       rebuild: async (reason) => {
         if (reason === 'lost') {
           m.stateLosses.inc();
           m.activeByScope.clear();
         }
-        if (!copyRules || (reason === 'start' && !unmarked && !(await restoreOwed(redis, prefix)))) return;
+        if (!copyRules) return;
+        // At start, only a Redis without the marker (or with a restore cut short) lost anything.
+        const owed =
+          reason === 'lost' || epoch.lastLost() || (await restoreCutShort(redis, restoringKey(prefix)));
+        if (!owed) return;
         const r = await restoreRules(redis, prefix, {
           kafka: runtime.kafka,
           topic: env.AUTOSEQ_RULES_TOPIC,

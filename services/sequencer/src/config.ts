@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { commonEnvShape, int, refineCommon, topicName } from '../../../shared/config.js';
+import { commonEnvShape, envBool, int, refineCommon, topicName } from '../../../shared/config.js';
 
 export const sequencerEnvSchema = z
   .object({
@@ -13,6 +13,10 @@ export const sequencerEnvSchema = z
     SEQUENCER_STATE_CACHE_SIZE: int(0, 10_000_000).default(50_000),
     /** How long a cached state may answer reads: the bound on staleness after another instance took over. */
     SEQUENCER_STATE_CACHE_MAX_AGE_MS: int(0, 3_600_000).default(30_000),
+    /** Compacted topic of the session states (written before Redis): what a Redis loss restores them from. */
+    SEQUENCER_STATE_TOPIC: topicName.default('paver.sequencer-sessions.v1'),
+    /** False: no copy (one record less per changed session and batch); a Redis loss then loses the sessions. */
+    SEQUENCER_STATE_COPY_ENABLED: envBool.default(true),
   })
   .superRefine(refineCommon);
 export type SequencerEnv = z.infer<typeof sequencerEnvSchema>;

@@ -3,13 +3,19 @@ import { PaverError, errorMessage } from '../../../shared/errors.js';
 import { readConfigFile } from '../../../shared/jsonl.js';
 import { zodParser } from '../../../shared/kafka/runner.js';
 import { createEpoch } from '../../../shared/redis/epoch.js';
-import { createStateGuard } from '../../../shared/redis/rebuild.js';
+import {
+  createStateGuard,
+  flaggedRestore,
+  restoreCutShort,
+  watchedEpoch,
+} from '../../../shared/redis/rebuild.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
 import { createBatchHandler } from './adapters/batch.js';
 import { answerFromState } from './adapters/answer.js';
 import { allowedToolsRoute } from './adapters/http.js';
 import { createSequencerMetrics } from './adapters/metrics.js';
 import { cheapEpochCheck } from './adapters/epoch.js';
+import { readSessionLog, sessionRecordKey, sessionRecordValue } from './adapters/kafka/session-log.js';
 import { createOrchestrationFeed } from './adapters/orchestration-feed.js';
 import { RedisSessionStore } from './adapters/redis/store.js';
 import { StateCache } from './adapters/state-cache.js';
@@ -53,26 +59,59 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
       },
       runtime,
     );
-    /**
-     * Redis loss: there is nothing to rebuild session states from (the sequence-state topic is not compacted
-     * and its records do not carry the recent-tool history, the matched messages or the redelivery guard), so
-     * sessions start over: the guard's "rebuild" forgets what this instance cached and counts the loss. See
-     * README "Redis loss" for what a client sees.
-     */
+    const copying = env.SEQUENCER_STATE_COPY_ENABLED;
+    const stateTopic = env.SEQUENCER_STATE_TOPIC;
+    const restoring = `${env.REDIS_KEY_PREFIX}:seq:restoring`;
     // Epoch checks on a connection of their own: every allowed-tools read checks the epoch (a state cached
     // before a Redis loss must not answer; no push-based scheme can promise that), and on the shared connection
     // that check waited behind whole batches' session pipelines.
     const epochRedis = redis.duplicate();
     epochRedis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error (epoch)'));
+    const epoch = watchedEpoch(
+      cheapEpochCheck(epochRedis, createEpoch(epochRedis, `${env.REDIS_KEY_PREFIX}:seq:epoch`)),
+    );
+    /**
+     * Redis loss: every batch copies the states it writes to the session topic before Redis, so the states
+     * come back from it (each session as its last batch left it; reads and batches wait meanwhile). The cache
+     * is forgotten either way. See README "Redis loss".
+     */
     const guard = createStateGuard({
-      epoch: cheapEpochCheck(epochRedis, createEpoch(epochRedis, `${env.REDIS_KEY_PREFIX}:seq:epoch`)),
+      epoch,
       log,
       rebuild: async (reason) => {
         cache.clear();
-        if (reason === 'lost') {
-          m.stateLosses.inc();
-          log.warn('session states lost with redis: sessions start over at their next event');
+        if (reason === 'lost') m.stateLosses.inc();
+        if (!copying) {
+          if (reason === 'lost')
+            log.warn('session states lost with redis: sessions start over at their next event');
+          return;
         }
+        // At start, only a Redis without the marker (or with a restore cut short) lost anything.
+        if (reason === 'start' && !epoch.lastLost() && !(await restoreCutShort(redis, restoring))) return;
+        const r = await flaggedRestore(redis, restoring, async () => {
+          const { sessions, skipped } = await readSessionLog(
+            {
+              kafka: runtime.kafka,
+              topic: stateTopic,
+              groupPrefix: env.SEQUENCER_GROUP_ID,
+              sessionTimeoutMs: env.KAFKA_SESSION_TIMEOUT_MS,
+              maxBytesPerPartition: env.KAFKA_MAX_BYTES_PER_PARTITION,
+            },
+            env.REDIS_KEY_PREFIX,
+          );
+          const now = Date.now();
+          const live = sessions
+            .map((s) => ({ ref: s.ref, value: s.value, ttlMs: s.at + env.SEQUENCER_SESSION_TTL_MS - now }))
+            .filter((s) => s.ttlMs > 0);
+          return {
+            read: sessions.length,
+            expired: sessions.length - live.length,
+            skipped,
+            restored: await store.restore(live),
+          };
+        });
+        m.restored.inc(r.restored);
+        log.info({ reason, ...r }, 'session states restored from the session topic');
       },
     });
     const handle = createBatchHandler({
@@ -81,10 +120,25 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
       sink,
       topic: env.PAVER_TOPIC_SEQUENCE_STATE,
       metrics: m,
+      copy: copying
+        ? (writes) =>
+            sink.sendRaw(
+              stateTopic,
+              writes.map((w) => ({
+                key: sessionRecordKey(env.REDIS_KEY_PREFIX, w.ref),
+                value: sessionRecordValue(w.value, Date.now()),
+              })),
+            )
+        : undefined,
     });
     return {
       inputTopics: [env.PAVER_TOPIC_TOOL_CALLS],
-      extraTopics: [{ topic: env.PAVER_TOPIC_ORCHESTRATION, compacted: true }],
+      extraTopics: [
+        { topic: env.PAVER_TOPIC_ORCHESTRATION, compacted: true },
+        ...(copying
+          ? [{ topic: stateTopic, compacted: true, retentionMs: env.SEQUENCER_SESSION_TTL_MS }]
+          : []),
+      ],
       parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
       async start() {
         // Redis not reachable yet: the first batch (or /readyz probe) checks again; failures are the guard's to log.
@@ -123,6 +177,7 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
           config,
           answerFromState({
             ensure: () => guard.ensure(),
+            rebuilding: () => guard.rebuilding(),
             cache,
             store,
             onRead: (source) => m.stateReads.inc({ source }),

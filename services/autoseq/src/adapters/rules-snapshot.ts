@@ -3,6 +3,7 @@ import type { Counter, Gauge } from 'prom-client';
 import { errorMessage } from '../../../../shared/errors.js';
 import type { ReplayOptions } from '../../../../shared/kafka/replay.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
+import { flaggedRestore } from '../../../../shared/redis/rebuild.js';
 import type { Logger } from '../../../../shared/log.js';
 import { scopeId } from '../core/learn/engine.js';
 import { contextRecordKey, contextRecordValue, scopeRecordKey, scopeRecordValue } from './kafka/rules-log.js';
@@ -177,31 +178,28 @@ export class RuleSnapshots {
   }
 }
 
-/** Set while a restore runs: a process that died mid-restore leaves it, and the next start restores again. */
-const restoringKey = (prefix: string) => `${prefix}:aseq:restoring`;
-
-export const restoreOwed = async (redis: Redis, prefix: string): Promise<boolean> =>
-  (await redis.exists(restoringKey(prefix))) === 1;
+/** Set while a restore runs (`flaggedRestore`): a process that died mid-restore leaves it behind. */
+export const restoringKey = (prefix: string) => `${prefix}:aseq:restoring`;
 
 /**
  * Copies the rules topic back into Redis: every scope of this key prefix that has no state in Redis gets the
  * topic's copy (a scope with state is newer, and is left as it is). Idempotent: run again, it writes nothing.
  */
-export async function restoreRules(
+export function restoreRules(
   redis: Redis,
   prefix: string,
   replay: ReplayOptions,
 ): Promise<{ scopes: number; restored: number; contexts: number; skipped: number }> {
-  await redis.set(restoringKey(prefix), String(Date.now()));
-  const { scopes, skipped } = await readRulesLog(replay, prefix);
-  let restored = 0;
-  let contexts = 0;
-  for (const s of scopes) {
-    const r = await restoreScope(redis, prefix, s.tenant, s.agent, s.clock, s.ctxs);
-    if (!r.written) continue;
-    restored++;
-    contexts += r.contexts;
-  }
-  await redis.del(restoringKey(prefix));
-  return { scopes: scopes.length, restored, contexts, skipped };
+  return flaggedRestore(redis, restoringKey(prefix), async () => {
+    const { scopes, skipped } = await readRulesLog(replay, prefix);
+    let restored = 0;
+    let contexts = 0;
+    for (const s of scopes) {
+      const r = await restoreScope(redis, prefix, s.tenant, s.agent, s.clock, s.ctxs);
+      if (!r.written) continue;
+      restored++;
+      contexts += r.contexts;
+    }
+    return { scopes: scopes.length, restored, contexts, skipped };
+  });
 }

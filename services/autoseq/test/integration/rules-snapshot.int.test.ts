@@ -10,7 +10,8 @@ import { createTopics, testKafka, testRedis, unique } from '../../../../test/hel
 import { rng } from '../../../../testkit/streams.js';
 import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
 import { learnKey, readScope, RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
-import { restoreOwed, restoreRules, RuleSnapshots } from '../../src/adapters/rules-snapshot.js';
+import { restoreCutShort } from '../../../../shared/redis/rebuild.js';
+import { restoreRules, restoringKey, RuleSnapshots } from '../../src/adapters/rules-snapshot.js';
 import { applyEvent } from '../../src/core/learn/engine.js';
 import { LOW_BAR } from './predict-compare.js';
 
@@ -83,7 +84,7 @@ describe('learned rules copied to a compacted topic and restored from it (real K
     expect(first).toMatchObject({ scopes: 1, restored: 1, skipped: 0 });
     expect(first.contexts).toBe(Object.keys(learned!.ctx).length);
     expect(await readScope(redis, prefix, 'default', 'default')).toEqual(learned);
-    expect(await restoreOwed(redis, prefix)).toBe(false);
+    expect(await restoreCutShort(redis, restoringKey(prefix))).toBe(false);
 
     // Run again (another instance noticed the loss too), or after the scope moved on: nothing is overwritten.
     const more = events

@@ -11,8 +11,9 @@ export interface StateReader {
 }
 
 /**
- * Allowed-tools reads: a cached state from before a Redis loss must not answer (the session's next event starts it
- * over), so every read waits for the epoch check (`ensure`, one GET). The GET leaves first and the answer from the
+ * Allowed-tools reads: a cached state from before a Redis loss must not answer (the session is restored from the
+ * session topic, or starts over), so every read waits for the epoch check (`ensure`, one GET; after a loss, the
+ * restore). The GET leaves first and the answer from the
  * cached state is computed while it travels, taking that work off the round trip; it is sent only when the check
  * found no loss meanwhile (a loss clears the cache, which bumps its generation), else the state is read again
  * from Redis. A state this instance wrote between the lookup and the check's reply is not missed by a read
@@ -20,17 +21,21 @@ export interface StateReader {
  */
 export function answerFromState(o: {
   ensure: () => Promise<void>;
+  /** True while the states are being restored after a loss: a GET then may read what the restore has not written yet. */
+  rebuilding: () => boolean;
   cache: StateCache;
   store: StateReader;
   onRead: (source: 'cache' | 'redis') => void;
 }): AnswerFromState {
   return async (ref, respond) => {
     const generation = o.cache.generation;
+    const quiet = !o.rebuilding();
     const checked = o.ensure();
     const hit = o.store.cached(ref);
-    // Not cached: the state's GET goes out with the check's, not after it (one round trip, not two). A value read
-    // from Redis is never a lost state (a lost one is no longer there), so it need not wait for the check.
-    const fromRedis = hit ? undefined : o.store.fromRedis(ref);
+    // Not cached: the state's GET goes out with the check's, not after it (one round trip, not two). Its value
+    // stands only if no loss was found meanwhile (a loss clears the cache, which bumps its generation): a GET
+    // that met the loss read a state the restore has not written back yet.
+    const fromRedis = hit || !quiet ? undefined : o.store.fromRedis(ref);
     let early: ReturnType<typeof respond> | undefined;
     try {
       if (hit) early = respond(hit);
@@ -41,12 +46,15 @@ export function answerFromState(o: {
         throw err;
       });
     }
-    if (hit && o.cache.generation === generation) {
+    const same = o.cache.generation === generation;
+    if (hit && same) {
       o.onRead('cache');
       return early!;
     }
-    // A cached state that the check found lost is read again from Redis (where the session now starts over).
-    const state = await (fromRedis ?? o.store.fromRedis(ref));
+    if (!same) fromRedis?.catch(() => undefined);
+    // Read again after a loss: from what the restore wrote back (or, without the session copy, nothing: the
+    // session starts over).
+    const state = await (fromRedis && same ? fromRedis : o.store.fromRedis(ref));
     o.onRead('redis');
     return respond(state);
   };

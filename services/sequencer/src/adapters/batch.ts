@@ -4,7 +4,7 @@ import type { Sink } from '../../../../shared/kafka/sink.js';
 import type { Orchestrations } from '../core/orchestration.js';
 import { applyEvent, type SessionState } from '../core/session.js';
 import type { SequencerMetrics } from './metrics.js';
-import type { RedisSessionStore, SessionRef } from './redis/store.js';
+import type { PlannedWrite, RedisSessionStore, SessionRef } from './redis/store.js';
 
 const idOf = (e: ToolCallsEvent) => `${e.tenant_id}\u001f${e.agent_id}\u001f${e.session_id}`;
 
@@ -14,10 +14,12 @@ const idOf = (e: ToolCallsEvent) => `${e.tenant_id}\u001f${e.agent_id}\u001f${e.
  */
 export function createBatchHandler(o: {
   config: Orchestrations;
-  store: Pick<RedisSessionStore, 'load' | 'save'>;
+  store: Pick<RedisSessionStore, 'load' | 'plan' | 'save'>;
   sink: Sink;
   topic: string;
   metrics: SequencerMetrics;
+  /** Copies the states about to be written (the session topic), before Redis: what survives its loss. */
+  copy?: ((writes: PlannedWrite[]) => Promise<void>) | undefined;
 }): BatchHandler<ToolCallsEvent> {
   const { config, store, sink, topic, metrics } = o;
   return async (batch) => {
@@ -52,12 +54,16 @@ export function createBatchHandler(o: {
       'sequence-state.v1',
       out.map((v) => ({ key: v.session_id, value: v })),
     );
-    await store.save(
+    const writes = store.plan(
       [...current].map(([id, state]) => {
         const { version, key } = loaded.get(id)!;
         return { ref: refs.get(id)!, state, version, key };
       }),
     );
+    // The copy before Redis: a state Redis held is always on the topic (a crash in between re-applies the
+    // batch, which writes the same states again).
+    await o.copy?.(writes);
+    await store.save(writes);
     metrics.states.inc(out.length);
     for (const v of out) if (v.violation) metrics.violations.inc({ policy: v.violation.policy });
   };

@@ -49,7 +49,12 @@ export function createSequencerMetrics(
     }),
     stateLosses: new Counter({
       name: 'paver_sequencer_state_losses_total',
-      help: 'Times the Redis session states were found lost (epoch marker gone); sessions then start over.',
+      help: 'Times the Redis session states were found lost (epoch marker gone); they are restored from the session topic.',
+      registers,
+    }),
+    restored: new Counter({
+      name: 'paver_sequencer_sessions_restored_total',
+      help: 'Session states written back to Redis from the session topic after a Redis loss.',
       registers,
     }),
     updates: new Counter({

@@ -23,13 +23,24 @@ function setup() {
     return p;
   };
   const redisReads: number[] = [];
+  // What Redis holds: the state, or nothing until a restore writes it back.
+  let inRedis: SessionState = redisState;
   const store: StateReader = {
     cached: () => cache.get('k')?.state,
-    fromRedis: () => (redisReads.push(checks.length), Promise.resolve(redisState)),
+    fromRedis: () => (redisReads.push(checks.length), Promise.resolve(inRedis)),
   };
   const sources: string[] = [];
-  const answer = answerFromState({ ensure, cache, store, onRead: (s) => sources.push(s) });
+  let rebuilding = false;
+  const answer = answerFromState({
+    ensure,
+    rebuilding: () => rebuilding,
+    cache,
+    store,
+    onRead: (s) => sources.push(s),
+  });
   return {
+    setRedis: (s: SessionState) => (inRedis = s),
+    setRebuilding: (b: boolean) => (rebuilding = b),
     cache,
     answer,
     sources,
@@ -87,5 +98,31 @@ describe('allowed-tools answer from state', () => {
     const out = t.answer(ref, (s) => s.step);
     t.fail(new Error('redis down'));
     await expect(out).rejects.toThrow('redis down');
+  });
+
+  it('a session not cached whose GET met a loss: read again once the restore is done, not answered as new', async () => {
+    const t = setup();
+    t.cache.drop('k');
+    t.setRedis(newSession()); // the loss: the GET sent with the check finds nothing
+    const out = t.answer(ref, (s) => s.step);
+    expect(t.redisReads).toHaveLength(1);
+    t.cache.clear(); // the check found the loss; the restore writes the state back before the check returns
+    t.setRedis(redisState);
+    t.release();
+    expect(await out).toBe('redis');
+    expect(t.redisReads).toHaveLength(2);
+  });
+
+  it('a read that arrives while a restore runs sends no GET of its own before the restore is done', async () => {
+    const t = setup();
+    t.cache.drop('k');
+    t.setRebuilding(true);
+    t.setRedis(newSession());
+    const out = t.answer(ref, (s) => s.step);
+    expect(t.redisReads).toHaveLength(0);
+    t.setRedis(redisState);
+    t.setRebuilding(false);
+    t.release();
+    expect(await out).toBe('redis');
   });
 });

@@ -14,7 +14,7 @@ import { StateCache } from '../state-cache.js';
 
 export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
 /** Every script in SCRIPT_DIR (a test holds the folder to this list). */
-export const SCRIPTS = ['writeSessionIfUnchanged'] as const;
+export const SCRIPTS = ['restoreSession', 'writeSessionIfUnchanged'] as const;
 
 const writtenReply = z.tuple([z.literal(1)]);
 const WRITE_CODES = {
@@ -159,25 +159,31 @@ export class RedisSessionStore {
     return raw === null ? newSession() : decode(raw.slice(raw.indexOf('|') + 1));
   }
 
-  /** `key`: the one `load` gave (else built from `ref`). */
-  async save(
-    writes: { ref: SessionRef; state: SessionState; version: string; key?: string }[],
-  ): Promise<void> {
+  /**
+   * What `save` will write for each session: its key, the version read and the value (`<next version>|<state>`),
+   * the same bytes the session topic copies. `key`: the one `load` gave (else built from `ref`).
+   */
+  plan(writes: SessionWrite[]): PlannedWrite[] {
+    return writes.map((w) => {
+      const next = String((Number(w.version) || 0) + 1);
+      return {
+        ref: w.ref,
+        key: w.key ?? sessionKey(this.prefix, w.ref),
+        state: w.state,
+        version: w.version,
+        next,
+        value: `${next}|${encode(w.state)}`,
+      };
+    });
+  }
+
+  /** `writes` as `plan` gave them (else planned here). */
+  async save(writes: (SessionWrite | PlannedWrite)[]): Promise<void> {
     if (!writes.length) return;
+    const planned = writes.map((w) => ('value' in w ? w : this.plan([w])[0]!));
     const pipe = this.redis.pipeline();
-    const planned = writes.map((w) => ({
-      key: w.key ?? sessionKey(this.prefix, w.ref),
-      state: w.state,
-      version: w.version,
-      next: String((Number(w.version) || 0) + 1),
-    }));
     for (const w of planned)
-      invokeScript(
-        pipe,
-        'writeSessionIfUnchanged',
-        [w.key],
-        [w.version, `${w.next}|${encode(w.state)}`, this.ttlMs],
-      );
+      invokeScript(pipe, 'writeSessionIfUnchanged', [w.key], [w.version, w.value, this.ttlMs]);
     let replies: unknown[];
     try {
       replies = await execPipeline(pipe, 'session write');
@@ -203,4 +209,36 @@ export class RedisSessionStore {
     }
     if (failure) throw failure;
   }
+
+  /**
+   * Writes copied states back (after a Redis loss), each with what is left of its life, unless Redis holds the
+   * session at that version or a later one. One pipelined round trip per 1,000 sessions; how many were written.
+   */
+  async restore(sessions: { ref: SessionRef; value: string; ttlMs: number }[]): Promise<number> {
+    let written = 0;
+    for (let i = 0; i < sessions.length; i += 1000) {
+      const pipe = this.redis.pipeline();
+      for (const s of sessions.slice(i, i + 1000))
+        invokeScript(pipe, 'restoreSession', [sessionKey(this.prefix, s.ref)], [s.value, s.ttlMs]);
+      for (const r of await execPipeline(pipe, 'session restore')) if (r === 1) written++;
+    }
+    return written;
+  }
+}
+
+export interface SessionWrite {
+  ref: SessionRef;
+  state: SessionState;
+  /** The version `load` read ('' for a new session). */
+  version: string;
+  key?: string;
+}
+
+export interface PlannedWrite {
+  ref: SessionRef;
+  key: string;
+  state: SessionState;
+  version: string;
+  next: string;
+  value: string;
 }

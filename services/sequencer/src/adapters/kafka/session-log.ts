@@ -1,0 +1,72 @@
+import type { KafkaMessage } from 'kafkajs';
+import { z } from 'zod';
+import { readToEnd, type ReplayOptions } from '../../../../../shared/kafka/replay.js';
+import type { SessionRef } from '../redis/store.js';
+
+/**
+ * Session states on a compacted topic the sequencer owns (`SEQUENCER_STATE_TOPIC`): what survives a Redis
+ * loss. One record per session write, keyed `["<key prefix>","<tenant>","<agent>","<session>"]`, holding the
+ * value stored in Redis byte for byte (`<version>|<state>`: step, sequence index, recent tools, matched steps,
+ * the redelivery guard; never a message text or an argument) and when it was written. Internal to the
+ * service: plain JSON with these shapes rather than a public contract. The topic's records expire with the
+ * sessions (`compact,delete`, retention = `SEQUENCER_SESSION_TTL_MS`).
+ */
+const keyShape = z.tuple([z.string(), z.string().min(1), z.string().min(1), z.string().min(1)]);
+const valueV1 = z
+  .object({ v: z.literal(1), value: z.string().regex(/^\d+\|/), at: z.number().int().nonnegative() })
+  .strict();
+
+export const sessionRecordKey = (prefix: string, r: SessionRef): string =>
+  JSON.stringify([prefix, r.tenant, r.agent, r.session]);
+export const sessionRecordValue = (stored: string, at: number): string =>
+  JSON.stringify({ v: 1, value: stored, at });
+
+export interface LoggedSession {
+  ref: SessionRef;
+  /** The value as Redis held it (`<version>|<state>`). */
+  value: string;
+  /** When it was written (ms): the session expires `SEQUENCER_SESSION_TTL_MS` after. */
+  at: number;
+}
+
+const parse = (b: Buffer): unknown => {
+  try {
+    return JSON.parse(b.toString('utf8')) as unknown;
+  } catch {
+    return undefined;
+  }
+};
+
+/**
+ * Reads the whole topic (every partition from its low to its high watermark as they are now) and gives the
+ * latest record of each session of `prefix`, as compaction keeps it. Records of other prefixes are skipped;
+ * records this version cannot read are counted.
+ */
+export async function readSessionLog(
+  o: ReplayOptions,
+  prefix: string,
+): Promise<{ sessions: LoggedSession[]; skipped: number }> {
+  const latest = new Map<string, Buffer | null>();
+  await readToEnd(o, (_p, messages: KafkaMessage[]) => {
+    for (const m of messages) if (m.key) latest.set(m.key.toString('utf8'), m.value);
+    return Promise.resolve();
+  });
+  const sessions: LoggedSession[] = [];
+  let skipped = 0;
+  for (const [k, v] of latest) {
+    const key = keyShape.safeParse(parse(Buffer.from(k)));
+    if (!key.success) {
+      skipped++;
+      continue;
+    }
+    const [p, tenant, agent, session] = key.data;
+    if (p !== prefix || v === null) continue;
+    const r = valueV1.safeParse(parse(v));
+    if (!r.success) {
+      skipped++;
+      continue;
+    }
+    sessions.push({ ref: { tenant, agent, session }, value: r.data.value, at: r.data.at });
+  }
+  return { sessions, skipped };
+}
