@@ -140,3 +140,25 @@ export async function readToEnd(
     onBatch,
   );
 }
+
+/**
+ * The latest value of each key of a (compacted) topic as it is now, read to its end: what compaction keeps, a
+ * tombstone as null. Records without a key are skipped. For the internal copies services restore from.
+ */
+export async function readLatest(o: ReplayOptions): Promise<Map<string, Buffer | null>> {
+  const latest = new Map<string, Buffer | null>();
+  await readToEnd(o, (_p, messages) => {
+    for (const m of messages) if (m.key) latest.set(m.key.toString('utf8'), m.value);
+    return Promise.resolve();
+  });
+  return latest;
+}
+
+/** JSON text (a record's key or value) parsed, or undefined when it is not JSON. */
+export function jsonOf(b: Buffer | string): unknown {
+  try {
+    return JSON.parse(typeof b === 'string' ? b : b.toString('utf8')) as unknown;
+  } catch {
+    return undefined;
+  }
+}

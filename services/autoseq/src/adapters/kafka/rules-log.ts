@@ -1,6 +1,5 @@
-import type { KafkaMessage } from 'kafkajs';
 import { z } from 'zod';
-import { readToEnd, type ReplayOptions } from '../../../../../shared/kafka/replay.js';
+import { jsonOf, readLatest, type ReplayOptions } from '../../../../../shared/kafka/replay.js';
 
 /**
  * The learned rules' copy on a compacted topic autoseq owns (`AUTOSEQ_RULES_TOPIC`): what survives a Redis
@@ -36,14 +35,6 @@ export interface ScopeCopyRead {
   ctxs: Map<string, string>;
 }
 
-const parse = (buf: Buffer): unknown => {
-  try {
-    return JSON.parse(buf.toString('utf8')) as unknown;
-  } catch {
-    return undefined;
-  }
-};
-
 /**
  * Reads the whole topic (its partitions from the low to the high watermark as they are now) and gives each
  * scope of `prefix` as the latest record of each key says, as compaction would keep it. Records of other
@@ -53,15 +44,11 @@ export async function readRulesLog(
   o: ReplayOptions,
   prefix: string,
 ): Promise<{ scopes: ScopeCopyRead[]; skipped: number }> {
-  const latest = new Map<string, Buffer | null>();
-  await readToEnd(o, (_p, messages: KafkaMessage[]) => {
-    for (const m of messages) if (m.key) latest.set(m.key.toString('utf8'), m.value);
-    return Promise.resolve();
-  });
+  const latest = await readLatest(o);
   const scopes = new Map<string, ScopeCopyRead>();
   let skipped = 0;
   for (const [k, v] of latest) {
-    const key = keyShape.safeParse(parse(Buffer.from(k)));
+    const key = keyShape.safeParse(jsonOf(k));
     if (!key.success) {
       skipped++;
       continue;
@@ -72,11 +59,11 @@ export async function readRulesLog(
     let s = scopes.get(id);
     if (!s) scopes.set(id, (s = { tenant, agent, clock: 0, ctxs: new Map() }));
     if (ctx === undefined) {
-      const r = scopeValueV1.safeParse(parse(v));
+      const r = scopeValueV1.safeParse(jsonOf(v));
       if (r.success) s.clock = r.data.clock;
       else skipped++;
     } else {
-      const r = contextValueV1.safeParse(parse(v));
+      const r = contextValueV1.safeParse(jsonOf(v));
       if (r.success) s.ctxs.set(ctx, r.data.value);
       else skipped++;
     }

@@ -1,6 +1,5 @@
-import type { KafkaMessage } from 'kafkajs';
 import { z } from 'zod';
-import { readToEnd, type ReplayOptions } from '../../../../../shared/kafka/replay.js';
+import { jsonOf, readLatest, type ReplayOptions } from '../../../../../shared/kafka/replay.js';
 import type { SessionRef } from '../redis/store.js';
 
 /**
@@ -29,14 +28,6 @@ export interface LoggedSession {
   at: number;
 }
 
-const parse = (b: Buffer): unknown => {
-  try {
-    return JSON.parse(b.toString('utf8')) as unknown;
-  } catch {
-    return undefined;
-  }
-};
-
 /**
  * Reads the whole topic (every partition from its low to its high watermark as they are now) and gives the
  * latest record of each session of `prefix`, as compaction keeps it. Records of other prefixes are skipped;
@@ -46,22 +37,18 @@ export async function readSessionLog(
   o: ReplayOptions,
   prefix: string,
 ): Promise<{ sessions: LoggedSession[]; skipped: number }> {
-  const latest = new Map<string, Buffer | null>();
-  await readToEnd(o, (_p, messages: KafkaMessage[]) => {
-    for (const m of messages) if (m.key) latest.set(m.key.toString('utf8'), m.value);
-    return Promise.resolve();
-  });
+  const latest = await readLatest(o);
   const sessions: LoggedSession[] = [];
   let skipped = 0;
   for (const [k, v] of latest) {
-    const key = keyShape.safeParse(parse(Buffer.from(k)));
+    const key = keyShape.safeParse(jsonOf(k));
     if (!key.success) {
       skipped++;
       continue;
     }
     const [p, tenant, agent, session] = key.data;
     if (p !== prefix || v === null) continue;
-    const r = valueV1.safeParse(parse(v));
+    const r = valueV1.safeParse(jsonOf(v));
     if (!r.success) {
       skipped++;
       continue;
