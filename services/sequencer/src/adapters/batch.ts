@@ -47,23 +47,22 @@ export function createBatchHandler(o: {
       current.set(id, r.state);
       if (r.record) out.push(r.record);
     }
+    // Publish, then store: a crash in between re-applies the same events, to the same records unless the
+    // orchestration changed meanwhile (at-least-once: the stored state decides, never the record).
+    await sink.send(
+      topic,
+      'sequence-state.v1',
+      out.map((v) => ({ key: v.session_id, value: v })),
+    );
     const writes = store.plan(
       [...current].map(([id, state]) => {
         const { version, key } = loaded.get(id)!;
         return { ref: refs.get(id)!, state, version, key };
       }),
     );
-    // Publish the records and copy the states (the session topic), then store: a crash in between re-applies
-    // the same events, to the same records unless the orchestration changed meanwhile (at-least-once: the
-    // stored state decides, never the record), and a state Redis held is always on the session topic. The two
-    // sends are independent: they travel together.
-    const published = sink.send(
-      topic,
-      'sequence-state.v1',
-      out.map((v) => ({ key: v.session_id, value: v })),
-    );
-    const copied = o.copy?.(writes);
-    await Promise.all([published, copied]);
+    // The copy before Redis: a state Redis held is always on the topic (a crash in between re-applies the
+    // batch, which writes the same states again).
+    await o.copy?.(writes);
     await store.save(writes);
     metrics.states.inc(out.length);
     for (const v of out) if (v.violation) metrics.violations.inc({ policy: v.violation.policy });
