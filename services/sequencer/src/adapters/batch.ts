@@ -60,8 +60,10 @@ export function createBatchHandler(o: {
         return { ref: refs.get(id)!, state, version, key };
       }),
     );
-    // The copy before Redis: a state Redis held is always on the topic (a crash in between re-applies the
-    // batch, which writes the same states again).
+    // The copy after the records and before Redis: a state Redis held is always on the topic (a crash in between
+    // re-applies the batch, which writes the same states again). Not sent alongside the records, though it
+    // would cost less: a copy that landed while its batch's records did not would, after a crash and a Redis
+    // loss, restore states whose events are then skipped as redelivered, and their records never go out.
     await o.copy?.(writes);
     await store.save(writes);
     metrics.states.inc(out.length);

@@ -23,8 +23,10 @@ import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import { rng } from '../../../../testkit/streams.js';
 
 const procs: Proc[] = [];
-afterAll(() => {
+const redis = testRedis();
+afterAll(async () => {
   for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
+  await redis.quit();
 });
 
 const CONFIG = join(ROOT, 'examples', 'orchestration.yaml');
@@ -117,64 +119,74 @@ const envFor = (more: Record<string, string> = {}) =>
   });
 
 describe('sequencer service (real Kafka, real Redis)', () => {
-  it('interleaved sessions with redeliveries and a SIGKILL mid-stream: per session, the same states as the offline command', async () => {
-    const env = envFor({ PAVER_BATCH_CHUNK: '25', KAFKA_MAX_BYTES_PER_PARTITION: '4096' });
-    await topics(env);
-    const first = await start(env);
-    await produce(
-      env.PAVER_TOPIC_TOOL_CALLS!,
-      events.map((e) => ({ key: e.session_id as string, value: JSON.stringify(e) })),
-    );
-    await waitFor(
-      async () =>
-        parsePrometheus(String((await getJson(first.url('/metrics'))).body)).value(
-          'paver_sequencer_states_published_total',
-        ) > 300,
-      'a part of the stream',
-    );
-    first.child.kill('SIGKILL');
-    await first.exited;
-    const second = await start(env);
-
-    // Records published before the kill may be published again (at-least-once); a state never advances twice,
-    // so after dropping repeated event ids each session's records are exactly the offline ones.
-    const all = await consumeUntil(
-      env.PAVER_TOPIC_SEQUENCE_STATE!,
-      (got) =>
-        new Set(
-          got.map(
-            (m) => JSON.parse(m.value!.toString()).event_id + JSON.parse(m.value!.toString()).session_id,
+  for (const emptied of [false, true])
+    it(`interleaved sessions with redeliveries and a SIGKILL mid-stream${emptied ? ', Redis emptied while the service is down (the sessions restored from their copy)' : ''}: per session, the same states as the offline command`, async () => {
+      const env = envFor({ PAVER_BATCH_CHUNK: '25', KAFKA_MAX_BYTES_PER_PARTITION: '4096' });
+      await topics(env);
+      const first = await start(env);
+      await produce(
+        env.PAVER_TOPIC_TOOL_CALLS!,
+        events.map((e) => ({ key: e.session_id as string, value: JSON.stringify(e) })),
+      );
+      await waitFor(
+        async () =>
+          parsePrometheus(String((await getJson(first.url('/metrics'))).body)).value(
+            'paver_sequencer_states_published_total',
+          ) > 300,
+        'a part of the stream',
+      );
+      first.child.kill('SIGKILL');
+      await first.exited;
+      // A Redis restarted without persistence while the service was down: every session state and redelivery
+      // guard is gone, and comes back from the session topic at the next start.
+      if (emptied) await redis.flushall();
+      const second = await start(env);
+      if (emptied)
+        expect(
+          parsePrometheus(String((await getJson(second.url('/metrics'))).body)).value(
+            'paver_sequencer_sessions_restored_total',
           ),
-        ).size >= offline.length,
-    );
-    const seen = new Set<string>();
-    const live: SequenceStateRecord[] = [];
-    for (const m of all) {
-      const r = sequenceStateRecordV1.parse(JSON.parse(m.value!.toString()));
-      const k = `${r.session_id}/${r.event_id}`;
-      if (seen.has(k)) continue;
-      seen.add(k);
-      live.push(r);
-    }
-    const want = bySession(offline);
-    const got = bySession(live);
-    expect([...got.keys()].sort()).toEqual([...want.keys()].sort());
-    for (const [s, rs] of want) expect(got.get(s)).toEqual(rs);
+        ).toBeGreaterThan(0);
 
-    // The HTTP view answers from the stored state: the last record's view for a session (sess-3 does not end on
-    // a completion that hands over to another step, where the view would already show the next step).
-    const last = want.get('sess-3')!.at(-1)!;
-    const res = await getJson(second.url(`/sessions/sess-3/allowed-tools?tools=${TOOLS.join(',')}`));
-    expect(res.status).toBe(200);
-    expect(res.body).toMatchObject({
-      session_id: 'sess-3',
-      active_step: last.active_step,
-      sequence_index: last.sequence_index,
-      expected: last.expected,
+      // Records published before the kill may be published again (at-least-once); a state never advances twice,
+      // so after dropping repeated event ids each session's records are exactly the offline ones.
+      const all = await consumeUntil(
+        env.PAVER_TOPIC_SEQUENCE_STATE!,
+        (got) =>
+          new Set(
+            got.map(
+              (m) => JSON.parse(m.value!.toString()).event_id + JSON.parse(m.value!.toString()).session_id,
+            ),
+          ).size >= offline.length,
+      );
+      const seen = new Set<string>();
+      const live: SequenceStateRecord[] = [];
+      for (const m of all) {
+        const r = sequenceStateRecordV1.parse(JSON.parse(m.value!.toString()));
+        const k = `${r.session_id}/${r.event_id}`;
+        if (seen.has(k)) continue;
+        seen.add(k);
+        live.push(r);
+      }
+      const want = bySession(offline);
+      const got = bySession(live);
+      expect([...got.keys()].sort()).toEqual([...want.keys()].sort());
+      for (const [s, rs] of want) expect(got.get(s)).toEqual(rs);
+
+      // The HTTP view answers from the stored state: the last record's view for a session (sess-3 does not end on
+      // a completion that hands over to another step, where the view would already show the next step).
+      const last = want.get('sess-3')!.at(-1)!;
+      const res = await getJson(second.url(`/sessions/sess-3/allowed-tools?tools=${TOOLS.join(',')}`));
+      expect(res.status).toBe(200);
+      expect(res.body).toMatchObject({
+        session_id: 'sess-3',
+        active_step: last.active_step,
+        sequence_index: last.sequence_index,
+        expected: last.expected,
+      });
+      second.child.kill('SIGTERM');
+      expect(await second.exited).toBe(0);
     });
-    second.child.kill('SIGTERM');
-    expect(await second.exited).toBe(0);
-  });
 
   it('applies a live orchestration change, dead-letters an inconsistent one, and expires idle sessions', async () => {
     const env = envFor({ SEQUENCER_SESSION_TTL_MS: '2000', SEQUENCER_CONFIG_FILE: '' });
