@@ -77,7 +77,10 @@ export interface Sink {
    * in Redis says they were published): one over the limit fails the send, as the broker would.
    */
   send(topic: string, contract: string, records: OutRecord[], fit?: Fit | 'keep'): Promise<void>;
-  /** Bytes as they are (dead letters keep the original message); a null value is a tombstone. */
+  /**
+   * Bytes as they are (dead letters keep the original message, state copies the stored value); a null value is
+   * a tombstone. Split into requests under the byte budget, in order.
+   */
   sendRaw(
     topic: string,
     records: { key: Buffer | string | null; value: Buffer | string | null; headers?: IHeaders }[],
@@ -194,11 +197,16 @@ export function createSink(
     },
     async sendRaw(topic, records) {
       if (records.length === 0) return;
-      await producer.send({
-        topic,
-        messages: records.map((r) => ({ ...r, headers: r.headers ?? {} })),
-        acks: -1,
-      });
+      const messages = records.map((r) => ({ ...r, headers: r.headers ?? {} }));
+      const size = (b: Buffer | string | null) => (b === null ? 0 : Buffer.byteLength(b));
+      // Split as `send` splits: a partition's records of one request form one record batch, which the topic's
+      // limit bounds (a state copy of a whole batch can be megabytes).
+      for (const request of produceRequests(
+        messages,
+        records.map((r) => size(r.key) + size(r.value)),
+        requestBudget,
+      ))
+        await producer.send({ topic, messages: request, acks: -1 });
       metrics?.published.inc({ topic }, records.length);
     },
     disconnect: () => producer.disconnect(),

@@ -137,6 +137,23 @@ describe('outputs over PAVER_MAX_OUTPUT_BYTES (real Kafka)', () => {
     }
   });
 
+  it('raw records (state copies, dead letters) are cut the same way: a copy of many states fits the topic', async () => {
+    const topic = unique('oversize-raw');
+    await createTopics([{ topic, partitions: 1, config: { 'max.message.bytes': '100000' } }]);
+    const sink = createSink(testKafka(), jsonCodec(), undefined, { maxRecordBytes: 50_000 });
+    await sink.connect();
+    try {
+      // Forty 10 KB states of one batch: one 400 KB record batch before, which this topic refuses.
+      const records = Array.from({ length: 40 }, (_, i) => ({ key: `s${i}`, value: 'x'.repeat(10_000) }));
+      await sink.sendRaw(topic, records);
+      const got = await consumeUntil(topic, (all) => all.length >= 40);
+      // In order: a key's records keep theirs across requests.
+      expect(got.map((m) => m.key!.toString())).toEqual(records.map((r) => r.key));
+    } finally {
+      await sink.disconnect();
+    }
+  });
+
   it('autoseq keeps running when an executable decision would copy an input just under the limit', async () => {
     const env = serviceEnv({
       AUTOSEQ_GROUP_ID: unique('as'),

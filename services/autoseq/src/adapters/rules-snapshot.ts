@@ -11,8 +11,6 @@ import { readRulesLog } from './kafka/rules-log.js';
 import { metaClock, readContexts, restoreScope, type ContextsWritten } from './redis/learn-store.js';
 import { ScopeLeases } from './redis/scope-lease.js';
 
-/** Bytes of records per send: a partition's share of one request stays under the broker's default 1 MB. */
-const SEND_BUDGET = 512 * 1024;
 /** Scopes copied per round trip (and per set of leases held at once). */
 const SCOPES_PER_ROUND = 32;
 
@@ -148,6 +146,8 @@ export class RuleSnapshots {
           const value = contextRecordValue(stored);
           const bytes = Buffer.byteLength(key) + Buffer.byteLength(value);
           if (bytes > this.s.maxRecordBytes) {
+            // A tombstone in its place: a restore must not bring back an older, smaller copy of it.
+            records.push({ key, value: null });
             kinds.too_large++;
             this.s.log.warn(
               { bytes, limit: this.s.maxRecordBytes },
@@ -159,18 +159,7 @@ export class RuleSnapshots {
           kinds.context++;
         }
       }
-      let chunk: typeof records = [];
-      let bytes = 0;
-      for (const r of records) {
-        const n = Buffer.byteLength(r.key) + (r.value === null ? 0 : Buffer.byteLength(r.value));
-        if (chunk.length > 0 && bytes + n > SEND_BUDGET) {
-          await this.s.sink.sendRaw(this.s.topic, chunk);
-          [chunk, bytes] = [[], 0];
-        }
-        chunk.push(r);
-        bytes += n;
-      }
-      await this.s.sink.sendRaw(this.s.topic, chunk);
+      await this.s.sink.sendRaw(this.s.topic, records);
       for (const [kind, n] of Object.entries(kinds)) if (n > 0) this.s.metrics.records.inc({ kind }, n);
     } finally {
       await leases.release();
