@@ -89,7 +89,9 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
         // At start, only a Redis without the marker (or with a restore cut short) lost anything.
         if (reason === 'start' && !epoch.lastLost() && !(await restoreCutShort(redis, restoring))) return;
         const r = await flaggedRestore(redis, restoring, async () => {
-          const { sessions, skipped } = await readSessionLog(
+          let expired = 0;
+          let restored = 0;
+          const { read, skipped } = await readSessionLog(
             {
               kafka: runtime.kafka,
               topic: stateTopic,
@@ -98,17 +100,20 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
               maxBytesPerPartition: env.KAFKA_MAX_BYTES_PER_PARTITION,
             },
             env.REDIS_KEY_PREFIX,
+            async (sessions) => {
+              const now = Date.now();
+              const live = sessions
+                .map((s) => ({
+                  ref: s.ref,
+                  value: s.value,
+                  ttlMs: s.at + env.SEQUENCER_SESSION_TTL_MS - now,
+                }))
+                .filter((s) => s.ttlMs > 0);
+              expired += sessions.length - live.length;
+              restored += await store.restore(live);
+            },
           );
-          const now = Date.now();
-          const live = sessions
-            .map((s) => ({ ref: s.ref, value: s.value, ttlMs: s.at + env.SEQUENCER_SESSION_TTL_MS - now }))
-            .filter((s) => s.ttlMs > 0);
-          return {
-            read: sessions.length,
-            expired: sessions.length - live.length,
-            skipped,
-            restored: await store.restore(live),
-          };
+          return { read, expired, skipped, restored };
         });
         m.restored.inc(r.restored);
         log.info({ reason, ...r }, 'session states restored from the session topic');

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { jsonOf, readLatest, type ReplayOptions } from '../../../../../shared/kafka/replay.js';
+import { jsonOf, readToEnd, type ReplayOptions } from '../../../../../shared/kafka/replay.js';
 import type { SessionRef } from '../redis/store.js';
 
 /**
@@ -29,31 +29,39 @@ export interface LoggedSession {
 }
 
 /**
- * Reads the whole topic (every partition from its low to its high watermark as they are now) and gives the
- * latest record of each session of `prefix`, as compaction keeps it. Records of other prefixes are skipped;
- * records this version cannot read are counted.
+ * Reads the whole topic (every partition from its low to its high watermark as they are now), giving the
+ * sessions of `prefix` batch by batch, in offset order: a session's records are all on one partition (keyed),
+ * so a later one comes after an earlier one, and a restore that keeps the higher version ends with the latest,
+ * as compaction would. Memory stays at one fetch, however many sessions the topic holds. Records of other
+ * prefixes are skipped; records this version cannot read are counted.
  */
 export async function readSessionLog(
   o: ReplayOptions,
   prefix: string,
-): Promise<{ sessions: LoggedSession[]; skipped: number }> {
-  const latest = await readLatest(o);
-  const sessions: LoggedSession[] = [];
+  each: (sessions: LoggedSession[]) => Promise<void>,
+): Promise<{ read: number; skipped: number }> {
+  let read = 0;
   let skipped = 0;
-  for (const [k, v] of latest) {
-    const key = keyShape.safeParse(jsonOf(k));
-    if (!key.success) {
-      skipped++;
-      continue;
+  await readToEnd(o, async (_p, messages) => {
+    const sessions: LoggedSession[] = [];
+    for (const m of messages) {
+      if (m.value === null) continue;
+      const key = keyShape.safeParse(m.key ? jsonOf(m.key) : undefined);
+      if (!key.success) {
+        skipped++;
+        continue;
+      }
+      const [p, tenant, agent, session] = key.data;
+      if (p !== prefix) continue;
+      const r = valueV1.safeParse(jsonOf(m.value));
+      if (!r.success) {
+        skipped++;
+        continue;
+      }
+      sessions.push({ ref: { tenant, agent, session }, value: r.data.value, at: r.data.at });
     }
-    const [p, tenant, agent, session] = key.data;
-    if (p !== prefix || v === null) continue;
-    const r = valueV1.safeParse(jsonOf(v));
-    if (!r.success) {
-      skipped++;
-      continue;
-    }
-    sessions.push({ ref: { tenant, agent, session }, value: r.data.value, at: r.data.at });
-  }
-  return { sessions, skipped };
+    read += sessions.length;
+    if (sessions.length > 0) await each(sessions);
+  });
+  return { read, skipped };
 }

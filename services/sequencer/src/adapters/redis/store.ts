@@ -212,7 +212,8 @@ export class RedisSessionStore {
 
   /**
    * Writes copied states back (after a Redis loss), each with what is left of its life, unless Redis holds the
-   * session at that version or a later one. One pipelined round trip per 1,000 sessions; how many were written.
+   * session at that version or a later one. One pipelined round trip per 1,000 sessions; how many sessions were
+   * not in Redis and now are (a later record of one already restored replaces it uncounted).
    */
   async restore(sessions: { ref: SessionRef; value: string; ttlMs: number }[]): Promise<number> {
     let written = 0;
