@@ -84,6 +84,8 @@ export class RuleSnapshots {
   async stop(): Promise<void> {
     this.stopped = true;
     if (this.timer) clearTimeout(this.timer);
+    // A copy under way took only the marks made before it: the last batches' marks need one of their own.
+    await this.flushing;
     await this.flush();
   }
 
