@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import type { Sink } from '../../../../../shared/kafka/sink.js';
-import { readToEnd, type ReplayOptions } from '../../../../../shared/kafka/replay.js';
+import { jsonOf, readLatest, type ReplayOptions } from '../../../../../shared/kafka/replay.js';
 
 /**
  * The detector's replay checkpoints, on a compacted topic it owns: per (Redis key prefix, input topic,
@@ -57,21 +57,13 @@ export class CheckpointLog {
   /** Reads the whole (small, compacted) topic; records of other prefixes or topics, or unreadable ones, are skipped. */
   private async load(): Promise<Map<number, bigint>> {
     const out = new Map<number, bigint>();
-    await readToEnd(this.replay, async (_p, messages) => {
-      for (const m of messages) {
-        if (m.value === null) continue;
-        let parsed: unknown;
-        try {
-          parsed = JSON.parse(m.value.toString('utf8'));
-        } catch {
-          continue;
-        }
-        const r = checkpointRecordV1.safeParse(parsed);
-        if (!r.success || r.data.prefix !== this.prefix || r.data.topic !== this.inputTopic) continue;
-        // In offset order: the latest record of a key wins, as compaction keeps it.
-        out.set(r.data.partition, BigInt(r.data.offset));
-      }
-    });
+    // The latest record of each key, as compaction keeps it.
+    for (const value of (await readLatest(this.replay)).values()) {
+      if (value === null) continue;
+      const r = checkpointRecordV1.safeParse(jsonOf(value));
+      if (!r.success || r.data.prefix !== this.prefix || r.data.topic !== this.inputTopic) continue;
+      out.set(r.data.partition, BigInt(r.data.offset));
+    }
     return out;
   }
 }
