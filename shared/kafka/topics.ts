@@ -99,11 +99,12 @@ async function createMissing(
         ? [
             { name: 'cleanup.policy', value: s.retentionMs ? 'compact,delete' : 'compact' },
             { name: 'min.compaction.lag.ms', value: '60000' },
-            // Segments roll at least as often as records expire, so an expired one is not kept in an open segment.
+            // Kafka compacts only closed segments: they roll every 10 minutes (or as often as records expire), so
+            // a topic written on every batch holds about one record per key, not a day of writes.
             ...(s.retentionMs
               ? [
                   { name: 'retention.ms', value: String(s.retentionMs) },
-                  { name: 'segment.ms', value: String(s.retentionMs) },
+                  { name: 'segment.ms', value: String(Math.min(s.retentionMs, 600_000)) },
                 ]
               : []),
           ]

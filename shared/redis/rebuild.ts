@@ -119,3 +119,20 @@ export async function flaggedRestore<T>(redis: Redis, flag: string, restore: () 
 }
 export const restoreCutShort = async (redis: Redis, flag: string): Promise<boolean> =>
   (await redis.exists(flag)) === 1;
+
+/**
+ * `guard.ensure()` for a batch handler: the consumer heartbeats while it waits, so a restore longer than the
+ * session timeout does not cost it its group membership (and every instance a rebalance).
+ */
+export async function ensureHeartbeating(
+  guard: StateGuard,
+  heartbeat: () => Promise<void>,
+  everyMs = 1000,
+): Promise<void> {
+  const timer = setInterval(() => void heartbeat().catch(() => undefined), everyMs);
+  try {
+    await guard.ensure();
+  } finally {
+    clearInterval(timer);
+  }
+}

@@ -5,6 +5,7 @@ import { zodParser } from '../../../shared/kafka/runner.js';
 import { createEpoch } from '../../../shared/redis/epoch.js';
 import {
   createStateGuard,
+  ensureHeartbeating,
   restoreCutShort,
   watchedEpoch,
   type StateGuard,
@@ -150,7 +151,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
         { name: 'redis_state', check: () => guard.ready() },
       ],
       async handler(batch, ctx) {
-        await guard.ensure();
+        await ensureHeartbeating(guard, ctx.heartbeat);
         return handle(batch, ctx);
       },
       routes: [rulesRoute((tenant, agent) => readScope(redis, prefix, tenant, agent), learnOptions)],

@@ -11,7 +11,7 @@ import { PaverError, errorMessage } from '../../../shared/errors.js';
 import { describeIssues, readConfigFile } from '../../../shared/jsonl.js';
 import { zodParser, type Parser } from '../../../shared/kafka/runner.js';
 import { createEpoch } from '../../../shared/redis/epoch.js';
-import { createStateGuard, type RebuildReason } from '../../../shared/redis/rebuild.js';
+import { createStateGuard, ensureHeartbeating, type RebuildReason } from '../../../shared/redis/rebuild.js';
 import { scopeTag } from '../../../shared/redis/keys.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
 import { FlowsEngine, type Inbound } from './adapters/engine.js';
@@ -315,9 +315,9 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         { name: 'flow_registry', check: () => feed.isCaughtUp() },
         { name: 'redis_state', check: () => guard.ready() },
       ],
-      async handler(batch) {
+      async handler(batch, ctx) {
         // Decisions read and write the candidates' states: never against a Redis that lost them.
-        await guard.ensure();
+        await ensureHeartbeating(guard, ctx.heartbeat);
         const out = await engine.handle(
           batch.map((m) =>
             m.value.kind === 'event' ? { ...m.value, partition: m.partition, offset: m.offset } : m.value,

@@ -5,6 +5,7 @@ import { zodParser } from '../../../shared/kafka/runner.js';
 import { createEpoch } from '../../../shared/redis/epoch.js';
 import {
   createStateGuard,
+  ensureHeartbeating,
   flaggedRestore,
   restoreCutShort,
   watchedEpoch,
@@ -174,7 +175,7 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
       onRebalance: () => cache.clear(),
       async handler(batch, ctx) {
         // A session loaded from a Redis that lost it starts over; a loss is noticed (and counted) first.
-        await guard.ensure();
+        await ensureHeartbeating(guard, ctx.heartbeat);
         return handle(batch, ctx);
       },
       routes: [

@@ -186,7 +186,7 @@ export function createBatchHandler(o: {
           })),
         );
       } finally {
-        // Scopes written before a failure (another scope's lease lost) are copied all the same.
+        // What the save wrote, or may have written before it failed, is copied all the same.
         o.onLearned?.(learn.written());
       }
       // Only scopes with active rules take an entry: scope ids come from producers (a run id in agent_id makes

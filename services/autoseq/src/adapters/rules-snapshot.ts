@@ -162,6 +162,9 @@ export class RuleSnapshots {
         }
       }
       await this.s.sink.sendRaw(this.s.topic, records);
+      // A send that outlasted the leases may have landed after a newer copy another instance made meanwhile:
+      // the round is then copied again (the failure keeps its marks), so the last copy is a current one.
+      await leases.keepFresh();
       for (const [kind, n] of Object.entries(kinds)) if (n > 0) this.s.metrics.records.inc({ kind }, n);
     } finally {
       await leases.release();

@@ -36,22 +36,20 @@ export function answerFromState(o: {
     // stands only if no loss was found meanwhile (a loss clears the cache, which bumps its generation): a GET
     // that met the loss read a state the restore has not written back yet.
     const fromRedis = hit || !quiet ? undefined : o.store.fromRedis(ref);
+    // Awaited below, maybe after a whole restore: a failure meanwhile must not be an unhandled rejection.
+    fromRedis?.catch(() => undefined);
     let early: ReturnType<typeof respond> | undefined;
     try {
       if (hit) early = respond(hit);
     } finally {
       // Either failure fails the read; the other promise must not be left rejected and unhandled.
-      await checked.catch((err: unknown) => {
-        fromRedis?.catch(() => undefined);
-        throw err;
-      });
+      await checked;
     }
     const same = o.cache.generation === generation;
     if (hit && same) {
       o.onRead('cache');
       return early!;
     }
-    if (!same) fromRedis?.catch(() => undefined);
     // Read again after a loss: from what the restore wrote back (or, without the session copy, nothing: the
     // session starts over).
     const state = await (fromRedis && same ? fromRedis : o.store.fromRedis(ref));

@@ -398,22 +398,15 @@ export class RedisLearnStore implements LearnStore {
         ],
       );
     }
+    // Marked before the write: a write whose reply is lost (the connection dropped after Redis ran it) is then
+    // copied all the same; a scope whose write was refused costs one needless copy of unchanged contexts.
+    for (const w of wrote) if (w.ctxs.length > 0) this.wrote.push(w);
     const replies = await execPipeline(pipe, 'learned state write');
     this.leases.released();
-    // A scope whose lease was lost wrote nothing; the others did, and are copied whatever the batch's fate.
-    let lost: unknown = null;
-    replies.forEach((r, j) => {
-      try {
-        parseScriptReply('learnSave', r, saveReply, LEASE_LOST_CODES);
-        if (wrote[j]!.ctxs.length > 0) this.wrote.push(wrote[j]!);
-      } catch (err) {
-        lost ??= err;
-      }
-    });
-    if (lost !== null) throw lost;
+    for (const r of replies) parseScriptReply('learnSave', r, saveReply, LEASE_LOST_CODES);
   }
 
-  /** The contexts each scope's `save` set or deleted. */
+  /** The contexts each scope's `save` set or deleted (or tried to). */
   written(): readonly ContextsWritten[] {
     return this.wrote;
   }
