@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import type { Redis } from 'ioredis';
+import { PaverError } from '../errors.js';
 import { redisFailure } from './replies.js';
 
 /**
@@ -26,13 +27,39 @@ export interface Epoch {
   check(): Promise<EpochCheck>;
 }
 
-export function createEpoch(redis: Redis, key: string): Epoch {
+/**
+ * The key of a restore flag set with the marker (`createEpoch`'s `flag`): it shares the marker's hash slot (the
+ * marker's whole name as its hash tag), so one script can set both on a cluster.
+ */
+export const restoreFlagKey = (marker: string): string => `{${marker}}:restoring`;
+
+/** Creates the marker if missing and then sets the flag; the marker's value either way. */
+const CREATE_WITH_FLAG = `if redis.call('SET', KEYS[1], ARGV[1], 'NX') then redis.call('SET', KEYS[2], ARGV[2]) end
+return redis.call('GET', KEYS[1])`;
+
+/**
+ * `flag`: a key set in the same step as the marker is created (`restoreFlagKey`), for a service that restores its
+ * state from a copy: every instance that starts before the restore is done sees the flag, not only the one whose
+ * check created the marker. The restore deletes it when done.
+ */
+export function createEpoch(redis: Redis, key: string, flag?: string): Epoch {
   let seen: string | null = null;
   return {
     key,
     current: () => seen,
     async check() {
       const fresh = randomUUID();
+      if (flag !== undefined) {
+        let value: unknown;
+        try {
+          value = await redis.eval(CREATE_WITH_FLAG, 2, key, flag, fresh, String(Date.now()));
+        } catch (err) {
+          throw redisFailure(`epoch marker ${key}`, err);
+        }
+        const lost = value === fresh || (seen !== null && value !== seen);
+        seen = String(value);
+        return { lost, epoch: seen };
+      }
       let replies: [Error | null, unknown][] | null;
       try {
         // One round trip, atomic: create the marker if missing, then read it (works on Redis 6, unlike SET NX GET).
@@ -51,3 +78,20 @@ export function createEpoch(redis: Redis, key: string): Epoch {
     },
   };
 }
+
+/** The epoch marker as a service's guard last saw it (`value` null before its first check: nothing to compare). */
+export interface EpochMarker {
+  key: string;
+  value: string | null;
+}
+
+/**
+ * A batch whose reads met a Redis loss (between the guard's check and the reads: the marker read after them is
+ * gone or another) would write fresh state that a restore then leaves alone, or overwrites. It is retried
+ * instead, and the guard restores first.
+ */
+export const stateLostMidRead = (): PaverError =>
+  new PaverError(
+    'STATE_CONTENDED',
+    'Redis lost its state while the batch read it: read again after the restore',
+  );

@@ -89,27 +89,9 @@ export function createStateGuard(s: StateGuardSpec): StateGuard {
 }
 
 /**
- * An epoch whose last check is remembered: `lastLost()` is true when it found no marker (or another one). At
- * start-up that tells a Redis without this service's state (a first start, or a loss while it was down) from
- * one that kept it, so a service that restores from a copy need not read the copy at every start.
- */
-export function watchedEpoch(e: Epoch): Epoch & { lastLost(): boolean } {
-  let lost = false;
-  return {
-    key: e.key,
-    current: () => e.current(),
-    async check() {
-      const c = await e.check();
-      lost = c.lost;
-      return c;
-    },
-    lastLost: () => lost,
-  };
-}
-
-/**
- * Runs a restore under a flag key (no TTL) set before and deleted after it: a process that dies mid-restore
- * leaves the flag, and `restoreCutShort` tells the next start to restore again (the marker is back by then).
+ * Runs a restore under its flag (`restoreFlagKey`, no TTL; set with the marker when the marker is created, and
+ * again here), deleted after it: a process that dies mid-restore leaves the flag, and `restoreCutShort` tells
+ * the next start (and any instance starting meanwhile) to restore too.
  */
 export async function flaggedRestore<T>(redis: Redis, flag: string, restore: () => Promise<T>): Promise<T> {
   await redis.set(flag, String(Date.now()));

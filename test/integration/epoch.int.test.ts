@@ -1,5 +1,5 @@
 import { afterAll, describe, expect, it } from 'vitest';
-import { createEpoch } from '../../shared/redis/epoch.js';
+import { createEpoch, restoreFlagKey } from '../../shared/redis/epoch.js';
 import { testRedis, unique } from '../helpers/kafka.js';
 
 describe('epoch marker (real Redis)', () => {
@@ -26,5 +26,25 @@ describe('epoch marker (real Redis)', () => {
     expect(await b.check()).toEqual({ lost: true, epoch: again.epoch });
     expect(await b.check()).toEqual({ lost: false, epoch: again.epoch });
     await redis.del(key);
+  });
+
+  it('with a restore flag: the check that creates the marker sets the flag in the same step, and only that one', async () => {
+    const key = unique('paver-test-epoch');
+    const flag = restoreFlagKey(key);
+    const [a, b] = [createEpoch(redis, key, flag), createEpoch(redis, key, flag)];
+    expect((await a.check()).lost).toBe(true);
+    expect(await redis.exists(flag)).toBe(1);
+    // Another instance starting meanwhile finds the marker (nothing lost as far as it knows), and the flag: its
+    // start-up restore runs too (idempotent), which it would skip without the flag.
+    expect((await b.check()).lost).toBe(false);
+    expect(await redis.exists(flag)).toBe(1);
+    await redis.del(flag); // the restore done
+    expect((await a.check()).lost).toBe(false);
+    expect(await redis.exists(flag)).toBe(0);
+    await redis.del(key); // Redis lost its state
+    expect((await b.check()).lost).toBe(true);
+    expect(await redis.exists(flag)).toBe(1);
+    expect((await a.check()).lost).toBe(true); // replaced under it
+    await redis.del(key, flag);
   });
 });

@@ -2,12 +2,11 @@ import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '.
 import { PaverError, errorMessage } from '../../../shared/errors.js';
 import { readConfigFile } from '../../../shared/jsonl.js';
 import { zodParser } from '../../../shared/kafka/runner.js';
-import { createEpoch } from '../../../shared/redis/epoch.js';
+import { createEpoch, restoreFlagKey } from '../../../shared/redis/epoch.js';
 import {
   createStateGuard,
   ensureHeartbeating,
   restoreCutShort,
-  watchedEpoch,
   type StateGuard,
 } from '../../../shared/redis/rebuild.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
@@ -17,7 +16,7 @@ import { rulesRoute } from './adapters/http.js';
 import { createAutoseqMetrics } from './adapters/metrics.js';
 import { RedisTaskStore, taskKey } from './adapters/redis/task-store.js';
 import { readScope, RedisLearnStore } from './adapters/redis/learn-store.js';
-import { restoreRules, restoringKey, RuleSnapshots } from './adapters/rules-snapshot.js';
+import { restoreRules, RuleSnapshots } from './adapters/rules-snapshot.js';
 import { Catalog, CatalogError, loadCatalogFile } from './core/catalog.js';
 import { SchemaCompiler } from './core/schema-compiler.js';
 import { autoseqEnvSchema, learnOptionsFromEnv, optionsFromEnv, type AutoseqEnv } from './config.js';
@@ -66,7 +65,9 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       paused: () => guard?.rebuilding() ?? true,
       metrics: m.snapshot,
     });
-    const epoch = watchedEpoch(createEpoch(redis, `${prefix}:aseq:epoch`));
+    const epochKey = `${prefix}:aseq:epoch`;
+    const restoring = restoreFlagKey(epochKey);
+    const epoch = createEpoch(redis, epochKey, copyRules ? restoring : undefined);
     /**
      * Redis loss: the learned rules come back from the rules topic (the changes of the last copy interval
      * excepted); task states live minutes and start over. The guard makes the loss visible (a metric, a
@@ -81,11 +82,9 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
           m.activeByScope.clear();
         }
         if (!copyRules) return;
-        // At start, only a Redis without the marker (or with a restore cut short) lost anything.
-        const owed =
-          reason === 'lost' || epoch.lastLost() || (await restoreCutShort(redis, restoringKey(prefix)));
-        if (!owed) return;
-        const r = await restoreRules(redis, prefix, {
+        // At start, only a Redis whose marker was created with the flag (or a restore cut short) lost anything.
+        if (reason === 'start' && !(await restoreCutShort(redis, restoring))) return;
+        const r = await restoreRules(redis, prefix, restoring, {
           kafka: runtime.kafka,
           topic: env.AUTOSEQ_RULES_TOPIC,
           groupPrefix: env.AUTOSEQ_GROUP_ID,
@@ -114,6 +113,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
                 onWait: () => m.leaseWaits.inc(),
               },
               positions,
+              { key: epochKey, value: epoch.current() },
             )
         : null,
       taskKey: (ref) => taskKey(prefix, ref),

@@ -2,13 +2,12 @@ import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '.
 import { PaverError, errorMessage } from '../../../shared/errors.js';
 import { readConfigFile } from '../../../shared/jsonl.js';
 import { zodParser } from '../../../shared/kafka/runner.js';
-import { createEpoch } from '../../../shared/redis/epoch.js';
+import { createEpoch, restoreFlagKey } from '../../../shared/redis/epoch.js';
 import {
   createStateGuard,
   ensureHeartbeating,
   flaggedRestore,
   restoreCutShort,
-  watchedEpoch,
 } from '../../../shared/redis/rebuild.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
 import { createBatchHandler } from './adapters/batch.js';
@@ -45,7 +44,14 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
       // A cached state never outlives its Redis key.
       Math.min(env.SEQUENCER_STATE_CACHE_MAX_AGE_MS, env.SEQUENCER_SESSION_TTL_MS),
     );
-    const store = new RedisSessionStore(redis, env.REDIS_KEY_PREFIX, env.SEQUENCER_SESSION_TTL_MS, cache);
+    // The marker the guard last saw, checked after each batch's reads (`epoch` is made below, before any batch).
+    const store = new RedisSessionStore(
+      redis,
+      env.REDIS_KEY_PREFIX,
+      env.SEQUENCER_SESSION_TTL_MS,
+      cache,
+      () => (copying ? { key: epochKey, value: epoch.current() } : null),
+    );
     const m = createSequencerMetrics(
       metrics.registry,
       () => config.size,
@@ -62,14 +68,16 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
     );
     const copying = env.SEQUENCER_STATE_COPY_ENABLED;
     const stateTopic = env.SEQUENCER_STATE_TOPIC;
-    const restoring = `${env.REDIS_KEY_PREFIX}:seq:restoring`;
+    const epochKey = `${env.REDIS_KEY_PREFIX}:seq:epoch`;
+    const restoring = restoreFlagKey(epochKey);
     // Epoch checks on a connection of their own: every allowed-tools read checks the epoch (a state cached
     // before a Redis loss must not answer; no push-based scheme can promise that), and on the shared connection
     // that check waited behind whole batches' session pipelines.
     const epochRedis = redis.duplicate();
     epochRedis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error (epoch)'));
-    const epoch = watchedEpoch(
-      cheapEpochCheck(epochRedis, createEpoch(epochRedis, `${env.REDIS_KEY_PREFIX}:seq:epoch`)),
+    const epoch = cheapEpochCheck(
+      epochRedis,
+      createEpoch(epochRedis, epochKey, copying ? restoring : undefined),
     );
     /**
      * Redis loss: every batch copies the states it writes to the session topic before Redis, so the states
@@ -87,8 +95,8 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
             log.warn('session states lost with redis: sessions start over at their next event');
           return;
         }
-        // At start, only a Redis without the marker (or with a restore cut short) lost anything.
-        if (reason === 'start' && !epoch.lastLost() && !(await restoreCutShort(redis, restoring))) return;
+        // At start, only a Redis whose marker was created with the flag (or a restore cut short) lost anything.
+        if (reason === 'start' && !(await restoreCutShort(redis, restoring))) return;
         const r = await flaggedRestore(redis, restoring, async () => {
           let expired = 0;
           let restored = 0;

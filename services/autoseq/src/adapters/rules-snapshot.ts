@@ -172,9 +172,6 @@ export class RuleSnapshots {
   }
 }
 
-/** Set while a restore runs (`flaggedRestore`): a process that died mid-restore leaves it behind. */
-export const restoringKey = (prefix: string) => `${prefix}:aseq:restoring`;
-
 /**
  * Copies the rules topic back into Redis: every scope of this key prefix that has no state in Redis gets the
  * topic's copy (a scope with state is newer, and is left as it is). Idempotent: run again, it writes nothing.
@@ -182,9 +179,10 @@ export const restoringKey = (prefix: string) => `${prefix}:aseq:restoring`;
 export function restoreRules(
   redis: Redis,
   prefix: string,
+  flag: string,
   replay: ReplayOptions,
 ): Promise<{ scopes: number; restored: number; contexts: number; skipped: number }> {
-  return flaggedRestore(redis, restoringKey(prefix), async () => {
+  return flaggedRestore(redis, flag, async () => {
     const { scopes, skipped } = await readRulesLog(replay, prefix);
     let restored = 0;
     let contexts = 0;

@@ -11,7 +11,8 @@ import { rng } from '../../../../testkit/streams.js';
 import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
 import { learnKey, readScope, RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
 import { restoreCutShort } from '../../../../shared/redis/rebuild.js';
-import { restoreRules, restoringKey, RuleSnapshots } from '../../src/adapters/rules-snapshot.js';
+import { restoreFlagKey } from '../../../../shared/redis/epoch.js';
+import { restoreRules, RuleSnapshots } from '../../src/adapters/rules-snapshot.js';
 import { applyEvent } from '../../src/core/learn/engine.js';
 import { LOW_BAR } from './predict-compare.js';
 
@@ -31,6 +32,7 @@ describe('learned rules copied to a compacted topic and restored from it (real K
 
   it('the copy of every batch written (evictions as tombstones) restores the scope exactly, once, and never over newer state', async () => {
     const prefix = unique('paver-test');
+    const flag = restoreFlagKey(`${prefix}:aseq:epoch`);
     const topic = unique('autoseq-rules');
     await createTopics([{ topic, partitions: 3, compacted: true }]);
     await sink.connect();
@@ -80,11 +82,11 @@ describe('learned rules copied to a compacted topic and restored from it (real K
     // Redis loses the scope: the topic gives it back as it was.
     await redis.del(learnKey(prefix, 'default', 'default'));
     expect(await readScope(redis, prefix, 'default', 'default')).toBeNull();
-    const first = await restoreRules(redis, prefix, replay);
+    const first = await restoreRules(redis, prefix, flag, replay);
     expect(first).toMatchObject({ scopes: 1, restored: 1, skipped: 0 });
     expect(first.contexts).toBe(Object.keys(learned!.ctx).length);
     expect(await readScope(redis, prefix, 'default', 'default')).toEqual(learned);
-    expect(await restoreCutShort(redis, restoringKey(prefix))).toBe(false);
+    expect(await restoreCutShort(redis, flag)).toBe(false);
 
     // Run again (another instance noticed the loss too), or after the scope moved on: nothing is overwritten.
     const more = events
@@ -95,11 +97,14 @@ describe('learned rules copied to a compacted topic and restored from it (real K
     await store.save();
     const moved = await readScope(redis, prefix, 'default', 'default');
     expect(moved!.clock).toBeGreaterThan(learned!.clock);
-    expect(await restoreRules(redis, prefix, replay)).toMatchObject({ scopes: 1, restored: 0 });
+    expect(await restoreRules(redis, prefix, flag, replay)).toMatchObject({ scopes: 1, restored: 0 });
     expect(await readScope(redis, prefix, 'default', 'default')).toEqual(moved);
 
     // Another deployment's prefix on the same topic is not this one's.
-    expect(await restoreRules(redis, unique('other'), replay)).toMatchObject({ scopes: 0, restored: 0 });
+    expect(await restoreRules(redis, unique('other'), flag, replay)).toMatchObject({
+      scopes: 0,
+      restored: 0,
+    });
     await redis.del(learnKey(prefix, 'default', 'default'));
   });
 });

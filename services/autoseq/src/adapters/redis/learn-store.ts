@@ -6,6 +6,7 @@ import type {
   ToolCallsEvent,
   UserMessageEvent,
 } from '../../../../../schemas/index.js';
+import { stateLostMidRead, type EpochMarker } from '../../../../../shared/redis/epoch.js';
 import { execPipeline } from '../../../../../shared/redis/replies.js';
 import { invokeScript, parseScriptReply } from '../../../../../shared/redis/scripts.js';
 import { escapeKeyPart, scopeTag } from '../../../../../shared/redis/keys.js';
@@ -173,11 +174,12 @@ export class RedisLearnStore implements LearnStore {
     events: readonly ToolCallsEvent[],
     lease: LeaseOptions,
     positions?: readonly Position[],
+    marker?: EpochMarker,
   ): Promise<RedisLearnStore> {
     defineScopeScripts(redis);
     const s = new RedisLearnStore(redis, prefix, taskTtlMs, new ScopeLeases(redis, prefix, lease));
     try {
-      await s.read(opts, events, positions);
+      await s.read(opts, events, positions, marker);
     } catch (err) {
       await s.leases.release().catch(() => undefined);
       throw err;
@@ -189,6 +191,7 @@ export class RedisLearnStore implements LearnStore {
     opts: LearnOptions,
     events: readonly ToolCallsEvent[],
     positions?: readonly Position[],
+    marker?: EpochMarker,
   ): Promise<void> {
     const { redis, prefix } = this;
     const scopeRefs = new Map<string, { tenant: string; agent: string; events: number }>();
@@ -225,6 +228,8 @@ export class RedisLearnStore implements LearnStore {
     const reads = (pipe: ReturnType<Redis['pipeline']>) => {
       for (const r of scopeRefs.values()) pipe.hget(learnKey(prefix, r.tenant, r.agent), META);
       for (const r of taskRefs.values()) pipe.get(learnTaskKey(prefix, r.tenant, r.agent, r.task));
+      // Last, after the reads: a state lost before or while they ran has taken the marker with it.
+      if (marker?.value) pipe.get(marker.key);
       return pipe;
     };
     // The leases ride the first read's round trip; a scope another batch holds is waited for, then read.
@@ -237,6 +242,7 @@ export class RedisLearnStore implements LearnStore {
       await this.leases.acquire(scopes);
       replies = await execPipeline(reads(redis.pipeline()), 'learned state read');
     }
+    if (marker?.value && replies.at(-1) !== marker.value) throw stateLostMidRead();
     let i = 0;
     const metas = new Map<string, Meta | null>();
     for (const id of scopeRefs.keys()) {

@@ -1,6 +1,7 @@
 import { fileURLToPath } from 'node:url';
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
+import { stateLostMidRead, type EpochMarker } from '../../../../../shared/redis/epoch.js';
 import { escapeKeyPart } from '../../../../../shared/redis/keys.js';
 import { execPipeline, redisFailure } from '../../../../../shared/redis/replies.js';
 import {
@@ -110,6 +111,8 @@ export class RedisSessionStore {
     private readonly ttlMs: number,
     /** States this instance wrote, for `read()`; the batch path always reads Redis (its CAS base). */
     readonly cache: StateCache = new StateCache(0, 0),
+    /** The epoch marker the guard last saw: read after a batch's sessions, to tell reads that met a loss. */
+    private readonly marker: () => EpochMarker | null = () => null,
   ) {
     defineScripts(redis, readScripts(SCRIPT_DIR, [...SCRIPTS]));
   }
@@ -121,8 +124,12 @@ export class RedisSessionStore {
     const pipe = this.redis.pipeline();
     const keys = ids.map((id) => sessionKey(this.prefix, refs.get(id)!));
     for (const key of keys) pipe.get(key);
+    // Last, after the sessions: a state lost before or while they were read has taken the marker with it.
+    const marker = this.marker();
+    if (marker?.value) pipe.get(marker.key);
     const values = await execPipeline(pipe, 'session read');
     this.roundTrips++;
+    if (marker?.value && values.at(-1) !== marker.value) throw stateLostMidRead();
     ids.forEach((id, i) => {
       const raw = values[i];
       const key = keys[i]!;
