@@ -32,9 +32,12 @@ describe("a Redis loss between the epoch check and a batch's reads (real Redis)"
     // The loss: state and marker gone (as a FLUSHALL takes both) after the guard's check passed.
     await redis.del(epoch.key, sessionKey(prefix, ref));
     await expect(store.load(new Map([['s', ref]]))).rejects.toMatchObject({ code: 'STATE_CONTENDED' });
+    // An allowed-tools read too: it says the state it read may be lost, rather than answer as a new session.
+    expect(await store.fromRedis(ref)).toBeNull();
     // The guard's next check sees the loss (and a restore would run): then reads go on.
     expect((await epoch.check()).lost).toBe(true);
     expect((await store.load(new Map([['s', ref]]))).get('s')!.state.index).toBe(0);
+    expect((await store.fromRedis(ref))!.index).toBe(0);
   });
 
   it('the autoseq learned store refuses to load (leases given back), retriably', async () => {

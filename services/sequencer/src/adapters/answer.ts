@@ -1,3 +1,4 @@
+import { PaverError } from '../../../../shared/errors.js';
 import type { SessionState } from '../core/session.js';
 import type { AnswerFromState } from './http.js';
 import type { SessionRef } from './redis/store.js';
@@ -6,8 +7,8 @@ import type { StateCache } from './state-cache.js';
 export interface StateReader {
   /** What this instance last wrote for the session, if cached (no Redis command). */
   cached(ref: SessionRef): SessionState | undefined;
-  /** The state in Redis (one GET), never the cache's. */
-  fromRedis(ref: SessionRef): Promise<SessionState>;
+  /** The state in Redis, never the cache's; null when the read met a Redis loss the check had not seen. */
+  fromRedis(ref: SessionRef): Promise<SessionState | null>;
 }
 
 /**
@@ -52,7 +53,15 @@ export function answerFromState(o: {
     }
     // Read again after a loss: from what the restore wrote back (or, without the session copy, nothing: the
     // session starts over).
-    const state = await (fromRedis && same ? fromRedis : o.store.fromRedis(ref));
+    let state = await (fromRedis && same ? fromRedis : o.store.fromRedis(ref));
+    // A loss between the check and the read (the check runs on a connection of its own): check again, which
+    // restores, and read again.
+    for (let i = 0; state === null && i < 3; i++) {
+      await o.ensure();
+      state = await o.store.fromRedis(ref);
+    }
+    if (state === null)
+      throw new PaverError('STATE_CONTENDED', 'Redis lost its state again and again during a session read');
     o.onRead('redis');
     return respond(state);
   };

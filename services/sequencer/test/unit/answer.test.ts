@@ -1,4 +1,4 @@
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import { answerFromState, type StateReader } from '../../src/adapters/answer.js';
 import { StateCache } from '../../src/adapters/state-cache.js';
 import { newSession, type SessionState } from '../../src/core/session.js';
@@ -24,7 +24,7 @@ function setup() {
   };
   const redisReads: number[] = [];
   // What Redis holds: the state, or nothing until a restore writes it back.
-  let inRedis: SessionState = redisState;
+  let inRedis: SessionState | null = redisState;
   const store: StateReader = {
     cached: () => cache.get('k')?.state,
     fromRedis: () => (redisReads.push(checks.length), Promise.resolve(inRedis)),
@@ -39,7 +39,8 @@ function setup() {
     onRead: (s) => sources.push(s),
   });
   return {
-    setRedis: (s: SessionState) => (inRedis = s),
+    setRedis: (s: SessionState | null) => (inRedis = s),
+    checks,
     setRebuilding: (b: boolean) => (rebuilding = b),
     cache,
     answer,
@@ -124,5 +125,18 @@ describe('allowed-tools answer from state', () => {
     t.setRebuilding(false);
     t.release();
     expect(await out).toBe('redis');
+  });
+
+  it('a read that met a loss its check had not seen (the marker gone on the connection of the read) checks again, then reads again', async () => {
+    const t = setup();
+    t.cache.drop('k');
+    t.setRedis(null); // the store saw the marker gone right after the session's GET
+    const out = t.answer(ref, (s) => s.step);
+    t.release(); // the first check (its own connection) had seen nothing
+    await vi.waitFor(() => expect(t.checks).toHaveLength(2)); // checked again: the restore runs there
+    t.setRedis(redisState);
+    t.release();
+    expect(await out).toBe('redis');
+    expect(t.redisReads).toHaveLength(2);
   });
 });

@@ -149,20 +149,31 @@ export class RedisSessionStore {
    * A session's state for a reader (allowed tools): what this instance last wrote, else Redis (one plain `GET`:
    * a pipeline for one key costs a pipeline object and its command wrappers on every read).
    */
-  async read(ref: SessionRef): Promise<{ state: SessionState; cached: boolean }> {
+  async read(ref: SessionRef): Promise<{ state: SessionState | null; cached: boolean }> {
     const hit = this.cached(ref);
     if (hit) return { state: hit, cached: true };
     return { state: await this.fromRedis(ref), cached: false };
   }
 
-  /** The session's state in Redis, not the cache's (a new session when none). */
-  async fromRedis(ref: SessionRef): Promise<SessionState> {
+  /**
+   * The session's state in Redis, not the cache's (a new session when none); null when the read met a Redis
+   * loss: the epoch marker, read right after it on the same connection, is gone or another (a loss between the
+   * guard's check, on its own connection, and this read). Two plain GETs, not a pipeline: one connection runs
+   * them in order, without a pipeline object per read.
+   */
+  async fromRedis(ref: SessionRef): Promise<SessionState | null> {
+    const marker = this.marker();
     let raw: string | null;
+    let seen: string | null = null;
     try {
-      raw = await this.redis.get(sessionKey(this.prefix, ref));
+      [raw, seen] = await Promise.all([
+        this.redis.get(sessionKey(this.prefix, ref)),
+        marker?.value ? this.redis.get(marker.key) : Promise.resolve(null),
+      ]);
     } catch (err) {
       throw redisFailure('session read', err);
     }
+    if (marker?.value && seen !== marker.value) return null;
     return raw === null ? newSession() : decode(raw.slice(raw.indexOf('|') + 1));
   }
 
