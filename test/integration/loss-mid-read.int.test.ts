@@ -55,35 +55,16 @@ describe("a Redis loss between the epoch check and a batch's reads (real Redis)"
       args: {},
     }) as ToolCallsEvent;
     const marker = () => ({ key: epoch.key, value: epoch.current() });
-    const ok = await RedisLearnStore.load(
-      redis,
-      prefix,
-      60_000,
-      DEFAULT_LEARN,
-      [e],
-      { ttlMs: 10_000 },
-      undefined,
-      marker(),
-    );
-    await ok.release();
+    // The marker as the guard saw it at each batch's start.
+    const load = () =>
+      RedisLearnStore.load(redis, prefix, 60_000, DEFAULT_LEARN, [e], { ttlMs: 10_000 }, undefined, marker());
+    await (await load()).release();
 
     await redis.del(epoch.key);
-    await expect(
-      RedisLearnStore.load(redis, prefix, 60_000, DEFAULT_LEARN, [e], { ttlMs: 10_000 }, undefined, marker()),
-    ).rejects.toMatchObject({ code: 'STATE_CONTENDED' });
+    await expect(load()).rejects.toMatchObject({ code: 'STATE_CONTENDED' });
     // Its leases went back with the failure: the retry takes them at once.
     expect(await redis.exists(`${prefix}:aseq:{default|default}:lease`)).toBe(0);
     expect((await epoch.check()).lost).toBe(true);
-    const again = await RedisLearnStore.load(
-      redis,
-      prefix,
-      60_000,
-      DEFAULT_LEARN,
-      [e],
-      { ttlMs: 10_000 },
-      undefined,
-      marker(),
-    );
-    await again.release();
+    await (await load()).release();
   });
 });
