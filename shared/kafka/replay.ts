@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import type { Kafka, KafkaMessage } from 'kafkajs';
+import type { CommonEnv } from '../config.js';
 import { errorMessage, PaverError } from '../errors.js';
 
 /** Offsets [from, end) of one partition. */
@@ -16,6 +17,20 @@ export interface ReplayOptions {
   sessionTimeoutMs: number;
   maxBytesPerPartition: number;
 }
+
+/** A service's replay reader for `topic`: its throwaway groups named after `groupPrefix`, the consumer settings its own. */
+export const replayOptions = (
+  kafka: Kafka,
+  env: Pick<CommonEnv, 'KAFKA_SESSION_TIMEOUT_MS' | 'KAFKA_MAX_BYTES_PER_PARTITION'>,
+  topic: string,
+  groupPrefix: string,
+): ReplayOptions => ({
+  kafka,
+  topic,
+  groupPrefix,
+  sessionTimeoutMs: env.KAFKA_SESSION_TIMEOUT_MS,
+  maxBytesPerPartition: env.KAFKA_MAX_BYTES_PER_PARTITION,
+});
 
 /**
  * Reads [from, end) of some partitions of a topic, in order, through `onBatch`. kafkajs has no `assign()`, so

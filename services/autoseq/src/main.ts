@@ -1,6 +1,7 @@
 import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '../../../schemas/index.js';
 import { PaverError, errorMessage } from '../../../shared/errors.js';
 import { readConfigFile } from '../../../shared/jsonl.js';
+import { replayOptions } from '../../../shared/kafka/replay.js';
 import { zodParser } from '../../../shared/kafka/runner.js';
 import { createEpoch, restoreFlagKey } from '../../../shared/redis/epoch.js';
 import {
@@ -84,13 +85,12 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
         if (!copyRules) return;
         // At start, only a Redis whose marker was created with the flag (or a restore cut short) lost anything.
         if (reason === 'start' && !(await restoreCutShort(redis, restoring))) return;
-        const r = await restoreRules(redis, prefix, restoring, {
-          kafka: runtime.kafka,
-          topic: env.AUTOSEQ_RULES_TOPIC,
-          groupPrefix: env.AUTOSEQ_GROUP_ID,
-          sessionTimeoutMs: env.KAFKA_SESSION_TIMEOUT_MS,
-          maxBytesPerPartition: env.KAFKA_MAX_BYTES_PER_PARTITION,
-        });
+        const r = await restoreRules(
+          redis,
+          prefix,
+          restoring,
+          replayOptions(runtime.kafka, env, env.AUTOSEQ_RULES_TOPIC, env.AUTOSEQ_GROUP_ID),
+        );
         m.restoredContexts.inc(r.contexts);
         log.info({ reason, ...r }, 'learned rules restored from the rules topic');
       },

@@ -11,7 +11,7 @@ import {
   id as idSchema,
 } from '../../../schemas/index.js';
 import { CheckpointLog } from './adapters/kafka/checkpoints.js';
-import { readRanges, readToEnd, type ReplayOptions } from '../../../shared/kafka/replay.js';
+import { readRanges, readToEnd, replayOptions } from '../../../shared/kafka/replay.js';
 import { ScopePublisher } from './adapters/publisher.js';
 import { Rebuilder, type PartitionReplay } from './adapters/rebuild.js';
 import { detectorGlobalKeys, RedisDetectorStore } from './adapters/redis/store.js';
@@ -83,20 +83,14 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
       help: 'Input messages replayed from Kafka by rebuilds.',
       registers: r,
     });
-    const replayOptions = (topic: string): ReplayOptions => ({
-      kafka,
-      topic,
-      groupPrefix: env.DETECTOR_GROUP_ID,
-      sessionTimeoutMs: env.KAFKA_SESSION_TIMEOUT_MS,
-      maxBytesPerPartition: env.KAFKA_MAX_BYTES_PER_PARTITION,
-    });
+    const replayOf = (topic: string) => replayOptions(kafka, env, topic, env.DETECTOR_GROUP_ID);
     const checkpoints = new CheckpointLog(
       sink,
-      replayOptions(env.DETECTOR_TOPIC_CHECKPOINTS),
+      replayOf(env.DETECTOR_TOPIC_CHECKPOINTS),
       env.REDIS_KEY_PREFIX,
       env.PAVER_TOPIC_TOOL_CALLS,
     );
-    const input = replayOptions(env.PAVER_TOPIC_TOOL_CALLS);
+    const input = replayOf(env.PAVER_TOPIC_TOOL_CALLS);
     const replay: PartitionReplay = async (partition, from, end, each) => {
       const { lowWatermarks } = await readRanges(
         input,
@@ -127,7 +121,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
     /** The candidates the topic still holds as active, per scope (the latest record per key wins). */
     const restorePublished = async (): Promise<Scope[]> => {
       const latest = new Map<string, { scope: Scope; key: string; active: boolean }>();
-      await readToEnd(replayOptions(env.PAVER_TOPIC_FLOW_CANDIDATES), async (_p, messages) => {
+      await readToEnd(replayOf(env.PAVER_TOPIC_FLOW_CANDIDATES), async (_p, messages) => {
         for (const m of messages) {
           if (m.value === null) continue;
           const rec = await codec.decode(m.value).then(

@@ -1,6 +1,7 @@
 import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '../../../schemas/index.js';
 import { PaverError, errorMessage } from '../../../shared/errors.js';
 import { readConfigFile } from '../../../shared/jsonl.js';
+import { replayOptions } from '../../../shared/kafka/replay.js';
 import { zodParser } from '../../../shared/kafka/runner.js';
 import { createEpoch, restoreFlagKey } from '../../../shared/redis/epoch.js';
 import {
@@ -101,13 +102,7 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
           let expired = 0;
           let restored = 0;
           const { read, skipped } = await readSessionLog(
-            {
-              kafka: runtime.kafka,
-              topic: stateTopic,
-              groupPrefix: env.SEQUENCER_GROUP_ID,
-              sessionTimeoutMs: env.KAFKA_SESSION_TIMEOUT_MS,
-              maxBytesPerPartition: env.KAFKA_MAX_BYTES_PER_PARTITION,
-            },
+            replayOptions(runtime.kafka, env, stateTopic, env.SEQUENCER_GROUP_ID),
             env.REDIS_KEY_PREFIX,
             async (sessions) => {
               const now = Date.now();

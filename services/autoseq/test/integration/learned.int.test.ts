@@ -1,14 +1,18 @@
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { nextActionRecordV1, type NextActionRecord } from '../../../../schemas/index.js';
 import { consumeUntil, groupCaughtUp, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
 import { getJson, type Proc } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
-import type { PredictLine } from '../../src/core/learn/engine.js';
-import { replay } from '../../src/learn-cli.js';
-import { expectSameAsPredict, learnedServiceEnv, LOW_BAR, startAutoseq } from './predict-compare.js';
+import {
+  expectSameAsPredict,
+  learnedServiceEnv,
+  LOW_BAR,
+  predictFile,
+  predictLines,
+  startAutoseq,
+} from './predict-compare.js';
 
 const procs: Proc[] = [];
 afterAll(() => {
@@ -41,14 +45,7 @@ describe('autoseq learned proposals (real Kafka, real Redis)', () => {
     );
     const calls = events.filter((e) => e.type === 'tool_call');
 
-    const predicted: PredictLine[] = [];
-    await replay(
-      fixture,
-      lowBar,
-      null,
-      (l) => predicted.push(l),
-      () => undefined,
-    );
+    const predicted = await predictFile(fixture, lowBar);
     expect(predicted.filter((l) => l.proposal?.state === 'active').length).toBeGreaterThan(0);
 
     const msgs = lines.map((l, i) => ({ key: events[i]!.session_id, value: l }));
@@ -136,21 +133,10 @@ describe('autoseq learned proposals (real Kafka, real Redis)', () => {
       chunks.push([a[0]!, b[0]!, a[1]!, b[1]!, a[2]!, b[2]!], [a[3]!, b[3]!, a[4]!, b[4]!, a[5]!, b[5]!]);
     }
     const events = chunks.flat();
-    const dir = mkdtempSync(join(tmpdir(), 'paver-aseq-later-'));
-    const file = join(dir, 'events.jsonl');
-    writeFileSync(file, events.map((e) => JSON.stringify(e)).join('\n') + '\n');
-    const predicted: PredictLine[] = [];
-    try {
-      await replay(
-        file,
-        lowBar,
-        null,
-        (l) => predicted.push(l),
-        () => undefined,
-      );
-    } finally {
-      rmSync(dir, { recursive: true, force: true });
-    }
+    const predicted = await predictLines(
+      events.map((e) => JSON.stringify(e)),
+      lowBar,
+    );
     // The email's and the order number's only source is the second message: predict proposes both, active, for
     // most tasks (the lookup from the proposal made again once the message came).
     for (const tool of ['find_user_by_email', 'get_order']) {

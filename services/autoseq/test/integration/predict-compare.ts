@@ -1,9 +1,13 @@
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { expect } from 'vitest';
 import { catalogKey, type NextActionRecord } from '../../../../schemas/index.js';
 import { createTopics, waitFor } from '../../../../test/helpers/kafka.js';
 import { isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import type { PredictLine } from '../../src/core/learn/engine.js';
 import { DEFAULT_LEARN, type LearnOptions } from '../../src/core/learn/learner.js';
+import { replay } from '../../src/learn-cli.js';
 
 /**
  * The environment of an autoseq that learns with `opts` (as `paver predict` is given them), on fresh
@@ -117,3 +121,28 @@ export const LOW_BAR: LearnOptions = {
   maxContexts: 40,
   maxSlots: 20,
 };
+
+/** `paver predict`'s lines over an events file, through the offline command's own function. */
+export async function predictFile(file: string, opts: LearnOptions): Promise<PredictLine[]> {
+  const out: PredictLine[] = [];
+  await replay(
+    file,
+    opts,
+    null,
+    (l) => out.push(l),
+    () => undefined,
+  );
+  return out;
+}
+
+/** The same over events given as JSONL lines (a temporary file, removed after). */
+export async function predictLines(lines: string[], opts: LearnOptions): Promise<PredictLine[]> {
+  const dir = mkdtempSync(join(tmpdir(), 'paver-aseq-predict-'));
+  const file = join(dir, 'events.jsonl');
+  writeFileSync(file, lines.join('\n') + '\n');
+  try {
+    return await predictFile(file, opts);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}

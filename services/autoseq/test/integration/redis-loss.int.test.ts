@@ -1,5 +1,4 @@
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { nextActionRecordV1, type NextActionRecord } from '../../../../schemas/index.js';
@@ -8,8 +7,7 @@ import { getJson, isReady, startProcess, type Proc } from '../../../../test/help
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import type { PredictLine } from '../../src/core/learn/engine.js';
 import { DEFAULT_LEARN } from '../../src/core/learn/learner.js';
-import { replay } from '../../src/learn-cli.js';
-import { expectSameAsPredict, learnedServiceEnv } from './predict-compare.js';
+import { expectSameAsPredict, learnedServiceEnv, predictLines } from './predict-compare.js';
 
 const procs: Proc[] = [];
 const redis = testRedis();
@@ -23,19 +21,7 @@ const lowBar = { ...DEFAULT_LEARN, minTrials: 5, minPrecision: 0.5, targetPrecis
 
 type Ev = { type: string; event_id: string; task_id: string; session_id: string };
 
-async function predict(lines: string[]): Promise<PredictLine[]> {
-  const file = join(mkdtempSync(join(tmpdir(), 'paver-aseq-loss-')), 'events.jsonl');
-  writeFileSync(file, lines.join('\n') + '\n');
-  const out: PredictLine[] = [];
-  await replay(
-    file,
-    lowBar,
-    null,
-    (l) => out.push(l),
-    () => undefined,
-  );
-  return out;
-}
+const predict = (lines: string[]): Promise<PredictLine[]> => predictLines(lines, lowBar);
 
 const metric = async (p: Proc, name: string, labels?: Record<string, string>) =>
   parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(name, labels) ?? 0;
