@@ -240,6 +240,7 @@ Examples:
       .addOption(num('--min-precision', 'precision before a proposal is active, 0..1'))
       .addOption(num('--target-precision', 'precision an active rule must keep, 0..1'))
       .addOption(num('--window', 'trials remembered per context, ≥ 2'))
+      .addOption(num('--family-trials', 'own trials of a rule whose family is proven (0: off)'))
       .addOption(STRICT());
 
   learned('predict', 'one line per tool_call: the proposal held for it (JSONL)').action(async (o: Flags) => {

@@ -338,6 +338,19 @@ describe('inputs read whole have a size limit (a huge file or an endless stdin m
     }
   });
 
+  it('paver predict and savings refuse tuning flags out of range (exit 2, naming the ranges)', async () => {
+    const input = join(root, 'examples/autoseq-events.jsonl');
+    for (const [flag, bad] of [
+      ['--family-trials', '-1'],
+      ['--family-trials', '1.5'],
+      ['--window', '1'],
+    ] as const) {
+      err = '';
+      expect(await main(['savings', '--input', input, `${flag}=${bad}`]), flag + bad).toBe(2);
+      expect(err, flag + bad).toContain(`${flag} ≥`);
+    }
+  });
+
   it('a configuration read from stdin or a file is refused over PAVER_MAX_CONFIG_BYTES, naming it: exit 2 like other unreadable configurations', async () => {
     const flows = readFileSync(join(root, 'examples/flows.yaml'), 'utf8');
     const padded = `${flows}\n# ${'x'.repeat(4096)}\n`;

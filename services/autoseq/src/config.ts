@@ -19,6 +19,8 @@ export const autoseqEnvSchema = z
     AUTOSEQ_LEARN_MIN_PRECISION: z.coerce.number().gt(0).lt(1).default(DEFAULT_LEARN.minPrecision),
     AUTOSEQ_LEARN_TARGET_PRECISION: z.coerce.number().min(0).max(1).default(DEFAULT_LEARN.targetPrecision),
     AUTOSEQ_LEARN_WINDOW: int(2, 1_000_000).default(DEFAULT_LEARN.window),
+    /** Own trials of a rule whose family (next tool and bindings, any context) is proven; 0: off. */
+    AUTOSEQ_LEARN_FAMILY_TRIALS: int(0, 100_000).default(DEFAULT_LEARN.familyTrials),
     AUTOSEQ_LEARN_MAX_SLOTS: int(10, 1_000_000).default(DEFAULT_LEARN.maxSlots),
     AUTOSEQ_LEARN_MAX_CONTEXTS: int(10, 1_000_000).default(DEFAULT_LEARN.maxContexts),
     AUTOSEQ_LEARN_LEASE_MS: int(1000, 120_000).default(10_000),
@@ -44,6 +46,7 @@ export const learnOptionsFromEnv = (env: AutoseqEnv): LearnOptions => ({
   minPrecision: env.AUTOSEQ_LEARN_MIN_PRECISION,
   targetPrecision: env.AUTOSEQ_LEARN_TARGET_PRECISION,
   window: env.AUTOSEQ_LEARN_WINDOW,
+  familyTrials: env.AUTOSEQ_LEARN_FAMILY_TRIALS,
   maxSlots: env.AUTOSEQ_LEARN_MAX_SLOTS,
   maxContexts: env.AUTOSEQ_LEARN_MAX_CONTEXTS,
   historyPerTask: env.AUTOSEQ_LEARN_TASK_HISTORY,

@@ -16,7 +16,7 @@ import { DEFAULT_LEARN, listRules, type ArgsValidator, type LearnOptions } from 
 import { SavingsCounter, type SavingsReport } from './core/learn/savings.js';
 import { SchemaCompiler } from './core/schema-compiler.js';
 
-const TUNING = `  [--max-k ${DEFAULT_LEARN.maxK}] [--min-trials ${DEFAULT_LEARN.minTrials}] [--min-precision ${DEFAULT_LEARN.minPrecision}] [--target-precision ${DEFAULT_LEARN.targetPrecision}] [--window ${DEFAULT_LEARN.window}]`;
+const TUNING = `  [--max-k ${DEFAULT_LEARN.maxK}] [--min-trials ${DEFAULT_LEARN.minTrials}] [--min-precision ${DEFAULT_LEARN.minPrecision}] [--target-precision ${DEFAULT_LEARN.targetPrecision}] [--window ${DEFAULT_LEARN.window}] [--family-trials ${DEFAULT_LEARN.familyTrials}]`;
 const PREDICT_USAGE = `Usage: paver predict --input EVENTS.jsonl [--catalog FILE]
 ${TUNING}
 
@@ -113,6 +113,7 @@ async function parse(cmd: string, argv: string[], usage: string, extra: Record<s
     'min-precision': { type: 'string' },
     'target-precision': { type: 'string' },
     window: { type: 'string' },
+    'family-trials': { type: 'string' },
     help: { type: 'boolean' },
     ...extra,
   });
@@ -128,6 +129,7 @@ async function parse(cmd: string, argv: string[], usage: string, extra: Record<s
     minPrecision: num(values['min-precision'] as string | undefined, DEFAULT_LEARN.minPrecision),
     targetPrecision: num(values['target-precision'] as string | undefined, DEFAULT_LEARN.targetPrecision),
     window: num(values.window as string | undefined, DEFAULT_LEARN.window),
+    familyTrials: num(values['family-trials'] as string | undefined, DEFAULT_LEARN.familyTrials),
   };
   const ok =
     Number.isInteger(opts.maxK) &&
@@ -139,10 +141,12 @@ async function parse(cmd: string, argv: string[], usage: string, extra: Record<s
     opts.minPrecision < 1 &&
     opts.targetPrecision >= 0 &&
     opts.targetPrecision <= 1 &&
-    opts.window >= 2;
+    opts.window >= 2 &&
+    Number.isInteger(opts.familyTrials) &&
+    opts.familyTrials >= 0;
   if (!ok) {
     process.stderr.write(
-      `paver ${cmd}: --max-k 1..8, --min-trials ≥ 1, 0 < --min-precision < 1, 0 ≤ --target-precision ≤ 1, --window ≥ 2\n`,
+      `paver ${cmd}: --max-k 1..8, --min-trials ≥ 1, 0 < --min-precision < 1, 0 ≤ --target-precision ≤ 1, --window ≥ 2, --family-trials ≥ 0 (0: off)\n`,
     );
     return 2;
   }

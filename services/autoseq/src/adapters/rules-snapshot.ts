@@ -8,7 +8,7 @@ import type { Logger } from '../../../../shared/log.js';
 import { scopeId } from '../core/learn/engine.js';
 import { contextRecordKey, contextRecordValue, scopeRecordKey, scopeRecordValue } from './kafka/rules-log.js';
 import { readRulesLog } from './kafka/rules-log.js';
-import { metaClock, readContexts, restoreScope, type ContextsWritten } from './redis/learn-store.js';
+import { metaCopy, readContexts, restoreScope, type ContextsWritten } from './redis/learn-store.js';
 import { ScopeLeases } from './redis/scope-lease.js';
 
 /** Scopes copied per round trip (and per set of leases held at once). */
@@ -135,9 +135,12 @@ export class RuleSnapshots {
       for (const c of copies) {
         // No state: lost with Redis (the restore brings it back from the topic) or never written. Nothing to
         // copy, and above all no tombstones.
-        const clock = c.meta === null ? null : metaClock(c.meta);
-        if (clock === null) continue;
-        records.push({ key: scopeRecordKey(prefix, c.tenant, c.agent), value: scopeRecordValue(clock) });
+        const meta = c.meta === null ? null : metaCopy(c.meta);
+        if (meta === null) continue;
+        records.push({
+          key: scopeRecordKey(prefix, c.tenant, c.agent),
+          value: scopeRecordValue(meta.clock, meta.fam),
+        });
         for (const [ctx, stored] of c.ctxs) {
           const key = contextRecordKey(prefix, c.tenant, c.agent, ctx);
           if (stored === null) {
@@ -187,7 +190,7 @@ export function restoreRules(
     let restored = 0;
     let contexts = 0;
     for (const s of scopes) {
-      const r = await restoreScope(redis, prefix, s.tenant, s.agent, s.clock, s.ctxs);
+      const r = await restoreScope(redis, prefix, s.tenant, s.agent, s.clock, s.ctxs, s.fam);
       if (!r.written) continue;
       restored++;
       contexts += r.contexts;

@@ -222,6 +222,84 @@ describe('learned rule lifecycle', () => {
   });
 });
 
+describe('families: one recipe (next tool and bindings) in several contexts', () => {
+  // The defaults' bar (a bound of 0.9 from 20 trials: about 35 straight hits) with the family head start.
+  const strict: LearnOptions = { ...DEFAULT_LEARN };
+  /** A lookup by one of two tools (`via`), then the fetch of the id it returned, then sometimes a ping first. */
+  const viaTask = (n: number, via: string, ping = false, followArgs?: Record<string, unknown>) => {
+    const t = `f${n}`;
+    const rid = `R${5000 + n}`;
+    const evs: ToolCallsEvent[] = [];
+    let step = 0;
+    if (ping) evs.push(call(t, step++, 'ping', {}, 'pong'));
+    evs.push(call(t, step++, via, { q: `user${n}` }, { record_id: rid }));
+    evs.push(call(t, step++, 'fetch', followArgs ?? { record_id: rid }, { ok: true }));
+    evs.push(done(t));
+    return evs;
+  };
+  /** How many `via` tasks pass before the fetch after `via` is held as an active proposal (-1: never). */
+  const firstActiveAfter = (
+    o: LearnOptions,
+    via: string,
+    from: number,
+    n: number,
+    store: MemoryLearnStore,
+  ) => {
+    for (let i = from; i < from + n; i++) {
+      const rs = run(store, viaTask(i, via), o);
+      if (rs[1]!.held?.state === 'active') return i - from;
+    }
+    return -1;
+  };
+
+  it('a context whose recipe is proven in another context is active after a few trials of its own', () => {
+    const withFamily = new MemoryLearnStore();
+    expect(firstActiveAfter(strict, 'lookup_a', 0, 60, withFamily)).toBeGreaterThan(30);
+    const fast = firstActiveAfter(strict, 'lookup_b', 100, 60, withFamily);
+    // Three occurrences make the rule, eight trials of its own promote it.
+    expect(fast).toBeGreaterThanOrEqual(strict.minSupport + strict.familyTrials - 1);
+    expect(fast).toBeLessThan(15);
+
+    const alone = new MemoryLearnStore();
+    const off = { ...strict, familyTrials: 0 };
+    firstActiveAfter(off, 'lookup_a', 0, 60, alone);
+    expect(firstActiveAfter(off, 'lookup_b', 100, 60, alone)).toBeGreaterThan(30);
+  });
+
+  it('no head start from a family that is not proven, nor for a rule that was demoted', () => {
+    // The recipe holds 80% of the time after lookup_a: its family is never proven.
+    const store = new MemoryLearnStore();
+    for (let i = 0; i < 80; i++)
+      run(
+        store,
+        i % 5 === 4 ? viaTask(i, 'lookup_a', false, { record_id: `X${i}` }) : viaTask(i, 'lookup_a'),
+        strict,
+      );
+    expect(firstActiveAfter(strict, 'lookup_b', 100, 20, store)).toBe(-1);
+
+    // Proven after lookup_a; after lookup_b, active early, then demoted by a miss: it comes back on its own
+    // bound only, not after another eight hits.
+    const s2 = new MemoryLearnStore();
+    firstActiveAfter(strict, 'lookup_a', 0, 60, s2);
+    expect(firstActiveAfter(strict, 'lookup_b', 100, 20, s2)).toBeGreaterThan(-1);
+    const miss = run(s2, viaTask(200, 'lookup_b', false, { record_id: 'X200' }), strict);
+    expect(miss.flatMap((r) => r.transitions.map((t) => `${t.from}->${t.to}`))).toContain('active->demoted');
+    expect(firstActiveAfter(strict, 'lookup_b', 300, 12, s2)).toBe(-1);
+  });
+
+  it('one trial per call for a family, however many of its contexts proposed it', () => {
+    const store = new MemoryLearnStore();
+    // After `ping, lookup_a` both the k = 1 and the k = 2 contexts hold the fetch rule: one call, one trial.
+    for (let i = 0; i < 30; i++) run(store, viaTask(i, 'lookup_a', true), strict);
+    const scope = store.scope('default', 'default');
+    const rules = listRules(scope).filter((r) => r.tool === 'fetch');
+    expect(rules.length).toBeGreaterThanOrEqual(2);
+    const fam = Object.values(scope.fam ?? {});
+    expect(fam).toHaveLength(1);
+    expect(fam[0]![2]).toBe(Math.max(...rules.map((r) => r.trials)));
+  });
+});
+
 describe('repeated calls', () => {
   /** lookup(id) → fetch(record_id = its output), then the agent fetches the record again `again` times. */
   function refetch(n: number, again: number): ToolCallsEvent[] {

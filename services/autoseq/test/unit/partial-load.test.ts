@@ -46,15 +46,18 @@ class PartialStore implements LearnStore {
     for (const [id, evs] of byTask)
       for (const k of contextsTouched(this.tasks.get(id) ?? newLearnTask(), evs as never, opts))
         wanted.add(k);
-    const { clock, nCtx, nSlots, nActive } = this.backing;
+    // Scope-wide fields (the clock, the counts, the families) come with every load, as the store's `m` field.
+    const { clock, nCtx, nSlots, nActive, fam } = this.backing;
     this.part = { ...newScopeState(), clock, nCtx, nSlots, nActive };
+    if (fam) this.part.fam = clone(fam);
     for (const k of wanted) if (this.backing.ctx[k]) this.part.ctx[k] = clone(this.backing.ctx[k]);
     for (const [sk, slot] of Object.entries(this.backing.slots))
       if (wanted.has(slotContext(sk))) this.part.slots[sk] = clone(slot);
   }
   save() {
-    const { clock, nCtx, nSlots, nActive } = this.part;
+    const { clock, nCtx, nSlots, nActive, fam } = this.part;
     Object.assign(this.backing, { clock, nCtx, nSlots, nActive });
+    if (fam) this.backing.fam = clone(fam);
     for (const [k, c] of Object.entries(this.part.ctx)) this.backing.ctx[k] = clone(c);
     for (const [sk, s] of Object.entries(this.part.slots)) this.backing.slots[sk] = clone(s);
   }

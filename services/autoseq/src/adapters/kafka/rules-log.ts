@@ -5,7 +5,8 @@ import { jsonOf, readLatest, type ReplayOptions } from '../../../../../shared/ka
  * The learned rules' copy on a compacted topic autoseq owns (`AUTOSEQ_RULES_TOPIC`): what survives a Redis
  * loss. Internal to the service, so plain JSON with these shapes rather than a public contract.
  *
- * - key `["<key prefix>","<tenant>","<agent>"]`: the scope's clock (`{"v":1,"clock":N}`);
+ * - key `["<key prefix>","<tenant>","<agent>"]`: the scope's clock and its families' evidence
+ *   (`{"v":1,"clock":N,"fam":{…}}`, `fam` absent until a rule was scored, and in copies of older versions);
  * - key `["<key prefix>","<tenant>","<agent>","<context>"]`: one context's value as Redis stores it (its
  *   next-tool counts, its slots and their rules: counts, bindings, state; never an argument value the agent
  *   passed, except a `const` binding's short constant), or a tombstone once the context was evicted.
@@ -16,14 +17,19 @@ const keyShape = z.union([
   z.tuple([z.string(), z.string().min(1), z.string().min(1)]),
   z.tuple([z.string(), z.string().min(1), z.string().min(1), z.string()]),
 ]);
-const scopeValueV1 = z.object({ v: z.literal(1), clock: z.number().int().nonnegative() }).strict();
+const familiesShape = z.record(z.string(), z.tuple([z.number(), z.number(), z.number()]));
+const scopeValueV1 = z
+  .object({ v: z.literal(1), clock: z.number().int().nonnegative(), fam: familiesShape.optional() })
+  .strict();
 const contextValueV1 = z.object({ v: z.literal(1), value: z.string().min(2) }).strict();
 
 export const scopeRecordKey = (prefix: string, tenant: string, agent: string): string =>
   JSON.stringify([prefix, tenant, agent]);
 export const contextRecordKey = (prefix: string, tenant: string, agent: string, ctx: string): string =>
   JSON.stringify([prefix, tenant, agent, ctx]);
-export const scopeRecordValue = (clock: number): string => JSON.stringify({ v: 1, clock });
+export const scopeRecordValue = (clock: number, fam?: Families): string =>
+  JSON.stringify(fam ? { v: 1, clock, fam } : { v: 1, clock });
+type Families = z.infer<typeof familiesShape>;
 /** The stored text is carried as text: the copy is byte for byte what Redis held. */
 export const contextRecordValue = (stored: string): string => JSON.stringify({ v: 1, value: stored });
 
@@ -32,6 +38,8 @@ export interface ScopeCopyRead {
   tenant: string;
   agent: string;
   clock: number;
+  /** The families' evidence (absent when the scope record holds none). */
+  fam?: Families;
   ctxs: Map<string, string>;
 }
 
@@ -60,8 +68,10 @@ export async function readRulesLog(
     if (!s) scopes.set(id, (s = { tenant, agent, clock: 0, ctxs: new Map() }));
     if (ctx === undefined) {
       const r = scopeValueV1.safeParse(jsonOf(v));
-      if (r.success) s.clock = r.data.clock;
-      else skipped++;
+      if (r.success) {
+        s.clock = r.data.clock;
+        if (r.data.fam) s.fam = r.data.fam;
+      } else skipped++;
     } else {
       const r = contextValueV1.safeParse(jsonOf(v));
       if (r.success) s.ctxs.set(ctx, r.data.value);

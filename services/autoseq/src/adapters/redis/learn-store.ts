@@ -49,8 +49,14 @@ const metaShape = z.object({
   nCtx: z.number(),
   nSlots: z.number(),
   nActive: z.number(),
+  fam: z.record(z.string(), z.tuple([z.number(), z.number(), z.number()])).optional(),
 });
 type Meta = z.infer<typeof metaShape>;
+/** The scope-wide fields (the `m` value) of a state. */
+const metaOfState = (s: ScopeState): Meta => {
+  const { clock, nCtx, nSlots, nActive, fam } = s;
+  return fam ? { v: 2, clock, nCtx, nSlots, nActive, fam } : { v: 2, clock, nCtx, nSlots, nActive };
+};
 const ctxShape = z.object({
   c: z.object({ n: z.number() }).passthrough(),
   s: z.record(z.string(), z.unknown()),
@@ -371,9 +377,8 @@ export class RedisLearnStore implements LearnStore {
     const wrote: ContextsWritten[] = [];
     for (const [id, sc] of this.scopes) {
       const key = learnKey(this.prefix, sc.tenant, sc.agent);
-      const { clock, nCtx, nSlots, nActive } = sc.state;
       const fields = new Set<string>();
-      const changed: string[] = [META, JSON.stringify({ v: 2, clock, nCtx, nSlots, nActive })];
+      const changed: string[] = [META, JSON.stringify(metaOfState(sc.state))];
       for (const [ctx, g] of contextGroups(sc.state)) {
         const f = ctxField(ctx);
         fields.add(f);
@@ -474,10 +479,12 @@ export async function restoreScope(
   agent: string,
   clock: number,
   ctxs: ReadonlyMap<string, string>,
+  fam?: ScopeState['fam'],
 ): Promise<{ written: boolean; contexts: number }> {
   defineScopeScripts(redis);
   const state = newScopeState();
   state.clock = clock;
+  if (fam) state.fam = fam;
   const pairs: string[] = [];
   for (const [ctx, raw] of ctxs) {
     const slots = readGroup(state, ctx, raw);
@@ -491,23 +498,23 @@ export async function restoreScope(
     at = Math.max(at, s.at);
     if (s.rule?.state === 'active') nActive++;
   }
-  const meta: Meta = {
-    v: 2,
-    clock: at,
-    nCtx: Object.keys(state.ctx).length,
-    nSlots: Object.keys(state.slots).length,
-    nActive,
-  };
+  state.clock = at;
+  state.nCtx = Object.keys(state.ctx).length;
+  state.nSlots = Object.keys(state.slots).length;
+  state.nActive = nActive;
+  const meta = metaOfState(state);
   const pipe = redis.pipeline();
   invokeScript(pipe, 'learnRestore', [learnKey(prefix, tenant, agent)], [JSON.stringify(meta), ...pairs]);
   const [reply] = await execPipeline(pipe, 'learned state restore');
   return { written: reply === 1, contexts: pairs.length / 2 };
 }
 
-/** The clock of a stored `m` value, or null when the value is not ours. */
-export function metaClock(raw: string): number | null {
+/** What a copy keeps of a stored `m` value (the clock, the families), or null when the value is not ours. */
+export function metaCopy(raw: string): { clock: number; fam?: ScopeState['fam'] } | null {
   const m = parseJson(raw);
-  return m !== null && metaShape.safeParse(m).success ? (m as Meta).clock : null;
+  if (m === null || !metaShape.safeParse(m).success) return null;
+  const { clock, fam } = m as Meta;
+  return fam ? { clock, fam } : { clock };
 }
 
 /** One scope's whole learned state for `GET /rules` (read-only). */

@@ -77,6 +77,16 @@ export interface LearnOptions {
   exMin: number;
   exBelow: number;
   exTerms: number;
+  /**
+   * Family evidence (see `ScopeState.fam`): a rule whose family is proven becomes active after this many
+   * trials of its own, all but (1 − targetPrecision) of them hits, instead of the bound's ~35; 0 turns it off.
+   * A recipe spread over several contexts (the same lookup after either of two searches, or after a retry)
+   * is then proven as fast as one context would be. Eight: a context of 80% precision passes eight straight
+   * hits one time in six, and leaves at its first miss (a demoted rule comes back on its own bound only).
+   */
+  familyTrials: number;
+  /** Families kept per scope (those with the fewest recent trials go first). */
+  maxFamilies: number;
 }
 
 export const DEFAULT_LEARN: LearnOptions = {
@@ -98,6 +108,8 @@ export const DEFAULT_LEARN: LearnOptions = {
   exMin: 2,
   exBelow: 0.5,
   exTerms: 24,
+  familyTrials: 8,
+  maxFamilies: 256,
 };
 
 export type RuleState = 'shadow' | 'active' | 'demoted';
@@ -164,7 +176,16 @@ export interface ScopeState {
   nActive: number;
   ctx: Record<string, CtxStat>;
   slots: Record<string, Slot>;
+  /**
+   * Families: a family is a next tool with its bindings, in any context (`familyKey`) → [decayed trials,
+   * decayed hits, lifetime trials] of the proposals its rules made, one trial per scored call whatever the
+   * number of its rules that proposed it (the contexts k = 1..K of one call are one piece of evidence).
+   * Absent in state written before it was kept, and until a rule is scored.
+   */
+  fam?: Record<string, Family>;
 }
+
+export type Family = [dn: number, dh: number, n: number];
 
 export const newScopeState = (): ScopeState => ({
   v: 2,
@@ -369,7 +390,35 @@ function noteExceptions(r: Rule, terms: readonly string[], hit: boolean, opts: L
   }
 }
 
-function score(scope: ScopeState, r: Rule, hit: boolean, ts: number, opts: LearnOptions): RuleState {
+/** A rule's family: its next tool and bindings, whatever the context. */
+export function familyKey(tool: string, bindings: readonly Binding[]): string {
+  // Asked for every scored proposal: memoised per bindings array (a rule's never change; derived data only).
+  const m = familyKeys.get(bindings);
+  if (m?.tool === tool) return m.key;
+  const key = fnv64(`${tool}${SLOT_SEP}${canonicalJson(bindings)}`);
+  familyKeys.set(bindings, { tool, key });
+  return key;
+}
+const familyKeys = new WeakMap<readonly Binding[], { tool: string; key: string }>();
+
+/** Proven as a rule is (trials, bound, point estimate), over every context where its rules proposed. */
+function familyProven(f: Family | undefined, opts: LearnOptions): boolean {
+  return (
+    f !== undefined &&
+    f[2] >= opts.minTrials &&
+    wilsonLower(f[1], f[0]) >= opts.minPrecision &&
+    f[1] / f[0] >= opts.targetPrecision
+  );
+}
+
+function score(
+  scope: ScopeState,
+  r: Rule,
+  tool: string,
+  hit: boolean,
+  ts: number,
+  opts: LearnOptions,
+): RuleState {
   const keep = 1 - 1 / opts.window;
   r.dn = r.dn * keep + 1;
   r.dh = r.dh * keep + (hit ? 1 : 0);
@@ -380,9 +429,15 @@ function score(scope: ScopeState, r: Rule, hit: boolean, ts: number, opts: Learn
   // The bound says the precision is proven; the point estimate says it is high enough. A rule whose bound
   // clears the bar on many trials can still be a 92% rule: active, it would take the whole below the target.
   const enough = r.dh / r.dn >= opts.targetPrecision;
-  if (r.state !== 'active' && r.trials >= opts.minTrials && lb >= opts.minPrecision && enough)
-    r.state = 'active';
-  else if (r.state === 'active' && (lb < opts.minPrecision || !enough)) r.state = 'demoted';
+  const own = r.trials >= opts.minTrials && lb >= opts.minPrecision;
+  // A head start for a rule never demoted: its family is proven elsewhere and its own trials agree.
+  const byFamily =
+    opts.familyTrials > 0 &&
+    r.state !== 'demoted' &&
+    r.trials >= opts.familyTrials &&
+    familyProven(scope.fam?.[familyKey(tool, r.bindings)], opts);
+  if (r.state !== 'active' && (own || byFamily) && enough) r.state = 'active';
+  else if (r.state === 'active' && (!(own || byFamily) || !enough)) r.state = 'demoted';
   if (r.state !== from) {
     r.changed = ts;
     scope.nActive += (r.state === 'active' ? 1 : 0) - (from === 'active' ? 1 : 0);
@@ -689,6 +744,7 @@ function scorePending(
   out: StepResult,
 ): void {
   const terms = termsOf(task.user);
+  if (opts.familyTrials > 0) scoreFamilies(scope, task, actual, opts);
   for (const p of task.pending) {
     const slot = scope.slots[p.slot];
     const rule = slot?.rule;
@@ -696,10 +752,44 @@ function scorePending(
     const hit = actual !== null && actual.tool === p.tool && actual.fp === p.fp;
     noteExceptions(rule, terms, hit, opts);
     if (p.b) continue;
-    const from = score(scope, rule, hit, ts, opts);
+    const from = score(scope, rule, p.tool, hit, ts, opts);
     out.scored.push({ rule_id: rule.id, tool: p.tool, state: from, hit });
     if (rule.state !== from) out.transitions.push({ rule_id: rule.id, tool: p.tool, from, to: rule.state });
   }
+}
+
+/**
+ * One trial per family among the call's pending proposals (not blocked), before the rules are scored, so that
+ * a rule's own trial counts in its family when its promotion is judged. Past `maxFamilies` (by a quarter) the
+ * families with the fewest decayed trials go, then by key: the same state gives the same choice everywhere.
+ */
+function scoreFamilies(
+  scope: ScopeState,
+  task: LearnTask,
+  actual: { tool: string; fp: string } | null,
+  opts: LearnOptions,
+): void {
+  const keep = 1 - 1 / opts.window;
+  let done: Set<string> | null = null;
+  for (const p of task.pending) {
+    if (p.b) continue;
+    const rule = scope.slots[p.slot]?.rule;
+    if (!rule || rule.id !== p.id) continue;
+    const fk = familyKey(p.tool, rule.bindings);
+    if (done?.has(fk)) continue;
+    (done ??= new Set()).add(fk);
+    const hit = actual !== null && actual.tool === p.tool && actual.fp === p.fp;
+    const f = ((scope.fam ??= {})[fk] ??= [0, 0, 0]);
+    f[0] = f[0] * keep + 1;
+    f[1] = f[1] * keep + (hit ? 1 : 0);
+    f[2]++;
+  }
+  const fam = scope.fam;
+  if (!fam) return;
+  const keys = Object.keys(fam);
+  if (keys.length <= opts.maxFamilies + slack(opts.maxFamilies)) return;
+  keys.sort((a, b) => fam[a]![0] - fam[b]![0] || (a < b ? -1 : 1));
+  for (const k of keys.slice(0, keys.length - opts.maxFamilies)) delete fam[k];
 }
 
 /** How deep `structured` looks for JSON text inside an output (MCP's `content[i].text` is at depth 2). */
