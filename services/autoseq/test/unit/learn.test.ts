@@ -287,6 +287,27 @@ describe('families: one recipe (next tool and bindings) in several contexts', ()
     expect(firstActiveAfter(strict, 'lookup_b', 300, 12, s2)).toBe(-1);
   });
 
+  it('families past the bound: the least recently scored go, so a new recipe is not starved by old ones', () => {
+    const o: LearnOptions = { ...strict, maxFamilies: 2 }; // a quarter of slack: up to 3 kept
+    const store = new MemoryLearnStore();
+    const pair = (n: number, x: string) => {
+      const t = `p${n}`;
+      const rid = `R${9000 + n}`;
+      return [
+        call(t, 0, `lookup_${x}`, { q: `user${n}` }, { record_id: rid }),
+        call(t, 1, `fetch_${x}`, { record_id: rid }, { ok: true }),
+        done(t),
+      ];
+    };
+    // Two recipes in use, then two others: each new one arrives with one trial, against dozens of the old.
+    for (let i = 0; i < 60; i++) run(store, pair(i, 'ab'[i % 2]!), o);
+    for (let i = 60; i < 140; i++) run(store, pair(i, 'cd'[i % 2]!), o);
+    const fam = Object.values(store.scope('default', 'default').fam ?? {});
+    expect(fam.length).toBeLessThanOrEqual(3);
+    // Both recipes of the last 80 tasks kept their trials (the first few occurrences of each make its rule).
+    expect(fam.filter((f) => f[2] >= 30)).toHaveLength(2);
+  });
+
   it('one trial per call for a family, however many of its contexts proposed it', () => {
     const store = new MemoryLearnStore();
     // After `ping, lookup_a` both the k = 1 and the k = 2 contexts hold the fetch rule: one call, one trial.

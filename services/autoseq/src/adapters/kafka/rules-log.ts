@@ -17,7 +17,7 @@ const keyShape = z.union([
   z.tuple([z.string(), z.string().min(1), z.string().min(1)]),
   z.tuple([z.string(), z.string().min(1), z.string().min(1), z.string()]),
 ]);
-const familiesShape = z.record(z.string(), z.tuple([z.number(), z.number(), z.number()]));
+const familiesShape = z.record(z.string(), z.tuple([z.number(), z.number(), z.number(), z.number()]));
 const scopeValueV1 = z
   .object({ v: z.literal(1), clock: z.number().int().nonnegative(), fam: familiesShape.optional() })
   .strict();

@@ -49,7 +49,7 @@ const metaShape = z.object({
   nCtx: z.number(),
   nSlots: z.number(),
   nActive: z.number(),
-  fam: z.record(z.string(), z.tuple([z.number(), z.number(), z.number()])).optional(),
+  fam: z.record(z.string(), z.tuple([z.number(), z.number(), z.number(), z.number()])).optional(),
 });
 type Meta = z.infer<typeof metaShape>;
 /** The scope-wide fields (the `m` value) of a state. */

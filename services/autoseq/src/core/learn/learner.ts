@@ -85,7 +85,7 @@ export interface LearnOptions {
    * hits one time in six, and leaves at its first miss (a demoted rule comes back on its own bound only).
    */
   familyTrials: number;
-  /** Families kept per scope (those with the fewest recent trials go first). */
+  /** Families kept per scope (the least recently scored go first). */
   maxFamilies: number;
 }
 
@@ -178,14 +178,14 @@ export interface ScopeState {
   slots: Record<string, Slot>;
   /**
    * Families: a family is a next tool with its bindings, in any context (`familyKey`) → [decayed trials,
-   * decayed hits, lifetime trials] of the proposals its rules made, one trial per scored call whatever the
+   * decayed hits, lifetime trials, clock when last scored] of the proposals its rules made, one trial per scored call whatever the
    * number of its rules that proposed it (the contexts k = 1..K of one call are one piece of evidence).
    * Absent in state written before it was kept, and until a rule is scored.
    */
   fam?: Record<string, Family>;
 }
 
-export type Family = [dn: number, dh: number, n: number];
+export type Family = [dn: number, dh: number, n: number, at: number];
 
 export const newScopeState = (): ScopeState => ({
   v: 2,
@@ -761,7 +761,8 @@ function scorePending(
 /**
  * One trial per family among the call's pending proposals (not blocked), before the rules are scored, so that
  * a rule's own trial counts in its family when its promotion is judged. Past `maxFamilies` (by a quarter) the
- * families with the fewest decayed trials go, then by key: the same state gives the same choice everywhere.
+ * least recently scored go (as slots and contexts do), then by key: the same state gives the same choice
+ * everywhere. An active rule's family is scored with it, so it is never the one to go.
  */
 function scoreFamilies(
   scope: ScopeState,
@@ -779,16 +780,17 @@ function scoreFamilies(
     if (done?.has(fk)) continue;
     (done ??= new Set()).add(fk);
     const hit = actual !== null && actual.tool === p.tool && actual.fp === p.fp;
-    const f = ((scope.fam ??= {})[fk] ??= [0, 0, 0]);
+    const f = ((scope.fam ??= {})[fk] ??= [0, 0, 0, 0]);
     f[0] = f[0] * keep + 1;
     f[1] = f[1] * keep + (hit ? 1 : 0);
     f[2]++;
+    f[3] = scope.clock;
   }
   const fam = scope.fam;
   if (!fam) return;
   const keys = Object.keys(fam);
   if (keys.length <= opts.maxFamilies + slack(opts.maxFamilies)) return;
-  keys.sort((a, b) => fam[a]![0] - fam[b]![0] || (a < b ? -1 : 1));
+  keys.sort((a, b) => fam[a]![3] - fam[b]![3] || (a < b ? -1 : 1));
   for (const k of keys.slice(0, keys.length - opts.maxFamilies)) delete fam[k];
 }
 
