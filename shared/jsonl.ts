@@ -191,6 +191,20 @@ export class InputTooLargeError extends Error {
 }
 
 /**
+ * What an offline command says when its run over an input file failed: "cannot read" only when reading did
+ * (a missing or unreadable file, an input over its limit); anything else failed on what was read, and saying
+ * "cannot read" would send the user looking at a file that is fine.
+ */
+export function inputFailure(cmd: string, path: string, err: unknown): string {
+  const read =
+    err instanceof InputTooLargeError ||
+    (err instanceof Error && typeof (err as NodeJS.ErrnoException).syscall === 'string');
+  return read
+    ? `paver ${cmd}: cannot read ${path}: ${errorMessage(err)}\n`
+    : `paver ${cmd}: failed on ${path} (a defect in paver; please report it): ${errorMessage(err)}\n`;
+}
+
+/**
  * A file, or stdin for `-`, read whole but never past `maxBytes`: counted as it streams, since stdin, a pipe or
  * a device has no size to look at first, and a file may grow while it is read. Stops reading at the limit.
  */

@@ -2,7 +2,8 @@ import { spawn } from 'node:child_process';
 import { Readable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { boundedLines } from '../../shared/jsonl.js';
+import { readFile } from 'node:fs/promises';
+import { boundedLines, inputFailure, InputTooLargeError } from '../../shared/jsonl.js';
 
 const root = fileURLToPath(new URL('../../', import.meta.url));
 const event = (id: string) =>
@@ -72,5 +73,27 @@ describe('offline JSONL input limits', () => {
       for await (const line of boundedLines(Readable.from(chunks), 8)) got.push(line);
       expect(got, JSON.stringify(text)).toEqual(want.map((l) => (l.length > 8 ? null : l)));
     }
+  });
+});
+
+describe('what an offline command says when its run fails', () => {
+  it('"cannot read" for a read that failed (missing file, over the limit); a defect otherwise', async () => {
+    const missing = await readFile('/nonexistent/x.jsonl').catch((e: unknown) => e);
+    expect(inputFailure('predict', '/nonexistent/x.jsonl', missing)).toMatch(
+      /^paver predict: cannot read \/nonexistent\/x\.jsonl: .*ENOENT/,
+    );
+    expect(inputFailure('detect', 'big.jsonl', new InputTooLargeError('big.jsonl', 10, 'X'))).toMatch(
+      /^paver detect: cannot read big\.jsonl: big\.jsonl is larger than 10 bytes/,
+    );
+    // Before: a defect in processing (a TypeError) was reported as the file being unreadable.
+    const defect = inputFailure(
+      'savings',
+      'runs.jsonl',
+      new TypeError('Cannot convert undefined or null to object'),
+    );
+    expect(defect).toMatch(
+      /^paver savings: failed on runs\.jsonl \(a defect in paver; please report it\): Cannot/,
+    );
+    expect(defect).not.toContain('cannot read');
   });
 });

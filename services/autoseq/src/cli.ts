@@ -1,6 +1,6 @@
 import { parseFlags } from '../../../shared/flags.js';
 import { sha256 } from '../../../shared/hash.js';
-import { readConfigFile, readEvents } from '../../../shared/jsonl.js';
+import { inputFailure, readConfigFile, readEvents } from '../../../shared/jsonl.js';
 import { CatalogError, loadCatalogFile, type Catalog } from './core/catalog.js';
 import { decide, DEFAULT_OPTIONS, newTaskState, type AutoseqOptions, type TaskState } from './core/decide.js';
 import { SchemaCompiler } from './core/schema-compiler.js';
@@ -83,7 +83,7 @@ export async function autoseqCommand(argv: string[]): Promise<number> {
     flush();
   } catch (err) {
     flush();
-    process.stderr.write(`paver autoseq: cannot read ${values.input}: ${errorMessage(err)}\n`);
+    process.stderr.write(inputFailure('autoseq', values.input, err));
     return 1;
   }
   return 0;

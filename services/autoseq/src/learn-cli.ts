@@ -1,7 +1,7 @@
 import { parseFlags } from '../../../shared/flags.js';
 import { errorMessage } from '../../../shared/errors.js';
 import { sha256 } from '../../../shared/hash.js';
-import { readConfigFile, readEvents } from '../../../shared/jsonl.js';
+import { inputFailure, readConfigFile, readEvents } from '../../../shared/jsonl.js';
 import { CatalogError, loadCatalogFile, type Catalog } from './core/catalog.js';
 import { decide, DEFAULT_OPTIONS, newTaskState, type TaskState } from './core/decide.js';
 import {
@@ -197,7 +197,7 @@ export async function predictCommand(argv: string[]): Promise<number> {
     if (r.bad > 0) warn(`${r.bad} bad line(s) skipped of ${r.lines}`);
   } catch (err) {
     flush();
-    process.stderr.write(`paver predict: cannot read ${p.input}: ${errorMessage(err)}\n`);
+    process.stderr.write(inputFailure('predict', p.input, err));
     return 1;
   }
   return 0;
@@ -249,7 +249,7 @@ export async function savingsCommand(argv: string[]): Promise<number> {
   try {
     r = await replay(p.input, p.opts, p.catalog, () => undefined, warn, progressTo('savings'));
   } catch (err) {
-    process.stderr.write(`paver savings: cannot read ${p.input}: ${errorMessage(err)}\n`);
+    process.stderr.write(inputFailure('savings', p.input, err));
     return 1;
   }
   if (r.bad > 0) warn(`${r.bad} bad line(s) skipped of ${r.lines}`);

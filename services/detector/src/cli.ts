@@ -1,5 +1,5 @@
 import { parseFlags } from '../../../shared/flags.js';
-import { readEvents } from '../../../shared/jsonl.js';
+import { inputFailure, readEvents } from '../../../shared/jsonl.js';
 import { liveCandidates } from './core/detect.js';
 import { toOp, scopeId, type Scope } from './core/ops.js';
 import { DEFAULT_PARAMS, validateParams, type DetectorParams } from './core/params.js';
@@ -106,7 +106,7 @@ export async function detectCommand(argv: string[]): Promise<number> {
       warn,
     );
   } catch (err) {
-    process.stderr.write(`paver detect: cannot read ${values.input}: ${errorMessage(err)}\n`);
+    process.stderr.write(inputFailure('detect', values.input, err));
     return 1;
   }
   const scopes = result.state.scopesSeen();

@@ -1,5 +1,5 @@
 import { parseFlags } from '../../../shared/flags.js';
-import { readConfigFile, readEvents } from '../../../shared/jsonl.js';
+import { inputFailure, readConfigFile, readEvents } from '../../../shared/jsonl.js';
 import { ConfigError, loadOrchestrationFile, type Orchestrations } from './core/orchestration.js';
 import { applyEvent, newSession, type SessionState } from './core/session.js';
 import { errorMessage } from '../../../shared/errors.js';
@@ -68,7 +68,7 @@ export async function sequenceCommand(argv: string[]): Promise<number> {
     flush();
   } catch (err) {
     flush();
-    process.stderr.write(`paver sequence: cannot read ${values.input}: ${errorMessage(err)}\n`);
+    process.stderr.write(inputFailure('sequence', values.input, err));
     return 1;
   }
   return 0;

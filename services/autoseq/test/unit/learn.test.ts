@@ -2,7 +2,7 @@ import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import type { ToolCallsEvent } from '../../../../schemas/index.js';
+import { toolCallsEventV1, type ToolCallsEvent } from '../../../../schemas/index.js';
 import { applyEvent, MemoryLearnStore } from '../../src/core/learn/engine.js';
 import {
   DEFAULT_LEARN,
@@ -318,6 +318,61 @@ describe('families: one recipe (next tool and bindings) in several contexts', ()
     const fam = Object.values(scope.fam ?? {});
     expect(fam).toHaveLength(1);
     expect(fam[0]![2]).toBe(Math.max(...rules.map((r) => r.trials)));
+  });
+});
+
+describe('tool names are users\u2019 strings', () => {
+  it('tools named after Object.prototype members (__proto__, constructor…) learn as any other tool', () => {
+    const fixture = join(import.meta.dirname, '../fixtures/tau2-airline-30.jsonl');
+    const plain = readFileSync(fixture, 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => toolCallsEventV1.parse(JSON.parse(l)) as ToolCallsEvent);
+    const names = ['__proto__', 'constructor', 'toString', 'hasOwnProperty', 'valueOf', '__defineGetter__'];
+    const used = [...new Set(plain.flatMap((e) => (e.type === 'tool_call' ? [e.tool] : [])))].slice(
+      0,
+      names.length,
+    );
+    const rename = new Map(used.map((t, i) => [t, names[i]!]));
+    const renamed = plain.map((e) =>
+      e.type === 'tool_call' ? { ...e, tool: rename.get(e.tool) ?? e.tool } : e,
+    );
+    // Before: the first such name read a function from Object.prototype as a context, and the run threw.
+    // Rule ids (and so ties between rules) hash the names; the statistics do not: they must map one to one.
+    const run = (evs: ToolCallsEvent[]) => {
+      const store = new MemoryLearnStore();
+      for (const e of evs) applyEvent(store, e, opts);
+      return store.scope('default', 'default');
+    };
+    const a = run(plain);
+    const b = run(renamed);
+    const mapped = (k: string) =>
+      k
+        .split('\u001f')
+        .map((p) => rename.get(p) ?? p)
+        .join('\u001f');
+    expect(Object.keys(b.ctx).sort()).toEqual(Object.keys(a.ctx).map(mapped).sort());
+    for (const [k, c] of Object.entries(a.ctx)) {
+      const got = Object.hasOwn(b.ctx, mapped(k)) ? b.ctx[mapped(k)]! : undefined;
+      expect(got, k).toBeDefined();
+      expect(Object.getPrototypeOf(got!.next)).toBe(Object.prototype);
+      expect(Object.entries(got!.next).sort()).toEqual(
+        Object.entries(c.next)
+          .map(([t, n]) => [rename.get(t) ?? t, n])
+          .sort(),
+      );
+      expect(got!.n).toBe(c.n);
+    }
+    expect(
+      Object.values(b.slots)
+        .map((x) => [x.ctx, x.tool, x.n])
+        .sort(),
+    ).toEqual(
+      Object.values(a.slots)
+        .map((x) => [mapped(x.ctx), rename.get(x.tool) ?? x.tool, x.n])
+        .sort(),
+    );
+    expect(Object.values(b.slots).filter((x) => x.rule).length).toBeGreaterThan(0);
   });
 });
 

@@ -1,3 +1,4 @@
+import { setOwn } from '../../../../../shared/core/own.js';
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import type {
@@ -93,7 +94,8 @@ function readGroup(state: ScopeState, ctx: string, raw: unknown): number {
   const v = parseJson(raw);
   if (v === null || !ctxShape.safeParse(v).success) return -1;
   const g = v as CtxGroup;
-  state.ctx[ctx] = g.c;
+  // Keyed by tool names (a context of one tool, a slot's tool): own properties, whatever the name.
+  setOwn(state.ctx, ctx, g.c);
   let slots = 0;
   for (const [tool, slot] of Object.entries(g.s)) {
     state.slots[slotKey(ctx, tool)] = slot;
@@ -109,7 +111,7 @@ function contextGroups(state: ScopeState): Map<string, CtxGroup & { slots: numbe
   for (const [sk, slot] of Object.entries(state.slots)) {
     const g = groups.get(slotContext(sk));
     if (g) {
-      g.s[slot.tool] = slot;
+      setOwn(g.s, slot.tool, slot);
       g.slots++;
     }
   }

@@ -11,6 +11,7 @@ import {
   type Source,
 } from '../../../../../shared/core/bindings.js';
 import type { TaskCompletedEvent, ToolCallEvent, UserMessageEvent } from '../../../../../schemas/index.js';
+import { own, setOwn } from '../../../../../shared/core/own.js';
 import { requestTermsOf } from '../../../../../shared/core/terms.js';
 import { appliedBefore, type Position } from '../position.js';
 import { failedOutput, mentionsRequest } from './outcome.js';
@@ -526,16 +527,17 @@ function learnOccurrence(
   // minShare); elsewhere no rule could be proven, so its slot would be work and bytes for nothing.
   const learnAt: { key: string; k: number }[] = [];
   for (const { key, k } of ctxs) {
-    let c = scope.ctx[key];
+    // Context keys of one tool are its name, and `next` is keyed by tool names: own properties only.
+    let c = own(scope.ctx, key);
     if (!c) {
-      c = scope.ctx[key] = { n: 0, next: {}, at: 0 };
+      c = setOwn(scope.ctx, key, { n: 0, next: {}, at: 0 });
       scope.nCtx++;
     }
     c.n++;
-    c.next[e.tool] = (c.next[e.tool] ?? 0) + 1;
+    setOwn(c.next, e.tool, (own(c.next, e.tool) ?? 0) + 1);
     c.at = scope.clock;
     if (halveIfOver(c.next, c.n, opts.maxCount)) c.n /= 2;
-    if (c.n >= opts.minSupport && c.next[e.tool]! >= c.n * opts.minShare) learnAt.push({ key, k });
+    if (c.n >= opts.minSupport && own(c.next, e.tool)! >= c.n * opts.minShare) learnAt.push({ key, k });
   }
   if (learnAt.length === 0) return;
   const units = enumerateArgs(bctx, e.tool, e.args);
@@ -675,7 +677,7 @@ function propose(
   const cands: (Proposal & { slot: string; fp: string; refined: boolean; blocked: boolean })[] = [];
   for (const { key, k } of contexts(task.calls, opts.maxK, task.user)) {
     const refined = key.endsWith(MENTIONS) || key.endsWith(QUIET);
-    const c = scope.ctx[key];
+    const c = own(scope.ctx, key);
     if (!c) continue;
     for (const tool of Object.keys(c.next)) {
       // A rule proposes only where its bindings resolve, so its precision can exceed its tool's share (a walk
@@ -939,7 +941,7 @@ export function stepTaskCompleted(
   if (task.best) out.heldHit = false;
   scorePending(scope, task, null, e.ts, opts, out);
   for (const { key } of contexts(task.calls, opts.maxK, task.user)) {
-    const c = scope.ctx[key];
+    const c = own(scope.ctx, key);
     if (!c) continue;
     c.n++;
     c.next[''] = (c.next[''] ?? 0) + 1;
