@@ -5,6 +5,8 @@ import { applyEvent, MemoryLearnStore, taskId, type LearnStore } from '../../src
 import {
   contextsTouched,
   DEFAULT_LEARN,
+  evictionDue,
+  evictionDueLoaded,
   newLearnTask,
   newScopeState,
   slotContext,
@@ -31,20 +33,29 @@ const clone = <T>(v: T): T => JSON.parse(JSON.stringify(v)) as T;
 /** Loads a batch's contexts from `backing` as the Redis store does, applies the batch, writes back what it held. */
 class PartialStore implements LearnStore {
   private part: ScopeState = newScopeState();
+  /** Batches that read the whole scope, and those the coarse test alone would have made read it. */
+  readonly whole = { loads: 0, coarse: 0 };
   constructor(
     private readonly backing: ScopeState,
     private readonly tasks: Map<string, LearnTask>,
   ) {}
-  load(events: ToolCallsEvent[], opts: LearnOptions) {
+  load(batch: ToolCallsEvent[], opts: LearnOptions) {
     const byTask = new Map<string, ToolCallsEvent[]>();
-    for (const e of events) {
+    for (const e of batch) {
       if (e.task_id === undefined) continue;
       const id = taskId(e.tenant_id, e.agent_id, e.task_id);
       byTask.set(id, [...(byTask.get(id) ?? []), e]);
     }
     const wanted = new Set<string>();
+    const slots = new Set<string>();
     for (const [id, evs] of byTask)
-      for (const k of contextsTouched(this.tasks.get(id) ?? newLearnTask(), evs as never, opts))
+      for (const k of contextsTouched(
+        this.tasks.get(id) ?? newLearnTask(),
+        evs as never,
+        opts,
+        undefined,
+        slots,
+      ))
         wanted.add(k);
     // Scope-wide fields (the clock, the counts, the families) come with every load, as the store's `m` field.
     const { clock, nCtx, nSlots, nActive, fam } = this.backing;
@@ -53,14 +64,33 @@ class PartialStore implements LearnStore {
     for (const k of wanted) if (this.backing.ctx[k]) this.part.ctx[k] = clone(this.backing.ctx[k]);
     for (const [sk, slot] of Object.entries(this.backing.slots))
       if (wanted.has(slotContext(sk))) this.part.slots[sk] = clone(slot);
+    this.loaded = new Set(Object.keys(this.part.ctx));
+    // As the store decides: the whole scope only when eviction can run in this batch.
+    const events = batch.filter((e) => e.type !== 'user_message' && e.task_id !== undefined).length;
+    if (!evictionDue(this.backing, events, opts)) return;
+    this.whole.coarse++;
+    if (!evictionDueLoaded(this.backing, this.part, wanted, slots, opts)) return;
+    this.whole.loads++;
+    this.part.ctx = clone(this.backing.ctx);
+    this.part.slots = clone(this.backing.slots);
+    this.loaded = new Set(Object.keys(this.part.ctx));
   }
+  /** The contexts the last load read: what eviction may have deleted. */
+  private loaded = new Set<string>();
   save() {
+    const loaded = this.loaded;
     const { clock, nCtx, nSlots, nActive, fam } = this.part;
     Object.assign(this.backing, { clock, nCtx, nSlots, nActive });
     if (fam) this.backing.fam = clone(fam);
+    // What eviction deleted from what was loaded is deleted from the backing state too.
+    for (const k of Object.keys(this.backing.ctx))
+      if (loaded.has(k) && !this.part.ctx[k]) delete this.backing.ctx[k];
+    for (const sk of Object.keys(this.backing.slots))
+      if (loaded.has(slotContext(sk)) && !this.part.slots[sk]) delete this.backing.slots[sk];
     for (const [k, c] of Object.entries(this.part.ctx)) this.backing.ctx[k] = clone(c);
     for (const [sk, s] of Object.entries(this.part.slots)) this.backing.slots[sk] = clone(s);
   }
+
   scope(): ScopeState {
     return this.part;
   }
@@ -124,28 +154,39 @@ function stream(seed: number, tasks: number): ToolCallsEvent[] {
 }
 
 describe('learned state loaded in part per batch (as the service does) gives the offline answers', () => {
-  // Bounds no stream reaches: eviction reads the whole scope, which this test is not about.
-  const opts: LearnOptions = { ...DEFAULT_LEARN, maxContexts: 100_000, maxSlots: 100_000 };
+  for (const [name, opts] of [
+    // Bounds no stream reaches: every batch reads only what it touches.
+    ['no eviction', { ...DEFAULT_LEARN, maxContexts: 100_000, maxSlots: 100_000 }],
+    // Bounds the stream passes many times: batches where eviction can run read the whole scope.
+    ['eviction', { ...DEFAULT_LEARN, maxContexts: 16, maxSlots: 24 }],
+    // Slots alone at their bound (contexts far from theirs).
+    ['eviction', { ...DEFAULT_LEARN, maxContexts: 100_000, maxSlots: 20 }],
+  ] as [string, LearnOptions][])
+    for (const seed of [1, 2, 3])
+      it(`the same proposal at every event, and the same state at the end (${name} at ${opts.maxContexts} contexts / ${opts.maxSlots} slots, seed ${seed})`, () => {
+        const events = stream(seed, 240);
+        const whole = new MemoryLearnStore();
+        const expected = events.map((e) => JSON.stringify(applyEvent(whole, e, opts)?.next ?? null));
 
-  for (const seed of [1, 2, 3])
-    it(`the same proposal at every event, and the same state at the end (seed ${seed})`, () => {
-      const events = stream(seed, 240);
-      const whole = new MemoryLearnStore();
-      const expected = events.map((e) => JSON.stringify(applyEvent(whole, e, opts)?.next ?? null));
-
-      const backing = newScopeState();
-      const partial = new PartialStore(backing, new Map());
-      const r = prng(seed + 100);
-      const got: string[] = [];
-      for (let i = 0; i < events.length;) {
-        const batch = events.slice(i, (i += r.int(1, 9)));
-        partial.load(batch, opts);
-        for (const e of batch) got.push(JSON.stringify(applyEvent(partial, e, opts)?.next ?? null));
-        partial.save();
-      }
-      expect(got).toEqual(expected);
-      expect(got.filter((g) => g !== 'null').length).toBeGreaterThan(100);
-      const state = whole.scope('default', 'default');
-      expect(backing).toEqual(state);
-    });
+        const backing = newScopeState();
+        const partial = new PartialStore(backing, new Map());
+        const r = prng(seed + 100);
+        const got: string[] = [];
+        for (let i = 0; i < events.length;) {
+          const batch = events.slice(i, (i += r.int(1, 9)));
+          partial.load(batch, opts);
+          for (const e of batch) got.push(JSON.stringify(applyEvent(partial, e, opts)?.next ?? null));
+          partial.save();
+        }
+        expect(got).toEqual(expected);
+        expect(got.filter((g) => g !== 'null').length).toBeGreaterThan(100);
+        const state = whole.scope('default', 'default');
+        expect(backing).toEqual(state);
+        if (name === 'eviction') {
+          // Eviction ran, on whole loads only; the batches that could create nothing the scope lacked read a
+          // part, where the test on counts alone would have read the whole scope for every one of them.
+          expect(partial.whole.loads).toBeGreaterThan(0);
+          expect(partial.whole.loads).toBeLessThan(partial.whole.coarse);
+        } else expect(partial.whole.coarse).toBe(0);
+      });
 });

@@ -14,6 +14,7 @@ import { escapeKeyPart, scopeTag } from '../../../../../shared/redis/keys.js';
 import {
   contextsTouched,
   evictionDue,
+  evictionDueLoaded,
   newLearnTask,
   newScopeState,
   slotContext,
@@ -134,6 +135,22 @@ interface LoadedScope {
   touched: Set<string>;
 }
 
+/** A scope as a batch starts it: its counts (from `m`) and no context yet. */
+function loadedScope(tenant: string, agent: string, meta: Meta | null, touched?: Set<string>): LoadedScope {
+  const state = newScopeState();
+  if (meta) Object.assign(state, meta);
+  return { tenant, agent, state, read: new Map(), readSlots: new Map(), touched: touched ?? new Set() };
+}
+
+/** Reads one stored context field into the scope, remembering it as read (what `save` compares against). */
+function readField(sc: LoadedScope, field: string, raw: unknown): void {
+  if (typeof raw !== 'string' || !field.startsWith('c:')) return;
+  const slots = readGroup(sc.state, field.slice(2), raw);
+  if (slots < 0) return;
+  sc.read.set(field, raw);
+  sc.readSlots.set(field, slots);
+}
+
 type ScopeEvent = ToolCallEvent | TaskCompletedEvent | UserMessageEvent;
 
 /** A task state written with the learned state of its scope (the typed decider's, beside the learned one). */
@@ -146,8 +163,9 @@ export interface TaskWrite {
 
 /**
  * A batch's learned state, in two pipelined round trips: the leases of its scopes, the tasks and each scope's
- * counts, then the contexts the batch's events can touch (the whole scope when eviction may run in this
- * batch). Written back with one script call per scope (`learnSave-n.lua`): changed context fields, deleted
+ * counts, then the contexts the batch's events can touch; and a third, the whole scope, only when eviction can
+ * run in this batch (the counts plus what the batch can create, the touched contexts and slots the scope does
+ * not hold yet, pass a bound). Written back with one script call per scope (`learnSave-n.lua`): changed context fields, deleted
  * (evicted) ones, the counts, and the scope's task values, only while the batch still holds the scope's
  * lease, so a crash never leaves one without the others and no other batch's learning is overwritten.
  * Task values expire after the task TTL; scope values are bounded by the core's limits instead.
@@ -265,56 +283,61 @@ export class RedisLearnStore implements LearnStore {
       });
     }
 
-    // Which contexts each scope's events can touch, from the tasks as read.
+    // Which contexts each scope's events can touch, from the tasks as read, and which slots they can create.
     const wanted = new Map<string, Set<string>>();
+    const newSlots = new Map<string, Set<string>>();
     for (const [id, r] of taskRefs) {
       const sid = scopeId(r.tenant, r.agent);
       const set = wanted.get(sid) ?? new Set<string>();
       wanted.set(sid, set);
-      for (const k of contextsTouched(this.tasks.get(id)!.state, r.events, opts, r.positions)) set.add(k);
+      const slots = newSlots.get(sid) ?? new Set<string>();
+      newSlots.set(sid, slots);
+      for (const k of contextsTouched(this.tasks.get(id)!.state, r.events, opts, r.positions, slots))
+        set.add(k);
     }
     const second = redis.pipeline();
-    const plan: { id: string; all: boolean; fields: string[] }[] = [];
+    // `check`: the counts leave too little room for the batch's events at worst; whether they do at all is
+    // known once the touched contexts are read (what the batch can create is what they do not hold).
+    const plan: { id: string; fields: string[]; check: boolean }[] = [];
     for (const [id, r] of scopeRefs) {
       const meta = metas.get(id) ?? null;
-      const state = newScopeState();
-      if (meta) Object.assign(state, meta);
-      this.scopes.set(id, {
-        tenant: r.tenant,
-        agent: r.agent,
-        state,
-        read: new Map(),
-        readSlots: new Map(),
-        touched: wanted.get(id) ?? new Set(),
-      });
+      this.scopes.set(id, loadedScope(r.tenant, r.agent, meta, wanted.get(id)));
       if (!meta) continue; // a new (or unreadable) scope starts empty
-      const key = learnKey(prefix, r.tenant, r.agent);
-      if (evictionDue(meta, r.events, opts)) {
-        second.hgetall(key);
-        plan.push({ id, all: true, fields: [] });
-      } else {
-        const fields = [...(wanted.get(id) ?? [])].map(ctxField);
-        if (fields.length === 0) continue;
-        second.hmget(key, ...fields);
-        plan.push({ id, all: false, fields });
-      }
+      // No context touched: none created either, so no eviction (the counts are within bounds after a batch).
+      const fields = [...(wanted.get(id) ?? [])].map(ctxField);
+      if (fields.length === 0) continue;
+      second.hmget(learnKey(prefix, r.tenant, r.agent), ...fields);
+      plan.push({ id, fields, check: evictionDue(meta, r.events, opts) });
     }
-    if (plan.length > 0) {
-      const got = await execPipeline(second, 'learned contexts read');
-      plan.forEach((p, j) => {
-        const sc = this.scopes.get(p.id)!;
-        const pairs: [string, unknown][] = p.all
-          ? Object.entries((got[j] ?? {}) as Record<string, string>).filter(([f]) => f !== META)
-          : p.fields.map((f, k) => [f, (got[j] as unknown[])[k]]);
-        for (const [field, raw] of pairs) {
-          if (typeof raw !== 'string' || !field.startsWith('c:')) continue;
-          const slots = readGroup(sc.state, field.slice(2), raw);
-          if (slots < 0) continue;
-          sc.read.set(field, raw);
-          sc.readSlots.set(field, slots);
-        }
-      });
+    if (plan.length === 0) return;
+    const got = await execPipeline(second, 'learned contexts read');
+    const whole: { id: string; meta: Meta }[] = [];
+    plan.forEach((p, j) => {
+      const sc = this.scopes.get(p.id)!;
+      const vals = got[j] as unknown[];
+      for (const [k, f] of p.fields.entries()) readField(sc, f, vals[k]);
+      const meta = metas.get(p.id)!;
+      if (
+        p.check &&
+        evictionDueLoaded(meta, sc.state, wanted.get(p.id) ?? [], newSlots.get(p.id) ?? [], opts)
+      )
+        whole.push({ id: p.id, meta });
+    });
+    if (whole.length === 0) return;
+    // Eviction can run in this batch: it needs the whole scope (least recently used first, over everything).
+    const third = redis.pipeline();
+    for (const w of whole) {
+      const sc = this.scopes.get(w.id)!;
+      third.hgetall(learnKey(prefix, sc.tenant, sc.agent));
     }
+    const all = await execPipeline(third, 'learned scope read');
+    whole.forEach((w, j) => {
+      const was = this.scopes.get(w.id)!;
+      const sc = loadedScope(was.tenant, was.agent, w.meta, was.touched);
+      this.scopes.set(w.id, sc);
+      for (const [f, raw] of Object.entries((all[j] ?? {}) as Record<string, string>))
+        if (f !== META) readField(sc, f, raw);
+    });
   }
 
   /** Gives the batch's leases back unwritten: owed by a caller whose batch failed between `load` and `save`. */
@@ -325,18 +348,7 @@ export class RedisLearnStore implements LearnStore {
   scope(tenant: string, agent: string): ScopeState {
     const id = scopeId(tenant, agent);
     let s = this.scopes.get(id);
-    if (!s)
-      this.scopes.set(
-        id,
-        (s = {
-          tenant,
-          agent,
-          state: newScopeState(),
-          read: new Map(),
-          readSlots: new Map(),
-          touched: new Set(),
-        }),
-      );
+    if (!s) this.scopes.set(id, (s = loadedScope(tenant, agent, null)));
     return s.state;
   }
   task(tenant: string, agent: string, task: string): LearnTask {

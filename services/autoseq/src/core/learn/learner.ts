@@ -619,6 +619,29 @@ export function evictionDue(
   );
 }
 
+/**
+ * `evictionDue` once the contexts a batch touches are loaded (`loaded`): only the contexts and slots it can
+ * create (named by `contextsTouched`, with `slots`, and not in the loaded state, which holds every slot of a
+ * loaded context) can raise the counts. A batch over what the scope already holds then never needs the whole
+ * scope, however near its bounds the scope is, where `evictionDue` must assume every event adds to them.
+ */
+export function evictionDueLoaded(
+  counts: Pick<ScopeState, 'nCtx' | 'nSlots'>,
+  loaded: Pick<ScopeState, 'ctx' | 'slots'>,
+  ctxs: Iterable<string>,
+  slots: Iterable<string>,
+  opts: LearnOptions,
+): boolean {
+  let newCtx = 0;
+  for (const k of ctxs) if (!Object.hasOwn(loaded.ctx, k)) newCtx++;
+  let newSlots = 0;
+  for (const k of slots) if (!Object.hasOwn(loaded.slots, k)) newSlots++;
+  return (
+    counts.nCtx + newCtx > opts.maxContexts + slack(opts.maxContexts) ||
+    counts.nSlots + newSlots > opts.maxSlots + slack(opts.maxSlots)
+  );
+}
+
 function deleteSlot(scope: ScopeState, sk: string): void {
   const slot = scope.slots[sk];
   if (!slot) return;
@@ -857,6 +880,7 @@ export function contextsTouched(
   events: readonly (ToolCallEvent | TaskCompletedEvent | UserMessageEvent)[],
   opts: LearnOptions,
   positions?: readonly (Position | undefined)[],
+  slots?: Set<string>,
 ): Set<string> {
   const keys = new Set<string>(task.pending.map((p) => slotContext(p.slot)));
   let calls = task.calls;
@@ -874,8 +898,11 @@ export function contextsTouched(
     if (e.type === 'user_message') {
       if (user !== null) return;
       user = e.text;
-    } else if (e.type === 'tool_call') calls = [...calls, pastCall(e, opts)].slice(-opts.historyPerTask);
-    else return;
+    } else if (e.type === 'tool_call') {
+      // The slots this call can create: its tool after each context of the calls before it.
+      if (slots) for (const { key } of contexts(calls, opts.maxK, user)) slots.add(slotKey(key, e.tool));
+      calls = [...calls, pastCall(e, opts)].slice(-opts.historyPerTask);
+    } else return;
     for (const { key } of contexts(calls, opts.maxK, user)) keys.add(key);
   });
   return keys;
