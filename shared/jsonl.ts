@@ -1,3 +1,4 @@
+import { own, setOwn } from './core/own.js';
 import { createReadStream } from 'node:fs';
 import type { Readable } from 'node:stream';
 import {
@@ -156,12 +157,13 @@ export async function* readEvents(
           warn(`line ${stats.lines}: field '${alias}' read as '${field}' (write '${field}'; noted once)`);
         }
       }
-      const known = typeof obj.type === 'string' ? KNOWN_FIELDS[obj.type] : undefined;
+      // `type` and field names are the line's: own properties only (a type `constructor` is no contract).
+      const known = typeof obj.type === 'string' ? own(KNOWN_FIELDS, obj.type) : undefined;
       if (known)
         for (const k of Object.keys(obj)) {
           if (known.has(k)) continue;
           if (Object.hasOwn(unknown, k)) unknown[k]!++;
-          else if (Object.keys(unknown).length < MAX_UNKNOWN_NAMES) unknown[k] = 1;
+          else if (Object.keys(unknown).length < MAX_UNKNOWN_NAMES) setOwn(unknown, k, 1);
         }
     }
     const r = parse(raw, 'file');

@@ -21,6 +21,7 @@
  *            asked (an email, an order number), which the first message did not hold.
  */
 
+import { own, setOwn } from './own.js';
 import { mentionsRequest } from './mentions.js';
 
 export type PathSeg = string | number;
@@ -353,15 +354,14 @@ function setPath(root: Record<string, unknown>, path: Path, value: unknown): boo
     const nextSeg = path[i + 1];
     const key = seg as never;
     if (Array.isArray(cur) !== (typeof seg === 'number')) return false;
+    // Argument names are the agent's: own properties only (`__proto__` would reach Object.prototype).
     if (last) {
-      (cur as Record<string, unknown>)[key] = value;
+      setOwn(cur as Record<string, unknown>, key, value);
       return true;
     }
-    let child = (cur as Record<string, unknown>)[key];
-    if (child === undefined) {
-      child = typeof nextSeg === 'number' ? [] : {};
-      (cur as Record<string, unknown>)[key] = child;
-    }
+    let child = own(cur as Record<string, unknown>, key);
+    if (child === undefined)
+      child = setOwn(cur as Record<string, unknown>, key, typeof nextSeg === 'number' ? [] : {});
     if (child === null || typeof child !== 'object') return false;
     cur = child as Record<string, unknown> | unknown[];
   }
@@ -383,7 +383,7 @@ export function buildArgs(ctx: BindingContext, nextTool: string, bindings: reado
   }
   // Leaf bindings may leave holes in arrays: such an argument was not rebuilt faithfully.
   for (const b of bindings)
-    if (b.path.length > 1 && hasHole(args[b.path[0] as string])) return { ok: false, missing: b.path };
+    if (b.path.length > 1 && hasHole(own(args, b.path[0] as string))) return { ok: false, missing: b.path };
   return { ok: true, args };
 }
 

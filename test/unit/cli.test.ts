@@ -236,6 +236,19 @@ describe('readEvents: unknown fields and scope aliases', () => {
     return { events, stats, warnings };
   }
 
+  it('a line whose type or fields are Object.prototype members is a bad line or an unknown field, not a crash', async () => {
+    // Before: a type `constructor` read a function as the type's known fields, and the whole run threw.
+    const r = await read([
+      JSON.stringify({ type: 'constructor', event_id: 'x' }),
+      JSON.stringify({ type: 'toString', event_id: 'y' }),
+      event({}).replace('{', '{"__proto__":1,"zzz":2,'),
+    ]);
+    expect(r.events).toHaveLength(1);
+    expect(r.stats.bad).toBe(2);
+    // Before: `__proto__` set the tally's prototype and was never reported.
+    expect(r.warnings.join('\n')).toMatch(/unknown fields ignored: .*'__proto__' on 1 line/);
+  });
+
   it('reads agent/tenant as agent_id/tenant_id, noting it once per alias', async () => {
     const r = await read([
       event({ agent: 'billing', tenant: 'acme' }),

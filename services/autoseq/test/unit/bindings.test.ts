@@ -208,6 +208,24 @@ describe('bindings: build arguments', () => {
   it('canonical JSON ignores key order', () => {
     expect(canonicalJson({ b: 1, a: [{ d: 1, c: 2 }] })).toBe(canonicalJson({ a: [{ c: 2, d: 1 }], b: 1 }));
   });
+
+  it('argument names that are Object.prototype members stay keys, and pollute nothing', () => {
+    const c: BindingContext = { calls: [{ tool: 'a', observation: { id: 'X7' } }] };
+    const id = { kind: 'prev', part: 'out', path: ['id'] } as const;
+    // Before: the path q.__proto__.polluted wrote Object.prototype.polluted, and the argument came out empty.
+    const built = buildArgs(c, 'b', [{ path: ['q', '__proto__', 'polluted'], source: id }]);
+    expect(({} as Record<string, unknown>).polluted).toBeUndefined();
+    expect(built.ok && JSON.parse(JSON.stringify(built.args))).toEqual(
+      JSON.parse('{"q":{"__proto__":{"polluted":"X7"}}}'),
+    );
+    // Before: an object argument named `constructor` read Object's constructor and was never built.
+    expect(buildArgs(c, 'b', [{ path: ['constructor', 'x'], source: id }])).toEqual({
+      ok: true,
+      args: { constructor: { x: 'X7' } },
+    });
+    const top = buildArgs(c, 'b', [{ path: ['__proto__'], source: id }]);
+    expect(top.ok && Object.keys(top.args)).toEqual(['__proto__']);
+  });
 });
 
 describe('bindings: user-text shapes on adversarial text', () => {

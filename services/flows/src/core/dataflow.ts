@@ -9,6 +9,7 @@
  * - `{{_trigger.input ~ /PATTERN/ #I}}`: the I-th token of the trigger input matching PATTERN;
  * - `{{const JSON}}`: the same (short) value every time.
  */
+import { setOwn } from '../../../../shared/core/own.js';
 import {
   DEFAULT_ENUMERATE,
   enumerateArgs,
@@ -167,7 +168,7 @@ export function learnInputs(
         continue;
       }
       const [value, over] = ref.split('\u0000') as [string, string | undefined];
-      inputMap[k] = value;
+      setOwn(inputMap, k, value); // an argument's name: `__proto__` must stay a key
       if (over !== undefined) {
         const head = loopHead[i]!;
         const cur = overs.get(head);

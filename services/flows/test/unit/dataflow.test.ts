@@ -93,4 +93,23 @@ describe('input_map from data flow', () => {
       { userText: 'first', calls: [{ tool: 'x', args: { a: 1 }, observation: 2 }] },
     ]);
   });
+
+  it('an argument named __proto__ is bound as any other (a key of input_map, not its prototype)', () => {
+    const protoRun = (user: string, code: string): EvidenceRun => ({
+      userText: `hello, my code is ${code}`,
+      calls: [
+        { tool: 'find_user', args: { code }, observation: { user_id: user, orders: [] } },
+        { tool: 'refund', args: JSON.parse(`{"__proto__":"${user}","mode":"card"}`), observation: 'done' },
+      ],
+    });
+    const steps = collapsedSteps(['find_user', 'refund'].map(step));
+    const learned = learnInputs(steps, [
+      protoRun('u1', 'XK12QP'),
+      protoRun('u2', 'ZZ98AB'),
+      protoRun('u3', 'MN45CD'),
+    ]);
+    const refund = learned[1]!;
+    expect(Object.keys(refund.input_map)).toContain('__proto__');
+    expect(Object.getPrototypeOf(refund.input_map)).toBe(Object.prototype);
+  });
 });

@@ -1,3 +1,4 @@
+import { own } from '../../../../shared/core/own.js';
 import { LIMITS } from '../../../../schemas/limits.js';
 import type { TaskCompletedEvent, ToolCallEvent } from '../../../../schemas/index.js';
 import type { OtlpSpan } from './otlp.js';
@@ -115,7 +116,7 @@ export function keepSpan(span: OtlpSpan, opts: MapOptions): { kept: KeptSpan; no
     status,
   };
   const session = cleanId(a[ATTR.conversationId]);
-  const tenant = cleanId(a[opts.tenantAttribute] ?? span.resource[opts.tenantAttribute]);
+  const tenant = cleanId(own(a, opts.tenantAttribute) ?? own(span.resource, opts.tenantAttribute));
   const ids = { ...(session ? { session } : {}), ...(tenant ? { tenant } : {}) };
   const tool = op === 'execute_tool' ? cleanId(a[ATTR.toolName], LIMITS.toolNameLength) : undefined;
   if (tool) {

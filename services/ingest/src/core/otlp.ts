@@ -1,3 +1,4 @@
+import { setOwn } from '../../../../shared/core/own.js';
 import { z } from 'zod';
 
 /**
@@ -103,7 +104,7 @@ export function anyValue(v: unknown, depth: number, maxDepth: number): unknown {
     const out: Record<string, unknown> = {};
     if (Array.isArray(values))
       for (const kv of values as { key?: unknown; value?: unknown }[]) {
-        if (typeof kv?.key === 'string') out[kv.key] = anyValue(kv.value, depth + 1, maxDepth) ?? null;
+        if (typeof kv?.key === 'string') setOwn(out, kv.key, anyValue(kv.value, depth + 1, maxDepth) ?? null);
       }
     return out;
   }
@@ -114,7 +115,8 @@ function attributes(kvs: { key: string; value?: unknown }[] | undefined, maxDept
   const out: Record<string, unknown> = {};
   for (const kv of kvs ?? []) {
     const v = anyValue(kv.value, 0, maxDepth);
-    if (v !== undefined) out[kv.key] = v;
+    // Keys are the producer's: a `__proto__` attribute must stay a key, not become the record's prototype.
+    if (v !== undefined) setOwn(out, kv.key, v);
   }
   return out;
 }

@@ -253,6 +253,67 @@ describe('paver otel input files', () => {
   });
 });
 
+describe('attribute keys are the producer\u2019s', () => {
+  it('a `__proto__` attribute or argument stays a key: it adds no attribute and loses no argument', () => {
+    const attr = (key: string, value: unknown) => ({ key, value });
+    const str = (s: string) => ({ stringValue: s });
+    const kv = (...values: unknown[]) => ({ kvlistValue: { values } });
+    const span = (spanId: string, name: string, attributes: unknown[]) => ({
+      traceId: '0af7651916cd43dd8448eb211c80319c',
+      spanId,
+      parentSpanId: 'b7ad6b7169203331',
+      name,
+      startTimeUnixNano: '2000000000',
+      endTimeUnixNano: '3000000000',
+      attributes,
+    });
+    const request = {
+      resourceSpans: [
+        {
+          resource: { attributes: [attr('constructor', str('acme'))] },
+          scopeSpans: [
+            {
+              spans: [
+                {
+                  ...span('b7ad6b7169203331', 'agent', [attr('gen_ai.operation.name', str('invoke_agent'))]),
+                  parentSpanId: undefined,
+                },
+                span('00f067aa0ba902b7', 'tool', [
+                  attr('gen_ai.operation.name', str('execute_tool')),
+                  attr('gen_ai.tool.name', str('lookup')),
+                  attr(
+                    'gen_ai.tool.call.arguments',
+                    kv(attr('q', str('a')), attr('__proto__', kv(attr('x', str('1'))))),
+                  ),
+                ]),
+                // Before: this plain span's `__proto__` attribute became its attributes' prototype, and it was read
+                // as a tool call of `injected`.
+                span('00f067aa0ba902b8', 'plain span', [
+                  attr(
+                    '__proto__',
+                    kv(
+                      attr('gen_ai.operation.name', str('execute_tool')),
+                      attr('gen_ai.tool.name', str('injected')),
+                    ),
+                  ),
+                ]),
+              ],
+            },
+          ],
+        },
+      ],
+    };
+    const parsed = parseExport(JSON.stringify(request), () => undefined);
+    const { events } = mapSpans(parsed.spans, { ...DEFAULT_MAP_OPTIONS, tenantAttribute: 'constructor' });
+    const calls = events.filter((e) => e.type === 'tool_call');
+    expect(calls.map((e) => e.tool)).toEqual(['lookup']);
+    const args = calls[0]!.type === 'tool_call' ? calls[0]!.args : undefined;
+    expect(Object.keys(args ?? {}).sort()).toEqual(['__proto__', 'q']);
+    // Before: the tenant attribute `constructor` read Object's constructor and the resource's tenant was lost.
+    expect(calls[0]!.tenant_id).toBe('acme');
+  });
+});
+
 describe('statuses and structured values', () => {
   it('takes span status ERROR without error.type as an error, and UNSET as ok', () => {
     const spans = otelRecorder().agent({ name: 'A', error: true, tools: [{ name: 't' }] });
