@@ -47,7 +47,7 @@ class PartialStore implements LearnStore {
       byTask.set(id, [...(byTask.get(id) ?? []), e]);
     }
     const wanted = new Set<string>();
-    const slots = new Set<string>();
+    const slots = new Map<string, number>();
     for (const [id, evs] of byTask)
       for (const k of contextsTouched(
         this.tasks.get(id) ?? newLearnTask(),

@@ -285,12 +285,12 @@ export class RedisLearnStore implements LearnStore {
 
     // Which contexts each scope's events can touch, from the tasks as read, and which slots they can create.
     const wanted = new Map<string, Set<string>>();
-    const newSlots = new Map<string, Set<string>>();
+    const newSlots = new Map<string, Map<string, number>>();
     for (const [id, r] of taskRefs) {
       const sid = scopeId(r.tenant, r.agent);
       const set = wanted.get(sid) ?? new Set<string>();
       wanted.set(sid, set);
-      const slots = newSlots.get(sid) ?? new Set<string>();
+      const slots = newSlots.get(sid) ?? new Map<string, number>();
       newSlots.set(sid, slots);
       for (const k of contextsTouched(this.tasks.get(id)!.state, r.events, opts, r.positions, slots))
         set.add(k);
@@ -319,7 +319,7 @@ export class RedisLearnStore implements LearnStore {
       const meta = metas.get(p.id)!;
       if (
         p.check &&
-        evictionDueLoaded(meta, sc.state, wanted.get(p.id) ?? [], newSlots.get(p.id) ?? [], opts)
+        evictionDueLoaded(meta, sc.state, wanted.get(p.id) ?? [], newSlots.get(p.id) ?? new Map(), opts)
       )
         whole.push({ id: p.id, meta });
     });

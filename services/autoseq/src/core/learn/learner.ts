@@ -621,21 +621,31 @@ export function evictionDue(
 
 /**
  * `evictionDue` once the contexts a batch touches are loaded (`loaded`): only the contexts and slots it can
- * create (named by `contextsTouched`, with `slots`, and not in the loaded state, which holds every slot of a
- * loaded context) can raise the counts. A batch over what the scope already holds then never needs the whole
- * scope, however near its bounds the scope is, where `evictionDue` must assume every event adds to them.
+ * create (named by `contextsTouched`, with `slots` and how often each comes, and not in the loaded state, which
+ * holds every slot of a loaded context) can raise the counts. A slot is made only for a tool whose share of its
+ * context's next calls reaches `minShare`: even if all `m` of the batch's calls came first, a share of
+ * (next + m) / (n + m) short of it makes none (halving keeps the share). A batch over what the scope holds then
+ * never needs the whole scope, however near its bounds the scope is, where `evictionDue` must assume every
+ * event adds to them.
  */
 export function evictionDueLoaded(
   counts: Pick<ScopeState, 'nCtx' | 'nSlots'>,
   loaded: Pick<ScopeState, 'ctx' | 'slots'>,
   ctxs: Iterable<string>,
-  slots: Iterable<string>,
+  slots: ReadonlyMap<string, number>,
   opts: LearnOptions,
 ): boolean {
   let newCtx = 0;
   for (const k of ctxs) if (!Object.hasOwn(loaded.ctx, k)) newCtx++;
   let newSlots = 0;
-  for (const k of slots) if (!Object.hasOwn(loaded.slots, k)) newSlots++;
+  for (const [sk, m] of slots) {
+    if (Object.hasOwn(loaded.slots, sk)) continue;
+    const ctx = slotContext(sk);
+    const c = own(loaded.ctx, ctx);
+    // A margin for the halved (fractional) counts' rounding: when in doubt, the slot counts as possible.
+    if (c && (own(c.next, sk.slice(ctx.length + 1)) ?? 0) + m < opts.minShare * (c.n + m) - 1e-6) continue;
+    newSlots++;
+  }
   return (
     counts.nCtx + newCtx > opts.maxContexts + slack(opts.maxContexts) ||
     counts.nSlots + newSlots > opts.maxSlots + slack(opts.maxSlots)
@@ -880,7 +890,7 @@ export function contextsTouched(
   events: readonly (ToolCallEvent | TaskCompletedEvent | UserMessageEvent)[],
   opts: LearnOptions,
   positions?: readonly (Position | undefined)[],
-  slots?: Set<string>,
+  slots?: Map<string, number>,
 ): Set<string> {
   const keys = new Set<string>(task.pending.map((p) => slotContext(p.slot)));
   let calls = task.calls;
@@ -899,8 +909,12 @@ export function contextsTouched(
       if (user !== null) return;
       user = e.text;
     } else if (e.type === 'tool_call') {
-      // The slots this call can create: its tool after each context of the calls before it.
-      if (slots) for (const { key } of contexts(calls, opts.maxK, user)) slots.add(slotKey(key, e.tool));
+      // The slots this call can create: its tool after each context of the calls before it (with how often).
+      if (slots)
+        for (const { key } of contexts(calls, opts.maxK, user)) {
+          const sk = slotKey(key, e.tool);
+          slots.set(sk, (slots.get(sk) ?? 0) + 1);
+        }
       calls = [...calls, pastCall(e, opts)].slice(-opts.historyPerTask);
     } else return;
     for (const { key } of contexts(calls, opts.maxK, user)) keys.add(key);
