@@ -9,7 +9,7 @@ import { createHttpServer, type ReadinessCheck, type ReadinessResult, type Route
 import { createKafka } from './kafka/client.js';
 import { createRunner, type BatchHandler, type Parser, type RuntimeDeps } from './kafka/runner.js';
 import { createSink, type Sink } from './kafka/sink.js';
-import { ensureTopics, paverTopics, type TopicSpec } from './kafka/topics.js';
+import { compactionProblems, ensureTopics, paverTopics, type TopicSpec } from './kafka/topics.js';
 import { createLogger, type Logger } from './log.js';
 import { createMetrics, type RuntimeMetrics } from './metrics.js';
 import {
@@ -75,6 +75,27 @@ export interface ServiceSpec<E extends CommonEnv, T> {
  * that has just started (several services creating topics at once) answers "does not host this
  * topic-partition" for a moment, and kafkajs reports its exhausted retries as non-retriable.
  */
+/**
+ * Refuses to start on a topic that cannot keep what Paver keeps on it (`compactionProblem`), whether Paver
+ * created it or the operator did (`KAFKA_CREATE_TOPICS=false`): a state copy that expires is a Redis-loss
+ * restore that silently brings back less. A broker that does not describe configs to this client (no
+ * DescribeConfigs permission, or not reachable yet) gets a warning: the check guards, it is not a requirement.
+ */
+async function verifyCompaction(kafka: Kafka, specs: TopicSpec[], log: Logger): Promise<void> {
+  let problems: string[];
+  const admin = kafka.admin();
+  try {
+    await admin.connect();
+    problems = await compactionProblems(admin, specs);
+  } catch (err) {
+    log.warn({ err: errorMessage(err) }, "could not read the topics' cleanup policies: not checked");
+    return;
+  } finally {
+    await admin.disconnect().catch(() => undefined);
+  }
+  if (problems.length > 0) throw new PaverError('CONFIG_INVALID', problems.join('; '));
+}
+
 async function prepareTopics(
   kafka: Kafka,
   specs: TopicSpec[],
@@ -218,6 +239,7 @@ export async function runService<E extends CommonEnv, T>(
       const created = await prepareTopics(kafka, paverTopics(env), env, log);
       if (created.length) log.info({ created }, 'created topics');
     }
+    await verifyCompaction(kafka, paverTopics(env), log);
     if (shuttingDown) return;
     await sink.connect();
     if (shuttingDown) return;
@@ -233,6 +255,7 @@ export async function runService<E extends CommonEnv, T>(
     if (p.extraTopics?.length && env.KAFKA_CREATE_TOPICS) {
       await prepareTopics(kafka, p.extraTopics, env, log);
     }
+    if (p.extraTopics?.length) await verifyCompaction(kafka, p.extraTopics, log);
     if (shuttingDown) return;
     await p.start?.();
     if (shuttingDown) return;

@@ -1,5 +1,5 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { Admin } from 'kafkajs';
+import type { Admin, ConfigResourceTypes } from 'kafkajs';
 import type { CommonEnv } from '../config.js';
 import { errorMessage } from '../errors.js';
 
@@ -111,4 +111,55 @@ async function createMissing(
         : [],
     })),
   });
+}
+
+/**
+ * Why an existing topic cannot keep the latest record per key, as the specs marked `compacted` need (the
+ * state copies a Redis loss is restored from, the candidates table), or null when it can: a `delete`-only
+ * topic with a finite retention drops a key's only record once it is that old, and the restore then brings
+ * back less, silently. A `delete` topic kept forever loses nothing (it grows).
+ */
+export function compactionProblem(spec: TopicSpec, config: Readonly<Record<string, string>>): string | null {
+  const policy = (config['cleanup.policy'] ?? 'delete').split(',').map((p) => p.trim());
+  if (policy.includes('compact')) return null;
+  const retention = Number(config['retention.ms'] ?? '604800000');
+  if (retention < 0) return null;
+  const want = spec.retentionMs ? 'compact,delete' : 'compact';
+  return (
+    `topic ${spec.topic} has cleanup.policy=${policy.join(',')} and retention.ms=${retention}: records older ` +
+    `than that go even when they are a key's latest, which this topic must keep; set cleanup.policy=${want} ` +
+    `(kafka-configs.sh --alter --entity-type topics --entity-name ${spec.topic} --add-config ` +
+    `cleanup.policy=[${want}])`
+  );
+}
+
+/**
+ * kafkajs's `ConfigResourceTypes.TOPIC` (the protocol's resource type 2): the enum is not among the names Node
+ * finds in kafkajs's CommonJS exports, so an ESM import of it fails at load time (the type is imported only).
+ */
+const TOPIC_RESOURCE = 2 as ConfigResourceTypes;
+
+/** `compactionProblem` for every existing topic of `specs` marked `compacted` (one DescribeConfigs call). */
+export async function compactionProblems(admin: Admin, specs: readonly TopicSpec[]): Promise<string[]> {
+  const existing = new Set(await admin.listTopics());
+  const targets = specs.filter((s) => s.compacted && existing.has(s.topic));
+  if (targets.length === 0) return [];
+  const res = await admin.describeConfigs({
+    includeSynonyms: false,
+    resources: targets.map((s) => ({
+      type: TOPIC_RESOURCE,
+      name: s.topic,
+      configNames: ['cleanup.policy', 'retention.ms'],
+    })),
+  });
+  const problems: string[] = [];
+  for (const spec of targets) {
+    const r = res.resources.find((x) => x.resourceName === spec.topic);
+    if (!r) continue;
+    const config: Record<string, string> = {};
+    for (const e of r.configEntries) if (e.configValue !== null) config[e.configName] = e.configValue;
+    const problem = compactionProblem(spec, config);
+    if (problem) problems.push(problem);
+  }
+  return problems;
 }

@@ -1,0 +1,48 @@
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { compactionProblems } from '../../shared/kafka/topics.js';
+import { createTopics, testKafka, unique } from '../helpers/kafka.js';
+import { ROOT, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
+
+const procs: Proc[] = [];
+afterAll(() => {
+  for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
+});
+
+describe('topics that must keep the latest record per key (real Kafka)', () => {
+  it('reads each topic’s cleanup policy from the broker: compacted, or kept forever, passes; expiring does not', async () => {
+    const id = unique('policy');
+    const [compact, forever, expiring] = ['compact', 'forever', 'expiring'].map((n) => `${id}.${n}`);
+    await createTopics([
+      { topic: compact!, partitions: 1, compacted: true },
+      { topic: forever!, partitions: 1, config: { 'retention.ms': '-1' } },
+      { topic: expiring!, partitions: 1, config: { 'retention.ms': '3600000' } },
+    ]);
+    const admin = testKafka().admin();
+    await admin.connect();
+    try {
+      const specs = [compact!, forever!, expiring!, `${id}.missing`].map((topic) => ({
+        topic,
+        compacted: true,
+      }));
+      const problems = await compactionProblems(admin, specs);
+      expect(problems).toHaveLength(1);
+      expect(problems[0]).toContain(`topic ${expiring} has cleanup.policy=delete and retention.ms=3600000`);
+      // A topic not marked compacted is not looked at.
+      expect(await compactionProblems(admin, [{ topic: expiring! }])).toEqual([]);
+    } finally {
+      await admin.disconnect();
+    }
+  });
+
+  it('a service refuses to start on a state topic made without compaction (exit 78, naming the topic and the fix)', async () => {
+    const env = serviceEnv({ SEQUENCER_CONFIG_FILE: join(ROOT, 'examples', 'orchestration.yaml') });
+    // What an operator who creates topics by hand (KAFKA_CREATE_TOPICS=false) might do: a plain topic.
+    await createTopics([{ topic: env.SEQUENCER_STATE_TOPIC!, partitions: 1 }]);
+    const p = await startProcess(['bin/paver.js', 'run', 'sequencer'], env);
+    procs.push(p);
+    expect(await p.exited, p.output()).toBe(78);
+    expect(p.output()).toContain(`topic ${env.SEQUENCER_STATE_TOPIC} has cleanup.policy=delete`);
+    expect(p.output()).toContain('cleanup.policy=[compact,delete]');
+  });
+});
