@@ -6,12 +6,18 @@ import { toolCallsEventV1, type ToolCallsEvent } from '../../../../schemas/index
 import { applyEvent, MemoryLearnStore } from '../../src/core/learn/engine.js';
 import {
   DEFAULT_LEARN,
+  familyKey,
   listRules,
+  newLearnTask,
+  newScopeState,
+  stepToolCall,
   type LearnOptions,
+  type ScopeState,
   type StepResult,
 } from '../../src/core/learn/learner.js';
 import { failedOutput, mentionsRequest } from '../../src/core/learn/outcome.js';
-import { wilsonLower } from '../../src/core/learn/stats.js';
+import { fnv64, wilsonLower } from '../../src/core/learn/stats.js';
+import { canonicalJson } from '../../../../shared/core/bindings.js';
 import { replay } from '../../src/learn-cli.js';
 
 const opts: LearnOptions = { ...DEFAULT_LEARN, minTrials: 10, minPrecision: 0.7, window: 50 };
@@ -306,6 +312,72 @@ describe('families: one recipe (next tool and bindings) in several contexts', ()
     expect(fam.length).toBeLessThanOrEqual(3);
     // Both recipes of the last 80 tasks kept their trials (the first few occurrences of each make its rule).
     expect(fam.filter((f) => f[2] >= 30)).toHaveLength(2);
+  });
+
+  it('a rule active on its family’s evidence is not demoted on a hit when the family is gone', () => {
+    const o: LearnOptions = { ...strict, maxFamilies: 2 };
+    const fp = fnv64(canonicalJson({}));
+    const rule = (id: string, state: 'active' | 'shadow', n: number) => ({
+      id,
+      bindings: [],
+      state,
+      trials: n,
+      hits: n,
+      dn: n,
+      dh: n,
+      created: 0,
+      changed: 0,
+    });
+    const slot = (ctx: string, tool: string, r: ReturnType<typeof rule>) => ({
+      ctx,
+      k: 1,
+      tool,
+      n: 50,
+      sigs: {},
+      units: {},
+      rule: r,
+      at: 1,
+    });
+    // r1: active after 10 trials on its family's proof (its own bound needs about 35).
+    const s: ScopeState = {
+      ...newScopeState(),
+      clock: 100,
+      nCtx: 2,
+      nSlots: 2,
+      nActive: 1,
+      ctx: { A: { n: 50, next: { B: 50 }, at: 1 }, C: { n: 50, next: { D: 50 }, at: 1 } },
+      slots: {
+        'A\u001eB': slot('A', 'B', rule('r1', 'active', 10)),
+        'C\u001eD': slot('C', 'D', rule('r2', 'shadow', 5)),
+      },
+    };
+    s.fam = { [familyKey('B', [])]: [40, 40, 40, 1], x1: [1, 1, 1, 60], x2: [1, 1, 1, 70] };
+    const ev = (task: string, tool: string): ToolCallsEvent => call(task, 1, tool, {}, { ok: 1 });
+    // Another rule's trial: four families past a bound of two (and its quarter), r1's (the least recent) goes.
+    stepToolCall(
+      s,
+      { ...newLearnTask(), calls: [{ tool: 'C' }], pending: [{ slot: 'C\u001eD', id: 'r2', tool: 'D', fp }] },
+      ev('x', 'D') as never,
+      o,
+    );
+    expect(Object.keys(s.fam)).not.toContain(familyKey('B', []));
+    // Before: this hit demoted r1 (its family, counted anew, was not proven, nor was r1 on its own yet).
+    const r = stepToolCall(
+      s,
+      { ...newLearnTask(), calls: [{ tool: 'A' }], pending: [{ slot: 'A\u001eB', id: 'r1', tool: 'B', fp }] },
+      ev('y', 'B') as never,
+      o,
+    );
+    expect(r.transitions).toEqual([]);
+    expect(s.slots['A\u001eB']!.rule!.state).toBe('active');
+    // A miss still demotes it: its precision falls under the target.
+    const miss = stepToolCall(
+      s,
+      { ...newLearnTask(), calls: [{ tool: 'A' }], pending: [{ slot: 'A\u001eB', id: 'r1', tool: 'B', fp }] },
+      ev('z', 'E') as never,
+      o,
+    );
+    expect(miss.transitions.map((t) => `${t.from}->${t.to}`)).toEqual(['active->demoted']);
   });
 
   it('one trial per call for a family, however many of its contexts proposed it', () => {

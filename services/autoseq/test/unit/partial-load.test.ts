@@ -69,7 +69,7 @@ class PartialStore implements LearnStore {
     const events = batch.filter((e) => e.type !== 'user_message' && e.task_id !== undefined).length;
     if (!evictionDue(this.backing, events, opts)) return;
     this.whole.coarse++;
-    if (!evictionDueLoaded(this.backing, this.part, wanted, slots, opts)) return;
+    if (!evictionDueLoaded(this.backing, this.part, wanted, slots, events, opts)) return;
     this.whole.loads++;
     this.part.ctx = clone(this.backing.ctx);
     this.part.slots = clone(this.backing.slots);
@@ -161,9 +161,12 @@ describe('learned state loaded in part per batch (as the service does) gives the
     ['eviction', { ...DEFAULT_LEARN, maxContexts: 16, maxSlots: 24 }],
     // Slots alone at their bound (contexts far from theirs).
     ['eviction', { ...DEFAULT_LEARN, maxContexts: 100_000, maxSlots: 20 }],
+    // The same with counts halved every few calls: after a halving a call weighs twice in its context's
+    // shares, so a slot comes sooner than the shares before it say.
+    ['eviction', { ...DEFAULT_LEARN, maxContexts: 100_000, maxSlots: 20, maxCount: 8 }],
   ] as [string, LearnOptions][])
-    for (const seed of [1, 2, 3])
-      it(`the same proposal at every event, and the same state at the end (${name} at ${opts.maxContexts} contexts / ${opts.maxSlots} slots, seed ${seed})`, () => {
+    for (const seed of [1, 2, 3, 4, 5])
+      it(`the same proposal at every event, and the same state at the end (${name} at ${opts.maxContexts} contexts / ${opts.maxSlots} slots / counts halved past ${opts.maxCount}, seed ${seed})`, () => {
         const events = stream(seed, 240);
         const whole = new MemoryLearnStore();
         const expected = events.map((e) => JSON.stringify(applyEvent(whole, e, opts)?.next ?? null));

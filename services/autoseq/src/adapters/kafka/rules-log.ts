@@ -18,9 +18,12 @@ const keyShape = z.union([
   z.tuple([z.string(), z.string().min(1), z.string().min(1), z.string()]),
 ]);
 const familiesShape = z.record(z.string(), z.tuple([z.number(), z.number(), z.number(), z.number()]));
-const scopeValueV1 = z
-  .object({ v: z.literal(1), clock: z.number().int().nonnegative(), fam: familiesShape.optional() })
-  .strict();
+// Not strict: a later version may add fields to the scope record, and this one must still read its clock.
+const scopeValueV1 = z.object({
+  v: z.literal(1),
+  clock: z.number().int().nonnegative(),
+  fam: familiesShape.optional(),
+});
 const contextValueV1 = z.object({ v: z.literal(1), value: z.string().min(2) }).strict();
 
 export const scopeRecordKey = (prefix: string, tenant: string, agent: string): string =>

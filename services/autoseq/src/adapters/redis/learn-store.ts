@@ -135,10 +135,19 @@ interface LoadedScope {
   touched: Set<string>;
 }
 
+/** The scope-wide fields of a stored `m` (named one by one: the stored object is not copied whole). */
+function assignMeta(state: ScopeState, meta: Meta): void {
+  state.clock = meta.clock;
+  state.nCtx = meta.nCtx;
+  state.nSlots = meta.nSlots;
+  state.nActive = meta.nActive;
+  if (meta.fam) state.fam = meta.fam;
+}
+
 /** A scope as a batch starts it: its counts (from `m`) and no context yet. */
 function loadedScope(tenant: string, agent: string, meta: Meta | null, touched?: Set<string>): LoadedScope {
   const state = newScopeState();
-  if (meta) Object.assign(state, meta);
+  if (meta) assignMeta(state, meta);
   return { tenant, agent, state, read: new Map(), readSlots: new Map(), touched: touched ?? new Set() };
 }
 
@@ -319,7 +328,14 @@ export class RedisLearnStore implements LearnStore {
       const meta = metas.get(p.id)!;
       if (
         p.check &&
-        evictionDueLoaded(meta, sc.state, wanted.get(p.id) ?? [], newSlots.get(p.id) ?? new Map(), opts)
+        evictionDueLoaded(
+          meta,
+          sc.state,
+          wanted.get(p.id) ?? [],
+          newSlots.get(p.id) ?? new Map(),
+          scopeRefs.get(p.id)!.events,
+          opts,
+        )
       )
         whole.push({ id: p.id, meta });
     });
@@ -542,7 +558,7 @@ export async function readScope(
   const meta = parseJson(all[META]);
   if (meta === null || !metaShape.safeParse(meta).success) return null;
   const state = newScopeState();
-  Object.assign(state, meta);
+  assignMeta(state, meta as Meta);
   for (const [field, raw] of Object.entries(all))
     if (field.startsWith('c:')) readGroup(state, field.slice(2), raw);
   return state;

@@ -430,15 +430,19 @@ function score(
   // The bound says the precision is proven; the point estimate says it is high enough. A rule whose bound
   // clears the bar on many trials can still be a 92% rule: active, it would take the whole below the target.
   const enough = r.dh / r.dn >= opts.targetPrecision;
-  const own = r.trials >= opts.minTrials && lb >= opts.minPrecision;
+  const proven = r.trials >= opts.minTrials && lb >= opts.minPrecision;
   // A head start for a rule never demoted: its family is proven elsewhere and its own trials agree.
   const byFamily =
     opts.familyTrials > 0 &&
     r.state !== 'demoted' &&
     r.trials >= opts.familyTrials &&
     familyProven(scope.fam?.[familyKey(tool, r.bindings)], opts);
-  if (r.state !== 'active' && (own || byFamily) && enough) r.state = 'active';
-  else if (r.state === 'active' && (!(own || byFamily) || !enough)) r.state = 'demoted';
+  // An active rule with too few trials for any record of its own to prove it (all hits would not clear the
+  // bound) is not demoted for lacking that proof: it came in on its family's, which may have gone since
+  // (evicted among many, or a writer that does not keep families). Its precision still demotes it.
+  const provable = r.trials >= opts.minTrials && wilsonLower(r.dn, r.dn) >= opts.minPrecision;
+  if (r.state !== 'active' && (proven || byFamily) && enough) r.state = 'active';
+  else if (r.state === 'active' && (!enough || !(proven || byFamily || !provable))) r.state = 'demoted';
   if (r.state !== from) {
     r.changed = ts;
     scope.nActive += (r.state === 'active' ? 1 : 0) - (from === 'active' ? 1 : 0);
@@ -624,15 +628,17 @@ export function evictionDue(
  * create (named by `contextsTouched`, with `slots` and how often each comes, and not in the loaded state, which
  * holds every slot of a loaded context) can raise the counts. A slot is made only for a tool whose share of its
  * context's next calls reaches `minShare`: even if all `m` of the batch's calls came first, a share of
- * (next + m) / (n + m) short of it makes none (halving keeps the share). A batch over what the scope holds then
- * never needs the whole scope, however near its bounds the scope is, where `evictionDue` must assume every
- * event adds to them.
+ * (next + m) / (n + m) short of it makes none, as long as the context's counts are not halved in the batch
+ * (after a halving each new call weighs twice): a context that `events` more calls could take past `maxCount`
+ * is not judged by its share. A batch over what the scope holds then never needs the whole scope, however
+ * near its bounds the scope is, where `evictionDue` must assume every event adds to them.
  */
 export function evictionDueLoaded(
   counts: Pick<ScopeState, 'nCtx' | 'nSlots'>,
   loaded: Pick<ScopeState, 'ctx' | 'slots'>,
   ctxs: Iterable<string>,
   slots: ReadonlyMap<string, number>,
+  events: number,
   opts: LearnOptions,
 ): boolean {
   let newCtx = 0;
@@ -643,7 +649,12 @@ export function evictionDueLoaded(
     const ctx = slotContext(sk);
     const c = own(loaded.ctx, ctx);
     // A margin for the halved (fractional) counts' rounding: when in doubt, the slot counts as possible.
-    if (c && (own(c.next, sk.slice(ctx.length + 1)) ?? 0) + m < opts.minShare * (c.n + m) - 1e-6) continue;
+    if (
+      c &&
+      c.n + events <= opts.maxCount &&
+      (own(c.next, sk.slice(ctx.length + 1)) ?? 0) + m < opts.minShare * (c.n + m) - 1e-6
+    )
+      continue;
     newSlots++;
   }
   return (
