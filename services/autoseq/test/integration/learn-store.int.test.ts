@@ -37,6 +37,9 @@ describe('learned state in Redis, read in part (real Redis)', () => {
   for (const [name, opts, evs] of [
     ['default bounds', { ...DEFAULT_LEARN, minTrials: 5, minPrecision: 0.5, targetPrecision: 0.5 }, events],
     ['small bounds', LOW_BAR, events],
+    // Counts halved every few calls: a call then weighs twice in its context's shares (the whole-scope read
+    // must not trust the shares as read when the batch can halve them).
+    ['small bounds, counts halved past 8', { ...LOW_BAR, maxCount: 8 }, events],
     [
       'tools named __proto__, constructor…',
       { ...DEFAULT_LEARN, minTrials: 5, minPrecision: 0.5, targetPrecision: 0.5 },
