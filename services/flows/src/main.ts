@@ -320,9 +320,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         await ensureHeartbeating(guard, ctx.heartbeat);
         const out = await engine.handle(
           batch.map((m) =>
-            m.value.kind === 'event'
-              ? { ...m.value, partition: m.partition, offset: m.offset, end: ctx.highWatermark }
-              : m.value,
+            m.value.kind === 'event' ? { ...m.value, partition: m.partition, offset: m.offset } : m.value,
           ),
         );
         await sink.send(

@@ -28,14 +28,7 @@ import { PaverError } from '../../../../shared/errors.js';
 /** `partition`/`offset`: where the event stands in its topic (the service), so that a redelivery is applied once. */
 export type Inbound =
   | { kind: 'candidate'; r: FlowCandidateRecord }
-  | {
-      kind: 'event';
-      e: ToolCallsEvent;
-      partition?: number;
-      offset?: string;
-      /** The partition's high watermark when the batch was read (see `reached`). */
-      end?: string | undefined;
-    };
+  | { kind: 'event'; e: ToolCallsEvent; partition?: number; offset?: string };
 
 /** An open session's place: its scope, and its id. */
 export interface SessionRef {
@@ -82,18 +75,10 @@ export interface EndedSession {
 }
 
 /** Whether an event at `partition`/`offset` was applied already, given the position `at` of the last one. */
-function reached(
-  at: string | undefined,
-  partition: number | undefined,
-  offset: string | undefined,
-  end?: string,
-): boolean {
+function reached(at: string | undefined, partition: number | undefined, offset: string | undefined): boolean {
   if (at === undefined || partition === undefined || offset === undefined) return false;
   const i = at.indexOf(':');
-  const stored = BigInt(at.slice(i + 1));
-  // At or past the high watermark: not of the topic being read (deleted and created again, offsets started over).
-  if (end !== undefined && stored >= BigInt(end)) return false;
-  return at.slice(0, i) === String(partition) && stored >= BigInt(offset);
+  return at.slice(0, i) === String(partition) && BigInt(at.slice(i + 1)) >= BigInt(offset);
 }
 
 /** Sessions known to be in no store, remembered so that events of sessions never opened cost no read. */
@@ -455,7 +440,6 @@ export class FlowsEngine {
         this.sessions.get(e.session_id)?.at ?? this.ended.get(e.session_id),
         v.partition,
         v.offset,
-        v.end,
       );
       if (seen && e.type !== 'user_message') continue;
       if (e.type === 'user_message') {
