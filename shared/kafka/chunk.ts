@@ -20,12 +20,6 @@ export interface Rejection {
 export interface BatchContext {
   heartbeat(): Promise<void>;
   isRunning(): boolean;
-  /**
-   * The partition's high watermark when the batch was fetched (absent where no broker is behind the records).
-   * A stored position at or past it cannot be of this topic's records: the topic was deleted and created again
-   * (or its log cut back), and offsets started over.
-   */
-  highWatermark?: string;
 }
 
 /** The service's effect for a chunk of valid records. Return rejections for domain-invalid records. */

@@ -370,7 +370,6 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
       const ctx: BatchContext = {
         heartbeat: () => p.heartbeat(),
         isRunning: () => p.isRunning() && !p.isStale(),
-        highWatermark: batch.highWatermark,
       };
       const retry = {
         attempts: o.env.PAVER_RETRY_ATTEMPTS,

@@ -73,7 +73,7 @@ export function createBatchHandler(o: {
         if (e.type === 'tool_call' || e.type === 'user_message')
           refs.set(idOf(e), { tenant: e.tenant_id, agent: e.agent_id, task: e.task_id });
         learnEvents.push(e);
-        learnPositions.push({ partition, offset, end: ctx.highWatermark });
+        learnPositions.push({ partition, offset });
       }
     }
     if (learnEvents.length === 0) return;
@@ -81,7 +81,7 @@ export function createBatchHandler(o: {
     const learn = loadLearn ? await loadLearn(learnEvents, ctx, learnPositions) : null;
     try {
       const states = await store.load(refs);
-      await decideAndStore(batch, refs, states, learn, ctx.highWatermark);
+      await decideAndStore(batch, refs, states, learn);
     } catch (err) {
       // The scopes' leases go back at once: a retry of this batch (or another instance) need not wait them out.
       await learn?.release().catch(() => undefined);
@@ -94,14 +94,13 @@ export function createBatchHandler(o: {
     refs: Map<string, TaskRef>,
     states: Map<string, TaskState>,
     learn: RedisLearnStore | null,
-    hw: string | undefined,
   ): Promise<void> {
     const dirty = new Map<string, { ref: TaskRef; state: TaskState }>();
     const out: NextActionRecord[] = [];
     const scored: { held: boolean; origin: string; state: string; hit: boolean; executed: boolean }[] = [];
     const moved: string[] = [];
     for (const { value: e, partition, offset } of batch) {
-      const pos = { partition, offset, end: hw };
+      const pos = { partition, offset };
       if (e.type !== 'tool_call') {
         const lr = learn ? applyEvent(learn, e, lopts, validate, null, pos) : null;
         if (lr?.held)

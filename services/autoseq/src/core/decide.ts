@@ -1,6 +1,6 @@
 import type { NextActionRecord, ToolCallEvent } from '../../../../schemas/index.js';
 import type { Catalog, CompiledTool } from './catalog.js';
-import { appliedBefore, stored, type Position } from './position.js';
+import { appliedBefore, type Position } from './position.js';
 import { isMapping, payloadShape, type Hash, type PayloadShape } from './shape.js';
 
 export interface AutoseqOptions {
@@ -64,7 +64,7 @@ export function decide(
     consecutive: auto ? task.consecutive + 1 : 0,
     last: auto ? task.last : null,
   };
-  const at = pos ? stored(pos) : task.at;
+  const at = pos ?? task.at;
   if (at) next.at = at;
 
   const shape = payloadShape(e.observation, hash);

@@ -1,5 +1,4 @@
 import { describe, expect, it } from 'vitest';
-import { appliedBefore, stored } from '../../src/core/position.js';
 import type { CatalogTool, ToolCallEvent } from '../../../../schemas/index.js';
 import { catalogPolicyV1, catalogToolV1 } from '../../../../schemas/index.js';
 import { sha256 } from '../../../../shared/hash.js';
@@ -466,18 +465,5 @@ describe('catalog loading and reload', () => {
         .map((t) => t.spec.name),
     ).toEqual(['t7']);
     expect(only(c, event({ k7: 'x' })).tool).toBe('t7');
-  });
-});
-
-describe('positions', () => {
-  it('a task position at or past the high watermark is another topic’s (deleted and created again); below it, a redelivery', () => {
-    const at = { partition: 1, offset: '500' };
-    expect(appliedBefore(at, { partition: 1, offset: '3' })).toBe(true);
-    expect(appliedBefore(at, { partition: 1, offset: '3', end: '900' })).toBe(true);
-    expect(appliedBefore(at, { partition: 1, offset: '3', end: '4' })).toBe(false);
-    expect(appliedBefore(at, { partition: 1, offset: '3', end: '500' })).toBe(false);
-    expect(appliedBefore(at, { partition: 2, offset: '3' })).toBe(false);
-    // What a task keeps is where the event stood, not the watermark of the moment.
-    expect(stored({ partition: 1, offset: '7', end: '9' })).toEqual({ partition: 1, offset: '7' });
   });
 });

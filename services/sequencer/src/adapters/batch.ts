@@ -22,7 +22,7 @@ export function createBatchHandler(o: {
   copy?: ((writes: PlannedWrite[]) => Promise<void>) | undefined;
 }): BatchHandler<ToolCallsEvent> {
   const { config, store, sink, topic, metrics } = o;
-  return async (batch, ctx) => {
+  return async (batch) => {
     const refs = new Map<string, SessionRef>();
     const ids = batch.map(({ value: e }) => {
       const id = idOf(e);
@@ -39,7 +39,6 @@ export function createBatchHandler(o: {
       const r = applyEvent(config.get(e.tenant_id, e.agent_id), prev, e, {
         partition: rec.partition,
         offset: rec.offset,
-        end: ctx.highWatermark,
       });
       if (r.duplicate) {
         metrics.duplicates.inc();

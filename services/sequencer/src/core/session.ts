@@ -32,8 +32,6 @@ export const newSession = (): SessionState => ({
 export interface Position {
   partition: number;
   offset: string;
-  /** The partition's high watermark when the event was read: a session position at or past it is another topic's. */
-  end?: string;
 }
 
 const conditionsHold = (step: Step, s: SessionState): boolean =>
@@ -185,15 +183,7 @@ export function applyEvent(
   at?: Position,
 ): Outcome {
   if (prev.seen.includes(e.event_id)) return { record: null, state: prev, duplicate: true };
-  // Not a redelivery when the session's position is at or past the high watermark: the topic was deleted and
-  // created again (offsets started over), and these are its new events.
-  if (
-    at &&
-    prev.pos &&
-    prev.pos.p === at.partition &&
-    BigInt(at.offset) <= BigInt(prev.pos.o) &&
-    !(at.end !== undefined && BigInt(prev.pos.o) >= BigInt(at.end))
-  )
+  if (at && prev.pos && prev.pos.p === at.partition && BigInt(at.offset) <= BigInt(prev.pos.o))
     return { record: null, state: prev, duplicate: true };
   const s: SessionState = {
     ...prev,

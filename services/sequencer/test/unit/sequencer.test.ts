@@ -358,18 +358,6 @@ describe('idempotency', () => {
     expect(applyEvent(a, once.state, other, { partition: 0, offset: '9' }).duplicate).toBe(true);
     expect(applyEvent(a, once.state, other, { partition: 0, offset: '12' }).state.index).toBe(2);
   });
-  it('a stored offset at or past the high watermark is another topic’s: the topic was created again', () => {
-    const a = agentOf({ steps: [research] });
-    const s0 = play(a, [msg('research')]).state;
-    const once = applyEvent(a, s0, call('web_search'), { partition: 0, offset: '500', end: '501' });
-    const other = call('think');
-    // Offset 3 of a partition whose log ends at 4 cannot be read before offset 500 was: a new event.
-    const after = applyEvent(a, once.state, other, { partition: 0, offset: '3', end: '4' });
-    expect(after.duplicate).toBe(false);
-    expect(after.state.index).toBe(2);
-    // Below the high watermark it is a redelivery, as before.
-    expect(applyEvent(a, once.state, other, { partition: 0, offset: '3', end: '900' }).duplicate).toBe(true);
-  });
   it('state stays bounded: history and seen ids', () => {
     const a = agentOf({ steps: [research] });
     const r = play(

@@ -13,7 +13,7 @@ import {
 import type { TaskCompletedEvent, ToolCallEvent, UserMessageEvent } from '../../../../../schemas/index.js';
 import { own, setOwn } from '../../../../../shared/core/own.js';
 import { requestTermsOf } from '../../../../../shared/core/terms.js';
-import { appliedBefore, stored, type Position } from '../position.js';
+import { appliedBefore, type Position } from '../position.js';
 import { failedOutput, mentionsRequest } from './outcome.js';
 import { fnv64, wilsonLower } from './stats.js';
 
@@ -1009,7 +1009,7 @@ export function stepTaskCompleted(
 
 /** Records where the applied event stood; without a position (offline) the task keeps what it had. */
 function withAt(next: LearnTask, task: LearnTask, pos: Position | undefined): LearnTask {
-  const at = pos ? stored(pos) : task.at;
+  const at = pos ?? task.at;
   if (at) next.at = at;
   else delete next.at;
   return next;
