@@ -71,31 +71,63 @@ export interface ServiceSpec<E extends CommonEnv, T> {
 }
 
 /**
- * Creates the topics and waits for their leaders, retrying any failure a bounded number of times: a broker
- * that has just started (several services creating topics at once) answers "does not host this
- * topic-partition" for a moment, and kafkajs reports its exhausted retries as non-retriable.
- */
-/**
  * Refuses to start on a topic that cannot keep what Paver keeps on it (`compactionProblem`), whether Paver
  * created it or the operator did (`KAFKA_CREATE_TOPICS=false`): a state copy that expires is a Redis-loss
- * restore that silently brings back less. A broker that does not describe configs to this client (no
- * DescribeConfigs permission, or not reachable yet) gets a warning: the check guards, it is not a requirement.
+ * restore that silently brings back less. Retried as topic preparation is (a broker still starting); a broker
+ * that refuses this client DescribeConfigs (an authorization error) gets a warning and the start goes on: the
+ * check guards, it is not a requirement. Any other failure fails the start, as preparation does.
  */
 async function verifyCompaction(kafka: Kafka, specs: TopicSpec[], log: Logger): Promise<void> {
   let problems: string[];
-  const admin = kafka.admin();
   try {
-    await admin.connect();
-    problems = await compactionProblems(admin, specs);
+    problems = await withRetry(
+      async () => {
+        const admin = kafka.admin();
+        try {
+          await admin.connect();
+          return await compactionProblems(admin, specs);
+        } catch (err) {
+          if (authorizationRefused(err)) throw err;
+          throw new PaverError('KAFKA_UNAVAILABLE', `topic policy check failed: ${errorMessage(err)}`, {
+            cause: err,
+          });
+        } finally {
+          await admin.disconnect().catch(() => undefined);
+        }
+      },
+      {
+        attempts: 6,
+        initialMs: 500,
+        maxMs: 5_000,
+        onRetry: (err, attempt, waitMs) =>
+          log.warn({ err: err.message, attempt, waitMs }, 'topic policies not readable yet; retrying'),
+      },
+    );
   } catch (err) {
-    log.warn({ err: errorMessage(err) }, "could not read the topics' cleanup policies: not checked");
+    if (!authorizationRefused(err)) throw err;
+    log.warn({ err: errorMessage(err) }, "not allowed to read the topics' cleanup policies: not checked");
     return;
-  } finally {
-    await admin.disconnect().catch(() => undefined);
   }
   if (problems.length > 0) throw new PaverError('CONFIG_INVALID', problems.join('; '));
 }
 
+/**
+ * A broker's answer that this client may not do what it asked: kafkajs keeps the protocol's error type
+ * (`TOPIC_AUTHORIZATION_FAILED`, `CLUSTER_AUTHORIZATION_FAILED`…), on the error or on the one it wraps.
+ */
+export function authorizationRefused(err: unknown): boolean {
+  for (let e = err as { type?: unknown; cause?: unknown } | null | undefined, i = 0; e && i < 4; i++) {
+    if (/AUTHORIZATION_FAILED/.test(String(e.type ?? ''))) return true;
+    e = e.cause as typeof e;
+  }
+  return /authorization failed|not authorized/i.test(errorMessage(err));
+}
+
+/**
+ * Creates the topics and waits for their leaders, retrying any failure a bounded number of times: a broker
+ * that has just started (several services creating topics at once) answers "does not host this
+ * topic-partition" for a moment, and kafkajs reports its exhausted retries as non-retriable.
+ */
 async function prepareTopics(
   kafka: Kafka,
   specs: TopicSpec[],

@@ -115,19 +115,27 @@ async function createMissing(
 
 /**
  * Why an existing topic cannot keep the latest record per key, as the specs marked `compacted` need (the
- * state copies a Redis loss is restored from, the candidates table), or null when it can: a `delete`-only
- * topic with a finite retention drops a key's only record once it is that old, and the restore then brings
- * back less, silently. A `delete` topic kept forever loses nothing (it grows).
+ * state copies a Redis loss is restored from, the candidates table), or null when it can: a `delete` topic
+ * with a finite retention (by age or by size) drops a key's only record once it is that old or that far
+ * back, and the restore then brings back less, silently. One kept forever loses nothing (it grows), nor does
+ * one with no cleanup at all (an empty policy).
  */
 export function compactionProblem(spec: TopicSpec, config: Readonly<Record<string, string>>): string | null {
-  const policy = (config['cleanup.policy'] ?? 'delete').split(',').map((p) => p.trim());
-  if (policy.includes('compact')) return null;
-  const retention = Number(config['retention.ms'] ?? '604800000');
-  if (retention < 0) return null;
+  const policy = (config['cleanup.policy'] ?? 'delete')
+    .split(',')
+    .map((p) => p.trim())
+    .filter((p) => p !== '');
+  if (policy.includes('compact') || !policy.includes('delete')) return null;
+  const ms = Number(config['retention.ms'] ?? '604800000');
+  const bytes = Number(config['retention.bytes'] ?? '-1');
+  if (!(ms >= 0) && !(bytes >= 0)) return null;
+  const limits = [ms >= 0 ? `retention.ms=${ms}` : '', bytes >= 0 ? `retention.bytes=${bytes}` : '']
+    .filter(Boolean)
+    .join(' and ');
   const want = spec.retentionMs ? 'compact,delete' : 'compact';
   return (
-    `topic ${spec.topic} has cleanup.policy=${policy.join(',')} and retention.ms=${retention}: records older ` +
-    `than that go even when they are a key's latest, which this topic must keep; set cleanup.policy=${want} ` +
+    `topic ${spec.topic} has cleanup.policy=delete and ${limits}: records past that go even when they are a ` +
+    `key's latest, which this topic must keep; set cleanup.policy=${want} ` +
     `(kafka-configs.sh --alter --entity-type topics --entity-name ${spec.topic} --add-config ` +
     `cleanup.policy=[${want}])`
   );
@@ -149,7 +157,7 @@ export async function compactionProblems(admin: Admin, specs: readonly TopicSpec
     resources: targets.map((s) => ({
       type: TOPIC_RESOURCE,
       name: s.topic,
-      configNames: ['cleanup.policy', 'retention.ms'],
+      configNames: ['cleanup.policy', 'retention.ms', 'retention.bytes'],
     })),
   });
   const problems: string[] = [];
