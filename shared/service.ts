@@ -71,78 +71,44 @@ export interface ServiceSpec<E extends CommonEnv, T> {
 }
 
 /**
- * Refuses to start on a topic that cannot keep what Paver keeps on it (`compactionProblem`), whether Paver
- * created it or the operator did (`KAFKA_CREATE_TOPICS=false`): a state copy that expires is a Redis-loss
- * restore that silently brings back less. Retried as topic preparation is (a broker still starting); a broker
- * that refuses this client DescribeConfigs (an authorization error) gets a warning and the start goes on: the
- * check guards, it is not a requirement. Any other failure fails the start, as preparation does.
- */
-async function verifyCompaction(kafka: Kafka, specs: TopicSpec[], log: Logger): Promise<void> {
-  let problems: string[];
-  try {
-    problems = await withRetry(
-      async () => {
-        const admin = kafka.admin();
-        try {
-          await admin.connect();
-          return await compactionProblems(admin, specs);
-        } catch (err) {
-          if (authorizationRefused(err)) throw err;
-          throw new PaverError('KAFKA_UNAVAILABLE', `topic policy check failed: ${errorMessage(err)}`, {
-            cause: err,
-          });
-        } finally {
-          await admin.disconnect().catch(() => undefined);
-        }
-      },
-      {
-        attempts: 6,
-        initialMs: 500,
-        maxMs: 5_000,
-        onRetry: (err, attempt, waitMs) =>
-          log.warn({ err: err.message, attempt, waitMs }, 'topic policies not readable yet; retrying'),
-      },
-    );
-  } catch (err) {
-    if (!authorizationRefused(err)) throw err;
-    log.warn({ err: errorMessage(err) }, "not allowed to read the topics' cleanup policies: not checked");
-    return;
-  }
-  if (problems.length > 0) throw new PaverError('CONFIG_INVALID', problems.join('; '));
-}
-
-/**
- * A broker's answer that this client may not do what it asked: kafkajs keeps the protocol's error type
- * (`TOPIC_AUTHORIZATION_FAILED`, `CLUSTER_AUTHORIZATION_FAILED`…), on the error or on the one it wraps.
- */
-export function authorizationRefused(err: unknown): boolean {
-  for (let e = err as { type?: unknown; cause?: unknown } | null | undefined, i = 0; e && i < 4; i++) {
-    if (/AUTHORIZATION_FAILED/.test(String(e.type ?? ''))) return true;
-    e = e.cause as typeof e;
-  }
-  return /authorization failed|not authorized/i.test(errorMessage(err));
-}
-
-/**
- * Creates the topics and waits for their leaders, retrying any failure a bounded number of times: a broker
- * that has just started (several services creating topics at once) answers "does not host this
- * topic-partition" for a moment, and kafkajs reports its exhausted retries as non-retriable.
+ * Creates the missing topics when `create` (and waits for their leaders), then checks that those marked
+ * `compacted` can keep each key's latest record (`compactionProblem`), whether Paver created them or the
+ * operator did (`KAFKA_CREATE_TOPICS=false`): a state copy that expires is a Redis-loss restore that silently
+ * brings back less, so such a topic refuses the start (CONFIG_INVALID, exit 78). One admin session, retried
+ * a bounded number of times: a broker that has just started (several services creating topics at once)
+ * answers "does not host this topic-partition" for a moment, and kafkajs reports its exhausted retries as
+ * non-retriable. A broker that refuses this client DescribeConfigs (an authorization error) gets a warning and
+ * the start goes on: the check guards, it is not a requirement. Resolves to the topics it created.
  */
 async function prepareTopics(
   kafka: Kafka,
   specs: TopicSpec[],
   env: CommonEnv,
   log: Logger,
+  create: boolean,
 ): Promise<string[]> {
-  return withRetry(
+  const { created, problems } = await withRetry(
     async () => {
       const admin = kafka.admin();
       try {
         await admin.connect();
-        return await ensureTopics(admin, specs, {
-          partitions: env.KAFKA_TOPIC_PARTITIONS,
-          replicationFactor: env.KAFKA_REPLICATION_FACTOR,
-        });
+        const created = create
+          ? await ensureTopics(admin, specs, {
+              partitions: env.KAFKA_TOPIC_PARTITIONS,
+              replicationFactor: env.KAFKA_REPLICATION_FACTOR,
+            })
+          : [];
+        let problems: string[] = [];
+        try {
+          problems = await compactionProblems(admin, specs);
+        } catch (err) {
+          if (!authorizationRefused(err)) throw err;
+          log.warn(
+            { err: errorMessage(err) },
+            "not allowed to read the topics' cleanup policies: not checked",
+          );
+        }
+        return { created, problems };
       } catch (err) {
         throw new PaverError('KAFKA_UNAVAILABLE', `topic preparation failed: ${errorMessage(err)}`, {
           cause: err,
@@ -159,6 +125,20 @@ async function prepareTopics(
         log.warn({ err: err.message, attempt, waitMs }, 'topics not ready; retrying'),
     },
   );
+  if (problems.length > 0) throw new PaverError('CONFIG_INVALID', problems.join('; '));
+  return created;
+}
+
+/**
+ * A broker's answer that this client may not do what it asked: kafkajs keeps the protocol's error type
+ * (`TOPIC_AUTHORIZATION_FAILED`, `CLUSTER_AUTHORIZATION_FAILED`…), on the error or on the one it wraps.
+ */
+export function authorizationRefused(err: unknown): boolean {
+  for (let e = err as { type?: unknown; cause?: unknown } | null | undefined, i = 0; e && i < 4; i++) {
+    if (/AUTHORIZATION_FAILED/.test(String(e.type ?? ''))) return true;
+    e = e.cause as typeof e;
+  }
+  return /authorization failed|not authorized/i.test(errorMessage(err));
 }
 
 /**
@@ -267,11 +247,8 @@ export async function runService<E extends CommonEnv, T>(
       .connect()
       .catch((err: Error) => log.warn({ err: err.message }, 'redis not reachable yet; will retry'));
     if (shuttingDown) return;
-    if (env.KAFKA_CREATE_TOPICS) {
-      const created = await prepareTopics(kafka, paverTopics(env), env, log);
-      if (created.length) log.info({ created }, 'created topics');
-    }
-    await verifyCompaction(kafka, paverTopics(env), log);
+    const created = await prepareTopics(kafka, paverTopics(env), env, log, env.KAFKA_CREATE_TOPICS);
+    if (created.length) log.info({ created }, 'created topics');
     if (shuttingDown) return;
     await sink.connect();
     if (shuttingDown) return;
@@ -284,10 +261,7 @@ export async function runService<E extends CommonEnv, T>(
       await p.close?.().catch(() => undefined);
       return;
     }
-    if (p.extraTopics?.length && env.KAFKA_CREATE_TOPICS) {
-      await prepareTopics(kafka, p.extraTopics, env, log);
-    }
-    if (p.extraTopics?.length) await verifyCompaction(kafka, p.extraTopics, log);
+    if (p.extraTopics?.length) await prepareTopics(kafka, p.extraTopics, env, log, env.KAFKA_CREATE_TOPICS);
     if (shuttingDown) return;
     await p.start?.();
     if (shuttingDown) return;

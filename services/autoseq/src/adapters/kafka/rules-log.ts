@@ -1,5 +1,7 @@
 import { z } from 'zod';
 import { jsonOf, readLatest, type ReplayOptions } from '../../../../../shared/kafka/replay.js';
+import type { ScopeState } from '../../core/learn/learner.js';
+import { familiesShape } from '../redis/learn-store.js';
 
 /**
  * The learned rules' copy on a compacted topic autoseq owns (`AUTOSEQ_RULES_TOPIC`): what survives a Redis
@@ -17,7 +19,6 @@ const keyShape = z.union([
   z.tuple([z.string(), z.string().min(1), z.string().min(1)]),
   z.tuple([z.string(), z.string().min(1), z.string().min(1), z.string()]),
 ]);
-const familiesShape = z.record(z.string(), z.tuple([z.number(), z.number(), z.number(), z.number()]));
 // Not strict: a later version may add fields to the scope record, and this one must still read its clock.
 const scopeValueV1 = z.object({
   v: z.literal(1),
@@ -32,7 +33,7 @@ export const contextRecordKey = (prefix: string, tenant: string, agent: string, 
   JSON.stringify([prefix, tenant, agent, ctx]);
 export const scopeRecordValue = (clock: number, fam?: Families): string =>
   JSON.stringify(fam ? { v: 1, clock, fam } : { v: 1, clock });
-type Families = z.infer<typeof familiesShape>;
+type Families = NonNullable<ScopeState['fam']>;
 /** The stored text is carried as text: the copy is byte for byte what Redis held. */
 export const contextRecordValue = (stored: string): string => JSON.stringify({ v: 1, value: stored });
 

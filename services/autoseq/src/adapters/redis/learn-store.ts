@@ -44,6 +44,9 @@ export const learnTaskKey = (prefix: string, tenant: string, agent: string, task
 const META = 'm';
 const ctxField = (ctx: string) => `c:${ctx}`;
 
+/** A scope's families (`ScopeState.fam`), as `m` and the rules topic's scope record hold them. */
+export const familiesShape = z.record(z.string(), z.tuple([z.number(), z.number(), z.number(), z.number()]));
+
 // Shallow checks: the state is ours (written by this code); a mismatch (another version) starts afresh.
 const metaShape = z.object({
   v: z.literal(2),
@@ -51,7 +54,7 @@ const metaShape = z.object({
   nCtx: z.number(),
   nSlots: z.number(),
   nActive: z.number(),
-  fam: z.record(z.string(), z.tuple([z.number(), z.number(), z.number(), z.number()])).optional(),
+  fam: familiesShape.optional(),
 });
 type Meta = z.infer<typeof metaShape>;
 /** The scope-wide fields (the `m` value) of a state. */

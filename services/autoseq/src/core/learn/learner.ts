@@ -908,7 +908,9 @@ export function contextsTouched(
   let user = task.user;
   let seen = task.seen;
   let at = task.at;
-  for (const { key } of contexts(calls, opts.maxK, user)) keys.add(key);
+  // The contexts of the calls so far (as refined by the request so far): a call's slots pair its tool with them.
+  let cur = contexts(calls, opts.maxK, user);
+  for (const { key } of cur) keys.add(key);
   // As the steps judge and record each event (see stepUserMessage, stepToolCall, stepTaskCompleted).
   events.forEach((e, i) => {
     const pos = positions?.[i];
@@ -922,13 +924,14 @@ export function contextsTouched(
     } else if (e.type === 'tool_call') {
       // The slots this call can create: its tool after each context of the calls before it (with how often).
       if (slots)
-        for (const { key } of contexts(calls, opts.maxK, user)) {
+        for (const { key } of cur) {
           const sk = slotKey(key, e.tool);
           slots.set(sk, (slots.get(sk) ?? 0) + 1);
         }
       calls = [...calls, pastCall(e, opts)].slice(-opts.historyPerTask);
     } else return;
-    for (const { key } of contexts(calls, opts.maxK, user)) keys.add(key);
+    cur = contexts(calls, opts.maxK, user);
+    for (const { key } of cur) keys.add(key);
   });
   return keys;
 }
