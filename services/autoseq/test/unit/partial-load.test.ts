@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import type { ToolCallsEvent } from '../../../../schemas/index.js';
-import { rng } from '../../../../testkit/streams.js';
+import { learnStream, prng } from '../learn-streams.js';
 import { applyEvent, MemoryLearnStore, taskId, type LearnStore } from '../../src/core/learn/engine.js';
 import {
   contextsTouched,
@@ -21,12 +21,6 @@ import {
  * would learn otherwise than `paver predict`. This replays streams through such a store (pure, in memory) and
  * through the whole-state store, and asks for the same answer at every event.
  */
-
-/** Seeded, so that every run sees the same streams. */
-function prng(seed: number) {
-  const next = rng(seed);
-  return { next, int: (lo: number, hi: number) => lo + Math.floor(next() * (hi - lo + 1)) };
-}
 
 const clone = <T>(v: T): T => JSON.parse(JSON.stringify(v)) as T;
 
@@ -102,57 +96,6 @@ class PartialStore implements LearnStore {
   }
 }
 
-/** Tasks whose ids come in later user messages, with failures, walks and redelivered events, interleaved. */
-function stream(seed: number, tasks: number): ToolCallsEvent[] {
-  const r = prng(seed);
-  let ts = 1;
-  const all: ToolCallsEvent[][] = [];
-  for (let i = 0; i < tasks; i++) {
-    const id = `t${i}`;
-    const base = () => ({ ts: ts++, tenant_id: 'default', agent_id: 'default', session_id: id, task_id: id });
-    const ev: ToolCallsEvent[] = [];
-    let step = 0;
-    let said = 0;
-    const user = (text: string) =>
-      ev.push({ ...base(), type: 'user_message', event_id: `${id}:u${said++}`, text });
-    const call = (tool: string, args: Record<string, unknown>, observation: unknown) =>
-      ev.push({
-        ...base(),
-        type: 'tool_call',
-        event_id: `${id}:${step}`,
-        step: step++,
-        tool,
-        args,
-        observation,
-      });
-    const order = `#W${r.int(1000000, 9999999)}`;
-    const items = Array.from({ length: r.int(1, 3) }, (_, k) => `I${i}-${k}`);
-    user(r.next() < 0.5 ? 'Hi, I need help with an order.' : `Hello, a question about my kettle.`);
-    call('list_options', { q: `x${r.int(0, 9)}` }, { options: r.int(0, 5) });
-    if (r.next() < 0.7) user(`Sure, it is order ${order}, the kettle one.`);
-    call('get_order', { order_id: order }, r.next() < 0.1 ? 'Error: order not found' : { id: order, items });
-    for (const it of items)
-      call('get_item', { item_id: it }, { id: it, name: r.next() < 0.3 ? 'kettle' : 'lamp' });
-    if (r.next() < 0.5) user('Yes please, go ahead.');
-    call('return_items', { order_id: order, item_ids: items.slice(0, 1) }, 'ok');
-    ev.push({ ...base(), type: 'task_completed', event_id: `${id}:end` });
-    all.push(ev);
-  }
-  // Three tasks at a time, and now and then an event read again (a redelivery).
-  const out: ToolCallsEvent[] = [];
-  for (let i = 0; i < all.length; i += 3) {
-    const group = all.slice(i, i + 3);
-    const n = Math.max(...group.map((g) => g.length));
-    for (let j = 0; j < n; j++)
-      for (const g of group) {
-        if (!g[j]) continue;
-        out.push(g[j]!);
-        if (r.next() < 0.05) out.push(g[r.int(0, j)]!);
-      }
-  }
-  return out;
-}
-
 describe('learned state loaded in part per batch (as the service does) gives the offline answers', () => {
   for (const [name, opts] of [
     // Bounds no stream reaches: every batch reads only what it touches.
@@ -167,7 +110,7 @@ describe('learned state loaded in part per batch (as the service does) gives the
   ] as [string, LearnOptions][])
     for (const seed of [1, 2, 3, 4, 5])
       it(`the same proposal at every event, and the same state at the end (${name} at ${opts.maxContexts} contexts / ${opts.maxSlots} slots / counts halved past ${opts.maxCount}, seed ${seed})`, () => {
-        const events = stream(seed, 240);
+        const events = learnStream(seed, 240);
         const whole = new MemoryLearnStore();
         const expected = events.map((e) => JSON.stringify(applyEvent(whole, e, opts)?.next ?? null));
 
