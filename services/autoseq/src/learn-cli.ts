@@ -84,10 +84,14 @@ export async function replay(
     if (catalog && e.type === 'tool_call') {
       const id = taskId(e.tenant_id, e.agent_id, e.task_id);
       const d = decide(e, catalog, typed.get(id) ?? newTaskState(), DEFAULT_OPTIONS, sha256);
-      if (!d.duplicate) {
-        typed.set(id, d.task);
-        typedNext = typedProposal(d.records, e.observation);
+      // Seen by the typed decider: a repeat, which the service skips whole. The learned step's own window
+      // of ids (user messages included) may have let it go.
+      if (d.duplicate) {
+        onLine({ event_id: e.event_id, task_id: e.task_id, proposal: null });
+        continue;
       }
+      typed.set(id, d.task);
+      typedNext = typedProposal(d.records, e.observation);
     }
     const r = applyEvent(store, e, opts, validate, typedNext);
     if (r?.duplicate && e.type === 'tool_call')
