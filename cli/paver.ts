@@ -321,7 +321,7 @@ Examples:
     .addOption(INPUT().makeOptionMandatory())
     .option('--json', 'one JSON object instead of text')
     .option('--flows <file>', 'hand-written flows registered first')
-    .option('--promotion <mode>', 'auto | all | manual')
+    .option('--promotion <mode>', 'auto | manual (default auto)')
     .addOption(num('--min-occurrences', 'promotion: occurrences'))
     .addOption(num('--min-savings', 'promotion: steps saved'))
     .addOption(num('--shadow-trials', 'promotion: shadow trials'))
