@@ -507,6 +507,17 @@ function partIndex(root: unknown, opts: EnumerateOptions): Map<string, PathSeg[]
   return index;
 }
 
+/**
+ * Drops the indexes of these calls' outputs and arguments (`partIndex`): a task that ended is rarely searched
+ * again, and offline, where every task's state stays in memory, its indexes (several times the size of the
+ * outputs) would stay with it. Derived data only: an index asked for again is rebuilt, the same.
+ */
+export function forgetIndexes(calls: readonly PastCall[]): void {
+  for (const c of calls)
+    for (const root of [c.observation, c.args])
+      if (root !== null && typeof root === 'object') partIndexes.delete(root);
+}
+
 /** Paths of the scalar `value` (`key`: its scalarKey) under `root`. */
 function scalarPaths(root: unknown, key: string, value: unknown, opts: EnumerateOptions): PathSeg[][] {
   const index = partIndex(root, opts);

@@ -4,6 +4,7 @@ import {
   canonicalJson,
   enumerateArgs,
   enumerateSources,
+  forgetIndexes,
   pathKey,
   resolveSource,
   sourceKey,
@@ -263,5 +264,21 @@ describe('bindings: user-text shapes on adversarial text', () => {
           ).toEqual(index < want.length ? { ok: true, value: want[index] } : { ok: false });
       }
     }
+  });
+});
+
+describe('bindings: forgetIndexes', () => {
+  it('drops derived indexes only: the same sources after as before', () => {
+    const ctx: BindingContext = {
+      calls: [
+        { tool: 'list', args: { owner: 'u1' }, observation: { rows: [{ id: 'R1' }, { id: 'R2', n: 7 }] } },
+        { tool: 'get', args: { id: 'R1' }, observation: { id: 'R1', n: 7, tags: ['x', 'R2'] } },
+      ],
+    };
+    const args = { id: 'R2', n: 7, owner: 'u1', both: { a: 'R1', b: 'x' } };
+    const before = enumerateArgs(ctx, 'get', args);
+    forgetIndexes(ctx.calls);
+    expect(enumerateArgs(ctx, 'get', args)).toEqual(before);
+    forgetIndexes([{ tool: 'none' }, { tool: 'text', observation: 'plain', args: {} }]);
   });
 });

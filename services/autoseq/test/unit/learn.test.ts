@@ -3,7 +3,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { toolCallsEventV1, type ToolCallsEvent } from '../../../../schemas/index.js';
-import { applyEvent, MemoryLearnStore } from '../../src/core/learn/engine.js';
+import {
+  applyEvent,
+  MemoryLearnStore,
+  scopeId,
+  taskId,
+  type LearnStore,
+} from '../../src/core/learn/engine.js';
 import {
   DEFAULT_LEARN,
   familyKey,
@@ -734,6 +740,57 @@ describe('exceptions: request terms a rule misses on', () => {
       for (const x of run(store, evs, o)) if (x.held?.tool === 'order') proposedAgain = true;
     }
     expect(proposedAgain).toBe(true);
+  });
+});
+
+describe('the offline store keeps tasks touched long ago as JSON text', () => {
+  it('gives the answers of a store that keeps every task as an object, with far more tasks open than it keeps live', () => {
+    const runs = readFileSync(join(import.meta.dirname, '../fixtures/tau2-airline-30.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => toolCallsEventV1.parse(JSON.parse(l)) as ToolCallsEvent);
+    // 25 copies of the runs, each task's i-th event after every task's (i-1)-th: about 750 tasks touched
+    // between two events of one task, so every task is packed and read back at every event.
+    const tasks = new Map<string, ToolCallsEvent[]>();
+    for (let c = 0; c < 25; c++)
+      for (const e of runs) {
+        const id = `${c}-${e.task_id ?? ''}`;
+        const copy = { ...e, event_id: `${c}-${e.event_id}`, task_id: id } as ToolCallsEvent;
+        tasks.set(id, [...(tasks.get(id) ?? []), copy]);
+      }
+    const stream: ToolCallsEvent[] = [];
+    for (let i = 0; stream.length < runs.length * 25; i++)
+      for (const evs of tasks.values()) if (evs[i]) stream.push(evs[i]!);
+    const objects = new Map<string, ReturnType<LearnStore['task']>>();
+    const plain: LearnStore & { scopes: Map<string, ScopeState> } = {
+      scopes: new Map(),
+      scope(tenant, agent) {
+        const id = scopeId(tenant, agent);
+        if (!this.scopes.has(id)) this.scopes.set(id, newScopeState());
+        return this.scopes.get(id)!;
+      },
+      task: (tenant, agent, task) =>
+        objects.get(taskId(tenant, agent, task)) ?? {
+          seen: [],
+          calls: [],
+          user: null,
+          pending: [],
+          best: null,
+        },
+      setTask: (tenant, agent, task, t) => void objects.set(taskId(tenant, agent, task), t),
+    };
+    const packed = new MemoryLearnStore();
+    const opts: LearnOptions = { ...DEFAULT_LEARN, minTrials: 5, minPrecision: 0.5 };
+    let proposals = 0;
+    for (const e of stream) {
+      const a = applyEvent(packed, e, opts);
+      const b = applyEvent(plain, e, opts);
+      expect(a?.next ?? null).toEqual(b?.next ?? null);
+      expect(a?.held ?? null).toEqual(b?.held ?? null);
+      if (a?.next) proposals++;
+    }
+    expect(proposals).toBeGreaterThan(100);
+    expect(packed.scope('default', 'default')).toEqual(plain.scope('default', 'default'));
   });
 });
 

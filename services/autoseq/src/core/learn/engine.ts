@@ -71,9 +71,20 @@ export interface LearnStore {
   setTask(tenant: string, agent: string, task: string, t: LearnTask): void;
 }
 
+/** Tasks a MemoryLearnStore keeps as objects: the ones touched last. */
+const LIVE_TASKS = 512;
+
 export class MemoryLearnStore implements LearnStore {
   readonly scopes = new Map<string, ScopeState>();
-  readonly tasks = new Map<string, LearnTask>();
+  /**
+   * Every task stays (a late event of an ended task may still come; offline there is no TTL to end it), but only
+   * the last touched as objects, in touch order; the others as JSON text, several times smaller on the heap
+   * than objects that hold past calls' outputs (a 640 MB file of large outputs ran out of Node's default heap).
+   * 512: 1,000 tasks open at once costs a JSON round trip per event (about 1.3× the time), runs in file order none.
+   * The service's store holds tasks as JSON in Redis too, so a task read back is what the service reads.
+   */
+  private readonly live = new Map<string, LearnTask>();
+  private readonly packed = new Map<string, string>();
   scope(tenant: string, agent: string): ScopeState {
     const id = scopeId(tenant, agent);
     let s = this.scopes.get(id);
@@ -81,10 +92,21 @@ export class MemoryLearnStore implements LearnStore {
     return s;
   }
   task(tenant: string, agent: string, task: string): LearnTask {
-    return this.tasks.get(taskId(tenant, agent, task)) ?? newLearnTask();
+    const id = taskId(tenant, agent, task);
+    const t = this.live.get(id);
+    if (t) return t;
+    const text = this.packed.get(id);
+    return text === undefined ? newLearnTask() : (JSON.parse(text) as LearnTask);
   }
   setTask(tenant: string, agent: string, task: string, t: LearnTask): void {
-    this.tasks.set(taskId(tenant, agent, task), t);
+    const id = taskId(tenant, agent, task);
+    this.packed.delete(id);
+    this.live.delete(id);
+    this.live.set(id, t);
+    if (this.live.size <= LIVE_TASKS) return;
+    const [oldest, state] = this.live.entries().next().value as [string, LearnTask];
+    this.live.delete(oldest);
+    this.packed.set(oldest, JSON.stringify(state));
   }
 }
 

@@ -2,6 +2,7 @@ import {
   buildArgs,
   canonicalJson,
   enumerateArgs,
+  forgetIndexes,
   pathKey,
   sourceKey,
   type Binding,
@@ -995,6 +996,8 @@ export function stepTaskCompleted(
   scope.clock++;
   if (task.best) out.heldHit = false;
   scorePending(scope, task, null, e.ts, opts, out);
+  // The task's calls stay in its state (a late event may still come), their search indexes need not.
+  forgetIndexes(task.calls);
   for (const { key } of contexts(task.calls, opts.maxK, task.user)) {
     const c = own(scope.ctx, key);
     if (!c) continue;
