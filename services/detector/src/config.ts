@@ -17,6 +17,12 @@ export const detectorEnvSchema = z
     DETECTOR_TASK_IDLE_MS: int(1).default(30 * 60_000),
     DETECTOR_DONE_RETENTION_MS: int(1).default(24 * 3_600_000),
     DETECTOR_MAX_TASK_EVENTS: int(1, 100_000).default(1000),
+    /**
+     * An event whose ts is this far ahead of its Kafka record's timestamp is ignored (reason `future`): one
+     * event from a host whose clock runs ahead would move its partition's clock and make every task of the
+     * hosts that are right late. 0 turns the check off.
+     */
+    DETECTOR_MAX_AHEAD_MS: int(0).default(5 * 60_000),
     /** Stores the terms (never the text) of each task's first user message; see the README. */
     DETECTOR_REQUEST_TERMS: envBool.default(true),
     /** Compacted topic of replay checkpoints: where a rebuild after a Redis loss starts, per partition. */

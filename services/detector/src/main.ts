@@ -17,7 +17,7 @@ import { Rebuilder, type PartitionReplay } from './adapters/rebuild.js';
 import { detectorGlobalKeys, RedisDetectorStore } from './adapters/redis/store.js';
 import { candidateKey } from './core/candidate.js';
 import { liveCandidates } from './core/detect.js';
-import { scopeId, toOp, type DetectorOp, type Scope } from './core/ops.js';
+import { aheadOfRecord, scopeId, toOp, type DetectorOp, type Scope } from './core/ops.js';
 import { IGNORE_REASONS } from './core/state.js';
 import { detectorEnvSchema, paramsFromEnv, type DetectorEnv } from './config.js';
 
@@ -39,11 +39,11 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
     });
     const ignoredBy = new Counter({
       name: 'paver_detector_events_ignored_total',
-      help: 'Events the detector did not use, by reason: duplicate (redelivered), late (for a closed task, or older than the task idle limit behind its partition), task_limit.',
+      help: 'Events the detector did not use, by reason: duplicate (redelivered), late (for a closed task, or older than the task idle limit behind its partition), task_limit, future (ts further than DETECTOR_MAX_AHEAD_MS after its Kafka record).',
       labelNames: ['reason'],
       registers: r,
     });
-    for (const reason of IGNORE_REASONS) ignoredBy.inc({ reason }, 0);
+    for (const reason of [...IGNORE_REASONS, 'future']) ignoredBy.inc({ reason }, 0);
     const records = new Counter({
       name: 'paver_detector_records_completed_total',
       help: 'Task records completed and entered into the window.',
@@ -105,6 +105,8 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
               () => null,
             );
             if (!decoded?.ok) continue;
+            // Ignored when first read (counted then): ignored again, so the rebuilt state is the one it was.
+            if (aheadOfRecord(decoded.value.ts, m.timestamp, env.DETECTOR_MAX_AHEAD_MS)) continue;
             const op = toOp(decoded.value, params.requestTerms, partition, m.offset);
             if (op) ops.push(op);
           }
@@ -204,9 +206,24 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
         const first = batch[0];
         if (!first) return;
         const partition = first.partition;
-        const ops = batch
-          .map((b) => toOp(b.value, params.requestTerms, b.partition, b.offset))
-          .filter((o): o is DetectorOp => o !== null);
+        let future = 0;
+        const ops: DetectorOp[] = [];
+        for (const b of batch) {
+          if (aheadOfRecord(b.value.ts, b.timestamp, env.DETECTOR_MAX_AHEAD_MS)) {
+            future++;
+            continue;
+          }
+          const op = toOp(b.value, params.requestTerms, b.partition, b.offset);
+          if (op) ops.push(op);
+        }
+        if (future > 0) {
+          events.inc({ outcome: 'ignored' }, future);
+          ignoredBy.inc({ reason: 'future' }, future);
+          log.warn(
+            { future, partition, topic: first.topic, maxAheadMs: env.DETECTOR_MAX_AHEAD_MS },
+            'events ignored: their ts is further than DETECTOR_MAX_AHEAD_MS after their Kafka record was produced (a clock running ahead, or ts not in milliseconds)',
+          );
+        }
         const touched = new Map(ops.map((o) => [scopeId(o.scope), o.scope]));
         const toPublish = new Map<string, Scope>();
         let out: Awaited<ReturnType<typeof store.applyBatch>>;

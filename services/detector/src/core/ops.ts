@@ -40,6 +40,17 @@ export type DetectorOp = (
 };
 
 /**
+ * Whether an event claims a time further than `maxAheadMs` after its Kafka record's timestamp (when it was
+ * produced, or appended with `LogAppendTime`): a clock that runs ahead, or a ts in the wrong unit. Such an event
+ * would move its partition's clock (which never goes back) past every right one. Decided from the record
+ * alone, so a replay decides the same. A record without a timestamp (-1, old formats) is not judged.
+ */
+export function aheadOfRecord(eventTs: number, recordTimestamp: string, maxAheadMs: number): boolean {
+  const produced = Number(recordTimestamp);
+  return maxAheadMs > 0 && Number.isFinite(produced) && produced > 0 && eventTs > produced + maxAheadMs;
+}
+
+/**
  * Tool calls make a record; a completion closes it; a task's user message is an event of the task (it keeps
  * the task open) whose terms describe the request. A user message without task_id belongs to no record.
  */

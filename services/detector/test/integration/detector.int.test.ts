@@ -116,6 +116,58 @@ describe('detector service (real Kafka, real Redis)', () => {
     expect(mb.value('paver_detector_events_total', { outcome: 'applied' })).toBeGreaterThan(0);
   });
 
+  it('ignores events whose ts runs an hour ahead of their Kafka records: the tasks of hosts with right clocks still count', async () => {
+    const env = serviceEnv({ DETECTOR_MIN_OCCURRENCES: '3' });
+    // One partition: every task on one partition clock, the one the skewed task would have moved.
+    await createTopics([
+      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 },
+      { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
+      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
+    ]);
+    const p = await startDetector(env);
+    const now = Date.now();
+    const task = (id: string, ts: number) => [
+      ...['search', 'fetch', 'summarize'].map((tool, step) => ({
+        type: 'tool_call',
+        event_id: `${id}:${step}`,
+        ts: ts + step,
+        tenant_id: 'default',
+        agent_id: 'agent-0',
+        session_id: id,
+        task_id: id,
+        step,
+        tool,
+      })),
+      {
+        type: 'task_completed',
+        event_id: `${id}:end`,
+        ts: ts + 3,
+        tenant_id: 'default',
+        agent_id: 'agent-0',
+        session_id: id,
+        task_id: id,
+      },
+    ];
+    const stream = [
+      ...task('skewed', now + 3_600_000),
+      ...[0, 1, 2, 3, 4].flatMap((i) => task(`ok${i}`, now + i * 1000)),
+    ];
+    await produce(
+      env.PAVER_TOPIC_TOOL_CALLS!,
+      stream.map((e) => ({ key: e.session_id, value: JSON.stringify(e) })),
+    );
+    await waitFor(
+      async () => ((await candidates(p)) as { occurrence_count: number }[])[0]?.occurrence_count === 5,
+      'a candidate of the five right tasks',
+      60_000,
+    );
+    const m = parsePrometheus(String((await getJson(p.url('/metrics'))).body));
+    expect(m.value('paver_detector_events_ignored_total', { reason: 'future' })).toBe(4);
+    expect(m.value('paver_detector_events_ignored_total', { reason: 'late' })).toBe(0);
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toBe(0);
+  });
+
   it('answers 400 for a bad scope on GET /candidates', async () => {
     const env = serviceEnv(PARAMS);
     await createTopics([

@@ -13,7 +13,7 @@ import { DetectorState } from '../../src/core/state.js';
 import { requestTermsOf } from '../../src/core/terms.js';
 import { pipelineError } from '../../src/adapters/redis/store.js';
 import { flowCandidateRecordV1 } from '../../../../schemas/index.js';
-import type { DetectorOp } from '../../src/core/ops.js';
+import { aheadOfRecord, type DetectorOp } from '../../src/core/ops.js';
 
 const scope = { tenant: 'default', agent: 'default' };
 const call = (task: string, step: number, tool: string, ts: number, cost = 10_000): DetectorOp => ({
@@ -202,5 +202,22 @@ describe('Redis reply classification (issue 11)', () => {
     expect(pipelineError('apply', conn)).toMatchObject({ code: 'REDIS_UNAVAILABLE', retriable: true });
     const bug = new Error("ERR user_script:68: attempt to perform arithmetic on field '?' (a nil value)");
     expect(pipelineError('apply', bug)).toMatchObject({ code: 'REDIS_SCRIPT_FAILED', retriable: false });
+  });
+});
+
+describe('events ahead of their Kafka record', () => {
+  const produced = '1700000000000';
+  it('an event further than the limit after its record was produced is ahead; at the limit it is not', () => {
+    expect(aheadOfRecord(1_700_000_300_001, produced, 300_000)).toBe(true);
+    expect(aheadOfRecord(1_700_000_300_000, produced, 300_000)).toBe(false);
+    // A ts in microseconds is far ahead of any record.
+    expect(aheadOfRecord(1_700_000_000_000_000, produced, 300_000)).toBe(true);
+    // Old events (a backlog, a replay of history) are never ahead.
+    expect(aheadOfRecord(1_600_000_000_000, produced, 300_000)).toBe(false);
+  });
+  it('no judgement when the check is off or the record has no timestamp', () => {
+    expect(aheadOfRecord(1_800_000_000_000, produced, 0)).toBe(false);
+    expect(aheadOfRecord(1_800_000_000_000, '-1', 300_000)).toBe(false);
+    expect(aheadOfRecord(1_800_000_000_000, '', 300_000)).toBe(false);
   });
 });
