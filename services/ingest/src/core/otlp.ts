@@ -12,7 +12,20 @@ const hexId = (bytes: number) =>
     .string()
     .regex(new RegExp(`^[0-9a-fA-F]{${bytes * 2}}$`), `expected ${bytes * 2} hex digits`)
     .transform((s) => s.toLowerCase());
-const u64 = z.union([z.string().regex(/^\d{1,20}$/), z.number().int().nonnegative()]).transform(BigInt);
+// The proto3 JSON mapping writes 64-bit integers as strings but lets writers use numbers. Nanoseconds since
+// 1970 are far above 2^53: the number parsed is off by up to 256 ns (1,700,000,000,021,000,000 reads as
+// …020,999,936, a millisecond early once truncated), so a number is taken to the nearest microsecond, which
+// gives back every time an SDK writes at microsecond precision or coarser.
+const u64 = z
+  .union([
+    z.string().regex(/^\d{1,20}$/),
+    z
+      .number()
+      .nonnegative()
+      .max(2 ** 64)
+      .refine(Number.isInteger, 'expected an integer'),
+  ])
+  .transform((v) => (typeof v === 'string' ? BigInt(v) : BigInt(Math.round(v / 1000)) * 1000n));
 const keyValues = z.array(z.object({ key: z.string(), value: z.unknown().optional() })).optional();
 
 const spanSchema = z.object({

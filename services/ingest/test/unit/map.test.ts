@@ -229,6 +229,22 @@ describe('bad input', () => {
     expect(JSON.stringify(r)).not.toContain('secret-value');
     expect(JSON.stringify(r)).toContain('traceId');
   });
+  it('takes 64-bit times written as JSON numbers (the proto3 JSON mapping allows them) as their strings', () => {
+    const text = toJson(otelRecorder().agent(booking)).toString();
+    const numeric = text.replace(/"(start|end)TimeUnixNano":"(\d+)"/g, '"$1TimeUnixNano":$2');
+    expect(numeric).not.toBe(text);
+    const a = mapSpans(decode(Buffer.from(text)), DEFAULT_MAP_OPTIONS).events;
+    const b = mapSpans(decode(Buffer.from(numeric)), DEFAULT_MAP_OPTIONS).events;
+    expect(b.length).toBeGreaterThan(0);
+    expect(b).toEqual(a);
+    expect(
+      decodeOtlp(
+        Buffer.from(numeric.replace(/"startTimeUnixNano":\d+/, '"startTimeUnixNano":1.5')),
+        'auto',
+        limits,
+      ),
+    ).toMatchObject({ ok: false, reason: 'invalid' });
+  });
   it('refuses a request with more spans than the limit', () => {
     const spans = otelRecorder().agent(booking);
     expect(decodeOtlp(toProto(spans), 'auto', { ...limits, maxSpans: 3 })).toMatchObject({
