@@ -2,12 +2,8 @@ import { z } from 'zod';
 import { id as idSchema, LIMITS, type RegisteredFlow } from '../../../../schemas/index.js';
 import type { Route } from '../../../../shared/http.js';
 import { describeIssues } from '../../../../shared/jsonl.js';
-import {
-  shadowPrecision,
-  wilsonLower,
-  type ManualDecision,
-  type StoredCandidate,
-} from '../core/promotion.js';
+import { wilsonLower } from '../../../../shared/core/wilson.js';
+import { shadowPrecision, type ManualDecision, type StoredCandidate } from '../core/promotion.js';
 import type { FlowRegistry } from '../core/registry.js';
 import type { Selection } from '../core/select.js';
 import type { RedisFlowStore } from './redis/store.js';

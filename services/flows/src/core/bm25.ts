@@ -1,6 +1,15 @@
-/** Lower-cased word tokens (letters and digits of any script); snake_case and kebab-case split too. */
+/**
+ * Lower-cased word tokens (letters and digits of any script); snake_case and kebab-case split too. NFKC first,
+ * as request terms are: "café" typed with a combining accent (NFD) would split into "cafe" and nothing, and
+ * miss a flow described with the composed letter.
+ */
 export function tokenize(text: string): string[] {
-  return text.toLowerCase().match(/[\p{L}\p{N}]+/gu) ?? [];
+  return (
+    text
+      .normalize('NFKC')
+      .toLowerCase()
+      .match(/[\p{L}\p{N}]+/gu) ?? []
+  );
 }
 
 const STOP = new Set([

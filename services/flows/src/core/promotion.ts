@@ -1,4 +1,5 @@
 import type { FlowCandidateRecord } from '../../../../schemas/index.js';
+import { wilsonLower } from '../../../../shared/core/wilson.js';
 import type { Match } from './score.js';
 
 export interface PromotionPolicy {
@@ -34,14 +35,6 @@ export type Decision =
   | { kind: 'ignore'; reason: 'stale' | 'unknown_retraction' | 'not_pending' }
   | { kind: 'store'; next: StoredCandidate }
   | { kind: 'promote'; next: StoredCandidate };
-
-/** Wilson score lower bound (z = 1.96) of `k` successes in `n` trials; 0 without trials. */
-export function wilsonLower(k: number, n: number, z = 1.96): number {
-  if (n <= 0) return 0;
-  const p = k / n;
-  const z2 = z * z;
-  return (p + z2 / (2 * n) - z * Math.sqrt((p * (1 - p) + z2 / (4 * n)) / n)) / (1 + z2 / n);
-}
 
 export const shadowPrecision = (c: Pick<StoredCandidate, 'shadow_proposed' | 'shadow_matched'>) =>
   c.shadow_proposed ? c.shadow_matched / c.shadow_proposed : null;

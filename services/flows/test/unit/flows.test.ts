@@ -8,12 +8,12 @@ import {
   inShadow,
   onCandidate,
   onShadowOutcome,
-  wilsonLower,
   type Decision,
   type PromotionPolicy,
   type StoredCandidate,
 } from '../../src/core/promotion.js';
 import { buildPrompt, PromptCache } from '../../src/core/prompt.js';
+import { wilsonLower } from '../../../../shared/core/wilson.js';
 import {
   flowFromCandidate,
   FlowRegistry,
@@ -33,6 +33,13 @@ describe('BM25', () => {
     expect(r.map((x) => x.id)).toEqual(['refund', 'balance']);
     expect(r[0]!.score).toBeGreaterThan(r[1]!.score);
     expect(idx.search('weather', 10)).toEqual([]);
+  });
+  it('canonically equal text finds the same flow: composed (NFC) and combining (NFD) accents alike', () => {
+    const i2 = new Bm25Index();
+    i2.add('booking', 'Réservation café'.normalize('NFC'));
+    i2.add('other', 'invoice');
+    for (const q of ['réservation café'.normalize('NFC'), 'réservation café'.normalize('NFD')])
+      expect(i2.search(q, 5).map((x) => x.id)).toEqual(['booking']);
   });
   it('removes and re-adds incrementally', () => {
     const i2 = new Bm25Index();
@@ -518,5 +525,36 @@ describe('promotion policy', () => {
       dedupe_key: 'k1',
     });
     expect(buildPrompt(f)).toContain('<hint>Run flow_search</hint>');
+  });
+});
+
+describe('the Wilson bound at 0 hits', () => {
+  it('is never below 0, so a shadow precision of 0 promotes whatever the number of trials', () => {
+    for (let n = 1; n <= 200; n++) expect(wilsonLower(0, n), `0 of ${n}`).toBeGreaterThanOrEqual(0);
+    const policy: PromotionPolicy = {
+      mode: 'auto',
+      minOccurrences: 1,
+      minSavings: 0,
+      shadowTrials: 1,
+      shadowPrecision: 0,
+    };
+    const cand = (proposed: number): StoredCandidate => ({
+      record: {
+        status: 'active',
+        occurrence_count: 5,
+        estimated_token_savings: 1,
+        detected_at: 1,
+        candidate: {},
+      } as unknown as StoredCandidate['record'],
+      status: 'pending',
+      retracted: false,
+      decided_at: null,
+      shadow_trials: 0,
+      shadow_proposed: proposed,
+      shadow_matched: 0,
+    });
+    // 0 of 15 and 0 of 31 gave about -1e-17.
+    for (const proposed of [13, 14, 30])
+      expect(onShadowOutcome(cand(proposed), { proposed: 1, matched: 0 }, policy, 0).kind).toBe('promote');
   });
 });

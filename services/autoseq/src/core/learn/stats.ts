@@ -1,15 +1,5 @@
-/**
- * Lower bound of the Wilson score interval for a proportion: `hits` successes in `n` trials at normal
- * quantile `z` (1.96 = 95% two-sided). Counts may be fractional (decayed); 0 when there are no trials.
- */
-export function wilsonLower(hits: number, n: number, z = 1.96): number {
-  if (n <= 0) return 0;
-  const p = Math.min(1, Math.max(0, hits / n));
-  const z2 = z * z;
-  const centre = p + z2 / (2 * n);
-  const margin = z * Math.sqrt((p * (1 - p)) / n + z2 / (4 * n * n));
-  return Math.max(0, (centre - margin) / (1 + z2 / n));
-}
+/** Counts may be fractional (decayed). */
+export { wilsonLower } from '../../../../../shared/core/wilson.js';
 
 /** FNV-1a over two 32-bit lanes (64 bits, 16 hex digits): stable ids and fingerprints without node:crypto. */
 export function fnv64(text: string): string {
