@@ -1,19 +1,18 @@
 import { z } from 'zod';
 import { LIMITS } from './limits.js';
 
+/**
+ * No control character, and no UTF-16 surrogate without its pair: written as UTF-8 (a Redis key, a Kafka key)
+ * every lone surrogate becomes U+FFFD, so `s\ud800` and `s\udc00` would share a session's state in the
+ * services while the offline commands kept them apart. Code units, no u flag (as zod and ajv both run it).
+ */
+// eslint-disable-next-line no-control-regex -- rejecting control characters is the point
+const PRINTABLE = /^(?:[^\u0000-\u001f\u007f\ud800-\udfff]|[\ud800-\udbff][\udc00-\udfff])+$/;
+const PRINTABLE_MESSAGE = 'must not contain control characters or unpaired surrogates';
+
 /** Identifiers appear in Redis keys and metrics-free logs: bounded and free of control characters. */
-export const id = z
-  .string()
-  .min(1)
-  .max(LIMITS.idLength)
-  // eslint-disable-next-line no-control-regex -- rejecting control characters is the point
-  .regex(/^[^\u0000-\u001f\u007f]+$/, 'must not contain control characters');
-export const toolName = z
-  .string()
-  .min(1)
-  .max(LIMITS.toolNameLength)
-  // eslint-disable-next-line no-control-regex -- rejecting control characters is the point
-  .regex(/^[^\u0000-\u001f\u007f]+$/, 'must not contain control characters');
+export const id = z.string().min(1).max(LIMITS.idLength).regex(PRINTABLE, PRINTABLE_MESSAGE);
+export const toolName = z.string().min(1).max(LIMITS.toolNameLength).regex(PRINTABLE, PRINTABLE_MESSAGE);
 export const sideEffects = z.enum(['pure', 'read', 'write', 'external']);
 
 const base = {

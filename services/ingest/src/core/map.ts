@@ -65,10 +65,16 @@ const utf8 = new TextEncoder();
 // eslint-disable-next-line no-control-regex -- identifiers must be free of control characters (contract)
 const CONTROL = /[\u0000-\u001f\u007f]/g;
 
-/** Contract identifiers: control characters removed, at most LIMITS.idLength characters, never empty. */
+const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g;
+
+/**
+ * Contract identifiers: control characters removed, an unpaired surrogate made U+FFFD (what UTF-8 makes of it
+ * anyway; the contract refuses it), at most LIMITS.idLength characters without cutting a pair, never empty.
+ */
 export function cleanId(v: unknown, max: number = LIMITS.idLength): string | undefined {
   if (typeof v !== 'string' && typeof v !== 'number') return undefined;
-  const s = String(v).replace(CONTROL, '').slice(0, max);
+  let s = String(v).replace(CONTROL, '').replace(LONE_SURROGATE, '\ufffd');
+  if (s.length > max) s = s.slice(0, /[\ud800-\udbff]/.test(s[max - 1]!) ? max - 1 : max);
   return s.length > 0 ? s : undefined;
 }
 

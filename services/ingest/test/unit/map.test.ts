@@ -1,10 +1,11 @@
 import { describe, expect, it } from 'vitest';
-import { toolCallsEventV1 } from '../../../../schemas/index.js';
+import { id as idSchema, toolCallsEventV1 } from '../../../../schemas/index.js';
 import { decodeOtlp } from '../../src/adapters/otlp-decode.js';
 import {
   DEFAULT_MAP_OPTIONS,
   byTrace,
   keepSpan,
+  cleanId,
   mapSpans,
   resolveTrace,
   type KeptSpan,
@@ -176,6 +177,18 @@ describe('OTLP GenAI spans → tool-calls events', () => {
     const a = mapSpans(decode(toJson(spans)), DEFAULT_MAP_OPTIONS).events;
     const b = mapSpans(decode(toJson([...spans].reverse())), DEFAULT_MAP_OPTIONS).events;
     expect(b).toEqual(a);
+  });
+});
+
+describe('identifiers cleaned to the contract', () => {
+  it('control characters go, unpaired surrogates become U+FFFD, a cut never splits a pair', () => {
+    expect(cleanId('a\u0001b')).toBe('ab');
+    expect(cleanId('s\ud800x')).toBe('s\ufffdx');
+    expect(cleanId('\udc00')).toBe('\ufffd');
+    expect(cleanId('ab\ud83d\ude00', 3)).toBe('ab');
+    expect(cleanId('ab\ud83d\ude00', 4)).toBe('ab\ud83d\ude00');
+    for (const raw of ['x'.repeat(255) + '\ud83d\ude00', 's\ud800', 'a\udc00\ud800b'])
+      expect(idSchema.safeParse(cleanId(raw)).success, raw).toBe(true);
   });
 });
 
