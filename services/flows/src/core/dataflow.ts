@@ -19,6 +19,7 @@ import {
 } from '../../../../shared/core/bindings.js';
 import type { FlowStep, ToolCallsEvent } from '../../../../schemas/index.js';
 import { planOf } from './score.js';
+import { completedRuns } from './sessions.js';
 
 /** One past run as evidence: its calls with arguments and outputs, and its first user message. */
 export interface EvidenceRun {
@@ -210,14 +211,10 @@ export class EvidenceBook {
   }
 }
 
-/** Past runs as evidence, one per session in stream order of first appearance: calls and first request. */
+/** Past runs as evidence (their first request and calls), the runs the service would have kept (`completedRuns`). */
 export function evidenceOf(events: Iterable<ToolCallsEvent>): EvidenceRun[] {
-  const runs = new Map<string, EvidenceRun>();
-  for (const e of events) {
-    let r = runs.get(e.session_id);
-    if (!r) runs.set(e.session_id, (r = { calls: [] }));
-    if (e.type === 'user_message') r.userText ??= e.text;
-    else if (e.type === 'tool_call') r.calls.push({ tool: e.tool, args: e.args, observation: e.observation });
-  }
-  return [...runs.values()];
+  return completedRuns(events, true).map((s) => ({
+    ...(s.userText !== undefined ? { userText: s.userText } : {}),
+    calls: s.evidence ?? [],
+  }));
 }

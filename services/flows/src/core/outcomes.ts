@@ -1,6 +1,7 @@
 import type { RegisteredFlow, ToolCallsEvent } from '../../../../schemas/index.js';
 import { requestTermsOf } from '../../../../shared/core/terms.js';
 import { matchSteps, planOf, type PlanStep } from './score.js';
+import { completedRuns } from './sessions.js';
 
 /** One finished run as the outcome scorer keeps it: the terms of its first request and the tools it called. */
 export interface PastRun {
@@ -138,23 +139,9 @@ export class OutcomeBook {
   }
 }
 
-/**
- * The past runs of a stream, in the order they started, for offline selection: per session, the terms of the
- * first user message and the tools called. Sessions without a user message say nothing about requests and
- * are left out; the newest `max` are kept.
- */
+/** Past runs for the outcome scorer, the last `max` the service would have recorded (see `completedRuns`). */
 export function pastRunsOf(events: Iterable<ToolCallsEvent>, max: number): PastRun[] {
-  const runs = new Map<string, PastRun & { asked: boolean }>();
-  for (const e of events) {
-    let r = runs.get(e.session_id);
-    if (!r) runs.set(e.session_id, (r = { terms: [], calls: [], asked: false }));
-    if (e.type === 'user_message' && !r.asked) {
-      r.asked = true;
-      r.terms = requestTermsOf(e.text);
-    } else if (e.type === 'tool_call' && r.calls.length < 1_000) r.calls.push(e.tool);
-  }
-  return [...runs.values()]
-    .filter((r) => r.asked)
+  return completedRuns(events, false)
     .slice(-max)
     .map(({ terms, calls }) => ({ terms, calls }));
 }

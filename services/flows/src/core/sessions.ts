@@ -5,7 +5,9 @@
  * `maxSessions` the oldest open session is dropped from memory (the service keeps every open session in Redis
  * too, and reads one back when its next event comes; without that, as offline, it is dropped unscored).
  */
+import type { ToolCallsEvent } from '../../../../schemas/index.js';
 import type { PastCall } from '../../../../shared/core/bindings.js';
+import { requestTermsOf } from '../../../../shared/core/terms.js';
 import type { PlanStep } from './score.js';
 export interface OpenSession {
   tenant: string;
@@ -88,4 +90,36 @@ export class SessionTracker {
     this.open.delete(session);
     return s;
   }
+}
+
+/**
+ * The runs a stream's sessions completed, in completion order, as the service records them: a run opens at
+ * its session's first user message and ends at its `task_completed` (calls before the message, and sessions
+ * that never complete, make none; two tasks of one session are two runs). What the offline commands rank and
+ * learn from, so that they see the runs the service sees.
+ */
+export function completedRuns(events: Iterable<ToolCallsEvent>, keepEvidence: boolean): OpenSession[] {
+  const tracker = new SessionTracker(Number.POSITIVE_INFINITY);
+  const done: OpenSession[] = [];
+  for (const e of events) {
+    if (e.type === 'user_message')
+      tracker.onRequest(
+        e.session_id,
+        {
+          tenant: e.tenant_id,
+          agent: e.agent_id,
+          terms: requestTermsOf(e.text),
+          shadow: null,
+          ...(keepEvidence ? { userText: e.text } : {}),
+        },
+        keepEvidence,
+      );
+    else if (e.type === 'tool_call')
+      tracker.onCall(e.session_id, { tool: e.tool, args: e.args, observation: e.observation });
+    else {
+      const s = tracker.onDone(e.session_id);
+      if (s) done.push(s);
+    }
+  }
+  return done;
 }

@@ -73,7 +73,7 @@ describe('input_map from data flow', () => {
     const s = learnInputs(flowSteps(), [runs[0]!]);
     expect(s.every((x) => x.inputs === 'unknown' && Object.keys(x.input_map).length === 0)).toBe(true);
   });
-  it('evidence from events: one run per session, its first request and its calls', () => {
+  it('evidence from events: one run per completed task, its first request and its calls', () => {
     const base = { tenant_id: 'default', agent_id: 'default', task_id: 't', session_id: 's1' };
     const ev = [
       { ...base, type: 'user_message', event_id: 'm', ts: 1, text: 'first' },
@@ -88,6 +88,8 @@ describe('input_map from data flow', () => {
         args: { a: 1 },
         observation: 2,
       },
+      { ...base, type: 'task_completed', event_id: 'd', ts: 4 },
+      { ...base, session_id: 's2', type: 'user_message', event_id: 'm3', ts: 5, text: 'open still' },
     ] as unknown as ToolCallsEvent[];
     expect(evidenceOf(ev)).toEqual([
       { userText: 'first', calls: [{ tool: 'x', args: { a: 1 }, observation: 2 }] },

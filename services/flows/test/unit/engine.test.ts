@@ -8,7 +8,7 @@ import {
 } from '../../src/adapters/engine.js';
 import type { OpenSession } from '../../src/core/sessions.js';
 import { EvidenceBook } from '../../src/core/dataflow.js';
-import { OutcomeBook, type PastRun } from '../../src/core/outcomes.js';
+import { OutcomeBook, pastRunsOf, type PastRun } from '../../src/core/outcomes.js';
 import type { PromotionPolicy, StoredCandidate } from '../../src/core/promotion.js';
 import { PromptCache } from '../../src/core/prompt.js';
 import { FlowRegistry, promotedFlowId } from '../../src/core/registry.js';
@@ -94,6 +94,29 @@ function jsonSessions() {
   };
   return { kept, sessions };
 }
+
+describe('flows engine: past runs as the offline commands see them', () => {
+  it('the runs the engine records equal pastRunsOf over the same events (two tasks of one session, a call before the request, a task never completed)', async () => {
+    const two = [...session('s1', 'refund my order', ['get_order', 'refund'])];
+    const second = session('s1b', 'book a flight to Paris', ['search_flights', 'book']).map(
+      (e) => ({ ...e, session_id: 's1' }) as ToolCallsEvent,
+    );
+    const early = session('s2', 'change my seat', ['seat_map', 'change_seat']);
+    const [msg, ...rest] = early;
+    const stray = { ...rest[0]!, event_id: 's2:stray' } as ToolCallsEvent;
+    const open = session('s3', 'cancel my trip', ['find_trip']).slice(0, -1);
+    const events = [...two, ...second, stray, msg!, ...rest, ...open];
+    const runs = new Map<string, PastRun[]>();
+    await feed(engine(runs, 200, new OutcomeBook({ capacity: 50, neighbours: 10, wrongCost: 4 })), events);
+    const service = runs.get('default/default')!;
+    expect(service.map((r) => r.calls)).toEqual([
+      ['get_order', 'refund'],
+      ['search_flights', 'book'],
+      ['seat_map', 'change_seat'],
+    ]);
+    expect(pastRunsOf(events, 50)).toEqual(service);
+  });
+});
 
 describe('flows engine: what survives a restart', () => {
   it('a new process starts from the persisted past runs, older ones first, then adds its own', async () => {

@@ -66,19 +66,32 @@ describe('past outcomes', () => {
     book.add('default', 'default', { terms: requestTermsOf(q), calls: ['lookup', 'freeze', 'close'] });
     expect(pick()).toBe('close');
   });
-  it('past runs of a stream: first request terms and calls per session, sessions without a request left out', () => {
+  it('past runs of a stream: the runs the service records (a first request opens one, task_completed ends it)', () => {
     const base = { tenant_id: 'default', agent_id: 'default' } as const;
     const ev = (o: Record<string, unknown>) => ({ ...base, ts: 1, ...o }) as never;
     const runs = pastRunsOf(
       [
+        // Before any request: no run holds it.
+        ev({ type: 'tool_call', event_id: 'c0', session_id: 's1', step: 0, tool: 'ping', args: {} }),
         ev({ type: 'user_message', event_id: 'u1', session_id: 's1', text: 'Cancel booking ABC123 please' }),
-        ev({ type: 'tool_call', event_id: 'c1', session_id: 's1', step: 0, tool: 'find', args: {} }),
+        ev({ type: 'tool_call', event_id: 'c1', session_id: 's1', step: 1, tool: 'find', args: {} }),
         ev({ type: 'user_message', event_id: 'u2', session_id: 's1', text: 'and refund it' }),
         ev({ type: 'tool_call', event_id: 'c2', session_id: 's2', step: 0, tool: 'find', args: {} }),
+        ev({ type: 'task_completed', event_id: 'd1', session_id: 's1' }),
+        // The session's second task is a run of its own.
+        ev({ type: 'user_message', event_id: 'u3', session_id: 's1', text: 'Book a flight to Paris' }),
+        ev({ type: 'tool_call', event_id: 'c3', session_id: 's1', step: 2, tool: 'search', args: {} }),
+        ev({ type: 'task_completed', event_id: 'd2', session_id: 's1' }),
+        // Opened, never completed: no run yet.
+        ev({ type: 'user_message', event_id: 'u4', session_id: 's3', text: 'Change my seat' }),
+        ev({ type: 'tool_call', event_id: 'c4', session_id: 's3', step: 0, tool: 'seat', args: {} }),
       ],
       10,
     );
-    expect(runs).toEqual([{ terms: ['cancel', 'booking'], calls: ['find'] }]);
+    expect(runs).toEqual([
+      { terms: ['cancel', 'booking'], calls: ['find'] },
+      { terms: ['book', 'flight', 'paris'], calls: ['search'] },
+    ]);
   });
 });
 
