@@ -1,7 +1,7 @@
 import type { NextActionRecord, ToolCallEvent } from '../../../../schemas/index.js';
 import type { Catalog, CompiledTool } from './catalog.js';
 import { appliedBefore, type Position } from './position.js';
-import { isMapping, payloadShape, type Hash, type PayloadShape } from './shape.js';
+import { holdsUnsafeInteger, isMapping, payloadShape, type Hash, type PayloadShape } from './shape.js';
 
 export interface AutoseqOptions {
   /** Auto-executed steps in a row per task before the loop guard stops execution. */
@@ -116,7 +116,7 @@ export function decide(
     return { records, task: next, duplicate: false };
   }
   const tool = matched[0]!;
-  const execute = policy.auto_seq_execute && tool.auto_seq_execute;
+  const execute = policy.auto_seq_execute && tool.auto_seq_execute && !holdsUnsafeInteger(obs);
   if (execute) {
     const repeat =
       next.last !== null && next.last.tool === tool.name && next.last.fp === shape.payload_fingerprint;

@@ -27,3 +27,19 @@ export function payloadShape(x: unknown, hash: Hash): PayloadShape {
     payload_fingerprint: hash(`${type}\u0000${keys.join('\u0000')}`).slice(0, 16),
   };
 }
+
+/**
+ * Whether a parsed payload holds an integer JSON parsing may have rounded (beyond ±2^53: an id such as
+ * 1234567890123456789 reads as …800). Such a payload is never executed: the runtime would call the tool with an
+ * id that is not the one the agent saw. Iterative, so deep payloads cannot overflow the stack.
+ */
+export function holdsUnsafeInteger(x: unknown): boolean {
+  const stack: unknown[] = [x];
+  while (stack.length > 0) {
+    const v = stack.pop();
+    if (typeof v === 'number') {
+      if (Number.isInteger(v) && !Number.isSafeInteger(v)) return true;
+    } else if (typeof v === 'object' && v !== null) for (const c of Object.values(v)) stack.push(c);
+  }
+  return false;
+}

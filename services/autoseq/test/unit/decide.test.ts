@@ -4,7 +4,8 @@ import { catalogPolicyV1, catalogToolV1 } from '../../../../schemas/index.js';
 import { sha256 } from '../../../../shared/hash.js';
 import { Catalog, CatalogError, loadCatalogFile } from '../../src/core/catalog.js';
 import { decide, DEFAULT_OPTIONS, newTaskState, type TaskState } from '../../src/core/decide.js';
-import { payloadShape } from '../../src/core/shape.js';
+import { holdsUnsafeInteger, payloadShape } from '../../src/core/shape.js';
+import { learnedExecutable } from '../../src/core/learn/record.js';
 import { SchemaCompiler } from '../../src/core/schema-compiler.js';
 
 const obj = (
@@ -465,5 +466,39 @@ describe('catalog loading and reload', () => {
         .map((t) => t.spec.name),
     ).toEqual(['t7']);
     expect(only(c, event({ k7: 'x' })).tool).toBe('t7');
+  });
+});
+
+describe('integers JSON parsing may have rounded', () => {
+  const c = catalogOf([tool('get_order', obj({ order_id: { type: 'integer' } }, ['order_id']))]);
+  it('an output holding one is proposed, never executed: the runtime would call the tool with another id', () => {
+    // `{"order_id":1234567890123456789}` on the wire parses to 1234567890123456800.
+    const wire = JSON.parse('{"order_id":1234567890123456789}') as Record<string, unknown>;
+    const r = only(c, event(wire));
+    expect(r).toMatchObject({ event_type: 'auto_seq_detected_unique', tool: 'get_order', execute: false });
+    expect(r.arguments).toBeUndefined();
+    expect(only(c, event({ order_id: 12345 }))).toMatchObject({
+      execute: true,
+      arguments: { order_id: 12345 },
+    });
+  });
+  it('the same gate for learned proposals, at any depth; floats and safe integers pass', () => {
+    const p = (args: Record<string, unknown>) =>
+      ({
+        tool: 'get_order',
+        args,
+        origin: 'learned',
+        state: 'active',
+        rule_id: 'r',
+        confidence: 0.99,
+        trials: 40,
+      }) as never;
+    const e = event({});
+    expect(learnedExecutable(e, p({ order_id: 12 }), c, newTaskState(), DEFAULT_OPTIONS).execute).toBe(true);
+    expect(
+      learnedExecutable(e, p({ q: { ids: [1, 2 ** 60] } }), c, newTaskState(), DEFAULT_OPTIONS).execute,
+    ).toBe(false);
+    expect(holdsUnsafeInteger({ a: [1.5, -(2 ** 53) + 1, 1e-300, 'x'] })).toBe(false);
+    expect(holdsUnsafeInteger({ a: [1e21] })).toBe(true);
   });
 });

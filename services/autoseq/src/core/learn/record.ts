@@ -1,7 +1,7 @@
 import type { NextActionRecord, ToolCallEvent, UserMessageEvent } from '../../../../../schemas/index.js';
 import type { Catalog } from '../catalog.js';
 import { head, uniqueRecord, type AutoseqOptions, type TaskState } from '../decide.js';
-import type { PayloadShape } from '../shape.js';
+import { holdsUnsafeInteger, type PayloadShape } from '../shape.js';
 import { canonicalJson } from '../../../../../shared/core/bindings.js';
 import type { Proposal } from './learner.js';
 import { fnv64 } from './stats.js';
@@ -29,6 +29,7 @@ export function learnedExecutable(
   if (policy.denied_tools.includes(p.tool)) return { execute: false, task };
   const visible = e.visible_tools ?? policy.visible_tools;
   if (visible && !visible.includes(p.tool)) return { execute: false, task };
+  if (holdsUnsafeInteger(p.args)) return { execute: false, task };
   const fp = fnv64(canonicalJson(p.args));
   const repeat = task.last !== null && task.last.tool === p.tool && task.last.fp === fp;
   if (repeat || task.consecutive >= opts.maxConsecutive) return { execute: false, task };
