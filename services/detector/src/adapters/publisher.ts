@@ -40,11 +40,13 @@ export async function publishScope(
   const claimed = await d.store.claimSnapshot(scope, token, ttl, how.markDirty);
   if (claimed.held) return claimed;
   how.onClaimed?.();
-  let { published, snapshot: snap, owed } = claimed;
+  let { published, snapshot: snap, owed, stamp: now } = claimed;
   for (;;) {
     const live = liveCandidates(snap.stats, d.params, snap.records);
     const { upserts, retracts, next } = diffCandidates(published, live);
-    const now = Date.now();
+    // `detected_at` is the scope's publication stamp (Redis's clock, increasing per scope), not this host's
+    // clock: with instances' clocks apart, a retraction published after an upsert by another instance could be
+    // stamped earlier, and flows would drop it as stale.
     await d.sink.send(
       d.topic,
       'flow-candidates.v1',
@@ -68,6 +70,7 @@ export async function publishScope(
     published = next;
     owed = r.owed;
     snap = await d.store.snapshot(scope);
+    now = await d.store.stamp(scope);
   }
 }
 

@@ -173,3 +173,33 @@ describe('detector: a change is published even when the instance that applied it
     await publisher.close();
   });
 });
+
+describe('detector: publication stamps (detected_at) follow publication order, whatever the hosts\u2019 clocks', () => {
+  it('a publication is stamped after the scope\u2019s last one, even when that one was stamped ahead of this host', async () => {
+    const { prefix, topic, store, publisher } = await setup();
+    const all = ops();
+    await store.applyBatch(all);
+    await publisher.publish(scope, true);
+    const first = await consumeUntil(topic, (r) => r.length >= 1);
+    const stamp1 = (JSON.parse(String(first[0]!.value)) as { detected_at: number }).detected_at;
+    // Redis's clock, not a host's: within a moment of this one.
+    expect(Math.abs(stamp1 - Date.now())).toBeLessThan(60_000);
+    // The scope's last publication was stamped an hour ahead (an instance whose clock ran ahead, in the
+    // scheme before; or Redis's clock stepped back since): the next one must still come after it.
+    const ahead = Date.now() + 3_600_000;
+    await redis.hset(detectorKeys(prefix, scope).meta, 'stamp', ahead);
+    // A fourth run of the same tools: the candidate's count changes, so it is published again.
+    const more = ops().map((o) => ({
+      ...o,
+      task: `${o.task}x`,
+      eventId: `${o.eventId}x`,
+      offset: String(100 + Number(o.offset)),
+    }));
+    await store.applyBatch(more.slice(0, 4));
+    await publisher.publish(scope, true);
+    const records = await consumeUntil(topic, (r) => r.length >= 2);
+    const stamp2 = (JSON.parse(String(records[1]!.value)) as { detected_at: number }).detected_at;
+    expect(stamp2).toBeGreaterThan(ahead);
+    await publisher.close();
+  });
+});

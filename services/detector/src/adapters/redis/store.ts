@@ -19,7 +19,7 @@ import { emptyResult, type ApplyResult, type TermRecord } from '../../core/state
 
 export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
 /** Script name → key count: the file each name must load (a stale build may still hold older versions). */
-export const SCRIPT_KEYS = { apply: 11, snapshot: 3, claimSnapshot: 7, release: 4 } as const;
+export const SCRIPT_KEYS = { apply: 11, snapshot: 3, claimSnapshot: 7, release: 4, stamp: 1 } as const;
 export const SCRIPTS = Object.keys(SCRIPT_KEYS) as (keyof typeof SCRIPT_KEYS)[];
 
 /**
@@ -508,7 +508,7 @@ export class RedisDetectorStore {
     ttlMs: number,
     markDirty = true,
   ): Promise<
-    | { held: false; owed: number; published: Map<string, string>; snapshot: Snapshot }
+    | { held: false; owed: number; stamp: number; published: Map<string, string>; snapshot: Snapshot }
     | { held: true; remainingMs: number; redisNowMs: number }
   > {
     const k = detectorKeys(this.prefix, scope);
@@ -536,10 +536,27 @@ export class RedisDetectorStore {
         remainingMs: Math.max(0, Number(reply[1] ?? 0)),
         redisNowMs: Number(reply[2] ?? 0),
       };
-    const pairs = Number(reply[2]);
+    const pairs = Number(reply[3]);
     const published = new Map<string, string>();
-    for (let i = 0; i < pairs; i++) published.set(String(reply[3 + i * 2]), String(reply[4 + i * 2]));
-    return { held: false, owed: Number(reply[1]), published, snapshot: parseSnapshot(reply, 3 + pairs * 2) };
+    for (let i = 0; i < pairs; i++) published.set(String(reply[4 + i * 2]), String(reply[5 + i * 2]));
+    return {
+      held: false,
+      owed: Number(reply[1]),
+      stamp: Number(reply[2]),
+      published,
+      snapshot: parseSnapshot(reply, 4 + pairs * 2),
+    };
+  }
+
+  /** The next publication stamp of a scope whose lock this instance holds (a second pass; see lib/stamp.lua). */
+  async stamp(scope: Scope): Promise<number> {
+    const k = detectorKeys(this.prefix, scope);
+    const reply = await invokeScript(this.redis, 'stamp', [k.meta], []);
+    this.roundTrips++;
+    const n = Number(reply);
+    if (!Number.isSafeInteger(n) || n <= 0)
+      throw redisFailure('publication stamp', new Error(`bad reply ${String(reply)}`));
+    return n;
   }
 
   /**
