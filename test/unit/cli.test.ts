@@ -189,6 +189,24 @@ describe('paver CLI conventions', { timeout: 120_000 }, () => {
     expect(JSON.parse(out)).toMatchObject({ path: expect.stringMatching(/^(top_ranked|fast_path)$/) });
   });
 
+  it('paver select takes its defaults from the service\u2019s FLOWS_* settings; a flag wins', async () => {
+    const flows = join(root, 'examples/flows.yaml');
+    const run = async (...flags: string[]) => {
+      out = '';
+      expect(await main(['select', '--flows', flows, '--query', 'refund my order 42', ...flags])).toBe(0);
+      return (JSON.parse(out) as { chosen: { name: string }[] }).chosen.map((c) => c.name);
+    };
+    expect(await run()).toEqual(['refund_order']);
+    vi.stubEnv('FLOWS_SCORE_FLOOR', '1000');
+    try {
+      // The service would choose nothing under that floor: so does the offline command.
+      expect(await run()).toEqual([]);
+      expect(await run('--score-floor', '0')).toEqual(['refund_order']);
+    } finally {
+      vi.unstubAllEnvs();
+    }
+  });
+
   it('--strict exits 1 on bad lines; without it the count still goes to stderr', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'paver-cli-'));
     const file = join(dir, 'events.jsonl');

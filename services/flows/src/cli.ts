@@ -5,13 +5,15 @@ import { describeIssues, readConfigFile } from '../../../shared/jsonl.js';
 import { select } from './adapters/selector.js';
 import { PromptCache } from './core/prompt.js';
 import { FlowRegistry, registerManual } from './core/registry.js';
-import { DEFAULT_POLICY } from './core/select.js';
 import { OutcomeBook } from './core/outcomes.js';
 import { offlineEnv, policies, type FlowsEnv } from './config.js';
 import { errorMessage } from '../../../shared/errors.js';
 
 const SELECT_USAGE = `Usage: paver select --flows FILE.(json|yaml) --query TEXT [--summary TEXT ...] [--top-k 3] [--rrf-k 10]
                     [--fail-open] [--score-floor X] [--outcome-floor X] [--pretty]
+
+Defaults are the service's (FLOWS_TOP_K, FLOWS_RRF_K, FLOWS_SCORE_FLOOR, FLOWS_FAIL_OPEN, FLOWS_OUTCOME_* from the
+environment, at their service defaults when unset); a flag wins.
 
 Runs flow selection offline over a flows file (a JSON/YAML array of flows) and prints the result as one JSON line (--pretty indents it).
 With FLOWS_CHAT_URL (and FLOWS_CHAT_API_KEY, FLOWS_CHAT_MODEL) set, several candidates go to that
@@ -56,15 +58,18 @@ export async function selectCommand(argv: string[]): Promise<number> {
   }
   let policy;
   try {
+    // The service's selection settings (FLOWS_* as the service reads them), then the flags.
+    const base = policies(settings, { agents: [] }).select(
+      values.tenant ?? 'default',
+      values.agent ?? 'default',
+    );
     policy = {
-      ...DEFAULT_POLICY,
-      topK: Math.floor(num(values['top-k'], 3, 1)),
-      rrfK: num(values['rrf-k'], 10, 1),
-      scoreFloor: num(values['score-floor'], 0, 0),
-      failOpen: !!values['fail-open'],
-      outcomeFloor: num(values['outcome-floor'], settings.FLOWS_OUTCOME_FLOOR, -Infinity),
-      outcomeWeight: settings.FLOWS_OUTCOME_WEIGHT,
-      prefixBackoff: settings.FLOWS_PREFIX_BACKOFF,
+      ...base,
+      topK: Math.floor(num(values['top-k'], base.topK, 1)),
+      rrfK: num(values['rrf-k'], base.rrfK, 1),
+      scoreFloor: num(values['score-floor'], base.scoreFloor, 0),
+      failOpen: values['fail-open'] ? true : base.failOpen,
+      outcomeFloor: num(values['outcome-floor'], base.outcomeFloor, -Infinity),
     };
   } catch (err) {
     process.stderr.write(`paver select: ${errorMessage(err)}\n`);
