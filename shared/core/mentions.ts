@@ -19,9 +19,15 @@ const STOP = new Set(
   ).split(' '),
 );
 
-/** The distinct words (≥ 3 characters, at least one letter, lower-cased) of a text, in a set. */
+/**
+ * The distinct words (≥ 3 characters, at least one letter, lower-cased) of a text, in a set. NFKC first, as request
+ * terms are, so canonically equal text gives the same words ("café" composed or with a combining accent);
+ * ASCII, nearly every output, needs none.
+ */
 function words(text: string, into: Set<string>): void {
-  for (const m of text.matchAll(WORD)) {
+  // eslint-disable-next-line no-control-regex -- the ASCII range, control characters included
+  const plain = /^[\u0000-\u007f]*$/.test(text) ? text : text.normalize('NFKC');
+  for (const m of plain.matchAll(WORD)) {
     if (into.size >= MAX_WORDS) return;
     const w = m[0].toLowerCase();
     if (w.length >= 3 && /\p{L}/u.test(w) && !STOP.has(w)) into.add(w);

@@ -622,6 +622,14 @@ describe('outputs that mention the request', () => {
     expect(mentionsRequest({ destination: 'Boston' }, undefined)).toBe(false);
     expect(mentionsRequest(42, asked)).toBe(false);
   });
+  it('canonically equal text mentions alike: composed and combining accents, full-width letters', () => {
+    const asked = 'Annulez ma réservation au café'.normalize('NFD');
+    expect(mentionsRequest({ note: 'Réservation confirmée'.normalize('NFC') }, asked)).toBe(true);
+    expect(mentionsRequest({ note: 'ＣＡＦＥ' }, 'cafe please')).toBe(true);
+    expect(mentionsRequest({ note: 'Réservation'.normalize('NFD') }, 'réservation'.normalize('NFC'))).toBe(
+      true,
+    );
+  });
 
   /**
    * The agent lists the user's records and walks them in order until one mentions the city the user named;
