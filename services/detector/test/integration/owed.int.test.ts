@@ -11,7 +11,7 @@ import {
   waitFor,
 } from '../../../../test/helpers/kafka.js';
 import { ScopePublisher } from '../../src/adapters/publisher.js';
-import { detectorKeys, RedisDetectorStore } from '../../src/adapters/redis/store.js';
+import { detectorGlobalKeys, detectorKeys, RedisDetectorStore } from '../../src/adapters/redis/store.js';
 import type { DetectorOp } from '../../src/core/ops.js';
 import { DEFAULT_PARAMS } from '../../src/core/params.js';
 
@@ -187,7 +187,7 @@ describe('detector: publication stamps (detected_at) follow publication order, w
     // The scope's last publication was stamped an hour ahead (an instance whose clock ran ahead, in the
     // scheme before; or Redis's clock stepped back since): the next one must still come after it.
     const ahead = Date.now() + 3_600_000;
-    await redis.hset(detectorKeys(prefix, scope).meta, 'stamp', ahead);
+    await redis.set(detectorKeys(prefix, scope).stamp, ahead);
     // A fourth run of the same tools: the candidate's count changes, so it is published again.
     const more = ops().map((o) => ({
       ...o,
@@ -201,5 +201,19 @@ describe('detector: publication stamps (detected_at) follow publication order, w
     const stamp2 = (JSON.parse(String(records[1]!.value)) as { detected_at: number }).detected_at;
     expect(stamp2).toBeGreaterThan(ahead);
     await publisher.close();
+  });
+});
+
+describe('detector: a publication on a scope without state leaves none', () => {
+  it('after publishing a scope Redis holds no state for (restored candidates to retract), its next batch applies', async () => {
+    const { prefix, store } = await setup();
+    await redis.set(detectorGlobalKeys(prefix).epoch, 'epoch-1');
+    const claimed = await store.claimSnapshot(scope, 'me', 30_000);
+    if (claimed.held) throw new Error('lock held');
+    await store.release(scope, 'me', 30_000, claimed.owed, [], []);
+    // A stamp kept in `meta` made it a scope of another epoch: every batch of it then read as a Redis loss.
+    const r = await store.applyBatch(ops(), { epoch: 'epoch-1' });
+    expect(r.lost).toBe(false);
+    expect(r.changed).toEqual([scope]);
   });
 });

@@ -19,7 +19,7 @@ import { emptyResult, type ApplyResult, type TermRecord } from '../../core/state
 
 export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
 /** Script name → key count: the file each name must load (a stale build may still hold older versions). */
-export const SCRIPT_KEYS = { apply: 11, snapshot: 3, claimSnapshot: 7, release: 4, stamp: 1 } as const;
+export const SCRIPT_KEYS = { apply: 11, snapshot: 3, claimSnapshot: 8, release: 4, stamp: 1 } as const;
 export const SCRIPTS = Object.keys(SCRIPT_KEYS) as (keyof typeof SCRIPT_KEYS)[];
 
 /**
@@ -34,6 +34,8 @@ export function detectorKeys(prefix: string, s: Scope) {
   const k = (name: string) => `${base}:${name}`;
   return {
     meta: k('meta'),
+    /** The last publication stamp (`detected_at`; lua/lib/stamp.lua). */
+    stamp: k('stamp'),
     open: k('open'),
     events: k('events'),
     done: k('done'),
@@ -192,7 +194,7 @@ export interface Snapshot {
 }
 
 /**
- * A snapshot as snapshot-3.lua (and claimSnapshot-7.lua after its published map) returns it, from `at`: the
+ * A snapshot as snapshot-3.lua (and claimSnapshot-8.lua after its published map) returns it, from `at`: the
  * tool dictionary, then grams and records in tool codes, decoded here (not in Redis, which serves every
  * instance).
  */
@@ -517,7 +519,7 @@ export class RedisDetectorStore {
       await invokeScript(
         this.redis,
         'claimSnapshot',
-        [k.lock, k.dirty, k.published, k.support, k.tools, k.records, k.meta],
+        [k.lock, k.dirty, k.published, k.support, k.tools, k.records, k.meta, k.stamp],
         [
           token,
           ttlMs,
@@ -551,7 +553,7 @@ export class RedisDetectorStore {
   /** The next publication stamp of a scope whose lock this instance holds (a second pass; see lib/stamp.lua). */
   async stamp(scope: Scope): Promise<number> {
     const k = detectorKeys(this.prefix, scope);
-    const reply = await invokeScript(this.redis, 'stamp', [k.meta], []);
+    const reply = await invokeScript(this.redis, 'stamp', [k.stamp], []);
     this.roundTrips++;
     const n = Number(reply);
     if (!Number.isSafeInteger(n) || n <= 0)

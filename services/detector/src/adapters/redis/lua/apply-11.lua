@@ -40,7 +40,7 @@
                          code codeOf(i), printable ASCII ending at its only byte >= "@" (so codes concatenate
                          without separators): one byte for the first 63 tools, two for the next 2,016, and so
                          on. Append-only: it holds every tool name the scope's records ever used
-  (frequency is support >= minOcc, read by snapshot-3.lua and claimSnapshot-7.lua)
+  (frequency is support >= minOcc, read by snapshot-3.lua and claimSnapshot-8.lua)
 
   The per-partition keys are derived from declared ones and share their hash tag, so they live in the
   scope's slot. A task's events are assumed to arrive on one partition (they do: the topic is keyed by

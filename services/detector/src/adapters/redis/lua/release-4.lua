@@ -5,7 +5,7 @@
   instance that applied it dies before publishing.
 
   KEYS[1] lock       string  holder token
-  KEYS[2] dirty      string  mark left by claimSnapshot-7.lua
+  KEYS[2] dirty      string  mark left by claimSnapshot-8.lua
   KEYS[3] published  hash    dedupe_key -> candidate JSON
   KEYS[4] meta       hash    fields `owed` and `owedAt`
   ARGV[1] token

@@ -1,7 +1,7 @@
 --[[
   The scope's snapshot, appended to `out`: the tool dictionary, the number n of grams with support >= minOcc,
   then the n grams as {gram (tool codes), support, exact count, cost sum}, then, when withRecords, every window
-  record as packed in the record hashes. Included by snapshot-3.lua and claimSnapshot-7.lua, which return it.
+  record as packed in the record hashes. Included by snapshot-3.lua and claimSnapshot-8.lua, which return it.
 
   supportBase  base name: supportBase..":"..b for b < 16 (SUPPORT_BUCKETS in apply-11.lua) holds
                gram -> "<support>,<cost sum (1/10,000 cent)>[,<exact count>]"

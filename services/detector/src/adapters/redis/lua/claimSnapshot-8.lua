@@ -11,8 +11,8 @@
   KEYS[5] tools      string  the scope's tool dictionary (as in snapshot-3.lua)
   KEYS[6] records    base name of the window's record hashes (as in snapshot-3.lua)
   KEYS[7] meta       hash    its field `owed` counts the changes applied since the last publication released
-                             (apply-11.lua); read here so that release-4.lua clears only what this one saw;
-                             its field `stamp`: the last publication stamp (lib/stamp.lua)
+                             (apply-11.lua); read here so that release-4.lua clears only what this one saw
+  KEYS[8] stamp      string  the scope's last publication stamp (lib/stamp.lua)
   ARGV[1] token
   ARGV[2] lock TTL ms
   ARGV[3] minOcc  support threshold
@@ -34,7 +34,7 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {0, redis.call('PTTL', KEYS[1]), tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)}
 end
 redis.call('DEL', KEYS[2])
-local out = {1, tonumber(redis.call('HGET', KEYS[7], 'owed') or '0'), nextStamp(KEYS[7]), 0}
+local out = {1, tonumber(redis.call('HGET', KEYS[7], 'owed') or '0'), nextStamp(KEYS[8]), 0}
 local all = redis.call('HGETALL', KEYS[3])
 for i = 1, #all do out[#out + 1] = all[i] end
 out[4] = #all / 2
