@@ -123,6 +123,8 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
     /** The candidates the topic still holds as active, per scope (the latest record per key wins). */
     const restorePublished = async (): Promise<Scope[]> => {
       const latest = new Map<string, { scope: Scope; key: string; active: boolean }>();
+      // Each scope's latest stamp on the topic: flows holds records stamped so, and drops an older one as stale.
+      const stamps = new Map<string, { scope: Scope; at: number }>();
       await readToEnd(replayOf(env.PAVER_TOPIC_FLOW_CANDIDATES), async (_p, messages) => {
         for (const m of messages) {
           if (m.value === null) continue;
@@ -132,6 +134,8 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
           );
           if (!rec?.success) continue;
           const scope = { tenant: rec.data.tenant_id, agent: rec.data.agent_id };
+          const sid = scopeId(scope);
+          stamps.set(sid, { scope, at: Math.max(stamps.get(sid)?.at ?? 0, rec.data.detected_at) });
           latest.set(candidateKey(scope, rec.data.dedupe_key), {
             scope,
             key: rec.data.dedupe_key,
@@ -147,7 +151,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
         if (!g) byScope.set(id, (g = { scope: c.scope, keys: [] }));
         g.keys.push(c.key);
       }
-      await store.restorePublished([...byScope.values()]);
+      await store.restorePublished([...byScope.values()], [...stamps.values()]);
       log.info({ scopes: byScope.size }, 'publication state restored from the flow-candidates topic');
       return [...byScope.values()].map((g) => g.scope);
     };

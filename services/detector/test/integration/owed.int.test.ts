@@ -204,6 +204,21 @@ describe('detector: publication stamps (detected_at) follow publication order, w
   });
 });
 
+describe('detector: stamps restored after a loss', () => {
+  it('a scope\u2019s latest stamp on the topic goes back under the next one (a new Redis\u2019s clock may be behind)', async () => {
+    const { topic, store, publisher } = await setup();
+    const ahead = Date.now() + 3_600_000;
+    await store.restorePublished([], [{ scope, at: ahead }]);
+    // Never lowered by a restore of an older stamp.
+    await store.restorePublished([], [{ scope, at: ahead - 10_000 }]);
+    await store.applyBatch(ops());
+    await publisher.publish(scope, true);
+    const records = await consumeUntil(topic, (r) => r.length >= 1);
+    expect((JSON.parse(String(records[0]!.value)) as { detected_at: number }).detected_at).toBe(ahead + 1);
+    await publisher.close();
+  });
+});
+
 describe('detector: a publication on a scope without state leaves none', () => {
   it('after publishing a scope Redis holds no state for (restored candidates to retract), its next batch applies', async () => {
     const { prefix, store } = await setup();

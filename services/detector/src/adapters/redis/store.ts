@@ -65,6 +65,11 @@ export function detectorGlobalKeys(prefix: string) {
   };
 }
 
+/** Raises a scope's publication stamp to ARGV[1], never lowers it (a restore; see lua/lib/stamp.lua). */
+const RAISE_STAMP = `local c = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) > c then redis.call('SET', KEYS[1], ARGV[1]) end
+return 1`;
+
 /** Script status when a scope's state belongs to another epoch (apply mode "n"). */
 const OTHER_EPOCH = -4;
 
@@ -390,13 +395,20 @@ export class RedisDetectorStore {
   /**
    * After a loss, the `published` maps are gone with the state, and a candidate published before it that is
    * no longer live would never be retracted. This puts back, without overwriting anything published since,
-   * an entry for every candidate the topic still holds as active (its value unknown: it is sent again).
+   * an entry for every candidate the topic still holds as active (its value unknown: it is sent again). And the
+   * publication stamps (`stamps`: each scope's latest `detected_at` on the topic) go back under the next ones, so
+   * that a Redis whose clock is behind the lost one's does not stamp records flows would drop as stale.
    */
-  async restorePublished(active: { scope: Scope; keys: string[] }[]): Promise<void> {
-    if (active.length === 0) return;
+  async restorePublished(
+    active: { scope: Scope; keys: string[] }[],
+    stamps: { scope: Scope; at: number }[] = [],
+  ): Promise<void> {
+    if (active.length === 0 && stamps.length === 0) return;
     const pipe = this.redis.pipeline();
     for (const { scope, keys } of active)
       for (const key of keys) pipe.hsetnx(detectorKeys(this.prefix, scope).published, key, '');
+    for (const { scope, at } of stamps)
+      pipe.eval(RAISE_STAMP, 1, detectorKeys(this.prefix, scope).stamp, Math.floor(at));
     const replies = (await pipe.exec()) ?? [];
     this.roundTrips++;
     const failed = replies.find(([err]) => err);
