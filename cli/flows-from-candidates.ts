@@ -72,8 +72,11 @@ export async function fromCandidatesCommand(argv: string[]): Promise<number> {
     );
     return 1;
   }
-  const capacity = offlineEnv(process.env).FLOWS_OUTCOME_CAPACITY;
-  const flows = flowsFromCandidates(cands, scope, evidenceOf(events));
+  const settings = offlineEnv(process.env);
+  const capacity = settings.FLOWS_OUTCOME_CAPACITY;
+  // The service learns input_map from its last FLOWS_EVIDENCE_RUNS runs of the scope: so does this.
+  const keep = settings.FLOWS_EVIDENCE_RUNS;
+  const flows = flowsFromCandidates(cands, scope, keep > 0 ? evidenceOf(events).slice(-keep) : []);
   process.stdout.write(JSON.stringify({ flows, past_runs: pastRunsOf(events, capacity) }, null, 2) + '\n');
   return 0;
 }
