@@ -3,8 +3,16 @@ import { Kafka, logLevel, type KafkaConfig, type SASLOptions, type logCreator } 
 import type { CommonEnv } from '../config.js';
 import type { Logger } from '../log.js';
 
+/**
+ * kafkajs's connection logs every error response at ERROR before its caller sees it. A CreateTopics answer of
+ * "already exists" is the expected outcome when several services start at once and create the same topics:
+ * topic preparation decides (and fails the start itself when a topic is still missing), so it is not an error.
+ */
+const decidedByCaller = (message: string, error: unknown): boolean =>
+  /^Response CreateTopics\b/.test(message) && /Topic creation errors/.test(String(error));
+
 /** kafkajs log lines routed into pino, so the process has one structured log stream. */
-function pinoLogCreator(log: Logger): logCreator {
+export function pinoLogCreator(log: Logger): logCreator {
   return () =>
     ({ level, log: entry }) => {
       const { message, ...extra } = entry;
@@ -14,7 +22,8 @@ function pinoLogCreator(log: Logger): logCreator {
         groupId: extra.groupId,
         error: extra.error,
       };
-      if (level === logLevel.ERROR) log.error(fields, message);
+      if (level === logLevel.ERROR && decidedByCaller(message, extra.error)) log.debug(fields, message);
+      else if (level === logLevel.ERROR) log.error(fields, message);
       else if (level === logLevel.WARN) log.warn(fields, message);
       else if (level === logLevel.INFO) log.debug(fields, message);
       else log.trace(fields, message);
