@@ -56,13 +56,11 @@ export async function selectCommand(argv: string[]): Promise<number> {
     process.stderr.write(`paver select: FLOWS_* settings: ${errorMessage(err)}\n`);
     return 2;
   }
+  const pol = policies(settings, { agents: [] });
   let policy;
   try {
     // The service's selection settings (FLOWS_* as the service reads them), then the flags.
-    const base = policies(settings, { agents: [] }).select(
-      values.tenant ?? 'default',
-      values.agent ?? 'default',
-    );
+    const base = pol.select(values.tenant ?? 'default', values.agent ?? 'default');
     policy = {
       ...base,
       topK: Math.floor(num(values['top-k'], base.topK, 1)),
@@ -94,7 +92,6 @@ export async function selectCommand(argv: string[]): Promise<number> {
   for (const d of Array.isArray(parsed.data) ? parsed.data : parsed.data.flows)
     registry.upsert(registerManual({ ...d, tenant_id: tenant, agent_id: agent }, 0));
   const env = process.env;
-  const pol = policies(settings, { agents: [] });
   // Past runs in the file rank flows by past outcomes, as the service's memory does.
   const outcomes = new OutcomeBook(pol.outcome());
   for (const run of Array.isArray(parsed.data) ? [] : (parsed.data.past_runs ?? []))

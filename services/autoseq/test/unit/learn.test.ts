@@ -22,7 +22,8 @@ import {
   type StepResult,
 } from '../../src/core/learn/learner.js';
 import { failedOutput, mentionsRequest } from '../../src/core/learn/outcome.js';
-import { fnv64, wilsonLower } from '../../src/core/learn/stats.js';
+import { fnv64 } from '../../src/core/learn/stats.js';
+import { wilsonLower } from '../../../../shared/core/wilson.js';
 import { canonicalJson } from '../../../../shared/core/bindings.js';
 import { replay } from '../../src/learn-cli.js';
 
@@ -867,12 +868,16 @@ describe('paver predict', () => {
     ).toEqual(whole);
   });
 
-  it('with a catalog, the typed decider wins when it is unique', async () => {
-    const root = join(import.meta.dirname, '../../../../examples');
+  const root = join(import.meta.dirname, '../../../../examples');
+  const exampleCatalog = async () => {
     const { loadCatalogFile } = await import('../../src/core/catalog.js');
     const { SchemaCompiler } = await import('../../src/core/schema-compiler.js');
     const { readConfigFile } = await import('../../../../shared/jsonl.js');
-    const catalog = loadCatalogFile(await readConfigFile(join(root, 'catalog.yaml')), new SchemaCompiler());
+    return loadCatalogFile(await readConfigFile(join(root, 'catalog.yaml')), new SchemaCompiler());
+  };
+
+  it('with a catalog, the typed decider wins when it is unique', async () => {
+    const catalog = await exampleCatalog();
     const out: { proposal: { origin: string } | null }[] = [];
     await replay(
       join(root, 'autoseq-events.jsonl'),
@@ -886,11 +891,7 @@ describe('paver predict', () => {
   });
 
   it('with a catalog, a call the typed decider has seen is not learned again, however many user messages came between (as in the service)', async () => {
-    const root = join(import.meta.dirname, '../../../../examples');
-    const { loadCatalogFile } = await import('../../src/core/catalog.js');
-    const { SchemaCompiler } = await import('../../src/core/schema-compiler.js');
-    const { readConfigFile } = await import('../../../../shared/jsonl.js');
-    const catalog = loadCatalogFile(await readConfigFile(join(root, 'catalog.yaml')), new SchemaCompiler());
+    const catalog = await exampleCatalog();
     const task = readFileSync(join(root, 'autoseq-events.jsonl'), 'utf8')
       .trim()
       .split('\n')

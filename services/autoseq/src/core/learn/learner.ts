@@ -16,7 +16,8 @@ import { own, setOwn } from '../../../../../shared/core/own.js';
 import { requestTermsOf } from '../../../../../shared/core/terms.js';
 import { appliedBefore, type Position } from '../position.js';
 import { failedOutput, mentionsRequest } from './outcome.js';
-import { fnv64, wilsonLower } from './stats.js';
+import { wilsonLower } from '../../../../../shared/core/wilson.js';
+import { fnv64 } from './stats.js';
 
 /**
  * The learned decider: per scope, statistics of the next tool after the last k tools (k = 1..K) and, for

@@ -1,6 +1,3 @@
-/** Counts may be fractional (decayed). */
-export { wilsonLower } from '../../../../../shared/core/wilson.js';
-
 /** FNV-1a over two 32-bit lanes (64 bits, 16 hex digits): stable ids and fingerprints without node:crypto. */
 export function fnv64(text: string): string {
   let a = 0x811c9dc5;

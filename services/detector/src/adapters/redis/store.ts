@@ -19,7 +19,14 @@ import { emptyResult, type ApplyResult, type TermRecord } from '../../core/state
 
 export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
 /** Script name → key count: the file each name must load (a stale build may still hold older versions). */
-export const SCRIPT_KEYS = { apply: 11, snapshot: 3, claimSnapshot: 8, release: 4, stamp: 1 } as const;
+export const SCRIPT_KEYS = {
+  apply: 11,
+  snapshot: 3,
+  claimSnapshot: 8,
+  release: 4,
+  stamp: 1,
+  raiseStamp: 1,
+} as const;
 export const SCRIPTS = Object.keys(SCRIPT_KEYS) as (keyof typeof SCRIPT_KEYS)[];
 
 /**
@@ -64,11 +71,6 @@ export function detectorGlobalKeys(prefix: string) {
     scopes: (partition: number) => `${prefix}:det:scopes:${partition}`,
   };
 }
-
-/** Raises a scope's publication stamp to ARGV[1], never lowers it (a restore; see lua/lib/stamp.lua). */
-const RAISE_STAMP = `local c = tonumber(redis.call('GET', KEYS[1]) or '0')
-if tonumber(ARGV[1]) > c then redis.call('SET', KEYS[1], ARGV[1]) end
-return 1`;
 
 /** Script status when a scope's state belongs to another epoch (apply mode "n"). */
 const OTHER_EPOCH = -4;
@@ -408,7 +410,7 @@ export class RedisDetectorStore {
     for (const { scope, keys } of active)
       for (const key of keys) pipe.hsetnx(detectorKeys(this.prefix, scope).published, key, '');
     for (const { scope, at } of stamps)
-      pipe.eval(RAISE_STAMP, 1, detectorKeys(this.prefix, scope).stamp, Math.floor(at));
+      invokeScript(pipe, 'raiseStamp', [detectorKeys(this.prefix, scope).stamp], [Math.floor(at)]);
     const replies = (await pipe.exec()) ?? [];
     this.roundTrips++;
     const failed = replies.find(([err]) => err);
