@@ -3,7 +3,7 @@ import { errorMessage } from '../../../shared/errors.js';
 import { sha256 } from '../../../shared/hash.js';
 import { inputFailure, readConfigFile, readEvents } from '../../../shared/jsonl.js';
 import { CatalogError, loadCatalogFile, type Catalog } from './core/catalog.js';
-import { decide, DEFAULT_OPTIONS, newTaskState, type TaskState } from './core/decide.js';
+import { decide, DEFAULT_OPTIONS, newTaskState, rememberCall, type TaskState } from './core/decide.js';
 import {
   applyEvent,
   MemoryLearnStore,
@@ -63,6 +63,7 @@ export async function replay(
   const t0 = performance.now();
   const store = new MemoryLearnStore();
   const typed = new Map<string, TaskState>();
+  const typedSeen = new Map<string, string[]>();
   const validate = validatorFor(catalog);
   const savings = new SavingsCounter();
   const stats = { lines: 0, bad: 0 };
@@ -81,17 +82,27 @@ export async function replay(
     events++;
     if (progress && events % 10_000 === 0) progress(events);
     let typedNext = null;
-    if (catalog && e.type === 'tool_call') {
+    if (e.type === 'tool_call') {
+      // Seen by the typed decider: a repeat, which the service skips whole, with or without a catalog. The
+      // learned step's own window of ids (user messages included) may have let it go.
       const id = taskId(e.tenant_id, e.agent_id, e.task_id);
-      const d = decide(e, catalog, typed.get(id) ?? newTaskState(), DEFAULT_OPTIONS, sha256);
-      // Seen by the typed decider: a repeat, which the service skips whole. The learned step's own window
-      // of ids (user messages included) may have let it go.
-      if (d.duplicate) {
-        onLine({ event_id: e.event_id, task_id: e.task_id, proposal: null });
-        continue;
+      if (catalog) {
+        const d = decide(e, catalog, typed.get(id) ?? newTaskState(), DEFAULT_OPTIONS, sha256);
+        if (d.duplicate) {
+          onLine({ event_id: e.event_id, task_id: e.task_id, proposal: null });
+          continue;
+        }
+        typed.set(id, d.task);
+        typedNext = typedProposal(d.records, e.observation);
+      } else {
+        // Without a catalog the typed decider decides nothing: only its window of ids is kept.
+        const seen = typedSeen.get(id) ?? [];
+        if (seen.includes(e.event_id)) {
+          onLine({ event_id: e.event_id, task_id: e.task_id, proposal: null });
+          continue;
+        }
+        typedSeen.set(id, rememberCall(seen, e.event_id, DEFAULT_OPTIONS.seenPerTask));
       }
-      typed.set(id, d.task);
-      typedNext = typedProposal(d.records, e.observation);
     }
     const r = applyEvent(store, e, opts, validate, typedNext);
     if (r?.duplicate && e.type === 'tool_call')

@@ -30,6 +30,10 @@ export interface TaskState {
 
 export const newTaskState = (): TaskState => ({ seen: [], pending: null, consecutive: 0, last: null });
 
+/** A task's window of call ids after one more call: the newest `n`, which make a repeat a duplicate. */
+export const rememberCall = (seen: string[], eventId: string, n: number): string[] =>
+  [...seen, eventId].slice(-n);
+
 export interface Decision {
   records: NextActionRecord[];
   task: TaskState;
@@ -59,7 +63,7 @@ export function decide(
     records.push(withShape(r, payloadShape(e.args, hash)));
   }
   const next: TaskState = {
-    seen: [...task.seen, e.event_id].slice(-opts.seenPerTask),
+    seen: rememberCall(task.seen, e.event_id, opts.seenPerTask),
     pending: null,
     consecutive: auto ? task.consecutive + 1 : 0,
     last: auto ? task.last : null,

@@ -890,56 +890,63 @@ describe('paver predict', () => {
     expect(out[1]!.proposal).toMatchObject({ origin: 'typed', tool: 'http_get', state: 'active' });
   });
 
-  it('with a catalog, a call the typed decider has seen is not learned again, however many user messages came between (as in the service)', async () => {
-    const catalog = await exampleCatalog();
-    const task = readFileSync(join(root, 'autoseq-events.jsonl'), 'utf8')
-      .trim()
-      .split('\n')
-      .map((l) => JSON.parse(l) as Record<string, unknown>)
-      .filter((e) => e.task_id === 't1');
-    const copy = (i: number): Record<string, unknown>[] =>
-      task.map((e) => ({
-        ...e,
-        event_id: `${i}:${String(e.event_id)}`,
-        task_id: `t${i}`,
-        session_id: `s${i}`,
+  it.each([
+    ['with', true],
+    ['without', false],
+  ])(
+    '%s a catalog, a call the typed decider has seen is not learned again, however many user messages came between (as in the service)',
+    async (_, withCatalog) => {
+      // The service runs the typed decider's window of call ids with or without a catalog.
+      const catalog = withCatalog ? await exampleCatalog() : null;
+      const task = readFileSync(join(root, 'autoseq-events.jsonl'), 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l) as Record<string, unknown>)
+        .filter((e) => e.task_id === 't1');
+      const copy = (i: number): Record<string, unknown>[] =>
+        task.map((e) => ({
+          ...e,
+          event_id: `${i}:${String(e.event_id)}`,
+          task_id: `t${i}`,
+          session_id: `s${i}`,
+        }));
+      // Task 0's first call is delivered again after more user messages than the learned step remembers ids
+      // (128): the typed decider's window still holds it, and the service skips such an event altogether.
+      const [first, ...rest] = copy(0);
+      const said: Record<string, unknown>[] = Array.from({ length: 130 }, (_, k) => ({
+        type: 'user_message',
+        event_id: `0:u${k}`,
+        task_id: 't0',
+        session_id: 's0',
+        text: `message ${k}`,
       }));
-    // Task 0's first call is delivered again after more user messages than the learned step remembers ids
-    // (128): the typed decider's window still holds it, and the service skips such an event altogether.
-    const [first, ...rest] = copy(0);
-    const said: Record<string, unknown>[] = Array.from({ length: 130 }, (_, k) => ({
-      type: 'user_message',
-      event_id: `0:u${k}`,
-      task_id: 't0',
-      session_id: 's0',
-      text: `message ${k}`,
-    }));
-    const later = Array.from({ length: 12 }, (_, i) => copy(i + 1)).flat();
-    // Times by place in the stream without the repeat (the repeat keeps its own).
-    let ts = 1_760_000_000_000;
-    for (const e of [first!, ...said, ...rest, ...later]) e.ts = ts++;
-    const run = async (events: Record<string, unknown>[]) => {
-      const dir = mkdtempSync(join(tmpdir(), 'predict-dup-'));
-      const file = join(dir, 'in.jsonl');
-      writeFileSync(file, events.map((e) => JSON.stringify(e)).join('\n'));
-      const out: { event_id: string; proposal: unknown }[] = [];
-      const r = await replay(
-        file,
-        lowBar,
-        catalog,
-        (l) => out.push(l),
-        () => undefined,
-      );
-      return { out, rules: r.rules };
-    };
-    const once = await run([first!, ...said, ...rest, ...later]);
-    const twice = await run([first!, ...said, first!, ...rest, ...later]);
-    expect(twice.out.map((l) => l.event_id)).toEqual([first!.event_id, ...once.out.map((l) => l.event_id)]);
-    expect(twice.out[1]!.proposal).toBeNull();
-    expect(twice.out.slice(2)).toEqual(once.out.slice(1));
-    expect(twice.rules).toEqual(once.rules);
-    expect(once.rules.length).toBeGreaterThan(0);
-  });
+      const later = Array.from({ length: 12 }, (_, i) => copy(i + 1)).flat();
+      // Times by place in the stream without the repeat (the repeat keeps its own).
+      let ts = 1_760_000_000_000;
+      for (const e of [first!, ...said, ...rest, ...later]) e.ts = ts++;
+      const run = async (events: Record<string, unknown>[]) => {
+        const dir = mkdtempSync(join(tmpdir(), 'predict-dup-'));
+        const file = join(dir, 'in.jsonl');
+        writeFileSync(file, events.map((e) => JSON.stringify(e)).join('\n'));
+        const out: { event_id: string; proposal: unknown }[] = [];
+        const r = await replay(
+          file,
+          lowBar,
+          catalog,
+          (l) => out.push(l),
+          () => undefined,
+        );
+        return { out, rules: r.rules };
+      };
+      const once = await run([first!, ...said, ...rest, ...later]);
+      const twice = await run([first!, ...said, first!, ...rest, ...later]);
+      expect(twice.out.map((l) => l.event_id)).toEqual([first!.event_id, ...once.out.map((l) => l.event_id)]);
+      expect(twice.out[1]!.proposal).toBeNull();
+      expect(twice.out.slice(2)).toEqual(once.out.slice(1));
+      expect(twice.rules).toEqual(once.rules);
+      expect(once.rules.length).toBeGreaterThan(0);
+    },
+  );
 
   it('prefix property: the output for a prefix is the first lines of the output for the whole file', async () => {
     const all = await lines(fixture);
