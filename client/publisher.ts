@@ -10,6 +10,7 @@ import {
 } from '../schemas/index.js';
 import { createCodec, type Codec } from '../shared/codec.js';
 import { PaverError, errorMessage } from '../shared/errors.js';
+import { produceRequests } from '../shared/kafka/requests.js';
 
 /** The topic the services read tool-calls events from (PAVER_TOPIC_TOOL_CALLS). */
 export const DEFAULT_TOOL_CALLS_TOPIC = 'paver.tool-calls.v1';
@@ -50,7 +51,10 @@ export interface PublisherOptions {
   schemaRegistry?: string | { url: string; username?: string; password?: string };
   tenantId?: string;
   agentId?: string;
-  /** Events sent in one produce request at most (default 500). */
+  /**
+   * Events queued before a send starts at once (default 500). A send goes out in produce requests of at most
+   * 512 KiB of keys and values each (one larger event goes alone), under the broker's record-batch limit.
+   */
   batchSize?: number;
   /** How long an event may wait for others before it is sent (default 5 ms); flush() sends at once. */
   lingerMs?: number;
@@ -139,20 +143,31 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     queue = [];
     if (batch.length === 0) return chain;
     chain = chain.then(async () => {
+      // The broker refuses a partition's record batch over its message.max.bytes (1 MiB by default) whole,
+      // however small each event is: a burst goes out in requests under a byte budget, one after another.
+      const requests = produceRequests(
+        batch,
+        batch.map((p) => p.value.length + Buffer.byteLength(p.key)),
+      );
+      let sent = 0;
       try {
         await connect();
-        await producer.send({
-          topic,
-          acks: -1,
-          messages: batch.map((p) => ({ key: p.key, value: p.value })),
-        });
-        for (const p of batch) p.resolve();
+        for (const request of requests) {
+          await producer.send({
+            topic,
+            acks: -1,
+            messages: request.map((p) => ({ key: p.key, value: p.value })),
+          });
+          for (const p of request) p.resolve();
+          sent += request.length;
+        }
       } catch (err) {
         const e = new PaverError('KAFKA_UNAVAILABLE', `publish to ${topic} failed: ${errorMessage(err)}`, {
           cause: err,
         });
         fail(e);
-        for (const p of batch) p.reject(e);
+        // What follows a failed request is not sent: a session's later events never land before its earlier.
+        for (const p of batch.slice(sent)) p.reject(e);
       }
     });
     return chain;

@@ -6,47 +6,9 @@ import type { RuntimeMetrics } from '../metrics.js';
 import { accepts, zodIssues } from '../validate.js';
 import { isTooLarge } from './dead-letter.js';
 import { keyedPartitioner } from './partitioner.js';
+import { PRODUCE_REQUEST_BUDGET, produceRequests } from './requests.js';
 
-/**
- * Bytes of keys and values per produce request. A consumer batch's outputs go out together, and the broker
- * refuses a partition's record batch above its message.max.bytes (1 MiB by default): half of that leaves
- * room for headers and framing. Requests go one after another, so one key's records stay in order.
- */
-export const PRODUCE_REQUEST_BUDGET = 512 * 1024;
-
-/**
- * Records per produce request. kafkajs groups a request's records by partition by copying the partition's
- * array once per record, so its cost grows with the square of the records per partition; past a few hundred
- * per partition that copying and its garbage cost more than another request does. Measured with 3
- * partitions: see the README's performance section.
- */
-export const PRODUCE_REQUEST_MAX_RECORDS = 1000;
-
-/**
- * Consecutive slices of `messages` under both limits (a record bigger than the byte budget goes alone). The
- * requests are sent one after another, so one key's records keep their order.
- */
-export function produceRequests<M>(
-  messages: M[],
-  bytes: number[],
-  budget = PRODUCE_REQUEST_BUDGET,
-  maxRecords = PRODUCE_REQUEST_MAX_RECORDS,
-): M[][] {
-  const requests: M[][] = [];
-  let start = 0;
-  let size = 0;
-  for (let i = 0; i < messages.length; i++) {
-    const n = bytes[i]!;
-    if (i > start && (size + n > budget || i - start >= maxRecords)) {
-      requests.push(messages.slice(start, i));
-      start = i;
-      size = 0;
-    }
-    size += n;
-  }
-  if (start < messages.length) requests.push(start === 0 ? messages : messages.slice(start));
-  return requests;
-}
+export { PRODUCE_REQUEST_BUDGET, PRODUCE_REQUEST_MAX_RECORDS, produceRequests } from './requests.js';
 
 export interface OutRecord {
   key: string | null;

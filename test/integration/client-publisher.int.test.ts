@@ -71,6 +71,25 @@ describe('client publisher (real broker)', () => {
     expect([...reg.schemas.values()].map((s) => s.schemaType)).toContain('JSON');
   });
 
+  it("splits a burst into produce requests under the broker's record-batch limit: a session's events of 200 KB each, queued at once, all land in order", async () => {
+    const topic = unique('client-burst');
+    await createTopics([{ topic, partitions: 1 }]);
+    // Each event is well under the 1 MiB default limit; twenty of them in one record batch are not.
+    const pub = createPublisher({ brokers: [stack().brokers], topic });
+    const big = 'x'.repeat(200 * 1024);
+    const calls = Array.from({ length: 20 }, (_, step) =>
+      pub.toolCall({ session_id: 's', task_id: 't', tool: `tool_${step}`, observation: big }),
+    );
+    await pub.close();
+    await Promise.all(calls);
+    const got = await consumeUntil(topic, (m) => m.length >= 20);
+    const steps = got
+      .sort((a, b) => Number(a.offset) - Number(b.offset))
+      .map((m) => toolCallsEventV1.parse(JSON.parse(m.value!.toString())))
+      .map((e) => (e.type === 'tool_call' ? e.step : -1));
+    expect(steps).toEqual(Array.from({ length: 20 }, (_, i) => i));
+  });
+
   it('rejects every queued event when the broker cannot take them, instead of losing them silently', async () => {
     const pub = createPublisher({
       brokers: [stack().brokers],
