@@ -15,6 +15,9 @@ import { produceRequests } from '../shared/kafka/requests.js';
 /** The topic the services read tool-calls events from (PAVER_TOPIC_TOOL_CALLS). */
 export const DEFAULT_TOOL_CALLS_TOPIC = 'paver.tool-calls.v1';
 
+/** Tasks whose next `step` the publisher counts at once (those without `taskCompleted` included). */
+export const MAX_OPEN_TASKS = 100_000;
+
 type Generated = 'type' | 'event_id' | 'ts' | 'tenant_id' | 'agent_id';
 // Flattened so editors show the event's fields, not a chain of Omit<…>.
 type Optional<T, K extends keyof T> = {
@@ -118,6 +121,8 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   let connected: Promise<void> | null = owned ? null : Promise.resolve();
   const connect = () => (connected ??= producer.connect());
 
+  // Next step per open task. A task never completed (its agent crashed) would keep its entry for the life of
+  // the process: the least recently used go past MAX_OPEN_TASKS (a Map iterates in insertion order).
   const steps = new Map<string, number>();
   let queue: Pending[] = [];
   let timer: NodeJS.Timeout | null = null;
@@ -242,7 +247,9 @@ export function createPublisher(opts: PublisherOptions): Publisher {
         const key = taskKey(e);
         const step = e.step ?? steps.get(key) ?? 0;
         const event = complete('tool_call', { ...e, step });
+        steps.delete(key);
         steps.set(key, step + 1);
+        if (steps.size > MAX_OPEN_TASKS) steps.delete(steps.keys().next().value!);
         return event;
       });
     },

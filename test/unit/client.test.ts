@@ -1,5 +1,7 @@
 import { describe, expect, it } from 'vitest';
+import type { Producer } from 'kafkajs';
 import { createPublisher, detect, select, PaverError, type ToolCallInput } from '../../client/index.js';
+import { MAX_OPEN_TASKS } from '../../client/publisher.js';
 
 describe('client: createPublisher (validation happens before any connection)', () => {
   // Port 9 (discard): nothing is listening; none of these calls may reach the network.
@@ -21,6 +23,32 @@ describe('client: createPublisher (validation happens before any connection)', (
     await expect(p.taskCompleted({ session_id: 's', task_id: 't' })).rejects.toMatchObject({
       code: 'SHUTTING_DOWN',
     });
+  });
+
+  it('counts steps for at most MAX_OPEN_TASKS tasks: a task never completed does not keep its entry for ever', async () => {
+    const sent: { step?: number; task_id: string }[] = [];
+    // A producer double: this test is about the publisher's own memory, not about Kafka.
+    const producer = {
+      send: async (r: { messages: { value: Buffer }[] }) => {
+        for (const m of r.messages) sent.push(JSON.parse(m.value.toString()) as (typeof sent)[number]);
+        return [];
+      },
+    } as unknown as Producer;
+    const p = createPublisher({ producer, batchSize: 10_000 });
+    const call = (task: string) => void p.toolCall({ session_id: 's', task_id: task, tool: 'x' });
+    call('old');
+    call('kept');
+    for (let i = 0; i < MAX_OPEN_TASKS - 1; i++) {
+      call(`t${i}`);
+      if (i === MAX_OPEN_TASKS / 2) call('kept');
+    }
+    call('old');
+    call('kept');
+    await p.close();
+    const steps = (task: string) => sent.filter((e) => e.task_id === task).map((e) => e.step);
+    // 'old' went unused for MAX_OPEN_TASKS other tasks: its count started again; 'kept' was used meanwhile.
+    expect(steps('old')).toEqual([0, 0]);
+    expect(steps('kept')).toEqual([0, 1, 2]);
   });
 
   it('fills event_id, ts and step; the input type leaves them optional', () => {
