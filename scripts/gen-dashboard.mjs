@@ -1,5 +1,7 @@
 // Writes deploy/grafana/dashboards/paver.json. The dashboard is data; this script keeps its layout regular.
-// Run: node scripts/gen-dashboard.mjs (then prettier). test/unit/deploy-grafana.test.ts checks every query.
+// Run: node scripts/gen-dashboard.mjs (then prettier). Edit the dashboard here, never the JSON alone:
+// test/unit/deploy-grafana.test.ts runs this script with --stdout (prints instead of writing) and fails when its
+// output differs from the committed JSON, and checks every query.
 import { writeFileSync } from 'node:fs';
 
 const ds = { type: 'prometheus', uid: '${datasource}' };
@@ -101,11 +103,11 @@ ts(
   's',
   [
     [
-      `histogram_quantile(0.99, sum by (service, le) (rate(paver_batch_processing_seconds_bucket{${svc}}[${RI}])))`,
+      `histogram_quantile(0.99, sum by (service, le) (rate(paver_batch_processing_seconds_bucket{${svc},outcome="ok"}[${RI}])))`,
       'p99 {{service}}',
     ],
     [
-      `histogram_quantile(0.5, sum by (service, le) (rate(paver_batch_processing_seconds_bucket{${svc}}[${RI}])))`,
+      `histogram_quantile(0.5, sum by (service, le) (rate(paver_batch_processing_seconds_bucket{${svc},outcome="ok"}[${RI}])))`,
       'p50 {{service}}',
     ],
   ],
@@ -147,8 +149,21 @@ ts(
       `sum by (reason, outcome) (increase(paver_flows_state_rebuilds_total[${RI}]))`,
       'flows {{reason}} {{outcome}}',
     ],
-    [`sum(increase(paver_sequencer_state_losses_total[${RI}]))`, 'sequencer loss (sessions start over)'],
-    [`sum(increase(paver_autoseq_state_losses_total[${RI}]))`, 'autoseq loss (learning starts over)'],
+    [
+      `sum(increase(paver_sequencer_state_losses_total[${RI}]))`,
+      'sequencer loss (sessions restored from the session topic)',
+    ],
+    [`sum(increase(paver_sequencer_sessions_restored_total[${RI}]))`, 'sequencer sessions restored'],
+    [
+      `sum(increase(paver_autoseq_state_losses_total[${RI}]))`,
+      'autoseq loss (rules restored from the rules topic)',
+    ],
+    [`sum(increase(paver_autoseq_rules_restored_contexts_total[${RI}]))`, 'autoseq contexts restored'],
+    [`max(paver_autoseq_rules_snapshot_pending)`, 'autoseq contexts not yet copied'],
+    [
+      `sum(increase(paver_autoseq_rules_snapshot_flushes_total{outcome="failed"}[${RI}]))`,
+      'autoseq rule copies failed',
+    ],
   ],
   {
     w: 24,
@@ -162,7 +177,8 @@ ts('Autoseq proposals/s by origin, state and outcome', 'ops', [
     '{{origin}} {{state}} {{outcome}}',
   ],
 ]);
-ts('Active learned rules', 'short', [[`sum(paver_autoseq_active_rules)`, 'active rules']], { x: 12 });
+// Instances sharing scopes each count theirs: max across instances, not sum (see the autoseq README).
+ts('Active learned rules', 'short', [[`max(paver_autoseq_active_rules)`, 'active rules']], { x: 12 });
 
 row('Flows and savings');
 ts('Flow candidates published/s by status', 'ops', [
@@ -299,7 +315,6 @@ const dashboard = {
   annotations: { list: [] },
   panels,
 };
-writeFileSync(
-  new URL('../deploy/grafana/dashboards/paver.json', import.meta.url),
-  JSON.stringify(dashboard, null, 2) + '\n',
-);
+const json = JSON.stringify(dashboard, null, 2) + '\n';
+if (process.argv.includes('--stdout')) process.stdout.write(json);
+else writeFileSync(new URL('../deploy/grafana/dashboards/paver.json', import.meta.url), json);

@@ -1,3 +1,4 @@
+import { execFileSync } from 'node:child_process';
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -121,6 +122,13 @@ const queries = (): string[] => [
 
 describe('Grafana dashboard (deploy/grafana/dashboards/paver.json)', () => {
   const exported = exportedNames();
+
+  it('is what scripts/gen-dashboard.mjs generates (an edit made to the JSON alone is lost at the next run)', () => {
+    const generated = execFileSync(process.execPath, [join(root, 'scripts/gen-dashboard.mjs'), '--stdout'], {
+      encoding: 'utf8',
+    });
+    expect(JSON.parse(generated)).toEqual(dashboard);
+  });
 
   it('finds the metrics the code defines (the scan is not empty and sees each service)', () => {
     for (const name of [
