@@ -78,7 +78,8 @@ stat('Consumer lag (messages)', 'short', `sum(paver_consumer_lag{${svc}})`, { x:
 stat('Dead letters (range)', 'short', `sum(increase(paver_dead_letters_total{${svc}}[$__range]))`, { x: 12 });
 stat('LLM steps saved (range)', 'short', `sum(increase(paver_autoseq_llm_steps_saved_total[$__range]))`, {
   x: 18,
-  description: 'Tool calls the agent runtime executed from a unique auto-seq decision: one LLM step each.',
+  description:
+    'Tool calls the agent runtime executed from a unique auto-seq decision, or that equal (tool and arguments) an active learned proposal: one LLM step each.',
 });
 
 row('Throughput and lag');
