@@ -25,11 +25,11 @@ function tsFiles(dir: string): string[] {
 
 const KINDS = new Set(['Counter', 'Gauge', 'Histogram', 'Summary']);
 /**
- * Metric definitions in the source: every `new Counter|Gauge|Histogram|Summary({ name: '…' })` found by the
- * TypeScript parser (not a regex), so a metric added anywhere in shared/ or a service appears here.
+ * Metric definitions in the source: every `new Counter|Gauge|Histogram|Summary({ name: '…', labelNames })` found
+ * by the TypeScript parser (not a regex), so a metric added anywhere in shared/ or a service appears here.
  */
-function definedMetrics(files: string[]): Map<string, string> {
-  const found = new Map<string, string>();
+function definedMetrics(files: string[]): Map<string, { kind: string; labels: string[] }> {
+  const found = new Map<string, { kind: string; labels: string[] }>();
   for (const file of files) {
     const src = ts.createSourceFile(file, readFileSync(file, 'utf8'), ts.ScriptTarget.ES2022, true);
     const visit = (node: ts.Node): void => {
@@ -40,16 +40,20 @@ function definedMetrics(files: string[]): Map<string, string> {
         node.arguments?.[0] &&
         ts.isObjectLiteralExpression(node.arguments[0])
       ) {
+        let name: string | undefined;
+        const labels: string[] = [];
         for (const prop of node.arguments[0].properties) {
-          if (
-            ts.isPropertyAssignment(prop) &&
-            ts.isIdentifier(prop.name) &&
-            prop.name.text === 'name' &&
-            ts.isStringLiteralLike(prop.initializer)
-          ) {
-            found.set(prop.initializer.text, node.expression.text);
+          if (!ts.isPropertyAssignment(prop) || !ts.isIdentifier(prop.name)) continue;
+          if (prop.name.text === 'name' && ts.isStringLiteralLike(prop.initializer))
+            name = prop.initializer.text;
+          if (prop.name.text === 'labelNames' && ts.isArrayLiteralExpression(prop.initializer)) {
+            for (const e of prop.initializer.elements) {
+              if (!ts.isStringLiteralLike(e)) throw new Error(`${file}: labelNames of ${name} not literal`);
+              labels.push(e.text);
+            }
           }
         }
+        if (name) found.set(name, { kind: node.expression.text, labels });
       }
       ts.forEachChild(node, visit);
     };
@@ -65,22 +69,35 @@ function seriesNames(name: string, kind: string): string[] {
   return [name];
 }
 
-function exportedNames(): Set<string> {
-  const names = new Set<string>();
+/**
+ * Labels every series has besides its own: the registry's default label (`service`, shared/metrics.ts) and the
+ * ones Prometheus adds to every scraped series (`job`, `instance`).
+ */
+const COMMON_LABELS = ['service', 'job', 'instance'];
+
+/** Every series name the services export, with the labels a query may use on it. */
+function exportedSeries(): Map<string, Set<string>> {
+  const series = new Map<string, Set<string>>();
+  const add = (name: string, kind: string, labels: readonly string[]) => {
+    for (const s of seriesNames(name, kind)) {
+      const extra = s.endsWith('_bucket') ? ['le'] : kind === 'Summary' && s === name ? ['quantile'] : [];
+      series.set(s, new Set([...COMMON_LABELS, ...labels, ...extra]));
+    }
+  };
   const sources = definedMetrics([
     ...tsFiles(join(root, 'shared')),
     ...readdirSync(join(root, 'services')).flatMap((s) => tsFiles(join(root, 'services', s, 'src'))),
   ]);
-  for (const [name, kind] of sources) for (const s of seriesNames(name, kind)) names.add(s);
+  for (const [name, { kind, labels }] of sources) add(name, kind, labels);
   // The runtime metrics and Node's default metrics as a fresh registry really registers them.
   const { registry } = createMetrics('test', new Registry());
   for (const m of (
-    registry as unknown as { getMetricsAsArray(): { name: string; type: string }[] }
+    registry as unknown as { getMetricsAsArray(): { name: string; type: string; labelNames: string[] }[] }
   ).getMetricsAsArray()) {
     const kind = m.type === 'histogram' ? 'Histogram' : m.type === 'summary' ? 'Summary' : 'Counter';
-    for (const s of seriesNames(m.name, kind)) names.add(s);
+    add(m.name, kind, m.labelNames);
   }
-  return names;
+  return series;
 }
 
 const KEYWORDS = new Set([
@@ -115,13 +132,48 @@ function metricNamesIn(expr: string): string[] {
   return out;
 }
 
+/** Index of the parenthesis closing the one opened at `open`. */
+function closing(expr: string, open: number): number {
+  let depth = 0;
+  for (let i = open; i < expr.length; i++) {
+    if (expr[i] === '(') depth++;
+    else if (expr[i] === ')' && --depth === 0) return i;
+  }
+  throw new Error(`unbalanced parentheses: ${expr}`);
+}
+
+/**
+ * Labels a PromQL expression relies on, per metric: each selector's matchers (`m{a="x"}`) and each aggregation's
+ * `by (…)` labels, which every metric inside that aggregation must have (a missing one groups everything under
+ * an empty value, or matches nothing: the panel shows nothing or one flat line, without an error).
+ */
+function labelUses(expr: string): { metric: string; label: string }[] {
+  const noStrings = expr.replace(/"(?:[^"\\]|\\.)*"/g, '""');
+  const uses: { metric: string; label: string }[] = [];
+  for (const m of noStrings.matchAll(/([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}/g)) {
+    for (const l of m[2]!.matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)/g))
+      uses.push({ metric: m[1]!, label: l[1]! });
+  }
+  for (const b of noStrings.matchAll(/\bby\s*\(([^)]*)\)\s*\(/g)) {
+    const open = b.index + b[0].length - 1;
+    const inner = noStrings.slice(open, closing(noStrings, open) + 1);
+    const labels = b[1]!
+      .split(',')
+      .map((l) => l.trim())
+      .filter(Boolean);
+    for (const metric of metricNamesIn(inner)) for (const label of labels) uses.push({ metric, label });
+  }
+  return uses;
+}
+
 const queries = (): string[] => [
   ...dashboard.panels.flatMap((p) => (p.targets ?? []).map((t) => t.expr)),
   ...dashboard.templating.list.flatMap((v) => (v.definition ? [v.definition] : [])),
 ];
 
 describe('Grafana dashboard (deploy/grafana/dashboards/paver.json)', () => {
-  const exported = exportedNames();
+  const series = exportedSeries();
+  const exported = new Set(series.keys());
 
   it('is what scripts/gen-dashboard.mjs generates (an edit made to the JSON alone is lost at the next run)', () => {
     const generated = execFileSync(process.execPath, [join(root, 'scripts/gen-dashboard.mjs'), '--stdout'], {
@@ -173,6 +225,29 @@ describe('Grafana dashboard (deploy/grafana/dashboards/paver.json)', () => {
       expect(exported).toContain(metricNamesIn(d)[0]);
     }
     expect(queries().length).toBeGreaterThan(0);
+  });
+
+  it('every label a query matches on or groups by is one its metric has', () => {
+    const bad: string[] = [];
+    let checked = 0;
+    for (const q of dashboard.panels.flatMap((p) => (p.targets ?? []).map((t) => t.expr))) {
+      for (const { metric, label } of labelUses(q)) {
+        checked++;
+        if (!series.get(metric)?.has(label)) bad.push(`${metric}: ${label} (in ${q})`);
+      }
+    }
+    expect(checked).toBeGreaterThan(30);
+    expect(bad).toEqual([]);
+    // The check is real: a label the metric lacks, in a matcher or in a grouping, is caught.
+    const wrong = (q: string) => labelUses(q).filter((u) => !series.get(u.metric)?.has(u.label));
+    expect(wrong('sum by (status) (rate(paver_flows_selections_total[5m]))')).toHaveLength(1);
+    expect(wrong('rate(paver_dead_letters_total{outcome="x"}[5m])')).toHaveLength(1);
+    expect(
+      wrong(
+        'histogram_quantile(0.9, sum by (le, route) (rate(paver_http_request_duration_seconds_bucket[5m])))',
+      ),
+    ).toEqual([]);
+    expect(wrong('sum by (le) (rate(paver_http_request_duration_seconds_count[5m]))')).toHaveLength(1);
   });
 
   it('has the panels operators need', () => {
