@@ -1,8 +1,9 @@
 import { execFileSync } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
 import { SERVICES } from '../../cli/services.js';
+import { parseEnv } from '../../shared/config.js';
 
 interface ComposeService {
   image?: string;
@@ -106,6 +107,34 @@ describe('docker-compose.yml', () => {
       expect(Number(svc?.environment?.HTTP_PORT)).toBe(s.port);
       expect(Object.keys(svc?.depends_on ?? {})).toEqual(expect.arrayContaining(['kafka', 'redis']));
       expect(targets).toContain(`${name}:${s.port}`);
+    }
+  });
+
+  it("every Paver service's environment is one its config schema knows and accepts, files included", async () => {
+    // `${VAR:-default}` as compose reads it with VAR unset.
+    const copied = [...read('Dockerfile').matchAll(/^COPY (?!--from)(.+) \S+$/gm)].flatMap((m) =>
+      m[1]!.split(' '),
+    );
+    const interpolate = (v: unknown) => String(v).replace(/\$\{[A-Za-z_][A-Za-z0-9_]*:-([^}]*)\}/g, '$1');
+    for (const [name, s] of Object.entries(SERVICES)) {
+      const env = Object.fromEntries(
+        Object.entries(compose.services[name]?.environment ?? {}).map(([k, v]) => [k, interpolate(v)]),
+      );
+      const spec = (await s.load()).service;
+      // A misspelt variable would be dropped silently by the schema: every key must be one it knows.
+      const known = Object.keys((spec.envSchema as unknown as { shape: Record<string, unknown> }).shape);
+      for (const k of Object.keys(env)) expect(known, `${name}: ${k}`).toContain(k);
+      // Files are read inside the image (WORKDIR /app, the folders the Dockerfile copies): each must be there.
+      for (const [k, v] of Object.entries(env).filter(([k]) => k.endsWith('_FILE'))) {
+        expect(v, `${name}: ${k}`).toMatch(/^\/app\//);
+        expect(copied, `${name}: ${k}`).toContain(v.split('/')[2]);
+        expect(
+          existsSync(new URL(`../../${v.slice('/app/'.length)}`, import.meta.url)),
+          `${name}: ${k}`,
+        ).toBe(true);
+      }
+      const noFiles = Object.fromEntries(Object.entries(env).filter(([k]) => !k.endsWith('_FILE')));
+      expect(() => parseEnv(spec.envSchema as never, noFiles), name).not.toThrow();
     }
   });
 
