@@ -40,7 +40,15 @@ interface Container {
 interface Deployment extends K8sObject {
   spec: {
     selector: { matchLabels: Record<string, string> };
-    template: { metadata: { labels: Record<string, string> }; spec: { containers: Container[] } };
+    template: {
+      metadata: { labels: Record<string, string>; annotations?: Record<string, string> };
+      spec: {
+        containers: (Container & {
+          securityContext?: { allowPrivilegeEscalation?: boolean; readOnlyRootFilesystem?: boolean };
+        })[];
+        securityContext?: { runAsNonRoot?: boolean; runAsUser?: number };
+      };
+    };
   };
 }
 interface ScaledObject extends K8sObject {
@@ -121,6 +129,16 @@ describe.skipIf(!kubectl)('deploy/k8s (kubectl kustomize + schema validation)', 
           expect(c.args).toEqual(['run', name]);
           const http = c.ports?.find((p) => p.name === 'http');
           expect(http?.containerPort).toBe(port);
+          // Scraped where the service serves /metrics (shared/http.ts), on the same port.
+          const annotations = dep.spec.template.metadata.annotations ?? {};
+          expect(annotations['prometheus.io/scrape']).toBe('true');
+          expect(annotations['prometheus.io/port']).toBe(String(port));
+          expect(annotations['prometheus.io/path']).toBe('/metrics');
+          // Non-root, as the image's USER node (uid 1000); nothing in the container is writable but /tmp.
+          expect(dep.spec.template.spec.securityContext?.runAsNonRoot).toBe(true);
+          expect(dep.spec.template.spec.securityContext?.runAsUser).toBe(1000);
+          expect(c.securityContext?.allowPrivilegeEscalation).toBe(false);
+          expect(c.securityContext?.readOnlyRootFilesystem).toBe(true);
           expect(c.livenessProbe?.httpGet?.path).toBe('/healthz');
           expect(c.readinessProbe?.httpGet?.path).toBe('/readyz');
           expect(c.resources?.requests?.cpu).toBeDefined();
