@@ -144,11 +144,12 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     if ((t.get(partition) ?? -1n) < next) t.set(partition, next);
   };
 
+  const heartbeatMs = Math.floor(o.env.KAFKA_SESSION_TIMEOUT_MS / 10);
   const consumer: Consumer = o.kafka.consumer({
     groupId: o.groupId,
     sessionTimeout: o.env.KAFKA_SESSION_TIMEOUT_MS,
     rebalanceTimeout: Math.max(60_000, o.env.KAFKA_SESSION_TIMEOUT_MS * 2),
-    heartbeatInterval: Math.floor(o.env.KAFKA_SESSION_TIMEOUT_MS / 10),
+    heartbeatInterval: heartbeatMs,
     maxWaitTimeInMs: o.env.KAFKA_MAX_WAIT_MS,
     maxBytesPerPartition: o.env.KAFKA_MAX_BYTES_PER_PARTITION,
     allowAutoTopicCreation: false,
@@ -419,17 +420,27 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
       for (let i = 0; i < messages.length; i += o.env.PAVER_BATCH_CHUNK) {
         const chunk = messages.slice(i, i + o.env.PAVER_BATCH_CHUNK);
         monitor.processing(topic, partition, Number(chunk[0]!.timestamp));
-        const r = await processChunk<T, KafkaMessage>({
-          topic,
-          partition,
-          chunk,
-          decode: (msg) => decodeMessageSync(msg, topic, decodeOptions),
-          decodeAsync: (msg) => decodeMessage(msg, topic, decodeOptions),
-          handler: o.handler,
-          ctx,
-          retry: (fn) => withRetry(fn, retry),
-          deadLetter,
-        });
+        // kafkajs heartbeats only when asked. An effect longer than the session timeout (a model call per
+        // request, a slow Redis) that does not ask would get the member evicted: its commit refused, the chunk
+        // read again, as slowly, for good. A heartbeat that finds the group rebalancing is left to the one after
+        // the commit, which hands it to kafkajs (a failed heartbeat is sent again on the next ask).
+        const beat = setInterval(() => void p.heartbeat().catch(() => undefined), heartbeatMs);
+        let r: Awaited<ReturnType<typeof processChunk>>;
+        try {
+          r = await processChunk<T, KafkaMessage>({
+            topic,
+            partition,
+            chunk,
+            decode: (msg) => decodeMessageSync(msg, topic, decodeOptions),
+            decodeAsync: (msg) => decodeMessage(msg, topic, decodeOptions),
+            handler: o.handler,
+            ctx,
+            retry: (fn) => withRetry(fn, retry),
+            deadLetter,
+          });
+        } finally {
+          clearInterval(beat);
+        }
         if (r.processed > 0) o.metrics.eventsConsumed.inc({ topic, outcome: 'processed' }, r.processed);
 
         // Effects are written: now, and only now, the offsets may be committed.
