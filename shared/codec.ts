@@ -1,3 +1,4 @@
+import { isUtf8 } from 'node:buffer';
 import { SchemaRegistry, SchemaType } from '@kafkajs/confluent-schema-registry';
 import { z } from 'zod';
 import { CONTRACTS } from '../schemas/index.js';
@@ -36,8 +37,12 @@ export interface Codec {
 }
 
 function decodeJson(buf: Buffer): unknown {
+  const text = buf.toString('utf8');
+  // JSON text is UTF-8 (RFC 8259). Other bytes decode to U+FFFD, and the record would pass with its ids and
+  // names silently changed (two different bad names becoming one). Checked only when a U+FFFD shows up.
+  if (text.includes('\uFFFD') && !isUtf8(buf)) throw new DecodeError('undecodable', 'not valid UTF-8');
   try {
-    return JSON.parse(buf.toString('utf8'));
+    return JSON.parse(text);
   } catch {
     throw new DecodeError('undecodable', 'not valid JSON');
   }
@@ -125,13 +130,12 @@ export function registryCodec(opts: RegistryOptions): Codec {
         return await registry.decode(buf);
       } catch (err) {
         const e = err as { name?: string; status?: number; message?: string };
-        // Unknown ids and payloads that fail the writer's schema are the message's fault; anything else
-        // (connection refused, 5xx) is the registry's, and retrying is right.
-        if (
-          e.name === 'ConfluentSchemaRegistryValidationError' ||
-          e.status === 404 ||
-          e.name === 'SyntaxError'
-        ) {
+        // Only an HTTP exchange with the registry that failed (refused, timed out, 5xx, refused credentials: the
+        // client reports each as a ResponseError, a connection refused as status 400) is the registry's fault,
+        // and retrying is right. An unknown id (404), a payload that fails or does not parse as its writer's
+        // schema, a schema this client cannot compile (an Avro record cut short, a JSON Schema draft it does not
+        // know) answer the same on every read: retried, they would hold the partition for good.
+        if (e.name !== 'ResponseError' || e.status === 404) {
           throw new DecodeError('registry_error', `registry decode failed: ${e.name ?? 'error'}`);
         }
         throw new PaverError(

@@ -1,0 +1,78 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1 } from '../../schemas/index.js';
+import { jsonCodec, registryCodec } from '../../shared/codec.js';
+import { PaverError } from '../../shared/errors.js';
+import { decodeMessage, decodeMessageSync, zodParser } from '../../shared/kafka/decode.js';
+import { startRegistryDouble } from '../helpers/registry-double.js';
+
+const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
+const event = {
+  type: 'tool_call',
+  event_id: 'e1',
+  ts: 1_700_000_000_000,
+  session_id: 's',
+  task_id: 't',
+  step: 1,
+  tool: 'search',
+};
+const verdict = (r: { ok: boolean; reason?: string } | undefined) => r && (r.ok ? 'ok' : r.reason);
+const frame = (id: number, payload: Buffer) => {
+  const head = Buffer.alloc(5);
+  head.writeInt32BE(id, 1);
+  return Buffer.concat([head, payload]);
+};
+
+let registry: Awaited<ReturnType<typeof startRegistryDouble>>;
+beforeAll(async () => {
+  registry = await startRegistryDouble();
+});
+afterAll(() => registry.close());
+
+describe('decode step: bytes that are not what they claim', () => {
+  it('dead-letters JSON text that is not valid UTF-8 instead of reading replacement characters', async () => {
+    // "search" with one byte 0xff in it: text in no encoding JSON allows. Read as UTF-8 with replacements it
+    // would pass as the tool "sea\uFFFDrch", and two different bad names would become one.
+    const bytes = Buffer.from(JSON.stringify({ ...event, tool: 'seaXrch' }));
+    bytes[bytes.indexOf('seaXrch') + 3] = 0xff;
+    for (const codec of [jsonCodec(), registryCodec({ url: registry.url })]) {
+      const o = { codec, parse, maxBytes: 1 << 20 };
+      expect(verdict(decodeMessageSync({ key: null, value: bytes }, 't', o))).toBe('undecodable');
+      expect(verdict(await decodeMessage({ key: null, value: bytes }, 't', o))).toBe('undecodable');
+    }
+    // Valid UTF-8, the replacement character included, is read as it is.
+    const fine = Buffer.from(JSON.stringify({ ...event, tool: 'sea\uFFFDrch', session_id: 'ß✓😀' }));
+    const o = { codec: jsonCodec(), parse, maxBytes: 1 << 20 };
+    expect(verdict(decodeMessageSync({ key: null, value: fine }, 't', o))).toBe('ok');
+  });
+
+  it("dead-letters a framed message the registry's schema cannot read, instead of retrying it for good", async () => {
+    const o = { codec: registryCodec({ url: registry.url }), parse, maxBytes: 1 << 20 };
+    // An Avro writer schema and bytes that are not a record of it (truncated).
+    registry.schemas.set(101, {
+      schemaType: 'AVRO',
+      schema: JSON.stringify({ type: 'record', name: 'R', fields: [{ name: 'a', type: 'string' }] }),
+    });
+    // A JSON Schema this client cannot compile (a draft it does not know): the same answer on every read.
+    registry.schemas.set(102, {
+      schemaType: 'JSON',
+      schema: JSON.stringify({ $schema: 'https://json-schema.org/draft/2020-12/schema', type: 'object' }),
+    });
+    for (const [id, payload] of [
+      [101, Buffer.from([0x40])],
+      [102, Buffer.from(JSON.stringify(event))],
+    ] as const) {
+      const r = await decodeMessage({ key: null, value: frame(id, payload) }, 't', o);
+      expect(verdict(r)).toBe('registry_error');
+    }
+  });
+
+  it('still retries when the registry itself does not answer', async () => {
+    const o = { codec: registryCodec({ url: 'http://127.0.0.1:9' }), parse, maxBytes: 1 << 20 };
+    const err = await decodeMessage({ key: null, value: frame(7, Buffer.from('{}')) }, 't', o).then(
+      () => null,
+      (e: unknown) => e,
+    );
+    expect(err).toBeInstanceOf(PaverError);
+    expect((err as PaverError).code).toBe('REGISTRY_UNAVAILABLE');
+  });
+});
