@@ -1,4 +1,5 @@
 import { createHash } from 'node:crypto';
+import type { IHeaders } from 'kafkajs';
 import type { DeadLetterReason, DeadLetterRecord } from '../../schemas/index.js';
 
 /** The source message, as the runner holds it (kafkajs's KafkaMessage fits). */
@@ -9,6 +10,8 @@ export interface DeadLetterSource {
   key: Buffer | null;
   value: Buffer | null;
   timestamp: string;
+  /** The source message's headers (trace context, correlation ids): a replay of the dead letter needs them. */
+  headers?: IHeaders | undefined;
 }
 
 export interface DeadLetterLimits {
@@ -21,7 +24,40 @@ export interface DeadLetterLimits {
 export interface DeadLetterMessage {
   key: Buffer | null;
   value: string;
-  headers: Record<string, string>;
+  headers: IHeaders;
+}
+
+/**
+ * Bytes of header names and values a dead letter carries over from its source at most. Beyond, it carries none
+ * of them and `paver-dlq-headers-dropped` says how many there were: the record's size stays bounded.
+ */
+export const MAX_ORIGINAL_HEADER_BYTES = 8 * 1024;
+// Paver's own headers describe this dead letter; a source's headers of the same names (a dead letter read
+// back, say) would contradict them.
+const OWN_HEADER = /^paver-(dlq|source)-/;
+
+function originalHeaders(h: IHeaders | undefined): { kept: IHeaders; dropped: number } {
+  const kept: IHeaders = {};
+  let bytes = 0;
+  let count = 0;
+  for (const [name, v] of Object.entries(h ?? {})) {
+    if (v === undefined || OWN_HEADER.test(name)) continue;
+    for (const x of Array.isArray(v) ? v : [v]) {
+      bytes += Buffer.byteLength(name) + Buffer.byteLength(x);
+      count++;
+    }
+    kept[name] = v;
+  }
+  return bytes <= MAX_ORIGINAL_HEADER_BYTES ? { kept, dropped: 0 } : { kept: {}, dropped: count };
+}
+
+/** Bytes of a record's headers, names and values: what a produce request carries besides key and value. */
+export function headerBytes(h: IHeaders): number {
+  let n = 0;
+  for (const [name, v] of Object.entries(h))
+    if (v !== undefined)
+      for (const x of Array.isArray(v) ? v : [v]) n += Buffer.byteLength(name) + Buffer.byteLength(x);
+  return n;
 }
 
 export const DETAIL_MAX = 4096;
@@ -67,10 +103,13 @@ export function buildDeadLetter(
     ...(src.value !== null ? { original_sha256: sha256(src.value) } : {}),
     dead_lettered_at: now,
   };
+  const originals = originalHeaders(src.headers);
   return {
     key: keepKey ? src.key : null,
     value: JSON.stringify(body),
     headers: {
+      ...originals.kept,
+      ...(originals.dropped ? { 'paver-dlq-headers-dropped': String(originals.dropped) } : {}),
       'paver-dlq-reason': reason,
       'paver-dlq-service': service,
       'paver-source-topic': src.topic,
@@ -80,7 +119,9 @@ export function buildDeadLetter(
   };
 }
 
-/** The same record without the original bytes: the fallback when the broker refuses the full one. */
+/**
+ * The same record without the original bytes and headers: the fallback when the broker refuses the full one.
+ */
 export function withoutOriginal(
   service: string,
   src: DeadLetterSource,
@@ -88,7 +129,14 @@ export function withoutOriginal(
   detail: string,
   now: number,
 ): DeadLetterMessage {
-  return buildDeadLetter(service, src, reason, detail, { maxOriginalBytes: -1, maxKeyBytes: -1 }, now);
+  return buildDeadLetter(
+    service,
+    { ...src, headers: undefined },
+    reason,
+    detail,
+    { maxOriginalBytes: -1, maxKeyBytes: -1 },
+    now,
+  );
 }
 
 /** Groups items so that no single produce request carries more than `budget` bytes (an oversize item goes alone). */

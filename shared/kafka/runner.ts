@@ -8,6 +8,7 @@ import type { RuntimeMetrics } from '../metrics.js';
 import { withRetry } from '../retry.js';
 import {
   buildDeadLetter,
+  headerBytes,
   groupBySize,
   isTooLarge,
   withoutOriginal,
@@ -123,6 +124,7 @@ const sourceOf = (r: BadRecord<KafkaMessage>): DeadLetterSource => ({
   key: r.msg.key ?? null,
   value: r.msg.value ?? null,
   timestamp: r.msg.timestamp,
+  headers: r.msg.headers,
 });
 
 /** `createRunner(spec, deps)`, or the flat `createRunner({ ...spec, ...deps })` of earlier call sites. */
@@ -230,7 +232,7 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     // One produce request per size budget: the broker's limit applies to a partition's whole record batch.
     for (const group of groupBySize(
       built,
-      (g) => Buffer.byteLength(g.message.value),
+      (g) => Buffer.byteLength(g.message.value) + headerBytes(g.message.headers),
       DEAD_LETTER_REQUEST_BUDGET,
     )) {
       try {

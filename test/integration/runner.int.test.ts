@@ -115,7 +115,13 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
     for (let i = 0; i < 20; i++) {
       msgs.push({ key: 's', value: JSON.stringify(event(i)) });
       const b = bad[i % bad.length];
-      if (i < bad.length && b) msgs.push({ key: 's', value: b[1] });
+      // The bad ones carry a trace context: their dead letters keep it, for whoever replays them.
+      if (i < bad.length && b)
+        msgs.push({
+          key: 's',
+          value: b[1],
+          headers: { traceparent: `00-trace${i}-01`, 'paver-dlq-reason': 'x' },
+        });
     }
     await produce(env.PAVER_TOPIC_TOOL_CALLS!, msgs);
     const p = await start(env);
@@ -140,6 +146,7 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
       expect(b.source.topic).toBe(env.PAVER_TOPIC_TOOL_CALLS);
       expect(dl[i]!.headers['paver-dlq-reason']).toBe(b.reason);
       expect(dl[i]!.headers['paver-source-offset']).toBe(b.source.offset);
+      expect(dl[i]!.headers.traceparent).toMatch(/^00-trace\d+-01$/);
       // Original bytes are kept for replay; the detail never quotes them.
       expect(b.original_b64.length).toBeGreaterThan(0);
       expect(b.detail).not.toContain('three');

@@ -1,7 +1,14 @@
 import { createHash } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import { deadLetterRecordV1 } from '../../schemas/index.js';
-import { buildDeadLetter, groupBySize, isTooLarge, withoutOriginal } from '../../shared/kafka/dead-letter.js';
+import {
+  buildDeadLetter,
+  groupBySize,
+  headerBytes,
+  isTooLarge,
+  MAX_ORIGINAL_HEADER_BYTES,
+  withoutOriginal,
+} from '../../shared/kafka/dead-letter.js';
 
 const src = (value: Buffer | null, key: Buffer | null = Buffer.from('k')) => ({
   topic: 't',
@@ -54,6 +61,36 @@ describe('dead-letter record builder', () => {
       detail: string;
     };
     expect(body.detail).toBe('a'.repeat(4095));
+  });
+
+  it("carries the source's headers (repeated ones too) under Paver's own, none beyond MAX_ORIGINAL_HEADER_BYTES", () => {
+    const headers = {
+      traceparent: Buffer.from('00-abc-01'),
+      tag: [Buffer.from('a'), Buffer.from('b')],
+      'paver-dlq-reason': Buffer.from('forged'),
+    };
+    const m = buildDeadLetter('svc', { ...src(Buffer.from('x')), headers }, 'invalid', 'd', limits, 5);
+    expect(m.headers.traceparent).toEqual(Buffer.from('00-abc-01'));
+    expect(m.headers.tag).toEqual([Buffer.from('a'), Buffer.from('b')]);
+    expect(m.headers['paver-dlq-reason']).toBe('invalid');
+    expect(m.headers['paver-dlq-headers-dropped']).toBeUndefined();
+    const big = { a: Buffer.alloc(MAX_ORIGINAL_HEADER_BYTES, 97), b: 'x' };
+    const over = buildDeadLetter(
+      'svc',
+      { ...src(Buffer.from('x')), headers: big },
+      'invalid',
+      'd',
+      limits,
+      5,
+    );
+    expect(over.headers.a).toBeUndefined();
+    expect(over.headers.b).toBeUndefined();
+    expect(over.headers['paver-dlq-headers-dropped']).toBe('2');
+    expect(headerBytes(over.headers)).toBeLessThan(1024);
+    // The fallback for a broker that refuses the full record carries position and hash only.
+    const small = withoutOriginal('svc', { ...src(Buffer.from('x')), headers }, 'invalid', 'd', 5);
+    expect(small.headers.traceparent).toBeUndefined();
+    expect(small.headers['paver-dlq-reason']).toBe('invalid');
   });
 
   it('withoutOriginal drops the bytes but keeps the hash; empty values have no hash', () => {
