@@ -139,25 +139,6 @@ export function withoutOriginal(
   );
 }
 
-/** Groups items so that no single produce request carries more than `budget` bytes (an oversize item goes alone). */
-export function groupBySize<M>(messages: M[], sizeOf: (m: M) => number, budget: number): M[][] {
-  const groups: M[][] = [];
-  let current: M[] = [];
-  let size = 0;
-  for (const m of messages) {
-    const n = sizeOf(m);
-    if (current.length > 0 && size + n > budget) {
-      groups.push(current);
-      current = [];
-      size = 0;
-    }
-    current.push(m);
-    size += n;
-  }
-  if (current.length > 0) groups.push(current);
-  return groups;
-}
-
 /** A broker refusal that no retry can change: the record (or the request) is over the broker's limit. */
 export function isTooLarge(err: unknown): boolean {
   for (

@@ -9,11 +9,11 @@ import { withRetry } from '../retry.js';
 import {
   buildDeadLetter,
   headerBytes,
-  groupBySize,
   isTooLarge,
   withoutOriginal,
   type DeadLetterSource,
 } from './dead-letter.js';
+import { produceRequests } from './requests.js';
 import { processChunk, type BadRecord, type BatchContext, type BatchHandler } from './chunk.js';
 import { decodeMessage, decodeMessageSync, type Parser } from './decode.js';
 import { createGroupMonitor } from './group-monitor.js';
@@ -230,9 +230,9 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     let stripped = 0;
     // Dead letters stay plain JSON even with a registry: they must be readable when the registry is the problem.
     // One produce request per size budget: the broker's limit applies to a partition's whole record batch.
-    for (const group of groupBySize(
+    for (const group of produceRequests(
       built,
-      (g) => Buffer.byteLength(g.message.value) + headerBytes(g.message.headers),
+      built.map((g) => Buffer.byteLength(g.message.value) + headerBytes(g.message.headers)),
       DEAD_LETTER_REQUEST_BUDGET,
     )) {
       try {

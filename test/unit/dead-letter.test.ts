@@ -3,7 +3,6 @@ import { describe, expect, it } from 'vitest';
 import { deadLetterRecordV1 } from '../../schemas/index.js';
 import {
   buildDeadLetter,
-  groupBySize,
   headerBytes,
   isTooLarge,
   MAX_ORIGINAL_HEADER_BYTES,
@@ -103,11 +102,6 @@ describe('dead-letter record builder', () => {
       JSON.parse(buildDeadLetter('svc', src(null), 'undecodable', 'empty', limits, 1).value),
     );
     expect([empty.original_b64, empty.original_size, empty.original_sha256]).toEqual([null, 0, undefined]);
-  });
-
-  it('groups by a size budget; an item over the budget goes alone', () => {
-    const g = groupBySize([3, 3, 3, 10, 1], (n) => n, 6);
-    expect(g).toEqual([[3, 3], [3], [10], [1]]);
   });
 
   it('recognises the broker refusing a record as too large, also when wrapped', () => {
