@@ -22,9 +22,42 @@ export class CatalogError extends Error {}
 
 const DEFAULT_POLICY: CatalogPolicy = catalogPolicyV1.parse({});
 
+/** The node a local `$ref` (`#/definitions/X`, `#/$defs/X`) points at in `root`; undefined for any other ref. */
+function localRef(root: Record<string, unknown>, ref: string): unknown {
+  if (ref !== '#' && !ref.startsWith('#/')) return undefined;
+  let node: unknown = root;
+  for (const part of ref === '#' ? [] : ref.slice(2).split('/')) {
+    let key: string;
+    try {
+      key = decodeURIComponent(part).replace(/~1/g, '/').replace(/~0/g, '~');
+    } catch {
+      return undefined; // a malformed escape: ajv refuses the schema anyway
+    }
+    if (typeof node !== 'object' || node === null || !Object.hasOwn(node, key)) return undefined;
+    node = (node as Record<string, unknown>)[key];
+  }
+  return node;
+}
+
+/**
+ * Top-level keys every valid payload must hold: the schema's `required`, and those of the schemas it must also
+ * satisfy (each of `allOf`, a local `$ref`). A schema generated with its model under `definitions`/`$defs` (a root
+ * `$ref`, as zod-to-json-schema writes a named schema) requires its model's keys: read as requiring nothing, the
+ * tool was never a candidate without `auto_seq_from`, though the observation validated.
+ */
 function requiredKeys(schema: Record<string, unknown>): string[] {
-  const req = schema.required;
-  return Array.isArray(req) ? [...new Set(req.filter((k): k is string => typeof k === 'string'))].sort() : [];
+  const keys = new Set<string>();
+  const visited = new Set<unknown>();
+  const walk = (node: unknown) => {
+    if (typeof node !== 'object' || node === null || visited.has(node)) return;
+    visited.add(node);
+    const n = node as Record<string, unknown>;
+    if (Array.isArray(n.required)) for (const k of n.required) if (typeof k === 'string') keys.add(k);
+    if (Array.isArray(n.allOf)) for (const sub of n.allOf) walk(sub);
+    if (typeof n.$ref === 'string') walk(localRef(schema, n.$ref));
+  };
+  walk(schema);
+  return [...keys].sort();
 }
 
 export function compileTool(compiler: SchemaCompiler, spec: CatalogTool): CompiledTool {

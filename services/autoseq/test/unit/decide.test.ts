@@ -175,6 +175,22 @@ describe('candidate gates', () => {
     expect(only(c, event(good)).tool).toBe('anything');
     expect(only(c, event(good, { tool: 'other' })).event_type).toBe('auto_seq_detected_none');
   });
+  it('a schema that requires keys through a root $ref or allOf is a candidate like a plain one', () => {
+    // zod-to-json-schema's named output, and composed schemas: the model's keys are required, so the tool is
+    // not "universal". Read as requiring nothing, it was never a candidate though the observation validated.
+    const viaRef = { $ref: '#/definitions/RouteDecision', definitions: { RouteDecision: route } };
+    expect(only(catalogOf([tool('init_docs', viaRef)]), event(good)).tool).toBe('init_docs');
+    expect(only(catalogOf([tool('init_docs', { allOf: [route] })]), event(good)).tool).toBe('init_docs');
+    // Still validated: a payload without the model's keys does not match.
+    expect(only(catalogOf([tool('init_docs', viaRef)]), event({ text: 'hi' })).event_type).toBe(
+      'auto_seq_detected_none',
+    );
+    // A ref to a schema that requires nothing is universal as before.
+    const anyRef = { $ref: '#/$defs/Any', $defs: { Any: { type: 'object' } } };
+    expect(only(catalogOf([tool('anything', anyRef)]), event(good)).event_type).toBe(
+      'auto_seq_detected_none',
+    );
+  });
   it('auto_seq_from narrows any tool to its upstream tools', () => {
     const c = catalogOf([tool('a', route, { auto_seq_from: ['search'] })]);
     expect(only(c, event(good, { tool: 'search' })).tool).toBe('a');
