@@ -1,5 +1,6 @@
 import type { FlowRegistry } from '../core/registry.js';
 import {
+  augment,
   choose,
   needsModel,
   recall,
@@ -35,8 +36,11 @@ export async function select(
   const deadline = AbortSignal.timeout(d.budgetMs);
   let vector: number[] | null = null;
   if (d.embeddings && d.registry.index(tenant, agent)?.vectors.size) {
-    // Dense recall is a bonus: a failing embedder leaves sparse recall alone.
-    vector = (await embed(d.embeddings, [query], deadline).catch(() => null))?.[0] ?? null;
+    // Dense recall is a bonus: a failing embedder leaves sparse recall alone. It embeds the query with the recent
+    // episode summaries, as sparse recall searches it (flow-selector.txt: retrieval appends them, so "help me with
+    // that" finds what "that" was); the query alone lost them in the dense ranking.
+    const text = augment(query, summaries, p.maxSummaries);
+    vector = (await embed(d.embeddings, [text], deadline).catch(() => null))?.[0] ?? null;
   }
   const cands = recall(
     d.registry,
