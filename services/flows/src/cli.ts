@@ -2,7 +2,7 @@ import { parseFlags } from '../../../shared/flags.js';
 import { parseArgs } from 'node:util';
 import { flowsFileV1 } from '../../../schemas/index.js';
 import { describeIssues, readConfigFile } from '../../../shared/jsonl.js';
-import { select } from './adapters/selector.js';
+import { fillVectors, select } from './adapters/selector.js';
 import { PromptCache } from './core/prompt.js';
 import { FlowRegistry, registerManual } from './core/registry.js';
 import { OutcomeBook } from './core/outcomes.js';
@@ -17,7 +17,8 @@ environment, at their service defaults when unset); a flag wins.
 
 Runs flow selection offline over a flows file (a JSON/YAML array of flows) and prints the result as one JSON line (--pretty indents it).
 With FLOWS_CHAT_URL (and FLOWS_CHAT_API_KEY, FLOWS_CHAT_MODEL) set, several candidates go to that
-OpenAI-compatible chat endpoint; without it, the top-ranked candidate is chosen. When the file is
+OpenAI-compatible chat endpoint; without it, the top-ranked candidate is chosen. With FLOWS_EMBEDDINGS_URL
+(and FLOWS_EMBEDDINGS_API_KEY, FLOWS_EMBEDDINGS_MODEL), recall is also dense, as in the service. When the file is
 {flows, past_runs} (\`paver flows from-candidates --history\`), the flows are also ranked by how well their
 steps matched the past runs with the most similar first requests; one not above --outcome-floor (default 0)
 on such evidence is not chosen.
@@ -91,20 +92,41 @@ export async function selectCommand(argv: string[]): Promise<number> {
   // Offline, every flow in the file is in the one scope asked about.
   for (const d of Array.isArray(parsed.data) ? parsed.data : parsed.data.flows)
     registry.upsert(registerManual({ ...d, tenant_id: tenant, agent_id: agent }, 0));
-  const env = process.env;
   // Past runs in the file rank flows by past outcomes, as the service's memory does.
   const outcomes = new OutcomeBook(pol.outcome());
   for (const run of Array.isArray(parsed.data) ? [] : (parsed.data.past_runs ?? []))
     outcomes.add(tenant, agent, run);
-  const chat = env.FLOWS_CHAT_URL
+  const chat = settings.FLOWS_CHAT_URL
     ? {
-        baseUrl: env.FLOWS_CHAT_URL,
-        apiKey: env.FLOWS_CHAT_API_KEY,
-        model: env.FLOWS_CHAT_MODEL ?? 'gpt-4o-mini',
+        baseUrl: settings.FLOWS_CHAT_URL,
+        apiKey: settings.FLOWS_CHAT_API_KEY,
+        model: settings.FLOWS_CHAT_MODEL,
       }
     : undefined;
+  // Dense recall as the service does it (FLOWS_EMBEDDINGS_URL): the flows' vectors, then the request's. Offline
+  // selection without it ranked on sparse recall alone and could choose another flow than the service.
+  const embeddings = settings.FLOWS_EMBEDDINGS_URL
+    ? {
+        baseUrl: settings.FLOWS_EMBEDDINGS_URL,
+        apiKey: settings.FLOWS_EMBEDDINGS_API_KEY,
+        model: settings.FLOWS_EMBEDDINGS_MODEL,
+      }
+    : undefined;
+  if (embeddings)
+    await fillVectors(registry, embeddings, settings.FLOWS_SELECT_BUDGET_MS * 5).catch((err: unknown) =>
+      process.stderr.write(
+        `paver select: flow embeddings failed (${errorMessage(err)}); sparse recall only\n`,
+      ),
+    );
   const result = await select(
-    { registry, prompts: new PromptCache(), chat, budgetMs: settings.FLOWS_SELECT_BUDGET_MS, outcomes },
+    {
+      registry,
+      prompts: new PromptCache(),
+      chat,
+      embeddings,
+      budgetMs: settings.FLOWS_SELECT_BUDGET_MS,
+      outcomes,
+    },
     tenant,
     agent,
     values.query,
