@@ -92,5 +92,5 @@ export function select(flows: readonly unknown[], query: string, opts: SelectOpt
   });
   const summaries = opts.summaries ?? [];
   const cands = recall(registry, tenant, agent, query, summaries, p);
-  return choose(registry, tenant, agent, cands, { kind: 'none' }, p, new PromptCache());
+  return choose(cands, { kind: 'none' }, p, new PromptCache());
 }

@@ -74,7 +74,7 @@ export async function select(
       );
     }
   }
-  return choose(d.registry, tenant, agent, cands, model, p, d.prompts);
+  return choose(cands, model, p, d.prompts);
 }
 
 /** Computes the vectors the registry lacks, in batches; failures are retried on the next call. */

@@ -152,9 +152,6 @@ export const needsModel = (cands: Candidate[], p: SelectPolicy) =>
 
 /** Stage 2: the fast path, the model's answer mapped back to the registry, or the fallback. */
 export function choose(
-  reg: FlowRegistry,
-  tenant: string,
-  agent: string,
   cands: Candidate[],
   model: ModelOutcome,
   p: SelectPolicy,
@@ -185,12 +182,16 @@ export function choose(
   if (model.kind === 'failed') return fallback();
   const ids = parseIds(model.text);
   if (!ids || ids.length === 0) return fallback();
+  // Only the candidates the model was shown can be chosen. Another id is one it made up, or one the request's
+  // text put in its mouth ("answer [\"<id>\"]"): taken from the registry, as the reference does, it would let a
+  // user's message pick any registered flow, past recall and the score floor.
+  const shown = new Map(cands.map((c) => [c.flow.id, c.flow]));
   const chosen: RegisteredFlow[] = [];
   const unresolved: string[] = [];
   for (const id of ids) {
-    const f = reg.get(tenant, agent, id);
-    if (f) chosen.push(f);
-    else unresolved.push(id);
+    const f = shown.get(id);
+    if (f && !chosen.includes(f)) chosen.push(f);
+    else if (!f) unresolved.push(id);
   }
   return chosen.length ? result('model', chosen, unresolved) : fallback(unresolved);
 }

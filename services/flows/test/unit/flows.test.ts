@@ -180,7 +180,7 @@ describe('selection', () => {
   it('fast path with one candidate: no model', () => {
     const c = recall(reg, 'default', 'default', 'refund please', [], DEFAULT_POLICY);
     expect(c).toHaveLength(1);
-    expect(choose(reg, 'default', 'default', c, { kind: 'failed' }, DEFAULT_POLICY, prompts)).toMatchObject({
+    expect(choose(c, { kind: 'failed' }, DEFAULT_POLICY, prompts)).toMatchObject({
       path: 'fast_path',
       chosen: [{ name: 'refund_order' }],
     });
@@ -188,9 +188,6 @@ describe('selection', () => {
   const several = () => recall(reg, 'default', 'default', 'money refund balance bill', [], DEFAULT_POLICY);
   it('model path: several flows, ids mapped back to the registry, unknown ids reported', () => {
     const s = choose(
-      reg,
-      'default',
-      'default',
       several(),
       { kind: 'answer', text: `["${ids('pay_bill')}", "ghost-id", "${ids('check_balance')}"]` },
       DEFAULT_POLICY,
@@ -201,6 +198,23 @@ describe('selection', () => {
     expect(s.unresolved_ids).toEqual(['ghost-id']);
     expect(s.combined_prompt).toBe(s.chosen_prompts.join('\n'));
   });
+  it('model path: only the candidates the model was shown can be chosen; a registered flow recall did not find is unresolved', () => {
+    // Recall showed two of the scope's flows.
+    const c = several().slice(0, 2);
+    const outside = reg.list('default', 'default').find((f) => !c.some((x) => x.flow.id === f.id))!;
+    expect(c).toHaveLength(2);
+    expect(outside).toBeDefined();
+    const answer = `["${outside.id}", "${c[1]!.flow.id}", "${c[1]!.flow.id}"]`;
+    const s = choose(c, { kind: 'answer', text: answer }, DEFAULT_POLICY, prompts);
+    expect(s).toMatchObject({ path: 'model', chosen: [{ id: c[1]!.flow.id }], unresolved_ids: [outside.id] });
+    expect(s.chosen_prompts).toHaveLength(1);
+    // Named alone, it is no answer at all: the fallback decides.
+    expect(choose(c, { kind: 'answer', text: `["${outside.id}"]` }, DEFAULT_POLICY, prompts)).toMatchObject({
+      path: 'fallback',
+      chosen: [{ id: c[0]!.flow.id }],
+      unresolved_ids: [outside.id],
+    });
+  });
   it('fallback to the top-ranked on an unusable answer, an error, or no model; fail_open chooses nothing', () => {
     const c = several();
     for (const m of [
@@ -208,46 +222,30 @@ describe('selection', () => {
       { kind: 'answer' as const, text: '[]' },
       { kind: 'failed' as const },
     ]) {
-      expect(choose(reg, 'default', 'default', c, m, DEFAULT_POLICY, prompts)).toMatchObject({
+      expect(choose(c, m, DEFAULT_POLICY, prompts)).toMatchObject({
         path: 'fallback',
         chosen: [{ id: c[0]!.flow.id }],
       });
     }
-    expect(
-      choose(
-        reg,
-        'default',
-        'default',
-        c,
-        { kind: 'failed' },
-        { ...DEFAULT_POLICY, failOpen: true },
-        prompts,
-      ),
-    ).toMatchObject({ path: 'fail_open', chosen: [] });
-    expect(
-      choose(reg, 'default', 'default', c, { kind: 'answer', text: '["ghost"]' }, DEFAULT_POLICY, prompts),
-    ).toMatchObject({ path: 'fallback', unresolved_ids: ['ghost'] });
+    expect(choose(c, { kind: 'failed' }, { ...DEFAULT_POLICY, failOpen: true }, prompts)).toMatchObject({
+      path: 'fail_open',
+      chosen: [],
+    });
+    expect(choose(c, { kind: 'answer', text: '["ghost"]' }, DEFAULT_POLICY, prompts)).toMatchObject({
+      path: 'fallback',
+      unresolved_ids: ['ghost'],
+    });
     // No model configured is not a failure: the path says what decided.
-    expect(choose(reg, 'default', 'default', c, { kind: 'none' }, DEFAULT_POLICY, prompts)).toMatchObject({
+    expect(choose(c, { kind: 'none' }, DEFAULT_POLICY, prompts)).toMatchObject({
       path: 'top_ranked',
       chosen: [{ id: c[0]!.flow.id }],
     });
   });
   it('a top score under the floor, or no candidate, chooses nothing', () => {
     expect(
-      choose(
-        reg,
-        'default',
-        'default',
-        several(),
-        { kind: 'none' },
-        { ...DEFAULT_POLICY, scoreFloor: 0.5 },
-        prompts,
-      ),
+      choose(several(), { kind: 'none' }, { ...DEFAULT_POLICY, scoreFloor: 0.5 }, prompts),
     ).toMatchObject({ path: 'none', chosen: [] });
-    expect(choose(reg, 'default', 'default', [], { kind: 'none' }, DEFAULT_POLICY, prompts).path).toBe(
-      'none',
-    );
+    expect(choose([], { kind: 'none' }, DEFAULT_POLICY, prompts).path).toBe('none');
   });
   it('top_k bounds the candidates', () => {
     expect(
