@@ -2,7 +2,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from 'node:net';
 import { Histogram, type Registry } from 'prom-client';
 import type { Logger } from './log.js';
-import { errorMessage } from './errors.js';
+import { classifyError, errorMessage } from './errors.js';
 
 export interface HttpRequest {
   method: string;
@@ -254,10 +254,30 @@ export function createHttpServer(opts: {
           }
           return send(res, 404, { error: 'not found' });
         } catch (err) {
-          const status = (err as { status?: number }).status ?? 500;
-          if (status >= 500)
+          const status = (err as { status?: number }).status;
+          if (status === undefined) {
+            // Redis (or Kafka) not answering is not the service's bug: 503, which a client retries, not a 500.
+            // The connection error itself stays in the log.
+            const e = classifyError(err);
+            if (e.retriable) {
+              opts.log.warn(
+                { err: e.message, code: e.code, path: url.pathname },
+                'http handler: dependency unavailable',
+              );
+              res.setHeader('retry-after', '1');
+              return send(res, 503, {
+                error:
+                  e.code === 'REDIS_UNAVAILABLE'
+                    ? 'Redis is unavailable, retry later'
+                    : 'temporarily unavailable, retry later',
+              });
+            }
+          }
+          if (status === undefined || status >= 500)
             opts.log.error({ err: errorMessage(err), path: url.pathname }, 'http handler failed');
-          return send(res, status, { error: status >= 500 ? 'internal error' : errorMessage(err) });
+          return send(res, status ?? 500, {
+            error: status === undefined || status >= 500 ? 'internal error' : errorMessage(err),
+          });
         }
       })();
     },

@@ -260,3 +260,56 @@ describe('slow clients', () => {
     }
   }, 40_000);
 });
+
+describe('a dependency that does not answer', () => {
+  it('answers 503 with Retry-After and a JSON error when a handler meets Redis down (not a 500), without the connection error', async () => {
+    const s = createHttpServer({
+      registry: new Registry(),
+      log: createLogger('test', 'silent'),
+      readiness: [],
+      routes: [
+        {
+          method: 'GET',
+          path: '/refused',
+          handler: () => {
+            throw Object.assign(new Error('connect ECONNREFUSED 10.0.0.7:6379'), { code: 'ECONNREFUSED' });
+          },
+        },
+        {
+          method: 'GET',
+          path: '/timeout',
+          handler: () => {
+            throw new Error('Command timed out');
+          },
+        },
+        {
+          method: 'GET',
+          path: '/bug',
+          handler: () => {
+            throw new TypeError('x is undefined');
+          },
+        },
+      ],
+    });
+    const port = await s.listen(0, '127.0.0.1');
+    const get = async (p: string) => {
+      const r = await fetch(`http://127.0.0.1:${port}${p}`);
+      return {
+        status: r.status,
+        retryAfter: r.headers.get('retry-after'),
+        body: (await r.json()) as unknown,
+      };
+    };
+    try {
+      for (const p of ['/refused', '/timeout'])
+        expect(await get(p), p).toEqual({
+          status: 503,
+          retryAfter: '1',
+          body: { error: 'Redis is unavailable, retry later' },
+        });
+      expect(await get('/bug')).toEqual({ status: 500, retryAfter: null, body: { error: 'internal error' } });
+    } finally {
+      await s.close();
+    }
+  });
+});

@@ -1,0 +1,96 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { Redis } from 'ioredis';
+import { afterAll, describe, expect, it } from 'vitest';
+import { freePort } from '../../deploy/local/stack.js';
+import { createTopics, waitFor } from '../helpers/kafka.js';
+import { isReady, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
+
+const procs: Proc[] = [];
+const servers: ChildProcess[] = [];
+afterAll(() => {
+  for (const p of procs)
+    if (p.child.exitCode === null && p.child.signalCode === null) p.child.kill('SIGKILL');
+  for (const s of servers) {
+    if (s.exitCode === null && s.signalCode === null) {
+      s.kill('SIGCONT');
+      s.kill('SIGKILL');
+    }
+  }
+});
+
+/** A redis-server of this test's own, to stop or freeze. */
+async function ownRedis(): Promise<{ child: ChildProcess; url: string }> {
+  const port = await freePort();
+  const child = spawn('redis-server', ['--port', String(port), '--save', '', '--appendonly', 'no'], {
+    stdio: 'ignore',
+  });
+  servers.push(child);
+  const probe = new Redis(port, '127.0.0.1', {
+    lazyConnect: true,
+    maxRetriesPerRequest: 0,
+    retryStrategy: () => null,
+  });
+  probe.on('error', () => undefined);
+  await waitFor(async () => {
+    try {
+      if (probe.status !== 'ready') await probe.connect();
+      return (await probe.ping()) === 'PONG';
+    } catch {
+      probe.disconnect();
+      return false;
+    }
+  }, `redis-server on ${port}`);
+  probe.disconnect();
+  return { child, url: `redis://127.0.0.1:${port}` };
+}
+
+/** One request with a guard far above the deadlines: a hang answers null. */
+async function request(
+  url: string,
+): Promise<{ status: number; body: unknown; retryAfter: string | null } | null> {
+  try {
+    const res = await fetch(url, { signal: AbortSignal.timeout(20_000) });
+    const text = await res.text();
+    return {
+      status: res.status,
+      body: JSON.parse(text) as unknown,
+      retryAfter: res.headers.get('retry-after'),
+    };
+  } catch {
+    return null;
+  }
+}
+
+describe('HTTP API while Redis is down (real Kafka, real Redis, real process)', () => {
+  it('a route that needs Redis answers 503 with a JSON error saying so, not a 500, whether Redis is gone or frozen', async () => {
+    const r = await ownRedis();
+    const env = serviceEnv({ REDIS_URL: r.url, REDIS_COMMAND_TIMEOUT_MS: '1000' });
+    await createTopics([
+      { topic: env.PAVER_TOPIC_TOOL_CALLS! },
+      { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
+      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
+    ]);
+    const p = await startProcess(['bin/paver.js', 'run', 'detector'], env);
+    procs.push(p);
+    await waitFor(() => isReady(p), 'detector /readyz').catch((err: Error) => {
+      throw new Error(`${err.message}\n${p.output()}`);
+    });
+    const url = p.url('/candidates?tenant_id=default&agent_id=default');
+    expect((await request(url))?.status).toBe(200);
+
+    // Frozen: a command times out after REDIS_COMMAND_TIMEOUT_MS.
+    r.child.kill('SIGSTOP');
+    const frozen = await request(url);
+    r.child.kill('SIGCONT');
+    expect(frozen).toMatchObject({ status: 503, body: { error: expect.stringMatching(/Redis/) } });
+    expect(frozen?.retryAfter).toBe('1');
+
+    // Gone: the connection is refused.
+    r.child.kill('SIGKILL');
+    await waitFor(() => r.child.exitCode !== null || r.child.signalCode !== null, 'redis-server gone');
+    const gone = await request(url);
+    expect(gone).toMatchObject({ status: 503, body: { error: expect.stringMatching(/Redis/) } });
+    expect(JSON.stringify(gone?.body)).not.toMatch(/ECONNREFUSED|MaxRetries|at .*\.js/);
+    expect(p.child.exitCode).toBeNull();
+  });
+});
