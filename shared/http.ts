@@ -182,6 +182,13 @@ export function createHttpServer(opts: {
     res.end(text);
   };
 
+  /** 405 with the `Allow` header RFC 9110 requires: the path's methods (HEAD wherever GET is). */
+  const notAllowed = (res: ServerResponse, methods: string[]) => {
+    const all = new Set(methods.flatMap((m) => (m === 'GET' ? ['GET', 'HEAD'] : [m])));
+    res.setHeader('allow', [...all].sort().join(', '));
+    return send(res, 405, { error: `method not allowed (allowed: ${[...all].sort().join(', ')})` });
+  };
+
   const latency = requestHistogram(opts.registry);
   const KNOWN_METHODS = new Set(['GET', 'POST', 'PUT', 'DELETE', 'PATCH', 'HEAD', 'OPTIONS']);
 
@@ -197,6 +204,8 @@ export function createHttpServer(opts: {
     (req, res) => {
       const started = process.hrtime.bigint();
       const method = req.method ?? 'GET';
+      // HEAD is a GET without its body (node:http leaves the body out of a HEAD response, headers included).
+      const asGet = method === 'HEAD' ? 'GET' : method;
       // The route's pattern, not its path: session ids in a label would be unbounded cardinality.
       let route = 'unmatched';
       res.once('finish', () => {
@@ -211,13 +220,15 @@ export function createHttpServer(opts: {
         let url: ReturnType<typeof parseTarget> = { pathname: '', query: new URLSearchParams() };
         try {
           url = parseTarget(req.url ?? '/');
-          if (url.pathname === '/metrics' || url.pathname === '/healthz' || url.pathname === '/readyz')
+          if (url.pathname === '/metrics' || url.pathname === '/healthz' || url.pathname === '/readyz') {
             route = url.pathname;
-          if (method === 'GET' && url.pathname === '/metrics') {
+            if (asGet !== 'GET') return notAllowed(res, ['GET']);
+          }
+          if (url.pathname === '/metrics') {
             return send(res, 200, await opts.registry.metrics(), opts.registry.contentType);
           }
-          if (method === 'GET' && url.pathname === '/healthz') return send(res, 200, { status: 'ok' });
-          if (method === 'GET' && url.pathname === '/readyz') {
+          if (url.pathname === '/healthz') return send(res, 200, { status: 'ok' });
+          if (url.pathname === '/readyz') {
             const results = await Promise.all(
               opts.readiness.map(async (c) => [c.name, await bounded(c.check, checkTimeout)] as const),
             );
@@ -230,15 +241,20 @@ export function createHttpServer(opts: {
             });
           }
           if (!routes) return send(res, 503, { error: 'starting' });
+          // Every route of the path is looked at: one path may take GET and POST, each its own route.
+          const allowed: string[] = [];
           for (const r of routes) {
             const m = r.re.exec(url.pathname);
             if (!m) continue;
             route = r.path;
-            if (r.method !== method) return send(res, 405, { error: 'method not allowed' });
+            if (r.method !== asGet) {
+              allowed.push(r.method);
+              continue;
+            }
             // A browser sends Origin with a request another site's page makes; curl, the CLI and services do
             // not. The API has no cookies or CORS, but a page can still POST (promote a flow) to a port it can
             // reach (localhost, a cluster address): such a request is refused before its handler runs.
-            if (method !== 'GET' && req.headers.origin !== undefined)
+            if (asGet !== 'GET' && req.headers.origin !== undefined)
               return send(res, 403, { error: 'requests from web pages are refused (Origin header)' });
             const params: Record<string, string> = {};
             r.names.forEach((n, i) => (params[n] = decodeParam(m[i + 1] ?? '')));
@@ -252,6 +268,7 @@ export function createHttpServer(opts: {
             if (out.json !== undefined) return send(res, out.status, out.json, 'application/json', true);
             return send(res, out.status, out.body, out.contentType);
           }
+          if (allowed.length > 0) return notAllowed(res, allowed);
           return send(res, 404, { error: 'not found' });
         } catch (err) {
           const status = (err as { status?: number }).status;

@@ -313,3 +313,41 @@ describe('a dependency that does not answer', () => {
     }
   });
 });
+
+describe('methods', () => {
+  it('answers 405 with an Allow header for a known path and a wrong method, HEAD like GET without a body, and serves every method a path has', async () => {
+    const s = createHttpServer({
+      registry: new Registry(),
+      log: createLogger('test', 'silent'),
+      readiness: [{ name: 'x', check: () => true }],
+      routes: [
+        { method: 'GET', path: '/things', handler: () => ({ status: 200, body: ['a'] }) },
+        { method: 'POST', path: '/things', handler: () => ({ status: 201, body: { made: true } }) },
+        { method: 'POST', path: '/things/:id/go', handler: () => ({ status: 200, body: {} }) },
+      ],
+    });
+    const port = await s.listen(0, '127.0.0.1');
+    const call = async (method: string, p: string) => {
+      const r = await fetch(`http://127.0.0.1:${port}${p}`, { method });
+      return { status: r.status, allow: r.headers.get('allow'), text: await r.text() };
+    };
+    try {
+      // Before: the first route of the path answered 405 for the method of the second one.
+      expect(await call('POST', '/things')).toMatchObject({ status: 201, text: '{"made":true}' });
+      expect(await call('GET', '/things')).toMatchObject({ status: 200, text: '["a"]' });
+      expect(await call('DELETE', '/things')).toMatchObject({ status: 405, allow: 'GET, HEAD, POST' });
+      expect(await call('GET', '/things/1/go')).toMatchObject({ status: 405, allow: 'POST' });
+      expect(JSON.parse((await call('GET', '/things/1/go')).text)).toEqual({
+        error: 'method not allowed (allowed: POST)',
+      });
+      // Before: 404 for the built-in endpoints, 405 for the routes.
+      for (const p of ['/metrics', '/healthz', '/readyz', '/things'])
+        expect(await call('HEAD', p), p).toMatchObject({ status: 200, text: '' });
+      for (const p of ['/metrics', '/healthz', '/readyz'])
+        expect(await call('POST', p), p).toMatchObject({ status: 405, allow: 'GET, HEAD' });
+      expect(await call('GET', '/nowhere')).toMatchObject({ status: 404, allow: null });
+    } finally {
+      await s.close();
+    }
+  });
+});
