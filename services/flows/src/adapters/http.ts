@@ -3,7 +3,12 @@ import { id as idSchema, LIMITS, type RegisteredFlow } from '../../../../schemas
 import type { Route } from '../../../../shared/http.js';
 import { describeIssues } from '../../../../shared/jsonl.js';
 import { wilsonLower } from '../../../../shared/core/wilson.js';
-import { shadowPrecision, type ManualDecision, type StoredCandidate } from '../core/promotion.js';
+import {
+  shadowPrecision,
+  type CandidateStatus,
+  type ManualDecision,
+  type StoredCandidate,
+} from '../core/promotion.js';
 import type { FlowRegistry } from '../core/registry.js';
 import type { Selection } from '../core/select.js';
 import type { RedisFlowStore } from './redis/store.js';
@@ -29,6 +34,13 @@ export interface HttpDeps {
   ) => Promise<{ outcome: ManualDecision; flow: RegisteredFlow | null }>;
   select: (tenant: string, agent: string, query: string, summaries: string[]) => Promise<Selection>;
 }
+
+const CANDIDATE_STATUSES = [
+  'pending',
+  'promoted',
+  'rejected',
+  'retracted',
+] as const satisfies readonly CandidateStatus[];
 
 const scopeOf = (q: URLSearchParams) => ({
   tenant: q.get('tenant_id') ?? 'default',
@@ -83,6 +95,9 @@ export function flowRoutes(d: HttpDeps): Route[] {
         const s = scopeOf(req.query);
         if (badScope(s)) return { status: 400, body: { error: 'bad tenant_id/agent_id' } };
         const status = req.query.get('status');
+        // A misspelt status filtered everything out: an empty list, as if there were no such candidates.
+        if (status !== null && !(CANDIDATE_STATUSES as readonly string[]).includes(status))
+          return { status: 400, body: { error: `status must be one of ${CANDIDATE_STATUSES.join(', ')}` } };
         const all = (await d.store.listCandidates(s.tenant, s.agent)).filter(
           (c) => !status || c.status === status,
         );
