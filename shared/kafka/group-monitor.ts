@@ -124,10 +124,13 @@ export function createGroupMonitor(o: {
           );
         }
       }
-      // Partitions moved to another member: their figures are that member's to report now.
+      // Partitions moved to another member: their figures are that member's to report now. One assigned since
+      // this poll read the assignment (reported by the runner meanwhile) is still this member's.
+      const nowAssigned = o.assignment();
       for (const key of reported) {
         if (seen.has(key)) continue;
         const [topic, partition] = key.split('\0') as [string, string];
+        if ((nowAssigned[topic] ?? []).includes(Number(partition))) continue;
         o.metrics.consumerLag.remove({ topic, partition });
         o.metrics.oldestUnprocessedAge.remove({ topic, partition });
         oldest.delete(key);
@@ -181,6 +184,8 @@ export function createGroupMonitor(o: {
     processed(topic, partition, next, high) {
       const key = k(topic, partition);
       reportedAt.set(key, reports++);
+      // Exported from now on, so a poll removes it once the partition moves away, even if no poll saw it here.
+      reported.add(key);
       // The runner sets the lag gauge at the same moment: keep the two consistent between polls.
       if (next >= high) {
         oldest.delete(key);

@@ -60,3 +60,70 @@ describe('group monitor', () => {
     expect(await lagOf(registry)).toBe(0);
   });
 });
+
+describe('group monitor: partitions that moved away', () => {
+  it('drops the figures of a partition the runner reported but no poll saw once it is no longer assigned', async () => {
+    const registry = new Registry();
+    const metrics = createMetrics('test', registry);
+    let gate: Promise<void> = Promise.resolve();
+    let release: () => void = () => undefined;
+    let polls = 0;
+    const admin = {
+      connect: async () => undefined,
+      disconnect: async () => undefined,
+      describeGroups: async () => ({
+        groups: [{ groupId: 'g', state: 'Stable', members: [{ memberId: 'm' }] }],
+      }),
+      fetchTopicOffsets: async () => [0, 1].map((partition) => ({ partition, high: '20', low: '0' })),
+      fetchOffsets: async () => {
+        await gate;
+        polls++;
+        return [{ topic: 't', partitions: [0, 1].map((partition) => ({ partition, offset: '20' })) }];
+      },
+    };
+    let assignment: Record<string, number[]> = { t: [0] };
+    const monitor = createGroupMonitor({
+      groupId: 'g',
+      topics: ['t'],
+      env: commonEnvSchema.parse({ KAFKA_BROKERS: '127.0.0.1:1', REDIS_URL: 'redis://127.0.0.1:1' }),
+      log: silentLogger(),
+      metrics,
+      memberId: () => 'm',
+      assignment: () => assignment,
+      admin: () => admin as never,
+    });
+    const series = async () =>
+      (await registry.getMetricsAsJSON())
+        .filter(
+          (x) =>
+            x.name === 'paver_consumer_lag' || x.name === 'paver_consumer_oldest_unprocessed_age_seconds',
+        )
+        .flatMap((x) => x.values.map((v) => `${x.name}{${String(v.labels.partition)}}`))
+        .sort();
+    const pollDone = async (n: number) => {
+      for (let i = 0; i < 1000 && polls < n; i++) await new Promise((r) => setImmediate(r));
+      expect(polls).toBe(n);
+    };
+    // A poll is in flight (over the old assignment) when a rebalance gives this member partition 1: the join's
+    // poke finds a poll running and is dropped; the runner processes partition 1 and reports its figures.
+    gate = new Promise<void>((r) => (release = r));
+    monitor.poke();
+    await new Promise((r) => setImmediate(r));
+    assignment = { t: [0, 1] };
+    monitor.poke();
+    metrics.consumerLag.set({ topic: 't', partition: '1' }, 7);
+    monitor.processed('t', 1, 13n, 20n);
+    release();
+    await pollDone(1);
+    // Another rebalance takes partition 1 away before the next poll.
+    assignment = { t: [0] };
+    monitor.poke();
+    await pollDone(2);
+    await monitor.stop();
+    // Before: partition 1's lag (7) and age stayed exported by this member for good, counted twice in a sum.
+    expect(await series()).toEqual([
+      'paver_consumer_lag{0}',
+      'paver_consumer_oldest_unprocessed_age_seconds{0}',
+    ]);
+  });
+});
