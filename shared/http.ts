@@ -119,6 +119,22 @@ export function parseTarget(target: string): { pathname: string; query: URLSearc
   return { pathname: url.pathname, query: url.searchParams };
 }
 
+/**
+ * A query whose escapes do not spell UTF-8 (`tenant_id=%FF`): URLSearchParams turns them into U+FFFD, so the
+ * route would answer for a name the client never sent. A '%' not followed by two hex digits stays literal, as
+ * URLSearchParams keeps it.
+ */
+function queryBadUtf8(target: string): boolean {
+  const q = target.indexOf('?');
+  if (q < 0 || !target.includes('%', q)) return false;
+  try {
+    decodeURIComponent(target.slice(q + 1).replace(/%(?![0-9a-fA-F]{2})/g, '%25'));
+    return false;
+  } catch {
+    return true;
+  }
+}
+
 /** A path parameter, percent-decoded; a bad escape is the client's error. */
 function decodeParam(raw: string): string {
   try {
@@ -256,6 +272,8 @@ export function createHttpServer(opts: {
             // reach (localhost, a cluster address): such a request is refused before its handler runs.
             if (asGet !== 'GET' && req.headers.origin !== undefined)
               return send(res, 403, { error: 'requests from web pages are refused (Origin header)' });
+            if (queryBadUtf8(req.url ?? ''))
+              return send(res, 400, { error: 'bad percent-encoding in the query (not UTF-8)' });
             const params: Record<string, string> = {};
             r.names.forEach((n, i) => (params[n] = decodeParam(m[i + 1] ?? '')));
             const out = await r.handler({

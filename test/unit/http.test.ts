@@ -351,3 +351,39 @@ describe('methods', () => {
     }
   });
 });
+
+describe('query encoding', () => {
+  it('refuses with 400 a query whose escapes are not UTF-8 (URLSearchParams would make them U+FFFD); valid escapes, literal % and non-ASCII pass', async () => {
+    const s = createHttpServer({
+      registry: new Registry(),
+      log: createLogger('test', 'silent'),
+      readiness: [],
+      routes: [
+        {
+          method: 'GET',
+          path: '/echo',
+          handler: (req) => ({ status: 200, body: { t: req.query.get('tenant_id') } }),
+        },
+      ],
+    });
+    const port = await s.listen(0, '127.0.0.1');
+    const get = async (q: string) => {
+      const r = await fetch(`http://127.0.0.1:${port}/echo?${q}`);
+      return { status: r.status, body: (await r.json()) as unknown };
+    };
+    try {
+      // Before: 200 {"t":"a\ufffd"}, an answer for a tenant the client never named.
+      for (const q of ['tenant_id=a%FF', 'tenant_id=%C3', 'x=%ED%A0%80&tenant_id=a'])
+        expect(await get(q), q).toEqual({
+          status: 400,
+          body: { error: 'bad percent-encoding in the query (not UTF-8)' },
+        });
+      expect(await get('tenant_id=%C3%A9t%C3%A9')).toEqual({ status: 200, body: { t: 'été' } });
+      expect(await get('tenant_id=100%')).toEqual({ status: 200, body: { t: '100%' } });
+      expect(await get('tenant_id=a%2Gb')).toEqual({ status: 200, body: { t: 'a%2Gb' } });
+      expect(await get('tenant_id=été')).toEqual({ status: 200, body: { t: 'été' } });
+    } finally {
+      await s.close();
+    }
+  });
+});
