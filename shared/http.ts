@@ -26,6 +26,11 @@ export interface Route {
   method: 'GET' | 'POST';
   /** Path with `:name` segments, e.g. `/sessions/:session_id/allowed-tools`. */
   path: string;
+  /**
+   * The query parameters the route takes. Given, any other (a `tenant=` meant as `tenant_id=`, which would answer
+   * for the default tenant) or one given twice (which one counts?) is refused with 400.
+   */
+  query?: readonly string[];
   handler: Handler;
 }
 /** Ready or not; a check that knows why it is not ready says so, and /readyz shows it under `reasons`. */
@@ -133,6 +138,19 @@ function queryBadUtf8(target: string): boolean {
   } catch {
     return true;
   }
+}
+
+/** Why a query does not fit the parameters a route takes (unknown, or given twice); null when it fits. */
+function badQuery(query: URLSearchParams, takes: readonly string[]): string | null {
+  const seen = new Set<string>();
+  for (const name of query.keys()) {
+    const shown = JSON.stringify(name.length > 64 ? `${name.slice(0, 64)}…` : name);
+    if (!takes.includes(name))
+      return `unknown query parameter ${shown} (${takes.length ? `takes ${takes.join(', ')}` : 'takes none'})`;
+    if (seen.has(name)) return `query parameter ${shown} given more than once`;
+    seen.add(name);
+  }
+  return null;
 }
 
 /** A path parameter, percent-decoded; a bad escape is the client's error. */
@@ -274,6 +292,10 @@ export function createHttpServer(opts: {
               return send(res, 403, { error: 'requests from web pages are refused (Origin header)' });
             if (queryBadUtf8(req.url ?? ''))
               return send(res, 400, { error: 'bad percent-encoding in the query (not UTF-8)' });
+            if (r.query) {
+              const bad = badQuery(url.query, r.query);
+              if (bad) return send(res, 400, { error: bad });
+            }
             const params: Record<string, string> = {};
             r.names.forEach((n, i) => (params[n] = decodeParam(m[i + 1] ?? '')));
             const out = await r.handler({

@@ -77,6 +77,11 @@ describe('HTTP API while Redis is down (real Kafka, real Redis, real process)', 
     });
     const url = p.url('/candidates?tenant_id=default&agent_id=default');
     expect((await request(url))?.status).toBe(200);
+    // The route names its query parameters: `tenant=` is not read as `tenant_id=` (the default tenant's answer).
+    expect(await request(p.url('/candidates?tenant=acme'))).toMatchObject({
+      status: 400,
+      body: { error: 'unknown query parameter "tenant" (takes tenant_id, agent_id)' },
+    });
 
     // Frozen: a command times out after REDIS_COMMAND_TIMEOUT_MS.
     r.child.kill('SIGSTOP');

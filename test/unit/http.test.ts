@@ -387,3 +387,51 @@ describe('query encoding', () => {
     }
   });
 });
+
+describe('query parameters a route names', () => {
+  it('refuses with 400 an unknown parameter (tenant= for tenant_id=) and one given twice; a route that names none keeps taking any', async () => {
+    const s = createHttpServer({
+      registry: new Registry(),
+      log: createLogger('test', 'silent'),
+      readiness: [],
+      routes: [
+        {
+          method: 'GET',
+          path: '/scoped',
+          query: ['tenant_id', 'agent_id'],
+          handler: (req) => ({ status: 200, body: { t: req.query.get('tenant_id') ?? 'default' } }),
+        },
+        { method: 'POST', path: '/none', query: [], handler: () => ({ status: 200, body: {} }) },
+        { method: 'GET', path: '/open', handler: () => ({ status: 200, body: {} }) },
+      ],
+    });
+    const port = await s.listen(0, '127.0.0.1');
+    const call = async (p: string, method = 'GET') => {
+      const r = await fetch(`http://127.0.0.1:${port}${p}`, { method });
+      return { status: r.status, body: (await r.json()) as unknown };
+    };
+    try {
+      expect(await call('/scoped?tenant_id=acme&agent_id=bot')).toEqual({ status: 200, body: { t: 'acme' } });
+      expect(await call('/scoped')).toEqual({ status: 200, body: { t: 'default' } });
+      // Before: 200 {"t":"default"} (another tenant's answer) and 200 {"t":"a"} (the first of two).
+      expect(await call('/scoped?tenant=acme')).toEqual({
+        status: 400,
+        body: { error: 'unknown query parameter "tenant" (takes tenant_id, agent_id)' },
+      });
+      expect(await call('/scoped?tenant_id=a&tenant_id=b')).toEqual({
+        status: 400,
+        body: { error: 'query parameter "tenant_id" given more than once' },
+      });
+      expect(await call('/none?tenant_id=acme', 'POST')).toEqual({
+        status: 400,
+        body: { error: 'unknown query parameter "tenant_id" (takes none)' },
+      });
+      expect((await call(`/scoped?${'x'.repeat(500)}=1`)).body).toEqual({
+        error: `unknown query parameter "${'x'.repeat(64)}…" (takes tenant_id, agent_id)`,
+      });
+      expect((await call('/open?anything=1&anything=2')).status).toBe(200);
+    } finally {
+      await s.close();
+    }
+  });
+});

@@ -280,6 +280,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
         {
           method: 'GET',
           path: '/candidates',
+          query: ['tenant_id', 'agent_id'],
           async handler(req) {
             const scope: Scope = {
               tenant: req.query.get('tenant_id') ?? 'default',

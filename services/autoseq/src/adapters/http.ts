@@ -11,6 +11,7 @@ export function rulesRoute(
   return {
     method: 'GET',
     path: '/rules',
+    query: ['tenant_id', 'agent_id'],
     async handler(req) {
       const tenant = req.query.get('tenant_id') ?? 'default';
       const agent = req.query.get('agent_id') ?? 'default';

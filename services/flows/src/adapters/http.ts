@@ -42,6 +42,8 @@ const CANDIDATE_STATUSES = [
   'retracted',
 ] as const satisfies readonly CandidateStatus[];
 
+const SCOPE = ['tenant_id', 'agent_id'] as const;
+
 const scopeOf = (q: URLSearchParams) => ({
   tenant: q.get('tenant_id') ?? 'default',
   agent: q.get('agent_id') ?? 'default',
@@ -91,6 +93,7 @@ export function flowRoutes(d: HttpDeps): Route[] {
     {
       method: 'GET',
       path: '/flows/candidates',
+      query: [...SCOPE, 'status'],
       async handler(req) {
         const s = scopeOf(req.query);
         if (badScope(s)) return { status: 400, body: { error: 'bad tenant_id/agent_id' } };
@@ -112,6 +115,7 @@ export function flowRoutes(d: HttpDeps): Route[] {
     {
       method: 'GET',
       path: '/flows/candidates/:key',
+      query: SCOPE,
       async handler(req) {
         const s = scopeOf(req.query);
         if (badScope(s)) return { status: 400, body: { error: 'bad tenant_id/agent_id' } };
@@ -122,11 +126,12 @@ export function flowRoutes(d: HttpDeps): Route[] {
           : { status: 404, body: { error: 'no such candidate' } };
       },
     },
-    { method: 'POST', path: '/flows/candidates/:key/promote', handler: decideRoute('promote') },
-    { method: 'POST', path: '/flows/candidates/:key/reject', handler: decideRoute('reject') },
+    { method: 'POST', path: '/flows/candidates/:key/promote', query: SCOPE, handler: decideRoute('promote') },
+    { method: 'POST', path: '/flows/candidates/:key/reject', query: SCOPE, handler: decideRoute('reject') },
     {
       method: 'GET',
       path: '/flows',
+      query: SCOPE,
       handler(req) {
         const s = scopeOf(req.query);
         if (badScope(s)) return { status: 400, body: { error: 'bad tenant_id/agent_id' } };
@@ -141,6 +146,8 @@ export function flowRoutes(d: HttpDeps): Route[] {
     {
       method: 'POST',
       path: '/flows/select',
+      // The scope is in the body: a `?tenant_id=` here would be ignored, and the default tenant's flows chosen.
+      query: [],
       async handler(req) {
         const b = selectBody.safeParse(await req.body());
         if (!b.success) return { status: 400, body: { error: describeIssues(b.error.issues) } };

@@ -42,3 +42,18 @@ describe('GET /flows/candidates?status=', () => {
       });
   });
 });
+
+describe('query parameters of the flows routes', () => {
+  it('every route names the ones it takes: the scope (and status), none for select, whose scope is in the body', () => {
+    const byRoute = Object.fromEntries(flowRoutes(deps).map((r) => [`${r.method} ${r.path}`, r.query]));
+    const scope = ['tenant_id', 'agent_id'];
+    expect(byRoute).toEqual({
+      'GET /flows/candidates': [...scope, 'status'],
+      'GET /flows/candidates/:key': scope,
+      'POST /flows/candidates/:key/promote': scope,
+      'POST /flows/candidates/:key/reject': scope,
+      'GET /flows': scope,
+      'POST /flows/select': [],
+    });
+  });
+});

@@ -92,6 +92,7 @@ export function allowedToolsRoute(config: Orchestrations, answer: AnswerFromStat
   return {
     method: 'GET',
     path: '/sessions/:session_id/allowed-tools',
+    query: ['tools', 'tenant_id', 'agent_id'],
     async handler(req) {
       const ref = {
         tenant: req.query.get('tenant_id') ?? 'default',
