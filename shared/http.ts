@@ -83,9 +83,12 @@ function requestHistogram(registry: Registry): Histogram<'method' | 'route' | 's
     help: 'HTTP request latency by method, route pattern (never the raw path) and status code.',
     labelNames: ['method', 'route', 'status'],
     // Fine below 2.5 ms: an in-process read is a few hundred µs, and its p99 target (1 ms) must be readable.
+    // Up to 10 s: a selection may take its whole budget (FLOWS_SELECT_BUDGET_MS, 3 s by default) and a request
+    // that meets a frozen Redis its command deadline (REDIS_COMMAND_TIMEOUT_MS, 5 s); above the last finite
+    // bucket, histogram_quantile answers that bucket's bound (2.5 s), whatever the real time.
     buckets: [
       0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-      0.5, 1, 2.5,
+      0.5, 1, 2.5, 5, 10,
     ],
     registers: [registry],
   });

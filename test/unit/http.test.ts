@@ -435,3 +435,19 @@ describe('query parameters a route names', () => {
     }
   });
 });
+
+describe('HTTP latency buckets', () => {
+  it('reach the slow answers a service gives by design (a selection’s 3 s budget, a 5 s Redis deadline), so their quantiles are not capped at 2.5 s', async () => {
+    const r = new Registry();
+    createHttpServer({ registry: r, log: createLogger('test', 'silent'), readiness: [] });
+    const h = r.getSingleMetric('paver_http_request_duration_seconds') as unknown as {
+      observe: (l: Record<string, string>, v: number) => void;
+    };
+    for (const v of [3.1, 5.2]) h.observe({ method: 'POST', route: '/flows/select', status: '200' }, v);
+    const m = parsePrometheus(await r.metrics());
+    const bucket = (le: string) =>
+      m.value('paver_http_request_duration_seconds_bucket', { route: '/flows/select', le });
+    // Before: the last finite bucket was 2.5, both counted only in +Inf (histogram_quantile then says 2.5).
+    expect([bucket('2.5'), bucket('5'), bucket('10'), bucket('+Inf')]).toEqual([0, 1, 2, 2]);
+  });
+});
