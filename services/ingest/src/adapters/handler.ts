@@ -116,16 +116,24 @@ export function createIngestHandler(deps: {
       const freshIds = new Set(spans.map((s) => s.spanId));
       const buffered = new Set(state.spans.map((s) => s.spanId));
       const pending = new Set(res.pendingTools);
-      const settled = [...res.emittedTools, ...res.lateTools, ...res.orphanTools];
+      // A link whose agent span is completed leaves the hash, its id kept as done (a tool span below it is late):
+      // left there, links of task after task filled a long trace's room, and its later tool spans were dropped.
+      const spent = new Set(res.spentLinks);
+      const settled = [...res.emittedTools, ...res.lateTools, ...res.orphanTools, ...res.spentLinks];
       const drop = settled.filter((id) => buffered.has(id));
       // Links are kept only while a tool span still needs a path to its agent span.
-      const waiting = spans.filter((s) => pending.has(s.spanId) || (pending.size > 0 && s.kind === 'link'));
+      const waiting = spans.filter(
+        (s) => pending.has(s.spanId) || (pending.size > 0 && s.kind === 'link' && !spent.has(s.spanId)),
+      );
+      const spentKept = res.spentLinks.filter(
+        (id) => buffered.has(id) || (pending.size > 0 && freshIds.has(id)),
+      );
       // Bounded per trace: an agent span that never ends (a loop that runs for days, a crashed agent) would
       // otherwise grow its hash for good, and every chunk of the trace reads the whole hash back.
       const room = Math.max(0, maxPending - (state.spans.length - drop.length));
       const put = waiting.slice(0, room);
       const kept = new Set(put.map((s) => s.spanId));
-      changes.set(traceId, { put, drop, done: res.completedAgents });
+      changes.set(traceId, { put, drop, done: [...res.completedAgents, ...spentKept] });
       const freshPending = res.pendingTools.filter((id) => freshIds.has(id));
       outcomes.tool_call += res.emittedTools.length;
       outcomes.pending += freshPending.filter((id) => kept.has(id)).length;

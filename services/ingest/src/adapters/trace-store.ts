@@ -34,7 +34,8 @@ export interface TraceChange {
 
 /**
  * Per-trace state between Kafka messages, one Redis hash per trace: `s:<spanId>` holds a span waiting for
- * its agent span, `d:<agentSpanId>` marks a task already published. The whole hash expires `ttlMs` after its
+ * its agent span (or a span on its path there), `d:<spanId>` marks a task already published (or a span on a
+ * published task's path). The whole hash expires `ttlMs` after its
  * last change, which bounds what a trace whose agent span never arrives can hold.
  */
 export class RedisTraceStore {

@@ -163,6 +163,11 @@ export interface ResolveResult {
   orphanTools: string[];
   /** Agent spans whose task had no tool call: they complete without events. */
   emptyAgents: number;
+  /**
+   * Non-GenAI spans whose chain of parents reaches an agent span completed now or earlier: no tool span waits
+   * for them any more (a tool span below one is late), so the service keeps only their id, as done.
+   */
+  spentLinks: string[];
 }
 
 const byStart = (a: KeptSpan, b: KeptSpan) => {
@@ -204,6 +209,7 @@ export function resolveTrace(
     lateTools: [],
     orphanTools: [],
     emptyAgents: 0,
+    spentLinks: [],
   };
 
   /**
@@ -234,6 +240,13 @@ export function resolveTrace(
     }
     return undefined;
   };
+
+  // Every agent span known here is completed by this call, if it was not before.
+  for (const s of index.values()) {
+    if (s.kind !== 'link') continue;
+    const a = agentOf(s);
+    if (a === 'late' || (a !== null && a !== 'missing')) r.spentLinks.push(s.spanId);
+  }
 
   const tasks = new Map<string, KeptSpan[]>();
   for (const s of index.values()) {

@@ -1,0 +1,133 @@
+import { Registry } from 'prom-client';
+import { afterAll, describe, expect, it } from 'vitest';
+import type { Sink } from '../../../../shared/kafka/sink.js';
+import { testRedis, unique } from '../../../../test/helpers/kafka.js';
+import { createIngestHandler, createIngestMetrics } from '../../src/adapters/handler.js';
+import { RedisTraceStore } from '../../src/adapters/trace-store.js';
+import { DEFAULT_MAP_OPTIONS } from '../../src/core/map.js';
+import type { OtlpSpan } from '../../src/core/otlp.js';
+import { decodeRecorded, otelRecorder } from '../helpers/otel.js';
+
+/*
+ * One long trace (a conversation, a worker loop) holding task after task, each tool span under a non-GenAI span
+ * and exported before its agent span. The non-GenAI span is kept in the trace's hash while the tool span waits;
+ * it used to stay there after the task was published: every task left one behind (the hash's TTL is refreshed
+ * by every change of the trace, so they never left), and they counted against INGEST_MAX_PENDING_SPANS, so once
+ * that many had piled up every later tool span was dropped and its task published without its tool calls.
+ */
+
+const redis = testRedis();
+afterAll(async () => {
+  await redis.quit();
+});
+
+describe('ingest: spans between a tool and its agent leave once the task is published (real Redis)', () => {
+  it('keeps publishing every tool call of a long trace, and its hash does not grow with its tasks', async () => {
+    const published: { type: string; task_id: string; tool?: string }[] = [];
+    const sink = {
+      send: async (_topic: string, _contract: string, records: { value: unknown }[]) => {
+        for (const r of records) published.push(r.value as (typeof published)[number]);
+      },
+    } as unknown as Sink;
+    const prefix = unique('ingest');
+    const handle = createIngestHandler({
+      store: new RedisTraceStore(redis, prefix, 3_600_000),
+      sink,
+      topic: 'tool-calls',
+      opts: DEFAULT_MAP_OPTIONS,
+      metrics: createIngestMetrics(new Registry()),
+      maxPendingSpans: 4,
+    });
+    const ctx = { heartbeat: async () => undefined, isRunning: () => true };
+    let offset = 0;
+    const deliver = (spans: OtlpSpan[]) =>
+      handle(
+        [
+          {
+            topic: 'otlp',
+            partition: 0,
+            offset: String(offset++),
+            key: null,
+            timestamp: '0',
+            value: { spans },
+          },
+        ],
+        ctx,
+      );
+
+    const rec = otelRecorder();
+    const traceId = 'ab'.repeat(16);
+    const tasks = 10;
+    for (let k = 0; k < tasks; k++) {
+      const spans = decodeRecorded(
+        rec.agent(
+          { name: 'A', tools: [{ name: `t${k}`, viaInternalSpan: true }] },
+          1_700_000_000_000 + k * 1_000,
+        ),
+      ).map((s) => ({ ...s, traceId }));
+      const agent = spans.filter((s) => s.name.startsWith('invoke_agent'));
+      expect(agent).toHaveLength(1);
+      // The tool span and the span above it first; the agent span in a later message.
+      await deliver(spans.filter((s) => !agent.includes(s)));
+      await deliver(agent);
+    }
+
+    const calls = published.filter((e) => e.type === 'tool_call').map((e) => e.tool);
+    // Before: t0..t2 only; from the fourth task on, the leftover spans filled the trace's room.
+    expect(calls).toEqual(Array.from({ length: tasks }, (_, k) => `t${k}`));
+    const fields = await redis.hkeys(`${prefix}:ingest:trace:${traceId}`);
+    expect(fields.filter((f) => f.startsWith('s:'))).toEqual([]);
+  });
+
+  it('still counts a tool span that comes after its task as late, also under a span between', async () => {
+    const published: { type: string; tool?: string }[] = [];
+    const sink = {
+      send: async (_topic: string, _contract: string, records: { value: unknown }[]) => {
+        for (const r of records) published.push(r.value as (typeof published)[number]);
+      },
+    } as unknown as Sink;
+    const registry = new Registry();
+    const prefix = unique('ingest');
+    const handle = createIngestHandler({
+      store: new RedisTraceStore(redis, prefix, 3_600_000),
+      sink,
+      topic: 'tool-calls',
+      opts: DEFAULT_MAP_OPTIONS,
+      metrics: createIngestMetrics(registry),
+    });
+    const ctx = { heartbeat: async () => undefined, isRunning: () => true };
+    let offset = 0;
+    const deliver = (spans: OtlpSpan[]) =>
+      handle(
+        [
+          {
+            topic: 'otlp',
+            partition: 0,
+            offset: String(offset++),
+            key: null,
+            timestamp: '0',
+            value: { spans },
+          },
+        ],
+        ctx,
+      );
+    const spans = decodeRecorded(
+      otelRecorder().agent({ name: 'A', tools: [{ name: 'one', viaInternalSpan: true }, { name: 'two' }] }),
+    );
+    const agent = spans.filter((s) => s.name.startsWith('invoke_agent'));
+    const one = spans.filter((s) => s.name === 'execute_tool one');
+    const two = spans.filter((s) => s.name === 'execute_tool two');
+    const between = spans.filter((s) => s.name === 'framework step');
+    await deliver([...one, ...between, ...two]);
+    await deliver(agent);
+    expect(published.filter((e) => e.type === 'tool_call').map((e) => e.tool)).toEqual(['one', 'two']);
+    // The tool span under the span between, delivered again: late, not pending (its task is published).
+    await deliver(one);
+    const metrics = await registry.getSingleMetricAsString('paver_ingest_spans_total');
+    expect(metrics).toContain('outcome="late"} 1');
+    // The two of the first message only.
+    expect(metrics).toContain('outcome="pending"} 2');
+    const fields = await redis.hkeys(`${prefix}:ingest:trace:${agent[0]!.traceId}`);
+    expect(fields.filter((f) => f.startsWith('s:'))).toEqual([]);
+  });
+});
