@@ -15,6 +15,7 @@ import { createMetrics, type RuntimeMetrics } from './metrics.js';
 import {
   createRedis,
   createRedisWatch,
+  checkEviction,
   createRoleProbe,
   redisReady,
   type RedisRole,
@@ -245,6 +246,7 @@ export async function runService<E extends CommonEnv, T>(
     readiness.push({ name: 'redis', check: () => redisAnswers() });
     await redis
       .connect()
+      .then(() => checkEviction(redis, log))
       .catch((err: Error) => log.warn({ err: err.message }, 'redis not reachable yet; will retry'));
     if (shuttingDown) return;
     const created = await prepareTopics(kafka, paverTopics(env), env, log, env.KAFKA_CREATE_TOPICS);

@@ -174,3 +174,37 @@ export function createRedisWatch(role: () => Promise<RedisRole>, log: Logger, ev
     },
   };
 }
+
+/** What `checkEviction` found: `evicts` when Redis may drop Paver's keys to make room. */
+export type EvictionCheck =
+  | { outcome: 'ok' | 'unknown'; policy: string | null; maxmemory: number | null }
+  | { outcome: 'evicts'; policy: string; maxmemory: number };
+
+/**
+ * Paver's state is not a cache: a key Redis evicts to make room (under `maxmemory` with any policy but
+ * `noeviction`) goes silently. `allkeys-*` takes keys without a TTL too (the epoch marker, the detector's
+ * counts and windows, learned rules, flow candidates), so counts are wrong with nothing to tell; `volatile-*`
+ * takes the keys with a TTL (session, task and trace state) before they are due. Nothing noticed either before:
+ * this reads `INFO memory` (no @admin needed) once at start-up and warns. A server that refuses it is `unknown`.
+ */
+export async function checkEviction(redis: Redis, log: Logger): Promise<EvictionCheck> {
+  let info: string;
+  try {
+    info = await redis.info('memory');
+  } catch (err) {
+    log.debug({ err: (err as Error).message }, 'redis refused INFO memory; eviction policy not checked');
+    return { outcome: 'unknown', policy: null, maxmemory: null };
+  }
+  const policy = /^maxmemory_policy:(\S+)/m.exec(info)?.[1] ?? null;
+  const max = /^maxmemory:(\d+)/m.exec(info)?.[1];
+  const maxmemory = max === undefined ? null : Number(max);
+  if (policy === null || maxmemory === null) return { outcome: 'unknown', policy, maxmemory };
+  if (maxmemory === 0 || policy === 'noeviction') return { outcome: 'ok', policy, maxmemory };
+  log.warn(
+    { maxmemory, policy },
+    policy.startsWith('allkeys-')
+      ? 'redis evicts any key when full (maxmemory-policy): Paver state (counts, windows, rules, the epoch marker) can vanish silently and be miscounted; set maxmemory-policy noeviction'
+      : 'redis evicts keys with a TTL when full (maxmemory-policy): Paver session, task and trace state can vanish before it is due; set maxmemory-policy noeviction',
+  );
+  return { outcome: 'evicts', policy, maxmemory };
+}
