@@ -29,9 +29,10 @@ export interface Epoch {
 
 /**
  * The key of a restore flag set with the marker (`createEpoch`'s `flag`): it shares the marker's hash slot (the
- * marker's whole name as its hash tag), so one script can set both on a cluster.
+ * marker's whole name as its hash tag: prefixes hold no braces), so one script can set both on a cluster, and it
+ * begins with the marker's name, so with the key prefix: an ACL that grants `~<prefix>:*` covers it.
  */
-export const restoreFlagKey = (marker: string): string => `{${marker}}:restoring`;
+export const restoreFlagKey = (marker: string): string => `${marker}:{${marker}}:restoring`;
 
 /** Creates the marker if missing and then sets the flag; the marker's value either way. */
 const CREATE_WITH_FLAG = `if redis.call('SET', KEYS[1], ARGV[1], 'NX') then redis.call('SET', KEYS[2], ARGV[2]) end

@@ -1,6 +1,7 @@
+import { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
 import { createEpoch, restoreFlagKey } from '../../shared/redis/epoch.js';
-import { testRedis, unique } from '../helpers/kafka.js';
+import { stack, testRedis, unique } from '../helpers/kafka.js';
 
 describe('epoch marker (real Redis)', () => {
   const redis = testRedis();
@@ -46,5 +47,24 @@ describe('epoch marker (real Redis)', () => {
     expect(await redis.exists(flag)).toBe(1);
     expect((await a.check()).lost).toBe(true); // replaced under it
     await redis.del(key, flag);
+  });
+
+  it('the restore flag is in the marker hash slot and under the key prefix: an ACL user limited to the prefix can set it', async () => {
+    const prefix = unique('acl-prefix');
+    const key = `${prefix}:seq:epoch`;
+    const flag = restoreFlagKey(key);
+    // Its hash tag (the first {…}) is the marker's whole name, which holds no braces: the marker's slot.
+    expect(/\{([^}]*)\}/.exec(flag)?.[1]).toBe(key);
+    const user = unique('paver-acl');
+    await redis.call('ACL', 'SETUSER', user, 'on', '>secret', `~${prefix}:*`, '+@all');
+    const limited = new Redis(stack().redisUrl, { username: user, password: 'secret' });
+    try {
+      expect((await createEpoch(limited, key, flag).check()).lost).toBe(true);
+      expect(await redis.exists(flag)).toBe(1);
+    } finally {
+      limited.disconnect();
+      await redis.call('ACL', 'DELUSER', user);
+      await redis.del(key, flag);
+    }
   });
 });
