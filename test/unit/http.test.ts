@@ -1,9 +1,19 @@
 import { connect } from 'node:net';
 import { Registry } from 'prom-client';
 import { afterAll, describe, expect, it } from 'vitest';
-import { createHttpServer, HEADERS_TIMEOUT_MS, parseTarget } from '../../shared/http.js';
+import {
+  createHttpServer,
+  HEADERS_TIMEOUT_MS,
+  parseTarget,
+  type ReadinessCheck,
+  type Route,
+} from '../../shared/http.js';
 import { createLogger } from '../../shared/log.js';
 import { parsePrometheus } from '../helpers/prometheus.js';
+
+/** A server of its own for one test: a fresh registry, silent logs. */
+const serverWith = (o: { readiness: ReadinessCheck[]; routes?: Route[]; readinessTimeoutMs?: number }) =>
+  createHttpServer({ registry: new Registry(), log: createLogger('test', 'silent'), ...o });
 
 const registry = new Registry();
 const server = createHttpServer({
@@ -138,9 +148,7 @@ describe('requests a URL parser refuses', () => {
 
 describe('readiness', () => {
   it('answers 503 within the check timeout when a check hangs (a frozen dependency), naming the check and why', async () => {
-    const s = createHttpServer({
-      registry: new Registry(),
-      log: createLogger('test', 'silent'),
+    const s = serverWith({
       readiness: [
         { name: 'fine', check: () => true },
         { name: 'hangs', check: () => new Promise<boolean>(() => undefined) },
@@ -168,9 +176,7 @@ describe('readiness', () => {
 
   it('a check that says why it is not ready has its reason in the body, under `reasons`', async () => {
     let replica = true;
-    const s = createHttpServer({
-      registry: new Registry(),
-      log: createLogger('test', 'silent'),
+    const s = serverWith({
       readiness: [
         { name: 'fine', check: () => true },
         { name: 'redis', check: () => (replica ? { ready: false, reason: 'a read-only replica' } : true) },
@@ -203,9 +209,7 @@ describe('readiness', () => {
 
   it('serves /healthz and /readyz before the service routes exist; other paths answer 503 until then', async () => {
     let started = false;
-    const s = createHttpServer({
-      registry: new Registry(),
-      log: createLogger('test', 'silent'),
+    const s = serverWith({
       readiness: [{ name: 'startup', check: () => started }],
     });
     const port = await s.listen(0, '127.0.0.1');
@@ -227,9 +231,7 @@ describe('readiness', () => {
 
 describe('slow clients', () => {
   it('drops a client that sends its headers byte by byte (slowloris) after the headers timeout, and still closes at once', async () => {
-    const s = createHttpServer({
-      registry: new Registry(),
-      log: createLogger('test', 'silent'),
+    const s = serverWith({
       readiness: [],
     });
     const port = await s.listen(0, '127.0.0.1');
@@ -263,9 +265,7 @@ describe('slow clients', () => {
 
 describe('a dependency that does not answer', () => {
   it('answers 503 with Retry-After and a JSON error when a handler meets Redis down (not a 500), without the connection error', async () => {
-    const s = createHttpServer({
-      registry: new Registry(),
-      log: createLogger('test', 'silent'),
+    const s = serverWith({
       readiness: [],
       routes: [
         {
@@ -316,9 +316,7 @@ describe('a dependency that does not answer', () => {
 
 describe('methods', () => {
   it('answers 405 with an Allow header for a known path and a wrong method, HEAD like GET without a body, and serves every method a path has', async () => {
-    const s = createHttpServer({
-      registry: new Registry(),
-      log: createLogger('test', 'silent'),
+    const s = serverWith({
       readiness: [{ name: 'x', check: () => true }],
       routes: [
         { method: 'GET', path: '/things', handler: () => ({ status: 200, body: ['a'] }) },
@@ -354,9 +352,7 @@ describe('methods', () => {
 
 describe('query encoding', () => {
   it('refuses with 400 a query whose escapes are not UTF-8 (URLSearchParams would make them U+FFFD); valid escapes, literal % and non-ASCII pass', async () => {
-    const s = createHttpServer({
-      registry: new Registry(),
-      log: createLogger('test', 'silent'),
+    const s = serverWith({
       readiness: [],
       routes: [
         {
@@ -390,9 +386,7 @@ describe('query encoding', () => {
 
 describe('query parameters a route names', () => {
   it('refuses with 400 an unknown parameter (tenant= for tenant_id=) and one given twice; a route that names none keeps taking any', async () => {
-    const s = createHttpServer({
-      registry: new Registry(),
-      log: createLogger('test', 'silent'),
+    const s = serverWith({
       readiness: [],
       routes: [
         {
