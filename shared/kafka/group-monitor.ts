@@ -155,11 +155,22 @@ export function createGroupMonitor(o: {
     }
   }
 
+  // A poke that finds a poll in flight (a join during a poll) must not be lost: that poll may have read the
+  // assignment or the group before the join, and readiness and lag would then wait a whole interval.
+  let pokedMeanwhile = false;
   const tick = () => {
     if (stopped || running) return;
     running = poll().finally(() => {
       running = null;
+      if (pokedMeanwhile) {
+        pokedMeanwhile = false;
+        tick();
+      }
     });
+  };
+  const poke = () => {
+    if (running) pokedMeanwhile = true;
+    else tick();
   };
 
   return {
@@ -169,7 +180,7 @@ export function createGroupMonitor(o: {
       timer.unref();
       tick();
     },
-    poke: tick,
+    poke,
     async stop() {
       stopped = true;
       if (timer) clearInterval(timer);

@@ -1,5 +1,5 @@
 import { Registry } from 'prom-client';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import { commonEnvSchema } from '../../shared/config.js';
 import { createGroupMonitor } from '../../shared/kafka/group-monitor.js';
 import { silentLogger } from '../../shared/log.js';
@@ -61,6 +61,38 @@ describe('group monitor', () => {
   });
 });
 
+describe('group monitor: pokes', () => {
+  it('a poke that finds a poll in flight polls again once it is done, not an interval later', async () => {
+    const registry = new Registry();
+    const metrics = createMetrics('test', registry);
+    const slow = slowAdmin(() => '27');
+    let polls = 0;
+    const admin = { ...slow.admin, describeGroups: async () => (polls++, slow.admin.describeGroups()) };
+    const monitor = createGroupMonitor({
+      groupId: 'g',
+      topics: ['t'],
+      // An interval no test waits for: only pokes poll here.
+      env: commonEnvSchema.parse({
+        KAFKA_BROKERS: '127.0.0.1:1',
+        REDIS_URL: 'redis://127.0.0.1:1',
+        PAVER_LAG_POLL_MS: '300000',
+      }),
+      log: silentLogger(),
+      metrics,
+      memberId: () => 'm',
+      assignment: () => ({ t: [0] }),
+      admin: () => admin as never,
+    });
+    monitor.poke();
+    await slow.askedP;
+    // A join while the poll is in flight.
+    monitor.poke();
+    slow.release();
+    await vi.waitFor(() => expect(polls).toBe(2));
+    await monitor.stop();
+  });
+});
+
 describe('group monitor: partitions that moved away', () => {
   it('drops the figures of a partition the runner reported but no poll saw once it is no longer assigned', async () => {
     const registry = new Registry();
@@ -105,7 +137,7 @@ describe('group monitor: partitions that moved away', () => {
       expect(polls).toBe(n);
     };
     // A poll is in flight (over the old assignment) when a rebalance gives this member partition 1: the join's
-    // poke finds a poll running and is dropped; the runner processes partition 1 and reports its figures.
+    // poke finds a poll running and waits for it; the runner processes partition 1 and reports its figures.
     gate = new Promise<void>((r) => (release = r));
     monitor.poke();
     await new Promise((r) => setImmediate(r));
@@ -113,11 +145,10 @@ describe('group monitor: partitions that moved away', () => {
     monitor.poke();
     metrics.consumerLag.set({ topic: 't', partition: '1' }, 7);
     monitor.processed('t', 1, 13n, 20n);
-    release();
-    await pollDone(1);
-    // Another rebalance takes partition 1 away before the next poll.
+    // Another rebalance takes partition 1 away before the next poll: no poll ever saw it here.
     assignment = { t: [0] };
     monitor.poke();
+    release();
     await pollDone(2);
     await monitor.stop();
     // Before: partition 1's lag (7) and age stayed exported by this member for good, counted twice in a sum.
