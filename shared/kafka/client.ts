@@ -1,15 +1,35 @@
 import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { Kafka, logLevel, type KafkaConfig, type SASLOptions, type logCreator } from 'kafkajs';
 import type { CommonEnv } from '../config.js';
 import type { Logger } from '../log.js';
 
 /**
- * kafkajs's connection logs every error response at ERROR before its caller sees it. A CreateTopics answer of
- * "already exists" is the expected outcome when several services start at once and create the same topics:
- * topic preparation decides (and fails the start itself when a topic is still missing), so it is not an error.
+ * The messages of the protocol errors kafkajs retries itself (a leader moving, a coordinator loading, an election
+ * under way). Read from kafkajs's own table (pinned version); if it moves, none are known and all stay errors.
+ */
+const RETRIED: ReadonlySet<string> = (() => {
+  try {
+    const { errorCodes } = createRequire(import.meta.url)('kafkajs/src/protocol/error.js') as {
+      errorCodes: { message: string; retriable: boolean }[];
+    };
+    return new Set(errorCodes.filter((e) => e.retriable).map((e) => e.message));
+  } catch {
+    return new Set<string>();
+  }
+})();
+
+/**
+ * kafkajs's connection logs every error response at ERROR before its caller sees it. Two kinds are not errors:
+ * - a CreateTopics answer of "already exists", the expected outcome when several services start at once and
+ *   create the same topics: topic preparation decides (and fails the start itself when a topic is still missing);
+ * - an answer kafkajs retries (a topic just created whose leader is not elected yet answers "not the leader" at
+ *   start-up): if the retries run out, the caller gets the error and reports it.
  */
 const decidedByCaller = (message: string, error: unknown): boolean =>
-  /^Response CreateTopics\b/.test(message) && /Topic creation errors/.test(String(error));
+  /^Response /.test(message) &&
+  ((/^Response CreateTopics\b/.test(message) && /Topic creation errors/.test(String(error))) ||
+    RETRIED.has(String(error)));
 
 /** kafkajs log lines routed into pino, so the process has one structured log stream. */
 export function pinoLogCreator(log: Logger): logCreator {

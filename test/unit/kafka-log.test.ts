@@ -30,15 +30,32 @@ describe('kafkajs log lines in the service log', () => {
     expect(lines).toEqual([['debug', 'Response CreateTopics(key: 19, version: 3)']]);
   });
 
+  it('an answer kafkajs retries itself (a leader not elected yet at start-up) is not an error: the caller reports what the retries do not cure', () => {
+    const { lines, entry } = capture();
+    entry(
+      logLevel.ERROR,
+      'Response ListOffsets(key: 2, version: 3)',
+      'This server is not the leader for that topic-partition',
+    );
+    entry(
+      logLevel.ERROR,
+      'Response Metadata(key: 3, version: 6)',
+      'There is no leader for this topic-partition as we are in the middle of a leadership election',
+    );
+    expect(lines.map((l) => l[0])).toEqual(['debug', 'debug']);
+  });
+
   it('every other error stays an error, warnings stay warnings', () => {
     const { lines, entry } = capture();
     entry(
       logLevel.ERROR,
       'Response Produce(key: 0, version: 7)',
-      'This server is not the leader for that topic-partition',
+      'Not authorized to access topics: [Topic authorization failed]',
     );
     entry(logLevel.ERROR, 'Response CreateTopics(key: 19, version: 3)', 'Cluster authorization failed');
+    // The same words outside a broker's answer (a connection error, say) are not judged.
+    entry(logLevel.ERROR, 'Connection error', 'This server is not the leader for that topic-partition');
     entry(logLevel.WARN, 'Connection timeout');
-    expect(lines.map((l) => l[0])).toEqual(['error', 'error', 'warn']);
+    expect(lines.map((l) => l[0])).toEqual(['error', 'error', 'error', 'warn']);
   });
 });
