@@ -121,10 +121,16 @@ export class Rebuilder {
         return null;
       }
       const from = await this.d.checkpoints.get(partition);
-      log.warn(
-        { partition, from: from === null ? 'earliest' : from.toString(), to: end.toString() },
-        'detector state for this partition is not in Redis (lost, or never built in this epoch): replaying it from Kafka',
-      );
+      const where = { partition, from: from === null ? 'earliest' : from.toString(), to: end.toString() };
+      // A partition's very first batch (offset 0, no checkpoint) has no history to lose: a first start says so
+      // quietly; state missing with history before it is worth a warning.
+      if (from === null && end === 0n)
+        log.info(where, 'detector state for this partition starts here: nothing before it to replay');
+      else
+        log.warn(
+          where,
+          'detector state for this partition is not in Redis (lost, or never built in this epoch): replaying it from Kafka',
+        );
       try {
         await this.d.replay(partition, from, end, async (ops, messages) => {
           const out = await store.applyBatch(ops, { epoch, mode: 'r' });
