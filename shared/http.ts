@@ -146,11 +146,12 @@ function queryBadUtf8(target: string): boolean {
 /** Why a query does not fit the parameters a route takes (unknown, or given twice); null when it fits. */
 function badQuery(query: URLSearchParams, takes: readonly string[]): string | null {
   const seen = new Set<string>();
+  // Named in the answer only when refused: this runs on every request of the allowed-tools hot path.
+  const shown = (name: string) => JSON.stringify(name.length > 64 ? `${name.slice(0, 64)}…` : name);
   for (const name of query.keys()) {
-    const shown = JSON.stringify(name.length > 64 ? `${name.slice(0, 64)}…` : name);
     if (!takes.includes(name))
-      return `unknown query parameter ${shown} (${takes.length ? `takes ${takes.join(', ')}` : 'takes none'})`;
-    if (seen.has(name)) return `query parameter ${shown} given more than once`;
+      return `unknown query parameter ${shown(name)} (${takes.length ? `takes ${takes.join(', ')}` : 'takes none'})`;
+    if (seen.has(name)) return `query parameter ${shown(name)} given more than once`;
     seen.add(name);
   }
   return null;

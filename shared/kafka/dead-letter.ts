@@ -38,17 +38,12 @@ const OWN_HEADER = /^paver-(dlq|source)-/;
 
 function originalHeaders(h: IHeaders | undefined): { kept: IHeaders; dropped: number } {
   const kept: IHeaders = {};
-  let bytes = 0;
-  let count = 0;
-  for (const [name, v] of Object.entries(h ?? {})) {
-    if (v === undefined || OWN_HEADER.test(name)) continue;
-    for (const x of Array.isArray(v) ? v : [v]) {
-      bytes += Buffer.byteLength(name) + Buffer.byteLength(x);
-      count++;
-    }
-    kept[name] = v;
-  }
-  return bytes <= MAX_ORIGINAL_HEADER_BYTES ? { kept, dropped: 0 } : { kept: {}, dropped: count };
+  for (const [name, v] of Object.entries(h ?? {}))
+    if (v !== undefined && !OWN_HEADER.test(name)) kept[name] = v;
+  if (headerBytes(kept) <= MAX_ORIGINAL_HEADER_BYTES) return { kept, dropped: 0 };
+  let dropped = 0;
+  for (const v of Object.values(kept)) dropped += Array.isArray(v) ? v.length : 1;
+  return { kept: {}, dropped };
 }
 
 /** Bytes of a record's headers, names and values: what a produce request carries besides key and value. */

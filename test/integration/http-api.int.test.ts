@@ -1,48 +1,14 @@
-import { spawn, type ChildProcess } from 'node:child_process';
-import { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
-import { freePort } from '../../deploy/local/stack.js';
 import { createTopics, waitFor } from '../helpers/kafka.js';
+import { ownRedis, stopOwnRedis } from '../helpers/own-redis.js';
 import { isReady, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
 
 const procs: Proc[] = [];
-const servers: ChildProcess[] = [];
 afterAll(() => {
   for (const p of procs)
     if (p.child.exitCode === null && p.child.signalCode === null) p.child.kill('SIGKILL');
-  for (const s of servers) {
-    if (s.exitCode === null && s.signalCode === null) {
-      s.kill('SIGCONT');
-      s.kill('SIGKILL');
-    }
-  }
+  stopOwnRedis();
 });
-
-/** A redis-server of this test's own, to stop or freeze. */
-async function ownRedis(): Promise<{ child: ChildProcess; url: string }> {
-  const port = await freePort();
-  const child = spawn('redis-server', ['--port', String(port), '--save', '', '--appendonly', 'no'], {
-    stdio: 'ignore',
-  });
-  servers.push(child);
-  const probe = new Redis(port, '127.0.0.1', {
-    lazyConnect: true,
-    maxRetriesPerRequest: 0,
-    retryStrategy: () => null,
-  });
-  probe.on('error', () => undefined);
-  await waitFor(async () => {
-    try {
-      if (probe.status !== 'ready') await probe.connect();
-      return (await probe.ping()) === 'PONG';
-    } catch {
-      probe.disconnect();
-      return false;
-    }
-  }, `redis-server on ${port}`);
-  probe.disconnect();
-  return { child, url: `redis://127.0.0.1:${port}` };
-}
 
 /** One request with a guard far above the deadlines: a hang answers null. */
 async function request(

@@ -1,7 +1,6 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { spawn, type ChildProcess } from 'node:child_process';
 import { connect, createServer, type Socket } from 'node:net';
 import { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -11,21 +10,16 @@ import { classifyError, errorMessage } from '../../shared/errors.js';
 import { silentLogger } from '../../shared/log.js';
 import { createRedis, createRoleProbe } from '../../shared/redis/client.js';
 import { createTopics, groupCaughtUp, produce, stack, testRedis, unique, waitFor } from '../helpers/kafka.js';
+import { ownRedis, stopOwnRedis } from '../helpers/own-redis.js';
 import { serviceEnv, startProcess, type Proc } from '../helpers/process.js';
 import { parsePrometheus } from '../helpers/prometheus.js';
 
 const FIXTURE = ['--import', 'tsx', 'test/fixtures/recorder-service.ts'];
 const procs: Proc[] = [];
-const servers: ChildProcess[] = [];
 afterAll(() => {
   for (const p of procs)
     if (p.child.exitCode === null && p.child.signalCode === null) p.child.kill('SIGKILL');
-  for (const s of servers) {
-    if (s.exitCode === null && s.signalCode === null) {
-      s.kill('SIGCONT');
-      s.kill('SIGKILL');
-    }
-  }
+  stopOwnRedis();
 });
 
 const event = (i: number) => ({
@@ -44,39 +38,6 @@ const sendEvents = (topic: string, from: number, n: number) =>
     topic,
     Array.from({ length: n }, (_, i) => ({ key: `s${from + i}`, value: JSON.stringify(event(from + i)) })),
   );
-
-/** A redis-server of this test's own, on a free port, to stop, freeze and start again. */
-async function ownRedis(
-  port?: number,
-  dir?: string,
-): Promise<{ child: ChildProcess; port: number; url: string }> {
-  const p = port ?? (await freePort());
-  // With a folder, an append-only file: what the test recorded survives a restart of this server.
-  const persistence = dir
-    ? ['--appendonly', 'yes', '--appendfsync', 'always', '--dir', dir]
-    : ['--appendonly', 'no'];
-  const child = spawn('redis-server', ['--port', String(p), '--save', '', ...persistence], {
-    stdio: 'ignore',
-  });
-  servers.push(child);
-  const probe = new Redis(p, '127.0.0.1', {
-    lazyConnect: true,
-    maxRetriesPerRequest: 0,
-    retryStrategy: () => null,
-  });
-  probe.on('error', () => undefined);
-  await waitFor(async () => {
-    try {
-      if (probe.status !== 'ready') await probe.connect();
-      return (await probe.ping()) === 'PONG';
-    } catch {
-      probe.disconnect();
-      return false;
-    }
-  }, `redis-server on ${p}`);
-  probe.disconnect();
-  return { child, port: p, url: `redis://127.0.0.1:${p}` };
-}
 
 /**
  * Two redis-servers of this test's own, each in a folder of its own (the full sync that REPLICAOF starts writes

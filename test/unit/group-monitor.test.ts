@@ -28,6 +28,25 @@ function slowAdmin(committed: () => string) {
   return { admin, askedP, release };
 }
 
+/** A monitor of group 'g', member 'm', over topic 't', polling through `admin`. */
+function monitorOf(
+  metrics: ReturnType<typeof createMetrics>,
+  admin: unknown,
+  assignment: () => Record<string, number[]>,
+  env: Record<string, string> = {},
+) {
+  return createGroupMonitor({
+    groupId: 'g',
+    topics: ['t'],
+    env: commonEnvSchema.parse({ KAFKA_BROKERS: '127.0.0.1:1', REDIS_URL: 'redis://127.0.0.1:1', ...env }),
+    log: silentLogger(),
+    metrics,
+    memberId: () => 'm',
+    assignment,
+    admin: () => admin as never,
+  });
+}
+
 async function lagOf(registry: Registry): Promise<number | undefined> {
   const m = (await registry.getMetricsAsJSON()).find((x) => x.name === 'paver_consumer_lag');
   return m?.values.find((v) => v.labels.partition === '0')?.value;
@@ -39,16 +58,7 @@ describe('group monitor', () => {
     const metrics = createMetrics('test', registry);
     let committedNow = '-1';
     const slow = slowAdmin(() => committedNow);
-    const monitor = createGroupMonitor({
-      groupId: 'g',
-      topics: ['t'],
-      env: commonEnvSchema.parse({ KAFKA_BROKERS: '127.0.0.1:1', REDIS_URL: 'redis://127.0.0.1:1' }),
-      log: silentLogger(),
-      metrics,
-      memberId: () => 'm',
-      assignment: () => ({ t: [0] }),
-      admin: () => slow.admin as never,
-    });
+    const monitor = monitorOf(metrics, slow.admin, () => ({ t: [0] }));
     monitor.poke();
     // The poll read "nothing committed"; meanwhile the runner processes all 27, commits and reports lag 0.
     await slow.askedP;
@@ -68,20 +78,9 @@ describe('group monitor: pokes', () => {
     const slow = slowAdmin(() => '27');
     let polls = 0;
     const admin = { ...slow.admin, describeGroups: async () => (polls++, slow.admin.describeGroups()) };
-    const monitor = createGroupMonitor({
-      groupId: 'g',
-      topics: ['t'],
+    const monitor = monitorOf(metrics, admin, () => ({ t: [0] }), {
       // An interval no test waits for: only pokes poll here.
-      env: commonEnvSchema.parse({
-        KAFKA_BROKERS: '127.0.0.1:1',
-        REDIS_URL: 'redis://127.0.0.1:1',
-        PAVER_LAG_POLL_MS: '300000',
-      }),
-      log: silentLogger(),
-      metrics,
-      memberId: () => 'm',
-      assignment: () => ({ t: [0] }),
-      admin: () => admin as never,
+      PAVER_LAG_POLL_MS: '300000',
     });
     monitor.poke();
     await slow.askedP;
@@ -114,16 +113,7 @@ describe('group monitor: partitions that moved away', () => {
       },
     };
     let assignment: Record<string, number[]> = { t: [0] };
-    const monitor = createGroupMonitor({
-      groupId: 'g',
-      topics: ['t'],
-      env: commonEnvSchema.parse({ KAFKA_BROKERS: '127.0.0.1:1', REDIS_URL: 'redis://127.0.0.1:1' }),
-      log: silentLogger(),
-      metrics,
-      memberId: () => 'm',
-      assignment: () => assignment,
-      admin: () => admin as never,
-    });
+    const monitor = monitorOf(metrics, admin, () => assignment);
     const series = async () =>
       (await registry.getMetricsAsJSON())
         .filter(

@@ -134,3 +134,38 @@ export function decodeRecorded(spans: ReadableSpan[]): OtlpSpan[] {
   if (!r.ok) throw new Error(r.detail);
   return r.spans;
 }
+
+/**
+ * Delivers span batches to an ingest batch handler as consecutive records of one partition, as the runner would:
+ * one message per call, offsets counting up from 0.
+ */
+export function deliverTo(
+  handle: (
+    batch: {
+      topic: string;
+      partition: number;
+      offset: string;
+      key: null;
+      timestamp: string;
+      value: { spans: OtlpSpan[] };
+    }[],
+    ctx: { heartbeat: () => Promise<void>; isRunning: () => boolean },
+  ) => Promise<unknown>,
+): (spans: OtlpSpan[]) => Promise<unknown> {
+  const ctx = { heartbeat: async () => undefined, isRunning: () => true };
+  let offset = 0;
+  return (spans) =>
+    handle(
+      [
+        {
+          topic: 'otlp',
+          partition: 0,
+          offset: String(offset++),
+          key: null,
+          timestamp: '0',
+          value: { spans },
+        },
+      ],
+      ctx,
+    );
+}

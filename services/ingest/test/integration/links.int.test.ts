@@ -6,7 +6,7 @@ import { consumeUntil, createTopics, testKafka, testRedis, unique } from '../../
 import { createIngestHandler, createIngestMetrics } from '../../src/adapters/handler.js';
 import { RedisTraceStore } from '../../src/adapters/trace-store.js';
 import { DEFAULT_MAP_OPTIONS, mapSpans } from '../../src/core/map.js';
-import { decodeRecorded, otelRecorder } from '../helpers/otel.js';
+import { decodeRecorded, deliverTo, otelRecorder } from '../helpers/otel.js';
 
 /*
  * A tool span whose parent is a plain (non-GenAI) span, exported in three messages: the tool span, then its
@@ -44,22 +44,8 @@ describe('ingest: a span between a tool and its agent, exported alone (real Redi
       opts: DEFAULT_MAP_OPTIONS,
       metrics: createIngestMetrics(new Registry()),
     });
-    const ctx = { heartbeat: async () => undefined, isRunning: () => true };
-    let offset = 0;
-    const deliver = (part: typeof spans) =>
-      handle(
-        [
-          {
-            topic: 'otlp',
-            partition: 0,
-            offset: String(offset++),
-            key: null,
-            timestamp: '0',
-            value: { spans: decode(part) },
-          },
-        ],
-        ctx,
-      );
+    const send = deliverTo(handle);
+    const deliver = (part: typeof spans) => send(decode(part));
     await deliver(tools);
     await deliver(between);
     await deliver(agent);

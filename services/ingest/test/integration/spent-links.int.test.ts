@@ -5,8 +5,7 @@ import { testRedis, unique } from '../../../../test/helpers/kafka.js';
 import { createIngestHandler, createIngestMetrics } from '../../src/adapters/handler.js';
 import { RedisTraceStore } from '../../src/adapters/trace-store.js';
 import { DEFAULT_MAP_OPTIONS } from '../../src/core/map.js';
-import type { OtlpSpan } from '../../src/core/otlp.js';
-import { decodeRecorded, otelRecorder } from '../helpers/otel.js';
+import { decodeRecorded, deliverTo, otelRecorder } from '../helpers/otel.js';
 
 /*
  * One long trace (a conversation, a worker loop) holding task after task, each tool span under a non-GenAI span
@@ -38,22 +37,7 @@ describe('ingest: spans between a tool and its agent leave once the task is publ
       metrics: createIngestMetrics(new Registry()),
       maxPendingSpans: 4,
     });
-    const ctx = { heartbeat: async () => undefined, isRunning: () => true };
-    let offset = 0;
-    const deliver = (spans: OtlpSpan[]) =>
-      handle(
-        [
-          {
-            topic: 'otlp',
-            partition: 0,
-            offset: String(offset++),
-            key: null,
-            timestamp: '0',
-            value: { spans },
-          },
-        ],
-        ctx,
-      );
+    const deliver = deliverTo(handle);
 
     const rec = otelRecorder();
     const traceId = 'ab'.repeat(16);
@@ -95,22 +79,7 @@ describe('ingest: spans between a tool and its agent leave once the task is publ
       opts: DEFAULT_MAP_OPTIONS,
       metrics: createIngestMetrics(registry),
     });
-    const ctx = { heartbeat: async () => undefined, isRunning: () => true };
-    let offset = 0;
-    const deliver = (spans: OtlpSpan[]) =>
-      handle(
-        [
-          {
-            topic: 'otlp',
-            partition: 0,
-            offset: String(offset++),
-            key: null,
-            timestamp: '0',
-            value: { spans },
-          },
-        ],
-        ctx,
-      );
+    const deliver = deliverTo(handle);
     const spans = decodeRecorded(
       otelRecorder().agent({ name: 'A', tools: [{ name: 'one', viaInternalSpan: true }, { name: 'two' }] }),
     );
