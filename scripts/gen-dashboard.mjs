@@ -146,6 +146,8 @@ ts(
   [
     [`sum by (outcome) (increase(paver_detector_rebuilds_total[${RI}]))`, 'detector rebuild {{outcome}}'],
     [`max(paver_detector_rebuilding)`, 'detector rebuilding'],
+    [`sum by (outcome) (increase(paver_ingest_rebuilds_total[${RI}]))`, 'ingest rebuild {{outcome}}'],
+    [`max(paver_ingest_rebuilding)`, 'ingest rebuilding'],
     [
       `sum by (reason, outcome) (increase(paver_flows_state_rebuilds_total[${RI}]))`,
       'flows {{reason}} {{outcome}}',

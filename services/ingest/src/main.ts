@@ -1,12 +1,18 @@
 import type { Codec } from '../../../shared/codec.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
+import { Gauge } from 'prom-client';
+import { decodeMessage } from '../../../shared/kafka/decode.js';
+import { replayOptions } from '../../../shared/kafka/replay.js';
+import { createEpoch } from '../../../shared/redis/epoch.js';
+import { offsetAtTimestamp, otlpReplay, PendingRecovery } from './adapters/recovery.js';
 import {
+  createIngestApply,
   createIngestHandler,
   createIngestMetrics,
   otlpParser,
   type OtlpMessage,
 } from './adapters/handler.js';
-import { RedisTraceStore } from './adapters/trace-store.js';
+import { ingestGlobalKeys, RedisTraceStore } from './adapters/trace-store.js';
 import { decodeLimitsFromEnv, ingestEnvSchema, mapOptionsFromEnv, type IngestEnv } from './config.js';
 
 export const SERVICE_NAME = 'ingest';
@@ -35,22 +41,58 @@ export const service: ServiceSpec<IngestEnv, OtlpMessage> & {
   defaultPort: DEFAULT_PORT,
   groupId: (env) => env.INGEST_GROUP_ID,
   inputTopics: (env) => [env.INGEST_OTLP_TOPIC],
-  async setup({ env, redis, sink, metrics }) {
+  async setup({ env, redis, sink, metrics, kafka, log }) {
     const ingestMetrics = createIngestMetrics(metrics.registry);
+    for (const outcome of ['rebuilt', 'retried', 'failed']) ingestMetrics.rebuilds.inc({ outcome }, 0);
     const store = new RedisTraceStore(redis, env.REDIS_KEY_PREFIX, env.INGEST_PENDING_TTL_MS);
-    return {
-      inputTopics: [env.INGEST_OTLP_TOPIC],
-      extraTopics: [{ topic: env.INGEST_OTLP_TOPIC }],
-      inputCodec: rawBytes,
-      parse: otlpParser(env.INGEST_OTLP_ENCODING, decodeLimitsFromEnv(env), ingestMetrics),
-      handler: createIngestHandler({
-        store,
-        sink,
-        topic: env.PAVER_TOPIC_TOOL_CALLS,
-        opts: mapOptionsFromEnv(env),
-        metrics: ingestMetrics,
-        maxPendingSpans: env.INGEST_MAX_PENDING_SPANS,
+    const topic = env.INGEST_OTLP_TOPIC;
+    const limits = decodeLimitsFromEnv(env);
+    const deps = {
+      store,
+      sink,
+      topic: env.PAVER_TOPIC_TOOL_CALLS,
+      opts: mapOptionsFromEnv(env),
+      metrics: ingestMetrics,
+      maxPendingSpans: env.INGEST_MAX_PENDING_SPANS,
+    };
+    // A replay decodes as the live path does, without counting: its messages were counted when first read.
+    const replayDecode = {
+      codec: rawBytes,
+      parse: otlpParser(env.INGEST_OTLP_ENCODING, limits),
+      maxBytes: env.PAVER_MAX_MESSAGE_BYTES,
+    };
+    const rebuilding = new Gauge({
+      name: 'paver_ingest_rebuilding',
+      help: 'Partitions whose pending spans are being rebuilt from Kafka right now.',
+      registers: [metrics.registry],
+    });
+    const recovery = new PendingRecovery({
+      store,
+      epoch: createEpoch(redis, ingestGlobalKeys(env.REDIS_KEY_PREFIX).epoch),
+      ttlMs: env.INGEST_PENDING_TTL_MS,
+      offsetAt: offsetAtTimestamp(kafka, topic),
+      replay: otlpReplay(replayOptions(kafka, env, topic, env.INGEST_GROUP_ID), async (m) => {
+        const r = await decodeMessage(m, topic, replayDecode);
+        return r.ok ? r.value.spans : null;
       }),
+      apply: createIngestApply(deps),
+      log,
+      hooks: {
+        started: () => rebuilding.inc(),
+        finished: (_p, outcome, messages) => {
+          rebuilding.dec();
+          ingestMetrics.rebuilds.inc({ outcome });
+          ingestMetrics.rebuildMessages.inc(messages);
+        },
+      },
+    });
+    return {
+      inputTopics: [topic],
+      extraTopics: [{ topic }],
+      inputCodec: rawBytes,
+      parse: otlpParser(env.INGEST_OTLP_ENCODING, limits, ingestMetrics),
+      handler: createIngestHandler({ ...deps, recovery, log }),
+      readiness: [{ name: 'ingest_state', check: () => !recovery.isRebuilding() }],
     };
   },
 };

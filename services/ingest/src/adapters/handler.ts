@@ -1,14 +1,20 @@
 import { Counter, type Registry } from 'prom-client';
+import { PaverError } from '../../../../shared/errors.js';
+import type { Logger } from '../../../../shared/log.js';
+import type { EpochMarker } from '../../../../shared/redis/epoch.js';
 import type { BatchHandler, Parser } from '../../../../shared/kafka/runner.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
 import { byTrace, keepSpan, resolveTrace, type KeptSpan, type MapOptions } from '../core/map.js';
 import type { DecodeLimits, OtlpSpan } from '../core/otlp.js';
 import { decodeOtlp, type OtlpEncoding } from './otlp-decode.js';
+import type { PendingRecovery } from './recovery.js';
 import type { RedisTraceStore, TraceChange } from './trace-store.js';
 
 export interface OtlpMessage {
   spans: OtlpSpan[];
 }
+
+const MAX_LOSS_RETRIES = 5;
 
 /** Default of INGEST_MAX_PENDING_SPANS: spans of one trace waiting in Redis for its agent span. */
 export const DEFAULT_MAX_PENDING_SPANS = 10_000;
@@ -46,6 +52,17 @@ export function createIngestMetrics(registry: Registry) {
       help: 'Buffered span records in Redis that failed validation and were ignored.',
       registers,
     }),
+    rebuilds: new Counter({
+      name: 'paver_ingest_rebuilds_total',
+      help: "Rebuilds of a partition's pending spans from Kafka (Redis lost its state, or the partition was never built under the current epoch), by outcome: rebuilt, retried (lost again meanwhile), failed.",
+      labelNames: ['outcome'],
+      registers,
+    }),
+    rebuildMessages: new Counter({
+      name: 'paver_ingest_rebuild_messages_total',
+      help: 'OTLP messages replayed from Kafka by rebuilds.',
+      registers,
+    }),
   };
 }
 export type IngestMetrics = ReturnType<typeof createIngestMetrics>;
@@ -53,23 +70,35 @@ export type IngestMetrics = ReturnType<typeof createIngestMetrics>;
 export function otlpParser(
   encoding: OtlpEncoding,
   limits: DecodeLimits,
-  m: IngestMetrics,
+  /** None for a replay: its messages were counted when first read. */
+  m?: IngestMetrics,
 ): Parser<OtlpMessage> {
   return (value) => {
     if (!(value instanceof Uint8Array))
       return { ok: false, reason: 'undecodable', detail: 'expected the raw message bytes' };
     const r = decodeOtlp(value, encoding, limits);
-    m.messages.inc({ encoding: r.encoding, outcome: r.ok ? 'decoded' : r.reason });
+    m?.messages.inc({ encoding: r.encoding, outcome: r.ok ? 'decoded' : r.reason });
     return r.ok ? { ok: true, value: { spans: r.spans } } : r;
   };
+}
+
+/** What `apply` is asked to do with a chunk's spans. */
+export interface ApplyMode {
+  /** False while a replay rebuilds the state a Redis loss took: those tasks were published when first read. */
+  publish: boolean;
+  /** The epoch marker as last seen: the chunk's reads are checked against it (`lost`). */
+  marker?: EpochMarker;
+  /** TTL of what this chunk writes (a replay gives old spans what is left of theirs). */
+  ttlMs?: number;
 }
 
 /**
  * One chunk of OTLP messages → tool-calls events. Spans of a trace are merged with what Redis holds for that
  * trace; tasks whose agent span is known are published (then remembered as done), the rest waits in Redis.
  * Publish first, then store: a crash in between republishes the same events with the same event ids.
+ * `lost`: the marker said Redis lost its state before the reads; nothing was published or written.
  */
-export function createIngestHandler(deps: {
+export function createIngestApply(deps: {
   store: RedisTraceStore;
   sink: Sink;
   topic: string;
@@ -77,22 +106,28 @@ export function createIngestHandler(deps: {
   metrics: IngestMetrics;
   /** Spans a trace may keep waiting in Redis for its agent span (INGEST_MAX_PENDING_SPANS); more are dropped. */
   maxPendingSpans?: number;
-}): BatchHandler<OtlpMessage> {
+}): (messages: OtlpSpan[][], mode: ApplyMode) => Promise<{ lost: boolean }> {
   const { store, sink, topic, opts, metrics: m } = deps;
   const maxPending = deps.maxPendingSpans ?? DEFAULT_MAX_PENDING_SPANS;
-  return async (records) => {
+  return async (messages, mode) => {
+    // A replay counts nothing: these spans were counted when first read.
+    const count = mode.publish;
     const fresh: KeptSpan[] = [];
-    for (const rec of records)
-      for (const span of rec.value.spans) {
+    for (const spans of messages)
+      for (const span of spans) {
         const { kept, notes } = keepSpan(span, opts);
         fresh.push(kept);
-        for (const n of notes) m.payloadsOmitted.inc(n);
+        if (count) for (const n of notes) m.payloadsOmitted.inc(n);
       }
     const all = [...byTrace(fresh)];
-    if (all.length === 0) return;
+    if (all.length === 0) return { lost: false };
     // Every trace's state is read, those with only links in this chunk too (one pipelined read either way): a
     // tool span waiting in Redis may need exactly these links to reach its agent span, which comes later.
-    const { states, corrupt } = await store.load(all.map(([t]) => t));
+    const { states, corrupt, lost } = await store.load(
+      all.map(([t]) => t),
+      mode.marker,
+    );
+    if (lost) return { lost };
     if (corrupt) m.corruptState.inc(corrupt);
     const traces = all.filter(
       ([t, spans]) =>
@@ -100,11 +135,12 @@ export function createIngestHandler(deps: {
         (states.get(t)?.spans.some((s) => s.kind === 'tool') ?? false),
     );
     const relevant = new Set(traces.map(([t]) => t));
-    m.spans.inc(
-      { outcome: 'other' },
-      fresh.filter((s) => !relevant.has(s.traceId) || s.kind === 'link').length,
-    );
-    if (traces.length === 0) return;
+    if (count)
+      m.spans.inc(
+        { outcome: 'other' },
+        fresh.filter((s) => !relevant.has(s.traceId) || s.kind === 'link').length,
+      );
+    if (traces.length === 0) return { lost: false };
 
     const events = [];
     const changes = new Map<string, TraceChange>();
@@ -141,13 +177,49 @@ export function createIngestHandler(deps: {
       outcomes.late += res.lateTools.filter((id) => freshIds.has(id)).length;
       outcomes.orphan += res.orphanTools.filter((id) => freshIds.has(id)).length;
     }
-    await sink.send(
-      topic,
-      'tool-calls.v1',
-      events.map((e) => ({ key: e.session_id, value: e })),
-    );
-    await store.save(changes);
-    for (const [outcome, n] of Object.entries(outcomes)) if (n) m.spans.inc({ outcome }, n);
-    for (const e of events) m.events.inc({ type: e.type });
+    if (mode.publish)
+      await sink.send(
+        topic,
+        'tool-calls.v1',
+        events.map((e) => ({ key: e.session_id, value: e })),
+      );
+    await store.save(changes, mode.ttlMs);
+    if (count) {
+      for (const [outcome, n] of Object.entries(outcomes)) if (n) m.spans.inc({ outcome }, n);
+      for (const e of events) m.events.inc({ type: e.type });
+    }
+    return { lost: false };
+  };
+}
+
+/**
+ * The service's chunk handler. With `recovery`, each chunk first makes sure its partition's pending spans are
+ * in Redis (rebuilt from Kafka after a loss), and a loss met by the chunk's own reads rebuilds and reads again.
+ */
+export function createIngestHandler(
+  deps: Parameters<typeof createIngestApply>[0] & { recovery?: PendingRecovery; log?: Logger },
+): BatchHandler<OtlpMessage> {
+  const apply = createIngestApply(deps);
+  const { recovery } = deps;
+  return async (records, ctx) => {
+    const first = records[0];
+    if (!first) return;
+    const messages = records.map((r) => r.value.spans);
+    if (!recovery) {
+      await apply(messages, { publish: true });
+      return;
+    }
+    for (let attempt = 1; ; attempt++) {
+      // Everything before this chunk on its partition has been handled: that is where a rebuild's replay ends.
+      const marker = await recovery.ensure(first.partition, BigInt(first.offset), () => ctx.heartbeat());
+      if (!(await apply(messages, { publish: true, marker })).lost) return;
+      if (attempt >= MAX_LOSS_RETRIES)
+        throw new PaverError('REDIS_UNAVAILABLE', 'ingest state lost in Redis again after every rebuild');
+      deps.log?.warn(
+        { partition: first.partition },
+        'ingest state lost in Redis during a chunk: rebuilding before handling it',
+      );
+      recovery.invalidate(first.partition);
+    }
   };
 }

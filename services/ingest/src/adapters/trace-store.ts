@@ -1,7 +1,8 @@
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import type { KeptSpan } from '../core/map.js';
-import { execPipeline } from '../../../../shared/redis/replies.js';
+import type { EpochMarker } from '../../../../shared/redis/epoch.js';
+import { execPipeline, redisFailure } from '../../../../shared/redis/replies.js';
 
 const keptSpan: z.ZodType<KeptSpan> = z.object({
   traceId: z.string(),
@@ -32,6 +33,12 @@ export interface TraceChange {
   done: string[];
 }
 
+/** Keys outside any trace: the epoch marker, and per input partition the epoch its state was last rebuilt in. */
+export const ingestGlobalKeys = (prefix: string) => ({
+  epoch: `${prefix}:ingest:epoch`,
+  rebuilt: `${prefix}:ingest:rebuilt`,
+});
+
 /**
  * Per-trace state between Kafka messages, one Redis hash per trace: `s:<spanId>` holds a span waiting for
  * its agent span (or a span on its path there), `d:<spanId>` marks a task already published (or a span on a
@@ -49,13 +56,23 @@ export class RedisTraceStore {
     return `${this.prefix}:ingest:trace:${traceId}`;
   }
 
-  async load(traceIds: string[]): Promise<{ states: Map<string, TraceState>; corrupt: number }> {
+  /**
+   * The traces' states. With `marker`, the epoch marker is read after them in the same pipeline: when it is no
+   * longer the value the service last saw, Redis lost its state before (or while) they were read, and `lost`
+   * says so; the states are then not to be used (a task would be published without its tool calls).
+   */
+  async load(
+    traceIds: string[],
+    marker?: EpochMarker,
+  ): Promise<{ states: Map<string, TraceState>; corrupt: number; lost: boolean }> {
     const states = new Map<string, TraceState>();
     let corrupt = 0;
-    if (traceIds.length === 0) return { states, corrupt };
+    if (traceIds.length === 0) return { states, corrupt, lost: false };
     const p = this.redis.pipeline();
     for (const t of traceIds) p.hgetall(this.key(t));
+    if (marker) p.get(marker.key);
     const replies = await execPipeline(p, 'pending spans read');
+    if (marker && replies[traceIds.length] !== marker.value) return { states, corrupt, lost: true };
     traceIds.forEach((t, i) => {
       const hash = replies[i];
       const state: TraceState = { spans: [], done: new Set() };
@@ -75,10 +92,11 @@ export class RedisTraceStore {
       }
       states.set(t, state);
     });
-    return { states, corrupt };
+    return { states, corrupt, lost: false };
   }
 
-  async save(changes: Map<string, TraceChange>): Promise<void> {
+  /** `ttlMs`: a replay after a Redis loss gives old spans what is left of their time, not a new TTL. */
+  async save(changes: Map<string, TraceChange>, ttlMs = this.ttlMs): Promise<void> {
     const p = this.redis.pipeline();
     let n = 0;
     for (const [traceId, c] of changes) {
@@ -89,10 +107,27 @@ export class RedisTraceStore {
       for (const s of c.put) fields.push(`s:${s.spanId}`, JSON.stringify(s));
       for (const a of c.done) fields.push(`d:${a}`, '1');
       if (fields.length) p.hset(key, ...fields);
-      p.pexpire(key, this.ttlMs);
+      p.pexpire(key, ttlMs);
       n++;
     }
     if (n === 0) return;
     await execPipeline(p, 'pending spans write');
+  }
+
+  /** The epoch in which `partition`'s pending spans were last rebuilt (or found complete), if any. */
+  async rebuiltIn(partition: number): Promise<string | null> {
+    try {
+      return await this.redis.hget(ingestGlobalKeys(this.prefix).rebuilt, String(partition));
+    } catch (err) {
+      throw redisFailure('ingest rebuild mark read', err);
+    }
+  }
+
+  async markRebuilt(partition: number, epoch: string): Promise<void> {
+    try {
+      await this.redis.hset(ingestGlobalKeys(this.prefix).rebuilt, String(partition), epoch);
+    } catch (err) {
+      throw redisFailure('ingest rebuild mark write', err);
+    }
   }
 }

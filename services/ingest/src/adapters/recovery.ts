@@ -1,0 +1,192 @@
+import type { Kafka, KafkaMessage } from 'kafkajs';
+import { errorMessage, PaverError } from '../../../../shared/errors.js';
+import { readRanges, type ReplayOptions } from '../../../../shared/kafka/replay.js';
+import type { Logger } from '../../../../shared/log.js';
+import type { Epoch, EpochMarker } from '../../../../shared/redis/epoch.js';
+import type { OtlpSpan } from '../core/otlp.js';
+import type { ApplyMode } from './handler.js';
+import type { RedisTraceStore } from './trace-store.js';
+
+/**
+ * Reads one input partition's messages in [from, end) as spans, batch by batch; `newestMs` is the newest record
+ * timestamp of the batch. Resolves to the number of messages read.
+ */
+export type PartitionReplay = (
+  partition: number,
+  from: bigint,
+  end: bigint,
+  each: (messages: OtlpSpan[][], newestMs: number) => Promise<void>,
+) => Promise<number>;
+
+/** Where a partition's replay starts: its first offset at or after `timestampMs` (the end when there is none). */
+export type OffsetAt = (partition: number, timestampMs: number) => Promise<bigint>;
+
+/** A replay through a throwaway consumer group (shared/kafka/replay.ts); `decode` is the live path's decoder. */
+export function otlpReplay(
+  o: ReplayOptions,
+  decode: (m: KafkaMessage) => Promise<OtlpSpan[] | null>,
+): PartitionReplay {
+  return async (partition, from, end, each) => {
+    let read = 0;
+    await readRanges(o, new Map([[partition, { from, end }]]), async (_p, messages) => {
+      const spans: OtlpSpan[][] = [];
+      let newestMs = 0;
+      for (const m of messages) {
+        // A message that does not decode was dead-lettered when first read: it made no state then either.
+        const s = await decode(m);
+        if (s) spans.push(s);
+        newestMs = Math.max(newestMs, Number(m.timestamp));
+      }
+      await each(spans, newestMs);
+      read += messages.length;
+    });
+    return read;
+  };
+}
+
+export function offsetAtTimestamp(kafka: Kafka, topic: string): OffsetAt {
+  return async (partition, timestampMs) => {
+    const admin = kafka.admin();
+    try {
+      await admin.connect();
+      const offsets = await admin.fetchTopicOffsetsByTimestamp(topic, timestampMs);
+      const at = offsets.find((o) => o.partition === partition);
+      if (!at) throw new Error(`partition ${partition} not found`);
+      return BigInt(at.offset);
+    } catch (err) {
+      throw new PaverError('KAFKA_UNAVAILABLE', `offset by time on ${topic}: ${errorMessage(err)}`, {
+        cause: err,
+      });
+    } finally {
+      await admin.disconnect().catch(() => undefined);
+    }
+  };
+}
+
+export interface RecoveryHooks {
+  started(partition: number): void;
+  finished(partition: number, outcome: 'rebuilt' | 'retried' | 'failed', messages: number): void;
+}
+
+const MAX_ATTEMPTS = 5;
+
+class LostAgain extends Error {}
+
+/**
+ * Redis loss, survived: the tool spans waiting for their agent span (and the tasks already published) live
+ * only in Redis, and their messages are committed. A partition's state is trusted once it is known complete
+ * under the current epoch (`rebuilt` records, per partition, the epoch it was last rebuilt in). When the marker
+ * is gone or replaced, or the partition was never rebuilt under it, the partition's last `ttlMs` of messages
+ * (what the state can hold: a trace's hash expires `ttlMs` after its last change) are read again up to the
+ * chunk in hand, through the same code as live traffic but publishing nothing: each task whose agent span is
+ * among them was published when it was first read.
+ *
+ * Per partition, with no global pause: a trace's spans are on one partition (the guarantee needs
+ * `partition_traces_by_id`), so partitions are rebuilt independently by whichever instance owns them.
+ */
+export class PendingRecovery {
+  private readonly verified = new Map<number, string>();
+  private active = 0;
+
+  constructor(
+    private readonly d: {
+      store: RedisTraceStore;
+      epoch: Epoch;
+      ttlMs: number;
+      offsetAt: OffsetAt;
+      replay: PartitionReplay;
+      apply: (messages: OtlpSpan[][], mode: ApplyMode) => Promise<{ lost: boolean }>;
+      log: Logger;
+      hooks: RecoveryHooks;
+      now?: () => number;
+    },
+  ) {}
+
+  isRebuilding(): boolean {
+    return this.active > 0;
+  }
+
+  /** A chunk found the state gone: the next `ensure` checks the marker again. */
+  invalidate(partition: number): void {
+    this.verified.delete(partition);
+  }
+
+  /**
+   * Makes sure `partition`'s state is in Redis before a chunk starting at `end` is handled, rebuilding it when
+   * it is not. Returns the marker the chunk's reads are checked against.
+   */
+  async ensure(partition: number, end: bigint, heartbeat: () => Promise<void>): Promise<EpochMarker> {
+    const key = this.d.epoch.key;
+    const seen = this.verified.get(partition);
+    if (seen !== undefined && seen === this.d.epoch.current()) return { key, value: seen };
+    for (let attempt = 1; ; attempt++) {
+      const { epoch } = await this.d.epoch.check();
+      if ((await this.d.store.rebuiltIn(partition)) === epoch) {
+        this.verified.set(partition, epoch);
+        return { key, value: epoch };
+      }
+      if (await this.rebuild(partition, epoch, end, heartbeat)) return { key, value: epoch };
+      if (attempt >= MAX_ATTEMPTS)
+        throw new PaverError(
+          'REDIS_UNAVAILABLE',
+          `ingest state lost again during ${attempt} rebuild attempts of partition ${partition}`,
+        );
+    }
+  }
+
+  private async rebuild(
+    partition: number,
+    epoch: string,
+    end: bigint,
+    heartbeat: () => Promise<void>,
+  ): Promise<boolean> {
+    const { store, log, hooks, ttlMs } = this.d;
+    const now = this.d.now ?? Date.now;
+    this.active++;
+    hooks.started(partition);
+    const t0 = now();
+    let messages = 0;
+    let outcome: 'rebuilt' | 'retried' | 'failed' = 'failed';
+    try {
+      const fromOffset = await this.d.offsetAt(partition, t0 - ttlMs);
+      const where = { partition, from: fromOffset.toString(), to: end.toString() };
+      if (fromOffset >= end) {
+        // Nothing in the last ttlMs before this chunk (a first start, or a quiet partition): nothing to lose.
+        log.info(where, 'ingest state for this partition starts here: nothing before it to replay');
+      } else {
+        log.warn(
+          where,
+          'ingest state for this partition is not in Redis (lost, or never built in this epoch): replaying its pending spans from Kafka',
+        );
+        const marker = { key: this.d.epoch.key, value: epoch };
+        try {
+          messages = await this.d.replay(partition, fromOffset, end, async (batch, newestMs) => {
+            // What is left of the newest span's time, as if it had been stored when first read.
+            const left = Math.max(1, ttlMs - Math.max(0, now() - newestMs));
+            if ((await this.d.apply(batch, { publish: false, marker, ttlMs: left })).lost)
+              throw new LostAgain();
+            await heartbeat();
+          });
+        } catch (err) {
+          if (!(err instanceof LostAgain)) throw err;
+          outcome = 'retried';
+          return false;
+        }
+      }
+      await store.markRebuilt(partition, epoch);
+      // The marker must still be the one rebuilt under; if not, the state went again meanwhile.
+      if ((await this.d.epoch.check()).epoch !== epoch) {
+        outcome = 'retried';
+        return false;
+      }
+      this.verified.set(partition, epoch);
+      outcome = 'rebuilt';
+      if (messages > 0)
+        log.info({ partition, messages, ms: now() - t0 }, 'ingest partition state rebuilt from Kafka');
+      return true;
+    } finally {
+      this.active--;
+      hooks.finished(partition, outcome, messages);
+    }
+  }
+}

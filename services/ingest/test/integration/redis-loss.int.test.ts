@@ -1,0 +1,192 @@
+import { Redis } from 'ioredis';
+import { afterAll, describe, expect, it } from 'vitest';
+import { toolCallsEventV1, type ToolCallsEvent } from '../../../../schemas/index.js';
+import {
+  consumeUntil,
+  createTopics,
+  groupCaughtUp,
+  produce,
+  testKafka,
+  testRedis,
+  unique,
+  waitFor,
+} from '../../../../test/helpers/kafka.js';
+import { ownRedis, stopOwnRedis } from '../../../../test/helpers/own-redis.js';
+import {
+  PAVER_BIN,
+  getJson,
+  isReady,
+  serviceEnv,
+  startProcess,
+  type Proc,
+} from '../../../../test/helpers/process.js';
+import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
+import { Registry } from 'prom-client';
+import type { Sink } from '../../../../shared/kafka/sink.js';
+import { createIngestApply, createIngestMetrics } from '../../src/adapters/handler.js';
+import { ingestGlobalKeys, RedisTraceStore } from '../../src/adapters/trace-store.js';
+import { DEFAULT_MAP_OPTIONS } from '../../src/core/map.js';
+import { decodeRecorded, otelRecorder, toJson, toProto } from '../helpers/otel.js';
+
+/*
+ * Redis loss, survived. A task's tool spans wait in Redis for its agent span, and the message that brought them
+ * is committed. Redis then loses its state (FLUSHALL; or a redis-server restarted empty while ingest was down).
+ * When the agent span comes, the task must still be published whole: ingest sees the epoch marker gone and
+ * reads the partition's recent messages again to rebuild what waited, publishing nothing twice. Before, the
+ * task was published with its task_completed alone, its tool calls silently gone.
+ */
+
+const procs: Proc[] = [];
+afterAll(() => {
+  for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
+  stopOwnRedis();
+});
+
+const metric = async (p: Proc, name: string, labels?: Record<string, string>) =>
+  parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(name, labels) ?? 0;
+
+async function setUp(name: string) {
+  const redisServer = await ownRedis();
+  const env = serviceEnv({
+    INGEST_GROUP_ID: `${name}-${Date.now()}`,
+    REDIS_URL: redisServer.url,
+    // One message per chunk: the tool spans are stored and committed before the agent span is read.
+    PAVER_BATCH_CHUNK: '1',
+  });
+  env.INGEST_OTLP_TOPIC = `${env.PAVER_TOPIC_TOOL_CALLS}.otlp`;
+  await createTopics([
+    { topic: env.INGEST_OTLP_TOPIC, partitions: 1 },
+    { topic: env.PAVER_TOPIC_TOOL_CALLS! },
+    { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
+  ]);
+  const rec = otelRecorder();
+  const isAgent = (s: { name: string }) => s.name.startsWith('invoke_agent');
+  const waiting = rec.agent({
+    name: 'Support',
+    conversationId: 'conv-waiting',
+    tools: [{ name: 'get_user', args: { user_id: 'u1' } }, { name: 'get_order' }],
+  });
+  const whole = rec.agent({ name: 'Support', conversationId: 'conv-whole', tools: [{ name: 'lookup' }] });
+  const key = (spans: typeof waiting) => spans[0]!.spanContext().traceId;
+  const start = async () => {
+    const p = await startProcess([PAVER_BIN, 'run', 'ingest'], env);
+    procs.push(p);
+    await waitFor(() => isReady(p), 'ingest /readyz').catch((err: Error) => {
+      throw new Error(`${err.message}\n${p.output()}`);
+    });
+    return p;
+  };
+  const events = async (until: (all: string[]) => boolean) =>
+    (
+      await consumeUntil(env.PAVER_TOPIC_TOOL_CALLS!, (all) => until(all.map((m) => m.value!.toString())))
+    ).map((m) => toolCallsEventV1.parse(JSON.parse(m.value!.toString())) as ToolCallsEvent);
+  const completed = (session: string) => (all: string[]) =>
+    all.some((v) => v.includes('"task_completed"') && v.includes(session));
+  return {
+    redisServer,
+    env,
+    start,
+    events,
+    /** The waiting task's tool spans, then a whole task: both handled and committed. */
+    before: async (p: Proc) => {
+      await produce(env.INGEST_OTLP_TOPIC!, [
+        { key: key(waiting), value: toProto(waiting.filter((s) => !isAgent(s))) },
+        { key: key(whole), value: toJson(whole) },
+      ]);
+      await events(completed('conv-whole'));
+      await waitFor(
+        async () => (await metric(p, 'paver_ingest_spans_total', { outcome: 'pending' })) === 2,
+        'the two tool spans waiting in Redis',
+      );
+      await waitFor(() => groupCaughtUp(env.INGEST_GROUP_ID!, env.INGEST_OTLP_TOPIC!), 'both committed');
+    },
+    /** The waiting task's agent span, and the tool-calls topic once it is handled. */
+    after: async () => {
+      await produce(env.INGEST_OTLP_TOPIC!, [{ key: key(waiting), value: toJson(waiting.filter(isAgent)) }]);
+      // Handled and committed means published: everything the topic will get for it is there now.
+      await waitFor(() => groupCaughtUp(env.INGEST_GROUP_ID!, env.INGEST_OTLP_TOPIC!), 'agent span handled');
+      const admin = testKafka().admin();
+      await admin.connect();
+      const offsets = await admin.fetchTopicOffsets(env.PAVER_TOPIC_TOOL_CALLS!);
+      await admin.disconnect();
+      const total = offsets.reduce((a, o) => a + Number(o.high) - Number(o.low), 0);
+      return events((all) => all.length >= total);
+    },
+  };
+}
+
+/** The waiting task whole (its tool calls, then its completion), and the whole task published once. */
+function expectWhole(events: ToolCallsEvent[]) {
+  // In order within a session (its key); sessions may sit on different partitions of the topic.
+  const of = (session: string) =>
+    events.filter((e) => e.session_id === session).map((e) => (e.type === 'tool_call' ? e.tool : e.type));
+  expect(of('conv-whole')).toEqual(['lookup', 'task_completed']);
+  expect(of('conv-waiting')).toEqual(['get_user', 'get_order', 'task_completed']);
+  expect(events).toHaveLength(5);
+  expect(new Set(events.map((e) => e.event_id)).size).toBe(events.length);
+}
+
+describe('ingest: Redis state lost (real Kafka, a redis-server of its own)', () => {
+  it('rebuilds the spans that waited when Redis is flushed under a running service', async () => {
+    const t = await setUp('ingest-flush');
+    const p = await t.start();
+    await t.before(p);
+
+    const r = new Redis(t.redisServer.url);
+    await r.flushall();
+    r.disconnect();
+    const events = await t.after();
+    expectWhole(events);
+    expect(await metric(p, 'paver_ingest_rebuilds_total', { outcome: 'rebuilt' })).toBeGreaterThanOrEqual(1);
+    expect(await metric(p, 'paver_ingest_rebuild_messages_total')).toBe(2);
+    expect(p.output()).toContain('replaying its pending spans from Kafka');
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toBe(0);
+  });
+
+  it('rebuilds them when ingest was killed and its redis-server came back empty', async () => {
+    const t = await setUp('ingest-restart');
+    const first = await t.start();
+    await t.before(first);
+    first.child.kill('SIGKILL');
+    await first.exited;
+    // Redis restarted without persistence: empty, on the same port.
+    t.redisServer.child.kill('SIGKILL');
+    await new Promise((r) => t.redisServer.child.once('exit', r));
+    await ownRedis(t.redisServer.port);
+
+    const second = await t.start();
+    expectWhole(await t.after());
+    expect(await metric(second, 'paver_ingest_rebuild_messages_total')).toBe(2);
+    second.child.kill('SIGTERM');
+    expect(await second.exited).toBe(0);
+  });
+
+  it('publishes and writes nothing from a chunk whose reads met the loss (the marker is no longer the one seen)', async () => {
+    const redis = testRedis();
+    const prefix = unique('ingest');
+    const sent: unknown[] = [];
+    const sink = { send: async (_t: string, _c: string, records: unknown[]) => void sent.push(...records) };
+    const apply = createIngestApply({
+      store: new RedisTraceStore(redis, prefix, 3_600_000),
+      sink: sink as unknown as Sink,
+      topic: 'tool-calls',
+      opts: DEFAULT_MAP_OPTIONS,
+      metrics: createIngestMetrics(new Registry()),
+    });
+    const spans = decodeRecorded(otelRecorder().agent({ name: 'A', tools: [{ name: 'one' }] }));
+    const { epoch } = ingestGlobalKeys(prefix);
+    // The marker as the service saw it, and the marker now: another epoch began in between.
+    await redis.set(epoch, 'epoch-now');
+    const r = await apply([spans], { publish: true, marker: { key: epoch, value: 'epoch-seen' } });
+    expect(r.lost).toBe(true);
+    expect(sent).toEqual([]);
+    expect(await redis.keys(`${prefix}:ingest:trace:*`)).toEqual([]);
+    // The same chunk under the marker as it is: published.
+    expect((await apply([spans], { publish: true, marker: { key: epoch, value: 'epoch-now' } })).lost).toBe(
+      false,
+    );
+    expect(sent).toHaveLength(2);
+    await redis.quit();
+  });
+});
