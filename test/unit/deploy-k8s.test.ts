@@ -166,6 +166,9 @@ describe.skipIf(!kubectl)('deploy/k8s (kubectl kustomize + schema validation)', 
           const known = Object.keys((spec.envSchema as unknown as { shape: Record<string, unknown> }).shape);
           expect(known.length).toBeGreaterThan(10);
           for (const k of Object.keys(env)) expect(known, k).toContain(k);
+          // The service appends its name to KAFKA_CLIENT_ID (shared/service.ts): a client id that already ends
+          // with it reads `paver-detector-detector` in the broker's logs and quotas.
+          expect(String(parsed.KAFKA_CLIENT_ID)).not.toMatch(new RegExp(`-${name}$`));
 
           const labels = dep.spec.template.metadata.labels;
           const selects = (sel: Record<string, string>) =>
