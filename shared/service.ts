@@ -122,8 +122,13 @@ async function prepareTopics(
       attempts: 6,
       initialMs: 500,
       maxMs: 5_000,
+      // Services started together create the same topics: for a moment the broker answers "does not host this
+      // topic-partition" for one another's, and one retry cures it. A first retry is routine; a second says more.
       onRetry: (err, attempt, waitMs) =>
-        log.warn({ err: err.message, attempt, waitMs }, 'topics not ready; retrying'),
+        log[attempt > 1 ? 'warn' : 'info'](
+          { err: err.message, attempt, waitMs },
+          'topics not ready; retrying',
+        ),
     },
   );
   if (problems.length > 0) throw new PaverError('CONFIG_INVALID', problems.join('; '));
