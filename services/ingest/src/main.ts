@@ -68,6 +68,7 @@ export const service: ServiceSpec<IngestEnv, OtlpMessage> & {
     });
     const recovery = new PendingRecovery({
       store,
+      topic,
       epoch: createEpoch(redis, ingestGlobalKeys(env.REDIS_KEY_PREFIX).epoch),
       ttlMs: env.INGEST_PENDING_TTL_MS,
       offsetAt: offsetAtTimestamp(kafka, topic),

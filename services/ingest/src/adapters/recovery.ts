@@ -91,6 +91,8 @@ export class PendingRecovery {
   constructor(
     private readonly d: {
       store: RedisTraceStore;
+      /** The input topic: its partitions' rebuild marks are its own. */
+      topic: string;
       epoch: Epoch;
       ttlMs: number;
       offsetAt: OffsetAt;
@@ -121,7 +123,7 @@ export class PendingRecovery {
     if (seen !== undefined && seen === this.d.epoch.current()) return { key, value: seen };
     for (let attempt = 1; ; attempt++) {
       const { epoch } = await this.d.epoch.check();
-      if ((await this.d.store.rebuiltIn(partition)) === epoch) {
+      if ((await this.d.store.rebuiltIn(this.d.topic, partition)) === epoch) {
         this.verified.set(partition, epoch);
         return { key, value: epoch };
       }
@@ -173,7 +175,7 @@ export class PendingRecovery {
           return false;
         }
       }
-      await store.markRebuilt(partition, epoch);
+      await store.markRebuilt(this.d.topic, partition, epoch);
       // The marker must still be the one rebuilt under; if not, the state went again meanwhile.
       if ((await this.d.epoch.check()).epoch !== epoch) {
         outcome = 'retried';

@@ -33,7 +33,7 @@ export interface TraceChange {
   done: string[];
 }
 
-/** Keys outside any trace: the epoch marker, and per input partition the epoch its state was last rebuilt in. */
+/** Keys outside any trace: the epoch marker, and per input topic partition the epoch its state was last rebuilt in. */
 export const ingestGlobalKeys = (prefix: string) => ({
   epoch: `${prefix}:ingest:epoch`,
   rebuilt: `${prefix}:ingest:rebuilt`,
@@ -114,18 +114,22 @@ export class RedisTraceStore {
     await execPipeline(p, 'pending spans write');
   }
 
-  /** The epoch in which `partition`'s pending spans were last rebuilt (or found complete), if any. */
-  async rebuiltIn(partition: number): Promise<string | null> {
+  /**
+   * The epoch in which the pending spans of `topic`'s `partition` were last rebuilt (or found complete), if any.
+   * By topic too: deployments on other OTLP topics may share the prefix (and the epoch), with partitions of the
+   * same numbers; a mark by number alone let one deployment's rebuild stand for another's.
+   */
+  async rebuiltIn(topic: string, partition: number): Promise<string | null> {
     try {
-      return await this.redis.hget(ingestGlobalKeys(this.prefix).rebuilt, String(partition));
+      return await this.redis.hget(ingestGlobalKeys(this.prefix).rebuilt, `${topic}:${partition}`);
     } catch (err) {
       throw redisFailure('ingest rebuild mark read', err);
     }
   }
 
-  async markRebuilt(partition: number, epoch: string): Promise<void> {
+  async markRebuilt(topic: string, partition: number, epoch: string): Promise<void> {
     try {
-      await this.redis.hset(ingestGlobalKeys(this.prefix).rebuilt, String(partition), epoch);
+      await this.redis.hset(ingestGlobalKeys(this.prefix).rebuilt, `${topic}:${partition}`, epoch);
     } catch (err) {
       throw redisFailure('ingest rebuild mark write', err);
     }

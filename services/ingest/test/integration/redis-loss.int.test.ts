@@ -11,7 +11,7 @@ import {
   unique,
   waitFor,
 } from '../../../../test/helpers/kafka.js';
-import { ownRedis, stopOwnRedis } from '../../../../test/helpers/own-redis.js';
+import { ownRedis, stopOwnRedis, type OwnRedis } from '../../../../test/helpers/own-redis.js';
 import {
   PAVER_BIN,
   getJson,
@@ -45,13 +45,15 @@ afterAll(() => {
 const metric = async (p: Proc, name: string, labels?: Record<string, string>) =>
   parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(name, labels) ?? 0;
 
-async function setUp(name: string) {
-  const redisServer = await ownRedis();
+/** `shared`: another deployment's redis-server and key prefix, for a second deployment on a topic of its own. */
+async function setUp(name: string, shared?: { redisServer: OwnRedis; prefix: string }) {
+  const redisServer = shared?.redisServer ?? (await ownRedis());
   const env = serviceEnv({
     INGEST_GROUP_ID: `${name}-${Date.now()}`,
     REDIS_URL: redisServer.url,
     // One message per chunk: the tool spans are stored and committed before the agent span is read.
     PAVER_BATCH_CHUNK: '1',
+    ...(shared ? { REDIS_KEY_PREFIX: shared.prefix } : {}),
   });
   env.INGEST_OTLP_TOPIC = `${env.PAVER_TOPIC_TOOL_CALLS}.otlp`;
   await createTopics([
@@ -160,6 +162,29 @@ describe('ingest: Redis state lost (real Kafka, a redis-server of its own)', () 
     expect(await metric(second, 'paver_ingest_rebuild_messages_total')).toBe(2);
     second.child.kill('SIGTERM');
     expect(await second.exited).toBe(0);
+  });
+
+  it('rebuilds each deployment on its own topic when two share a Redis and its key prefix', async () => {
+    // Two Collectors, two OTLP topics, one ingest deployment each, one Redis with the default prefix: both
+    // partitions are number 0. Before, the first deployment to rebuild marked "partition 0" rebuilt in the new
+    // epoch, and the second one trusted that mark: its waiting task was published without its tool calls.
+    const a = await setUp('ingest-two-a');
+    const b = await setUp('ingest-two-b', { redisServer: a.redisServer, prefix: a.env.REDIS_KEY_PREFIX! });
+    const pa = await a.start();
+    const pb = await b.start();
+    await a.before(pa);
+    await b.before(pb);
+
+    const r = new Redis(a.redisServer.url);
+    await r.flushall();
+    r.disconnect();
+    expectWhole(await a.after());
+    expectWhole(await b.after());
+    expect(await metric(pb, 'paver_ingest_rebuild_messages_total')).toBe(2);
+    for (const p of [pa, pb]) {
+      p.child.kill('SIGTERM');
+      expect(await p.exited).toBe(0);
+    }
   });
 
   it('publishes and writes nothing from a chunk whose reads met the loss (the marker is no longer the one seen)', async () => {
