@@ -1,10 +1,11 @@
 import type { Codec } from '../../../shared/codec.js';
+import { errorMessage } from '../../../shared/errors.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
 import { Gauge } from 'prom-client';
 import { decodeMessage } from '../../../shared/kafka/decode.js';
 import { replayOptions } from '../../../shared/kafka/replay.js';
 import { createEpoch } from '../../../shared/redis/epoch.js';
-import { offsetAtTimestamp, otlpReplay, PendingRecovery } from './adapters/recovery.js';
+import { offsetAtTimestamp, otlpReplay, PendingRecovery, shortRetention } from './adapters/recovery.js';
 import {
   createIngestApply,
   createIngestHandler,
@@ -94,6 +95,20 @@ export const service: ServiceSpec<IngestEnv, OtlpMessage> & {
       parse: otlpParser(env.INGEST_OTLP_ENCODING, limits, ingestMetrics),
       handler: createIngestHandler({ ...deps, recovery, log }),
       readiness: [{ name: 'ingest_state', check: () => !recovery.isRebuilding() }],
+      async start() {
+        // Said at start, not when Redis is lost: by then the spans retention removed are gone for good.
+        try {
+          const retentionMs = await shortRetention(kafka, topic, env.INGEST_PENDING_TTL_MS);
+          if (retentionMs !== null)
+            log.warn(
+              { topic, retentionMs, pendingTtlMs: env.INGEST_PENDING_TTL_MS },
+              'the OTLP topic keeps less than INGEST_PENDING_TTL_MS (retention.ms): after a Redis loss, tool spans older than its retention cannot be read again and their tasks lose them; raise retention.ms',
+            );
+        } catch (err) {
+          // Not allowed to read topic configs (an ACL), or a broker hiccup: only this check is skipped.
+          log.debug({ topic, err: errorMessage(err) }, 'OTLP topic retention not checked');
+        }
+      },
     };
   },
 };

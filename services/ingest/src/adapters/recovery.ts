@@ -1,4 +1,4 @@
-import type { Kafka, KafkaMessage } from 'kafkajs';
+import type { ConfigResourceTypes, Kafka, KafkaMessage } from 'kafkajs';
 import { errorMessage, PaverError } from '../../../../shared/errors.js';
 import { readRanges, type ReplayOptions } from '../../../../shared/kafka/replay.js';
 import type { Logger } from '../../../../shared/log.js';
@@ -61,6 +61,30 @@ export function offsetAtTimestamp(kafka: Kafka, topic: string): OffsetAt {
       await admin.disconnect().catch(() => undefined);
     }
   };
+}
+
+/** kafkajs's `ConfigResourceTypes.TOPIC` (see shared/kafka/topics.ts: the enum is not importable from ESM). */
+const TOPIC_RESOURCE = 2 as ConfigResourceTypes;
+
+/**
+ * The topic's `retention.ms` when it keeps less than `ttlMs`, else null (kept longer, or for good). A rebuild
+ * reads the last `ttlMs` of the topic again; what retention removed is not there to read, so after a Redis loss a
+ * tool span older than the retention stays lost, and nothing else would say so.
+ */
+export async function shortRetention(kafka: Kafka, topic: string, ttlMs: number): Promise<number | null> {
+  const admin = kafka.admin();
+  try {
+    await admin.connect();
+    const res = await admin.describeConfigs({
+      includeSynonyms: false,
+      resources: [{ type: TOPIC_RESOURCE, name: topic, configNames: ['retention.ms'] }],
+    });
+    const value = res.resources[0]?.configEntries.find((e) => e.configName === 'retention.ms')?.configValue;
+    const ms = Number(value ?? '-1');
+    return ms >= 0 && ms < ttlMs ? ms : null;
+  } finally {
+    await admin.disconnect().catch(() => undefined);
+  }
 }
 
 export interface RecoveryHooks {

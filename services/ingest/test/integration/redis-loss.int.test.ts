@@ -45,8 +45,15 @@ afterAll(() => {
 const metric = async (p: Proc, name: string, labels?: Record<string, string>) =>
   parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(name, labels) ?? 0;
 
-/** `shared`: another deployment's redis-server and key prefix, for a second deployment on a topic of its own. */
-async function setUp(name: string, shared?: { redisServer: OwnRedis; prefix: string }) {
+/**
+ * `shared`: another deployment's redis-server and key prefix, for a second deployment on a topic of its own;
+ * `otlpConfig`: the OTLP topic's configuration.
+ */
+async function setUp(
+  name: string,
+  o: { shared?: { redisServer: OwnRedis; prefix: string }; otlpConfig?: Record<string, string> } = {},
+) {
+  const { shared } = o;
   const redisServer = shared?.redisServer ?? (await ownRedis());
   const env = serviceEnv({
     INGEST_GROUP_ID: `${name}-${Date.now()}`,
@@ -57,7 +64,7 @@ async function setUp(name: string, shared?: { redisServer: OwnRedis; prefix: str
   });
   env.INGEST_OTLP_TOPIC = `${env.PAVER_TOPIC_TOOL_CALLS}.otlp`;
   await createTopics([
-    { topic: env.INGEST_OTLP_TOPIC, partitions: 1 },
+    { topic: env.INGEST_OTLP_TOPIC, partitions: 1, ...(o.otlpConfig ? { config: o.otlpConfig } : {}) },
     { topic: env.PAVER_TOPIC_TOOL_CALLS! },
     { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
   ]);
@@ -142,6 +149,8 @@ describe('ingest: Redis state lost (real Kafka, a redis-server of its own)', () 
     expect(await metric(p, 'paver_ingest_rebuilds_total', { outcome: 'rebuilt' })).toBeGreaterThanOrEqual(1);
     expect(await metric(p, 'paver_ingest_rebuild_messages_total')).toBe(2);
     expect(p.output()).toContain('replaying its pending spans from Kafka');
+    // The broker's default retention (7 days) keeps more than INGEST_PENDING_TTL_MS: nothing to say.
+    expect(p.output()).not.toContain('retention.ms');
     p.child.kill('SIGTERM');
     expect(await p.exited).toBe(0);
   });
@@ -169,7 +178,9 @@ describe('ingest: Redis state lost (real Kafka, a redis-server of its own)', () 
     // partitions are number 0. Before, the first deployment to rebuild marked "partition 0" rebuilt in the new
     // epoch, and the second one trusted that mark: its waiting task was published without its tool calls.
     const a = await setUp('ingest-two-a');
-    const b = await setUp('ingest-two-b', { redisServer: a.redisServer, prefix: a.env.REDIS_KEY_PREFIX! });
+    const b = await setUp('ingest-two-b', {
+      shared: { redisServer: a.redisServer, prefix: a.env.REDIS_KEY_PREFIX! },
+    });
     const pa = await a.start();
     const pb = await b.start();
     await a.before(pa);
@@ -185,6 +196,26 @@ describe('ingest: Redis state lost (real Kafka, a redis-server of its own)', () 
       p.child.kill('SIGTERM');
       expect(await p.exited).toBe(0);
     }
+  });
+
+  it('warns at start when the OTLP topic keeps less than INGEST_PENDING_TTL_MS, which a rebuild reads again', async () => {
+    // A rebuild after a Redis loss reads the last INGEST_PENDING_TTL_MS (6 h) of the topic; one that keeps an hour
+    // gives back only that hour. Before, nothing said so until a task came out without its tool calls.
+    const t = await setUp('ingest-retention', { otlpConfig: { 'retention.ms': '3600000' } });
+    const p = await t.start();
+    await waitFor(() => p.output().includes('retention.ms'), 'the retention warning');
+    const line = p
+      .output()
+      .split('\n')
+      .find((l) => l.includes('retention.ms'));
+    expect(JSON.parse(line!)).toMatchObject({
+      level: 40, // warn
+      topic: t.env.INGEST_OTLP_TOPIC,
+      retentionMs: 3600000,
+      pendingTtlMs: 21600000,
+    });
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toBe(0);
   });
 
   it('publishes and writes nothing from a chunk whose reads met the loss (the marker is no longer the one seen)', async () => {
