@@ -51,7 +51,11 @@ const metric = async (p: Proc, name: string, labels?: Record<string, string>) =>
  */
 async function setUp(
   name: string,
-  o: { shared?: { redisServer: OwnRedis; prefix: string }; otlpConfig?: Record<string, string> } = {},
+  o: {
+    shared?: { redisServer: OwnRedis; prefix: string };
+    otlpConfig?: Record<string, string>;
+    partitions?: number;
+  } = {},
 ) {
   const { shared } = o;
   const redisServer = shared?.redisServer ?? (await ownRedis());
@@ -64,7 +68,11 @@ async function setUp(
   });
   env.INGEST_OTLP_TOPIC = `${env.PAVER_TOPIC_TOOL_CALLS}.otlp`;
   await createTopics([
-    { topic: env.INGEST_OTLP_TOPIC, partitions: 1, ...(o.otlpConfig ? { config: o.otlpConfig } : {}) },
+    {
+      topic: env.INGEST_OTLP_TOPIC,
+      partitions: o.partitions ?? 1,
+      ...(o.otlpConfig ? { config: o.otlpConfig } : {}),
+    },
     { topic: env.PAVER_TOPIC_TOOL_CALLS! },
     { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
   ]);
@@ -196,6 +204,51 @@ describe('ingest: Redis state lost (real Kafka, a redis-server of its own)', () 
       p.child.kill('SIGTERM');
       expect(await p.exited).toBe(0);
     }
+  });
+
+  it('rebuilds each partition when its own next chunk comes, after another partition noticed the loss', async () => {
+    // Partition 0 notices the loss and starts the new epoch; partition 1, quiet meanwhile and trusted under the old
+    // one, must not take the new epoch for its own: its task comes later and must still be whole.
+    const t = await setUp('ingest-partitions', { partitions: 2 });
+    const rec = otelRecorder();
+    const isAgent = (s: { name: string }) => s.name.startsWith('invoke_agent');
+    const x = rec.agent({ name: 'Support', conversationId: 'conv-p0', tools: [{ name: 'on_p0' }] });
+    const y = rec.agent({ name: 'Support', conversationId: 'conv-p1', tools: [{ name: 'on_p1' }] });
+    const topic = t.env.INGEST_OTLP_TOPIC!;
+    const caughtUp = () => waitFor(() => groupCaughtUp(t.env.INGEST_GROUP_ID!, topic), 'caught up');
+    const p = await t.start();
+    await produce(topic, [
+      { partition: 0, value: toProto(x.filter((s) => !isAgent(s))) },
+      { partition: 1, value: toProto(y.filter((s) => !isAgent(s))) },
+    ]);
+    await waitFor(
+      async () => (await metric(p, 'paver_ingest_spans_total', { outcome: 'pending' })) === 2,
+      'both tool spans waiting in Redis',
+    );
+    await caughtUp();
+
+    const r = new Redis(t.redisServer.url);
+    await r.flushall();
+    r.disconnect();
+    await produce(topic, [{ partition: 0, value: toJson(x.filter(isAgent)) }]);
+    await caughtUp();
+    await produce(topic, [{ partition: 1, value: toJson(y.filter(isAgent)) }]);
+    await caughtUp();
+    // Handled and committed means published: all the topic will get is there now.
+    const admin = testKafka().admin();
+    await admin.connect();
+    const offsets = await admin.fetchTopicOffsets(t.env.PAVER_TOPIC_TOOL_CALLS!);
+    await admin.disconnect();
+    const total = offsets.reduce((a, o) => a + Number(o.high) - Number(o.low), 0);
+    const events = await t.events((all) => all.length >= total);
+    const of = (session: string) =>
+      events.filter((e) => e.session_id === session).map((e) => (e.type === 'tool_call' ? e.tool : e.type));
+    expect(of('conv-p0')).toEqual(['on_p0', 'task_completed']);
+    expect(of('conv-p1')).toEqual(['on_p1', 'task_completed']);
+    // One message replayed on each partition.
+    expect(await metric(p, 'paver_ingest_rebuild_messages_total')).toBe(2);
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toBe(0);
   });
 
   it('warns at start when the OTLP topic keeps less than INGEST_PENDING_TTL_MS, which a rebuild reads again', async () => {
