@@ -88,8 +88,6 @@ export interface ApplyMode {
   publish: boolean;
   /** The epoch marker as last seen: the chunk's reads are checked against it (`lost`). */
   marker?: EpochMarker;
-  /** TTL of what this chunk writes (a replay gives old spans what is left of theirs). */
-  ttlMs?: number;
 }
 
 /**
@@ -183,7 +181,7 @@ export function createIngestApply(deps: {
         'tool-calls.v1',
         events.map((e) => ({ key: e.session_id, value: e })),
       );
-    await store.save(changes, mode.ttlMs);
+    await store.save(changes);
     if (count) {
       for (const [outcome, n] of Object.entries(outcomes)) if (n) m.spans.inc({ outcome }, n);
       for (const e of events) m.events.inc({ type: e.type });

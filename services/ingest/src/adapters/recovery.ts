@@ -8,14 +8,14 @@ import type { ApplyMode } from './handler.js';
 import type { RedisTraceStore } from './trace-store.js';
 
 /**
- * Reads one input partition's messages in [from, end) as spans, batch by batch; `newestMs` is the newest record
- * timestamp of the batch. Resolves to the number of messages read.
+ * Reads one input partition's messages in [from, end) as spans, batch by batch. Resolves to the number of
+ * messages read.
  */
 export type PartitionReplay = (
   partition: number,
   from: bigint,
   end: bigint,
-  each: (messages: OtlpSpan[][], newestMs: number) => Promise<void>,
+  each: (messages: OtlpSpan[][]) => Promise<void>,
 ) => Promise<number>;
 
 /** Where a partition's replay starts: its first offset at or after `timestampMs` (the end when there is none). */
@@ -30,14 +30,12 @@ export function otlpReplay(
     let read = 0;
     await readRanges(o, new Map([[partition, { from, end }]]), async (_p, messages) => {
       const spans: OtlpSpan[][] = [];
-      let newestMs = 0;
       for (const m of messages) {
         // A message that does not decode was dead-lettered when first read: it made no state then either.
         const s = await decode(m);
         if (s) spans.push(s);
-        newestMs = Math.max(newestMs, Number(m.timestamp));
       }
-      await each(spans, newestMs);
+      await each(spans);
       read += messages.length;
     });
     return read;
@@ -174,7 +172,8 @@ export class PendingRecovery {
     let messages = 0;
     let outcome: 'rebuilt' | 'retried' | 'failed' = 'failed';
     try {
-      const fromOffset = await this.d.offsetAt(partition, t0 - ttlMs);
+      // A partition's first chunk at offset 0 has nothing before it: no lookup.
+      const fromOffset = end === 0n ? 0n : await this.d.offsetAt(partition, t0 - ttlMs);
       const where = { partition, from: fromOffset.toString(), to: end.toString() };
       if (fromOffset >= end) {
         // Nothing in the last ttlMs before this chunk (a first start, or a quiet partition): nothing to lose.
@@ -186,11 +185,10 @@ export class PendingRecovery {
         );
         const marker = { key: this.d.epoch.key, value: epoch };
         try {
-          messages = await this.d.replay(partition, fromOffset, end, async (batch, newestMs) => {
-            // What is left of the newest span's time, as if it had been stored when first read.
-            const left = Math.max(1, ttlMs - Math.max(0, now() - newestMs));
-            if ((await this.d.apply(batch, { publish: false, marker, ttlMs: left })).lost)
-              throw new LostAgain();
+          // Written with the whole TTL, as live traffic writes: a trace given only what was left of its first
+          // replayed change's time could expire before the replay reached its later changes, and lose them.
+          messages = await this.d.replay(partition, fromOffset, end, async (batch) => {
+            if ((await this.d.apply(batch, { publish: false, marker })).lost) throw new LostAgain();
             await heartbeat();
           });
         } catch (err) {

@@ -95,8 +95,7 @@ export class RedisTraceStore {
     return { states, corrupt, lost: false };
   }
 
-  /** `ttlMs`: a replay after a Redis loss gives old spans what is left of their time, not a new TTL. */
-  async save(changes: Map<string, TraceChange>, ttlMs = this.ttlMs): Promise<void> {
+  async save(changes: Map<string, TraceChange>): Promise<void> {
     const p = this.redis.pipeline();
     let n = 0;
     for (const [traceId, c] of changes) {
@@ -107,7 +106,7 @@ export class RedisTraceStore {
       for (const s of c.put) fields.push(`s:${s.spanId}`, JSON.stringify(s));
       for (const a of c.done) fields.push(`d:${a}`, '1');
       if (fields.length) p.hset(key, ...fields);
-      p.pexpire(key, ttlMs);
+      p.pexpire(key, this.ttlMs);
       n++;
     }
     if (n === 0) return;
