@@ -417,3 +417,22 @@ describe('inputs read whole have a size limit (a huge file or an endless stdin m
     }
   });
 });
+
+describe('paver otel --output', () => {
+  it('a path that cannot be written is one line on stderr and exit 1, not a crash', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'paver-cli-out-'));
+    const input = join(dir, 'export.json');
+    writeFileSync(input, JSON.stringify({ resourceSpans: [] }));
+    for (const output of [join(dir, 'missing', 'out.jsonl'), dir]) {
+      err = '';
+      // Before: an unhandled 'error' event on the write stream, a stack trace, after the whole export was read.
+      expect(await main(['otel', '--input', input, '--output', output]), output).toBe(1);
+      expect(err, output).toMatch(new RegExp(`^paver otel: cannot write ${output}: E(NOENT|ISDIR)`));
+      expect(err.trim().split('\n'), output).toHaveLength(1);
+    }
+    expect(out).toBe('');
+    const file = join(dir, 'out.jsonl');
+    expect(await main(['otel', '--input', input, '--output', file])).toBe(0);
+    expect(readFileSync(file, 'utf8')).toBe('');
+  });
+});

@@ -1,5 +1,5 @@
 import { parseFlags } from '../../../shared/flags.js';
-import { createWriteStream } from 'node:fs';
+import { createWriteStream, type WriteStream } from 'node:fs';
 import { errorMessage } from '../../../shared/errors.js';
 import { MAX_WHOLE_INPUT_BYTES } from '../../../shared/config.js';
 import { readBounded } from '../../../shared/jsonl.js';
@@ -31,6 +31,18 @@ ingest service. A summary goes to stderr.
  * string. Stays under that string limit (about 512 MiB).
  */
 export const DEFAULT_MAX_INPUT_BYTES = 256 * 1024 * 1024;
+
+/** A file stream once it is open, or the error that kept it from opening. */
+function openOutput(path: string): Promise<WriteStream> {
+  return new Promise((resolve, reject) => {
+    const s = createWriteStream(path);
+    s.once('error', reject);
+    s.once('open', () => {
+      s.off('error', reject);
+      resolve(s);
+    });
+  });
+}
 
 /** Requests of the file: the whole text as one JSON document, else one document per non-empty line. */
 export function parseExport(
@@ -109,22 +121,43 @@ export async function otelCommand(argv: string[]): Promise<number> {
     maxPayloadBytes: Number(maxPayload),
   };
   const warn = (s: string) => process.stderr.write(`paver otel: ${s}\n`);
+  const toFile = values.output !== undefined && values.output !== '-';
+  // Opened before the export is read: a path that cannot be written (a missing directory, a directory) is said
+  // at once, in one line, instead of an unhandled stream error with a stack trace after the whole read.
+  let file: WriteStream | undefined;
+  if (toFile) {
+    try {
+      file = await openOutput(values.output!);
+    } catch (err) {
+      warn(`cannot write ${values.output}: ${errorMessage(err)}`);
+      return 1;
+    }
+  }
   let text: string;
   try {
     text = await readBounded(values.input, Number(maxInput), '--max-input-bytes');
   } catch (err) {
+    file?.destroy();
     warn(`cannot read ${values.input}: ${errorMessage(err)}`);
     return 1;
   }
   const parsed = parseExport(text, warn);
   const r = mapSpans(parsed.spans, opts);
-  const toFile = values.output && values.output !== '-';
-  const out = toFile ? createWriteStream(values.output!) : process.stdout;
+  const out = file ?? process.stdout;
   for (const e of r.events) out.write(`${JSON.stringify(e, null, values.pretty ? 2 : undefined)}\n`);
-  if (toFile)
-    await new Promise<void>((res, rej) =>
-      (out as ReturnType<typeof createWriteStream>).end((err?: Error | null) => (err ? rej(err) : res())),
-    );
+  if (file) {
+    const f = file;
+    try {
+      await new Promise<void>((res, rej) => {
+        // A write that fails (a full disk) fails the command, instead of an unhandled 'error' event.
+        f.once('error', rej);
+        f.end(() => res());
+      });
+    } catch (err) {
+      warn(`cannot write ${values.output}: ${errorMessage(err)}`);
+      return 1;
+    }
+  }
   const omitted = r.notes.length ? `, ${r.notes.length} payload(s) left out` : '';
   warn(
     `${parsed.requests} request(s), ${parsed.bad} bad; ${r.stats.spans} spans → ${r.stats.toolCalls} tool_call, ` +
