@@ -5,6 +5,33 @@ type Options = NonNullable<ParseArgsConfig['options']>;
 export type Flags<O extends Options> = ReturnType<typeof parseArgs<{ args: string[]; options: O }>>['values'];
 
 /**
+ * `--name value` as `--name=value` for each option that takes a value. commander (which parses every command
+ * first) takes the word after such an option as its value whatever it starts with; parseArgs refuses one that
+ * starts with '-' as ambiguous, so `--min-length -1` got that refusal and the whole usage instead of the range,
+ * and `--query "-50% off?"` could not be asked at all.
+ */
+export function joinValues(argv: string[], options: Options): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]!;
+    if (a === '--') {
+      out.push(...argv.slice(i));
+      break;
+    }
+    const name = a.startsWith('--') && !a.includes('=') ? a.slice(2) : undefined;
+    if (
+      name !== undefined &&
+      Object.hasOwn(options, name) &&
+      options[name]!.type === 'string' &&
+      i + 1 < argv.length
+    )
+      out.push(`${a}=${argv[++i]!}`);
+    else out.push(a);
+  }
+  return out;
+}
+
+/**
  * An offline command's flags, the one way every command reads them: a bad flag prints the error and the
  * usage on stderr and gives exit code 2; `--help` prints the usage on stdout and gives 0. A number means
  * "return this"; anything else is the flags.
@@ -17,7 +44,7 @@ export function parseFlags<const O extends Options>(
 ): Flags<O> | number {
   let values: Flags<O>;
   try {
-    ({ values } = parseArgs({ args: argv, options }));
+    ({ values } = parseArgs({ args: joinValues(argv, options), options }));
   } catch (err) {
     process.stderr.write(`paver ${command}: ${errorMessage(err)}\n\n${usage}`);
     return 2;

@@ -436,3 +436,25 @@ describe('paver otel --output', () => {
     expect(readFileSync(file, 'utf8')).toBe('');
   });
 });
+
+describe('option values that start with a dash', () => {
+  it('are values, as commander read them: a negative number gets its range, a query may start with -', async () => {
+    for (const argv of [
+      ['detect', '--input', EVENTS, '--min-length', '-1'],
+      ['flows', 'replay', '--input', EVENTS, '--min-occurrences', '-1'],
+      ['otel', '--input', EVENTS, '--max-payload-bytes', '-1'],
+    ]) {
+      err = '';
+      // Before: parseArgs' "argument is ambiguous" and the whole usage, not what the flag accepts.
+      expect(await main(argv), argv.join(' ')).toBe(2);
+      expect(err, argv.join(' ')).not.toContain('ambiguous');
+      expect(err.trim().split('\n'), argv.join(' ')).toHaveLength(1);
+      expect(err, argv.join(' ')).toContain(argv.at(-2)!);
+    }
+    err = '';
+    const flows = join(root, 'examples/flows.yaml');
+    expect(await main(['select', '--flows', flows, '--query', '-refund my order 42'])).toBe(0);
+    expect(err).toBe('');
+    expect(JSON.parse(out)).toMatchObject({ path: expect.any(String) });
+  });
+});

@@ -1,4 +1,4 @@
-import { parseFlags } from '../../../shared/flags.js';
+import { joinValues, parseFlags } from '../../../shared/flags.js';
 import { parseArgs } from 'node:util';
 import { flowsFileV1 } from '../../../schemas/index.js';
 import { describeIssues, readConfigFile } from '../../../shared/jsonl.js';
@@ -148,20 +148,17 @@ Talks to a running flows service over HTTP (GET /flows/candidates, POST /flows/c
 `;
 
 export async function flowsCommand(argv: string[]): Promise<number> {
+  const options = {
+    url: { type: 'string' },
+    tenant: { type: 'string' },
+    agent: { type: 'string' },
+    status: { type: 'string' },
+    pretty: { type: 'boolean' },
+    help: { type: 'boolean' },
+  } as const;
   let parsed;
   try {
-    parsed = parseArgs({
-      args: argv,
-      allowPositionals: true,
-      options: {
-        url: { type: 'string' },
-        tenant: { type: 'string' },
-        agent: { type: 'string' },
-        status: { type: 'string' },
-        pretty: { type: 'boolean' },
-        help: { type: 'boolean' },
-      },
-    });
+    parsed = parseArgs({ args: joinValues(argv, options), allowPositionals: true, options });
   } catch (err) {
     process.stderr.write(`paver flows: ${errorMessage(err)}\n\n${FLOWS_USAGE}`);
     return 2;
