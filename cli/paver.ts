@@ -235,12 +235,15 @@ Examples:
         .addOption(INPUT().makeOptionMandatory())
         .option('--catalog <file>', 'tool catalog (JSON or YAML)'),
     )
-      .addOption(num('--max-k', 'longest context learned, 1..8'))
-      .addOption(num('--min-trials', 'trials before a proposal is active'))
-      .addOption(num('--min-precision', 'precision before a proposal is active, 0..1'))
-      .addOption(num('--target-precision', 'precision an active rule must keep, 0..1'))
-      .addOption(num('--window', 'trials remembered per context, ≥ 2'))
-      .addOption(num('--family-trials', 'own trials of a rule whose family is proven (0: off)'))
+      // Defaults and ranges are the service's (AUTOSEQ_LEARN_*).
+      .addOption(num('--max-k', 'longest context learned, 1..8 (default 3)'))
+      .addOption(num('--min-trials', 'trials before a proposal is active, 1..100000 (default 20)'))
+      .addOption(num('--min-precision', 'precision before a proposal is active, > 0 and < 1 (default 0.9)'))
+      .addOption(num('--target-precision', 'precision an active rule must keep, 0..1 (default 0.95)'))
+      .addOption(num('--window', 'trials remembered per context, 2..1000000 (default 400)'))
+      .addOption(
+        num('--family-trials', 'own trials of a rule whose family is proven, 0..100000 (default 8; 0: off)'),
+      )
       .addOption(STRICT());
 
   learned('predict', 'one line per tool_call: the proposal held for it (JSONL)').action(async (o: Flags) => {

@@ -55,3 +55,48 @@ export function parseFlags<const O extends Options>(
   }
   return values;
 }
+
+/** What a numeric flag accepts: the range of the environment variable its service reads for the same setting. */
+export interface NumberRange {
+  min: number;
+  max?: number;
+  integer?: boolean;
+  /** min itself is refused (a precision must be above 0). */
+  aboveMin?: boolean;
+  /** max itself is refused. */
+  belowMax?: boolean;
+}
+
+/** A numeric flag's value out of its range, or not a number: a usage error whose message names the flag. */
+export class FlagError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'FlagError';
+  }
+}
+
+const DECIMAL = /^[+-]?(\d+(\.\d*)?|\.\d+)(e[+-]?\d+)?$/i;
+
+const describeRange = (r: NumberRange): string => {
+  const kind = r.integer ? 'an integer' : 'a number';
+  const lo = `${r.aboveMin ? '>' : '≥'} ${r.min}`;
+  const hi =
+    r.max === undefined || r.max === Number.MAX_SAFE_INTEGER ? '' : ` and ${r.belowMax ? '<' : '≤'} ${r.max}`;
+  return `${kind} ${lo}${hi}`;
+};
+
+/**
+ * A numeric flag, `dflt` when it is absent. Only decimal notation is a number: `Number` alone read '' as 0 (so
+ * `--target-precision ''` quietly meant 0) and '0x10' as 16.
+ */
+export function numberFlag(flag: string, raw: string | undefined, dflt: number, r: NumberRange): number {
+  if (raw === undefined) return dflt;
+  const n = DECIMAL.test(raw.trim()) ? Number(raw) : NaN;
+  const ok =
+    Number.isFinite(n) &&
+    (!r.integer || Number.isInteger(n)) &&
+    (r.aboveMin ? n > r.min : n >= r.min) &&
+    (r.max === undefined || (r.belowMax ? n < r.max : n <= r.max));
+  if (!ok) throw new FlagError(`--${flag} must be ${describeRange(r)}, got '${raw.slice(0, 40)}'`);
+  return n;
+}

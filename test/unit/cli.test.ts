@@ -378,7 +378,41 @@ describe('inputs read whole have a size limit (a huge file or an endless stdin m
     ] as const) {
       err = '';
       expect(await main(['savings', '--input', input, `${flag}=${bad}`]), flag + bad).toBe(2);
-      expect(err, flag + bad).toContain(`${flag} ≥`);
+      expect(err, flag + bad).toContain(`${flag} must be an integer ≥`);
+    }
+  });
+
+  it('paver predict and savings accept exactly what the service accepts for the same setting (AUTOSEQ_LEARN_*)', async () => {
+    const { autoseqEnvSchema } = await import('../../services/autoseq/src/config.js');
+    const input = join(root, 'examples/autoseq-events.jsonl');
+    const serviceTakes = (env: string, v: string) =>
+      autoseqEnvSchema.safeParse({ KAFKA_BROKERS: 'k:9092', REDIS_URL: 'redis://r:6379', [env]: v }).success;
+    const flags = [
+      ['max-k', 'AUTOSEQ_LEARN_MAX_K', 1, 8],
+      ['min-trials', 'AUTOSEQ_LEARN_MIN_TRIALS', 1, 100_000],
+      ['min-precision', 'AUTOSEQ_LEARN_MIN_PRECISION', 0, 1],
+      ['target-precision', 'AUTOSEQ_LEARN_TARGET_PRECISION', 0, 1],
+      ['window', 'AUTOSEQ_LEARN_WINDOW', 2, 1_000_000],
+      ['family-trials', 'AUTOSEQ_LEARN_FAMILY_TRIALS', 0, 100_000],
+    ] as const;
+    for (const [flag, env, min, max] of flags) {
+      // Before: '' read as 0 (--target-precision '' meant 0 and was taken), 2.5 trials and a window of 10^12
+      // were taken, and a refusal listed every flag's range without saying which flag was wrong.
+      for (const v of [
+        String(min - 1),
+        String(min),
+        String(min + 0.5),
+        String(max),
+        String(max + 1),
+        '',
+        'x',
+      ]) {
+        err = '';
+        const code = await main(['predict', '--input', input, `--${flag}=${v}`]);
+        expect(code, `--${flag}=${v}`).toBe(serviceTakes(env, v) && v !== '' ? 0 : 2);
+        if (code === 2)
+          expect(err, `--${flag}=${v}`).toMatch(new RegExp(`^paver predict: --${flag} must be .*, got '`));
+      }
     }
   });
 

@@ -1,4 +1,4 @@
-import { parseFlags } from '../../../shared/flags.js';
+import { FlagError, numberFlag, parseFlags, type NumberRange } from '../../../shared/flags.js';
 import { errorMessage } from '../../../shared/errors.js';
 import { sha256 } from '../../../shared/hash.js';
 import { inputFailure, readConfigFile, readEvents } from '../../../shared/jsonl.js';
@@ -117,7 +117,34 @@ export async function replay(
   return { ...stats, events, savings: savings.report(), rules, ms: performance.now() - t0 };
 }
 
-const num = (s: string | undefined, d: number) => (s === undefined ? d : Number(s));
+/**
+ * The tuning flags and what each accepts: the ranges of the AUTOSEQ_LEARN_* variables the service reads for
+ * the same settings (config.ts), so an offline run can always be reproduced by the service and back.
+ */
+const TUNING_FLAGS = {
+  'max-k': { key: 'maxK', env: 'AUTOSEQ_LEARN_MAX_K', range: { min: 1, max: 8, integer: true } },
+  'min-trials': {
+    key: 'minTrials',
+    env: 'AUTOSEQ_LEARN_MIN_TRIALS',
+    range: { min: 1, max: 100_000, integer: true },
+  },
+  'min-precision': {
+    key: 'minPrecision',
+    env: 'AUTOSEQ_LEARN_MIN_PRECISION',
+    range: { min: 0, max: 1, aboveMin: true, belowMax: true },
+  },
+  'target-precision': {
+    key: 'targetPrecision',
+    env: 'AUTOSEQ_LEARN_TARGET_PRECISION',
+    range: { min: 0, max: 1 },
+  },
+  window: { key: 'window', env: 'AUTOSEQ_LEARN_WINDOW', range: { min: 2, max: 1_000_000, integer: true } },
+  'family-trials': {
+    key: 'familyTrials',
+    env: 'AUTOSEQ_LEARN_FAMILY_TRIALS',
+    range: { min: 0, max: 100_000, integer: true },
+  },
+} as const satisfies Record<string, { key: keyof LearnOptions; env: string; range: NumberRange }>;
 
 async function parse(cmd: string, argv: string[], usage: string, extra: Record<string, { type: 'boolean' }>) {
   const values = parseFlags(cmd, usage, argv, {
@@ -137,32 +164,18 @@ async function parse(cmd: string, argv: string[], usage: string, extra: Record<s
     process.stderr.write(`paver ${cmd}: --input is required\n\n${usage}`);
     return 2;
   }
-  const opts: LearnOptions = {
-    ...DEFAULT_LEARN,
-    maxK: num(values['max-k'] as string | undefined, DEFAULT_LEARN.maxK),
-    minTrials: num(values['min-trials'] as string | undefined, DEFAULT_LEARN.minTrials),
-    minPrecision: num(values['min-precision'] as string | undefined, DEFAULT_LEARN.minPrecision),
-    targetPrecision: num(values['target-precision'] as string | undefined, DEFAULT_LEARN.targetPrecision),
-    window: num(values.window as string | undefined, DEFAULT_LEARN.window),
-    familyTrials: num(values['family-trials'] as string | undefined, DEFAULT_LEARN.familyTrials),
-  };
-  const ok =
-    Number.isInteger(opts.maxK) &&
-    opts.maxK >= 1 &&
-    opts.maxK <= 8 &&
-    Number.isInteger(opts.minTrials) &&
-    opts.minTrials >= 1 &&
-    opts.minPrecision > 0 &&
-    opts.minPrecision < 1 &&
-    opts.targetPrecision >= 0 &&
-    opts.targetPrecision <= 1 &&
-    opts.window >= 2 &&
-    Number.isInteger(opts.familyTrials) &&
-    opts.familyTrials >= 0;
-  if (!ok) {
-    process.stderr.write(
-      `paver ${cmd}: --max-k 1..8, --min-trials ≥ 1, 0 < --min-precision < 1, 0 ≤ --target-precision ≤ 1, --window ≥ 2, --family-trials ≥ 0 (0: off)\n`,
-    );
+  const opts: LearnOptions = { ...DEFAULT_LEARN };
+  try {
+    for (const [flag, t] of Object.entries(TUNING_FLAGS))
+      opts[t.key] = numberFlag(
+        flag,
+        (values as Record<string, unknown>)[flag] as string | undefined,
+        DEFAULT_LEARN[t.key],
+        t.range,
+      );
+  } catch (err) {
+    if (!(err instanceof FlagError)) throw err;
+    process.stderr.write(`paver ${cmd}: ${err.message}\n`);
     return 2;
   }
   let catalog: Catalog | null = null;
