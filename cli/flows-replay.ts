@@ -1,5 +1,5 @@
 import { access, constants } from 'node:fs/promises';
-import { parseFlags } from '../shared/flags.js';
+import { numberFlag, parseFlags, type NumberRange } from '../shared/flags.js';
 import {
   flowsFileV1,
   type FlowCandidateRecord,
@@ -230,20 +230,17 @@ export async function replayCommand(argv: string[]): Promise<number> {
     process.stderr.write(`paver flows replay: --promotion must be auto or manual\n`);
     return 2;
   }
-  const num = (name: string, v: string | undefined, max = Infinity) => {
-    if (v === undefined) return undefined;
-    const n = Number(v);
-    if (!Number.isFinite(n) || n < 0 || n > max) throw new Error(`--${name} must be a number in [0, ${max}]`);
-    return n;
-  };
+  // The ranges of the FLOWS_* variables the service reads for the same settings (config.ts).
+  const num = (name: string, v: string | undefined, r: NumberRange) =>
+    v === undefined ? undefined : numberFlag(name, v, 0, r);
   let promotion: Partial<PromotionPolicy>;
   try {
     const p = {
       mode: (values.promotion ?? 'auto') as 'auto' | 'manual',
-      minOccurrences: num('min-occurrences', values['min-occurrences']),
-      minSavings: num('min-savings', values['min-savings']),
-      shadowTrials: num('shadow-trials', values['shadow-trials']),
-      shadowPrecision: num('shadow-precision', values['shadow-precision'], 1),
+      minOccurrences: num('min-occurrences', values['min-occurrences'], { min: 1, integer: true }),
+      minSavings: num('min-savings', values['min-savings'], { min: 0 }),
+      shadowTrials: num('shadow-trials', values['shadow-trials'], { min: 0, max: 1_000_000, integer: true }),
+      shadowPrecision: num('shadow-precision', values['shadow-precision'], { min: 0, max: 1 }),
     };
     promotion = Object.fromEntries(Object.entries(p).filter(([, v]) => v !== undefined));
   } catch (err) {

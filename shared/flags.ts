@@ -75,28 +75,30 @@ export class FlagError extends Error {
   }
 }
 
-const DECIMAL = /^[+-]?(\d+(\.\d*)?|\.\d+)(e[+-]?\d+)?$/i;
-
 const describeRange = (r: NumberRange): string => {
   const kind = r.integer ? 'an integer' : 'a number';
-  const lo = `${r.aboveMin ? '>' : '≥'} ${r.min}`;
+  const lo = Number.isFinite(r.min) ? ` ${r.aboveMin ? '>' : '≥'} ${r.min}` : '';
   const hi =
-    r.max === undefined || r.max === Number.MAX_SAFE_INTEGER ? '' : ` and ${r.belowMax ? '<' : '≤'} ${r.max}`;
-  return `${kind} ${lo}${hi}`;
+    r.max === undefined || r.max === Number.MAX_SAFE_INTEGER
+      ? ''
+      : `${lo ? ' and' : ''} ${r.belowMax ? '<' : '≤'} ${r.max}`;
+  return `${kind}${lo}${hi}`;
 };
 
 /**
- * A numeric flag, `dflt` when it is absent. Only decimal notation is a number: `Number` alone read '' as 0 (so
- * `--target-precision ''` quietly meant 0) and '0x10' as 16.
+ * A numeric flag, `dflt` when it is absent. A blank value is not a number: `Number` alone read '' as 0, so
+ * `--target-precision ''` quietly meant 0.
  */
 export function numberFlag(flag: string, raw: string | undefined, dflt: number, r: NumberRange): number {
   if (raw === undefined) return dflt;
-  const n = DECIMAL.test(raw.trim()) ? Number(raw) : NaN;
+  // An integer variable of the services' configuration is at most MAX_SAFE_INTEGER (shared/config.ts int()).
+  const max = r.max ?? (r.integer ? Number.MAX_SAFE_INTEGER : undefined);
+  const n = raw.trim() === '' ? NaN : Number(raw);
   const ok =
     Number.isFinite(n) &&
     (!r.integer || Number.isInteger(n)) &&
     (r.aboveMin ? n > r.min : n >= r.min) &&
-    (r.max === undefined || (r.belowMax ? n < r.max : n <= r.max));
+    (max === undefined || (r.belowMax ? n < max : n <= max));
   if (!ok) throw new FlagError(`--${flag} must be ${describeRange(r)}, got '${raw.slice(0, 40)}'`);
   return n;
 }

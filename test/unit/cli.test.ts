@@ -6,6 +6,9 @@ import { Readable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { readEvents, type ReadStats } from '../../shared/jsonl.js';
+import { autoseqEnvSchema } from '../../services/autoseq/src/config.js';
+import { detectorEnvSchema } from '../../services/detector/src/config.js';
+import { flowsEnvSchema } from '../../services/flows/src/config.js';
 
 // The commands that start processes or talk to Kafka record their calls instead: a --help that acted shows
 // up as a call (and would otherwise start Kafka in a unit test).
@@ -490,5 +493,79 @@ describe('option values that start with a dash', () => {
     expect(await main(['select', '--flows', flows, '--query', '-refund my order 42'])).toBe(0);
     expect(err).toBe('');
     expect(JSON.parse(out)).toMatchObject({ path: expect.any(String) });
+  });
+});
+
+describe('numeric flags take exactly what the service takes for the same setting', () => {
+  const base = { KAFKA_BROKERS: 'k:9092', REDIS_URL: 'redis://r:6379' };
+  const flows = join(root, 'examples/flows.yaml');
+  const catalog = join(root, 'examples/catalog.yaml');
+  const autoseqEvents = join(root, 'examples/autoseq-events.jsonl');
+  const MAX = Number.MAX_SAFE_INTEGER;
+  it.each([
+    [['detect', '--input', EVENTS], 'min-length', 'detector', 'DETECTOR_MIN_LENGTH', 1, 100],
+    [['detect', '--input', EVENTS], 'max-length', 'detector', 'DETECTOR_MAX_LENGTH', 1, 100],
+    [['detect', '--input', EVENTS], 'min-occurrences', 'detector', 'DETECTOR_MIN_OCCURRENCES', 1, 1_000_000],
+    [['detect', '--input', EVENTS], 'lookback', 'detector', 'DETECTOR_LOOKBACK', 1, 1_000_000],
+    [['detect', '--input', EVENTS], 'max-candidates', 'detector', 'DETECTOR_MAX_CANDIDATES', 1, 1000],
+    [['detect', '--input', EVENTS], 'task-idle-ms', 'detector', 'DETECTOR_TASK_IDLE_MS', 1, MAX],
+    [
+      ['autoseq', '--catalog', catalog, '--input', autoseqEvents],
+      'max-consecutive',
+      'autoseq',
+      'AUTOSEQ_MAX_CONSECUTIVE',
+      1,
+      1000,
+    ],
+    [['select', '--flows', flows, '--query', 'refund my order 42'], 'top-k', 'flows', 'FLOWS_TOP_K', 1, 100],
+    [['select', '--flows', flows, '--query', 'refund my order 42'], 'rrf-k', 'flows', 'FLOWS_RRF_K', 1, 1000],
+    [
+      ['select', '--flows', flows, '--query', 'refund my order 42'],
+      'score-floor',
+      'flows',
+      'FLOWS_SCORE_FLOOR',
+      0,
+      MAX,
+    ],
+    [
+      ['flows', 'replay', '--input', autoseqEvents],
+      'min-occurrences',
+      'flows',
+      'FLOWS_AUTO_MIN_OCCURRENCES',
+      1,
+      MAX,
+    ],
+    [
+      ['flows', 'replay', '--input', autoseqEvents],
+      'shadow-trials',
+      'flows',
+      'FLOWS_SHADOW_TRIALS',
+      0,
+      1_000_000,
+    ],
+    [
+      ['flows', 'replay', '--input', autoseqEvents],
+      'shadow-precision',
+      'flows',
+      'FLOWS_SHADOW_PRECISION',
+      0,
+      1,
+    ],
+  ] as const)('%s --%s as %s %s', async (argv, flag, service, env, min, max) => {
+    const schema = { detector: detectorEnvSchema, autoseq: autoseqEnvSchema, flows: flowsEnvSchema }[service];
+    const serviceTakes = (v: string) => v.trim() !== '' && schema.safeParse({ ...base, [env]: v }).success;
+    const probes = [min - 1, min, min + 0.5, ...(max === MAX ? [] : [max, max + 1])].map(String);
+    // Before: '' was 0 where 0 was allowed, 1.5 was floored or kept, ranges had no top, and messages no flag name.
+    for (const v of [...probes, '', ' ', 'x']) {
+      err = '';
+      out = '';
+      const code = await main([...argv, `--${flag}=${v}`]);
+      expect(code, `--${flag}=${v}`).toBe(serviceTakes(v) ? 0 : 2);
+      if (code === 2) {
+        expect(err, `--${flag}=${v}`).toMatch(/^paver [a-z ]+: .*must be/);
+        expect(err, `--${flag}=${v}`).toContain(`--${flag}`);
+        expect(out, `--${flag}=${v}`).toBe('');
+      }
+    }
   });
 });

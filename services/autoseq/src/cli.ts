@@ -1,4 +1,4 @@
-import { parseFlags } from '../../../shared/flags.js';
+import { numberFlag, parseFlags } from '../../../shared/flags.js';
 import { sha256 } from '../../../shared/hash.js';
 import { inputFailure, readConfigFile, readEvents } from '../../../shared/jsonl.js';
 import { CatalogError, loadCatalogFile, type Catalog } from './core/catalog.js';
@@ -49,9 +49,16 @@ export async function autoseqCommand(argv: string[]): Promise<number> {
     process.stderr.write(`paver autoseq: --catalog and --input are required\n\n${USAGE}`);
     return 2;
   }
-  const max = Number(values['max-consecutive'] ?? DEFAULT_OPTIONS.maxConsecutive);
-  if (!Number.isInteger(max) || max < 1) {
-    process.stderr.write('paver autoseq: --max-consecutive must be a positive integer\n');
+  let max: number;
+  try {
+    // AUTOSEQ_MAX_CONSECUTIVE's range.
+    max = numberFlag('max-consecutive', values['max-consecutive'], DEFAULT_OPTIONS.maxConsecutive, {
+      min: 1,
+      max: 1000,
+      integer: true,
+    });
+  } catch (err) {
+    process.stderr.write(`paver autoseq: ${errorMessage(err)}\n`);
     return 2;
   }
   let catalog: Catalog;

@@ -1,4 +1,4 @@
-import { parseFlags } from '../../../shared/flags.js';
+import { numberFlag, parseFlags } from '../../../shared/flags.js';
 import { inputFailure, readEvents } from '../../../shared/jsonl.js';
 import { liveCandidates } from './core/detect.js';
 import { toOp, scopeId, type Scope } from './core/ops.js';
@@ -62,12 +62,9 @@ export async function detectCommand(argv: string[]): Promise<number> {
     process.stderr.write(`paver detect: --input is required\n\n${USAGE}`);
     return 2;
   }
-  const num = (name: string, v: string | undefined, dflt: number): number => {
-    if (v === undefined) return dflt;
-    const n = Number(v);
-    if (!Number.isInteger(n) || n < 1) throw new Error(`--${name} must be a positive integer`);
-    return n;
-  };
+  // The ranges of the DETECTOR_* variables the service reads for the same settings (config.ts).
+  const num = (name: string, v: string | undefined, dflt: number, max = Number.MAX_SAFE_INTEGER): number =>
+    numberFlag(name, v, dflt, { min: 1, max, integer: true });
   const onOff = (name: string, v: string | undefined, dflt: boolean): boolean => {
     if (v === undefined) return dflt;
     if (v === 'on' || v === 'true') return true;
@@ -78,15 +75,24 @@ export async function detectCommand(argv: string[]): Promise<number> {
   try {
     params = {
       ...DEFAULT_PARAMS,
-      minLength: num('min-length', values['min-length'], DEFAULT_PARAMS.minLength),
-      maxLength: num('max-length', values['max-length'], DEFAULT_PARAMS.maxLength),
-      minOccurrences: num('min-occurrences', values['min-occurrences'], DEFAULT_PARAMS.minOccurrences),
-      lookback: num('lookback', values.lookback, DEFAULT_PARAMS.lookback),
-      maxCandidates: num('max-candidates', values['max-candidates'], DEFAULT_PARAMS.maxCandidates),
+      minLength: num('min-length', values['min-length'], DEFAULT_PARAMS.minLength, 100),
+      maxLength: num('max-length', values['max-length'], DEFAULT_PARAMS.maxLength, 100),
+      minOccurrences: num(
+        'min-occurrences',
+        values['min-occurrences'],
+        DEFAULT_PARAMS.minOccurrences,
+        1_000_000,
+      ),
+      lookback: num('lookback', values.lookback, DEFAULT_PARAMS.lookback, 1_000_000),
+      maxCandidates: num('max-candidates', values['max-candidates'], DEFAULT_PARAMS.maxCandidates, 1000),
       windowMs: values['window-ms'] === undefined ? null : num('window-ms', values['window-ms'], 1),
       taskIdleMs: num('task-idle-ms', values['task-idle-ms'], DEFAULT_PARAMS.taskIdleMs),
       requestTerms: onOff('request-terms', values['request-terms'], DEFAULT_PARAMS.requestTerms),
     };
+    if (params.maxLength < params.minLength)
+      throw new Error(
+        `--max-length (${params.maxLength}) must be ≥ --min-length (${params.minLength}); set both to search longer sequences only`,
+      );
     const errs = validateParams(params);
     if (errs.length) throw new Error(errs.join('; '));
   } catch (err) {

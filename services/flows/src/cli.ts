@@ -1,4 +1,4 @@
-import { joinValues, parseFlags } from '../../../shared/flags.js';
+import { joinValues, numberFlag, parseFlags } from '../../../shared/flags.js';
 import { parseArgs } from 'node:util';
 import { flowsFileV1 } from '../../../schemas/index.js';
 import { describeIssues, readConfigFile } from '../../../shared/jsonl.js';
@@ -44,12 +44,6 @@ export async function selectCommand(argv: string[]): Promise<number> {
     process.stderr.write(`paver select: --flows and --query are required\n\n${SELECT_USAGE}`);
     return 2;
   }
-  const num = (v: string | undefined, d: number, min: number) => {
-    if (v === undefined) return d;
-    const n = Number(v);
-    if (!Number.isFinite(n) || n < min) throw new Error(`expected a number ≥ ${min}, got '${v}'`);
-    return n;
-  };
   let settings: FlowsEnv;
   try {
     settings = offlineEnv(process.env);
@@ -64,11 +58,14 @@ export async function selectCommand(argv: string[]): Promise<number> {
     const base = pol.select(values.tenant ?? 'default', values.agent ?? 'default');
     policy = {
       ...base,
-      topK: Math.floor(num(values['top-k'], base.topK, 1)),
-      rrfK: num(values['rrf-k'], base.rrfK, 1),
-      scoreFloor: num(values['score-floor'], base.scoreFloor, 0),
+      // The ranges of FLOWS_TOP_K, FLOWS_RRF_K, FLOWS_SCORE_FLOOR and FLOWS_OUTCOME_FLOOR.
+      topK: numberFlag('top-k', values['top-k'], base.topK, { min: 1, max: 100, integer: true }),
+      rrfK: numberFlag('rrf-k', values['rrf-k'], base.rrfK, { min: 1, max: 1000, integer: true }),
+      scoreFloor: numberFlag('score-floor', values['score-floor'], base.scoreFloor, { min: 0 }),
       failOpen: values['fail-open'] ? true : base.failOpen,
-      outcomeFloor: num(values['outcome-floor'], base.outcomeFloor, -Infinity),
+      outcomeFloor: numberFlag('outcome-floor', values['outcome-floor'], base.outcomeFloor, {
+        min: -Infinity,
+      }),
     };
   } catch (err) {
     process.stderr.write(`paver select: ${errorMessage(err)}\n`);
