@@ -61,6 +61,14 @@ export async function fromCandidatesCommand(argv: string[]): Promise<number> {
     process.stdout.write(JSON.stringify(flowsFromCandidates(cands, scope), null, 2) + '\n');
     return 0;
   }
+  // Checked before the history is read: a bad FLOWS_* variable is a usage error, not a crash at the end.
+  let settings;
+  try {
+    settings = offlineEnv(process.env);
+  } catch (err) {
+    process.stderr.write(`paver flows from-candidates: FLOWS_* settings: ${errorMessage(err)}\n`);
+    return 2;
+  }
   const events: ToolCallsEvent[] = [];
   const warn = (s: string) => process.stderr.write(`paver flows from-candidates: ${s}\n`);
   try {
@@ -72,7 +80,6 @@ export async function fromCandidatesCommand(argv: string[]): Promise<number> {
     );
     return 1;
   }
-  const settings = offlineEnv(process.env);
   const capacity = settings.FLOWS_OUTCOME_CAPACITY;
   // The service learns input_map from its last FLOWS_EVIDENCE_RUNS runs of the scope: so does this.
   const keep = settings.FLOWS_EVIDENCE_RUNS;

@@ -247,6 +247,12 @@ export async function replayCommand(argv: string[]): Promise<number> {
     process.stderr.write(`paver flows replay: ${errorMessage(err)}\n`);
     return 2;
   }
+  try {
+    offlineEnv(process.env);
+  } catch (err) {
+    process.stderr.write(`paver flows replay: FLOWS_* settings: ${errorMessage(err)}\n`);
+    return 2;
+  }
   // Said as the sibling commands say it: which file, and that it could not be read.
   for (const file of [values.input, values.flows]) {
     if (file === undefined || file === '-') continue;

@@ -569,3 +569,42 @@ describe('numeric flags take exactly what the service takes for the same setting
     }
   });
 });
+
+describe('FLOWS_* settings in the offline commands', () => {
+  const flows = join(root, 'examples/flows.yaml');
+  const select = ['select', '--flows', flows, '--query', 'refund my order 42'];
+  afterEach(() => vi.unstubAllEnvs());
+
+  it('an empty variable is unset, as the service reads it', async () => {
+    expect(await main(select)).toBe(0);
+    const unset = out;
+    out = '';
+    // Before: FLOWS_TOP_K= was read as 0 and refused (exit 2), though the service starts with its default.
+    vi.stubEnv('FLOWS_TOP_K', '');
+    vi.stubEnv('FLOWS_CHAT_URL', '');
+    expect(await main(select)).toBe(0);
+    expect(out).toBe(unset);
+  });
+
+  it('a bad one is one message naming it, exit 2, before any input is read', async () => {
+    vi.stubEnv('FLOWS_TOP_K', 'many');
+    const dir = mkdtempSync(join(tmpdir(), 'paver-cli-env-'));
+    const candidates = join(dir, 'candidates.json');
+    writeFileSync(candidates, '[]\n');
+    for (const argv of [
+      select,
+      ['flows', 'replay', '--input', EVENTS],
+      // Before: the whole history was read, then an uncaught ZodError with a stack trace.
+      ['flows', 'from-candidates', '--input', candidates, '--history', EVENTS],
+    ]) {
+      err = '';
+      out = '';
+      expect(await main(argv), argv.join(' ')).toBe(2);
+      expect(err, argv.join(' ')).toMatch(/^paver [a-z -]+: FLOWS_\* settings: Invalid configuration/);
+      expect(err, argv.join(' ')).toContain('FLOWS_TOP_K: ');
+      // zod's issue list as JSON, before.
+      expect(err, argv.join(' ')).not.toContain('"code"');
+      expect(out, argv.join(' ')).toBe('');
+    }
+  });
+});

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { commonEnvShape, envBool, int, refineCommon, topicName } from '../../../shared/config.js';
+import { commonEnvShape, envBool, int, parseEnv, refineCommon, topicName } from '../../../shared/config.js';
 import { id } from '../../../schemas/index.js';
 import type { OutcomePolicy } from './core/outcomes.js';
 import type { PromotionPolicy } from './core/promotion.js';
@@ -114,9 +114,14 @@ export function policies(env: FlowsEnv, overrides: PolicyFile) {
 
 /**
  * The service's settings for an offline command: FLOWS_* from the environment, everything else at its default
- * (no broker or Redis is contacted).
+ * (no broker or Redis is contacted). Read as the service reads them (parseEnv): an empty variable is unset, so
+ * `FLOWS_TOP_K=` means the default here too, and an error lists the variables in one message, not zod's JSON.
  */
 export function offlineEnv(env: NodeJS.ProcessEnv): FlowsEnv {
   const flows = Object.fromEntries(Object.entries(env).filter(([k]) => k.startsWith('FLOWS_')));
-  return flowsEnvSchema.parse({ KAFKA_BROKERS: 'offline:9092', REDIS_URL: 'redis://offline:6379', ...flows });
+  return parseEnv(flowsEnvSchema, {
+    KAFKA_BROKERS: 'offline:9092',
+    REDIS_URL: 'redis://offline:6379',
+    ...flows,
+  });
 }
