@@ -253,6 +253,10 @@ function parseJsonLines(text: string): unknown[] | undefined {
  */
 export async function readConfigFile(path: string, maxBytes = configByteLimit()): Promise<unknown> {
   const text = await readBounded(path, maxBytes, 'PAVER_MAX_CONFIG_BYTES');
+  // Read as JSON lines, an empty file was an empty array: a catalog was refused as 'expected object, received
+  // array', and `paver detect … > c.json` that failed left a c.json that `flows from-candidates` and `select`
+  // took for "no flows" (exit 0). A YAML file was refused as null. An empty file is a mistake: say so.
+  if (!text.trim()) throw new Error(`${path === '-' ? 'stdin' : path} is empty`);
   if (/\.ya?ml$/i.test(path)) return (await import('yaml')).parse(text);
   try {
     return JSON.parse(text);

@@ -608,3 +608,29 @@ describe('FLOWS_* settings in the offline commands', () => {
     }
   });
 });
+
+describe('an empty configuration file', () => {
+  it('is refused, naming it, by every command that reads one (it was an empty list, or a riddle)', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'paver-cli-empty-'));
+    const empty = join(dir, 'candidates.json');
+    writeFileSync(empty, '\n');
+    const autoseqEvents = join(root, 'examples/autoseq-events.jsonl');
+    for (const [argv, code] of [
+      // Before: exit 0 with "[]" — a failed `paver detect > candidates.json` passed on as "no candidates".
+      [['flows', 'from-candidates', '--input', empty], 1],
+      // Before: exit 0, nothing chosen.
+      [['select', '--flows', empty, '--query', 'refund my order 42'], 2],
+      [['flows', 'replay', '--input', autoseqEvents, '--flows', empty], 1],
+      // Before: "invalid catalog: (root): expected object, received array".
+      [['autoseq', '--catalog', empty, '--input', autoseqEvents], 2],
+      [['predict', '--catalog', empty, '--input', autoseqEvents], 2],
+      [['sequence', '--config', empty, '--input', EVENTS], 2],
+    ] as const) {
+      err = '';
+      out = '';
+      expect(await main([...argv]), argv.join(' ')).toBe(code);
+      expect(err, argv.join(' ')).toContain(`${empty} is empty`);
+      expect(out, argv.join(' ')).toBe('');
+    }
+  });
+});
