@@ -80,6 +80,9 @@ async function offline(name: string, strict: boolean | undefined, run: () => Pro
   return strict && code === 0 ? 1 : code;
 }
 
+/** The options that name a file to read, where '-' is stdin. */
+const FILE_OPTIONS = ['input', 'catalog', 'config', 'flows', 'history'];
+
 /** argv without the flags paver handles itself, for commands that do not know them. */
 const without = (args: string[], ...flags: string[]) => args.filter((a) => !flags.includes(a));
 
@@ -123,6 +126,20 @@ Examples:
         ),
     });
   configure(program);
+  // stdin can be read once: with two options on '-' the second read nothing, and the command answered for an
+  // empty file (exit 0, nothing out).
+  program.hook('preAction', (_program, action) => {
+    const opts = action.opts<Record<string, unknown>>();
+    const onStdin = FILE_OPTIONS.filter((o) => opts[o] === '-');
+    if (onStdin.length > 1)
+      action.error(
+        `${onStdin.map((o) => `--${o}`).join(' and ')} cannot both read stdin ('-'); give one a file`,
+        {
+          exitCode: USAGE_ERROR,
+          code: 'paver.stdinTwice',
+        },
+      );
+  });
   const sub = (parent: Command, name: string, summary: string) => {
     const c = parent.command(name).description(summary);
     configure(c);

@@ -634,3 +634,25 @@ describe('an empty configuration file', () => {
     }
   });
 });
+
+describe("two options on '-'", () => {
+  it('is a usage error naming both (stdin is read once; the second read nothing)', async () => {
+    const text = readFileSync(join(root, 'examples/autoseq-events.jsonl'), 'utf8');
+    for (const argv of [
+      ['autoseq', '--catalog', '-', '--input', '-'],
+      ['sequence', '--config', '-', '--input', '-'],
+      ['predict', '--catalog', '-', '--input', '-'],
+      ['flows', 'replay', '--flows', '-', '--input', '-'],
+      ['flows', 'from-candidates', '--input', '-', '--history', '-'],
+    ]) {
+      withStdin(text);
+      err = '';
+      out = '';
+      // Before: exit 0 and nothing (or an answer for an empty input) on stdout.
+      expect(await main(argv), argv.join(' ')).toBe(2);
+      expect(err, argv.join(' ')).toMatch(/--\w+ and --\w+ cannot both read stdin/);
+      expect(err.trim().split('\n'), argv.join(' ')).toHaveLength(1);
+      expect(out, argv.join(' ')).toBe('');
+    }
+  });
+});
