@@ -1,5 +1,6 @@
 import { own, setOwn } from './core/own.js';
 import { createReadStream } from 'node:fs';
+import { once } from 'node:events';
 import type { Readable } from 'node:stream';
 import {
   id,
@@ -277,4 +278,31 @@ export function describeIssues(
     .slice(0, max)
     .map((i) => `${i.path.map(String).join('.') || '(root)'}: ${i.message}`)
     .join('; ');
+}
+
+/**
+ * JSON lines to stdout in blocks of a thousand, for the commands that print one line per event. `ready()` is
+ * a promise while stdout's buffer is full, for the reading loop to await: a reader slower than the command (a
+ * pipe into a slow consumer) otherwise left every line not yet taken in memory, the whole output at worst.
+ */
+export function stdoutLines() {
+  const out: string[] = [];
+  let waiting: Promise<void> | undefined;
+  const flush = () => {
+    if (out.length === 0) return;
+    const ok = process.stdout.write(out.join('\n') + '\n');
+    out.length = 0;
+    if (!ok && !waiting)
+      waiting = once(process.stdout, 'drain').then(() => {
+        waiting = undefined;
+      });
+  };
+  return {
+    push(line: string) {
+      out.push(line);
+      if (out.length >= 1000) flush();
+    },
+    flush,
+    ready: (): Promise<void> | undefined => waiting,
+  };
 }

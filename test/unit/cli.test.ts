@@ -656,3 +656,73 @@ describe("two options on '-'", () => {
     }
   });
 });
+
+describe('a slow reader of stdout', () => {
+  it('holds predict, autoseq and sequence until stdout drains (the output no longer piles up in memory)', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'paver-cli-drain-'));
+    const input = join(dir, 'events.jsonl');
+    const lines: string[] = [];
+    for (let t = 0; t < 700; t++) {
+      for (let s = 0; s < 5; s++)
+        lines.push(
+          JSON.stringify({
+            type: 'tool_call',
+            event_id: `e${t}-${s}`,
+            session_id: `s${t}`,
+            task_id: `t${t}`,
+            step: s,
+            ts: 1_760_000_000_000 + t * 10 + s,
+            tool: ['http_get', 'parse_json', 'summarize', 'search', 'reflect'][s],
+            args: { n: s },
+            observation: { ok: true },
+          }),
+        );
+      lines.push(
+        JSON.stringify({
+          type: 'task_completed',
+          event_id: `c${t}`,
+          session_id: `s${t}`,
+          task_id: `t${t}`,
+          ts: 1_760_000_000_000 + t * 10 + 9,
+        }),
+      );
+    }
+    writeFileSync(input, lines.join('\n') + '\n');
+    for (const argv of [
+      ['predict', '--input', input],
+      ['autoseq', '--catalog', join(root, 'examples/catalog.yaml'), '--input', input],
+      ['sequence', '--config', join(root, 'examples/orchestration.yaml'), '--input', input],
+    ]) {
+      // A full buffer at every write, drained only when the command is seen waiting for it.
+      let sinceDrain = 0;
+      let writes = 0;
+      vi.spyOn(process.stdout, 'write').mockImplementation(() => {
+        sinceDrain++;
+        writes++;
+        return false;
+      });
+      const base = process.stdout.listenerCount('drain');
+      let code: number | undefined;
+      void main(argv).then((c) => (code = c));
+      while (code === undefined) {
+        await vi.waitFor(
+          () => {
+            if (code === undefined && process.stdout.listenerCount('drain') === base)
+              throw new Error('running');
+          },
+          { timeout: 20_000, interval: 1 },
+        );
+        if (code !== undefined) break;
+        // Before: nothing ever waited; every block was written at once and kept in memory.
+        expect(sinceDrain, argv[0]).toBe(1);
+        sinceDrain = 0;
+        process.stdout.emit('drain');
+      }
+      process.stdout.emit('drain');
+      expect(code, argv[0]).toBe(0);
+      // The last block may follow the one the loop ended on.
+      expect(sinceDrain, argv[0]).toBeLessThanOrEqual(2);
+      expect(writes, argv[0]).toBeGreaterThan(2);
+    }
+  });
+});

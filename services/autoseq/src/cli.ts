@@ -1,6 +1,6 @@
 import { numberFlag, parseFlags } from '../../../shared/flags.js';
 import { sha256 } from '../../../shared/hash.js';
-import { inputFailure, readConfigFile, readEvents } from '../../../shared/jsonl.js';
+import { inputFailure, readConfigFile, readEvents, stdoutLines } from '../../../shared/jsonl.js';
 import { CatalogError, loadCatalogFile, type Catalog } from './core/catalog.js';
 import { decide, DEFAULT_OPTIONS, newTaskState, type AutoseqOptions, type TaskState } from './core/decide.js';
 import { SchemaCompiler } from './core/schema-compiler.js';
@@ -20,11 +20,15 @@ export async function runAutoseq(
   opts: AutoseqOptions,
   write: (line: string) => void,
   warn: (s: string) => void,
+  /** A promise while the output cannot take more: the next event is read once it settles. */
+  ready?: () => Promise<void> | undefined,
 ) {
   const tasks = new Map<string, TaskState>();
   const stats = { lines: 0, bad: 0 };
   let decided = 0;
   for await (const e of readEvents(input, stats, warn)) {
+    const wait = ready?.();
+    if (wait) await wait;
     if (e.type !== 'tool_call') continue;
     const id = `${e.tenant_id}\u001f${e.agent_id}\u001f${e.task_id}`;
     const d = decide(e, catalog, tasks.get(id) ?? newTaskState(), opts, sha256);
@@ -71,25 +75,19 @@ export async function autoseqCommand(argv: string[]): Promise<number> {
     return 2;
   }
   const warn = (s: string) => process.stderr.write(`paver autoseq: ${s}\n`);
-  const out: string[] = [];
-  const flush = () => {
-    if (out.length) process.stdout.write(out.join('\n') + '\n');
-    out.length = 0;
-  };
+  const out = stdoutLines();
   try {
     await runAutoseq(
       catalog,
       values.input,
       { ...DEFAULT_OPTIONS, maxConsecutive: max, includeArguments: !values['no-arguments'] },
-      (l) => {
-        out.push(values.pretty ? JSON.stringify(JSON.parse(l), null, 2) : l);
-        if (out.length >= 1000) flush();
-      },
+      (l) => out.push(values.pretty ? JSON.stringify(JSON.parse(l), null, 2) : l),
       warn,
+      out.ready,
     );
-    flush();
+    out.flush();
   } catch (err) {
-    flush();
+    out.flush();
     process.stderr.write(inputFailure('autoseq', values.input, err));
     return 1;
   }

@@ -1,7 +1,7 @@
 import { FlagError, numberFlag, parseFlags, type NumberRange } from '../../../shared/flags.js';
 import { errorMessage } from '../../../shared/errors.js';
 import { sha256 } from '../../../shared/hash.js';
-import { inputFailure, readConfigFile, readEvents } from '../../../shared/jsonl.js';
+import { inputFailure, readConfigFile, readEvents, stdoutLines } from '../../../shared/jsonl.js';
 import { CatalogError, loadCatalogFile, type Catalog } from './core/catalog.js';
 import { decide, DEFAULT_OPTIONS, newTaskState, rememberCall, type TaskState } from './core/decide.js';
 import {
@@ -59,6 +59,8 @@ export async function replay(
   onLine: (line: PredictLine) => void,
   warn: (s: string) => void,
   progress?: (events: number) => void,
+  /** A promise while the output cannot take more: the next event is read once it settles. */
+  ready?: () => Promise<void> | undefined,
 ): Promise<ReplayResult> {
   const t0 = performance.now();
   const store = new MemoryLearnStore();
@@ -79,6 +81,8 @@ export async function replay(
     onLine({ event_id: o.event_id, task_id: task, proposal: null });
   };
   for await (const e of readEvents(input, stats, warn, badCall)) {
+    const wait = ready?.();
+    if (wait) await wait;
     events++;
     if (progress && events % 10_000 === 0) progress(events);
     let typedNext = null;
@@ -204,27 +208,21 @@ export async function predictCommand(argv: string[]): Promise<number> {
   const p = await parse('predict', argv, PREDICT_USAGE, {});
   if (typeof p === 'number') return p;
   const warn = (s: string) => process.stderr.write(`paver predict: ${s}\n`);
-  const out: string[] = [];
-  const flush = () => {
-    if (out.length) process.stdout.write(out.join('\n') + '\n');
-    out.length = 0;
-  };
+  const out = stdoutLines();
   try {
     const r = await replay(
       p.input,
       p.opts,
       p.catalog,
-      (l) => {
-        out.push(JSON.stringify(l));
-        if (out.length >= 1000) flush();
-      },
+      (l) => out.push(JSON.stringify(l)),
       warn,
       progressTo('predict'),
+      out.ready,
     );
-    flush();
+    out.flush();
     if (r.bad > 0) warn(`${r.bad} bad line(s) skipped of ${r.lines}`);
   } catch (err) {
-    flush();
+    out.flush();
     process.stderr.write(inputFailure('predict', p.input, err));
     return 1;
   }

@@ -1,5 +1,5 @@
 import { parseFlags } from '../../../shared/flags.js';
-import { inputFailure, readConfigFile, readEvents } from '../../../shared/jsonl.js';
+import { inputFailure, readConfigFile, readEvents, stdoutLines } from '../../../shared/jsonl.js';
 import { ConfigError, loadOrchestrationFile, type Orchestrations } from './core/orchestration.js';
 import { applyEvent, newSession, type SessionState } from './core/session.js';
 import { errorMessage } from '../../../shared/errors.js';
@@ -16,10 +16,14 @@ export async function runSequence(
   input: string,
   write: (line: string) => void,
   warn: (s: string) => void,
+  /** A promise while the output cannot take more: the next event is read once it settles. */
+  ready?: () => Promise<void> | undefined,
 ) {
   const sessions = new Map<string, SessionState>();
   const stats = { lines: 0, bad: 0 };
   for await (const e of readEvents(input, stats, warn)) {
+    const wait = ready?.();
+    if (wait) await wait;
     const id = `${e.tenant_id}\u001f${e.agent_id}\u001f${e.session_id}`;
     const o = applyEvent(config.get(e.tenant_id, e.agent_id), sessions.get(id) ?? newSession(), e);
     sessions.set(id, o.state);
@@ -50,24 +54,18 @@ export async function sequenceCommand(argv: string[]): Promise<number> {
     return 2;
   }
   const warn = (s: string) => process.stderr.write(`paver sequence: ${s}\n`);
-  const out: string[] = [];
-  const flush = () => {
-    if (out.length) process.stdout.write(out.join('\n') + '\n');
-    out.length = 0;
-  };
+  const out = stdoutLines();
   try {
     await runSequence(
       config,
       values.input,
-      (l) => {
-        out.push(values.pretty ? JSON.stringify(JSON.parse(l), null, 2) : l);
-        if (out.length >= 1000) flush();
-      },
+      (l) => out.push(values.pretty ? JSON.stringify(JSON.parse(l), null, 2) : l),
       warn,
+      out.ready,
     );
-    flush();
+    out.flush();
   } catch (err) {
-    flush();
+    out.flush();
     process.stderr.write(inputFailure('sequence', values.input, err));
     return 1;
   }
