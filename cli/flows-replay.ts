@@ -1,4 +1,4 @@
-import { access, constants } from 'node:fs/promises';
+import { access, constants, stat } from 'node:fs/promises';
 import { numberFlag, parseFlags, type NumberRange } from '../shared/flags.js';
 import {
   flowsFileV1,
@@ -258,6 +258,8 @@ export async function replayCommand(argv: string[]): Promise<number> {
     if (file === undefined || file === '-') continue;
     try {
       await access(file, constants.R_OK);
+      // A directory passes access(): reading it failed later with a bare EISDIR that named no file.
+      if ((await stat(file)).isDirectory()) throw new Error('it is a directory');
     } catch (err) {
       process.stderr.write(`paver flows replay: cannot read ${file}: ${errorMessage(err)}\n`);
       return 1;

@@ -145,6 +145,18 @@ describe('paver CLI conventions', { timeout: 120_000 }, () => {
       expect(await main(argv), argv.join(' ')).toBe(1);
       expect(err, argv.join(' ')).toContain(`cannot read ${missing}: `);
     }
+    // A directory given as a file: before, flows replay said a bare 'EISDIR: illegal operation on a directory'.
+    const dir = mkdtempSync(join(tmpdir(), 'paver-cli-dir-'));
+    for (const argv of [
+      ['detect', '--input', dir],
+      ['predict', '--input', dir],
+      ['flows', 'replay', '--input', dir],
+      ['flows', 'replay', '--input', EVENTS, '--flows', dir],
+    ]) {
+      err = '';
+      expect(await main(argv), argv.join(' ')).toBe(1);
+      expect(err, argv.join(' ')).toContain(`cannot read ${dir}: `);
+    }
   });
 
   it('dev and publish get their options; publish --input - reads stdin', async () => {
