@@ -1,5 +1,5 @@
 import { createReadStream } from 'node:fs';
-import { access } from 'node:fs/promises';
+import { access, constants, stat } from 'node:fs/promises';
 import { Kafka, logLevel, Partitioners } from 'kafkajs';
 import { z } from 'zod';
 import { createCodec } from '../shared/codec.js';
@@ -60,9 +60,12 @@ export async function publish(opts: {
     if (!r.success) return fail(EXIT_CONFIG, `${flag}: ${r.error.issues[0]?.message}`);
   }
   try {
-    await access(opts.input);
-  } catch {
-    return fail(2, `cannot read --input ${opts.input}`);
+    await access(opts.input, constants.R_OK);
+    // A directory passes access(): it was found out only after connecting, as 'failed after 0 events: EISDIR'.
+    if ((await stat(opts.input)).isDirectory()) throw new Error('it is a directory');
+  } catch (err) {
+    // The reason too: a missing file and one without read permission are fixed differently.
+    return fail(2, `cannot read --input ${opts.input}: ${errorMessage(err)}`);
   }
 
   const log = createLogger('publish', env.LOG_LEVEL === 'info' ? 'warn' : env.LOG_LEVEL);
@@ -107,7 +110,7 @@ export async function publish(opts: {
       lineNo++;
       if (line === null) {
         process.stderr.write(
-          `line ${lineNo}: longer than PAVER_MAX_MESSAGE_BYTES (${env.PAVER_MAX_MESSAGE_BYTES}); not sent\n`,
+          `paver publish: line ${lineNo}: longer than PAVER_MAX_MESSAGE_BYTES (${env.PAVER_MAX_MESSAGE_BYTES}); not sent\n`,
         );
         continue;
       }

@@ -1,0 +1,32 @@
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, beforeEach, expect, it, vi } from 'vitest';
+import { publish } from '../../cli/publish.js';
+
+let err = '';
+beforeEach(() => {
+  err = '';
+  vi.spyOn(process.stderr, 'write').mockImplementation((s: string | Uint8Array) => {
+    err += String(s);
+    return true;
+  });
+});
+afterEach(() => vi.restoreAllMocks());
+
+// No broker at this address: a check made after connecting would answer 69 (no broker), not 2.
+const env = { KAFKA_BROKERS: '127.0.0.1:1' };
+
+it('paver publish says why --input cannot be read, a directory included, before connecting (exit 2)', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'paver-publish-'));
+  const missing = join(dir, 'missing.jsonl');
+  // Before: 'cannot read --input FILE' with no reason.
+  expect(await publish({ input: missing, env })).toBe(2);
+  expect(err).toBe(
+    `paver publish: cannot read --input ${missing}: ENOENT: no such file or directory, access '${missing}'\n`,
+  );
+  err = '';
+  // Before: a directory passed, the command connected and failed with 'failed after 0 events: EISDIR' (or 69).
+  expect(await publish({ input: dir, env })).toBe(2);
+  expect(err).toBe(`paver publish: cannot read --input ${dir}: it is a directory\n`);
+});
