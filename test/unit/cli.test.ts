@@ -467,6 +467,26 @@ describe('inputs read whole have a size limit (a huge file or an endless stdin m
   });
 });
 
+describe('paver otel --tenant', () => {
+  it('refuses a tenant that is not an id, and an empty attribute name (exit 2, nothing out)', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'paver-cli-tenant-'));
+    const input = join(dir, 'export.json');
+    writeFileSync(input, JSON.stringify({ resourceSpans: [] }));
+    for (const [flag, v] of [
+      // Before: exit 0, and every event carried tenant_id '' that each consumer refused as a bad line.
+      ['--tenant', ''],
+      ['--tenant', 'a\u0007b'],
+      ['--tenant-attribute', ''],
+    ] as const) {
+      err = '';
+      expect(await main(['otel', '--input', input, flag, v]), `${flag} ${JSON.stringify(v)}`).toBe(2);
+      expect(err, flag).toMatch(new RegExp(`^paver otel: ${flag} must be `));
+    }
+    expect(out).toBe('');
+    expect(await main(['otel', '--input', input, '--tenant', 'acme'])).toBe(0);
+  });
+});
+
 describe('paver otel --output', () => {
   it('a path that cannot be written is one line on stderr and exit 1, not a crash', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'paver-cli-out-'));

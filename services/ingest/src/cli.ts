@@ -3,6 +3,7 @@ import { createWriteStream, type WriteStream } from 'node:fs';
 import { errorMessage } from '../../../shared/errors.js';
 import { MAX_WHOLE_INPUT_BYTES } from '../../../shared/config.js';
 import { readBounded } from '../../../shared/jsonl.js';
+import { id, LIMITS } from '../../../schemas/index.js';
 import { DEFAULT_MAP_OPTIONS, mapSpans, type MapOptions } from './core/map.js';
 import { DEFAULT_DECODE_LIMITS, OtlpError, spansFromRequest, type OtlpSpan } from './core/otlp.js';
 
@@ -112,6 +113,19 @@ export async function otelCommand(argv: string[]): Promise<number> {
     process.stderr.write(
       `paver otel: --max-input-bytes expects an integer from 1 to ${MAX_WHOLE_INPUT_BYTES}\n`,
     );
+    return 2;
+  }
+  // The tenant goes into every event's tenant_id: one that is not an id made every event a bad line for each
+  // consumer (`--tenant ''` did). An empty attribute name matches no attribute (INGEST_TENANT_ATTRIBUTE refuses it).
+  if (values.tenant !== undefined && !id.safeParse(values.tenant).success) {
+    process.stderr.write(
+      `paver otel: --tenant must be an id: 1 to ${LIMITS.idLength} printable characters\n`,
+    );
+    return 2;
+  }
+  const attr = values['tenant-attribute'];
+  if (attr !== undefined && (attr.length < 1 || attr.length > 256)) {
+    process.stderr.write(`paver otel: --tenant-attribute must be 1 to 256 characters\n`);
     return 2;
   }
   const opts: MapOptions = {
