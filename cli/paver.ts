@@ -313,7 +313,9 @@ Examples:
     .option('--tenant <tenant>', 'tenant_id when no span carries one')
     .option('--tenant-attribute <key>', 'span or resource attribute holding the tenant')
     .option('--no-payloads', 'leave tool arguments and results out')
-    .addOption(num('--max-payload-bytes', 'leave out larger argument or result values'))
+    .addOption(
+      num('--max-payload-bytes', 'leave out larger argument or result values (default 65536, ≤ 16 MiB)'),
+    )
     .addOption(num('--max-input-bytes', 'refuse a larger export (default 256 MiB)'))
     .addOption(new Option('--strict', 'exit 1 when any request in the input was bad'))
     .addOption(PRETTY())

@@ -9,6 +9,7 @@ import { readEvents, type ReadStats } from '../../shared/jsonl.js';
 import { autoseqEnvSchema } from '../../services/autoseq/src/config.js';
 import { detectorEnvSchema } from '../../services/detector/src/config.js';
 import { flowsEnvSchema } from '../../services/flows/src/config.js';
+import { ingestEnvSchema } from '../../services/ingest/src/config.js';
 
 // The commands that start processes or talk to Kafka record their calls instead: a --help that acted shows
 // up as a call (and would otherwise start Kafka in a unit test).
@@ -583,8 +584,21 @@ describe('numeric flags take exactly what the service takes for the same setting
       0,
       1,
     ],
+    [
+      ['otel', '--input', EVENTS],
+      'max-payload-bytes',
+      'ingest',
+      'INGEST_MAX_PAYLOAD_BYTES',
+      0,
+      16 * 1024 * 1024,
+    ],
   ] as const)('%s --%s as %s %s', async (argv, flag, service, env, min, max) => {
-    const schema = { detector: detectorEnvSchema, autoseq: autoseqEnvSchema, flows: flowsEnvSchema }[service];
+    const schema = {
+      detector: detectorEnvSchema,
+      autoseq: autoseqEnvSchema,
+      flows: flowsEnvSchema,
+      ingest: ingestEnvSchema,
+    }[service];
     const serviceTakes = (v: string) => v.trim() !== '' && schema.safeParse({ ...base, [env]: v }).success;
     const probes = [min - 1, min, min + 0.5, ...(max === MAX ? [] : [max, max + 1])].map(String);
     // Before: '' was 0 where 0 was allowed, 1.5 was floored or kept, ranges had no top, and messages no flag name.

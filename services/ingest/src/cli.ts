@@ -1,4 +1,4 @@
-import { parseFlags } from '../../../shared/flags.js';
+import { numberFlag, parseFlags } from '../../../shared/flags.js';
 import { createWriteStream, type WriteStream } from 'node:fs';
 import { errorMessage } from '../../../shared/errors.js';
 import { MAX_WHOLE_INPUT_BYTES } from '../../../shared/config.js';
@@ -20,7 +20,7 @@ ingest service. A summary goes to stderr.
   --tenant T                tenant_id when no span carries the tenant attribute (default 'default')
   --tenant-attribute KEY    span or resource attribute holding the tenant (default 'paver.tenant_id')
   --no-payloads             leave gen_ai.tool.call.arguments/result out of the events
-  --max-payload-bytes N     leave out an argument or result value larger than N bytes (default 65536)
+  --max-payload-bytes N     leave out an argument or result value larger than N bytes (default 65536, at most 16777216)
   --max-input-bytes N       refuse an export larger than N bytes (default 268435456, 256 MiB; at most 524288000)
   --strict                  exit 1 when any request in the input was bad
   --pretty                  indent each event (default: one JSON per line)
@@ -103,9 +103,21 @@ export async function otelCommand(argv: string[]): Promise<number> {
     process.stderr.write(`paver otel: --input is required\n\n${USAGE}`);
     return 2;
   }
-  const maxPayload = values['max-payload-bytes'] ?? String(DEFAULT_MAP_OPTIONS.maxPayloadBytes);
-  if (!/^\d{1,9}$/.test(maxPayload)) {
-    process.stderr.write(`paver otel: --max-payload-bytes expects a non-negative integer\n`);
+  let maxPayload: number;
+  try {
+    // INGEST_MAX_PAYLOAD_BYTES's range: the README says the flag matches the service's variable.
+    maxPayload = numberFlag(
+      'max-payload-bytes',
+      values['max-payload-bytes'],
+      DEFAULT_MAP_OPTIONS.maxPayloadBytes,
+      {
+        min: 0,
+        max: 16 * 1024 * 1024,
+        integer: true,
+      },
+    );
+  } catch (err) {
+    process.stderr.write(`paver otel: ${errorMessage(err)}\n`);
     return 2;
   }
   const maxInput = values['max-input-bytes'] ?? String(DEFAULT_MAX_INPUT_BYTES);
@@ -132,7 +144,7 @@ export async function otelCommand(argv: string[]): Promise<number> {
     defaultTenant: values.tenant ?? DEFAULT_MAP_OPTIONS.defaultTenant,
     tenantAttribute: values['tenant-attribute'] ?? DEFAULT_MAP_OPTIONS.tenantAttribute,
     includePayloads: !values['no-payloads'],
-    maxPayloadBytes: Number(maxPayload),
+    maxPayloadBytes: maxPayload,
   };
   const warn = (s: string) => process.stderr.write(`paver otel: ${s}\n`);
   const toFile = values.output !== undefined && values.output !== '-';
