@@ -8,6 +8,24 @@ export const envBool = z.stringbool({
   falsy: ['false', '0', 'no', 'off'],
   case: 'insensitive',
 });
+/**
+ * One seed broker as kafkajs takes it: it splits the address at ':' and keeps the first two parts, so a listener
+ * copied from the broker's configuration (PLAINTEXT://kafka:9092) or an IPv6 literal ([::1]:9092) became host
+ * `PLAINTEXT` or `[`, and the start failed minutes later on a name lookup that did not name the variable.
+ */
+const brokerAddress = z.string().superRefine((s, ctx) => {
+  const m = /^([^\s,:/[\]]+):(\d{1,5})$/.exec(s);
+  const port = Number(m?.[2]);
+  if (m && port >= 1 && port <= 65535) return;
+  ctx.addIssue({
+    code: 'custom',
+    message: s.includes('://')
+      ? 'expected host:port without a scheme (not PLAINTEXT:// or SASL_SSL://: KAFKA_SSL and KAFKA_SASL_MECHANISM say that)'
+      : m
+        ? 'expected host:port with a port from 1 to 65535'
+        : 'expected host:port (a host name or IPv4 address: kafkajs cannot take an IPv6 literal)',
+  });
+});
 const csv = z
   .string()
   .transform((s) =>
@@ -16,11 +34,7 @@ const csv = z
       .map((x) => x.trim())
       .filter(Boolean),
   )
-  .pipe(
-    z
-      .array(z.string().regex(/^[^\s,]+:\d{1,5}$/, 'expected host:port'))
-      .min(1, 'expected at least one host:port'),
-  );
+  .pipe(z.array(brokerAddress).min(1, 'expected at least one host:port'));
 export const int = (min: number, max = Number.MAX_SAFE_INTEGER) => z.coerce.number().int().min(min).max(max);
 export const topicName = z
   .string()

@@ -109,3 +109,20 @@ describe('REDIS_COMMAND_TIMEOUT_MS', () => {
       expect(refused({ REDIS_COMMAND_TIMEOUT_MS: bad })).toContain('REDIS_COMMAND_TIMEOUT_MS');
   });
 });
+
+describe('KAFKA_BROKERS', () => {
+  it('refuses a scheme, an IPv6 literal and a port out of range, naming the variable and what it takes', () => {
+    // Before, each passed; kafkajs split the address at ':' and dialled host "PLAINTEXT" (or "["), port NaN.
+    expect(refused({ KAFKA_BROKERS: 'PLAINTEXT://kafka:9092' })).toMatch(
+      /KAFKA_BROKERS.*host:port without a scheme/,
+    );
+    expect(refused({ KAFKA_BROKERS: 'k1:9092,SASL_SSL://k2:9093' })).toMatch(/KAFKA_BROKERS.*scheme/);
+    expect(refused({ KAFKA_BROKERS: '[::1]:9092' })).toMatch(/KAFKA_BROKERS.*IPv6/);
+    for (const bad of ['k:0', 'k:99999', 'k:65536'])
+      expect(refused({ KAFKA_BROKERS: bad })).toMatch(/KAFKA_BROKERS.*port from 1 to 65535/);
+    expect(parseEnv(schema, { ...base, KAFKA_BROKERS: 'k1:9092, 10.0.0.2:65535' }).KAFKA_BROKERS).toEqual([
+      'k1:9092',
+      '10.0.0.2:65535',
+    ]);
+  });
+});
