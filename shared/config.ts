@@ -175,7 +175,8 @@ export function refineCommon(env: CommonEnv, ctx: z.RefinementCtx): void {
 
 /**
  * What the Redis client would choke on or drop in REDIS_URL: a user or password it cannot percent-decode (it
- * throws "URI malformed" at start-up), or a user with no password (no AUTH is sent: the default user is used).
+ * throws "URI malformed" at start-up), a user with no password (no AUTH is sent: the default user is used), no
+ * host or a path that is not a database number (both taken for defaults without a word).
  * Messages never quote the URL: it may hold the password.
  */
 function redisUrlIssues(env: CommonEnv, ctx: z.RefinementCtx): void {
@@ -183,6 +184,20 @@ function redisUrlIssues(env: CommonEnv, ctx: z.RefinementCtx): void {
   let password = '';
   try {
     const url = new URL(env.REDIS_URL);
+    // ioredis reads no host as localhost, and the path through parseInt: /paver or /abc selected database 0.
+    if (!url.hostname)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['REDIS_URL'],
+        message: 'has no host (expected redis://host:port)',
+      });
+    if (!/^(\/\d{0,9})?$/.test(url.pathname))
+      ctx.addIssue({
+        code: 'custom',
+        path: ['REDIS_URL'],
+        message:
+          'its path must be a database number (redis://host:port/0); the key prefix is REDIS_KEY_PREFIX',
+      });
     user = decodeURIComponent(url.username);
     password = decodeURIComponent(url.password);
   } catch {

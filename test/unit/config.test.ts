@@ -126,3 +126,18 @@ describe('KAFKA_BROKERS', () => {
     ]);
   });
 });
+
+describe('REDIS_URL', () => {
+  it('refuses no host and a path that is not a database number, without quoting the URL', () => {
+    // Before, both passed: ioredis dialled localhost, and parsed /paver as database NaN, so selected 0.
+    const noHost = refused({ REDIS_URL: 'redis:///0' });
+    expect(noHost).toMatch(/REDIS_URL: has no host/);
+    for (const bad of ['redis://:hunter2-secret@r:6379/paver', 'rediss://r:6380/1/', 'redis://r/db1']) {
+      const m = refused({ REDIS_URL: bad });
+      expect(m).toMatch(/REDIS_URL: its path must be a database number/);
+      expect(m).not.toContain('hunter2');
+    }
+    for (const good of ['redis://r', 'redis://r/', 'redis://r:6379/0', 'rediss://u:p@r:6380/15'])
+      expect(parseEnv(schema, { ...base, REDIS_URL: good }).REDIS_URL).toBe(good);
+  });
+});
