@@ -156,6 +156,22 @@ export function refineCommon(env: CommonEnv, ctx: z.RefinementCtx): void {
       message: 'required with SCHEMA_REGISTRY_USERNAME',
     });
   }
+  // Dropped without a word otherwise: a password alone sent no credentials, and credentials without the URL left
+  // the services writing plain JSON where the registry's framing was meant.
+  if (env.SCHEMA_REGISTRY_PASSWORD && !env.SCHEMA_REGISTRY_USERNAME) {
+    ctx.addIssue({
+      code: 'custom',
+      path: ['SCHEMA_REGISTRY_USERNAME'],
+      message: 'required with SCHEMA_REGISTRY_PASSWORD',
+    });
+  }
+  if ((env.SCHEMA_REGISTRY_USERNAME || env.SCHEMA_REGISTRY_PASSWORD) && !env.SCHEMA_REGISTRY_URL) {
+    ctx.addIssue({
+      code: 'custom',
+      path: ['SCHEMA_REGISTRY_URL'],
+      message: 'required with SCHEMA_REGISTRY_USERNAME/SCHEMA_REGISTRY_PASSWORD (https://host[:port])',
+    });
+  }
   for (const key of [
     'KAFKA_SSL_CA_FILE',
     'KAFKA_SSL_CERT_FILE',

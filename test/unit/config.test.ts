@@ -28,6 +28,25 @@ describe('security settings that would be silently ignored are configuration err
     expect(m).not.toContain('hunter2');
   });
 
+  it('schema registry credentials without a user, or without the registry', () => {
+    // Before, a password alone was not sent, and credentials without SCHEMA_REGISTRY_URL left outputs plain JSON.
+    const url = 'https://registry:8081';
+    const alone = refused({ SCHEMA_REGISTRY_URL: url, SCHEMA_REGISTRY_PASSWORD: 'hunter2-secret' });
+    expect(alone).toContain('SCHEMA_REGISTRY_USERNAME: required with SCHEMA_REGISTRY_PASSWORD');
+    expect(alone).not.toContain('hunter2');
+    const noUrl = refused({ SCHEMA_REGISTRY_USERNAME: 'svc', SCHEMA_REGISTRY_PASSWORD: 'hunter2-secret' });
+    expect(noUrl).toContain('SCHEMA_REGISTRY_URL: required with');
+    expect(noUrl).not.toContain('hunter2');
+    expect(() =>
+      parseEnv(schema, {
+        ...base,
+        SCHEMA_REGISTRY_URL: url,
+        SCHEMA_REGISTRY_USERNAME: 'svc',
+        SCHEMA_REGISTRY_PASSWORD: 'x',
+      }),
+    ).not.toThrow();
+  });
+
   it('a Redis user without a password', () => {
     // ioredis sends no AUTH without a password: the connection ran as the default user.
     expect(refused({ REDIS_USERNAME: 'paver' })).toContain('REDIS_PASSWORD');
