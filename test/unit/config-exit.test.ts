@@ -1,0 +1,63 @@
+import { execFile } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { describe, expect, it } from 'vitest';
+import { EXIT_CONFIG } from '../../shared/config.js';
+
+const root = fileURLToPath(new URL('../../', import.meta.url));
+// The CLI's own entry (bin/paver.js runs its build): `paver run <service>` from the sources, no build needed.
+const RUN =
+  "const { main } = await import('./cli/paver.ts'); process.exit(await main(process.argv.slice(1)));";
+
+/** `paver run <service>` in a child process with only `env` (and PATH); its exit code and stderr. */
+async function run(service: string, env: Record<string, string>): Promise<{ code: number; stderr: string }> {
+  try {
+    await promisify(execFile)(
+      process.execPath,
+      ['--import', 'tsx', '--input-type=module', '-e', RUN, 'run', service],
+      {
+        cwd: root,
+        env: { PATH: process.env.PATH ?? '', ...env },
+      },
+    );
+    return { code: 0, stderr: '' };
+  } catch (err) {
+    const e = err as { code?: number; stderr?: string };
+    return { code: e.code ?? -1, stderr: e.stderr ?? '' };
+  }
+}
+
+describe('paver run with a bad environment', () => {
+  it.each([
+    ['detector', 'DETECTOR_TOPIC_CHECKPOINTS', 'paver.tool-calls.v1'],
+    ['autoseq', 'AUTOSEQ_RULES_TOPIC', 'paver.next-actions.v1'],
+    ['sequencer', 'SEQUENCER_STATE_TOPIC', 'paver.sequence-state.v1'],
+    ['flows', 'FLOWS_STATE_TOPIC', 'paver.flow-selections.v1'],
+    ['ingest', 'INGEST_OTLP_TOPIC', 'paver.tool-calls.v1'],
+  ])(
+    '%s exits 78 naming every problem, before any connection, never printing a secret',
+    async (service, key, topic) => {
+      const r = await run(service, {
+        KAFKA_BROKERS: 'SASL_SSL://kafka:9093',
+        KAFKA_SASL_USERNAME: 'svc',
+        KAFKA_SASL_PASSWORD: 'kafka-hunter2',
+        REDIS_URL: 'rediss://paver:redis-hunter2@redis:6380/paver',
+        SCHEMA_REGISTRY_USERNAME: 'svc',
+        SCHEMA_REGISTRY_PASSWORD: 'registry-hunter2',
+        PAVER_RETRY_INITIAL_MS: '10000',
+        [key]: topic,
+      });
+      expect(r.code, r.stderr).toBe(EXIT_CONFIG);
+      for (const named of [
+        'KAFKA_BROKERS',
+        'KAFKA_SASL_MECHANISM',
+        'REDIS_URL',
+        'SCHEMA_REGISTRY_URL',
+        'PAVER_RETRY_INITIAL_MS',
+        `${key}: names the same topic`,
+      ])
+        expect(r.stderr).toContain(named);
+      expect(r.stderr).not.toMatch(/hunter2/);
+    },
+  );
+});
