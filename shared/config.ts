@@ -36,9 +36,14 @@ const csv = z
   )
   .pipe(z.array(brokerAddress).min(1, 'expected at least one host:port'));
 export const int = (min: number, max = Number.MAX_SAFE_INTEGER) => z.coerce.number().int().min(min).max(max);
+/** Kafka's rule for a topic name: its legal characters, at most 249 of them, and neither `.` nor `..`. */
+export const MAX_TOPIC_NAME = 249;
 export const topicName = z
   .string()
-  .regex(/^[a-zA-Z0-9._-]{1,249}$/, 'expected a Kafka topic name ([a-zA-Z0-9._-], ≤249 chars)');
+  .regex(
+    /^(?!\.{1,2}$)[a-zA-Z0-9._-]{1,249}$/,
+    'expected a Kafka topic name (1 to 249 of [a-zA-Z0-9._-], not . or ..)',
+  );
 
 /**
  * Largest configuration file (orchestration, catalog, flows, policy, candidates) read whole, from a path or
@@ -123,8 +128,38 @@ export const commonEnvShape = {
 export const commonEnvSchema = z.object(commonEnvShape);
 export type CommonEnv = z.infer<typeof commonEnvSchema>;
 
-/** Cross-field rules shared by every service schema (zod's superRefine keeps all issues in one error). */
-export function refineCommon(env: CommonEnv, ctx: z.RefinementCtx): void {
+/**
+ * Cross-field rules shared by every service schema (zod's superRefine keeps all issues in one error).
+ * `topics`: the service's own topic variables besides the common ones, each of which must name a topic of its
+ * own. Two roles on one topic is a copied line, never a design: dead letters written to the input were read
+ * back and dead-lettered again for ever, and a state copy shared with an output topic was restored from records
+ * of another contract.
+ */
+export function refineCommon(
+  env: CommonEnv,
+  ctx: z.RefinementCtx,
+  topics: Readonly<Record<string, string | undefined>> = {},
+): void {
+  const seen = new Map<string, string>();
+  for (const [key, topic] of Object.entries({
+    PAVER_TOPIC_TOOL_CALLS: env.PAVER_TOPIC_TOOL_CALLS,
+    PAVER_TOPIC_FLOW_CANDIDATES: env.PAVER_TOPIC_FLOW_CANDIDATES,
+    PAVER_TOPIC_NEXT_ACTIONS: env.PAVER_TOPIC_NEXT_ACTIONS,
+    PAVER_TOPIC_SEQUENCE_STATE: env.PAVER_TOPIC_SEQUENCE_STATE,
+    PAVER_TOPIC_FLOW_SELECTIONS: env.PAVER_TOPIC_FLOW_SELECTIONS,
+    PAVER_TOPIC_DEAD_LETTERS: env.PAVER_TOPIC_DEAD_LETTERS,
+    ...topics,
+  })) {
+    if (topic === undefined) continue;
+    const first = seen.get(topic);
+    if (first)
+      ctx.addIssue({
+        code: 'custom',
+        path: [key],
+        message: `names the same topic as ${first} (${topic}): each needs a topic of its own`,
+      });
+    else seen.set(topic, key);
+  }
   if (env.KAFKA_SASL_MECHANISM && (!env.KAFKA_SASL_USERNAME || !env.KAFKA_SASL_PASSWORD)) {
     ctx.addIssue({
       code: 'custom',

@@ -2,17 +2,23 @@ import { writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
+import type { z } from 'zod';
 import { commonEnvSchema, parseEnv, refineCommon } from '../../shared/config.js';
 import { kafkaConfig } from '../../shared/kafka/client.js';
 import { createRedis } from '../../shared/redis/client.js';
 import { silentLogger } from '../../shared/log.js';
+import { autoseqEnvSchema } from '../../services/autoseq/src/config.js';
+import { detectorEnvSchema } from '../../services/detector/src/config.js';
+import { flowsEnvSchema } from '../../services/flows/src/config.js';
+import { ingestEnvSchema } from '../../services/ingest/src/config.js';
+import { sequencerEnvSchema } from '../../services/sequencer/src/config.js';
 
 const schema = commonEnvSchema.superRefine(refineCommon);
 const base = { KAFKA_BROKERS: 'k:9092', REDIS_URL: 'redis://r:6379' };
 /** The CONFIG_INVALID message for an environment (fails the test if it is accepted). */
-function refused(env: Record<string, string>): string {
+function refused(env: Record<string, string>, by: z.ZodType = schema): string {
   try {
-    parseEnv(schema, { ...base, ...env });
+    parseEnv(by, { ...base, ...env });
   } catch (err) {
     expect((err as { code?: string }).code).toBe('CONFIG_INVALID');
     return (err as Error).message;
@@ -158,5 +164,57 @@ describe('REDIS_URL', () => {
     }
     for (const good of ['redis://r', 'redis://r/', 'redis://r:6379/0', 'rediss://u:p@r:6380/15'])
       expect(parseEnv(schema, { ...base, REDIS_URL: good }).REDIS_URL).toBe(good);
+  });
+});
+
+describe('topic variables', () => {
+  it('refuse . and .., which Kafka refuses as topic names', () => {
+    // Before, both passed and topic creation failed at start-up (exit 1, no variable named).
+    for (const bad of ['.', '..'])
+      expect(refused({ PAVER_TOPIC_DEAD_LETTERS: bad })).toMatch(
+        /PAVER_TOPIC_DEAD_LETTERS: .*not \. or \.\./,
+      );
+    expect(parseEnv(schema, { ...base, PAVER_TOPIC_DEAD_LETTERS: '...' }).PAVER_TOPIC_DEAD_LETTERS).toBe(
+      '...',
+    );
+  });
+
+  it('name one topic per role, in every service', () => {
+    // Before, each passed: dead letters written to the input topic were read back and dead-lettered for ever,
+    // a state copy shared with another topic was restored from records of another contract.
+    const cases: [z.ZodType, string, string][] = [
+      [schema, 'PAVER_TOPIC_DEAD_LETTERS', 'paver.tool-calls.v1'],
+      [detectorEnvSchema, 'DETECTOR_TOPIC_CHECKPOINTS', 'paver.flow-candidates.v1'],
+      [autoseqEnvSchema, 'AUTOSEQ_RULES_TOPIC', 'paver.next-actions.v1'],
+      [autoseqEnvSchema, 'PAVER_TOPIC_TOOL_CATALOG', 'paver.autoseq-rules.v1'],
+      [sequencerEnvSchema, 'SEQUENCER_STATE_TOPIC', 'paver.sequence-state.v1'],
+      [sequencerEnvSchema, 'PAVER_TOPIC_ORCHESTRATION', 'paver.sequencer-sessions.v1'],
+      [flowsEnvSchema, 'FLOWS_STATE_TOPIC', 'paver.flows.v1'],
+      [ingestEnvSchema, 'INGEST_OTLP_TOPIC', 'paver.tool-calls.v1'],
+    ];
+    for (const [by, key, topic] of cases)
+      expect(refused({ [key]: topic }, by)).toMatch(
+        new RegExp(`: names the same topic as [A-Z_]+ \\(${topic}\\)`),
+      );
+    expect(refused({ PAVER_TOPIC_FLOW_SELECTIONS: 'paver.flows.v1.state' }, flowsEnvSchema)).toContain(
+      'FLOWS_STATE_TOPIC: names the same topic as PAVER_TOPIC_FLOW_SELECTIONS',
+    );
+    for (const by of [
+      schema,
+      detectorEnvSchema,
+      autoseqEnvSchema,
+      sequencerEnvSchema,
+      flowsEnvSchema,
+      ingestEnvSchema,
+    ])
+      expect(() => parseEnv(by, base)).not.toThrow();
+  });
+
+  it("refuse flows' derived state topic when it would pass Kafka's length", () => {
+    const long = 'f'.repeat(245);
+    expect(refused({ PAVER_TOPIC_FLOWS: long }, flowsEnvSchema)).toMatch(/FLOWS_STATE_TOPIC: unset, .*249/);
+    expect(() =>
+      parseEnv(flowsEnvSchema, { ...base, PAVER_TOPIC_FLOWS: long, FLOWS_STATE_TOPIC: 'flows-state' }),
+    ).not.toThrow();
   });
 });

@@ -30,7 +30,12 @@ export const autoseqEnvSchema = z
     /** How often changed contexts are copied to it; 0: no copy (a Redis loss then loses the rules). */
     AUTOSEQ_RULES_SNAPSHOT_MS: int(0, 3_600_000).default(5000),
   })
-  .superRefine(refineCommon);
+  .superRefine((env, ctx) =>
+    refineCommon(env, ctx, {
+      PAVER_TOPIC_TOOL_CATALOG: env.PAVER_TOPIC_TOOL_CATALOG,
+      AUTOSEQ_RULES_TOPIC: env.AUTOSEQ_RULES_TOPIC,
+    }),
+  );
 export type AutoseqEnv = z.infer<typeof autoseqEnvSchema>;
 
 export const optionsFromEnv = (env: AutoseqEnv): AutoseqOptions => ({

@@ -31,7 +31,7 @@ export const detectorEnvSchema = z
     DETECTOR_CHECKPOINT_INTERVAL_MS: int(0).default(5_000),
   })
   .superRefine((env, ctx) => {
-    refineCommon(env, ctx);
+    refineCommon(env, ctx, { DETECTOR_TOPIC_CHECKPOINTS: env.DETECTOR_TOPIC_CHECKPOINTS });
     if (env.DETECTOR_MAX_LENGTH < env.DETECTOR_MIN_LENGTH) {
       ctx.addIssue({
         code: 'custom',

@@ -1,5 +1,13 @@
 import { z } from 'zod';
-import { commonEnvShape, envBool, int, parseEnv, refineCommon, topicName } from '../../../shared/config.js';
+import {
+  MAX_TOPIC_NAME,
+  commonEnvShape,
+  envBool,
+  int,
+  parseEnv,
+  refineCommon,
+  topicName,
+} from '../../../shared/config.js';
 import { id } from '../../../schemas/index.js';
 import type { OutcomePolicy } from './core/outcomes.js';
 import type { PromotionPolicy } from './core/promotion.js';
@@ -47,7 +55,18 @@ export const flowsEnvSchema = z
     FLOWS_RECONCILE_MS: int(0, 86_400_000).default(300_000),
     FLOWS_RECONCILE_MIN_AGE_MS: int(1_000, 86_400_000).default(120_000),
   })
-  .superRefine(refineCommon);
+  .superRefine((env, ctx) => {
+    refineCommon(env, ctx, {
+      PAVER_TOPIC_FLOWS: env.PAVER_TOPIC_FLOWS,
+      FLOWS_STATE_TOPIC: stateTopicOf(env),
+    });
+    if (stateTopicOf(env).length > MAX_TOPIC_NAME)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['FLOWS_STATE_TOPIC'],
+        message: `unset, it is <PAVER_TOPIC_FLOWS>.state, longer than Kafka's ${MAX_TOPIC_NAME} characters: set it`,
+      });
+  });
 export type FlowsEnv = z.infer<typeof flowsEnvSchema>;
 export const stateTopicOf = (env: Pick<FlowsEnv, 'FLOWS_STATE_TOPIC' | 'PAVER_TOPIC_FLOWS'>) =>
   env.FLOWS_STATE_TOPIC ?? `${env.PAVER_TOPIC_FLOWS}.state`;

@@ -23,7 +23,7 @@ export const ingestEnvSchema = z
     /** Spans one trace may keep waiting for its agent span; more are dropped (and counted). */
     INGEST_MAX_PENDING_SPANS: int(1, 1_000_000).default(DEFAULT_MAX_PENDING_SPANS),
   })
-  .superRefine(refineCommon);
+  .superRefine((env, ctx) => refineCommon(env, ctx, { INGEST_OTLP_TOPIC: env.INGEST_OTLP_TOPIC }));
 export type IngestEnv = z.infer<typeof ingestEnvSchema>;
 
 export const mapOptionsFromEnv = (env: IngestEnv): MapOptions => ({

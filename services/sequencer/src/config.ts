@@ -18,5 +18,10 @@ export const sequencerEnvSchema = z
     /** False: no copy (one record less per changed session and batch); a Redis loss then loses the sessions. */
     SEQUENCER_STATE_COPY_ENABLED: envBool.default(true),
   })
-  .superRefine(refineCommon);
+  .superRefine((env, ctx) =>
+    refineCommon(env, ctx, {
+      PAVER_TOPIC_ORCHESTRATION: env.PAVER_TOPIC_ORCHESTRATION,
+      SEQUENCER_STATE_TOPIC: env.SEQUENCER_STATE_TOPIC,
+    }),
+  );
 export type SequencerEnv = z.infer<typeof sequencerEnvSchema>;
