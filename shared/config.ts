@@ -177,6 +177,13 @@ export function refineCommon(
     });
   }
   redisUrlIssues(env, ctx);
+  // The backoff caps each wait at the maximum: a first wait above it was cut to it without a word.
+  if (env.PAVER_RETRY_INITIAL_MS > env.PAVER_RETRY_MAX_MS)
+    ctx.addIssue({
+      code: 'custom',
+      path: ['PAVER_RETRY_INITIAL_MS'],
+      message: `must be ≤ PAVER_RETRY_MAX_MS (${env.PAVER_RETRY_MAX_MS}), the cap on every wait`,
+    });
   if (!!env.KAFKA_SSL_CERT_FILE !== !!env.KAFKA_SSL_KEY_FILE) {
     ctx.addIssue({
       code: 'custom',

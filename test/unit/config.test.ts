@@ -218,3 +218,15 @@ describe('topic variables', () => {
     ).not.toThrow();
   });
 });
+
+describe('PAVER_RETRY_INITIAL_MS', () => {
+  it('above PAVER_RETRY_MAX_MS is refused, naming both', () => {
+    // Before, it passed and every wait was cut to the maximum: the first wait asked for never happened.
+    expect(refused({ PAVER_RETRY_INITIAL_MS: '10000' })).toMatch(
+      /PAVER_RETRY_INITIAL_MS: must be ≤ PAVER_RETRY_MAX_MS \(5000\)/,
+    );
+    expect(() =>
+      parseEnv(schema, { ...base, PAVER_RETRY_INITIAL_MS: '10000', PAVER_RETRY_MAX_MS: '60000' }),
+    ).not.toThrow();
+  });
+});
