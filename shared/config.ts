@@ -35,7 +35,17 @@ const csv = z
       .filter(Boolean),
   )
   .pipe(z.array(brokerAddress).min(1, 'expected at least one host:port'));
-export const int = (min: number, max = Number.MAX_SAFE_INTEGER) => z.coerce.number().int().min(min).max(max);
+/**
+ * An integer variable. Every failure says the accepted range: zod's own messages said "expected number, received
+ * NaN" for `5s` and "expected int, received number" for `1.5`, leaving the operator to find the range in the code.
+ */
+export const int = (min: number, max = Number.MAX_SAFE_INTEGER) => {
+  const error =
+    max === Number.MAX_SAFE_INTEGER
+      ? `expected an integer ≥ ${min}`
+      : `expected an integer from ${min} to ${max}`;
+  return z.coerce.number({ error }).int({ error }).min(min, { error }).max(max, { error });
+};
 /** Kafka's rule for a topic name: its legal characters, at most 249 of them, and neither `.` nor `..`. */
 export const MAX_TOPIC_NAME = 249;
 export const topicName = z

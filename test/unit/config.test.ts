@@ -230,3 +230,20 @@ describe('PAVER_RETRY_INITIAL_MS', () => {
     ).not.toThrow();
   });
 });
+
+describe('integer variables', () => {
+  it('say the accepted range whatever is wrong with the value', () => {
+    // Before: "expected number, received NaN" for 5s, "expected int, received number" for 1.5, no range.
+    for (const bad of ['5s', '1.5', '0', '101'])
+      expect(refused({ DETECTOR_MIN_LENGTH: bad }, detectorEnvSchema)).toContain(
+        'DETECTOR_MIN_LENGTH: expected an integer from 1 to 100',
+      );
+    for (const bad of ['soon', '-1'])
+      expect(refused({ DETECTOR_TASK_IDLE_MS: bad }, detectorEnvSchema)).toContain(
+        'DETECTOR_TASK_IDLE_MS: expected an integer ≥ 1',
+      );
+    expect(refused({ KAFKA_SESSION_TIMEOUT_MS: '30s' })).toContain(
+      'KAFKA_SESSION_TIMEOUT_MS: expected an integer from 6000 to 300000',
+    );
+  });
+});

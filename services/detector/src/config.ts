@@ -1,8 +1,6 @@
 import { z } from 'zod';
-import { commonEnvShape, envBool, refineCommon, topicName } from '../../../shared/config.js';
+import { commonEnvShape, envBool, int, refineCommon, topicName } from '../../../shared/config.js';
 import type { DetectorParams } from './core/params.js';
-
-const int = (min: number, max = Number.MAX_SAFE_INTEGER) => z.coerce.number().int().min(min).max(max);
 
 export const detectorEnvSchema = z
   .object({
