@@ -3,7 +3,7 @@ import { Redis, type RedisOptions } from 'ioredis';
 import type { CommonEnv } from '../config.js';
 import type { Logger } from '../log.js';
 
-/** ioredis from configuration: rediss:// or a CA file turns TLS on; password/username may override the URL's. */
+/** ioredis from configuration: rediss:// or a CA file turns TLS on; REDIS_USERNAME/REDIS_PASSWORD override the URL's. */
 export function createRedis(
   env: CommonEnv,
   log: Logger,
@@ -23,10 +23,18 @@ export function createRedis(
       { setting: 'REDIS_TLS_REJECT_UNAUTHORIZED' },
       "Redis TLS does not check the server's certificate: anyone between can read and change the traffic",
     );
+  // ioredis takes the URL's user and password before any option (the first value of a setting wins), so
+  // REDIS_PASSWORD never replaced a password in the URL, and a URL with a user alone (redis://paver@host) sent
+  // an empty one. The URL goes without them; both are options, the variables winning.
+  const username = env.REDIS_USERNAME ?? decodeURIComponent(url.username);
+  const password = env.REDIS_PASSWORD ?? decodeURIComponent(url.password);
+  const target = new URL(env.REDIS_URL);
+  target.username = '';
+  target.password = '';
   let leaving = false;
-  const redis = new Redis(env.REDIS_URL, {
-    ...(env.REDIS_PASSWORD ? { password: env.REDIS_PASSWORD } : {}),
-    ...(env.REDIS_USERNAME ? { username: env.REDIS_USERNAME } : {}),
+  const redis = new Redis(target.href, {
+    ...(password ? { password } : {}),
+    ...(username ? { username } : {}),
     ...(tls ? { tls } : {}),
     lazyConnect: true,
     // Commands fail fast while disconnected; the consumer runner pauses and retries batches instead.

@@ -247,3 +247,66 @@ describe('integer variables', () => {
     );
   });
 });
+
+describe('Redis credentials and TLS reach the client as documented', () => {
+  const optionsOf = (env: Record<string, string>) => {
+    const redis = createRedis(parseEnv(schema, { ...base, ...env }), silentLogger());
+    redis.disconnect();
+    return redis.options;
+  };
+
+  it('REDIS_USERNAME and REDIS_PASSWORD override the URL', () => {
+    // Before, ioredis took the URL's user and password first (later options never replace them): a rotated
+    // REDIS_PASSWORD was ignored for the one in the URL, and with a user alone in the URL no password was sent.
+    expect(optionsOf({ REDIS_URL: 'redis://:old@r:6379', REDIS_PASSWORD: 'new' }).password).toBe('new');
+    expect(optionsOf({ REDIS_URL: 'redis://paver@r:6379', REDIS_PASSWORD: 'pw' })).toMatchObject({
+      username: 'paver',
+      password: 'pw',
+    });
+    expect(
+      optionsOf({ REDIS_URL: 'redis://old:pw@r:6379', REDIS_USERNAME: 'paver', REDIS_PASSWORD: 'p:w@' }),
+    ).toMatchObject({ username: 'paver', password: 'p:w@' });
+    // The URL's own, percent-decoded, when nothing overrides them; its host, port and database stay.
+    expect(optionsOf({ REDIS_URL: 'redis://us%3Aer:p%40ss@r:6390/3' })).toMatchObject({
+      username: 'us:er',
+      password: 'p@ss',
+      host: 'r',
+      port: 6390,
+      db: 3,
+    });
+  });
+
+  it('rediss:// and REDIS_TLS_CA_FILE turn TLS on with the CA and the certificate check', () => {
+    const ca = join(tmpdir(), `redis-ca-${process.pid}.pem`);
+    writeFileSync(ca, 'CA');
+    expect(optionsOf({ REDIS_URL: 'rediss://r:6380' }).tls).toEqual({ rejectUnauthorized: true });
+    expect(optionsOf({ REDIS_TLS_CA_FILE: ca, REDIS_TLS_REJECT_UNAUTHORIZED: 'false' }).tls).toEqual({
+      rejectUnauthorized: false,
+      ca: ['CA'],
+    });
+    expect(optionsOf({}).tls).toBeUndefined();
+  });
+});
+
+describe('Kafka SASL and TLS reach kafkajs as documented', () => {
+  it('mechanism, user and password; CA, certificate check', () => {
+    const ca = join(tmpdir(), `kafka-ca-${process.pid}.pem`);
+    writeFileSync(ca, 'KCA');
+    const config = kafkaConfig(
+      parseEnv(schema, {
+        ...base,
+        KAFKA_SSL: 'true',
+        KAFKA_SSL_CA_FILE: ca,
+        KAFKA_SASL_MECHANISM: 'scram-sha-512',
+        KAFKA_SASL_USERNAME: 'svc',
+        KAFKA_SASL_PASSWORD: 'pw',
+      }),
+      silentLogger(),
+    );
+    expect(config.sasl).toEqual({ mechanism: 'scram-sha-512', username: 'svc', password: 'pw' });
+    expect(config.ssl).toEqual({ rejectUnauthorized: true, ca: ['KCA'] });
+    const plain = kafkaConfig(parseEnv(schema, base), silentLogger());
+    expect(plain.ssl).toBeUndefined();
+    expect(plain.sasl).toBeUndefined();
+  });
+});
