@@ -310,3 +310,20 @@ describe('Kafka SASL and TLS reach kafkajs as documented', () => {
     expect(plain.sasl).toBeUndefined();
   });
 });
+
+describe('flows model endpoints', () => {
+  it('an API key without its endpoint URL is refused, the key never printed', () => {
+    // Before, it passed: with no URL there is no model, and every selection took the top-ranked candidate.
+    for (const [key, url] of [
+      ['FLOWS_CHAT_API_KEY', 'FLOWS_CHAT_URL'],
+      ['FLOWS_EMBEDDINGS_API_KEY', 'FLOWS_EMBEDDINGS_URL'],
+    ]) {
+      const m = refused({ [key!]: 'sk-hunter2' }, flowsEnvSchema);
+      expect(m).toContain(`${url}: required with ${key}`);
+      expect(m).not.toContain('hunter2');
+      expect(() =>
+        parseEnv(flowsEnvSchema, { ...base, [key!]: 'sk', [url!]: 'https://api.openai.com/v1' }),
+      ).not.toThrow();
+    }
+  });
+});

@@ -66,6 +66,18 @@ export const flowsEnvSchema = z
         path: ['FLOWS_STATE_TOPIC'],
         message: `unset, it is <PAVER_TOPIC_FLOWS>.state, longer than Kafka's ${MAX_TOPIC_NAME} characters: set it`,
       });
+    // A key alone selected with no model at all (there is no default endpoint): set for OpenAI, it was dropped
+    // without a word and every selection took the top-ranked candidate.
+    for (const [key, url] of [
+      ['FLOWS_CHAT_API_KEY', 'FLOWS_CHAT_URL'],
+      ['FLOWS_EMBEDDINGS_API_KEY', 'FLOWS_EMBEDDINGS_URL'],
+    ] as const)
+      if (env[key] && !env[url])
+        ctx.addIssue({
+          code: 'custom',
+          path: [url],
+          message: `required with ${key} (the endpoint's base URL, e.g. https://api.openai.com/v1)`,
+        });
   });
 export type FlowsEnv = z.infer<typeof flowsEnvSchema>;
 export const stateTopicOf = (env: Pick<FlowsEnv, 'FLOWS_STATE_TOPIC' | 'PAVER_TOPIC_FLOWS'>) =>
