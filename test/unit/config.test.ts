@@ -9,7 +9,7 @@ import { createRedis } from '../../shared/redis/client.js';
 import { silentLogger } from '../../shared/log.js';
 import { autoseqEnvSchema } from '../../services/autoseq/src/config.js';
 import { detectorEnvSchema } from '../../services/detector/src/config.js';
-import { flowsEnvSchema } from '../../services/flows/src/config.js';
+import { flowsEnvSchema, offlineEnv } from '../../services/flows/src/config.js';
 import { ingestEnvSchema } from '../../services/ingest/src/config.js';
 import { sequencerEnvSchema } from '../../services/sequencer/src/config.js';
 
@@ -325,5 +325,20 @@ describe('flows model endpoints', () => {
         parseEnv(flowsEnvSchema, { ...base, [key!]: 'sk', [url!]: 'https://api.openai.com/v1' }),
       ).not.toThrow();
     }
+  });
+
+  it('offline commands read FLOWS_* as the service does: one message naming each variable, VAR= as unset', () => {
+    // Before, zod's own error reached the user as a JSON dump of issues, and FLOWS_CHAT_URL= was an invalid URL.
+    let message = '';
+    try {
+      offlineEnv({ FLOWS_TOP_K: 'abc', FLOWS_PROMOTION: 'automatic' });
+    } catch (err) {
+      expect((err as { code?: string }).code).toBe('CONFIG_INVALID');
+      message = (err as Error).message;
+    }
+    expect(message).toContain('FLOWS_TOP_K: expected an integer from 1 to 100');
+    expect(message).toContain('FLOWS_PROMOTION: ');
+    expect(message).not.toContain('"path"');
+    expect(offlineEnv({ FLOWS_CHAT_URL: '', FLOWS_TOP_K: '4' }).FLOWS_TOP_K).toBe(4);
   });
 });

@@ -150,6 +150,7 @@ export function policies(env: FlowsEnv, overrides: PolicyFile) {
  */
 export function offlineEnv(env: NodeJS.ProcessEnv): FlowsEnv {
   const flows = Object.fromEntries(Object.entries(env).filter(([k]) => k.startsWith('FLOWS_')));
+  // parseEnv, as the service: one message naming each bad variable (zod's own error is a JSON dump of issues).
   return parseEnv(flowsEnvSchema, {
     KAFKA_BROKERS: 'offline:9092',
     REDIS_URL: 'redis://offline:6379',
