@@ -1,4 +1,7 @@
 import { execFile } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
@@ -9,12 +12,12 @@ const root = fileURLToPath(new URL('../../', import.meta.url));
 const RUN =
   "const { main } = await import('./cli/paver.ts'); process.exit(await main(process.argv.slice(1)));";
 
-/** `paver run <service>` in a child process with only `env` (and PATH); its exit code and stderr. */
-async function run(service: string, env: Record<string, string>): Promise<{ code: number; stderr: string }> {
+/** `paver <args>` in a child process with only `env` (and PATH); its exit code and stderr. */
+async function paver(args: string[], env: Record<string, string>): Promise<{ code: number; stderr: string }> {
   try {
     await promisify(execFile)(
       process.execPath,
-      ['--import', 'tsx', '--input-type=module', '-e', RUN, 'run', service],
+      ['--import', 'tsx', '--input-type=module', '-e', RUN, ...args],
       {
         cwd: root,
         env: { PATH: process.env.PATH ?? '', ...env },
@@ -37,7 +40,7 @@ describe('paver run with a bad environment', () => {
   ])(
     '%s exits 78 naming every problem, before any connection, never printing a secret',
     async (service, key, topic) => {
-      const r = await run(service, {
+      const r = await paver(['run', service], {
         KAFKA_BROKERS: 'SASL_SSL://kafka:9093',
         KAFKA_SASL_USERNAME: 'svc',
         KAFKA_SASL_PASSWORD: 'kafka-hunter2',
@@ -60,4 +63,27 @@ describe('paver run with a bad environment', () => {
       expect(r.stderr).not.toMatch(/hunter2/);
     },
   );
+});
+
+describe('offline flows commands with a bad FLOWS_* variable', () => {
+  it('paver flows from-candidates says which, in one line, exit 2', async () => {
+    // Before, the configuration error escaped the command: a stack trace and exit 1.
+    const dir = mkdtempSync(join(tmpdir(), 'paver-cfg-'));
+    writeFileSync(join(dir, 'candidates.json'), '[]');
+    const r = await paver(
+      [
+        'flows',
+        'from-candidates',
+        '--input',
+        join(dir, 'candidates.json'),
+        '--history',
+        join(root, 'examples/events.jsonl'),
+      ],
+      { FLOWS_EVIDENCE_RUNS: 'many' },
+    );
+    expect(r.code, r.stderr).toBe(2);
+    expect(r.stderr).toContain('paver flows from-candidates: FLOWS_* settings:');
+    expect(r.stderr).toContain('FLOWS_EVIDENCE_RUNS: expected an integer from 0 to 100000');
+    expect(r.stderr).not.toMatch(/\n\s+at /);
+  });
 });
