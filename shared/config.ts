@@ -48,6 +48,26 @@ export const int = (min: number, max = Number.MAX_SAFE_INTEGER) => {
 };
 /** Kafka's rule for a topic name: its legal characters, at most 249 of them, and neither `.` nor `..`. */
 export const MAX_TOPIC_NAME = 249;
+/**
+ * A decimal variable whose every failure says the accepted range (zod's own: "expected number, received NaN").
+ * `gt`/`lt` are exclusive bounds, `min`/`max` inclusive.
+ */
+export function decimal(b: { min?: number; max?: number; gt?: number; lt?: number } = {}) {
+  const low = b.gt !== undefined ? `> ${b.gt}` : b.min !== undefined ? `≥ ${b.min}` : '';
+  const high = b.lt !== undefined ? `< ${b.lt}` : b.max !== undefined ? `≤ ${b.max}` : '';
+  const error = `expected a number${[low, high]
+    .filter(Boolean)
+    .map((x) => ` ${x}`)
+    .join(' and')}`;
+  let n = z.coerce.number({ error });
+  if (b.min !== undefined) n = n.min(b.min, { error });
+  if (b.gt !== undefined) n = n.gt(b.gt, { error });
+  if (b.max !== undefined) n = n.max(b.max, { error });
+  if (b.lt !== undefined) n = n.lt(b.lt, { error });
+  return n;
+}
+/** An http(s) URL variable; zod's own message was "Invalid URL", whatever was wrong. */
+export const httpUrl = z.url({ protocol: /^https?$/, error: 'expected an http:// or https:// URL' });
 export const topicName = z
   .string()
   .regex(
@@ -125,9 +145,10 @@ export const commonEnvShape = {
   REDIS_COMMAND_TIMEOUT_MS: int(100, 600_000).default(5_000),
   REDIS_KEY_PREFIX: z
     .string()
-    .regex(/^[a-zA-Z0-9_.:-]{1,64}$/)
+    // No braces: a hash tag in the prefix would put every key in one Redis Cluster slot.
+    .regex(/^[a-zA-Z0-9_.:-]{1,64}$/, 'expected 1 to 64 of [a-zA-Z0-9_.:-] (no braces, no spaces)')
     .default('paver'),
-  SCHEMA_REGISTRY_URL: z.url({ protocol: /^https?$/ }).optional(),
+  SCHEMA_REGISTRY_URL: httpUrl.optional(),
   SCHEMA_REGISTRY_USERNAME: z.string().min(1).optional(),
   SCHEMA_REGISTRY_PASSWORD: z.string().min(1).optional(),
   HTTP_HOST: z.string().min(1).default('0.0.0.0'),

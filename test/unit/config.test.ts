@@ -342,3 +342,32 @@ describe('flows model endpoints', () => {
     expect(offlineEnv({ FLOWS_CHAT_URL: '', FLOWS_TOP_K: '4' }).FLOWS_TOP_K).toBe(4);
   });
 });
+
+describe('decimal, URL and prefix variables', () => {
+  it('say what they take', () => {
+    // Before: "expected number, received NaN", "Invalid URL", "must match pattern /^[a-zA-Z0-9_.:-]{1,64}$/".
+    expect(refused({ AUTOSEQ_LEARN_MIN_PRECISION: 'high' }, autoseqEnvSchema)).toContain(
+      'AUTOSEQ_LEARN_MIN_PRECISION: expected a number > 0 and < 1',
+    );
+    expect(refused({ AUTOSEQ_LEARN_MIN_PRECISION: '1' }, autoseqEnvSchema)).toContain('> 0 and < 1');
+    expect(refused({ FLOWS_SHADOW_PRECISION: '90%' }, flowsEnvSchema)).toContain(
+      'FLOWS_SHADOW_PRECISION: expected a number ≥ 0 and ≤ 1',
+    );
+    expect(refused({ FLOWS_SCORE_FLOOR: '-1' }, flowsEnvSchema)).toContain(
+      'FLOWS_SCORE_FLOOR: expected a number ≥ 0',
+    );
+    expect(refused({ FLOWS_OUTCOME_FLOOR: 'none' }, flowsEnvSchema)).toContain(
+      'FLOWS_OUTCOME_FLOOR: expected a number',
+    );
+    expect(refused({ FLOWS_CHAT_URL: 'api.openai.com/v1' }, flowsEnvSchema)).toContain(
+      'FLOWS_CHAT_URL: expected an http:// or https:// URL',
+    );
+    expect(refused({ SCHEMA_REGISTRY_URL: 'registry:8081' })).toContain(
+      'SCHEMA_REGISTRY_URL: expected an http:// or https:// URL',
+    );
+    expect(refused({ REDIS_KEY_PREFIX: 'paver:{prod}' })).toContain(
+      'REDIS_KEY_PREFIX: expected 1 to 64 of [a-zA-Z0-9_.:-] (no braces, no spaces)',
+    );
+    expect(parseEnv(flowsEnvSchema, { ...base, FLOWS_OUTCOME_FLOOR: '-0.5' }).FLOWS_OUTCOME_FLOOR).toBe(-0.5);
+  });
+});

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { commonEnvShape, envBool, int, refineCommon, topicName } from '../../../shared/config.js';
+import { commonEnvShape, decimal, envBool, int, refineCommon, topicName } from '../../../shared/config.js';
 import type { AutoseqOptions } from './core/decide.js';
 import { DEFAULT_LEARN, type LearnOptions } from './core/learn/learner.js';
 
@@ -16,8 +16,8 @@ export const autoseqEnvSchema = z
     AUTOSEQ_LEARN_ENABLED: envBool.default(true),
     AUTOSEQ_LEARN_MAX_K: int(1, 8).default(DEFAULT_LEARN.maxK),
     AUTOSEQ_LEARN_MIN_TRIALS: int(1, 100_000).default(DEFAULT_LEARN.minTrials),
-    AUTOSEQ_LEARN_MIN_PRECISION: z.coerce.number().gt(0).lt(1).default(DEFAULT_LEARN.minPrecision),
-    AUTOSEQ_LEARN_TARGET_PRECISION: z.coerce.number().min(0).max(1).default(DEFAULT_LEARN.targetPrecision),
+    AUTOSEQ_LEARN_MIN_PRECISION: decimal({ gt: 0, lt: 1 }).default(DEFAULT_LEARN.minPrecision),
+    AUTOSEQ_LEARN_TARGET_PRECISION: decimal({ min: 0, max: 1 }).default(DEFAULT_LEARN.targetPrecision),
     AUTOSEQ_LEARN_WINDOW: int(2, 1_000_000).default(DEFAULT_LEARN.window),
     /** Own trials of a rule whose family (next tool and bindings, any context) is proven; 0: off. */
     AUTOSEQ_LEARN_FAMILY_TRIALS: int(0, 100_000).default(DEFAULT_LEARN.familyTrials),

@@ -2,7 +2,9 @@ import { z } from 'zod';
 import {
   MAX_TOPIC_NAME,
   commonEnvShape,
+  decimal,
   envBool,
+  httpUrl,
   int,
   parseEnv,
   refineCommon,
@@ -12,8 +14,6 @@ import { id } from '../../../schemas/index.js';
 import type { OutcomePolicy } from './core/outcomes.js';
 import type { PromotionPolicy } from './core/promotion.js';
 import { DEFAULT_POLICY, type SelectPolicy } from './core/select.js';
-
-const url = z.url({ protocol: /^https?$/ });
 
 export const flowsEnvSchema = z
   .object({
@@ -26,27 +26,27 @@ export const flowsEnvSchema = z
     FLOWS_STATE_TOPIC: topicName.optional(),
     FLOWS_PROMOTION: z.enum(['manual', 'auto']).default('manual'),
     FLOWS_AUTO_MIN_OCCURRENCES: int(1).default(10),
-    FLOWS_AUTO_MIN_SAVINGS: z.coerce.number().min(0).default(0),
+    FLOWS_AUTO_MIN_SAVINGS: decimal({ min: 0 }).default(0),
     FLOWS_SHADOW_TRIALS: int(0, 1_000_000).default(5),
-    FLOWS_SHADOW_PRECISION: z.coerce.number().min(0).max(1).default(0.5),
+    FLOWS_SHADOW_PRECISION: decimal({ min: 0, max: 1 }).default(0.5),
     FLOWS_OUTCOME_CAPACITY: int(0, 100_000).default(500),
     FLOWS_EVIDENCE_RUNS: int(0, 100_000).default(200),
     // An open session is kept in Redis this long after its last event (one idler is taken as abandoned).
     FLOWS_SESSION_TTL_MS: int(60_000, 30 * 86_400_000).default(86_400_000),
     FLOWS_OUTCOME_NEIGHBOURS: int(1, 1_000).default(10),
-    FLOWS_OUTCOME_WRONG_COST: z.coerce.number().min(0).default(4),
-    FLOWS_OUTCOME_FLOOR: z.coerce.number().default(0),
-    FLOWS_OUTCOME_WEIGHT: z.coerce.number().min(0).max(100).default(1),
+    FLOWS_OUTCOME_WRONG_COST: decimal({ min: 0 }).default(4),
+    FLOWS_OUTCOME_FLOOR: decimal().default(0),
+    FLOWS_OUTCOME_WEIGHT: decimal({ min: 0, max: 100 }).default(1),
     FLOWS_TOP_K: int(1, 100).default(3),
     FLOWS_RRF_K: int(1, 1000).default(10),
-    FLOWS_SCORE_FLOOR: z.coerce.number().min(0).default(0),
+    FLOWS_SCORE_FLOOR: decimal({ min: 0 }).default(0),
     FLOWS_PREFIX_BACKOFF: envBool.default(true),
     FLOWS_FAIL_OPEN: envBool.default(false),
     FLOWS_SELECT_BUDGET_MS: int(10, 120_000).default(3000),
-    FLOWS_CHAT_URL: url.optional(),
+    FLOWS_CHAT_URL: httpUrl.optional(),
     FLOWS_CHAT_MODEL: z.string().min(1).default('gpt-4o-mini'),
     FLOWS_CHAT_API_KEY: z.string().min(1).optional(),
-    FLOWS_EMBEDDINGS_URL: url.optional(),
+    FLOWS_EMBEDDINGS_URL: httpUrl.optional(),
     FLOWS_EMBEDDINGS_MODEL: z.string().min(1).default('text-embedding-3-small'),
     FLOWS_EMBEDDINGS_API_KEY: z.string().min(1).optional(),
     FLOWS_REGISTRY_WAIT_MS: int(0, 600_000).default(30_000),
