@@ -371,3 +371,15 @@ describe('decimal, URL and prefix variables', () => {
     expect(parseEnv(flowsEnvSchema, { ...base, FLOWS_OUTCOME_FLOOR: '-0.5' }).FLOWS_OUTCOME_FLOOR).toBe(-0.5);
   });
 });
+
+describe('DETECTOR_MIN_OCCURRENCES', () => {
+  it('above DETECTOR_LOOKBACK is refused: no sequence could ever reach it', () => {
+    // Before, it passed and the detector ran without ever publishing a candidate.
+    expect(refused({ DETECTOR_LOOKBACK: '2' }, detectorEnvSchema)).toContain(
+      'DETECTOR_MIN_OCCURRENCES: must be ≤ DETECTOR_LOOKBACK (2)',
+    );
+    expect(() =>
+      parseEnv(detectorEnvSchema, { ...base, DETECTOR_LOOKBACK: '3', DETECTOR_MIN_OCCURRENCES: '3' }),
+    ).not.toThrow();
+  });
+});

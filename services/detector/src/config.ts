@@ -37,6 +37,15 @@ export const detectorEnvSchema = z
         message: 'must be ≥ DETECTOR_MIN_LENGTH',
       });
     }
+    // Support counts the window's tasks that hold a sequence: it never passes the window's size, so no candidate
+    // could ever be found, and nothing said so.
+    if (env.DETECTOR_MIN_OCCURRENCES > env.DETECTOR_LOOKBACK) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['DETECTOR_MIN_OCCURRENCES'],
+        message: `must be ≤ DETECTOR_LOOKBACK (${env.DETECTOR_LOOKBACK}), the tasks a sequence's occurrences are counted in`,
+      });
+    }
   });
 export type DetectorEnv = z.infer<typeof detectorEnvSchema>;
 
