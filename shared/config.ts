@@ -328,5 +328,40 @@ export function parseEnv<S extends z.ZodType>(schema: S, env: NodeJS.ProcessEnv)
   );
 }
 
+/** Edit distance (insertions, deletions, substitutions, swaps of neighbours) of two short names. */
+function distance(a: string, b: string): number {
+  const d = Array.from({ length: a.length + 1 }, (_, i) => [i, ...Array<number>(b.length).fill(0)]);
+  for (let j = 1; j <= b.length; j++) d[0]![j] = j;
+  for (let i = 1; i <= a.length; i++)
+    for (let j = 1; j <= b.length; j++) {
+      const cost = a[i - 1] === b[j - 1] ? 0 : 1;
+      let v = Math.min(d[i - 1]![j]! + 1, d[i]![j - 1]! + 1, d[i - 1]![j - 1]! + cost);
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1])
+        v = Math.min(v, d[i - 2]![j - 2]! + 1);
+      d[i]![j] = v;
+    }
+  return d[a.length]![b.length]!;
+}
+
+/**
+ * Variables of the environment that are not the schema's but one or two keystrokes from one of its own
+ * (DETECTOR_MIN_LENGHT, REDIS_KEY_PREFX, LOG_LEVLE): the variable meant keeps its default without a word.
+ * Only near misses: the environment holds many variables that are not Paver's (Kubernetes service links,
+ * another service's settings from a shared ConfigMap), and those are none of its business.
+ */
+export function misspeltVariables(
+  schema: z.ZodType,
+  env: NodeJS.ProcessEnv,
+): { variable: string; meant: string }[] {
+  const known = Object.keys((schema as { shape?: Record<string, unknown> }).shape ?? {});
+  const out: { variable: string; meant: string }[] = [];
+  for (const name of Object.keys(env)) {
+    if (known.includes(name) || !/^[A-Z][A-Z0-9_]*$/.test(name)) continue;
+    const meant = known.find((k) => Math.abs(k.length - name.length) <= 2 && distance(k, name) <= 2);
+    if (meant && name.length >= 8) out.push({ variable: name, meant });
+  }
+  return out;
+}
+
 /** Process exit code for configuration errors (sysexits EX_CONFIG). */
 export const EXIT_CONFIG = 78;

@@ -2,7 +2,7 @@ import type { Kafka } from 'kafkajs';
 import type { Redis } from 'ioredis';
 import type { z } from 'zod';
 import { createCodec, type Codec } from './codec.js';
-import { EXIT_CONFIG, parseEnv, type CommonEnv } from './config.js';
+import { EXIT_CONFIG, misspeltVariables, parseEnv, type CommonEnv } from './config.js';
 import { PaverError } from './errors.js';
 import { withRetry } from './retry.js';
 import { createHttpServer, type ReadinessCheck, type ReadinessResult, type Route } from './http.js';
@@ -163,6 +163,9 @@ export async function runService<E extends CommonEnv, T>(
     return EXIT_CONFIG;
   }
   const log = createLogger(spec.name, env.LOG_LEVEL);
+  // Names only, never values: a misspelt password variable is still a password.
+  for (const m of misspeltVariables(spec.envSchema, rawEnv))
+    log.warn(m, `${m.variable} is not a variable this service reads (${m.meant} keeps its value): misspelt?`);
   const metrics = createMetrics(spec.name);
   const codec = createCodec(env);
   const kafka = createKafka(env, log, `${env.KAFKA_CLIENT_ID}-${spec.name}`);

@@ -6,6 +6,8 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
 import { EXIT_CONFIG } from '../../shared/config.js';
+import { waitFor } from '../helpers/kafka.js';
+import { startProcess } from '../helpers/process.js';
 
 const root = fileURLToPath(new URL('../../', import.meta.url));
 // The CLI's own entry (bin/paver.js runs its build): `paver run <service>` from the sources, no build needed.
@@ -85,5 +87,29 @@ describe('offline flows commands with a bad FLOWS_* variable', () => {
     expect(r.stderr).toContain('paver flows from-candidates: FLOWS_* settings:');
     expect(r.stderr).toContain('FLOWS_EVIDENCE_RUNS: expected an integer from 0 to 100000');
     expect(r.stderr).not.toMatch(/\n\s+at /);
+  });
+});
+
+describe('paver run with a misspelt variable', () => {
+  it('warns at start-up naming it and the variable meant, never its value', async () => {
+    // Before, DETECTOR_MIN_LENGHT=5 was ignored without a word: the detector ran with DETECTOR_MIN_LENGTH=3.
+    const p = await startProcess(['--import', 'tsx', '--input-type=module', '-e', RUN, 'run', 'detector'], {
+      PATH: process.env.PATH ?? '',
+      // Nothing listens there: start-up waits on Kafka, long after the warning.
+      KAFKA_BROKERS: '127.0.0.1:1',
+      REDIS_URL: 'redis://127.0.0.1:1',
+      DETECTOR_MIN_LENGHT: '5',
+      KAFKA_SASL_PASSWROD: 'hunter2-secret',
+    });
+    try {
+      await waitFor(() => p.output().includes('KAFKA_SASL_PASSWROD'), 'the misspelling warnings', 30_000);
+      expect(p.output()).toContain(
+        'DETECTOR_MIN_LENGHT is not a variable this service reads (DETECTOR_MIN_LENGTH keeps its value): misspelt?',
+      );
+      expect(p.output()).not.toContain('hunter2');
+    } finally {
+      p.child.kill('SIGTERM');
+      await p.exited;
+    }
   });
 });

@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import type { z } from 'zod';
-import { commonEnvSchema, parseEnv, refineCommon } from '../../shared/config.js';
+import { commonEnvSchema, misspeltVariables, parseEnv, refineCommon } from '../../shared/config.js';
 import { kafkaConfig } from '../../shared/kafka/client.js';
 import { createRedis } from '../../shared/redis/client.js';
 import { silentLogger } from '../../shared/log.js';
@@ -381,5 +381,69 @@ describe('DETECTOR_MIN_OCCURRENCES', () => {
     expect(() =>
       parseEnv(detectorEnvSchema, { ...base, DETECTOR_LOOKBACK: '3', DETECTOR_MIN_OCCURRENCES: '3' }),
     ).not.toThrow();
+  });
+});
+
+describe('misspelt variables', () => {
+  const schemas = {
+    detector: detectorEnvSchema,
+    autoseq: autoseqEnvSchema,
+    sequencer: sequencerEnvSchema,
+    flows: flowsEnvSchema,
+    ingest: ingestEnvSchema,
+  };
+  const keysOf = (s: z.ZodType) => Object.keys((s as unknown as { shape: object }).shape);
+
+  it('a near miss of one of the service’s own names is found, named with the one meant', () => {
+    // Before, DETECTOR_MIN_LENGHT=5 was ignored and the detector ran with the default 3, without a word.
+    expect(
+      misspeltVariables(detectorEnvSchema, {
+        DETECTOR_MIN_LENGHT: '5',
+        REDIS_KEY_PREFX: 'x',
+        LOG_LEVLE: 'debug',
+        KAFKA_SASL_PASSWROD: 'hunter2',
+      }),
+    ).toEqual([
+      { variable: 'DETECTOR_MIN_LENGHT', meant: 'DETECTOR_MIN_LENGTH' },
+      { variable: 'REDIS_KEY_PREFX', meant: 'REDIS_KEY_PREFIX' },
+      { variable: 'LOG_LEVLE', meant: 'LOG_LEVEL' },
+      { variable: 'KAFKA_SASL_PASSWROD', meant: 'KAFKA_SASL_PASSWORD' },
+    ]);
+  });
+
+  it('says nothing of what is not a near miss: other services’ settings, Kubernetes service links, the stack’s', () => {
+    const every = Object.fromEntries(
+      Object.values(schemas)
+        .flatMap(keysOf)
+        .map((k) => [k, 'x']),
+    );
+    const others = Object.fromEntries(
+      [
+        'HOME',
+        'PATH',
+        'HOSTNAME',
+        'NODE_ENV',
+        'NODE_OPTIONS',
+        'HTTP_PROXY',
+        'HTTPS_PROXY',
+        'NO_PROXY',
+        'KAFKA_HEAP_OPTS',
+        'PAVER_CACHE_DIR',
+        'PAVER_KAFKA_VERSION',
+        'PAVER_DETECTOR_HTTP_PORT',
+        'PAVER_DETECTOR_PORT',
+        'PAVER_DETECTOR_SERVICE_HOST',
+        'PAVER_DETECTOR_SERVICE_PORT',
+        'REDIS_PORT',
+        'REDIS_SERVICE_HOST',
+        'REDIS_SERVICE_PORT',
+        'KAFKA_PORT',
+        'KAFKA_SERVICE_HOST',
+        'KAFKA_SERVICE_PORT',
+        'FLOWS_URL',
+      ].map((k) => [k, 'x']),
+    );
+    for (const [name, schema] of Object.entries(schemas))
+      expect(misspeltVariables(schema, { ...every, ...others }), name).toEqual([]);
   });
 });
