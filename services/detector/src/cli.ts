@@ -93,6 +93,11 @@ export async function detectCommand(argv: string[]): Promise<number> {
       throw new Error(
         `--max-length (${params.maxLength}) must be ≥ --min-length (${params.minLength}); set both to search longer sequences only`,
       );
+    // As DETECTOR_MIN_OCCURRENCES ≤ DETECTOR_LOOKBACK: support counts the window's tasks, so more could never be met.
+    if (params.minOccurrences > params.lookback)
+      throw new Error(
+        `--min-occurrences (${params.minOccurrences}) must be ≤ --lookback (${params.lookback}), the tasks occurrences are counted in`,
+      );
     const errs = validateParams(params);
     if (errs.length) throw new Error(errs.join('; '));
   } catch (err) {
