@@ -94,7 +94,12 @@ export const commonEnvShape = {
   KAFKA_SSL_CERT_FILE: z.string().min(1).optional(),
   KAFKA_SSL_KEY_FILE: z.string().min(1).optional(),
   KAFKA_SSL_REJECT_UNAUTHORIZED: envBool.default(true),
-  KAFKA_SASL_MECHANISM: z.enum(['plain', 'scram-sha-256', 'scram-sha-512']).optional(),
+  // Kafka's own configuration spells them PLAIN and SCRAM-SHA-512 (sasl.mechanism); kafkajs takes lower case.
+  KAFKA_SASL_MECHANISM: z
+    .string()
+    .transform((s) => s.toLowerCase())
+    .pipe(z.enum(['plain', 'scram-sha-256', 'scram-sha-512']))
+    .optional(),
   KAFKA_SASL_USERNAME: z.string().min(1).optional(),
   KAFKA_SASL_PASSWORD: z.string().min(1).optional(),
   KAFKA_TOPIC_PARTITIONS: int(1, 10_000).default(3),

@@ -305,6 +305,20 @@ describe('Kafka SASL and TLS reach kafkajs as documented', () => {
     );
     expect(config.sasl).toEqual({ mechanism: 'scram-sha-512', username: 'svc', password: 'pw' });
     expect(config.ssl).toEqual({ rejectUnauthorized: true, ca: ['KCA'] });
+    // Kafka's own spelling (sasl.mechanism=SCRAM-SHA-512) is the same mechanism: it was refused.
+    const upper = kafkaConfig(
+      parseEnv(schema, {
+        ...base,
+        KAFKA_SASL_MECHANISM: 'SCRAM-SHA-512',
+        KAFKA_SASL_USERNAME: 'svc',
+        KAFKA_SASL_PASSWORD: 'pw',
+      }),
+      silentLogger(),
+    );
+    expect(upper.sasl).toEqual({ mechanism: 'scram-sha-512', username: 'svc', password: 'pw' });
+    expect(() => parseEnv(schema, { ...base, KAFKA_SASL_MECHANISM: 'GSSAPI' })).toThrow(
+      /KAFKA_SASL_MECHANISM/,
+    );
     const plain = kafkaConfig(parseEnv(schema, base), silentLogger());
     expect(plain.ssl).toBeUndefined();
     expect(plain.sasl).toBeUndefined();

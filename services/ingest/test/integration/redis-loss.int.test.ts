@@ -33,7 +33,8 @@ import { decodeRecorded, otelRecorder, toJson, toProto } from '../helpers/otel.j
  * is committed. Redis then loses its state (FLUSHALL; or a redis-server restarted empty while ingest was down).
  * When the agent span comes, the task must still be published whole: ingest sees the epoch marker gone and
  * reads the partition's recent messages again to rebuild what waited, publishing nothing twice. Before, the
- * task was published with its task_completed alone, its tool calls silently gone.
+ * task was lost silently: an agent span whose tool spans are gone completes with no event at all (one whose
+ * chunk brought some of them published only those).
  */
 
 const procs: Proc[] = [];
