@@ -461,3 +461,13 @@ describe('misspelt variables', () => {
       expect(misspeltVariables(schema, { ...every, ...others }), name).toEqual([]);
   });
 });
+
+describe('INGEST_TENANT_ID', () => {
+  it('takes what the contract takes as a tenant_id: every event no span names a tenant for carries it', () => {
+    const base = { KAFKA_BROKERS: 'k:9092', REDIS_URL: 'redis://r:6379' };
+    expect(parseEnv(ingestEnvSchema, { ...base, INGEST_TENANT_ID: 'acme' }).INGEST_TENANT_ID).toBe('acme');
+    // Before: accepted, and every such event was then refused as invalid by the detector, autoseq and the sequencer.
+    for (const bad of ['acme\tcorp', 'line\nbreak', 'x'.repeat(300)])
+      expect(() => parseEnv(ingestEnvSchema, { ...base, INGEST_TENANT_ID: bad })).toThrow(/INGEST_TENANT_ID/);
+  });
+});
