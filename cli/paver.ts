@@ -221,8 +221,8 @@ Examples:
     .addOption(num('--min-occurrences', 'occurrences before a candidate (default 3)'))
     .addOption(num('--lookback', 'tasks remembered per scope (default 200)'))
     .addOption(num('--max-candidates', 'candidates kept (default 5)'))
-    .addOption(num('--window-ms', 'only tasks this recent'))
-    .addOption(num('--task-idle-ms', 'a task without events this long is complete'))
+    .addOption(num('--window-ms', 'only tasks this recent, in ms of event time (default: no time limit)'))
+    .addOption(num('--task-idle-ms', 'a task without events this long is complete (default 1800000: 30 min)'))
     .addOption(new Option('--request-terms <on|off>', 'keep first-request terms (default on)'))
     .option('--tenant <tenant>', 'scope: tenant_id')
     .option('--agent <agent>', 'scope: agent_id')
@@ -291,8 +291,13 @@ Examples:
     .option('--summary <text>', 'an episode summary (repeatable)')
     .addOption(num('--top-k', 'candidates considered (default FLOWS_TOP_K, 3)'))
     .addOption(num('--rrf-k', 'rank fusion constant (default FLOWS_RRF_K, 10)'))
-    .addOption(num('--score-floor', 'choose nothing under this score (default 0)'))
-    .addOption(num('--outcome-floor', 'choose no flow whose past outcome is not above this'))
+    .addOption(num('--score-floor', 'choose nothing under this score (default FLOWS_SCORE_FLOOR, 0)'))
+    .addOption(
+      num(
+        '--outcome-floor',
+        'choose no flow whose past outcome is not above this (default FLOWS_OUTCOME_FLOOR, 0)',
+      ),
+    )
     .option('--fail-open', 'choose nothing when the model fails')
     .option('--tenant <tenant>', 'scope: tenant_id')
     .option('--agent <agent>', 'scope: agent_id')

@@ -772,3 +772,31 @@ describe('a slow reader of stdout', () => {
     }
   });
 });
+
+describe('--help gives the defaults the commands use', () => {
+  it('paver detect: every tuning flag, from the detector parameters', async () => {
+    const { DEFAULT_PARAMS } = await import('../../services/detector/src/core/params.js');
+    expect(await main(['detect', '--help'])).toBe(0);
+    const help = (out + err).replace(/\s+/g, ' ');
+    // Before: --task-idle-ms and --window-ms said nothing of their defaults.
+    for (const [flag, value] of [
+      ['min-length', DEFAULT_PARAMS.minLength],
+      ['max-length', DEFAULT_PARAMS.maxLength],
+      ['min-occurrences', DEFAULT_PARAMS.minOccurrences],
+      ['lookback', DEFAULT_PARAMS.lookback],
+      ['max-candidates', DEFAULT_PARAMS.maxCandidates],
+      ['task-idle-ms', DEFAULT_PARAMS.taskIdleMs],
+    ] as const)
+      expect(help).toMatch(new RegExp(`--${flag} <n> [^-]*\\(default ${value}\\b`));
+    expect(DEFAULT_PARAMS.windowMs).toBeNull();
+    expect(help).toMatch(/--window-ms <n> [^-]*\(default: no time limit\)/);
+  });
+
+  it('paver select: the floors name the variables they default to', async () => {
+    expect(await main(['select', '--help'])).toBe(0);
+    const help = (out + err).replace(/\s+/g, ' ');
+    // Before: --score-floor said "default 0" though FLOWS_SCORE_FLOOR sets it.
+    expect(help).toContain('(default FLOWS_SCORE_FLOOR, 0)');
+    expect(help).toContain('(default FLOWS_OUTCOME_FLOOR, 0)');
+  });
+});
