@@ -1,11 +1,9 @@
 import type { Codec } from '../../../shared/codec.js';
-import { errorMessage } from '../../../shared/errors.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
-import { Gauge } from 'prom-client';
 import { decodeMessage } from '../../../shared/kafka/decode.js';
 import { replayOptions } from '../../../shared/kafka/replay.js';
 import { createEpoch } from '../../../shared/redis/epoch.js';
-import { offsetAtTimestamp, otlpReplay, PendingRecovery, shortRetention } from './adapters/recovery.js';
+import { offsetAtTimestamp, otlpReplay, PendingRecovery, warnOnShortRetention } from './adapters/recovery.js';
 import {
   createIngestApply,
   createIngestHandler,
@@ -62,11 +60,6 @@ export const service: ServiceSpec<IngestEnv, OtlpMessage> & {
       parse: otlpParser(env.INGEST_OTLP_ENCODING, limits),
       maxBytes: env.PAVER_MAX_MESSAGE_BYTES,
     };
-    const rebuilding = new Gauge({
-      name: 'paver_ingest_rebuilding',
-      help: 'Partitions whose pending spans are being rebuilt from Kafka right now.',
-      registers: [metrics.registry],
-    });
     const recovery = new PendingRecovery({
       store,
       topic,
@@ -80,9 +73,9 @@ export const service: ServiceSpec<IngestEnv, OtlpMessage> & {
       apply: createIngestApply(deps),
       log,
       hooks: {
-        started: () => rebuilding.inc(),
+        started: () => ingestMetrics.rebuilding.inc(),
         finished: (_p, outcome, messages) => {
-          rebuilding.dec();
+          ingestMetrics.rebuilding.dec();
           ingestMetrics.rebuilds.inc({ outcome });
           ingestMetrics.rebuildMessages.inc(messages);
         },
@@ -95,20 +88,8 @@ export const service: ServiceSpec<IngestEnv, OtlpMessage> & {
       parse: otlpParser(env.INGEST_OTLP_ENCODING, limits, ingestMetrics),
       handler: createIngestHandler({ ...deps, recovery, log }),
       readiness: [{ name: 'ingest_state', check: () => !recovery.isRebuilding() }],
-      async start() {
-        // Said at start, not when Redis is lost: by then the spans retention removed are gone for good.
-        try {
-          const retentionMs = await shortRetention(kafka, topic, env.INGEST_PENDING_TTL_MS);
-          if (retentionMs !== null)
-            log.warn(
-              { topic, retentionMs, pendingTtlMs: env.INGEST_PENDING_TTL_MS },
-              'the OTLP topic keeps less than INGEST_PENDING_TTL_MS (retention.ms): after a Redis loss, tool spans older than its retention cannot be read again and their tasks lose them; raise retention.ms',
-            );
-        } catch (err) {
-          // Not allowed to read topic configs (an ACL), or a broker hiccup: only this check is skipped.
-          log.debug({ topic, err: errorMessage(err) }, 'OTLP topic retention not checked');
-        }
-      },
+      // Said at start, not when Redis is lost: by then the spans retention removed are gone for good.
+      start: () => warnOnShortRetention(kafka, topic, env.INGEST_PENDING_TTL_MS, log),
     };
   },
 };

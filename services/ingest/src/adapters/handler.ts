@@ -1,4 +1,4 @@
-import { Counter, type Registry } from 'prom-client';
+import { Counter, Gauge, type Registry } from 'prom-client';
 import { PaverError } from '../../../../shared/errors.js';
 import type { Logger } from '../../../../shared/log.js';
 import type { EpochMarker } from '../../../../shared/redis/epoch.js';
@@ -56,6 +56,11 @@ export function createIngestMetrics(registry: Registry) {
       name: 'paver_ingest_rebuilds_total',
       help: "Rebuilds of a partition's pending spans from Kafka (Redis lost its state, or the partition was never built under the current epoch), by outcome: rebuilt, retried (lost again meanwhile), failed.",
       labelNames: ['outcome'],
+      registers,
+    }),
+    rebuilding: new Gauge({
+      name: 'paver_ingest_rebuilding',
+      help: 'Partitions whose pending spans are being rebuilt from Kafka right now.',
       registers,
     }),
     rebuildMessages: new Counter({

@@ -85,6 +85,26 @@ export async function shortRetention(kafka: Kafka, topic: string, ttlMs: number)
   }
 }
 
+/** `shortRetention` as a start-up warning; a refused or failed read skips only this check. */
+export async function warnOnShortRetention(
+  kafka: Kafka,
+  topic: string,
+  ttlMs: number,
+  log: Logger,
+): Promise<void> {
+  try {
+    const retentionMs = await shortRetention(kafka, topic, ttlMs);
+    if (retentionMs !== null)
+      log.warn(
+        { topic, retentionMs, pendingTtlMs: ttlMs },
+        'the OTLP topic keeps less than INGEST_PENDING_TTL_MS (retention.ms): after a Redis loss, tool spans older than its retention cannot be read again and their tasks lose them; raise retention.ms',
+      );
+  } catch (err) {
+    // Not allowed to read topic configs (an ACL), or a broker hiccup.
+    log.debug({ topic, err: errorMessage(err) }, 'OTLP topic retention not checked');
+  }
+}
+
 export interface RecoveryHooks {
   started(partition: number): void;
   finished(partition: number, outcome: 'rebuilt' | 'retried' | 'failed', messages: number): void;
