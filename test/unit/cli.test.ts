@@ -800,3 +800,25 @@ describe('--help gives the defaults the commands use', () => {
     expect(help).toContain('(default FLOWS_OUTCOME_FLOOR, 0)');
   });
 });
+
+describe('paver detect --tenant/--agent', () => {
+  it('says when the file holds no events of the scope asked for, and refuses an empty one', async () => {
+    // Before: `[]` and exit 0 with not a word (a misspelt tenant looked like a scope with no candidates).
+    expect(await main(['detect', '--input', EVENTS, '--tenant', 'nobody'])).toBe(0);
+    expect(out.trim()).toBe('[]');
+    expect(err).toContain('no events of nobody/default in the file');
+    err = '';
+    out = '';
+    expect(await main(['detect', '--input', EVENTS, '--tenant', 'default'])).toBe(0);
+    expect(err).toBe('');
+    expect(JSON.parse(out)).not.toEqual([]);
+    // Before: '' was no filter at all.
+    for (const flag of ['--tenant', '--agent']) {
+      err = '';
+      out = '';
+      expect(await main(['detect', '--input', EVENTS, `${flag}=`])).toBe(2);
+      expect(err).toContain(`${flag} must be an id`);
+      expect(out).toBe('');
+    }
+  });
+});

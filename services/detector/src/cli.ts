@@ -5,6 +5,7 @@ import { toOp, scopeId, type Scope } from './core/ops.js';
 import { DEFAULT_PARAMS, validateParams, type DetectorParams } from './core/params.js';
 import { DetectorState, emptyResult, IGNORE_REASONS } from './core/state.js';
 import { errorMessage } from '../../../shared/errors.js';
+import { id } from '../../../schemas/index.js';
 
 const USAGE = `Usage: paver detect --input FILE.jsonl [--min-length 3] [--min-occurrences 3] [--lookback 200]
                     [--max-candidates 5] [--max-length 12] [--window-ms MS] [--task-idle-ms MS]
@@ -100,6 +101,10 @@ export async function detectCommand(argv: string[]): Promise<number> {
       );
     const errs = validateParams(params);
     if (errs.length) throw new Error(errs.join('; '));
+    // An empty one was read as no filter at all, silently.
+    for (const flag of ['tenant', 'agent'] as const)
+      if (values[flag] !== undefined && !id.safeParse(values[flag]).success)
+        throw new Error(`--${flag} must be an id (1-256 printable characters)`);
   } catch (err) {
     process.stderr.write(`paver detect: ${errorMessage(err)}\n`);
     return 2;
@@ -122,9 +127,12 @@ export async function detectCommand(argv: string[]): Promise<number> {
   }
   const scopes = result.state.scopesSeen();
   let scope: Scope;
-  if (values.tenant || values.agent)
+  if (values.tenant || values.agent) {
     scope = { tenant: values.tenant ?? 'default', agent: values.agent ?? 'default' };
-  else if (scopes.length <= 1) scope = scopes[0] ?? { tenant: 'default', agent: 'default' };
+    // An empty answer for a scope the file does not hold is a typo more often than a fact: say so.
+    if (!scopes.some((s) => scopeId(s) === scopeId(scope)))
+      warn(`no events of ${scope.tenant}/${scope.agent} in the file: no candidates`);
+  } else if (scopes.length <= 1) scope = scopes[0] ?? { tenant: 'default', agent: 'default' };
   else {
     warn(
       `the file holds ${scopes.length} scopes (${scopes
