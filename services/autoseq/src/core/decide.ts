@@ -30,6 +30,16 @@ export interface TaskState {
 
 export const newTaskState = (): TaskState => ({ seen: [], pending: null, consecutive: 0, last: null });
 
+/**
+ * The run of auto-executed calls after one more of them. An auto-executed call can only follow a decision on an
+ * earlier call of its task, so one that meets a task with no remembered call means the task's state was lost
+ * (a Redis loss, or its TTL ran out mid-run): how many calls ran automatically before it is unknown, and the run
+ * counts as at its limit. Execution resumes after the agent's own next call, as after any full run; a fresh
+ * count would let a task run `maxConsecutive` more steps unchecked.
+ */
+export const afterAutoCall = (task: TaskState, opts: AutoseqOptions): number =>
+  task.seen.length === 0 ? opts.maxConsecutive : task.consecutive + 1;
+
 /** A task's window of call ids after one more call: the newest `n`, which make a repeat a duplicate. */
 export const rememberCall = (seen: string[], eventId: string, n: number): string[] =>
   [...seen, eventId].slice(-n);
@@ -65,7 +75,7 @@ export function decide(
   const next: TaskState = {
     seen: rememberCall(task.seen, e.event_id, opts.seenPerTask),
     pending: null,
-    consecutive: auto ? task.consecutive + 1 : 0,
+    consecutive: auto ? afterAutoCall(task, opts) : 0,
     last: auto ? task.last : null,
   };
   const at = pos ?? task.at;

@@ -7,7 +7,13 @@ import { getJson, isReady, startProcess, type Proc } from '../../../../test/help
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import type { PredictLine } from '../../src/core/learn/engine.js';
 import { DEFAULT_LEARN } from '../../src/core/learn/learner.js';
-import { expectSameAsPredict, learnedServiceEnv, predictLines } from './predict-compare.js';
+import {
+  expectSameAsPredict,
+  learnedServiceEnv,
+  policyRecord,
+  predictLines,
+  toolRecord,
+} from './predict-compare.js';
 
 const procs: Proc[] = [];
 const redis = testRedis();
@@ -143,5 +149,77 @@ describe('autoseq: Redis state lost mid-stream', () => {
     expect((await getJson(p2.url('/rules?tenant_id=default&agent_id=default'))).body).toEqual(rulesBefore);
     p2.child.kill('SIGTERM');
     expect(await p2.exited).toBe(0);
+  });
+
+  it('an auto-executed run whose task state was lost counts as at its limit: nothing more executes until the agent calls again', async () => {
+    const env: Record<string, string> = {
+      ...(await learnedServiceEnv('aseq-guard', DEFAULT_LEARN)),
+      AUTOSEQ_MAX_CONSECUTIVE: '3',
+    };
+    // A chain of tools: t<i> takes {k<i>} and its output is {k<i+1>}, so each output decides the next tool.
+    const chain = [0, 1, 2, 3].map((i) =>
+      toolRecord(`t${i}`, {
+        type: 'object',
+        properties: { [`k${i}`]: { type: 'integer' } },
+        required: [`k${i}`],
+      }),
+    );
+    await produce(env.PAVER_TOPIC_TOOL_CATALOG!, [policyRecord(), ...chain]);
+    let step = 0;
+    const ev = (tool: string, out: string, origin: 'llm' | 'auto_seq') => {
+      step += 1;
+      const value = {
+        type: 'tool_call',
+        event_id: `guard-${step}`,
+        ts: Date.now(),
+        session_id: 'sg',
+        task_id: 'tg',
+        step,
+        tool,
+        origin,
+        observation: { [out]: step },
+      };
+      return { id: value.event_id, msg: { key: 'sg', value: JSON.stringify(value) } };
+    };
+    const decision = async (id: string) => {
+      const recs = await consumeUntil(env.PAVER_TOPIC_NEXT_ACTIONS!, (all) =>
+        all.some((m) => (JSON.parse(m.value!.toString()) as Ev).event_id === id),
+      );
+      return recs
+        .map((m) => nextActionRecordV1.parse(JSON.parse(m.value!.toString())) as NextActionRecord)
+        .filter((r) => r.event_id === id && r.event_type !== 'auto_seq_executed')
+        .at(-1);
+    };
+    const p = await startProcess(['bin/paver.js', 'run', 'autoseq'], env);
+    procs.push(p);
+    await waitFor(() => isReady(p), 'autoseq /readyz');
+    await waitFor(async () => (await metric(p, 'paver_autoseq_catalog_tools')) === 4, 'the catalog loaded');
+    // The agent's call, then one auto-executed step: the run is at 1 of 3.
+    const first = ev('plan', 'k0', 'llm');
+    const second = ev('t0', 'k1', 'auto_seq');
+    await produce(env.PAVER_TOPIC_TOOL_CALLS!, [first.msg, second.msg]);
+    expect(await decision(first.id)).toMatchObject({ tool: 't0', execute: true });
+    expect(await decision(second.id)).toMatchObject({ tool: 't1', execute: true });
+    await waitFor(
+      () => groupCaughtUp(env.AUTOSEQ_GROUP_ID!, env.PAVER_TOPIC_TOOL_CALLS!),
+      'the run so far committed',
+    );
+
+    // The task state goes with Redis: how many steps ran automatically is no longer known.
+    await redis.flushall();
+    const third = ev('t1', 'k2', 'auto_seq');
+    await produce(env.PAVER_TOPIC_TOOL_CALLS!, [third.msg]);
+    expect(await decision(third.id)).toMatchObject({
+      event_type: 'auto_seq_skipped',
+      reason: 'loop_guard',
+      tool: 't2',
+    });
+    expect(await metric(p, 'paver_autoseq_state_losses_total')).toBe(1);
+    // The agent's own next call ends the run, and execution resumes.
+    const fourth = ev('look', 'k2', 'llm');
+    await produce(env.PAVER_TOPIC_TOOL_CALLS!, [fourth.msg]);
+    expect(await decision(fourth.id)).toMatchObject({ tool: 't2', execute: true });
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toBe(0);
   });
 });

@@ -343,6 +343,44 @@ describe('task state: executed, loop guard, idempotency', () => {
     const reset = run(c, event({ k6: 1 }, { tool: 'x', origin: 'llm' }), s, opts);
     expect(reset.records.at(-1)!.event_type).toBe('auto_seq_detected_unique');
   });
+  it('an auto-executed call in a task with no remembered call (state lost) counts as a full run: nothing executes until the agent calls again', () => {
+    const tools = [
+      tool('t0', obj({ k0: { type: 'integer' } }, ['k0'])),
+      tool('t1', obj({ k1: { type: 'integer' } }, ['k1'])),
+    ];
+    const c = catalogOf(tools);
+    const opts = { ...DEFAULT_OPTIONS, maxConsecutive: 3 };
+    // The task's earlier calls (and its count) are gone: its next auto-executed call arrives to a fresh state.
+    const lost = run(c, event({ k1: 1 }, { tool: 't0', origin: 'auto_seq' }), newTaskState(), opts);
+    expect(lost.task.consecutive).toBe(3);
+    expect(lost.records.at(-1)).toMatchObject({
+      event_type: 'auto_seq_skipped',
+      reason: 'loop_guard',
+      tool: 't1',
+    });
+    // The same gate holds for a learned proposal made on that state.
+    const learned = {
+      tool: 't1',
+      args: { k1: 1 },
+      origin: 'learned',
+      state: 'active',
+      rule_id: 'r',
+      confidence: 0.99,
+      trials: 40,
+    } as never;
+    expect(learnedExecutable(event({}), learned, c, lost.task, opts).execute).toBe(false);
+    // The agent's own call ends the run, as after any full one.
+    const own = run(c, event({ k0: 1 }, { tool: 'x', origin: 'llm' }), lost.task, opts);
+    expect(own.records.at(-1)).toMatchObject({
+      event_type: 'auto_seq_detected_unique',
+      tool: 't0',
+      execute: true,
+    });
+    // A task's first call made by the agent starts from zero.
+    expect(
+      run(c, event({ k0: 1 }, { tool: 'x', origin: 'llm' }), newTaskState(), opts).task.consecutive,
+    ).toBe(0);
+  });
   it('detection-only decisions are not limited by the loop guard', () => {
     const c = catalogOf([tool('loop', route)], { auto_seq_execute: false });
     const a = run(c, event(good));
