@@ -15,7 +15,7 @@ import { createBatchHandler } from './adapters/batch.js';
 import { answerFromState } from './adapters/answer.js';
 import { allowedToolsRoute } from './adapters/http.js';
 import { createSequencerMetrics } from './adapters/metrics.js';
-import { cheapEpochCheck } from './adapters/epoch.js';
+import { trackedEpochCheck } from './adapters/epoch.js';
 import { readSessionLog, sessionRecordKey, sessionRecordValue } from './adapters/kafka/session-log.js';
 import { createOrchestrationFeed } from './adapters/orchestration-feed.js';
 import { RedisSessionStore } from './adapters/redis/store.js';
@@ -57,6 +57,7 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
       metrics.registry,
       () => config.size,
       () => cache.size,
+      () => epoch.tracking(),
     );
     const feed = createOrchestrationFeed(
       config,
@@ -72,13 +73,14 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
     const epochKey = `${env.REDIS_KEY_PREFIX}:seq:epoch`;
     const restoring = restoreFlagKey(epochKey);
     // Epoch checks on a connection of their own: every allowed-tools read checks the epoch (a state cached
-    // before a Redis loss must not answer; no push-based scheme can promise that), and on the shared connection
-    // that check waited behind whole batches' session pipelines.
+    // before a Redis loss must not answer), and on the shared connection a GET waited behind whole batches'
+    // session pipelines. Tracked, a check costs no command while Redis vouches for the marker.
     const epochRedis = redis.duplicate();
     epochRedis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error (epoch)'));
-    const epoch = cheapEpochCheck(
+    const epoch = trackedEpochCheck(
       epochRedis,
       createEpoch(epochRedis, epochKey, copying ? restoring : undefined),
+      { heartbeatMs: env.SEQUENCER_EPOCH_HEARTBEAT_MS, log },
     );
     /**
      * Redis loss: every batch copies the states it writes to the session topic before Redis, so the states
@@ -195,6 +197,7 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
       ],
       close: async () => {
         await feed.stop();
+        epoch.close();
         epochRedis.disconnect();
       },
     };

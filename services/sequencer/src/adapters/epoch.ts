@@ -1,6 +1,7 @@
 import type { Redis } from 'ioredis';
 import type { Epoch } from '../../../../shared/redis/epoch.js';
 import { redisFailure } from '../../../../shared/redis/replies.js';
+import type { Logger } from '../../../../shared/log.js';
 
 /**
  * The epoch check at the price of one `GET` when nothing changed: every allowed-tools read checks the marker
@@ -27,6 +28,149 @@ export function cheapEpochCheck(redis: Redis, full: Epoch): Epoch {
         if (value === seen) return { lost: false, epoch: value };
       }
       return full.check();
+    },
+  };
+}
+
+const INVALIDATE = '__redis__:invalidate';
+/** After a failed attempt to set tracking up, reads use the GET for this long before the next attempt. */
+const REARM_AFTER_MS = 1_000;
+
+export interface TrackedEpoch extends Epoch {
+  /** True while checks cost no Redis command: tracking set up, nothing invalidated, the connection heard from. */
+  tracking(): boolean;
+  close(): void;
+}
+
+/**
+ * The epoch check at no Redis command per read in the common case, using Redis's client-side caching: a
+ * connection of its own reads the marker with `CLIENT TRACKING` on, redirecting invalidations to a second
+ * connection subscribed to `__redis__:invalidate`. Redis then says when the marker changes or goes (a `DEL`, a
+ * `SET` by another instance, a `FLUSHALL`/`FLUSHDB`, which invalidates everything), and a check answers from
+ * what it last read until then. What tracking cannot say is covered too:
+ * - a restart or a failover closes the connections (they do not reconnect), and so does a killed one: a
+ *   redirect to a connection that is gone would lose invalidations silently;
+ * - a connection that goes silent (a network partition, a frozen server) is answered only while a `PING` every
+ *   `heartbeatMs / 2` came back within the last `heartbeatMs`.
+ * Outside those conditions, or where the server refuses tracking (an ACL without `CLIENT` or the channel, an old
+ * Redis), every check is the `GET` of `cheapEpochCheck`, and tracking is set up again after a check that found
+ * nothing lost. A loss is so noticed within the time its invalidation takes to arrive, where the `GET` noticed it
+ * within one round trip: at most `heartbeatMs` later for a silent connection, when a cached state may answer for
+ * that long (it is what this instance wrote, and what the restore writes back).
+ */
+export function trackedEpochCheck(
+  redis: Redis,
+  full: Epoch,
+  o: { heartbeatMs: number; log: Logger },
+): TrackedEpoch {
+  const cheap = cheapEpochCheck(redis, full);
+  if (o.heartbeatMs <= 0) return { ...cheap, tracking: () => false, close: () => undefined };
+  let armed: { epoch: string; heard: number } | null = null;
+  let pair: { sub: Redis; trk: Redis; timer: NodeJS.Timeout } | null = null;
+  // Bumped by every drop: an answer that arrives after one belongs to connections that are gone.
+  let generation = 0;
+  let arming = false;
+  let beating = false;
+  let retryAt = 0;
+  let refused = false;
+  let closed = false;
+
+  const fresh = () => armed !== null && Date.now() - armed.heard <= o.heartbeatMs;
+
+  function drop(): void {
+    generation++;
+    armed = null;
+    const p = pair;
+    pair = null;
+    if (!p) return;
+    clearInterval(p.timer);
+    p.sub.disconnect();
+    p.trk.disconnect();
+  }
+
+  function beat(): void {
+    const p = pair;
+    if (!p || !armed || beating) return;
+    beating = true;
+    const gen = generation;
+    p.trk
+      .ping()
+      .then(
+        () => {
+          if (gen === generation && armed) armed.heard = Date.now();
+        },
+        () => {
+          if (gen === generation) drop();
+        },
+      )
+      .finally(() => (beating = false));
+  }
+
+  async function arm(): Promise<void> {
+    if (arming || pair || refused || closed || Date.now() < retryAt) return;
+    arming = true;
+    const gen = ++generation;
+    // No reconnection: a connection made again is a new client, without tracking or with a redirect to nothing.
+    const opts = {
+      lazyConnect: true,
+      retryStrategy: () => null,
+      maxRetriesPerRequest: 0,
+      reconnectOnError: null,
+    };
+    const sub = redis.duplicate(opts);
+    const trk = redis.duplicate(opts);
+    const timer = setInterval(beat, Math.max(1, Math.floor(o.heartbeatMs / 2)));
+    timer.unref();
+    pair = { sub, trk, timer };
+    for (const c of [sub, trk]) {
+      c.on('error', () => undefined);
+      c.on('close', () => {
+        if (pair?.sub === sub) drop();
+      });
+    }
+    // The tracking connection reads the marker alone, so any invalidation is the marker's (or everything's).
+    sub.on('message', (channel: string) => {
+      if (channel === INVALIDATE && pair?.sub === sub) drop();
+    });
+    try {
+      await Promise.all([sub.connect(), trk.connect()]);
+      const id = await sub.client('ID');
+      await sub.subscribe(INVALIDATE);
+      await trk.client('TRACKING', 'ON', 'REDIRECT', String(id));
+      const value = await trk.get(full.key);
+      if (gen !== generation) return;
+      // Changed since the check that found nothing lost: the next check's GET says what happened.
+      if (value === null || value !== full.current()) return drop();
+      armed = { epoch: value, heard: Date.now() };
+    } catch (err) {
+      if (gen === generation) drop();
+      const message = err instanceof Error ? err.message : String(err);
+      if (/NOPERM|no permissions|unknown (sub)?command/i.test(message)) {
+        refused = true;
+        o.log.info(
+          { err: message },
+          'redis refused client-side tracking (needs CLIENT and the __redis__:invalidate channel): every allowed-tools read checks the epoch marker with a GET',
+        );
+      } else retryAt = Date.now() + REARM_AFTER_MS;
+    } finally {
+      arming = false;
+    }
+  }
+
+  return {
+    key: full.key,
+    current: () => full.current(),
+    tracking: fresh,
+    async check() {
+      if (armed && armed.epoch !== full.current()) drop();
+      if (fresh()) return { lost: false, epoch: armed!.epoch };
+      const r = await cheap.check();
+      if (!r.lost && !pair) void arm();
+      return r;
+    },
+    close() {
+      closed = true;
+      drop();
     },
   };
 }

@@ -6,8 +6,17 @@ export function createSequencerMetrics(
   registry: Registry,
   agentsConfigured: () => number,
   cachedStates: () => number,
+  epochTracked: () => boolean,
 ) {
   const registers = [registry];
+  new Gauge({
+    name: 'paver_sequencer_epoch_tracking',
+    help: 'Whether the Redis-loss check costs allowed-tools reads no Redis command now (client-side tracking vouches for the epoch marker): 1 yes, 0 each read GETs the marker.',
+    registers,
+    collect() {
+      this.set(epochTracked() ? 1 : 0);
+    },
+  });
   new Gauge({
     name: 'paver_sequencer_state_cache_entries',
     help: 'Session states this instance wrote, held for allowed-tools reads.',
@@ -43,7 +52,7 @@ export function createSequencerMetrics(
     }),
     stateReads: new Counter({
       name: 'paver_sequencer_state_reads_total',
-      help: 'Allowed-tools reads of a session state, by source (cache: no Redis round trip).',
+      help: 'Allowed-tools reads of a session state, by source (cache: no session GET).',
       labelNames: ['source'],
       registers,
     }),

@@ -1,8 +1,10 @@
-import type { Redis } from 'ioredis';
+import { Redis, type RedisOptions } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { testRedis, unique } from '../../../../test/helpers/kafka.js';
+import { testRedis, unique, waitFor } from '../../../../test/helpers/kafka.js';
+import { ownRedis, stopOwnRedis } from '../../../../test/helpers/own-redis.js';
+import { createLogger } from '../../../../shared/log.js';
 import { createEpoch } from '../../../../shared/redis/epoch.js';
-import { cheapEpochCheck } from '../../src/adapters/epoch.js';
+import { cheapEpochCheck, trackedEpochCheck, type TrackedEpoch } from '../../src/adapters/epoch.js';
 
 let redis: Redis;
 beforeAll(() => {
@@ -36,5 +38,109 @@ describe('cheap epoch check (real Redis)', () => {
     expect((await epoch.check()).lost).toBe(true);
     expect(epoch.current()).toBe('recreated-by-another-instance');
     expect((await epoch.check()).lost).toBe(false);
+  });
+});
+
+describe('tracked epoch check (real redis-server of its own)', () => {
+  const log = createLogger('sequencer-test', 'silent');
+  const conns: Redis[] = [];
+  const closers: (() => void)[] = [];
+  afterAll(() => {
+    for (const c of closers) c();
+    for (const c of conns) c.disconnect();
+    stopOwnRedis();
+  });
+  const connect = (url: string, o: RedisOptions = {}) => {
+    const c = new Redis(url, { commandTimeout: 500, maxRetriesPerRequest: 0, ...o });
+    c.on('error', () => undefined);
+    conns.push(c);
+    return c;
+  };
+  // A long heartbeat where only invalidations are under test: a busy machine's pauses must not end tracking.
+  const tracked = (conn: Redis, key: string, heartbeatMs = 30_000) => {
+    const e = trackedEpochCheck(conn, createEpoch(conn, key), { heartbeatMs, log });
+    closers.push(() => e.close());
+    return e;
+  };
+  const gets = async (admin: Redis) =>
+    Number(/cmdstat_get:calls=(\d+)/.exec(await admin.info('commandstats'))?.[1] ?? 0);
+  /** Checks (each finding nothing lost) until tracking is set up again: a check that finds nothing lost sets it up. */
+  const untilTracking = (e: TrackedEpoch) =>
+    waitFor(async () => !(await e.check()).lost && e.tracking(), 'tracking set up');
+
+  it('while tracking, checks cost no GET; a FLUSHALL, a deleted marker and a replaced one are each a loss', async () => {
+    const r = await ownRedis();
+    const admin = connect(r.url);
+    const e = tracked(connect(r.url), 'trk:seq:epoch');
+    expect((await e.check()).lost).toBe(true);
+    await untilTracking(e);
+    const seen = e.current();
+    const before = await gets(admin);
+    for (let i = 0; i < 50; i++) expect(await e.check()).toEqual({ lost: false, epoch: seen });
+    expect(await gets(admin)).toBe(before);
+
+    await admin.flushall();
+    await waitFor(() => !e.tracking(), 'the FLUSHALL invalidation');
+    expect((await e.check()).lost).toBe(true);
+    await untilTracking(e);
+
+    await admin.del('trk:seq:epoch');
+    await waitFor(() => !e.tracking(), 'the DEL invalidation');
+    expect((await e.check()).lost).toBe(true);
+    await untilTracking(e);
+
+    await admin.set('trk:seq:epoch', 'another-instance');
+    await waitFor(() => !e.tracking(), 'the SET invalidation');
+    expect(await e.check()).toEqual({ lost: true, epoch: 'another-instance' });
+    await untilTracking(e);
+    expect(e.current()).toBe('another-instance');
+  });
+
+  it('a killed tracking connection, a server restarted empty and a frozen one each end tracking; the GET then decides', async () => {
+    const r = await ownRedis();
+    const admin = connect(r.url, { maxRetriesPerRequest: 1 });
+    const e = tracked(connect(r.url), 'trk2:seq:epoch');
+    await e.check();
+    await untilTracking(e);
+
+    // The invalidations' connection killed: its redirect would go nowhere, and tracking ends.
+    await admin.client('KILL', 'TYPE', 'pubsub');
+    await waitFor(() => !e.tracking(), 'tracking ended with its connection');
+    expect((await e.check()).lost).toBe(false);
+    await untilTracking(e);
+
+    // A restart without persistence: nothing invalidates anything, the connections close.
+    r.child.kill('SIGKILL');
+    await waitFor(() => !e.tracking(), 'tracking ended with the server');
+    await ownRedis(r.port);
+    await waitFor(async () => (await e.check().catch(() => null))?.lost === true, 'the loss seen');
+    await untilTracking(e);
+
+    // Frozen: the connections stay open and nothing is invalidated; the heartbeat stops vouching.
+    const frozen = await ownRedis();
+    const f = tracked(connect(frozen.url), 'trk3:seq:epoch', 200);
+    await f.check();
+    await untilTracking(f);
+    frozen.child.kill('SIGSTOP');
+    try {
+      await waitFor(() => !f.tracking(), 'tracking ended with the heartbeat');
+      await expect(f.check()).rejects.toThrow();
+    } finally {
+      frozen.child.kill('SIGCONT');
+    }
+    await waitFor(async () => (await f.check().catch(() => null))?.lost === false, 'the server back');
+  });
+
+  it('a Redis user not allowed tracking: every check is a GET, as without tracking', async () => {
+    const r = await ownRedis();
+    const admin = connect(r.url);
+    await admin.acl('SETUSER', 'reader', 'on', '>pw', '~*', '+@all', '-client', 'resetchannels');
+    const url = r.url.replace('redis://', 'redis://reader:pw@');
+    const e = tracked(connect(url), 'trk4:seq:epoch');
+    expect((await e.check()).lost).toBe(true);
+    const before = await gets(admin);
+    for (let i = 0; i < 20; i++) expect((await e.check()).lost).toBe(false);
+    expect(e.tracking()).toBe(false);
+    expect(await gets(admin)).toBe(before + 20);
   });
 });

@@ -139,6 +139,10 @@ describe('sequencer: Redis state lost mid-stream', () => {
         // Not vacuous: some sessions are somewhere a fresh session is not.
         expect(answersBefore.some((a) => JSON.stringify(a) !== JSON.stringify(fresh))).toBe(true);
 
+        // Reads check the epoch with no Redis command now (tracking): the loss must be noticed all the same.
+        const tracking = () =>
+          waitFor(async () => (await metric('paver_sequencer_epoch_tracking')) === 1, 'epoch tracking');
+        await tracking();
         await redis.flushall();
         await waitFor(async () => !(await isReady(p)), '/readyz false once the state is gone');
         await waitFor(() => isReady(p), '/readyz true again');
@@ -165,6 +169,7 @@ describe('sequencer: Redis state lost mid-stream', () => {
           'the events after the loss committed',
         );
         const answersAfter = await answers();
+        await tracking();
         // A second loss, read right away: no read may be answered from a state cached before it; with the
         // copy, reads wait for the restore and answer from it.
         await redis.flushall();
