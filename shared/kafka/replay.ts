@@ -33,16 +33,36 @@ export const replayOptions = (
 });
 
 /**
+ * A replay given up because its caller stopped wanting it: the consumer it runs for is stopping (SIGTERM) or
+ * lost the partition. `SHUTTING_DOWN`, so no retry runs it again and the runner ends the batch uncommitted.
+ */
+export class ReplayStopped extends PaverError {
+  constructor(topic: string) {
+    super('SHUTTING_DOWN', `replay of ${topic} stopped: its consumer is stopping or lost the partition`);
+  }
+}
+
+/** How often a replay asks `goOn` besides between batches: a stop must not wait for a slow fetch or a join. */
+const GO_ON_CHECK_MS = 100;
+
+/**
  * Reads [from, end) of some partitions of a topic, in order, through `onBatch`. kafkajs has no `assign()`, so
  * this is a throwaway consumer group that seeks each wanted partition to its start and pauses every other
  * one; it commits nothing and is deleted afterwards. Ranges starting below the partition's low watermark
  * (retention removed them) start at the low watermark: `lowWatermarks` says where that was.
+ *
+ * `goOn` (a batch context's `isRunning`) is asked before each batch and every GO_ON_CHECK_MS: once false, the
+ * replay ends with `ReplayStopped` after the batch in hand, if any. A long replay under a batch otherwise held
+ * the consumer's stop until PAVER_SHUTDOWN_TIMEOUT_MS ran out (exit 1), or went on for a partition already
+ * given to another instance.
  */
 export async function readRanges(
   o: ReplayOptions,
   ranges: Map<number, OffsetRange>,
   onBatch: (partition: number, messages: KafkaMessage[]) => Promise<void>,
+  goOn: () => boolean = () => true,
 ): Promise<{ lowWatermarks: Map<number, bigint> }> {
+  if (!goOn()) throw new ReplayStopped(o.topic);
   const admin = o.kafka.admin();
   const lowWatermarks = new Map<number, bigint>();
   try {
@@ -74,6 +94,12 @@ export async function readRanges(
   const done = new Promise<void>((resolve, reject) => {
     settle = (err) => (err === undefined ? resolve() : reject(err));
   });
+  // Settled (a stop, a crash) while the consumer still joins: awaited only after that, and must not count as
+  // unhandled meanwhile.
+  done.catch(() => undefined);
+  const watch = setInterval(() => {
+    if (!goOn()) settle(new ReplayStopped(o.topic));
+  }, GO_ON_CHECK_MS);
   consumer.on(consumer.events.CRASH, (e) => {
     if (!e.payload.restart) settle(e.payload.error);
   });
@@ -103,6 +129,11 @@ export async function readRanges(
           pause();
           return;
         }
+        if (!goOn()) {
+          pause();
+          settle(new ReplayStopped(o.topic));
+          return;
+        }
         try {
           // A fetch in flight before the seek, or a batch reaching past the end: keep only the range.
           const msgs = batch.messages.filter((m) => {
@@ -126,6 +157,7 @@ export async function readRanges(
     await done;
     return { lowWatermarks };
   } finally {
+    clearInterval(watch);
     await consumer.disconnect().catch(() => undefined);
     const cleanup = o.kafka.admin();
     await cleanup.connect().catch(() => undefined);

@@ -463,6 +463,17 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
       }
       if (reached !== null) reportProcessed(topic, partition, reached, BigInt(batch.highWatermark));
     } catch (err) {
+      // An effect that gave up because this consumer is stopping or lost the partition (a rebuild's replay,
+      // shared/kafka/replay.ts): not a failure, and not fatal. The chunk stays uncommitted: the partition's next
+      // owner, or this service's next start, reads it again.
+      if (classifyError(err).code === 'SHUTTING_DOWN' && (!p.isRunning() || p.isStale())) {
+        outcome = 'stopped';
+        o.log.info(
+          { topic, partition },
+          'batch stopped by the stop or a rebalance: its uncommitted records are read again',
+        );
+        return;
+      }
       outcome = membershipChange(err) ? 'stopped' : 'failed';
       throw err;
     } finally {

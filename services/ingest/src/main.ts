@@ -42,7 +42,8 @@ export const service: ServiceSpec<IngestEnv, OtlpMessage> & {
   inputTopics: (env) => [env.INGEST_OTLP_TOPIC],
   async setup({ env, redis, sink, metrics, kafka, log }) {
     const ingestMetrics = createIngestMetrics(metrics.registry);
-    for (const outcome of ['rebuilt', 'retried', 'failed']) ingestMetrics.rebuilds.inc({ outcome }, 0);
+    for (const outcome of ['rebuilt', 'retried', 'stopped', 'failed'])
+      ingestMetrics.rebuilds.inc({ outcome }, 0);
     const store = new RedisTraceStore(redis, env.REDIS_KEY_PREFIX, env.INGEST_PENDING_TTL_MS);
     const topic = env.INGEST_OTLP_TOPIC;
     const limits = decodeLimitsFromEnv(env);

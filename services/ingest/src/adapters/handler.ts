@@ -54,7 +54,7 @@ export function createIngestMetrics(registry: Registry) {
     }),
     rebuilds: new Counter({
       name: 'paver_ingest_rebuilds_total',
-      help: "Rebuilds of a partition's pending spans from Kafka (Redis lost its state, or the partition was never built under the current epoch), by outcome: rebuilt, retried (lost again meanwhile), failed.",
+      help: "Rebuilds of a partition's pending spans from Kafka (Redis lost its state, or the partition was never built under the current epoch), by outcome: rebuilt, retried (lost again meanwhile), stopped (the consumer stopped or lost the partition: its next owner rebuilds it), failed.",
       labelNames: ['outcome'],
       registers,
     }),
@@ -214,7 +214,7 @@ export function createIngestHandler(
     }
     for (let attempt = 1; ; attempt++) {
       // Everything before this chunk on its partition has been handled: that is where a rebuild's replay ends.
-      const marker = await recovery.ensure(first.partition, BigInt(first.offset), () => ctx.heartbeat());
+      const marker = await recovery.ensure(first.partition, BigInt(first.offset), ctx);
       if (!(await apply(messages, { publish: true, marker })).lost) return;
       if (attempt >= MAX_LOSS_RETRIES)
         throw new PaverError('REDIS_UNAVAILABLE', 'ingest state lost in Redis again after every rebuild');

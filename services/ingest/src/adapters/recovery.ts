@@ -1,6 +1,8 @@
 import type { ConfigResourceTypes, Kafka, KafkaMessage } from 'kafkajs';
 import { errorMessage, PaverError } from '../../../../shared/errors.js';
-import { readRanges, type ReplayOptions } from '../../../../shared/kafka/replay.js';
+import type { BatchContext } from '../../../../shared/kafka/chunk.js';
+import { readRanges, ReplayStopped, type ReplayOptions } from '../../../../shared/kafka/replay.js';
+import { membershipChange } from '../../../../shared/kafka/runner.js';
 import type { Logger } from '../../../../shared/log.js';
 import type { Epoch, EpochMarker } from '../../../../shared/redis/epoch.js';
 import type { OtlpSpan } from '../core/otlp.js';
@@ -8,14 +10,15 @@ import type { ApplyMode } from './handler.js';
 import type { RedisTraceStore } from './trace-store.js';
 
 /**
- * Reads one input partition's messages in [from, end) as spans, batch by batch. Resolves to the number of
- * messages read.
+ * Reads one input partition's messages in [from, end) as spans, batch by batch, while `goOn` holds (else it
+ * throws `ReplayStopped`). Resolves to the number of messages read.
  */
 export type PartitionReplay = (
   partition: number,
   from: bigint,
   end: bigint,
   each: (messages: OtlpSpan[][]) => Promise<void>,
+  goOn: () => boolean,
 ) => Promise<number>;
 
 /** Where a partition's replay starts: its first offset at or after `timestampMs` (the end when there is none). */
@@ -26,18 +29,23 @@ export function otlpReplay(
   o: ReplayOptions,
   decode: (m: KafkaMessage) => Promise<OtlpSpan[] | null>,
 ): PartitionReplay {
-  return async (partition, from, end, each) => {
+  return async (partition, from, end, each, goOn) => {
     let read = 0;
-    await readRanges(o, new Map([[partition, { from, end }]]), async (_p, messages) => {
-      const spans: OtlpSpan[][] = [];
-      for (const m of messages) {
-        // A message that does not decode was dead-lettered when first read: it made no state then either.
-        const s = await decode(m);
-        if (s) spans.push(s);
-      }
-      await each(spans);
-      read += messages.length;
-    });
+    await readRanges(
+      o,
+      new Map([[partition, { from, end }]]),
+      async (_p, messages) => {
+        const spans: OtlpSpan[][] = [];
+        for (const m of messages) {
+          // A message that does not decode was dead-lettered when first read: it made no state then either.
+          const s = await decode(m);
+          if (s) spans.push(s);
+        }
+        await each(spans);
+        read += messages.length;
+      },
+      goOn,
+    );
     return read;
   };
 }
@@ -105,9 +113,12 @@ export async function warnOnShortRetention(
   }
 }
 
+/** `stopped`: given up because the consumer stopped or lost the partition; done again by its next owner. */
+export type RebuildOutcome = 'rebuilt' | 'retried' | 'stopped' | 'failed';
+
 export interface RecoveryHooks {
   started(partition: number): void;
-  finished(partition: number, outcome: 'rebuilt' | 'retried' | 'failed', messages: number): void;
+  finished(partition: number, outcome: RebuildOutcome, messages: number): void;
 }
 
 const MAX_ATTEMPTS = 5;
@@ -125,6 +136,11 @@ class LostAgain extends Error {}
  *
  * Per partition, with no global pause: a trace's spans are on one partition (the guarantee needs
  * `partition_traces_by_id`), so partitions are rebuilt independently by whichever instance owns them.
+ *
+ * A replay stops between batches once the chunk's consumer stops (SIGTERM) or loses the partition
+ * (`ctx.isRunning()`): the partition is left unmarked and the chunk uncommitted, so the partition's next
+ * owner (this process after a restart, or another instance) rebuilds it again from the start. What the
+ * abandoned replay wrote is written again then, as any chunk read twice is.
  */
 export class PendingRecovery {
   private readonly verified = new Map<number, string>();
@@ -159,7 +175,7 @@ export class PendingRecovery {
    * Makes sure `partition`'s state is in Redis before a chunk starting at `end` is handled, rebuilding it when
    * it is not. Returns the marker the chunk's reads are checked against.
    */
-  async ensure(partition: number, end: bigint, heartbeat: () => Promise<void>): Promise<EpochMarker> {
+  async ensure(partition: number, end: bigint, ctx: BatchContext): Promise<EpochMarker> {
     const key = this.d.epoch.key;
     const seen = this.verified.get(partition);
     if (seen !== undefined && seen === this.d.epoch.current()) return { key, value: seen };
@@ -169,7 +185,7 @@ export class PendingRecovery {
         this.verified.set(partition, epoch);
         return { key, value: epoch };
       }
-      if (await this.rebuild(partition, epoch, end, heartbeat)) return { key, value: epoch };
+      if (await this.rebuild(partition, epoch, end, ctx)) return { key, value: epoch };
       if (attempt >= MAX_ATTEMPTS)
         throw new PaverError(
           'REDIS_UNAVAILABLE',
@@ -178,19 +194,14 @@ export class PendingRecovery {
     }
   }
 
-  private async rebuild(
-    partition: number,
-    epoch: string,
-    end: bigint,
-    heartbeat: () => Promise<void>,
-  ): Promise<boolean> {
+  private async rebuild(partition: number, epoch: string, end: bigint, ctx: BatchContext): Promise<boolean> {
     const { store, log, hooks, ttlMs } = this.d;
     const now = this.d.now ?? Date.now;
     this.active++;
     hooks.started(partition);
     const t0 = now();
     let messages = 0;
-    let outcome: 'rebuilt' | 'retried' | 'failed' = 'failed';
+    let outcome: RebuildOutcome = 'failed';
     try {
       // A partition's first chunk at offset 0 has nothing before it: no lookup.
       const fromOffset = end === 0n ? 0n : await this.d.offsetAt(partition, t0 - ttlMs);
@@ -207,11 +218,25 @@ export class PendingRecovery {
         try {
           // Written with the whole TTL, as live traffic writes: a trace given only what was left of its first
           // replayed change's time could expire before the replay reached its later changes, and lose them.
-          messages = await this.d.replay(partition, fromOffset, end, async (batch) => {
-            if ((await this.d.apply(batch, { publish: false, marker })).lost) throw new LostAgain();
-            await heartbeat();
-          });
+          messages = await this.d.replay(
+            partition,
+            fromOffset,
+            end,
+            async (batch) => {
+              if ((await this.d.apply(batch, { publish: false, marker })).lost) throw new LostAgain();
+              await ctx.heartbeat();
+            },
+            () => ctx.isRunning(),
+          );
         } catch (err) {
+          // A rebalance fails the replay's heartbeat: no failure either, the partition's next owner rebuilds it.
+          if (err instanceof ReplayStopped || membershipChange(err)) {
+            outcome = 'stopped';
+            log.info(
+              where,
+              'ingest state rebuild stopped (consumer stopping or partition moved): done again by its next owner',
+            );
+          }
           if (!(err instanceof LostAgain)) throw err;
           outcome = 'retried';
           return false;

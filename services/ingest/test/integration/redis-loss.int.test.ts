@@ -56,6 +56,7 @@ async function setUp(
     shared?: { redisServer: OwnRedis; prefix: string };
     otlpConfig?: Record<string, string>;
     partitions?: number;
+    env?: Record<string, string>;
   } = {},
 ) {
   const { shared } = o;
@@ -66,6 +67,7 @@ async function setUp(
     // One message per chunk: the tool spans are stored and committed before the agent span is read.
     PAVER_BATCH_CHUNK: '1',
     ...(shared ? { REDIS_KEY_PREFIX: shared.prefix } : {}),
+    ...o.env,
   });
   env.INGEST_OTLP_TOPIC = `${env.PAVER_TOPIC_TOOL_CALLS}.otlp`;
   await createTopics([
@@ -105,6 +107,9 @@ async function setUp(
     env,
     start,
     events,
+    waiting,
+    isAgent,
+    key,
     /** The waiting task's tool spans, then a whole task: both handled and committed. */
     before: async (p: Proc) => {
       await produce(env.INGEST_OTLP_TOPIC!, [
@@ -181,6 +186,79 @@ describe('ingest: Redis state lost (real Kafka, a redis-server of its own)', () 
     second.child.kill('SIGTERM');
     expect(await second.exited).toBe(0);
   });
+
+  it('honours a SIGTERM during a long rebuild: exits 0 at once, commits nothing of it, and the next start rebuilds', async () => {
+    // Before, the replay ran on under the stop: the process left only once it was over (or, when it outlasted
+    // PAVER_SHUTDOWN_TIMEOUT_MS, with exit 1), and its chunk was committed by a process told to stop.
+    const t = await setUp('ingest-stop', {
+      env: {
+        // One small record batch per fetch: the replay of the backlog takes many fetches, and a while.
+        KAFKA_MAX_BYTES_PER_PARTITION: '1024',
+        PAVER_SHUTDOWN_TIMEOUT_MS: '120000',
+      },
+    });
+    const topic = t.env.INGEST_OTLP_TOPIC!;
+    const group = t.env.INGEST_GROUP_ID!;
+    const first = await t.start();
+    await t.before(first);
+    first.child.kill('SIGTERM');
+    expect(await first.exited).toBe(0);
+
+    // A long history after them, already handled as far as the group knows (committed past it): every later
+    // rebuild reads it again, publishing nothing of it.
+    const rec = otelRecorder();
+    const BACKLOG = 4000;
+    const backlog = Array.from({ length: BACKLOG }, (_, i) =>
+      toJson(rec.agent({ name: 'Bulk', conversationId: `bulk-${i}`, tools: [{ name: 'bulk_tool' }] })),
+    );
+    const producer = testKafka().producer();
+    await producer.connect();
+    for (let i = 0; i < backlog.length; i += 5)
+      await producer.send({ topic, acks: -1, messages: backlog.slice(i, i + 5).map((value) => ({ value })) });
+    await producer.disconnect();
+    const admin = testKafka().admin();
+    await admin.connect();
+    const [end] = await admin.fetchTopicOffsets(topic);
+    await admin.setOffsets({ groupId: group, topic, partitions: [{ partition: 0, offset: end!.high }] });
+    const committed = async () =>
+      BigInt((await admin.fetchOffsets({ groupId: group, topics: [topic] }))[0]!.partitions[0]!.offset);
+
+    const second = await t.start();
+    const r = new Redis(t.redisServer.url);
+    await r.flushall();
+    r.disconnect();
+    // The waiting task's agent span: its chunk finds the state gone and replays the whole history first.
+    await produce(topic, [{ key: t.key(t.waiting), value: toJson(t.waiting.filter(t.isAgent)) }]);
+    await waitFor(
+      async () => (await metric(second, 'paver_ingest_rebuilding')) === 1,
+      'the rebuild under way',
+    );
+    second.child.kill('SIGTERM');
+    // Far below PAVER_SHUTDOWN_TIMEOUT_MS: the stop did not wait for it.
+    await waitFor(() => second.child.exitCode !== null, 'exit after SIGTERM', 30_000).catch((err: Error) => {
+      throw new Error(`${err.message}\n${second.output().slice(-3000)}`);
+    });
+    expect(await second.exited, second.output().slice(-3000)).toBe(0);
+    // The chunk that started the rebuild was given back, and the partition was not marked rebuilt.
+    expect(await committed()).toBe(BigInt(end!.high));
+    expect(second.output()).not.toContain('ingest partition state rebuilt from Kafka');
+    expect(second.output()).toContain('ingest state rebuild stopped');
+
+    const third = await t.start();
+    await waitFor(() => groupCaughtUp(group, topic), 'the agent span handled after the restart');
+    expect(await committed()).toBe(BigInt(end!.high) + 1n);
+    const offsets = await admin.fetchTopicOffsets(t.env.PAVER_TOPIC_TOOL_CALLS!);
+    await admin.disconnect();
+    const total = offsets.reduce((a, o) => a + Number(o.high) - Number(o.low), 0);
+    // The same tasks as with no stop: the waiting one whole, nothing twice, nothing of the history published.
+    expectWhole(await t.events((all) => all.length >= total));
+    expect(await metric(third, 'paver_ingest_rebuilds_total', { outcome: 'rebuilt' })).toBeGreaterThanOrEqual(
+      1,
+    );
+    expect(await metric(third, 'paver_ingest_rebuild_messages_total')).toBe(BACKLOG + 2);
+    third.child.kill('SIGTERM');
+    expect(await third.exited).toBe(0);
+  }, 240_000);
 
   it('rebuilds each deployment on its own topic when two share a Redis and its key prefix', async () => {
     // Two Collectors, two OTLP topics, one ingest deployment each, one Redis with the default prefix: both
