@@ -68,11 +68,11 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
     });
     const rebuilds = new Counter({
       name: 'paver_detector_rebuilds_total',
-      help: 'Partition state rebuilds from Kafka (the Redis state was lost, or the partition was never built under the current epoch), by outcome: rebuilt, retried (lost again meanwhile), failed.',
+      help: 'Partition state rebuilds from Kafka (the Redis state was lost, or the partition was never built under the current epoch), by outcome: rebuilt, retried (lost again meanwhile), stopped (the consumer stopped or lost the partition: its next owner rebuilds it), failed.',
       labelNames: ['outcome'],
       registers: r,
     });
-    for (const outcome of ['rebuilt', 'retried', 'failed']) rebuilds.inc({ outcome }, 0);
+    for (const outcome of ['rebuilt', 'retried', 'stopped', 'failed']) rebuilds.inc({ outcome }, 0);
     const rebuilding = new Gauge({
       name: 'paver_detector_rebuilding',
       help: 'Partitions whose state is being rebuilt from Kafka now (/readyz is false meanwhile).',
@@ -91,7 +91,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
       env.PAVER_TOPIC_TOOL_CALLS,
     );
     const input = replayOf(env.PAVER_TOPIC_TOOL_CALLS);
-    const replay: PartitionReplay = async (partition, from, end, each) => {
+    const replay: PartitionReplay = async (partition, from, end, each, goOn) => {
       const { lowWatermarks } = await readRanges(
         input,
         new Map([[partition, { from: from ?? 0n, end }]]),
@@ -112,6 +112,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
           }
           await each(ops, messages.length);
         },
+        goOn,
       );
       const low = lowWatermarks.get(partition) ?? 0n;
       if (from !== null && from < low)
@@ -235,9 +236,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
         for (let attempt = 1; ; attempt++) {
           // Everything before this chunk on its partition has been applied (by this process or an earlier
           // owner): that is where a rebuild's replay ends.
-          const ready = await rebuilder.ensure(partition, BigInt(first.offset), [...touched.values()], () =>
-            ctx.heartbeat(),
-          );
+          const ready = await rebuilder.ensure(partition, BigInt(first.offset), [...touched.values()], ctx);
           for (const s of ready.changed) toPublish.set(scopeId(s), s);
           epoch = ready.epoch;
           out = await store.applyBatch(ops, { epoch });

@@ -1,21 +1,31 @@
 import type { Epoch } from '../../../../shared/redis/epoch.js';
 import { PaverError } from '../../../../shared/errors.js';
+import type { BatchContext } from '../../../../shared/kafka/chunk.js';
+import { ReplayStopped } from '../../../../shared/kafka/replay.js';
+import { membershipChange } from '../../../../shared/kafka/runner.js';
 import type { Logger } from '../../../../shared/log.js';
 import { scopeId, type DetectorOp, type Scope } from '../core/ops.js';
 import type { CheckpointLog } from './kafka/checkpoints.js';
 import type { RedisDetectorStore } from './redis/store.js';
 
-/** Reads [from ?? earliest, end) of one input partition as ops, in order, batch by batch. */
+/**
+ * Reads [from ?? earliest, end) of one input partition as ops, in order, batch by batch, while `goOn` holds
+ * (else it throws `ReplayStopped`).
+ */
 export type PartitionReplay = (
   partition: number,
   from: bigint | null,
   end: bigint,
   each: (ops: DetectorOp[], messages: number) => Promise<void>,
+  goOn: () => boolean,
 ) => Promise<void>;
+
+/** `stopped`: given up because the consumer stopped or lost the partition; done again by its next owner. */
+export type RebuildOutcome = 'rebuilt' | 'retried' | 'stopped' | 'failed';
 
 export interface RebuildHooks {
   started(partition: number): void;
-  finished(partition: number, outcome: 'rebuilt' | 'retried' | 'failed', events: number): void;
+  finished(partition: number, outcome: RebuildOutcome, events: number): void;
 }
 
 class LostAgain extends Error {}
@@ -33,7 +43,9 @@ const MAX_ATTEMPTS = 5;
  * sequence, and the window is a function of the set of records (README: "Why the result does not depend on
  * partition interleaving"), so partitions may be replayed independently, by whichever instance owns them,
  * while others flow. A replay that stops halfway is resumed from its checkpoint: what it had applied is
- * then ignored as `duplicate`, as a redelivery is.
+ * then ignored as `duplicate`, as a redelivery is. It stops between batches once the chunk's consumer stops
+ * (SIGTERM) or loses the partition (`ctx.isRunning()`): the partition is left unmarked and the chunk
+ * uncommitted, and its next owner (this process after a restart, or another instance) rebuilds it.
  */
 export class Rebuilder {
   private readonly verified = new Map<number, string>();
@@ -71,7 +83,7 @@ export class Rebuilder {
     partition: number,
     end: bigint,
     touch: Scope[],
-    heartbeat: () => Promise<void>,
+    ctx: BatchContext,
   ): Promise<{ epoch: string; changed: Scope[] }> {
     const seen = this.verified.get(partition);
     if (seen !== undefined && seen === this.d.epoch.current()) return { epoch: seen, changed: [] };
@@ -81,7 +93,7 @@ export class Rebuilder {
         this.verified.set(partition, epoch);
         return { epoch, changed: [] };
       }
-      const changed = await this.rebuild(partition, epoch, end, touch, heartbeat);
+      const changed = await this.rebuild(partition, epoch, end, touch, ctx);
       if (changed) {
         if (this.restoredIn !== epoch) {
           // Before anything is published in this epoch, so stale candidates get their retraction.
@@ -103,14 +115,14 @@ export class Rebuilder {
     epoch: string,
     end: bigint,
     touch: Scope[],
-    heartbeat: () => Promise<void>,
+    ctx: BatchContext,
   ): Promise<Scope[] | null> {
     const { store, log, hooks } = this.d;
     this.active++;
     hooks.started(partition);
     const t0 = Date.now();
     let events = 0;
-    let outcome: 'rebuilt' | 'retried' | 'failed' = 'failed';
+    let outcome: RebuildOutcome = 'failed';
     try {
       // The registry of scopes per partition went with the state: register again as scopes are rebuilt.
       store.forgetScopes();
@@ -132,17 +144,31 @@ export class Rebuilder {
           'detector state for this partition is not in Redis (lost, or never built in this epoch): replaying it from Kafka',
         );
       try {
-        await this.d.replay(partition, from, end, async (ops, messages) => {
-          const out = await store.applyBatch(ops, { epoch, mode: 'r' });
-          if (out.lost) throw new LostAgain();
-          for (const s of out.changed) changed.set(scopeId(s), s);
-          events += messages;
-          await heartbeat();
-        });
+        await this.d.replay(
+          partition,
+          from,
+          end,
+          async (ops, messages) => {
+            const out = await store.applyBatch(ops, { epoch, mode: 'r' });
+            if (out.lost) throw new LostAgain();
+            for (const s of out.changed) changed.set(scopeId(s), s);
+            events += messages;
+            await ctx.heartbeat();
+          },
+          () => ctx.isRunning(),
+        );
       } catch (err) {
         if (err instanceof LostAgain) {
           outcome = 'retried';
           return null;
+        }
+        // A rebalance fails the replay's heartbeat: no failure either, the partition's next owner rebuilds it.
+        if (err instanceof ReplayStopped || membershipChange(err)) {
+          outcome = 'stopped';
+          log.info(
+            where,
+            'detector state rebuild stopped (consumer stopping or partition moved): done again by its next owner',
+          );
         }
         throw err;
       }
