@@ -86,7 +86,14 @@ export async function produceInTransactions(
 
 export async function produce(
   topic: string,
-  messages: { key?: string | null; value: Buffer | string; headers?: IHeaders; partition?: number }[],
+  messages: {
+    key?: string | null;
+    value: Buffer | string;
+    headers?: IHeaders;
+    partition?: number;
+    /** The record's timestamp (ms, CreateTime), for records stamped in the past. */
+    timestamp?: number;
+  }[],
 ) {
   const producer = testKafka().producer({ createPartitioner: Partitioners.DefaultPartitioner });
   await producer.connect();
@@ -99,6 +106,7 @@ export async function produce(
         value: m.value,
         headers: m.headers ?? {},
         ...(m.partition !== undefined ? { partition: m.partition } : {}),
+        ...(m.timestamp !== undefined ? { timestamp: String(m.timestamp) } : {}),
       })),
     });
   }

@@ -214,7 +214,12 @@ export function createIngestHandler(
     }
     for (let attempt = 1; ; attempt++) {
       // Everything before this chunk on its partition has been handled: that is where a rebuild's replay ends.
-      const marker = await recovery.ensure(first.partition, BigInt(first.offset), ctx);
+      const marker = await recovery.ensure(
+        first.partition,
+        BigInt(first.offset),
+        ctx,
+        Number(first.timestamp),
+      );
       if (!(await apply(messages, { publish: true, marker })).lost) return;
       if (attempt >= MAX_LOSS_RETRIES)
         throw new PaverError('REDIS_UNAVAILABLE', 'ingest state lost in Redis again after every rebuild');

@@ -175,7 +175,7 @@ export class PendingRecovery {
    * Makes sure `partition`'s state is in Redis before a chunk starting at `end` is handled, rebuilding it when
    * it is not. Returns the marker the chunk's reads are checked against.
    */
-  async ensure(partition: number, end: bigint, ctx: BatchContext): Promise<EpochMarker> {
+  async ensure(partition: number, end: bigint, ctx: BatchContext, endTs?: number): Promise<EpochMarker> {
     const key = this.d.epoch.key;
     const seen = this.verified.get(partition);
     if (seen !== undefined && seen === this.d.epoch.current()) return { key, value: seen };
@@ -185,7 +185,7 @@ export class PendingRecovery {
         this.verified.set(partition, epoch);
         return { key, value: epoch };
       }
-      if (await this.rebuild(partition, epoch, end, ctx)) return { key, value: epoch };
+      if (await this.rebuild(partition, epoch, end, ctx, endTs)) return { key, value: epoch };
       if (attempt >= MAX_ATTEMPTS)
         throw new PaverError(
           'REDIS_UNAVAILABLE',
@@ -194,7 +194,13 @@ export class PendingRecovery {
     }
   }
 
-  private async rebuild(partition: number, epoch: string, end: bigint, ctx: BatchContext): Promise<boolean> {
+  private async rebuild(
+    partition: number,
+    epoch: string,
+    end: bigint,
+    ctx: BatchContext,
+    endTs?: number,
+  ): Promise<boolean> {
     const { store, log, hooks, ttlMs } = this.d;
     const now = this.d.now ?? Date.now;
     this.active++;
@@ -203,8 +209,13 @@ export class PendingRecovery {
     let messages = 0;
     let outcome: RebuildOutcome = 'failed';
     try {
+      // The last ttlMs before the chunk, by record time: a consumer lagging by more than ttlMs holds in Redis
+      // spans stamped long before now (they expire ttlMs after they were handled, not after their stamp), and
+      // `now - ttlMs` found nothing to read for it. Never later than now: a producer clock running ahead
+      // must not shorten the replay.
+      const upTo = endTs !== undefined && Number.isFinite(endTs) ? Math.min(t0, endTs) : t0;
       // A partition's first chunk at offset 0 has nothing before it: no lookup.
-      const fromOffset = end === 0n ? 0n : await this.d.offsetAt(partition, t0 - ttlMs);
+      const fromOffset = end === 0n ? 0n : await this.d.offsetAt(partition, upTo - ttlMs);
       const where = { partition, from: fromOffset.toString(), to: end.toString() };
       if (fromOffset >= end) {
         // Nothing in the last ttlMs before this chunk (a first start, or a quiet partition): nothing to lose.

@@ -108,6 +108,7 @@ async function setUp(
     start,
     events,
     waiting,
+    whole,
     isAgent,
     key,
     /** The waiting task's tool spans, then a whole task: both handled and committed. */
@@ -124,8 +125,10 @@ async function setUp(
       await waitFor(() => groupCaughtUp(env.INGEST_GROUP_ID!, env.INGEST_OTLP_TOPIC!), 'both committed');
     },
     /** The waiting task's agent span, and the tool-calls topic once it is handled. */
-    after: async () => {
-      await produce(env.INGEST_OTLP_TOPIC!, [{ key: key(waiting), value: toJson(waiting.filter(isAgent)) }]);
+    after: async (o: { timestamp?: number } = {}) => {
+      await produce(env.INGEST_OTLP_TOPIC!, [
+        { key: key(waiting), value: toJson(waiting.filter(isAgent)), ...o },
+      ]);
       // Handled and committed means published: everything the topic will get for it is there now.
       await waitFor(() => groupCaughtUp(env.INGEST_GROUP_ID!, env.INGEST_OTLP_TOPIC!), 'agent span handled');
       const admin = testKafka().admin();
@@ -165,6 +168,31 @@ describe('ingest: Redis state lost (real Kafka, a redis-server of its own)', () 
     expect(p.output()).toContain('replaying its pending spans from Kafka');
     // The broker's default retention (7 days) keeps more than INGEST_PENDING_TTL_MS: nothing to say.
     expect(p.output()).not.toContain('retention.ms');
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toBe(0);
+  });
+
+  it('rebuilds them for a consumer lagging by more than INGEST_PENDING_TTL_MS (records stamped long before now)', async () => {
+    // A backlog read hours late: the spans wait in Redis a TTL after they were handled, though stamped earlier.
+    const t = await setUp('ingest-lag', { env: { INGEST_PENDING_TTL_MS: '600000' } });
+    const p = await t.start();
+    const stamped = Date.now() - 3_600_000;
+    const { waiting, whole, isAgent, key } = t;
+    await produce(t.env.INGEST_OTLP_TOPIC!, [
+      { key: key(waiting), value: toProto(waiting.filter((s) => !isAgent(s))), timestamp: stamped },
+      { key: key(whole), value: toJson(whole), timestamp: stamped + 1_000 },
+    ]);
+    await t.events((all) => all.some((v) => v.includes('"task_completed"') && v.includes('conv-whole')));
+    await waitFor(
+      async () => (await metric(p, 'paver_ingest_spans_total', { outcome: 'pending' })) === 2,
+      'the two tool spans waiting in Redis',
+    );
+    await waitFor(() => groupCaughtUp(t.env.INGEST_GROUP_ID!, t.env.INGEST_OTLP_TOPIC!), 'both committed');
+    const r = new Redis(t.redisServer.url);
+    await r.flushall();
+    r.disconnect();
+    expectWhole(await t.after({ timestamp: stamped + 2_000 }));
+    expect(await metric(p, 'paver_ingest_rebuild_messages_total')).toBe(2);
     p.child.kill('SIGTERM');
     expect(await p.exited).toBe(0);
   });
