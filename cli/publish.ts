@@ -3,7 +3,7 @@ import { access, constants, stat } from 'node:fs/promises';
 import { Kafka, logLevel, Partitioners } from 'kafkajs';
 import { z } from 'zod';
 import { createCodec } from '../shared/codec.js';
-import { commonEnvShape, EXIT_CONFIG, parseEnv, refineCommon } from '../shared/config.js';
+import { commonEnvShape, crossChecked, EXIT_CONFIG, parseEnv, refineCommon } from '../shared/config.js';
 import { errorMessage } from '../shared/errors.js';
 import { boundedLines } from '../shared/jsonl.js';
 import { kafkaConfig } from '../shared/kafka/client.js';
@@ -17,9 +17,10 @@ export const EXIT_UNAVAILABLE = 69;
  * publish talks to Kafka only: REDIS_URL is accepted (shared .env files) but not required; the placeholder
  * default only keeps the shared config type whole and is never connected to.
  */
-const publishEnvSchema = z
-  .object({ ...commonEnvShape, REDIS_URL: commonEnvShape.REDIS_URL.default('redis://unused.invalid:6379') })
-  .superRefine(refineCommon);
+const publishEnvSchema = crossChecked(
+  z.object({ ...commonEnvShape, REDIS_URL: commonEnvShape.REDIS_URL.default('redis://unused.invalid:6379') }),
+  refineCommon,
+);
 
 const idSchema = z.string().regex(/^[A-Za-z0-9._:-]{1,128}$/, 'expected 1-128 characters of [A-Za-z0-9._:-]');
 

@@ -165,25 +165,71 @@ export const commonEnvSchema = z.object(commonEnvShape);
 export type CommonEnv = z.infer<typeof commonEnvSchema>;
 
 /**
- * Cross-field rules shared by every service schema (zod's superRefine keeps all issues in one error).
- * `topics`: the service's own topic variables besides the common ones, each of which must name a topic of its
- * own. Two roles on one topic is a copied line, never a design: dead letters written to the input were read
- * back and dead-lettered again for ever, and a state copy shared with an output topic was restored from records
- * of another contract.
+ * The variables of one parse as a cross-variable rule may read them: only those that passed their own check.
+ * zod runs an object's refinements only when every field parsed, so `DETECTOR_LOOKBACK=abc` hid
+ * `PAVER_RETRY_INITIAL_MS > PAVER_RETRY_MAX_MS` until it was fixed, and the user needed a second round; a rule
+ * whose inputs all parsed runs here whatever else failed, and a rule over one that did not is skipped (its value
+ * is not known, and the variable's own error is already listed).
+ */
+export class ParsedEnv<T> {
+  constructor(
+    private readonly env: T,
+    private readonly failed: ReadonlySet<PropertyKey>,
+  ) {}
+
+  /** `rule` over the variables named (an unset optional one is undefined), or undefined if one failed its parse. */
+  with<K extends keyof T, R>(inputs: readonly K[], rule: (env: Pick<T, K>) => R): R | undefined {
+    return inputs.some((k) => this.failed.has(k)) ? undefined : rule(this.env);
+  }
+
+  /** A variable's value, or undefined when it is unset or failed its parse. */
+  get<K extends keyof T>(key: K): T[K] | undefined {
+    return this.with([key], (e) => e[key]);
+  }
+}
+
+/**
+ * An environment schema with its cross-variable rules, run even when other variables failed their own parse (see
+ * ParsedEnv). Issues add up in one error, as zod's superRefine keeps them.
+ */
+export function crossChecked<S extends z.ZodObject>(
+  schema: S,
+  rules: (env: ParsedEnv<z.output<S>>, ctx: z.RefinementCtx) => void,
+): S {
+  return schema.superRefine(
+    (value, ctx) => {
+      const failed = new Set<PropertyKey>(ctx.issues.map((i) => i.path?.[0] ?? ''));
+      rules(new ParsedEnv(value, failed), ctx);
+    },
+    // Not when the input was not an object at all (no variable is known) or an issue names none.
+    {
+      when: (payload) =>
+        typeof payload.value === 'object' &&
+        payload.value !== null &&
+        payload.issues.every((i) => (i.path?.length ?? 0) > 0),
+    },
+  );
+}
+
+/**
+ * Cross-field rules shared by every service schema. `topics`: the service's own topic variables besides the
+ * common ones (undefined when unset or unparsed), each of which must name a topic of its own. Two roles on one
+ * topic is a copied line, never a design: dead letters written to the input were read back and dead-lettered
+ * again for ever, and a state copy shared with an output topic was restored from records of another contract.
  */
 export function refineCommon(
-  env: CommonEnv,
+  env: ParsedEnv<CommonEnv>,
   ctx: z.RefinementCtx,
   topics: Readonly<Record<string, string | undefined>> = {},
 ): void {
   const seen = new Map<string, string>();
   for (const [key, topic] of Object.entries({
-    PAVER_TOPIC_TOOL_CALLS: env.PAVER_TOPIC_TOOL_CALLS,
-    PAVER_TOPIC_FLOW_CANDIDATES: env.PAVER_TOPIC_FLOW_CANDIDATES,
-    PAVER_TOPIC_NEXT_ACTIONS: env.PAVER_TOPIC_NEXT_ACTIONS,
-    PAVER_TOPIC_SEQUENCE_STATE: env.PAVER_TOPIC_SEQUENCE_STATE,
-    PAVER_TOPIC_FLOW_SELECTIONS: env.PAVER_TOPIC_FLOW_SELECTIONS,
-    PAVER_TOPIC_DEAD_LETTERS: env.PAVER_TOPIC_DEAD_LETTERS,
+    PAVER_TOPIC_TOOL_CALLS: env.get('PAVER_TOPIC_TOOL_CALLS'),
+    PAVER_TOPIC_FLOW_CANDIDATES: env.get('PAVER_TOPIC_FLOW_CANDIDATES'),
+    PAVER_TOPIC_NEXT_ACTIONS: env.get('PAVER_TOPIC_NEXT_ACTIONS'),
+    PAVER_TOPIC_SEQUENCE_STATE: env.get('PAVER_TOPIC_SEQUENCE_STATE'),
+    PAVER_TOPIC_FLOW_SELECTIONS: env.get('PAVER_TOPIC_FLOW_SELECTIONS'),
+    PAVER_TOPIC_DEAD_LETTERS: env.get('PAVER_TOPIC_DEAD_LETTERS'),
     ...topics,
   })) {
     if (topic === undefined) continue;
@@ -196,67 +242,75 @@ export function refineCommon(
       });
     else seen.set(topic, key);
   }
-  if (env.KAFKA_SASL_MECHANISM && (!env.KAFKA_SASL_USERNAME || !env.KAFKA_SASL_PASSWORD)) {
-    ctx.addIssue({
-      code: 'custom',
-      path: ['KAFKA_SASL_USERNAME'],
-      message: 'KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD are required when KAFKA_SASL_MECHANISM is set',
-    });
-  }
-  // Credentials the client would drop without a word: it would connect unauthenticated instead of failing.
-  if (!env.KAFKA_SASL_MECHANISM && (env.KAFKA_SASL_USERNAME || env.KAFKA_SASL_PASSWORD)) {
-    ctx.addIssue({
-      code: 'custom',
-      path: ['KAFKA_SASL_MECHANISM'],
-      message:
-        'required with KAFKA_SASL_USERNAME/KAFKA_SASL_PASSWORD (plain, scram-sha-256 or scram-sha-512)',
-    });
-  }
-  redisUrlIssues(env, ctx);
+  env.with(['KAFKA_SASL_MECHANISM', 'KAFKA_SASL_USERNAME', 'KAFKA_SASL_PASSWORD'], (e) => {
+    if (e.KAFKA_SASL_MECHANISM && (!e.KAFKA_SASL_USERNAME || !e.KAFKA_SASL_PASSWORD)) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['KAFKA_SASL_USERNAME'],
+        message: 'KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD are required when KAFKA_SASL_MECHANISM is set',
+      });
+    }
+    // Credentials the client would drop without a word: it would connect unauthenticated instead of failing.
+    if (!e.KAFKA_SASL_MECHANISM && (e.KAFKA_SASL_USERNAME || e.KAFKA_SASL_PASSWORD)) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['KAFKA_SASL_MECHANISM'],
+        message:
+          'required with KAFKA_SASL_USERNAME/KAFKA_SASL_PASSWORD (plain, scram-sha-256 or scram-sha-512)',
+      });
+    }
+  });
+  env.with(['REDIS_URL', 'REDIS_USERNAME', 'REDIS_PASSWORD'], (e) => redisUrlIssues(e, ctx));
   // The backoff caps each wait at the maximum: a first wait above it was cut to it without a word.
-  if (env.PAVER_RETRY_INITIAL_MS > env.PAVER_RETRY_MAX_MS)
-    ctx.addIssue({
-      code: 'custom',
-      path: ['PAVER_RETRY_INITIAL_MS'],
-      message: `must be ≤ PAVER_RETRY_MAX_MS (${env.PAVER_RETRY_MAX_MS}), the cap on every wait`,
-    });
-  if (!!env.KAFKA_SSL_CERT_FILE !== !!env.KAFKA_SSL_KEY_FILE) {
-    ctx.addIssue({
-      code: 'custom',
-      path: ['KAFKA_SSL_KEY_FILE'],
-      message: 'KAFKA_SSL_CERT_FILE and KAFKA_SSL_KEY_FILE go together',
-    });
-  }
-  if (env.SCHEMA_REGISTRY_USERNAME && !env.SCHEMA_REGISTRY_PASSWORD) {
-    ctx.addIssue({
-      code: 'custom',
-      path: ['SCHEMA_REGISTRY_PASSWORD'],
-      message: 'required with SCHEMA_REGISTRY_USERNAME',
-    });
-  }
-  // Dropped without a word otherwise: a password alone sent no credentials, and credentials without the URL left
-  // the services writing plain JSON where the registry's framing was meant.
-  if (env.SCHEMA_REGISTRY_PASSWORD && !env.SCHEMA_REGISTRY_USERNAME) {
-    ctx.addIssue({
-      code: 'custom',
-      path: ['SCHEMA_REGISTRY_USERNAME'],
-      message: 'required with SCHEMA_REGISTRY_PASSWORD',
-    });
-  }
-  if ((env.SCHEMA_REGISTRY_USERNAME || env.SCHEMA_REGISTRY_PASSWORD) && !env.SCHEMA_REGISTRY_URL) {
-    ctx.addIssue({
-      code: 'custom',
-      path: ['SCHEMA_REGISTRY_URL'],
-      message: 'required with SCHEMA_REGISTRY_USERNAME/SCHEMA_REGISTRY_PASSWORD (https://host[:port])',
-    });
-  }
+  env.with(['PAVER_RETRY_INITIAL_MS', 'PAVER_RETRY_MAX_MS'], (e) => {
+    if (e.PAVER_RETRY_INITIAL_MS > e.PAVER_RETRY_MAX_MS)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['PAVER_RETRY_INITIAL_MS'],
+        message: `must be ≤ PAVER_RETRY_MAX_MS (${e.PAVER_RETRY_MAX_MS}), the cap on every wait`,
+      });
+  });
+  env.with(['KAFKA_SSL_CERT_FILE', 'KAFKA_SSL_KEY_FILE'], (e) => {
+    if (!!e.KAFKA_SSL_CERT_FILE !== !!e.KAFKA_SSL_KEY_FILE) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['KAFKA_SSL_KEY_FILE'],
+        message: 'KAFKA_SSL_CERT_FILE and KAFKA_SSL_KEY_FILE go together',
+      });
+    }
+  });
+  env.with(['SCHEMA_REGISTRY_URL', 'SCHEMA_REGISTRY_USERNAME', 'SCHEMA_REGISTRY_PASSWORD'], (e) => {
+    if (e.SCHEMA_REGISTRY_USERNAME && !e.SCHEMA_REGISTRY_PASSWORD) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['SCHEMA_REGISTRY_PASSWORD'],
+        message: 'required with SCHEMA_REGISTRY_USERNAME',
+      });
+    }
+    // Dropped without a word otherwise: a password alone sent no credentials, and credentials without the URL
+    // left the services writing plain JSON where the registry's framing was meant.
+    if (e.SCHEMA_REGISTRY_PASSWORD && !e.SCHEMA_REGISTRY_USERNAME) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['SCHEMA_REGISTRY_USERNAME'],
+        message: 'required with SCHEMA_REGISTRY_PASSWORD',
+      });
+    }
+    if ((e.SCHEMA_REGISTRY_USERNAME || e.SCHEMA_REGISTRY_PASSWORD) && !e.SCHEMA_REGISTRY_URL) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['SCHEMA_REGISTRY_URL'],
+        message: 'required with SCHEMA_REGISTRY_USERNAME/SCHEMA_REGISTRY_PASSWORD (https://host[:port])',
+      });
+    }
+  });
   for (const key of [
     'KAFKA_SSL_CA_FILE',
     'KAFKA_SSL_CERT_FILE',
     'KAFKA_SSL_KEY_FILE',
     'REDIS_TLS_CA_FILE',
   ] as const) {
-    const file = env[key];
+    const file = env.get(key);
     if (file) {
       try {
         readFileSync(file);
@@ -273,7 +327,10 @@ export function refineCommon(
  * host or a path that is not a database number (both taken for defaults without a word).
  * Messages never quote the URL: it may hold the password.
  */
-function redisUrlIssues(env: CommonEnv, ctx: z.RefinementCtx): void {
+function redisUrlIssues(
+  env: Pick<CommonEnv, 'REDIS_URL' | 'REDIS_USERNAME' | 'REDIS_PASSWORD'>,
+  ctx: z.RefinementCtx,
+): void {
   let user = '';
   let password = '';
   try {

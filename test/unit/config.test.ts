@@ -3,7 +3,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import type { z } from 'zod';
-import { commonEnvSchema, misspeltVariables, parseEnv, refineCommon } from '../../shared/config.js';
+import {
+  commonEnvSchema,
+  crossChecked,
+  misspeltVariables,
+  parseEnv,
+  refineCommon,
+} from '../../shared/config.js';
 import { kafkaConfig } from '../../shared/kafka/client.js';
 import { createRedis } from '../../shared/redis/client.js';
 import { silentLogger } from '../../shared/log.js';
@@ -13,7 +19,7 @@ import { flowsEnvSchema, offlineEnv } from '../../services/flows/src/config.js';
 import { ingestEnvSchema } from '../../services/ingest/src/config.js';
 import { sequencerEnvSchema } from '../../services/sequencer/src/config.js';
 
-const schema = commonEnvSchema.superRefine(refineCommon);
+const schema = crossChecked(commonEnvSchema, refineCommon);
 const base = { KAFKA_BROKERS: 'k:9092', REDIS_URL: 'redis://r:6379' };
 /** The CONFIG_INVALID message for an environment (fails the test if it is accepted). */
 function refused(env: Record<string, string>, by: z.ZodType = schema): string {
@@ -469,5 +475,53 @@ describe('INGEST_TENANT_ID', () => {
     // Before: accepted, and every such event was then refused as invalid by the detector, autoseq and the sequencer.
     for (const bad of ['acme\tcorp', 'line\nbreak', 'x'.repeat(300)])
       expect(() => parseEnv(ingestEnvSchema, { ...base, INGEST_TENANT_ID: bad })).toThrow(/INGEST_TENANT_ID/);
+  });
+});
+
+describe('one round of configuration errors', () => {
+  it('a variable that fails its own parse leaves the cross-variable rules over the others running', () => {
+    // Before, zod skipped every cross-variable rule once one variable failed: DETECTOR_LOOKBACK=abc hid the
+    // retry bounds, the topic clash and the length bounds until it was fixed, and the user needed two rounds.
+    const m = refused(
+      {
+        DETECTOR_LOOKBACK: 'abc',
+        DETECTOR_MIN_OCCURRENCES: '500',
+        DETECTOR_MIN_LENGTH: '5',
+        DETECTOR_MAX_LENGTH: '3',
+        PAVER_RETRY_INITIAL_MS: '10000',
+        PAVER_TOPIC_DEAD_LETTERS: 'paver.tool-calls.v1',
+        KAFKA_SASL_USERNAME: 'svc',
+        KAFKA_SASL_PASSWORD: 'hunter2-secret',
+      },
+      detectorEnvSchema,
+    );
+    expect(m).toContain('DETECTOR_LOOKBACK: expected an integer');
+    expect(m).toContain('PAVER_RETRY_INITIAL_MS: must be ≤ PAVER_RETRY_MAX_MS');
+    expect(m).toContain('PAVER_TOPIC_DEAD_LETTERS: names the same topic as PAVER_TOPIC_TOOL_CALLS');
+    expect(m).toContain('DETECTOR_MAX_LENGTH: must be ≥ DETECTOR_MIN_LENGTH');
+    expect(m).toContain('KAFKA_SASL_MECHANISM: required with');
+    // A rule over a variable that did not parse is left out: its value is not known.
+    expect(m).not.toContain('DETECTOR_MIN_OCCURRENCES');
+    expect(m).toMatch(/\(5 problem\(s\)\)/);
+  });
+
+  it('in every service, and a rule over a failed variable is skipped rather than guessed', () => {
+    const cases: [z.ZodType, Record<string, string>, string][] = [
+      [schema, { KAFKA_BROKERS: 'PLAINTEXT://k:9092' }, 'PAVER_RETRY_INITIAL_MS: must be'],
+      [autoseqEnvSchema, { AUTOSEQ_LEARN_MAX_K: '0' }, 'PAVER_RETRY_INITIAL_MS: must be'],
+      [sequencerEnvSchema, { SEQUENCER_SESSION_TTL_MS: 'x' }, 'PAVER_RETRY_INITIAL_MS: must be'],
+      [ingestEnvSchema, { INGEST_MAX_PENDING_SPANS: 'x' }, 'PAVER_RETRY_INITIAL_MS: must be'],
+      [flowsEnvSchema, { FLOWS_TOP_K: 'x', FLOWS_CHAT_API_KEY: 'k' }, 'FLOWS_CHAT_URL: required with'],
+    ];
+    for (const [by, env, expected] of cases)
+      expect(refused({ PAVER_RETRY_INITIAL_MS: '10000', ...env }, by)).toContain(expected);
+    // PAVER_RETRY_MAX_MS failed: whether the first wait is above it is not known, so nothing is said of it.
+    const m = refused({ PAVER_RETRY_INITIAL_MS: '10000', PAVER_RETRY_MAX_MS: 'x' });
+    expect(m).toContain('PAVER_RETRY_MAX_MS: expected an integer');
+    expect(m).not.toContain('PAVER_RETRY_INITIAL_MS');
+    // A mechanism that failed is not taken as unset (which would say it is required).
+    expect(
+      refused({ KAFKA_SASL_MECHANISM: 'gssapi', KAFKA_SASL_USERNAME: 'u', KAFKA_SASL_PASSWORD: 'p' }),
+    ).not.toContain('required with');
   });
 });

@@ -1,10 +1,18 @@
 import { z } from 'zod';
-import { commonEnvShape, decimal, envBool, int, refineCommon, topicName } from '../../../shared/config.js';
+import {
+  commonEnvShape,
+  crossChecked,
+  decimal,
+  envBool,
+  int,
+  refineCommon,
+  topicName,
+} from '../../../shared/config.js';
 import type { AutoseqOptions } from './core/decide.js';
 import { DEFAULT_LEARN, type LearnOptions } from './core/learn/learner.js';
 
-export const autoseqEnvSchema = z
-  .object({
+export const autoseqEnvSchema = crossChecked(
+  z.object({
     ...commonEnvShape,
     AUTOSEQ_GROUP_ID: z.string().min(1).default('paver-autoseq'),
     AUTOSEQ_CATALOG_FILE: z.string().min(1).optional(),
@@ -29,13 +37,13 @@ export const autoseqEnvSchema = z
     AUTOSEQ_RULES_TOPIC: topicName.default('paver.autoseq-rules.v1'),
     /** How often changed contexts are copied to it; 0: no copy (a Redis loss then loses the rules). */
     AUTOSEQ_RULES_SNAPSHOT_MS: int(0, 3_600_000).default(5000),
-  })
-  .superRefine((env, ctx) =>
+  }),
+  (env, ctx) =>
     refineCommon(env, ctx, {
-      PAVER_TOPIC_TOOL_CATALOG: env.PAVER_TOPIC_TOOL_CATALOG,
-      AUTOSEQ_RULES_TOPIC: env.AUTOSEQ_RULES_TOPIC,
+      PAVER_TOPIC_TOOL_CATALOG: env.get('PAVER_TOPIC_TOOL_CATALOG'),
+      AUTOSEQ_RULES_TOPIC: env.get('AUTOSEQ_RULES_TOPIC'),
     }),
-  );
+);
 export type AutoseqEnv = z.infer<typeof autoseqEnvSchema>;
 
 export const optionsFromEnv = (env: AutoseqEnv): AutoseqOptions => ({

@@ -1,9 +1,16 @@
 import { z } from 'zod';
-import { commonEnvShape, envBool, int, refineCommon, topicName } from '../../../shared/config.js';
+import {
+  commonEnvShape,
+  crossChecked,
+  envBool,
+  int,
+  refineCommon,
+  topicName,
+} from '../../../shared/config.js';
 import type { DetectorParams } from './core/params.js';
 
-export const detectorEnvSchema = z
-  .object({
+export const detectorEnvSchema = crossChecked(
+  z.object({
     ...commonEnvShape,
     DETECTOR_GROUP_ID: z.string().min(1).default('paver-detector'),
     DETECTOR_MIN_LENGTH: int(1, 100).default(3),
@@ -27,26 +34,31 @@ export const detectorEnvSchema = z
     DETECTOR_TOPIC_CHECKPOINTS: topicName.default('paver.detector-checkpoints.v1'),
     /** How often (at most) each partition's checkpoint is recomputed and written; 0 = after every chunk. */
     DETECTOR_CHECKPOINT_INTERVAL_MS: int(0).default(5_000),
-  })
-  .superRefine((env, ctx) => {
-    refineCommon(env, ctx, { DETECTOR_TOPIC_CHECKPOINTS: env.DETECTOR_TOPIC_CHECKPOINTS });
-    if (env.DETECTOR_MAX_LENGTH < env.DETECTOR_MIN_LENGTH) {
-      ctx.addIssue({
-        code: 'custom',
-        path: ['DETECTOR_MAX_LENGTH'],
-        message: 'must be ≥ DETECTOR_MIN_LENGTH',
-      });
-    }
+  }),
+  (env, ctx) => {
+    refineCommon(env, ctx, { DETECTOR_TOPIC_CHECKPOINTS: env.get('DETECTOR_TOPIC_CHECKPOINTS') });
+    env.with(['DETECTOR_MIN_LENGTH', 'DETECTOR_MAX_LENGTH'], (e) => {
+      if (e.DETECTOR_MAX_LENGTH < e.DETECTOR_MIN_LENGTH) {
+        ctx.addIssue({
+          code: 'custom',
+          path: ['DETECTOR_MAX_LENGTH'],
+          message: 'must be ≥ DETECTOR_MIN_LENGTH',
+        });
+      }
+    });
     // Support counts the window's tasks that hold a sequence: it never passes the window's size, so no candidate
     // could ever be found, and nothing said so.
-    if (env.DETECTOR_MIN_OCCURRENCES > env.DETECTOR_LOOKBACK) {
-      ctx.addIssue({
-        code: 'custom',
-        path: ['DETECTOR_MIN_OCCURRENCES'],
-        message: `must be ≤ DETECTOR_LOOKBACK (${env.DETECTOR_LOOKBACK}), the tasks a sequence's occurrences are counted in`,
-      });
-    }
-  });
+    env.with(['DETECTOR_MIN_OCCURRENCES', 'DETECTOR_LOOKBACK'], (e) => {
+      if (e.DETECTOR_MIN_OCCURRENCES > e.DETECTOR_LOOKBACK) {
+        ctx.addIssue({
+          code: 'custom',
+          path: ['DETECTOR_MIN_OCCURRENCES'],
+          message: `must be ≤ DETECTOR_LOOKBACK (${e.DETECTOR_LOOKBACK}), the tasks a sequence's occurrences are counted in`,
+        });
+      }
+    });
+  },
+);
 export type DetectorEnv = z.infer<typeof detectorEnvSchema>;
 
 export function paramsFromEnv(env: DetectorEnv): DetectorParams {

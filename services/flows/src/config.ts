@@ -2,6 +2,7 @@ import { z } from 'zod';
 import {
   MAX_TOPIC_NAME,
   commonEnvShape,
+  crossChecked,
   decimal,
   envBool,
   httpUrl,
@@ -15,8 +16,8 @@ import type { OutcomePolicy } from './core/outcomes.js';
 import type { PromotionPolicy } from './core/promotion.js';
 import { DEFAULT_POLICY, type SelectPolicy } from './core/select.js';
 
-export const flowsEnvSchema = z
-  .object({
+export const flowsEnvSchema = crossChecked(
+  z.object({
     ...commonEnvShape,
     FLOWS_GROUP_ID: z.string().min(1).default('paver-flows'),
     FLOWS_FILE: z.string().min(1).optional(),
@@ -54,13 +55,14 @@ export const flowsEnvSchema = z
     // FLOWS_RECONCILE_MIN_AGE_MS ago are left to their promotion.
     FLOWS_RECONCILE_MS: int(0, 86_400_000).default(300_000),
     FLOWS_RECONCILE_MIN_AGE_MS: int(1_000, 86_400_000).default(120_000),
-  })
-  .superRefine((env, ctx) => {
+  }),
+  (env, ctx) => {
+    const stateTopic = env.with(['FLOWS_STATE_TOPIC', 'PAVER_TOPIC_FLOWS'], stateTopicOf);
     refineCommon(env, ctx, {
-      PAVER_TOPIC_FLOWS: env.PAVER_TOPIC_FLOWS,
-      FLOWS_STATE_TOPIC: stateTopicOf(env),
+      PAVER_TOPIC_FLOWS: env.get('PAVER_TOPIC_FLOWS'),
+      FLOWS_STATE_TOPIC: stateTopic,
     });
-    if (stateTopicOf(env).length > MAX_TOPIC_NAME)
+    if (stateTopic !== undefined && stateTopic.length > MAX_TOPIC_NAME)
       ctx.addIssue({
         code: 'custom',
         path: ['FLOWS_STATE_TOPIC'],
@@ -72,13 +74,16 @@ export const flowsEnvSchema = z
       ['FLOWS_CHAT_API_KEY', 'FLOWS_CHAT_URL'],
       ['FLOWS_EMBEDDINGS_API_KEY', 'FLOWS_EMBEDDINGS_URL'],
     ] as const)
-      if (env[key] && !env[url])
-        ctx.addIssue({
-          code: 'custom',
-          path: [url],
-          message: `required with ${key} (the endpoint's base URL, e.g. https://api.openai.com/v1)`,
-        });
-  });
+      env.with([key, url], (e) => {
+        if (e[key] && !e[url])
+          ctx.addIssue({
+            code: 'custom',
+            path: [url],
+            message: `required with ${key} (the endpoint's base URL, e.g. https://api.openai.com/v1)`,
+          });
+      });
+  },
+);
 export type FlowsEnv = z.infer<typeof flowsEnvSchema>;
 export const stateTopicOf = (env: Pick<FlowsEnv, 'FLOWS_STATE_TOPIC' | 'PAVER_TOPIC_FLOWS'>) =>
   env.FLOWS_STATE_TOPIC ?? `${env.PAVER_TOPIC_FLOWS}.state`;

@@ -1,13 +1,20 @@
 import { z } from 'zod';
 import { id } from '../../../schemas/index.js';
-import { commonEnvShape, envBool, int, refineCommon, topicName } from '../../../shared/config.js';
+import {
+  commonEnvShape,
+  crossChecked,
+  envBool,
+  int,
+  refineCommon,
+  topicName,
+} from '../../../shared/config.js';
 import { DEFAULT_MAX_PENDING_SPANS } from './adapters/handler.js';
 import { OTLP_ENCODINGS } from './adapters/otlp-decode.js';
 import type { MapOptions } from './core/map.js';
 import type { DecodeLimits } from './core/otlp.js';
 
-export const ingestEnvSchema = z
-  .object({
+export const ingestEnvSchema = crossChecked(
+  z.object({
     ...commonEnvShape,
     INGEST_GROUP_ID: z.string().min(1).default('paver-ingest'),
     /** Where the Collector's Kafka exporter writes traces (its `traces::topic`, default `otlp_spans`). */
@@ -24,8 +31,9 @@ export const ingestEnvSchema = z
     INGEST_PENDING_TTL_MS: int(1000).default(6 * 3_600_000),
     /** Spans one trace may keep waiting for its agent span; more are dropped (and counted). */
     INGEST_MAX_PENDING_SPANS: int(1, 1_000_000).default(DEFAULT_MAX_PENDING_SPANS),
-  })
-  .superRefine((env, ctx) => refineCommon(env, ctx, { INGEST_OTLP_TOPIC: env.INGEST_OTLP_TOPIC }));
+  }),
+  (env, ctx) => refineCommon(env, ctx, { INGEST_OTLP_TOPIC: env.get('INGEST_OTLP_TOPIC') }),
+);
 export type IngestEnv = z.infer<typeof ingestEnvSchema>;
 
 export const mapOptionsFromEnv = (env: IngestEnv): MapOptions => ({

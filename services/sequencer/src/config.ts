@@ -1,8 +1,15 @@
 import { z } from 'zod';
-import { commonEnvShape, envBool, int, refineCommon, topicName } from '../../../shared/config.js';
+import {
+  commonEnvShape,
+  crossChecked,
+  envBool,
+  int,
+  refineCommon,
+  topicName,
+} from '../../../shared/config.js';
 
-export const sequencerEnvSchema = z
-  .object({
+export const sequencerEnvSchema = crossChecked(
+  z.object({
     ...commonEnvShape,
     SEQUENCER_GROUP_ID: z.string().min(1).default('paver-sequencer'),
     SEQUENCER_CONFIG_FILE: z.string().min(1).optional(),
@@ -22,11 +29,11 @@ export const sequencerEnvSchema = z
      * connection answered a PING within this long; 0: every read GETs the marker.
      */
     SEQUENCER_EPOCH_HEARTBEAT_MS: int(0, 60_000).default(200),
-  })
-  .superRefine((env, ctx) =>
+  }),
+  (env, ctx) =>
     refineCommon(env, ctx, {
-      PAVER_TOPIC_ORCHESTRATION: env.PAVER_TOPIC_ORCHESTRATION,
-      SEQUENCER_STATE_TOPIC: env.SEQUENCER_STATE_TOPIC,
+      PAVER_TOPIC_ORCHESTRATION: env.get('PAVER_TOPIC_ORCHESTRATION'),
+      SEQUENCER_STATE_TOPIC: env.get('SEQUENCER_STATE_TOPIC'),
     }),
-  );
+);
 export type SequencerEnv = z.infer<typeof sequencerEnvSchema>;
