@@ -1,4 +1,5 @@
 import { readFileSync } from 'node:fs';
+import { isIP } from 'node:net';
 import { z } from 'zod';
 import { PaverError } from './errors.js';
 
@@ -74,6 +75,26 @@ export const topicName = z
     /^(?!\.{1,2}$)[a-zA-Z0-9._-]{1,249}$/,
     'expected a Kafka topic name (1 to 249 of [a-zA-Z0-9._-], not . or ..)',
   );
+
+/**
+ * The address the HTTP server binds: an IP address (IPv6 without brackets, as Node takes it) or a host name. A
+ * `host:port`, a URL or a bracketed IPv6 literal passed and the start failed on a name lookup (exit 1, no
+ * variable named); whether a well-formed name resolves is still learnt at bind time.
+ */
+const httpHost = z.string().refine(
+  (s) =>
+    isIP(s) !== 0 ||
+    (s.length <= 253 &&
+      // All digits and dots is an IPv4 address or nothing (999.1.1.1 is not a name).
+      !/^[\d.]+$/.test(s) &&
+      /^(?!-)[a-zA-Z0-9_-]{1,63}(?<!-)(\.(?!-)[a-zA-Z0-9_-]{1,63}(?<!-))*\.?$/.test(s)),
+  {
+    error: (issue) =>
+      String(issue.input).startsWith('[')
+        ? 'expected an IPv6 address without brackets (:: or ::1)'
+        : 'expected a host name or IP address to bind (0.0.0.0, ::, 127.0.0.1, localhost), no port or scheme: the port is HTTP_PORT',
+  },
+);
 
 /**
  * Largest configuration file (orchestration, catalog, flows, policy, candidates) read whole, from a path or
@@ -156,7 +177,7 @@ export const commonEnvShape = {
   SCHEMA_REGISTRY_URL: httpUrl.optional(),
   SCHEMA_REGISTRY_USERNAME: z.string().min(1).optional(),
   SCHEMA_REGISTRY_PASSWORD: z.string().min(1).optional(),
-  HTTP_HOST: z.string().min(1).default('0.0.0.0'),
+  HTTP_HOST: httpHost.default('0.0.0.0'),
   HTTP_PORT: int(0, 65535).optional(),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
 } as const;

@@ -525,3 +525,29 @@ describe('one round of configuration errors', () => {
     ).not.toContain('required with');
   });
 });
+
+describe('HTTP_HOST', () => {
+  it('refuses what is not a host name or IP address, naming the variable, and takes what Node binds', () => {
+    // Before, each passed and the start failed at bind time on a name lookup: exit 1, no variable named.
+    for (const bad of [
+      'localhost:9101',
+      'http://0.0.0.0',
+      '[::1]',
+      '0.0.0.0/0',
+      'my host',
+      '999.1.1.1',
+      '-a',
+    ])
+      expect(refused({ HTTP_HOST: bad })).toMatch(/HTTP_HOST: expected (a host name|an IPv6)/);
+    expect(refused({ HTTP_HOST: 'localhost:9101' })).toContain('the port is HTTP_PORT');
+    for (const good of [
+      '0.0.0.0',
+      '::',
+      '::1',
+      '127.0.0.1',
+      'localhost',
+      'detector.paver.svc.cluster.local.',
+    ])
+      expect(parseEnv(schema, { ...base, HTTP_HOST: good }).HTTP_HOST).toBe(good);
+  });
+});
