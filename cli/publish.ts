@@ -3,7 +3,14 @@ import { access, constants, stat } from 'node:fs/promises';
 import { Kafka, logLevel, Partitioners } from 'kafkajs';
 import { z } from 'zod';
 import { createCodec } from '../shared/codec.js';
-import { commonEnvShape, crossChecked, EXIT_CONFIG, parseEnv, refineCommon } from '../shared/config.js';
+import {
+  commonEnvShape,
+  crossChecked,
+  EXIT_CONFIG,
+  parseEnv,
+  refineCommon,
+  topicName,
+} from '../shared/config.js';
 import { errorMessage } from '../shared/errors.js';
 import { boundedLines } from '../shared/jsonl.js';
 import { kafkaConfig } from '../shared/kafka/client.js';
@@ -40,6 +47,12 @@ export async function publish(opts: {
     process.stderr.write(`paver publish: ${line}\n`);
     return code;
   };
+  // A usage error, said before connecting: '' was sent to, and refused by the broker after the connection
+  // (or read as 'no broker', exit 69, when none answered).
+  if (opts.topic !== undefined) {
+    const r = topicName.safeParse(opts.topic);
+    if (!r.success) return fail(2, `--topic: ${r.error.issues[0]?.message}`);
+  }
   let env: z.infer<typeof publishEnvSchema>;
   try {
     env = parseEnv(publishEnvSchema, opts.env ?? process.env);

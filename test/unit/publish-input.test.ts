@@ -1,4 +1,4 @@
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, expect, it, vi } from 'vitest';
@@ -29,4 +29,18 @@ it('paver publish says why --input cannot be read, a directory included, before 
   // Before: a directory passed, the command connected and failed with 'failed after 0 events: EISDIR' (or 69).
   expect(await publish({ input: dir, env })).toBe(2);
   expect(err).toBe(`paver publish: cannot read --input ${dir}: it is a directory\n`);
+});
+
+it('paver publish refuses a --topic that is not a topic name, as the topic variables do, before connecting (exit 2)', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'paver-publish-'));
+  const input = join(dir, 'events.jsonl');
+  writeFileSync(input, '{}\n');
+  // Before: '' was taken, and the command connected (69 here, no broker; with one, the send was refused).
+  for (const bad of ['', '.', 'a b', 'x'.repeat(250)]) {
+    err = '';
+    expect(await publish({ input, topic: bad, env })).toBe(2);
+    expect(err).toBe(
+      'paver publish: --topic: expected a Kafka topic name (1 to 249 of [a-zA-Z0-9._-], not . or ..)\n',
+    );
+  }
 });
