@@ -822,3 +822,40 @@ describe('paver detect --tenant/--agent', () => {
     }
   });
 });
+
+describe('paver flows registry verbs on an HTTP error', () => {
+  it("say the service's JSON error, or the body on one line cut at 500 characters", async () => {
+    const { createServer } = await import('node:http');
+    const page = `<html>\n<body>\u001b[31m${'proxy error '.repeat(2000)}</body></html>`;
+    const server = createServer((req, res) => {
+      if (req.url?.startsWith('/flows/candidates/k1'))
+        return void res
+          .writeHead(404, { 'content-type': 'application/json' })
+          .end(JSON.stringify({ error: 'no candidate k1' }));
+      if (req.url?.startsWith('/flows?')) return void res.writeHead(500).end('x'.repeat(1 << 20));
+      res.writeHead(502, { 'content-type': 'text/html' }).end(page);
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const url = `http://127.0.0.1:${(server.address() as { port: number }).port}`;
+    try {
+      expect(await main(['flows', 'show', 'k1', '--url', url])).toBe(1);
+      expect(err).toBe('paver flows show: HTTP 404: no candidate k1\n');
+      err = '';
+      // Before: the whole page (24 kB, its newlines and escape sequences) went to stderr.
+      expect(await main(['flows', 'list', '--url', url])).toBe(1);
+      expect(err.split('\n')).toHaveLength(2);
+      expect(err).not.toContain('\u001b');
+      expect(err).toMatch(/^paver flows list: HTTP 502: <html> <body> \[31mproxy error proxy error /);
+      expect(err).toMatch(/… \(cut; \d+ characters in all\)\n$/);
+      expect(err.length).toBeLessThan(600);
+      err = '';
+      // A megabyte is not read whole to say its first 500 characters.
+      expect(await main(['flows', 'registry', '--url', url])).toBe(1);
+      expect(err).toBe(
+        `paver flows registry: HTTP 500: ${'x'.repeat(500)}… (cut; over 65536 bytes in all)\n`,
+      );
+    } finally {
+      server.close();
+    }
+  });
+});

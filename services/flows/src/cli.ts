@@ -134,6 +134,54 @@ export async function selectCommand(argv: string[]): Promise<number> {
   return 0;
 }
 
+/** Characters of an HTTP error answer said on stderr; bytes of it read (the rest is not waited for). */
+const ERROR_SHOWN = 500;
+const ERROR_READ = 64 * 1024;
+
+/**
+ * An HTTP error answer as one stderr line: the service's JSON `error` when it is one, else the body, on one line
+ * and cut at ERROR_SHOWN characters. The whole body went to stderr before: a proxy's or another server's page
+ * of HTML (the wrong --url) filled the terminal, and its control characters reached it.
+ */
+async function httpErrorLine(res: Response): Promise<string> {
+  let bytes = Buffer.alloc(0);
+  let more = false;
+  if (res.body) {
+    const reader = res.body.getReader();
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      bytes = Buffer.concat([bytes, value]);
+      if (bytes.length > ERROR_READ) {
+        more = true;
+        await reader.cancel().catch(() => undefined);
+        break;
+      }
+    }
+  }
+  const body = bytes.subarray(0, ERROR_READ).toString('utf8');
+  let text = body;
+  try {
+    const parsed = JSON.parse(body) as unknown;
+    if (
+      parsed !== null &&
+      typeof parsed === 'object' &&
+      typeof (parsed as { error?: unknown }).error === 'string'
+    )
+      text = (parsed as { error: string }).error;
+  } catch {
+    // Not the service's JSON: the body itself.
+  }
+  // eslint-disable-next-line no-control-regex
+  text = text.replace(/[\s\u0000-\u001f\u007f-\u009f]+/g, ' ').trim();
+  if (text.length > ERROR_SHOWN || more) {
+    const whole = more ? `over ${ERROR_READ} bytes` : `${text.length} characters`;
+    // Not half of a surrogate pair at the cut.
+    return `${text.slice(0, ERROR_SHOWN).replace(/[\uD800-\uDBFF]$/, '')}… (cut; ${whole} in all)`;
+  }
+  return text || '(no body)';
+}
+
 const FLOWS_USAGE = `Usage: paver flows list [--status pending|promoted|rejected|retracted]
        paver flows show KEY
        paver flows promote KEY
@@ -202,11 +250,11 @@ export async function flowsCommand(argv: string[]): Promise<number> {
     );
     return 1;
   }
-  const text = await res.text();
   if (!res.ok) {
-    process.stderr.write(`paver flows ${verb}: HTTP ${res.status}: ${text}\n`);
+    process.stderr.write(`paver flows ${verb}: HTTP ${res.status}: ${await httpErrorLine(res)}\n`);
     return 1;
   }
+  const text = await res.text();
   process.stdout.write(JSON.stringify(JSON.parse(text), null, values.pretty ? 2 : undefined) + '\n');
   return 0;
 }
