@@ -166,7 +166,35 @@ function decodeParam(raw: string): string {
   }
 }
 
+/**
+ * Why a request's Content-Type is not JSON's, or null: `application/json` or `application/<x>+json`, with any
+ * parameters but a charset other than UTF-8 (JSON's only encoding, and the only one decoded). No Content-Type is
+ * taken as JSON. Before, any body was parsed as JSON whatever its type: a form post (`curl -d` sends
+ * application/x-www-form-urlencoded) that happened to parse was answered as if it were JSON.
+ */
+function notJson(contentType: string | undefined): string | null {
+  if (contentType === undefined) return null;
+  const [type = '', ...params] = contentType.split(';');
+  const media = type.trim().toLowerCase();
+  if (media !== 'application/json' && !/^application\/[!#$&^_.+\w-]+\+json$/.test(media))
+    return `request body must be JSON (Content-Type: application/json), not ${media.slice(0, 100) || 'an empty type'}`;
+  for (const p of params) {
+    const [name = '', value = ''] = p.split('=');
+    if (name.trim().toLowerCase() !== 'charset') continue;
+    const charset = value
+      .trim()
+      .replace(/^"(.*)"$/, '$1')
+      .toLowerCase();
+    if (charset !== 'utf-8' && charset !== 'utf8')
+      return `request body must be UTF-8 JSON, not charset ${charset.slice(0, 40)}`;
+  }
+  return null;
+}
+
 async function readBody(req: IncomingMessage): Promise<unknown> {
+  // Before a byte is read: the type decides whether the body is read at all.
+  const why = notJson(req.headers['content-type']);
+  if (why) throw Object.assign(new Error(why), { status: 415 });
   const chunks: Buffer[] = [];
   let size = 0;
   for await (const chunk of req) {

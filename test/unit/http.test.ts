@@ -445,3 +445,54 @@ describe('HTTP latency buckets', () => {
     expect([bucket('2.5'), bucket('5'), bucket('10'), bucket('+Inf')]).toEqual([0, 1, 2, 2]);
   });
 });
+
+describe('JSON request bodies', () => {
+  it('are refused with 415 when their Content-Type is not JSON; JSON with parameters, +json and none pass', async () => {
+    const s = serverWith({
+      readiness: [],
+      routes: [
+        { method: 'POST', path: '/echo', handler: async (req) => ({ status: 200, body: await req.body() }) },
+      ],
+    });
+    const port = await s.listen(0, '127.0.0.1');
+    try {
+      const post = async (contentType: string | null) => {
+        const res = await fetch(`http://127.0.0.1:${port}/echo`, {
+          method: 'POST',
+          // A Blob without a type: fetch sends no Content-Type of its own.
+          body: new Blob(['{"a":1}']),
+          headers: contentType === null ? {} : { 'content-type': contentType },
+        });
+        return { status: res.status, body: (await res.json()) as unknown };
+      };
+      // Before: each was parsed as JSON and answered 200.
+      for (const t of [
+        'text/plain',
+        'text/plain;charset=UTF-8',
+        'application/x-www-form-urlencoded',
+        'application/xml',
+      ])
+        expect(await post(t), t).toEqual({
+          status: 415,
+          body: {
+            error: `request body must be JSON (Content-Type: application/json), not ${t.split(';')[0]!.toLowerCase()}`,
+          },
+        });
+      expect(await post('application/json; charset=utf-16')).toEqual({
+        status: 415,
+        body: { error: 'request body must be UTF-8 JSON, not charset utf-16' },
+      });
+      for (const t of [
+        'application/json',
+        'Application/JSON; charset="UTF-8"',
+        'application/json;charset=utf-8',
+        'application/merge-patch+json',
+        'application/vnd.api+json; ext=x',
+        null,
+      ])
+        expect(await post(t), String(t)).toEqual({ status: 200, body: { a: 1 } });
+    } finally {
+      await s.close();
+    }
+  });
+});

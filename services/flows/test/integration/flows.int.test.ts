@@ -5,6 +5,8 @@ import { isReady, ROOT, serviceEnv, startProcess, type Proc } from '../../../../
 import { createFlowsTopics } from './service-topics.js';
 
 const procs: Proc[] = [];
+// fetch sends a string body as text/plain, which a JSON route refuses (415).
+const JSON_TYPE = { 'content-type': 'application/json' };
 const closers: (() => Promise<void>)[] = [];
 afterAll(async () => {
   for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
@@ -41,7 +43,11 @@ describe('flows service: the model stage against malformed, slow and failing ans
     procs.push(p);
     await waitFor(() => isReady(p), 'flows /readyz');
     const sel = async (query: string) => {
-      const res = await fetch(p.url('/flows/select'), { method: 'POST', body: JSON.stringify({ query }) });
+      const res = await fetch(p.url('/flows/select'), {
+        method: 'POST',
+        headers: JSON_TYPE,
+        body: JSON.stringify({ query }),
+      });
       expect(res.status).toBe(200);
       return (await res.json()) as {
         path: string;
@@ -72,7 +78,11 @@ describe('flows service: the model stage against malformed, slow and failing ans
       path: 'fast_path',
       chosen: [{ name: 'refund_order' }],
     });
-    const bad = await fetch(p.url('/flows/select'), { method: 'POST', body: JSON.stringify({ q: 1 }) });
+    const bad = await fetch(p.url('/flows/select'), {
+      method: 'POST',
+      headers: JSON_TYPE,
+      body: JSON.stringify({ q: 1 }),
+    });
     expect(bad.status).toBe(400);
     expect(p.output()).not.toMatch(/I would go with|choices/);
     p.child.kill('SIGTERM');

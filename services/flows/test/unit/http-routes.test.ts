@@ -1,5 +1,7 @@
+import { Registry } from 'prom-client';
 import { describe, expect, it } from 'vitest';
-import type { HttpRequest } from '../../../../shared/http.js';
+import { createHttpServer, type HttpRequest } from '../../../../shared/http.js';
+import { createLogger } from '../../../../shared/log.js';
 import { flowRoutes, type HttpDeps } from '../../src/adapters/http.js';
 import type { StoredCandidate } from '../../src/core/promotion.js';
 
@@ -55,5 +57,45 @@ describe('query parameters of the flows routes', () => {
       'GET /flows': scope,
       'POST /flows/select': [],
     });
+  });
+});
+
+describe('POST /flows/select', () => {
+  it('answers 415 to a body that is not JSON by its Content-Type, before selecting', async () => {
+    const asked: string[] = [];
+    const routes = flowRoutes({
+      ...deps,
+      select: (_t: string, _a: string, query: string) => (
+        asked.push(query),
+        Promise.resolve({ path: 'none' })
+      ),
+    } as unknown as HttpDeps);
+    const server = createHttpServer({
+      registry: new Registry(),
+      log: createLogger('t', 'silent'),
+      readiness: [],
+      routes,
+    });
+    const port = await server.listen(0, '127.0.0.1');
+    try {
+      const post = (headers: Record<string, string>) =>
+        fetch(`http://127.0.0.1:${port}/flows/select`, {
+          method: 'POST',
+          headers,
+          body: JSON.stringify({ query: 'refund my order' }),
+        });
+      // Before: 200, the text/plain body (what fetch and curl -d send by default) read as JSON.
+      for (const type of ['text/plain;charset=UTF-8', 'application/x-www-form-urlencoded']) {
+        const res = await post({ 'content-type': type });
+        expect(res.status, type).toBe(415);
+        expect(((await res.json()) as { error: string }).error).toMatch(/^request body must be JSON/);
+      }
+      expect(asked).toEqual([]);
+      const ok = await post({ 'content-type': 'application/json; charset=utf-8' });
+      expect(ok.status).toBe(200);
+      expect(asked).toEqual(['refund my order']);
+    } finally {
+      await server.close();
+    }
   });
 });
