@@ -2,7 +2,13 @@ import { parseFlags } from '../shared/flags.js';
 import { z } from 'zod';
 import { flowCandidate, id as idSchema, type ToolCallsEvent } from '../schemas/index.js';
 import { errorMessage } from '../shared/errors.js';
-import { describeIssues, readConfigFile, readEvents } from '../shared/jsonl.js';
+import {
+  describeIssues,
+  EXIT_UNREADABLE,
+  inputFailure,
+  readConfigFile,
+  readEvents,
+} from '../shared/jsonl.js';
 import { offlineEnv } from '../services/flows/src/config.js';
 import { evidenceOf } from '../services/flows/src/core/dataflow.js';
 import { pastRunsOf } from '../services/flows/src/core/outcomes.js';
@@ -47,7 +53,7 @@ export async function fromCandidatesCommand(argv: string[]): Promise<number> {
     raw = await readConfigFile(values.input);
   } catch (err) {
     process.stderr.write(`paver flows from-candidates: cannot read ${values.input}: ${errorMessage(err)}\n`);
-    return 1;
+    return EXIT_UNREADABLE;
   }
   const parsed = input.safeParse(raw);
   if (!parsed.success) {
@@ -75,10 +81,9 @@ export async function fromCandidatesCommand(argv: string[]): Promise<number> {
     for await (const e of readEvents(values.history, { lines: 0, bad: 0 }, warn))
       if (e.tenant_id === scope.tenant && e.agent_id === scope.agent) events.push(e);
   } catch (err) {
-    process.stderr.write(
-      `paver flows from-candidates: cannot read ${values.history}: ${errorMessage(err)}\n`,
-    );
-    return 1;
+    const failed = inputFailure('flows from-candidates', values.history, err);
+    process.stderr.write(failed.line);
+    return failed.code;
   }
   const capacity = settings.FLOWS_OUTCOME_CAPACITY;
   // The service learns input_map from its last FLOWS_EVIDENCE_RUNS runs of the scope: so does this.

@@ -7,7 +7,13 @@ import {
   type ToolCallsEvent,
 } from '../schemas/index.js';
 import { errorMessage } from '../shared/errors.js';
-import { describeIssues, readConfigFile, readEvents } from '../shared/jsonl.js';
+import {
+  describeIssues,
+  EXIT_UNREADABLE,
+  inputFailure,
+  readConfigFile,
+  readEvents,
+} from '../shared/jsonl.js';
 import { diffCandidates, retractedRecord, toRecord } from '../services/detector/src/core/candidate.js';
 import { liveCandidates } from '../services/detector/src/core/detect.js';
 import { scopeId, toOp, type Scope } from '../services/detector/src/core/ops.js';
@@ -20,6 +26,9 @@ import type { PromotionPolicy, StoredCandidate } from '../services/flows/src/cor
 import { PromptCache } from '../services/flows/src/core/prompt.js';
 import { FlowRegistry, registerManual } from '../services/flows/src/core/registry.js';
 import { matchSteps, type Match } from '../services/flows/src/core/score.js';
+
+/** The --flows file cannot be read or is not a flows file: the command line's to fix (exit 2), as in select. */
+class FlowsFileError extends Error {}
 
 const USAGE = `Usage: paver flows replay --input FILE.jsonl [--json] [--flows FILE] [--promotion auto|manual]
                           [--min-occurrences N] [--min-savings X] [--shadow-trials N] [--shadow-precision P]
@@ -99,8 +108,12 @@ export async function replay(o: ReplayOptions) {
     evidenceRuns: env.FLOWS_EVIDENCE_RUNS,
   });
   if (o.flows) {
-    const parsed = flowsFileV1.safeParse(await readConfigFile(o.flows));
-    if (!parsed.success) throw new Error(`${o.flows}: ${describeIssues(parsed.error.issues)}`);
+    const parsed = flowsFileV1.safeParse(
+      await readConfigFile(o.flows).catch((err: unknown) => {
+        throw new FlowsFileError(errorMessage(err));
+      }),
+    );
+    if (!parsed.success) throw new FlowsFileError(`${o.flows}: ${describeIssues(parsed.error.issues)}`);
     for (const d of Array.isArray(parsed.data) ? parsed.data : parsed.data.flows)
       registry.upsert(registerManual(d, 0));
   }
@@ -262,7 +275,7 @@ export async function replayCommand(argv: string[]): Promise<number> {
       if ((await stat(file)).isDirectory()) throw new Error('it is a directory');
     } catch (err) {
       process.stderr.write(`paver flows replay: cannot read ${file}: ${errorMessage(err)}\n`);
-      return 1;
+      return EXIT_UNREADABLE;
     }
   }
   let r;
@@ -276,8 +289,13 @@ export async function replayCommand(argv: string[]): Promise<number> {
       warn: (s) => process.stderr.write(`paver flows replay: ${s}\n`),
     });
   } catch (err) {
-    process.stderr.write(`paver flows replay: ${errorMessage(err)}\n`);
-    return 1;
+    if (err instanceof FlowsFileError) {
+      process.stderr.write(`paver flows replay: ${err.message}\n`);
+      return EXIT_UNREADABLE;
+    }
+    const failed = inputFailure('flows replay', values.input, err);
+    process.stderr.write(failed.line);
+    return failed.code;
   }
   if (values.json) {
     process.stdout.write(JSON.stringify(r, null, 2) + '\n');

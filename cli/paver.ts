@@ -9,7 +9,10 @@ import { PLANNED_SERVICES, SERVICES, isServiceName } from './services.js';
  * their arguments as typed (each still parses them, which keeps them callable on their own).
  */
 
-/** Exit codes: 0 done, 1 failed (or --strict saw bad input), 2 usage error. */
+/**
+ * Exit codes: 0 done, 1 failed (or --strict saw bad input), 2 usage error, a file given that cannot be read
+ * (missing, a directory, over its limit: input and configuration files alike) or a configuration file refused.
+ */
 const USAGE_ERROR = 2;
 
 function version(): string {
@@ -101,7 +104,8 @@ export function buildProgram(argv: string[], done: (code: number) => void): Comm
       'after',
       `
 Conventions: output is one JSON per line (--pretty indents it); --input - reads stdin; bad input lines are
-counted on stderr and --strict turns them into exit 1; exit 2 is a usage error. Configuration files read
+counted on stderr and --strict turns them into exit 1; exit 2 is a usage error, a file given that cannot be
+read (input or configuration) or a configuration file refused. Configuration files read
 whole (--flows, --config, --catalog, '-' too) are refused when empty or over PAVER_MAX_CONFIG_BYTES (64 MiB).
 Services take their settings from the environment (README "Configuration").
 

@@ -194,17 +194,27 @@ export class InputTooLargeError extends Error {
 }
 
 /**
- * What an offline command says when its run over an input file failed: "cannot read" only when reading did
- * (a missing or unreadable file, an input over its limit); anything else failed on what was read, and saying
- * "cannot read" would send the user looking at a file that is fine.
+ * Exit code of an offline command given a file it cannot read (missing, a directory, no permission, over its
+ * size limit), input and configuration file alike: like a usage error, the command line is what to fix. An
+ * unreadable --input exited 1 (as a failed run) while an unreadable --catalog exited 2.
  */
-export function inputFailure(cmd: string, path: string, err: unknown): string {
+export const EXIT_UNREADABLE = 2;
+
+/**
+ * What an offline command says, and exits with, when its run over an input file failed: "cannot read" (exit
+ * EXIT_UNREADABLE) only when reading did (a missing or unreadable file, an input over its limit); anything else
+ * failed on what was read (exit 1), and saying "cannot read" would send the user looking at a file that is fine.
+ */
+export function inputFailure(cmd: string, path: string, err: unknown): { line: string; code: number } {
   const read =
     err instanceof InputTooLargeError ||
     (err instanceof Error && typeof (err as NodeJS.ErrnoException).syscall === 'string');
   return read
-    ? `paver ${cmd}: cannot read ${path}: ${errorMessage(err)}\n`
-    : `paver ${cmd}: failed on ${path} (a defect in paver; please report it): ${errorMessage(err)}\n`;
+    ? { line: `paver ${cmd}: cannot read ${path}: ${errorMessage(err)}\n`, code: EXIT_UNREADABLE }
+    : {
+        line: `paver ${cmd}: failed on ${path} (a defect in paver; please report it): ${errorMessage(err)}\n`,
+        code: 1,
+      };
 }
 
 /**

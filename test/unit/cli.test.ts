@@ -132,18 +132,28 @@ describe('paver CLI conventions', { timeout: 120_000 }, () => {
     expect(err).toContain("unknown command 'nope'");
   });
 
-  it('a missing input file: every offline command names it and says it cannot read it', async () => {
+  it('a missing input or configuration file: every offline command names it, says it cannot read it, exit 2', async () => {
     const missing = join(mkdtempSync(join(tmpdir(), 'paver-cli-')), 'missing.jsonl');
+    const candidates = join(mkdtempSync(join(tmpdir(), 'paver-cli-')), 'candidates.json');
+    writeFileSync(candidates, '[]');
+    // Before: 1 for an input file, 2 for a configuration file (and 1 for flows replay's and from-candidates').
     for (const argv of [
       ['detect', '--input', missing],
       ['autoseq', '--catalog', join(root, 'examples/catalog.yaml'), '--input', missing],
+      ['autoseq', '--catalog', missing, '--input', EVENTS],
       ['predict', '--input', missing],
       ['savings', '--input', missing],
+      ['sequence', '--config', join(root, 'examples/orchestration.yaml'), '--input', missing],
+      ['sequence', '--config', missing, '--input', EVENTS],
+      ['select', '--flows', missing, '--query', 'refund'],
+      ['otel', '--input', missing],
       ['flows', 'replay', '--input', missing],
       ['flows', 'replay', '--input', EVENTS, '--flows', missing],
+      ['flows', 'from-candidates', '--input', missing],
+      ['flows', 'from-candidates', '--input', candidates, '--history', missing],
     ]) {
       err = '';
-      expect(await main(argv), argv.join(' ')).toBe(1);
+      expect(await main(argv), argv.join(' ')).toBe(2);
       expect(err, argv.join(' ')).toContain(`cannot read ${missing}: `);
     }
     // A directory given as a file: before, flows replay said a bare 'EISDIR: illegal operation on a directory'.
@@ -155,7 +165,7 @@ describe('paver CLI conventions', { timeout: 120_000 }, () => {
       ['flows', 'replay', '--input', EVENTS, '--flows', dir],
     ]) {
       err = '';
-      expect(await main(argv), argv.join(' ')).toBe(1);
+      expect(await main(argv), argv.join(' ')).toBe(2);
       expect(err, argv.join(' ')).toContain(`cannot read ${dir}: `);
     }
   });
@@ -355,25 +365,25 @@ describe('inputs read whole have a size limit (a huge file or an endless stdin m
     return doc + ' '.repeat(Math.max(0, padTo - doc.length));
   };
 
-  it('paver otel refuses an export over --max-input-bytes, file or stdin, naming the limit and the flag: exit 1', async () => {
+  it('paver otel refuses an export over --max-input-bytes, file or stdin, naming the limit and the flag: exit 2', async () => {
     const file = join(dir(), 'export.json');
     writeFileSync(file, emptyExport(4096));
     expect(await main(['otel', '--input', file, '--max-input-bytes', '4096'])).toBe(0);
     err = '';
     // Before, the flag did not exist and a file was read whole, however large.
-    expect(await main(['otel', '--input', file, '--max-input-bytes', '4095'])).toBe(1);
+    expect(await main(['otel', '--input', file, '--max-input-bytes', '4095'])).toBe(2);
     expect(err).toContain(`${file} is larger than 4095 bytes, the limit (raise it with --max-input-bytes)`);
     expect(out).toBe('');
 
     err = '';
     withStdinBytes(emptyExport(5000));
-    expect(await main(['otel', '--input', '-', '--max-input-bytes', '4096'])).toBe(1);
+    expect(await main(['otel', '--input', '-', '--max-input-bytes', '4096'])).toBe(2);
     expect(err).toContain('stdin is larger than 4096 bytes, the limit (raise it with --max-input-bytes)');
   });
 
   it('paver otel stops reading an endless input at the limit (/dev/zero)', async () => {
     // Before: readFile('/dev/zero') never ends, and the process runs out of memory.
-    expect(await main(['otel', '--input', '/dev/zero', '--max-input-bytes', String(1024 * 1024)])).toBe(1);
+    expect(await main(['otel', '--input', '/dev/zero', '--max-input-bytes', String(1024 * 1024)])).toBe(2);
     expect(err).toContain(`/dev/zero is larger than ${1024 * 1024} bytes`);
   });
 
@@ -663,10 +673,10 @@ describe('an empty configuration file', () => {
     const autoseqEvents = join(root, 'examples/autoseq-events.jsonl');
     for (const [argv, code] of [
       // Before: exit 0 with "[]" — a failed `paver detect > candidates.json` passed on as "no candidates".
-      [['flows', 'from-candidates', '--input', empty], 1],
+      [['flows', 'from-candidates', '--input', empty], 2],
       // Before: exit 0, nothing chosen.
       [['select', '--flows', empty, '--query', 'refund my order 42'], 2],
-      [['flows', 'replay', '--input', autoseqEvents, '--flows', empty], 1],
+      [['flows', 'replay', '--input', autoseqEvents, '--flows', empty], 2],
       // Before: "invalid catalog: (root): expected object, received array".
       [['autoseq', '--catalog', empty, '--input', autoseqEvents], 2],
       [['predict', '--catalog', empty, '--input', autoseqEvents], 2],

@@ -79,21 +79,26 @@ describe('offline JSONL input limits', () => {
 describe('what an offline command says when its run fails', () => {
   it('"cannot read" for a read that failed (missing file, over the limit); a defect otherwise', async () => {
     const missing = await readFile('/nonexistent/x.jsonl').catch((e: unknown) => e);
-    expect(inputFailure('predict', '/nonexistent/x.jsonl', missing)).toMatch(
-      /^paver predict: cannot read \/nonexistent\/x\.jsonl: .*ENOENT/,
-    );
-    expect(inputFailure('detect', 'big.jsonl', new InputTooLargeError('big.jsonl', 10, 'X'))).toMatch(
-      /^paver detect: cannot read big\.jsonl: big\.jsonl is larger than 10 bytes/,
-    );
+    expect(inputFailure('predict', '/nonexistent/x.jsonl', missing)).toEqual({
+      line: expect.stringMatching(/^paver predict: cannot read \/nonexistent\/x\.jsonl: .*ENOENT/),
+      code: 2,
+    });
+    expect(inputFailure('detect', 'big.jsonl', new InputTooLargeError('big.jsonl', 10, 'X'))).toEqual({
+      line: expect.stringMatching(
+        /^paver detect: cannot read big\.jsonl: big\.jsonl is larger than 10 bytes/,
+      ),
+      code: 2,
+    });
     // Before: a defect in processing (a TypeError) was reported as the file being unreadable.
     const defect = inputFailure(
       'savings',
       'runs.jsonl',
       new TypeError('Cannot convert undefined or null to object'),
     );
-    expect(defect).toMatch(
+    expect(defect.line).toMatch(
       /^paver savings: failed on runs\.jsonl \(a defect in paver; please report it\): Cannot/,
     );
-    expect(defect).not.toContain('cannot read');
+    expect(defect.line).not.toContain('cannot read');
+    expect(defect.code).toBe(1);
   });
 });

@@ -88,8 +88,9 @@ export async function autoseqCommand(argv: string[]): Promise<number> {
     out.flush();
   } catch (err) {
     out.flush();
-    process.stderr.write(inputFailure('autoseq', values.input, err));
-    return 1;
+    const failed = inputFailure('autoseq', values.input, err);
+    process.stderr.write(failed.line);
+    return failed.code;
   }
   return 0;
 }

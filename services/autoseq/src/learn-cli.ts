@@ -223,8 +223,9 @@ export async function predictCommand(argv: string[]): Promise<number> {
     if (r.bad > 0) warn(`${r.bad} bad line(s) skipped of ${r.lines}`);
   } catch (err) {
     out.flush();
-    process.stderr.write(inputFailure('predict', p.input, err));
-    return 1;
+    const failed = inputFailure('predict', p.input, err);
+    process.stderr.write(failed.line);
+    return failed.code;
   }
   return 0;
 }
@@ -275,8 +276,9 @@ export async function savingsCommand(argv: string[]): Promise<number> {
   try {
     r = await replay(p.input, p.opts, p.catalog, () => undefined, warn, progressTo('savings'));
   } catch (err) {
-    process.stderr.write(inputFailure('savings', p.input, err));
-    return 1;
+    const failed = inputFailure('savings', p.input, err);
+    process.stderr.write(failed.line);
+    return failed.code;
   }
   if (r.bad > 0) warn(`${r.bad} bad line(s) skipped of ${r.lines}`);
   if (p.json)

@@ -122,8 +122,9 @@ export async function detectCommand(argv: string[]): Promise<number> {
       warn,
     );
   } catch (err) {
-    process.stderr.write(inputFailure('detect', values.input, err));
-    return 1;
+    const failed = inputFailure('detect', values.input, err);
+    process.stderr.write(failed.line);
+    return failed.code;
   }
   const scopes = result.state.scopesSeen();
   let scope: Scope;

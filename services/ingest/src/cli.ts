@@ -2,7 +2,7 @@ import { numberFlag, parseFlags } from '../../../shared/flags.js';
 import { createWriteStream, type WriteStream } from 'node:fs';
 import { errorMessage } from '../../../shared/errors.js';
 import { MAX_WHOLE_INPUT_BYTES } from '../../../shared/config.js';
-import { readBounded } from '../../../shared/jsonl.js';
+import { EXIT_UNREADABLE, readBounded } from '../../../shared/jsonl.js';
 import { id, LIMITS } from '../../../schemas/index.js';
 import { DEFAULT_MAP_OPTIONS, mapSpans, type MapOptions } from './core/map.js';
 import { DEFAULT_DECODE_LIMITS, OtlpError, spansFromRequest, type OtlpSpan } from './core/otlp.js';
@@ -165,7 +165,7 @@ export async function otelCommand(argv: string[]): Promise<number> {
   } catch (err) {
     file?.destroy();
     warn(`cannot read ${values.input}: ${errorMessage(err)}`);
-    return 1;
+    return EXIT_UNREADABLE;
   }
   const parsed = parseExport(text, warn);
   const r = mapSpans(parsed.spans, opts);

@@ -66,8 +66,9 @@ export async function sequenceCommand(argv: string[]): Promise<number> {
     out.flush();
   } catch (err) {
     out.flush();
-    process.stderr.write(inputFailure('sequence', values.input, err));
-    return 1;
+    const failed = inputFailure('sequence', values.input, err);
+    process.stderr.write(failed.line);
+    return failed.code;
   }
   return 0;
 }
