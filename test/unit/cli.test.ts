@@ -843,6 +843,7 @@ describe('paver flows registry verbs on an HTTP error', () => {
           .writeHead(404, { 'content-type': 'application/json' })
           .end(JSON.stringify({ error: 'no candidate k1' }));
       if (req.url?.startsWith('/flows?')) return void res.writeHead(500).end('x'.repeat(1 << 20));
+      if (req.url?.includes('/promote')) return void res.writeHead(200).end('<html>\n<p>welcome</p></html>');
       res.writeHead(502, { 'content-type': 'text/html' }).end(page);
     });
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -864,6 +865,13 @@ describe('paver flows registry verbs on an HTTP error', () => {
       expect(err).toBe(
         `paver flows registry: HTTP 500: ${'x'.repeat(500)}… (cut; over 65536 bytes in all)\n`,
       );
+      err = '';
+      // Another server answering 200 with a page: before, a SyntaxError thrown out of the command.
+      expect(await main(['flows', 'promote', 'k2', '--url', url])).toBe(1);
+      expect(err).toBe(
+        `paver flows promote: the answer from ${url} is not JSON (is it the flows service?): <html> <p>welcome</p></html>\n`,
+      );
+      expect(out).toBe('');
     } finally {
       server.close();
     }

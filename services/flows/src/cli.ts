@@ -172,14 +172,22 @@ async function httpErrorLine(res: Response): Promise<string> {
   } catch {
     // Not the service's JSON: the body itself.
   }
+  return oneLine(text, more ? null : undefined);
+}
+
+/**
+ * `text` on one line (control characters and runs of space made one space), cut at ERROR_SHOWN characters.
+ * `whole`: the answer's length to say at a cut (null: over ERROR_READ bytes; undefined: the text's own).
+ */
+function oneLine(text: string, whole?: number | null): string {
   // eslint-disable-next-line no-control-regex
-  text = text.replace(/[\s\u0000-\u001f\u007f-\u009f]+/g, ' ').trim();
-  if (text.length > ERROR_SHOWN || more) {
-    const whole = more ? `over ${ERROR_READ} bytes` : `${text.length} characters`;
+  const line = text.replace(/[\s\u0000-\u001f\u007f-\u009f]+/g, ' ').trim();
+  if (line.length > ERROR_SHOWN || whole === null) {
+    const all = whole === null ? `over ${ERROR_READ} bytes` : `${whole ?? line.length} characters`;
     // Not half of a surrogate pair at the cut.
-    return `${text.slice(0, ERROR_SHOWN).replace(/[\uD800-\uDBFF]$/, '')}… (cut; ${whole} in all)`;
+    return `${line.slice(0, ERROR_SHOWN).replace(/[\uD800-\uDBFF]$/, '')}… (cut; ${all} in all)`;
   }
-  return text || '(no body)';
+  return line || '(no body)';
 }
 
 const FLOWS_USAGE = `Usage: paver flows list [--status pending|promoted|rejected|retracted]
@@ -255,6 +263,16 @@ export async function flowsCommand(argv: string[]): Promise<number> {
     return 1;
   }
   const text = await res.text();
-  process.stdout.write(JSON.stringify(JSON.parse(text), null, values.pretty ? 2 : undefined) + '\n');
+  let answer: unknown;
+  try {
+    answer = JSON.parse(text);
+  } catch {
+    // Another server at --url (a proxy's page, a different service): before, a SyntaxError's stack trace.
+    process.stderr.write(
+      `paver flows ${verb}: the answer from ${base} is not JSON (is it the flows service?): ${oneLine(text)}\n`,
+    );
+    return 1;
+  }
+  process.stdout.write(JSON.stringify(answer, null, values.pretty ? 2 : undefined) + '\n');
   return 0;
 }
