@@ -47,11 +47,17 @@ export async function publish(opts: {
     process.stderr.write(`paver publish: ${line}\n`);
     return code;
   };
-  // A usage error, said before connecting: '' was sent to, and refused by the broker after the connection
-  // (or read as 'no broker', exit 69, when none answered).
-  if (opts.topic !== undefined) {
-    const r = topicName.safeParse(opts.topic);
-    if (!r.success) return fail(2, `--topic: ${r.error.issues[0]?.message}`);
+  // Usage errors, said before connecting: a --topic '' was sent to, and refused by the broker after the
+  // connection (or read as 'no broker', exit 69, when none answered); a bad --tenant/--agent exited 78, the code
+  // of a bad environment, where every other command says 2 for a bad flag.
+  for (const [flag, v, schema] of [
+    ['--topic', opts.topic, topicName],
+    ['--tenant', opts.tenant, idSchema],
+    ['--agent', opts.agent, idSchema],
+  ] as const) {
+    if (v === undefined) continue;
+    const r = schema.safeParse(v);
+    if (!r.success) return fail(2, `${flag}: ${r.error.issues[0]?.message}`);
   }
   let env: z.infer<typeof publishEnvSchema>;
   try {
@@ -64,14 +70,6 @@ export async function publish(opts: {
         .replace(/:\n\s+- /, ': ')
         .replace(/\n\s+- /g, '; '),
     );
-  }
-  for (const [flag, v] of [
-    ['--tenant', opts.tenant],
-    ['--agent', opts.agent],
-  ] as const) {
-    if (v === undefined) continue;
-    const r = idSchema.safeParse(v);
-    if (!r.success) return fail(EXIT_CONFIG, `${flag}: ${r.error.issues[0]?.message}`);
   }
   try {
     await access(opts.input, constants.R_OK);

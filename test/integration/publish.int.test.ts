@@ -51,7 +51,8 @@ describe('paver publish', () => {
       PATH: process.env.PATH ?? '',
       KAFKA_BROKERS: '127.0.0.1:1',
     });
-    expect(bad.code).toBe(78);
+    // A bad flag is a usage error, not a bad environment.
+    expect(bad.code).toBe(2);
     expect(bad.out).toContain('--tenant');
   });
 

@@ -44,3 +44,15 @@ it('paver publish refuses a --topic that is not a topic name, as the topic varia
     );
   }
 });
+
+it('paver publish refuses a bad --tenant or --agent as a usage error (exit 2), as every other command does a bad flag', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'paver-publish-'));
+  const input = join(dir, 'events.jsonl');
+  writeFileSync(input, '{}\n');
+  // Before: exit 78, the code of a bad environment (EX_CONFIG), for a flag.
+  for (const flag of ['tenant', 'agent'] as const) {
+    err = '';
+    expect(await publish({ input, [flag]: 'a b', env })).toBe(2);
+    expect(err).toBe(`paver publish: --${flag}: expected 1-128 characters of [A-Za-z0-9._:-]\n`);
+  }
+});
