@@ -94,14 +94,7 @@ export class Rebuilder {
         return { epoch, changed: [] };
       }
       const changed = await this.rebuild(partition, epoch, end, touch, ctx);
-      if (changed) {
-        if (this.restoredIn !== epoch) {
-          // Before anything is published in this epoch, so stale candidates get their retraction.
-          changed.push(...(await this.d.restorePublished()));
-          this.restoredIn = epoch;
-        }
-        return { epoch, changed };
-      }
+      if (changed) return { epoch, changed };
       if (attempt >= MAX_ATTEMPTS)
         throw new PaverError(
           'REDIS_UNAVAILABLE',
@@ -171,6 +164,13 @@ export class Rebuilder {
           );
         }
         throw err;
+      }
+      // Before anything is published in this epoch, so stale candidates get their retraction; and before the
+      // mark, which every later process trusts without restoring: one that died between the mark and this
+      // restore left the publication maps empty for good (candidates published before the loss never retracted).
+      if (this.restoredIn !== epoch) {
+        for (const s of await this.d.restorePublished()) changed.set(scopeId(s), s);
+        this.restoredIn = epoch;
       }
       await store.markRebuilt(partition, epoch);
       // The marker must still be the one rebuilt under; if not, the state went again meanwhile.
