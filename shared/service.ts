@@ -32,6 +32,11 @@ export interface ServiceDeps<E extends CommonEnv> {
   codec: Codec;
   /** Stops the process with exit 1: for a service's own consumers that crash for good. */
   fatal: (err: Error) => void;
+  /**
+   * False from the moment the service begins to stop (a signal, a fatal error): for long work that no batch
+   * context bounds, such as a restore of Redis from Kafka, which must give up then rather than hold the stop.
+   */
+  isRunning: () => boolean;
   /** The same dependencies as one object, to pass whole to `createTableFeed(spec, runtime)` and `createRunner`. */
   runtime: RuntimeDeps;
 }
@@ -263,7 +268,18 @@ export async function runService<E extends CommonEnv, T>(
     await sink.connect();
     if (shuttingDown) return;
     const runtime: RuntimeDeps = { env, log, metrics, kafka, sink, codec, onFatal };
-    const deps: ServiceDeps<E> = { env, log, metrics, redis, kafka, sink, codec, fatal: onFatal, runtime };
+    const deps: ServiceDeps<E> = {
+      env,
+      log,
+      metrics,
+      redis,
+      kafka,
+      sink,
+      codec,
+      fatal: onFatal,
+      isRunning: () => shuttingDown === null,
+      runtime,
+    };
     const p = await spec.setup(deps);
     parts = p;
     if (shuttingDown) {

@@ -33,8 +33,9 @@ export const replayOptions = (
 });
 
 /**
- * A replay given up because its caller stopped wanting it: the consumer it runs for is stopping (SIGTERM) or
- * lost the partition. `SHUTTING_DOWN`, so no retry runs it again and the runner ends the batch uncommitted.
+ * A replay given up because its caller stopped wanting it: the consumer or service it runs for is stopping
+ * (SIGTERM) or lost the partition. `SHUTTING_DOWN`, so no retry runs it again and the runner ends the batch
+ * uncommitted.
  */
 export class ReplayStopped extends PaverError {
   constructor(topic: string) {
@@ -166,10 +167,11 @@ export async function readRanges(
   }
 }
 
-/** Reads every partition of a topic from its low to its high watermark as they are now. */
+/** Reads every partition of a topic from its low to its high watermark as they are now; `goOn` as for `readRanges`. */
 export async function readToEnd(
   o: ReplayOptions,
   onBatch: (partition: number, messages: KafkaMessage[]) => Promise<void>,
+  goOn: () => boolean = () => true,
 ): Promise<void> {
   const admin = o.kafka.admin();
   let ends: { partition: number; high: string; low: string }[];
@@ -185,6 +187,7 @@ export async function readToEnd(
     o,
     new Map(ends.map((e) => [e.partition, { from: BigInt(e.low), end: BigInt(e.high) }])),
     onBatch,
+    goOn,
   );
 }
 
@@ -192,12 +195,19 @@ export async function readToEnd(
  * The latest value of each key of a (compacted) topic as it is now, read to its end: what compaction keeps, a
  * tombstone as null. Records without a key are skipped. For the internal copies services restore from.
  */
-export async function readLatest(o: ReplayOptions): Promise<Map<string, Buffer | null>> {
+export async function readLatest(
+  o: ReplayOptions,
+  goOn: () => boolean = () => true,
+): Promise<Map<string, Buffer | null>> {
   const latest = new Map<string, Buffer | null>();
-  await readToEnd(o, (_p, messages) => {
-    for (const m of messages) if (m.key) latest.set(m.key.toString('utf8'), m.value);
-    return Promise.resolve();
-  });
+  await readToEnd(
+    o,
+    (_p, messages) => {
+      for (const m of messages) if (m.key) latest.set(m.key.toString('utf8'), m.value);
+      return Promise.resolve();
+    },
+    goOn,
+  );
   return latest;
 }
 

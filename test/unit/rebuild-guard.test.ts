@@ -1,7 +1,12 @@
 import { describe, expect, it } from 'vitest';
 import type { Epoch, EpochCheck } from '../../shared/redis/epoch.js';
 import { createLogger } from '../../shared/log.js';
-import { createStateGuard, type RebuildReason } from '../../shared/redis/rebuild.js';
+import {
+  createStateGuard,
+  RebuildStopped,
+  whileGoingOn,
+  type RebuildReason,
+} from '../../shared/redis/rebuild.js';
 
 /** An epoch whose marker the test removes at will (the real one is covered against Redis in epoch.int.test.ts). */
 function fakeEpoch() {
@@ -97,5 +102,57 @@ describe('state guard', () => {
     release!();
     await Promise.all(users);
     expect(passed.sort()).toEqual([0, 1, 2, 3]);
+  });
+
+  it('a stop gives the running rebuild up: its waiters end with SHUTTING_DOWN, it stays owed, and none starts again', async () => {
+    const e = fakeEpoch();
+    let running = true;
+    const outcomes: string[] = [];
+    const reasons: RebuildReason[] = [];
+    const g = createStateGuard({
+      epoch: e.epoch,
+      log,
+      goOn: () => running,
+      // A long restore that ends only when told to stop (as a replay given `goOn` does).
+      rebuild: (r, goOn) => {
+        reasons.push(r);
+        if (r === 'start') return Promise.resolve();
+        return whileGoingOn(goOn, new Promise<void>(() => undefined));
+      },
+      onRebuild: (r, o) => outcomes.push(`${r}:${o}`),
+    });
+    await g.ensure();
+    e.lose();
+    const batch = g.ensure();
+    const other = g.ensure();
+    for (let i = 0; i < 20; i++) await Promise.resolve();
+    expect(g.rebuilding()).toBe(true);
+    running = false;
+    await expect(batch).rejects.toBeInstanceOf(RebuildStopped);
+    await expect(other).rejects.toMatchObject({ code: 'SHUTTING_DOWN' });
+    expect(outcomes).toEqual(['start:ok', 'lost:stopped']);
+    // Still owed, and no probe or caller starts it again while the service stops.
+    expect(await g.ready()).toBe(false);
+    await expect(g.ensure()).rejects.toMatchObject({ code: 'SHUTTING_DOWN' });
+    expect(g.rebuilding()).toBe(false);
+    expect(reasons).toEqual(['start', 'lost']);
+  });
+
+  it('any failure of a rebuild once the stop began is a stop, not a failure', async () => {
+    const e = fakeEpoch();
+    let running = true;
+    const outcomes: string[] = [];
+    const g = createStateGuard({
+      epoch: e.epoch,
+      log,
+      goOn: () => running,
+      rebuild: () => {
+        running = false;
+        return Promise.reject(new Error('Connection is closed.'));
+      },
+      onRebuild: (r, o) => outcomes.push(`${r}:${o}`),
+    });
+    await expect(g.ensure()).rejects.toMatchObject({ code: 'SHUTTING_DOWN' });
+    expect(outcomes).toEqual(['start:stopped']);
   });
 });

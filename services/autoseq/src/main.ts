@@ -37,7 +37,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
   envSchema: autoseqEnvSchema,
   defaultPort: 9102,
   groupId: (env) => env.AUTOSEQ_GROUP_ID,
-  async setup({ env, redis, sink, metrics, log, runtime }) {
+  async setup({ env, redis, sink, metrics, log, runtime, isRunning }) {
     const catalog = await initialCatalog(env.AUTOSEQ_CATALOG_FILE, new SchemaCompiler());
     const prefix = env.REDIS_KEY_PREFIX;
     const store = new RedisTaskStore(redis, prefix, env.AUTOSEQ_TASK_TTL_MS);
@@ -77,7 +77,9 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
     guard = createStateGuard({
       epoch,
       log,
-      rebuild: async (reason) => {
+      // A SIGTERM during a long restore ends it: the flag stays, and the next start restores again.
+      goOn: isRunning,
+      rebuild: async (reason, goOn) => {
         if (reason === 'lost') {
           m.stateLosses.inc();
           m.activeByScope.clear();
@@ -90,6 +92,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
           prefix,
           restoring,
           replayOptions(runtime.kafka, env, env.AUTOSEQ_RULES_TOPIC, env.AUTOSEQ_GROUP_ID),
+          goOn,
         );
         m.restoredContexts.inc(r.contexts);
         log.info({ reason, ...r }, 'learned rules restored from the rules topic');

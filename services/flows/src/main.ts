@@ -11,7 +11,13 @@ import { PaverError, errorMessage } from '../../../shared/errors.js';
 import { describeIssues, readConfigFile } from '../../../shared/jsonl.js';
 import { zodParser, type Parser } from '../../../shared/kafka/runner.js';
 import { createEpoch } from '../../../shared/redis/epoch.js';
-import { createStateGuard, ensureHeartbeating, type RebuildReason } from '../../../shared/redis/rebuild.js';
+import {
+  createStateGuard,
+  ensureHeartbeating,
+  RebuildStopped,
+  whileGoingOn,
+  type RebuildReason,
+} from '../../../shared/redis/rebuild.js';
 import { scopeTag } from '../../../shared/redis/keys.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
 import { FlowsEngine, type Inbound } from './adapters/engine.js';
@@ -50,7 +56,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
   envSchema: flowsEnvSchema,
   defaultPort: 9104,
   groupId: (env) => env.FLOWS_GROUP_ID,
-  async setup({ env, redis, sink, metrics, log, runtime }) {
+  async setup({ env, redis, sink, metrics, log, runtime, isRunning }) {
     const manualFile = env.FLOWS_FILE ? await loadFile(env.FLOWS_FILE, flowsFileV1, 'FLOWS_FILE') : [];
     const manual = Array.isArray(manualFile) ? manualFile : manualFile.flows;
     const overrides: PolicyFile = env.FLOWS_POLICY_FILE
@@ -199,12 +205,13 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
     /**
      * Redis from Kafka: candidates' states from the state topic (HSETNX: a newer live write wins), promoted
      * flows from the registry (the flows topic), and the outcome memory this instance holds. The feeds must
-     * have read their topics to the end first, or the copy would miss what was decided before the loss.
+     * have read their topics to the end first, or the copy would miss what was decided before the loss. A stop
+     * (`goOn` false) ends the wait and the copy between scopes; the next start rebuilds again (it always does).
      */
-    const rebuild = async (reason: RebuildReason) => {
-      if (!(await stateFeed.caughtUp(env.FLOWS_REGISTRY_WAIT_MS)))
+    const rebuild = async (reason: RebuildReason, goOn: () => boolean) => {
+      if (!(await whileGoingOn(goOn, stateFeed.caughtUp(env.FLOWS_REGISTRY_WAIT_MS))))
         throw new PaverError('KAFKA_UNAVAILABLE', 'flows state topic not read to its end yet');
-      if (!(await feed.caughtUp(env.FLOWS_REGISTRY_WAIT_MS)))
+      if (!(await whileGoingOn(goOn, feed.caughtUp(env.FLOWS_REGISTRY_WAIT_MS))))
         throw new PaverError('KAFKA_UNAVAILABLE', 'flows topic not read to its end yet');
       const flows = new Map<string, RegisteredFlow[]>();
       for (const f of registry.all()) {
@@ -214,14 +221,19 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       }
       let candidates = 0;
       for (const s of states.entries()) {
+        if (!goOn()) throw new RebuildStopped();
         await store.restore(s.tenant, s.agent, s.candidates, flows.get(scopeTag(s.tenant, s.agent)) ?? []);
         flows.delete(scopeTag(s.tenant, s.agent));
         candidates += s.candidates.length;
         if (reason === 'start') engine.restoreShadow(s.tenant, s.agent, s.candidates);
       }
-      for (const fs of flows.values()) await store.restore(fs[0]!.tenant_id, fs[0]!.agent_id, [], fs);
+      for (const fs of flows.values()) {
+        if (!goOn()) throw new RebuildStopped();
+        await store.restore(fs[0]!.tenant_id, fs[0]!.agent_id, [], fs);
+      }
       let runs = 0;
       for (const o of outcomes.entries()) {
+        if (!goOn()) throw new RebuildStopped();
         await store.restoreRuns(o.tenant, o.agent, o.runs, outcomeCapacity);
         runs += o.runs.length;
       }
@@ -231,6 +243,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       epoch: createEpoch(redis, `${env.REDIS_KEY_PREFIX}:flows:epoch`),
       log,
       rebuild,
+      goOn: isRunning,
       onRebuild: (reason, outcome) => rebuilds.inc({ reason, outcome }),
     });
 

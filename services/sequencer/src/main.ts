@@ -38,7 +38,7 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
   envSchema: sequencerEnvSchema,
   defaultPort: 9103,
   groupId: (env) => env.SEQUENCER_GROUP_ID,
-  async setup({ env, redis, sink, metrics, log, runtime }) {
+  async setup({ env, redis, sink, metrics, log, runtime, isRunning }) {
     const config = await initialOrchestrations(env.SEQUENCER_CONFIG_FILE);
     const cache = new StateCache(
       env.SEQUENCER_STATE_CACHE_SIZE,
@@ -90,7 +90,9 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
     const guard = createStateGuard({
       epoch,
       log,
-      rebuild: async (reason) => {
+      // A SIGTERM during a long restore ends it: the flag stays, and the next start restores again.
+      goOn: isRunning,
+      rebuild: async (reason, goOn) => {
         cache.clear();
         if (reason === 'lost') m.stateLosses.inc();
         if (!copying) {
@@ -118,6 +120,7 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
               expired += sessions.length - live.length;
               restored += await store.restore(live);
             },
+            goOn,
           );
           return { read, expired, skipped, restored };
         });

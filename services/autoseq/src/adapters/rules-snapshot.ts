@@ -3,7 +3,7 @@ import type { Counter, Gauge } from 'prom-client';
 import { errorMessage } from '../../../../shared/errors.js';
 import type { ReplayOptions } from '../../../../shared/kafka/replay.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
-import { flaggedRestore } from '../../../../shared/redis/rebuild.js';
+import { flaggedRestore, RebuildStopped } from '../../../../shared/redis/rebuild.js';
 import type { Logger } from '../../../../shared/log.js';
 import { scopeId } from '../core/learn/engine.js';
 import { contextRecordKey, contextRecordValue, scopeRecordKey, scopeRecordValue } from './kafka/rules-log.js';
@@ -178,18 +178,21 @@ export class RuleSnapshots {
 /**
  * Copies the rules topic back into Redis: every scope of this key prefix that has no state in Redis gets the
  * topic's copy (a scope with state is newer, and is left as it is). Idempotent: run again, it writes nothing.
+ * Once `goOn` is false (the service stopping) it gives up, between fetches or between scopes, leaving its flag.
  */
 export function restoreRules(
   redis: Redis,
   prefix: string,
   flag: string,
   replay: ReplayOptions,
+  goOn: () => boolean = () => true,
 ): Promise<{ scopes: number; restored: number; contexts: number; skipped: number }> {
   return flaggedRestore(redis, flag, async () => {
-    const { scopes, skipped } = await readRulesLog(replay, prefix);
+    const { scopes, skipped } = await readRulesLog(replay, prefix, goOn);
     let restored = 0;
     let contexts = 0;
     for (const s of scopes) {
+      if (!goOn()) throw new RebuildStopped();
       const r = await restoreScope(redis, prefix, s.tenant, s.agent, s.clock, s.ctxs, s.fam);
       if (!r.written) continue;
       restored++;

@@ -1,6 +1,7 @@
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
 import { sequenceStateRecordV1, type SequenceStateRecord } from '../../../../schemas/index.js';
 import {
@@ -8,9 +9,11 @@ import {
   createTopics,
   groupCaughtUp,
   produce,
+  testKafka,
   testRedis,
   waitFor,
 } from '../../../../test/helpers/kafka.js';
+import { ownRedis, stopOwnRedis } from '../../../../test/helpers/own-redis.js';
 import {
   getJson,
   isReady,
@@ -20,6 +23,7 @@ import {
   type Proc,
 } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
+import { restoreFlagKey } from '../../../../shared/redis/epoch.js';
 import { rng } from '../../../../testkit/streams.js';
 
 const procs: Proc[] = [];
@@ -27,6 +31,7 @@ const redis = testRedis();
 afterAll(async () => {
   for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
   await redis.quit();
+  stopOwnRedis();
 });
 
 const CONFIG = join(ROOT, 'examples', 'orchestration.yaml');
@@ -182,4 +187,133 @@ describe('sequencer: Redis state lost mid-stream', () => {
         expect(await p.exited).toBe(0);
       },
     );
+
+  it('honours a SIGTERM during a long restore: exits 0 at once, the restore stays owed, and the next start restores every session', async () => {
+    // Before, the restore ran on under the stop, the batch waiting for it was then handled and committed by a
+    // process told to stop, and a restore longer than PAVER_SHUTDOWN_TIMEOUT_MS ended in exit 1.
+    const own = await ownRedis();
+    const env = serviceEnv({
+      REDIS_URL: own.url,
+      SEQUENCER_GROUP_ID: `seq-stop-${Date.now()}`,
+      PAVER_TOPIC_ORCHESTRATION: `orch-stop-${Date.now()}`,
+      SEQUENCER_CONFIG_FILE: CONFIG,
+      // Every epoch check a GET: the batch after the FLUSHALL finds the loss itself, with no invalidation to wait for.
+      SEQUENCER_EPOCH_HEARTBEAT_MS: '0',
+      // One small record batch per fetch: reading the session topic takes many fetches, and a while.
+      KAFKA_MAX_BYTES_PER_PARTITION: '1024',
+      PAVER_SHUTDOWN_TIMEOUT_MS: '120000',
+    });
+    const stateTopic = env.SEQUENCER_STATE_TOPIC!;
+    const toolCalls = env.PAVER_TOPIC_TOOL_CALLS!;
+    const group = env.SEQUENCER_GROUP_ID!;
+    await createTopics([
+      { topic: toolCalls },
+      { topic: env.PAVER_TOPIC_SEQUENCE_STATE! },
+      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
+      { topic: env.PAVER_TOPIC_ORCHESTRATION!, compacted: true },
+      { topic: stateTopic, partitions: 1, compacted: true },
+    ]);
+    // A long stretch of another deployment's sessions (another key prefix: read, then skipped) ahead of this
+    // one's on the session topic, each record alone in a fetch (over KAFKA_MAX_BYTES_PER_PARTITION): a restore
+    // reads all of them, one fetch each, before it reaches the sessions below.
+    const PAD = 8000;
+    const producer = testKafka().producer();
+    await producer.connect();
+    const filler = 'x'.repeat(1024);
+    for (let i = 0; i < PAD; i += 50)
+      await Promise.all(
+        Array.from({ length: 50 }, (_, j) =>
+          producer.send({
+            topic: stateTopic,
+            acks: -1,
+            messages: [
+              {
+                key: JSON.stringify(['elsewhere', 'default', 'default', `pad-${i + j}`]),
+                value: JSON.stringify({ v: 1, value: `1|${filler}`, at: Date.now() }),
+              },
+            ],
+          }),
+        ),
+      );
+    await producer.disconnect();
+
+    const start = async () => {
+      const p = await startProcess(['bin/paver.js', 'run', 'sequencer'], env);
+      procs.push(p);
+      return p;
+    };
+    const sessions = 12;
+    const before = events(sessions, 10, 3, 0);
+    const next = events(sessions, 1, 4, 10).filter((e) => e.session_id === 'sess-0');
+    const send = (evs: Record<string, unknown>[]) =>
+      produce(
+        toolCalls,
+        evs.map((e) => ({ key: e.session_id as string, value: JSON.stringify(e) })),
+      );
+    const answers = (p: Proc) =>
+      Promise.all(
+        [...Array(sessions).keys()].map(async (s) => {
+          const { session_id: _, ...answer } = (
+            await getJson(p.url(`/sessions/sess-${s}/allowed-tools?tools=${TOOLS.join(',')}`))
+          ).body as { session_id: string };
+          return answer;
+        }),
+      );
+    const metric = async (p: Proc, name: string) =>
+      parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(name);
+
+    const r = new Redis(own.url);
+    const flag = restoreFlagKey(`${env.REDIS_KEY_PREFIX}:seq:epoch`);
+    // A marker without its flag: a Redis that lost nothing, so the first start does not restore.
+    await r.set(`${env.REDIS_KEY_PREFIX}:seq:epoch`, 'before');
+    const first = await start();
+    await waitFor(() => isReady(first), 'sequencer /readyz');
+    await send(before);
+    await waitFor(() => groupCaughtUp(group, toolCalls), 'the events before the loss committed');
+    const answersBefore = await answers(first);
+
+    await r.flushall();
+    // Its batch finds the state gone and waits for the restore.
+    await send(next);
+    await waitFor(
+      async () => (await metric(first, 'paver_sequencer_state_losses_total')) === 1,
+      'the restore under way',
+    );
+    first.child.kill('SIGTERM');
+    // Far below PAVER_SHUTDOWN_TIMEOUT_MS: the stop did not wait for the restore.
+    await waitFor(() => first.child.exitCode !== null, 'exit after SIGTERM', 30_000).catch((err: Error) => {
+      throw new Error(`${err.message}\n${first.output().slice(-3000)}`);
+    });
+    expect(await first.exited, first.output().slice(-3000)).toBe(0);
+    expect(first.output()).not.toContain('session states restored from the session topic');
+    expect(first.output()).toContain('redis state rebuild stopped by the stop');
+    // The batch that waited was given back, and the restore is still owed: its flag says so.
+    expect(await groupCaughtUp(group, toolCalls)).toBe(false);
+    expect(await r.exists(flag)).toBe(1);
+
+    const second = await start();
+    await waitFor(
+      () => groupCaughtUp(group, toolCalls),
+      'the event after the loss handled after the restart',
+      120_000,
+    );
+    expect(await metric(second, 'paver_sequencer_sessions_restored_total')).toBe(sessions);
+    expect(await r.exists(flag)).toBe(0);
+    // Every session as it was, and sess-0 moved on from its restored state as a whole run offline says.
+    const after = await answers(second);
+    expect(after.slice(1)).toEqual(answersBefore.slice(1));
+    const whole = await offline([...before, ...next]);
+    const states = await consumeUntil(env.PAVER_TOPIC_SEQUENCE_STATE!, (all) =>
+      all.some(
+        (m) => (JSON.parse(m.value!.toString()) as { event_id: string }).event_id === next[0]!.event_id,
+      ),
+    );
+    const last = states
+      .map((m) => sequenceStateRecordV1.parse(JSON.parse(m.value!.toString())))
+      .filter((x) => x.event_id === next[0]!.event_id);
+    expect(last.at(-1)).toEqual(whole.get('sess-0')!.at(-1));
+    r.disconnect();
+    second.child.kill('SIGTERM');
+    expect(await second.exited).toBe(0);
+  }, 300_000);
 });

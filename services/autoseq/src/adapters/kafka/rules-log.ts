@@ -50,13 +50,15 @@ export interface ScopeCopyRead {
 /**
  * Reads the whole topic (its partitions from the low to the high watermark as they are now) and gives each
  * scope of `prefix` as the latest record of each key says, as compaction would keep it. Records of other
- * prefixes, and records this version cannot read, are skipped and counted.
+ * prefixes, and records this version cannot read, are skipped and counted. Once `goOn` is false the read ends
+ * with `ReplayStopped` (see `readRanges`).
  */
 export async function readRulesLog(
   o: ReplayOptions,
   prefix: string,
+  goOn: () => boolean = () => true,
 ): Promise<{ scopes: ScopeCopyRead[]; skipped: number }> {
-  const latest = await readLatest(o);
+  const latest = await readLatest(o, goOn);
   const scopes = new Map<string, ScopeCopyRead>();
   let skipped = 0;
   for (const [k, v] of latest) {

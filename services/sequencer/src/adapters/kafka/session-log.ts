@@ -33,35 +33,41 @@ export interface LoggedSession {
  * sessions of `prefix` batch by batch, in offset order: a session's records are all on one partition (keyed),
  * so a later one comes after an earlier one, and a restore that keeps the higher version ends with the latest,
  * as compaction would. Memory stays at one fetch, however many sessions the topic holds. Records of other
- * prefixes are skipped; records this version cannot read are counted.
+ * prefixes are skipped; records this version cannot read are counted. Once `goOn` is false the read ends with
+ * `ReplayStopped` (see `readRanges`).
  */
 export async function readSessionLog(
   o: ReplayOptions,
   prefix: string,
   each: (sessions: LoggedSession[]) => Promise<void>,
+  goOn: () => boolean = () => true,
 ): Promise<{ read: number; skipped: number }> {
   let read = 0;
   let skipped = 0;
-  await readToEnd(o, async (_p, messages) => {
-    const sessions: LoggedSession[] = [];
-    for (const m of messages) {
-      if (m.value === null) continue;
-      const key = keyShape.safeParse(m.key ? jsonOf(m.key) : undefined);
-      if (!key.success) {
-        skipped++;
-        continue;
+  await readToEnd(
+    o,
+    async (_p, messages) => {
+      const sessions: LoggedSession[] = [];
+      for (const m of messages) {
+        if (m.value === null) continue;
+        const key = keyShape.safeParse(m.key ? jsonOf(m.key) : undefined);
+        if (!key.success) {
+          skipped++;
+          continue;
+        }
+        const [p, tenant, agent, session] = key.data;
+        if (p !== prefix) continue;
+        const r = valueV1.safeParse(jsonOf(m.value));
+        if (!r.success) {
+          skipped++;
+          continue;
+        }
+        sessions.push({ ref: { tenant, agent, session }, value: r.data.value, at: r.data.at });
       }
-      const [p, tenant, agent, session] = key.data;
-      if (p !== prefix) continue;
-      const r = valueV1.safeParse(jsonOf(m.value));
-      if (!r.success) {
-        skipped++;
-        continue;
-      }
-      sessions.push({ ref: { tenant, agent, session }, value: r.data.value, at: r.data.at });
-    }
-    read += sessions.length;
-    if (sessions.length > 0) await each(sessions);
-  });
+      read += sessions.length;
+      if (sessions.length > 0) await each(sessions);
+    },
+    goOn,
+  );
   return { read, skipped };
 }
