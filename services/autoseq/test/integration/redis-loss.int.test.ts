@@ -1,8 +1,19 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
 import { nextActionRecordV1, type NextActionRecord } from '../../../../schemas/index.js';
-import { consumeUntil, groupCaughtUp, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
+import {
+  consumeUntil,
+  createTopics,
+  groupCaughtUp,
+  produce,
+  testKafka,
+  testRedis,
+  waitFor,
+} from '../../../../test/helpers/kafka.js';
+import { ownRedis, stopOwnRedis } from '../../../../test/helpers/own-redis.js';
+import { restoreFlagKey } from '../../../../shared/redis/epoch.js';
 import { getJson, isReady, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import type { PredictLine } from '../../src/core/learn/engine.js';
@@ -20,6 +31,7 @@ const redis = testRedis();
 afterAll(async () => {
   for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
   await redis.quit();
+  stopOwnRedis();
 });
 
 const fixture = join(import.meta.dirname, '../fixtures/tau2-airline-30.jsonl');
@@ -222,4 +234,107 @@ describe('autoseq: Redis state lost mid-stream', () => {
     p.child.kill('SIGTERM');
     expect(await p.exited).toBe(0);
   });
+
+  it('honours a SIGTERM during a long restore: exits 0 at once, the restore stays owed, and the next start brings every rule back', async () => {
+    // Before, the restore ran on under the stop, the batch waiting for it was then handled and committed by a
+    // process told to stop, and a restore longer than PAVER_SHUTDOWN_TIMEOUT_MS ended in exit 1.
+    const own = await ownRedis();
+    const env: Record<string, string> = {
+      ...(await learnedServiceEnv('aseq-stop', lowBar)),
+      REDIS_URL: own.url,
+      AUTOSEQ_RULES_SNAPSHOT_MS: '200',
+      // One small record batch per fetch: reading the rules topic takes many fetches, and a while.
+      KAFKA_MAX_BYTES_PER_PARTITION: '1024',
+      PAVER_SHUTDOWN_TIMEOUT_MS: '120000',
+    };
+    const rulesTopic = env.AUTOSEQ_RULES_TOPIC!;
+    await createTopics([{ topic: rulesTopic, partitions: 1, compacted: true }]);
+    // Another deployment's copies (another key prefix: read, then skipped) ahead of this one's on the topic,
+    // each record alone in a fetch (over KAFKA_MAX_BYTES_PER_PARTITION).
+    const PAD = 8000;
+    const producer = testKafka().producer();
+    await producer.connect();
+    const filler = 'x'.repeat(1024);
+    for (let i = 0; i < PAD; i += 50)
+      await Promise.all(
+        Array.from({ length: 50 }, (_, j) =>
+          producer.send({
+            topic: rulesTopic,
+            acks: -1,
+            messages: [
+              {
+                key: JSON.stringify(['elsewhere', 'default', 'default', `pad-${i + j}`]),
+                value: JSON.stringify({ v: 1, value: filler }),
+              },
+            ],
+          }),
+        ),
+      );
+    await producer.disconnect();
+
+    const r = new Redis(own.url);
+    const marker = `${env.REDIS_KEY_PREFIX}:aseq:epoch`;
+    const flag = restoreFlagKey(marker);
+    // A marker without its flag: a Redis that lost nothing, so the first start does not restore.
+    await r.set(marker, 'before');
+    const lines = readFileSync(fixture, 'utf8').trim().split('\n');
+    const { send, records } = io(env);
+    const start = async () => {
+      const p = await startProcess(['bin/paver.js', 'run', 'autoseq'], env);
+      procs.push(p);
+      return p;
+    };
+    const first = await start();
+    await waitFor(() => isReady(first), 'autoseq /readyz');
+    await send(lines);
+    await records(new Set(callsOf(lines).map((e) => e.event_id)));
+    await waitFor(
+      () => groupCaughtUp(env.AUTOSEQ_GROUP_ID!, env.PAVER_TOPIC_TOOL_CALLS!),
+      'every event committed',
+    );
+    await waitFor(
+      async () =>
+        (await metric(first, 'paver_autoseq_rules_snapshot_pending')) === 0 &&
+        (await metric(first, 'paver_autoseq_rules_snapshot_records_total', { kind: 'context' })) > 0,
+      'the learned state copied to the rules topic',
+    );
+    const rulesUrl = '/rules?tenant_id=default&agent_id=default';
+    const rulesBefore = (await getJson(first.url(rulesUrl))).body as { rules: unknown[] };
+    expect(rulesBefore.rules.length).toBeGreaterThan(3);
+
+    await r.flushall();
+    // A call of another tenant (the rules compared are left as they are): its batch finds the state gone and
+    // waits for the restore.
+    const call = JSON.parse(lines.find((l) => callsOf([l]).length > 0)!) as Ev;
+    await send([JSON.stringify({ ...call, event_id: 'after-the-loss', tenant_id: 'elsewhere' })]);
+    await waitFor(
+      async () => (await metric(first, 'paver_autoseq_state_losses_total')) === 1,
+      'the restore under way',
+    );
+    first.child.kill('SIGTERM');
+    // Far below PAVER_SHUTDOWN_TIMEOUT_MS: the stop did not wait for the restore.
+    await waitFor(() => first.child.exitCode !== null, 'exit after SIGTERM', 30_000).catch((err: Error) => {
+      throw new Error(`${err.message}\n${first.output().slice(-3000)}`);
+    });
+    expect(await first.exited, first.output().slice(-3000)).toBe(0);
+    expect(first.output()).not.toContain('learned rules restored from the rules topic');
+    expect(first.output()).toContain('redis state rebuild stopped by the stop');
+    // The batch that waited was given back, and the restore is still owed: its flag says so.
+    expect(await groupCaughtUp(env.AUTOSEQ_GROUP_ID!, env.PAVER_TOPIC_TOOL_CALLS!)).toBe(false);
+    expect(await r.exists(flag)).toBe(1);
+
+    const second = await start();
+    await waitFor(() => isReady(second), 'autoseq /readyz after the restore', 120_000);
+    expect(second.output()).toContain('learned rules restored from the rules topic');
+    expect(await metric(second, 'paver_autoseq_rules_restored_contexts_total')).toBeGreaterThan(0);
+    expect(await r.exists(flag)).toBe(0);
+    expect((await getJson(second.url(rulesUrl))).body).toEqual(rulesBefore);
+    await waitFor(
+      () => groupCaughtUp(env.AUTOSEQ_GROUP_ID!, env.PAVER_TOPIC_TOOL_CALLS!),
+      'the call after the loss handled after the restart',
+    );
+    r.disconnect();
+    second.child.kill('SIGTERM');
+    expect(await second.exited).toBe(0);
+  }, 300_000);
 });
