@@ -138,6 +138,8 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       async start() {
         // Redis not reachable yet: the first batch (or /readyz probe) checks again; the guard logs failures.
         await guard.ensure().catch(() => undefined);
+        // A stop during the restore ended it: the stop may have closed the feed already, which must not start now.
+        if (!isRunning()) return;
         if (copyRules) snapshots.start(env.AUTOSEQ_RULES_SNAPSHOT_MS);
         await feed.start();
         const t0 = Date.now();

@@ -157,6 +157,8 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
       async start() {
         // Redis not reachable yet: the first batch (or /readyz probe) checks again; failures are the guard's to log.
         await guard.ensure().catch(() => undefined);
+        // A stop during the restore ended it: the stop may have closed the feed already, which must not start now.
+        if (!isRunning()) return;
         await feed.start();
         if (await feed.caughtUp(env.SEQUENCER_CONFIG_WAIT_MS))
           log.info({ agents: config.size }, 'orchestration configuration loaded');
