@@ -1,13 +1,17 @@
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
 import type { FlowCandidateRecord } from '../../../../schemas/index.js';
 import { replay } from '../../../../cli/flows-replay.js';
 import { consumeUntil, groupCaughtUp, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
+import { ownRedis, stopOwnRedis } from '../../../../test/helpers/own-redis.js';
 import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import { FLOWS, stream } from './account-stream.js';
+import { scopeTag } from '../../../../shared/redis/keys.js';
+import { candidateStateKey, type CandidateState } from '../../src/adapters/state-feed.js';
 import { createFlowsTopics } from './service-topics.js';
 
 const procs: Proc[] = [];
@@ -15,15 +19,21 @@ const redis = testRedis();
 afterAll(async () => {
   for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
   await redis.quit();
+  stopOwnRedis();
 });
 
 const SCOPE = { tenant_id: 'acme', agent_id: 'support' };
 const q = `tenant_id=${SCOPE.tenant_id}&agent_id=${SCOPE.agent_id}`;
 
-const candidate = (key: string, occurrences: number, detectedAt: number): FlowCandidateRecord => ({
+const candidate = (
+  key: string,
+  occurrences: number,
+  detectedAt: number,
+  scope: { tenant_id: string; agent_id: string } = SCOPE,
+): FlowCandidateRecord => ({
   schema_version: 1,
   status: 'active',
-  ...SCOPE,
+  ...scope,
   dedupe_key: key,
   detected_at: detectedAt,
   title: `flow ${key}`,
@@ -184,4 +194,139 @@ describe('flows service: Redis state lost mid-stream', () => {
     p2.child.kill('SIGTERM');
     expect(await p2.exited).toBe(0);
   });
+
+  it('honours a SIGTERM during a long rebuild after a loss: exits 0 at once, the batch uncommitted, and the next start restores every candidate', async () => {
+    // Before, the rebuild ran on under the stop (its writing, scope by scope, asked nothing), the batch waiting
+    // for it was then handled and committed by a process told to stop, and a rebuild longer than
+    // PAVER_SHUTDOWN_TIMEOUT_MS ended in exit 1.
+    const own = await ownRedis();
+    const env = serviceEnv({
+      REDIS_URL: own.url,
+      FLOWS_GROUP_ID: `fl-stop-${Date.now()}`,
+      PAVER_TOPIC_FLOWS: `flows-stop-${Date.now()}`,
+      FLOWS_PROMOTION: 'auto',
+      FLOWS_AUTO_MIN_OCCURRENCES: '5',
+      FLOWS_SHADOW_TRIALS: '0',
+      PAVER_SHUTDOWN_TIMEOUT_MS: '120000',
+    });
+    await createFlowsTopics(env);
+    const group = env.FLOWS_GROUP_ID!;
+    const candidatesTopic = env.PAVER_TOPIC_FLOW_CANDIDATES!;
+    // The state topic is read once, at start, into memory: a rebuild after a loss reads no topic, and what takes
+    // it a while is its writing, one transaction per scope. Many scopes of other tenants (a rejected candidate
+    // each, on the topic as a decision of an earlier process): a rebuild writes them all back.
+    const SCOPES = 40_000;
+    const pad = Array.from({ length: SCOPES }, (_, i) => {
+      const scope = { tenant_id: `other-${i}`, agent_id: 'bot' };
+      const v: CandidateState = {
+        schema_version: 1,
+        ...scope,
+        candidate: {
+          record: candidate(`k${i}`, 2, 1, scope),
+          status: 'rejected',
+          retracted: false,
+          decided_at: 1,
+          shadow_trials: 0,
+          shadow_proposed: 0,
+          shadow_matched: 0,
+        },
+      };
+      return { key: candidateStateKey(scope.tenant_id, scope.agent_id, `k${i}`), value: JSON.stringify(v) };
+    });
+    await produce(`${env.PAVER_TOPIC_FLOWS!}.state`, pad);
+
+    const r = new Redis(own.url);
+    // Every scope's candidates and registry as Redis holds them, values parsed (a restore writes the topic's
+    // copy, whose keys may come in another order than the live write's).
+    const snapshot = async () => {
+      const keys: string[] = [];
+      let cursor = '0';
+      do {
+        const [next, found] = await r.scan(cursor, 'MATCH', `${env.REDIS_KEY_PREFIX}:flows:*`, 'COUNT', 1000);
+        cursor = next;
+        keys.push(...found.filter((k) => k.endsWith(':candidates') || k.endsWith(':registry')));
+      } while (cursor !== '0');
+      const pipe = r.pipeline();
+      for (const k of keys) pipe.hgetall(k);
+      const vals = (await pipe.exec())!.map(([, v]) => v as Record<string, string>);
+      return new Map(
+        keys.map((k, i) => [
+          k,
+          Object.fromEntries(Object.entries(vals[i]!).map(([f, v]) => [f, JSON.parse(v) as unknown])),
+        ]),
+      );
+    };
+    const start = async () => {
+      const p = await startProcess(['bin/paver.js', 'run', 'flows'], env);
+      procs.push(p);
+      return p;
+    };
+    const publish = (recs: FlowCandidateRecord[]) =>
+      produce(
+        candidatesTopic,
+        recs.map((c) => ({ key: c.dedupe_key, value: JSON.stringify(c) })),
+      );
+
+    const first = await start();
+    await waitFor(() => isReady(first), 'flows /readyz (the start rebuild written)', 120_000);
+    await publish([candidate('hot', 10, 1), candidate('bad', 3, 1), candidate('cold', 2, 1)]);
+    await waitFor(async () => (await candidates(first)).length === 3, 'three candidates stored');
+    expect((await fetch(first.url(`/flows/candidates/bad/reject?${q}`), { method: 'POST' })).status).toBe(
+      200,
+    );
+    const before = await candidates(first);
+    expect(before).toEqual([
+      { key: 'bad', status: 'rejected' },
+      { key: 'cold', status: 'pending' },
+      { key: 'hot', status: 'promoted' },
+    ]);
+    const registryBefore = await registry(first);
+    expect(registryBefore).toHaveLength(1);
+    await waitFor(() => groupCaughtUp(group, candidatesTopic), 'the candidates committed');
+    const whole = await snapshot();
+    // Every other tenant's scope, and acme's candidates and registry.
+    expect(whole.size).toBe(SCOPES + 2);
+
+    await r.flushall();
+    // Its batch finds the state gone and waits for the rebuild.
+    await publish([candidate('late', 2, 2)]);
+    const lost = 'redis state lost (epoch marker gone); rebuilding from kafka';
+    // Under way: the loss seen, and the rebuild writing scopes back (the marker is the one key before it).
+    await waitFor(
+      async () => first.output().includes(lost) && (await r.dbsize()) > 1,
+      'the rebuild under way',
+    );
+    first.child.kill('SIGTERM');
+    // Far below PAVER_SHUTDOWN_TIMEOUT_MS: the stop did not wait for the rebuild.
+    await waitFor(() => first.child.exitCode !== null, 'exit after SIGTERM', 30_000).catch((err: Error) => {
+      throw new Error(`${err.message}\n${first.output().slice(-3000)}`);
+    });
+    const afterLoss = first.output().slice(first.output().indexOf(lost));
+    expect(await first.exited, afterLoss.slice(-3000)).toBe(0);
+    expect(afterLoss).not.toContain('flows state restored to redis');
+    expect(afterLoss).toContain('redis state rebuild stopped by the stop');
+    // The rebuild was cut short, and the batch that waited for it was given back.
+    expect((await snapshot()).size).toBeLessThan(SCOPES + 2);
+    expect(await groupCaughtUp(group, candidatesTopic)).toBe(false);
+
+    const second = await start();
+    await waitFor(() => isReady(second), 'flows /readyz after the restart', 120_000);
+    await waitFor(
+      () => groupCaughtUp(group, candidatesTopic),
+      'the candidate after the loss handled after the restart',
+    );
+    expect(await candidates(second)).toEqual(
+      [...before, { key: 'late', status: 'pending' }].sort((a, b) => a.key.localeCompare(b.key)),
+    );
+    expect(await registry(second)).toEqual(registryBefore);
+    // Every scope back as it was before the loss, but for the candidate that came after it.
+    const restored = await snapshot();
+    delete restored.get(
+      `${env.REDIS_KEY_PREFIX}:flows:${scopeTag(SCOPE.tenant_id, SCOPE.agent_id)}:candidates`,
+    )!.late;
+    expect(restored).toEqual(whole);
+    r.disconnect();
+    second.child.kill('SIGTERM');
+    expect(await second.exited).toBe(0);
+  }, 300_000);
 });
