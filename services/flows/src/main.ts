@@ -207,8 +207,16 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
      * flows from the registry (the flows topic), and the outcome memory this instance holds. The feeds must
      * have read their topics to the end first, or the copy would miss what was decided before the loss. A stop
      * (`goOn` false) ends the wait and the copy between scopes; the next start rebuilds again (it always does).
+     * The outcome memory goes first and whole, stop or not: no topic holds it, so a rebuild given up before it
+     * would lose it for good, while the next start restores the rest from the topics. It is bounded by what this
+     * instance holds in memory (the scopes it loaded, `capacity` runs each).
      */
     const rebuild = async (reason: RebuildReason, goOn: () => boolean) => {
+      let runs = 0;
+      for (const o of outcomes.entries()) {
+        await store.restoreRuns(o.tenant, o.agent, o.runs, outcomeCapacity);
+        runs += o.runs.length;
+      }
       if (!(await whileGoingOn(goOn, stateFeed.caughtUp(env.FLOWS_REGISTRY_WAIT_MS))))
         throw new PaverError('KAFKA_UNAVAILABLE', 'flows state topic not read to its end yet');
       if (!(await whileGoingOn(goOn, feed.caughtUp(env.FLOWS_REGISTRY_WAIT_MS))))
@@ -230,12 +238,6 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       for (const fs of flows.values()) {
         if (!goOn()) throw new RebuildStopped();
         await store.restore(fs[0]!.tenant_id, fs[0]!.agent_id, [], fs);
-      }
-      let runs = 0;
-      for (const o of outcomes.entries()) {
-        if (!goOn()) throw new RebuildStopped();
-        await store.restoreRuns(o.tenant, o.agent, o.runs, outcomeCapacity);
-        runs += o.runs.length;
       }
       log.info({ reason, candidates, flows: registry.size, runs }, 'flows state restored to redis');
     };

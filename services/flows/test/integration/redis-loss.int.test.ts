@@ -195,13 +195,18 @@ describe('flows service: Redis state lost mid-stream', () => {
     expect(await p2.exited).toBe(0);
   });
 
-  it('honours a SIGTERM during a long rebuild after a loss: exits 0 at once, the batch uncommitted, and the next start restores every candidate', async () => {
+  it('honours a SIGTERM during a long rebuild after a loss: exits 0 at once, the batch uncommitted, the outcome memory kept, and the next start restores every candidate', async () => {
     // Before, the rebuild ran on under the stop (its writing, scope by scope, asked nothing), the batch waiting
     // for it was then handled and committed by a process told to stop, and a rebuild longer than
-    // PAVER_SHUTDOWN_TIMEOUT_MS ended in exit 1.
+    // PAVER_SHUTDOWN_TIMEOUT_MS ended in exit 1. And once it did stop, it gave up before the outcome memory,
+    // which no topic holds: the runs were lost for good.
     const own = await ownRedis();
+    const dir = mkdtempSync(join(tmpdir(), 'paver-flows-stop-'));
+    const flowsFile = join(dir, 'flows.json');
+    writeFileSync(flowsFile, JSON.stringify(FLOWS));
     const env = serviceEnv({
       REDIS_URL: own.url,
+      FLOWS_FILE: flowsFile,
       FLOWS_GROUP_ID: `fl-stop-${Date.now()}`,
       PAVER_TOPIC_FLOWS: `flows-stop-${Date.now()}`,
       FLOWS_PROMOTION: 'auto',
@@ -236,24 +241,31 @@ describe('flows service: Redis state lost mid-stream', () => {
     await produce(`${env.PAVER_TOPIC_FLOWS!}.state`, pad);
 
     const r = new Redis(own.url);
-    // Every scope's candidates and registry as Redis holds them, values parsed (a restore writes the topic's
-    // copy, whose keys may come in another order than the live write's).
+    // Every scope's candidates, registry and outcome memory as Redis holds them, values parsed (a restore writes
+    // the topic's copy, whose keys may come in another order than the live write's).
     const snapshot = async () => {
       const keys: string[] = [];
       let cursor = '0';
       do {
         const [next, found] = await r.scan(cursor, 'MATCH', `${env.REDIS_KEY_PREFIX}:flows:*`, 'COUNT', 1000);
         cursor = next;
-        keys.push(...found.filter((k) => k.endsWith(':candidates') || k.endsWith(':registry')));
+        keys.push(...found.filter((k) => /:(candidates|registry|outcomes)$/.test(k)));
       } while (cursor !== '0');
       const pipe = r.pipeline();
-      for (const k of keys) pipe.hgetall(k);
-      const vals = (await pipe.exec())!.map(([, v]) => v as Record<string, string>);
+      for (const k of keys)
+        if (k.endsWith(':outcomes')) pipe.lrange(k, 0, -1);
+        else pipe.hgetall(k);
+      const vals = (await pipe.exec())!.map(([, v]) => v as Record<string, string> | string[]);
       return new Map(
-        keys.map((k, i) => [
-          k,
-          Object.fromEntries(Object.entries(vals[i]!).map(([f, v]) => [f, JSON.parse(v) as unknown])),
-        ]),
+        keys.map((k, i) => {
+          const v = vals[i]!;
+          return [
+            k,
+            Array.isArray(v)
+              ? v.map((x) => JSON.parse(x) as unknown)
+              : Object.fromEntries(Object.entries(v).map(([f, x]) => [f, JSON.parse(x) as unknown])),
+          ];
+        }),
       );
     };
     const start = async () => {
@@ -283,9 +295,19 @@ describe('flows service: Redis state lost mid-stream', () => {
     const registryBefore = await registry(first);
     expect(registryBefore).toHaveLength(1);
     await waitFor(() => groupCaughtUp(group, candidatesTopic), 'the candidates committed');
+    // Runs of the hand-written flows: the outcome memory, which lives in Redis and in this process only.
+    const { lines } = stream();
+    await produce(
+      env.PAVER_TOPIC_TOOL_CALLS!,
+      lines.map((l) => ({ key: (JSON.parse(l) as { session_id: string }).session_id, value: l })),
+    );
+    await waitFor(() => groupCaughtUp(group, env.PAVER_TOPIC_TOOL_CALLS!), 'the runs consumed');
     const whole = await snapshot();
-    // Every other tenant's scope, and acme's candidates and registry.
-    expect(whole.size).toBe(SCOPES + 2);
+    const memory = [...whole].filter(([k]) => k.endsWith(':outcomes'));
+    expect(memory).toHaveLength(1);
+    expect((memory[0]![1] as unknown[]).length).toBeGreaterThan(3);
+    // Every other tenant's scope, acme's candidates and registry, and the outcome memory.
+    expect(whole.size).toBe(SCOPES + 3);
 
     await r.flushall();
     // Its batch finds the state gone and waits for the rebuild.
@@ -306,7 +328,10 @@ describe('flows service: Redis state lost mid-stream', () => {
     expect(afterLoss).not.toContain('flows state restored to redis');
     expect(afterLoss).toContain('redis state rebuild stopped by the stop');
     // The rebuild was cut short, and the batch that waited for it was given back.
-    expect((await snapshot()).size).toBeLessThan(SCOPES + 2);
+    const cut = await snapshot();
+    expect(cut.size).toBeLessThan(whole.size);
+    // What no topic holds was written back before the rebuild gave up.
+    expect(cut.get(memory[0]![0])).toEqual(memory[0]![1]);
     expect(await groupCaughtUp(group, candidatesTopic)).toBe(false);
 
     const second = await start();
@@ -321,9 +346,10 @@ describe('flows service: Redis state lost mid-stream', () => {
     expect(await registry(second)).toEqual(registryBefore);
     // Every scope back as it was before the loss, but for the candidate that came after it.
     const restored = await snapshot();
-    delete restored.get(
+    const acme = restored.get(
       `${env.REDIS_KEY_PREFIX}:flows:${scopeTag(SCOPE.tenant_id, SCOPE.agent_id)}:candidates`,
-    )!.late;
+    ) as Record<string, unknown>;
+    delete acme.late;
     expect(restored).toEqual(whole);
     r.disconnect();
     second.child.kill('SIGTERM');
