@@ -348,6 +348,12 @@ export function createHttpServer(opts: {
             // Redis (or Kafka) not answering is not the service's bug: 503, which a client retries, not a 500.
             // The connection error itself stays in the log.
             const e = classifyError(err);
+            // A request that waited for work the stop gave up (a restore of Redis after a loss): this instance
+            // is going away, not broken; another one (or this one's successor) answers the retry.
+            if (e.code === 'SHUTTING_DOWN') {
+              res.setHeader('retry-after', '1');
+              return send(res, 503, { error: 'the service is stopping, retry later' });
+            }
             if (e.retriable) {
               opts.log.warn(
                 { err: e.message, code: e.code, path: url.pathname },

@@ -8,6 +8,7 @@ import {
   type ReadinessCheck,
   type Route,
 } from '../../shared/http.js';
+import { PaverError } from '../../shared/errors.js';
 import { createLogger } from '../../shared/log.js';
 import { parsePrometheus } from '../helpers/prometheus.js';
 
@@ -264,7 +265,7 @@ describe('slow clients', () => {
 });
 
 describe('a dependency that does not answer', () => {
-  it('answers 503 with Retry-After and a JSON error when a handler meets Redis down (not a 500), without the connection error', async () => {
+  it('answers 503 with Retry-After and a JSON error when a handler meets Redis down or the stop (not a 500), without the connection error', async () => {
     const s = serverWith({
       readiness: [],
       routes: [
@@ -280,6 +281,13 @@ describe('a dependency that does not answer', () => {
           path: '/timeout',
           handler: () => {
             throw new Error('Command timed out');
+          },
+        },
+        {
+          method: 'GET',
+          path: '/stopping',
+          handler: () => {
+            throw new PaverError('SHUTTING_DOWN', 'redis state rebuild stopped: the service is stopping');
           },
         },
         {
@@ -307,6 +315,12 @@ describe('a dependency that does not answer', () => {
           retryAfter: '1',
           body: { error: 'Redis is unavailable, retry later' },
         });
+      // A restore the stop gave up, which the request waited for: the instance is stopping, not broken.
+      expect(await get('/stopping')).toEqual({
+        status: 503,
+        retryAfter: '1',
+        body: { error: 'the service is stopping, retry later' },
+      });
       expect(await get('/bug')).toEqual({ status: 500, retryAfter: null, body: { error: 'internal error' } });
     } finally {
       await s.close();

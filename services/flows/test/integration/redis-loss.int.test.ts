@@ -313,11 +313,14 @@ describe('flows service: Redis state lost mid-stream', () => {
     // Its batch finds the state gone and waits for the rebuild.
     await publish([candidate('late', 2, 2)]);
     const lost = 'redis state lost (epoch marker gone); rebuilding from kafka';
-    // Under way: the loss seen, and the rebuild writing scopes back (the marker is the one key before it).
+    // Under way: the loss seen, and the rebuild writing back (the marker is the one key before it).
     await waitFor(
       async () => first.output().includes(lost) && (await r.dbsize()) > 1,
       'the rebuild under way',
     );
+    // A read of the candidates waits for the rebuild too: the stop that gives it up answers it 503 (retry
+    // elsewhere), not 500 as if the service were broken.
+    const during = fetch(first.url(`/flows/candidates?${q}`)).then((res) => res.status);
     first.child.kill('SIGTERM');
     // Far below PAVER_SHUTDOWN_TIMEOUT_MS: the stop did not wait for the rebuild.
     await waitFor(() => first.child.exitCode !== null, 'exit after SIGTERM', 30_000).catch((err: Error) => {
@@ -327,6 +330,8 @@ describe('flows service: Redis state lost mid-stream', () => {
     expect(await first.exited, afterLoss.slice(-3000)).toBe(0);
     expect(afterLoss).not.toContain('flows state restored to redis');
     expect(afterLoss).toContain('redis state rebuild stopped by the stop');
+    expect(await during).toBe(503);
+    expect(afterLoss).not.toContain('http handler failed');
     // The rebuild was cut short, and the batch that waited for it was given back.
     const cut = await snapshot();
     expect(cut.size).toBeLessThan(whole.size);
