@@ -227,7 +227,7 @@ export async function benchSequencer(b: Bench, n: number, sessions: number) {
       ...quantiles(redisGet),
       requests: redisGet.length,
       definition:
-        'one GET on a raw RESP socket from the bench process to the same Redis, one at a time, between the cached and Redis-path phases: the round trip every allowed-tools read includes (the epoch check)',
+        'one GET on a raw RESP socket from the bench process to the same Redis, one at a time, between the cached and Redis-path phases: the round trip a Redis-path read includes, and the epoch check of every read when client-side tracking is off (SEQUENCER_EPOCH_HEARTBEAT_MS=0)',
     },
     allowed_tools_server_side_ms: {
       cache_path: { fetch: hitFetch.server, lean_client: hitLean.server },
