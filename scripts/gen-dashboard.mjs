@@ -222,10 +222,12 @@ ts(
       `sum(rate(paver_sequencer_state_reads_total{source="cache"}[${RI}])) / sum(rate(paver_sequencer_state_reads_total[${RI}]))`,
       'cache hits',
     ],
+    [`avg(paver_sequencer_epoch_tracking)`, 'instances whose loss check is tracked'],
   ],
   {
     x: 12,
-    description: 'Allowed-tools reads answered from the in-process cache, without a Redis round trip.',
+    description:
+      'Allowed-tools reads answered from the in-process cache (no session GET), and the share of instances whose Redis-loss check is vouched for by client-side tracking (paver_sequencer_epoch_tracking): together, reads with no Redis round trip at all.',
   },
 );
 
