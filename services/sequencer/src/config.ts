@@ -25,8 +25,8 @@ export const sequencerEnvSchema = crossChecked(
     /** False: no copy (one record less per changed session and batch); a Redis loss then loses the sessions. */
     SEQUENCER_STATE_COPY_ENABLED: envBool.default(true),
     /**
-     * Allowed-tools reads skip the epoch marker's GET while Redis's client-side tracking vouches for it and its
-     * connection answered a PING within this long; 0: every read GETs the marker.
+     * Allowed-tools reads skip the epoch marker's GET while Redis's client-side tracking vouches for it and both its
+     * connections answered a PING within this long; 0: every read GETs the marker.
      */
     SEQUENCER_EPOCH_HEARTBEAT_MS: int(0, 60_000).default(200),
   }),

@@ -50,8 +50,9 @@ export interface TrackedEpoch extends Epoch {
  * what it last read until then. What tracking cannot say is covered too:
  * - a restart or a failover closes the connections (they do not reconnect), and so does a killed one: a
  *   redirect to a connection that is gone would lose invalidations silently;
- * - a connection that goes silent (a network partition, a frozen server) is answered only while a `PING` every
- *   `heartbeatMs / 2` came back within the last `heartbeatMs`.
+ * - a connection that goes silent (a network partition, a frozen server, a middlebox that dropped an idle one)
+ *   is answered only while a `PING` on each of the two every `heartbeatMs / 2` came back within the last
+ *   `heartbeatMs`.
  * Outside those conditions, or where the server refuses tracking (an ACL without `CLIENT` or the channel, an old
  * Redis), every check is the `GET` of `cheapEpochCheck`, and tracking is set up again after a check that found
  * nothing lost. A loss is so noticed within the time its invalidation takes to arrive, where the `GET` noticed it
@@ -93,8 +94,12 @@ export function trackedEpochCheck(
     if (!p || !armed || beating) return;
     beating = true;
     const gen = generation;
-    p.trk
-      .ping()
+    // Both connections. The invalidations come on `sub` alone, and it carries nothing while the marker holds:
+    // one the server dropped without the client hearing (a NAT or load balancer that forgot the idle
+    // connection) leaves the redirect going nowhere, and Redis drops the marker's invalidation silently (RESP2
+    // says nothing to the tracking connection), while `trk` answers on. A PONG on `sub` also comes after every
+    // invalidation the server sent before it, on the same connection.
+    Promise.all([p.trk.ping(), p.sub.ping()])
       .then(
         () => {
           if (gen === generation && armed) armed.heard = Date.now();

@@ -1,3 +1,4 @@
+import { createServer, connect as tcpConnect, type Server, type Socket } from 'node:net';
 import { Redis, type RedisOptions } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { testRedis, unique, waitFor } from '../../../../test/helpers/kafka.js';
@@ -129,6 +130,41 @@ describe('tracked epoch check (real redis-server of its own)', () => {
       frozen.child.kill('SIGCONT');
     }
     await waitFor(async () => (await f.check().catch(() => null))?.lost === false, 'the server back');
+  });
+
+  it('an invalidations connection the server dropped while the client heard nothing ends tracking: a loss after it is seen', async () => {
+    const r = await ownRedis();
+    const admin = connect(r.url);
+    // A middlebox (a NAT or load balancer that forgot an idle connection): what the server closes stays open
+    // on the client's side, silent. The invalidations' connection carries nothing while the marker holds.
+    const sockets: Socket[] = [];
+    const proxy: Server = createServer((down) => {
+      const up = tcpConnect(r.port, '127.0.0.1');
+      sockets.push(down, up);
+      let upGone = false;
+      const gone = () => (upGone = true);
+      up.on('error', gone).on('close', gone);
+      down.on('error', () => undefined).on('close', () => up.destroy());
+      down.on('data', (d: Buffer) => {
+        if (!upGone) up.write(d);
+      });
+      up.on('data', (d: Buffer) => down.write(d));
+    });
+    await new Promise<void>((ok) => proxy.listen(0, '127.0.0.1', ok));
+    closers.push(() => {
+      for (const s of sockets) s.destroy();
+      proxy.close();
+    });
+    const port = (proxy.address() as { port: number }).port;
+    const e = tracked(connect(`redis://127.0.0.1:${port}`), 'trk5:seq:epoch', 200);
+    await e.check();
+    await untilTracking(e);
+
+    await admin.client('KILL', 'TYPE', 'pubsub');
+    // The redirect now goes to a client that is gone: Redis drops the marker's invalidation without a word.
+    await waitFor(() => !e.tracking(), 'tracking ended: the invalidations connection no longer answers');
+    await admin.del('trk5:seq:epoch');
+    await waitFor(async () => (await e.check().catch(() => null))?.lost === true, 'the loss seen');
   });
 
   it('a Redis user not allowed tracking: every check is a GET, as without tracking', async () => {
