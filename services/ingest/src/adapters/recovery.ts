@@ -212,10 +212,12 @@ export class PendingRecovery {
       // The last ttlMs before the chunk, by record time: a consumer lagging by more than ttlMs holds in Redis
       // spans stamped long before now (they expire ttlMs after they were handled, not after their stamp), and
       // `now - ttlMs` found nothing to read for it. Never later than now: a producer clock running ahead
-      // must not shorten the replay.
-      const upTo = endTs !== undefined && Number.isFinite(endTs) ? Math.min(t0, endTs) : t0;
+      // must not shorten the replay. A record with no time (-1, the old format's) or stamped 0 says nothing of
+      // the stream's: now, as before. The broker refuses a negative time that is not one of its special
+      // values (UNSUPPORTED_VERSION, retried for ever: the partition stuck), so none is asked for.
+      const upTo = endTs !== undefined && Number.isFinite(endTs) && endTs > 0 ? Math.min(t0, endTs) : t0;
       // A partition's first chunk at offset 0 has nothing before it: no lookup.
-      const fromOffset = end === 0n ? 0n : await this.d.offsetAt(partition, upTo - ttlMs);
+      const fromOffset = end === 0n ? 0n : await this.d.offsetAt(partition, Math.max(0, upTo - ttlMs));
       const where = { partition, from: fromOffset.toString(), to: end.toString() };
       if (fromOffset >= end) {
         // Nothing in the last ttlMs before this chunk (a first start, or a quiet partition): nothing to lose.

@@ -197,6 +197,33 @@ describe('ingest: Redis state lost (real Kafka, a redis-server of its own)', () 
     expect(await p.exited).toBe(0);
   });
 
+  it('a chunk whose first record carries no time (stamped 0) is handled, the TTL before now replayed', async () => {
+    const t = await setUp('ingest-unstamped', { env: { INGEST_PENDING_TTL_MS: '600000' } });
+    const p = await t.start();
+    const { waiting, whole, isAgent, key } = t;
+    // A record stamped long before the TTL, then the waiting task's tool spans, stamped now.
+    await produce(t.env.INGEST_OTLP_TOPIC!, [
+      { key: key(whole), value: toJson(whole), timestamp: Date.now() - 3 * 3_600_000 },
+      { key: key(waiting), value: toProto(waiting.filter((s) => !isAgent(s))) },
+    ]);
+    await t.events((all) => all.some((v) => v.includes('"task_completed"') && v.includes('conv-whole')));
+    await waitFor(
+      async () => (await metric(p, 'paver_ingest_spans_total', { outcome: 'pending' })) === 2,
+      'the two tool spans waiting in Redis',
+    );
+    await waitFor(() => groupCaughtUp(t.env.INGEST_GROUP_ID!, t.env.INGEST_OTLP_TOPIC!), 'both committed');
+    const r = new Redis(t.redisServer.url);
+    await r.flushall();
+    r.disconnect();
+    // A producer that stamps 0 (or a record of the old format, -1): its time says nothing of the stream's. Asked
+    // for the offset at 0 - TTL, the broker answers UNSUPPORTED_VERSION, and the chunk was retried for ever.
+    expectWhole(await t.after({ timestamp: 0 }));
+    // The TTL before now: the tool spans' record alone, not the one stamped hours back (nor a week of retention).
+    expect(await metric(p, 'paver_ingest_rebuild_messages_total')).toBe(1);
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toBe(0);
+  });
+
   it('rebuilds them when ingest was killed and its redis-server came back empty', async () => {
     const t = await setUp('ingest-restart');
     const first = await t.start();
