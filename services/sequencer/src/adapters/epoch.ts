@@ -76,7 +76,9 @@ export function trackedEpochCheck(
   let refused = false;
   let closed = false;
 
-  const fresh = () => armed !== null && Date.now() - armed.heard <= o.heartbeatMs;
+  // A monotonic clock: the wall clock set back (an NTP step, a VM resumed) would make a heartbeat heard before
+  // it look fresh for as long as the step, while nothing answers.
+  const fresh = () => armed !== null && performance.now() - armed.heard <= o.heartbeatMs;
 
   function drop(): void {
     generation++;
@@ -102,7 +104,7 @@ export function trackedEpochCheck(
     Promise.all([p.trk.ping(), p.sub.ping()])
       .then(
         () => {
-          if (gen === generation && armed) armed.heard = Date.now();
+          if (gen === generation && armed) armed.heard = performance.now();
         },
         () => {
           if (gen === generation) drop();
@@ -112,7 +114,7 @@ export function trackedEpochCheck(
   }
 
   async function arm(): Promise<void> {
-    if (arming || pair || refused || closed || Date.now() < retryAt) return;
+    if (arming || pair || refused || closed || performance.now() < retryAt) return;
     arming = true;
     const gen = ++generation;
     // No reconnection: a connection made again is a new client, without tracking or with a redirect to nothing.
@@ -146,7 +148,7 @@ export function trackedEpochCheck(
       if (gen !== generation) return;
       // Changed since the check that found nothing lost: the next check's GET says what happened.
       if (value === null || value !== full.current()) return drop();
-      armed = { epoch: value, heard: Date.now() };
+      armed = { epoch: value, heard: performance.now() };
     } catch (err) {
       if (gen === generation) drop();
       const message = err instanceof Error ? err.message : String(err);
@@ -156,7 +158,7 @@ export function trackedEpochCheck(
           { err: message },
           'redis refused client-side tracking (needs CLIENT and the __redis__:invalidate channel): every allowed-tools read checks the epoch marker with a GET',
         );
-      } else retryAt = Date.now() + REARM_AFTER_MS;
+      } else retryAt = performance.now() + REARM_AFTER_MS;
     } finally {
       arming = false;
     }

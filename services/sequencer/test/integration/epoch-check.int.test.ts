@@ -1,6 +1,6 @@
 import { createServer, connect as tcpConnect, type Server, type Socket } from 'node:net';
 import { Redis, type RedisOptions } from 'ioredis';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { testRedis, unique, waitFor } from '../../../../test/helpers/kafka.js';
 import { ownRedis, stopOwnRedis } from '../../../../test/helpers/own-redis.js';
 import { createLogger } from '../../../../shared/log.js';
@@ -165,6 +165,25 @@ describe('tracked epoch check (real redis-server of its own)', () => {
     await waitFor(() => !e.tracking(), 'tracking ended: the invalidations connection no longer answers');
     await admin.del('trk5:seq:epoch');
     await waitFor(async () => (await e.check().catch(() => null))?.lost === true, 'the loss seen');
+  });
+
+  it('a wall clock set back does not stretch the heartbeat: a frozen server ends tracking all the same', async () => {
+    const frozen = await ownRedis();
+    // A deadline far longer than the wait below: only the heartbeat may end tracking here.
+    const f = tracked(connect(frozen.url, { commandTimeout: 120_000 }), 'trk6:seq:epoch', 200);
+    await f.check();
+    await untilTracking(f);
+    // In the same turn as the check that found tracking on (no answer is read meanwhile): frozen, and the wall
+    // clock set back an hour (an NTP step, a VM resumed), going on from there.
+    frozen.child.kill('SIGSTOP');
+    vi.useFakeTimers({ toFake: ['Date'], shouldAdvanceTime: true });
+    try {
+      vi.setSystemTime(Date.now() - 3_600_000);
+      await waitFor(() => !f.tracking(), 'tracking ended with the heartbeat', 30_000);
+    } finally {
+      vi.useRealTimers();
+      frozen.child.kill('SIGCONT');
+    }
   });
 
   it('a Redis user not allowed tracking: every check is a GET, as without tracking', async () => {
