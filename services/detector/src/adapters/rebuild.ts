@@ -52,6 +52,11 @@ export class Rebuilder {
   private active = 0;
   /** The epoch whose publication maps this process has restored from the candidates topic. */
   private restoredIn: string | null = null;
+  /**
+   * The scopes that restore touched, until a rebuild that succeeds returns them for its chunk to publish: one
+   * that failed after the restore (its mark, say) left them to the next attempt, which does not restore again.
+   */
+  private readonly restoredScopes = new Map<string, Scope>();
 
   constructor(
     private readonly d: {
@@ -169,7 +174,7 @@ export class Rebuilder {
       // mark, which every later process trusts without restoring: one that died between the mark and this
       // restore left the publication maps empty for good (candidates published before the loss never retracted).
       if (this.restoredIn !== epoch) {
-        for (const s of await this.d.restorePublished()) changed.set(scopeId(s), s);
+        for (const s of await this.d.restorePublished()) this.restoredScopes.set(scopeId(s), s);
         this.restoredIn = epoch;
       }
       await store.markRebuilt(partition, epoch);
@@ -178,6 +183,8 @@ export class Rebuilder {
         outcome = 'retried';
         return null;
       }
+      for (const [id, s] of this.restoredScopes) changed.set(id, s);
+      this.restoredScopes.clear();
       this.verified.set(partition, epoch);
       outcome = 'rebuilt';
       log.info(
