@@ -35,6 +35,8 @@ export function cheapEpochCheck(redis: Redis, full: Epoch): Epoch {
 const INVALIDATE = '__redis__:invalidate';
 /** After a failed attempt to set tracking up, reads use the GET for this long before the next attempt. */
 const REARM_AFTER_MS = 1_000;
+/** Doubled after each failure in a row, up to this: a server that keeps failing is not sent 2 connections a second. */
+const REARM_MAX_MS = 60_000;
 
 export interface TrackedEpoch extends Epoch {
   /** True while checks cost no Redis command: tracking set up, nothing invalidated, the connection heard from. */
@@ -74,6 +76,7 @@ export function trackedEpochCheck(
   let beating = false;
   let retryAt = 0;
   let refused = false;
+  let failures = 0;
   let closed = false;
 
   // A monotonic clock: the wall clock set back (an NTP step, a VM resumed) would make a heartbeat heard before
@@ -149,6 +152,8 @@ export function trackedEpochCheck(
       // Changed since the check that found nothing lost: the next check's GET says what happened.
       if (value === null || value !== full.current()) return drop();
       armed = { epoch: value, heard: performance.now() };
+      if (failures > 0) o.log.info('client-side tracking of the epoch marker set up again');
+      failures = 0;
     } catch (err) {
       if (gen === generation) drop();
       const message = err instanceof Error ? err.message : String(err);
@@ -158,7 +163,16 @@ export function trackedEpochCheck(
           { err: message },
           'redis refused client-side tracking (needs CLIENT and the __redis__:invalidate channel): every allowed-tools read checks the epoch marker with a GET',
         );
-      } else retryAt = performance.now() + REARM_AFTER_MS;
+      } else {
+        failures++;
+        retryAt = performance.now() + Math.min(REARM_MAX_MS, REARM_AFTER_MS * 2 ** (failures - 1));
+        // Once per run of failures: each is retried with a longer wait, and reads are answered meanwhile.
+        if (failures === 1)
+          o.log.warn(
+            { err: message },
+            'client-side tracking of the epoch marker could not be set up: every allowed-tools read checks the marker with a GET until it is (tried again with backoff, up to a minute apart)',
+          );
+      }
     } finally {
       arming = false;
     }

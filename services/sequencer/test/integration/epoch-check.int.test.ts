@@ -1,5 +1,6 @@
 import { createServer, connect as tcpConnect, type Server, type Socket } from 'node:net';
 import { Redis, type RedisOptions } from 'ioredis';
+import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { testRedis, unique, waitFor } from '../../../../test/helpers/kafka.js';
 import { ownRedis, stopOwnRedis } from '../../../../test/helpers/own-redis.js';
@@ -185,6 +186,45 @@ describe('tracked epoch check (real redis-server of its own)', () => {
       frozen.child.kill('SIGCONT');
     }
   });
+
+  it('a server that keeps failing the set-up (maxclients reached): one warning, attempts spaced out, then tracking again', async () => {
+    const r = await ownRedis();
+    const admin = connect(r.url);
+    const conn = connect(r.url);
+    const lines: string[] = [];
+    const capture = pino({ level: 'info' }, { write: (l: string) => void lines.push(l) });
+    const e = trackedEpochCheck(conn, createEpoch(conn, 'trk6:seq:epoch'), {
+      heartbeatMs: 30_000,
+      log: capture,
+    });
+    closers.push(() => e.close());
+    expect((await e.check()).lost).toBe(true);
+    const stat = async (name: string) =>
+      Number(new RegExp(`${name}:(\\d+)`).exec(await admin.info())?.[1] ?? 0);
+    // No connection more: every attempt's two connections are refused.
+    await admin.config('SET', 'maxclients', String(await stat('connected_clients')));
+    const rejected0 = await stat('rejected_connections');
+    const t0 = performance.now();
+    // Reads go on (a GET each) while attempts fail: at least four attempts' worth of time.
+    await waitFor(async () => {
+      expect((await e.check()).lost).toBe(false);
+      return performance.now() - t0 > 8_000;
+    }, 'eight seconds of failed set-ups');
+    const attempts = ((await stat('rejected_connections')) - rejected0) / 2;
+    const seconds = (performance.now() - t0) / 1000;
+    expect(attempts).toBeGreaterThanOrEqual(2);
+    // Waits of 1, 2, 4… s: within s seconds at most 1 + log2(s + 1) attempts (a second apart, it was 1 + s).
+    expect(attempts).toBeLessThanOrEqual(1 + Math.log2(seconds + 1) + 1);
+    expect(e.tracking()).toBe(false);
+    const warned = () => lines.filter((l) => l.includes('could not be set up'));
+    expect(warned()).toHaveLength(1);
+    expect((JSON.parse(warned()[0]!) as { level: number; err: string }).level).toBe(40);
+
+    await admin.config('SET', 'maxclients', '10000');
+    await waitFor(async () => !(await e.check()).lost && e.tracking(), 'tracking set up again', 90_000);
+    expect(lines.some((l) => l.includes('set up again'))).toBe(true);
+    expect(warned()).toHaveLength(1);
+  }, 120_000);
 
   it('a Redis user not allowed tracking: every check is a GET, as without tracking', async () => {
     const r = await ownRedis();
