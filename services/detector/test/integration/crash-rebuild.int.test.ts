@@ -24,6 +24,20 @@ import { candidates, detectOffline, PARAMS, startDetector } from './backlog.js';
  * that is no longer live was never retracted.
  */
 const events = withRequests([...agentEvents({ tasks: 600, seed: 23 })]);
+/**
+ * A quiet scope (`agent-1`): its tasks come first, stamped before the others, and none after the loss, so no
+ * batch publishes it once the detector is back.
+ */
+const quiet = withRequests([...agentEvents({ tasks: 40, seed: 5, startTs: 1_759_990_000_000 })]).map((e) => {
+  const q = (v: unknown) => (typeof v === 'string' ? `q-${v}` : v);
+  return {
+    ...e,
+    agent_id: 'agent-1',
+    session_id: q(e.session_id) as string,
+    event_id: q(e.event_id) as string,
+    ...('task_id' in e ? { task_id: q(e.task_id) } : {}),
+  };
+});
 
 const procs: Proc[] = [];
 afterAll(() => {
@@ -47,6 +61,7 @@ describe('detector: killed between a partition rebuild and its publication resto
   it('the next process still retracts what was published before the loss and is no longer live', async () => {
     const offline = await detectOffline(events);
     expect(offline.length).toBeGreaterThan(0);
+    const offlineQuiet = await detectOffline(quiet);
     const redisServer = await ownRedis();
     const env = serviceEnv({
       ...PARAMS,
@@ -62,7 +77,7 @@ describe('detector: killed between a partition rebuild and its publication resto
       { topic: candidatesTopic, compacted: true },
       { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
     ]);
-    const send = (part: typeof events) =>
+    const send = (part: { session_id: string }[]) =>
       produce(
         topic,
         part.map((e) => ({ key: e.session_id, value: JSON.stringify(e) })),
@@ -75,23 +90,29 @@ describe('detector: killed between a partition rebuild and its publication resto
           .offset,
       );
     const head = events.length - 40;
-    await send(events.slice(0, head));
+    await send([...quiet, ...events.slice(0, head)]);
     const first = await startDetector(env, procs);
-    await waitFor(async () => (await committed()) === BigInt(head), 'the head handled', 120_000);
+    const handled = quiet.length + head;
+    await waitFor(async () => (await committed()) === BigInt(handled), 'the head handled', 120_000);
 
     // A candidate the topic holds as active that is not live (published before the loss, as far as the topic
-    // knows), then a long run of other records: the restore reads them all.
-    const scope = { tenant: 'default', agent: 'agent-0' };
+    // knows), in a scope with events after the loss and in the quiet one, then a long run of other records: the
+    // restore reads them all.
     const stale = {
       ...(offline[0] as unknown as FlowCandidate),
       tool_sequence: ['stale_a', 'stale_b', 'stale_c'],
       dedupe_key: 'flow_offload:stale_a>stale_b>stale_c',
     };
-    await produce(candidatesTopic, [
-      {
+    const staleIn = (agent: string) => {
+      const scope = { tenant: 'default', agent };
+      return {
         key: candidateKey(scope, stale.dedupe_key),
         value: JSON.stringify(flowCandidateRecordV1.parse(toRecord(stale, scope, Date.now()))),
-      },
+      };
+    };
+    await produce(candidatesTopic, [
+      staleIn('agent-0'),
+      staleIn('agent-1'),
       ...Array.from({ length: 20_000 }, (_, i) => ({ key: `filler-${i}`, value: 'not a candidate' })),
     ]);
 
@@ -115,17 +136,24 @@ describe('detector: killed between a partition rebuild and its publication resto
     });
     expect(first.output()).toContain('detector partition state rebuilt from Kafka');
     // Killed before its chunk was committed: the next process handles it again.
-    expect(await committed()).toBe(BigInt(head));
+    expect(await committed()).toBe(BigInt(handled));
 
     const second = await startDetector(env, procs);
-    await waitFor(async () => (await committed()) === BigInt(events.length), 'the tail handled', 120_000);
+    await waitFor(
+      async () => (await committed()) === BigInt(quiet.length + events.length),
+      'the tail handled',
+      120_000,
+    );
     await waitFor(
       async () => JSON.stringify(await candidates(second)) === JSON.stringify(offline),
       'live candidates equal to the offline run',
       60_000,
     );
-    // The topic agrees: the stale candidate was retracted, and what is active is the offline answer.
-    const want = JSON.stringify(offline.map((c) => (c as { dedupe_key?: string }).dedupe_key).sort());
+    // The topic agrees: the stale candidates were retracted, the quiet scope's too (by the sweep: it gets no
+    // batch), and what is active is the offline answer of each scope.
+    const want = JSON.stringify(
+      [...offline, ...offlineQuiet].map((c) => (c as { dedupe_key?: string }).dedupe_key).sort(),
+    );
     const all = await consumeUntil(
       candidatesTopic,
       (got) => JSON.stringify(activeOnTopic(got)) === want,
