@@ -84,6 +84,29 @@ export async function produceInTransactions(
   }
 }
 
+/**
+ * `n` records sent one per request, 50 requests at a time: each its own record batch, so a consumer with a small
+ * `KAFKA_MAX_BYTES_PER_PARTITION` reads them one fetch each (a long read, to stop in the middle of).
+ */
+export async function produceOnePerBatch(
+  topic: string,
+  n: number,
+  record: (i: number) => { key: string; value: string },
+): Promise<void> {
+  const producer = testKafka().producer();
+  await producer.connect();
+  try {
+    for (let i = 0; i < n; i += 50)
+      await Promise.all(
+        Array.from({ length: Math.min(50, n - i) }, (_, j) =>
+          producer.send({ topic, acks: -1, messages: [record(i + j)] }),
+        ),
+      );
+  } finally {
+    await producer.disconnect();
+  }
+}
+
 export async function produce(
   topic: string,
   messages: {

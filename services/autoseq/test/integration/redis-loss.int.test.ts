@@ -8,7 +8,7 @@ import {
   createTopics,
   groupCaughtUp,
   produce,
-  testKafka,
+  produceOnePerBatch,
   testRedis,
   waitFor,
 } from '../../../../test/helpers/kafka.js';
@@ -252,25 +252,11 @@ describe('autoseq: Redis state lost mid-stream', () => {
     // Another deployment's copies (another key prefix: read, then skipped) ahead of this one's on the topic,
     // each record alone in a fetch (over KAFKA_MAX_BYTES_PER_PARTITION).
     const PAD = 8000;
-    const producer = testKafka().producer();
-    await producer.connect();
     const filler = 'x'.repeat(1024);
-    for (let i = 0; i < PAD; i += 50)
-      await Promise.all(
-        Array.from({ length: 50 }, (_, j) =>
-          producer.send({
-            topic: rulesTopic,
-            acks: -1,
-            messages: [
-              {
-                key: JSON.stringify(['elsewhere', 'default', 'default', `pad-${i + j}`]),
-                value: JSON.stringify({ v: 1, value: filler }),
-              },
-            ],
-          }),
-        ),
-      );
-    await producer.disconnect();
+    await produceOnePerBatch(rulesTopic, PAD, (i) => ({
+      key: JSON.stringify(['elsewhere', 'default', 'default', `pad-${i}`]),
+      value: JSON.stringify({ v: 1, value: filler }),
+    }));
 
     const r = new Redis(own.url);
     const marker = `${env.REDIS_KEY_PREFIX}:aseq:epoch`;

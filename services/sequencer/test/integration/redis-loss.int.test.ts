@@ -9,7 +9,7 @@ import {
   createTopics,
   groupCaughtUp,
   produce,
-  testKafka,
+  produceOnePerBatch,
   testRedis,
   waitFor,
 } from '../../../../test/helpers/kafka.js';
@@ -217,25 +217,11 @@ describe('sequencer: Redis state lost mid-stream', () => {
     // one's on the session topic, each record alone in a fetch (over KAFKA_MAX_BYTES_PER_PARTITION): a restore
     // reads all of them, one fetch each, before it reaches the sessions below.
     const PAD = 8000;
-    const producer = testKafka().producer();
-    await producer.connect();
     const filler = 'x'.repeat(1024);
-    for (let i = 0; i < PAD; i += 50)
-      await Promise.all(
-        Array.from({ length: 50 }, (_, j) =>
-          producer.send({
-            topic: stateTopic,
-            acks: -1,
-            messages: [
-              {
-                key: JSON.stringify(['elsewhere', 'default', 'default', `pad-${i + j}`]),
-                value: JSON.stringify({ v: 1, value: `1|${filler}`, at: Date.now() }),
-              },
-            ],
-          }),
-        ),
-      );
-    await producer.disconnect();
+    await produceOnePerBatch(stateTopic, PAD, (i) => ({
+      key: JSON.stringify(['elsewhere', 'default', 'default', `pad-${i}`]),
+      value: JSON.stringify({ v: 1, value: `1|${filler}`, at: Date.now() }),
+    }));
 
     const start = async () => {
       const p = await startProcess(['bin/paver.js', 'run', 'sequencer'], env);
