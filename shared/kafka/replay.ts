@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import type { Kafka, KafkaMessage } from 'kafkajs';
 import type { CommonEnv } from '../config.js';
 import { errorMessage, PaverError } from '../errors.js';
+import { membershipChange } from './runner.js';
 
 /** Offsets [from, end) of one partition. */
 export interface OffsetRange {
@@ -42,6 +43,16 @@ export class ReplayStopped extends PaverError {
     super('SHUTTING_DOWN', `replay of ${topic} stopped: its consumer is stopping or lost the partition`);
   }
 }
+
+/**
+ * A replay its consumer gave up: stopped (`ReplayStopped`), or its heartbeat refused by a rebalance. Not a
+ * failure: the partition's next owner replays it again.
+ */
+export const replayGivenUp = (err: unknown): boolean =>
+  err instanceof ReplayStopped || membershipChange(err) !== null;
+
+/** How a partition's rebuild by replay ended (ingest's pending spans, the detector's window). */
+export type PartitionRebuildOutcome = 'rebuilt' | 'retried' | 'stopped' | 'failed';
 
 /** How often a replay asks `goOn` besides between batches: a stop must not wait for a slow fetch or a join. */
 const GO_ON_CHECK_MS = 100;

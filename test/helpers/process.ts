@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { freePort } from '../../deploy/local/stack.js';
-import { stack, unique } from './kafka.js';
+import { stack, unique, waitFor } from './kafka.js';
 
 export const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 export const PAVER_BIN = fileURLToPath(new URL('../../bin/paver.js', import.meta.url));
@@ -51,6 +51,18 @@ export async function startProcess(args: string[], env: Record<string, string>):
   child.stderr!.on('data', (d: Buffer) => (out += d.toString()));
   const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
   return { child, port, output: () => out, exited, url: (p) => `http://127.0.0.1:${port}${p}` };
+}
+
+/**
+ * SIGTERM, then the exit code, which must come within `ms` (far below the `PAVER_SHUTDOWN_TIMEOUT_MS` the stop
+ * tests set): a stop that waited for its work would time out here, with the process's last output.
+ */
+export async function stopPromptly(p: Proc, ms = 30_000): Promise<number | null> {
+  p.child.kill('SIGTERM');
+  await waitFor(() => p.child.exitCode !== null, 'exit after SIGTERM', ms).catch((err: Error) => {
+    throw new Error(`${err.message}\n${p.output().slice(-3000)}`);
+  });
+  return p.exited;
 }
 
 export async function getJson(url: string): Promise<{ status: number; body: unknown }> {

@@ -14,7 +14,7 @@ import {
 } from '../../../../test/helpers/kafka.js';
 import { ownRedis, stopOwnRedis } from '../../../../test/helpers/own-redis.js';
 import { restoreFlagKey } from '../../../../shared/redis/epoch.js';
-import { getJson, isReady, startProcess, type Proc } from '../../../../test/helpers/process.js';
+import { getJson, isReady, startProcess, type Proc, stopPromptly } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import type { PredictLine } from '../../src/core/learn/engine.js';
 import { DEFAULT_LEARN } from '../../src/core/learn/learner.js';
@@ -297,12 +297,9 @@ describe('autoseq: Redis state lost mid-stream', () => {
       async () => (await metric(first, 'paver_autoseq_state_losses_total')) === 1,
       'the restore under way',
     );
-    first.child.kill('SIGTERM');
-    // Far below PAVER_SHUTDOWN_TIMEOUT_MS: the stop did not wait for the restore.
-    await waitFor(() => first.child.exitCode !== null, 'exit after SIGTERM', 30_000).catch((err: Error) => {
-      throw new Error(`${err.message}\n${first.output().slice(-3000)}`);
-    });
-    expect(await first.exited, first.output().slice(-3000)).toBe(0);
+    // Far below PAVER_SHUTDOWN_TIMEOUT_MS: the stop did not wait for its work.
+    const code = await stopPromptly(first);
+    expect(code, first.output().slice(-3000)).toBe(0);
     expect(first.output()).not.toContain('learned rules restored from the rules topic');
     expect(first.output()).toContain('redis state rebuild stopped by the stop');
     // The batch that waited was given back, and the restore is still owed: its flag says so.

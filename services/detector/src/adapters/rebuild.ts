@@ -1,8 +1,7 @@
 import type { Epoch } from '../../../../shared/redis/epoch.js';
 import { PaverError } from '../../../../shared/errors.js';
 import type { BatchContext } from '../../../../shared/kafka/chunk.js';
-import { ReplayStopped } from '../../../../shared/kafka/replay.js';
-import { membershipChange } from '../../../../shared/kafka/runner.js';
+import { replayGivenUp, type PartitionRebuildOutcome } from '../../../../shared/kafka/replay.js';
 import type { Logger } from '../../../../shared/log.js';
 import { scopeId, type DetectorOp, type Scope } from '../core/ops.js';
 import type { CheckpointLog } from './kafka/checkpoints.js';
@@ -20,12 +19,9 @@ export type PartitionReplay = (
   goOn: () => boolean,
 ) => Promise<void>;
 
-/** `stopped`: given up because the consumer stopped or lost the partition; done again by its next owner. */
-export type RebuildOutcome = 'rebuilt' | 'retried' | 'stopped' | 'failed';
-
 export interface RebuildHooks {
   started(partition: number): void;
-  finished(partition: number, outcome: RebuildOutcome, events: number): void;
+  finished(partition: number, outcome: PartitionRebuildOutcome, events: number): void;
 }
 
 class LostAgain extends Error {}
@@ -120,7 +116,7 @@ export class Rebuilder {
     hooks.started(partition);
     const t0 = Date.now();
     let events = 0;
-    let outcome: RebuildOutcome = 'failed';
+    let outcome: PartitionRebuildOutcome = 'failed';
     try {
       // The registry of scopes per partition went with the state: register again as scopes are rebuilt.
       store.forgetScopes();
@@ -161,7 +157,7 @@ export class Rebuilder {
           return null;
         }
         // A rebalance fails the replay's heartbeat: no failure either, the partition's next owner rebuilds it.
-        if (err instanceof ReplayStopped || membershipChange(err)) {
+        if (replayGivenUp(err)) {
           outcome = 'stopped';
           log.info(
             where,

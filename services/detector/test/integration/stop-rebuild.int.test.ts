@@ -2,7 +2,7 @@ import { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
 import { createTopics, testKafka, waitFor } from '../../../../test/helpers/kafka.js';
 import { ownRedis, stopOwnRedis } from '../../../../test/helpers/own-redis.js';
-import { serviceEnv, type Proc } from '../../../../test/helpers/process.js';
+import { serviceEnv, type Proc, stopPromptly } from '../../../../test/helpers/process.js';
 import { agentEvents } from '../../../../testkit/streams.js';
 import { withRequests } from '../reference/requests.js';
 import { candidates, detectOffline, metrics, PARAMS, startDetector } from './backlog.js';
@@ -83,12 +83,9 @@ describe('detector: a stop during a rebuild (real Kafka, a redis-server of its o
       async () => (await metrics(second)).value('paver_detector_rebuilding') === 1,
       'the rebuild under way',
     );
-    second.child.kill('SIGTERM');
-    // Far below PAVER_SHUTDOWN_TIMEOUT_MS: the stop did not wait for it.
-    await waitFor(() => second.child.exitCode !== null, 'exit after SIGTERM', 30_000).catch((err: Error) => {
-      throw new Error(`${err.message}\n${second.output().slice(-3000)}`);
-    });
-    expect(await second.exited, second.output().slice(-3000)).toBe(0);
+    // Far below PAVER_SHUTDOWN_TIMEOUT_MS: the stop did not wait for its work.
+    const code = await stopPromptly(second);
+    expect(code, second.output().slice(-3000)).toBe(0);
     // The chunk that started the rebuild was given back, and the partition was not marked rebuilt.
     expect(await committed()).toBe(stretch);
     expect(second.output()).not.toContain('detector partition state rebuilt from Kafka');

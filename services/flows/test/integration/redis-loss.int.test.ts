@@ -7,7 +7,14 @@ import type { FlowCandidateRecord } from '../../../../schemas/index.js';
 import { replay } from '../../../../cli/flows-replay.js';
 import { consumeUntil, groupCaughtUp, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
 import { ownRedis, stopOwnRedis } from '../../../../test/helpers/own-redis.js';
-import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
+import {
+  getJson,
+  isReady,
+  serviceEnv,
+  startProcess,
+  type Proc,
+  stopPromptly,
+} from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import { FLOWS, stream } from './account-stream.js';
 import { scopeTag } from '../../../../shared/redis/keys.js';
@@ -321,13 +328,10 @@ describe('flows service: Redis state lost mid-stream', () => {
     // A read of the candidates waits for the rebuild too: the stop that gives it up answers it 503 (retry
     // elsewhere), not 500 as if the service were broken.
     const during = fetch(first.url(`/flows/candidates?${q}`)).then((res) => res.status);
-    first.child.kill('SIGTERM');
-    // Far below PAVER_SHUTDOWN_TIMEOUT_MS: the stop did not wait for the rebuild.
-    await waitFor(() => first.child.exitCode !== null, 'exit after SIGTERM', 30_000).catch((err: Error) => {
-      throw new Error(`${err.message}\n${first.output().slice(-3000)}`);
-    });
+    // Far below PAVER_SHUTDOWN_TIMEOUT_MS: the stop did not wait for its work.
+    const code = await stopPromptly(first);
     const afterLoss = first.output().slice(first.output().indexOf(lost));
-    expect(await first.exited, afterLoss.slice(-3000)).toBe(0);
+    expect(code, afterLoss.slice(-3000)).toBe(0);
     expect(afterLoss).not.toContain('flows state restored to redis');
     expect(afterLoss).toContain('redis state rebuild stopped by the stop');
     expect(await during).toBe(503);

@@ -1,8 +1,12 @@
 import type { ConfigResourceTypes, Kafka, KafkaMessage } from 'kafkajs';
 import { errorMessage, PaverError } from '../../../../shared/errors.js';
 import type { BatchContext } from '../../../../shared/kafka/chunk.js';
-import { readRanges, ReplayStopped, type ReplayOptions } from '../../../../shared/kafka/replay.js';
-import { membershipChange } from '../../../../shared/kafka/runner.js';
+import {
+  readRanges,
+  replayGivenUp,
+  type PartitionRebuildOutcome,
+  type ReplayOptions,
+} from '../../../../shared/kafka/replay.js';
 import type { Logger } from '../../../../shared/log.js';
 import type { Epoch, EpochMarker } from '../../../../shared/redis/epoch.js';
 import type { OtlpSpan } from '../core/otlp.js';
@@ -113,12 +117,9 @@ export async function warnOnShortRetention(
   }
 }
 
-/** `stopped`: given up because the consumer stopped or lost the partition; done again by its next owner. */
-export type RebuildOutcome = 'rebuilt' | 'retried' | 'stopped' | 'failed';
-
 export interface RecoveryHooks {
   started(partition: number): void;
-  finished(partition: number, outcome: RebuildOutcome, messages: number): void;
+  finished(partition: number, outcome: PartitionRebuildOutcome, messages: number): void;
 }
 
 const MAX_ATTEMPTS = 5;
@@ -207,7 +208,7 @@ export class PendingRecovery {
     hooks.started(partition);
     const t0 = now();
     let messages = 0;
-    let outcome: RebuildOutcome = 'failed';
+    let outcome: PartitionRebuildOutcome = 'failed';
     try {
       // The last ttlMs before the chunk, by record time: a consumer lagging by more than ttlMs holds in Redis
       // spans stamped long before now (they expire ttlMs after they were handled, not after their stamp), and
@@ -243,7 +244,7 @@ export class PendingRecovery {
           );
         } catch (err) {
           // A rebalance fails the replay's heartbeat: no failure either, the partition's next owner rebuilds it.
-          if (err instanceof ReplayStopped || membershipChange(err)) {
+          if (replayGivenUp(err)) {
             outcome = 'stopped';
             log.info(
               where,

@@ -19,6 +19,7 @@ import {
   serviceEnv,
   startProcess,
   type Proc,
+  stopPromptly,
 } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import { Registry } from 'prom-client';
@@ -102,6 +103,15 @@ async function setUp(
     ).map((m) => toolCallsEventV1.parse(JSON.parse(m.value!.toString())) as ToolCallsEvent);
   const completed = (session: string) => (all: string[]) =>
     all.some((v) => v.includes('"task_completed"') && v.includes(session));
+  /** The whole task published, the waiting task's two tool spans in Redis, and their messages committed. */
+  const settled = async (p: Proc) => {
+    await events(completed('conv-whole'));
+    await waitFor(
+      async () => (await metric(p, 'paver_ingest_spans_total', { outcome: 'pending' })) === 2,
+      'the two tool spans waiting in Redis',
+    );
+    await waitFor(() => groupCaughtUp(env.INGEST_GROUP_ID!, env.INGEST_OTLP_TOPIC!), 'both committed');
+  };
   return {
     redisServer,
     env,
@@ -117,13 +127,9 @@ async function setUp(
         { key: key(waiting), value: toProto(waiting.filter((s) => !isAgent(s))) },
         { key: key(whole), value: toJson(whole) },
       ]);
-      await events(completed('conv-whole'));
-      await waitFor(
-        async () => (await metric(p, 'paver_ingest_spans_total', { outcome: 'pending' })) === 2,
-        'the two tool spans waiting in Redis',
-      );
-      await waitFor(() => groupCaughtUp(env.INGEST_GROUP_ID!, env.INGEST_OTLP_TOPIC!), 'both committed');
+      await settled(p);
     },
+    settled,
     /** The waiting task's agent span, and the tool-calls topic once it is handled. */
     after: async (o: { timestamp?: number } = {}) => {
       await produce(env.INGEST_OTLP_TOPIC!, [
@@ -182,12 +188,7 @@ describe('ingest: Redis state lost (real Kafka, a redis-server of its own)', () 
       { key: key(waiting), value: toProto(waiting.filter((s) => !isAgent(s))), timestamp: stamped },
       { key: key(whole), value: toJson(whole), timestamp: stamped + 1_000 },
     ]);
-    await t.events((all) => all.some((v) => v.includes('"task_completed"') && v.includes('conv-whole')));
-    await waitFor(
-      async () => (await metric(p, 'paver_ingest_spans_total', { outcome: 'pending' })) === 2,
-      'the two tool spans waiting in Redis',
-    );
-    await waitFor(() => groupCaughtUp(t.env.INGEST_GROUP_ID!, t.env.INGEST_OTLP_TOPIC!), 'both committed');
+    await t.settled(p);
     const r = new Redis(t.redisServer.url);
     await r.flushall();
     r.disconnect();
@@ -206,12 +207,7 @@ describe('ingest: Redis state lost (real Kafka, a redis-server of its own)', () 
       { key: key(whole), value: toJson(whole), timestamp: Date.now() - 3 * 3_600_000 },
       { key: key(waiting), value: toProto(waiting.filter((s) => !isAgent(s))) },
     ]);
-    await t.events((all) => all.some((v) => v.includes('"task_completed"') && v.includes('conv-whole')));
-    await waitFor(
-      async () => (await metric(p, 'paver_ingest_spans_total', { outcome: 'pending' })) === 2,
-      'the two tool spans waiting in Redis',
-    );
-    await waitFor(() => groupCaughtUp(t.env.INGEST_GROUP_ID!, t.env.INGEST_OTLP_TOPIC!), 'both committed');
+    await t.settled(p);
     const r = new Redis(t.redisServer.url);
     await r.flushall();
     r.disconnect();
@@ -288,12 +284,9 @@ describe('ingest: Redis state lost (real Kafka, a redis-server of its own)', () 
       async () => (await metric(second, 'paver_ingest_rebuilding')) === 1,
       'the rebuild under way',
     );
-    second.child.kill('SIGTERM');
-    // Far below PAVER_SHUTDOWN_TIMEOUT_MS: the stop did not wait for it.
-    await waitFor(() => second.child.exitCode !== null, 'exit after SIGTERM', 30_000).catch((err: Error) => {
-      throw new Error(`${err.message}\n${second.output().slice(-3000)}`);
-    });
-    expect(await second.exited, second.output().slice(-3000)).toBe(0);
+    // Far below PAVER_SHUTDOWN_TIMEOUT_MS: the stop did not wait for its work.
+    const code = await stopPromptly(second);
+    expect(code, second.output().slice(-3000)).toBe(0);
     // The chunk that started the rebuild was given back, and the partition was not marked rebuilt.
     expect(await committed()).toBe(BigInt(end!.high));
     expect(second.output()).not.toContain('ingest partition state rebuilt from Kafka');
