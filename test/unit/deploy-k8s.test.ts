@@ -6,7 +6,8 @@ import { SERVICES, type ServiceName } from '../../cli/services.js';
 import { parseEnv } from '../../shared/config.js';
 
 // Every object `kubectl kustomize` renders is validated against the Kubernetes OpenAPI schema of its kind
-// (kubernetes-models) or KEDA's CRD schema (@kubernetes-models/keda), both installed from npm.
+// (kubernetes-models), KEDA's CRD schema (@kubernetes-models/keda) or the Prometheus Operator's
+// (@kubernetes-models/prometheus-operator), all installed from npm.
 const root = fileURLToPath(new URL('../../deploy/k8s/', import.meta.url));
 const kubectl = (() => {
   try {
@@ -72,7 +73,9 @@ type ModelClass = new (data: unknown) => Validatable;
 async function modelFor(apiVersion: string, kind: string): Promise<ModelClass> {
   const path = apiVersion.startsWith('keda.sh/')
     ? `@kubernetes-models/keda/${apiVersion}/${kind}`
-    : `kubernetes-models/${apiVersion}/${kind}`;
+    : apiVersion.startsWith('monitoring.coreos.com/')
+      ? `@kubernetes-models/prometheus-operator/${apiVersion}/${kind}`
+      : `kubernetes-models/${apiVersion}/${kind}`;
   const mod = (await import(path)) as Record<string, ModelClass>;
   const cls = mod[kind];
   if (!cls) throw new Error(`no schema model for ${apiVersion} ${kind}`);
@@ -226,5 +229,12 @@ describe.skipIf(!kubectl)('deploy/k8s (kubectl kustomize + schema validation)', 
     for (const d of objs.filter((x): x is Deployment => x.kind === 'Deployment')) {
       expect(d.spec.template.spec.containers[0]!.image).toMatch(/^registry\.example\.com\/paver:\d/);
     }
+  });
+
+  it('the example overlay includes the alerting rules; the base (no Prometheus Operator assumed) does not', () => {
+    const rule = find(build('overlays/example'), 'PrometheusRule', 'paver');
+    expect(rule.apiVersion).toBe('monitoring.coreos.com/v1');
+    expect((rule.spec as { groups: unknown[] }).groups.length).toBeGreaterThan(0);
+    expect(build('base').some((o) => o.kind === 'PrometheusRule')).toBe(false);
   });
 });
