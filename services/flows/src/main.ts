@@ -286,7 +286,12 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         await guard.ensure().catch(() => {
           // Logged by the guard; still owed, so the first batch retries it and /readyz stays false till then.
         });
+        // A stop during the restore ended it: the stop may have passed its close() already, which clears timers
+        // that did not exist yet; those set now would run on closed clients (as in the sequencer and autoseq).
+        if (!isRunning()) return;
         await refreshVectors();
+        // Asked again, with no await between it and the timers: the stop may have come during the embeddings.
+        if (!isRunning()) return;
         if (embCfg) vectorTimer = setInterval(() => void refreshVectors(), 30_000).unref();
         // Writes that did not land may leave the topics to set right; batches do it first, this when none come.
         owedTimer = setInterval(() => {

@@ -5,6 +5,7 @@ import { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
 import type { FlowCandidateRecord } from '../../../../schemas/index.js';
 import { replay } from '../../../../cli/flows-replay.js';
+import { startLlmDouble } from '../../../../test/helpers/llm-double.js';
 import { consumeUntil, groupCaughtUp, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
 import { ownRedis, stopOwnRedis } from '../../../../test/helpers/own-redis.js';
 import {
@@ -202,7 +203,7 @@ describe('flows service: Redis state lost mid-stream', () => {
     expect(await p2.exited).toBe(0);
   });
 
-  it('honours a SIGTERM during a long rebuild after a loss: exits 0 at once, the batch uncommitted, the outcome memory kept, and the next start restores every candidate', async () => {
+  it('honours a SIGTERM during the start-up restore (nothing of the start goes on after it) and during a long rebuild after a loss: exits 0 at once, the batch uncommitted, the outcome memory kept, and the next start restores every candidate', async () => {
     // Before, the rebuild ran on under the stop (its writing, scope by scope, asked nothing), the batch waiting
     // for it was then handled and committed by a process told to stop, and a rebuild longer than
     // PAVER_SHUTDOWN_TIMEOUT_MS ended in exit 1. And once it did stop, it gave up before the outcome memory,
@@ -285,6 +286,26 @@ describe('flows service: Redis state lost mid-stream', () => {
         candidatesTopic,
         recs.map((c) => ({ key: c.dedupe_key, value: JSON.stringify(c) })),
       );
+
+    // A stop during the start-up restore: start() must end there. Before, it went on to fetch the flows'
+    // embeddings and set the refresh timers after the stop, on a service being closed (its clients with it).
+    const llm = await startLlmDouble(() => ({ content: '[]' }));
+    try {
+      const interrupted = await startProcess(['bin/paver.js', 'run', 'flows'], {
+        ...env,
+        FLOWS_EMBEDDINGS_URL: llm.url,
+      });
+      procs.push(interrupted);
+      // The restore writes scope after scope into this empty Redis.
+      await waitFor(async () => (await r.dbsize()) > 100, 'the start-up restore under way', 120_000);
+      const code = await stopPromptly(interrupted);
+      expect(code, interrupted.output().slice(-3000)).toBe(0);
+      expect(interrupted.output()).toContain('redis state rebuild stopped by the stop');
+      expect(interrupted.output()).not.toContain('flows state restored to redis');
+      expect(llm.requests.filter((req) => req.path.endsWith('/embeddings'))).toEqual([]);
+    } finally {
+      await llm.close();
+    }
 
     const first = await start();
     await waitFor(() => isReady(first), 'flows /readyz (the start rebuild written)', 120_000);
