@@ -105,7 +105,7 @@ export function buildProgram(argv: string[], done: (code: number) => void): Comm
       `
 Conventions: output is one JSON per line (--pretty indents it); --input - reads stdin; bad input lines are
 counted on stderr and --strict turns them into exit 1; exit 2 is a usage error, a file given that cannot be
-read (input or configuration) or a configuration file refused. Configuration files read
+read (input or configuration), an --output that cannot be written, or a configuration file refused. Configuration files read
 whole (--flows, --config, --catalog, '-' too) are refused when empty or over PAVER_MAX_CONFIG_BYTES (64 MiB).
 Services take their settings from the environment (README "Configuration").
 

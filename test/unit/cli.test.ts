@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
@@ -499,21 +499,98 @@ describe('paver otel --tenant', () => {
 });
 
 describe('paver otel --output', () => {
-  it('a path that cannot be written is one line on stderr and exit 1, not a crash', async () => {
+  const attr = (key: string, stringValue: string) => ({ key, value: { stringValue } });
+  // One agent span and its one tool span: two events out.
+  const EXPORT = JSON.stringify({
+    resourceSpans: [
+      {
+        scopeSpans: [
+          {
+            spans: [
+              {
+                traceId: '0af7651916cd43dd8448eb211c80319c',
+                spanId: 'b7ad6b7169203331',
+                name: 'invoke_agent A',
+                startTimeUnixNano: '1000000000',
+                endTimeUnixNano: '4000000000',
+                attributes: [attr('gen_ai.operation.name', 'invoke_agent')],
+              },
+              {
+                traceId: '0af7651916cd43dd8448eb211c80319c',
+                spanId: '00f067aa0ba902b7',
+                parentSpanId: 'b7ad6b7169203331',
+                name: 'execute_tool lookup',
+                startTimeUnixNano: '2000000000',
+                endTimeUnixNano: '3000000000',
+                attributes: [
+                  attr('gen_ai.operation.name', 'execute_tool'),
+                  attr('gen_ai.tool.name', 'lookup'),
+                ],
+              },
+            ],
+          },
+        ],
+      },
+    ],
+  });
+  const setUp = () => {
     const dir = mkdtempSync(join(tmpdir(), 'paver-cli-out-'));
     const input = join(dir, 'export.json');
-    writeFileSync(input, JSON.stringify({ resourceSpans: [] }));
-    for (const output of [join(dir, 'missing', 'out.jsonl'), dir]) {
+    writeFileSync(input, EXPORT);
+    return { dir, input };
+  };
+
+  it('a path that cannot be written is one line naming it and why, exit 2 as an unreadable input, before any read', async () => {
+    const { dir, input } = setUp();
+    writeFileSync(join(dir, 'plain'), 'x');
+    const locked = join(dir, 'locked');
+    mkdirSync(locked, { mode: 0o500 });
+    const cases: [string, RegExp][] = [
+      [join(dir, 'missing', 'out.jsonl'), /ENOENT: no such directory .*missing$/],
+      [dir, /EISDIR: it is a directory$/],
+      [join(dir, 'plain', 'out.jsonl'), /ENOTDIR: a part of the path is not a directory$/],
+    ];
+    // Root writes where the mode bits say no one may: the case holds for every other user.
+    if (process.getuid?.() !== 0) cases.push([join(locked, 'out.jsonl'), /EACCES: permission denied$/]);
+    for (const [output, why] of cases) {
       err = '';
-      // Before: an unhandled 'error' event on the write stream, a stack trace, after the whole export was read.
-      expect(await main(['otel', '--input', input, '--output', output]), output).toBe(1);
-      expect(err, output).toMatch(new RegExp(`^paver otel: cannot write ${output}: E(NOENT|ISDIR)`));
+      // Before: exit 1, as a failed run; a file that cannot be read exits 2.
+      expect(await main(['otel', '--input', input, '--output', output]), output).toBe(2);
+      expect(err, output).toMatch(new RegExp(`^paver otel: cannot write ${output}: `));
+      expect(err.trim(), output).toMatch(why);
       expect(err.trim().split('\n'), output).toHaveLength(1);
+      // Said before the export was read: an unreadable input too gets the output's line, not a read error.
+      err = '';
+      expect(await main(['otel', '--input', join(dir, 'none.json'), '--output', output]), output).toBe(2);
+      expect(err, output).toMatch(/^paver otel: cannot write /);
     }
     expect(out).toBe('');
+    expect(readdirSync(dir).sort()).toEqual(['export.json', 'locked', 'plain']);
+  });
+
+  it('writes the whole output, or leaves the path as it was: never a partial file', async () => {
+    const { dir, input } = setUp();
     const file = join(dir, 'out.jsonl');
+    writeFileSync(file, 'earlier output\n', { mode: 0o600 });
+    // An input that cannot be read: the earlier file stays whole. Before, it was emptied (opened first).
+    expect(await main(['otel', '--input', join(dir, 'none.json'), '--output', file])).toBe(2);
+    expect(readFileSync(file, 'utf8')).toBe('earlier output\n');
+    // A write that fails (a full disk): exit 2 and one line naming the path and the reason.
+    err = '';
+    expect(await main(['otel', '--input', input, '--output', '/dev/full'])).toBe(2);
+    expect(err.trim()).toBe('paver otel: cannot write /dev/full: ENOSPC: no space left on device');
+    // Done: the events, the file's permissions kept, nothing left beside it.
     expect(await main(['otel', '--input', input, '--output', file])).toBe(0);
-    expect(readFileSync(file, 'utf8')).toBe('');
+    const events = readFileSync(file, 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => (JSON.parse(l) as { type: string }).type);
+    expect(events).toEqual(['tool_call', 'task_completed']);
+    expect(statSync(file).mode & 0o777).toBe(0o600);
+    expect(readdirSync(dir).sort()).toEqual(['export.json', 'out.jsonl']);
+    // A device is written in place.
+    expect(await main(['otel', '--input', input, '--output', '/dev/null'])).toBe(0);
+    expect(out).toBe('');
   });
 });
 

@@ -1,8 +1,8 @@
 import { numberFlag, parseFlags } from '../../../shared/flags.js';
-import { createWriteStream, type WriteStream } from 'node:fs';
 import { errorMessage } from '../../../shared/errors.js';
 import { MAX_WHOLE_INPUT_BYTES } from '../../../shared/config.js';
 import { EXIT_UNREADABLE, readBounded } from '../../../shared/jsonl.js';
+import { EXIT_UNWRITABLE, openOutputFile, type OutputFile } from '../../../shared/output.js';
 import { id, LIMITS } from '../../../schemas/index.js';
 import { DEFAULT_MAP_OPTIONS, mapSpans, type MapOptions } from './core/map.js';
 import { DEFAULT_DECODE_LIMITS, OtlpError, spansFromRequest, type OtlpSpan } from './core/otlp.js';
@@ -32,18 +32,6 @@ ingest service. A summary goes to stderr.
  * string. Stays under that string limit (about 512 MiB).
  */
 export const DEFAULT_MAX_INPUT_BYTES = 256 * 1024 * 1024;
-
-/** A file stream once it is open, or the error that kept it from opening. */
-function openOutput(path: string): Promise<WriteStream> {
-  return new Promise((resolve, reject) => {
-    const s = createWriteStream(path);
-    s.once('error', reject);
-    s.once('open', () => {
-      s.off('error', reject);
-      resolve(s);
-    });
-  });
-}
 
 /** Requests of the file: the whole text as one JSON document, else one document per non-empty line. */
 export function parseExport(
@@ -148,40 +136,45 @@ export async function otelCommand(argv: string[]): Promise<number> {
   };
   const warn = (s: string) => process.stderr.write(`paver otel: ${s}\n`);
   const toFile = values.output !== undefined && values.output !== '-';
-  // Opened before the export is read: a path that cannot be written (a missing directory, a directory) is said
-  // at once, in one line, instead of an unhandled stream error with a stack trace after the whole read.
-  let file: WriteStream | undefined;
+  // Opened before the export is read: a path that cannot be written (a missing directory, a directory, no
+  // permission) is said at once, in one line, with exit 2 as an unreadable input. The events go to a file beside
+  // it, put in place once whole: a run that fails leaves the path as it was, never a partial output.
+  let file: OutputFile | undefined;
   if (toFile) {
     try {
-      file = await openOutput(values.output!);
+      file = await openOutputFile(values.output!);
     } catch (err) {
-      warn(`cannot write ${values.output}: ${errorMessage(err)}`);
-      return 1;
+      warn(errorMessage(err));
+      return EXIT_UNWRITABLE;
     }
   }
   let text: string;
   try {
     text = await readBounded(values.input, Number(maxInput), '--max-input-bytes');
   } catch (err) {
-    file?.destroy();
+    await file?.abort();
     warn(`cannot read ${values.input}: ${errorMessage(err)}`);
     return EXIT_UNREADABLE;
   }
-  const parsed = parseExport(text, warn);
-  const r = mapSpans(parsed.spans, opts);
-  const out = file ?? process.stdout;
-  for (const e of r.events) out.write(`${JSON.stringify(e, null, values.pretty ? 2 : undefined)}\n`);
+  let parsed: ReturnType<typeof parseExport>;
+  let r: ReturnType<typeof mapSpans>;
+  try {
+    parsed = parseExport(text, warn);
+    r = mapSpans(parsed.spans, opts);
+    const out = file?.stream ?? process.stdout;
+    for (const e of r.events) out.write(`${JSON.stringify(e, null, values.pretty ? 2 : undefined)}\n`);
+  } catch (err) {
+    // A defect, reported as such by the caller: its temporary file goes with it.
+    await file?.abort();
+    throw err;
+  }
   if (file) {
-    const f = file;
     try {
-      await new Promise<void>((res, rej) => {
-        // A write that fails (a full disk) fails the command, instead of an unhandled 'error' event.
-        f.once('error', rej);
-        f.end(() => res());
-      });
+      await file.commit();
     } catch (err) {
-      warn(`cannot write ${values.output}: ${errorMessage(err)}`);
-      return 1;
+      // A write that failed (a full disk): nothing put in place.
+      warn(errorMessage(err));
+      return EXIT_UNWRITABLE;
     }
   }
   const omitted = r.notes.length ? `, ${r.notes.length} payload(s) left out` : '';
