@@ -191,7 +191,18 @@ function notJson(contentType: string | undefined): string | null {
   return null;
 }
 
+/**
+ * Whether a request carries content: a Content-Length over 0, or a chunked Transfer-Encoding (a request with
+ * neither has none). `curl -d ''` sends an empty form: its Content-Type describes nothing, and is not refused.
+ */
+function hasContent(req: IncomingMessage): boolean {
+  const length = req.headers['content-length'];
+  if (length !== undefined) return length.trim() !== '0';
+  return req.headers['transfer-encoding'] !== undefined;
+}
+
 async function readBody(req: IncomingMessage): Promise<unknown> {
+  if (!hasContent(req)) return undefined;
   // Before a byte is read: the type decides whether the body is read at all.
   const why = notJson(req.headers['content-type']);
   if (why) throw Object.assign(new Error(why), { status: 415 });

@@ -509,4 +509,32 @@ describe('JSON request bodies', () => {
       await s.close();
     }
   });
+
+  it("a request with no content has no body, whatever its Content-Type says (curl -d '' sends a form type)", async () => {
+    const s = serverWith({
+      readiness: [],
+      routes: [
+        {
+          method: 'POST',
+          path: '/echo',
+          handler: async (req) => ({ status: 200, body: { got: (await req.body()) ?? null } }),
+        },
+      ],
+    });
+    const port = await s.listen(0, '127.0.0.1');
+    try {
+      const post = async (headers: Record<string, string>, body?: string) => {
+        const res = await fetch(`http://127.0.0.1:${port}/echo`, { method: 'POST', headers, body });
+        return { status: res.status, body: (await res.json()) as unknown };
+      };
+      // Before: 415, as if an empty form were a body of the wrong type.
+      for (const t of ['application/x-www-form-urlencoded', 'text/plain'])
+        expect(await post({ 'content-type': t }, ''), t).toEqual({ status: 200, body: { got: null } });
+      expect(await post({})).toEqual({ status: 200, body: { got: null } });
+      // Content of the wrong type is still refused.
+      expect((await post({ 'content-type': 'text/plain' }, '{}')).status).toBe(415);
+    } finally {
+      await s.close();
+    }
+  });
 });

@@ -74,6 +74,18 @@ export function flowRoutes(d: HttpDeps): Route[] {
   const decideRoute =
     (to: 'promote' | 'reject'): Route['handler'] =>
     async (req) => {
+      // No body, or `{}` (what some clients send with every POST): content of another type is refused with 415,
+      // as by POST /flows/select, and any other JSON with 400 before a decision. A body was read by no one: a
+      // `{"tenant_id": …}` (select's scope is in its body) decided in the default scope, or in none.
+      const body = await req.body();
+      if (
+        body !== undefined &&
+        !(typeof body === 'object' && body !== null && !Array.isArray(body) && Object.keys(body).length === 0)
+      )
+        return {
+          status: 400,
+          body: { error: 'this route takes no body: the scope goes in the query (?tenant_id=…&agent_id=…)' },
+        };
       const s = scopeOf(req.query);
       if (badScope(s)) return { status: 400, body: { error: 'bad tenant_id/agent_id' } };
       const key = req.params.key ?? '';

@@ -99,3 +99,60 @@ describe('POST /flows/select', () => {
     }
   });
 });
+
+describe('POST /flows/candidates/:key/promote|reject', () => {
+  it('take no body: content that is not JSON is refused with 415, other JSON than {} with 400, before any decision', async () => {
+    const decided: string[] = [];
+    const routes = flowRoutes({
+      ...deps,
+      decide: (tenant: string, agent: string, key: string, to: string) => (
+        decided.push(`${to} ${tenant}/${agent}/${key}`),
+        Promise.resolve({ outcome: { kind: 'rejected', next: candidate(key, 'rejected') }, flow: null })
+      ),
+    } as unknown as HttpDeps);
+    const server = createHttpServer({
+      registry: new Registry(),
+      log: createLogger('t', 'silent'),
+      readiness: [],
+      routes,
+    });
+    const port = await server.listen(0, '127.0.0.1');
+    try {
+      const post = async (verb: string, headers: Record<string, string>, body?: string) => {
+        const res = await fetch(`http://127.0.0.1:${port}/flows/candidates/k/${verb}?tenant_id=acme`, {
+          method: 'POST',
+          headers,
+          body,
+        });
+        return { status: res.status, error: ((await res.json()) as { error?: string }).error };
+      };
+      for (const verb of ['promote', 'reject']) {
+        // Before: 200 and the decision made, whatever the body (read by no one).
+        for (const type of ['text/plain;charset=UTF-8', 'application/x-www-form-urlencoded']) {
+          const r = await post(verb, { 'content-type': type }, 'tenant_id=other');
+          expect(r.status, `${verb} ${type}`).toBe(415);
+          expect(r.error).toMatch(/^request body must be JSON/);
+        }
+        // Select's scope is in its body; here it would have been ignored, and the default tenant's decided.
+        for (const body of ['{"tenant_id":"other"}', '[]', 'null', '"promote"']) {
+          const r = await post(verb, { 'content-type': 'application/json' }, body);
+          expect(r, `${verb} ${body}`).toEqual({
+            status: 400,
+            error: 'this route takes no body: the scope goes in the query (?tenant_id=…&agent_id=…)',
+          });
+        }
+        expect((await post(verb, { 'content-type': 'application/json' }, '{')).status).toBe(400);
+      }
+      expect(decided).toEqual([]);
+      // No body (curl -X POST, the CLI), an empty form (curl -d ''), and {} are decisions.
+      expect((await post('reject', {})).status).toBe(200);
+      expect((await post('reject', { 'content-type': 'application/x-www-form-urlencoded' }, '')).status).toBe(
+        200,
+      );
+      expect((await post('promote', { 'content-type': 'application/json' }, '{}')).status).toBe(200);
+      expect(decided).toEqual(['reject acme/default/k', 'reject acme/default/k', 'promote acme/default/k']);
+    } finally {
+      await server.close();
+    }
+  });
+});
