@@ -1,4 +1,5 @@
 import { own, setOwn } from './core/own.js';
+import type { z } from 'zod';
 import { createReadStream } from 'node:fs';
 import { once } from 'node:events';
 import type { Readable } from 'node:stream';
@@ -31,6 +32,87 @@ const KNOWN_FIELDS: Record<string, ReadonlySet<string>> = {
  * dropping them silently merges every agent of a file into the 'default' scope.
  */
 const ALIASES: Readonly<Record<string, string>> = { agent: 'agent_id', tenant: 'tenant_id' };
+/**
+ * Fields each event type may leave out and that take no null: a null there is read as absent. Exporters in
+ * Python write a missing value as `null` (`"agent_id": null`, `"args": null` for a call without arguments), and
+ * refusing the line lost the call; on a field present on every line it lost the whole file.
+ */
+const NULL_AS_ABSENT: Record<string, ReadonlySet<string>> = Object.fromEntries(
+  Object.entries({
+    tool_call: toolCallEvent,
+    task_completed: taskCompletedEvent,
+    user_message: userMessageEvent,
+  }).map(([type, schema]) => [
+    type,
+    new Set(
+      Object.entries(schema.shape as Record<string, z.ZodType>)
+        .filter(([, f]) => f.safeParse(undefined).success && !f.safeParse(null).success)
+        .map(([k]) => k),
+    ),
+  ]),
+);
+
+/**
+ * JSON.parse, and failing that the same text with bare `NaN`, `Infinity` and `-Infinity` (what Python's
+ * json.dumps writes for such floats by default) read as null; undefined when the line is not JSON either way.
+ * Refused, such a line gave no output line at all, since nothing of it was read.
+ */
+export function parseJsonLine(line: string): { value: unknown; nonFinite: boolean } | undefined {
+  try {
+    return { value: JSON.parse(line) as unknown, nonFinite: false };
+  } catch {
+    if (!/NaN|Infinity/.test(line)) return undefined;
+  }
+  // Outside strings only: a tool's output may well say "NaN".
+  let out = '';
+  let from = 0;
+  let inString = false;
+  for (let i = 0; i < line.length; i++) {
+    const c = line[i];
+    if (inString) {
+      if (c === '\\') i++;
+      else if (c === '"') inString = false;
+      continue;
+    }
+    if (c === '"') {
+      inString = true;
+      continue;
+    }
+    for (const token of ['-Infinity', 'Infinity', 'NaN'])
+      if (line.startsWith(token, i)) {
+        out += line.slice(from, i) + 'null';
+        i += token.length - 1;
+        from = i + 1;
+        break;
+      }
+  }
+  try {
+    return { value: JSON.parse(out + line.slice(from)) as unknown, nonFinite: true };
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * The first `type`, `event_id`, `session_id` and `task_id` string fields written in a line's head, for a line
+ * too long to parse: enough to answer it (`{ type }` alone is returned without them).
+ */
+function headFields(head: string): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const k of ['type', 'event_id', 'session_id', 'task_id']) {
+    const m = new RegExp(`"${k}"\\s*:\\s*("(?:[^"\\\\]|\\\\.)*")`).exec(head);
+    if (!m) continue;
+    try {
+      out[k] = JSON.parse(m[1]!) as string;
+    } catch {
+      // Not a JSON string after all: left out.
+    }
+  }
+  return out;
+}
+
+/** An ISO 8601 date-time, as exporters write `ts` when they do not write epoch milliseconds. */
+const ISO_TIME = /^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}/;
 
 export interface ReadStats {
   lines: number;
@@ -52,12 +134,23 @@ export function resetInputTally(): void {
 /** `-` is stdin, as for every Unix tool; anything else is a file path. */
 export const openInput = (path: string): Readable => (path === '-' ? process.stdin : createReadStream(path));
 
+/** What boundedLines keeps of a line too long to read: its first characters (up to LONG_LINE_HEAD). */
+export interface LongLineHead {
+  head: string;
+}
+const LONG_LINE_HEAD = 64 * 1024;
+
 /**
  * The lines of a stream (split at `\n`, a `\r` before it dropped), each as text, or `null` for a line longer
- * than `maxChars` characters. A long line is dropped as it streams by: readline would hold it whole before its
- * length could be checked, and a file with one endless line ran the process out of memory.
+ * than `maxChars` characters (its first characters then in `long.head`, when given). A long line is dropped as
+ * it streams by: readline would hold it whole before its length could be checked, and a file with one endless
+ * line ran the process out of memory.
  */
-export async function* boundedLines(input: Readable, maxChars: number): AsyncGenerator<string | null> {
+export async function* boundedLines(
+  input: Readable,
+  maxChars: number,
+  long?: LongLineHead,
+): AsyncGenerator<string | null> {
   // A UTF-16 character takes at most 3 UTF-8 bytes: a line of more bytes than this is too long whatever it holds.
   const maxBytes = 3 * maxChars + 1;
   let parts: Buffer[] = [];
@@ -70,7 +163,9 @@ export async function* boundedLines(input: Readable, maxChars: number): AsyncGen
     tooLong = false;
     if (text === null) return null;
     const line = text.endsWith('\r') ? text.slice(0, -1) : text;
-    return line.length > maxChars ? null : line;
+    if (line.length <= maxChars) return line;
+    if (long) long.head = line.slice(0, LONG_LINE_HEAD);
+    return null;
   };
   for await (const chunk of input) {
     const buf = typeof chunk === 'string' ? Buffer.from(chunk) : (chunk as Buffer);
@@ -80,6 +175,13 @@ export async function* boundedLines(input: Readable, maxChars: number): AsyncGen
       const end = nl < 0 ? buf.length : nl;
       if (!tooLong && end > start) {
         if (size + end - start > maxBytes) {
+          if (long)
+            long.head = Buffer.concat([
+              ...parts,
+              buf.subarray(start, Math.min(end, start + 3 * LONG_LINE_HEAD)),
+            ])
+              .toString('utf8')
+              .slice(0, LONG_LINE_HEAD);
           tooLong = true;
           parts = [];
           size = 0;
@@ -112,7 +214,16 @@ export async function* readEvents(
   const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
   const unknown: Record<string, number> = (stats.unknown ??= {});
   const aliased = new Set<string>();
-  for await (const line of boundedLines(openInput(path), MAX_LINE)) {
+  const noted = new Set<string>();
+  /** Whether a call or an end of task has carried a task_id yet (see the session fallback below). */
+  let taskIds = false;
+  const noteOnce = (key: string, s: string) => {
+    if (noted.has(key)) return;
+    noted.add(key);
+    warn(`${s} (noted once)`);
+  };
+  const long: LongLineHead = { head: '' };
+  for await (const line of boundedLines(openInput(path), MAX_LINE, long)) {
     stats.lines++;
     inputTally.lines++;
     const fail = (why: string) => {
@@ -121,19 +232,64 @@ export async function* readEvents(
       if (stats.bad <= MAX_WARNINGS) warn(`line ${stats.lines}: ${why}`);
     };
     if (line === null) {
-      fail(`longer than ${MAX_LINE} characters`);
+      // Still one output line per tool_call for the commands that print one (`paver predict`): the head of
+      // the line (a huge observation comes after the ids in exports) says whether it was one, and its ids.
+      const head = headFields(long.head);
+      long.head = '';
+      fail(`longer than ${MAX_LINE} characters${head.type ? ` (a ${head.type} event, not read)` : ''}`);
+      if (head.type) onBad?.(head);
       continue;
     }
-    if (!line.trim()) continue;
-    let raw: unknown;
-    try {
-      raw = JSON.parse(line);
-    } catch {
+    // A byte order mark (written by some Windows tools) made the first line invalid JSON, and it was lost.
+    const text = stats.lines === 1 && line.charCodeAt(0) === 0xfeff ? line.slice(1) : line;
+    if (!text.trim()) continue;
+    const parsed = parseJsonLine(text);
+    if (!parsed) {
       fail('not valid JSON');
       continue;
     }
+    const raw = parsed.value;
+    if (parsed.nonFinite) noteOnce('nonFinite', `line ${stats.lines}: NaN/Infinity read as null`);
     if (raw !== null && typeof raw === 'object' && !Array.isArray(raw)) {
       const obj = raw as Record<string, unknown>;
+      const type = typeof obj.type === 'string' ? obj.type : '';
+      const nullable = own(NULL_AS_ABSENT, type);
+      if (nullable)
+        for (const k of Object.keys(obj))
+          if (obj[k] === null && nullable.has(k)) {
+            delete obj[k];
+            noteOnce(`null:${k}`, `line ${stats.lines}: '${k}': null read as absent`);
+          }
+      // Tool-calling APIs carry a call's arguments as JSON text (OpenAI's function.arguments): read the object.
+      if (type === 'tool_call' && typeof obj.args === 'string') {
+        const args = parseJsonLine(obj.args)?.value;
+        if (args !== null && typeof args === 'object' && !Array.isArray(args)) {
+          obj.args = args;
+          noteOnce('args', `line ${stats.lines}: 'args' given as JSON text: read as the object it holds`);
+        }
+      }
+      // An export with sessions and no tasks (one run, one session): the session is the task. Its user
+      // messages too, while no line of the file has carried a task_id: a message without one is otherwise the
+      // session's, attached to no task, and the learner would lose the text that arguments are copied from.
+      if (obj.task_id === null) delete obj.task_id;
+      if (typeof obj.task_id === 'string') {
+        if (type !== 'user_message') taskIds = true;
+      } else if (
+        typeof obj.session_id === 'string' &&
+        (type === 'tool_call' || type === 'task_completed' || (type === 'user_message' && !taskIds))
+      ) {
+        obj.task_id = obj.session_id;
+        noteOnce('task_id', `line ${stats.lines}: no 'task_id': the session_id is read as the task`);
+      }
+      // ts labels rules and orders nothing: a float (Python's time.time()) or an ISO date-time is read as
+      // epoch milliseconds rather than refusing every line of the file.
+      if (typeof obj.ts === 'number' && Number.isFinite(obj.ts) && obj.ts >= 0 && !Number.isInteger(obj.ts)) {
+        obj.ts = Math.floor(obj.ts);
+        noteOnce('ts', `line ${stats.lines}: 'ts' not an integer: read as its integer part`);
+      } else if (typeof obj.ts === 'string' && ISO_TIME.test(obj.ts) && Number.isFinite(Date.parse(obj.ts))) {
+        obj.ts = Date.parse(obj.ts);
+        noteOnce('tsIso', `line ${stats.lines}: 'ts' as a date-time: read as epoch milliseconds`);
+      }
       for (const [alias, field] of Object.entries(ALIASES)) {
         if (!Object.hasOwn(obj, alias) || Object.hasOwn(obj, field)) continue;
         // `"agent": null` (as exported benchmark runs write it) means "not given": the default applies.
