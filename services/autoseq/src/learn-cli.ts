@@ -79,6 +79,8 @@ export async function replay(
     const task =
       typeof o.task_id === 'string' ? o.task_id : typeof o.session_id === 'string' ? o.session_id : '';
     onLine({ event_id: o.event_id, task_id: task, proposal: null });
+    // Still an LLM step that nothing saved: `savings` counts it with the calls, as the output lines do.
+    savings.add(typeof o.tool === 'string' ? o.tool : '(not read)', null, false);
   };
   for await (const e of readEvents(input, stats, warn, badCall)) {
     const wait = ready?.();

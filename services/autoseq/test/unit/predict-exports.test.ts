@@ -62,5 +62,17 @@ describe('paver predict over exports written another way', () => {
       .join('\n');
     const out = (await predict(text)).map((l) => (JSON.parse(l) as { event_id: string }).event_id);
     expect(out).toEqual(events.filter((e) => e.type === 'tool_call').map((e) => e.event_id));
+    // `savings` counts the calls it could not read too: coverage is over every call of the file, as the lines.
+    const file = join(mkdtempSync(join(tmpdir(), 'paver-savings-')), 'e.jsonl');
+    writeFileSync(file, text.replace('"step": 0', '"step": null'));
+    const r = await replay(
+      file,
+      lowBar,
+      null,
+      () => undefined,
+      () => undefined,
+    );
+    expect(r.bad).toBeGreaterThan(calls / 10);
+    expect(r.savings.overall.tool_calls).toBe(calls);
   });
 });
