@@ -28,7 +28,9 @@ export default defineConfig({
           globalSetup: ['test/helpers/tmp-setup.ts', 'test/helpers/global-setup.ts'],
           // Files share the broker on a 2-core machine: one at a time keeps rebalances and timings sane.
           fileParallelism: false,
-          testTimeout: 120_000,
+          // Above every default inner wait (waitFor 60 s, consumeUntil 120 s): at 120 s, a consumeUntil that gave up
+          // was cut short by the test's timeout first, which says neither what was awaited nor what was read.
+          testTimeout: 300_000,
           hookTimeout: 180_000,
         },
       },

@@ -4,6 +4,7 @@ import { Kafka, logLevel, Partitioners, type IHeaders } from 'kafkajs';
 import { Redis } from 'ioredis';
 import { inject } from 'vitest';
 import { errorMessage } from '../../shared/errors.js';
+import { waitForTopicsReady } from '../../shared/kafka/topics.js';
 
 export const stack = () => inject('stack');
 export const unique = (prefix: string) =>
@@ -39,13 +40,19 @@ export async function waitFor<T>(
   }
 }
 
+/**
+ * Creates the topics and returns once every partition answers on its leader. Not kafkajs's `waitForLeaders`: it
+ * retries only LEADER_NOT_AVAILABLE, and a starved KRaft broker answers the metadata of a topic it has just
+ * created with "This server does not host this topic-partition" for a while, which it threw at once (seen in
+ * the runner tests under two CPU hogs). The services wait with the same check (`waitForTopicsReady`).
+ */
 export async function createTopics(
   topics: { topic: string; partitions?: number; compacted?: boolean; config?: Record<string, string> }[],
 ) {
   const admin = testKafka().admin();
   await admin.connect();
   await admin.createTopics({
-    waitForLeaders: true,
+    waitForLeaders: false,
     topics: topics.map((t) => ({
       topic: t.topic,
       numPartitions: t.partitions ?? 3,
@@ -56,7 +63,15 @@ export async function createTopics(
       ],
     })),
   });
-  await admin.disconnect();
+  try {
+    await waitForTopicsReady(
+      admin,
+      topics.map((t) => t.topic),
+      120_000,
+    );
+  } finally {
+    await admin.disconnect();
+  }
 }
 
 /**

@@ -84,3 +84,15 @@ export async function isReady(p: Proc): Promise<boolean> {
     return false;
   }
 }
+
+/**
+ * SIGKILLs every process of `procs` still running, waits for each to be gone, and empties the list: for an
+ * `afterEach`. A test's services left running until the file's end keep fetching, heartbeating and polling lag
+ * on the shared broker, and by the last tests of a file there were a dozen of them: on a loaded machine, load
+ * enough to starve the tests that follow.
+ */
+export async function killAll(procs: Proc[]): Promise<void> {
+  const live = procs.splice(0);
+  for (const p of live) if (p.child.exitCode === null && p.child.signalCode === null) p.child.kill('SIGKILL');
+  await Promise.all(live.map((p) => p.exited));
+}

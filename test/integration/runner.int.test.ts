@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import {
   createTopics,
   consumeUntil,
@@ -10,7 +10,7 @@ import {
   unique,
   waitFor,
 } from '../helpers/kafka.js';
-import { getJson, isReady, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
+import { getJson, isReady, killAll, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
 import { parsePrometheus } from '../helpers/prometheus.js';
 import { jsonCodec } from '../../shared/codec.js';
 import { createSink, PRODUCE_REQUEST_MAX_RECORDS } from '../../shared/kafka/sink.js';
@@ -19,8 +19,9 @@ import { testKafka } from '../helpers/kafka.js';
 const FIXTURE = ['--import', 'tsx', 'test/fixtures/recorder-service.ts'];
 const redis = testRedis();
 const procs: Proc[] = [];
-afterAll(async () => {
-  for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
+// Each test's processes end with it: left running to the file's end, they loaded the broker for the tests after.
+afterEach(() => killAll(procs));
+afterAll(() => {
   redis.disconnect();
 });
 
@@ -349,7 +350,7 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
     const p = await start(env);
     await waitFor(async () => (await redis.scard(`${env.REDIS_KEY_PREFIX}:seen`)) === 300, 'all events');
     p.child.kill('SIGTERM');
-    expect(await p.exited).toBe(0);
+    expect(await p.exited, p.output().slice(-3000)).toBe(0);
     expect(p.output()).toContain('"msg":"stopped"');
     // A rebalance under load may redeliver a chunk before the stop (at-least-once); what the stop owes is
     // that nothing delivered before it is delivered again after the restart.
@@ -362,7 +363,7 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
     // Every partition read to its end, so a re-read, if any, has happened by now.
     await waitFor(() => groupCaughtUp(env.FIXTURE_GROUP_ID!, env.PAVER_TOPIC_TOOL_CALLS!), 'caught up');
     again.child.kill('SIGTERM');
-    expect(await again.exited).toBe(0);
+    expect(await again.exited, again.output().slice(-3000)).toBe(0);
     const after = await redis.hgetall(`${env.REDIS_KEY_PREFIX}:deliveries`);
     const reread = Object.keys(before).filter((id) => after[id] !== before[id]);
     expect(reread).toEqual([]);
