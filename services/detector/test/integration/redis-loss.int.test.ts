@@ -87,10 +87,18 @@ describe('detector after a Redis loss (real Kafka, real Redis)', () => {
       { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
       { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
     ]);
-    await produce(
-      env.PAVER_TOPIC_TOOL_CALLS!,
-      events.map((e) => ({ key: e.session_id, value: JSON.stringify(e) })),
-    );
+    // The loss comes mid-stream by construction: half the backlog before it, the rest after. With all of it
+    // produced up front, the loss came once the sample below and the stale candidate's produce were done; a
+    // detector that read the rest meanwhile (the whole backlog takes it seconds, and a starved test process can
+    // take as long between the two) left a partition no next batch to notice the loss with, and the wait for
+    // three rebuilds timed out (likely the failure seen once with the Redis-loss files run together).
+    const send = (evs: typeof events) =>
+      produce(
+        env.PAVER_TOPIC_TOOL_CALLS!,
+        evs.map((e) => ({ key: e.session_id, value: JSON.stringify(e) })),
+      );
+    const half = Math.floor(events.length / 2);
+    await send(events.slice(0, half));
 
     const p = await startDetector(env, procs);
     const before = await waitFor(async () => {
@@ -125,6 +133,7 @@ describe('detector after a Redis loss (real Kafka, real Redis)', () => {
     ]);
     const t0 = Date.now();
     expect(await flushPrefix(env.REDIS_KEY_PREFIX!)).toBeGreaterThan(0);
+    await send(events.slice(half));
 
     // Every partition is rebuilt (the loss is seen by each partition's next batch).
     const after = await waitFor(async () => {
