@@ -1,5 +1,20 @@
 import type { ToolCallsEvent } from '../../../schemas/index.js';
 import { rng } from '../../../testkit/streams.js';
+import type { LearnOptions } from '../src/core/learn/learner.js';
+import { replay } from '../src/learn-cli.js';
+
+/** `paver predict`'s output lines for a file (the offline replay, without a catalog), as the command prints them. */
+export async function predictLines(file: string, opts: LearnOptions): Promise<string[]> {
+  const out: string[] = [];
+  await replay(
+    file,
+    opts,
+    null,
+    (l) => out.push(JSON.stringify(l)),
+    () => undefined,
+  );
+  return out;
+}
 
 /** Seeded, so that every run sees the same streams. */
 export function prng(seed: number) {

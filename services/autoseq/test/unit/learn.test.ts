@@ -26,6 +26,7 @@ import { fnv64 } from '../../src/core/learn/stats.js';
 import { wilsonLower } from '../../../../shared/core/wilson.js';
 import { canonicalJson } from '../../../../shared/core/bindings.js';
 import { replay } from '../../src/learn-cli.js';
+import { predictLines } from '../learn-streams.js';
 
 const opts: LearnOptions = { ...DEFAULT_LEARN, minTrials: 10, minPrecision: 0.7, window: 50 };
 let ts = 1;
@@ -806,17 +807,7 @@ describe('the offline store keeps tasks touched long ago as JSON text', () => {
 describe('paver predict', () => {
   const fixture = join(import.meta.dirname, '../fixtures/tau2-airline-30.jsonl');
   const lowBar: LearnOptions = { ...DEFAULT_LEARN, minTrials: 5, minPrecision: 0.5 };
-  const lines = async (file: string) => {
-    const out: string[] = [];
-    await replay(
-      file,
-      lowBar,
-      null,
-      (l) => out.push(JSON.stringify(l)),
-      () => undefined,
-    );
-    return out;
-  };
+  const lines = (file: string) => predictLines(file, lowBar);
 
   it('one line per tool_call in input order; a task’s first call holds no proposal', async () => {
     const out = (await lines(fixture)).map((l) => JSON.parse(l) as { event_id: string; proposal: unknown });

@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { DEFAULT_LEARN, type LearnOptions } from '../../src/core/learn/learner.js';
 import { replay } from '../../src/learn-cli.js';
+import { predictLines } from '../learn-streams.js';
 
 /**
  * `paver predict` is judged by aligning its lines with an export's tool_call lines. An export that says the
@@ -16,15 +17,7 @@ describe('paver predict over exports written another way', () => {
   const predict = async (text: string) => {
     const file = join(mkdtempSync(join(tmpdir(), 'paver-predict-')), 'e.jsonl');
     writeFileSync(file, text);
-    const out: string[] = [];
-    await replay(
-      file,
-      lowBar,
-      null,
-      (l) => out.push(JSON.stringify(l)),
-      () => undefined,
-    );
-    return out;
+    return predictLines(file, lowBar);
   };
   const events = readFileSync(fixture, 'utf8')
     .trim()

@@ -1,6 +1,6 @@
 import { Registry } from 'prom-client';
 import { describe, expect, it } from 'vitest';
-import { createHttpServer, type HttpRequest } from '../../../../shared/http.js';
+import { createHttpServer, type HttpRequest, type Route } from '../../../../shared/http.js';
 import { createLogger } from '../../../../shared/log.js';
 import { flowRoutes, type HttpDeps } from '../../src/adapters/http.js';
 import type { StoredCandidate } from '../../src/core/promotion.js';
@@ -60,6 +60,22 @@ describe('query parameters of the flows routes', () => {
   });
 });
 
+/** Runs `use` against a real HTTP server serving `routes` on a free loopback port, then closes it. */
+async function withServer(routes: Route[], use: (port: number) => Promise<void>): Promise<void> {
+  const server = createHttpServer({
+    registry: new Registry(),
+    log: createLogger('t', 'silent'),
+    readiness: [],
+    routes,
+  });
+  const port = await server.listen(0, '127.0.0.1');
+  try {
+    await use(port);
+  } finally {
+    await server.close();
+  }
+}
+
 describe('POST /flows/select', () => {
   it('answers 415 to a body that is not JSON by its Content-Type, before selecting', async () => {
     const asked: string[] = [];
@@ -70,14 +86,7 @@ describe('POST /flows/select', () => {
         Promise.resolve({ path: 'none' })
       ),
     } as unknown as HttpDeps);
-    const server = createHttpServer({
-      registry: new Registry(),
-      log: createLogger('t', 'silent'),
-      readiness: [],
-      routes,
-    });
-    const port = await server.listen(0, '127.0.0.1');
-    try {
+    await withServer(routes, async (port) => {
       const post = (headers: Record<string, string>) =>
         fetch(`http://127.0.0.1:${port}/flows/select`, {
           method: 'POST',
@@ -94,9 +103,7 @@ describe('POST /flows/select', () => {
       const ok = await post({ 'content-type': 'application/json; charset=utf-8' });
       expect(ok.status).toBe(200);
       expect(asked).toEqual(['refund my order']);
-    } finally {
-      await server.close();
-    }
+    });
   });
 });
 
@@ -110,14 +117,7 @@ describe('POST /flows/candidates/:key/promote|reject', () => {
         Promise.resolve({ outcome: { kind: 'rejected', next: candidate(key, 'rejected') }, flow: null })
       ),
     } as unknown as HttpDeps);
-    const server = createHttpServer({
-      registry: new Registry(),
-      log: createLogger('t', 'silent'),
-      readiness: [],
-      routes,
-    });
-    const port = await server.listen(0, '127.0.0.1');
-    try {
+    await withServer(routes, async (port) => {
       const post = async (verb: string, headers: Record<string, string>, body?: string) => {
         const res = await fetch(`http://127.0.0.1:${port}/flows/candidates/k/${verb}?tenant_id=acme`, {
           method: 'POST',
@@ -151,8 +151,6 @@ describe('POST /flows/candidates/:key/promote|reject', () => {
       );
       expect((await post('promote', { 'content-type': 'application/json' }, '{}')).status).toBe(200);
       expect(decided).toEqual(['reject acme/default/k', 'reject acme/default/k', 'promote acme/default/k']);
-    } finally {
-      await server.close();
-    }
+    });
   });
 });
