@@ -215,8 +215,6 @@ export async function* readEvents(
   const unknown: Record<string, number> = (stats.unknown ??= {});
   const aliased = new Set<string>();
   const noted = new Set<string>();
-  /** Whether a call or an end of task has carried a task_id yet (see the session fallback below). */
-  let taskIds = false;
   const noteOnce = (key: string, s: string) => {
     if (noted.has(key)) return;
     noted.add(key);
@@ -268,15 +266,15 @@ export async function* readEvents(
           noteOnce('args', `line ${stats.lines}: 'args' given as JSON text: read as the object it holds`);
         }
       }
-      // An export with sessions and no tasks (one run, one session): the session is the task. Its user
-      // messages too, while no line of the file has carried a task_id: a message without one is otherwise the
-      // session's, attached to no task, and the learner would lose the text that arguments are copied from.
+      // An export with sessions and no tasks (one run, one session): a call or an end of task without a task_id
+      // is of the session's task; refused, every line of such a file was lost. A user message without one stays
+      // the session's, as the contract says: whether a file has tasks cannot be known from the lines read so far,
+      // and the sequencer reads session messages as such.
       if (obj.task_id === null) delete obj.task_id;
-      if (typeof obj.task_id === 'string') {
-        if (type !== 'user_message') taskIds = true;
-      } else if (
+      if (
+        typeof obj.task_id !== 'string' &&
         typeof obj.session_id === 'string' &&
-        (type === 'tool_call' || type === 'task_completed' || (type === 'user_message' && !taskIds))
+        (type === 'tool_call' || type === 'task_completed')
       ) {
         obj.task_id = obj.session_id;
         noteOnce('task_id', `line ${stats.lines}: no 'task_id': the session_id is read as the task`);

@@ -89,7 +89,7 @@ describe('readEvents: exports as converters write them', () => {
     expect(r.warnings).toContainEqual(expect.stringMatching(/^line 2: invalid: args: /));
   });
 
-  it('reads the session as the task when no line carries a task_id, user messages included', async () => {
+  it("reads the session as the task of a call or an end of task without a task_id; a user message stays the session's", async () => {
     const noTask = (o: Record<string, unknown>) => {
       const { task_id: _, ...rest } = o;
       return rest;
@@ -103,8 +103,8 @@ describe('readEvents: exports as converters write them', () => {
       ),
     );
     expect(r.stats.bad).toBe(0);
-    expect(r.events.map((e) => e.task_id)).toEqual(['s', 's', 's', 's']);
-    // A file with tasks keeps a later user message without task_id as the session's, as the contract says.
+    // The message stays the session's (the contract's meaning), wherever it comes in the file.
+    expect(r.events.map((e) => e.task_id)).toEqual([undefined, 's', 's', 's']);
     const withTasks = await read(
       lines(call({ task_id: 't' }), {
         type: 'user_message',

@@ -28,9 +28,11 @@ describe('paver predict over exports written another way', () => {
     const want = await predict(events.map((e) => JSON.stringify(e)).join('\n') + '\n');
     expect(want.filter((l) => !l.endsWith('"proposal":null}')).length).toBeGreaterThan(10);
     const other = events.map((e) => {
-      const { task_id: _, agent, ...rest } = e;
+      // No task_id on calls and ends (the fixture's task is its session); user messages keep theirs.
+      const { task_id, agent, ...rest } = e;
       const o: Record<string, unknown> = {
         ...rest,
+        ...(e.type === 'user_message' ? { task_id } : {}),
         agent_id: agent,
         tenant_id: null,
         ts: (e.ts as number) / 1000,
