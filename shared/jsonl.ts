@@ -213,13 +213,14 @@ export async function* readEvents(
 ): AsyncGenerator<ToolCallsEvent> {
   const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
   const unknown: Record<string, number> = (stats.unknown ??= {});
-  const aliased = new Set<string>();
+  // What a file does the same way on every line is said once, at its first line.
   const noted = new Set<string>();
-  const noteOnce = (key: string, s: string) => {
+  const once = (key: string, s: string) => {
     if (noted.has(key)) return;
     noted.add(key);
-    warn(`${s} (noted once)`);
+    warn(s);
   };
+  const noteOnce = (key: string, s: string) => once(key, `${s} (noted once)`);
   const long: LongLineHead = { head: '' };
   for await (const line of boundedLines(openInput(path), MAX_LINE, long)) {
     stats.lines++;
@@ -299,18 +300,18 @@ export async function* readEvents(
         // (an object describing the agent, a long label). Such a value is an unknown field like any other,
         // ignored, not a reason to refuse every line of the file.
         if (!id.safeParse(obj[alias]).success) {
-          if (!aliased.has(alias)) {
-            aliased.add(alias);
-            warn(`line ${stats.lines}: field '${alias}' is not an id: ignored (write '${field}')`);
-          }
+          once(
+            `alias:${alias}`,
+            `line ${stats.lines}: field '${alias}' is not an id: ignored (write '${field}')`,
+          );
           continue;
         }
         obj[field] = obj[alias];
         delete obj[alias];
-        if (!aliased.has(alias)) {
-          aliased.add(alias);
-          warn(`line ${stats.lines}: field '${alias}' read as '${field}' (write '${field}'; noted once)`);
-        }
+        once(
+          `alias:${alias}`,
+          `line ${stats.lines}: field '${alias}' read as '${field}' (write '${field}'; noted once)`,
+        );
       }
       // `type` and field names are the line's: own properties only (a type `constructor` is no contract).
       const known = typeof obj.type === 'string' ? own(KNOWN_FIELDS, obj.type) : undefined;

@@ -150,6 +150,8 @@ describe('alerting rules (deploy/prometheus/alerts.yml, deploy/k8s/alerts)', () 
         exp_alerts: labels.map((l) => ({ exp_labels: l })),
       });
       const calls = { topic: 'calls' };
+      const proposals = (service: string, origin: string, state: string, outcome: string, values: string) =>
+        s('paver_autoseq_proposals_total', { service, origin, state, outcome }, values);
       const tests = [
         {
           // A lag that does not move while nothing is consumed: stalled. The same lag while events are consumed
@@ -210,41 +212,13 @@ describe('alerting rules (deploy/prometheus/alerts.yml, deploy/k8s/alerts)', () 
         {
           // Active proposals: 20% misses over enough volume fires; 5% does not; 50% of too few does not.
           input_series: [
-            s(
-              'paver_autoseq_proposals_total',
-              { service: 'autoseq', origin: 'learned', state: 'active', outcome: 'hit' },
-              '0+4x90',
-            ),
-            s(
-              'paver_autoseq_proposals_total',
-              { service: 'autoseq', origin: 'learned', state: 'active', outcome: 'miss' },
-              '0+1x90',
-            ),
-            s(
-              'paver_autoseq_proposals_total',
-              { service: 'autoseq', origin: 'typed', state: 'active', outcome: 'hit' },
-              '0+19x90',
-            ),
-            s(
-              'paver_autoseq_proposals_total',
-              { service: 'autoseq', origin: 'typed', state: 'active', outcome: 'miss' },
-              '0+1x90',
-            ),
-            s(
-              'paver_autoseq_proposals_total',
-              { service: 'autoseq2', origin: 'learned', state: 'active', outcome: 'hit' },
-              '0+0.2x90',
-            ),
-            s(
-              'paver_autoseq_proposals_total',
-              { service: 'autoseq2', origin: 'learned', state: 'active', outcome: 'miss' },
-              '0+0.2x90',
-            ),
-            s(
-              'paver_autoseq_proposals_total',
-              { service: 'autoseq', origin: 'learned', state: 'shadow', outcome: 'miss' },
-              '0+50x90',
-            ),
+            proposals('autoseq', 'learned', 'active', 'hit', '0+4x90'),
+            proposals('autoseq', 'learned', 'active', 'miss', '0+1x90'),
+            proposals('autoseq', 'typed', 'active', 'hit', '0+19x90'),
+            proposals('autoseq', 'typed', 'active', 'miss', '0+1x90'),
+            proposals('autoseq2', 'learned', 'active', 'hit', '0+0.2x90'),
+            proposals('autoseq2', 'learned', 'active', 'miss', '0+0.2x90'),
+            proposals('autoseq', 'learned', 'shadow', 'miss', '0+50x90'),
           ],
           alert_rule_test: [
             fires('PaverActiveProposalsImprecise', '80m', [
