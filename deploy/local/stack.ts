@@ -31,15 +31,75 @@ export function packageRoot(): string {
   return dir;
 }
 
-export async function freePort(): Promise<number> {
-  return new Promise((res, rej) => {
+/** Ports this process has handed out: never twice, so a broker and a redis-server started together never share one. */
+const handedOut = new Set<number>();
+
+/** The kernel's range for outgoing connections' local ports (Linux), or null where it cannot be read. */
+function ephemeralRange(): [number, number] | null {
+  try {
+    const [lo, hi] = readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8')
+      .trim()
+      .split(/\s+/)
+      .map(Number);
+    return Number.isInteger(lo) && Number.isInteger(hi) ? [lo!, hi!] : null;
+  } catch {
+    return null;
+  }
+}
+
+const listens = (port: number) =>
+  new Promise<number | null>((res) => {
     const s = createServer();
-    s.once('error', rej);
-    s.listen(0, '127.0.0.1', () => {
-      const port = (s.address() as { port: number }).port;
-      s.close(() => res(port));
+    s.once('error', () => res(null));
+    s.listen(port, '127.0.0.1', () => {
+      const got = (s.address() as { port: number }).port;
+      s.close(() => res(got));
     });
   });
+
+/**
+ * A port free on 127.0.0.1 now, and not handed out before by this process. Taken below the kernel's ephemeral
+ * range where it can be read: a port the kernel picks for `listen(0)` comes from the range it also gives the
+ * local end of every outgoing connection, so a client connecting between this check and the server's bind could
+ * take it (seen: the broker failed to bind a port the stack's redis-server had been given a moment before).
+ */
+export async function freePort(): Promise<number> {
+  const eph = ephemeralRange();
+  const lo = 10_000;
+  const hi = eph ? eph[0] - 1 : 0;
+  for (let i = 0; hi - lo >= 1000 && i < 100; i++) {
+    const p = lo + Math.floor(Math.random() * (hi - lo + 1));
+    if (handedOut.has(p) || (await listens(p)) === null) continue;
+    handedOut.add(p);
+    return p;
+  }
+  for (;;) {
+    const p = await listens(0);
+    if (p === null) throw new Error('no free TCP port on 127.0.0.1');
+    if (handedOut.has(p)) continue;
+    handedOut.add(p);
+    return p;
+  }
+}
+
+/** A server that could not bind its port: another process took it after `freePort` found it free. */
+class PortTaken extends Error {}
+const PORT_TAKEN = /Address already in use/;
+
+/** Starts with ports of its own choosing again (up to 3 times) when a port it chose was taken meanwhile. */
+async function onFreePorts<T>(
+  chosen: boolean,
+  start: () => Promise<T>,
+  log: (s: string) => void,
+): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await start();
+    } catch (err) {
+      if (!(err instanceof PortTaken) || !chosen || attempt >= 3) throw err;
+      log(`${err.message}: starting again on other ports`);
+    }
+  }
 }
 
 function tail(file: string, lines = 30): string {
@@ -122,13 +182,42 @@ export function fetchKafkaJars(log: (s: string) => void = () => undefined): stri
   return libs;
 }
 
-async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs: number, onFail: () => string) {
+/**
+ * Polls `check` until it holds; `failed` says when waiting is pointless (the process is gone, or its port was
+ * taken), so a start that cannot succeed fails at once, not at the deadline.
+ */
+async function waitFor(
+  what: string,
+  check: () => Promise<boolean>,
+  timeoutMs: number,
+  onFail: () => string,
+  failed: () => Error | null = () => null,
+) {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
-    if (await check().catch(() => false)) return;
+    const err = failed();
+    if (err) throw err;
+    // Each probe is bounded: a port held by some other server may accept and never answer.
+    if (await bounded(check, Math.min(5000, Math.max(0, deadline - Date.now())))) return;
     await sleep(200);
   }
   throw new Error(`${what} did not become ready in ${timeoutMs} ms\n${onFail()}`);
+}
+
+function bounded(check: () => Promise<boolean>, ms: number): Promise<boolean> {
+  return new Promise((res) => {
+    const timer = setTimeout(() => res(false), ms);
+    check().then(
+      (ok) => {
+        clearTimeout(timer);
+        res(ok);
+      },
+      () => {
+        clearTimeout(timer);
+        res(false);
+      },
+    );
+  });
 }
 
 /** A KRaft cluster id (16 random bytes, base64url) that does not start with '-', which the CLI would read as an option. */
@@ -147,9 +236,21 @@ export interface KafkaOptions {
   log?: (s: string) => void;
 }
 
-export async function startKafka(
-  opts: KafkaOptions = {},
-): Promise<Managed & { brokers: string; port: number; controllerPort: number }> {
+export type StartedKafka = Managed & { brokers: string; port: number; controllerPort: number };
+
+export async function startKafka(opts: KafkaOptions = {}): Promise<StartedKafka> {
+  const chosen = opts.port === undefined || opts.controllerPort === undefined;
+  return onFreePorts(chosen, () => startKafkaOnce(opts), opts.log ?? (() => undefined));
+}
+
+/** A bind failure in the broker's logs: it names the port and the address in use. */
+function kafkaBindFailure(dir: string, logFile: string): PortTaken | null {
+  const text = `${tail(logFile, 200)}\n${tail(join(dir, 'kafka.stdout.log'), 200)}`;
+  const line = text.split('\n').find((l) => PORT_TAKEN.test(l) && /bind/i.test(l));
+  return line ? new PortTaken(`Kafka: ${line.replace(/^.*?(Socket server failed)/, '$1').trim()}`) : null;
+}
+
+async function startKafkaOnce(opts: KafkaOptions): Promise<StartedKafka> {
   const libs = fetchKafkaJars(opts.log);
   const port = opts.port ?? (await freePort());
   const controller = opts.controllerPort ?? (await freePort());
@@ -228,12 +329,14 @@ export async function startKafka(
     brokers: [brokers],
     logLevel: logLevel.NOTHING,
     retry: { retries: 0 },
+    // Each probe is short: a request left unanswered (a port held by another server) holds up disconnect() for
+    // as long as this timeout.
+    requestTimeout: 5000,
   }).admin();
   try {
     await waitFor(
       'Kafka',
       async () => {
-        if (child.exitCode !== null) throw new Error('kafka exited');
         await admin.connect();
         const meta = await admin.describeCluster();
         if (meta.brokers.length === 0 || meta.controller === null) return false;
@@ -243,6 +346,13 @@ export async function startKafka(
       },
       90_000,
       () => `kafka log (${logFile}):\n${tail(logFile)}\n${tail(join(dir, 'kafka.stdout.log'), 10)}`,
+      () =>
+        kafkaBindFailure(dir, logFile) ??
+        (child.exitCode !== null || child.signalCode !== null
+          ? new Error(
+              `Kafka exited (${child.exitCode ?? child.signalCode}) before it was ready\nkafka log (${logFile}):\n${tail(logFile)}\n${tail(join(dir, 'kafka.stdout.log'), 10)}`,
+            )
+          : null),
     );
   } catch (err) {
     await managed.stop();
@@ -274,7 +384,11 @@ export async function startRedis(
   opts: { port?: number; log?: (s: string) => void } = {},
 ): Promise<Managed & { url: string }> {
   ensureRedisServer(opts.log ?? (() => undefined));
-  const port = opts.port ?? (await freePort());
+  return onFreePorts(opts.port === undefined, () => startRedisOnce(opts.port), opts.log ?? (() => undefined));
+}
+
+async function startRedisOnce(wanted: number | undefined): Promise<Managed & { url: string }> {
+  const port = wanted ?? (await freePort());
   const dir = mkdtempSync(join(tmpdir(), 'paver-redis-'));
   const logFile = join(dir, 'redis.log');
   const child = spawn(
@@ -309,6 +423,10 @@ export async function startRedis(
         new Promise<boolean>((res) => {
           if (child.exitCode !== null) return res(false);
           const c = createConnection({ port, host: '127.0.0.1' }, () => c.write('PING\r\n'));
+          c.setTimeout(2000, () => {
+            c.destroy();
+            res(false);
+          });
           c.once('data', (d) => {
             c.destroy();
             res(d.toString().startsWith('+PONG'));
@@ -317,6 +435,15 @@ export async function startRedis(
         }),
       20_000,
       () => tail(logFile),
+      () => {
+        if (child.exitCode === null && child.signalCode === null) return null;
+        const log = tail(logFile);
+        return PORT_TAKEN.test(log)
+          ? new PortTaken(`redis-server: port ${port} in use`)
+          : new Error(
+              `redis-server exited (${child.exitCode ?? child.signalCode}) before it was ready\n${log}`,
+            );
+      },
     );
   } catch (err) {
     await managed.stop();
@@ -342,18 +469,16 @@ export async function startStack(
   try {
     let brokers = env.KAFKA_BROKERS;
     let redisUrl = env.REDIS_URL;
-    const [k, r] = await Promise.all([
+    // Settled, not Promise.all: when one fails, the other is waited for and stopped, never left running.
+    const [k, r] = await Promise.allSettled([
       brokers ? null : startKafka({ log, ...(opts.kafkaDir ? { dir: opts.kafkaDir } : {}) }),
       redisUrl ? null : startRedis({ log }),
     ]);
-    if (k) {
-      started.push(k);
-      brokers = k.brokers;
-    }
-    if (r) {
-      started.push(r);
-      redisUrl = r.url;
-    }
+    for (const s of [k, r]) if (s.status === 'fulfilled' && s.value) started.push(s.value);
+    if (k.status === 'rejected') throw k.reason;
+    if (r.status === 'rejected') throw r.reason;
+    if (k.value) brokers = k.value.brokers;
+    if (r.value) redisUrl = r.value.url;
     return {
       brokers: brokers!,
       redisUrl: redisUrl!,

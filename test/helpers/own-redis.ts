@@ -16,7 +16,16 @@ const started: ChildProcess[] = [];
  * and start again. With a folder, an append-only file: what the test recorded survives a restart of this server.
  */
 export async function ownRedis(port?: number, dir?: string): Promise<OwnRedis> {
-  const p = port ?? (await freePort());
+  // A port found free can be taken before redis-server binds it: then it exits, and another port is tried.
+  for (let attempt = 1; ; attempt++) {
+    const p = port ?? (await freePort());
+    const started = await startOn(p, dir);
+    if (started) return started;
+    if (port !== undefined || attempt >= 3) throw new Error(`redis-server on ${p} exited before it answered`);
+  }
+}
+
+async function startOn(p: number, dir?: string): Promise<OwnRedis | null> {
   const persistence = dir
     ? ['--appendonly', 'yes', '--appendfsync', 'always', '--dir', dir]
     : ['--appendonly', 'no'];
@@ -30,17 +39,21 @@ export async function ownRedis(port?: number, dir?: string): Promise<OwnRedis> {
     retryStrategy: () => null,
   });
   probe.on('error', () => undefined);
-  await waitFor(async () => {
-    try {
-      if (probe.status !== 'ready') await probe.connect();
-      return (await probe.ping()) === 'PONG';
-    } catch {
-      probe.disconnect();
-      return false;
-    }
-  }, `redis-server on ${p}`);
-  probe.disconnect();
-  return { child, port: p, url: `redis://127.0.0.1:${p}` };
+  try {
+    await waitFor(async () => {
+      if (child.exitCode !== null) return true;
+      try {
+        if (probe.status !== 'ready') await probe.connect();
+        return (await probe.ping()) === 'PONG';
+      } catch {
+        probe.disconnect();
+        return false;
+      }
+    }, `redis-server on ${p}`);
+  } finally {
+    probe.disconnect();
+  }
+  return child.exitCode === null ? { child, port: p, url: `redis://127.0.0.1:${p}` } : null;
 }
 
 /** Stops every server `ownRedis` started that still runs (a frozen one is thawed first); for `afterAll`. */
