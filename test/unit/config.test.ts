@@ -363,6 +363,24 @@ describe('flows model endpoints', () => {
   });
 });
 
+describe('AUTOSEQ_LEARN_SCOPE_TTL_MS', () => {
+  it('is 30 days unless set; 0 turns expiry off; a lifetime under a minute is refused, saying what it takes', () => {
+    expect(autoseqEnvSchema.parse(base).AUTOSEQ_LEARN_SCOPE_TTL_MS).toBe(30 * 24 * 3_600_000);
+    expect(
+      autoseqEnvSchema.parse({ ...base, AUTOSEQ_LEARN_SCOPE_TTL_MS: '0' }).AUTOSEQ_LEARN_SCOPE_TTL_MS,
+    ).toBe(0);
+    expect(
+      autoseqEnvSchema.parse({ ...base, AUTOSEQ_LEARN_SCOPE_TTL_MS: '60000' }).AUTOSEQ_LEARN_SCOPE_TTL_MS,
+    ).toBe(60_000);
+    expect(refused({ AUTOSEQ_LEARN_SCOPE_TTL_MS: '5000' }, autoseqEnvSchema)).toContain(
+      'AUTOSEQ_LEARN_SCOPE_TTL_MS: expected 0 (never) or at least 60000',
+    );
+    expect(refused({ AUTOSEQ_LEARN_SCOPE_TTL_MS: 'forever' }, autoseqEnvSchema)).toContain(
+      'AUTOSEQ_LEARN_SCOPE_TTL_MS: expected an integer',
+    );
+  });
+});
+
 describe('decimal, URL and prefix variables', () => {
   it('say what they take', () => {
     // Before: "expected number, received NaN", "Invalid URL", "must match pattern /^[a-zA-Z0-9_.:-]{1,64}$/".

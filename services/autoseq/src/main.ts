@@ -93,6 +93,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
           restoring,
           replayOptions(runtime.kafka, env, env.AUTOSEQ_RULES_TOPIC, env.AUTOSEQ_GROUP_ID),
           goOn,
+          env.AUTOSEQ_LEARN_SCOPE_TTL_MS,
         );
         m.restoredContexts.inc(r.contexts);
         log.info({ reason, ...r }, 'learned rules restored from the rules topic');
@@ -117,6 +118,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
               },
               positions,
               { key: epochKey, value: epoch.current() },
+              env.AUTOSEQ_LEARN_SCOPE_TTL_MS,
             )
         : null,
       taskKey: (ref) => taskKey(prefix, ref),

@@ -139,7 +139,7 @@ export class RuleSnapshots {
         if (meta === null) continue;
         records.push({
           key: scopeRecordKey(prefix, c.tenant, c.agent),
-          value: scopeRecordValue(meta.clock, meta.fam),
+          value: scopeRecordValue(meta.clock, meta.fam, Date.now()),
         });
         for (const [ctx, stored] of c.ctxs) {
           const key = contextRecordKey(prefix, c.tenant, c.agent, ctx);
@@ -179,6 +179,10 @@ export class RuleSnapshots {
  * Copies the rules topic back into Redis: every scope of this key prefix that has no state in Redis gets the
  * topic's copy (a scope with state is newer, and is left as it is). Idempotent: run again, it writes nothing.
  * Once `goOn` is false (the service stopping) it gives up, between fetches or between scopes, leaving its flag.
+ *
+ * With an idle TTL (`scopeTtlMs` > 0), a scope keeps what was left of its lifetime when its latest copy was
+ * taken: one idle for longer (its rules had expired, or would have) is not brought back (`expired`). A copy of
+ * an older version carries no time and gets the whole TTL.
  */
 export function restoreRules(
   redis: Redis,
@@ -186,18 +190,26 @@ export function restoreRules(
   flag: string,
   replay: ReplayOptions,
   goOn: () => boolean = () => true,
-): Promise<{ scopes: number; restored: number; contexts: number; skipped: number }> {
+  scopeTtlMs = 0,
+  now: () => number = Date.now,
+): Promise<{ scopes: number; restored: number; contexts: number; skipped: number; expired: number }> {
   return flaggedRestore(redis, flag, async () => {
     const { scopes, skipped } = await readRulesLog(replay, prefix, goOn);
     let restored = 0;
     let contexts = 0;
+    let expired = 0;
     for (const s of scopes) {
       if (!goOn()) throw new RebuildStopped();
-      const r = await restoreScope(redis, prefix, s.tenant, s.agent, s.clock, s.ctxs, s.fam);
+      const left = scopeTtlMs > 0 && s.at !== undefined ? scopeTtlMs - Math.max(0, now() - s.at) : scopeTtlMs;
+      if (scopeTtlMs > 0 && left <= 0) {
+        expired++;
+        continue;
+      }
+      const r = await restoreScope(redis, prefix, s.tenant, s.agent, s.clock, s.ctxs, s.fam, left);
       if (!r.written) continue;
       restored++;
       contexts += r.contexts;
     }
-    return { scopes: scopes.length, restored, contexts, skipped };
+    return { scopes: scopes.length, restored, contexts, skipped, expired };
   });
 }

@@ -7,8 +7,9 @@ import { familiesShape } from '../redis/learn-store.js';
  * The learned rules' copy on a compacted topic autoseq owns (`AUTOSEQ_RULES_TOPIC`): what survives a Redis
  * loss. Internal to the service, so plain JSON with these shapes rather than a public contract.
  *
- * - key `["<key prefix>","<tenant>","<agent>"]`: the scope's clock and its families' evidence
- *   (`{"v":1,"clock":N,"fam":{…}}`, `fam` absent until a rule was scored, and in copies of older versions);
+ * - key `["<key prefix>","<tenant>","<agent>"]`: the scope's clock, its families' evidence and when the copy was
+ *   taken (`{"v":1,"clock":N,"fam":{…},"at":MS}`, `fam` absent until a rule was scored; `fam` and `at` absent in
+ *   copies of older versions);
  * - key `["<key prefix>","<tenant>","<agent>","<context>"]`: one context's value as Redis stores it (its
  *   next-tool counts, its slots and their rules: counts, bindings, state; never an argument value the agent
  *   passed, except a `const` binding's short constant), or a tombstone once the context was evicted.
@@ -24,6 +25,8 @@ const scopeValueV1 = z.object({
   v: z.literal(1),
   clock: z.number().int().nonnegative(),
   fam: familiesShape.optional(),
+  /** When the copy was taken (epoch ms): absent in copies of older versions. */
+  at: z.number().int().nonnegative().optional(),
 });
 const contextValueV1 = z.object({ v: z.literal(1), value: z.string().min(2) }).strict();
 
@@ -31,8 +34,8 @@ export const scopeRecordKey = (prefix: string, tenant: string, agent: string): s
   JSON.stringify([prefix, tenant, agent]);
 export const contextRecordKey = (prefix: string, tenant: string, agent: string, ctx: string): string =>
   JSON.stringify([prefix, tenant, agent, ctx]);
-export const scopeRecordValue = (clock: number, fam?: Families): string =>
-  JSON.stringify(fam ? { v: 1, clock, fam } : { v: 1, clock });
+export const scopeRecordValue = (clock: number, fam: Families | undefined, at: number): string =>
+  JSON.stringify(fam ? { v: 1, clock, fam, at } : { v: 1, clock, at });
 type Families = NonNullable<ScopeState['fam']>;
 /** The stored text is carried as text: the copy is byte for byte what Redis held. */
 export const contextRecordValue = (stored: string): string => JSON.stringify({ v: 1, value: stored });
@@ -44,6 +47,8 @@ export interface ScopeCopyRead {
   clock: number;
   /** The families' evidence (absent when the scope record holds none). */
   fam?: Families;
+  /** When its latest copy was taken (epoch ms); absent in copies of older versions. */
+  at?: number;
   ctxs: Map<string, string>;
 }
 
@@ -77,6 +82,7 @@ export async function readRulesLog(
       if (r.success) {
         s.clock = r.data.clock;
         if (r.data.fam) s.fam = r.data.fam;
+        if (r.data.at !== undefined) s.at = r.data.at;
       } else skipped++;
     } else {
       const r = contextValueV1.safeParse(jsonOf(v));

@@ -197,6 +197,8 @@ export class RedisLearnStore implements LearnStore {
     private readonly prefix: string,
     private readonly taskTtlMs: number,
     readonly leases: ScopeLeases,
+    /** A scope's rules expire this long after the last batch that wrote them (0: never). */
+    private readonly scopeTtlMs: number,
   ) {}
 
   /**
@@ -213,9 +215,17 @@ export class RedisLearnStore implements LearnStore {
     lease: LeaseOptions,
     positions?: readonly Position[],
     marker?: EpochMarker,
+    /** AUTOSEQ_LEARN_SCOPE_TTL_MS (0: the rules never expire). */
+    scopeTtlMs = 0,
   ): Promise<RedisLearnStore> {
     defineScopeScripts(redis);
-    const s = new RedisLearnStore(redis, prefix, taskTtlMs, new ScopeLeases(redis, prefix, lease));
+    const s = new RedisLearnStore(
+      redis,
+      prefix,
+      taskTtlMs,
+      new ScopeLeases(redis, prefix, lease),
+      scopeTtlMs,
+    );
     try {
       await s.read(opts, events, positions, marker);
     } catch (err) {
@@ -434,6 +444,7 @@ export class RedisLearnStore implements LearnStore {
         [
           this.leases.token,
           this.taskTtlMs,
+          this.scopeTtlMs,
           changed.length / 2,
           ...changed,
           gone.length,
@@ -513,6 +524,8 @@ export async function restoreScope(
   clock: number,
   ctxs: ReadonlyMap<string, string>,
   fam?: ScopeState['fam'],
+  /** What is left of the scope's idle lifetime (0: it never expires). */
+  ttlMs = 0,
 ): Promise<{ written: boolean; contexts: number }> {
   defineScopeScripts(redis);
   const state = newScopeState();
@@ -537,7 +550,12 @@ export async function restoreScope(
   state.nActive = nActive;
   const meta = metaOfState(state);
   const pipe = redis.pipeline();
-  invokeScript(pipe, 'learnRestore', [learnKey(prefix, tenant, agent)], [JSON.stringify(meta), ...pairs]);
+  invokeScript(
+    pipe,
+    'learnRestore',
+    [learnKey(prefix, tenant, agent)],
+    [JSON.stringify(meta), ttlMs, ...pairs],
+  );
   const [reply] = await execPipeline(pipe, 'learned state restore');
   return { written: reply === 1, contexts: pairs.length / 2 };
 }

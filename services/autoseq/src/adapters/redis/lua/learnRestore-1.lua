@@ -5,13 +5,15 @@
 
   KEYS[1]  rules   hash    `m` and one field per context
   ARGV[1]  the `m` value
-  ARGV[2..]  (field, value) pairs
+  ARGV[2]  the scope's remaining idle lifetime in ms (0: none)
+  ARGV[3..]  (field, value) pairs
 
   Returns 1 when written, 0 when the scope already had state.
 ]]
 if redis.call('HEXISTS', KEYS[1], 'm') == 1 then return 0 end
-for i = 2, #ARGV, 2 do
+for i = 3, #ARGV, 2 do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
 end
 redis.call('HSET', KEYS[1], 'm', ARGV[1])
+if tonumber(ARGV[2]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 1

@@ -9,14 +9,15 @@
   KEYS[3..]  task keys (learned and typed task states), each written with the task TTL
   ARGV[1]    token
   ARGV[2]    task TTL ms
-  ARGV[3]    S, then S (field, value) pairs to set in rules
+  ARGV[3]    scope idle TTL ms (0: the rules never expire)
+  ARGV[4]    S, then S (field, value) pairs to set in rules
   then       D, then D fields to delete from rules
   then       one value per task key, in KEYS order
 
   Returns {1}; {-3} when the lease is not this batch's: nothing was written.
 ]]
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {-3} end
-local i = 3
+local i = 4
 local s = tonumber(ARGV[i])
 i = i + 1
 for _ = 1, s do
@@ -33,5 +34,7 @@ for k = 3, #KEYS do
   redis.call('SET', KEYS[k], ARGV[i], 'PX', ARGV[2])
   i = i + 1
 end
+-- Every write renews the scope's lifetime: a scope no batch has written for the idle TTL goes as a whole.
+if tonumber(ARGV[3]) > 0 then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
 redis.call('DEL', KEYS[1])
 return {1}
