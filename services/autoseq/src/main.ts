@@ -42,7 +42,11 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
     const prefix = env.REDIS_KEY_PREFIX;
     const store = new RedisTaskStore(redis, prefix, env.AUTOSEQ_TASK_TTL_MS);
     const learnOptions = learnOptionsFromEnv(env);
-    const m = createAutoseqMetrics(metrics.registry, () => catalog.size.tools);
+    const m = createAutoseqMetrics(
+      metrics.registry,
+      () => catalog.size.tools,
+      env.AUTOSEQ_LEARN_SCOPE_TTL_MS,
+    );
     const feed = createCatalogFeed(
       catalog,
       {

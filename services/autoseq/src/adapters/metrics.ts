@@ -1,8 +1,51 @@
 import { Counter, Gauge, Histogram } from 'prom-client';
 import type { Registry } from 'prom-client';
 
-/** Auto-seq's own metrics (the runner's and HTTP's are shared). */
-export function createAutoseqMetrics(registry: Registry, catalogTools: () => number) {
+/**
+ * Active rules per scope this instance wrote, each as of its last write. A scope no batch has written for the
+ * scope TTL has expired in Redis, rules and all: its count stops counting (and is dropped) then, not at restart.
+ */
+export class ActiveRulesByScope {
+  private readonly counts = new Map<string, { n: number; at: number }>();
+  constructor(
+    private readonly ttlMs: number,
+    private readonly now: () => number = Date.now,
+  ) {}
+
+  get size(): number {
+    return this.counts.size;
+  }
+
+  set(scope: string, n: number): void {
+    this.counts.set(scope, { n, at: this.now() });
+  }
+
+  delete(scope: string): void {
+    this.counts.delete(scope);
+  }
+
+  clear(): void {
+    this.counts.clear();
+  }
+
+  total(): number {
+    const now = this.now();
+    let n = 0;
+    for (const [scope, c] of this.counts) {
+      if (this.ttlMs > 0 && now - c.at >= this.ttlMs) this.counts.delete(scope);
+      else n += c.n;
+    }
+    return n;
+  }
+}
+
+/** Auto-seq's own metrics (the runner's and HTTP's are shared). `scopeTtlMs`: AUTOSEQ_LEARN_SCOPE_TTL_MS. */
+export function createAutoseqMetrics(
+  registry: Registry,
+  catalogTools: () => number,
+  scopeTtlMs = 0,
+  now: () => number = Date.now,
+) {
   const registers = [registry];
   const decisions = new Counter({
     name: 'paver_autoseq_decisions_total',
@@ -28,15 +71,13 @@ export function createAutoseqMetrics(registry: Registry, catalogTools: () => num
     registers,
   });
   // Per scope, so a scope seen again replaces its count instead of adding to it.
-  const activeByScope = new Map<string, number>();
+  const activeByScope = new ActiveRulesByScope(scopeTtlMs, now);
   new Gauge({
     name: 'paver_autoseq_active_rules',
     help: 'Active learned rules in the scopes this instance has processed.',
     registers,
     collect() {
-      let n = 0;
-      for (const v of activeByScope.values()) n += v;
-      this.set(n);
+      this.set(activeByScope.total());
     },
   });
   const duplicates = new Counter({
