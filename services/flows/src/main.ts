@@ -358,18 +358,9 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
           selections.inc({ path: sel.path });
           return sel;
         },
-      }).map((route) =>
         // Candidates live in Redis: never read or decide them in a Redis that lost them (selection does not need it).
-        route.path.startsWith('/flows/candidates')
-          ? {
-              ...route,
-              handler: async (req) => {
-                await guard.ensure();
-                return route.handler(req);
-              },
-            }
-          : route,
-      ),
+        ensureState: () => guard.ensure(),
+      }),
       close: async () => {
         if (vectorTimer) clearInterval(vectorTimer);
         if (owedTimer) clearInterval(owedTimer);

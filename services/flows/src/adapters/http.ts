@@ -33,6 +33,11 @@ export interface HttpDeps {
     to: 'promote' | 'reject',
   ) => Promise<{ outcome: ManualDecision; flow: RegisteredFlow | null }>;
   select: (tenant: string, agent: string, query: string, summaries: string[]) => Promise<Selection>;
+  /**
+   * Waits for the candidates' Redis state to be whole (the state guard's `ensure`; it throws, a 503, when it
+   * cannot be). Asked only once a request is found well-formed: a malformed one gets its 4xx whatever the state.
+   */
+  ensureState: () => Promise<void>;
 }
 
 const CANDIDATE_STATUSES = [
@@ -89,6 +94,7 @@ export function flowRoutes(d: HttpDeps): Route[] {
       const s = scopeOf(req.query);
       if (badScope(s)) return { status: 400, body: { error: 'bad tenant_id/agent_id' } };
       const key = req.params.key ?? '';
+      await d.ensureState();
       const { outcome: o, flow } = await d.decide(s.tenant, s.agent, key, to);
       switch (o.kind) {
         case 'not_found':
@@ -113,6 +119,7 @@ export function flowRoutes(d: HttpDeps): Route[] {
         // A misspelt status filtered everything out: an empty list, as if there were no such candidates.
         if (status !== null && !(CANDIDATE_STATUSES as readonly string[]).includes(status))
           return { status: 400, body: { error: `status must be one of ${CANDIDATE_STATUSES.join(', ')}` } };
+        await d.ensureState();
         const all = (await d.store.listCandidates(s.tenant, s.agent)).filter(
           (c) => !status || c.status === status,
         );
@@ -132,6 +139,7 @@ export function flowRoutes(d: HttpDeps): Route[] {
         const s = scopeOf(req.query);
         if (badScope(s)) return { status: 400, body: { error: 'bad tenant_id/agent_id' } };
         const key = req.params.key ?? '';
+        await d.ensureState();
         const c = (await d.store.getCandidates(s.tenant, s.agent, [key])).get(key);
         return c
           ? { status: 200, body: { ...summary(c), record: c.record } }

@@ -1,5 +1,6 @@
 import { Registry } from 'prom-client';
 import { describe, expect, it } from 'vitest';
+import { PaverError } from '../../../../shared/errors.js';
 import { createHttpServer, type HttpRequest, type Route } from '../../../../shared/http.js';
 import { createLogger } from '../../../../shared/log.js';
 import { flowRoutes, type HttpDeps } from '../../src/adapters/http.js';
@@ -18,6 +19,7 @@ const candidate = (key: string, status: StoredCandidate['status']) =>
 
 const deps = {
   store: { listCandidates: () => Promise.resolve([candidate('a', 'pending'), candidate('b', 'promoted')]) },
+  ensureState: () => Promise.resolve(),
 } as unknown as HttpDeps;
 const list = flowRoutes(deps).find((r) => r.method === 'GET' && r.path === '/flows/candidates')!;
 const get = async (query: string) => {
@@ -151,6 +153,72 @@ describe('POST /flows/candidates/:key/promote|reject', () => {
       );
       expect((await post('promote', { 'content-type': 'application/json' }, '{}')).status).toBe(200);
       expect(decided).toEqual(['reject acme/default/k', 'reject acme/default/k', 'promote acme/default/k']);
+    });
+  });
+});
+
+describe('/flows/candidates routes while the state is not ready', () => {
+  it('answer a malformed request with its 4xx at once, a well-formed one with 503 (Redis lost) or after the rebuild', async () => {
+    const used: string[] = [];
+    let state: () => Promise<void> = () =>
+      Promise.reject(new PaverError('REDIS_UNAVAILABLE', 'redis state rebuild failed'));
+    const routes = flowRoutes({
+      store: {
+        listCandidates: () => (used.push('list'), Promise.resolve([])),
+        getCandidates: () => (used.push('get'), Promise.resolve(new Map())),
+      },
+      decide: (_t: string, _a: string, key: string, to: string) => (
+        used.push(to),
+        Promise.resolve({ outcome: { kind: 'rejected', next: candidate(key, 'rejected') }, flow: null })
+      ),
+      select: () => (used.push('select'), Promise.resolve({ path: 'none' })),
+      ensureState: () => state(),
+    } as unknown as HttpDeps);
+    await withServer(routes, async (port) => {
+      const ask = async (path: string, init?: { type?: string; body?: string }) => {
+        const res = await fetch(`http://127.0.0.1:${port}${path}`, {
+          method: init ? 'POST' : 'GET',
+          headers: init?.type ? { 'content-type': init.type } : {},
+          body: init?.body,
+        });
+        return res.status;
+      };
+      const malformed = async () => {
+        for (const verb of ['promote', 'reject']) {
+          const path = `/flows/candidates/k/${verb}`;
+          // Before: 503 (or a wait for the rebuild) for each, the body read only once the state was ready.
+          expect(await ask(path, { type: 'text/plain', body: 'x' }), `${verb} text`).toBe(415);
+          expect(await ask(path, { type: 'application/json', body: '{"tenant_id":"a"}' }), verb).toBe(400);
+          expect(await ask(path, { type: 'application/json', body: '{' }), `${verb} {`).toBe(400);
+          expect(await ask(`${path}?tenant_id=`, {}), `${verb} scope`).toBe(400);
+        }
+        expect(await ask('/flows/candidates?status=promotd')).toBe(400);
+        expect(await ask('/flows/candidates?agent_id=')).toBe(400);
+        expect(await ask('/flows/candidates/k?tenant_id=')).toBe(400);
+        // Selection does not use the candidates' state: answered whatever it is, malformed or not.
+        expect(await ask('/flows/select', { type: 'text/plain', body: '{"query":"q"}' })).toBe(415);
+        expect(await ask('/flows/select', { type: 'application/json', body: '{}' })).toBe(400);
+      };
+
+      await malformed();
+      for (const path of ['/flows/candidates', '/flows/candidates/k'])
+        expect(await ask(path), path).toBe(503);
+      for (const verb of ['promote', 'reject'])
+        expect(await ask(`/flows/candidates/k/${verb}`, {}), verb).toBe(503);
+      expect(used).toEqual([]);
+      expect(await ask('/flows/select', { type: 'application/json', body: '{"query":"q"}' })).toBe(200);
+
+      // A rebuild under way: malformed requests do not wait for it; a well-formed one answers once it is done.
+      let rebuilt!: () => void;
+      const rebuild = new Promise<void>((r) => (rebuilt = r));
+      state = () => rebuild;
+      await malformed();
+      const waiting = ask('/flows/candidates/k/promote', {});
+      await malformed();
+      expect(used).toEqual(['select']);
+      rebuilt();
+      expect(await waiting).toBe(200);
+      expect(used).toEqual(['select', 'promote']);
     });
   });
 });
