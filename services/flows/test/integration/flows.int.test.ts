@@ -1,7 +1,18 @@
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { waitFor } from '../../../../test/helpers/kafka.js';
+import { consumeUntil, produce, testKafka, waitFor } from '../../../../test/helpers/kafka.js';
 import { startLlmDouble } from '../../../../test/helpers/llm-double.js';
-import { isReady, ROOT, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
+import {
+  isReady,
+  ROOT,
+  serviceEnv,
+  startProcess,
+  stopPromptly,
+  type Proc,
+} from '../../../../test/helpers/process.js';
+import { FLOWS } from './account-stream.js';
 import { createFlowsTopics } from './service-topics.js';
 
 const procs: Proc[] = [];
@@ -87,5 +98,77 @@ describe('flows service: the model stage against malformed, slow and failing ans
     expect(p.output()).not.toMatch(/I would go with|choices/);
     p.child.kill('SIGTERM');
     expect(await p.exited).toBe(0);
+  });
+});
+
+describe('flows service: a stop while start-up waits for the flow registry', () => {
+  it('ends the start-up there: the hand-written flows are not published to the flows topic', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'paver-flows-stop-wait-'));
+    const flowsFile = join(dir, 'flows.json');
+    writeFileSync(flowsFile, JSON.stringify(FLOWS));
+    const env = serviceEnv({
+      FLOWS_FILE: flowsFile,
+      FLOWS_GROUP_ID: `fl-wait-${Date.now()}`,
+      PAVER_TOPIC_FLOWS: `flows-wait-${Date.now()}`,
+      // One record batch per fetch: reading the flows topic takes many fetches, and a while.
+      KAFKA_MAX_BYTES_PER_PARTITION: '1024',
+      // Longer than the test: only the stop ends the wait.
+      FLOWS_REGISTRY_WAIT_MS: '600000',
+      PAVER_SHUTDOWN_TIMEOUT_MS: '120000',
+    });
+    await createFlowsTopics(env);
+    const topic = env.PAVER_TOPIC_FLOWS!;
+    // Tombstones of flows no one has (the registry removes nothing), each alone in its request and so in its
+    // record batch, over KAFKA_MAX_BYTES_PER_PARTITION with its key.
+    const PAD = 8000;
+    const pad = testKafka().producer();
+    await pad.connect();
+    try {
+      for (let i = 0; i < PAD; i += 50)
+        await Promise.all(
+          Array.from({ length: Math.min(50, PAD - i) }, (_, j) =>
+            pad.send({
+              topic,
+              acks: -1,
+              messages: [{ key: `gone-${i + j}-${'x'.repeat(1100)}`, value: null }],
+            }),
+          ),
+        );
+    } finally {
+      await pad.disconnect();
+    }
+
+    const p = await startProcess(['bin/paver.js', 'run', 'flows'], env);
+    procs.push(p);
+    // The registry's reader has begun (it commits after each chunk), and start-up waits for it to end.
+    const admin = testKafka().admin();
+    await admin.connect();
+    try {
+      await waitFor(
+        async () => {
+          const { groups } = await admin.listGroups();
+          for (const g of groups.filter((x) => x.groupId.startsWith(`${env.FLOWS_GROUP_ID!}-table-`))) {
+            const [offsets] = await admin.fetchOffsets({ groupId: g.groupId, topics: [topic] });
+            if (offsets?.partitions.some((o) => BigInt(o.offset) > 0n)) return true;
+          }
+          return false;
+        },
+        'the flow registry read under way',
+        120_000,
+      );
+    } finally {
+      await admin.disconnect();
+    }
+    expect(await stopPromptly(p), p.output().slice(-3000)).toBe(0);
+    // The stop came during the wait, not after it.
+    expect(p.output()).not.toContain('flow registry loaded');
+
+    // Read to the end: one marker per partition, written after the process exited.
+    const ends = [0, 1, 2].map((partition) => ({ key: `end-${partition}`, value: 'end', partition }));
+    await produce(topic, ends);
+    const all = await consumeUntil(topic, (rs) => ends.every((e) => rs.some((r) => r.key === e.key)));
+    // Before: every hand-written flow, published after the stop had begun.
+    expect(all.filter((r) => r.value !== null && !r.key?.startsWith('end-')).map((r) => r.key)).toEqual([]);
+    expect(p.output()).not.toContain('hand-written flows registered');
   });
 });
