@@ -1,4 +1,4 @@
-import { constants, createWriteStream, type WriteStream } from 'node:fs';
+import { constants, createWriteStream, unlinkSync, type WriteStream } from 'node:fs';
 import { access, chmod, realpath, rename, stat, unlink } from 'node:fs/promises';
 import { randomBytes } from 'node:crypto';
 import { basename, dirname, join } from 'node:path';
@@ -39,6 +39,55 @@ function reason(err: unknown, dir: string): string {
     default:
       return errorMessage(err);
   }
+}
+
+/**
+ * Temporary files of this process not yet renamed into place or dropped. Ctrl-C (SIGINT) or SIGTERM in the middle of
+ * a long run, or an exit on a path that skipped `abort` (an uncaught error, `process.exit`), left them beside the
+ * output: they are removed first. SIGKILL cannot be caught: a file left by it is named with the pid that wrote it.
+ */
+const pending = new Set<string>();
+
+function removePending(): void {
+  for (const temp of pending) {
+    try {
+      unlinkSync(temp);
+    } catch {
+      // Already renamed into place or dropped: nothing left to remove.
+    }
+  }
+  pending.clear();
+}
+
+function onSignal(signal: NodeJS.Signals): void {
+  removePending();
+  stopListening();
+  // Raised again with Node's default action back in place: the process ends by the signal as every other command
+  // does (a shell says 130 or 143), and a shell loop running it stops too, which it does not after an exit(130).
+  // A listener of someone else's has this signal already, and the stop is its to make.
+  if (process.listenerCount(signal) === 0) process.kill(process.pid, signal);
+}
+
+// One set of listeners per process, whatever the number of files, and none once every file is settled: a
+// command run many times in one process (the tests) does not pile them up.
+function stopListening(): void {
+  process.off('SIGINT', onSignal);
+  process.off('SIGTERM', onSignal);
+  process.off('exit', removePending);
+}
+
+function track(temp: string): void {
+  if (pending.size === 0) {
+    process.on('SIGINT', onSignal);
+    process.on('SIGTERM', onSignal);
+    process.on('exit', removePending);
+  }
+  pending.add(temp);
+}
+
+function untrack(temp: string): void {
+  pending.delete(temp);
+  if (pending.size === 0) stopListening();
 }
 
 function openStream(path: string, flags: string): Promise<WriteStream> {
@@ -104,11 +153,19 @@ export async function openOutputFile(path: string): Promise<OutputFile> {
     dirname(target),
     `.${basename(target)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`,
   );
-  const stream = watch(await openStream(temp, 'wx').catch((err: unknown) => Promise.reject(fail(err))));
+  // Tracked before it exists: a signal while it is being created still finds it.
+  track(temp);
+  const stream = watch(
+    await openStream(temp, 'wx').catch((err: unknown) => {
+      untrack(temp);
+      return Promise.reject(fail(err));
+    }),
+  );
   const drop = async () => {
     stream.destroy();
     await finished(stream).catch(() => undefined);
     await unlink(temp).catch(() => undefined);
+    untrack(temp);
   };
   return {
     stream,
@@ -120,6 +177,7 @@ export async function openOutputFile(path: string): Promise<OutputFile> {
         // The replaced file's permissions, not the umask's defaults: a file kept private stays so.
         if (st) await chmod(temp, st.mode & 0o7777);
         await rename(temp, target);
+        untrack(temp);
       } catch (err) {
         await drop();
         throw fail(failed.err ?? err);

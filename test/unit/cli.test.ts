@@ -1,3 +1,4 @@
+import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdirSync, mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -10,6 +11,7 @@ import { autoseqEnvSchema } from '../../services/autoseq/src/config.js';
 import { detectorEnvSchema } from '../../services/detector/src/config.js';
 import { flowsEnvSchema } from '../../services/flows/src/config.js';
 import { ingestEnvSchema } from '../../services/ingest/src/config.js';
+import { waitFor } from '../helpers/kafka.js';
 
 // The commands that start processes or talk to Kafka record their calls instead: a --help that acted shows
 // up as a call (and would otherwise start Kafka in a unit test).
@@ -572,6 +574,8 @@ describe('paver otel --output', () => {
     const { dir, input } = setUp();
     const file = join(dir, 'out.jsonl');
     writeFileSync(file, 'earlier output\n', { mode: 0o600 });
+    const listeners = () => ['SIGINT', 'SIGTERM', 'exit'].map((e) => process.listenerCount(e));
+    const before = listeners();
     // An input that cannot be read: the earlier file stays whole. Before, it was emptied (opened first).
     expect(await main(['otel', '--input', join(dir, 'none.json'), '--output', file])).toBe(2);
     expect(readFileSync(file, 'utf8')).toBe('earlier output\n');
@@ -591,7 +595,52 @@ describe('paver otel --output', () => {
     // A device is written in place.
     expect(await main(['otel', '--input', input, '--output', '/dev/null'])).toBe(0);
     expect(out).toBe('');
+    // The temporary file's signal and exit listeners go with it, whichever way each run ended.
+    expect(listeners()).toEqual(before);
   });
+
+  // bin/paver.js's launch, from the sources (bin/paver.js runs the build, which a unit test does not make).
+  const RUN =
+    "const { main } = await import('./cli/paver.ts'); process.exitCode = await main(process.argv.slice(1));";
+
+  it.each(['SIGINT', 'SIGTERM'] as const)(
+    'a run stopped by %s leaves nothing beside the path, and the file there as it was',
+    async (signal) => {
+      const { dir } = setUp();
+      const file = join(dir, 'out.jsonl');
+      writeFileSync(file, 'earlier output\n');
+      const child = spawn(
+        process.execPath,
+        ['--import', 'tsx', '--input-type=module', '-e', RUN, 'otel', '--input', '-', '--output', file],
+        { cwd: root, stdio: ['pipe', 'ignore', 'pipe'] },
+      );
+      let stderr = '';
+      child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+      child.stdin.on('error', () => undefined);
+      try {
+        // Half an export on a stdin kept open: the command is mid-run, its temporary file open beside the path.
+        child.stdin.write(EXPORT.slice(0, 100));
+        await waitFor(
+          () => readdirSync(dir).some((n) => n.endsWith('.tmp')),
+          'the temporary file beside the output',
+          30_000,
+        );
+        child.kill(signal);
+        await waitFor(
+          () => child.exitCode !== null || child.signalCode !== null,
+          `exit after ${signal}`,
+          20_000,
+        );
+        // Ended by the signal, as an offline command without a handler is (a shell says 130 or 143).
+        expect({ code: child.exitCode, signal: child.signalCode }, stderr).toEqual({ code: null, signal });
+        // Before, the temporary file stayed beside the output.
+        expect(readdirSync(dir).sort()).toEqual(['export.json', 'out.jsonl']);
+        expect(readFileSync(file, 'utf8')).toBe('earlier output\n');
+      } finally {
+        child.kill('SIGKILL');
+      }
+    },
+  );
 });
 
 describe('option values that start with a dash', () => {
