@@ -6,7 +6,15 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { flowSelectionRecordV1, nextActionRecordV1, sequenceStateRecordV1 } from '../../schemas/index.js';
 import { consumeUntil, createTopics, produce, waitFor } from '../helpers/kafka.js';
 import { startLlmDouble } from '../helpers/llm-double.js';
-import { getJson, isReady, ROOT, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
+import {
+  getJson,
+  isReady,
+  ROOT,
+  serviceEnv,
+  startProcess,
+  stopPromptly,
+  type Proc,
+} from '../helpers/process.js';
 import { agentEvents } from '../../testkit/streams.js';
 
 const procs: Proc[] = [];
@@ -16,17 +24,28 @@ afterAll(async () => {
   await closeDouble?.();
 });
 
-async function start(name: string, env: Record<string, string>) {
+/**
+ * Above what this test's waits may take together on a starved machine (the topics 120 s, readiness 60 s, the
+ * candidate 90 s, three topic reads 120 s each, the stop 30 s), which the integration testTimeout (300 s) is not:
+ * cut by it, the test said neither what it awaited nor what it had read.
+ */
+const TEST_MS = 600_000;
+
+async function start(name: string, env: Record<string, string>, timeoutMs: number) {
   const p = await startProcess(['bin/paver.js', 'run', name], env);
   procs.push(p);
-  await waitFor(() => isReady(p), `${name} /readyz`).catch((err: Error) => {
+  await waitFor(() => isReady(p), `${name} /readyz`, timeoutMs).catch((err: Error) => {
     throw new Error(`${err.message}\n${p.output()}`);
   });
   return p;
 }
 
-describe('the whole loop: tool calls → candidate → promotion → selection', () => {
+describe('the whole loop: tool calls → candidate → promotion → selection', { timeout: TEST_MS }, () => {
   it('runs through every Paver service on real Kafka and Redis, with a model double', async () => {
+    // Every wait gives up by then, and says what it awaited: a minute is kept for the stop (30 s) and for what a
+    // wait that gave up still does (a reader's disconnect) before the test's own timeout.
+    const until = Date.now() + TEST_MS - 60_000;
+    const left = (ms: number) => Math.max(0, Math.min(ms, until - Date.now()));
     let promotedName = '';
     const llm = await startLlmDouble((body) => {
       const user = body.messages.find((m) => m.role === 'user')?.content ?? '';
@@ -66,7 +85,7 @@ describe('the whole loop: tool calls → candidate → promotion → selection',
       { topic: env.PAVER_TOPIC_FLOWS!, compacted: true },
     ]);
     const [, , , flows] = await Promise.all(
-      ['detector', 'autoseq', 'sequencer', 'flows'].map((s) => start(s, env)),
+      ['detector', 'autoseq', 'sequencer', 'flows'].map((s) => start(s, env, left(60_000))),
     );
 
     // 1. Agents' tool calls: recurring workflows, among them web_search → http_get → parse_json → summarize.
@@ -90,7 +109,7 @@ describe('the whole loop: tool calls → candidate → promotion → selection',
         return null;
       },
       'a pending candidate with the web research workflow',
-      90_000,
+      left(90_000),
     );
 
     // 3. Promotion over HTTP puts it in the registry (and on the flows topic).
@@ -123,8 +142,10 @@ describe('the whole loop: tool calls → candidate → promotion → selection',
         }),
       },
     ]);
-    const sel = await consumeUntil(env.PAVER_TOPIC_FLOW_SELECTIONS!, (all) =>
-      all.some((m) => JSON.parse(m.value!.toString()).event_id === 'um-1'),
+    const sel = await consumeUntil(
+      env.PAVER_TOPIC_FLOW_SELECTIONS!,
+      (all) => all.some((m) => JSON.parse(m.value!.toString()).event_id === 'um-1'),
+      left(120_000),
     );
     const record = flowSelectionRecordV1.parse(
       JSON.parse(sel.find((m) => JSON.parse(m.value!.toString()).event_id === 'um-1')!.value!.toString()),
@@ -143,14 +164,19 @@ describe('the whole loop: tool calls → candidate → promotion → selection',
     ).toBe(true);
 
     // 5. The other services saw the same stream.
-    const actions = await consumeUntil(env.PAVER_TOPIC_NEXT_ACTIONS!, (all) => all.length > 0);
+    const actions = await consumeUntil(env.PAVER_TOPIC_NEXT_ACTIONS!, (all) => all.length > 0, left(120_000));
     expect(() => nextActionRecordV1.parse(JSON.parse(actions[0]!.value!.toString()))).not.toThrow();
-    const states = await consumeUntil(env.PAVER_TOPIC_SEQUENCE_STATE!, (all) => all.length > 0);
+    const states = await consumeUntil(
+      env.PAVER_TOPIC_SEQUENCE_STATE!,
+      (all) => all.length > 0,
+      left(120_000),
+    );
     expect(() => sequenceStateRecordV1.parse(JSON.parse(states[0]!.value!.toString()))).not.toThrow();
 
     // No key, prompt or model answer in any service's logs.
     for (const p of procs) expect(p.output()).not.toMatch(/test-key-never-logged|Here you go|<candidates>/);
-    for (const p of procs) p.child.kill('SIGTERM');
-    expect(await Promise.all(procs.map((p) => p.exited))).toEqual([0, 0, 0, 0]);
+    // SIGTERM, then each exit within 30 s, else the process's last output: a stop that hung waited for the
+    // test's timeout, naming no process.
+    expect(await Promise.all(procs.map((p) => stopPromptly(p)))).toEqual([0, 0, 0, 0]);
   });
 });
