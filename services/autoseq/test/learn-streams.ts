@@ -1,7 +1,19 @@
-import type { ToolCallsEvent } from '../../../schemas/index.js';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { toolCallsEventV1, type ToolCallsEvent } from '../../../schemas/index.js';
 import { rng } from '../../../testkit/streams.js';
 import type { LearnOptions } from '../src/core/learn/learner.js';
 import { replay } from '../src/learn-cli.js';
+
+/** The 30 tau2 airline runs the autoseq tests learn from. */
+export const FIXTURE_30 = join(import.meta.dirname, 'fixtures/tau2-airline-30.jsonl');
+
+/** The fixture's events, each through the event contract. */
+export const fixtureEvents = (): ToolCallsEvent[] =>
+  readFileSync(FIXTURE_30, 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => toolCallsEventV1.parse(JSON.parse(l)) as ToolCallsEvent);
 
 /** `paver predict`'s output lines for a file (the offline replay, without a catalog), as the command prints them. */
 export async function predictLines(file: string, opts: LearnOptions): Promise<string[]> {

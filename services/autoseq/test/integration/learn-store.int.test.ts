@@ -1,21 +1,15 @@
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { toolCallsEventV1, type ToolCallsEvent } from '../../../../schemas/index.js';
+import type { ToolCallsEvent } from '../../../../schemas/index.js';
 import { rng } from '../../../../testkit/streams.js';
 import { testRedis, unique, waitFor } from '../../../../test/helpers/kafka.js';
 import { readScope, RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
 import { defineScopeScripts, leaseKey, ScopeLeases } from '../../src/adapters/redis/scope-lease.js';
 import { applyEvent, MemoryLearnStore } from '../../src/core/learn/engine.js';
 import { DEFAULT_LEARN, type LearnOptions } from '../../src/core/learn/learner.js';
-import { learnStream } from '../learn-streams.js';
+import { fixtureEvents, learnStream } from '../learn-streams.js';
 import { LOW_BAR } from './predict-compare.js';
 
-const fixture = join(import.meta.dirname, '../fixtures/tau2-airline-30.jsonl');
-const events = readFileSync(fixture, 'utf8')
-  .trim()
-  .split('\n')
-  .map((l) => toolCallsEventV1.parse(JSON.parse(l)) as ToolCallsEvent);
+const events = fixtureEvents();
 /** The same runs with the most used tools named after members of Object.prototype (tool names are users' strings). */
 const PROTO_NAMES = ['__proto__', 'constructor', 'toString', 'hasOwnProperty', 'valueOf'];
 const usage = new Map<string, number>();

@@ -1,8 +1,5 @@
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { Registry } from 'prom-client';
 import { afterAll, describe, expect, it } from 'vitest';
-import { toolCallsEventV1, type ToolCallsEvent } from '../../../../schemas/index.js';
 import { jsonCodec } from '../../../../shared/codec.js';
 import { createSink } from '../../../../shared/kafka/sink.js';
 import { silentLogger } from '../../../../shared/log.js';
@@ -14,13 +11,10 @@ import { restoreCutShort } from '../../../../shared/redis/rebuild.js';
 import { restoreFlagKey } from '../../../../shared/redis/epoch.js';
 import { restoreRules, RuleSnapshots } from '../../src/adapters/rules-snapshot.js';
 import { applyEvent } from '../../src/core/learn/engine.js';
+import { fixtureEvents } from '../learn-streams.js';
 import { LOW_BAR } from './predict-compare.js';
 
-const fixture = join(import.meta.dirname, '../fixtures/tau2-airline-30.jsonl');
-const events = readFileSync(fixture, 'utf8')
-  .trim()
-  .split('\n')
-  .map((l) => toolCallsEventV1.parse(JSON.parse(l)) as ToolCallsEvent);
+const events = fixtureEvents();
 
 describe('learned rules copied to a compacted topic and restored from it (real Kafka and Redis)', () => {
   const redis = testRedis();

@@ -1,8 +1,6 @@
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { Registry } from 'prom-client';
 import { afterAll, describe, expect, it } from 'vitest';
-import { toolCallsEventV1, type ToolCallsEvent } from '../../../../schemas/index.js';
+import type { ToolCallsEvent } from '../../../../schemas/index.js';
 import { jsonCodec } from '../../../../shared/codec.js';
 import { createSink } from '../../../../shared/kafka/sink.js';
 import { silentLogger } from '../../../../shared/log.js';
@@ -12,13 +10,10 @@ import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
 import { learnKey, readScope, RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
 import { restoreRules, RuleSnapshots } from '../../src/adapters/rules-snapshot.js';
 import { applyEvent } from '../../src/core/learn/engine.js';
+import { fixtureEvents } from '../learn-streams.js';
 import { LOW_BAR } from './predict-compare.js';
 
-const fixture = join(import.meta.dirname, '../fixtures/tau2-airline-30.jsonl');
-const events = readFileSync(fixture, 'utf8')
-  .trim()
-  .split('\n')
-  .map((l) => toolCallsEventV1.parse(JSON.parse(l)) as ToolCallsEvent);
+const events = fixtureEvents();
 
 describe('a scope idle for AUTOSEQ_LEARN_SCOPE_TTL_MS goes (real Kafka and Redis)', () => {
   const redis = testRedis();
@@ -101,17 +96,13 @@ describe('a scope idle for AUTOSEQ_LEARN_SCOPE_TTL_MS goes (real Kafka and Redis
       maxBytesPerPartition: 1024 * 1024,
     };
 
+    /** The restore as the service runs it, with the scope TTL given and the clock at `now`. */
+    const restoreAt = (ttlMs: number, now: () => number) =>
+      restoreRules(redis, prefix, flag, replay, () => true, ttlMs, now);
+
     // Lost 20 minutes after the copy: it comes back with the 40 minutes it had left.
     await redis.del(key);
-    const back = await restoreRules(
-      redis,
-      prefix,
-      flag,
-      replay,
-      () => true,
-      hour,
-      () => copied + hour / 3,
-    );
+    const back = await restoreAt(hour, () => copied + hour / 3);
     expect(back).toMatchObject({ scopes: 1, restored: 1, expired: 0 });
     expect(await readScope(redis, prefix, 'default', 'default')).toEqual(learned);
     const left = await redis.pttl(key);
@@ -120,28 +111,12 @@ describe('a scope idle for AUTOSEQ_LEARN_SCOPE_TTL_MS goes (real Kafka and Redis
 
     // Lost after the scope's lifetime ran out: its rules had gone anyway, and stay gone.
     await redis.del(key);
-    const late = await restoreRules(
-      redis,
-      prefix,
-      flag,
-      replay,
-      () => true,
-      hour,
-      () => Date.now() + hour,
-    );
+    const late = await restoreAt(hour, () => Date.now() + hour);
     expect(late).toMatchObject({ scopes: 1, restored: 0, expired: 1 });
     expect(await redis.exists(key)).toBe(0);
 
     // Expiry off: the copy comes back without a TTL, however old.
-    const kept = await restoreRules(
-      redis,
-      prefix,
-      flag,
-      replay,
-      () => true,
-      0,
-      () => Date.now() + 100 * hour,
-    );
+    const kept = await restoreAt(0, () => Date.now() + 100 * hour);
     expect(kept).toMatchObject({ restored: 1, expired: 0 });
     expect(await redis.pttl(key)).toBe(-1);
     await redis.del(key);
