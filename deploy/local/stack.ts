@@ -122,8 +122,55 @@ export interface Managed {
   stop(): Promise<void>;
 }
 
+/**
+ * The watchdog's program (run as `node -e`, so it needs no file of its own in either the source or the build):
+ * argv is the owner's pid, the server's pid, the grace in ms and the folder to remove ('' for none). It polls
+ * both once a second. It exits once the server has ended (the owner stopped it); when the owner has ended
+ * first, it sends the server SIGTERM, SIGKILL after the grace, and removes the folder. A zombie server (ended,
+ * its owner alive and not yet reaping) still answers signal 0: the watchdog then waits, harmlessly, for the
+ * owner to reap it or end.
+ */
+const WATCHDOG = `
+const [owner, server, grace, dir] = process.argv.slice(1);
+const alive = (pid) => { try { process.kill(Number(pid), 0); return true; } catch (e) { return e.code === 'EPERM'; } };
+const poll = setInterval(() => {
+  if (!alive(server)) process.exit(0);
+  if (alive(owner)) return;
+  clearInterval(poll);
+  try { process.kill(Number(server), 'SIGTERM'); } catch {}
+  const since = Date.now();
+  setInterval(() => {
+    if (alive(server) && Date.now() - since < Number(grace)) return;
+    try { process.kill(Number(server), 'SIGKILL'); } catch {}
+    if (dir) require('node:fs').rmSync(dir, { recursive: true, force: true });
+    process.exit(0);
+  }, 200);
+}, 1000);
+`;
+
+/** How long a server is given to stop on SIGTERM before SIGKILL, by its owner or by its watchdog. */
+const STOP_GRACE_MS = 10_000;
+
+/**
+ * Ends the server when this process ends without stopping it. The servers run in their own process groups
+ * (a Ctrl-C must not take them away mid-shutdown), so nothing else would: a `paver dev` or a test run killed
+ * with SIGKILL, or by a CI timeout, used to leave its broker and redis-server running, each holding a port
+ * and a temporary folder. Detached and unreferenced: it outlives this process by design, and never holds it up.
+ */
+function watch(child: ChildProcess, dir: string, cleanup: boolean) {
+  if (child.pid === undefined) return;
+  const dog = spawn(
+    process.execPath,
+    ['-e', WATCHDOG, String(process.pid), String(child.pid), String(STOP_GRACE_MS), cleanup ? dir : ''],
+    { stdio: 'ignore', detached: true },
+  );
+  dog.on('error', () => undefined);
+  dog.unref();
+}
+
 function manage(name: string, child: ChildProcess, dir: string, logFile: string, cleanup: boolean): Managed {
   let stopping: Promise<void> | null = null;
+  watch(child, dir, cleanup);
   return {
     name,
     child,
@@ -134,7 +181,7 @@ function manage(name: string, child: ChildProcess, dir: string, logFile: string,
         if (child.exitCode === null && child.signalCode === null) {
           const exited = new Promise<void>((r) => child.once('exit', () => r()));
           child.kill('SIGTERM');
-          const hard = setTimeout(() => child.kill('SIGKILL'), 10_000);
+          const hard = setTimeout(() => child.kill('SIGKILL'), STOP_GRACE_MS);
           await exited;
           clearTimeout(hard);
         }

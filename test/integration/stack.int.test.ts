@@ -1,10 +1,20 @@
-import { execFileSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer, type Server, type Socket } from 'node:net';
+import { execFileSync, spawn } from 'node:child_process';
+import {
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  readlinkSync,
+  rmSync,
+  writeFileSync,
+} from 'node:fs';
+import { createConnection, createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { freePort, startKafka, startRedis, startStack } from '../../deploy/local/stack.js';
+import { waitFor } from '../helpers/kafka.js';
+import { PAVER_BIN, ROOT } from '../helpers/process.js';
 
 /** This process's child processes by command name (the stack's servers are spawned from here). */
 const children = (): string[] => {
@@ -17,6 +27,44 @@ const children = (): string[] => {
     return []; // ps exits 1 when there is no child
   }
 };
+
+/** A process's children: pid and full command line (from /proc: `ps` cuts long ones, such as the broker's). */
+const childrenOf = (pid: number): { pid: number; args: string }[] => {
+  let pids: number[];
+  try {
+    pids = execFileSync('ps', ['-o', 'pid=', '--ppid', String(pid)], { encoding: 'utf8' })
+      .split('\n')
+      .filter((l) => l.trim() !== '')
+      .map(Number);
+  } catch {
+    return []; // ps exits 1 when there is no child
+  }
+  return pids.map((p) => {
+    try {
+      return { pid: p, args: readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0').join(' ') };
+    } catch {
+      return { pid: p, args: '' };
+    }
+  });
+};
+
+const running = (pid: number) => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+const accepts = (port: number) =>
+  new Promise<boolean>((res) => {
+    const c = createConnection({ port, host: '127.0.0.1' }, () => {
+      c.destroy();
+      res(true);
+    });
+    c.once('error', () => res(false));
+  });
 
 const held: Server[] = [];
 const accepted: Socket[] = [];
@@ -67,5 +115,57 @@ describe('local stack start-up', () => {
       new RegExp(`Kafka: Socket server failed to bind to 127.0.0.1:${port}`),
     );
     expect(children()).toEqual([]);
+  });
+
+  it('ends its broker and redis-server, and removes their folders, when its process is killed', async () => {
+    const { KAFKA_BROKERS: _k, REDIS_URL: _r, ...env } = process.env;
+    const owner = spawn(process.execPath, [PAVER_BIN, 'stack'], {
+      cwd: ROOT,
+      env,
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '';
+    owner.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+    owner.stderr!.on('data', (d: Buffer) => (out += d.toString()));
+    const exited = new Promise<void>((r) => owner.once('exit', () => r()));
+    try {
+      const urls = await waitFor(
+        () => /KAFKA_BROKERS=127\.0\.0\.1:(\d+)\nREDIS_URL=redis:\/\/127\.0\.0\.1:(\d+)/.exec(out),
+        `the stack's addresses (output so far: ${out})`,
+        180_000,
+      );
+      const ports = [Number(urls[1]), Number(urls[2])];
+      const servers = childrenOf(owner.pid!).filter((c) => /kafka\.Kafka|redis-server/.test(c.args));
+      expect(servers).toHaveLength(2);
+      // Both folders are temporary here: the broker's holds its log4j config; redis-server runs in its --dir
+      // (it rewrites its own command line, so the folder is read as its working directory).
+      const kafka = servers.find((c) => c.args.includes('kafka.Kafka'))!;
+      const redis = servers.find((c) => c !== kafka)!;
+      const kafkaDir = dirname(/log4j\.configuration=file:(\S+)/.exec(kafka.args)![1]!);
+      const redisDir = readlinkSync(`/proc/${redis.pid}/cwd`);
+      expect(redisDir).toMatch(/paver-redis-/);
+      expect(kafkaDir).toMatch(/paver-kafka-/);
+      for (const f of [redisDir, kafkaDir]) expect(existsSync(f)).toBe(true);
+      for (const p of ports) expect(await accepts(p)).toBe(true);
+
+      owner.kill('SIGKILL');
+      await exited;
+      await waitFor(
+        () => servers.every((c) => !running(c.pid)),
+        `the servers to end after their owner was killed: ${servers
+          .filter((c) => running(c.pid))
+          .map((c) => c.args.slice(0, 60))
+          .join('; ')}`,
+        60_000,
+      );
+      for (const p of ports) expect(await accepts(p)).toBe(false);
+      await waitFor(
+        () => !existsSync(redisDir) && !existsSync(kafkaDir),
+        'the temporary folders to be removed',
+        30_000,
+      );
+    } finally {
+      owner.kill('SIGKILL');
+    }
   });
 });
