@@ -381,6 +381,20 @@ describe('AUTOSEQ_LEARN_SCOPE_TTL_MS', () => {
   });
 });
 
+describe('DETECTOR_SCOPE_TTL_MS', () => {
+  it('is 30 days unless set; 0 turns retirement off; an idle time under a minute is refused, saying what it takes', () => {
+    expect(detectorEnvSchema.parse(base).DETECTOR_SCOPE_TTL_MS).toBe(30 * 24 * 3_600_000);
+    expect(detectorEnvSchema.parse({ ...base, DETECTOR_SCOPE_TTL_MS: '0' }).DETECTOR_SCOPE_TTL_MS).toBe(0);
+    expect(detectorEnvSchema.parse({ ...base, DETECTOR_SCOPE_TTL_MS: '60000' }).DETECTOR_SCOPE_TTL_MS).toBe(
+      60_000,
+    );
+    expect(refused({ DETECTOR_SCOPE_TTL_MS: '5000' }, detectorEnvSchema)).toContain(
+      'DETECTOR_SCOPE_TTL_MS: expected 0 (never) or at least 60000',
+    );
+    expect(refused({ DETECTOR_SCOPE_TTL_MS: '-1' }, detectorEnvSchema)).toContain('DETECTOR_SCOPE_TTL_MS: ');
+  });
+});
+
 describe('decimal, URL and prefix variables', () => {
   it('say what they take', () => {
     // Before: "expected number, received NaN", "Invalid URL", "must match pattern /^[a-zA-Z0-9_.:-]{1,64}$/".

@@ -34,6 +34,13 @@ export const detectorEnvSchema = crossChecked(
     DETECTOR_TOPIC_CHECKPOINTS: topicName.default('paver.detector-checkpoints.v1'),
     /** How often (at most) each partition's checkpoint is recomputed and written; 0 = after every chunk. */
     DETECTOR_CHECKPOINT_INTERVAL_MS: int(0).default(5_000),
+    /**
+     * A scope (tenant, agent) that no event has reached for this long is retired: its candidates retracted and
+     * its state deleted from Redis. 0: never.
+     */
+    DETECTOR_SCOPE_TTL_MS: int(0, 10 * 365 * 24 * 3_600_000)
+      .refine((v) => v === 0 || v >= 60_000, { error: 'expected 0 (never) or at least 60000' })
+      .default(30 * 24 * 3_600_000),
   }),
   (env, ctx) => {
     refineCommon(env, ctx, { DETECTOR_TOPIC_CHECKPOINTS: env.get('DETECTOR_TOPIC_CHECKPOINTS') });

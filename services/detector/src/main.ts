@@ -61,6 +61,12 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
       labelNames: ['via'],
       registers: r,
     });
+    const retired = new Counter({
+      name: 'paver_detector_scopes_retired_total',
+      help: 'Scopes the sweep found idle for DETECTOR_SCOPE_TTL_MS, by outcome: retired (candidates retracted, state deleted), revived (an event came in meanwhile: kept and published again).',
+      labelNames: ['outcome'],
+      registers: r,
+    });
     const trips = new Counter({
       name: 'paver_detector_redis_round_trips_total',
       help: 'Redis round trips made by the detector.',
@@ -164,8 +170,15 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
       log,
       onPublished: (status, n) => published.inc({ status }, n),
       onRecovered: (via) => recovered.inc({ via }),
+      scopeTtlMs: env.DETECTOR_SCOPE_TTL_MS,
+      onRetired: (outcome) => {
+        retired.inc({ outcome });
+        if (outcome === 'retired')
+          log.info('idle scope retired: its candidates retracted, its state deleted');
+      },
     });
-    // A change whose instance died, in a scope that gets no more batches: found within a minute.
+    // A change whose instance died, in a scope that gets no more batches: found within a minute; and idle
+    // scopes retired.
     publisher.sweepEvery(60_000);
     const rebuilder = new Rebuilder({
       store,

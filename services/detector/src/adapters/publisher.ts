@@ -20,6 +20,10 @@ export interface PublisherDeps {
    * scope, or by the retry after a dead holder's lock ran out.
    */
   onRecovered?: (via: 'batch' | 'retry' | 'sweep') => void;
+  /** DETECTOR_SCOPE_TTL_MS: the sweep retires scopes idle for this long; 0 (the default): never. */
+  scopeTtlMs?: number;
+  /** A scope the sweep retired (`retired`), or found active again between its two steps (`revived`). */
+  onRetired?: (outcome: 'retired' | 'revived') => void;
 }
 
 /**
@@ -72,6 +76,34 @@ export async function publishScope(
     snap = await d.store.snapshot(scope);
     now = await d.store.stamp(scope);
   }
+}
+
+/**
+ * Retires a scope idle for `idleMs`: under its publication lock, retracts every candidate published for it, then
+ * deletes its state unless an apply came in meanwhile (retireClaim-4.lua, retireFinish-15.lua). `skipped` when
+ * it is not idle after all, has no state, or a publication holds its lock.
+ * Dying between the two steps leaves the lock to run out and the scope marked `retiring`: the next sweep retires
+ * it again, or its next publication sends every live candidate again (flows may have taken the retractions).
+ */
+export async function retireScope(
+  d: PublisherDeps,
+  scope: Scope,
+  partitions: readonly number[],
+  idleMs: number,
+): Promise<'retired' | 'active' | 'lost' | 'skipped'> {
+  const token = randomUUID();
+  const claim = await d.store.retireClaim(scope, token, idleMs);
+  if (!claim) return 'skipped';
+  if (claim.keys.length) {
+    await d.sink.send(
+      d.topic,
+      'flow-candidates.v1',
+      claim.keys.map((k) => ({ key: candidateKey(scope, k), value: retractedRecord(k, scope, claim.stamp) })),
+      'keep',
+    );
+    d.onPublished('retracted', claim.keys.length);
+  }
+  return d.store.retireFinish(scope, token, idleMs, partitions);
 }
 
 /**
@@ -141,12 +173,24 @@ export class ScopePublisher {
 
   /**
    * Publishes every scope whose change was abandoned and that no batch took up (its scope gets none): after a
-   * restart, or a retry dropped at shutdown. The service runs it on a timer.
+   * restart, or a retry dropped at shutdown; and retires the scopes idle for `scopeTtlMs`. The service runs it
+   * on a timer.
    */
   async sweep(): Promise<void> {
-    for (const scope of await this.d.store.abandoned()) {
+    const { abandoned, idle } = await this.d.store.scan(this.d.scopeTtlMs ?? 0);
+    for (const scope of abandoned) {
       if (this.closed) return;
       await this.recover(scope, 'sweep');
+    }
+    for (const { scope, partitions } of idle) {
+      if (this.closed) return;
+      const outcome = await retireScope(this.d, scope, partitions, this.d.scopeTtlMs!);
+      if (outcome === 'retired') this.d.onRetired?.('retired');
+      // An event came in between the two steps: the scope is kept and published again, whole.
+      if (outcome === 'active') {
+        this.d.onRetired?.('revived');
+        await this.publish(scope, true);
+      }
     }
   }
 

@@ -26,6 +26,8 @@ export const SCRIPT_KEYS = {
   release: 4,
   stamp: 1,
   raiseStamp: 1,
+  retireClaim: 4,
+  retireFinish: 15,
 } as const;
 export const SCRIPTS = Object.keys(SCRIPT_KEYS) as (keyof typeof SCRIPT_KEYS)[];
 
@@ -72,6 +74,21 @@ export function detectorGlobalKeys(prefix: string) {
   };
 }
 
+/** apply-11.lua's keys, in its order (also the first keys of retireFinish-15.lua). */
+const stateKeys = (k: ReturnType<typeof detectorKeys>) => [
+  k.meta,
+  k.open,
+  k.events,
+  k.done,
+  k.window,
+  k.records,
+  k.support,
+  k.exact,
+  k.msgs,
+  k.starts,
+  k.tools,
+];
+
 /** Script status when a scope's state belongs to another epoch (apply mode "n"). */
 const OTHER_EPOCH = -4;
 
@@ -91,6 +108,7 @@ const CODES = {
 const applyReply = z
   .tuple([
     z.literal(1),
+    z.number(),
     z.number(),
     z.number(),
     z.number(),
@@ -294,27 +312,14 @@ export class RedisDetectorStore {
         pipe.sadd(this.global.scopes(part), scopeMember(g.scope));
         added.push(member);
       }
-    for (const g of groups) {
-      const k = detectorKeys(this.prefix, g.scope);
-      invokeScript(
-        pipe,
-        'apply',
-        [
-          k.meta,
-          k.open,
-          k.events,
-          k.done,
-          k.window,
-          k.records,
-          k.support,
-          k.exact,
-          k.msgs,
-          k.starts,
-          k.tools,
-        ],
-        [this.cfg, epoch ?? '', opts.mode ?? 'n', g.packed, this.publicationLockMs],
-      );
-    }
+    for (const g of groups)
+      invokeScript(pipe, 'apply', stateKeys(detectorKeys(this.prefix, g.scope)), [
+        this.cfg,
+        epoch ?? '',
+        opts.mode ?? 'n',
+        g.packed,
+        this.publicationLockMs,
+      ]);
     if (epoch !== undefined) pipe.get(this.global.epoch);
     const replies = (await pipe.exec()) ?? [];
     this.roundTrips++;
@@ -329,18 +334,20 @@ export class RedisDetectorStore {
     }
     at += added.length;
     for (const m of added) this.knownScopes.add(m);
+    const fresh: { scope: Scope; parts: Set<number> }[] = [];
     groups.forEach((g, i) => {
       const reply = replies[at + i]![1];
       if (Array.isArray(reply) && reply[0] === OTHER_EPOCH) {
         out.lost = true;
         return;
       }
-      const [, changed, applied, ignored, completed, dup, late, limit, owed] = parseScriptReply(
+      const [, changed, applied, ignored, completed, dup, late, limit, owed, isFresh] = parseScriptReply(
         'apply',
         reply,
         applyReply,
         CODES,
       );
+      if (isFresh === 1) fresh.push(g);
       out.applied += applied;
       out.ignored += ignored;
       out.ignoredBy.duplicate += dup;
@@ -350,6 +357,19 @@ export class RedisDetectorStore {
       if (changed === 1) out.changed.push(g.scope);
       if (owed === 1) out.owed.push(g.scope);
     });
+    // A scope with no state before this batch: new, or retired while idle by an instance that may be taking
+    // it out of the registries right now (retire). Registered again after the state exists: whichever order
+    // the two take, one of them leaves it registered (retire re-registers a scope whose state it finds).
+    if (fresh.length) {
+      const again = this.redis.pipeline();
+      for (const g of fresh)
+        for (const part of g.parts) {
+          again.sadd(this.global.scopes(part), scopeMember(g.scope));
+          this.knownScopes.add(`${part}\u001f${scopeId(g.scope)}`);
+        }
+      await execPipeline(again, 'scope registry write');
+      this.roundTrips++;
+    }
     return out;
   }
 
@@ -473,6 +493,18 @@ export class RedisDetectorStore {
    * has taken up (the scope gets none).
    */
   async abandoned(): Promise<Scope[]> {
+    return (await this.scan(0)).abandoned;
+  }
+
+  /**
+   * One pass over the registered scopes (what the service's sweep reads every minute): `abandoned` as above,
+   * and with `idleMs` > 0, the scopes whose last apply is at least `idleMs` ago by Redis's clock, or that have
+   * no record of it yet (retireClaim-4.lua decides; it starts their clock), with the partitions registering
+   * them.
+   */
+  async scan(
+    idleMs: number,
+  ): Promise<{ abandoned: Scope[]; idle: { scope: Scope; partitions: number[] }[] }> {
     const registries: string[] = [];
     try {
       let cursor = '0';
@@ -490,27 +522,111 @@ export class RedisDetectorStore {
     } catch (err) {
       throw redisFailure('scope registry scan', err);
     }
-    if (!registries.length) return [];
+    if (!registries.length) return { abandoned: [], idle: [] };
     const sets = await execPipeline(
       registries.reduce((p, k) => p.smembers(k), this.redis.pipeline()),
       'scope registry read',
     );
-    const scopes = new Map<string, Scope>();
-    for (const m of sets.flatMap((v) => z.array(z.string()).parse(v))) {
-      const s = memberScope(m);
-      if (s) scopes.set(scopeId(s), s);
-    }
+    const scopes = new Map<string, { scope: Scope; partitions: number[] }>();
+    sets.forEach((v, i) => {
+      const partition = Number(registries[i]!.slice(`${this.prefix}:det:scopes:`.length));
+      for (const m of z.array(z.string()).parse(v)) {
+        const s = memberScope(m);
+        if (!s) continue;
+        const id = scopeId(s);
+        let e = scopes.get(id);
+        if (!e) scopes.set(id, (e = { scope: s, partitions: [] }));
+        if (Number.isSafeInteger(partition)) e.partitions.push(partition);
+      }
+    });
     const list = [...scopes.values()];
     const pipe = this.redis.pipeline().time();
-    for (const s of list) pipe.hmget(detectorKeys(this.prefix, s).meta, 'owed', 'owedAt');
+    for (const { scope } of list)
+      pipe.hmget(detectorKeys(this.prefix, scope).meta, 'owed', 'owedAt', 'seenAt');
     const [time, ...marks] = await execPipeline(pipe, 'owed marks read');
     this.roundTrips += 3;
     const [sec, usec] = z.tuple([z.string(), z.string()]).parse(time);
     const now = Number(sec) * 1000 + Math.floor(Number(usec) / 1000);
-    return list.filter((_, i) => {
-      const [owed, at] = z.array(z.string().nullable()).parse(marks[i]);
-      return owed !== null && at !== null && now - Number(at) >= this.publicationLockMs;
+    const abandoned: Scope[] = [];
+    const idle: { scope: Scope; partitions: number[] }[] = [];
+    list.forEach((e, i) => {
+      const [owed, at, seen] = z.array(z.string().nullable()).parse(marks[i]);
+      if (owed && at !== null && now - Number(at) >= this.publicationLockMs) abandoned.push(e.scope);
+      else if (idleMs > 0 && (seen === null || seen === undefined || now - Number(seen) >= idleMs))
+        idle.push(e);
     });
+    return { abandoned, idle };
+  }
+
+  /**
+   * Retiring an idle scope, step 1 (retireClaim-4.lua): the publication lock, and the published dedupe_keys to
+   * retract with `stamp`; null when the scope is not idle, has no state, or its lock is held.
+   */
+  async retireClaim(
+    scope: Scope,
+    token: string,
+    idleMs: number,
+  ): Promise<{ stamp: number; keys: string[] } | null> {
+    const k = detectorKeys(this.prefix, scope);
+    const reply = parseScriptReply(
+      'retireClaim',
+      await invokeScript(
+        this.redis,
+        'retireClaim',
+        [k.meta, k.lock, k.published, k.stamp],
+        [token, this.publicationLockMs, idleMs],
+      ),
+      flatReply,
+    );
+    this.roundTrips++;
+    if (reply[0] !== 1) return null;
+    return { stamp: Number(reply[1]), keys: reply.slice(2).map(String) };
+  }
+
+  /**
+   * Retiring an idle scope, step 2 (retireFinish-15.lua), after its candidates were retracted: `retired` (state
+   * deleted, and the scope taken out of `partitions`' registries unless new state came since), `active` (an
+   * apply came in before the deletion: kept, and owed a publication), or `lost` (the lock ran out: nothing
+   * done).
+   */
+  async retireFinish(
+    scope: Scope,
+    token: string,
+    idleMs: number,
+    partitions: readonly number[],
+  ): Promise<'retired' | 'active' | 'lost'> {
+    const k = detectorKeys(this.prefix, scope);
+    const reply = parseScriptReply(
+      'retireFinish',
+      await invokeScript(
+        this.redis,
+        'retireFinish',
+        [...stateKeys(k), k.lock, k.dirty, k.published, k.stamp],
+        [token, idleMs, windowBuckets(this.params.lookback)],
+      ),
+      z.tuple([z.number()]),
+    );
+    this.roundTrips++;
+    if (reply[0] === -3) return 'lost';
+    if (reply[0] === 0) return 'active';
+    // Out of the registries, then in again if an apply made new state meanwhile: that apply registers the scope
+    // after its script (applyBatch's `fresh`), so whichever comes last, a scope with state stays registered.
+    const member = scopeMember(scope);
+    const removed = this.redis.pipeline();
+    for (const p of partitions) {
+      removed.srem(this.global.scopes(p), member);
+      this.knownScopes.delete(`${p}\u001f${scopeId(scope)}`);
+    }
+    // In one pipeline, so in this order: the state check sees any apply that ran before a removal.
+    const replies = await execPipeline(removed.exists(k.meta), 'scope registry removal');
+    this.roundTrips++;
+    if (replies[replies.length - 1] === 1) {
+      const back = this.redis.pipeline();
+      for (const p of partitions) back.sadd(this.global.scopes(p), member);
+      await execPipeline(back, 'scope registry write');
+      this.roundTrips++;
+    }
+    return 'retired';
   }
 
   /**

@@ -5,7 +5,8 @@
 
   KEYS[1] meta     hash  cfg (parameter fingerprint), maxTs (newest ts in the scope), owed and owedAt (changes
                          not yet published and since when, see the end), clock:<p> (newest ts
-                         seen on partition p: its stream time)
+                         seen on partition p: its stream time), seenAt (Redis time of the last call, see the
+                         end), retiring (set by retireClaim-4.lua, cleared by claimSnapshot-8.lua)
   KEYS[2] open     zset  base name: open tasks of partition p live in KEYS[2]..":"..p, task_id -> last event ts
   KEYS[3] events   hash  task_id -> packed events of an open task: ("\30" event_id "\31" step "\31" tool "\31" cost)*
   KEYS[4] done     string base name: KEYS[4]..":"..p..":"..b holds partition p's completed task ids hashed to
@@ -64,15 +65,15 @@
   field is read at most once per call and written back once at its end (fewer Redis calls per event).
 
   Returns {1, changed (0|1), applied, ignored, completed, ignored as duplicate, as late, over the task limit,
-  owed (0|1: changed now, or earlier and unpublished for longer than ARGV[5], see the end), P, then P pairs (partition, smallest start offset of the scope's state on it, -1 when none)},
+  owed (0|1: changed now, or earlier and unpublished for longer than ARGV[5], see the end), fresh (0|1: the
+  scope held no state before this call), P, then P pairs (partition, smallest start offset of the scope's state
+  on it, -1 when none)},
   {-2, stored cfg} when the state was built with other parameters, or {-4, stored epoch} (mode "n") when the
   scope's state belongs to another epoch.
 ]]
+--- @include "lib/clear.lua"
 local cfg, epoch, mode = ARGV[1], ARGV[2], ARGV[3]
 local DONE_BUCKETS = 16
-local SUPPORT_BUCKETS = 16
--- The v3 layout kept 128 sorted-set buckets under the same names: a clear covers both layouts.
-local CLEAR_BUCKETS = 128
 local US, RS = '\31', '\30'
 
 -- A fixed string hash of a task id or gram (the same string always lands in the same bucket), computed once
@@ -104,19 +105,10 @@ end
 local function doneKeyOf(part, task) return doneEntryOf(part, task).key end
 
 -- Partitions this scope holds state on: meta keeps a clock per partition.
-local scopeParts = {}
-for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
-  if string.sub(f, 1, 6) == 'clock:' then scopeParts[string.sub(f, 7)] = true end
-end
+local scopeParts = partsOf(KEYS[1])
 
 local function clearScope(buckets)
-  for b = 0, buckets - 1 do redis.call('DEL', KEYS[5] .. ':' .. b, KEYS[6] .. ':' .. b) end
-  for part in pairs(scopeParts) do
-    redis.call('DEL', KEYS[2] .. ':' .. part, KEYS[10] .. ':' .. part)
-    for bucket = 0, CLEAR_BUCKETS - 1 do redis.call('DEL', KEYS[4] .. ':' .. part .. ':' .. bucket) end
-  end
-  redis.call('DEL', KEYS[1], KEYS[3], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[11])
-  for bucket = 0, SUPPORT_BUCKETS - 1 do redis.call('DEL', KEYS[7] .. ':' .. bucket) end
+  clearState(KEYS, buckets, scopeParts)
   scopeParts = {}
 end
 
@@ -146,7 +138,13 @@ if stored and stored ~= cfg then
   if epoch ~= '' then redis.call('HSET', KEYS[1], 'epoch', epoch) end
   stored = nil
 end
-if not stored then redis.call('HSET', KEYS[1], 'cfg', cfg) end
+-- No state here before this call (a new scope, or one retired while idle: retireFinish-15.lua): the caller
+-- registers it again, whatever it remembers of having registered it.
+local fresh = 0
+if not stored then
+  redis.call('HSET', KEYS[1], 'cfg', cfg)
+  fresh = 1
+end
 
 local p = {}
 for v in string.gmatch(cfg, '[^|]+') do p[#p + 1] = tonumber(v) end
@@ -766,16 +764,19 @@ end
 if changed == 1 and redis.call('HINCRBY', KEYS[1], 'owed', 1) == 1 then
   redis.call('HSET', KEYS[1], 'owedAt', nowMs())
 end
+-- When the scope was last applied to, by Redis's clock: an idle scope is retired after DETECTOR_SCOPE_TTL_MS
+-- (retireClaim-4.lua). Written by every call, ops or not: a rebuild's touch keeps the scope too.
+redis.call('HSET', KEYS[1], 'seenAt', nowMs())
 local owed = changed
 if owed == 0 then
   local at = redis.call('HGET', KEYS[1], 'owedAt')
   if at and nowMs() - tonumber(at) >= tonumber(ARGV[5]) then owed = 1 end
 end
-local out = {1, changed, applied, ignored, completed, dup, late, overLimit, owed, 0}
+local out = {1, changed, applied, ignored, completed, dup, late, overLimit, owed, fresh, 0}
 for part in pairs(scopeParts) do
   local first = redis.call('ZRANGE', KEYS[10] .. ':' .. part, 0, 0, 'WITHSCORES')
   out[#out + 1] = tonumber(part)
   out[#out + 1] = #first == 0 and -1 or tonumber(first[2])
-  out[10] = out[10] + 1
+  out[11] = out[11] + 1
 end
 return out

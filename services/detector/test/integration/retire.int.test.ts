@@ -1,0 +1,197 @@
+import { afterAll, describe, expect, it } from 'vitest';
+import { jsonCodec } from '../../../../shared/codec.js';
+import { createSink } from '../../../../shared/kafka/sink.js';
+import { createLogger } from '../../../../shared/log.js';
+import {
+  consumeUntil,
+  createTopics,
+  testKafka,
+  testRedis,
+  unique,
+  waitFor,
+} from '../../../../test/helpers/kafka.js';
+import { ScopePublisher } from '../../src/adapters/publisher.js';
+import { detectorGlobalKeys, detectorKeys, RedisDetectorStore } from '../../src/adapters/redis/store.js';
+import type { DetectorOp } from '../../src/core/ops.js';
+import { DEFAULT_PARAMS } from '../../src/core/params.js';
+
+/*
+ * A scope (tenant, agent) no event reaches for DETECTOR_SCOPE_TTL_MS is retired by the sweep: its candidates
+ * retracted on the topic, its state deleted from Redis, and it leaves the registries the checkpoints read.
+ * Before, an idle scope's keys stayed for ever. Idleness is made here by moving the scope's last-apply time
+ * (meta `seenAt`, Redis's clock) an hour back, not by waiting.
+ */
+
+const redis = testRedis();
+const sink = createSink(testKafka(), jsonCodec());
+const log = createLogger('test', 'silent');
+afterAll(async () => {
+  await sink.disconnect();
+  redis.disconnect();
+});
+
+const HOUR = 3_600_000;
+const scope = { tenant: 'acme', agent: 'a1' };
+/** Three tasks running the same three tools (one candidate once the third completes), from `first` on. */
+const ops = (suffix = '', first = 0): DetectorOp[] => {
+  const out: DetectorOp[] = [];
+  let offset = first;
+  for (const task of ['t1', 't2', 't3']) {
+    const base = 1_000 * Number(task.slice(1));
+    ['lookup', 'check', 'close'].forEach((tool, step) =>
+      out.push({
+        kind: 'call',
+        scope,
+        task: task + suffix,
+        eventId: `${task}${suffix}-${step}`,
+        ts: base + step,
+        step,
+        tool,
+        cost: 10_000,
+        partition: 0,
+        offset: String(offset++),
+      }),
+    );
+    out.push({
+      kind: 'done',
+      scope,
+      task: task + suffix,
+      eventId: `${task}${suffix}-done`,
+      ts: base + 10,
+      partition: 0,
+      offset: String(offset++),
+    });
+  }
+  return out;
+};
+
+type Rec = { status: string; dedupe_key: string };
+
+async function setup() {
+  const prefix = unique('det-retire');
+  const topic = unique('candidates');
+  await createTopics([{ topic, partitions: 1, compacted: true }]);
+  await sink.connect();
+  // A publication may take 1 s here (30 s in the service): a claim whose instance died runs out after it.
+  const store = new RedisDetectorStore(redis, DEFAULT_PARAMS, prefix, 1_000);
+  const retired: string[] = [];
+  const publisher = new ScopePublisher({
+    store,
+    sink,
+    topic,
+    params: DEFAULT_PARAMS,
+    log,
+    onPublished: () => undefined,
+    scopeTtlMs: HOUR,
+    onRetired: (o) => retired.push(o),
+  });
+  const keys = detectorKeys(prefix, scope);
+  const registry = detectorGlobalKeys(prefix).scopes(0);
+  /** The scope's last apply an hour and a minute ago. */
+  const idle = async () => {
+    const [sec] = await redis.time();
+    await redis.hset(keys.meta, 'seenAt', Number(sec) * 1000 - HOUR - 60_000);
+  };
+  /** Every key of the scope (they share its hash tag). */
+  const scopeKeys = async () => (await redis.keys(`${keys.meta.slice(0, -'meta'.length)}*`)).sort();
+  const read = async (n: number) =>
+    (await consumeUntil(topic, (all) => all.length >= n)).map((r) => JSON.parse(String(r.value)) as Rec);
+  return { prefix, topic, store, publisher, retired, keys, registry, idle, scopeKeys, read };
+}
+
+describe('detector: idle scopes are retired', () => {
+  it('retracts the candidates, deletes the state and unregisters the scope; new events start it afresh', async () => {
+    const { prefix, store, publisher, retired, keys, registry, idle, scopeKeys, read } = await setup();
+    // Another instance that has applied to the scope before: it remembers having registered it.
+    const other = new RedisDetectorStore(redis, DEFAULT_PARAMS, prefix, 1_000);
+    await other.applyBatch(ops().slice(0, 4));
+    await store.applyBatch(ops().slice(4));
+    await publisher.publish(scope, true);
+    const [active] = await read(1);
+    expect(active).toMatchObject({ status: 'active' });
+    expect(await redis.smembers(registry)).toHaveLength(1);
+
+    // Not idle yet: the sweep leaves it.
+    await publisher.sweep();
+    expect(retired).toEqual([]);
+    await idle();
+    await publisher.sweep();
+    expect(retired).toEqual(['retired']);
+    const records = await read(2);
+    expect(records[1]).toMatchObject({ status: 'retracted', dedupe_key: active!.dedupe_key });
+    // Only the publication stamp is left, and it expires too.
+    expect(await scopeKeys()).toEqual([keys.stamp]);
+    expect(await redis.pttl(keys.stamp)).toBeGreaterThan(0);
+    expect(await redis.smembers(registry)).toEqual([]);
+
+    // The same scope again, through the instance that registered it before: registered again, counted afresh
+    // (the retired state's completed task ids are forgotten too), and its candidate published again.
+    const again = await other.applyBatch(ops('b', 100));
+    expect(again.changed).toEqual([scope]);
+    expect(await redis.smembers(registry)).toHaveLength(1);
+    await publisher.publish(scope, true);
+    expect((await read(3))[2]).toMatchObject({ status: 'active', dedupe_key: active!.dedupe_key });
+    await publisher.close();
+  });
+
+  it('keeps a scope an event reaches between the two steps, and publishes all its live candidates again', async () => {
+    const { store, publisher, retired, keys, registry, idle, read } = await setup();
+    await store.applyBatch(ops());
+    await publisher.publish(scope, true);
+    await read(1);
+    await idle();
+    const claim = await store.retireClaim(scope, 'sweeper', HOUR);
+    expect(claim?.keys).toHaveLength(1);
+    // The sweeper retracts here (flows takes the retraction); then an event of a new task comes in.
+    const late = ops('c', 200).slice(0, 1);
+    expect((await store.applyBatch(late)).applied).toBe(1);
+    expect(await store.retireFinish(scope, 'sweeper', HOUR, [0])).toBe('active');
+    expect(await redis.hexists(keys.meta, 'cfg')).toBe(1);
+    expect(await redis.smembers(registry)).toHaveLength(1);
+    expect(await store.isOwed(scope)).toBe(true);
+    // The candidate has not changed, yet it is published again: flows may hold it as retracted.
+    await publisher.publish(scope, true);
+    expect((await read(2))[1]).toMatchObject({ status: 'active' });
+    // And only once: the mark is gone with that publication.
+    await store.applyBatch(ops('c', 200).slice(1, 2));
+    await publisher.publish(scope, true);
+    await publisher.sweep();
+    expect(retired).toEqual([]);
+    expect((await read(2)).length).toBe(2);
+    await publisher.close();
+  });
+
+  it('a sweeper that dies between the two steps: the next sweep retires the scope once the lock runs out', async () => {
+    const { store, publisher, retired, keys, idle, scopeKeys, read } = await setup();
+    await store.applyBatch(ops());
+    await publisher.publish(scope, true);
+    await read(1);
+    await idle();
+    expect(await store.retireClaim(scope, 'dead-sweeper', HOUR)).not.toBeNull();
+    // The dead sweeper's lock holds the scope until it runs out (1 s here).
+    await publisher.sweep();
+    expect(retired).toEqual([]);
+    await waitFor(
+      async () => {
+        await publisher.sweep();
+        return retired.length > 0;
+      },
+      'the scope to be retired once the dead sweeper’s lock ran out',
+      30_000,
+    );
+    expect(retired).toEqual(['retired']);
+    expect(await scopeKeys()).toEqual([keys.stamp]);
+    expect((await read(2))[1]).toMatchObject({ status: 'retracted' });
+    await publisher.close();
+  });
+
+  it('state written before scopes recorded their last apply gets its idle time from the first sweep', async () => {
+    const { store, publisher, retired, keys } = await setup();
+    await store.applyBatch(ops());
+    await redis.hdel(keys.meta, 'seenAt');
+    await publisher.sweep();
+    expect(retired).toEqual([]);
+    expect(await redis.hexists(keys.meta, 'seenAt')).toBe(1);
+    await publisher.close();
+  });
+});
