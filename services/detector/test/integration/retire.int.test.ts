@@ -185,6 +185,53 @@ describe('detector: idle scopes are retired', () => {
     await publisher.close();
   });
 
+  it('an instance that registered the scope on two partitions registers it again on each it brings state back to', async () => {
+    const { prefix, publisher, retired, idle } = await setup();
+    const registries = detectorGlobalKeys(prefix);
+    /** One tool call of a task of its own, on `partition`. */
+    const call = (task: string, partition: number, offset: number): DetectorOp => ({
+      kind: 'call',
+      scope,
+      task,
+      eventId: `${task}-0`,
+      ts: 1_000 + offset,
+      step: 0,
+      tool: 'lookup',
+      cost: 1,
+      partition,
+      offset: String(offset),
+    });
+    // An instance that owns both partitions, and has registered the scope on both.
+    const other = new RedisDetectorStore(redis, DEFAULT_PARAMS, prefix, 1_000);
+    await other.applyBatch([call('p0', 0, 1), call('p1', 1, 1)]);
+    await idle();
+    await publisher.sweep();
+    expect(retired).toEqual(['retired']);
+    expect(await redis.smembers(registries.scopes(1))).toEqual([]);
+    // Back on partition 0 first: the scope's state is new there, so it is registered again there.
+    await other.applyBatch([call('q0', 0, 2)]);
+    // Then on partition 1, in a later batch: the scope has state (from partition 0), but none on partition 1
+    // until now. The checkpoint of partition 1 reads its registry: without the scope it would pass the task's
+    // first offset, and a rebuild after a Redis loss would never replay it.
+    await other.applyBatch([call('q1', 1, 2)]);
+    expect(await redis.smembers(registries.scopes(0))).toHaveLength(1);
+    expect(await redis.smembers(registries.scopes(1))).toHaveLength(1);
+    await publisher.close();
+  });
+
+  it('a claim whose lock ran out before the finish: reported lost, nothing deleted', async () => {
+    const { store, publisher, keys, registry, idle } = await setup();
+    await store.applyBatch(ops());
+    await idle();
+    expect(await store.retireClaim(scope, 'slow-sweeper', HOUR)).not.toBeNull();
+    // The lock's TTL ran out while the retractions were sent.
+    await redis.del(keys.lock);
+    expect(await store.retireFinish(scope, 'slow-sweeper', HOUR, [0])).toBe('lost');
+    expect(await redis.hexists(keys.meta, 'cfg')).toBe(1);
+    expect(await redis.smembers(registry)).toHaveLength(1);
+    await publisher.close();
+  });
+
   it('state written before scopes recorded their last apply gets its idle time from the first sweep', async () => {
     const { store, publisher, retired, keys } = await setup();
     await store.applyBatch(ops());

@@ -357,8 +357,8 @@ export class RedisDetectorStore {
       if (changed === 1) out.changed.push(g.scope);
       if (owed === 1) out.owed.push(g.scope);
     });
-    // A scope with no state before this batch: new, or retired while idle by an instance that may be taking
-    // it out of the registries right now (retire). Registered again after the state exists: whichever order
+    // A scope with no state before this batch (or none on one of its partitions): new, or retired while idle
+    // by an instance that may be taking it out of the registries right now (retire). Registered again after the state exists: whichever order
     // the two take, one of them leaves it registered (retire re-registers a scope whose state it finds).
     if (fresh.length) {
       const again = this.redis.pipeline();
@@ -596,18 +596,16 @@ export class RedisDetectorStore {
     partitions: readonly number[],
   ): Promise<'retired' | 'active' | 'lost'> {
     const k = detectorKeys(this.prefix, scope);
-    const reply = parseScriptReply(
+    const raw = await invokeScript(
+      this.redis,
       'retireFinish',
-      await invokeScript(
-        this.redis,
-        'retireFinish',
-        [...stateKeys(k), k.lock, k.dirty, k.published, k.stamp],
-        [token, idleMs, windowBuckets(this.params.lookback)],
-      ),
-      z.tuple([z.number()]),
+      [...stateKeys(k), k.lock, k.dirty, k.published, k.stamp],
+      [token, idleMs, windowBuckets(this.params.lookback)],
     );
     this.roundTrips++;
-    if (reply[0] === -3) return 'lost';
+    // An outcome, not a failure: parseScriptReply throws on every negative status.
+    if (Array.isArray(raw) && raw[0] === -3) return 'lost';
+    const reply = parseScriptReply('retireFinish', raw, z.tuple([z.number()]));
     if (reply[0] === 0) return 'active';
     // Out of the registries, then in again if an apply made new state meanwhile: that apply registers the scope
     // after its script (applyBatch's `fresh`), so whichever comes last, a scope with state stays registered.

@@ -66,7 +66,7 @@
 
   Returns {1, changed (0|1), applied, ignored, completed, ignored as duplicate, as late, over the task limit,
   owed (0|1: changed now, or earlier and unpublished for longer than ARGV[5], see the end), fresh (0|1: the
-  scope held no state before this call), P, then P pairs (partition, smallest start offset of the scope's state
+  scope held no state before this call, or none on one of its partitions), P, then P pairs (partition, smallest start offset of the scope's state
   on it, -1 when none)},
   {-2, stored cfg} when the state was built with other parameters, or {-4, stored epoch} (mode "n") when the
   scope's state belongs to another epoch.
@@ -138,13 +138,18 @@ if stored and stored ~= cfg then
   if epoch ~= '' then redis.call('HSET', KEYS[1], 'epoch', epoch) end
   stored = nil
 end
--- No state here before this call (a new scope, or one retired while idle: retireFinish-15.lua): the caller
--- registers it again, whatever it remembers of having registered it.
+-- No state here before this call (a new scope, or one retired while idle: retireFinish-15.lua), or none on one
+-- of this call's partitions (see the end): the caller registers it again, whatever it remembers of having
+-- registered it.
 local fresh = 0
 if not stored then
   redis.call('HSET', KEYS[1], 'cfg', cfg)
   fresh = 1
 end
+-- The partitions the scope held state on before this call: registries are per partition, and a scope retired
+-- and then brought back on one partition has state again, yet none on its other partitions.
+local heldParts = {}
+for part in pairs(scopeParts) do heldParts[part] = true end
 
 local p = {}
 for v in string.gmatch(cfg, '[^|]+') do p[#p + 1] = tonumber(v) end
@@ -767,6 +772,9 @@ end
 -- When the scope was last applied to, by Redis's clock: an idle scope is retired after DETECTOR_SCOPE_TTL_MS
 -- (retireClaim-4.lua). Written by every call, ops or not: a rebuild's touch keeps the scope too.
 redis.call('HSET', KEYS[1], 'seenAt', nowMs())
+for part in pairs(clocks) do
+  if not heldParts[part] then fresh = 1 end
+end
 local owed = changed
 if owed == 0 then
   local at = redis.call('HGET', KEYS[1], 'owedAt')
