@@ -158,7 +158,8 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
         if (!g) byScope.set(id, (g = { scope: c.scope, keys: [] }));
         g.keys.push(c.key);
       }
-      await store.restorePublished([...byScope.values()], [...stamps.values()]);
+      // Retired scopes keep their retractions on the topic: their stamps come back expiring, as retirement left them.
+      await store.restorePublished([...byScope.values()], [...stamps.values()], env.DETECTOR_SCOPE_TTL_MS);
       log.info({ scopes: byScope.size }, 'publication state restored from the flow-candidates topic');
       return [...byScope.values()].map((g) => g.scope);
     };

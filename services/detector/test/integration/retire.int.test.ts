@@ -232,6 +232,24 @@ describe('detector: idle scopes are retired', () => {
     await publisher.close();
   });
 
+  it('after a Redis loss, a retired scope’s stamp comes back from the topic expiring, as retirement left it', async () => {
+    const { store, publisher, keys } = await setup();
+    const [sec] = await redis.time();
+    const at = Number(sec) * 1000;
+    // restorePublished reads every scope's latest stamp on the topic, retired scopes' retractions included.
+    await store.restorePublished([], [{ scope, at }], HOUR);
+    expect(await redis.get(keys.stamp)).toBe(String(at));
+    const ttl = await redis.pttl(keys.stamp);
+    expect(ttl).toBeGreaterThan(0);
+    expect(ttl).toBeLessThanOrEqual(HOUR);
+    // A stamp a publication made permanent stays so when raised.
+    await redis.persist(keys.stamp);
+    await store.restorePublished([], [{ scope, at: at + 10 }], HOUR);
+    expect(await redis.get(keys.stamp)).toBe(String(at + 10));
+    expect(await redis.pttl(keys.stamp)).toBe(-1);
+    await publisher.close();
+  });
+
   it('state written before scopes recorded their last apply gets its idle time from the first sweep', async () => {
     const { store, publisher, retired, keys } = await setup();
     await store.applyBatch(ops());

@@ -419,18 +419,25 @@ export class RedisDetectorStore {
    * no longer live would never be retracted. This puts back, without overwriting anything published since,
    * an entry for every candidate the topic still holds as active (its value unknown: it is sent again). And the
    * publication stamps (`stamps`: each scope's latest `detected_at` on the topic) go back under the next ones, so
-   * that a Redis whose clock is behind the lost one's does not stamp records flows would drop as stale.
+   * that a Redis whose clock is behind the lost one's does not stamp records flows would drop as stale. A stamp
+   * this creates expires after `stampTtlMs` (DETECTOR_SCOPE_TTL_MS; 0: never), as a retired scope's does.
    */
   async restorePublished(
     active: { scope: Scope; keys: string[] }[],
     stamps: { scope: Scope; at: number }[] = [],
+    stampTtlMs = 0,
   ): Promise<void> {
     if (active.length === 0 && stamps.length === 0) return;
     const pipe = this.redis.pipeline();
     for (const { scope, keys } of active)
       for (const key of keys) pipe.hsetnx(detectorKeys(this.prefix, scope).published, key, '');
     for (const { scope, at } of stamps)
-      invokeScript(pipe, 'raiseStamp', [detectorKeys(this.prefix, scope).stamp], [Math.floor(at)]);
+      invokeScript(
+        pipe,
+        'raiseStamp',
+        [detectorKeys(this.prefix, scope).stamp],
+        [Math.floor(at), stampTtlMs],
+      );
     const replies = (await pipe.exec()) ?? [];
     this.roundTrips++;
     const failed = replies.find(([err]) => err);
