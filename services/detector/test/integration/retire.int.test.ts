@@ -161,6 +161,37 @@ describe('detector: idle scopes are retired', () => {
     await publisher.close();
   });
 
+  it('a publication that dies before sending what the retirement mark asked for leaves the mark to the next one', async () => {
+    const { store, topic, publisher, keys, idle, read } = await setup();
+    await store.applyBatch(ops());
+    await publisher.publish(scope, true);
+    await read(1);
+    await idle();
+    // The sweeper retracts, then an event keeps the scope: it is owed, and marked to send everything again.
+    expect(await store.retireClaim(scope, 'sweeper', HOUR)).not.toBeNull();
+    await store.applyBatch(ops('c', 200).slice(0, 1));
+    expect(await store.retireFinish(scope, 'sweeper', HOUR, [0])).toBe('active');
+    // A publication claims the scope and dies before sending anything (Kafka down, SIGKILL): its lock runs out.
+    const dying = await store.claimSnapshot(scope, 'dying', 1_000);
+    expect(dying.held).toBe(false);
+    await redis.del(keys.lock);
+    // The next publication must still send the candidate again: flows holds it as retracted.
+    const sent: string[] = [];
+    const next = new ScopePublisher({
+      store,
+      sink,
+      topic,
+      params: DEFAULT_PARAMS,
+      log,
+      onPublished: (status, n) => sent.push(...Array<string>(n).fill(status)),
+    });
+    await next.publish(scope, true);
+    expect(sent).toEqual(['active']);
+    expect((await read(2))[1]).toMatchObject({ status: 'active' });
+    await next.close();
+    await publisher.close();
+  });
+
   it('a sweeper that dies between the two steps: the next sweep retires the scope once the lock runs out', async () => {
     const { store, publisher, retired, keys, idle, scopeKeys, read } = await setup();
     await store.applyBatch(ops());

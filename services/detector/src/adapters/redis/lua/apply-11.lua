@@ -6,7 +6,7 @@
   KEYS[1] meta     hash  cfg (parameter fingerprint), maxTs (newest ts in the scope), owed and owedAt (changes
                          not yet published and since when, see the end), clock:<p> (newest ts
                          seen on partition p: its stream time), seenAt (Redis time of the last call, see the
-                         end), retiring (set by retireClaim-4.lua, cleared by claimSnapshot-8.lua)
+                         end), retiring (set by retireClaim-4.lua, cleared by release-4.lua)
   KEYS[2] open     zset  base name: open tasks of partition p live in KEYS[2]..":"..p, task_id -> last event ts
   KEYS[3] events   hash  task_id -> packed events of an open task: ("\30" event_id "\31" step "\31" tool "\31" cost)*
   KEYS[4] done     string base name: KEYS[4]..":"..p..":"..b holds partition p's completed task ids hashed to

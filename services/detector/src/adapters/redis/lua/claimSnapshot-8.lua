@@ -12,7 +12,8 @@
   KEYS[6] records    base name of the window's record hashes (as in snapshot-3.lua)
   KEYS[7] meta       hash    its field `owed` counts the changes applied since the last publication released
                              (apply-11.lua); read here so that release-4.lua clears only what this one saw.
-                             Its field `retiring` (retireClaim-4.lua) is cleared here: see below
+                             Its field `retiring` (retireClaim-4.lua) is read here and cleared by release-4.lua,
+                             once what it asks for was sent: see below
   KEYS[8] stamp      string  the scope's last publication stamp (lib/stamp.lua)
   ARGV[1] token
   ARGV[2] lock TTL ms
@@ -38,8 +39,9 @@ redis.call('DEL', KEYS[2])
 local out = {1, tonumber(redis.call('HGET', KEYS[7], 'owed') or '0'), nextStamp(KEYS[8]), 0}
 local all = redis.call('HGETALL', KEYS[3])
 -- A retirement that did not finish (retireClaim-4.lua) may have retracted what the map still holds: every
--- value reads as unknown ('', as restored entries are), so each live candidate is sent again.
-local resend = redis.call('HDEL', KEYS[7], 'retiring') == 1
+-- value reads as unknown ('', as restored entries are), so each live candidate is sent again. The mark stays
+-- until this publication releases (release-4.lua): one that dies before sending leaves it to the next.
+local resend = redis.call('HEXISTS', KEYS[7], 'retiring') == 1
 for i = 1, #all do out[#out + 1] = (resend and i % 2 == 0) and '' or all[i] end
 out[4] = #all / 2
 

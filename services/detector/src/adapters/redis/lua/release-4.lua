@@ -7,7 +7,8 @@
   KEYS[1] lock       string  holder token
   KEYS[2] dirty      string  mark left by claimSnapshot-8.lua
   KEYS[3] published  hash    dedupe_key -> candidate JSON
-  KEYS[4] meta       hash    fields `owed` and `owedAt`
+  KEYS[4] meta       hash    fields `owed` and `owedAt`; `retiring` (retireClaim-4.lua), cleared: this publication
+                             sent every live candidate again (claimSnapshot-8.lua)
   ARGV[1] token
   ARGV[2] lock TTL ms
   ARGV[3] the owed count the published snapshot saw
@@ -18,6 +19,8 @@
   written.
 ]]
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {-3} end
+-- Under this lock no retirement could mark the scope again: the mark this publication's claim saw is done with.
+redis.call('HDEL', KEYS[4], 'retiring')
 local u = tonumber(ARGV[4])
 for i = 0, u - 1 do redis.call('HSET', KEYS[3], ARGV[5 + i * 2], ARGV[6 + i * 2]) end
 for i = 5 + u * 2, #ARGV do redis.call('HDEL', KEYS[3], ARGV[i]) end
