@@ -250,6 +250,25 @@ describe('detector: idle scopes are retired', () => {
     await publisher.close();
   });
 
+  it('a scope whose registration after its apply failed is registered by the batch’s retry', async () => {
+    const { prefix, publisher, retired, registry, idle } = await setup();
+    // An instance that has registered the scope before it was retired.
+    const other = new RedisDetectorStore(redis, DEFAULT_PARAMS, prefix, 1_000);
+    await other.applyBatch(ops());
+    await idle();
+    await publisher.sweep();
+    expect(retired).toEqual(['retired']);
+    // The registration that follows the apply fails (a registry Redis refuses to write, here by its type).
+    await redis.set(registry, 'not a set');
+    const batch = ops('d', 100);
+    await expect(other.applyBatch(batch)).rejects.toThrow();
+    await redis.del(registry);
+    // The batch is applied again (its events are now duplicates): the scope holds state, so it must be registered.
+    await other.applyBatch(batch);
+    expect(await redis.smembers(registry)).toHaveLength(1);
+    await publisher.close();
+  });
+
   it('a claim whose lock ran out before the finish: reported lost, nothing deleted', async () => {
     const { store, publisher, keys, registry, idle } = await setup();
     await store.applyBatch(ops());

@@ -362,13 +362,18 @@ export class RedisDetectorStore {
     // the two take, one of them leaves it registered (retire re-registers a scope whose state it finds).
     if (fresh.length) {
       const again = this.redis.pipeline();
+      const members: string[] = [];
       for (const g of fresh)
         for (const part of g.parts) {
           again.sadd(this.global.scopes(part), scopeMember(g.scope));
-          this.knownScopes.add(`${part}\u001f${scopeId(g.scope)}`);
+          members.push(`${part}\u001f${scopeId(g.scope)}`);
         }
+      // Forgotten until written: if this write fails, the batch's retry finds the state there (not fresh), and
+      // only an unknown scope is registered then.
+      for (const m of members) this.knownScopes.delete(m);
       await execPipeline(again, 'scope registry write');
       this.roundTrips++;
+      for (const m of members) this.knownScopes.add(m);
     }
     return out;
   }
