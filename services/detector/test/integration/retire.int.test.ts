@@ -269,6 +269,22 @@ describe('detector: idle scopes are retired', () => {
     await publisher.close();
   });
 
+  it('a scope left out of its registry while it has state (a sweeper died between its round trips) is registered again by its next batch', async () => {
+    const { prefix, registry } = await setup();
+    // Trusting its memory of the registration for no time at all here (a minute in the service).
+    const instance = new RedisDetectorStore(redis, DEFAULT_PARAMS, prefix, 1_000, 0);
+    const trusting = new RedisDetectorStore(redis, DEFAULT_PARAMS, prefix, 1_000);
+    await instance.applyBatch(ops().slice(0, 4));
+    await trusting.applyBatch(ops().slice(4, 8));
+    // The dead sweeper took the scope out and never put it back.
+    await redis.srem(registry, JSON.stringify([scope.tenant, scope.agent]));
+    // Within the minute an instance does not register it again; after it, the scope's next batch does.
+    await trusting.applyBatch(ops().slice(8, 9));
+    expect(await redis.smembers(registry)).toEqual([]);
+    await instance.applyBatch(ops().slice(9, 10));
+    expect(await redis.smembers(registry)).toHaveLength(1);
+  });
+
   it('a claim whose lock ran out before the finish: reported lost, nothing deleted', async () => {
     const { store, publisher, keys, registry, idle } = await setup();
     await store.applyBatch(ops());

@@ -246,7 +246,7 @@ export class RedisDetectorStore {
   private readonly cfg: string;
   private readonly global: ReturnType<typeof detectorGlobalKeys>;
   /** partition + scope pairs this process has added to the per-partition scope sets. */
-  private readonly knownScopes = new Set<string>();
+  private readonly knownScopes = new Map<string, number>();
   roundTrips = 0;
   constructor(
     private readonly redis: Redis,
@@ -257,6 +257,13 @@ export class RedisDetectorStore {
      * abandoned by an instance that died (tests shorten it).
      */
     readonly publicationLockMs = 30_000,
+    /**
+     * How long this instance trusts its memory of having registered a (partition, scope): a sweeper that died
+     * between taking a scope out of a registry and putting it back (retireFinish) left it out while it has
+     * state, and the scope's next batch after this long registers it again (one SADD per scope and partition a
+     * minute; tests shorten it).
+     */
+    private readonly registryRefreshMs = 60_000,
   ) {
     this.cfg = stateFingerprint(params);
     this.global = detectorGlobalKeys(prefix);
@@ -305,10 +312,12 @@ export class RedisDetectorStore {
     // Which scopes hold state per partition (the checkpoint's minimum runs over them); added before the
     // script that writes the state, never removed, so a concurrent checkpoint cannot miss a scope.
     const added: string[] = [];
+    const now = Date.now();
     for (const g of groups)
       for (const part of g.parts) {
         const member = `${part}\u001f${scopeId(g.scope)}`;
-        if (this.knownScopes.has(member)) continue;
+        const at = this.knownScopes.get(member);
+        if (at !== undefined && now - at < this.registryRefreshMs) continue;
         pipe.sadd(this.global.scopes(part), scopeMember(g.scope));
         added.push(member);
       }
@@ -333,7 +342,7 @@ export class RedisDetectorStore {
       at = 1;
     }
     at += added.length;
-    for (const m of added) this.knownScopes.add(m);
+    for (const m of added) this.knownScopes.set(m, now);
     const fresh: { scope: Scope; parts: Set<number> }[] = [];
     groups.forEach((g, i) => {
       const reply = replies[at + i]![1];
@@ -373,7 +382,7 @@ export class RedisDetectorStore {
       for (const m of members) this.knownScopes.delete(m);
       await execPipeline(again, 'scope registry write');
       this.roundTrips++;
-      for (const m of members) this.knownScopes.add(m);
+      for (const m of members) this.knownScopes.set(m, now);
     }
     return out;
   }
