@@ -1,18 +1,9 @@
-import { afterAll, describe, expect, it } from 'vitest';
-import { jsonCodec } from '../../../../shared/codec.js';
-import { createSink } from '../../../../shared/kafka/sink.js';
+import { describe, expect, it } from 'vitest';
 import { createLogger } from '../../../../shared/log.js';
-import {
-  consumeUntil,
-  createTopics,
-  testKafka,
-  testRedis,
-  unique,
-  waitFor,
-} from '../../../../test/helpers/kafka.js';
+import { consumeUntil, unique, waitFor } from '../../../../test/helpers/kafka.js';
 import { ScopePublisher } from '../../src/adapters/publisher.js';
+import { connections, scope, scopeStore, threeRuns } from './scope-fixture.js';
 import { detectorGlobalKeys, detectorKeys, RedisDetectorStore } from '../../src/adapters/redis/store.js';
-import type { DetectorOp } from '../../src/core/ops.js';
 import { DEFAULT_PARAMS } from '../../src/core/params.js';
 
 /*
@@ -23,55 +14,12 @@ import { DEFAULT_PARAMS } from '../../src/core/params.js';
  * and the second nothing at all: the dirty mark left for a dead holder is never read.
  */
 
-const redis = testRedis();
-const sink = createSink(testKafka(), jsonCodec());
+const { redis, sink } = connections();
 const log = createLogger('test', 'silent');
-afterAll(async () => {
-  await sink.disconnect();
-  redis.disconnect();
-});
-
-const scope = { tenant: 'acme', agent: 'a1' };
-/** Three tasks running the same three tools: one candidate once the third completes. */
-const ops = (): DetectorOp[] => {
-  const out: DetectorOp[] = [];
-  let offset = 0;
-  for (const task of ['t1', 't2', 't3']) {
-    const base = 1_000 * Number(task.slice(1));
-    ['lookup', 'check', 'close'].forEach((tool, step) =>
-      out.push({
-        kind: 'call',
-        scope,
-        task,
-        eventId: `${task}-${step}`,
-        ts: base + step,
-        step,
-        tool,
-        cost: 10_000,
-        partition: 0,
-        offset: String(offset++),
-      }),
-    );
-    out.push({
-      kind: 'done',
-      scope,
-      task,
-      eventId: `${task}-done`,
-      ts: base + 10,
-      partition: 0,
-      offset: String(offset++),
-    });
-  }
-  return out;
-};
+const ops = threeRuns;
 
 async function setup() {
-  const prefix = unique('det-owed');
-  const topic = unique('candidates');
-  await createTopics([{ topic, partitions: 1, compacted: true }]);
-  await sink.connect();
-  // A publication may take 1 s here (30 s in the service): a change owed for longer was abandoned.
-  const store = new RedisDetectorStore(redis, DEFAULT_PARAMS, prefix, 1_000);
+  const { prefix, topic, store } = await scopeStore({ redis, sink }, 'det-owed');
   const recovered: string[] = [];
   const publisher = new ScopePublisher({
     store,

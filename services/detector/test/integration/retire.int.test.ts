@@ -1,16 +1,8 @@
-import { afterAll, describe, expect, it } from 'vitest';
-import { jsonCodec } from '../../../../shared/codec.js';
-import { createSink } from '../../../../shared/kafka/sink.js';
+import { describe, expect, it } from 'vitest';
 import { createLogger } from '../../../../shared/log.js';
-import {
-  consumeUntil,
-  createTopics,
-  testKafka,
-  testRedis,
-  unique,
-  waitFor,
-} from '../../../../test/helpers/kafka.js';
+import { consumeUntil, waitFor } from '../../../../test/helpers/kafka.js';
 import { ScopePublisher } from '../../src/adapters/publisher.js';
+import { connections, scope, scopeStore, threeRuns } from './scope-fixture.js';
 import { detectorGlobalKeys, detectorKeys, RedisDetectorStore } from '../../src/adapters/redis/store.js';
 import type { DetectorOp } from '../../src/core/ops.js';
 import { DEFAULT_PARAMS } from '../../src/core/params.js';
@@ -22,58 +14,14 @@ import { DEFAULT_PARAMS } from '../../src/core/params.js';
  * (meta `seenAt`, Redis's clock) an hour back, not by waiting.
  */
 
-const redis = testRedis();
-const sink = createSink(testKafka(), jsonCodec());
+const { redis, sink } = connections();
 const log = createLogger('test', 'silent');
-afterAll(async () => {
-  await sink.disconnect();
-  redis.disconnect();
-});
-
+const ops = threeRuns;
 const HOUR = 3_600_000;
-const scope = { tenant: 'acme', agent: 'a1' };
-/** Three tasks running the same three tools (one candidate once the third completes), from `first` on. */
-const ops = (suffix = '', first = 0): DetectorOp[] => {
-  const out: DetectorOp[] = [];
-  let offset = first;
-  for (const task of ['t1', 't2', 't3']) {
-    const base = 1_000 * Number(task.slice(1));
-    ['lookup', 'check', 'close'].forEach((tool, step) =>
-      out.push({
-        kind: 'call',
-        scope,
-        task: task + suffix,
-        eventId: `${task}${suffix}-${step}`,
-        ts: base + step,
-        step,
-        tool,
-        cost: 10_000,
-        partition: 0,
-        offset: String(offset++),
-      }),
-    );
-    out.push({
-      kind: 'done',
-      scope,
-      task: task + suffix,
-      eventId: `${task}${suffix}-done`,
-      ts: base + 10,
-      partition: 0,
-      offset: String(offset++),
-    });
-  }
-  return out;
-};
-
 type Rec = { status: string; dedupe_key: string };
 
 async function setup() {
-  const prefix = unique('det-retire');
-  const topic = unique('candidates');
-  await createTopics([{ topic, partitions: 1, compacted: true }]);
-  await sink.connect();
-  // A publication may take 1 s here (30 s in the service): a claim whose instance died runs out after it.
-  const store = new RedisDetectorStore(redis, DEFAULT_PARAMS, prefix, 1_000);
+  const { prefix, topic, store } = await scopeStore({ redis, sink }, 'det-retire');
   const retired: string[] = [];
   const publisher = new ScopePublisher({
     store,
