@@ -93,6 +93,11 @@ export async function retireScope(
 ): Promise<'retired' | 'active' | 'lost' | 'skipped'> {
   const token = randomUUID();
   const claim = await d.store.retireClaim(scope, token, idleMs);
+  if (claim === 'gone') {
+    // Registered, yet no state (its apply refused to write, or failed): nothing to retire, only the entry.
+    await d.store.unregister(scope, partitions);
+    return 'skipped';
+  }
   if (!claim) return 'skipped';
   if (claim.keys.length) {
     await d.sink.send(

@@ -89,7 +89,7 @@ describe('detector: idle scopes are retired', () => {
     await read(1);
     await idle();
     const claim = await store.retireClaim(scope, 'sweeper', HOUR);
-    expect(claim?.keys).toHaveLength(1);
+    expect(claim).toMatchObject({ keys: [expect.any(String)] });
     // The sweeper retracts here (flows takes the retraction); then an event of a new task comes in.
     const late = ops('c', 200).slice(0, 1);
     expect((await store.applyBatch(late)).applied).toBe(1);
@@ -261,6 +261,20 @@ describe('detector: idle scopes are retired', () => {
     await store.restorePublished([], [{ scope, at: at + 10 }], HOUR);
     expect(await redis.get(keys.stamp)).toBe(String(at + 10));
     expect(await redis.pttl(keys.stamp)).toBe(-1);
+    await publisher.close();
+  });
+
+  it('a registration whose scope has no state (its apply never wrote any) is taken out by the sweep', async () => {
+    const { prefix, publisher, retired, registry, keys } = await setup();
+    const other = new RedisDetectorStore(redis, DEFAULT_PARAMS, prefix, 1_000);
+    // Registered in the pipeline before its script, which then refuses (the meta key is of another type).
+    await redis.set(keys.meta, 'not a hash');
+    await expect(other.applyBatch(ops())).rejects.toThrow();
+    await redis.del(keys.meta);
+    expect(await redis.smembers(registry)).toHaveLength(1);
+    await publisher.sweep();
+    expect(await redis.smembers(registry)).toEqual([]);
+    expect(retired).toEqual([]);
     await publisher.close();
   });
 

@@ -581,13 +581,14 @@ export class RedisDetectorStore {
 
   /**
    * Retiring an idle scope, step 1 (retireClaim-4.lua): the publication lock, and the published dedupe_keys to
-   * retract with `stamp`; null when the scope is not idle, has no state, or its lock is held.
+   * retract with `stamp`; `gone` when the scope has no state (a registration whose apply never wrote any); null
+   * when it is not idle, or its lock is held.
    */
   async retireClaim(
     scope: Scope,
     token: string,
     idleMs: number,
-  ): Promise<{ stamp: number; keys: string[] } | null> {
+  ): Promise<{ stamp: number; keys: string[] } | 'gone' | null> {
     const k = detectorKeys(this.prefix, scope);
     const reply = parseScriptReply(
       'retireClaim',
@@ -600,6 +601,7 @@ export class RedisDetectorStore {
       flatReply,
     );
     this.roundTrips++;
+    if (reply[0] === 2) return 'gone';
     if (reply[0] !== 1) return null;
     return { stamp: Number(reply[1]), keys: reply.slice(2).map(String) };
   }
@@ -628,8 +630,17 @@ export class RedisDetectorStore {
     if (Array.isArray(raw) && raw[0] === -3) return 'lost';
     const reply = parseScriptReply('retireFinish', raw, z.tuple([z.number()]));
     if (reply[0] === 0) return 'active';
-    // Out of the registries, then in again if an apply made new state meanwhile: that apply registers the scope
-    // after its script (applyBatch's `fresh`), so whichever comes last, a scope with state stays registered.
+    await this.unregister(scope, partitions);
+    return 'retired';
+  }
+
+  /**
+   * Takes a scope out of `partitions`' registries, then puts it back if it has state: an apply that made some
+   * meanwhile registers the scope after its script (applyBatch's `fresh`), so whichever comes last, a scope with
+   * state ends registered.
+   */
+  async unregister(scope: Scope, partitions: readonly number[]): Promise<void> {
+    const k = detectorKeys(this.prefix, scope);
     const member = scopeMember(scope);
     const removed = this.redis.pipeline();
     for (const p of partitions) {
@@ -645,7 +656,6 @@ export class RedisDetectorStore {
       await execPipeline(back, 'scope registry write');
       this.roundTrips++;
     }
-    return 'retired';
   }
 
   /**

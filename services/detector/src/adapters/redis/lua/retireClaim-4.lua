@@ -16,11 +16,12 @@
   ARGV[3] the idle time after which a scope is retired (ms)
 
   Returns {1, stamp, key1, ..., keyN}: claimed, with the stamp for the retractions and the published
-  dedupe_keys; or {0}: not idle (or no seenAt yet: state written before the field existed, whose idle time
-  starts now), no state, or the lock held (a publication running: the next sweep tries again).
+  dedupe_keys; {2}: no state (a registration whose apply never wrote any: the caller unregisters it); or {0}:
+  not idle (or no seenAt yet: state written before the field existed, whose idle time starts now), or the lock
+  held (a publication running: the next sweep tries again).
 ]]
 --- @include "lib/stamp.lua"
-if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {2} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local seen = redis.call('HGET', KEYS[1], 'seenAt')
