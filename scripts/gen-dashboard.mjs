@@ -186,6 +186,10 @@ ts('Active learned rules', 'short', [[`max(paver_autoseq_active_rules)`, 'active
 row('Flows and savings');
 ts('Flow candidates published/s by status', 'ops', [
   [`sum by (status) (rate(paver_detector_candidates_published_total[${RI}]))`, '{{status}}'],
+  [
+    `sum by (outcome) (rate(paver_detector_scopes_retired_total[${RI}]))`,
+    'idle scopes {{outcome}} (DETECTOR_SCOPE_TTL_MS)',
+  ],
 ]);
 ts(
   'Candidate decisions and registered flows',
