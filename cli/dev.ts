@@ -63,6 +63,8 @@ export async function dev(argv: { services?: string[] }): Promise<number> {
         KAFKA_BROKERS: stack.brokers,
         REDIS_URL: stack.redisUrl,
         HTTP_PORT: port,
+        // Killed outright, this process cannot stop its services: they stop themselves once it is gone.
+        PAVER_PARENT_PID: String(process.pid),
       },
       stdio: ['ignore', 'inherit', 'inherit'],
     });

@@ -156,6 +156,11 @@ export const commonEnvShape = {
   PAVER_RETRY_MAX_MS: int(1, 600_000).default(5_000),
   PAVER_MAX_CONSUMER_RESTARTS: int(0, 1000).default(10),
   PAVER_SHUTDOWN_TIMEOUT_MS: int(100, 600_000).default(25_000),
+  /**
+   * The process that started this service (`paver dev` sets it): once that pid is gone, the service stops
+   * gracefully, as on SIGTERM, instead of running on as an orphan.
+   */
+  PAVER_PARENT_PID: int(2).optional(),
   PAVER_MAX_CONFIG_BYTES: maxConfigBytes,
   REDIS_URL: z.url({ protocol: /^rediss?$/, error: 'expected redis://host:port[/db] or rediss://…' }),
   REDIS_PASSWORD: z.string().min(1).optional(),

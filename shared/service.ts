@@ -239,6 +239,22 @@ export async function runService<E extends CommonEnv, T>(
   };
   process.on('SIGTERM', onSignal);
   process.on('SIGINT', onSignal);
+  // A supervisor that dies without stopping its services (`paver dev` killed with SIGKILL) cannot signal them,
+  // and they would run on as orphans, each holding its port. Polled: Node has no parent-death signal.
+  const parent = env.PAVER_PARENT_PID;
+  const parentWatch =
+    parent === undefined
+      ? null
+      : setInterval(() => {
+          try {
+            process.kill(parent, 0);
+          } catch (err) {
+            if ((err as NodeJS.ErrnoException).code === 'EPERM') return;
+            if (parentWatch) clearInterval(parentWatch);
+            if (!shuttingDown) shutdown(0, 'parent gone');
+          }
+        }, 1000);
+  parentWatch?.unref();
   const onFatal = (err: Error) => {
     log.fatal({ err: err.message, code: (err as PaverError).code }, 'fatal error');
     shutdown(1, 'fatal');

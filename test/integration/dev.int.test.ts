@@ -63,6 +63,37 @@ describe('paver dev supervises its services (real Kafka, real Redis, real proces
     expect(dev.output()).toContain('paver dev: stopped');
   });
 
+  it('killed outright, it leaves no service running: each stops gracefully once its parent is gone', async () => {
+    const port = await freePort();
+    const dev = await startProcess(
+      [PAVER_BIN, 'dev', '--service', 'detector'],
+      serviceEnv({ PAVER_DETECTOR_HTTP_PORT: String(port) }),
+    );
+    procs.push(dev);
+    const explain = (err: Error) => {
+      throw new Error(`${err.message}\n${dev.output().slice(-5000)}`);
+    };
+    await waitFor(() => ready(port), 'detector ready', 120_000).catch(explain);
+    const detector = pidOf(dev.output(), 'detector')!;
+    dev.child.kill('SIGKILL');
+    await dev.exited;
+    // Its stdout and stderr were the dead parent's pipes: the stop is seen by its pid going, and its port closing.
+    const running = () => {
+      try {
+        process.kill(detector, 0);
+        return true;
+      } catch {
+        return false;
+      }
+    };
+    try {
+      await waitFor(() => !running(), 'the orphaned detector to stop', 60_000);
+    } finally {
+      if (running()) process.kill(detector, 'SIGKILL');
+    }
+    expect(await ready(port)).toBe(false);
+  });
+
   it('never prints the password of an external REDIS_URL', async () => {
     const env = serviceEnv({ PAVER_DETECTOR_HTTP_PORT: String(await freePort()) });
     const url = new URL(env.REDIS_URL!);
