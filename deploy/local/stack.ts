@@ -156,8 +156,9 @@ const STOP_GRACE_MS = 10_000;
  * (a Ctrl-C must not take them away mid-shutdown), so nothing else would: a `paver dev` or a test run killed
  * with SIGKILL, or by a CI timeout, used to leave its broker and redis-server running, each holding a port
  * and a temporary folder. Detached and unreferenced: it outlives this process by design, and never holds it up.
+ * Also for the redis-servers tests start of their own (test/helpers/own-redis.ts), whose folders they keep.
  */
-function watch(child: ChildProcess, dir: string, cleanup: boolean) {
+export function watch(child: ChildProcess, dir: string, cleanup: boolean) {
   if (child.pid === undefined) return;
   const dog = spawn(
     process.execPath,

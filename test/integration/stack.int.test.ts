@@ -168,4 +168,42 @@ describe('local stack start-up', () => {
       owner.kill('SIGKILL');
     }
   });
+
+  it("ends a test's own redis-server, and keeps its folder, when the test process is killed", async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'paver-own-redis-'));
+    dirs.push(dir);
+    const helper = join(ROOT, 'test', 'helpers', 'own-redis.ts');
+    const code = `const { ownRedis } = await import(${JSON.stringify(helper)});
+      const r = await ownRedis(undefined, ${JSON.stringify(dir)});
+      process.stdout.write('started ' + r.child.pid + ' ' + r.port + '\\n');
+      setInterval(() => undefined, 60_000);`;
+    const owner = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', code], {
+      cwd: ROOT,
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '';
+    owner.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+    owner.stderr!.on('data', (d: Buffer) => (out += d.toString()));
+    const exited = new Promise<void>((r) => owner.once('exit', () => r()));
+    let pid = 0;
+    try {
+      const m = await waitFor(() => /started (\d+) (\d+)/.exec(out), `ownRedis in a child (output: ${out})`);
+      pid = Number(m[1]);
+      const port = Number(m[2]);
+      expect(await accepts(port)).toBe(true);
+      owner.kill('SIGKILL');
+      await exited;
+      await waitFor(
+        () => !running(pid),
+        `the redis-server (pid ${pid}) to end after its owner was killed`,
+        30_000,
+      );
+      expect(await accepts(port)).toBe(false);
+      // The folder is the test's: its append-only file is what a restart of the server would read.
+      expect(existsSync(join(dir, 'appendonlydir'))).toBe(true);
+    } finally {
+      owner.kill('SIGKILL');
+      if (pid && running(pid)) process.kill(pid, 'SIGKILL');
+    }
+  });
 });
