@@ -20,7 +20,7 @@ export interface PublisherDeps {
    * scope, or by the retry after a dead holder's lock ran out.
    */
   onRecovered?: (via: 'batch' | 'retry' | 'sweep') => void;
-  /** DETECTOR_SCOPE_TTL_MS: the sweep retires scopes idle for this long; 0 (the default): never. */
+  /** DETECTOR_SCOPE_TTL_MS (30 days unless set): the sweep retires scopes idle for this long; 0 or absent: never. */
   scopeTtlMs?: number;
   /** A scope the sweep retired (`retired`), or found active again between its two steps (`revived`). */
   onRetired?: (outcome: 'retired' | 'revived') => void;
