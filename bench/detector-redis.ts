@@ -9,6 +9,7 @@
  */
 import { Redis } from 'ioredis';
 import { startRedis } from '../deploy/local/stack.js';
+import { murmur2, toPositive } from '../shared/kafka/partitioner.js';
 import { RedisDetectorStore } from '../services/detector/src/adapters/redis/store.js';
 import { toOp, type DetectorOp } from '../services/detector/src/core/ops.js';
 import { DEFAULT_PARAMS, type DetectorParams } from '../services/detector/src/core/params.js';
@@ -23,12 +24,8 @@ for (const e of agentEvents({ tasks: Math.ceil(N / 4), seed: 1, agents: 4 })) {
   events.push(e);
   if (events.length >= N) break;
 }
-// Three partitions, a session's events on one, as the topic keyed by session_id gives them.
-const partitionOf = (s: string) => {
-  let h = 0;
-  for (let i = 0; i < s.length; i++) h = (h * 31 + s.charCodeAt(i)) | 0;
-  return Math.abs(h) % 3;
-};
+// Three partitions, each session's events on the one the tool-calls topic keyed by session_id gives it.
+const partitionOf = (session: string) => toPositive(murmur2(session)) % 3;
 const all = events
   .map((e, i) => toOp(toolCallsEventV1.parse(e), true, partitionOf(e.session_id), String(i)))
   .filter((o): o is DetectorOp => o !== null);

@@ -96,3 +96,13 @@ export async function killAll(procs: Proc[]): Promise<void> {
   for (const p of live) if (p.child.exitCode === null && p.child.signalCode === null) p.child.kill('SIGKILL');
   await Promise.all(live.map((p) => p.exited));
 }
+
+/** Whether a process with this pid exists (a zombie counts: it is gone once its parent reaps it). */
+export function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}

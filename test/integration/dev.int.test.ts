@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { freePort } from '../../deploy/local/stack.js';
 import { waitFor } from '../helpers/kafka.js';
-import { PAVER_BIN, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
+import { alive, PAVER_BIN, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
 
 const procs: Proc[] = [];
 afterAll(() => {
@@ -78,18 +78,10 @@ describe('paver dev supervises its services (real Kafka, real Redis, real proces
     dev.child.kill('SIGKILL');
     await dev.exited;
     // Its stdout and stderr were the dead parent's pipes: the stop is seen by its pid going, and its port closing.
-    const running = () => {
-      try {
-        process.kill(detector, 0);
-        return true;
-      } catch {
-        return false;
-      }
-    };
     try {
-      await waitFor(() => !running(), 'the orphaned detector to stop', 60_000);
+      await waitFor(() => !alive(detector), 'the orphaned detector to stop', 60_000);
     } finally {
-      if (running()) process.kill(detector, 'SIGKILL');
+      if (alive(detector)) process.kill(detector, 'SIGKILL');
     }
     expect(await ready(port)).toBe(false);
   });

@@ -14,7 +14,7 @@ import { dirname, join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { freePort, startKafka, startRedis, startStack } from '../../deploy/local/stack.js';
 import { waitFor } from '../helpers/kafka.js';
-import { PAVER_BIN, ROOT } from '../helpers/process.js';
+import { alive, PAVER_BIN, ROOT } from '../helpers/process.js';
 
 /** This process's child processes by command name (the stack's servers are spawned from here). */
 const children = (): string[] => {
@@ -46,15 +46,6 @@ const childrenOf = (pid: number): { pid: number; args: string }[] => {
       return { pid: p, args: '' };
     }
   });
-};
-
-const running = (pid: number) => {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
 };
 
 const accepts = (port: number) =>
@@ -151,9 +142,9 @@ describe('local stack start-up', () => {
       owner.kill('SIGKILL');
       await exited;
       await waitFor(
-        () => servers.every((c) => !running(c.pid)),
+        () => servers.every((c) => !alive(c.pid)),
         `the servers to end after their owner was killed: ${servers
-          .filter((c) => running(c.pid))
+          .filter((c) => alive(c.pid))
           .map((c) => c.args.slice(0, 60))
           .join('; ')}`,
         60_000,
@@ -194,7 +185,7 @@ describe('local stack start-up', () => {
       owner.kill('SIGKILL');
       await exited;
       await waitFor(
-        () => !running(pid),
+        () => !alive(pid),
         `the redis-server (pid ${pid}) to end after its owner was killed`,
         30_000,
       );
@@ -203,7 +194,7 @@ describe('local stack start-up', () => {
       expect(existsSync(join(dir, 'appendonlydir'))).toBe(true);
     } finally {
       owner.kill('SIGKILL');
-      if (pid && running(pid)) process.kill(pid, 'SIGKILL');
+      if (pid && alive(pid)) process.kill(pid, 'SIGKILL');
     }
   });
 });

@@ -1,15 +1,13 @@
-import { Registry } from 'prom-client';
 import { afterAll, describe, expect, it } from 'vitest';
 import { jsonCodec } from '../../../../shared/codec.js';
 import { createSink } from '../../../../shared/kafka/sink.js';
-import { silentLogger } from '../../../../shared/log.js';
 import { createTopics, testKafka, testRedis, unique } from '../../../../test/helpers/kafka.js';
 import { rng } from '../../../../testkit/streams.js';
-import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
 import { learnKey, readScope, RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
 import { restoreCutShort } from '../../../../shared/redis/rebuild.js';
 import { restoreFlagKey } from '../../../../shared/redis/epoch.js';
-import { restoreRules, RuleSnapshots } from '../../src/adapters/rules-snapshot.js';
+import { restoreRules } from '../../src/adapters/rules-snapshot.js';
+import { ruleCopier } from './rule-copies.js';
 import { applyEvent } from '../../src/core/learn/engine.js';
 import { fixtureEvents } from '../learn-streams.js';
 import { LOW_BAR } from './predict-compare.js';
@@ -30,18 +28,7 @@ describe('learned rules copied to a compacted topic and restored from it (real K
     const topic = unique('autoseq-rules');
     await createTopics([{ topic, partitions: 3, compacted: true }]);
     await sink.connect();
-    const m = createAutoseqMetrics(new Registry(), () => 0);
-    const snapshots = new RuleSnapshots({
-      redis,
-      prefix,
-      sink,
-      topic,
-      maxRecordBytes: 1_000_000,
-      leaseMs: 10_000,
-      log: silentLogger(),
-      paused: () => false,
-      metrics: m.snapshot,
-    });
+    const { snapshots, metrics } = ruleCopier(redis, prefix, sink, topic);
     const replay = {
       kafka: testKafka(),
       topic,
@@ -66,7 +53,7 @@ describe('learned rules copied to a compacted topic and restored from it (real K
     await snapshots.stop();
     expect(snapshots.pending()).toBe(0);
     const counts = (kind: string) =>
-      m.snapshot.records.get().then((v) => v.values.find((x) => x.labels.kind === kind)?.value ?? 0);
+      metrics.records.get().then((v) => v.values.find((x) => x.labels.kind === kind)?.value ?? 0);
     expect(await counts('context')).toBeGreaterThan(0);
     expect(await counts('tombstone')).toBeGreaterThan(0);
 

@@ -1,14 +1,12 @@
-import { Registry } from 'prom-client';
 import { afterAll, describe, expect, it } from 'vitest';
 import type { ToolCallsEvent } from '../../../../schemas/index.js';
 import { jsonCodec } from '../../../../shared/codec.js';
 import { createSink } from '../../../../shared/kafka/sink.js';
-import { silentLogger } from '../../../../shared/log.js';
 import { restoreFlagKey } from '../../../../shared/redis/epoch.js';
 import { createTopics, testKafka, testRedis, unique, waitFor } from '../../../../test/helpers/kafka.js';
-import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
 import { learnKey, readScope, RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
-import { restoreRules, RuleSnapshots } from '../../src/adapters/rules-snapshot.js';
+import { restoreRules } from '../../src/adapters/rules-snapshot.js';
+import { ruleCopier } from './rule-copies.js';
 import { applyEvent } from '../../src/core/learn/engine.js';
 import { fixtureEvents } from '../learn-streams.js';
 import { LOW_BAR } from './predict-compare.js';
@@ -70,17 +68,7 @@ describe('a scope idle for AUTOSEQ_LEARN_SCOPE_TTL_MS goes (real Kafka and Redis
     const topic = unique('autoseq-rules');
     await createTopics([{ topic, partitions: 1, compacted: true }]);
     await sink.connect();
-    const snapshots = new RuleSnapshots({
-      redis,
-      prefix,
-      sink,
-      topic,
-      maxRecordBytes: 1_000_000,
-      leaseMs: 10_000,
-      log: silentLogger(),
-      paused: () => false,
-      metrics: createAutoseqMetrics(new Registry(), () => 0).snapshot,
-    });
+    const { snapshots } = ruleCopier(redis, prefix, sink, topic);
     const hour = 3_600_000;
     const store = await learn(prefix, events, hour);
     snapshots.mark(store.written());

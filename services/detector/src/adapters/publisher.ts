@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { errorMessage } from '../../../../shared/errors.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
 import type { Logger } from '../../../../shared/log.js';
+import type { FlowCandidate } from '../../../../schemas/index.js';
 import { candidateKey, diffCandidates, retractedRecord, toRecord } from '../core/candidate.js';
 import { liveCandidates } from '../core/detect.js';
 import { scopeId, type Scope } from '../core/ops.js';
@@ -24,6 +25,27 @@ export interface PublisherDeps {
   scopeTtlMs?: number;
   /** A scope the sweep retired (`retired`), or found active again between its two steps (`revived`). */
   onRetired?: (outcome: 'retired' | 'revived') => void;
+}
+
+/** A scope's upserted and retracted candidates, stamped `stamp`, to the flow-candidates topic; counted. */
+async function sendCandidates(
+  d: PublisherDeps,
+  scope: Scope,
+  upserts: readonly FlowCandidate[],
+  retracts: readonly string[],
+  stamp: number,
+): Promise<void> {
+  await d.sink.send(
+    d.topic,
+    'flow-candidates.v1',
+    [
+      ...upserts.map((c) => ({ key: candidateKey(scope, c.dedupe_key), value: toRecord(c, scope, stamp) })),
+      ...retracts.map((k) => ({ key: candidateKey(scope, k), value: retractedRecord(k, scope, stamp) })),
+    ],
+    'keep',
+  );
+  if (upserts.length) d.onPublished('active', upserts.length);
+  if (retracts.length) d.onPublished('retracted', retracts.length);
 }
 
 /**
@@ -51,17 +73,7 @@ export async function publishScope(
     // `detected_at` is the scope's publication stamp (Redis's clock, increasing per scope), not this host's
     // clock: with instances' clocks apart, a retraction published after an upsert by another instance could be
     // stamped earlier, and flows would drop it as stale.
-    await d.sink.send(
-      d.topic,
-      'flow-candidates.v1',
-      [
-        ...upserts.map((c) => ({ key: candidateKey(scope, c.dedupe_key), value: toRecord(c, scope, now) })),
-        ...retracts.map((k) => ({ key: candidateKey(scope, k), value: retractedRecord(k, scope, now) })),
-      ],
-      'keep',
-    );
-    if (upserts.length) d.onPublished('active', upserts.length);
-    if (retracts.length) d.onPublished('retracted', retracts.length);
+    await sendCandidates(d, scope, upserts, retracts, now);
     const r = await d.store.release(
       scope,
       token,
@@ -99,15 +111,7 @@ export async function retireScope(
     return 'skipped';
   }
   if (!claim) return 'skipped';
-  if (claim.keys.length) {
-    await d.sink.send(
-      d.topic,
-      'flow-candidates.v1',
-      claim.keys.map((k) => ({ key: candidateKey(scope, k), value: retractedRecord(k, scope, claim.stamp) })),
-      'keep',
-    );
-    d.onPublished('retracted', claim.keys.length);
-  }
+  await sendCandidates(d, scope, [], claim.keys, claim.stamp);
   return d.store.retireFinish(scope, token, idleMs, partitions);
 }
 

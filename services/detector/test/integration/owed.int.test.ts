@@ -1,7 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { createLogger } from '../../../../shared/log.js';
 import { consumeUntil, unique, waitFor } from '../../../../test/helpers/kafka.js';
-import { ScopePublisher } from '../../src/adapters/publisher.js';
 import { connections, scope, scopeStore, threeRuns } from './scope-fixture.js';
 import { detectorGlobalKeys, detectorKeys, RedisDetectorStore } from '../../src/adapters/redis/store.js';
 import { DEFAULT_PARAMS } from '../../src/core/params.js';
@@ -15,21 +13,12 @@ import { DEFAULT_PARAMS } from '../../src/core/params.js';
  */
 
 const { redis, sink } = connections();
-const log = createLogger('test', 'silent');
 const ops = threeRuns;
 
 async function setup() {
-  const { prefix, topic, store } = await scopeStore({ redis, sink }, 'det-owed');
+  const { prefix, topic, store, publisher: publisherWith } = await scopeStore({ redis, sink }, 'det-owed');
   const recovered: string[] = [];
-  const publisher = new ScopePublisher({
-    store,
-    sink,
-    topic,
-    params: DEFAULT_PARAMS,
-    log,
-    onPublished: () => undefined,
-    onRecovered: (via) => recovered.push(via),
-  });
+  const publisher = publisherWith({ onRecovered: (via) => recovered.push(via) });
   return { prefix, topic, store, publisher, recovered };
 }
 

@@ -1,7 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { createLogger } from '../../../../shared/log.js';
 import { consumeUntil, waitFor } from '../../../../test/helpers/kafka.js';
-import { ScopePublisher } from '../../src/adapters/publisher.js';
 import { connections, scope, scopeStore, threeRuns } from './scope-fixture.js';
 import { detectorGlobalKeys, detectorKeys, RedisDetectorStore } from '../../src/adapters/redis/store.js';
 import type { DetectorOp } from '../../src/core/ops.js';
@@ -15,24 +13,14 @@ import { DEFAULT_PARAMS } from '../../src/core/params.js';
  */
 
 const { redis, sink } = connections();
-const log = createLogger('test', 'silent');
 const ops = threeRuns;
 const HOUR = 3_600_000;
 type Rec = { status: string; dedupe_key: string };
 
 async function setup() {
-  const { prefix, topic, store } = await scopeStore({ redis, sink }, 'det-retire');
+  const { prefix, topic, store, publisher: publisherWith } = await scopeStore({ redis, sink }, 'det-retire');
   const retired: string[] = [];
-  const publisher = new ScopePublisher({
-    store,
-    sink,
-    topic,
-    params: DEFAULT_PARAMS,
-    log,
-    onPublished: () => undefined,
-    scopeTtlMs: HOUR,
-    onRetired: (o) => retired.push(o),
-  });
+  const publisher = publisherWith({ scopeTtlMs: HOUR, onRetired: (o) => retired.push(o) });
   const keys = detectorKeys(prefix, scope);
   const registry = detectorGlobalKeys(prefix).scopes(0);
   /** The scope's last apply an hour and a minute ago. */
@@ -44,7 +32,7 @@ async function setup() {
   const scopeKeys = async () => (await redis.keys(`${keys.meta.slice(0, -'meta'.length)}*`)).sort();
   const read = async (n: number) =>
     (await consumeUntil(topic, (all) => all.length >= n)).map((r) => JSON.parse(String(r.value)) as Rec);
-  return { prefix, topic, store, publisher, retired, keys, registry, idle, scopeKeys, read };
+  return { prefix, topic, store, publisher, publisherWith, retired, keys, registry, idle, scopeKeys, read };
 }
 
 describe('detector: idle scopes are retired', () => {
@@ -110,7 +98,7 @@ describe('detector: idle scopes are retired', () => {
   });
 
   it('a publication that dies before sending what the retirement mark asked for leaves the mark to the next one', async () => {
-    const { store, topic, publisher, keys, idle, read } = await setup();
+    const { store, publisher, publisherWith, keys, idle, read } = await setup();
     await store.applyBatch(ops());
     await publisher.publish(scope, true);
     await read(1);
@@ -125,14 +113,7 @@ describe('detector: idle scopes are retired', () => {
     await redis.del(keys.lock);
     // The next publication must still send the candidate again: flows holds it as retracted.
     const sent: string[] = [];
-    const next = new ScopePublisher({
-      store,
-      sink,
-      topic,
-      params: DEFAULT_PARAMS,
-      log,
-      onPublished: (status, n) => sent.push(...Array<string>(n).fill(status)),
-    });
+    const next = publisherWith({ onPublished: (status, n) => sent.push(...Array<string>(n).fill(status)) });
     await next.publish(scope, true);
     expect(sent).toEqual(['active']);
     expect((await read(2))[1]).toMatchObject({ status: 'active' });

@@ -2,6 +2,8 @@ import { afterAll } from 'vitest';
 import { jsonCodec } from '../../../../shared/codec.js';
 import { createSink } from '../../../../shared/kafka/sink.js';
 import { createTopics, testKafka, testRedis, unique } from '../../../../test/helpers/kafka.js';
+import { createLogger } from '../../../../shared/log.js';
+import { ScopePublisher, type PublisherDeps } from '../../src/adapters/publisher.js';
 import { RedisDetectorStore } from '../../src/adapters/redis/store.js';
 import type { DetectorOp } from '../../src/core/ops.js';
 import { DEFAULT_PARAMS } from '../../src/core/params.js';
@@ -60,13 +62,22 @@ export function threeRuns(suffix = '', first = 0): DetectorOp[] {
  * A fresh key prefix and compacted candidates topic, and a store whose publications may take 1 s (30 s in the
  * service): a change or claim older than that was abandoned by its instance.
  */
-export async function scopeStore(
-  { redis, sink }: ReturnType<typeof connections>,
-  name: string,
-): Promise<{ prefix: string; topic: string; store: RedisDetectorStore }> {
+export async function scopeStore({ redis, sink }: ReturnType<typeof connections>, name: string) {
   const prefix = unique(name);
   const topic = unique('candidates');
   await createTopics([{ topic, partitions: 1, compacted: true }]);
   await sink.connect();
-  return { prefix, topic, store: new RedisDetectorStore(redis, DEFAULT_PARAMS, prefix, 1_000) };
+  const store = new RedisDetectorStore(redis, DEFAULT_PARAMS, prefix, 1_000);
+  /** A publisher of this store's scopes to this topic, with the callbacks a test watches. */
+  const publisher = (extra: Partial<PublisherDeps> = {}) =>
+    new ScopePublisher({
+      store,
+      sink,
+      topic,
+      params: DEFAULT_PARAMS,
+      log: createLogger('test', 'silent'),
+      onPublished: () => undefined,
+      ...extra,
+    });
+  return { prefix, topic, store, publisher };
 }

@@ -754,31 +754,30 @@ for key in pairs(bucketDirty) do
   if b.body == '' then redis.call('DEL', key) else redis.call('SET', key, enc(b.base) .. b.body) end
 end
 
-redis.call('HSET', KEYS[1], 'maxTs', int(maxTs))
-for part, c in pairs(clocks) do redis.call('HSET', KEYS[1], 'clock:' .. part, int(c)) end
+-- Redis's clock, read once per call: `seenAt` is when the scope was last applied to (an idle scope is retired
+-- after DETECTOR_SCOPE_TTL_MS, retireClaim-4.lua), written by every call, ops or not (a rebuild's touch keeps
+-- the scope too); the owed marks below use the same reading.
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+local metaFields = {'maxTs', int(maxTs), 'seenAt', int(now)}
+for part, c in pairs(clocks) do
+  metaFields[#metaFields + 1] = 'clock:' .. part
+  metaFields[#metaFields + 1] = int(c)
+  if not heldParts[part] then fresh = 1 end
+end
+redis.call('HSET', KEYS[1], unpack(metaFields))
 for part in pairs(unstart) do flushUnstart(part) end
 -- A change is owed to the flow-candidates topic until a publication that saw it releases (release-4.lua):
 -- `owed` counts the changes, `owedAt` (Redis time, ms) is when the oldest one still owed was applied. A batch
 -- that finds a change owed for longer than a publication may take (ARGV[5], the lock's TTL) publishes it: its
 -- instance died between its apply and its publication (its batch, redelivered, is all duplicates).
--- Redis's clock is read only when needed (most batches change nothing, or add to a count already owed).
-local function nowMs()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 if changed == 1 and redis.call('HINCRBY', KEYS[1], 'owed', 1) == 1 then
-  redis.call('HSET', KEYS[1], 'owedAt', nowMs())
-end
--- When the scope was last applied to, by Redis's clock: an idle scope is retired after DETECTOR_SCOPE_TTL_MS
--- (retireClaim-4.lua). Written by every call, ops or not: a rebuild's touch keeps the scope too.
-redis.call('HSET', KEYS[1], 'seenAt', nowMs())
-for part in pairs(clocks) do
-  if not heldParts[part] then fresh = 1 end
+  redis.call('HSET', KEYS[1], 'owedAt', now)
 end
 local owed = changed
 if owed == 0 then
   local at = redis.call('HGET', KEYS[1], 'owedAt')
-  if at and nowMs() - tonumber(at) >= tonumber(ARGV[5]) then owed = 1 end
+  if at and now - tonumber(at) >= tonumber(ARGV[5]) then owed = 1 end
 end
 local out = {1, changed, applied, ignored, completed, dup, late, overLimit, owed, fresh, 0}
 for part in pairs(scopeParts) do
