@@ -119,6 +119,8 @@ export interface Managed {
   child: ChildProcess;
   dir: string;
   logFile: string;
+  /** The server's watchdog (see `watch`), ended with the server; null when it could not be started. */
+  watchdog: ChildProcess | null;
   stop(): Promise<void>;
 }
 
@@ -157,9 +159,13 @@ const STOP_GRACE_MS = 10_000;
  * with SIGKILL, or by a CI timeout, used to leave its broker and redis-server running, each holding a port
  * and a temporary folder. Detached and unreferenced: it outlives this process by design, and never holds it up.
  * Also for the redis-servers tests start of their own (test/helpers/own-redis.ts), whose folders they keep.
+ *
+ * The watchdog is ended as soon as this process sees the server exit: it knows the server only by its pid,
+ * which the system may give to a new process once the server is reaped, and left to its own next poll (up to
+ * a second later) it would signal that process if this one had ended meanwhile.
  */
-export function watch(child: ChildProcess, dir: string, cleanup: boolean) {
-  if (child.pid === undefined) return;
+export function watch(child: ChildProcess, dir: string, cleanup: boolean): ChildProcess | null {
+  if (child.pid === undefined || child.exitCode !== null || child.signalCode !== null) return null;
   const dog = spawn(
     process.execPath,
     ['-e', WATCHDOG, String(process.pid), String(child.pid), String(STOP_GRACE_MS), cleanup ? dir : ''],
@@ -167,16 +173,19 @@ export function watch(child: ChildProcess, dir: string, cleanup: boolean) {
   );
   dog.on('error', () => undefined);
   dog.unref();
+  child.once('exit', () => dog.kill('SIGKILL'));
+  return dog;
 }
 
 function manage(name: string, child: ChildProcess, dir: string, logFile: string, cleanup: boolean): Managed {
   let stopping: Promise<void> | null = null;
-  watch(child, dir, cleanup);
+  const watchdog = watch(child, dir, cleanup);
   return {
     name,
     child,
     dir,
     logFile,
+    watchdog,
     stop() {
       stopping ??= (async () => {
         if (child.exitCode === null && child.signalCode === null) {

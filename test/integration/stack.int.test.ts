@@ -160,6 +160,29 @@ describe('local stack start-up', () => {
     }
   });
 
+  it('ends the watchdog with its server, so that it never outlives the pid it watches', async () => {
+    // Stopped by its owner, and ended from outside: either way the watchdog must be gone at once, not at its
+    // next poll, when the server's pid may already belong to another process.
+    for (const end of ['stop', 'killed'] as const) {
+      const redis = await startRedis();
+      const dog = redis.watchdog;
+      try {
+        expect(dog?.pid).toBeGreaterThan(0);
+        expect(alive(dog!.pid!)).toBe(true);
+        if (end === 'stop') await redis.stop();
+        else redis.child.kill('SIGKILL');
+        await waitFor(
+          () => dog!.exitCode !== null || dog!.signalCode !== null,
+          `the watchdog to end (${end})`,
+        );
+        // Killed by its owner: had it ended by itself (its poll found the server gone) it would exit with 0.
+        expect(dog!.signalCode).toBe('SIGKILL');
+      } finally {
+        await redis.stop();
+      }
+    }
+  });
+
   it("ends a test's own redis-server, and keeps its folder, when the test process is killed", async () => {
     const dir = mkdtempSync(join(tmpdir(), 'paver-own-redis-'));
     dirs.push(dir);
