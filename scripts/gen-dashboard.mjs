@@ -167,6 +167,10 @@ ts(
       `sum(increase(paver_autoseq_rules_snapshot_flushes_total{outcome="failed"}[${RI}]))`,
       'autoseq rule copies failed',
     ],
+    [
+      `sum by (outcome) (increase(paver_autoseq_scopes_retired_total[${RI}]))`,
+      'autoseq idle scopes {{outcome}} (AUTOSEQ_LEARN_SCOPE_TTL_MS)',
+    ],
   ],
   {
     w: 24,

@@ -33,7 +33,7 @@ export const autoseqEnvSchema = crossChecked(
     AUTOSEQ_LEARN_MAX_CONTEXTS: int(10, 1_000_000).default(DEFAULT_LEARN.maxContexts),
     AUTOSEQ_LEARN_LEASE_MS: int(1000, 120_000).default(10_000),
     AUTOSEQ_LEARN_TASK_HISTORY: int(1, 1000).default(DEFAULT_LEARN.historyPerTask),
-    /** A scope's learned rules expire this long after the last batch that wrote them; 0: never. */
+    /** A scope's learned rules are retired (from Redis and the rules topic) this long after the last batch that wrote them; 0: never. */
     AUTOSEQ_LEARN_SCOPE_TTL_MS: int(0, 10 * 365 * 24 * 3_600_000)
       .refine((v) => v === 0 || v >= 60_000, { error: 'expected 0 (never) or at least 60000' })
       .default(30 * 24 * 3_600_000),

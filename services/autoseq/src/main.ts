@@ -18,6 +18,7 @@ import { createAutoseqMetrics } from './adapters/metrics.js';
 import { RedisTaskStore, taskKey } from './adapters/redis/task-store.js';
 import { readScope, RedisLearnStore } from './adapters/redis/learn-store.js';
 import { restoreRules, RuleSnapshots } from './adapters/rules-snapshot.js';
+import { retireTiming, ScopeRetirement } from './adapters/scope-retire.js';
 import { Catalog, CatalogError, loadCatalogFile } from './core/catalog.js';
 import { SchemaCompiler } from './core/schema-compiler.js';
 import { autoseqEnvSchema, learnOptionsFromEnv, optionsFromEnv, type AutoseqEnv } from './config.js';
@@ -59,6 +60,23 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
 
     const copyRules = env.AUTOSEQ_LEARN_ENABLED && env.AUTOSEQ_RULES_SNAPSHOT_MS > 0;
     let guard: StateGuard | null = null;
+    // Idle scopes leave the rules topic too (tombstoned by a sweep), not only Redis: see scope-retire.ts.
+    const scopeTtl = env.AUTOSEQ_LEARN_SCOPE_TTL_MS;
+    const timing = copyRules && scopeTtl > 0 ? retireTiming(scopeTtl) : null;
+    const retirement = timing
+      ? new ScopeRetirement({
+          redis,
+          prefix,
+          sink,
+          topic: env.AUTOSEQ_RULES_TOPIC,
+          leaseMs: env.AUTOSEQ_LEARN_LEASE_MS,
+          graceMs: timing.graceMs,
+          log,
+          paused: () => guard?.rebuilding() ?? true,
+          onRetired: (outcome, n) => m.scopesRetired.inc({ outcome }, n),
+          recopy: (written) => snapshots.mark(written),
+        })
+      : null;
     const snapshots = new RuleSnapshots({
       redis,
       prefix,
@@ -69,6 +87,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       log,
       paused: () => guard?.rebuilding() ?? true,
       metrics: m.snapshot,
+      register: retirement ? (scopes) => retirement.register(scopes) : undefined,
     });
     const epochKey = `${prefix}:aseq:epoch`;
     const restoring = restoreFlagKey(epochKey);
@@ -97,7 +116,9 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
           restoring,
           replayOptions(runtime.kafka, env, env.AUTOSEQ_RULES_TOPIC, env.AUTOSEQ_GROUP_ID),
           goOn,
-          env.AUTOSEQ_LEARN_SCOPE_TTL_MS,
+          scopeTtl,
+          Date.now,
+          retirement && timing ? { retirement, graceMs: timing.graceMs } : undefined,
         );
         m.restoredContexts.inc(r.contexts);
         log.info({ reason, ...r }, 'learned rules restored from the rules topic');
@@ -122,7 +143,8 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
               },
               positions,
               { key: epochKey, value: epoch.current() },
-              env.AUTOSEQ_LEARN_SCOPE_TTL_MS,
+              // The sweep's grace: it retires the scope at the TTL, Redis's expiry is the backstop.
+              scopeTtl + (timing?.graceMs ?? 0),
             )
         : null,
       taskKey: (ref) => taskKey(prefix, ref),
@@ -147,6 +169,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
         // A stop during the restore ended it: the stop may have closed the feed already, which must not start now.
         if (!isRunning()) return;
         if (copyRules) snapshots.start(env.AUTOSEQ_RULES_SNAPSHOT_MS);
+        if (retirement && timing) retirement.start(timing.sweepMs);
         await feed.start();
         const t0 = Date.now();
         if (await feed.caughtUp(env.AUTOSEQ_CATALOG_WAIT_MS))
@@ -168,6 +191,8 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       routes: [rulesRoute((tenant, agent) => readScope(redis, prefix, tenant, agent), learnOptions)],
       // After the consumer's last batch: its changes are copied before the producer goes.
       close: async () => {
+        // The sweep first: a retirement it cut short marks contexts that the last copy then takes.
+        await retirement?.stop();
         if (copyRules) await snapshots.stop();
         await feed.stop();
       },

@@ -132,6 +132,12 @@ export function createAutoseqMetrics(
     help: 'Learned contexts written back to Redis from the rules topic after a Redis loss.',
     registers,
   });
+  const scopesRetired = new Counter({
+    name: 'paver_autoseq_scopes_retired_total',
+    help: 'Idle scopes taken out of Redis and the rules topic, by outcome: retired (tombstoned, then deleted), gone (Redis had dropped it first), expired_at_restore (tombstoned by a restore that left it out).',
+    labelNames: ['outcome'],
+    registers,
+  });
   const leaseWaits = new Counter({
     name: 'paver_autoseq_scope_lease_waits_total',
     help: 'Batches that waited for a scope another batch (another instance, or partition) was learning in.',
@@ -142,6 +148,7 @@ export function createAutoseqMetrics(
     stateLosses,
     snapshot: { records: snapshotRecords, pending: snapshotPending, flushes: snapshotFlushes },
     restoredContexts,
+    scopesRetired,
     decisions,
     saved,
     proposals,

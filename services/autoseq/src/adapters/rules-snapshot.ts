@@ -7,9 +7,10 @@ import { flaggedRestore, RebuildStopped } from '../../../../shared/redis/rebuild
 import type { Logger } from '../../../../shared/log.js';
 import { scopeId } from '../core/learn/engine.js';
 import { contextRecordKey, contextRecordValue, scopeRecordKey, scopeRecordValue } from './kafka/rules-log.js';
-import { readRulesLog } from './kafka/rules-log.js';
+import { readRulesLog, type ScopeCopyRead } from './kafka/rules-log.js';
 import { metaCopy, readContexts, restoreScope, type ContextsWritten } from './redis/learn-store.js';
 import { ScopeLeases } from './redis/scope-lease.js';
+import type { ScopeRetirement } from './scope-retire.js';
 
 /** Scopes copied per round trip (and per set of leases held at once). */
 const SCOPES_PER_ROUND = 32;
@@ -25,6 +26,8 @@ export interface RuleSnapshotsSpec {
   log: Logger;
   /** While true (a restore runs), nothing is copied: the marks wait. */
   paused: () => boolean;
+  /** Registers the scopes copied, under their leases (`ScopeRetirement.register`); absent: no registry. */
+  register?: (scopes: readonly { tenant: string; agent: string }[]) => Promise<void>;
   metrics: {
     records: Counter<'kind'>;
     pending: Gauge;
@@ -132,11 +135,13 @@ export class RuleSnapshots {
       const copies = await readContexts(redis, prefix, scopes);
       const records: { key: string; value: string | null }[] = [];
       const kinds = { context: 0, tombstone: 0, too_large: 0 };
+      const copied: { tenant: string; agent: string }[] = [];
       for (const c of copies) {
-        // No state: lost with Redis (the restore brings it back from the topic) or never written. Nothing to
-        // copy, and above all no tombstones.
+        // No state: lost with Redis (the restore brings it back from the topic), retired, or never written.
+        // Nothing to copy, and above all no tombstones.
         const meta = c.meta === null ? null : metaCopy(c.meta);
         if (meta === null) continue;
+        copied.push(c);
         records.push({
           key: scopeRecordKey(prefix, c.tenant, c.agent),
           value: scopeRecordValue(meta.clock, meta.fam, Date.now()),
@@ -164,7 +169,7 @@ export class RuleSnapshots {
           kinds.context++;
         }
       }
-      await this.s.sink.sendRaw(this.s.topic, records);
+      await Promise.all([this.s.sink.sendRaw(this.s.topic, records), this.s.register?.(copied)]);
       // A send that outlasted the leases may have landed after a newer copy another instance made meanwhile:
       // the round is then copied again (the failure keeps its marks), so the last copy is a current one.
       await leases.keepFresh();
@@ -182,7 +187,9 @@ export class RuleSnapshots {
  *
  * With an idle TTL (`scopeTtlMs` > 0), a scope keeps what was left of its lifetime when its latest copy was
  * taken: one idle for longer (its rules had expired, or would have) is not brought back (`expired`). A copy of
- * an older version carries no time and gets the whole TTL.
+ * an older version carries no time and gets the whole TTL. With `retire` (the sweep of idle scopes), the
+ * scopes written are registered for it, their hashes get its grace past the TTL, and the expired ones'
+ * records are tombstoned (`tombstoned`).
  */
 export function restoreRules(
   redis: Redis,
@@ -192,24 +199,40 @@ export function restoreRules(
   goOn: () => boolean = () => true,
   scopeTtlMs = 0,
   now: () => number = Date.now,
-): Promise<{ scopes: number; restored: number; contexts: number; skipped: number; expired: number }> {
+  retire?: { graceMs: number; retirement: ScopeRetirement },
+): Promise<{
+  scopes: number;
+  restored: number;
+  contexts: number;
+  skipped: number;
+  expired: number;
+  tombstoned: number;
+}> {
   return flaggedRestore(redis, flag, async () => {
     const { scopes, skipped } = await readRulesLog(replay, prefix, goOn);
     let restored = 0;
     let contexts = 0;
-    let expired = 0;
+    const expired: ScopeCopyRead[] = [];
     for (const s of scopes) {
       if (!goOn()) throw new RebuildStopped();
       const left = scopeTtlMs > 0 && s.at !== undefined ? scopeTtlMs - Math.max(0, now() - s.at) : scopeTtlMs;
       if (scopeTtlMs > 0 && left <= 0) {
-        expired++;
+        expired.push(s);
         continue;
       }
-      const r = await restoreScope(redis, prefix, s.tenant, s.agent, s.clock, s.ctxs, s.fam, left);
+      const grace = scopeTtlMs > 0 ? (retire?.graceMs ?? 0) : 0;
+      const r = await restoreScope(redis, prefix, s.tenant, s.agent, s.clock, s.ctxs, s.fam, left + grace);
       if (!r.written) continue;
+      await retire?.retirement.register([s]);
       restored++;
       contexts += r.contexts;
     }
-    return { scopes: scopes.length, restored, contexts, skipped, expired };
+    if (!goOn()) throw new RebuildStopped();
+    const tombstoned = retire
+      ? await retire.retirement.tombstoneExpired(
+          expired.map((s) => ({ tenant: s.tenant, agent: s.agent, ctxs: s.ctxs.keys() })),
+        )
+      : 0;
+    return { scopes: scopes.length, restored, contexts, skipped, expired: expired.length, tombstoned };
   });
 }

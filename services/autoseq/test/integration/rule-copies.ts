@@ -3,10 +3,19 @@ import { Registry } from 'prom-client';
 import type { Sink } from '../../../../shared/kafka/sink.js';
 import { silentLogger } from '../../../../shared/log.js';
 import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
-import { RuleSnapshots } from '../../src/adapters/rules-snapshot.js';
+import { RuleSnapshots, type RuleSnapshotsSpec } from '../../src/adapters/rules-snapshot.js';
 
-/** The rules-topic copier as the tests run it (never paused, generous limits), with the metrics it counts in. */
-export function ruleCopier(redis: Redis, prefix: string, sink: Sink, topic: string) {
+/**
+ * The rules-topic copier as the tests run it (never paused, generous limits), with the metrics it counts in;
+ * `register`: the idle-scope registry it writes, as the service wires it when scopes expire.
+ */
+export function ruleCopier(
+  redis: Redis,
+  prefix: string,
+  sink: Sink,
+  topic: string,
+  register?: RuleSnapshotsSpec['register'],
+) {
   const metrics = createAutoseqMetrics(new Registry(), () => 0).snapshot;
   const snapshots = new RuleSnapshots({
     redis,
@@ -18,6 +27,7 @@ export function ruleCopier(redis: Redis, prefix: string, sink: Sink, topic: stri
     log: silentLogger(),
     paused: () => false,
     metrics,
+    register,
   });
   return { snapshots, metrics };
 }

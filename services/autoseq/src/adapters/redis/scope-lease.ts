@@ -21,7 +21,14 @@ import {
  */
 
 export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
-export const SCRIPTS = ['learnRestore', 'learnSave', 'leaseAcquire', 'leaseRelease', 'leaseRenew'] as const;
+export const SCRIPTS = [
+  'learnRestore',
+  'learnSave',
+  'leaseAcquire',
+  'leaseRelease',
+  'leaseRenew',
+  'retireScope',
+] as const;
 let files: ScriptFile[] | null = null;
 /** Registers the scope scripts on a connection (once; the files are read once per process). */
 export function defineScopeScripts(redis: Redis): void {
@@ -174,6 +181,11 @@ export class ScopeLeases {
   async release(): Promise<void> {
     this.held = [];
     await this.releaseSome(this.asked);
+  }
+
+  /** The scopes whose leases this batch holds now. */
+  holding(): readonly ScopeRef[] {
+    return this.held;
   }
 
   /** The save script released them. */
