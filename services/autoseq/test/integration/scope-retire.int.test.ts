@@ -5,7 +5,16 @@ import { jsonCodec } from '../../../../shared/codec.js';
 import { createSink, type Sink } from '../../../../shared/kafka/sink.js';
 import { silentLogger } from '../../../../shared/log.js';
 import { restoreFlagKey } from '../../../../shared/redis/epoch.js';
-import { createTopics, testKafka, testRedis, unique, waitFor } from '../../../../test/helpers/kafka.js';
+import {
+  createTopics,
+  produce,
+  testKafka,
+  testRedis,
+  unique,
+  waitFor,
+} from '../../../../test/helpers/kafka.js';
+import { getJson, killAll, stopPromptly, type Proc } from '../../../../test/helpers/process.js';
+import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import { readRulesLog } from '../../src/adapters/kafka/rules-log.js';
 import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
 import { learnKey, readScope, RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
@@ -14,7 +23,7 @@ import { restoreRules } from '../../src/adapters/rules-snapshot.js';
 import { scopeRegistryKey, ScopeRetirement } from '../../src/adapters/scope-retire.js';
 import { applyEvent, scopeId } from '../../src/core/learn/engine.js';
 import { fixtureEvents } from '../learn-streams.js';
-import { LOW_BAR } from './predict-compare.js';
+import { learnedServiceEnv, LOW_BAR, startAutoseq } from './predict-compare.js';
 import { ruleCopier } from './rule-copies.js';
 
 const events = fixtureEvents();
@@ -233,5 +242,54 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     expect(left).toBeGreaterThan(3_600_000 - 120_000);
     expect(left).toBeLessThanOrEqual(3_600_000 + GRACE);
     await redis.del(learnKey(t.prefix, 'default', 'back'));
+  });
+});
+
+describe('paver run autoseq retires an idle scope (real Kafka and Redis)', () => {
+  const redis = testRedis();
+  const procs: Proc[] = [];
+  afterAll(async () => {
+    await killAll(procs);
+    await redis.quit();
+  });
+
+  it('registers the scope it copies, retires it once idle for AUTOSEQ_LEARN_SCOPE_TTL_MS, and stops promptly', async () => {
+    const env: Record<string, string> = {
+      ...(await learnedServiceEnv('aseq-retire', LOW_BAR)),
+      AUTOSEQ_RULES_SNAPSHOT_MS: '200',
+      // The least the service takes: sweeps every 6 s, a grace of 18 s.
+      AUTOSEQ_LEARN_SCOPE_TTL_MS: '60000',
+    };
+    const prefix = env.REDIS_KEY_PREFIX!;
+    const key = learnKey(prefix, 'default', 'default');
+    const p = await startAutoseq(env, procs);
+    await produce(
+      env.PAVER_TOPIC_TOOL_CALLS!,
+      events.map((e) => ({ key: e.session_id, value: JSON.stringify(e) })),
+    );
+    await waitFor(
+      async () =>
+        (await redis.sismember(scopeRegistryKey(prefix), JSON.stringify(['default', 'default']))) === 1,
+      'the scope registered by its first copy',
+    );
+    const left = await redis.pttl(key);
+    expect(left).toBeGreaterThan(60_000);
+    expect(left).toBeLessThanOrEqual(78_000);
+    const replay = {
+      kafka: testKafka(),
+      topic: env.AUTOSEQ_RULES_TOPIC!,
+      sessionTimeoutMs: 10_000,
+      maxBytesPerPartition: 1024 * 1024,
+    };
+    const inTopic = async () => (await readRulesLog({ ...replay, groupPrefix: unique('g') }, prefix)).scopes;
+    expect(await inTopic()).toHaveLength(1);
+
+    await waitFor(async () => (await redis.exists(key)) === 0, 'the idle scope retired', 150_000);
+    const metrics = parsePrometheus(String((await getJson(p.url('/metrics'))).body));
+    // Retired by the sweep, not dropped by Redis's expiry at the end of the grace.
+    expect(metrics.value('paver_autoseq_scopes_retired_total', { outcome: 'retired' })).toBe(1);
+    expect(await redis.scard(scopeRegistryKey(prefix))).toBe(0);
+    expect(await inTopic()).toEqual([]);
+    expect(await stopPromptly(p)).toBe(0);
   });
 });
