@@ -134,7 +134,7 @@ export function createAutoseqMetrics(
   });
   const scopesRetired = new Counter({
     name: 'paver_autoseq_scopes_retired_total',
-    help: 'Idle scopes taken out of Redis and the rules topic, by outcome: retired (tombstoned, then deleted), gone (Redis had dropped it first), expired_at_restore (tombstoned by a restore that left it out).',
+    help: 'Idle scopes taken out of Redis and the rules topic, by outcome: retired (state deleted, records tombstoned), gone (found without state: expired by Redis, or retired by another instance first), expired_at_restore (records tombstoned after a restore left the scope out).',
     labelNames: ['outcome'],
     registers,
   });

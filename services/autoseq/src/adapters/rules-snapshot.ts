@@ -169,7 +169,13 @@ export class RuleSnapshots {
           kinds.context++;
         }
       }
-      await Promise.all([this.s.sink.sendRaw(this.s.topic, records), this.s.register?.(copied)]);
+      // Both settle before the leases go: a registration that failed must not let the sweep retire the scope
+      // while this send is still in flight (its records would land after the tombstones).
+      const sent = await Promise.allSettled([
+        this.s.sink.sendRaw(this.s.topic, records),
+        this.s.register?.(copied),
+      ]);
+      for (const r of sent) if (r.status === 'rejected') throw r.reason;
       // A send that outlasted the leases may have landed after a newer copy another instance made meanwhile:
       // the round is then copied again (the failure keeps its marks), so the last copy is a current one.
       await leases.keepFresh();
@@ -189,7 +195,8 @@ export class RuleSnapshots {
  * taken: one idle for longer (its rules had expired, or would have) is not brought back (`expired`). A copy of
  * an older version carries no time and gets the whole TTL. With `retire` (the sweep of idle scopes), the
  * scopes written are registered for it, their hashes get its grace past the TTL, and the expired ones'
- * records are tombstoned (`tombstoned`).
+ * records are tombstoned afterwards, in the background (`ScopeRetirement.afterRestore`). A scope whose scope
+ * record is a tombstone (retired) is left out as expired too, whatever its contexts' records.
  */
 export function restoreRules(
   redis: Redis,
@@ -206,33 +213,36 @@ export function restoreRules(
   contexts: number;
   skipped: number;
   expired: number;
-  tombstoned: number;
 }> {
   return flaggedRestore(redis, flag, async () => {
     const { scopes, skipped } = await readRulesLog(replay, prefix, goOn);
     let restored = 0;
     let contexts = 0;
     const expired: ScopeCopyRead[] = [];
+    const written: ScopeCopyRead[] = [];
+    const register = async () => {
+      await retire?.retirement.register(written.splice(0));
+    };
     for (const s of scopes) {
       if (!goOn()) throw new RebuildStopped();
       const left = scopeTtlMs > 0 && s.at !== undefined ? scopeTtlMs - Math.max(0, now() - s.at) : scopeTtlMs;
-      if (scopeTtlMs > 0 && left <= 0) {
+      // A retired scope's records that outlived its tombstones (an eviction's tombstone its copier died with).
+      if (s.retired || (scopeTtlMs > 0 && left <= 0)) {
         expired.push(s);
         continue;
       }
       const grace = scopeTtlMs > 0 ? (retire?.graceMs ?? 0) : 0;
       const r = await restoreScope(redis, prefix, s.tenant, s.agent, s.clock, s.ctxs, s.fam, left + grace);
       if (!r.written) continue;
-      await retire?.retirement.register([s]);
+      written.push(s);
+      if (written.length >= 32) await register();
       restored++;
       contexts += r.contexts;
     }
-    if (!goOn()) throw new RebuildStopped();
-    const tombstoned = retire
-      ? await retire.retirement.tombstoneExpired(
-          expired.map((s) => ({ tenant: s.tenant, agent: s.agent, ctxs: s.ctxs.keys() })),
-        )
-      : 0;
-    return { scopes: scopes.length, restored, contexts, skipped, expired: expired.length, tombstoned };
+    await register();
+    retire?.retirement.afterRestore(
+      expired.map((s) => ({ tenant: s.tenant, agent: s.agent, ctxs: s.ctxs.keys() })),
+    );
+    return { scopes: scopes.length, restored, contexts, skipped, expired: expired.length };
   });
 }

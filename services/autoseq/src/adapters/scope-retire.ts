@@ -3,6 +3,7 @@ import { z } from 'zod';
 import { errorMessage } from '../../../../shared/errors.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
 import type { Logger } from '../../../../shared/log.js';
+import { scopeTag } from '../../../../shared/redis/keys.js';
 import { execPipeline } from '../../../../shared/redis/replies.js';
 import { invokeScript } from '../../../../shared/redis/scripts.js';
 import { scopeId } from '../core/learn/engine.js';
@@ -15,25 +16,33 @@ import { defineScopeScripts, ScopeLeases, type ScopeRef } from './redis/scope-le
  * itself (its rules hash expires), but compaction keeps the scope's records in the rules topic for ever: where
  * scope ids come and go (a run id in `agent_id`), the topic grew without bound and every restore read all of
  * it. So, while the topic copy is on, the hash is given a grace beyond the TTL, and a sweep retires a scope
- * once it has been idle for the TTL: under the scope's lease it tombstones the scope's records (one per field
- * of the hash: the contexts the topic holds) and then deletes the hash, fenced by the lease as a batch's write
- * is. A scope that comes back afterwards starts afresh, as it would have after the expiry.
+ * once it has been idle for the TTL, in two steps under the scope's lease:
  *
- * The sweep finds scopes in a registry (a set of `[tenant, agent]`), written by the copy: a scope with nothing
- * in the topic has nothing to retire, and Redis's expiry alone takes it. The copy registers under the lease
- * and the sweep unregisters under it, so a scope revived right after its retirement is registered again by
- * its first copy, never left out.
+ * 1. `retireScope-3.lua` (fenced by the lease, as a batch's write is) moves the names of the scope's contexts
+ *    to its `retiring` set and deletes its state. A batch of the scope now starts afresh, and a copy finds
+ *    nothing to copy.
+ * 2. Tombstones for those contexts and for the scope record (minus any context a scope that came back holds
+ *    again), then the set is deleted and the scope leaves the registry.
+ *
+ * An instance that dies between the two leaves the set: the next sweep finishes the retirement. The sweep
+ * finds scopes in a registry (a set of `[tenant, agent]`) that the copy writes: a scope with nothing in the
+ * topic has nothing to retire, and Redis's expiry alone takes it.
  */
 
 /** `<prefix>:aseq:scopes`: the scopes whose records the rules topic may hold. */
 export const scopeRegistryKey = (prefix: string): string => `${prefix}:aseq:scopes`;
+/** `<prefix>:aseq:{tenant|agent}:retiring`: names of a retired scope's contexts not yet tombstoned. */
+export const retiringKey = (prefix: string, tenant: string, agent: string): string =>
+  `${prefix}:aseq:${scopeTag(tenant, agent)}:retiring`;
 const member = (s: { tenant: string; agent: string }) => JSON.stringify([s.tenant, s.agent]);
 const memberShape = z.tuple([z.string().min(1), z.string().min(1)]);
 
-/** Scopes retired per round trip (and per set of leases held at once). */
-const SCOPES_PER_ROUND = 32;
+/** Scopes retired per round trip (and per set of leases held; up to 2,000 tombstones each). */
+const SCOPES_PER_ROUND = 8;
 /** Registry members read per SSCAN page. */
 const SCAN_COUNT = 500;
+/** The longest a retiring set is kept (it is deleted once its tombstones are out, normally within the sweep). */
+const RETIRING_KEEP_MS = 7 * 24 * 3_600_000;
 
 /**
  * How often the sweep runs, and the grace the hash keeps past the TTL: a tenth of the TTL (between a second
@@ -62,15 +71,19 @@ export interface ScopeRetirementSpec {
   paused: () => boolean;
   onRetired: (outcome: RetireOutcome, scopes: number) => void;
   /**
-   * A retirement cut short after some of its tombstones may have gone out, with the state kept (its lease ran
-   * out, the send failed): the scope's contexts are copied again, so the topic holds them once more.
+   * Tombstones whose send may have outlasted the leases: a scope that came back meanwhile may have copied some
+   * of those contexts first. They are copied again (a copy skips a scope with no state, and sends a tombstone
+   * for a context the state does not hold), so the topic ends as the state is.
    */
   recopy: (written: ContextsWritten[]) => void;
 }
 
+type Retiring = ScopeRef & { ctxs: string[]; live: boolean };
+
 export class ScopeRetirement {
   private timer: NodeJS.Timeout | null = null;
-  private sweeping: Promise<unknown> | null = null;
+  /** The sweep or the restore's tombstones under way. */
+  private work: Promise<unknown> = Promise.resolve();
   private stopped = false;
 
   constructor(private readonly s: ScopeRetirementSpec) {
@@ -86,30 +99,46 @@ export class ScopeRetirement {
   start(intervalMs: number): void {
     const tick = () => {
       this.timer = setTimeout(() => {
-        this.sweeping = this.sweep()
-          .catch((err: unknown) =>
-            this.s.log.warn({ err: errorMessage(err) }, 'idle scope sweep failed; trying again'),
-          )
-          .finally(() => {
-            this.sweeping = null;
-            if (!this.stopped) tick();
-          });
+        void this.run(() => this.sweep()).finally(() => {
+          if (!this.stopped) tick();
+        });
       }, intervalMs);
       this.timer.unref();
     };
     tick();
   }
 
+  /** Runs `job` after the work under way, one at a time; a failure is logged (the next sweep tries again). */
+  private run(job: () => Promise<unknown>): Promise<unknown> {
+    this.work = this.work
+      .then(job)
+      .catch((err: unknown) =>
+        this.s.log.warn(
+          { err: errorMessage(err) },
+          'idle scope retirement failed; the next sweep tries again',
+        ),
+      );
+    return this.work;
+  }
+
+  /** Waits for the sweep or the restore's tombstones under way. */
+  settled(): Promise<unknown> {
+    return this.work;
+  }
+
   async stop(): Promise<void> {
     this.stopped = true;
     if (this.timer) clearTimeout(this.timer);
-    await this.sweeping;
+    await this.work;
   }
 
-  /** One pass over the registry: every scope idle for the TTL is retired; one whose hash is gone is dropped. */
-  async sweep(): Promise<{ retired: number; gone: number }> {
+  /**
+   * One pass over the registry: every scope idle for the TTL is retired, every unfinished retirement finished,
+   * and a scope found without state dropped. A round that fails is logged and the pass goes on.
+   */
+  async sweep(): Promise<{ retired: number; gone: number; failed: number }> {
     const { redis, prefix } = this.s;
-    const total = { retired: 0, gone: 0 };
+    const total = { retired: 0, gone: 0, failed: 0 };
     if (this.s.paused()) return total;
     let cursor = '0';
     do {
@@ -122,130 +151,198 @@ export class ScopeRetirement {
       }
       if (refs.length === 0) continue;
       const pipe = redis.pipeline();
-      for (const r of refs) pipe.pttl(learnKey(prefix, r.tenant, r.agent));
-      const ttls = await execPipeline(pipe, 'idle scope sweep');
-      // -2: no hash (expired, or lost with Redis); -1: written without a TTL (expiry was off), left alone.
-      const due = refs.filter((_, i) => {
-        const left = ttls[i] as number;
-        return left === -2 || (left >= 0 && left <= this.s.graceMs);
-      });
+      for (const r of refs) {
+        pipe.pttl(learnKey(prefix, r.tenant, r.agent));
+        pipe.exists(retiringKey(prefix, r.tenant, r.agent));
+      }
+      const reads = await execPipeline(pipe, 'idle scope sweep');
+      const due = refs.filter((_, i) => this.due(reads[2 * i] as number, reads[2 * i + 1] === 1));
       for (let i = 0; i < due.length && !this.stopped && !this.s.paused(); i += SCOPES_PER_ROUND) {
-        const r = await this.retireRound(due.slice(i, i + SCOPES_PER_ROUND));
-        total.retired += r.retired;
-        total.gone += r.gone;
+        try {
+          const r = await this.retireRound(due.slice(i, i + SCOPES_PER_ROUND));
+          total.retired += r.retired;
+          total.gone += r.gone;
+        } catch (err) {
+          total.failed++;
+          this.s.log.warn(
+            { err: errorMessage(err), scopes: Math.min(SCOPES_PER_ROUND, due.length - i) },
+            'idle scopes not retired; the next sweep tries again',
+          );
+        }
       }
     } while (cursor !== '0' && !this.stopped && !this.s.paused());
     return total;
   }
 
+  /**
+   * `left`: the hash's PTTL (-2: none, expired or lost with Redis; -1: written without a TTL while expiry was
+   * off, left alone until a write gives it one). Idle for the TTL once only the grace is left.
+   */
+  private due(left: number, retiring: boolean): boolean {
+    return retiring || left === -2 || (left >= 0 && left <= this.s.graceMs);
+  }
+
   private async retireRound(refs: ScopeRef[]): Promise<{ retired: number; gone: number }> {
     const { redis, prefix } = this.s;
     const leases = new ScopeLeases(redis, prefix, { ttlMs: this.s.leaseMs });
-    const pipe = redis.pipeline();
-    const took = leases.tryAll(pipe, refs);
-    for (const r of refs) {
-      pipe.pttl(learnKey(prefix, r.tenant, r.agent));
-      pipe.hkeys(learnKey(prefix, r.tenant, r.agent));
-    }
     try {
+      const pipe = redis.pipeline();
+      const took = leases.tryAll(pipe, refs);
+      for (const r of refs) {
+        pipe.pttl(learnKey(prefix, r.tenant, r.agent));
+        pipe.exists(retiringKey(prefix, r.tenant, r.agent));
+      }
       const replies = await execPipeline(pipe, 'idle scope read');
       took(replies.slice(0, refs.length));
       // A scope whose lease another holds is being learned in or copied: not idle, whatever its TTL said.
       const held = new Set(leases.holding().map((s) => s.id));
       const reads = replies.slice(refs.length);
+      const idle: ScopeRef[] = [];
+      const unfinished: ScopeRef[] = [];
       const gone: ScopeRef[] = [];
-      const retiring: (ScopeRef & { ctxs: string[] })[] = [];
       refs.forEach((r, i) => {
         if (!held.has(r.id)) return;
         const left = reads[2 * i] as number;
-        const fields = reads[2 * i + 1] as string[];
-        if (left === -2) gone.push(r);
-        else if (left >= 0 && left <= this.s.graceMs)
-          retiring.push({ ...r, ctxs: fields.filter((f) => f.startsWith('c:')).map((f) => f.slice(2)) });
+        if (reads[2 * i + 1] === 1) unfinished.push(r);
+        else if (left === -2) gone.push(r);
+        else if (this.due(left, false)) idle.push(r);
       });
-      const retired = retiring.length > 0 ? await this.retire(leases, retiring) : [];
-      const out = [...gone, ...retired];
-      // Still under the leases: a copy that registers a revived scope again comes after this.
-      if (out.length > 0) await redis.srem(scopeRegistryKey(prefix), ...out.map(member));
-      if (retired.length > 0) this.s.onRetired('retired', retired.length);
+
+      // Step 1, fenced: state out, names kept.
+      let retired: ScopeRef[] = [];
+      if (idle.length > 0) {
+        const step = redis.pipeline();
+        for (const s of idle)
+          invokeScript(
+            step,
+            'retireScope',
+            [leases.leaseKey(s), learnKey(prefix, s.tenant, s.agent), retiringKey(prefix, s.tenant, s.agent)],
+            [leases.token, RETIRING_KEEP_MS],
+          );
+        const r = await execPipeline(step, 'idle scope retire');
+        retired = idle.filter((_, i) => r[i] === 1);
+        gone.push(...idle.filter((_, i) => r[i] === 0));
+      }
+
+      // Step 2: tombstones, then the names go and the scope leaves the registry.
+      const finishing = [...unfinished, ...retired];
+      const done = finishing.length > 0 ? await this.finish(leases, finishing) : [];
+      await this.unregister([...gone, ...done.filter((s) => !s.live)]);
+      // Counted once the tombstones are out, by whichever sweep finished the retirement.
+      if (done.length > 0) this.s.onRetired('retired', done.length);
       if (gone.length > 0) this.s.onRetired('gone', gone.length);
-      return { retired: retired.length, gone: gone.length };
+      return { retired: done.length, gone: gone.length };
     } finally {
       await leases.release();
     }
   }
 
-  /** Tombstones, then the fenced delete; what was not deleted is copied again. Returns the scopes deleted. */
-  private async retire(leases: ScopeLeases, scopes: (ScopeRef & { ctxs: string[] })[]): Promise<ScopeRef[]> {
+  /** Tombstones for the names in each scope's retiring set; returns the scopes whose set was then deleted. */
+  private async finish(leases: ScopeLeases, scopes: ScopeRef[]): Promise<Retiring[]> {
     const { redis, prefix } = this.s;
-    let deleted: ScopeRef[] = [];
-    try {
-      await this.s.sink.sendRaw(this.s.topic, tombstones(prefix, scopes));
-      // A send that outlasted the leases: a batch may have written since; the delete below then refuses.
-      await leases.keepFresh();
-      const del = redis.pipeline();
-      for (const s of scopes)
-        invokeScript(
-          del,
-          'retireScope',
-          [leases.leaseKey(s), learnKey(prefix, s.tenant, s.agent)],
-          [leases.token],
-        );
-      const replies = await execPipeline(del, 'idle scope delete');
-      deleted = scopes.filter((_, i) => replies[i] === 1);
-      return deleted;
-    } finally {
-      const kept = scopes.filter((s) => !deleted.includes(s));
-      if (kept.length > 0)
-        this.s.recopy(kept.map((s) => ({ tenant: s.tenant, agent: s.agent, ctxs: s.ctxs })));
+    const pipe = redis.pipeline();
+    for (const s of scopes) {
+      pipe.smembers(retiringKey(prefix, s.tenant, s.agent));
+      pipe.hkeys(learnKey(prefix, s.tenant, s.agent));
     }
+    const reads = await execPipeline(pipe, 'retiring scope read');
+    // A scope that came back after step 1 holds some contexts again: their records are its own now.
+    const todo: Retiring[] = scopes.map((s, i) => {
+      const names = reads[2 * i] as string[];
+      const fields = new Set(reads[2 * i + 1] as string[]);
+      return {
+        ...s,
+        live: fields.has('m'),
+        ctxs: names.filter((c) => c !== '' && !fields.has(`c:${c}`)),
+      };
+    });
+    try {
+      await this.s.sink.sendRaw(this.s.topic, tombstones(prefix, todo));
+      // A send that outlasted the leases: a scope that came back may have copied some of these first.
+      await leases.keepFresh(true);
+    } catch (err) {
+      this.s.recopy(todo.map((s) => ({ tenant: s.tenant, agent: s.agent, ctxs: s.ctxs })));
+      throw err;
+    }
+    const del = redis.pipeline();
+    for (const s of todo) del.del(retiringKey(prefix, s.tenant, s.agent));
+    await execPipeline(del, 'retiring scope delete');
+    return todo;
   }
 
   /**
-   * The restore's part: scopes whose latest copy is older than the TTL are not brought back, and their records
-   * are tombstoned, unless the scope has state by now (it came back: its copies overwrite them). Under the
-   * scopes' leases, as the sweep. Returns how many scopes were tombstoned.
+   * Takes scopes out of the registry, under their leases. The leases may have run out by now (a stall), and a
+   * scope that came back may have been registered again by its copy meanwhile: one found with state afterwards
+   * is put back, so that a live scope with records on the topic is never left out.
    */
-  async tombstoneExpired(
-    scopes: readonly { tenant: string; agent: string; ctxs: Iterable<string> }[],
-  ): Promise<number> {
+  private async unregister(scopes: ScopeRef[]): Promise<void> {
+    if (scopes.length === 0) return;
+    const { redis, prefix } = this.s;
+    await redis.srem(scopeRegistryKey(prefix), ...scopes.map(member));
+    const pipe = redis.pipeline();
+    for (const s of scopes) pipe.exists(learnKey(prefix, s.tenant, s.agent));
+    const exists = await execPipeline(pipe, 'retired scope check');
+    await this.register(scopes.filter((_, i) => exists[i] === 1));
+  }
+
+  /**
+   * The restore's part, in the background (it must not hold up the restore, nor fail it): the scopes it left
+   * out as expired (or retired) have their records tombstoned, unless the scope has state by now (it came back:
+   * its copies overwrite them). Under the scopes' leases, skipping any another holds (that one is live).
+   */
+  afterRestore(scopes: readonly { tenant: string; agent: string; ctxs: Iterable<string> }[]): void {
+    if (scopes.length === 0) return;
+    const list = scopes.map((s) => ({
+      id: scopeId(s.tenant, s.agent),
+      tenant: s.tenant,
+      agent: s.agent,
+      ctxs: [...s.ctxs],
+    }));
+    void this.run(() => this.tombstoneExpired(list));
+  }
+
+  private async tombstoneExpired(scopes: (ScopeRef & { ctxs: string[] })[]): Promise<number> {
     const { redis, prefix } = this.s;
     let done = 0;
-    for (let i = 0; i < scopes.length; i += SCOPES_PER_ROUND) {
-      const round = scopes.slice(i, i + SCOPES_PER_ROUND).map((s) => ({
-        id: scopeId(s.tenant, s.agent),
-        tenant: s.tenant,
-        agent: s.agent,
-        ctxs: [...s.ctxs],
-      }));
+    for (let i = 0; i < scopes.length && !this.stopped; i += SCOPES_PER_ROUND) {
+      const round = scopes.slice(i, i + SCOPES_PER_ROUND);
       const leases = new ScopeLeases(redis, prefix, { ttlMs: this.s.leaseMs });
       try {
-        await leases.acquire(round);
         const pipe = redis.pipeline();
+        const took = leases.tryAll(pipe, round);
         for (const s of round) pipe.exists(learnKey(prefix, s.tenant, s.agent));
-        const exists = await execPipeline(pipe, 'expired scope check');
-        const absent = round.filter((_, j) => exists[j] === 0);
+        const replies = await execPipeline(pipe, 'expired scope check');
+        took(replies.slice(0, round.length));
+        const held = new Set(leases.holding().map((s) => s.id));
+        const exists = replies.slice(round.length);
+        const absent = round.filter((s, j) => held.has(s.id) && exists[j] === 0);
         if (absent.length === 0) continue;
-        await this.s.sink.sendRaw(this.s.topic, tombstones(prefix, absent));
-        await leases.keepFresh();
+        const records = tombstones(
+          prefix,
+          absent.map((s) => ({ ...s, live: false })),
+        );
+        try {
+          await this.s.sink.sendRaw(this.s.topic, records);
+          await leases.keepFresh(true);
+        } catch (err) {
+          this.s.recopy(absent.map((s) => ({ tenant: s.tenant, agent: s.agent, ctxs: s.ctxs })));
+          throw err;
+        }
         done += absent.length;
+        this.s.onRetired('expired_at_restore', absent.length);
       } finally {
         await leases.release();
       }
     }
-    if (done > 0) this.s.onRetired('expired_at_restore', done);
     return done;
   }
 }
 
-/** A scope's records as tombstones: its contexts first, its scope record last. */
-function tombstones(
-  prefix: string,
-  scopes: readonly { tenant: string; agent: string; ctxs: readonly string[] }[],
-): { key: string; value: null }[] {
+/** Scopes' records as tombstones: their contexts, then the scope record of each that has no state. */
+function tombstones(prefix: string, scopes: readonly Retiring[]): { key: string; value: null }[] {
   return scopes.flatMap((s) => [
     ...s.ctxs.map((c) => ({ key: contextRecordKey(prefix, s.tenant, s.agent, c), value: null })),
-    { key: scopeRecordKey(prefix, s.tenant, s.agent), value: null },
+    ...(s.live ? [] : [{ key: scopeRecordKey(prefix, s.tenant, s.agent), value: null }]),
   ]);
 }
 

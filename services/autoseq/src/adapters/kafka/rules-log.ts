@@ -49,6 +49,8 @@ export interface ScopeCopyRead {
   fam?: Families;
   /** When its latest copy was taken (epoch ms); absent in copies of older versions. */
   at?: number;
+  /** Its scope record is a tombstone: the scope was retired (what records of it remain are leftovers). */
+  retired?: true;
   ctxs: Map<string, string>;
 }
 
@@ -73,11 +75,12 @@ export async function readRulesLog(
       continue;
     }
     const [p, tenant, agent, ctx] = key.data;
-    if (p !== prefix || v === null) continue;
+    if (p !== prefix || (v === null && ctx !== undefined)) continue;
     const id = JSON.stringify([tenant, agent]);
     let s = scopes.get(id);
     if (!s) scopes.set(id, (s = { tenant, agent, clock: 0, ctxs: new Map() }));
-    if (ctx === undefined) {
+    if (v === null) s.retired = true;
+    else if (ctx === undefined) {
       const r = scopeValueV1.safeParse(jsonOf(v));
       if (r.success) {
         s.clock = r.data.clock;

@@ -162,10 +162,12 @@ export class ScopeLeases {
   /**
    * Around publishing: a batch that has held its leases for a quarter of their TTL extends them, before it
    * publishes and again after, so a slow batch or a slow send still holds them when it writes. A lease
-   * already lost means another batch may have written: this one is retried from a fresh read.
+   * already lost means another batch may have written: this one is retried from a fresh read. `always`: checks
+   * (and extends) them whatever their age: a retirement must know that no copy of a revived scope came between
+   * its read and its tombstones, and relies on the check rather than on the clock.
    */
-  async keepFresh(): Promise<void> {
-    if (this.held.length === 0 || Date.now() - this.takenAt < this.opts.ttlMs / 4) return;
+  async keepFresh(always = false): Promise<void> {
+    if (this.held.length === 0 || (!always && Date.now() - this.takenAt < this.opts.ttlMs / 4)) return;
     const pipe = this.redis.pipeline();
     for (const s of this.held)
       invokeScript(pipe, 'leaseRenew', [this.leaseKey(s)], [this.token, this.opts.ttlMs]);
