@@ -1,9 +1,48 @@
 import type { Redis } from 'ioredis';
 import { Registry } from 'prom-client';
+import type { ToolCallsEvent } from '../../../../schemas/index.js';
+import type { ReplayOptions } from '../../../../shared/kafka/replay.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
 import { silentLogger } from '../../../../shared/log.js';
+import { testKafka, unique } from '../../../../test/helpers/kafka.js';
 import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
+import { RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
 import { RuleSnapshots, type RuleSnapshotsSpec } from '../../src/adapters/rules-snapshot.js';
+import { applyEvent } from '../../src/core/learn/engine.js';
+import type { LearnOptions } from '../../src/core/learn/learner.js';
+
+/** Reading a rules topic from its start, as a restore does (a consumer group of its own on each call). */
+export const rulesReplay = (topic: string): ReplayOptions => ({
+  kafka: testKafka(),
+  topic,
+  groupPrefix: unique('g'),
+  sessionTimeoutMs: 10_000,
+  maxBytesPerPartition: 1024 * 1024,
+});
+
+/** One batch learned and saved as the service does, the scope's hash written with `scopeTtlMs` (0: none). */
+export async function learnBatch(
+  redis: Redis,
+  prefix: string,
+  batch: ToolCallsEvent[],
+  opts: LearnOptions,
+  scopeTtlMs: number,
+): Promise<RedisLearnStore> {
+  const store = await RedisLearnStore.load(
+    redis,
+    prefix,
+    60_000,
+    opts,
+    batch,
+    { ttlMs: 10_000 },
+    undefined,
+    undefined,
+    scopeTtlMs,
+  );
+  for (const e of batch) applyEvent(store, e, opts);
+  await store.save();
+  return store;
+}
 
 /**
  * The rules-topic copier as the tests run it (never paused, generous limits), with the metrics it counts in;

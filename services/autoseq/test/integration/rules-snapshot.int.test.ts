@@ -3,12 +3,11 @@ import { jsonCodec } from '../../../../shared/codec.js';
 import { createSink } from '../../../../shared/kafka/sink.js';
 import { createTopics, testKafka, testRedis, unique } from '../../../../test/helpers/kafka.js';
 import { rng } from '../../../../testkit/streams.js';
-import { learnKey, readScope, RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
+import { learnKey, readScope } from '../../src/adapters/redis/learn-store.js';
 import { restoreCutShort } from '../../../../shared/redis/rebuild.js';
 import { restoreFlagKey } from '../../../../shared/redis/epoch.js';
 import { restoreRules } from '../../src/adapters/rules-snapshot.js';
-import { ruleCopier } from './rule-copies.js';
-import { applyEvent } from '../../src/core/learn/engine.js';
+import { learnBatch, ruleCopier, rulesReplay } from './rule-copies.js';
 import { fixtureEvents } from '../learn-streams.js';
 import { LOW_BAR } from './predict-compare.js';
 
@@ -29,13 +28,7 @@ describe('learned rules copied to a compacted topic and restored from it (real K
     await createTopics([{ topic, partitions: 3, compacted: true }]);
     await sink.connect();
     const { snapshots, metrics } = ruleCopier(redis, prefix, sink, topic);
-    const replay = {
-      kafka: testKafka(),
-      topic,
-      groupPrefix: unique('g'),
-      sessionTimeoutMs: 10_000,
-      maxBytesPerPartition: 1024 * 1024,
-    };
+    const replay = rulesReplay(topic);
 
     // Small bounds (LOW_BAR): eviction deletes contexts many times over the fixture. Copies are made after a
     // random number of batches, so some contexts change several times between two copies.
@@ -44,9 +37,7 @@ describe('learned rules copied to a compacted topic and restored from it (real K
     while (i < events.length) {
       const batch = events.slice(i, i + 1 + Math.floor(random() * 30));
       i += batch.length;
-      const store = await RedisLearnStore.load(redis, prefix, 60_000, LOW_BAR, batch, { ttlMs: 10_000 });
-      for (const e of batch) applyEvent(store, e, LOW_BAR);
-      await store.save();
+      const store = await learnBatch(redis, prefix, batch, LOW_BAR, 0);
       snapshots.mark(store.written());
       if (random() < 0.3) await snapshots.flush();
     }
@@ -73,9 +64,7 @@ describe('learned rules copied to a compacted topic and restored from it (real K
     const more = events
       .slice(0, 40)
       .map((e) => ({ ...e, task_id: `again-${e.task_id}`, event_id: `again-${e.event_id}` }));
-    const store = await RedisLearnStore.load(redis, prefix, 60_000, LOW_BAR, more, { ttlMs: 10_000 });
-    for (const e of more) applyEvent(store, e, LOW_BAR);
-    await store.save();
+    await learnBatch(redis, prefix, more, LOW_BAR, 0);
     const moved = await readScope(redis, prefix, 'default', 'default');
     expect(moved!.clock).toBeGreaterThan(learned!.clock);
     expect(await restoreRules(redis, prefix, flag, replay)).toMatchObject({ scopes: 1, restored: 0 });

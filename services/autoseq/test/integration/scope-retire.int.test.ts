@@ -24,14 +24,14 @@ import {
   scopeRecordKey,
 } from '../../src/adapters/kafka/rules-log.js';
 import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
-import { learnKey, readScope, RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
+import { learnKey, readScope } from '../../src/adapters/redis/learn-store.js';
 import { leaseKey, ScopeLeases } from '../../src/adapters/redis/scope-lease.js';
 import { restoreRules } from '../../src/adapters/rules-snapshot.js';
 import { retiringKey, scopeRegistryKey, ScopeRetirement } from '../../src/adapters/scope-retire.js';
-import { applyEvent, scopeId } from '../../src/core/learn/engine.js';
+import { scopeId } from '../../src/core/learn/engine.js';
 import { fixtureEvents } from '../learn-streams.js';
 import { learnedServiceEnv, LOW_BAR, startAutoseq } from './predict-compare.js';
-import { ruleCopier } from './rule-copies.js';
+import { learnBatch, ruleCopier, rulesReplay } from './rule-copies.js';
 
 const events = fixtureEvents();
 /** The fixture's events as another agent's (a second scope); `again`: as new tasks of it, with new ids. */
@@ -83,40 +83,20 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     const retirement = sweeper();
     const { snapshots } = ruleCopier(redis, prefix, sink, topic, (s) => retirement.register(s));
     copier.snapshots = snapshots;
-    const replay = {
-      kafka: testKafka(),
-      topic,
-      groupPrefix: unique('g'),
-      sessionTimeoutMs: 10_000,
-      maxBytesPerPartition: 1024 * 1024,
-    };
+    const replay = rulesReplay(topic);
     /** One batch learned, saved with the TTL and its grace (`ttlMs`), and copied, as the service does. */
     const learn = async (batch: ToolCallsEvent[], ttlMs = TTL + GRACE) => {
-      const store = await RedisLearnStore.load(
-        redis,
-        prefix,
-        60_000,
-        LOW_BAR,
-        batch,
-        { ttlMs: 10_000 },
-        undefined,
-        undefined,
-        ttlMs,
-      );
-      for (const e of batch) applyEvent(store, e, LOW_BAR);
-      await store.save();
+      const store = await learnBatch(redis, prefix, batch, LOW_BAR, ttlMs);
       snapshots.mark(store.written());
       await snapshots.flush();
     };
     /** Each scope the topic holds now, with its contexts (tombstoned records left out, as a restore reads it). */
     const inTopic = async () =>
-      (await readRulesLog({ ...replay, groupPrefix: unique('g') }, prefix)).scopes
-        .map((s) => `${s.agent}:${s.ctxs.size}`)
-        .sort();
+      (await readRulesLog(rulesReplay(topic), prefix)).scopes.map((s) => `${s.agent}:${s.ctxs.size}`).sort();
     /** A scope's contexts on the topic and in Redis. */
     const topicCtxs = async (agent: string) =>
       [
-        ...((await readRulesLog({ ...replay, groupPrefix: unique('g') }, prefix)).scopes
+        ...((await readRulesLog(rulesReplay(topic), prefix)).scopes
           .find((s) => s.agent === agent)
           ?.ctxs.keys() ?? []),
       ].sort();
@@ -127,9 +107,7 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
         .sort();
     /** The latest value of a scope's scope record on the topic (null: tombstoned; undefined: none). */
     const scopeRecord = async (agent: string) =>
-      (await readLatest({ ...replay, groupPrefix: unique('g') })).get(
-        scopeRecordKey(prefix, 'default', agent),
-      );
+      (await readLatest(rulesReplay(topic))).get(scopeRecordKey(prefix, 'default', agent));
     const registered = async () => (await redis.smembers(scopeRegistryKey(prefix))).sort();
     const retired = async (outcome: string) =>
       (await metrics.scopesRetired.get()).values.find((v) => v.labels.outcome === outcome)?.value ?? 0;
@@ -416,19 +394,18 @@ describe('paver run autoseq retires an idle scope (real Kafka and Redis)', () =>
     const left = await redis.pttl(key);
     expect(left).toBeGreaterThan(60_000);
     expect(left).toBeLessThanOrEqual(78_000);
-    const replay = {
-      kafka: testKafka(),
-      topic: env.AUTOSEQ_RULES_TOPIC!,
-      sessionTimeoutMs: 10_000,
-      maxBytesPerPartition: 1024 * 1024,
-    };
-    const inTopic = async () => (await readRulesLog({ ...replay, groupPrefix: unique('g') }, prefix)).scopes;
+    const inTopic = async () => (await readRulesLog(rulesReplay(env.AUTOSEQ_RULES_TOPIC!), prefix)).scopes;
     expect(await inTopic()).toHaveLength(1);
 
-    await waitFor(async () => (await redis.exists(key)) === 0, 'the idle scope retired', 150_000);
-    const metrics = parsePrometheus(String((await getJson(p.url('/metrics'))).body));
-    // Retired by the sweep, not dropped by Redis's expiry at the end of the grace.
-    expect(metrics.value('paver_autoseq_scopes_retired_total', { outcome: 'retired' })).toBe(1);
+    const metric = async (outcome: string) =>
+      parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(
+        'paver_autoseq_scopes_retired_total',
+        { outcome },
+      ) ?? 0;
+    // Retired by the sweep (both steps done), not dropped by Redis's expiry at the end of the grace.
+    await waitFor(async () => (await metric('retired')) === 1, 'the idle scope retired', 150_000);
+    expect(await metric('gone')).toBe(0);
+    expect(await redis.exists(key)).toBe(0);
     expect(await redis.scard(scopeRegistryKey(prefix))).toBe(0);
     expect(await inTopic()).toEqual([]);
     expect(await stopPromptly(p)).toBe(0);

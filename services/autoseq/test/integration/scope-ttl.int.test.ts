@@ -4,10 +4,9 @@ import { jsonCodec } from '../../../../shared/codec.js';
 import { createSink } from '../../../../shared/kafka/sink.js';
 import { restoreFlagKey } from '../../../../shared/redis/epoch.js';
 import { createTopics, testKafka, testRedis, unique, waitFor } from '../../../../test/helpers/kafka.js';
-import { learnKey, readScope, RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
+import { learnKey, readScope } from '../../src/adapters/redis/learn-store.js';
 import { restoreRules } from '../../src/adapters/rules-snapshot.js';
-import { ruleCopier } from './rule-copies.js';
-import { applyEvent } from '../../src/core/learn/engine.js';
+import { learnBatch, ruleCopier, rulesReplay } from './rule-copies.js';
 import { fixtureEvents } from '../learn-streams.js';
 import { LOW_BAR } from './predict-compare.js';
 
@@ -21,23 +20,8 @@ describe('a scope idle for AUTOSEQ_LEARN_SCOPE_TTL_MS goes (real Kafka and Redis
     await redis.quit();
   });
 
-  /** One batch learned and saved, as the service does, with the scope TTL given. */
-  async function learn(prefix: string, batch: ToolCallsEvent[], scopeTtlMs: number) {
-    const store = await RedisLearnStore.load(
-      redis,
-      prefix,
-      60_000,
-      LOW_BAR,
-      batch,
-      { ttlMs: 10_000 },
-      undefined,
-      undefined,
-      scopeTtlMs,
-    );
-    for (const e of batch) applyEvent(store, e, LOW_BAR);
-    await store.save();
-    return store;
-  }
+  const learn = (prefix: string, batch: ToolCallsEvent[], scopeTtlMs: number) =>
+    learnBatch(redis, prefix, batch, LOW_BAR, scopeTtlMs);
 
   it('each write renews the rules for the TTL; without one they expire as a whole; at 0 they never do', async () => {
     const prefix = unique('paver-test');
@@ -76,13 +60,7 @@ describe('a scope idle for AUTOSEQ_LEARN_SCOPE_TTL_MS goes (real Kafka and Redis
     await snapshots.stop();
     const copied = Date.now();
     const learned = await readScope(redis, prefix, 'default', 'default');
-    const replay = {
-      kafka: testKafka(),
-      topic,
-      groupPrefix: unique('g'),
-      sessionTimeoutMs: 10_000,
-      maxBytesPerPartition: 1024 * 1024,
-    };
+    const replay = rulesReplay(topic);
 
     /** The restore as the service runs it, with the scope TTL given and the clock at `now`. */
     const restoreAt = (ttlMs: number, now: () => number) =>
