@@ -134,7 +134,7 @@ export function createAutoseqMetrics(
   });
   const scopesRetired = new Counter({
     name: 'paver_autoseq_scopes_retired_total',
-    help: 'Idle scopes taken out of Redis and the rules topic, by outcome: retired (state deleted, records tombstoned), gone (found without state: expired by Redis, or retired by another instance first), expired_at_restore (records tombstoned after a restore left the scope out).',
+    help: 'Idle scopes taken out of Redis and the rules topic, by outcome: retired (state deleted, records tombstoned), gone (taken out of the registry found without state: Redis expired it before a sweep), expired_at_restore (left out by a restore as expired, its records queued for the sweep).',
     labelNames: ['outcome'],
     registers,
   });

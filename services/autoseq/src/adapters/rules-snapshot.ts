@@ -195,8 +195,9 @@ export class RuleSnapshots {
  * taken: one idle for longer (its rules had expired, or would have) is not brought back (`expired`). A copy of
  * an older version carries no time and gets the whole TTL. With `retire` (the sweep of idle scopes), the
  * scopes written are registered for it, their hashes get its grace past the TTL, and the expired ones'
- * records are tombstoned afterwards, in the background (`ScopeRetirement.afterRestore`). A scope whose scope
- * record is a tombstone (retired) is left out as expired too, whatever its contexts' records.
+ * records are queued for the sweep to tombstone, in the background (`ScopeRetirement.afterRestore`). A scope
+ * whose scope record is a tombstone or missing (retired) is left out as expired too, whatever its contexts'
+ * records.
  */
 export function restoreRules(
   redis: Redis,
@@ -227,7 +228,7 @@ export function restoreRules(
       if (!goOn()) throw new RebuildStopped();
       const left = scopeTtlMs > 0 && s.at !== undefined ? scopeTtlMs - Math.max(0, now() - s.at) : scopeTtlMs;
       // A retired scope's records that outlived its tombstones (an eviction's tombstone its copier died with).
-      if (s.retired || (scopeTtlMs > 0 && left <= 0)) {
+      if (scopeTtlMs > 0 && (s.retired || left <= 0)) {
         expired.push(s);
         continue;
       }

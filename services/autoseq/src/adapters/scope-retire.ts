@@ -3,12 +3,13 @@ import { z } from 'zod';
 import { errorMessage } from '../../../../shared/errors.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
 import type { Logger } from '../../../../shared/log.js';
-import { scopeTag } from '../../../../shared/redis/keys.js';
 import { execPipeline } from '../../../../shared/redis/replies.js';
 import { invokeScript } from '../../../../shared/redis/scripts.js';
 import { scopeId } from '../core/learn/engine.js';
 import { contextRecordKey, scopeRecordKey } from './kafka/rules-log.js';
-import { learnKey, type ContextsWritten } from './redis/learn-store.js';
+import { learnKey, retiringKey, type ContextsWritten } from './redis/learn-store.js';
+
+export { retiringKey };
 import { defineScopeScripts, ScopeLeases, type ScopeRef } from './redis/scope-lease.js';
 
 /**
@@ -31,9 +32,6 @@ import { defineScopeScripts, ScopeLeases, type ScopeRef } from './redis/scope-le
 
 /** `<prefix>:aseq:scopes`: the scopes whose records the rules topic may hold. */
 export const scopeRegistryKey = (prefix: string): string => `${prefix}:aseq:scopes`;
-/** `<prefix>:aseq:{tenant|agent}:retiring`: names of a retired scope's contexts not yet tombstoned. */
-export const retiringKey = (prefix: string, tenant: string, agent: string): string =>
-  `${prefix}:aseq:${scopeTag(tenant, agent)}:retiring`;
 const member = (s: { tenant: string; agent: string }) => JSON.stringify([s.tenant, s.agent]);
 const memberShape = z.tuple([z.string().min(1), z.string().min(1)]);
 
@@ -227,11 +225,15 @@ export class ScopeRetirement {
       // Step 2: tombstones, then the names go and the scope leaves the registry.
       const finishing = [...unfinished, ...retired];
       const done = finishing.length > 0 ? await this.finish(leases, finishing) : [];
-      await this.unregister([...gone, ...done.filter((s) => !s.live)]);
-      // Counted once the tombstones are out, by whichever sweep finished the retirement.
-      if (done.length > 0) this.s.onRetired('retired', done.length);
-      if (gone.length > 0) this.s.onRetired('gone', gone.length);
-      return { retired: done.length, gone: gone.length };
+      // A scope that came back before its retirement was finished stays, with its own records.
+      const ended = done.filter((s) => !s.live);
+      const removed = await this.unregister([...gone, ...ended]);
+      // Counted once the tombstones are out, by whichever sweep finished the retirement; `gone` only by the
+      // sweep that took the scope out (another instance's sweep may have seen it before it was retired).
+      const wentAway = gone.filter((s) => removed.has(s.id)).length;
+      if (ended.length > 0) this.s.onRetired('retired', ended.length);
+      if (wentAway > 0) this.s.onRetired('gone', wentAway);
+      return { retired: ended.length, gone: wentAway };
     } finally {
       await leases.release();
     }
@@ -271,24 +273,32 @@ export class ScopeRetirement {
   }
 
   /**
-   * Takes scopes out of the registry, under their leases. The leases may have run out by now (a stall), and a
-   * scope that came back may have been registered again by its copy meanwhile: one found with state afterwards
-   * is put back, so that a live scope with records on the topic is never left out.
+   * Takes scopes out of the registry, under their leases; returns those this call removed. The leases may have
+   * run out by now (a stall), and a scope that came back, or that a restore queued for retirement, may have
+   * been registered again meanwhile: one found with state or a retirement under way afterwards is put back, so
+   * that neither a live scope with records on the topic nor a retirement to finish is ever left out.
    */
-  private async unregister(scopes: ScopeRef[]): Promise<void> {
-    if (scopes.length === 0) return;
+  private async unregister(scopes: ScopeRef[]): Promise<Set<string>> {
+    if (scopes.length === 0) return new Set();
     const { redis, prefix } = this.s;
-    await redis.srem(scopeRegistryKey(prefix), ...scopes.map(member));
-    const pipe = redis.pipeline();
-    for (const s of scopes) pipe.exists(learnKey(prefix, s.tenant, s.agent));
-    const exists = await execPipeline(pipe, 'retired scope check');
-    await this.register(scopes.filter((_, i) => exists[i] === 1));
+    // One SREM per scope: its reply says whether this call took it out.
+    const removed = await Promise.all(scopes.map((s) => redis.srem(scopeRegistryKey(prefix), member(s))));
+    const check = redis.pipeline();
+    for (const s of scopes) {
+      check.exists(learnKey(prefix, s.tenant, s.agent));
+      check.exists(retiringKey(prefix, s.tenant, s.agent));
+    }
+    const exists = await execPipeline(check, 'retired scope check');
+    await this.register(scopes.filter((_, i) => exists[2 * i] === 1 || exists[2 * i + 1] === 1));
+    return new Set(scopes.filter((_, i) => removed[i] === 1).map((s) => s.id));
   }
 
   /**
    * The restore's part, in the background (it must not hold up the restore, nor fail it): the scopes it left
-   * out as expired (or retired) have their records tombstoned, unless the scope has state by now (it came back:
-   * its copies overwrite them). Under the scopes' leases, skipping any another holds (that one is live).
+   * out as expired (or retired) are queued for the sweep as retirements under way, their context names in
+   * their retiring sets and the scopes in the registry. The sweep then tombstones them as it finishes any
+   * retirement: sparing what a scope that came back holds again, trying again after a failure, once whatever
+   * the number of instances that restored.
    */
   afterRestore(scopes: readonly { tenant: string; agent: string; ctxs: Iterable<string> }[]): void {
     if (scopes.length === 0) return;
@@ -298,43 +308,40 @@ export class ScopeRetirement {
       agent: s.agent,
       ctxs: [...s.ctxs],
     }));
-    void this.run(() => this.tombstoneExpired(list));
+    void this.run(() => this.queueExpired(list));
   }
 
-  private async tombstoneExpired(scopes: (ScopeRef & { ctxs: string[] })[]): Promise<number> {
+  private async queueExpired(scopes: (ScopeRef & { ctxs: string[] })[]): Promise<void> {
     const { redis, prefix } = this.s;
-    let done = 0;
     for (let i = 0; i < scopes.length && !this.stopped; i += SCOPES_PER_ROUND) {
       const round = scopes.slice(i, i + SCOPES_PER_ROUND);
+      // Under the leases: a sweep finishing one of these reads and deletes its names as one.
       const leases = new ScopeLeases(redis, prefix, { ttlMs: this.s.leaseMs });
       try {
+        await leases.acquire(round);
         const pipe = redis.pipeline();
-        const took = leases.tryAll(pipe, round);
-        for (const s of round) pipe.exists(learnKey(prefix, s.tenant, s.agent));
-        const replies = await execPipeline(pipe, 'expired scope check');
-        took(replies.slice(0, round.length));
-        const held = new Set(leases.holding().map((s) => s.id));
-        const exists = replies.slice(round.length);
-        const absent = round.filter((s, j) => held.has(s.id) && exists[j] === 0);
-        if (absent.length === 0) continue;
-        const records = tombstones(
-          prefix,
-          absent.map((s) => ({ ...s, live: false })),
-        );
-        try {
-          await this.s.sink.sendRaw(this.s.topic, records);
-          await leases.keepFresh(true);
-        } catch (err) {
-          this.s.recopy(absent.map((s) => ({ tenant: s.tenant, agent: s.agent, ctxs: s.ctxs })));
-          throw err;
+        for (const s of round) {
+          const key = retiringKey(prefix, s.tenant, s.agent);
+          pipe.exists(learnKey(prefix, s.tenant, s.agent));
+          pipe.sadd(key, '');
+          for (let j = 0; j < s.ctxs.length; j += 1000) pipe.sadd(key, ...s.ctxs.slice(j, j + 1000));
+          pipe.pexpire(key, RETIRING_KEEP_MS);
         }
-        done += absent.length;
-        this.s.onRetired('expired_at_restore', absent.length);
+        const replies = await execPipeline(pipe, 'expired scope queue');
+        await this.register(round);
+        // Counted by the first instance (or sweep) to queue a scope with no state: one that came back is queued
+        // too (its leftovers go, what it holds again stays), but it is not expired.
+        let at = 0;
+        let queued = 0;
+        for (const s of round) {
+          if (replies[at] === 0 && replies[at + 1] === 1) queued++;
+          at += 3 + Math.ceil(s.ctxs.length / 1000);
+        }
+        if (queued > 0) this.s.onRetired('expired_at_restore', queued);
       } finally {
         await leases.release();
       }
     }
-    return done;
   }
 }
 

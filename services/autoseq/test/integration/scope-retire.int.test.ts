@@ -81,7 +81,9 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
         recopy: (written) => copier.snapshots!.mark(written),
       });
     const retirement = sweeper();
-    const { snapshots } = ruleCopier(redis, prefix, sink, topic, (s) => retirement.register(s));
+    const { snapshots, metrics: copies } = ruleCopier(redis, prefix, sink, topic, (s) =>
+      retirement.register(s),
+    );
     copier.snapshots = snapshots;
     const replay = rulesReplay(topic);
     /** One batch learned, saved with the TTL and its grace (`ttlMs`), and copied, as the service does. */
@@ -117,9 +119,12 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
         async () => (await redis.pttl(learnKey(prefix, 'default', agent))) <= GRACE,
         `${agent} idle for the TTL`,
       );
+    const failedCopies = async () =>
+      (await copies.flushes.get()).values.find((v) => v.labels.outcome === 'failed')?.value ?? 0;
     return {
       prefix,
       topic,
+      failedCopies,
       retirement,
       sweeper,
       snapshots,
@@ -224,9 +229,11 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     expect(t.snapshots.pending()).toBeGreaterThan(0);
     await t.snapshots.flush();
     expect(await t.topicCtxs('s')).toEqual(live);
-    // The unfinished retirement is finished by the next sweep, leaving the live scope's records alone.
+    // The unfinished retirement is finished by the next sweep, leaving the live scope's records alone (and the
+    // scope, live, is not counted as retired).
     expect(await redis.exists(retiringKey(t.prefix, 'default', 's'))).toBe(1);
-    expect(await t.retirement.sweep()).toMatchObject({ retired: 1, failed: 0 });
+    expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 0, failed: 0 });
+    expect(await t.failedCopies()).toBe(0);
     expect(await redis.exists(retiringKey(t.prefix, 'default', 's'))).toBe(0);
     expect(await t.topicCtxs('s')).toEqual(live);
     expect(await t.registered()).toEqual([S('s')]);
@@ -234,10 +241,15 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
 
   it('an instance that dies between the two steps leaves the retirement for the next sweep, which spares a revived scope', async () => {
     let hang = false;
+    let release = () => undefined as void;
+    const dead = new Promise<void>((r) => (release = r));
     const dying: Sink = {
       ...sink,
       sendRaw: async (topic, records) => {
-        if (hang) await new Promise(() => undefined); // the process died here
+        if (hang) {
+          await dead; // the process died here (let go at the end of the test, and failing then)
+          throw new Error('the instance was dead');
+        }
         await sink.sendRaw(topic, records);
       },
     };
@@ -246,7 +258,7 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     const before = await t.topicCtxs('s');
     await t.idle('s');
     hang = true;
-    void t.sweeper({ sink: dying }).sweep();
+    const dyingSweep = t.sweeper({ sink: dying }).sweep();
     await waitFor(async () => (await redis.exists(retiringKey(t.prefix, 'default', 's'))) === 1, 'step 1');
     // Step 1 took the state: a batch of the scope now starts afresh (the rules were idle for the TTL).
     expect(await redis.exists(learnKey(t.prefix, 'default', 's'))).toBe(0);
@@ -258,10 +270,14 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     expect(live.length).toBeGreaterThan(0);
     expect(live.length).toBeLessThan(before.length);
 
-    expect(await t.retirement.sweep()).toEqual({ retired: 1, gone: 0, failed: 0 });
+    expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 0, failed: 0 });
+    expect(await redis.exists(retiringKey(t.prefix, 'default', 's'))).toBe(0);
     expect(await t.topicCtxs('s')).toEqual(live);
     expect(await t.scopeRecord('s')).toBeTruthy();
     expect(await t.registered()).toEqual([S('s')]);
+    expect(await t.retired('retired')).toBe(0);
+    release();
+    expect(await dyingSweep).toMatchObject({ failed: 1 });
   });
 
   it('puts back in the registry a scope that came back while the sweep stalled before taking it out', async () => {
@@ -295,7 +311,7 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     expect(await t.registered()).toEqual([S('s')]);
   });
 
-  it('a restore leaves out and tombstones, in the background, scopes expired or retired, unless they came back', async () => {
+  it('a restore leaves out scopes expired or retired, and queues them for the sweep, which spares one that came back', async () => {
     const t = await setup();
     await t.learn(asAgent('old'), 3_600_000);
     await t.learn(asAgent('back'), 3_600_000);
@@ -307,8 +323,13 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     await sink.sendRaw(t.topic, [
       { key: contextRecordKey(t.prefix, 'default', 'gone', 'left-over'), value: contextRecordValue('{}') },
     ]);
-    // `old` was lost with Redis; `back` has state again. The restore runs a day later: both copies are expired.
+    // `old` was lost with Redis; `back` has state again, fewer contexts than its copy. The restore runs a day
+    // later: every copy is expired.
     await redis.del(learnKey(t.prefix, 'default', 'old'));
+    await redis.del(learnKey(t.prefix, 'default', 'back'));
+    await t.learn(asAgent('back', ':again').slice(0, 6), 3_600_000);
+    const live = await t.redisCtxs('back');
+    expect(live.length).toBeLessThan((await t.topicCtxs('back')).length);
     const restoreAt = (ttl: number, now: () => number) =>
       restoreRules(redis, t.prefix, flag, t.replay, () => true, ttl, now, {
         retirement: t.retirement,
@@ -320,8 +341,14 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
       expired: 3,
     });
     await t.retirement.settled();
-    expect(await t.inTopic()).toEqual([expect.stringMatching(/^back:/)]);
     expect(await t.retired('expired_at_restore')).toBe(2);
+    expect(await t.registered()).toEqual([S('back'), S('gone'), S('old')]);
+    // The sweep finishes them: what `back` holds stays, with its scope record; the rest goes.
+    expect(await t.retirement.sweep()).toEqual({ retired: 2, gone: 0, failed: 0 });
+    expect(await t.inTopic()).toEqual([`back:${live.length}`]);
+    expect(await t.topicCtxs('back')).toEqual(live);
+    expect(await t.scopeRecord('back')).toBeTruthy();
+    expect(await t.registered()).toEqual([S('back')]);
 
     // Restored ones are registered for the sweep, with the grace past what was left of their lifetime.
     await redis.del(learnKey(t.prefix, 'default', 'back'));
@@ -334,7 +361,7 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     await redis.del(learnKey(t.prefix, 'default', 'back'));
   });
 
-  it("a restore is neither failed nor held up by its tombstones' failure: they are tried again by the next restore", async () => {
+  it('a restore never writes back a scope whose retirement is under way; the sweep retries a failed send', async () => {
     let down = false;
     const flaky: Sink = {
       ...sink,
@@ -343,24 +370,38 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     };
     const t = await setup({ sink: flaky });
     await t.learn(asAgent('old'), 3_600_000);
-    await redis.del(learnKey(t.prefix, 'default', 'old'));
+    await t.learn(asAgent('s'));
     const flag = restoreFlagKey(`${t.prefix}:aseq:epoch`);
-    await redis.set(flag, '1');
+    // `s` is retired as far as its first step (the broker is down for the tombstones), then Redis loses `old`.
+    await t.idle('s');
     down = true;
-    const later = () => Date.now() + 86_400_000;
+    expect(await t.retirement.sweep()).toMatchObject({ failed: 1 });
+    expect(await redis.exists(retiringKey(t.prefix, 'default', 's'))).toBe(1);
+    await redis.del(learnKey(t.prefix, 'default', 'old'));
     const retire = { retirement: t.retirement, graceMs: GRACE };
-    expect(await restoreRules(redis, t.prefix, flag, t.replay, () => true, TTL, later, retire)).toMatchObject(
-      {
-        expired: 1,
-      },
-    );
+    // `s`'s copy is as recent as `old`'s, but its retirement is under way: it stays retired.
+    expect(
+      await restoreRules(redis, t.prefix, flag, t.replay, () => true, 3_600_000, Date.now, retire),
+    ).toMatchObject({ scopes: 2, restored: 1, expired: 0 });
+    expect(await redis.exists(learnKey(t.prefix, 'default', 'old'))).toBe(1);
+    expect(await redis.exists(learnKey(t.prefix, 'default', 's'))).toBe(0);
     await t.retirement.settled();
-    expect(await redis.exists(flag)).toBe(0);
-    expect(await t.inTopic()).toEqual([expect.stringMatching(/^old:/)]);
+    expect(await t.retirement.sweep()).toMatchObject({ retired: 0, failed: 1 });
     down = false;
-    await restoreRules(redis, t.prefix, flag, t.replay, () => true, TTL, later, retire);
-    await t.retirement.settled();
-    expect(await t.inTopic()).toEqual([]);
+    expect(await t.retirement.sweep()).toEqual({ retired: 1, gone: 0, failed: 0 });
+    expect(await t.inTopic()).toEqual([expect.stringMatching(/^old:/)]);
+    await redis.del(learnKey(t.prefix, 'default', 'old'));
+  });
+
+  it('copies a scope record marked again with no context (a retirement cut short on a scope that holds all its names)', async () => {
+    const t = await setup();
+    await t.learn(asAgent('x'));
+    t.snapshots.mark([{ tenant: 'default', agent: 'x', ctxs: [] }]);
+    await t.snapshots.flush();
+    expect(await t.failedCopies()).toBe(0);
+    await t.learn(asAgent('y'));
+    expect(await t.failedCopies()).toBe(0);
+    expect((await t.inTopic()).map((s) => s.split(':')[0])).toEqual(['x', 'y']);
   });
 });
 

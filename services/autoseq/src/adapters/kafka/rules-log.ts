@@ -49,7 +49,10 @@ export interface ScopeCopyRead {
   fam?: Families;
   /** When its latest copy was taken (epoch ms); absent in copies of older versions. */
   at?: number;
-  /** Its scope record is a tombstone: the scope was retired (what records of it remain are leftovers). */
+  /**
+   * Its scope record is a tombstone, or is missing (compaction drops tombstones after `delete.retention.ms`):
+   * the scope was retired, and what records of it remain are leftovers. Every copy writes the scope record.
+   */
   retired?: true;
   ctxs: Map<string, string>;
 }
@@ -67,6 +70,7 @@ export async function readRulesLog(
 ): Promise<{ scopes: ScopeCopyRead[]; skipped: number }> {
   const latest = await readLatest(o, goOn);
   const scopes = new Map<string, ScopeCopyRead>();
+  const withRecord = new Set<ScopeCopyRead>();
   let skipped = 0;
   for (const [k, v] of latest) {
     const key = keyShape.safeParse(jsonOf(k));
@@ -79,6 +83,7 @@ export async function readRulesLog(
     const id = JSON.stringify([tenant, agent]);
     let s = scopes.get(id);
     if (!s) scopes.set(id, (s = { tenant, agent, clock: 0, ctxs: new Map() }));
+    if (ctx === undefined) withRecord.add(s);
     if (v === null) s.retired = true;
     else if (ctx === undefined) {
       const r = scopeValueV1.safeParse(jsonOf(v));
@@ -93,5 +98,6 @@ export async function readRulesLog(
       else skipped++;
     }
   }
+  for (const s of scopes.values()) if (!withRecord.has(s)) s.retired = true;
   return { scopes: [...scopes.values()].filter((s) => s.ctxs.size > 0), skipped };
 }

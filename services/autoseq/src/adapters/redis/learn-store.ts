@@ -37,6 +37,9 @@ import { defineScopeScripts, LEASE_LOST_CODES, ScopeLeases, type LeaseOptions } 
  */
 export const learnKey = (prefix: string, tenant: string, agent: string): string =>
   `${prefix}:aseq:${scopeTag(tenant, agent)}:rules`;
+/** `<prefix>:aseq:{tenant|agent}:retiring`: names of a retired scope's contexts not yet tombstoned (scope-retire.ts). */
+export const retiringKey = (prefix: string, tenant: string, agent: string): string =>
+  `${prefix}:aseq:${scopeTag(tenant, agent)}:retiring`;
 /** `<prefix>:aseq:{tenant|agent}:ltask:<task_id>`: a task's recent calls, user text and pending proposals. */
 export const learnTaskKey = (prefix: string, tenant: string, agent: string, task: string): string =>
   `${prefix}:aseq:${scopeTag(tenant, agent)}:ltask:${escapeKeyPart(task)}`;
@@ -496,12 +499,14 @@ export async function readContexts(
   for (const s of scopes) {
     const key = learnKey(prefix, s.tenant, s.agent);
     pipe.hget(key, META);
-    pipe.hmget(key, ...s.ctxs.map(ctxField));
+    // A mark with no context (a scope record to copy again) reads none: HMGET takes at least one field.
+    if (s.ctxs.length > 0) pipe.hmget(key, ...s.ctxs.map(ctxField));
+    else pipe.exists(key);
   }
   const replies = await execPipeline(pipe, 'learned contexts copy');
   return scopes.map((s, i) => {
     const meta = replies[2 * i];
-    const vals = replies[2 * i + 1] as (string | null)[];
+    const vals = s.ctxs.length > 0 ? (replies[2 * i + 1] as (string | null)[]) : [];
     return {
       tenant: s.tenant,
       agent: s.agent,
@@ -512,7 +517,7 @@ export async function readContexts(
 }
 
 /**
- * Writes a scope's copy back when the scope has no state (`learnRestore-1.lua`). The counts are those of the
+ * Writes a scope's copy back when the scope has no state and is not being retired (`learnRestore-2.lua`). The counts are those of the
  * contexts copied (a context left out of the copy is not counted); the clock is the copy's, or the latest
  * context's use when later. False when the scope had state already (it is newer than the copy).
  */
@@ -553,7 +558,7 @@ export async function restoreScope(
   invokeScript(
     pipe,
     'learnRestore',
-    [learnKey(prefix, tenant, agent)],
+    [learnKey(prefix, tenant, agent), retiringKey(prefix, tenant, agent)],
     [JSON.stringify(meta), ttlMs, ...pairs],
   );
   const [reply] = await execPipeline(pipe, 'learned state restore');
