@@ -201,9 +201,11 @@ export class ScopeRetirement {
       refs.forEach((r, i) => {
         if (!held.has(r.id)) return;
         const left = reads[2 * i] as number;
-        if (reads[2 * i + 1] === 1) unfinished.push(r);
-        else if (left === -2) gone.push(r);
-        else if (this.due(left, false)) idle.push(r);
+        const retiring = reads[2 * i + 1] === 1;
+        if (retiring) unfinished.push(r);
+        // Idle again while a retirement is unfinished (it came back, then went idle): step 1 adds its names.
+        if (left >= 0 && left <= this.s.graceMs) idle.push(r);
+        else if (left === -2 && !retiring) gone.push(r);
       });
 
       // Step 1, fenced: state out, names kept.
@@ -223,7 +225,7 @@ export class ScopeRetirement {
       }
 
       // Step 2: tombstones, then the names go and the scope leaves the registry.
-      const finishing = [...unfinished, ...retired];
+      const finishing = [...unfinished, ...retired.filter((s) => !unfinished.includes(s))];
       const done = finishing.length > 0 ? await this.finish(leases, finishing) : [];
       // A scope that came back before its retirement was finished stays, with its own records.
       const ended = done.filter((s) => !s.live);

@@ -280,6 +280,29 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     expect(await dyingSweep).toMatchObject({ failed: 1 });
   });
 
+  it('retires in one sweep a scope that came back during an unfinished retirement and went idle again', async () => {
+    let down = false;
+    const flaky: Sink = {
+      ...sink,
+      sendRaw: (topic, records) =>
+        down ? Promise.reject(new Error('broker unavailable')) : sink.sendRaw(topic, records),
+    };
+    const t = await setup({ sink: flaky });
+    await t.learn(asAgent('s'));
+    await t.idle('s');
+    down = true;
+    expect(await t.retirement.sweep()).toMatchObject({ retired: 0, failed: 1 });
+    down = false;
+    await t.learn(asAgent('s', ':again').slice(0, 6));
+    await t.idle('s');
+    expect(await t.retirement.sweep()).toEqual({ retired: 1, gone: 0, failed: 0 });
+    expect(await redis.exists(learnKey(t.prefix, 'default', 's'))).toBe(0);
+    expect(await redis.exists(retiringKey(t.prefix, 'default', 's'))).toBe(0);
+    expect(await t.inTopic()).toEqual([]);
+    expect(await t.scopeRecord('s')).toBeNull();
+    expect(await t.registered()).toEqual([]);
+  });
+
   it('puts back in the registry a scope that came back while the sweep stalled before taking it out', async () => {
     let onSrem: (() => Promise<void>) | null = null;
     const stalling = new Proxy(redis, {
