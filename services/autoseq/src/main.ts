@@ -88,6 +88,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       paused: () => guard?.rebuilding() ?? true,
       metrics: m.snapshot,
       register: retirement ? (scopes) => retirement.register(scopes) : undefined,
+      requeue: retirement ? (scopes) => retirement.queueRetiring(scopes) : undefined,
     });
     const epochKey = `${prefix}:aseq:epoch`;
     const restoring = restoreFlagKey(epochKey);

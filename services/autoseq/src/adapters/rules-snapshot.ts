@@ -28,6 +28,12 @@ export interface RuleSnapshotsSpec {
   paused: () => boolean;
   /** Registers the scopes copied, under their leases (`ScopeRetirement.register`); absent: no registry. */
   register?: (scopes: readonly { tenant: string; agent: string }[]) => Promise<void>;
+  /**
+   * A copy whose send outlasted its leases: the scopes it copied are queued for the sweep
+   * (`ScopeRetirement.queueRetiring`), since one retired meanwhile would keep the records that landed after its
+   * tombstones for ever; a live one keeps what it holds.
+   */
+  requeue?: (scopes: ContextsWritten[]) => Promise<unknown>;
   metrics: {
     records: Counter<'kind'>;
     pending: Gauge;
@@ -178,7 +184,14 @@ export class RuleSnapshots {
       for (const r of sent) if (r.status === 'rejected') throw r.reason;
       // A send that outlasted the leases may have landed after a newer copy another instance made meanwhile:
       // the round is then copied again (the failure keeps its marks), so the last copy is a current one.
-      await leases.keepFresh();
+      try {
+        // Whatever their age: one round trip per round of copies, off the batch path.
+        await leases.keepFresh(true);
+      } catch (err) {
+        const sent = new Set(copied.map((c) => scopeId(c.tenant, c.agent)));
+        await this.s.requeue?.(scopes.filter((w) => sent.has(scopeId(w.tenant, w.agent))));
+        throw err;
+      }
       for (const [kind, n] of Object.entries(kinds)) if (n > 0) this.s.metrics.records.inc({ kind }, n);
     } finally {
       await leases.release();
@@ -195,7 +208,7 @@ export class RuleSnapshots {
  * taken: one idle for longer (its rules had expired, or would have) is not brought back (`expired`). A copy of
  * an older version carries no time and gets the whole TTL. With `retire` (the sweep of idle scopes), the
  * scopes written are registered for it, their hashes get its grace past the TTL, and the expired ones'
- * records are queued for the sweep to tombstone, in the background (`ScopeRetirement.afterRestore`). A scope
+ * records are queued for the sweep to tombstone (`ScopeRetirement.queueRetiring`). A scope
  * whose scope record is a tombstone or missing (retired) is left out as expired too, whatever its contexts'
  * records.
  */
@@ -241,9 +254,12 @@ export function restoreRules(
       contexts += r.contexts;
     }
     await register();
-    retire?.retirement.afterRestore(
+    // Before the flag goes: a stop or a failure here leaves the restore to run again, not the records for ever.
+    const queued = await retire?.retirement.queueRetiring(
       expired.map((s) => ({ tenant: s.tenant, agent: s.agent, ctxs: s.ctxs.keys() })),
+      { goOn, outcome: 'expired_at_restore' },
     );
+    if (queued === false) throw new RebuildStopped();
     return { scopes: scopes.length, restored, contexts, skipped, expired: expired.length };
   });
 }

@@ -296,53 +296,59 @@ export class ScopeRetirement {
   }
 
   /**
-   * The restore's part, in the background (it must not hold up the restore, nor fail it): the scopes it left
-   * out as expired (or retired) are queued for the sweep as retirements under way, their context names in
-   * their retiring sets and the scopes in the registry. The sweep then tombstones them as it finishes any
-   * retirement: sparing what a scope that came back holds again, trying again after a failure, once whatever
-   * the number of instances that restored.
+   * Queues scopes for the sweep as retirements under way: their context names go to their retiring sets and
+   * the scopes to the registry, under the scopes' leases. The sweep then tombstones them as it finishes any
+   * retirement: sparing what a scope that is live (or came back) holds, trying again after a failure. For:
+   * - the restore, with the scopes it left out as expired (`outcome: 'expired_at_restore'`), before its flag goes,
+   *   so that a stop or a failure leaves the restore to run again rather than the records for ever;
+   * - a copy whose send outlasted its leases (`RuleSnapshots`): it may have landed after a retirement's
+   *   tombstones, and the scope, retired meanwhile, would keep those records for ever.
+   * Returns false when `goOn` turned false first.
    */
-  afterRestore(scopes: readonly { tenant: string; agent: string; ctxs: Iterable<string> }[]): void {
-    if (scopes.length === 0) return;
+  async queueRetiring(
+    scopes: readonly { tenant: string; agent: string; ctxs: Iterable<string> }[],
+    opts: { goOn?: () => boolean; outcome?: RetireOutcome } = {},
+  ): Promise<boolean> {
     const list = scopes.map((s) => ({
       id: scopeId(s.tenant, s.agent),
       tenant: s.tenant,
       agent: s.agent,
       ctxs: [...s.ctxs],
     }));
-    void this.run(() => this.queueExpired(list));
+    for (let i = 0; i < list.length; i += SCOPES_PER_ROUND) {
+      if (opts.goOn?.() === false) return false;
+      await this.queueRound(list.slice(i, i + SCOPES_PER_ROUND), opts.outcome);
+    }
+    return true;
   }
 
-  private async queueExpired(scopes: (ScopeRef & { ctxs: string[] })[]): Promise<void> {
+  private async queueRound(round: (ScopeRef & { ctxs: string[] })[], outcome?: RetireOutcome): Promise<void> {
     const { redis, prefix } = this.s;
-    for (let i = 0; i < scopes.length && !this.stopped; i += SCOPES_PER_ROUND) {
-      const round = scopes.slice(i, i + SCOPES_PER_ROUND);
-      // Under the leases: a sweep finishing one of these reads and deletes its names as one.
-      const leases = new ScopeLeases(redis, prefix, { ttlMs: this.s.leaseMs });
-      try {
-        await leases.acquire(round);
-        const pipe = redis.pipeline();
-        for (const s of round) {
-          const key = retiringKey(prefix, s.tenant, s.agent);
-          pipe.exists(learnKey(prefix, s.tenant, s.agent));
-          pipe.sadd(key, '');
-          for (let j = 0; j < s.ctxs.length; j += 1000) pipe.sadd(key, ...s.ctxs.slice(j, j + 1000));
-          pipe.pexpire(key, RETIRING_KEEP_MS);
-        }
-        const replies = await execPipeline(pipe, 'expired scope queue');
-        await this.register(round);
-        // Counted by the first instance (or sweep) to queue a scope with no state: one that came back is queued
-        // too (its leftovers go, what it holds again stays), but it is not expired.
-        let at = 0;
-        let queued = 0;
-        for (const s of round) {
-          if (replies[at] === 0 && replies[at + 1] === 1) queued++;
-          at += 3 + Math.ceil(s.ctxs.length / 1000);
-        }
-        if (queued > 0) this.s.onRetired('expired_at_restore', queued);
-      } finally {
-        await leases.release();
+    // Under the leases: a sweep finishing one of these reads and deletes its names as one.
+    const leases = new ScopeLeases(redis, prefix, { ttlMs: this.s.leaseMs });
+    try {
+      await leases.acquire(round);
+      const pipe = redis.pipeline();
+      for (const s of round) {
+        const key = retiringKey(prefix, s.tenant, s.agent);
+        pipe.exists(learnKey(prefix, s.tenant, s.agent));
+        pipe.sadd(key, '');
+        for (let j = 0; j < s.ctxs.length; j += 1000) pipe.sadd(key, ...s.ctxs.slice(j, j + 1000));
+        pipe.pexpire(key, RETIRING_KEEP_MS);
       }
+      const replies = await execPipeline(pipe, 'expired scope queue');
+      await this.register(round);
+      // Counted by the first instance (or sweep) to queue a scope with no state: one that came back is queued
+      // too (its leftovers go, what it holds again stays), but it is not expired.
+      let at = 0;
+      let queued = 0;
+      for (const s of round) {
+        if (replies[at] === 0 && replies[at + 1] === 1) queued++;
+        at += 3 + Math.ceil(s.ctxs.length / 1000);
+      }
+      if (outcome && queued > 0) this.s.onRetired(outcome, queued);
+    } finally {
+      await leases.release();
     }
   }
 }

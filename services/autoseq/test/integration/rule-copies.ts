@@ -7,7 +7,8 @@ import { silentLogger } from '../../../../shared/log.js';
 import { testKafka, unique } from '../../../../test/helpers/kafka.js';
 import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
 import { RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
-import { RuleSnapshots, type RuleSnapshotsSpec } from '../../src/adapters/rules-snapshot.js';
+import { RuleSnapshots } from '../../src/adapters/rules-snapshot.js';
+import type { ScopeRetirement } from '../../src/adapters/scope-retire.js';
 import { applyEvent } from '../../src/core/learn/engine.js';
 import type { LearnOptions } from '../../src/core/learn/learner.js';
 
@@ -46,14 +47,14 @@ export async function learnBatch(
 
 /**
  * The rules-topic copier as the tests run it (never paused, generous limits), with the metrics it counts in;
- * `register`: the idle-scope registry it writes, as the service wires it when scopes expire.
+ * `retirement`: the idle-scope sweep it registers scopes with (and queues scopes for), as the service wires it.
  */
 export function ruleCopier(
   redis: Redis,
   prefix: string,
   sink: Sink,
   topic: string,
-  register?: RuleSnapshotsSpec['register'],
+  retirement?: ScopeRetirement,
 ) {
   const metrics = createAutoseqMetrics(new Registry(), () => 0).snapshot;
   const snapshots = new RuleSnapshots({
@@ -66,7 +67,8 @@ export function ruleCopier(
     log: silentLogger(),
     paused: () => false,
     metrics,
-    register,
+    register: retirement && ((scopes) => retirement.register(scopes)),
+    requeue: retirement && ((scopes) => retirement.queueRetiring(scopes)),
   });
   return { snapshots, metrics };
 }

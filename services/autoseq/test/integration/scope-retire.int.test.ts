@@ -22,6 +22,7 @@ import {
   contextRecordValue,
   readRulesLog,
   scopeRecordKey,
+  scopeRecordValue,
 } from '../../src/adapters/kafka/rules-log.js';
 import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
 import { learnKey, readScope } from '../../src/adapters/redis/learn-store.js';
@@ -81,9 +82,7 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
         recopy: (written) => copier.snapshots!.mark(written),
       });
     const retirement = sweeper();
-    const { snapshots, metrics: copies } = ruleCopier(redis, prefix, sink, topic, (s) =>
-      retirement.register(s),
-    );
+    const { snapshots, metrics: copies } = ruleCopier(redis, prefix, sink, topic, retirement);
     copier.snapshots = snapshots;
     const replay = rulesReplay(topic);
     /** One batch learned, saved with the TTL and its grace (`ttlMs`), and copied, as the service does. */
@@ -91,6 +90,7 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
       const store = await learnBatch(redis, prefix, batch, LOW_BAR, ttlMs);
       snapshots.mark(store.written());
       await snapshots.flush();
+      return store.written();
     };
     /** Each scope the topic holds now, with its contexts (tombstoned records left out, as a restore reads it). */
     const inTopic = async () =>
@@ -414,6 +414,61 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     expect(await t.retirement.sweep()).toEqual({ retired: 1, gone: 0, failed: 0 });
     expect(await t.inTopic()).toEqual([expect.stringMatching(/^old:/)]);
     await redis.del(learnKey(t.prefix, 'default', 'old'));
+  });
+
+  it('a stop right after a restore never drops its queue of expired scopes', async () => {
+    const t = await setup();
+    // The topic holds 20 scopes idle for a day (their state and the registry went with Redis).
+    const at = Date.now() - 86_400_000;
+    await sink.sendRaw(
+      t.topic,
+      Array.from({ length: 20 }, (_, i) => [
+        { key: scopeRecordKey(t.prefix, 'default', `a${i}`), value: scopeRecordValue(1, undefined, at) },
+        { key: contextRecordKey(t.prefix, 'default', `a${i}`, 'c'), value: contextRecordValue('{}') },
+      ]).flat(),
+    );
+    const flag = restoreFlagKey(`${t.prefix}:aseq:epoch`);
+    expect(
+      await restoreRules(redis, t.prefix, flag, t.replay, () => true, TTL, Date.now, {
+        retirement: t.retirement,
+        graceMs: GRACE,
+      }),
+    ).toMatchObject({ expired: 20 });
+    await t.retirement.stop(); // a SIGTERM right after the restore (a rolling deploy)
+    expect(await redis.exists(flag)).toBe(0);
+    // The next instance's sweep finishes every one.
+    expect(await t.sweeper().sweep()).toMatchObject({ retired: 20, failed: 0 });
+    expect(await t.inTopic()).toEqual([]);
+    expect(await t.retired('expired_at_restore')).toBe(20);
+  });
+
+  it("a copy whose send outlasts its lease, landing after a retirement's tombstones, is retired again", async () => {
+    const t = await setup();
+    const written = await t.learn(asAgent('s'));
+    await t.idle('s');
+    let stall: (() => Promise<void>) | null = async () => {
+      // The copy's send stalls past its lease; the sweep takes the lease and retires the scope.
+      await redis.del(leaseKey(t.prefix, 'default', 's'));
+      expect(await t.retirement.sweep()).toMatchObject({ retired: 1 });
+    };
+    const slow: Sink = {
+      ...sink,
+      sendRaw: async (topic, records) => {
+        const f = stall;
+        stall = null;
+        if (f) await f();
+        await sink.sendRaw(topic, records);
+      },
+    };
+    const late = ruleCopier(redis, t.prefix, slow, t.topic, t.retirement).snapshots;
+    late.mark(written); // marks kept from copies that failed while the broker was down
+    await late.flush();
+    expect(await t.inTopic()).toEqual([expect.stringMatching(/^s:/)]);
+    expect(await redis.exists(retiringKey(t.prefix, 'default', 's'))).toBe(1);
+    expect(await t.retirement.sweep()).toMatchObject({ retired: 1, failed: 0 });
+    expect(await t.inTopic()).toEqual([]);
+    expect(await t.scopeRecord('s')).toBeNull();
+    expect(await t.registered()).toEqual([]);
   });
 
   it('copies a scope record marked again with no context (a retirement cut short on a scope that holds all its names)', async () => {
