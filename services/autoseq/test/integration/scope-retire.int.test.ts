@@ -59,6 +59,17 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     await redis.quit();
   });
 
+  /** The real sink, whose sends fail while `down` (a broker outage). */
+  const flakySink = () => {
+    const f: { down: boolean; sink: Sink } = { down: false, sink };
+    f.sink = {
+      ...sink,
+      sendRaw: (topic, records) =>
+        f.down ? Promise.reject(new Error('broker unavailable')) : sink.sendRaw(topic, records),
+    };
+    return f;
+  };
+
   /** A prefix, its rules topic, a copier registering what it copies, and the sweep, wired as the service does. */
   async function setup(opts: { sink?: Sink; redis?: Redis } = {}) {
     const prefix = unique('paver-test');
@@ -281,18 +292,13 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
   });
 
   it('retires in one sweep a scope that came back during an unfinished retirement and went idle again', async () => {
-    let down = false;
-    const flaky: Sink = {
-      ...sink,
-      sendRaw: (topic, records) =>
-        down ? Promise.reject(new Error('broker unavailable')) : sink.sendRaw(topic, records),
-    };
-    const t = await setup({ sink: flaky });
+    const flaky = flakySink();
+    const t = await setup({ sink: flaky.sink });
     await t.learn(asAgent('s'));
     await t.idle('s');
-    down = true;
+    flaky.down = true;
     expect(await t.retirement.sweep()).toMatchObject({ retired: 0, failed: 1 });
-    down = false;
+    flaky.down = false;
     await t.learn(asAgent('s', ':again').slice(0, 6));
     await t.idle('s');
     expect(await t.retirement.sweep()).toEqual({ retired: 1, gone: 0, failed: 0 });
@@ -385,19 +391,14 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
   });
 
   it('a restore never writes back a scope whose retirement is under way; the sweep retries a failed send', async () => {
-    let down = false;
-    const flaky: Sink = {
-      ...sink,
-      sendRaw: (topic, records) =>
-        down ? Promise.reject(new Error('broker unavailable')) : sink.sendRaw(topic, records),
-    };
-    const t = await setup({ sink: flaky });
+    const flaky = flakySink();
+    const t = await setup({ sink: flaky.sink });
     await t.learn(asAgent('old'), 3_600_000);
     await t.learn(asAgent('s'));
     const flag = restoreFlagKey(`${t.prefix}:aseq:epoch`);
     // `s` is retired as far as its first step (the broker is down for the tombstones), then Redis loses `old`.
     await t.idle('s');
-    down = true;
+    flaky.down = true;
     expect(await t.retirement.sweep()).toMatchObject({ failed: 1 });
     expect(await redis.exists(retiringKey(t.prefix, 'default', 's'))).toBe(1);
     await redis.del(learnKey(t.prefix, 'default', 'old'));
@@ -410,7 +411,7 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     expect(await redis.exists(learnKey(t.prefix, 'default', 's'))).toBe(0);
     await t.retirement.settled();
     expect(await t.retirement.sweep()).toMatchObject({ retired: 0, failed: 1 });
-    down = false;
+    flaky.down = false;
     expect(await t.retirement.sweep()).toEqual({ retired: 1, gone: 0, failed: 0 });
     expect(await t.inTopic()).toEqual([expect.stringMatching(/^old:/)]);
     await redis.del(learnKey(t.prefix, 'default', 'old'));
