@@ -1,6 +1,7 @@
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import { errorMessage } from '../../../../shared/errors.js';
+import { jsonOf } from '../../../../shared/kafka/replay.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
 import type { Logger } from '../../../../shared/log.js';
 import { execPipeline } from '../../../../shared/redis/replies.js';
@@ -80,7 +81,7 @@ type Retiring = ScopeRef & { ctxs: string[]; live: boolean };
 
 export class ScopeRetirement {
   private timer: NodeJS.Timeout | null = null;
-  /** The sweep or the restore's tombstones under way. */
+  /** The sweep under way. */
   private work: Promise<unknown> = Promise.resolve();
   private stopped = false;
 
@@ -119,11 +120,6 @@ export class ScopeRetirement {
     return this.work;
   }
 
-  /** Waits for the sweep or the restore's tombstones under way. */
-  settled(): Promise<unknown> {
-    return this.work;
-  }
-
   async stop(): Promise<void> {
     this.stopped = true;
     if (this.timer) clearTimeout(this.timer);
@@ -144,7 +140,7 @@ export class ScopeRetirement {
       cursor = next;
       const refs: ScopeRef[] = [];
       for (const m of members) {
-        const r = memberShape.safeParse(parseJson(m));
+        const r = memberShape.safeParse(jsonOf(m));
         if (r.success) refs.push({ id: scopeId(r.data[0], r.data[1]), tenant: r.data[0], agent: r.data[1] });
       }
       if (refs.length === 0) continue;
@@ -359,12 +355,4 @@ function tombstones(prefix: string, scopes: readonly Retiring[]): { key: string;
     ...s.ctxs.map((c) => ({ key: contextRecordKey(prefix, s.tenant, s.agent, c), value: null })),
     ...(s.live ? [] : [{ key: scopeRecordKey(prefix, s.tenant, s.agent), value: null }]),
   ]);
-}
-
-function parseJson(text: string): unknown {
-  try {
-    return JSON.parse(text);
-  } catch {
-    return null;
-  }
 }

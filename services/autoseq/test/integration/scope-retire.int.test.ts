@@ -70,6 +70,21 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     return f;
   };
 
+  /** The real sink, running `before` (once, then cleared) ahead of its next send: a stall, at the worst moment. */
+  const hookedSink = () => {
+    const h: { before: (() => Promise<void>) | null; sink: Sink } = { before: null, sink };
+    h.sink = {
+      ...sink,
+      sendRaw: async (topic, records) => {
+        const f = h.before;
+        h.before = null;
+        if (f) await f();
+        await sink.sendRaw(topic, records);
+      },
+    };
+    return h;
+  };
+
   /** A prefix, its rules topic, a copier registering what it copies, and the sweep, wired as the service does. */
   async function setup(opts: { sink?: Sink; redis?: Redis } = {}) {
     const prefix = unique('paver-test');
@@ -214,22 +229,13 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
   });
 
   it('a scope that comes back while its tombstones are sent, past the lease, ends on the topic as in Redis', async () => {
-    let revive: (() => Promise<void>) | null = null;
     // The real sink; before the tombstones go, the sweep's lease runs out and a batch brings the scope back,
     // whose copy lands first.
-    const slow: Sink = {
-      ...sink,
-      sendRaw: async (topic, records) => {
-        const f = revive;
-        revive = null;
-        if (f) await f();
-        await sink.sendRaw(topic, records);
-      },
-    };
-    const t = await setup({ sink: slow });
+    const slow = hookedSink();
+    const t = await setup({ sink: slow.sink });
     await t.learn(asAgent('s'));
     await t.idle('s');
-    revive = async () => {
+    slow.before = async () => {
       await redis.del(leaseKey(t.prefix, 'default', 's'));
       await t.learn(asAgent('s', ':again').slice(0, 40), 3_600_000);
     };
@@ -369,7 +375,6 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
       restored: 0,
       expired: 3,
     });
-    await t.retirement.settled();
     expect(await t.retired('expired_at_restore')).toBe(2);
     expect(await t.registered()).toEqual([S('back'), S('gone'), S('old')]);
     // The sweep finishes them: what `back` holds stays, with its scope record; the rest goes.
@@ -409,7 +414,6 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     ).toMatchObject({ scopes: 2, restored: 1, expired: 0 });
     expect(await redis.exists(learnKey(t.prefix, 'default', 'old'))).toBe(1);
     expect(await redis.exists(learnKey(t.prefix, 'default', 's'))).toBe(0);
-    await t.retirement.settled();
     expect(await t.retirement.sweep()).toMatchObject({ retired: 0, failed: 1 });
     flaky.down = false;
     expect(await t.retirement.sweep()).toEqual({ retired: 1, gone: 0, failed: 0 });
@@ -447,21 +451,13 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     const t = await setup();
     const written = await t.learn(asAgent('s'));
     await t.idle('s');
-    let stall: (() => Promise<void>) | null = async () => {
+    const slow = hookedSink();
+    slow.before = async () => {
       // The copy's send stalls past its lease; the sweep takes the lease and retires the scope.
       await redis.del(leaseKey(t.prefix, 'default', 's'));
       expect(await t.retirement.sweep()).toMatchObject({ retired: 1 });
     };
-    const slow: Sink = {
-      ...sink,
-      sendRaw: async (topic, records) => {
-        const f = stall;
-        stall = null;
-        if (f) await f();
-        await sink.sendRaw(topic, records);
-      },
-    };
-    const late = ruleCopier(redis, t.prefix, slow, t.topic, t.retirement).snapshots;
+    const late = ruleCopier(redis, t.prefix, slow.sink, t.topic, t.retirement).snapshots;
     late.mark(written); // marks kept from copies that failed while the broker was down
     await late.flush();
     expect(await t.inTopic()).toEqual([expect.stringMatching(/^s:/)]);
