@@ -378,7 +378,12 @@ export function buildArgs(ctx: BindingContext, nextTool: string, bindings: reado
   const args: Record<string, unknown> = {};
   for (const b of bindings) {
     const r = resolveSource(ctx, nextTool, b.source);
-    if (!r.ok || b.path.length === 0 || !setPath(args, b.path, structuredCloneJson(r.value)))
+    if (
+      !r.ok ||
+      b.path.length === 0 ||
+      !exact(r.value) ||
+      !setPath(args, b.path, structuredCloneJson(r.value))
+    )
       return { ok: false, missing: b.path };
   }
   // Leaf bindings may leave holes in arrays: such an argument was not rebuilt faithfully.
@@ -394,6 +399,20 @@ function hasHole(v: unknown): boolean {
   }
   if (v && typeof v === 'object') return Object.values(v).some(hasHole);
   return false;
+}
+
+/**
+ * False when `v` holds an integer beyond ±2^53: JSON text gave more digits than a double keeps, so the value
+ * read here is not the one the producer wrote (a 64-bit id such as 1234567890123456789 reads as
+ * 1234567890123456800). Copied into a proposal, it would name another record; compared with the agent's own
+ * call, read the same way, it would even score as a hit. Such a value is never bound nor proposed.
+ */
+export function exact(v: unknown, depth = 0): boolean {
+  if (typeof v === 'number') return !Number.isInteger(v) || Number.isSafeInteger(v);
+  if (v === null || typeof v !== 'object') return true;
+  if (depth > 64) return false;
+  for (const x of Array.isArray(v) ? v : Object.values(v)) if (!exact(x, depth + 1)) return false;
+  return true;
 }
 
 const structuredCloneJson = (v: unknown): unknown =>
@@ -560,6 +579,9 @@ function keyedSources(
     }
     return found.length < opts.maxSources;
   };
+  // No source explains a value that was not read exactly: the argument stays unbound (split into leaves, only
+  // its inexact ones do), so no rule proposes it.
+  if (!exact(value)) return out;
   const calls = ctx.calls;
   const scalar = value === null || typeof value !== 'object';
   const canonical = canonicalJson(value);

@@ -191,6 +191,43 @@ describe('bindings: build arguments', () => {
     expect(built.ok && canonicalJson(built.args)).toBe(canonicalJson(args));
   });
 
+  it('an integer beyond 2^53 (read rounded from JSON text) is never bound nor proposed', () => {
+    // Two different 64-bit ids read as the same double: a proposal would carry the wrong one.
+    const big = JSON.parse('{"id": 1234567890123456789}') as { id: number };
+    expect(big.id).toBe(JSON.parse('1234567890123456800'));
+    const c: BindingContext = {
+      calls: [{ tool: 'a', observation: { id: big.id, small: 9007199254740991, items: [{ id: big.id }] } }],
+    };
+    expect(enumerateSources(c, 'b', big.id)).toEqual([]);
+    expect(enumerateSources(c, 'b', 9007199254740991)).toContainEqual({
+      kind: 'prev',
+      part: 'out',
+      path: ['small'],
+    });
+    // Inside an argument, only the inexact leaf goes unbound (so no rule can be built for the call).
+    const units = enumerateArgs(c, 'b', { q: { id: big.id, n: 9007199254740991, f: 0.5 } });
+    expect(units.map((u) => [u.path, u.sources.length > 0])).toEqual([
+      [['q', 'f'], true],
+      [['q', 'id'], false],
+      [['q', 'n'], true],
+    ]);
+    // A binding learned on exact values does not copy an inexact one when it comes.
+    expect(
+      buildArgs(c, 'b', [{ path: ['id'], source: { kind: 'prev', part: 'out', path: ['id'] } }]),
+    ).toEqual({
+      ok: false,
+      missing: ['id'],
+    });
+    expect(
+      buildArgs(c, 'b', [
+        { path: ['x'], source: { kind: 'loop', tool: 'a', part: 'out', list: ['items'], item: [] } },
+      ]),
+    ).toEqual({ ok: false, missing: ['x'] });
+    expect(
+      buildArgs(c, 'b', [{ path: ['n'], source: { kind: 'prev', part: 'out', path: ['small'] } }]),
+    ).toEqual({ ok: true, args: { n: 9007199254740991 } });
+  });
+
   it('source and path keys are the canonical JSON of the source, for every kind (and units carry them)', () => {
     const sources: Source[] = [
       { kind: 'prev', part: 'out', path: ['a', 0, 'b"c'] },
