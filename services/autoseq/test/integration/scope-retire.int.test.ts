@@ -395,6 +395,34 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     await redis.del(learnKey(t.prefix, 'default', 'back'));
   });
 
+  it('a scope whose only record is its scope record is restored when recent, and retired when expired', async () => {
+    const t = await setup();
+    const flag = restoreFlagKey(`${t.prefix}:aseq:epoch`);
+    const now = Date.now();
+    // Every context of theirs was tombstoned (evicted) before Redis was lost.
+    await sink.sendRaw(t.topic, [
+      { key: scopeRecordKey(t.prefix, 'default', 'recent'), value: scopeRecordValue(7, undefined, now) },
+      {
+        key: scopeRecordKey(t.prefix, 'default', 'stale'),
+        value: scopeRecordValue(9, undefined, now - 86_400_000),
+      },
+      { key: contextRecordKey(t.prefix, 'default', 'stale', 'a'), value: null },
+    ]);
+    expect(
+      await restoreRules(redis, t.prefix, flag, t.replay, () => true, 3_600_000, Date.now, {
+        retirement: t.retirement,
+        graceMs: GRACE,
+      }),
+    ).toMatchObject({ scopes: 2, restored: 1, expired: 1 });
+    expect((await readScope(redis, t.prefix, 'default', 'recent'))?.clock).toBe(7);
+    expect(await t.registered()).toEqual([S('recent'), S('stale')]);
+    expect(await t.retirement.sweep()).toMatchObject({ retired: 1, failed: 0 });
+    expect(await t.scopeRecord('stale')).toBeNull();
+    expect(await t.scopeRecord('recent')).toBeTruthy();
+    expect(await t.registered()).toEqual([S('recent')]);
+    await redis.del(learnKey(t.prefix, 'default', 'recent'));
+  });
+
   it('a restore never writes back a scope whose retirement is under way; the sweep retries a failed send', async () => {
     const flaky = flakySink();
     const t = await setup({ sink: flaky.sink });

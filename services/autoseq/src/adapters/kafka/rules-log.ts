@@ -59,7 +59,8 @@ export interface ScopeCopyRead {
 
 /**
  * Reads the whole topic (its partitions from the low to the high watermark as they are now) and gives each
- * scope of `prefix` as the latest record of each key says, as compaction would keep it. Records of other
+ * scope of `prefix` as the latest record of each key says, as compaction would keep it (a retired scope only
+ * while records of its contexts remain). Records of other
  * prefixes, and records this version cannot read, are skipped and counted. Once `goOn` is false the read ends
  * with `ReplayStopped` (see `readRanges`).
  */
@@ -99,5 +100,7 @@ export async function readRulesLog(
     }
   }
   for (const s of scopes.values()) if (!withRecord.has(s)) s.retired = true;
-  return { scopes: [...scopes.values()].filter((s) => s.ctxs.size > 0), skipped };
+  // A scope whose only record is its scope record (its contexts all tombstoned) is still a scope: restored,
+  // with its clock and families, or retired, so that the record does not stay on the topic for ever.
+  return { scopes: [...scopes.values()].filter((s) => s.ctxs.size > 0 || !s.retired), skipped };
 }
