@@ -16,6 +16,7 @@ import { boundedLines } from '../shared/jsonl.js';
 import { kafkaConfig } from '../shared/kafka/client.js';
 import { ensureTopics, paverTopics } from '../shared/kafka/topics.js';
 import { createLogger } from '../shared/log.js';
+import { deeperThan } from '../shared/core/json-depth.js';
 
 /** Exit code when no broker answers (sysexits EX_UNAVAILABLE). */
 export const EXIT_UNAVAILABLE = 69;
@@ -135,7 +136,8 @@ export async function publish(opts: {
       } catch {
         // Not JSON: sent as is, so the services' dead-letter path can be seen working.
       }
-      if (obj !== null && typeof obj === 'object' && !Array.isArray(obj)) {
+      // Too deep to write back: sent as is too (the services dead-letter it), rather than failing the command.
+      if (obj !== null && typeof obj === 'object' && !Array.isArray(obj) && !deeperThan(obj)) {
         const o = obj as Record<string, unknown>;
         if (opts.tenant !== undefined) o.tenant_id = opts.tenant;
         if (opts.agent !== undefined) o.agent_id = opts.agent;

@@ -7,4 +7,11 @@ export const LIMITS = {
   summaries: 50,
   maxStep: 1_000_000,
   catalogTools: 10_000,
+  /**
+   * Deepest nesting of a JSON value read at a boundary (a Kafka record, an HTTP body, a line of a file, JSON text
+   * in a tool's arguments or result). JSON.parse reads any depth, but writing the value back (JSON.stringify,
+   * canonical JSON) overflows the stack from about 5,000 levels: a 10 KB record would stop a consumer on every
+   * restart. Real arguments and results nest a few levels, a few dozen at most.
+   */
+  jsonDepth: 64,
 } as const;

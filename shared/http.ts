@@ -3,6 +3,7 @@ import type { AddressInfo } from 'node:net';
 import { Histogram, type Registry } from 'prom-client';
 import type { Logger } from './log.js';
 import { classifyError, errorMessage } from './errors.js';
+import { deeperThan, TOO_DEEP } from './core/json-depth.js';
 
 export interface HttpRequest {
   method: string;
@@ -214,11 +215,14 @@ async function readBody(req: IncomingMessage): Promise<unknown> {
     chunks.push(chunk as Buffer);
   }
   if (size === 0) return undefined;
+  let body: unknown;
   try {
-    return JSON.parse(Buffer.concat(chunks).toString('utf8'));
+    body = JSON.parse(Buffer.concat(chunks).toString('utf8'));
   } catch {
     throw Object.assign(new Error('request body is not valid JSON'), { status: 400 });
   }
+  if (deeperThan(body)) throw Object.assign(new Error(`request body ${TOO_DEEP}`), { status: 400 });
+  return body;
 }
 
 /**

@@ -14,6 +14,7 @@ import {
 } from '../schemas/index.js';
 import { zodParser } from './kafka/runner.js';
 import { errorMessage } from './errors.js';
+import { deeperThan, TOO_DEEP } from './core/json-depth.js';
 import { MAX_WHOLE_INPUT_BYTES, maxConfigBytes } from './config.js';
 
 const MAX_LINE = 1024 * 1024;
@@ -91,6 +92,17 @@ export function parseJsonLine(line: string): { value: unknown; nonFinite: boolea
   } catch {
     return undefined;
   }
+}
+
+/** A value's `type`, `event_id`, `session_id` and `task_id` where they are strings (nothing else of it). */
+function topStrings(v: unknown): Record<string, string> {
+  const out: Record<string, string> = {};
+  if (v === null || typeof v !== 'object' || Array.isArray(v)) return out;
+  for (const k of ['type', 'event_id', 'session_id', 'task_id']) {
+    const x = own(v as Record<string, unknown>, k);
+    if (typeof x === 'string') out[k] = x;
+  }
+  return out;
 }
 
 /**
@@ -247,6 +259,13 @@ export async function* readEvents(
       fail('not valid JSON');
       continue;
     }
+    if (deeperThan(parsed.value)) {
+      fail(TOO_DEEP);
+      // Its ids only, as for a line too long to read: still one output line per tool_call where one is printed.
+      const ids = topStrings(parsed.value);
+      if (ids.type) onBad?.(ids);
+      continue;
+    }
     const raw = parsed.value;
     if (parsed.nonFinite) noteOnce('nonFinite', `line ${stats.lines}: NaN/Infinity read as null`);
     if (raw !== null && typeof raw === 'object' && !Array.isArray(raw)) {
@@ -262,6 +281,11 @@ export async function* readEvents(
       // Tool-calling APIs carry a call's arguments as JSON text (OpenAI's function.arguments): read the object.
       if (type === 'tool_call' && typeof obj.args === 'string') {
         const args = parseJsonLine(obj.args)?.value;
+        if (deeperThan(args)) {
+          fail(`args ${TOO_DEEP}`);
+          onBad?.(topStrings(obj));
+          continue;
+        }
         if (args !== null && typeof args === 'object' && !Array.isArray(args)) {
           obj.args = args;
           noteOnce('args', `line ${stats.lines}: 'args' given as JSON text: read as the object it holds`);

@@ -2,6 +2,7 @@ import type { z } from 'zod';
 import { checker } from '../validate.js';
 import type { DeadLetterReason } from '../../schemas/index.js';
 import { DecodeError, type Codec } from '../codec.js';
+import { deeperThan, TOO_DEEP } from '../core/json-depth.js';
 
 /** Either a typed value or a dead-letter reason; the default uses a zod schema plus a known-type check. */
 export type Parser<T> = (
@@ -84,7 +85,16 @@ export function decodeMessageSync<T>(
     if (err instanceof DecodeError) return { ok: false, reason: err.reason, detail: err.message };
     throw err;
   }
-  return raw && o.parse(raw.value, topic);
+  return raw && parseDecoded(raw.value, topic, o);
+}
+
+/**
+ * A value nested too deep to write back is refused here, before any service reads it: each of them stringifies
+ * what it keeps, and a stack overflow there would be INTERNAL, the same record failing every restart.
+ */
+function parseDecoded<T>(value: unknown, topic: string, o: DecodeOptions<T>): Decoded<T> {
+  if (deeperThan(value)) return { ok: false, reason: 'invalid', detail: TOO_DEEP };
+  return o.parse(value, topic);
 }
 
 /**
@@ -105,5 +115,5 @@ export async function decodeMessage<T>(
     if (err instanceof DecodeError) return { ok: false, reason: err.reason, detail: err.message };
     throw err;
   }
-  return o.parse(raw, topic);
+  return parseDecoded(raw, topic, o);
 }

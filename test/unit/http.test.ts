@@ -510,6 +510,33 @@ describe('JSON request bodies', () => {
     }
   });
 
+  it('nested deeper than 64 levels are answered 400 (writing them back would overflow the stack), and the server goes on', async () => {
+    const s = serverWith({
+      readiness: [],
+      routes: [
+        { method: 'POST', path: '/echo', handler: async (req) => ({ status: 200, body: await req.body() }) },
+      ],
+    });
+    const port = await s.listen(0, '127.0.0.1');
+    try {
+      const post = async (body: string) => {
+        const res = await fetch(`http://127.0.0.1:${port}/echo`, {
+          method: 'POST',
+          body,
+          headers: { 'content-type': 'application/json' },
+        });
+        return { status: res.status, body: (await res.json()) as unknown };
+      };
+      expect(await post('['.repeat(10_000) + ']'.repeat(10_000))).toEqual({
+        status: 400,
+        body: { error: 'request body nested deeper than 64 levels' },
+      });
+      expect(await post('{"a":[1]}')).toEqual({ status: 200, body: { a: [1] } });
+    } finally {
+      await s.close();
+    }
+  });
+
   it("a request with no content has no body, whatever its Content-Type says (curl -d '' sends a form type)", async () => {
     const s = serverWith({
       readiness: [],

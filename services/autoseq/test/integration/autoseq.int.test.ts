@@ -95,6 +95,23 @@ describe('autoseq service (real Kafka, real Redis)', () => {
       candidates: ['index_docs', 'init_docs'],
     });
 
+    // Arguments nested too deep to write back: dead-lettered before autoseq reads them (it kept them in Redis,
+    // and the stack overflow stopped it on every restart). A result of JSON text that deep is read as text.
+    const deep = '['.repeat(10_000) + ']'.repeat(10_000);
+    const deepArgs = call('t5', { args: { a: '@' } });
+    await produce(env.PAVER_TOPIC_TOOL_CALLS!, [
+      { ...deepArgs, value: deepArgs.value.replace('"@"', deep) },
+      call('t6', { observation: deep }),
+      call('t6', { observation: deep }),
+    ]);
+    // (Skipped: a result of text matches no typed schema.)
+    expect((await decisions(env.PAVER_TOPIC_NEXT_ACTIONS!, 5)).slice(3).map((r) => r.event_type)).toEqual([
+      'auto_seq_skipped',
+      'auto_seq_skipped',
+    ]);
+    const deadDeep = await consumeUntil(env.PAVER_TOPIC_DEAD_LETTERS!, (all) => all.length >= 4);
+    expect(deadDeep.map((m) => m.headers['paver-dlq-reason'])[3]).toBe('invalid');
+
     // A tombstone removes a tool.
     await produce(env.PAVER_TOPIC_TOOL_CATALOG!, [
       { key: catalogKey('default', 'default', 'tool', 'index_docs'), value: null as unknown as string },
@@ -110,15 +127,15 @@ describe('autoseq service (real Kafka, real Redis)', () => {
       call('t4'),
       call('t4', { tool: 'init_docs', origin: 'auto_seq', observation: { done: true } }),
     ]);
-    const all = await decisions(env.PAVER_TOPIC_NEXT_ACTIONS!, 6);
-    expect(all.slice(3).map((r) => r.event_type)).toEqual([
+    const all = await decisions(env.PAVER_TOPIC_NEXT_ACTIONS!, 8);
+    expect(all.slice(5).map((r) => r.event_type)).toEqual([
       'auto_seq_detected_unique',
       'auto_seq_executed',
       'auto_seq_detected_none',
     ]);
     const m = parsePrometheus(String((await getJson(p.url('/metrics'))).body));
     expect(m.value('paver_autoseq_llm_steps_saved_total')).toBe(1);
-    expect(m.value('paver_dead_letters_total')).toBe(3);
+    expect(m.value('paver_dead_letters_total')).toBe(4);
 
     p.child.kill('SIGTERM');
     expect(await p.exited).toBe(0);

@@ -43,7 +43,7 @@ export function createIngestMetrics(registry: Registry) {
     }),
     payloadsOmitted: new Counter({
       name: 'paver_ingest_payloads_omitted_total',
-      help: 'Tool arguments or results left out of an event, by field and reason (oversize, not_object, not_json).',
+      help: 'Tool arguments or results left out of an event, by field and reason (oversize, not_object, not_json, too_deep).',
       labelNames: ['field', 'reason'],
       registers,
     }),

@@ -1,4 +1,5 @@
 import { own } from '../../../../shared/core/own.js';
+import { deeperThan } from '../../../../shared/core/json-depth.js';
 import { LIMITS } from '../../../../schemas/limits.js';
 import type { TaskCompletedEvent, ToolCallEvent } from '../../../../schemas/index.js';
 import type { OtlpSpan } from './otlp.js';
@@ -58,7 +59,7 @@ export interface KeptSpan {
 
 export type PayloadNote = {
   field: 'args' | 'observation';
-  reason: 'oversize' | 'not_object' | 'not_json';
+  reason: 'oversize' | 'not_object' | 'not_json' | 'too_deep';
 };
 
 const utf8 = new TextEncoder();
@@ -96,7 +97,14 @@ function payload(
   }
   if (typeof v !== 'string') return { value: v };
   try {
-    return { value: JSON.parse(v) };
+    const value = JSON.parse(v) as unknown;
+    // Kept, it would be written back (to Redis, to the topic): past a few thousand levels that overflows the
+    // stack, and the same spans would fail every restart.
+    if (deeperThan(value)) {
+      notes.push({ field, reason: 'too_deep' });
+      return {};
+    }
+    return { value };
   } catch {
     // A plain-text result is still an observation; plain-text arguments are not an arguments object.
     if (field === 'observation') return { value: v };

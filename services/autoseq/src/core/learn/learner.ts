@@ -13,6 +13,7 @@ import {
 } from '../../../../../shared/core/bindings.js';
 import type { TaskCompletedEvent, ToolCallEvent, UserMessageEvent } from '../../../../../schemas/index.js';
 import { own, setOwn } from '../../../../../shared/core/own.js';
+import { deeperThan } from '../../../../../shared/core/json-depth.js';
 import { requestTermsOf } from '../../../../../shared/core/terms.js';
 import { appliedBefore, type Position } from '../position.js';
 import { failedOutput, mentionsRequest } from './outcome.js';
@@ -858,7 +859,8 @@ function structured(v: unknown, depth = 0): unknown {
     if (v[i] !== '{' && v[i] !== '[') return v;
     try {
       const parsed = JSON.parse(v) as unknown;
-      return parsed !== null && typeof parsed === 'object' ? parsed : v;
+      // Too deep to walk or write back (the event passed the boundary's depth check as a string).
+      return parsed !== null && typeof parsed === 'object' && !deeperThan(parsed) ? parsed : v;
     } catch {
       return v;
     }
