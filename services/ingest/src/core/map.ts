@@ -353,7 +353,7 @@ export function mapSpans(spans: Iterable<OtlpSpan>, opts: MapOptions): OfflineRe
   const none = new Set<string>();
   for (const trace of byTrace(kept).values()) {
     const r = resolveTrace(trace, none, opts);
-    out.events.push(...r.events);
+    for (const e of r.events) out.events.push(e); // a trace may hold more events than push(...) takes arguments
     out.stats.toolCalls += r.emittedTools.length;
     out.stats.tasks += r.events.filter((e) => e.type === 'task_completed').length;
     out.stats.pending += r.pendingTools.length;

@@ -367,3 +367,22 @@ describe('statuses and structured values', () => {
     expect(() => anyValue(kv, 0, 1)).toThrow(/nested deeper/);
   });
 });
+
+describe('paver otel on a large export', () => {
+  it('reads one export document of 200,000 spans (push(...spans) overflowed the stack and dropped the document)', () => {
+    const span = (i: number) => ({
+      traceId: '0'.repeat(31) + '1',
+      spanId: i.toString(16).padStart(16, '0'),
+      name: 'http',
+      startTimeUnixNano: '1700000000000000000',
+    });
+    const doc = {
+      resourceSpans: [{ scopeSpans: [{ spans: Array.from({ length: 200_000 }, (_, i) => span(i + 1)) }] }],
+    };
+    const warnings: string[] = [];
+    const r = parseExport(JSON.stringify(doc), (w) => warnings.push(w));
+    expect(warnings).toEqual([]);
+    expect(r).toMatchObject({ requests: 1, bad: 0 });
+    expect(r.spans).toHaveLength(200_000);
+  });
+});
