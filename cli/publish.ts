@@ -14,6 +14,7 @@ import {
 import { errorMessage } from '../shared/errors.js';
 import { boundedLines } from '../shared/jsonl.js';
 import { kafkaConfig } from '../shared/kafka/client.js';
+import { PRODUCE_REQUEST_BUDGET } from '../shared/kafka/requests.js';
 import { ensureTopics, paverTopics } from '../shared/kafka/topics.js';
 import { createLogger } from '../shared/log.js';
 import { deeperThan } from '../shared/core/json-depth.js';
@@ -111,11 +112,13 @@ export async function publish(opts: {
     await producer.connect();
     const codec = createCodec(env);
     let batch: { key: string | null; value: Buffer }[] = [];
+    let batchBytes = 0;
     const flush = async () => {
       if (batch.length === 0) return;
       await producer.send({ topic, messages: batch, acks: -1 });
       sent += batch.length;
       batch = [];
+      batchBytes = 0;
     };
     // Lines stream through a bounded reader: one endless line must not be held whole (readline would).
     let lineNo = 0;
@@ -148,7 +151,13 @@ export async function publish(opts: {
           value = Buffer.from(JSON.stringify(o));
         }
       }
+      // Under the services' produce budget too: kafkajs sends a partition's records of one request as one
+      // record batch, which the broker refuses above its message.max.bytes (1 MiB by default), so 500 events of
+      // one session with 3 KB outputs failed the command.
+      const size = value.length + (key === null ? 0 : Buffer.byteLength(key));
+      if (batchBytes + size > PRODUCE_REQUEST_BUDGET) await flush();
       batch.push({ key, value });
+      batchBytes += size;
       if (batch.length >= 500) await flush();
     }
     await flush();

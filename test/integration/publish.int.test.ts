@@ -87,4 +87,32 @@ describe('paver publish', () => {
       ['a', 'b'],
     );
   });
+
+  it("sends 500 events of one session with 3 KB outputs (1.5 MB for one partition, over the broker's request limit)", async () => {
+    const file = join(tmpdir(), `${unique('publish-wide')}.jsonl`);
+    const text = 'x'.repeat(3000);
+    writeFileSync(
+      file,
+      Array.from({ length: 500 }, (_, i) =>
+        JSON.stringify({
+          type: 'tool_call',
+          event_id: `e${i}`,
+          session_id: 's1',
+          task_id: 't1',
+          step: i,
+          tool: 'read',
+          observation: { text },
+        }),
+      ).join('\n') + '\n',
+    );
+    const env = serviceEnv();
+    const p = await startProcess([PAVER_BIN, 'publish', '--input', file], env);
+    expect(await p.exited, p.output().slice(-2000)).toBe(0);
+    expect(p.output()).toContain('published 500 events');
+    const got = await consumeUntil(env.PAVER_TOPIC_TOOL_CALLS!, (all) => all.length >= 500);
+    // In file order: one session, one partition.
+    expect(got.map((m) => (JSON.parse(m.value!.toString()) as { event_id: string }).event_id)).toEqual(
+      Array.from({ length: 500 }, (_, i) => `e${i}`),
+    );
+  });
 });
