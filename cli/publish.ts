@@ -130,12 +130,15 @@ export async function publish(opts: {
         );
         continue;
       }
-      if (!line.trim()) continue;
+      // A byte order mark (some Windows tools write one) made the first line not JSON: sent raw, without its
+      // session key, and dead-lettered. The offline commands read past it too.
+      const text = lineNo === 1 && line.charCodeAt(0) === 0xfeff ? line.slice(1) : line;
+      if (!text.trim()) continue;
       let key: string | null = null;
-      let value: Buffer = Buffer.from(line);
+      let value: Buffer = Buffer.from(text);
       let obj: unknown;
       try {
-        obj = JSON.parse(line);
+        obj = JSON.parse(text);
       } catch {
         // Not JSON: sent as is, so the services' dead-letter path can be seen working.
       }

@@ -7,10 +7,12 @@ import { consumeUntil, unique } from '../helpers/kafka.js';
 import { PAVER_BIN, serviceEnv, startProcess } from '../helpers/process.js';
 
 const input = join(tmpdir(), `${unique('publish')}.jsonl`);
+// Written with a byte order mark, as some Windows tools do: the first event is still read as one.
 writeFileSync(
   input,
   [
-    JSON.stringify({ type: 'tool_call', event_id: 'a', session_id: 's1', tenant_id: 'old', tool: 'x' }),
+    '\ufeff' +
+      JSON.stringify({ type: 'tool_call', event_id: 'a', session_id: 's1', tenant_id: 'old', tool: 'x' }),
     'not json',
     JSON.stringify({ type: 'tool_call', event_id: 'b', session_id: 's2', tool: 'y' }),
     '',
