@@ -87,6 +87,26 @@ export function otlpParser(
   };
 }
 
+/**
+ * Done marks past the bound (INGEST_MAX_PENDING_SPANS, as for waiting spans), the oldest first. Every change
+ * refreshes a trace's TTL, so a trace that never goes quiet (a conversation, a worker loop) kept a mark per task
+ * for good, and every chunk of it read them all back. A mark that leaves only matters to a tool span of that
+ * task arriving later still, or to its redelivery: the span waits (then expires) instead of counting as
+ * `late`, and a redelivered agent span publishes its task again with the same event ids, which consumers
+ * already skip.
+ */
+function oldestDone(doneAt: ReadonlyMap<string, number>, added: readonly string[], max: number): string[] {
+  const kept = new Set(added);
+  let over = doneAt.size - max;
+  for (const a of kept) if (!doneAt.has(a)) over++;
+  if (over <= 0) return [];
+  return [...doneAt]
+    .filter(([a]) => !kept.has(a))
+    .sort((x, y) => x[1] - y[1] || (x[0] < y[0] ? -1 : 1))
+    .slice(0, over)
+    .map(([a]) => a);
+}
+
 /** What `apply` is asked to do with a chunk's spans. */
 export interface ApplyMode {
   /** False while a replay rebuilds the state a Redis loss took: those tasks were published when first read. */
@@ -149,7 +169,7 @@ export function createIngestApply(deps: {
     const changes = new Map<string, TraceChange>();
     const outcomes = { tool_call: 0, pending: 0, late: 0, orphan: 0, dropped: 0 };
     for (const [traceId, spans] of traces) {
-      const state = states.get(traceId) ?? { spans: [], done: new Set<string>() };
+      const state = states.get(traceId) ?? { spans: [], done: new Set<string>(), doneAt: new Map() };
       const res = resolveTrace([...state.spans, ...spans], state.done, opts);
       events.push(...res.events);
       const freshIds = new Set(spans.map((s) => s.spanId));
@@ -172,7 +192,8 @@ export function createIngestApply(deps: {
       const room = Math.max(0, maxPending - (state.spans.length - drop.length));
       const put = waiting.slice(0, room);
       const kept = new Set(put.map((s) => s.spanId));
-      changes.set(traceId, { put, drop, done: [...res.completedAgents, ...spentKept] });
+      const done = [...res.completedAgents, ...spentKept];
+      changes.set(traceId, { put, drop, done, undone: oldestDone(state.doneAt, done, maxPending) });
       const freshPending = res.pendingTools.filter((id) => freshIds.has(id));
       outcomes.tool_call += res.emittedTools.length;
       outcomes.pending += freshPending.filter((id) => kept.has(id)).length;

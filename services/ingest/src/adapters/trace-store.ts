@@ -25,12 +25,16 @@ export interface TraceState {
   spans: KeptSpan[];
   /** Agent span ids whose task was already published. */
   done: Set<string>;
+  /** When each was marked (epoch ms; 0 for marks of older versions, which carry none). */
+  doneAt: Map<string, number>;
 }
 
 export interface TraceChange {
   put: KeptSpan[];
   drop: string[];
   done: string[];
+  /** Done marks that leave (the oldest, past the trace's bound). */
+  undone?: string[];
 }
 
 /** Keys outside any trace: the epoch marker, and per input topic partition the epoch its state was last rebuilt in. */
@@ -42,8 +46,9 @@ export const ingestGlobalKeys = (prefix: string) => ({
 /**
  * Per-trace state between Kafka messages, one Redis hash per trace: `s:<spanId>` holds a span waiting for
  * its agent span (or a span on its path there), `d:<spanId>` marks a task already published (or a span on a
- * published task's path). The whole hash expires `ttlMs` after its
- * last change, which bounds what a trace whose agent span never arrives can hold.
+ * published task's path), its value when (epoch ms). The whole hash expires `ttlMs` after its
+ * last change, which bounds what a trace whose agent span never arrives can hold; the handler bounds the
+ * marks of a trace that never goes quiet.
  */
 export class RedisTraceStore {
   constructor(
@@ -75,10 +80,14 @@ export class RedisTraceStore {
     if (marker && replies[traceIds.length] !== marker.value) return { states, corrupt, lost: true };
     traceIds.forEach((t, i) => {
       const hash = replies[i];
-      const state: TraceState = { spans: [], done: new Set() };
+      const state: TraceState = { spans: [], done: new Set(), doneAt: new Map() };
       for (const [field, value] of Object.entries((hash ?? {}) as Record<string, string>)) {
-        if (field.startsWith('d:')) state.done.add(field.slice(2));
-        else if (field.startsWith('s:')) {
+        if (field.startsWith('d:')) {
+          const id = field.slice(2);
+          state.done.add(id);
+          const at = Number(value);
+          state.doneAt.set(id, Number.isSafeInteger(at) && at > 1 ? at : 0);
+        } else if (field.startsWith('s:')) {
           let parsed: unknown;
           try {
             parsed = JSON.parse(value);
@@ -97,14 +106,17 @@ export class RedisTraceStore {
 
   async save(changes: Map<string, TraceChange>): Promise<void> {
     const p = this.redis.pipeline();
+    const now = String(Date.now());
     let n = 0;
     for (const [traceId, c] of changes) {
-      if (c.put.length + c.drop.length + c.done.length === 0) continue;
+      const undone = c.undone ?? [];
+      if (c.put.length + c.drop.length + c.done.length + undone.length === 0) continue;
       const key = this.key(traceId);
-      if (c.drop.length) p.hdel(key, ...c.drop.map((s) => `s:${s}`));
+      if (c.drop.length + undone.length)
+        p.hdel(key, ...c.drop.map((s) => `s:${s}`), ...undone.map((a) => `d:${a}`));
       const fields: string[] = [];
       for (const s of c.put) fields.push(`s:${s.spanId}`, JSON.stringify(s));
-      for (const a of c.done) fields.push(`d:${a}`, '1');
+      for (const a of c.done) fields.push(`d:${a}`, now);
       if (fields.length) p.hset(key, ...fields);
       p.pexpire(key, this.ttlMs);
       n++;

@@ -42,6 +42,7 @@ describe('ingest: spans between a tool and its agent leave once the task is publ
     const rec = otelRecorder();
     const traceId = 'ab'.repeat(16);
     const tasks = 10;
+    let lastAgent = '';
     for (let k = 0; k < tasks; k++) {
       const spans = decodeRecorded(
         rec.agent(
@@ -51,6 +52,7 @@ describe('ingest: spans between a tool and its agent leave once the task is publ
       ).map((s) => ({ ...s, traceId }));
       const agent = spans.filter((s) => s.name.startsWith('invoke_agent'));
       expect(agent).toHaveLength(1);
+      lastAgent = agent[0]!.spanId;
       // The tool span and the span above it first; the agent span in a later message.
       await deliver(spans.filter((s) => !agent.includes(s)));
       await deliver(agent);
@@ -61,6 +63,10 @@ describe('ingest: spans between a tool and its agent leave once the task is publ
     expect(calls).toEqual(Array.from({ length: tasks }, (_, k) => `t${k}`));
     const fields = await redis.hkeys(`${prefix}:ingest:trace:${traceId}`);
     expect(fields.filter((f) => f.startsWith('s:'))).toEqual([]);
+    // Done marks are bounded as waiting spans are (the latest kept): before, two per task, for good.
+    const marks = fields.filter((f) => f.startsWith('d:'));
+    expect(marks).toHaveLength(4);
+    expect(marks).toContain(`d:${lastAgent}`);
   });
 
   it('still counts a tool span that comes after its task as late, also under a span between', async () => {
