@@ -188,8 +188,8 @@ export class RuleSnapshots {
         // Whatever their age: one round trip per round of copies, off the batch path.
         await leases.keepFresh(true);
       } catch (err) {
-        const sent = new Set(copied.map((c) => scopeId(c.tenant, c.agent)));
-        await this.s.requeue?.(scopes.filter((w) => sent.has(scopeId(w.tenant, w.agent))));
+        const copiedIds = new Set(copied.map((c) => scopeId(c.tenant, c.agent)));
+        await this.s.requeue?.(scopes.filter((w) => copiedIds.has(scopeId(w.tenant, w.agent))));
         throw err;
       }
       for (const [kind, n] of Object.entries(kinds)) if (n > 0) this.s.metrics.records.inc({ kind }, n);

@@ -33,6 +33,8 @@ import { defineScopeScripts, ScopeLeases, type ScopeRef } from './redis/scope-le
 
 /** `<prefix>:aseq:scopes`: the scopes whose records the rules topic may hold. */
 export const scopeRegistryKey = (prefix: string): string => `${prefix}:aseq:scopes`;
+/** `<prefix>:aseq:sweep-turn`: which instance sweeps this period (SET NX, expiring after one period). */
+export const sweepTurnKey = (prefix: string): string => `${prefix}:aseq:sweep-turn`;
 const member = (s: { tenant: string; agent: string }) => JSON.stringify([s.tenant, s.agent]);
 const memberShape = z.tuple([z.string().min(1), z.string().min(1)]);
 
@@ -95,10 +97,26 @@ export class ScopeRetirement {
     await this.s.redis.sadd(scopeRegistryKey(this.s.prefix), ...scopes.map(member));
   }
 
+  /**
+   * Whether this instance sweeps this period: the first to ask in a period does. Every instance runs the timer,
+   * but each sweep reads the whole registry, so with one per instance a deployment of n instances read it n
+   * times a period for nothing (one sweep retires every scope due). An instance that dies holding the turn
+   * loses it with the period; the next period's sweep finishes what it left (its rounds hold leases).
+   */
+  async takeTurn(periodMs: number): Promise<boolean> {
+    // A little under the period: the holder's own next tick, a period later, finds the turn free again.
+    const ttl = Math.max(1, periodMs - Math.min(1_000, Math.floor(periodMs / 10)));
+    return (await this.s.redis.set(sweepTurnKey(this.s.prefix), this.turnToken, 'PX', ttl, 'NX')) === 'OK';
+  }
+
+  private readonly turnToken = `${process.pid}:${Math.random().toString(36).slice(2)}`;
+
   start(intervalMs: number): void {
     const tick = () => {
       this.timer = setTimeout(() => {
-        void this.run(() => this.sweep()).finally(() => {
+        void this.run(async () => {
+          if (await this.takeTurn(intervalMs)) await this.sweep();
+        }).finally(() => {
           if (!this.stopped) tick();
         });
       }, intervalMs);

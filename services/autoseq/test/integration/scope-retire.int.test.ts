@@ -28,7 +28,12 @@ import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
 import { learnKey, readScope } from '../../src/adapters/redis/learn-store.js';
 import { leaseKey, ScopeLeases } from '../../src/adapters/redis/scope-lease.js';
 import { restoreRules } from '../../src/adapters/rules-snapshot.js';
-import { retiringKey, scopeRegistryKey, ScopeRetirement } from '../../src/adapters/scope-retire.js';
+import {
+  retiringKey,
+  scopeRegistryKey,
+  ScopeRetirement,
+  sweepTurnKey,
+} from '../../src/adapters/scope-retire.js';
 import { scopeId } from '../../src/core/learn/engine.js';
 import { fixtureEvents } from '../learn-streams.js';
 import { learnedServiceEnv, LOW_BAR, startAutoseq } from './predict-compare.js';
@@ -393,6 +398,21 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     expect(left).toBeGreaterThan(3_600_000 - 120_000);
     expect(left).toBeLessThanOrEqual(3_600_000 + GRACE);
     await redis.del(learnKey(t.prefix, 'default', 'back'));
+  });
+
+  it('one instance sweeps per period: the turn goes to the first to ask, and to another once the period is over', async () => {
+    const t = await setup();
+    const [a, b, c] = [t.retirement, t.sweeper(), t.sweeper()];
+    // Asked at once, as the instances' timers do: one sweeps, the others leave the registry alone.
+    const turns = await Promise.all([a, b, c].map((r) => r.takeTurn(60_000)));
+    expect(turns.filter(Boolean)).toHaveLength(1);
+    expect(await a.takeTurn(60_000)).toBe(false);
+    // The holder dies: the turn expires with its period, and another instance takes it.
+    await redis.del(sweepTurnKey(t.prefix));
+    expect(await b.takeTurn(400)).toBe(true);
+    expect(await c.takeTurn(400)).toBe(false);
+    await waitFor(async () => await c.takeTurn(400), 'the turn free after its period');
+    expect(await redis.pttl(sweepTurnKey(t.prefix))).toBeGreaterThan(0);
   });
 
   it('a scope whose only record is its scope record is restored when recent, and retired when expired', async () => {
