@@ -205,6 +205,28 @@ describe('learned decider: generality over synthetic domains', () => {
     expectLearned(o, 'get_order', 0.4);
   });
 
+  it('b4. the same, with outputs encoded twice (JSON text of the JSON text, as some frameworks pass them on)', () => {
+    const r = prng(4);
+    const twice = (v: unknown) => JSON.stringify(JSON.stringify(v));
+    const tasks = Array.from({ length: TASKS }, (_, i) => {
+      const p = person(r);
+      const t = new TaskBuilder(`b4-${i}`).user(`Please look into my account.`);
+      noise(t, r, r.int(0, 1));
+      const acct = `A${r.digits(8)}`;
+      t.call(
+        'get_record',
+        { user_id: p.id },
+        twice({ profile: { name: p.first, billing: { account_id: acct } } }),
+      );
+      t.call('get_account', { account_id: acct }, twice({ balance: r.int(0, 999) }));
+      // A quoted plain string stays a string (the quotes are the value's).
+      t.call('note', { text: 'done' }, JSON.stringify('ok'));
+      noise(t, r, r.int(0, 2));
+      return t.end();
+    });
+    expectLearned(simulate(tasks), 'get_account', 0.5);
+  });
+
   it('b3. the same, with outputs as MCP tool results (JSON text in content[0].text; isError on a failure)', () => {
     const r = prng(3);
     const mcp = (v: unknown) => ({ content: [{ type: 'text', text: JSON.stringify(v) }] });

@@ -849,13 +849,26 @@ const JSON_TEXT_DEPTH = 4;
 /**
  * An output handed over as JSON text (most agent frameworks pass a tool's result on as a string; MCP wraps it
  * in `content[i].text`) read as the JSON it holds, so that its fields and lists can be binding sources, as
- * when the producer publishes it parsed. Any other string (plain text, a number, an error sentence) stays as
- * it is. Objects are copied only where a string inside them was read.
+ * when the producer publishes it parsed, also when encoded twice. Any other string (plain text, a number, an
+ * error sentence) stays as it is. Objects are copied only where a string inside them was read.
  */
 function structured(v: unknown, depth = 0): unknown {
   if (typeof v === 'string') {
     let i = 0;
     while (i < v.length && (v[i] === ' ' || v[i] === '\n' || v[i] === '\r' || v[i] === '\t')) i++;
+    // JSON text encoded twice (a framework that serialises a result already serialised): the JSON text of a
+    // string that holds an object or a list, read as that object or list; any other quoted string stays as is.
+    if (v[i] === '"' && depth < JSON_TEXT_DEPTH) {
+      let inner: unknown;
+      try {
+        inner = JSON.parse(v);
+      } catch {
+        return v;
+      }
+      if (typeof inner !== 'string') return v;
+      const x = structured(inner, depth + 1);
+      return x === inner ? v : x;
+    }
     if (v[i] !== '{' && v[i] !== '[') return v;
     try {
       const parsed = JSON.parse(v) as unknown;
