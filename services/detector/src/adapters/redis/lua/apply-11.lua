@@ -309,13 +309,20 @@ local function loadSupport(grams)
     end
   end
   if wanted == nil then return end
+  -- A bounded number of fields per HMGET: unpack() refuses a few thousand arguments ("too many results to
+  -- unpack"), and a long task (DETECTOR_MAX_LENGTH up to 100) has that many grams; the failure was fatal.
   for key, gs in pairs(wanted) do
-    local vs = redis.call('HMGET', key, unpack(gs))
-    for i, g in ipairs(gs) do
-      if vs[i] then parseSupport(g, vs[i])
-      else
-        supSeen[g] = true
-        supS[g], supC[g], supX[g] = 0, 0, 0
+    for from = 1, #gs, 500 do
+      local to = math.min(#gs, from + 499)
+      local vs = redis.call('HMGET', key, unpack(gs, from, to))
+      for i = from, to do
+        local g = gs[i]
+        local v = vs[i - from + 1]
+        if v then parseSupport(g, v)
+        else
+          supSeen[g] = true
+          supS[g], supC[g], supX[g] = 0, 0, 0
+        end
       end
     end
   end
