@@ -1,4 +1,5 @@
 import { Counter, Gauge } from 'prom-client';
+import { decodeMessage } from '../../../shared/kafka/decode.js';
 import { zodParser } from '../../../shared/kafka/runner.js';
 import { createEpoch } from '../../../shared/redis/epoch.js';
 import { PaverError } from '../../../shared/errors.js';
@@ -97,6 +98,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
       env.PAVER_TOPIC_TOOL_CALLS,
     );
     const input = replayOf(env.PAVER_TOPIC_TOOL_CALLS);
+    const replayDecode = { codec, parse, maxBytes: env.PAVER_MAX_MESSAGE_BYTES };
     const replay: PartitionReplay = async (partition, from, end, each, goOn) => {
       const { lowWatermarks } = await readRanges(
         input,
@@ -105,12 +107,12 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
           const ops: DetectorOp[] = [];
           for (const m of messages) {
             if (m.value === null) continue;
-            // Messages that do not decode were dead-lettered when first read: they made no state then either.
-            const decoded = await codec.decode(m.value).then(
-              (v) => parse(v, input.topic),
-              () => null,
-            );
-            if (!decoded?.ok) continue;
+            // Decoded as the live path decodes (size, depth, contract): what it dead-lettered made no state then
+            // either. A registry that does not answer throws, and the rebuild is tried again; before, such a
+            // message was skipped as if dead-lettered, and one the live path dead-lettered for its size or depth
+            // was applied.
+            const decoded = await decodeMessage(m, input.topic, replayDecode);
+            if (!decoded.ok) continue;
             // Ignored when first read (counted then): ignored again, so the rebuilt state is the one it was.
             if (aheadOfRecord(decoded.value.ts, m.timestamp, env.DETECTOR_MAX_AHEAD_MS)) continue;
             const op = toOp(decoded.value, params.requestTerms, partition, m.offset);
