@@ -436,6 +436,24 @@ describe('DETECTOR_MIN_OCCURRENCES', () => {
   });
 });
 
+describe('DETECTOR_DONE_RETENTION_MS', () => {
+  it('under DETECTOR_TASK_IDLE_MS is refused: a redelivered event of a task closed as idle would reopen it', () => {
+    // Before, it passed, and a redelivery after a restart replaced a whole record with its fragment.
+    expect(
+      refused({ DETECTOR_TASK_IDLE_MS: '60000', DETECTOR_DONE_RETENTION_MS: '1000' }, detectorEnvSchema),
+    ).toContain(
+      'DETECTOR_DONE_RETENTION_MS: must be ≥ DETECTOR_TASK_IDLE_MS (60000): a redelivered event of a task closed as idle would reopen it',
+    );
+    expect(() =>
+      parseEnv(detectorEnvSchema, {
+        ...base,
+        DETECTOR_TASK_IDLE_MS: '60000',
+        DETECTOR_DONE_RETENTION_MS: '60000',
+      }),
+    ).not.toThrow();
+  });
+});
+
 describe('misspelt variables', () => {
   const schemas = {
     detector: detectorEnvSchema,

@@ -64,6 +64,18 @@ export const detectorEnvSchema = crossChecked(
         });
       }
     });
+    // A task is closed as idle after DETECTOR_TASK_IDLE_MS; its id must be remembered at least that long, or
+    // an event of it redelivered (a restart) between the two is neither a duplicate nor late: it reopens the
+    // task, whose fragment then replaces its whole record.
+    env.with(['DETECTOR_TASK_IDLE_MS', 'DETECTOR_DONE_RETENTION_MS'], (e) => {
+      if (e.DETECTOR_DONE_RETENTION_MS < e.DETECTOR_TASK_IDLE_MS) {
+        ctx.addIssue({
+          code: 'custom',
+          path: ['DETECTOR_DONE_RETENTION_MS'],
+          message: `must be ≥ DETECTOR_TASK_IDLE_MS (${e.DETECTOR_TASK_IDLE_MS}): a redelivered event of a task closed as idle would reopen it`,
+        });
+      }
+    });
   },
 );
 export type DetectorEnv = z.infer<typeof detectorEnvSchema>;
