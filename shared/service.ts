@@ -106,7 +106,7 @@ async function prepareTopics(
           : [];
         let problems: string[] = [];
         try {
-          problems = await compactionProblems(admin, specs);
+          problems = await compactionProblems(admin, specs, (w) => log.warn(w));
         } catch (err) {
           if (!authorizationRefused(err)) throw err;
           log.warn(

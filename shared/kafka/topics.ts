@@ -142,13 +142,41 @@ export function compactionProblem(spec: TopicSpec, config: Readonly<Record<strin
 }
 
 /**
+ * Why a `compact,delete` topic keeps a key's records for less than the service asks (`spec.retentionMs`), or null.
+ * `ensureTopics` sets `retention.ms` only when it creates the topic: raising the setting behind it later (the
+ * sequencer's SEQUENCER_SESSION_TTL_MS) leaves the topic dropping a live session's only record, which a Redis loss
+ * then does not restore. A warning, not a refusal: the topic may be shorter on purpose, and it loses nothing
+ * while Redis keeps its data.
+ */
+export function retentionShortfall(spec: TopicSpec, config: Readonly<Record<string, string>>): string | null {
+  if (!spec.retentionMs) return null;
+  const policy = (config['cleanup.policy'] ?? 'delete').split(',').map((p) => p.trim());
+  if (!policy.includes('delete')) return null;
+  const ms = Number(config['retention.ms'] ?? '604800000');
+  if (!(ms >= 0) || ms >= spec.retentionMs) return null;
+  return (
+    `topic ${spec.topic} keeps records retention.ms=${ms} but this service asks ${spec.retentionMs} ms: a key ` +
+    `not written for ${ms} ms goes, and a restore after a Redis loss brings back less; raise it ` +
+    `(kafka-configs.sh --alter --entity-type topics --entity-name ${spec.topic} --add-config ` +
+    `retention.ms=${spec.retentionMs})`
+  );
+}
+
+/**
  * kafkajs's `ConfigResourceTypes.TOPIC` (the protocol's resource type 2): the enum is not among the names Node
  * finds in kafkajs's CommonJS exports, so an ESM import of it fails at load time (the type is imported only).
  */
 const TOPIC_RESOURCE = 2 as ConfigResourceTypes;
 
-/** `compactionProblem` for every existing topic of `specs` marked `compacted` (one DescribeConfigs call). */
-export async function compactionProblems(admin: Admin, specs: readonly TopicSpec[]): Promise<string[]> {
+/**
+ * `compactionProblem` for every existing topic of `specs` marked `compacted` (one DescribeConfigs call);
+ * `retentionShortfall`s go to `warn`.
+ */
+export async function compactionProblems(
+  admin: Admin,
+  specs: readonly TopicSpec[],
+  warn: (shortfall: string) => void = () => undefined,
+): Promise<string[]> {
   const existing = new Set(await admin.listTopics());
   const targets = specs.filter((s) => s.compacted && existing.has(s.topic));
   if (targets.length === 0) return [];
@@ -168,6 +196,8 @@ export async function compactionProblems(admin: Admin, specs: readonly TopicSpec
     for (const e of r.configEntries) if (e.configValue !== null) config[e.configName] = e.configValue;
     const problem = compactionProblem(spec, config);
     if (problem) problems.push(problem);
+    const shortfall = problem ? null : retentionShortfall(spec, config);
+    if (shortfall) warn(shortfall);
   }
   return problems;
 }

@@ -16,7 +16,7 @@ import { answerFromState } from './adapters/answer.js';
 import { allowedToolsRoute } from './adapters/http.js';
 import { createSequencerMetrics } from './adapters/metrics.js';
 import { trackedEpochCheck } from './adapters/epoch.js';
-import { readSessionLog, sessionRecordKey, sessionRecordValue } from './adapters/kafka/session-log.js';
+import { copyToSessionLog, readSessionLog } from './adapters/kafka/session-log.js';
 import { createOrchestrationFeed } from './adapters/orchestration-feed.js';
 import { RedisSessionStore } from './adapters/redis/store.js';
 import { StateCache } from './adapters/state-cache.js';
@@ -134,16 +134,7 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
       sink,
       topic: env.PAVER_TOPIC_SEQUENCE_STATE,
       metrics: m,
-      copy: copying
-        ? (writes) =>
-            sink.sendRaw(
-              stateTopic,
-              writes.map((w) => ({
-                key: sessionRecordKey(env.REDIS_KEY_PREFIX, w.ref),
-                value: sessionRecordValue(w.value, Date.now()),
-              })),
-            )
-        : undefined,
+      copy: copying ? copyToSessionLog(sink, stateTopic, env.REDIS_KEY_PREFIX) : undefined,
     });
     return {
       inputTopics: [env.PAVER_TOPIC_TOOL_CALLS],

@@ -14,15 +14,35 @@ const idOf = (e: ToolCallsEvent) => `${e.tenant_id}\u001f${e.agent_id}\u001f${e.
  */
 export function createBatchHandler(o: {
   config: Orchestrations;
-  store: Pick<RedisSessionStore, 'load' | 'plan' | 'save'>;
+  store: Pick<RedisSessionStore, 'load' | 'plan' | 'save' | 'stored'>;
   sink: Sink;
   topic: string;
   metrics: SequencerMetrics;
   /** Copies the states about to be written (the session topic), before Redis: what survives its loss. */
-  copy?: ((writes: PlannedWrite[]) => Promise<void>) | undefined;
+  copy?: ((writes: Pick<PlannedWrite, 'ref' | 'value'>[]) => Promise<void>) | undefined;
 }): BatchHandler<ToolCallsEvent> {
-  const { config, store, sink, topic, metrics } = o;
+  const { config, store, sink, topic, metrics, copy } = o;
+  /**
+   * Sessions copied by a batch whose write then failed: their last record on the session topic may be a state
+   * Redis never held. After a lost compare-and-set it is even at the version the winner wrote, so a restore after
+   * a Redis loss would take it (of two records at one version the later wins, and compaction keeps only the
+   * later). The retry does not mend it when the winner applied the same events: they are duplicates then, and
+   * nothing is copied. So what Redis holds is copied after it, here or, should that fail, before the next batch.
+   */
+  const owed = new Map<string, Pick<PlannedWrite, 'ref' | 'value'>>();
+  const recopy = async () => {
+    const ws = [...owed.values()];
+    const keys = [...owed.keys()];
+    const now = await store.stored(keys);
+    // A write that landed left the copy right; a session gone from Redis has nothing to copy.
+    const fixes = ws.flatMap((w, i) =>
+      now[i] != null && now[i] !== w.value ? [{ ...w, value: now[i] }] : [],
+    );
+    if (fixes.length) await copy!(fixes);
+    for (const k of keys) owed.delete(k);
+  };
   return async (batch) => {
+    if (owed.size) await recopy();
     const refs = new Map<string, SessionRef>();
     const ids = batch.map(({ value: e }) => {
       const id = idOf(e);
@@ -64,8 +84,17 @@ export function createBatchHandler(o: {
     // re-applies the batch, which writes the same states again). Not sent alongside the records, though it
     // would cost less: a copy that landed while its batch's records did not would, after a crash and a Redis
     // loss, restore states whose events are then skipped as redelivered, and their records never go out.
-    await o.copy?.(writes);
-    await store.save(writes);
+    await copy?.(writes);
+    try {
+      await store.save(writes);
+    } catch (err) {
+      if (copy) {
+        for (const w of writes) owed.set(w.key, w);
+        // Redis unreachable: the next batch, retried after backoff, copies them first.
+        await recopy().catch(() => undefined);
+      }
+      throw err;
+    }
     metrics.states.inc(out.length);
     for (const v of out) if (v.violation) metrics.violations.inc({ policy: v.violation.policy });
   };

@@ -49,13 +49,21 @@ const inProgress = (step: Step | undefined, index: number) =>
   !!step && step.sequence.length > 0 && index > 0 && index < step.sequence.length;
 
 /**
- * The active-step rule: (1) a held step stays; (2) with sticky sequences, a step whose sequence is in progress
+ * A `held` flag binds only what set it: the `hold` policy and a tool still expected in the step's sequence. It
+ * outlives configuration changes (stored with the session), and the expected tool is what releases it: a step
+ * whose sequence went away, or ends before the index, expects nothing, so the session would stay in it for good.
+ */
+const holds = (agent: Agent, step: Step, index: number) =>
+  agent.policy === 'hold' && index < step.sequence.length;
+
+/**
+ * The active-step rule: (1) a held step stays (while it holds, see `holds`); (2) with sticky sequences, a step whose sequence is in progress
  * stays until it completes; (3) otherwise the first step, in configuration order, that has conditions and all
  * of them hold; (4) otherwise the default step; (5) otherwise none.
  */
 export function selectStep(agent: Agent, s: SessionState): Step | null {
   const current = s.step === null ? undefined : agent.byName.get(s.step);
-  if (current && s.held) return current;
+  if (current && s.held && holds(agent, current, s.index)) return current;
   if (current && agent.sticky && inProgress(current, s.index)) return current;
   return agent.steps.find((st) => conditionsHold(st, s)) ?? agent.defaultStep;
 }

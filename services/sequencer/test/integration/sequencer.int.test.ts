@@ -415,4 +415,23 @@ describe('sequencer service (real Kafka, real Redis)', () => {
     p.child.kill('SIGTERM');
     expect(await p.exited).toBe(0);
   });
+
+  it('warns at start when its session topic keeps records for less than SEQUENCER_SESSION_TTL_MS, and starts', async () => {
+    const day = 86_400_000;
+    const env = envFor({ SEQUENCER_SESSION_TTL_MS: String(7 * day) });
+    await topics(env);
+    // Created by an earlier start with the default TTL: raising it later leaves the topic's retention.ms as it was.
+    await createTopics([
+      {
+        topic: env.SEQUENCER_STATE_TOPIC!,
+        config: { 'cleanup.policy': 'compact,delete', 'retention.ms': String(day) },
+      },
+    ]);
+    const p = await start(env);
+    expect(p.output()).toContain(
+      `topic ${env.SEQUENCER_STATE_TOPIC} keeps records retention.ms=${day} but this service asks ${7 * day} ms`,
+    );
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toBe(0);
+  });
 });

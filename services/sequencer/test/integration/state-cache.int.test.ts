@@ -101,6 +101,34 @@ describe('allowed-tools state cache (real Redis)', () => {
   });
 });
 
+describe('stored values this version cannot read (real Redis)', () => {
+  it('start their session afresh: loaded as new, read as new, and the next write lands', async () => {
+    const prefix = unique('unreadable');
+    const store = new RedisSessionStore(redis, prefix, 60_000);
+    const values = {
+      notJson: '3|\u0082\u00a1s\u00a4flow',
+      // A session topic record whose state was damaged: the restore writes its value back as it is.
+      truncated: '4|["s",2,0,[],[],[]',
+      noVersion: '\u0082\u00a1s\u00a4flow',
+      badVersion: 'v2|["s",2,0,[],[],[],0,"41"]',
+      badOffset: `5|${JSON.stringify(['s', 2, 0, ['a'], [], ['e'], 0, 'x41'])}`,
+    };
+    for (const [session, value] of Object.entries(values)) {
+      const ref = { tenant: 't', agent: 'a', session };
+      await redis.set(sessionKey(prefix, ref), value);
+      const loaded = (await store.load(new Map([['k', ref]]))).get('k')!;
+      expect(loaded.state, session).toEqual(newSession());
+      expect(await store.fromRedis(ref), session).toEqual(newSession());
+      // The compare-and-set must accept the version loaded, or the batch would be retried for ever.
+      await store.save([{ ref, state: stateWith('research', 1), version: loaded.version, key: loaded.key }]);
+      expect((await store.load(new Map([['k', ref]]))).get('k')!.state, session).toMatchObject({
+        step: 'research',
+        index: 1,
+      });
+    }
+  });
+});
+
 describe('one Redis reply path (real Redis)', () => {
   it('a script error is a bug (not retriable), in a pipeline and in a direct call', async () => {
     defineScripts(redis, [{ name: 'brokenForTest', numberOfKeys: 1, lua: 'return nosuchglobal.x' }]);

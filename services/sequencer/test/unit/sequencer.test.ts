@@ -9,7 +9,9 @@ import {
   type Agent,
 } from '../../src/core/orchestration.js';
 import { applyEvent, newSession, settle, view, type SessionState } from '../../src/core/session.js';
-import { parseAgentKey } from '../../src/adapters/orchestration-feed.js';
+import { applyOrchestrationRecord, parseAgentKey } from '../../src/adapters/orchestration-feed.js';
+import { orchestrationRecordV1 } from '../../../../schemas/index.js';
+import { TableRejection } from '../../../../shared/kafka/table-feed.js';
 
 const TOOLS = [
   'web_search',
@@ -290,6 +292,35 @@ describe('processTool: advance, groups, completion, violations', () => {
     const freed = play(h, [call('think'), msg('evaluate')], r.state);
     expect(freed.last.active_step).toBe('eval');
   });
+
+  it('hold: a configuration change that leaves nothing to wait for releases the pin', () => {
+    const evalStep = { name: 'eval', conditions: [{ type: 'message_regex', value: 'evaluate' }] };
+    const options = { violation_policy: 'hold', sticky_sequences: false };
+    const h = agentOf({ steps: [research, evalStep], options });
+    const pinned = play(h, [msg('research'), call('web_search'), call('email')]).state;
+    expect(pinned).toMatchObject({ step: 'research', index: 1, held: true });
+    const changed = {
+      'policy no longer hold': agentOf({
+        steps: [research, evalStep],
+        options: { ...options, violation_policy: 'warn' },
+      }),
+      'sequence removed': agentOf({ steps: [{ ...research, sequence: undefined }, evalStep], options }),
+      'sequence ends before the index': agentOf({
+        steps: [{ ...research, sequence: ['web_search'] }, evalStep],
+        options,
+      }),
+    };
+    for (const [change, agent] of Object.entries(changed)) {
+      // The held flag is stored with the session: only the expected tool cleared it, and none is expected now.
+      const r = play(agent, [msg('evaluate'), call('email')], pinned);
+      expect(
+        r.records.map((x) => x.active_step),
+        change,
+      ).toEqual(['eval', 'eval']);
+    }
+    // The same configuration still pins it.
+    expect(play(h, [msg('evaluate')], pinned).last.active_step).toBe('research');
+  });
 });
 
 describe('allowed tools', () => {
@@ -438,5 +469,44 @@ describe('orchestration topic keys', () => {
     expect(parseAgentKey('t/a/x')).toBeNull();
     expect(parseAgentKey(null)).toBeNull();
     expect(parseAgentKey('t/%E0%A4%A')).toBeNull();
+  });
+
+  const record = (tenant_id: string, agent_id: string) =>
+    orchestrationRecordV1.parse({
+      schema_version: 1,
+      tenant_id,
+      agent_id,
+      tools: ['a'],
+      steps: [{ name: 'only', isDefault: true }],
+    });
+
+  it('a record is applied only under its own key; its tombstone, under that key, removes it', () => {
+    const config = new Orchestrations();
+    applyOrchestrationRecord(config, record('acme/eu', 'bot'), 'acme%2Feu/bot');
+    expect(config.get('acme/eu', 'bot')).toBeDefined();
+    applyOrchestrationRecord(config, { kind: 'tombstone', key: 'acme%2Feu/bot' }, 'acme%2Feu/bot');
+    expect(config.get('acme/eu', 'bot')).toBeUndefined();
+  });
+
+  it('refuses a record under any other key, even one that parses to its scope (no tombstone could remove it)', () => {
+    const config = new Orchestrations();
+    const keys = [
+      'acme/eu/bot', // '/' not encoded: three parts, which no tombstone parses
+      'bot',
+      null,
+      'acme%2feu/bot', // its scope, encoded otherwise: another key to compaction
+      'other/bot',
+    ];
+    for (const key of keys)
+      expect(() => applyOrchestrationRecord(config, record('acme/eu', 'bot'), key), String(key)).toThrow(
+        /not the record's own key 'acme%2Feu\/bot'/,
+      );
+    expect(config.get('acme/eu', 'bot')).toBeUndefined();
+    // A tombstone under a key no record can have would remove what the record's own key still holds.
+    applyOrchestrationRecord(config, record('acme', 'bot'), 'acme/bot');
+    expect(() =>
+      applyOrchestrationRecord(config, { kind: 'tombstone', key: 'acm%65/bot' }, 'acm%65/bot'),
+    ).toThrow(TableRejection);
+    expect(config.get('acme', 'bot')).toBeDefined();
   });
 });

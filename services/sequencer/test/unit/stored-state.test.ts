@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { rng } from '../../../../testkit/streams.js';
 import { decode, isStoredV1, storedV1 } from '../../src/adapters/redis/store.js';
-import { newSession } from '../../src/core/session.js';
+import { applyEvent, newSession } from '../../src/core/session.js';
 
 describe('stored session state', () => {
   it('the hand-written check accepts exactly what the storedV1 schema accepts', () => {
@@ -59,5 +59,26 @@ describe('stored session state', () => {
       pos: { p: 0, o: '41' },
     });
     expect(decode(JSON.stringify({ step: 's' }))).toEqual(newSession());
+  });
+
+  it('reads a value that is not JSON, or whose stored offset is not a number, as a fresh session (no throw)', () => {
+    // Another layout's binary encoding (MessagePack), as a downgrade or a shared prefix would leave.
+    expect(decode('\u0082\u00a1s\u00a4flow')).toEqual(newSession());
+    expect(decode('["s", 2, 0, [], [], []')).toEqual(newSession());
+    const badOffset = decode(JSON.stringify(['s', 2, 0, ['a'], [], ['e'], 0, 'x41']));
+    expect(badOffset).toEqual(newSession());
+    // What the consumer does next with it: the redelivery guard compares offsets as BigInt.
+    const e = {
+      type: 'tool_call',
+      event_id: 'e1',
+      ts: 1,
+      tenant_id: 't',
+      agent_id: 'a',
+      session_id: 's',
+      task_id: 'k',
+      step: 1,
+      tool: 'a',
+    } as const;
+    expect(applyEvent(undefined, badOffset, e, { partition: 0, offset: '7' }).duplicate).toBe(false);
   });
 });

@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { jsonOf, readToEnd, type ReplayOptions } from '../../../../../shared/kafka/replay.js';
+import type { Sink } from '../../../../../shared/kafka/sink.js';
 import type { SessionRef } from '../redis/store.js';
 
 /**
@@ -19,6 +20,18 @@ export const sessionRecordKey = (prefix: string, r: SessionRef): string =>
   JSON.stringify([prefix, r.tenant, r.agent, r.session]);
 export const sessionRecordValue = (stored: string, at: number): string =>
   JSON.stringify({ v: 1, value: stored, at });
+
+/** A batch's copy of the states it writes (`createBatchHandler`'s `copy`), as main wires it. */
+export const copyToSessionLog =
+  (sink: Pick<Sink, 'sendRaw'>, topic: string, prefix: string) =>
+  (writes: { ref: SessionRef; value: string }[]): Promise<void> =>
+    sink.sendRaw(
+      topic,
+      writes.map((w) => ({
+        key: sessionRecordKey(prefix, w.ref),
+        value: sessionRecordValue(w.value, Date.now()),
+      })),
+    );
 
 export interface LoggedSession {
   ref: SessionRef;

@@ -44,7 +44,7 @@ export const storedV1 = z.tuple([
   z.array(z.string()),
   z.array(z.string()),
   z.number().int().nullable(),
-  z.string().nullable(),
+  z.string().regex(/^\d+$/).nullable(),
 ]);
 const encode = (s: SessionState) =>
   JSON.stringify([
@@ -59,6 +59,9 @@ const encode = (s: SessionState) =>
   ]);
 const isStrings = (x: unknown): x is string[] => Array.isArray(x) && x.every((v) => typeof v === 'string');
 const isIntOrNull = (x: unknown): x is number | null => x === null || Number.isSafeInteger(x);
+// The redelivery guard compares offsets as BigInt, which throws on anything but digits.
+const isOffsetOrNull = (x: unknown): x is string | null =>
+  x === null || (typeof x === 'string' && /^\d+$/.test(x));
 
 /** The `storedV1` tuple checked by hand: this runs for every session of every batch. A unit test holds the two equal. */
 export function isStoredV1(v: unknown): v is z.infer<typeof storedV1> {
@@ -73,13 +76,22 @@ export function isStoredV1(v: unknown): v is z.infer<typeof storedV1> {
     isStrings(v[4]) &&
     isStrings(v[5]) &&
     isIntOrNull(v[6]) &&
-    (v[7] === null || typeof v[7] === 'string')
+    isOffsetOrNull(v[7])
   );
 }
 
+/**
+ * Anything this version cannot read (another layout, not JSON at all, a value restored from a damaged session
+ * topic record) is a fresh session: a throw here would fail the batch on every retry, stopping the consumer.
+ */
 export function decode(json: string): SessionState {
-  const v: unknown = JSON.parse(json);
-  if (!isStoredV1(v)) return newSession(); // state of another version: the session starts afresh rather than the consumer stopping
+  let v: unknown;
+  try {
+    v = JSON.parse(json);
+  } catch {
+    return newSession();
+  }
+  if (!isStoredV1(v)) return newSession();
   const [step, index, held, history, msg, seen, p, o] = v;
   return {
     step,
@@ -90,6 +102,16 @@ export function decode(json: string): SessionState {
     seen,
     pos: p !== null && o !== null ? { p, o } : null,
   };
+}
+
+/**
+ * `<version>|<state>` as the write script reads it: a value without a numeric version is one the script sees as
+ * version '', so it is loaded as a new session at '' (any other version would lose every compare-and-set, and the
+ * batch would be retried for ever).
+ */
+function parseStored(raw: string): { state: SessionState; version: string } | null {
+  const m = /^(\d+)\|/.exec(raw);
+  return m ? { state: decode(raw.slice(m[0].length)), version: m[1]! } : null;
 }
 
 export interface Loaded {
@@ -133,11 +155,19 @@ export class RedisSessionStore {
     ids.forEach((id, i) => {
       const raw = values[i];
       const key = keys[i]!;
-      if (typeof raw !== 'string') return out.set(id, { state: newSession(), version: '', key });
-      const bar = raw.indexOf('|');
-      out.set(id, { state: decode(raw.slice(bar + 1)), version: raw.slice(0, bar), key });
+      const stored = typeof raw === 'string' ? parseStored(raw) : null;
+      out.set(id, stored ? { ...stored, key } : { state: newSession(), version: '', key });
     });
     return out;
+  }
+
+  /** The values Redis holds under these session keys, as they are (null: none), in one pipelined round trip. */
+  async stored(keys: string[]): Promise<(string | null)[]> {
+    if (!keys.length) return [];
+    const pipe = this.redis.pipeline();
+    for (const key of keys) pipe.get(key);
+    const values = await execPipeline(pipe, 'session read');
+    return values.map((v) => (typeof v === 'string' ? v : null));
   }
 
   /** The state this instance last wrote for the session, if cached: no Redis command. */
@@ -174,7 +204,7 @@ export class RedisSessionStore {
       throw redisFailure('session read', err);
     }
     if (marker?.value && seen !== marker.value) return null;
-    return raw === null ? newSession() : decode(raw.slice(raw.indexOf('|') + 1));
+    return (raw === null ? null : parseStored(raw))?.state ?? newSession();
   }
 
   /**
