@@ -114,9 +114,13 @@ export function retractedRecord(
   };
 }
 
-/** Kafka key of a candidate record: scoped, so that compaction never merges two agents' candidates. */
+/**
+ * Kafka key of a candidate record: scoped, so that compaction never merges two agents' candidates. Tenant and
+ * agent are URI-encoded (ids may hold '/': `acme` + `sales/bot` and `acme/sales` + `bot` shared a key, and
+ * compaction kept one tenant's record); ids of letters, digits, `-`, `_`, `.` keep the key they had.
+ */
 export const candidateKey = (scope: { tenant: string; agent: string }, dedupeKey: string): string =>
-  `${scope.tenant}/${scope.agent}/${dedupeKey}`;
+  `${encodeURIComponent(scope.tenant)}/${encodeURIComponent(scope.agent)}/${dedupeKey}`;
 
 /**
  * Which published candidates changed: `published` maps dedupe_key → the candidate's JSON as last published.

@@ -130,6 +130,14 @@ describe('detector core', () => {
     expect(titleCase('validate_yaml')).toBe('Validate Yaml');
     expect(titleCase('http-get.v2')).toBe('Http Get V2');
     expect(candidateKey({ tenant: 't', agent: 'a' }, 'flow_offload:x')).toBe('t/a/flow_offload:x');
+    // Ids may hold '/': two scopes shared a key, and compaction kept one tenant's record.
+    const k = 'flow_offload:a→b/c';
+    expect(candidateKey({ tenant: 'acme', agent: 'sales/bot' }, k)).not.toBe(
+      candidateKey({ tenant: 'acme/sales', agent: 'bot' }, k),
+    );
+    expect(candidateKey({ tenant: 'acme', agent: 'sales/bot' }, k)).toBe(
+      'acme/sales%2Fbot/flow_offload:a→b/c',
+    );
   });
 });
 
