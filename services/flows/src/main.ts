@@ -88,6 +88,11 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       labelNames: ['status'],
       registers: r,
     });
+    const unpromotable = new Counter({
+      name: 'paver_flows_promotions_refused_total',
+      help: 'Promotions refused because the flow would break the flows.v1 contract (the candidate stays pending).',
+      registers: r,
+    });
     const shadowTrials = new Counter({
       name: 'paver_flows_shadow_trials_total',
       help: 'Shadow choices of pending candidates scored against what the agent did.',
@@ -169,6 +174,10 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       now: Date.now,
       onDecision: (status) => decisions.inc({ status }),
       onSelection: (path) => selections.inc({ path }),
+      onUnpromotable: (tenant, agent, key, why) => {
+        unpromotable.inc();
+        log.warn({ tenant, agent, dedupe_key: key, why }, 'promotion refused: the flow would break flows.v1');
+      },
       onShadow: () => shadowTrials.inc(),
       evidenceRuns: env.FLOWS_EVIDENCE_RUNS,
       sessions: {

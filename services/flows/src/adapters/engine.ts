@@ -12,13 +12,14 @@ import {
   inShadow,
   onCandidate,
   onShadowOutcome,
+  refusePromotion,
   type Decision,
   type ManualDecision,
   type PromotionPolicy,
   type StoredCandidate,
 } from '../core/promotion.js';
 import { DEFAULT_EVIDENCE_RUNS, EvidenceBook } from '../core/dataflow.js';
-import { flowFromCandidate, FlowRegistry, promotedFlowId } from '../core/registry.js';
+import { flowFromCandidate, FlowRegistry, flowViolations, promotedFlowId } from '../core/registry.js';
 import { matchSteps } from '../core/score.js';
 import { recall, type SelectPolicy } from '../core/select.js';
 import { SessionTracker, type OpenSession } from '../core/sessions.js';
@@ -143,6 +144,8 @@ export interface EngineDeps {
   now: () => number;
   onDecision?: (status: StoredCandidate['status']) => void;
   onSelection?: (path: FlowSelectionRecord['path']) => void;
+  /** A promotion refused: the candidate's flow would break the flows.v1 contract (`why`, zod issues). */
+  onUnpromotable?: (tenant: string, agent: string, key: string, why: string) => void;
   onShadow?: () => void;
   /**
    * Where the outcome memory persists (the service: a capped Redis list per scope); without it the memory is
@@ -176,6 +179,28 @@ export class FlowsEngine {
     this.evidence = new EvidenceBook(d.evidenceRuns ?? DEFAULT_EVIDENCE_RUNS);
     // Kept in a store too: memory is bounded after each batch's save, never in the middle of its events.
     this.sessions.deferBound = !!d.sessions;
+  }
+
+  /**
+   * Why promoting this candidate now would be refused (its flow, as `commit` would build it, breaks the flows.v1
+   * contract), or null. Asked inside plans, so that such a candidate is decided as not promoted instead of failing
+   * its batch at the sink for ever.
+   */
+  private unpromotable(t: string, a: string, r: FlowCandidateRecord, now: number): string | null {
+    return flowViolations(flowFromCandidate(r, now, this.evidence.runs(t, a)));
+  }
+
+  /** An automatic promotion checked: kept, or refused (the candidate stays pending, `refused` says why). */
+  private checked(t: string, a: string, o: Decision, now: number, refused: Map<string, string>): Decision {
+    if (o.kind !== 'promote') return o;
+    const why = this.unpromotable(t, a, o.next.record, now);
+    if (why === null) return o;
+    refused.set(o.next.record.dedupe_key, why);
+    return refusePromotion(o);
+  }
+
+  private reportRefused(t: string, a: string, refused: ReadonlyMap<string, string>): void {
+    for (const [key, why] of refused) this.d.onUnpromotable?.(t, a, key, why);
   }
 
   /** Puts pending candidates under shadow trial back into the pool (start-up, from the candidates' states). */
@@ -393,10 +418,14 @@ export class FlowsEngine {
       const outcome = decide(current.get(key), to, now);
       if (outcome.kind === 'rejected')
         return { decisions: [{ kind: 'store', next: outcome.next }], result: outcome };
-      if (outcome.kind === 'promoted')
+      if (outcome.kind === 'promoted') {
+        const why = this.unpromotable(t, a, outcome.next.record, now);
+        if (why !== null) return { decisions: [], result: { kind: 'unpromotable', error: why } };
         return { decisions: [{ kind: 'promote', next: outcome.next }], result: outcome };
+      }
       return { decisions: [], result: outcome };
     });
+    if (result.kind === 'unpromotable') this.reportRefused(t, a, new Map([[key, result.error]]));
     return { outcome: result, flow: promoted[0] ?? null };
   }
 
@@ -412,15 +441,23 @@ export class FlowsEngine {
     for (const records of byScope.values()) {
       const { tenant_id: t, agent_id: a } = records[0]!;
       const keys = [...new Set(records.map((x) => x.dedupe_key))];
-      await this.commit(t, a, keys, (stored, now) => {
+      const { result: refused } = await this.commit(t, a, keys, (stored, now) => {
         const decisions: Decision[] = [];
+        const refused = new Map<string, string>();
         for (const rec of records) {
-          const o = onCandidate(stored.get(rec.dedupe_key), rec, this.d.promotionPolicy(t, a), now);
+          const o = this.checked(
+            t,
+            a,
+            onCandidate(stored.get(rec.dedupe_key), rec, this.d.promotionPolicy(t, a), now),
+            now,
+            refused,
+          );
           if (o.kind !== 'ignore') stored.set(rec.dedupe_key, o.next);
           decisions.push(o);
         }
-        return { decisions, result: undefined };
+        return { decisions, result: refused };
       });
+      this.reportRefused(t, a, refused);
     }
     await this.loadRuns(batch);
     await this.loadSessions(batch);
@@ -595,22 +632,27 @@ export class FlowsEngine {
     if (!shadow) return true;
     const m = matchSteps(shadow.tools, s.calls);
     const ends = this.d.sessions && at ? [{ ref, at }] : [];
-    const { result: counted, landed } = await this.commit(
+    const none = new Map<string, string>();
+    const {
+      result: { counted, refused },
+      landed,
+    } = await this.commit(
       s.tenant,
       s.agent,
       [shadow.key],
       (current, now) => {
         const prev = current.get(shadow.key);
-        if (!prev) return { decisions: [], result: false };
-        return {
-          decisions: [onShadowOutcome(prev, m, this.d.promotionPolicy(s.tenant, s.agent), now)],
-          result: true,
-        };
+        if (!prev) return { decisions: [], result: { counted: false, refused: none } };
+        const refused = new Map<string, string>();
+        const policy = this.d.promotionPolicy(s.tenant, s.agent);
+        const o = this.checked(s.tenant, s.agent, onShadowOutcome(prev, m, policy, now), now, refused);
+        return { decisions: [o], result: { counted: true, refused } };
       },
       [],
       ends,
     );
     if (counted && landed) this.d.onShadow?.();
+    if (landed) this.reportRefused(s.tenant, s.agent, refused);
     return true;
   }
 }

@@ -101,6 +101,8 @@ export function flowRoutes(d: HttpDeps): Route[] {
           return { status: 404, body: { error: `no candidate '${key}' for ${s.tenant}/${s.agent}` } };
         case 'conflict':
           return { status: 409, body: { error: o.error } };
+        case 'unpromotable':
+          return { status: 422, body: { error: `this candidate cannot become a valid flow: ${o.error}` } };
         case 'rejected':
           return { status: 200, body: summary(o.next) };
         case 'promoted':

@@ -101,6 +101,15 @@ export function onCandidate(
     : { kind: 'store', next };
 }
 
+/**
+ * A promotion refused because its flow would break the flows.v1 contract: the candidate as it would have been
+ * stored without it (pending). Only automatic promotions come here, and they promote pending candidates only.
+ */
+export const refusePromotion = (d: Decision & { kind: 'promote' }): Decision => ({
+  kind: 'store',
+  next: { ...d.next, status: 'pending', decided_at: null },
+});
+
 /** A shadow choice's outcome: counted on a pending candidate, which `auto` may then promote. */
 export function onShadowOutcome(prev: StoredCandidate, m: Match, p: PromotionPolicy, now: number): Decision {
   if (prev.status !== 'pending' || prev.retracted) return { kind: 'ignore', reason: 'not_pending' };
@@ -118,6 +127,8 @@ export function onShadowOutcome(prev: StoredCandidate, m: Match, p: PromotionPol
 export type ManualDecision =
   | { kind: 'not_found' }
   | { kind: 'conflict'; error: string }
+  /** Its flow would break the flows.v1 contract (why, in `error`): nothing is written. */
+  | { kind: 'unpromotable'; error: string }
   | { kind: 'rejected'; next: StoredCandidate }
   | { kind: 'promoted'; next: StoredCandidate };
 

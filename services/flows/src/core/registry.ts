@@ -1,11 +1,13 @@
 import { v5 as uuidv5 } from 'uuid';
-import type {
-  FlowCandidate,
-  FlowCandidateRecord,
-  FlowDefinition,
-  FlowStep,
-  RegisteredFlow,
-  RequestTerms,
+import {
+  LIMITS,
+  registeredFlowV1,
+  type FlowCandidate,
+  type FlowCandidateRecord,
+  type FlowDefinition,
+  type FlowStep,
+  type RegisteredFlow,
+  type RequestTerms,
 } from '../../../../schemas/index.js';
 import { Bm25Index } from './bm25.js';
 import { learnInputs, type EvidenceRun } from './dataflow.js';
@@ -243,6 +245,35 @@ export function collapsedSteps(steps: readonly FlowStep[]): FlowStep[] {
   });
 }
 
+/** flows.v1 bounds on a flow's texts (schemas/flows.v1.ts). */
+export const FLOW_NAME_MAX = 256;
+export const FLOW_EFFECT_MAX = 4096;
+
+/**
+ * `s` cut to at most `max` UTF-16 code units, never between the halves of a surrogate pair: a lone half is not
+ * valid Unicode, and the sink's JSON would carry it as a replacement character or refuse it.
+ */
+export function cutText(s: string, max: number): string {
+  if (s.length <= max) return s;
+  const end = max > 0 && /[\uD800-\uDBFF]/.test(s[max - 1]!) ? max - 1 : max;
+  return s.slice(0, end);
+}
+
+/**
+ * Why a flow would be refused on the flows topic (the flows.v1 contract the sink checks), or null. Promotion asks
+ * before it decides: a refusal there fails the sink's send as INTERNAL, fatal to the consumer, and a redelivery
+ * of the same candidate fails again, for ever.
+ */
+export function flowViolations(f: RegisteredFlow): string | null {
+  const r = registeredFlowV1.safeParse(f);
+  if (r.success) return null;
+  // Paths and messages only: a value may be payload (the detector's texts come from agents' requests).
+  return r.error.issues
+    .slice(0, 10)
+    .map((i) => `${i.path.map(String).join('.') || '(root)'}: ${i.message}`)
+    .join('; ');
+}
+
 /**
  * A promoted candidate as a flow: the proposed flow, its description and condition in the words of the
  * requests it served (when the candidate carries request terms), with the detector's prompt hint. Each tool
@@ -262,12 +293,20 @@ export function flowFromCandidate(
     id: promotedFlowId(r.dedupe_key),
     tenant_id: r.tenant_id,
     agent_id: r.agent_id,
-    name: pf?.name ?? r.title,
-    description: words.length ? `${base} Requests it served mention: ${words.join(', ')}.` : base,
-    condition: words.length
-      ? `Requests about ${words.join(', ')}; the agent handled them by running ${distinct.join(', ')}.`
-      : `Requests the agent has handled by running ${distinct.join(', ')}.`,
-    desired_effects: [r.title, ...(pf?.tags ?? [])].filter(Boolean),
+    // The detector names a candidate after its whole tool sequence, which for a long one is past what a flow's
+    // name may be; the start of it still tells flows apart, and the steps say the rest.
+    name: cutText(pf?.name ?? r.title, FLOW_NAME_MAX),
+    description: cutText(
+      words.length ? `${base} Requests it served mention: ${words.join(', ')}.` : base,
+      LIMITS.textLength,
+    ),
+    condition: cutText(
+      words.length
+        ? `Requests about ${words.join(', ')}; the agent handled them by running ${distinct.join(', ')}.`
+        : `Requests the agent has handled by running ${distinct.join(', ')}.`,
+      LIMITS.textLength,
+    ),
+    desired_effects: [r.title, ...(pf?.tags ?? [])].filter(Boolean).map((x) => cutText(x, FLOW_EFFECT_MAX)),
     steps: stepsOf(pf?.steps ?? [], evidence),
     ...(r.promotion_effect?.agent_prompt_hint
       ? { agent_prompt_hint: r.promotion_effect.agent_prompt_hint }
