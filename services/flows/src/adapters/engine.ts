@@ -19,7 +19,13 @@ import {
   type StoredCandidate,
 } from '../core/promotion.js';
 import { DEFAULT_EVIDENCE_RUNS, EvidenceBook } from '../core/dataflow.js';
-import { flowFromCandidate, FlowRegistry, flowViolations, promotedFlowId } from '../core/registry.js';
+import {
+  flowFromCandidate,
+  FlowRegistry,
+  flowViolations,
+  promotedFlowId,
+  unscopedPromotedFlowId,
+} from '../core/registry.js';
 import { matchSteps } from '../core/score.js';
 import { recall, type SelectPolicy } from '../core/select.js';
 import { SessionTracker, type OpenSession } from '../core/sessions.js';
@@ -203,6 +209,18 @@ export class FlowsEngine {
     for (const [key, why] of refused) this.d.onUnpromotable?.(t, a, key, why);
   }
 
+  /**
+   * The id a promotion of this candidate publishes under: the scoped id, unless the registry (the flows topic as
+   * read) holds this scope's flow of the same candidate under the unscoped id versions before gave it. Then that
+   * id, so the flow is replaced and not doubled; a flow another scope's promotion took that id from is not this
+   * scope's any more, and this scope's gets the scoped id.
+   */
+  private flowIdOf(t: string, a: string, key: string): string {
+    const old = unscopedPromotedFlowId(key);
+    const f = this.d.selector.registry.get(t, a, old);
+    return f?.source === 'promoted' && f.dedupe_key === key ? old : promotedFlowId(t, a, key);
+  }
+
   /** Puts pending candidates under shadow trial back into the pool (start-up, from the candidates' states). */
   restoreShadow(tenant: string, agent: string, candidates: readonly StoredCandidate[]): void {
     const p = this.d.promotionPolicy(tenant, agent);
@@ -253,8 +271,12 @@ export class FlowsEngine {
           if (o.kind === 'ignore') continue;
           changed.set(o.next.record.dedupe_key, o.next);
           // The same function `from-candidates --history` uses, over the runs this engine has seen finish.
-          if (o.kind === 'promote')
-            promoted.push(flowFromCandidate(o.next.record, now, this.evidence.runs(t, a)));
+          if (o.kind === 'promote') {
+            const key = o.next.record.dedupe_key;
+            promoted.push(
+              flowFromCandidate(o.next.record, now, this.evidence.runs(t, a), this.flowIdOf(t, a, key)),
+            );
+          }
         }
         const writes = new Map(changed);
         // A key a lost attempt sent is in `keys` and, once created, never leaves Redis: it is in `read`.
@@ -403,7 +425,7 @@ export class FlowsEngine {
     for (const c of changed) {
       this.d.onDecision?.(c.status);
       if (inShadow(c, p)) this.shadow.upsert(flowFromCandidate(c.record, 0));
-      else this.shadow.remove(promotedFlowId(c.record.dedupe_key));
+      else this.shadow.remove(promotedFlowId(t, a, c.record.dedupe_key));
     }
   }
 

@@ -17,7 +17,19 @@ import { planOf } from './score.js';
 export const FLOW_NAMESPACE = '6f0e6a55-6d2f-5b6e-9c39-7061766572f1';
 export const manualFlowId = (d: Pick<FlowDefinition, 'tenant_id' | 'agent_id' | 'name'>) =>
   uuidv5(`manual:${d.tenant_id}/${d.agent_id}/${d.name}`, FLOW_NAMESPACE);
-export const promotedFlowId = (dedupeKey: string) => uuidv5(`candidate:${dedupeKey}`, FLOW_NAMESPACE);
+/**
+ * The id of the flow promoted from a candidate: its scope's, since two agents (or tenants) with the same tool
+ * sequence have the same dedupe key, and one id for both made each promotion replace the other's flow on the
+ * flows topic (keyed by id) and in every registry. JSON keeps ('a/b', 'c') apart from ('a', 'b/c').
+ */
+export const promotedFlowId = (tenant: string, agent: string, dedupeKey: string) =>
+  uuidv5(`candidate:${JSON.stringify([tenant, agent, dedupeKey])}`, FLOW_NAMESPACE);
+/**
+ * The id versions before scoped ids gave a promoted flow (the dedupe key alone). Flows on the topic under such
+ * an id stay as they are; a re-promotion in the same scope keeps using it (FlowsEngine), so that it replaces
+ * that flow instead of adding a second one beside it.
+ */
+export const unscopedPromotedFlowId = (dedupeKey: string) => uuidv5(`candidate:${dedupeKey}`, FLOW_NAMESPACE);
 
 export const scopeId = (tenant: string, agent: string) => `${tenant}\u001f${agent}`;
 
@@ -283,6 +295,7 @@ export function flowFromCandidate(
   r: FlowCandidateRecord,
   now: number,
   evidence?: readonly EvidenceRun[],
+  id = promotedFlowId(r.tenant_id, r.agent_id, r.dedupe_key),
 ): RegisteredFlow {
   const pf = r.promotion_effect?.proposed_flow ?? r.candidate?.proposed_flow;
   const tools = r.candidate?.tool_sequence ?? pf?.steps.map((s) => s.skill_key) ?? [];
@@ -290,7 +303,7 @@ export function flowFromCandidate(
   const words = requestWords(r.candidate?.request_terms);
   const base = pf?.description ?? r.title;
   return {
-    id: promotedFlowId(r.dedupe_key),
+    id,
     tenant_id: r.tenant_id,
     agent_id: r.agent_id,
     // The detector names a candidate after its whole tool sequence, which for a long one is past what a flow's

@@ -75,7 +75,7 @@ describe('flows: one candidate decided by several writers at once (real Redis an
     expect(worker.seen.contention).toBe(1);
     expect(worker.e.shadow.list(T, A)).toEqual([]);
     // The first attempt published the flow before losing; the topic ends with its tombstone.
-    const id = promotedFlowId('k1');
+    const id = promotedFlowId(T, A, 'k1');
     const onTopic = await consumeUntil(flowsTopic, (all) => all.some((m) => m.value === null));
     expect(onTopic.map((m) => [m.key, m.value === null])).toEqual([
       [id, false],
@@ -152,7 +152,7 @@ describe('flows: one candidate decided by several writers at once (real Redis an
     await operator.e.handle([{ kind: 'candidate', r: record('k4', 3, 1) }]);
     await worker.e.handle([{ kind: 'candidate', r: record('k4', 20, 2) }]);
 
-    const id = promotedFlowId('k4');
+    const id = promotedFlowId(T, A, 'k4');
     const [stored] = await store.flows(T, A, [id]);
     expect(stored).toMatchObject({ id, registered_at: 1_000 });
     // operator (before and after its write), worker (lost), then the stored flow again.

@@ -50,7 +50,7 @@ describe('flows: promoted flows the candidates do not back are withdrawn (real R
 
     // What a promoter that died between its publication and its write left: the flow, promoted ten minutes ago.
     const orphan = flowFromCandidate(records[1]!, Date.now() - 600_000);
-    expect(orphan.id).toBe(promotedFlowId('orphan'));
+    expect(orphan.id).toBe(promotedFlowId(T, A, 'orphan'));
     await sink.connect();
     await sink.send(env.PAVER_TOPIC_FLOWS!, 'flows.v1', [
       { key: orphan.id, value: { schema_version: 1, flow: orphan } },
@@ -60,14 +60,14 @@ describe('flows: promoted flows the candidates do not back are withdrawn (real R
       ((await getJson(p.url(`/flows?${q}`))).body as { id: string }[]).map((f) => f.id).sort();
     await waitFor(async () => {
       const ids = await listed();
-      return ids.length === 1 && ids[0] === promotedFlowId('kept');
+      return ids.length === 1 && ids[0] === promotedFlowId(T, A, 'kept');
     }, 'the orphan withdrawn from the registry');
     const onTopic = await consumeUntil(env.PAVER_TOPIC_FLOWS!, (all) =>
       all.some((m) => m.key === orphan.id && m.value === null),
     );
     // The promoted flow stays, as its last record.
     const last = new Map(onTopic.map((m) => [m.key, m.value]));
-    expect(last.get(promotedFlowId('kept'))).not.toBeNull();
+    expect(last.get(promotedFlowId(T, A, 'kept'))).not.toBeNull();
     const metrics = parsePrometheus((await getJson(p.url('/metrics'))).body as string);
     expect(metrics.value('paver_flows_orphans_withdrawn_total', {})).toBe(1);
   });
@@ -91,6 +91,6 @@ describe('flows: promoted flows the candidates do not back are withdrawn (real R
     ];
     expect(await e.reconcileRegistry(flows, 60_000)).toBe(1);
     const topic = await consumeUntil(flowsTopic, (all) => all.length >= 1);
-    expect(topic.map((m) => [m.key, m.value])).toEqual([[promotedFlowId('pending-old'), null]]);
+    expect(topic.map((m) => [m.key, m.value])).toEqual([[promotedFlowId(T, A, 'pending-old'), null]]);
   });
 });

@@ -260,7 +260,9 @@ describe('flows engine: what survives a restart', () => {
       stored('r', 'rejected'),
       stored('x', 'promoted'),
     ]);
-    expect(e.shadow.list('default', 'default').map((f) => f.id)).toEqual([promotedFlowId('p')]);
+    expect(e.shadow.list('default', 'default').map((f) => f.id)).toEqual([
+      promotedFlowId('default', 'default', 'p'),
+    ]);
   });
 
   it('keeps the last N finished runs per scope as evidence, with arguments and outputs', async () => {
@@ -362,11 +364,11 @@ describe('flows engine: flows published by writes that did not land', () => {
     });
     await e.handle([{ kind: 'candidate', r: rec(3, 1) }]);
     await expect(e.handle([{ kind: 'candidate', r: rec(20, 2) }])).rejects.toThrow('broker unreachable');
-    expect(published).toEqual([promotedFlowId('k')]);
+    expect(published).toEqual([promotedFlowId('default', 'default', 'k')]);
     expect(stored?.status).toBe('rejected');
     kafkaDown = false;
     await e.handle([]);
-    expect(withdrawn).toEqual([promotedFlowId('k')]);
+    expect(withdrawn).toEqual([promotedFlowId('default', 'default', 'k')]);
     // Settled: nothing more is owed.
     await e.handle([]);
     expect(withdrawn).toHaveLength(1);

@@ -367,7 +367,7 @@ describe('prompts and ids', () => {
     expect(manualFlowId({ tenant_id: 't', agent_id: 'a', name: 'n' })).not.toBe(
       manualFlowId({ tenant_id: 't', agent_id: 'b', name: 'n' }),
     );
-    expect(promotedFlowId('k')).toMatch(/^[0-9a-f-]{36}$/);
+    expect(promotedFlowId('default', 'default', 'k')).toMatch(/^[0-9a-f-]{36}$/);
   });
 });
 
@@ -516,7 +516,7 @@ describe('promotion policy', () => {
   it('a promoted candidate becomes a flow with its prompt hint and a deterministic id', () => {
     const f = flowFromCandidate(cand(), 7);
     expect(f).toMatchObject({
-      id: promotedFlowId('k1'),
+      id: promotedFlowId('default', 'default', 'k1'),
       name: 'flow_search',
       agent_prompt_hint: 'Run flow_search',
       source: 'promoted',
