@@ -28,7 +28,7 @@ import {
 } from '../core/registry.js';
 import { matchSteps } from '../core/score.js';
 import { recall, type SelectPolicy } from '../core/select.js';
-import { SessionTracker, type OpenSession } from '../core/sessions.js';
+import { sessionKey, SessionTracker, type OpenSession } from '../core/sessions.js';
 import { select, type SelectorDeps } from './selector.js';
 import { PaverError } from '../../../../shared/errors.js';
 
@@ -44,13 +44,19 @@ export interface SessionRef {
   session: string;
 }
 
+/** A session's key in memory and in `SessionStore.load`'s answer (core/sessions.ts `sessionKey`). */
+export const refKey = (r: SessionRef) => sessionKey(r.tenant, r.agent, r.session);
+
 /**
  * Where open sessions outlive the process (the service: Redis). A session's events all come from one partition
  * (the topic is keyed by session), so one instance follows it at a time; another takes it up after a rebalance
  * or a restart by reading it here.
  */
 export interface SessionStore {
-  /** Open sessions, and ended ones still remembered (`{ended, at}`: where their last event stood). */
+  /**
+   * Open sessions, and ended ones still remembered (`{ended, at}`: where their last event stood), by `refKey`
+   * (scope and id: two scopes may use the same session id).
+   */
   load(refs: readonly SessionRef[]): Promise<Map<string, OpenSession | EndedSession>>;
   save(
     open: readonly { ref: SessionRef; s: OpenSession }[],
@@ -490,16 +496,13 @@ export class FlowsEngine {
       if (v.kind !== 'event') continue;
       const e = v.e;
       const ref = { tenant: e.tenant_id, agent: e.agent_id, session: e.session_id };
+      const k = refKey(ref);
       const pos =
         v.partition !== undefined && v.offset !== undefined ? `${v.partition}:${v.offset}` : undefined;
       // Applied before a restart (its batch's sessions were saved, its offsets not committed): a call or an end
       // is not applied twice, and a request does not open its session again. It still gets its selection (that
       // output may not have gone out).
-      const seen = reached(
-        this.sessions.get(e.session_id)?.at ?? this.ended.get(e.session_id),
-        v.partition,
-        v.offset,
-      );
+      const seen = reached(this.sessions.get(k)?.at ?? this.ended.get(k), v.partition, v.offset);
       if (seen && e.type !== 'user_message') continue;
       if (e.type === 'user_message') {
         const sel = await select(
@@ -523,7 +526,7 @@ export class FlowsEngine {
         const keep = this.evidence.capacity > 0;
         if (!seen)
           this.sessions.onRequest(
-            e.session_id,
+            k,
             {
               tenant: e.tenant_id,
               agent: e.agent_id,
@@ -533,24 +536,24 @@ export class FlowsEngine {
             },
             keep,
           );
-        this.absent.delete(e.session_id);
+        this.absent.delete(k);
       } else if (e.type === 'tool_call')
-        this.sessions.onCall(e.session_id, { tool: e.tool, args: e.args, observation: e.observation });
+        this.sessions.onCall(k, { tool: e.tool, args: e.args, observation: e.observation });
       else if (e.type === 'task_completed' && (await this.finish(ref, pos))) {
-        touched.set(e.session_id, { ref, s: null, at: pos });
-        if (pos) this.remember(e.session_id, pos);
+        touched.set(k, { ref, s: null, at: pos });
+        if (pos) this.remember(k, pos);
       }
-      const now = this.sessions.get(e.session_id);
+      const now = this.sessions.get(k);
       if (now) {
         if (pos && !seen) now.at = pos;
-        touched.set(e.session_id, { ref, s: now, at: now.at });
+        touched.set(k, { ref, s: now, at: now.at });
       }
     }
     await this.saveSessions(touched);
     return out;
   }
 
-  /** Ended sessions' last positions, bounded (their store copy is what a restart reads). */
+  /** Ended sessions' last positions by `refKey`, bounded (their store copy is what a restart reads). */
   private readonly ended = new Map<string, string>();
   private remember(session: string, at: string): void {
     this.ended.delete(session);
@@ -566,9 +569,10 @@ export class FlowsEngine {
     const refs = new Map<string, SessionRef>();
     for (const v of batch) {
       if (v.kind !== 'event') continue;
-      const id = v.e.session_id;
+      const ref = { tenant: v.e.tenant_id, agent: v.e.agent_id, session: v.e.session_id };
+      const id = refKey(ref);
       if (this.sessions.get(id) || this.absent.has(id) || refs.has(id)) continue;
-      refs.set(id, { tenant: v.e.tenant_id, agent: v.e.agent_id, session: id });
+      refs.set(id, ref);
     }
     if (!refs.size) return;
     const found = await this.d.sessions.load([...refs.values()]);
@@ -635,7 +639,7 @@ export class FlowsEngine {
    * after a failure, or read again after a restart) does neither twice.
    */
   private async finish(ref: SessionRef, at: string | undefined): Promise<boolean> {
-    const s = this.sessions.onDone(ref.session);
+    const s = this.sessions.onDone(refKey(ref));
     if (!s) return false;
     const shadow = s.shadow;
     if (!s.ran) {

@@ -30,6 +30,15 @@ export interface OpenSession {
   ran?: boolean;
 }
 
+/**
+ * Where a session is kept in memory: its scope and id, as its Redis key has them. Session ids are the agents'
+ * (a run's task id, a conversation id), so two agents or tenants can use the same one: keyed by id alone, their
+ * events went into one run.
+ */
+export const sessionKey = (tenant: string, agent: string, session: string) =>
+  `${tenant}\u001f${agent}\u001f${session}`;
+
+/** Open sessions by `sessionKey`. */
 export class SessionTracker {
   private readonly open = new Map<string, OpenSession>();
   /**
@@ -102,9 +111,10 @@ export function completedRuns(events: Iterable<ToolCallsEvent>, keepEvidence: bo
   const tracker = new SessionTracker(Number.POSITIVE_INFINITY);
   const done: OpenSession[] = [];
   for (const e of events) {
+    const k = sessionKey(e.tenant_id, e.agent_id, e.session_id);
     if (e.type === 'user_message')
       tracker.onRequest(
-        e.session_id,
+        k,
         {
           tenant: e.tenant_id,
           agent: e.agent_id,
@@ -115,9 +125,9 @@ export function completedRuns(events: Iterable<ToolCallsEvent>, keepEvidence: bo
         keepEvidence,
       );
     else if (e.type === 'tool_call')
-      tracker.onCall(e.session_id, { tool: e.tool, args: e.args, observation: e.observation });
+      tracker.onCall(k, { tool: e.tool, args: e.args, observation: e.observation });
     else {
-      const s = tracker.onDone(e.session_id);
+      const s = tracker.onDone(k);
       if (s) done.push(s);
     }
   }

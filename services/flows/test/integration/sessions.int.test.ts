@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { groupCaughtUp, produce, testRedis, unique, waitFor } from '../../../../test/helpers/kafka.js';
 import { isReady, serviceEnv, startProcess, type Proc } from '../../../../test/helpers/process.js';
+import { refKey } from '../../src/adapters/engine.js';
 import { RedisFlowStore } from '../../src/adapters/redis/store.js';
 import { FLOWS, stream } from './account-stream.js';
 import { createFlowsTopics } from './service-topics.js';
@@ -82,7 +83,7 @@ describe('flows: open sessions outlive the process that followed them', () => {
       shadow: null,
       at,
     });
-    const read = async () => (await store.loadSessions([ref])).get('s1');
+    const read = async () => (await store.loadSessions([ref])).get(refKey(ref));
     // The partition's next owner saved further along; the expelled one saves its older state afterwards.
     await store.saveSessions([{ ref, s: state(['a', 'b', 'c'], '0:12') }], [], 60_000);
     await store.saveSessions([{ ref, s: state(['a', 'b'], '0:9') }], [], 60_000);

@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import type { FlowCandidateRecord, ToolCallsEvent } from '../../../../schemas/index.js';
 import {
   FlowsEngine,
+  refKey,
   type CandidateStore,
   type EndedSession,
   type SessionStore,
@@ -83,7 +84,7 @@ function jsonSessions() {
       const out = new Map<string, OpenSession | EndedSession>();
       for (const r of refs) {
         const v = kept.get(r.session);
-        if (v) out.set(r.session, JSON.parse(v) as OpenSession | EndedSession);
+        if (v) out.set(refKey(r), JSON.parse(v) as OpenSession | EndedSession);
       }
       return out;
     },

@@ -18,7 +18,7 @@ import {
 } from '../../../../../shared/redis/scripts.js';
 import { PaverError } from '../../../../../shared/errors.js';
 import type { CandidatesRead, EndedSession, RunMark, RunRecord, SessionRef } from '../engine.js';
-import type { OpenSession } from '../../core/sessions.js';
+import { sessionKey as trackerKey, type OpenSession } from '../../core/sessions.js';
 
 const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
 const endReply = z.tuple([z.union([z.literal(0), z.literal(1), z.literal(2)])]);
@@ -193,8 +193,8 @@ export class RedisFlowStore {
   }
 
   /**
-   * Open sessions, and ended ones still remembered, by id (`…:session:<id>`); one that does not parse is left
-   * out (followed afresh).
+   * Open sessions, and ended ones still remembered (`…:session:<id>` of their scope), by core/sessions.ts `sessionKey`; one that does
+   * not parse is left out (followed afresh).
    */
   async loadSessions(refs: readonly SessionRef[]): Promise<Map<string, OpenSession | EndedSession>> {
     const out = new Map<string, OpenSession | EndedSession>();
@@ -212,9 +212,10 @@ export class RedisFlowStore {
         return;
       }
       const ended = endedSession.safeParse(json);
-      if (ended.success) return void out.set(r.session, ended.data as EndedSession);
+      if (ended.success)
+        return void out.set(trackerKey(r.tenant, r.agent, r.session), ended.data as EndedSession);
       const open = openSession.safeParse(json);
-      if (open.success) out.set(r.session, open.data as OpenSession);
+      if (open.success) out.set(trackerKey(r.tenant, r.agent, r.session), open.data as OpenSession);
     });
     return out;
   }
