@@ -535,10 +535,11 @@ export class FlowsEngine {
               ...(keep ? { userText: e.text } : {}),
             },
             keep,
+            e.event_id,
           );
         this.absent.delete(k);
       } else if (e.type === 'tool_call')
-        this.sessions.onCall(k, { tool: e.tool, args: e.args, observation: e.observation });
+        this.sessions.onCall(k, { tool: e.tool, args: e.args, observation: e.observation }, e.event_id);
       else if (e.type === 'task_completed' && (await this.finish(ref, pos))) {
         touched.set(k, { ref, s: null, at: pos });
         if (pos) this.remember(k, pos);

@@ -28,6 +28,23 @@ export interface OpenSession {
    * end delivered again after a failure between the two counts the run once, and the shadow trial once.
    */
   ran?: boolean;
+  /**
+   * The event ids of its latest events (at most RECENT_EVENT_IDS): a producer that retries a send puts the same
+   * event at a new offset, which the position (`at`) does not catch, and its call was counted twice.
+   */
+  recent?: string[];
+}
+
+/** Event ids a session remembers: a retried send lands close behind the first, not hundreds of events later. */
+export const RECENT_EVENT_IDS = 32;
+
+/** Whether `eventId` was applied to `s` already; if not, remembers it (bounded). */
+export function firstSight(s: OpenSession, eventId: string): boolean {
+  const recent = (s.recent ??= []);
+  if (recent.includes(eventId)) return false;
+  recent.push(eventId);
+  if (recent.length > RECENT_EVENT_IDS) recent.splice(0, recent.length - RECENT_EVENT_IDS);
+  return true;
 }
 
 /**
@@ -79,16 +96,31 @@ export class SessionTracker {
     while (this.open.size > this.maxSessions) this.open.delete(this.open.keys().next().value!);
   }
 
-  /** The first user message opens the session; later ones of the same session change nothing. */
-  onRequest(session: string, s: Omit<OpenSession, 'calls' | 'evidence'>, keepEvidence = false): void {
+  /**
+   * The first user message opens the session; later ones of the same session change nothing. `eventId`: the
+   * message's, remembered by the session (see `recent`).
+   */
+  onRequest(
+    session: string,
+    s: Omit<OpenSession, 'calls' | 'evidence' | 'recent'>,
+    keepEvidence = false,
+    eventId?: string,
+  ): void {
     if (this.open.has(session)) return;
-    this.open.set(session, { ...s, calls: [], ...(keepEvidence ? { evidence: [] } : {}) });
+    this.open.set(session, {
+      ...s,
+      calls: [],
+      ...(keepEvidence ? { evidence: [] } : {}),
+      ...(eventId !== undefined ? { recent: [eventId] } : {}),
+    });
     this.bound();
   }
 
-  onCall(session: string, call: PastCall): void {
+  /** A call of an open session; one whose `eventId` the session saw already (a retried send) is not counted again. */
+  onCall(session: string, call: PastCall, eventId?: string): void {
     const s = this.open.get(session);
     if (!s || s.calls.length >= this.maxCalls) return;
+    if (eventId !== undefined && !firstSight(s, eventId)) return;
     s.calls.push(call.tool);
     s.evidence?.push(call);
   }
@@ -123,9 +155,10 @@ export function completedRuns(events: Iterable<ToolCallsEvent>, keepEvidence: bo
           ...(keepEvidence ? { userText: e.text } : {}),
         },
         keepEvidence,
+        e.event_id,
       );
     else if (e.type === 'tool_call')
-      tracker.onCall(k, { tool: e.tool, args: e.args, observation: e.observation });
+      tracker.onCall(k, { tool: e.tool, args: e.args, observation: e.observation }, e.event_id);
     else {
       const s = tracker.onDone(k);
       if (s) done.push(s);

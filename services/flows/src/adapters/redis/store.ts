@@ -68,6 +68,7 @@ const openSession = z.object({
     .regex(/^\d+:\d+$/)
     .optional(),
   ran: z.boolean().optional(),
+  recent: z.array(z.string()).optional(),
 });
 const endedSession = z.object({ ended: z.literal(true), at: openSession.shape.at });
 

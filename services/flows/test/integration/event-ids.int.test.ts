@@ -1,0 +1,69 @@
+import { afterAll, describe, expect, it } from 'vitest';
+import type { ToolCallsEvent } from '../../../../schemas/index.js';
+import type { Inbound } from '../../src/adapters/engine.js';
+import { RedisFlowStore } from '../../src/adapters/redis/store.js';
+import { closeFixture, engine, place, redis } from './engine-fixture.js';
+
+afterAll(closeFixture);
+
+let ts = 1;
+/** An event of session 's9' at `offset` of partition 0. */
+const ev = (
+  offset: number,
+  type: ToolCallsEvent['type'],
+  eventId: string,
+  extra: Record<string, unknown> = {},
+): Inbound => ({
+  kind: 'event',
+  e: {
+    tenant_id: 'acme',
+    agent_id: 'a1',
+    session_id: 's9',
+    task_id: 's9',
+    type,
+    event_id: eventId,
+    ts: ts++,
+    ...extra,
+  } as ToolCallsEvent,
+  partition: 0,
+  offset: String(offset),
+});
+
+describe('event_id as the idempotency key (real Redis)', () => {
+  it('a tool_call produced twice counts once, also when its copy comes to the next process', async () => {
+    const { prefix, flowsTopic, policy } = await place({
+      minOccurrences: 100,
+      shadowTrials: 0,
+      shadowPrecision: 0,
+    });
+    const store = new RedisFlowStore(redis, prefix);
+    // Wired as the service wires them (src/main.ts).
+    const wired = () =>
+      engine(store, { ...policy, mode: 'manual' }, flowsTopic, Date.now, {
+        sessions: {
+          load: (refs) => store.loadSessions(refs),
+          save: (open, ended) => store.saveSessions(open, ended, 60_000),
+        },
+        runs: {
+          load: (t, a) => store.loadRuns(t, a),
+          append: (t, a, run, mark) => store.appendRun(t, a, run, 50, mark),
+        },
+      }).e;
+    const lookup = { step: 0, tool: 'lookup_account' };
+    await wired().handle([
+      ev(0, 'user_message', 's9:u', { text: 'close my account' }),
+      ev(1, 'tool_call', 's9:c0', lookup),
+      // A producer's retry: the same event at the next offset.
+      ev(2, 'tool_call', 's9:c0', lookup),
+    ]);
+    // The next process reads the session back from Redis, and gets another copy.
+    await wired().handle([
+      ev(3, 'tool_call', 's9:c0', lookup),
+      ev(4, 'tool_call', 's9:c1', { step: 1, tool: 'close_account' }),
+      ev(5, 'task_completed', 's9:done'),
+    ]);
+    expect((await store.loadRuns('acme', 'a1')).map((r) => r.calls)).toEqual([
+      ['lookup_account', 'close_account'],
+    ]);
+  });
+});
