@@ -28,7 +28,7 @@ import { CandidateStates, createStateFeed, stateWriter } from './adapters/state-
 import { fillVectors, select, type SelectorDeps } from './adapters/selector.js';
 import { OutcomeBook } from './core/outcomes.js';
 import { PromptCache } from './core/prompt.js';
-import { FlowRegistry, registerManual } from './core/registry.js';
+import { FlowRegistry, registerManualFlows } from './core/registry.js';
 import {
   flowsEnvSchema,
   policies,
@@ -287,9 +287,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         if (manual.length) {
           const now = Date.now();
           // Hand-written flows join the same registry: published (idempotent by id) so every instance sees them.
-          const flows = manual.map((d) =>
-            registerManual(d, registry.get(d.tenant_id, d.agent_id, d.id ?? '')?.registered_at ?? now),
-          );
+          const flows = registerManualFlows(manual, registry, now);
           await publishFlows(flows);
           for (const f of flows) registry.upsert(f);
           log.info({ count: flows.length }, 'hand-written flows registered');

@@ -177,6 +177,21 @@ export function registerManual(d: FlowDefinition, now: number): RegisteredFlow {
   return { ...d, id: d.id ?? manualFlowId(d), source: 'manual', registered_at: now };
 }
 
+/**
+ * The hand-written flows as registered at a start: each keeps the `registered_at` the registry holds for its id,
+ * the id it is given or the one `manualFlowId` makes (a flow written without an id was looked up under '', and
+ * got a fresh time at every start).
+ */
+export function registerManualFlows(
+  defs: readonly FlowDefinition[],
+  registry: Pick<FlowRegistry, 'get'>,
+  now: number,
+): RegisteredFlow[] {
+  return defs.map((d) =>
+    registerManual(d, registry.get(d.tenant_id, d.agent_id, d.id ?? manualFlowId(d))?.registered_at ?? now),
+  );
+}
+
 /** Request terms most frequent first (ties by term), each once: how often a term occurred lives in `df`, not in repetition. */
 export function requestWords(rt: RequestTerms | undefined, max = 24): string[] {
   if (!rt) return [];

@@ -20,6 +20,7 @@ import {
   manualFlowId,
   promotedFlowId,
   registerManual,
+  registerManualFlows,
 } from '../../src/core/registry.js';
 import { choose, DEFAULT_POLICY, prefixOf, recall } from '../../src/core/select.js';
 
@@ -554,5 +555,26 @@ describe('the Wilson bound at 0 hits', () => {
     // 0 of 15 and 0 of 31 gave about -1e-17.
     for (const proposed of [13, 14, 30])
       expect(onShadowOutcome(cand(proposed), { proposed: 1, matched: 0 }, policy, 0).kind).toBe('promote');
+  });
+});
+
+describe('hand-written flows at a start', () => {
+  it('keep the registered_at the registry holds, also when written without an id', () => {
+    const withId = flowDefinitionV1.parse({
+      id: '1b4e28ba-2fa1-41d2-883f-0016d3cca427',
+      name: 'refund',
+      description: 'd',
+      condition: 'c',
+    });
+    const noId = flowDefinitionV1.parse({ name: 'exchange', description: 'd', condition: 'c' });
+    const registry = new FlowRegistry();
+    for (const f of registerManualFlows([withId, noId], registry, 100)) registry.upsert(f);
+    // The next start: before, the flow without an id was looked up under '' and got the new time.
+    expect(registerManualFlows([withId, noId], registry, 999).map((f) => [f.name, f.registered_at])).toEqual([
+      ['refund', 100],
+      ['exchange', 100],
+    ]);
+    const fresh = flowDefinitionV1.parse({ name: 'new', description: 'd', condition: 'c' });
+    expect(registerManualFlows([fresh], registry, 999)[0]!.registered_at).toBe(999);
   });
 });
