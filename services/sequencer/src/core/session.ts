@@ -244,7 +244,16 @@ export function applyEvent(
     }
   } else if (e.type === 'tool_call' && e.visible_tools) universe = e.visible_tools;
 
-  const v = agent && universe === agent.tools ? agentView(agent, s) : view(agent, s, universe);
+  // A task_completed changes no state, and its record answers as the allowed-tools read does, for where the
+  // next event will be judged: the step the rule picks once a sequence completed, the default step in a session
+  // that starts with it. Before, it showed the state as it was (the finished step reported completed a second
+  // time; no step, every tool allowed, in a new session with a default step).
+  const settled = agent && e.type === 'task_completed' ? settledPosition(agent, s) : null;
+  const v = settled
+    ? viewAt(settled.step, settled.index, universe)
+    : agent && universe === agent.tools
+      ? agentView(agent, s)
+      : view(agent, s, universe);
   return {
     record: {
       schema_version: 1,
