@@ -107,6 +107,18 @@ export function engine(
   return { e, seen };
 }
 
+/** The service's wiring of open sessions and runs to Redis (src/main.ts), for an engine that outlives a restart. */
+export const redisSessions = (store: RedisFlowStore): Partial<EngineDeps> => ({
+  sessions: {
+    load: (refs) => store.loadSessions(refs),
+    save: (open, ended) => store.saveSessions(open, ended, 60_000),
+  },
+  runs: {
+    load: (t, a) => store.loadRuns(t, a),
+    append: (t, a, run, mark) => store.appendRun(t, a, run, 50, mark),
+  },
+});
+
 let ts = 1;
 /** A whole session (request, calls, end); at `partition`, from `offset` on, when given (as the service reads it). */
 export const session = (id: string, at?: { partition: number; offset: number }): Inbound[] =>

@@ -2,7 +2,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import type { ToolCallsEvent } from '../../../../schemas/index.js';
 import type { Inbound } from '../../src/adapters/engine.js';
 import { RedisFlowStore } from '../../src/adapters/redis/store.js';
-import { closeFixture, engine, place, redis } from './engine-fixture.js';
+import { closeFixture, engine, place, redis, redisSessions } from './engine-fixture.js';
 
 afterAll(closeFixture);
 
@@ -37,18 +37,8 @@ describe('event_id as the idempotency key (real Redis)', () => {
       shadowPrecision: 0,
     });
     const store = new RedisFlowStore(redis, prefix);
-    // Wired as the service wires them (src/main.ts).
     const wired = () =>
-      engine(store, { ...policy, mode: 'manual' }, flowsTopic, Date.now, {
-        sessions: {
-          load: (refs) => store.loadSessions(refs),
-          save: (open, ended) => store.saveSessions(open, ended, 60_000),
-        },
-        runs: {
-          load: (t, a) => store.loadRuns(t, a),
-          append: (t, a, run, mark) => store.appendRun(t, a, run, 50, mark),
-        },
-      }).e;
+      engine(store, { ...policy, mode: 'manual' }, flowsTopic, Date.now, redisSessions(store)).e;
     const lookup = { step: 0, tool: 'lookup_account' };
     await wired().handle([
       ev(0, 'user_message', 's9:u', { text: 'close my account' }),

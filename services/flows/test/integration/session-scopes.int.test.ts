@@ -2,7 +2,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import type { ToolCallsEvent } from '../../../../schemas/index.js';
 import type { Inbound } from '../../src/adapters/engine.js';
 import { RedisFlowStore } from '../../src/adapters/redis/store.js';
-import { closeFixture, engine, place, redis } from './engine-fixture.js';
+import { closeFixture, engine, place, redis, redisSessions } from './engine-fixture.js';
 
 afterAll(closeFixture);
 
@@ -37,18 +37,8 @@ describe('open sessions per scope (real Redis)', () => {
       shadowPrecision: 0,
     });
     const store = new RedisFlowStore(redis, prefix);
-    // Wired as the service wires them (src/main.ts).
     const wired = () =>
-      engine(store, { ...policy, mode: 'manual' }, flowsTopic, Date.now, {
-        sessions: {
-          load: (refs) => store.loadSessions(refs),
-          save: (open, ended) => store.saveSessions(open, ended, 60_000),
-        },
-        runs: {
-          load: (t, a) => store.loadRuns(t, a),
-          append: (t, a, run, mark) => store.appendRun(t, a, run, 50, mark),
-        },
-      }).e;
+      engine(store, { ...policy, mode: 'manual' }, flowsTopic, Date.now, redisSessions(store)).e;
     await wired().handle([
       ev('agent-a', 0, 'user_message', { text: 'close my account' }),
       ev('agent-b', 1, 'user_message', { text: 'book a flight' }),
