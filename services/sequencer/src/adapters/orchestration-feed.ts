@@ -27,24 +27,26 @@ export const agentKey = (tenant: string, agent: string): string =>
 
 /**
  * One record of the topic applied to the orchestrations in force, or refused (`TableRejection`: dead-lettered).
- * A key other than the record's own `agentKey` is refused, whatever it parses to: compaction keeps one record per
- * key, so an agent under two keys keeps both, and a tombstone can only remove what its own key names (a record
- * under a key no tombstone can take back, such as an unencoded '/', would stay in force for ever).
+ * A record is applied only under a key that reads as its own scope (`parseAgentKey`), as its tombstone must: a
+ * key that does not read as an agent key (an unencoded '/', no '/' at all) was applied while its tombstone was
+ * refused, so the agent could never be removed. Any encoding that decodes to the scope is taken (`agentKey`'s is
+ * the canonical one): records already on the topic under another (`acme/agent:1`, Python's quote) stay in force
+ * after an upgrade.
  */
 export function applyOrchestrationRecord(config: Orchestrations, v: FeedRecord, key: string | null): void {
   if ('kind' in v) {
     const scope = parseAgentKey(v.key);
-    if (!scope || agentKey(scope.tenant, scope.agent) !== v.key)
+    if (!scope)
       throw new TableRejection(
         `tombstone key '${v.key}' is not tenant_id/agent_id with each part URI-encoded (encodeURIComponent)`,
       );
     config.delete(scope.tenant, scope.agent);
     return;
   }
-  const own = agentKey(v.tenant_id, v.agent_id);
-  if (key !== own)
+  const scope = parseAgentKey(key);
+  if (!scope || scope.tenant !== v.tenant_id || scope.agent !== v.agent_id)
     throw new TableRejection(
-      `key '${key}' is not the record's own key '${own}' (tenant_id/agent_id, each part URI-encoded)`,
+      `key '${key}' is not the record's own key '${agentKey(v.tenant_id, v.agent_id)}' (tenant_id/agent_id, each part URI-encoded)`,
     );
   try {
     config.set(v);
