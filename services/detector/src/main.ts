@@ -131,7 +131,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
     };
     /** The candidates the topic still holds as active, per scope (the latest record per key wins). */
     const restorePublished = async (): Promise<Scope[]> => {
-      const latest = new Map<string, { scope: Scope; key: string; active: boolean }>();
+      const latest = new Map<string, { scope: Scope; key: string; active: boolean; at: number }>();
       // Each scope's latest stamp on the topic: flows holds records stamped so, and drops an older one as stale.
       const stamps = new Map<string, { scope: Scope; at: number }>();
       await readToEnd(replayOf(env.PAVER_TOPIC_FLOW_CANDIDATES), async (_p, messages) => {
@@ -145,10 +145,16 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
           const scope = { tenant: rec.data.tenant_id, agent: rec.data.agent_id };
           const sid = scopeId(scope);
           stamps.set(sid, { scope, at: Math.max(stamps.get(sid)?.at ?? 0, rec.data.detected_at) });
-          latest.set(candidateKey(scope, rec.data.dedupe_key), {
+          // The newest by stamp, whatever the order partitions are read in: one candidate's records may sit
+          // under two keys (a key format changed between versions), on two partitions.
+          const k = candidateKey(scope, rec.data.dedupe_key);
+          const prev = latest.get(k);
+          if (prev && prev.at > rec.data.detected_at) continue;
+          latest.set(k, {
             scope,
             key: rec.data.dedupe_key,
             active: rec.data.status === 'active',
+            at: rec.data.detected_at,
           });
         }
       });

@@ -114,13 +114,18 @@ export function retractedRecord(
   };
 }
 
+/** `%` and `/` escaped, nothing else: the separator cannot occur inside a part, and every other id keeps its key. */
+const keyPart = (s: string): string => s.replace(/%/g, '%25').replace(/\//g, '%2F');
+
 /**
- * Kafka key of a candidate record: scoped, so that compaction never merges two agents' candidates. Tenant and
- * agent are URI-encoded (ids may hold '/': `acme` + `sales/bot` and `acme/sales` + `bot` shared a key, and
- * compaction kept one tenant's record); ids of letters, digits, `-`, `_`, `.` keep the key they had.
+ * Kafka key of a candidate record: scoped, so that compaction never merges two agents' candidates. In tenant and
+ * agent, `/` (and `%`, so that the escape reads one way) is escaped: ids may hold '/', and `acme` + `sales/bot`
+ * shared a key with `acme/sales` + `bot`, so compaction kept one tenant's record. Only ids holding either
+ * change key (a wider encoding moved ids with spaces, `@` or `:` to new keys, their old records left on the
+ * topic for ever).
  */
 export const candidateKey = (scope: { tenant: string; agent: string }, dedupeKey: string): string =>
-  `${encodeURIComponent(scope.tenant)}/${encodeURIComponent(scope.agent)}/${dedupeKey}`;
+  `${keyPart(scope.tenant)}/${keyPart(scope.agent)}/${dedupeKey}`;
 
 /**
  * Which published candidates changed: `published` maps dedupe_key → the candidate's JSON as last published.

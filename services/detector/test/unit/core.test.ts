@@ -138,6 +138,13 @@ describe('detector core', () => {
     expect(candidateKey({ tenant: 'acme', agent: 'sales/bot' }, k)).toBe(
       'acme/sales%2Fbot/flow_offload:a→b/c',
     );
+    expect(candidateKey({ tenant: 'a%2Fb', agent: 'c' }, k)).not.toBe(
+      candidateKey({ tenant: 'a/b', agent: 'c' }, k),
+    );
+    // Any other id keeps the key earlier versions gave it (their records stay the ones a new record replaces).
+    expect(candidateKey({ tenant: 'acme corp', agent: 'sales@bot:1' }, k)).toBe(
+      'acme corp/sales@bot:1/flow_offload:a→b/c',
+    );
   });
 });
 
