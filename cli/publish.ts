@@ -17,7 +17,7 @@ import { kafkaConfig } from '../shared/kafka/client.js';
 import { PRODUCE_REQUEST_BUDGET } from '../shared/kafka/requests.js';
 import { ensureTopics, paverTopics } from '../shared/kafka/topics.js';
 import { createLogger } from '../shared/log.js';
-import { deeperThan } from '../shared/core/json-depth.js';
+import { deeperThan, TOO_DEEP } from '../shared/core/json-depth.js';
 
 /** Exit code when no broker answers (sysexits EX_UNAVAILABLE). */
 export const EXIT_UNAVAILABLE = 69;
@@ -143,7 +143,12 @@ export async function publish(opts: {
         // Not JSON: sent as is, so the services' dead-letter path can be seen working.
       }
       // Too deep to write back: sent as is too (the services dead-letter it), rather than failing the command.
-      if (obj !== null && typeof obj === 'object' && !Array.isArray(obj) && !deeperThan(obj)) {
+      const tooDeep = obj !== null && typeof obj === 'object' && deeperThan(obj);
+      if (tooDeep)
+        process.stderr.write(
+          `paver publish: line ${lineNo}: ${TOO_DEEP}; sent as is, and the services dead-letter it\n`,
+        );
+      if (obj !== null && typeof obj === 'object' && !Array.isArray(obj) && !tooDeep) {
         const o = obj as Record<string, unknown>;
         if (opts.tenant !== undefined) o.tenant_id = opts.tenant;
         if (opts.agent !== undefined) o.agent_id = opts.agent;

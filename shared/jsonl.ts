@@ -14,7 +14,7 @@ import {
 } from '../schemas/index.js';
 import { zodParser } from './kafka/runner.js';
 import { errorMessage } from './errors.js';
-import { deeperThan, TOO_DEEP } from './core/json-depth.js';
+import { deeperThan, PAYLOAD_DEPTH, TOO_DEEP } from './core/json-depth.js';
 import { MAX_WHOLE_INPUT_BYTES, maxConfigBytes } from './config.js';
 
 const MAX_LINE = 1024 * 1024;
@@ -281,7 +281,7 @@ export async function* readEvents(
       // Tool-calling APIs carry a call's arguments as JSON text (OpenAI's function.arguments): read the object.
       if (type === 'tool_call' && typeof obj.args === 'string') {
         const args = parseJsonLine(obj.args)?.value;
-        if (deeperThan(args)) {
+        if (deeperThan(args, PAYLOAD_DEPTH)) {
           fail(`args ${TOO_DEEP}`);
           onBad?.(topStrings(obj));
           continue;

@@ -22,5 +22,12 @@ function tooDeep(v: object, depth: number, max: number): boolean {
   return false;
 }
 
+/**
+ * The deepest a tool's arguments or result may nest where Paver builds the event around them (ingest, an offline
+ * file's arguments given as JSON text): the event holds them one level down, and is checked whole by every
+ * service that reads it.
+ */
+export const PAYLOAD_DEPTH = LIMITS.jsonDepth - 1;
+
 /** The dead-letter detail (and error text) for such a value: the limit, never the value. */
 export const TOO_DEEP = `nested deeper than ${LIMITS.jsonDepth} levels`;

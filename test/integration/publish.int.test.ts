@@ -15,6 +15,7 @@ writeFileSync(
       JSON.stringify({ type: 'tool_call', event_id: 'a', session_id: 's1', tenant_id: 'old', tool: 'x' }),
     'not json',
     JSON.stringify({ type: 'tool_call', event_id: 'b', session_id: 's2', tool: 'y' }),
+    `{"type":"tool_call","event_id":"c","session_id":"s3","tool":"z","args":{"a":${'['.repeat(300)}${']'.repeat(300)}}}`,
     '',
   ].join('\n'),
 );
@@ -29,8 +30,11 @@ describe('paver publish', () => {
     const { REDIS_URL: _unused, ...env } = serviceEnv();
     const r = await run(['--tenant', 'acme', '--agent', 'bot-1'], env);
     expect(r.code).toBe(0);
-    expect(r.out).toContain('published 3 events');
-    const got = await consumeUntil(env.PAVER_TOPIC_TOOL_CALLS!, (all) => all.length >= 3);
+    expect(r.out).toContain(
+      'line 4: nested deeper than 256 levels; sent as is, and the services dead-letter it',
+    );
+    expect(r.out).toContain('published 4 events');
+    const got = await consumeUntil(env.PAVER_TOPIC_TOOL_CALLS!, (all) => all.length >= 4);
     const events = got.map((m) => m.value!.toString()).filter((v) => v.startsWith('{'));
     expect(
       events
@@ -40,6 +44,7 @@ describe('paver publish', () => {
     ).toEqual([
       ['a', 'acme', 'bot-1'],
       ['b', 'acme', 'bot-1'],
+      ['c', undefined, undefined], // as it was written: too deep to rewrite
     ]);
   });
 

@@ -510,7 +510,7 @@ describe('JSON request bodies', () => {
     }
   });
 
-  it('nested deeper than 64 levels are answered 400 (writing them back would overflow the stack), and the server goes on', async () => {
+  it('nested deeper than 256 levels are answered 400 (writing them back would overflow the stack), and the server goes on', async () => {
     const s = serverWith({
       readiness: [],
       routes: [
@@ -529,7 +529,7 @@ describe('JSON request bodies', () => {
       };
       expect(await post('['.repeat(10_000) + ']'.repeat(10_000))).toEqual({
         status: 400,
-        body: { error: 'request body nested deeper than 64 levels' },
+        body: { error: 'request body nested deeper than 256 levels' },
       });
       expect(await post('{"a":[1]}')).toEqual({ status: 200, body: { a: [1] } });
     } finally {

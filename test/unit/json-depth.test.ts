@@ -20,8 +20,8 @@ const event = (args: string) =>
 
 describe('JSON nested too deep to write back', () => {
   it('deeperThan counts levels and stops at the limit, whatever the depth', () => {
-    expect(deeperThan(JSON.parse(nested(64)))).toBe(false);
-    expect(deeperThan(JSON.parse(nested(65)))).toBe(true);
+    expect(deeperThan(JSON.parse(nested(256)))).toBe(false);
+    expect(deeperThan(JSON.parse(nested(257)))).toBe(true);
     expect(deeperThan({ a: [{ b: 1 }] }, 3)).toBe(false);
     expect(deeperThan({ a: [{ b: {} }] }, 3)).toBe(true);
     expect(deeperThan('[[[[')).toBe(false);
@@ -33,11 +33,11 @@ describe('JSON nested too deep to write back', () => {
     const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
     const o = { codec: jsonCodec(), parse, maxBytes: 1 << 20 };
     const deep = { key: null, value: Buffer.from(event(nested(10_000))) };
-    const want = { ok: false, reason: 'invalid', detail: 'nested deeper than 64 levels' };
+    const want = { ok: false, reason: 'invalid', detail: 'nested deeper than 256 levels' };
     expect(decodeMessageSync(deep, 't', o)).toEqual(want);
     expect(await decodeMessage(deep, 't', o)).toEqual(want);
-    // 63 levels inside `args.a` (64 with the event and args): read.
-    const fine = { key: null, value: Buffer.from(event(nested(62))) };
+    // 254 levels inside `args.a` (256 with the event and args): read.
+    const fine = { key: null, value: Buffer.from(event(nested(254))) };
     expect(decodeMessageSync(fine, 't', o)).toMatchObject({ ok: true });
   });
 
@@ -68,8 +68,8 @@ describe('JSON nested too deep to write back', () => {
       expect(got).toEqual(['e3']);
       expect(stats.bad).toBe(2);
       expect(warnings).toEqual([
-        'line 1: nested deeper than 64 levels',
-        'line 2: args nested deeper than 64 levels',
+        'line 1: nested deeper than 256 levels',
+        'line 2: args nested deeper than 256 levels',
       ]);
       expect(bad).toEqual([
         { type: 'tool_call', event_id: 'e1', session_id: 's', task_id: 't' },
@@ -92,6 +92,29 @@ describe('JSON nested too deep to write back', () => {
     expect(notes).toEqual([{ field: 'observation', reason: 'too_deep' }]);
     expect(kept).toMatchObject({ kind: 'tool', tool: 'fetch' });
     expect(() => JSON.stringify(kept)).not.toThrow();
+  });
+
+  it('a payload ingest keeps still passes every consumer inside its event (one level down): the limit less one', () => {
+    const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
+    const o = { codec: jsonCodec(), parse, maxBytes: 1 << 20 };
+    const keep = (depth: number) => {
+      const spans = otelRecorder().agent({
+        name: 'A',
+        tools: [{ name: 'fetch', args: { url: 'u' }, result: nested(depth) }],
+      });
+      const decoded = decodeOtlp(toJson(spans), 'otlp_json', DEFAULT_DECODE_LIMITS);
+      if (!decoded.ok) throw new Error(decoded.detail);
+      return keepSpan(
+        decoded.spans.find((s) => s.name.startsWith('execute_tool'))!,
+        DEFAULT_MAP_OPTIONS,
+      );
+    };
+    // Before: a result exactly 256 deep was kept, and its event (257) dead-lettered by every service.
+    expect(keep(256).notes).toEqual([{ field: 'observation', reason: 'too_deep' }]);
+    const kept = keep(255);
+    expect(kept.notes).toEqual([]);
+    const text = `{"type":"tool_call","event_id":"e1","ts":1,"session_id":"s","task_id":"t","step":0,"tool":"x","observation":${JSON.stringify(kept.kept.observation)}}`;
+    expect(decodeMessageSync({ key: null, value: Buffer.from(text) }, 't', o)).toMatchObject({ ok: true });
   });
 
   it('autoseq reads a result of JSON text nested too deep as text: the task it keeps can be written back (to Redis)', () => {

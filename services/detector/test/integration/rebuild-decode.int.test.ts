@@ -34,7 +34,7 @@ describe('a rebuild after a Redis loss decodes as the live path does (real Kafka
       { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
     ]);
     let deep: unknown = { leaf: 1 };
-    for (let i = 0; i < 100; i++) deep = { n: deep };
+    for (let i = 0; i < 300; i++) deep = { n: deep };
     const now = Date.now();
     const ev = (o: Record<string, unknown>) => ({
       key: 's0',

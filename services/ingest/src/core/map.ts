@@ -1,5 +1,5 @@
 import { own } from '../../../../shared/core/own.js';
-import { deeperThan } from '../../../../shared/core/json-depth.js';
+import { deeperThan, PAYLOAD_DEPTH } from '../../../../shared/core/json-depth.js';
 import { LIMITS } from '../../../../schemas/limits.js';
 import type { TaskCompletedEvent, ToolCallEvent } from '../../../../schemas/index.js';
 import type { OtlpSpan } from './otlp.js';
@@ -100,7 +100,7 @@ function payload(
     const value = JSON.parse(v) as unknown;
     // Kept, it would be written back (to Redis, to the topic): past a few thousand levels that overflows the
     // stack, and the same spans would fail every restart.
-    if (deeperThan(value)) {
+    if (deeperThan(value, PAYLOAD_DEPTH)) {
       notes.push({ field, reason: 'too_deep' });
       return {};
     }
