@@ -66,23 +66,21 @@ describe('a rebuild after a Redis loss decodes as the live path does (real Kafka
     procs.push(p);
     const metric = async (name: string, labels?: Record<string, string>) =>
       parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(name, labels);
+    const deadLetters = async () =>
+      String((await getJson(p.url('/metrics'))).body)
+        .split('\n')
+        .filter((l) => l.startsWith('paver_dead_letters_total'))
+        .reduce((n, l) => n + Number(l.split(' ').pop()), 0);
+    // Dead letters are written after their batch's work: wait for both, not one then the other.
     await waitFor(
-      async () => (await isReady(p)) && (await metric('paver_detector_records_completed_total')) >= 3,
-      'records',
+      async () =>
+        (await isReady(p)) &&
+        (await metric('paver_detector_records_completed_total')) >= 3 &&
+        (await deadLetters()) >= 3,
+      'records and dead letters',
       60_000,
     );
-    const body = String((await getJson(p.url('/metrics'))).body);
-    const dead = body
-      .split('\n')
-      .filter((l) => l.startsWith('paver_dead_letters_total'))
-      .reduce((n, l) => n + Number(l.split(' ').pop()), 0);
-    expect(
-      dead,
-      body
-        .split('\n')
-        .filter((l) => l.includes('dead_letter'))
-        .join('\n'),
-    ).toBe(3);
+    expect(await deadLetters()).toBe(3);
     const before = (await getJson(p.url('/candidates?tenant_id=default&agent_id=default'))).body as {
       tool_sequence: string[];
     }[];
