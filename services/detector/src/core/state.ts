@@ -150,7 +150,10 @@ export class DetectorState {
       if (m === null || op.ts < m.ts || (op.ts === m.ts && codePointCompare(op.eventId, m.eventId) < 0))
         t.msg = { ts: op.ts, eventId: op.eventId, terms: op.terms };
       if (op.ts > t.lastTs) t.lastTs = op.ts;
-      r.applied++;
+      // The message kept, delivered again: a duplicate, as a call already in its task is. (Only the first
+      // message is kept, so a later one delivered again still counts as applied.)
+      if (m !== null && m.eventId === op.eventId) this.ignore(r, 'duplicate');
+      else r.applied++;
     } else {
       this.complete(st, op.task, op.ts, part, r);
       r.applied++;

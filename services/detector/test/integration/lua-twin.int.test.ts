@@ -22,6 +22,50 @@ const sortRecords = (xs: { tools: string[]; terms: string[] | null }[]) =>
  * after every chunk and equal counts, windows and candidates at the end.
  */
 describe('apply-11.lua = core/state.ts', () => {
+  it('a user_message the task kept, delivered again, is a duplicate in both (it was counted applied twice)', async () => {
+    const params: DetectorParams = { ...DEFAULT_PARAMS };
+    const state = new DetectorState(params);
+    const prefix = unique('twin-msg');
+    const store = new RedisDetectorStore(redis, params, prefix);
+    await redis.set(detectorGlobalKeys(prefix).epoch, 'e1');
+    const scope = { tenant: 't', agent: 'a' };
+    const msg: DetectorOp = {
+      kind: 'msg',
+      scope,
+      task: 't1',
+      eventId: 'm1',
+      ts: 1000,
+      terms: ['invoice'],
+      partition: 0,
+      offset: '0',
+    };
+    const call: DetectorOp = {
+      kind: 'call',
+      scope,
+      task: 't1',
+      eventId: 'c1',
+      ts: 1001,
+      step: 0,
+      tool: 'a',
+      cost: 10_000,
+      partition: 0,
+      offset: '1',
+    };
+    const later: DetectorOp = { ...msg, eventId: 'm2', ts: 1002, offset: '2' };
+    let last: Record<string, unknown> = {};
+    for (const chunk of [
+      [msg, call],
+      [msg, call, later],
+    ]) {
+      const { changed: _m, ...mem } = state.applyAll(chunk);
+      const { changed: _c, lost: _l, owed: _o, ...lua } = await store.applyBatch(chunk, { epoch: 'e1' });
+      expect(lua).toEqual(mem);
+      last = mem;
+    }
+    // The kept message and the call again: duplicates; a later message (not kept) is applied.
+    expect(last).toMatchObject({ applied: 1, ignored: 2, ignoredBy: { duplicate: 2 } });
+  });
+
   it('random streams in random chunks give equal counters, snapshots and candidates', async () => {
     let chunks = 0;
     await fc.assert(

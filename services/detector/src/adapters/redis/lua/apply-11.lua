@@ -704,15 +704,23 @@ for k = 0, #F / 9 - 1 do
     -- The first message by (ts, event_id) wins, whatever order redeliveries bring them in.
     local cur = redis.call('HGET', KEYS[9], task)
     local take = cur == nil or cur == false
+    local again = false
     if not take then
       local f = split(cur, US)
       local cts = tonumber(f[1])
+      -- The message kept, delivered again: a duplicate, as a call already in its task is (core/state.ts).
+      again = f[2] == eid
       take = ts < cts or (ts == cts and bytesLess(eid, f[2]))
     end
     if take then redis.call('HSET', KEYS[9], task, int(ts) .. US .. eid .. US .. F[b + 5]) end
     if not last then markStart(task, part, off) end
     if ts > (last or -1) then setLast(part, task, ts) end
-    applied = applied + 1
+    if again then
+      ignored = ignored + 1
+      dup = dup + 1
+    else
+      applied = applied + 1
+    end
   elseif kind == 'c' then
     local packed = eventsOf(task) or ''
     if string.find(packed, RS .. eid .. US, 1, true) ~= nil then
