@@ -52,6 +52,7 @@ export function createBatchHandler(o: {
     const loaded = await store.load(refs);
     const current = new Map<string, SessionState>();
     const out: SequenceStateRecord[] = [];
+    let duplicates = 0;
     for (const [i, rec] of batch.entries()) {
       const e = rec.value;
       const id = ids[i]!;
@@ -61,7 +62,7 @@ export function createBatchHandler(o: {
         offset: rec.offset,
       });
       if (r.duplicate) {
-        metrics.duplicates.inc();
+        duplicates++;
         continue;
       }
       current.set(id, r.state);
@@ -95,6 +96,9 @@ export function createBatchHandler(o: {
       }
       throw err;
     }
+    // Counted once the batch is done, as the states are: a batch that fails is run again whole, and its
+    // duplicates were counted once per attempt.
+    metrics.duplicates.inc(duplicates);
     metrics.states.inc(out.length);
     for (const v of out) if (v.violation) metrics.violations.inc({ policy: v.violation.policy });
   };

@@ -103,3 +103,42 @@ describe('session copy vs a write that lost its compare-and-set (real Kafka and 
       expect(await redis.get(sessionKey(prefix, ref))).toBe(held);
     });
 });
+
+describe('redelivered events counted once a batch is done (real Kafka and Redis)', () => {
+  it('a batch that fails and is run again counts its duplicates once', async () => {
+    const prefix = unique('dupcount');
+    const out = unique('seq-out');
+    await createTopics([{ topic: out }]);
+    await sink.connect();
+    const registry = new Registry();
+    const metrics = createSequencerMetrics(
+      registry,
+      () => 0,
+      () => 0,
+      () => false,
+    );
+    let failSends = 0;
+    const handler = createBatchHandler({
+      config: new Orchestrations(),
+      store: new RedisSessionStore(redis, prefix, 60_000),
+      // The real sink, failing while `failSends` lasts (a broker outage): the runner runs the batch again.
+      sink: {
+        ...sink,
+        send: (...a: Parameters<typeof sink.send>) =>
+          failSends-- > 0 ? Promise.reject(new Error('broker unavailable')) : sink.send(...a),
+      },
+      topic: out,
+      metrics,
+    });
+    await handler([ev(0), ev(1)], ctx);
+    // e0 and e1 again (redelivered), with a new e2; the first two attempts fail at the publish.
+    failSends = 2;
+    for (let attempt = 0; attempt < 2; attempt++)
+      await expect(handler([ev(0), ev(1), ev(2)], ctx)).rejects.toThrow('broker unavailable');
+    await handler([ev(0), ev(1), ev(2)], ctx);
+    const counted = (await registry.getSingleMetric('paver_sequencer_redelivered_events_total')!.get())
+      .values[0]!.value;
+    // Before: 6, the two duplicates counted by every attempt.
+    expect(counted).toBe(2);
+  });
+});
