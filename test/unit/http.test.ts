@@ -461,24 +461,28 @@ describe('HTTP latency buckets', () => {
 });
 
 describe('JSON request bodies', () => {
-  it('are refused with 415 when their Content-Type is not JSON; JSON with parameters, +json and none pass', async () => {
-    const s = serverWith({
-      readiness: [],
-      routes: [
-        { method: 'POST', path: '/echo', handler: async (req) => ({ status: 200, body: await req.body() }) },
-      ],
-    });
+  /** A server whose POST /echo answers what `handler` makes of the body; `post` sends one request to it. */
+  async function echoServer(
+    handler: Route['handler'] = async (req) => ({ status: 200, body: await req.body() }),
+  ) {
+    const s = serverWith({ readiness: [], routes: [{ method: 'POST', path: '/echo', handler }] });
     const port = await s.listen(0, '127.0.0.1');
+    const post = async (init: RequestInit) => {
+      const res = await fetch(`http://127.0.0.1:${port}/echo`, { method: 'POST', ...init });
+      return { status: res.status, body: (await res.json()) as unknown };
+    };
+    return { post, close: () => s.close() };
+  }
+
+  it('are refused with 415 when their Content-Type is not JSON; JSON with parameters, +json and none pass', async () => {
+    const s = await echoServer();
     try {
-      const post = async (contentType: string | null) => {
-        const res = await fetch(`http://127.0.0.1:${port}/echo`, {
-          method: 'POST',
+      const post = (contentType: string | null) =>
+        s.post({
           // A Blob without a type: fetch sends no Content-Type of its own.
           body: new Blob(['{"a":1}']),
           headers: contentType === null ? {} : { 'content-type': contentType },
         });
-        return { status: res.status, body: (await res.json()) as unknown };
-      };
       // Before: each was parsed as JSON and answered 200.
       for (const t of [
         'text/plain',
@@ -511,22 +515,9 @@ describe('JSON request bodies', () => {
   });
 
   it('nested deeper than 256 levels are answered 400 (writing them back would overflow the stack), and the server goes on', async () => {
-    const s = serverWith({
-      readiness: [],
-      routes: [
-        { method: 'POST', path: '/echo', handler: async (req) => ({ status: 200, body: await req.body() }) },
-      ],
-    });
-    const port = await s.listen(0, '127.0.0.1');
+    const s = await echoServer();
     try {
-      const post = async (body: string) => {
-        const res = await fetch(`http://127.0.0.1:${port}/echo`, {
-          method: 'POST',
-          body,
-          headers: { 'content-type': 'application/json' },
-        });
-        return { status: res.status, body: (await res.json()) as unknown };
-      };
+      const post = (body: string) => s.post({ body, headers: { 'content-type': 'application/json' } });
       expect(await post('['.repeat(10_000) + ']'.repeat(10_000))).toEqual({
         status: 400,
         body: { error: 'request body nested deeper than 256 levels' },
@@ -538,22 +529,9 @@ describe('JSON request bodies', () => {
   });
 
   it("a request with no content has no body, whatever its Content-Type says (curl -d '' sends a form type)", async () => {
-    const s = serverWith({
-      readiness: [],
-      routes: [
-        {
-          method: 'POST',
-          path: '/echo',
-          handler: async (req) => ({ status: 200, body: { got: (await req.body()) ?? null } }),
-        },
-      ],
-    });
-    const port = await s.listen(0, '127.0.0.1');
+    const s = await echoServer(async (req) => ({ status: 200, body: { got: (await req.body()) ?? null } }));
     try {
-      const post = async (headers: Record<string, string>, body?: string) => {
-        const res = await fetch(`http://127.0.0.1:${port}/echo`, { method: 'POST', headers, body });
-        return { status: res.status, body: (await res.json()) as unknown };
-      };
+      const post = (headers: Record<string, string>, body?: string) => s.post({ headers, body });
       // Before: 415, as if an empty form were a body of the wrong type.
       for (const t of ['application/x-www-form-urlencoded', 'text/plain'])
         expect(await post({ 'content-type': t }, ''), t).toEqual({ status: 200, body: { got: null } });

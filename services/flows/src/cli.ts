@@ -8,6 +8,7 @@ import { FlowRegistry, registerManual } from './core/registry.js';
 import { OutcomeBook } from './core/outcomes.js';
 import { offlineEnv, policies, type FlowsEnv } from './config.js';
 import { errorMessage } from '../../../shared/errors.js';
+import { cutText } from '../../../shared/core/text.js';
 
 const SELECT_USAGE = `Usage: paver select --flows FILE.(json|yaml) --query TEXT [--summary TEXT ...] [--top-k 3] [--rrf-k 10]
                     [--fail-open] [--score-floor X] [--outcome-floor X] [--pretty]
@@ -185,7 +186,7 @@ function oneLine(text: string, whole?: number | null): string {
   if (line.length > ERROR_SHOWN || whole === null) {
     const all = whole === null ? `over ${ERROR_READ} bytes` : `${whole ?? line.length} characters`;
     // Not half of a surrogate pair at the cut.
-    return `${line.slice(0, ERROR_SHOWN).replace(/[\uD800-\uDBFF]$/, '')}… (cut; ${all} in all)`;
+    return `${cutText(line, ERROR_SHOWN)}… (cut; ${all} in all)`;
   }
   return line || '(no body)';
 }

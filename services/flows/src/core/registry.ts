@@ -1,4 +1,5 @@
 import { v5 as uuidv5 } from 'uuid';
+import { cutText } from '../../../../shared/core/text.js';
 import {
   LIMITS,
   registeredFlowV1,
@@ -275,16 +276,6 @@ export function collapsedSteps(steps: readonly FlowStep[]): FlowStep[] {
 /** flows.v1 bounds on a flow's texts (schemas/flows.v1.ts). */
 export const FLOW_NAME_MAX = 256;
 export const FLOW_EFFECT_MAX = 4096;
-
-/**
- * `s` cut to at most `max` UTF-16 code units, never between the halves of a surrogate pair: a lone half is not
- * valid Unicode, and the sink's JSON would carry it as a replacement character or refuse it.
- */
-export function cutText(s: string, max: number): string {
-  if (s.length <= max) return s;
-  const end = max > 0 && /[\uD800-\uDBFF]/.test(s[max - 1]!) ? max - 1 : max;
-  return s.slice(0, end);
-}
 
 /**
  * Why a flow would be refused on the flows topic (the flows.v1 contract the sink checks), or null. Promotion asks

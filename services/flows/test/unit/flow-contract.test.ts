@@ -1,7 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { CONTRACTS, type RegisteredFlow } from '../../../../schemas/index.js';
 import { detectorRecord as record } from '../detector-record.js';
-import { cutText, flowFromCandidate, flowViolations } from '../../src/core/registry.js';
+import { cutText } from '../../../../shared/core/text.js';
+import { flowFromCandidate, flowViolations } from '../../src/core/registry.js';
 
 const detectorRecord = (tools: string[], title?: string, name?: string) =>
   record(tools, { ...(title !== undefined ? { title } : {}), ...(name !== undefined ? { name } : {}) });

@@ -1,4 +1,5 @@
 import { own } from '../../../../shared/core/own.js';
+import { cutText } from '../../../../shared/core/text.js';
 import { deeperThan, PAYLOAD_DEPTH } from '../../../../shared/core/json-depth.js';
 import { LIMITS } from '../../../../schemas/limits.js';
 import type { TaskCompletedEvent, ToolCallEvent } from '../../../../schemas/index.js';
@@ -75,7 +76,7 @@ const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[
 export function cleanId(v: unknown, max: number = LIMITS.idLength): string | undefined {
   if (typeof v !== 'string' && typeof v !== 'number') return undefined;
   let s = String(v).replace(CONTROL, '').replace(LONE_SURROGATE, '\ufffd');
-  if (s.length > max) s = s.slice(0, /[\ud800-\udbff]/.test(s[max - 1]!) ? max - 1 : max);
+  s = cutText(s, max);
   return s.length > 0 ? s : undefined;
 }
 

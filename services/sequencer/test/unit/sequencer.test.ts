@@ -8,7 +8,15 @@ import {
   Orchestrations,
   type Agent,
 } from '../../src/core/orchestration.js';
-import { applyEvent, newSession, settle, view, type SessionState } from '../../src/core/session.js';
+import {
+  applyEvent,
+  newSession,
+  settle,
+  settledPosition,
+  view,
+  viewAt,
+  type SessionState,
+} from '../../src/core/session.js';
 import { applyOrchestrationRecord, parseAgentKey } from '../../src/adapters/orchestration-feed.js';
 import { orchestrationRecordV1 } from '../../../../schemas/index.js';
 import { TableRejection } from '../../../../shared/kafka/table-feed.js';
@@ -522,4 +530,58 @@ describe('orchestration topic keys', () => {
       expect(config.get(t, a)).toBeUndefined();
     },
   );
+});
+
+const FEW = ['a', 'b', 'c', 'x', 'y'];
+const done = (): ToolCallsEvent => ({
+  type: 'task_completed',
+  event_id: `d${++n}`,
+  ts: n,
+  tenant_id: 'default',
+  agent_id: 'default',
+  session_id: 's',
+  task_id: 't',
+});
+/** What GET /sessions/{id}/allowed-tools answers for this state. */
+const read = (agent: Agent, s: SessionState) => {
+  const at = settledPosition(agent, s);
+  return viewAt(at.step, at.index, agent.tools);
+};
+
+describe('task_completed records answer for the settled step, as the allowed-tools read does', () => {
+  it('a task_completed record answers for the step the allowed-tools read answers for (new session, default step)', () => {
+    const agent = agentOf({
+      tools: FEW,
+      steps: [{ name: 'base', isDefault: true, availableTools: { allowed: ['a'] } }],
+    });
+    const r = play(agent, [done()]);
+    expect({ step: r.last.active_step, tools: r.last.allowed_tools }).toEqual({
+      step: read(agent, r.state).active_step,
+      tools: read(agent, r.state).allowed_tools,
+    });
+  });
+
+  it('a task_completed after a completing call answers for the step the next event is processed in', () => {
+    const agent = agentOf({
+      tools: FEW,
+      steps: [
+        { name: 'flow', conditions: [{ type: 'sequence_match', value: ['y'] }], sequence: ['a', 'b'] },
+        { name: 'base', isDefault: true, availableTools: { allowed: ['x'] } },
+      ],
+    });
+    const r = play(agent, [call('y'), call('a'), call('b')]);
+    expect(r.last).toMatchObject({ active_step: 'flow', completed: true });
+    expect(read(agent, r.state).active_step).toBe('base');
+    const r2 = play(agent, [done()], r.state);
+    // README: "The rule then picks the next step before the next event is processed".
+    expect({
+      step: r2.last.active_step,
+      completed: r2.last.completed,
+      tools: r2.last.allowed_tools,
+    }).toEqual({
+      step: 'base',
+      completed: false,
+      tools: ['x'],
+    });
+  });
 });
