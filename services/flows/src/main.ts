@@ -28,7 +28,7 @@ import { CandidateStates, createStateFeed, stateWriter } from './adapters/state-
 import { fillVectors, select, type SelectorDeps } from './adapters/selector.js';
 import { OutcomeBook } from './core/outcomes.js';
 import { PromptCache } from './core/prompt.js';
-import { FlowRegistry, registerManualFlows } from './core/registry.js';
+import { FlowRegistry, manualFlowsGone, registerManualFlows } from './core/registry.js';
 import {
   flowsEnvSchema,
   policies,
@@ -108,6 +108,11 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       help: 'Promoted flows found on the flows topic with a candidate decided otherwise, and withdrawn.',
       registers: r,
     });
+    const manualWithdrawn = new Counter({
+      name: 'paver_flows_manual_withdrawn_total',
+      help: 'Hand-written flows withdrawn from the flows topic at a start because FLOWS_FILE no longer defines them.',
+      registers: r,
+    });
     const rebuilds = new Counter({
       name: 'paver_flows_state_rebuilds_total',
       help: 'Rebuilds of the Redis state from Kafka, by reason (start, lost) and outcome.',
@@ -158,15 +163,16 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         flows.map((flow) => ({ key: flow.id, value: { schema_version: 1, flow } })),
         'keep',
       );
+    // Tombstones: the registry feed removes the flow on every instance.
+    const withdrawFlows = (ids: string[]) =>
+      sink.sendRaw(
+        env.PAVER_TOPIC_FLOWS,
+        ids.map((id) => ({ key: id, value: null })),
+      );
     const engine = new FlowsEngine({
       store,
       publishFlows,
-      // Tombstones: the registry feed removes the flow on every instance.
-      withdrawFlows: (ids) =>
-        sink.sendRaw(
-          env.PAVER_TOPIC_FLOWS,
-          ids.map((id) => ({ key: id, value: null })),
-        ),
+      withdrawFlows,
       onContention: () => contention.inc(),
       selector,
       promotionPolicy: policy.promotion,
@@ -284,13 +290,27 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         if (!isRunning()) return;
         if (loaded) log.info({ flows: registry.size }, 'flow registry loaded');
         else log.warn('flows topic not caught up yet; consuming anyway, /readyz says so');
-        if (manual.length) {
-          const now = Date.now();
+        if (env.FLOWS_FILE) {
           // Hand-written flows join the same registry: published (idempotent by id) so every instance sees them.
-          const flows = registerManualFlows(manual, registry, now);
-          await publishFlows(flows);
-          for (const f of flows) registry.upsert(f);
-          log.info({ count: flows.length }, 'hand-written flows registered');
+          const flows = registerManualFlows(manual, registry, Date.now());
+          if (flows.length) {
+            await publishFlows(flows);
+            for (const f of flows) registry.upsert(f);
+            log.info({ count: flows.length }, 'hand-written flows registered');
+          }
+          // Only against a registry read to its end: one still loading does not show every flow the file dropped.
+          if (loaded) {
+            const gone = manualFlowsGone(flows, registry.all());
+            if (gone.length) {
+              await withdrawFlows(gone.map((f) => f.id));
+              for (const f of gone) registry.remove(f.id);
+              manualWithdrawn.inc(gone.length);
+              log.info({ count: gone.length }, 'hand-written flows no longer in FLOWS_FILE withdrawn');
+            }
+          } else
+            log.warn(
+              'hand-written flows taken out of FLOWS_FILE are withdrawn at a start that reads the flows topic to its end',
+            );
         }
         // The first use always rebuilds (idempotent): a process that died mid-rebuild left the marker behind.
         await guard.ensure().catch(() => {

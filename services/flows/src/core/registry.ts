@@ -193,6 +193,19 @@ export function registerManualFlows(
   );
 }
 
+/**
+ * The hand-written flows the registry holds that the flows file no longer defines: the file is the source of truth
+ * for them, so a flow taken out of it is withdrawn at the next start (before, it stayed on the flows topic, and was
+ * selected, for good). Compared by id, the flows topic's key.
+ */
+export function manualFlowsGone(
+  file: readonly Pick<RegisteredFlow, 'id'>[],
+  held: readonly RegisteredFlow[],
+): RegisteredFlow[] {
+  const keep = new Set(file.map((f) => f.id));
+  return held.filter((f) => f.source === 'manual' && !keep.has(f.id));
+}
+
 /** Request terms most frequent first (ties by term), each once: how often a term occurred lives in `df`, not in repetition. */
 export function requestWords(rt: RequestTerms | undefined, max = 24): string[] {
   if (!rt) return [];

@@ -20,6 +20,7 @@ import {
   manualFlowId,
   promotedFlowId,
   registerManual,
+  manualFlowsGone,
   registerManualFlows,
 } from '../../src/core/registry.js';
 import { choose, DEFAULT_POLICY, prefixOf, recall } from '../../src/core/select.js';
@@ -576,5 +577,20 @@ describe('hand-written flows at a start', () => {
     ]);
     const fresh = flowDefinitionV1.parse({ name: 'new', description: 'd', condition: 'c' });
     expect(registerManualFlows([fresh], registry, 999)[0]!.registered_at).toBe(999);
+  });
+
+  it('are withdrawn once the file no longer defines them; promoted flows are not the file’s to withdraw', () => {
+    const def = (name: string) => flowDefinitionV1.parse({ name, description: 'd', condition: 'c' });
+    const registry = new FlowRegistry();
+    for (const f of registerManualFlows([def('refund'), def('exchange')], registry, 100)) registry.upsert(f);
+    const promoted = { ...registerManual(def('promoted'), 100), source: 'promoted' as const };
+    registry.upsert(promoted);
+    const file = registerManualFlows([def('refund')], registry, 200);
+    expect(manualFlowsGone(file, registry.all()).map((f) => f.name)).toEqual(['exchange']);
+    expect(
+      manualFlowsGone([], registry.all())
+        .map((f) => f.name)
+        .sort(),
+    ).toEqual(['exchange', 'refund']);
   });
 });
