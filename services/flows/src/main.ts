@@ -120,6 +120,14 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       registers: r,
     });
     new Gauge({
+      name: 'paver_flows_shadow_pool',
+      help: 'Pending candidates under shadow trial that this instance chooses among for each request.',
+      registers: r,
+      collect() {
+        this.set(engine.shadow.size);
+      },
+    });
+    new Gauge({
       name: 'paver_flows_registered',
       help: 'Flows in the registry.',
       registers: r,
@@ -208,6 +216,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       );
     };
 
+    // Other instances' decisions reach this instance's shadow pool as they are made, not only at its next start.
     const stateFeed = createStateFeed(
       states,
       {
@@ -215,6 +224,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         groupPrefix: env.FLOWS_GROUP_ID,
       },
       runtime,
+      (t, a, c) => engine.shadowState(t, a, c),
     );
     const outcomeCapacity = policy.outcome().capacity;
     /**
@@ -248,7 +258,6 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         await store.restore(s.tenant, s.agent, s.candidates, flows.get(scopeTag(s.tenant, s.agent)) ?? []);
         flows.delete(scopeTag(s.tenant, s.agent));
         candidates += s.candidates.length;
-        if (reason === 'start') engine.restoreShadow(s.tenant, s.agent, s.candidates);
       }
       for (const fs of flows.values()) {
         if (!goOn()) throw new RebuildStopped();

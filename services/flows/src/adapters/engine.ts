@@ -229,8 +229,17 @@ export class FlowsEngine {
 
   /** Puts pending candidates under shadow trial back into the pool (start-up, from the candidates' states). */
   restoreShadow(tenant: string, agent: string, candidates: readonly StoredCandidate[]): void {
-    const p = this.d.promotionPolicy(tenant, agent);
-    for (const c of candidates) if (inShadow(c, p)) this.shadow.upsert(flowFromCandidate(c.record, 0));
+    for (const c of candidates) this.shadowState(tenant, agent, c);
+  }
+
+  /**
+   * A candidate's state, as written by any instance, put into this instance's shadow pool: in it while pending
+   * under shadow trial, out of it otherwise. Requests are scored by the instance reading their session's
+   * partition, which is seldom the one that wrote the candidate.
+   */
+  shadowState(t: string, a: string, c: StoredCandidate): void {
+    if (inShadow(c, this.d.promotionPolicy(t, a))) this.shadow.upsert(flowFromCandidate(c.record, 0));
+    else this.shadow.remove(promotedFlowId(t, a, c.record.dedupe_key));
   }
 
   private async loadRuns(batch: readonly Inbound[]): Promise<void> {
@@ -427,11 +436,9 @@ export class FlowsEngine {
   /** In-process effects of a write that landed: the registry, the shadow pool, the decision counts. */
   private settle(t: string, a: string, changed: StoredCandidate[], promoted: RegisteredFlow[]): void {
     for (const f of promoted) this.d.selector.registry.upsert(f);
-    const p = this.d.promotionPolicy(t, a);
     for (const c of changed) {
       this.d.onDecision?.(c.status);
-      if (inShadow(c, p)) this.shadow.upsert(flowFromCandidate(c.record, 0));
-      else this.shadow.remove(promotedFlowId(t, a, c.record.dedupe_key));
+      this.shadowState(t, a, c);
     }
   }
 

@@ -66,13 +66,22 @@ export function stateWriter(sink: Sink, topic: string, states: CandidateStates) 
   };
 }
 
-export function createStateFeed(states: CandidateStates, place: TablePlace, runtime: RuntimeDeps): TableFeed {
+/** `onState`: every state read, this instance's and other instances' alike, as the topic has them. */
+export function createStateFeed(
+  states: CandidateStates,
+  place: TablePlace,
+  runtime: RuntimeDeps,
+  onState?: (tenant: string, agent: string, c: StoredCandidate) => void,
+): TableFeed {
   return createTableFeed<CandidateState>(
     {
       ...place,
       service: 'flows',
       parse: zodParser(candidateStateV1),
-      apply: (v) => states.set(v.tenant_id, v.agent_id, v.candidate),
+      apply: (v) => {
+        states.set(v.tenant_id, v.agent_id, v.candidate);
+        onState?.(v.tenant_id, v.agent_id, v.candidate);
+      },
     },
     runtime,
   );
