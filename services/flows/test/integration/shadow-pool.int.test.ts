@@ -1,5 +1,5 @@
 import { afterAll, describe, expect, it } from 'vitest';
-import { createTopics, produce, testKafka, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
+import { createTopics, produce, testKafka, waitFor } from '../../../../test/helpers/kafka.js';
 import {
   getJson,
   isReady,
@@ -10,13 +10,12 @@ import {
 } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import { RedisFlowStore } from '../../src/adapters/redis/store.js';
-import { A, T, TOOLS, record } from './engine-fixture.js';
+import { A, T, closeFixture, record, redis, session } from './engine-fixture.js';
 
 const procs: Proc[] = [];
-const redis = testRedis();
 afterAll(async () => {
   await killAll(procs);
-  await redis.quit();
+  await closeFixture();
 });
 
 /*
@@ -73,26 +72,13 @@ describe('flows: every instance tries a pending candidate in shadow, whichever i
     );
 
     const SESSIONS = 6;
-    let ts = Date.now();
-    const lines: { key: string; value: string; partition: number }[] = [];
-    for (let i = 0; i < SESSIONS; i++) {
-      const s = `s${i}`;
-      const base = { tenant_id: T, agent_id: A, session_id: s, task_id: s };
-      const events = [
-        { type: 'user_message', event_id: `${s}:u`, ...base, ts: ts++, text: 'please close my account' },
-        ...TOOLS.map((tool, step) => ({
-          type: 'tool_call',
-          event_id: `${s}:${step}`,
-          ...base,
-          step,
-          tool,
-          args: {},
-          ts: ts++,
-        })),
-        { type: 'task_completed', event_id: `${s}:done`, ...base, ts: ts++ },
-      ];
-      for (const e of events) lines.push({ key: s, value: JSON.stringify(e), partition: i % 2 });
-    }
+    const lines = Array.from({ length: SESSIONS }, (_, i) =>
+      session(`s${i}`).map((x) => ({
+        key: `s${i}`,
+        value: JSON.stringify(x.kind === 'event' ? x.e : null),
+        partition: i % 2,
+      })),
+    ).flat();
     await produce(env.PAVER_TOPIC_TOOL_CALLS!, lines);
     const store = new RedisFlowStore(redis, env.REDIS_KEY_PREFIX!);
     const trials = async () => (await store.getCandidates(T, A, ['k1'])).get('k1')?.shadow_trials ?? 0;
