@@ -40,7 +40,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
     });
     const ignoredBy = new Counter({
       name: 'paver_detector_events_ignored_total',
-      help: 'Events the detector did not use, by reason: duplicate (redelivered), late (for a closed task, or older than the task idle limit behind its partition), task_limit, future (ts further than DETECTOR_MAX_AHEAD_MS after its Kafka record).',
+      help: 'Events the detector did not use, by reason: duplicate (redelivered), late (for a closed task, or older than the task idle limit behind its partition), task_limit, misrouted (its task open on another partition: the topic must be keyed by session_id), future (ts further than DETECTOR_MAX_AHEAD_MS after its Kafka record).',
       labelNames: ['reason'],
       registers: r,
     });
@@ -282,6 +282,11 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
           log.warn(
             { late: out.ignoredBy.late, partition: batch[0]?.partition, topic: batch[0]?.topic },
             'late events ignored (older than DETECTOR_TASK_IDLE_MS behind their partition, or after their task closed)',
+          );
+        if (out.ignoredBy.misrouted > 0)
+          log.warn(
+            { misrouted: out.ignoredBy.misrouted, partition: batch[0]?.partition, topic: batch[0]?.topic },
+            'events of tasks open on another partition ignored (the tool-calls topic must be keyed by session_id)',
           );
         records.inc(out.completed);
         for (const s of out.changed) toPublish.set(scopeId(s), s);

@@ -37,7 +37,11 @@ interface ScopeState {
   /** Per partition: newest ts seen on it in this scope (its stream time). */
   clocks: Map<number, number>;
   open: Map<string, OpenTask>;
-  /** Completed task id → completion ts and partition (retention is judged on that partition's clock). */
+  /**
+   * Completed tasks by `doneKey(partition, task)` → completion ts and partition (retention is judged on that
+   * partition's clock). Per partition, as the Redis done buckets are: an id completed on one partition is not
+   * known on another.
+   */
   done: Map<string, { ts: number; partition: number }>;
   /** Sorted by (ts, task) ascending: the oldest record is first. */
   window: WindowRecord[];
@@ -51,9 +55,11 @@ interface ScopeState {
  * Why an event was not used. `duplicate`: already in its open task, or an event of a closed task at or
  * before its close (a redelivery). `late`: an event of a closed task after its close, or the first event of
  * a task that is already idle on its partition's clock (older than taskIdleMs behind it). `task_limit`:
- * over maxTaskEvents.
+ * over maxTaskEvents. `misrouted`: an event of a task open on another partition (the topic is keyed by
+ * session_id, so a task's events come on one partition; a producer keying otherwise, or a task spanning
+ * sessions, breaks that). The task is the partition's it opened on, whose clock closes it.
  */
-export const IGNORE_REASONS = ['duplicate', 'late', 'task_limit'] as const;
+export const IGNORE_REASONS = ['duplicate', 'late', 'task_limit', 'misrouted'] as const;
 export type IgnoreReason = (typeof IGNORE_REASONS)[number];
 
 export interface ApplyResult {
@@ -69,9 +75,11 @@ export const emptyResult = (): ApplyResult => ({
   changed: false,
   applied: 0,
   ignored: 0,
-  ignoredBy: { duplicate: 0, late: 0, task_limit: 0 },
+  ignoredBy: { duplicate: 0, late: 0, task_limit: 0, misrouted: 0 },
   completed: 0,
 });
+
+const doneKey = (partition: number, task: string) => `${partition}\u001f${task}`;
 
 const byTsTask = (a: { ts: number; task: string }, b: { ts: number; task: string }) =>
   a.ts - b.ts || codePointCompare(a.task, b.task);
@@ -128,10 +136,12 @@ export class DetectorState {
     // reopen them. Other partitions' tasks wait for their own clocks (one partition running ahead, e.g.
     // catching up after a restart, must not cut them).
     this.sweep(st, part, clock, r);
-    const closed = st.done.get(op.task);
+    const closed = st.done.get(doneKey(part, op.task));
     const t0 = st.open.get(op.task);
     if (closed) {
       this.ignore(r, op.ts > closed.ts ? 'late' : 'duplicate');
+    } else if (t0 && t0.partition !== part) {
+      this.ignore(r, 'misrouted');
     } else if (!t0 && op.ts + p.taskIdleMs <= clock) {
       // It would open a task already idle on its partition's clock: a fragment of an older task.
       this.ignore(r, 'late');
@@ -184,7 +194,8 @@ export class DetectorState {
   private complete(st: ScopeState, task: string, ts: number, part: number, r: ApplyResult) {
     const open = st.open.get(task);
     st.open.delete(task);
-    st.done.set(task, { ts, partition: open?.partition ?? part });
+    const partition = open?.partition ?? part;
+    st.done.set(doneKey(partition, task), { ts, partition });
     const events = open
       ? [...open.events].sort(([ea, a], [eb, b]) => a.step - b.step || codePointCompare(ea, eb))
       : [];
@@ -221,8 +232,8 @@ export class DetectorState {
         r.changed = true;
       }
     }
-    for (const [task, d] of st.done)
-      if (d.partition === part && d.ts < clock - p.doneRetentionMs) st.done.delete(task);
+    for (const [key, d] of st.done)
+      if (d.partition === part && d.ts < clock - p.doneRetentionMs) st.done.delete(key);
   }
 
   private count(st: ScopeState, rec: WindowRecord, d: 1 | -1) {

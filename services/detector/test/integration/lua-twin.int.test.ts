@@ -80,6 +80,9 @@ describe('apply-11.lua = core/state.ts', () => {
           windowMs: fc.option(fc.integer({ min: 50, max: 2_000 }), { nil: null }),
           maxTaskEvents: fc.integer({ min: 2, max: 8 }),
           doneRetentionMs: fc.integer({ min: 50, max: 5_000 }),
+          // Some streams with events on another partition than their task's: a producer keying by something
+          // other than session_id, or a task spanning sessions.
+          misroute: fc.constantFrom(0, 0, 0.1),
         }),
         async (g) => {
           const params: DetectorParams = {
@@ -104,7 +107,8 @@ describe('apply-11.lua = core/state.ts', () => {
             const open = logs.map((_, p) => p).filter((p) => pos[p]! < logs[p]!.length);
             if (open.length === 0) break;
             const p = open[Math.floor(r() * open.length)]!;
-            const op = toOp(logs[p]![pos[p]!]!, true, p, String(offsets[p]!++));
+            const q = g.partitions > 1 && r() < g.misroute ? (p + 1) % g.partitions : p;
+            const op = toOp(logs[p]![pos[p]!]!, true, q, String(offsets[q]!++));
             pos[p]!++;
             if (op) ops.push(op);
           }

@@ -110,6 +110,25 @@ describe('detector core', () => {
     expect(r.ignored).toBe(1);
   });
 
+  it('an event of a task open on another partition is misrouted; the task stays its first partition’s', () => {
+    const p = { ...DEFAULT_PARAMS, taskIdleMs: 100 };
+    const s = new DetectorState(p);
+    const on = (op: DetectorOp, partition: number) => s.apply({ ...op, partition });
+    on(call('t', 0, 'x', 0), 0);
+    expect(on(call('t', 1, 'y', 1), 1).ignoredBy).toMatchObject({ misrouted: 1 });
+    expect(on(done('t', 2), 1).ignoredBy).toMatchObject({ misrouted: 1 });
+    expect(s.windowTasks(scope)).toEqual([]);
+    // Partition 0's clock closes it, with what came on partition 0.
+    on(call('u', 0, 'w', 200), 0);
+    expect(s.windowTasks(scope)).toEqual(['t']);
+    expect(s.windowRecords(scope)[0]!.tools).toEqual(['x']);
+    // Its id is known on partition 0 only: there, a late event; on partition 1, a new task whose record replaces it.
+    expect(on(call('t', 5, 'v', 201), 0).ignoredBy).toMatchObject({ late: 1 });
+    expect(on(call('t', 6, 'z', 202), 1).applied).toBe(1);
+    on(done('t', 203), 1);
+    expect(s.windowRecords(scope).map((r) => r.tools)).toEqual([['z']]);
+  });
+
   it('slides: a record leaving the window takes its counts with it, and a dropped candidate is retracted', () => {
     const p = { ...DEFAULT_PARAMS, lookback: 3 };
     const s = new DetectorState(p);

@@ -118,6 +118,7 @@ const applyReply = z
     z.number(),
     z.number(),
     z.number(),
+    z.number(),
   ])
   .rest(z.number());
 const flatReply = z.array(z.union([z.string(), z.number()]));
@@ -350,18 +351,15 @@ export class RedisDetectorStore {
         out.lost = true;
         return;
       }
-      const [, changed, applied, ignored, completed, dup, late, limit, owed, isFresh] = parseScriptReply(
-        'apply',
-        reply,
-        applyReply,
-        CODES,
-      );
+      const [, changed, applied, ignored, completed, dup, late, limit, misrouted, owed, isFresh] =
+        parseScriptReply('apply', reply, applyReply, CODES);
       if (isFresh === 1) fresh.push(g);
       out.applied += applied;
       out.ignored += ignored;
       out.ignoredBy.duplicate += dup;
       out.ignoredBy.late += late;
       out.ignoredBy.task_limit += limit;
+      out.ignoredBy.misrouted += misrouted;
       out.completed += completed;
       if (changed === 1) out.changed.push(g.scope);
       if (owed === 1) out.owed.push(g.scope);

@@ -44,8 +44,9 @@
   (frequency is support >= minOcc, read by snapshot-3.lua and claimSnapshot-8.lua)
 
   The per-partition keys are derived from declared ones and share their hash tag, so they live in the
-  scope's slot. A task's events are assumed to arrive on one partition (they do: the topic is keyed by
-  session_id); core/state.ts makes the same assumption.
+  scope's slot. A task's events arrive on one partition (the topic is keyed by session_id); one that comes
+  on another partition while its task is open is ignored as misrouted, as core/state.ts does, and a task id
+  completed on one partition is not known on another.
 
   ARGV[1] cfg fingerprint: minLen|maxLen|minOcc|lookback|windowMs(0=off)|idleMs|doneRetentionMs|maxTaskEvents|layout
           State of the same parameters in another layout (an older version) cannot be read here: it is handled as
@@ -65,7 +66,7 @@
   field is read at most once per call and written back once at its end (fewer Redis calls per event).
 
   Returns {1, changed (0|1), applied, ignored, completed, ignored as duplicate, as late, over the task limit,
-  owed (0|1: changed now, or earlier and unpublished for longer than ARGV[5], see the end), fresh (0|1: the
+  as misrouted (its task open on another partition), owed (0|1: changed now, or earlier and unpublished for longer than ARGV[5], see the end), fresh (0|1: the
   scope held no state before this call, or none on one of its partitions), P, then P pairs (partition, smallest start offset of the scope's state
   on it, -1 when none)},
   {-2, stored cfg} when the state was built with other parameters, or {-4, stored epoch} (mode "n") when the
@@ -89,7 +90,7 @@ local function hashOf(s)
   return h
 end
 
--- The done bucket of a task id on a partition (a task's events all come from one partition: see above).
+-- The done bucket of a task id on a partition (ids completed on one partition are not known on another: see above).
 -- Each entry also caches the task's completion ts found in (or written to) its bucket (`closed`: nil until
 -- read, false when none); an entry that trimExpired cuts meanwhile is one already forgotten on that
 -- partition's clock, which only grows, so the cached ts is then read as forgotten too.
@@ -157,7 +158,7 @@ local minLen, maxLen, minOcc, lookback, windowMs, idleMs, retention, maxEvents =
 
 local maxTs = tonumber(redis.call('HGET', KEYS[1], 'maxTs') or '0')
 local changed, applied, ignored, completed = 0, 0, 0, 0
-local dup, late, overLimit = 0, 0, 0
+local dup, late, overLimit, misrouted = 0, 0, 0, 0
 local clocks = {}
 -- The current op's partition: ids completed on it before this are forgotten (see the main loop).
 local forgotten = 0
@@ -367,6 +368,14 @@ local function eventsOf(task)
     evN[task] = e and select(2, string.gsub(e, RS, '')) or 0
   end
   return e
+end
+
+-- A task open on another partition of the scope: its calls and its message are kept per scope, not per
+-- partition, so either being there while the task is not open on this partition says so.
+local function openElsewhere(task)
+  local e = eventsOf(task)
+  if e and e ~= '' then return true end
+  return redis.call('HEXISTS', KEYS[9], task) == 1
 end
 
 -- Numbers in base 94 with digits '!'..'~' (never a separator); a leading ' ' marks a negative value.
@@ -696,6 +705,10 @@ for k = 0, #F / 9 - 1 do
   if closed then
     ignored = ignored + 1
     if ts > closed then late = late + 1 else dup = dup + 1 end
+  elseif not last and openElsewhere(task) then
+    -- Its task is open on another partition: that partition's (core/state.ts, `misrouted`).
+    ignored = ignored + 1
+    misrouted = misrouted + 1
   elseif not last and ts + idleMs <= clock then
     -- It would open a task already idle on its partition's clock: a fragment of an older task.
     ignored = ignored + 1
@@ -794,11 +807,11 @@ if owed == 0 then
   local at = redis.call('HGET', KEYS[1], 'owedAt')
   if at and now - tonumber(at) >= tonumber(ARGV[5]) then owed = 1 end
 end
-local out = {1, changed, applied, ignored, completed, dup, late, overLimit, owed, fresh, 0}
+local out = {1, changed, applied, ignored, completed, dup, late, overLimit, misrouted, owed, fresh, 0}
 for part in pairs(scopeParts) do
   local first = redis.call('ZRANGE', KEYS[10] .. ':' .. part, 0, 0, 'WITHSCORES')
   out[#out + 1] = tonumber(part)
   out[#out + 1] = #first == 0 and -1 or tonumber(first[2])
-  out[11] = out[11] + 1
+  out[12] = out[12] + 1
 end
 return out
