@@ -451,10 +451,14 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
           i + o.env.PAVER_BATCH_CHUNK >= messages.length && batchEnd > afterChunk ? batchEnd : afterChunk;
         markProcessed(topic, partition, next);
         reached = next;
-        p.resolveOffset((next - 1n).toString());
         await p.commitOffsetsIfNecessary({
           topics: [{ topic, partitions: [{ partition, offset: next.toString() }] }],
         });
+        // Only once committed: kafkajs fetches again from the resolved offset after a failure that is not a
+        // rebalance (a timeout, a coordinator moving). Resolved before a commit that then failed, the chunk was
+        // neither read again nor committed: an idle partition kept that lag for good, and a table feed, which
+        // counts itself read from its commits, never caught up.
+        p.resolveOffset((next - 1n).toString());
         await p.heartbeat();
         if (!p.isRunning() || p.isStale()) {
           if (i + o.env.PAVER_BATCH_CHUNK < messages.length) outcome = 'stopped';
