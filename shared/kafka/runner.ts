@@ -355,7 +355,14 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
       showPaused();
       o.log.info('dependency ready: resuming consumption');
       resume();
-      consumer.resume(o.topics.map((topic) => ({ topic })));
+      try {
+        consumer.resume(o.topics.map((topic) => ({ topic })));
+      } catch (err) {
+        // A consumer stopped, or crashed and not yet restarted, has no group to resume (kafkajs throws), and the
+        // group it starts with is not paused. Uncaught, this rejection ended the process (exit 1): in a stop, or
+        // when Redis came back before the broker did.
+        o.log.debug({ err: errorMessage(err) }, 'nothing to resume: the consumer is stopped or restarting');
+      }
     })();
   }
 
