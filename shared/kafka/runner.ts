@@ -392,7 +392,12 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
             { code: err.code, err: err.message, attempt, waitMs, topic, partition },
             'retrying batch chunk',
           );
-          await p.heartbeat().catch(() => undefined);
+          await p.heartbeat().catch((e: unknown) => {
+            // The group is rebalancing: the attempts left would hold every member of the group for the whole
+            // backoff (and past the rebalance timeout, this one out of it). The chunk stays uncommitted.
+            const rejoin = membershipChange(e);
+            if (rejoin) throw rejoin;
+          });
         },
         hold: async (err: PaverError) => {
           o.transientFailure?.(err);

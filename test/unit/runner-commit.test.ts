@@ -3,6 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '../../schemas/index.js';
 import { jsonCodec } from '../../shared/codec.js';
 import { commonEnvSchema } from '../../shared/config.js';
+import { PaverError } from '../../shared/errors.js';
 import { createRunner, zodParser } from '../../shared/kafka/runner.js';
 import { silentLogger } from '../../shared/log.js';
 import { createMetrics } from '../../shared/metrics.js';
@@ -22,7 +23,12 @@ const event = (i: number) => ({
  * starts at the last resolved offset of this generation (committed offsets only at a join), and a batch that
  * throws a non-membership error is fetched again by kafkajs's retrier within the same generation.
  */
-function fakeKafka(log: { offset: string; value: Buffer }[], failCommits: number) {
+function fakeKafka(
+  log: { offset: string; value: Buffer }[],
+  failCommits: number,
+  heartbeat: () => Promise<void> = async () => undefined,
+) {
+  let failure: unknown = null;
   let eachBatch: ((p: unknown) => Promise<void>) | null = null;
   let resolved = 0n;
   let committed: bigint | null = null;
@@ -68,11 +74,11 @@ function fakeKafka(log: { offset: string; value: Buffer }[], failCommits: number
           });
         committed = BigInt(o.topics[0]!.partitions[0]!.offset);
       },
-      heartbeat: async () => undefined,
+      heartbeat,
       pause: () => () => undefined,
       isRunning: () => true,
       isStale: () => false,
-    }).catch(() => undefined);
+    }).catch((err: unknown) => (failure = err));
     return true;
   }
   const admin = () => ({
@@ -85,6 +91,8 @@ function fakeKafka(log: { offset: string; value: Buffer }[], failCommits: number
     kafka: { consumer: () => consumer, admin } as never,
     fetchOnce,
     committed: () => committed,
+    /** What the last failed batch threw to kafkajs. */
+    failure: () => failure,
   };
 }
 
@@ -126,6 +134,55 @@ describe('consumer runner: a commit that fails', () => {
       // the lag the group shows, and where the next owner starts, are right.
       expect(new Set(seen)).toEqual(new Set(['e0', 'e1', 'e2', 'e3', 'e4']));
       expect(k.committed()).toBe(5n);
+    } finally {
+      await runner.stop();
+    }
+  });
+});
+
+describe('consumer runner: a rebalance while a chunk is retried', () => {
+  it('ends the retries at once and hands the rebalance to kafkajs (the group does not wait for them)', async () => {
+    const log = [0, 1].map((i) => ({ offset: String(i), value: Buffer.from(JSON.stringify(event(i))) }));
+    // The group is rebalancing (another instance joined): every heartbeat says so, as kafkajs reports it.
+    const rebalancing = Object.assign(new Error('The group is rebalancing, so a rejoin is needed'), {
+      name: 'KafkaJSProtocolError',
+      type: 'REBALANCE_IN_PROGRESS',
+      retriable: false,
+    });
+    const k = fakeKafka(log, 0, () => Promise.reject(rebalancing));
+    let calls = 0;
+    const runner = createRunner<ToolCallsEvent>({
+      service: 'test',
+      groupId: 'g',
+      topics: ['t'],
+      parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
+      handler: async () => {
+        calls++;
+        // A dependency failing transiently (the service's Redis answering BUSY, say), Redis still connected.
+        throw new PaverError('REDIS_UNAVAILABLE', 'BUSY');
+      },
+      env: commonEnvSchema.parse({
+        KAFKA_BROKERS: '127.0.0.1:1',
+        REDIS_URL: 'redis://127.0.0.1:1',
+        PAVER_LAG_POLL_MS: '300000',
+        PAVER_RETRY_ATTEMPTS: '8',
+        PAVER_RETRY_INITIAL_MS: '1',
+        PAVER_RETRY_MAX_MS: '1',
+      }),
+      kafka: k.kafka,
+      codec: jsonCodec(),
+      sink: { sendRaw: async () => undefined } as never,
+      metrics: createMetrics('test', new Registry()),
+      log: silentLogger(),
+      onFatal: () => undefined,
+    });
+    await runner.start();
+    try {
+      await k.fetchOnce();
+      // Before, the heartbeat before each retry swallowed the rebalance, and the chunk ran all its attempts
+      // (about 25 s with the default backoff) while every other member of the group waited.
+      expect(calls).toBe(1);
+      expect(k.failure()).toBe(rebalancing);
     } finally {
       await runner.stop();
     }
