@@ -296,6 +296,29 @@ export function refineCommon(
         message: `must be ≤ PAVER_RETRY_MAX_MS (${e.PAVER_RETRY_MAX_MS}), the cap on every wait`,
       });
   });
+  // Turning the certificate check off says TLS is meant; without any TLS setting it was dropped without a word,
+  // and the client spoke plaintext to a TLS listener: timeouts at start-up (Kafka) or never ready (Redis).
+  env.with(
+    ['KAFKA_SSL', 'KAFKA_SSL_REJECT_UNAUTHORIZED', 'KAFKA_SSL_CA_FILE', 'KAFKA_SSL_CERT_FILE'],
+    (e) => {
+      if (!e.KAFKA_SSL_REJECT_UNAUTHORIZED && !e.KAFKA_SSL && !e.KAFKA_SSL_CA_FILE && !e.KAFKA_SSL_CERT_FILE)
+        ctx.addIssue({
+          code: 'custom',
+          path: ['KAFKA_SSL'],
+          message:
+            'must be true with KAFKA_SSL_REJECT_UNAUTHORIZED=false (a TLS setting: without TLS it does nothing)',
+        });
+    },
+  );
+  env.with(['REDIS_URL', 'REDIS_TLS_REJECT_UNAUTHORIZED', 'REDIS_TLS_CA_FILE'], (e) => {
+    if (!e.REDIS_TLS_REJECT_UNAUTHORIZED && !e.REDIS_TLS_CA_FILE && !/^rediss:/i.test(e.REDIS_URL))
+      ctx.addIssue({
+        code: 'custom',
+        path: ['REDIS_URL'],
+        message:
+          'must be rediss://… with REDIS_TLS_REJECT_UNAUTHORIZED=false (a TLS setting: without TLS it does nothing)',
+      });
+  });
   env.with(['KAFKA_SSL_CERT_FILE', 'KAFKA_SSL_KEY_FILE'], (e) => {
     if (!!e.KAFKA_SSL_CERT_FILE !== !!e.KAFKA_SSL_KEY_FILE) {
       ctx.addIssue({

@@ -77,7 +77,8 @@ export interface ServiceSpec<E extends CommonEnv, T> {
 }
 
 /**
- * Creates the missing topics when `create` (and waits for their leaders), then checks that those marked
+ * Creates the missing topics when `create` (and waits for their leaders), or else refuses the start when one is
+ * missing (CONFIG_INVALID, exit 78), then checks that those marked
  * `compacted` can keep each key's latest record (`compactionProblem`), whether Paver created them or the
  * operator did (`KAFKA_CREATE_TOPICS=false`): a state copy that expires is a Redis-loss restore that silently
  * brings back less, so such a topic refuses the start (CONFIG_INVALID, exit 78). One admin session, retried
@@ -104,9 +105,21 @@ async function prepareTopics(
               replicationFactor: env.KAFKA_REPLICATION_FACTOR,
             })
           : [];
-        let problems: string[] = [];
+        const problems: string[] = [];
+        // Not created, so checked: a missing topic the service writes (its dead letters, its outputs) was
+        // found only at the first write, after the service had said it was ready; each batch then failed and
+        // held its partition, restart after restart, until the process gave up.
+        if (!create) {
+          const existing = new Set(await admin.listTopics());
+          const missing = specs.filter((s) => !existing.has(s.topic)).map((s) => s.topic);
+          if (missing.length > 0)
+            problems.push(
+              `KAFKA_CREATE_TOPICS=false and these topics do not exist: ${missing.join(', ')} ` +
+                '(create them, or set KAFKA_CREATE_TOPICS=true)',
+            );
+        }
         try {
-          problems = await compactionProblems(admin, specs, (w) => log.warn(w));
+          problems.push(...(await compactionProblems(admin, specs, (w) => log.warn(w))));
         } catch (err) {
           if (!authorizationRefused(err)) throw err;
           log.warn(

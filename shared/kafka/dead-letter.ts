@@ -38,10 +38,20 @@ const OWN_HEADER = /^paver-(dlq|source)-/;
 
 function originalHeaders(h: IHeaders | undefined): { kept: IHeaders; dropped: number } {
   const kept: IHeaders = {};
-  for (const [name, v] of Object.entries(h ?? {}))
-    if (v !== undefined && !OWN_HEADER.test(name)) kept[name] = v;
-  if (headerBytes(kept) <= MAX_ORIGINAL_HEADER_BYTES) return { kept, dropped: 0 };
-  let dropped = 0;
+  // A header value may be null on the wire (Java's `new RecordHeader(name, null)`), and kafkajs reads it so,
+  // whatever IHeaders says. kafkajs cannot write one back (it throws on sizing it), and before, sizing it here
+  // threw a TypeError: the bad record's dead letter failed as a bug, the service stopped, and every restart met
+  // the same record. Such values are left out and counted as dropped.
+  let nulls = 0;
+  for (const [name, v] of Object.entries(h ?? {})) {
+    if (v === undefined || OWN_HEADER.test(name)) continue;
+    const values = (Array.isArray(v) ? v : [v]) as (Buffer | string | null)[];
+    const present = values.filter((x): x is Buffer | string => x !== null);
+    nulls += values.length - present.length;
+    if (present.length > 0) kept[name] = Array.isArray(v) ? present : present[0];
+  }
+  if (headerBytes(kept) <= MAX_ORIGINAL_HEADER_BYTES) return { kept, dropped: nulls };
+  let dropped = nulls;
   for (const v of Object.values(kept)) dropped += Array.isArray(v) ? v.length : 1;
   return { kept: {}, dropped };
 }

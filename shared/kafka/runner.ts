@@ -355,7 +355,14 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
       showPaused();
       o.log.info('dependency ready: resuming consumption');
       resume();
-      consumer.resume(o.topics.map((topic) => ({ topic })));
+      try {
+        consumer.resume(o.topics.map((topic) => ({ topic })));
+      } catch (err) {
+        // A consumer stopped, or crashed and not yet restarted, has no group to resume (kafkajs throws), and the
+        // group it starts with is not paused. Uncaught, this rejection ended the process (exit 1): in a stop, or
+        // when Redis came back before the broker did.
+        o.log.debug({ err: errorMessage(err) }, 'nothing to resume: the consumer is stopped or restarting');
+      }
     })();
   }
 
@@ -385,7 +392,12 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
             { code: err.code, err: err.message, attempt, waitMs, topic, partition },
             'retrying batch chunk',
           );
-          await p.heartbeat().catch(() => undefined);
+          await p.heartbeat().catch((e: unknown) => {
+            // The group is rebalancing: the attempts left would hold every member of the group for the whole
+            // backoff (and past the rebalance timeout, this one out of it). The chunk stays uncommitted.
+            const rejoin = membershipChange(e);
+            if (rejoin) throw rejoin;
+          });
         },
         hold: async (err: PaverError) => {
           o.transientFailure?.(err);
@@ -451,10 +463,14 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
           i + o.env.PAVER_BATCH_CHUNK >= messages.length && batchEnd > afterChunk ? batchEnd : afterChunk;
         markProcessed(topic, partition, next);
         reached = next;
-        p.resolveOffset((next - 1n).toString());
         await p.commitOffsetsIfNecessary({
           topics: [{ topic, partitions: [{ partition, offset: next.toString() }] }],
         });
+        // Only once committed: kafkajs fetches again from the resolved offset after a failure that is not a
+        // rebalance (a timeout, a coordinator moving). Resolved before a commit that then failed, the chunk was
+        // neither read again nor committed: an idle partition kept that lag for good, and a table feed, which
+        // counts itself read from its commits, never caught up.
+        p.resolveOffset((next - 1n).toString());
         await p.heartbeat();
         if (!p.isRunning() || p.isStale()) {
           if (i + o.env.PAVER_BATCH_CHUNK < messages.length) outcome = 'stopped';

@@ -1,8 +1,8 @@
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { compactionProblems } from '../../shared/kafka/topics.js';
-import { createTopics, testKafka, unique } from '../helpers/kafka.js';
-import { ROOT, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
+import { createTopics, testKafka, unique, waitFor } from '../helpers/kafka.js';
+import { isReady, ROOT, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
 
 const procs: Proc[] = [];
 afterAll(() => {
@@ -44,5 +44,20 @@ describe('topics that must keep the latest record per key (real Kafka)', () => {
     expect(await p.exited, p.output()).toBe(78);
     expect(p.output()).toContain(`topic ${env.SEQUENCER_STATE_TOPIC} has cleanup.policy=delete`);
     expect(p.output()).toContain('cleanup.policy=[compact,delete]');
+  });
+
+  it('with KAFKA_CREATE_TOPICS=false, a topic it writes that does not exist stops the start (exit 78, naming it)', async () => {
+    const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), KAFKA_CREATE_TOPICS: 'false' });
+    // The operator made the input topic but not the dead-letter topic. Before, the service started and said it
+    // was ready; the first bad record then failed its dead-letter write, batch after batch and restart after
+    // restart, holding its partition until the process gave up.
+    await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 }]);
+    const p = await startProcess(['--import', 'tsx', 'test/fixtures/recorder-service.ts'], env);
+    procs.push(p);
+    await waitFor(async () => p.child.exitCode !== null || (await isReady(p)), 'exit or ready');
+    expect(await isReady(p), p.output()).toBe(false);
+    expect(await p.exited, p.output()).toBe(78);
+    expect(p.output()).toContain(env.PAVER_TOPIC_DEAD_LETTERS);
+    expect(p.output()).toContain('KAFKA_CREATE_TOPICS');
   });
 });

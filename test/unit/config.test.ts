@@ -75,6 +75,22 @@ describe('security settings that would be silently ignored are configuration err
     expect(m).not.toContain('hunter2');
   });
 
+  it('a certificate check turned off where no TLS is configured', () => {
+    // Before, `false` was dropped without a word: the client spoke plaintext to what is meant to be a TLS
+    // listener, and the start failed later on timeouts (Kafka) or never became ready (Redis), naming nothing.
+    expect(refused({ KAFKA_SSL_REJECT_UNAUTHORIZED: 'false' })).toContain('KAFKA_SSL:');
+    expect(refused({ REDIS_TLS_REJECT_UNAUTHORIZED: 'false' })).toContain('REDIS_URL:');
+    // With TLS on, by whichever setting, it is taken (and warned about at start-up).
+    for (const tls of [{ KAFKA_SSL: 'true' }, { KAFKA_SSL_CA_FILE: 'package.json' }])
+      expect(() =>
+        parseEnv(schema, { ...base, ...tls, KAFKA_SSL_REJECT_UNAUTHORIZED: 'false' }),
+      ).not.toThrow();
+    for (const tls of [{ REDIS_URL: 'rediss://r:6380' }, { REDIS_TLS_CA_FILE: 'package.json' }])
+      expect(() =>
+        parseEnv(schema, { ...base, ...tls, REDIS_TLS_REJECT_UNAUTHORIZED: 'false' }),
+      ).not.toThrow();
+  });
+
   it('a client certificate turns TLS on, like a CA file', () => {
     const cert = join(tmpdir(), `cert-${process.pid}.pem`);
     const key = join(tmpdir(), `key-${process.pid}.pem`);

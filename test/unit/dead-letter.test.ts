@@ -1,4 +1,5 @@
 import { createHash } from 'node:crypto';
+import { createRequire } from 'node:module';
 import { describe, expect, it } from 'vitest';
 import { deadLetterRecordV1 } from '../../schemas/index.js';
 import {
@@ -18,6 +19,28 @@ const src = (value: Buffer | null, key: Buffer | null = Buffer.from('k')) => ({
   timestamp: '1700000000000',
 });
 const limits = { maxOriginalBytes: 1000, maxKeyBytes: 16 };
+
+// kafkajs's own record codec (the one the runner reads with and the producer writes with), no broker needed.
+const kafkajs = createRequire(import.meta.url);
+interface Enc {
+  buffer: Buffer;
+  writeInt8(v: number): Enc;
+  writeVarInt(v: number): Enc;
+  writeVarLong(v: number): Enc;
+  writeVarIntString(v: string): Enc;
+  writeVarIntBytes(v: Buffer | null): Enc;
+}
+const Encoder = kafkajs('kafkajs/src/protocol/encoder.js') as new () => Enc;
+const Decoder = kafkajs('kafkajs/src/protocol/decoder.js') as new (b: Buffer) => unknown;
+const decodeRecord = kafkajs('kafkajs/src/protocol/recordBatch/record/v0/decoder.js') as (
+  d: unknown,
+  ctx: object,
+) => { headers: Record<string, Buffer | null | (Buffer | null)[]> };
+const encodeRecord = kafkajs('kafkajs/src/protocol/recordBatch/record/v0/index.js') as (r: {
+  key: Buffer | null;
+  value: string;
+  headers: unknown;
+}) => unknown;
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
 describe('dead-letter record builder', () => {
@@ -90,6 +113,44 @@ describe('dead-letter record builder', () => {
     const small = withoutOriginal('svc', { ...src(Buffer.from('x')), headers }, 'invalid', 'd', 5);
     expect(small.headers.traceparent).toBeUndefined();
     expect(small.headers['paver-dlq-reason']).toBe('invalid');
+  });
+
+  it('takes a source header with a null value (as kafkajs reads one) and stays writable by kafkajs', () => {
+    // A record as another client may write it (Java's `new RecordHeader(name, null)`): one header whose value is
+    // null, one repeated with a null among its values. kafkajs reads those values as null.
+    const body = new Encoder()
+      .writeInt8(0)
+      .writeVarLong(0)
+      .writeVarInt(0)
+      .writeVarIntBytes(Buffer.from('k'))
+      .writeVarIntBytes(Buffer.from('{not json'))
+      .writeVarInt(4)
+      .writeVarIntString('traceparent')
+      .writeVarIntBytes(Buffer.from('00-abc-01'))
+      .writeVarIntString('x-null')
+      .writeVarIntBytes(null)
+      .writeVarIntString('x-rep')
+      .writeVarIntBytes(Buffer.from('a'))
+      .writeVarIntString('x-rep')
+      .writeVarIntBytes(null).buffer;
+    const { headers } = decodeRecord(new Decoder(body), { firstOffset: '41', firstTimestamp: '0' });
+    expect(headers['x-null']).toBeNull();
+
+    const m = buildDeadLetter(
+      'svc',
+      { ...src(Buffer.from('{not json')), headers: headers as never },
+      'undecodable',
+      'not valid JSON',
+      limits,
+      1,
+    );
+    // The dead letter is written by kafkajs, which cannot write a null header value.
+    expect(() => encodeRecord(m)).not.toThrow();
+    expect(m.headers.traceparent).toEqual(Buffer.from('00-abc-01'));
+    expect(m.headers['x-rep']).toEqual([Buffer.from('a')]);
+    expect(m.headers['x-null']).toBeUndefined();
+    expect(m.headers['paver-dlq-headers-dropped']).toBe('2');
+    expect(headerBytes(m.headers)).toBeLessThan(1024);
   });
 
   it('withoutOriginal drops the bytes but keeps the hash; empty values have no hash', () => {

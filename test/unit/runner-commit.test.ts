@@ -1,0 +1,190 @@
+import { Registry } from 'prom-client';
+import { describe, expect, it } from 'vitest';
+import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '../../schemas/index.js';
+import { jsonCodec } from '../../shared/codec.js';
+import { commonEnvSchema } from '../../shared/config.js';
+import { PaverError } from '../../shared/errors.js';
+import { createRunner, zodParser } from '../../shared/kafka/runner.js';
+import { silentLogger } from '../../shared/log.js';
+import { createMetrics } from '../../shared/metrics.js';
+
+const event = (i: number) => ({
+  type: 'tool_call',
+  event_id: `e${i}`,
+  ts: 1_700_000_000_000 + i,
+  session_id: 's',
+  task_id: 't',
+  step: i,
+  tool: 'search',
+});
+
+/**
+ * The consumer side of kafkajs as the runner sees it, one partition, with kafkajs's offset rules: the next fetch
+ * starts at the last resolved offset of this generation (committed offsets only at a join), and a batch that
+ * throws a non-membership error is fetched again by kafkajs's retrier within the same generation.
+ */
+function fakeKafka(
+  log: { offset: string; value: Buffer }[],
+  failCommits: number,
+  heartbeat: () => Promise<void> = async () => undefined,
+) {
+  let failure: unknown = null;
+  let eachBatch: ((p: unknown) => Promise<void>) | null = null;
+  let resolved = 0n;
+  let committed: bigint | null = null;
+  const consumer = {
+    events: {
+      GROUP_JOIN: 'join',
+      CRASH: 'crash',
+      REBALANCING: 'rebalancing',
+      STOP: 'stop',
+      END_BATCH_PROCESS: 'end',
+    },
+    on: () => undefined,
+    connect: async () => undefined,
+    subscribe: async () => undefined,
+    run: async (cfg: { eachBatch: (p: unknown) => Promise<void> }) => {
+      eachBatch = cfg.eachBatch;
+    },
+    disconnect: async () => undefined,
+    commitOffsets: async () => undefined,
+    resume: () => undefined,
+  };
+  /** One fetch and its batch, as kafkajs's fetch loop runs it; false when there was nothing to fetch. */
+  async function fetchOnce(): Promise<boolean> {
+    const messages = log
+      .filter((m) => BigInt(m.offset) >= resolved)
+      .map((m) => ({ ...m, key: Buffer.from('s'), timestamp: '1700000000000', headers: {} }));
+    if (messages.length === 0) return false;
+    await eachBatch!({
+      batch: {
+        topic: 't',
+        partition: 0,
+        highWatermark: String(log.length),
+        messages,
+        lastOffset: () => messages[messages.length - 1]!.offset,
+      },
+      resolveOffset: (o: string) => (resolved = BigInt(o) + 1n),
+      commitOffsetsIfNecessary: async (o: { topics: { partitions: { offset: string }[] }[] }) => {
+        if (failCommits-- > 0)
+          // What a coordinator moving or a request timing out gives: retriable, not a rebalance.
+          throw Object.assign(new Error('Connection timeout'), {
+            name: 'KafkaJSConnectionError',
+            retriable: true,
+          });
+        committed = BigInt(o.topics[0]!.partitions[0]!.offset);
+      },
+      heartbeat,
+      pause: () => () => undefined,
+      isRunning: () => true,
+      isStale: () => false,
+    }).catch((err: unknown) => (failure = err));
+    return true;
+  }
+  const admin = () => ({
+    connect: async () => undefined,
+    disconnect: async () => undefined,
+    fetchOffsets: async () => [],
+    setOffsets: async () => undefined,
+  });
+  return {
+    kafka: { consumer: () => consumer, admin } as never,
+    fetchOnce,
+    committed: () => committed,
+    /** What the last failed batch threw to kafkajs. */
+    failure: () => failure,
+  };
+}
+
+describe('consumer runner: a commit that fails', () => {
+  it('is not lost: the chunk is read again and committed, so the group reaches the end of the partition', async () => {
+    const log = [0, 1, 2, 3, 4].map((i) => ({
+      offset: String(i),
+      value: Buffer.from(JSON.stringify(event(i))),
+    }));
+    const k = fakeKafka(log, 1);
+    const seen: string[] = [];
+    const fatal: Error[] = [];
+    const runner = createRunner<ToolCallsEvent>({
+      service: 'test',
+      groupId: 'g',
+      topics: ['t'],
+      parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
+      handler: async (records) => {
+        for (const r of records) seen.push(r.value.event_id);
+      },
+      env: commonEnvSchema.parse({
+        KAFKA_BROKERS: '127.0.0.1:1',
+        REDIS_URL: 'redis://127.0.0.1:1',
+        PAVER_LAG_POLL_MS: '300000',
+      }),
+      kafka: k.kafka,
+      codec: jsonCodec(),
+      sink: { sendRaw: async () => undefined } as never,
+      metrics: createMetrics('test', new Registry()),
+      log: silentLogger(),
+      onFatal: (e) => fatal.push(e),
+    });
+    await runner.start();
+    try {
+      // kafkajs fetches until nothing is left to fetch (a few rounds at most here).
+      for (let round = 0; round < 5 && (await k.fetchOnce()); round++);
+      expect(fatal).toEqual([]);
+      // Every record was handled (at least once), and the group's committed offset is the partition's end:
+      // the lag the group shows, and where the next owner starts, are right.
+      expect(new Set(seen)).toEqual(new Set(['e0', 'e1', 'e2', 'e3', 'e4']));
+      expect(k.committed()).toBe(5n);
+    } finally {
+      await runner.stop();
+    }
+  });
+});
+
+describe('consumer runner: a rebalance while a chunk is retried', () => {
+  it('ends the retries at once and hands the rebalance to kafkajs (the group does not wait for them)', async () => {
+    const log = [0, 1].map((i) => ({ offset: String(i), value: Buffer.from(JSON.stringify(event(i))) }));
+    // The group is rebalancing (another instance joined): every heartbeat says so, as kafkajs reports it.
+    const rebalancing = Object.assign(new Error('The group is rebalancing, so a rejoin is needed'), {
+      name: 'KafkaJSProtocolError',
+      type: 'REBALANCE_IN_PROGRESS',
+      retriable: false,
+    });
+    const k = fakeKafka(log, 0, () => Promise.reject(rebalancing));
+    let calls = 0;
+    const runner = createRunner<ToolCallsEvent>({
+      service: 'test',
+      groupId: 'g',
+      topics: ['t'],
+      parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
+      handler: async () => {
+        calls++;
+        // A dependency failing transiently (the service's Redis answering BUSY, say), Redis still connected.
+        throw new PaverError('REDIS_UNAVAILABLE', 'BUSY');
+      },
+      env: commonEnvSchema.parse({
+        KAFKA_BROKERS: '127.0.0.1:1',
+        REDIS_URL: 'redis://127.0.0.1:1',
+        PAVER_LAG_POLL_MS: '300000',
+        PAVER_RETRY_ATTEMPTS: '8',
+        PAVER_RETRY_INITIAL_MS: '1',
+        PAVER_RETRY_MAX_MS: '1',
+      }),
+      kafka: k.kafka,
+      codec: jsonCodec(),
+      sink: { sendRaw: async () => undefined } as never,
+      metrics: createMetrics('test', new Registry()),
+      log: silentLogger(),
+      onFatal: () => undefined,
+    });
+    await runner.start();
+    try {
+      await k.fetchOnce();
+      // Before, the heartbeat before each retry swallowed the rebalance, and the chunk ran all its attempts
+      // (about 25 s with the default backoff) while every other member of the group waited.
+      expect(calls).toBe(1);
+      expect(k.failure()).toBe(rebalancing);
+    } finally {
+      await runner.stop();
+    }
+  });
+});
