@@ -91,6 +91,14 @@ const groups = [
         description:
           'Output records over PAVER_MAX_OUTPUT_BYTES that could not be made to fit were left out (the log names the topic and size, never the content). Raise the limit together with the topic max.message.bytes, or find the input that makes them.',
       }),
+      alert('PaverInputMiskeyed', {
+        expr: 'sum by (service, topic) (increase(paver_input_key_mismatches_total[1h])) > 0',
+        severity: 'warning',
+        summary:
+          '{{ $labels.service }} read {{ $value }} records of {{ $labels.topic }} not keyed by session_id',
+        description:
+          'A producer keys the tool-calls topic by another field, or by nothing: one session then spreads over partitions, and its order, its sequence state and its detector tasks break (the detector ignores such events as misrouted). Key every event by its session_id.',
+      }),
       alert('PaverHttpErrors', {
         expr: 'sum by (service, route) (rate(paver_http_request_duration_seconds_count{status=~"5..",route!~"/readyz|/healthz"}[5m])) > 0',
         for: '10m',

@@ -14,6 +14,7 @@ export interface RuntimeMetrics {
   paused: Gauge;
   published: Counter<'topic'>;
   oversizeOutputs: Counter<'topic' | 'outcome'>;
+  keyMismatches: Counter<'topic'>;
 }
 
 export function createMetrics(service: string, registry = new Registry()): RuntimeMetrics {
@@ -78,6 +79,12 @@ export function createMetrics(service: string, registry = new Registry()): Runti
     published: new Counter({
       name: 'paver_records_published_total',
       help: 'Records produced to output topics.',
+      labelNames: ['topic'],
+      registers: r,
+    }),
+    keyMismatches: new Counter({
+      name: 'paver_input_key_mismatches_total',
+      help: "Input records whose Kafka key is not the one the topic's contract asks for (the tool-calls topic: the event's session_id). Still processed; per-session order and per-partition state assume the key.",
       labelNames: ['topic'],
       registers: r,
     }),

@@ -64,6 +64,8 @@ export interface ServiceParts<T> {
   readiness?: ReadinessCheck[];
   /** The main consumer's group is rebalancing, or this member joined it again (see RunnerSpec.onRebalance). */
   onRebalance?: () => void;
+  /** The record key an input's contract asks for (see RunnerSpec.keyOf). */
+  keyOf?: (value: T, topic: string) => string | null;
   close?: () => Promise<void>;
 }
 
@@ -334,6 +336,7 @@ export async function runService<E extends CommonEnv, T>(
           if (redisCommandTimedOut(err.message)) redisWatch.note('unresponsive');
         },
         ...(p.onRebalance ? { onRebalance: p.onRebalance } : {}),
+        ...(p.keyOf ? { keyOf: p.keyOf } : {}),
       },
       p.inputCodec ? { ...runtime, codec: p.inputCodec } : runtime,
     );

@@ -15,7 +15,7 @@ import {
 } from './dead-letter.js';
 import { produceRequests } from './requests.js';
 import { processChunk, type BadRecord, type BatchContext, type BatchHandler } from './chunk.js';
-import { decodeMessage, decodeMessageSync, type Parser } from './decode.js';
+import { decodeMessage, decodeMessageSync, type Decoded, type Parser } from './decode.js';
 import { createGroupMonitor } from './group-monitor.js';
 import type { Sink } from './sink.js';
 
@@ -51,6 +51,13 @@ export interface RunnerSpec<T> {
   transientFailure?: (err: PaverError) => void;
   /** Compacted topics: maps a tombstone (null value) to a typed record; without it a tombstone is dead-lettered. */
   tombstone?: (key: string | null) => T | null;
+  /**
+   * The record key `topic`'s contract asks for `value` (the tool-calls topic: its session_id), or null for none.
+   * A record keyed otherwise (a producer keying by another field, or by nothing) is still processed, and counted
+   * in paver_input_key_mismatches_total with a warning: the services keep per-session order and per-partition
+   * state, which hold only when one session's events share one partition. Counted each time it is read.
+   */
+  keyOf?: (value: T, topic: string) => string | null;
   /**
    * Called when a rebalance starts and when this member joins the new generation: partitions may have moved,
    * so what the service keeps of its partitions' state in process (a read cache) may now be written by
@@ -214,6 +221,26 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
   function reportProcessed(topic: string, partition: number, next: bigint, hw: bigint) {
     o.metrics.consumerLag.set({ topic, partition: String(partition) }, Number(hw > next ? hw - next : 0n));
     monitor.processed(topic, partition, next, hw);
+  }
+
+  /** Mismatched keys since the last warning: one warning a minute at most, with the count (never a key). */
+  const mismatches = { count: 0, warnedAt: 0 };
+  function keyChecked<D extends Decoded<T> | undefined>(topic: string, msg: KafkaMessage, d: D): D {
+    if (!d?.ok || !o.keyOf) return d;
+    const want = o.keyOf(d.value, topic);
+    if (want === null || (msg.key !== null && msg.key.toString('utf8') === want)) return d;
+    o.metrics.keyMismatches.inc({ topic });
+    mismatches.count++;
+    const now = Date.now();
+    if (now - mismatches.warnedAt >= 60_000) {
+      o.log.warn(
+        { topic, records: mismatches.count },
+        'input records not keyed as the contract asks (the tool-calls topic: by session_id); processed, but one session on several partitions breaks its order and per-partition state',
+      );
+      mismatches.count = 0;
+      mismatches.warnedAt = now;
+    }
+    return d;
   }
 
   async function deadLetter(records: BadRecord<KafkaMessage>[]) {
@@ -445,8 +472,9 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
             topic,
             partition,
             chunk,
-            decode: (msg) => decodeMessageSync(msg, topic, decodeOptions),
-            decodeAsync: (msg) => decodeMessage(msg, topic, decodeOptions),
+            decode: (msg) => keyChecked(topic, msg, decodeMessageSync(msg, topic, decodeOptions)),
+            decodeAsync: async (msg) =>
+              keyChecked(topic, msg, await decodeMessage(msg, topic, decodeOptions)),
             handler: o.handler,
             ctx,
             retry: (fn) => withRetry(fn, retry),

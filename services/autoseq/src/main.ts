@@ -159,6 +159,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
 
     return {
       inputTopics: [env.PAVER_TOPIC_TOOL_CALLS],
+      keyOf: (e) => e.session_id,
       extraTopics: [
         { topic: env.PAVER_TOPIC_TOOL_CATALOG, compacted: true },
         ...(copyRules ? [{ topic: env.AUTOSEQ_RULES_TOPIC, compacted: true }] : []),

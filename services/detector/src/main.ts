@@ -225,6 +225,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
 
     return {
       inputTopics: [env.PAVER_TOPIC_TOOL_CALLS],
+      keyOf: (e) => e.session_id,
       parse,
       extraTopics: [{ topic: env.DETECTOR_TOPIC_CHECKPOINTS, compacted: true, partitions: 1 }],
       readiness: [{ name: 'detector_state', check: () => !rebuilder.isRebuilding() }],

@@ -286,6 +286,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
 
     return {
       inputTopics: [env.PAVER_TOPIC_TOOL_CALLS, env.PAVER_TOPIC_FLOW_CANDIDATES],
+      keyOf: (v) => (v.kind === 'event' ? v.e.session_id : null),
       extraTopics: [
         { topic: env.PAVER_TOPIC_FLOWS, compacted: true },
         { topic: stateTopic, compacted: true },

@@ -138,6 +138,7 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
     });
     return {
       inputTopics: [env.PAVER_TOPIC_TOOL_CALLS],
+      keyOf: (e) => e.session_id,
       extraTopics: [
         { topic: env.PAVER_TOPIC_ORCHESTRATION, compacted: true },
         ...(copying
