@@ -124,7 +124,9 @@ export const commonEnvShape = {
   KAFKA_SASL_USERNAME: z.string().min(1).optional(),
   KAFKA_SASL_PASSWORD: z.string().min(1).optional(),
   KAFKA_TOPIC_PARTITIONS: int(1, 10_000).default(3),
-  KAFKA_REPLICATION_FACTOR: int(1, 10).default(1),
+  // Unset: the broker's default.replication.factor (kafkajs sends -1, KIP-464). A default of 1 here overrode it,
+  // so every topic Paver created in a production cluster had one replica unless this was set.
+  KAFKA_REPLICATION_FACTOR: int(1, 10).optional(),
   KAFKA_CREATE_TOPICS: envBool.default(true),
   KAFKA_SESSION_TIMEOUT_MS: int(6_000, 300_000).default(30_000),
   KAFKA_MAX_WAIT_MS: int(10, 10_000).default(200),

@@ -31,7 +31,7 @@ export function paverTopics(env: CommonEnv, extra: TopicSpec[] = []): TopicSpec[
 export async function ensureTopics(
   admin: Admin,
   specs: TopicSpec[],
-  defaults: { partitions: number; replicationFactor: number },
+  defaults: { partitions: number; replicationFactor?: number | undefined },
   readyTimeoutMs = 60_000,
 ): Promise<string[]> {
   const existing = new Set(await admin.listTopics());
@@ -87,14 +87,15 @@ export async function waitForTopicsReady(admin: Admin, topics: string[], timeout
 async function createMissing(
   admin: Admin,
   missing: TopicSpec[],
-  defaults: { partitions: number; replicationFactor: number },
+  defaults: { partitions: number; replicationFactor?: number | undefined },
 ) {
   await admin.createTopics({
     waitForLeaders: true,
     topics: missing.map((s) => ({
       topic: s.topic,
       numPartitions: s.partitions ?? defaults.partitions,
-      replicationFactor: defaults.replicationFactor,
+      // Absent: the broker's default.replication.factor.
+      ...(defaults.replicationFactor !== undefined ? { replicationFactor: defaults.replicationFactor } : {}),
       configEntries: s.compacted
         ? [
             { name: 'cleanup.policy', value: s.retentionMs ? 'compact,delete' : 'compact' },

@@ -1,6 +1,6 @@
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { compactionProblems } from '../../shared/kafka/topics.js';
+import { compactionProblems, ensureTopics } from '../../shared/kafka/topics.js';
 import { createTopics, testKafka, unique, waitFor } from '../helpers/kafka.js';
 import { isReady, ROOT, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
 
@@ -30,6 +30,21 @@ describe('topics that must keep the latest record per key (real Kafka)', () => {
       expect(problems[0]).toContain(`topic ${expiring} has cleanup.policy=delete and retention.ms=3600000`);
       // A topic not marked compacted is not looked at.
       expect(await compactionProblems(admin, [{ topic: expiring! }])).toEqual([]);
+    } finally {
+      await admin.disconnect();
+    }
+  });
+
+  it('creates topics with the broker’s replication factor when KAFKA_REPLICATION_FACTOR is unset', async () => {
+    const topic = unique('rf-default');
+    const admin = testKafka().admin();
+    await admin.connect();
+    try {
+      // kafkajs sends -1 (KIP-464): the broker answers with its default.replication.factor (1 on this broker).
+      expect(await ensureTopics(admin, [{ topic }], { partitions: 2 })).toEqual([topic]);
+      const [meta] = (await admin.fetchTopicMetadata({ topics: [topic] })).topics;
+      expect(meta!.partitions).toHaveLength(2);
+      for (const p of meta!.partitions) expect(p.replicas).toHaveLength(1);
     } finally {
       await admin.disconnect();
     }

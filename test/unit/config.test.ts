@@ -617,3 +617,11 @@ describe('HTTP_HOST', () => {
       expect(parseEnv(schema, { ...base, HTTP_HOST: good }).HTTP_HOST).toBe(good);
   });
 });
+
+describe('topics Paver creates', () => {
+  it('take the broker’s replication factor unless KAFKA_REPLICATION_FACTOR says otherwise', () => {
+    // Before, the default was 1, which overrode the broker's default.replication.factor in a production cluster.
+    expect(parseEnv(schema, base).KAFKA_REPLICATION_FACTOR).toBeUndefined();
+    expect(parseEnv(schema, { ...base, KAFKA_REPLICATION_FACTOR: '3' }).KAFKA_REPLICATION_FACTOR).toBe(3);
+  });
+});
