@@ -176,7 +176,15 @@ Examples:
       ...prev,
       v,
     ])
-    .action(async (opts: { service?: string[] }) => {
+    .action(async (opts: { service?: string[] }, cmd: Command) => {
+      // Checked before the stack starts: dev looked an unknown name up only when launching it, a minute of
+      // Kafka start later, and died on a TypeError with a stack trace (exit 1).
+      const unknown = opts.service?.find((s) => !isServiceName(s));
+      if (unknown !== undefined)
+        cmd.error(`unknown service '${unknown}' (services: ${Object.keys(SERVICES).join(', ')})`, {
+          exitCode: USAGE_ERROR,
+          code: 'paver.unknownService',
+        });
       const { dev } = await import('./dev.js');
       // Every declared option goes on, so options dev.ts learns need one line here, not a new parser.
       const args = { ...opts, services: opts.service ?? [] };

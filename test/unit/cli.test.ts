@@ -186,6 +186,16 @@ describe('paver CLI conventions', { timeout: 120_000 }, () => {
     ]);
   });
 
+  it('dev --service with a name that is not a service: one usage line, exit 2, before the stack starts', async () => {
+    // Before: dev started the stack (Kafka: a minute), then died on a TypeError with a stack trace, exit 1.
+    err = '';
+    expect(await main(['dev', '--service', 'detector', '--service', 'detectr'])).toBe(2);
+    expect(err.trim().split('\n')).toHaveLength(1);
+    expect(err).toContain("paver dev: unknown service 'detectr'");
+    expect(err).toContain('detector, autoseq, sequencer, flows, ingest');
+    expect(acted.calls).toEqual([]);
+  });
+
   it("'-' reads stdin; output is JSONL by default and indented with --pretty", async () => {
     const text = readFileSync(EVENTS, 'utf8');
     withStdin(text);
