@@ -119,7 +119,13 @@ export function createPublisher(opts: PublisherOptions): Publisher {
       createPartitioner: Partitioners.DefaultPartitioner,
     });
   let connected: Promise<void> | null = owned ? null : Promise.resolve();
-  const connect = () => (connected ??= producer.connect());
+  // A failed connection is forgotten, so the next send tries again: kept, its rejection failed every later
+  // event of a publisher made while the broker was down (an agent started before Kafka), for ever.
+  const connect = () =>
+    (connected ??= producer.connect().catch((err: unknown) => {
+      connected = null;
+      throw err;
+    }));
 
   // Next step per open task. A task never completed (its agent crashed) would keep its entry for the life of
   // the process: the least recently used go past MAX_OPEN_TASKS (a Map iterates in insertion order).
