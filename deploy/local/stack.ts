@@ -369,7 +369,12 @@ async function startKafkaOnce(opts: KafkaOptions): Promise<StartedKafka> {
       [...jvm, '-cp', cp, 'kafka.tools.StorageTool', 'format', '-t', clusterId(), '-c', props],
       { encoding: 'utf8' },
     );
-    if (fmt.status !== 0) throw new Error(`kafka storage format failed:\n${fmt.stdout}${fmt.stderr}`);
+    if (fmt.status !== 0) {
+      // No server runs yet, so no stop() removes the folder made above: it stayed in the temporary folder after
+      // every such failure (a KAFKA_HEAP_OPTS the JVM refuses, a broken jar cache).
+      if (cleanup) rmSync(dir, { recursive: true, force: true });
+      throw new Error(`kafka storage format failed:\n${fmt.stdout}${fmt.stderr}`);
+    }
   }
   const out = openSync(join(dir, 'kafka.stdout.log'), 'a');
   // Its own process group: a terminal's Ctrl-C reaches the whole foreground group, and the broker must

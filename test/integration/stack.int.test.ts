@@ -3,6 +3,7 @@ import {
   existsSync,
   mkdirSync,
   mkdtempSync,
+  readdirSync,
   readFileSync,
   readlinkSync,
   rmSync,
@@ -90,6 +91,30 @@ describe('local stack start-up', () => {
     );
     expect(children()).toEqual([]);
     expect(err.message).toMatch(/^Kafka exited/);
+  });
+
+  it('removes the broker folder it made when the broker cannot even format its storage', async () => {
+    // A heap the JVM refuses: kafka-storage format fails, before any server runs.
+    const tmp = mkdtempSync(join(tmpdir(), 'paver-stack-tmp-'));
+    dirs.push(tmp);
+    const run = spawn(process.execPath, [PAVER_BIN, 'stack'], {
+      cwd: ROOT,
+      env: {
+        PATH: process.env.PATH ?? '',
+        HOME: process.env.HOME ?? '/tmp',
+        PAVER_CACHE_DIR: process.env.PAVER_CACHE_DIR ?? join(ROOT, '.cache'),
+        TMPDIR: tmp,
+        KAFKA_HEAP_OPTS: '-Xmx1k',
+      },
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
+    let err = '';
+    run.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    const code = await new Promise<number | null>((r) => run.once('exit', (c) => r(c)));
+    expect(err).toContain('kafka storage format failed');
+    expect(code).not.toBe(0);
+    // Before: paver-kafka-XXXXXX (its server.properties) stayed in the temporary folder after every such start.
+    expect(readdirSync(tmp)).toEqual([]);
   });
 
   it('names a redis-server port that is taken, at once', async () => {
