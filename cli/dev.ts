@@ -1,7 +1,8 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import { startStack } from '../deploy/local/stack.js';
+import { startStack, type Stack } from '../deploy/local/stack.js';
 import { EXIT_CONFIG } from '../shared/config.js';
+import { errorMessage } from '../shared/errors.js';
 import { SERVICES, type ServiceName } from './services.js';
 
 /**
@@ -41,7 +42,15 @@ export function withoutPassword(url: string): string {
 export async function dev(argv: { services?: string[] }): Promise<number> {
   const say = (s: string) => process.stderr.write(`paver dev: ${s}\n`);
   const t0 = Date.now();
-  const stack = await startStack({ log: say });
+  let stack: Stack;
+  try {
+    stack = await startStack({ log: say });
+  } catch (err) {
+    // What to fix (java or mvn missing, a broker that did not start, with its log) is the message: thrown, it
+    // reached the user as a stack trace. startStack has stopped whatever it had started.
+    say(`the local stack did not start: ${errorMessage(err)}`);
+    return 1;
+  }
   say(
     `stack ready in ${Date.now() - t0} ms: KAFKA_BROKERS=${stack.brokers} REDIS_URL=${withoutPassword(stack.redisUrl)}${stack.started.length ? ` (started: ${stack.started.join(', ')})` : ' (external)'}`,
   );

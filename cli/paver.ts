@@ -197,7 +197,15 @@ Examples:
     'start only the local stack, print KAFKA_BROKERS / REDIS_URL, wait for Ctrl-C',
   ).action(async () => {
     const m = await import('../deploy/local/stack.js');
-    const stack = await m.startStack({ log: (s) => process.stderr.write(`${s}\n`) });
+    const { errorMessage } = await import('../shared/errors.js');
+    let stack: Awaited<ReturnType<typeof m.startStack>>;
+    try {
+      stack = await m.startStack({ log: (s) => process.stderr.write(`${s}\n`) });
+    } catch (err) {
+      // As `paver dev` says it: the message is what to fix; thrown, it reached the user as a stack trace.
+      process.stderr.write(`paver stack: the local stack did not start: ${errorMessage(err)}\n`);
+      return done(1);
+    }
     process.stdout.write(`KAFKA_BROKERS=${stack.brokers}\nREDIS_URL=${stack.redisUrl}\n`);
     await new Promise<void>((resolve) => {
       const stop = () => void stack.stop().then(resolve);

@@ -196,6 +196,14 @@ describe('paver CLI conventions', { timeout: 120_000 }, () => {
     expect(acted.calls).toEqual([]);
   });
 
+  it('paver stack: a stack that does not start is its message on stderr and exit 1, not a stack trace', async () => {
+    // Before: the error left main() and Node printed it with its stack trace (java or mvn missing, a broker
+    // that did not become ready).
+    expect(await main(['stack'])).toBe(1);
+    expect(err).toBe('paver stack: the local stack did not start: stack must not start in this test\n');
+    expect(out).toBe('');
+  });
+
   it("'-' reads stdin; output is JSONL by default and indented with --pretty", async () => {
     const text = readFileSync(EVENTS, 'utf8');
     withStdin(text);
