@@ -60,6 +60,9 @@ export async function dev(argv: { services?: string[] }): Promise<number> {
   const children = new Map<ServiceName, ChildProcess>();
   const timers = new Set<NodeJS.Timeout>();
   let stopping = false;
+  // Settled by a signal (0), or by the last service refusing its configuration (78).
+  let finish: (code: number) => void = () => undefined;
+  const finished = new Promise<number>((resolve) => (finish = resolve));
 
   function launch(name: ServiceName, failuresInARow: number) {
     if (stopping) return;
@@ -84,6 +87,12 @@ export async function dev(argv: { services?: string[] }): Promise<number> {
       if (stopping) return;
       if (code === EXIT_CONFIG) {
         say(`${name} refused its configuration (exit ${code}); not restarting it (the others keep running)`);
+        // With none running nor waiting to restart there is nothing left to supervise: dev idled on the stack
+        // until a Ctrl-C, which exited 0, and a script or CI job never learnt that nothing had started.
+        if (children.size === 0 && timers.size === 0) {
+          say(`no service left running: each refused its configuration; stopping (exit ${EXIT_CONFIG})`);
+          finish(EXIT_CONFIG);
+        }
         return;
       }
       const failures = Date.now() - startedAt >= RESTART.healthyAfterMs ? 1 : failuresInARow + 1;
@@ -99,10 +108,12 @@ export async function dev(argv: { services?: string[] }): Promise<number> {
 
   for (const name of names) launch(name, 0);
 
-  await new Promise<void>((resolve) => {
-    process.once('SIGINT', () => resolve());
-    process.once('SIGTERM', () => resolve());
-  });
+  const onSignal = () => finish(0);
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
+  const exitCode = await finished;
+  process.off('SIGINT', onSignal);
+  process.off('SIGTERM', onSignal);
   stopping = true;
   for (const t of timers) clearTimeout(t);
   const exits = [...children.values()].map(
@@ -115,5 +126,5 @@ export async function dev(argv: { services?: string[] }): Promise<number> {
   await Promise.all(exits);
   await stack.stop();
   say('stopped');
-  return 0;
+  return exitCode;
 }
