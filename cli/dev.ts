@@ -31,8 +31,11 @@ export function restartDelay(failuresInARow: number): number {
 export function withoutPassword(url: string): string {
   try {
     const u = new URL(url);
-    if (!u.password) return url;
-    u.password = '***';
+    // ioredis also takes its options from the query (redis://host:6379?password=…), which was shown as given.
+    const inQuery = [...u.searchParams.keys()].filter((k) => /pass/i.test(k));
+    if (!u.password && inQuery.length === 0) return url;
+    if (u.password) u.password = '***';
+    for (const k of inQuery) u.searchParams.set(k, '***');
     return u.toString();
   } catch {
     return '(not shown)';

@@ -1,5 +1,5 @@
 import { describe, expect, it, vi } from 'vitest';
-import { dev, RESTART, restartDelay } from '../../cli/dev.js';
+import { dev, RESTART, restartDelay, withoutPassword } from '../../cli/dev.js';
 
 vi.mock('../../deploy/local/stack.js', () => ({
   startStack: () =>
@@ -31,5 +31,18 @@ describe('paver dev start-up', () => {
     expect(err).toBe(
       'paver dev: the local stack did not start: java not found: the local Kafka needs Java 17 (or set KAFKA_BROKERS …)\n',
     );
+  });
+});
+
+describe('paver dev shows REDIS_URL without its password', () => {
+  it('in the user part and in the query, which ioredis reads as an option (redis://host?password=…)', () => {
+    expect(withoutPassword('redis://paver:hunter2@10.0.0.5:6379/2')).toBe(
+      'redis://paver:***@10.0.0.5:6379/2',
+    );
+    // Before: printed as given, password and all.
+    expect(withoutPassword('redis://10.0.0.5:6379/2?password=hunter2&family=4')).toBe(
+      'redis://10.0.0.5:6379/2?password=***&family=4',
+    );
+    expect(withoutPassword('redis://127.0.0.1:6379')).toBe('redis://127.0.0.1:6379');
   });
 });
