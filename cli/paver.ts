@@ -187,7 +187,9 @@ Examples:
         });
       const { dev } = await import('./dev.js');
       // Every declared option goes on, so options dev.ts learns need one line here, not a new parser.
-      const args = { ...opts, services: opts.service ?? [] };
+      // Each service once: dev keeps one process per name, so a name given twice started a second one on the
+      // same port (restarted for ever) and lost track of the first, which then outlived dev's stop.
+      const args = { ...opts, services: [...new Set(opts.service ?? [])] };
       done(await dev(args));
     });
 

@@ -196,6 +196,17 @@ describe('paver CLI conventions', { timeout: 120_000 }, () => {
     expect(acted.calls).toEqual([]);
   });
 
+  it('dev --service given twice runs that service once', async () => {
+    // Before: two detectors on one HTTP port, the second restarted for ever, and the first left out of the
+    // services dev stops (it was replaced in dev's table), still running while the stack was stopped.
+    expect(await main(['dev', '--service', 'detector', '--service', 'flows', '--service', 'detector'])).toBe(
+      0,
+    );
+    expect(acted.calls).toEqual([
+      { what: 'dev', args: expect.objectContaining({ services: ['detector', 'flows'] }) },
+    ]);
+  });
+
   it('paver stack: a stack that does not start is its message on stderr and exit 1, not a stack trace', async () => {
     // Before: the error left main() and Node printed it with its stack trace (java or mvn missing, a broker
     // that did not become ready).
