@@ -109,6 +109,13 @@ export async function publish(opts: {
         partitions: env.KAFKA_TOPIC_PARTITIONS,
         replicationFactor: env.KAFKA_REPLICATION_FACTOR,
       });
+    // Asked before sending: the broker's answer to a send was 'failed after 0 events: This server does not host
+    // this topic-partition', which does not say that the topic is missing, nor that publish creates only Paver's.
+    if (!(await admin.listTopics()).includes(topic))
+      return fail(
+        1,
+        `topic '${topic}' does not exist on ${env.KAFKA_BROKERS.join(',')}: create it, or give --topic an existing one (publish creates only Paver's own topics, with KAFKA_CREATE_TOPICS)`,
+      );
     await producer.connect();
     const codec = createCodec(env);
     let batch: { key: string | null; value: Buffer }[] = [];

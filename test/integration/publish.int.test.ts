@@ -63,6 +63,15 @@ describe('paver publish', () => {
     expect(bad.out).toContain('--tenant');
   });
 
+  it('names a --topic the broker does not have, instead of its protocol error', async () => {
+    const { REDIS_URL: _unused, ...env } = serviceEnv();
+    const topic = unique('publish-missing'); // never created; the test broker creates no topic on its own
+    const r = await run(['--topic', topic], env);
+    expect(r.code).toBe(1);
+    // Before: 'failed after 0 events: This server does not host this topic-partition'.
+    expect(r.out).toContain(`topic '${topic}' does not exist`);
+  });
+
   it('exits 69 with one clear line when no broker answers', async () => {
     const port = await freePort();
     const r = await run([], { PATH: process.env.PATH ?? '', KAFKA_BROKERS: `127.0.0.1:${port}` });
