@@ -224,9 +224,7 @@ Examples:
     .option('--agent <agent>', 'set agent_id on every event')
     .action(async (opts: { input: string; topic?: string; tenant?: string; agent?: string }) => {
       const { publish } = await import('./publish.js');
-      // publish reads a path; /dev/stdin is that path for '-'.
-      const args = { ...opts, input: opts.input === '-' ? '/dev/stdin' : opts.input };
-      done(await publish(args));
+      done(await publish(opts));
     });
 
   sub(program, 'gen-schemas', 'regenerate schemas/json from the zod contracts').action(async () => {

@@ -73,14 +73,18 @@ export async function publish(opts: {
         .replace(/\n\s+- /g, '; '),
     );
   }
-  try {
-    await access(opts.input, constants.R_OK);
-    // A directory passes access(): it was found out only after connecting, as 'failed after 0 events: EISDIR'.
-    if ((await stat(opts.input)).isDirectory()) throw new Error('it is a directory');
-  } catch (err) {
-    // The reason too: a missing file and one without read permission are fixed differently.
-    return fail(2, `cannot read --input ${opts.input}: ${errorMessage(err)}`);
-  }
+  // '-' is process.stdin itself: opening /dev/stdin fails with ENXIO when stdin is a socket (a child process
+  // spawned by Node with stdio 'pipe', many supervisors), and the command failed after connecting.
+  const stdin = opts.input === '-';
+  if (!stdin)
+    try {
+      await access(opts.input, constants.R_OK);
+      // A directory passes access(): it was found out only after connecting, as 'failed after 0 events: EISDIR'.
+      if ((await stat(opts.input)).isDirectory()) throw new Error('it is a directory');
+    } catch (err) {
+      // The reason too: a missing file and one without read permission are fixed differently.
+      return fail(2, `cannot read --input ${opts.input}: ${errorMessage(err)}`);
+    }
 
   const log = createLogger('publish', env.LOG_LEVEL === 'info' ? 'warn' : env.LOG_LEVEL);
   // Quiet and quick to give up: with no broker, one clear line beats half a minute of client retries.
@@ -129,7 +133,10 @@ export async function publish(opts: {
     };
     // Lines stream through a bounded reader: one endless line must not be held whole (readline would).
     let lineNo = 0;
-    for await (const line of boundedLines(createReadStream(opts.input), env.PAVER_MAX_MESSAGE_BYTES)) {
+    for await (const line of boundedLines(
+      stdin ? process.stdin : createReadStream(opts.input),
+      env.PAVER_MAX_MESSAGE_BYTES,
+    )) {
       lineNo++;
       if (line === null) {
         process.stderr.write(

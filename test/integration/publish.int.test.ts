@@ -1,10 +1,11 @@
+import { spawn } from 'node:child_process';
 import { appendFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { freePort } from '../../deploy/local/stack.js';
 import { consumeUntil, unique } from '../helpers/kafka.js';
-import { PAVER_BIN, serviceEnv, startProcess } from '../helpers/process.js';
+import { PAVER_BIN, ROOT, serviceEnv, startProcess } from '../helpers/process.js';
 
 const input = join(tmpdir(), `${unique('publish')}.jsonl`);
 // Written with a byte order mark, as some Windows tools do: the first event is still read as one.
@@ -70,6 +71,26 @@ describe('paver publish', () => {
     expect(r.code).toBe(1);
     // Before: 'failed after 0 events: This server does not host this topic-partition'.
     expect(r.out).toContain(`topic '${topic}' does not exist`);
+  });
+
+  it("--input - reads a stdin that is a socket, as a program's child process gets from Node", async () => {
+    const { REDIS_URL: _unused, ...env } = serviceEnv();
+    // stdio 'pipe' is a socket pair: opening /dev/stdin failed on it with ENXIO (exit 1, nothing sent).
+    const p = spawn(process.execPath, [PAVER_BIN, 'publish', '--input', '-'], {
+      cwd: ROOT,
+      env,
+      stdio: ['pipe', 'ignore', 'pipe'],
+    });
+    let err = '';
+    p.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    const exited = new Promise<number | null>((r) => p.once('exit', (c) => r(c)));
+    p.stdin.end(
+      `${JSON.stringify({ type: 'tool_call', event_id: 'sock-1', session_id: 's', task_id: 't', step: 0, tool: 'x', ts: 1 })}\n`,
+    );
+    expect(await exited, err).toBe(0);
+    expect(err).toContain('published 1 events');
+    const got = await consumeUntil(env.PAVER_TOPIC_TOOL_CALLS!, (all) => all.length >= 1);
+    expect(got.map((m) => m.key)).toEqual(['s']);
   });
 
   it('exits 69 with one clear line when no broker answers', async () => {

@@ -181,7 +181,7 @@ describe('paver CLI conventions', { timeout: 120_000 }, () => {
       { what: 'dev', args: expect.objectContaining({ services: ['detector', 'flows'] }) },
       {
         what: 'publish',
-        args: { input: '/dev/stdin', topic: 't', tenant: 'acme', agent: 'support' },
+        args: { input: '-', topic: 't', tenant: 'acme', agent: 'support' },
       },
     ]);
   });
