@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { freePort } from '../../deploy/local/stack.js';
-import { consumeUntil, unique } from '../helpers/kafka.js';
+import { consumeUntil, createTopics, unique } from '../helpers/kafka.js';
 import { PAVER_BIN, ROOT, serviceEnv, startProcess } from '../helpers/process.js';
 
 const input = join(tmpdir(), `${unique('publish')}.jsonl`);
@@ -91,6 +91,37 @@ describe('paver publish', () => {
     expect(err).toContain('published 1 events');
     const got = await consumeUntil(env.PAVER_TOPIC_TOOL_CALLS!, (all) => all.length >= 1);
     expect(got.map((m) => m.key)).toEqual(['s']);
+  });
+
+  it('sends the lines of a live stdin as they come, not only once 500 have gathered or the input ends', async () => {
+    const { REDIS_URL: _unused, ...env } = serviceEnv();
+    await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 }]);
+    const p = spawn(process.execPath, [PAVER_BIN, 'publish', '--input', '-'], {
+      cwd: ROOT,
+      env,
+      stdio: ['pipe', 'ignore', 'pipe'],
+    });
+    let err = '';
+    p.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    const exited = new Promise<number | null>((r) => p.once('exit', (c) => r(c)));
+    try {
+      const line = (id: string) =>
+        `${JSON.stringify({ type: 'tool_call', event_id: id, session_id: 's', task_id: 't', step: 0, tool: 'x', ts: 1 })}\n`;
+      p.stdin.write(line('live-1'));
+      p.stdin.write(line('live-2'));
+      // stdin stays open, as a tail -f into publish keeps it. Before: nothing was sent until 500 lines or the
+      // end of the input, and a Ctrl-C lost them all.
+      const got = await consumeUntil(env.PAVER_TOPIC_TOOL_CALLS!, (all) => all.length >= 2, 60_000);
+      expect(got.map((m) => (JSON.parse(m.value!.toString()) as { event_id: string }).event_id)).toEqual([
+        'live-1',
+        'live-2',
+      ]);
+      p.stdin.end(line('live-3'));
+      expect(await exited).toBe(0);
+      expect(err).toContain('published 3 events');
+    } finally {
+      if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL');
+    }
   });
 
   it('exits 69 with one clear line when no broker answers', async () => {
