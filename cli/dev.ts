@@ -1,7 +1,8 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import { startStack } from '../deploy/local/stack.js';
+import { startStack, type Stack } from '../deploy/local/stack.js';
 import { EXIT_CONFIG } from '../shared/config.js';
+import { errorMessage } from '../shared/errors.js';
 import { SERVICES, type ServiceName } from './services.js';
 
 /**
@@ -30,8 +31,11 @@ export function restartDelay(failuresInARow: number): number {
 export function withoutPassword(url: string): string {
   try {
     const u = new URL(url);
-    if (!u.password) return url;
-    u.password = '***';
+    // ioredis also takes its options from the query (redis://host:6379?password=…), which was shown as given.
+    const inQuery = [...u.searchParams.keys()].filter((k) => /pass/i.test(k));
+    if (!u.password && inQuery.length === 0) return url;
+    if (u.password) u.password = '***';
+    for (const k of inQuery) u.searchParams.set(k, '***');
     return u.toString();
   } catch {
     return '(not shown)';
@@ -41,7 +45,15 @@ export function withoutPassword(url: string): string {
 export async function dev(argv: { services?: string[] }): Promise<number> {
   const say = (s: string) => process.stderr.write(`paver dev: ${s}\n`);
   const t0 = Date.now();
-  const stack = await startStack({ log: say });
+  let stack: Stack;
+  try {
+    stack = await startStack({ log: say });
+  } catch (err) {
+    // What to fix (java or mvn missing, a broker that did not start, with its log) is the message: thrown, it
+    // reached the user as a stack trace. startStack has stopped whatever it had started.
+    say(`the local stack did not start: ${errorMessage(err)}`);
+    return 1;
+  }
   say(
     `stack ready in ${Date.now() - t0} ms: KAFKA_BROKERS=${stack.brokers} REDIS_URL=${withoutPassword(stack.redisUrl)}${stack.started.length ? ` (started: ${stack.started.join(', ')})` : ' (external)'}`,
   );
@@ -51,6 +63,9 @@ export async function dev(argv: { services?: string[] }): Promise<number> {
   const children = new Map<ServiceName, ChildProcess>();
   const timers = new Set<NodeJS.Timeout>();
   let stopping = false;
+  // Settled by a signal (0), or by the last service refusing its configuration (78).
+  let finish: (code: number) => void = () => undefined;
+  const finished = new Promise<number>((resolve) => (finish = resolve));
 
   function launch(name: ServiceName, failuresInARow: number) {
     if (stopping) return;
@@ -75,6 +90,12 @@ export async function dev(argv: { services?: string[] }): Promise<number> {
       if (stopping) return;
       if (code === EXIT_CONFIG) {
         say(`${name} refused its configuration (exit ${code}); not restarting it (the others keep running)`);
+        // With none running nor waiting to restart there is nothing left to supervise: dev idled on the stack
+        // until a Ctrl-C, which exited 0, and a script or CI job never learnt that nothing had started.
+        if (children.size === 0 && timers.size === 0) {
+          say(`no service left running: each refused its configuration; stopping (exit ${EXIT_CONFIG})`);
+          finish(EXIT_CONFIG);
+        }
         return;
       }
       const failures = Date.now() - startedAt >= RESTART.healthyAfterMs ? 1 : failuresInARow + 1;
@@ -90,10 +111,12 @@ export async function dev(argv: { services?: string[] }): Promise<number> {
 
   for (const name of names) launch(name, 0);
 
-  await new Promise<void>((resolve) => {
-    process.once('SIGINT', () => resolve());
-    process.once('SIGTERM', () => resolve());
-  });
+  const onSignal = () => finish(0);
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
+  const exitCode = await finished;
+  process.off('SIGINT', onSignal);
+  process.off('SIGTERM', onSignal);
   stopping = true;
   for (const t of timers) clearTimeout(t);
   const exits = [...children.values()].map(
@@ -106,5 +129,5 @@ export async function dev(argv: { services?: string[] }): Promise<number> {
   await Promise.all(exits);
   await stack.stop();
   say('stopped');
-  return 0;
+  return exitCode;
 }

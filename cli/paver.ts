@@ -176,10 +176,20 @@ Examples:
       ...prev,
       v,
     ])
-    .action(async (opts: { service?: string[] }) => {
+    .action(async (opts: { service?: string[] }, cmd: Command) => {
+      // Checked before the stack starts: dev looked an unknown name up only when launching it, a minute of
+      // Kafka start later, and died on a TypeError with a stack trace (exit 1).
+      const unknown = opts.service?.find((s) => !isServiceName(s));
+      if (unknown !== undefined)
+        cmd.error(`unknown service '${unknown}' (services: ${Object.keys(SERVICES).join(', ')})`, {
+          exitCode: USAGE_ERROR,
+          code: 'paver.unknownService',
+        });
       const { dev } = await import('./dev.js');
       // Every declared option goes on, so options dev.ts learns need one line here, not a new parser.
-      const args = { ...opts, services: opts.service ?? [] };
+      // Each service once: dev keeps one process per name, so a name given twice started a second one on the
+      // same port (restarted for ever) and lost track of the first, which then outlived dev's stop.
+      const args = { ...opts, services: [...new Set(opts.service ?? [])] };
       done(await dev(args));
     });
 
@@ -189,7 +199,15 @@ Examples:
     'start only the local stack, print KAFKA_BROKERS / REDIS_URL, wait for Ctrl-C',
   ).action(async () => {
     const m = await import('../deploy/local/stack.js');
-    const stack = await m.startStack({ log: (s) => process.stderr.write(`${s}\n`) });
+    const { errorMessage } = await import('../shared/errors.js');
+    let stack: Awaited<ReturnType<typeof m.startStack>>;
+    try {
+      stack = await m.startStack({ log: (s) => process.stderr.write(`${s}\n`) });
+    } catch (err) {
+      // As `paver dev` says it: the message is what to fix; thrown, it reached the user as a stack trace.
+      process.stderr.write(`paver stack: the local stack did not start: ${errorMessage(err)}\n`);
+      return done(1);
+    }
     process.stdout.write(`KAFKA_BROKERS=${stack.brokers}\nREDIS_URL=${stack.redisUrl}\n`);
     await new Promise<void>((resolve) => {
       const stop = () => void stack.stop().then(resolve);
@@ -206,9 +224,7 @@ Examples:
     .option('--agent <agent>', 'set agent_id on every event')
     .action(async (opts: { input: string; topic?: string; tenant?: string; agent?: string }) => {
       const { publish } = await import('./publish.js');
-      // publish reads a path; /dev/stdin is that path for '-'.
-      const args = { ...opts, input: opts.input === '-' ? '/dev/stdin' : opts.input };
-      done(await publish(args));
+      done(await publish(opts));
     });
 
   sub(program, 'gen-schemas', 'regenerate schemas/json from the zod contracts').action(async () => {

@@ -19,6 +19,9 @@ import { ensureTopics, paverTopics } from '../shared/kafka/topics.js';
 import { createLogger } from '../shared/log.js';
 import { deeperThan, TOO_DEEP } from '../shared/core/json-depth.js';
 
+/** Longest a line read waits for others before it is sent. */
+const LINGER_MS = 50;
+
 /** Exit code when no broker answers (sysexits EX_UNAVAILABLE). */
 export const EXIT_UNAVAILABLE = 69;
 
@@ -73,14 +76,18 @@ export async function publish(opts: {
         .replace(/\n\s+- /g, '; '),
     );
   }
-  try {
-    await access(opts.input, constants.R_OK);
-    // A directory passes access(): it was found out only after connecting, as 'failed after 0 events: EISDIR'.
-    if ((await stat(opts.input)).isDirectory()) throw new Error('it is a directory');
-  } catch (err) {
-    // The reason too: a missing file and one without read permission are fixed differently.
-    return fail(2, `cannot read --input ${opts.input}: ${errorMessage(err)}`);
-  }
+  // '-' is process.stdin itself: opening /dev/stdin fails with ENXIO when stdin is a socket (a child process
+  // spawned by Node with stdio 'pipe', many supervisors), and the command failed after connecting.
+  const stdin = opts.input === '-';
+  if (!stdin)
+    try {
+      await access(opts.input, constants.R_OK);
+      // A directory passes access(): it was found out only after connecting, as 'failed after 0 events: EISDIR'.
+      if ((await stat(opts.input)).isDirectory()) throw new Error('it is a directory');
+    } catch (err) {
+      // The reason too: a missing file and one without read permission are fixed differently.
+      return fail(2, `cannot read --input ${opts.input}: ${errorMessage(err)}`);
+    }
 
   const log = createLogger('publish', env.LOG_LEVEL === 'info' ? 'warn' : env.LOG_LEVEL);
   // Quiet and quick to give up: with no broker, one clear line beats half a minute of client retries.
@@ -103,26 +110,49 @@ export async function publish(opts: {
   }
   const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner });
   let sent = 0;
+  let linger: NodeJS.Timeout | undefined;
+  let sending: Promise<void> = Promise.resolve();
   try {
     if (env.KAFKA_CREATE_TOPICS)
       await ensureTopics(admin, paverTopics(env), {
         partitions: env.KAFKA_TOPIC_PARTITIONS,
         replicationFactor: env.KAFKA_REPLICATION_FACTOR,
       });
+    // Asked before sending: the broker's answer to a send was 'failed after 0 events: This server does not host
+    // this topic-partition', which does not say that the topic is missing, nor that publish creates only Paver's.
+    if (!(await admin.listTopics()).includes(topic))
+      return fail(
+        1,
+        `topic '${topic}' does not exist on ${env.KAFKA_BROKERS.join(',')}: create it, or give --topic an existing one (publish creates only Paver's own topics, with KAFKA_CREATE_TOPICS)`,
+      );
     await producer.connect();
     const codec = createCodec(env);
     let batch: { key: string | null; value: Buffer }[] = [];
     let batchBytes = 0;
-    const flush = async () => {
-      if (batch.length === 0) return;
-      await producer.send({ topic, messages: batch, acks: -1 });
-      sent += batch.length;
+    // Sends run one after another (a session's events land in line order), and a batch goes out at the latest
+    // LINGER_MS after its first line: flushed only when full or at the end, the lines of a live stdin (a tail -f
+    // into publish) waited for 500 more that might never come, and a Ctrl-C lost them all.
+    const flush = (): Promise<void> => {
+      clearTimeout(linger);
+      linger = undefined;
+      if (batch.length === 0) return sending;
+      const messages = batch;
       batch = [];
       batchBytes = 0;
+      sending = sending.then(async () => {
+        await producer.send({ topic, messages, acks: -1 });
+        sent += messages.length;
+      });
+      return sending;
     };
+    // A failure of a send the timer started is reported by the next flush the loop awaits (the chain keeps it).
+    const lingerFlush = () => void flush().catch(() => undefined);
     // Lines stream through a bounded reader: one endless line must not be held whole (readline would).
     let lineNo = 0;
-    for await (const line of boundedLines(createReadStream(opts.input), env.PAVER_MAX_MESSAGE_BYTES)) {
+    for await (const line of boundedLines(
+      stdin ? process.stdin : createReadStream(opts.input),
+      env.PAVER_MAX_MESSAGE_BYTES,
+    )) {
       lineNo++;
       if (line === null) {
         process.stderr.write(
@@ -167,11 +197,15 @@ export async function publish(opts: {
       batch.push({ key, value });
       batchBytes += size;
       if (batch.length >= 500) await flush();
+      else linger ??= setTimeout(lingerFlush, LINGER_MS);
     }
     await flush();
   } catch (err) {
     return fail(1, `failed after ${sent} events: ${errorMessage(err)}`);
   } finally {
+    clearTimeout(linger);
+    // A send the timer started ends before the producer goes (its failure, if any, is the one reported).
+    await sending.catch(() => undefined);
     await producer.disconnect().catch(() => undefined);
     await admin.disconnect().catch(() => undefined);
   }

@@ -119,7 +119,13 @@ export function createPublisher(opts: PublisherOptions): Publisher {
       createPartitioner: Partitioners.DefaultPartitioner,
     });
   let connected: Promise<void> | null = owned ? null : Promise.resolve();
-  const connect = () => (connected ??= producer.connect());
+  // A failed connection is forgotten, so the next send tries again: kept, its rejection failed every later
+  // event of a publisher made while the broker was down (an agent started before Kafka), for ever.
+  const connect = () =>
+    (connected ??= producer.connect().catch((err: unknown) => {
+      connected = null;
+      throw err;
+    }));
 
   // Next step per open task. A task never completed (its agent crashed) would keep its entry for the life of
   // the process: the least recently used go past MAX_OPEN_TASKS (a Map iterates in insertion order).
@@ -129,6 +135,7 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   // Sends run one after another, so events of one session reach the partition in call order.
   let chain: Promise<void> = Promise.resolve();
   let closed = false;
+  let closing: Promise<void> | null = null;
   // The first failure since the last flush(): flush() and close() report it, so a caller that does not
   // await each event still learns that some were not published.
   let failure: unknown = null;
@@ -267,16 +274,21 @@ export function createPublisher(opts: PublisherOptions): Publisher {
       await sendNow();
       report();
     },
-    async close() {
-      if (closed) return;
-      closed = true;
-      try {
-        await settleEncoding();
-        await sendNow();
-      } finally {
-        if (owned && connected) await producer.disconnect().catch(() => undefined);
-      }
-      report();
+    close() {
+      // Every call gets the one closing: a second close() (a signal handler and the end of main() both
+      // closing) resolved at once, before the first had sent the queue, and a process that exited on it lost
+      // those events.
+      closing ??= (async () => {
+        closed = true;
+        try {
+          await settleEncoding();
+          await sendNow();
+        } finally {
+          if (owned && connected) await producer.disconnect().catch(() => undefined);
+        }
+        report();
+      })();
+      return closing;
     },
   };
 }

@@ -364,12 +364,29 @@ async function startKafkaOnce(opts: KafkaOptions): Promise<StartedKafka> {
     '-XX:TieredStopAtLevel=1',
   ];
   if (!existsSync(join(data, 'meta.properties'))) {
-    const fmt = spawnSync(
-      'java',
-      [...jvm, '-cp', cp, 'kafka.tools.StorageTool', 'format', '-t', clusterId(), '-c', props],
-      { encoding: 'utf8' },
-    );
-    if (fmt.status !== 0) throw new Error(`kafka storage format failed:\n${fmt.stdout}${fmt.stderr}`);
+    // Not spawnSync: the folder would go unwatched until the broker runs, and an owner killed meanwhile (a
+    // Ctrl-C or kill -9 in the first seconds of `paver dev`) left it behind. The format runs watched as the
+    // servers are, in its own process group like them, so its watchdog ends it and removes the folder.
+    const fmt = await new Promise<{ status: number | null; stdout: string; stderr: string }>((res) => {
+      const child = spawn(
+        'java',
+        [...jvm, '-cp', cp, 'kafka.tools.StorageTool', 'format', '-t', clusterId(), '-c', props],
+        { stdio: ['ignore', 'pipe', 'pipe'], detached: true },
+      );
+      watch(child, dir, cleanup);
+      let stdout = '';
+      let stderr = '';
+      child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+      child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+      child.once('error', (err) => res({ status: null, stdout, stderr: `${stderr}${err.message}\n` }));
+      child.once('close', (code) => res({ status: code, stdout, stderr }));
+    });
+    if (fmt.status !== 0) {
+      // No server runs yet, so no stop() removes the folder made above: it stayed in the temporary folder after
+      // every such failure (a KAFKA_HEAP_OPTS the JVM refuses, a broken jar cache).
+      if (cleanup) rmSync(dir, { recursive: true, force: true });
+      throw new Error(`kafka storage format failed:\n${fmt.stdout}${fmt.stderr}`);
+    }
   }
   const out = openSync(join(dir, 'kafka.stdout.log'), 'a');
   // Its own process group: a terminal's Ctrl-C reaches the whole foreground group, and the broker must

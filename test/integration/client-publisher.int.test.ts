@@ -1,3 +1,4 @@
+import { createConnection, createServer, type Server } from 'node:net';
 import { Partitioners } from 'kafkajs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createPublisher } from '../../client/index.js';
@@ -5,6 +6,7 @@ import { toolCallsEventV1 } from '../../schemas/index.js';
 import { registryCodec } from '../../shared/codec.js';
 import { consumeUntil, createTopics, stack, testKafka, unique } from '../helpers/kafka.js';
 import { startRegistryDouble } from '../helpers/registry-double.js';
+import { freePort } from '../../deploy/local/stack.js';
 
 let reg: Awaited<ReturnType<typeof startRegistryDouble>>;
 beforeAll(async () => (reg = await startRegistryDouble()));
@@ -101,5 +103,42 @@ describe('client publisher (real broker)', () => {
     await expect(pub.flush()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
     await expect(p).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
     await expect(pub.close()).resolves.toBeUndefined();
+  });
+
+  it('connects again after a failed first connection: a broker that was down when the agent started is used once it is up', async () => {
+    const topic = unique('client-reconnect');
+    await createTopics([{ topic, partitions: 1 }]);
+    // The bootstrap address forwards to the test broker only once it listens: nothing answers there at first.
+    const port = await freePort();
+    const [host, brokerPort] = stack().brokers.split(':') as [string, string];
+    let forwarder: Server | undefined;
+    const pub = createPublisher({
+      brokers: [`127.0.0.1:${port}`],
+      topic,
+      kafka: { retry: { retries: 0 }, connectionTimeout: 1000 },
+    });
+    try {
+      await expect(pub.toolCall({ session_id: 's', task_id: 't', tool: 'while_down' })).rejects.toMatchObject(
+        { code: 'KAFKA_UNAVAILABLE' },
+      );
+      await expect(pub.flush()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+      forwarder = createServer((c) => {
+        const up = createConnection({ host, port: Number(brokerPort) });
+        c.pipe(up).pipe(c);
+        c.on('error', () => up.destroy());
+        up.on('error', () => c.destroy());
+      });
+      await new Promise<void>((r) => forwarder!.listen(port, '127.0.0.1', r));
+      // Before: the first connection's rejection was kept, and every later event failed with it, for ever.
+      await pub.toolCall({ session_id: 's', task_id: 't', tool: 'once_up' });
+      await pub.close();
+      const got = await consumeUntil(topic, (m) => m.length >= 1);
+      expect(got.map((m) => toolCallsEventV1.parse(JSON.parse(m.value!.toString())))).toMatchObject([
+        { tool: 'once_up' },
+      ]);
+    } finally {
+      await pub.close().catch(() => undefined);
+      forwarder?.close();
+    }
   });
 });

@@ -102,4 +102,26 @@ describe('paver dev supervises its services (real Kafka, real Redis, real proces
     expect(dev.output()).toContain(`REDIS_URL=redis://paver:***@${url.host}`);
     expect(dev.output()).not.toContain('hunter2');
   });
+
+  it('exits 78 once every service it runs refused its configuration, instead of idling on the stack', async () => {
+    const dev = await startProcess(
+      [PAVER_BIN, 'dev', '--service', 'detector', '--service', 'sequencer'],
+      serviceEnv({
+        LOG_LEVEL: 'loud',
+        PAVER_DETECTOR_HTTP_PORT: String(await freePort()),
+        PAVER_SEQUENCER_HTTP_PORT: String(await freePort()),
+      }),
+    );
+    procs.push(dev);
+    // Before: both said 'not restarting it (the others keep running)', and dev went on with no service at all
+    // until a Ctrl-C, which then exited 0.
+    const code = await Promise.race([
+      dev.exited,
+      waitFor(() => false, 'paver dev to exit on its own', 60_000).catch((err: Error) => {
+        throw new Error(`${err.message}\n${dev.output().slice(-3000)}`);
+      }),
+    ]);
+    expect(code).toBe(78);
+    expect(dev.output()).toContain('no service left running');
+  });
 });

@@ -1,10 +1,11 @@
+import { spawn } from 'node:child_process';
 import { appendFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { freePort } from '../../deploy/local/stack.js';
-import { consumeUntil, unique } from '../helpers/kafka.js';
-import { PAVER_BIN, serviceEnv, startProcess } from '../helpers/process.js';
+import { consumeUntil, createTopics, unique } from '../helpers/kafka.js';
+import { PAVER_BIN, ROOT, serviceEnv, startProcess } from '../helpers/process.js';
 
 const input = join(tmpdir(), `${unique('publish')}.jsonl`);
 // Written with a byte order mark, as some Windows tools do: the first event is still read as one.
@@ -61,6 +62,66 @@ describe('paver publish', () => {
     // A bad flag is a usage error, not a bad environment.
     expect(bad.code).toBe(2);
     expect(bad.out).toContain('--tenant');
+  });
+
+  it('names a --topic the broker does not have, instead of its protocol error', async () => {
+    const { REDIS_URL: _unused, ...env } = serviceEnv();
+    const topic = unique('publish-missing'); // never created; the test broker creates no topic on its own
+    const r = await run(['--topic', topic], env);
+    expect(r.code).toBe(1);
+    // Before: 'failed after 0 events: This server does not host this topic-partition'.
+    expect(r.out).toContain(`topic '${topic}' does not exist`);
+  });
+
+  it("--input - reads a stdin that is a socket, as a program's child process gets from Node", async () => {
+    const { REDIS_URL: _unused, ...env } = serviceEnv();
+    // stdio 'pipe' is a socket pair: opening /dev/stdin failed on it with ENXIO (exit 1, nothing sent).
+    const p = spawn(process.execPath, [PAVER_BIN, 'publish', '--input', '-'], {
+      cwd: ROOT,
+      env,
+      stdio: ['pipe', 'ignore', 'pipe'],
+    });
+    let err = '';
+    p.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    const exited = new Promise<number | null>((r) => p.once('exit', (c) => r(c)));
+    p.stdin.end(
+      `${JSON.stringify({ type: 'tool_call', event_id: 'sock-1', session_id: 's', task_id: 't', step: 0, tool: 'x', ts: 1 })}\n`,
+    );
+    expect(await exited, err).toBe(0);
+    expect(err).toContain('published 1 events');
+    const got = await consumeUntil(env.PAVER_TOPIC_TOOL_CALLS!, (all) => all.length >= 1);
+    expect(got.map((m) => m.key)).toEqual(['s']);
+  });
+
+  it('sends the lines of a live stdin as they come, not only once 500 have gathered or the input ends', async () => {
+    const { REDIS_URL: _unused, ...env } = serviceEnv();
+    await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 }]);
+    const p = spawn(process.execPath, [PAVER_BIN, 'publish', '--input', '-'], {
+      cwd: ROOT,
+      env,
+      stdio: ['pipe', 'ignore', 'pipe'],
+    });
+    let err = '';
+    p.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    const exited = new Promise<number | null>((r) => p.once('exit', (c) => r(c)));
+    try {
+      const line = (id: string) =>
+        `${JSON.stringify({ type: 'tool_call', event_id: id, session_id: 's', task_id: 't', step: 0, tool: 'x', ts: 1 })}\n`;
+      p.stdin.write(line('live-1'));
+      p.stdin.write(line('live-2'));
+      // stdin stays open, as a tail -f into publish keeps it. Before: nothing was sent until 500 lines or the
+      // end of the input, and a Ctrl-C lost them all.
+      const got = await consumeUntil(env.PAVER_TOPIC_TOOL_CALLS!, (all) => all.length >= 2, 60_000);
+      expect(got.map((m) => (JSON.parse(m.value!.toString()) as { event_id: string }).event_id)).toEqual([
+        'live-1',
+        'live-2',
+      ]);
+      p.stdin.end(line('live-3'));
+      expect(await exited).toBe(0);
+      expect(err).toContain('published 3 events');
+    } finally {
+      if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL');
+    }
   });
 
   it('exits 69 with one clear line when no broker answers', async () => {

@@ -3,6 +3,7 @@ import {
   existsSync,
   mkdirSync,
   mkdtempSync,
+  readdirSync,
   readFileSync,
   readlinkSync,
   rmSync,
@@ -90,6 +91,74 @@ describe('local stack start-up', () => {
     );
     expect(children()).toEqual([]);
     expect(err.message).toMatch(/^Kafka exited/);
+  });
+
+  it('removes the broker folder it made when the broker cannot even format its storage', async () => {
+    // A heap the JVM refuses: kafka-storage format fails, before any server runs.
+    const tmp = mkdtempSync(join(tmpdir(), 'paver-stack-tmp-'));
+    dirs.push(tmp);
+    const run = spawn(process.execPath, [PAVER_BIN, 'stack'], {
+      cwd: ROOT,
+      env: {
+        PATH: process.env.PATH ?? '',
+        HOME: process.env.HOME ?? '/tmp',
+        PAVER_CACHE_DIR: process.env.PAVER_CACHE_DIR ?? join(ROOT, '.cache'),
+        TMPDIR: tmp,
+        KAFKA_HEAP_OPTS: '-Xmx1k',
+      },
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
+    let err = '';
+    run.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    const code = await new Promise<number | null>((r) => run.once('exit', (c) => r(c)));
+    expect(err).toContain('kafka storage format failed');
+    expect(code).not.toBe(0);
+    // Before: paver-kafka-XXXXXX (its server.properties) stayed in the temporary folder after every such start.
+    expect(readdirSync(tmp)).toEqual([]);
+  });
+
+  it('removes the broker folder when its process is killed while the broker storage is being formatted', async () => {
+    const tmp = mkdtempSync(join(tmpdir(), 'paver-stack-tmp-'));
+    dirs.push(tmp);
+    // A java that holds the storage format until it is ended (and says its pid), so the kill lands inside it.
+    const bin = join(tmp, 'bin');
+    mkdirSync(bin);
+    const marker = join(bin, 'formatting.pid');
+    const java = execFileSync('sh', ['-c', 'command -v java'], { encoding: 'utf8' }).trim();
+    writeFileSync(
+      join(bin, 'java'),
+      `#!/bin/sh\ncase "$*" in *StorageTool*) echo $$ > "${marker}"; exec sleep 600;; esac\nexec ${java} "$@"\n`,
+      { mode: 0o755 },
+    );
+    const owner = spawn(process.execPath, [PAVER_BIN, 'stack'], {
+      cwd: ROOT,
+      env: {
+        PATH: `${bin}:${process.env.PATH ?? ''}`,
+        HOME: process.env.HOME ?? '/tmp',
+        PAVER_CACHE_DIR: process.env.PAVER_CACHE_DIR ?? join(ROOT, '.cache'),
+        TMPDIR: tmp,
+      },
+      stdio: 'ignore',
+    });
+    const exited = new Promise<void>((r) => owner.once('exit', () => r()));
+    let formatter = 0;
+    try {
+      formatter = await waitFor(
+        () => existsSync(marker) && Number(readFileSync(marker, 'utf8').trim()),
+        'the storage format to start',
+      );
+      owner.kill('SIGKILL');
+      await exited;
+      // Before: nothing watched the folder until the broker ran: it stayed, and so did the format.
+      await waitFor(
+        () => readdirSync(tmp).filter((f) => f.startsWith('paver-')).length === 0 && !alive(formatter),
+        'the broker folder removed and the format ended',
+        30_000,
+      );
+    } finally {
+      if (owner.exitCode === null && owner.signalCode === null) owner.kill('SIGKILL');
+      if (formatter && alive(formatter)) process.kill(formatter, 'SIGKILL');
+    }
   });
 
   it('names a redis-server port that is taken, at once', async () => {

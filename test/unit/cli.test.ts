@@ -181,9 +181,38 @@ describe('paver CLI conventions', { timeout: 120_000 }, () => {
       { what: 'dev', args: expect.objectContaining({ services: ['detector', 'flows'] }) },
       {
         what: 'publish',
-        args: { input: '/dev/stdin', topic: 't', tenant: 'acme', agent: 'support' },
+        args: { input: '-', topic: 't', tenant: 'acme', agent: 'support' },
       },
     ]);
+  });
+
+  it('dev --service with a name that is not a service: one usage line, exit 2, before the stack starts', async () => {
+    // Before: dev started the stack (Kafka: a minute), then died on a TypeError with a stack trace, exit 1.
+    err = '';
+    expect(await main(['dev', '--service', 'detector', '--service', 'detectr'])).toBe(2);
+    expect(err.trim().split('\n')).toHaveLength(1);
+    expect(err).toContain("paver dev: unknown service 'detectr'");
+    expect(err).toContain('detector, autoseq, sequencer, flows, ingest');
+    expect(acted.calls).toEqual([]);
+  });
+
+  it('dev --service given twice runs that service once', async () => {
+    // Before: two detectors on one HTTP port, the second restarted for ever, and the first left out of the
+    // services dev stops (it was replaced in dev's table), still running while the stack was stopped.
+    expect(await main(['dev', '--service', 'detector', '--service', 'flows', '--service', 'detector'])).toBe(
+      0,
+    );
+    expect(acted.calls).toEqual([
+      { what: 'dev', args: expect.objectContaining({ services: ['detector', 'flows'] }) },
+    ]);
+  });
+
+  it('paver stack: a stack that does not start is its message on stderr and exit 1, not a stack trace', async () => {
+    // Before: the error left main() and Node printed it with its stack trace (java or mvn missing, a broker
+    // that did not become ready).
+    expect(await main(['stack'])).toBe(1);
+    expect(err).toBe('paver stack: the local stack did not start: stack must not start in this test\n');
+    expect(out).toBe('');
   });
 
   it("'-' reads stdin; output is JSONL by default and indented with --pretty", async () => {

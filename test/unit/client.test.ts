@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import type { Producer } from 'kafkajs';
 import { createPublisher, detect, select, PaverError, type ToolCallInput } from '../../client/index.js';
 import { MAX_OPEN_TASKS } from '../../client/publisher.js';
+import { waitFor } from '../helpers/kafka.js';
 
 describe('client: createPublisher (validation happens before any connection)', () => {
   // Port 9 (discard): nothing is listening; none of these calls may reach the network.
@@ -49,6 +50,33 @@ describe('client: createPublisher (validation happens before any connection)', (
     // 'old' went unused for MAX_OPEN_TASKS other tasks: its count started again; 'kept' was used meanwhile.
     expect(steps('old')).toEqual([0, 0]);
     expect(steps('kept')).toEqual([0, 1, 2]);
+  });
+
+  it('a second close() waits for the first one: it resolves only once the queued events are acknowledged', async () => {
+    const sent: unknown[] = [];
+    let ack: (() => void) | null = null;
+    // A producer double whose acknowledgement the test gives: this test is about close()'s promise.
+    const producer = {
+      send: (r: { messages: unknown[] }) =>
+        new Promise((resolve) => {
+          ack = () => {
+            sent.push(...r.messages);
+            resolve([]);
+          };
+        }),
+    } as unknown as Producer;
+    const p = createPublisher({ producer });
+    void p.toolCall({ session_id: 's', task_id: 't', tool: 'x' });
+    const first = p.close();
+    // A shutdown handler and the end of main() both closing: before, the second resolved at once, with the
+    // event still unacknowledged, and a process that exited on it lost the event.
+    let secondDone = false;
+    const second = p.close().then(() => (secondDone = true));
+    await waitFor(() => ack !== null, 'the send to start');
+    expect(secondDone).toBe(false);
+    ack!();
+    await Promise.all([first, second]);
+    expect(sent).toHaveLength(1);
   });
 
   it('fills event_id, ts and step; the input type leaves them optional', () => {
