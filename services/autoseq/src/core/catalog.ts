@@ -134,6 +134,8 @@ const scopeId = (tenant: string, agent: string) => `${tenant}\u001f${agent}`;
 /** Every agent's catalog. A change to one tool recompiles that tool only. */
 export class Catalog {
   private readonly scopes = new Map<string, ScopeCatalog>();
+  /** Each agent's policy as the catalog file gave it: what removing its policy record from the topic leaves. */
+  private readonly filePolicies = new Map<string, CatalogPolicy>();
   constructor(private readonly compiler: SchemaCompiler) {}
 
   scope(tenant: string, agent: string): ScopeCatalog | undefined {
@@ -159,6 +161,15 @@ export class Catalog {
     s.tools.clear();
     for (const t of compiled) s.setTool(t);
     s.setPolicy(a.policy);
+    this.filePolicies.set(scopeId(a.tenant_id, a.agent_id), a.policy);
+  }
+
+  /**
+   * The agent's policy record withdrawn from the topic (a tombstone): the policy a restart would find, the
+   * catalog file's for the agent, else the default (auto-seq off).
+   */
+  removePolicy(tenant: string, agent: string): void {
+    this.scope(tenant, agent)?.setPolicy(this.filePolicies.get(scopeId(tenant, agent)) ?? DEFAULT_POLICY);
   }
 
   /** A catalog-topic record; throws CatalogError (and changes nothing) when the tool's schema does not compile. */
