@@ -556,3 +556,32 @@ describe('integers JSON parsing may have rounded', () => {
     expect(holdsUnsafeInteger({ a: [1e21] })).toBe(true);
   });
 });
+
+describe("learned execution keeps the reference's gates on the previous step", () => {
+  const c = catalogOf([tool('get_order', obj({ order_id: { type: 'integer' } }, ['order_id']))]);
+  const active = {
+    tool: 'get_order',
+    args: { order_id: 12 },
+    origin: 'learned',
+    state: 'active',
+    rule_id: 'r',
+    confidence: 0.99,
+    trials: 40,
+    k: 1,
+  } as const;
+  it('an active proposal after a parallel action, or with actions already queued, is published but not executed', () => {
+    const exec = (more: Partial<ToolCallEvent>) =>
+      learnedExecutable(
+        event({}, more),
+        { ...active, args: { ...active.args } },
+        c,
+        newTaskState(),
+        DEFAULT_OPTIONS,
+      );
+    expect(exec({}).execute).toBe(true);
+    // The typed decider skips these (previous_step_parallel, pending_actions_present); the learned one executed.
+    expect(exec({ next_node: 'parallel' })).toEqual({ execute: false, task: newTaskState() });
+    expect(exec({ pending_actions: 2 })).toEqual({ execute: false, task: newTaskState() });
+    expect(exec({ pending_actions: 0, next_node: 'other' }).execute).toBe(true);
+  });
+});

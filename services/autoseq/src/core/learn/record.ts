@@ -9,17 +9,22 @@ import { fnv64 } from './stats.js';
 /**
  * Being active means "proven"; being executable means "allowed". A learned proposal is executable only when
  * its rule is active AND the catalog lets the tool run automatically (policy and tool `auto_seq_execute`, an
- * explicit read-only side effect, visible and not denied) AND the loop guard and max-consecutive limit pass.
+ * explicit read-only side effect, visible and not denied) AND the loop guard and max-consecutive limit pass, and
+ * the previous step was neither a parallel action nor one with actions still queued.
  * Without a catalog nothing is executable (an unknown tool is not read-only).
  */
 export function learnedExecutable(
-  e: Pick<ToolCallEvent, 'tenant_id' | 'agent_id' | 'visible_tools'>,
+  e: Pick<ToolCallEvent, 'tenant_id' | 'agent_id' | 'visible_tools' | 'next_node' | 'pending_actions'>,
   p: Proposal,
   catalog: Catalog,
   task: TaskState,
   opts: AutoseqOptions,
 ): { execute: boolean; task: TaskState } {
   if (p.state !== 'active') return { execute: false, task };
+  // The reference's gates on the previous step hold for any decider: after a parallel action, or with actions
+  // already queued, nothing runs without the model (the typed decider skips these steps; the learned proposal
+  // that replaces its record was executable).
+  if (e.next_node === 'parallel' || (e.pending_actions ?? 0) > 0) return { execute: false, task };
   const scope = catalog.scope(e.tenant_id, e.agent_id);
   const policy = scope?.policy;
   const tool = scope?.tools.get(p.tool);
