@@ -953,3 +953,35 @@ describe('paver predict', () => {
     }
   });
 });
+
+describe('a user message after the task completed', () => {
+  it('proposes nothing for an ended task: no record replaces the last one, no proposal is held', () => {
+    const store = new MemoryLearnStore();
+    const msg = (t: string, id: string, text: string): ToolCallsEvent => ({
+      ...base(t),
+      type: 'user_message',
+      event_id: `${t}:${id}`,
+      text,
+    });
+    for (let i = 0; i < 40; i++) run(store, [msg(`t${i}`, 'u', 'please fetch my record'), ...task(i)]);
+    const t = 'ended';
+    const [lookup] = task(99).map((e) => ({
+      ...e,
+      session_id: t,
+      task_id: t,
+      event_id: `${t}:${e.event_id}`,
+    }));
+    run(store, [msg(t, 'u', 'please fetch my record')]);
+    // While the task runs, a later message proposes the next call again (the contract).
+    expect(applyEvent(store, lookup!, opts)?.next).toMatchObject({ tool: 'fetch', state: 'active' });
+    expect(applyEvent(store, msg(t, 'u2', 'the record is R1099'), opts)?.next).toMatchObject({
+      tool: 'fetch',
+      state: 'active',
+    });
+    run(store, [done(t)]);
+    // Before: the ended task proposed `fetch` again (the service published an executable record for it), and
+    // held the proposal, unscored, in its state.
+    expect(applyEvent(store, msg(t, 'u3', 'thanks, bye'), opts)).toBeNull();
+    expect(store.task('default', 'default', t)).toMatchObject({ pending: [], best: null });
+  });
+});
