@@ -99,6 +99,9 @@ export function createBatchHandler(o: {
     const out: NextActionRecord[] = [];
     const scored: { held: boolean; origin: string; state: string; hit: boolean; executed: boolean }[] = [];
     const moved: string[] = [];
+    // Counted once the batch is done, as the states are: a batch that fails and runs again counted its
+    // redelivered events once per attempt.
+    let duplicates = 0;
     for (const { value: e, partition, offset } of batch) {
       const pos = { partition, offset };
       if (e.type !== 'tool_call') {
@@ -129,7 +132,7 @@ export function createBatchHandler(o: {
       const d = decide(e, catalog, states.get(id) ?? newTaskState(), opts, hash, pos);
       if (d.duplicate) {
         end();
-        m.duplicates.inc();
+        duplicates++;
         continue;
       }
       const typedNext = typedProposal(d.records, e.observation);
@@ -197,6 +200,7 @@ export function createBatchHandler(o: {
         else m.activeByScope.delete(id);
       }
     } else await store.save(dirty);
+    if (duplicates > 0) m.duplicates.inc(duplicates);
     for (const rec of out) m.decisions.inc({ event_type: rec.event_type, reason: rec.reason ?? '' });
     for (const sc of scored) {
       if (sc.held) m.proposals.inc({ origin: sc.origin, state: sc.state, outcome: sc.hit ? 'hit' : 'miss' });

@@ -137,6 +137,49 @@ describe('autoseq redelivery of a chunk over the id window (real Redis and Kafka
       expect((await metrics.duplicates.get()).values[0]?.value).toBe(70);
     });
 
+  for (const learning of [false, true])
+    it(`a batch that fails and is run again counts its redelivered events once (learning ${learning ? 'on' : 'off'})`, async () => {
+      const prefix = unique('paver-test');
+      const registry = new Registry();
+      const metrics = createAutoseqMetrics(registry, () => 1);
+      const topic = unique('next-actions');
+      await createTopics([{ topic, partitions: 1 }]);
+      await sink.connect();
+      let failSends = 0;
+      const handle = createBatchHandler({
+        catalog: catalog(),
+        store: new RedisTaskStore(redis, prefix, 60_000),
+        loadLearn: learning
+          ? (events, c) =>
+              RedisLearnStore.load(redis, prefix, 60_000, DEFAULT_LEARN, events, {
+                ttlMs: 10_000,
+                heartbeat: c.heartbeat,
+                isRunning: c.isRunning,
+              })
+          : null,
+        taskKey: (ref) => taskKey(prefix, ref),
+        opts: DEFAULT_OPTIONS,
+        lopts: DEFAULT_LEARN,
+        // The real sink, failing while `failSends` lasts (a broker outage): the runner runs the batch again.
+        sink: {
+          ...sink,
+          send: (...a: Parameters<typeof sink.send>) =>
+            failSends-- > 0 ? Promise.reject(new Error('broker unavailable')) : sink.send(...a),
+        },
+        topic,
+        metrics,
+      });
+      const events = chunk(unique('task')).slice(0, 3);
+      await handle(events.slice(0, 2), ctx);
+      // The first two again (redelivered) with a third; the first two attempts fail at the publish.
+      failSends = 2;
+      for (let attempt = 0; attempt < 2; attempt++)
+        await expect(handle(events, ctx)).rejects.toThrow('broker unavailable');
+      await handle(events, ctx);
+      // Before: 6, the two duplicates counted by every attempt.
+      expect((await metrics.duplicates.get()).values[0]?.value).toBe(2);
+    });
+
   it('task state written before positions were kept reads as position unknown; a position saved reads back', async () => {
     const prefix = unique('paver-test');
     const store = new RedisTaskStore(redis, prefix, 60_000);
