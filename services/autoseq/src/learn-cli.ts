@@ -75,10 +75,13 @@ export async function replay(
   const badCall = (raw: unknown) => {
     if (raw === null || typeof raw !== 'object') return;
     const o = raw as Record<string, unknown>;
-    if (o.type !== 'tool_call' || typeof o.event_id !== 'string') return;
+    if (o.type !== 'tool_call') return;
+    // A call whose id is missing or not a string gets its line too ('', which no event id is): without it, every
+    // line after it answered the input's call before.
+    const event = typeof o.event_id === 'string' ? o.event_id : '';
     const task =
       typeof o.task_id === 'string' ? o.task_id : typeof o.session_id === 'string' ? o.session_id : '';
-    onLine({ event_id: o.event_id, task_id: task, proposal: null });
+    onLine({ event_id: event, task_id: task, proposal: null });
     // Still an LLM step that nothing saved: `savings` counts it with the calls, as the output lines do.
     savings.add(typeof o.tool === 'string' ? o.tool : '(not read)', null, false);
   };

@@ -985,3 +985,37 @@ describe('a user message after the task completed', () => {
     expect(store.task('default', 'default', t)).toMatchObject({ pending: [], best: null });
   });
 });
+
+describe('paver predict: every tool_call line gets its line', () => {
+  it('also one whose event_id is not a string or missing, and one cut short (not JSON)', async () => {
+    const ev = (id: unknown, step: number) =>
+      JSON.stringify({
+        type: 'tool_call',
+        ...(id === undefined ? {} : { event_id: id }),
+        session_id: 's',
+        task_id: 't',
+        ts: step,
+        step,
+        tool: 'lookup',
+        args: {},
+      });
+    const input = [
+      ev('a', 0),
+      ev(7, 1),
+      ev(undefined, 2),
+      ev('b', 3),
+      ev('c', 4).slice(0, 60), // a line cut short, as by a writer killed mid-line
+      '{"type":"user_message","event_id":"u","session_id":"s"', // not a call: no line
+      ev('d', 5),
+    ];
+    const dir = mkdtempSync(join(tmpdir(), 'predict-'));
+    const file = join(dir, 'in.jsonl');
+    writeFileSync(file, input.join('\n'));
+    const out = (await predictLines(file, DEFAULT_LEARN)).map(
+      (l) => JSON.parse(l) as { event_id: string; proposal: unknown },
+    );
+    // Before: 4 lines (a, b, d and nothing for the others), misaligned with the input's 6 tool_calls.
+    expect(out.map((l) => l.event_id)).toEqual(['a', '', '', 'b', 'c', 'd']);
+    expect(out.every((l) => l.proposal === null)).toBe(true);
+  });
+});
