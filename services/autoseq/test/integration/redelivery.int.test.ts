@@ -16,7 +16,7 @@ import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
 import { RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
 import { RedisTaskStore, taskKey } from '../../src/adapters/redis/task-store.js';
 import { Catalog } from '../../src/core/catalog.js';
-import { DEFAULT_OPTIONS } from '../../src/core/decide.js';
+import { DEFAULT_OPTIONS, newTaskState } from '../../src/core/decide.js';
 import { DEFAULT_LEARN } from '../../src/core/learn/learner.js';
 import { SchemaCompiler } from '../../src/core/schema-compiler.js';
 
@@ -179,6 +179,20 @@ describe('autoseq redelivery of a chunk over the id window (real Redis and Kafka
       // Before: 6, the two duplicates counted by every attempt.
       expect((await metrics.duplicates.get()).values[0]?.value).toBe(2);
     });
+
+  it('a task state that is not JSON (or not ours) reads as a fresh task: the batch goes on', async () => {
+    const prefix = unique('paver-test');
+    const store = new RedisTaskStore(redis, prefix, 60_000);
+    const refs = new Map(
+      ['garbage', 'number', 'wrong'].map((task) => [task, { tenant: 'default', agent: 'default', task }]),
+    );
+    await redis.set(taskKey(prefix, refs.get('garbage')!), '{"seen":["a"],'); // cut short
+    await redis.set(taskKey(prefix, refs.get('number')!), '12');
+    await redis.set(taskKey(prefix, refs.get('wrong')!), '{"seen":1}');
+    // Before: the text cut short threw (JSON.parse) on every retry of the batch, a consumer stuck for good.
+    const read = await store.load(refs);
+    for (const task of refs.keys()) expect(read.get(task)).toEqual(newTaskState());
+  });
 
   it('task state written before positions were kept reads as position unknown; a position saved reads back', async () => {
     const prefix = unique('paver-test');
