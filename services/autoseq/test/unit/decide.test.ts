@@ -368,7 +368,7 @@ describe('task state: executed, loop guard, idempotency', () => {
       confidence: 0.99,
       trials: 40,
     } as never;
-    expect(learnedExecutable(event({}), learned, c, lost.task, opts).execute).toBe(false);
+    expect(learnedExecutable(event({}), learned, c, lost.task, opts, sha256).execute).toBe(false);
     // The agent's own call ends the run, as after any full one.
     const own = run(c, event({ k0: 1 }, { tool: 'x', origin: 'llm' }), lost.task, opts);
     expect(own.records.at(-1)).toMatchObject({
@@ -548,9 +548,12 @@ describe('integers JSON parsing may have rounded', () => {
         trials: 40,
       }) as never;
     const e = event({});
-    expect(learnedExecutable(e, p({ order_id: 12 }), c, newTaskState(), DEFAULT_OPTIONS).execute).toBe(true);
     expect(
-      learnedExecutable(e, p({ q: { ids: [1, 2 ** 60] } }), c, newTaskState(), DEFAULT_OPTIONS).execute,
+      learnedExecutable(e, p({ order_id: 12 }), c, newTaskState(), DEFAULT_OPTIONS, sha256).execute,
+    ).toBe(true);
+    expect(
+      learnedExecutable(e, p({ q: { ids: [1, 2 ** 60] } }), c, newTaskState(), DEFAULT_OPTIONS, sha256)
+        .execute,
     ).toBe(false);
     expect(holdsUnsafeInteger({ a: [1.5, -(2 ** 53) + 1, 1e-300, 'x'] })).toBe(false);
     expect(holdsUnsafeInteger({ a: [1e21] })).toBe(true);
@@ -577,11 +580,57 @@ describe("learned execution keeps the reference's gates on the previous step", (
         c,
         newTaskState(),
         DEFAULT_OPTIONS,
+        sha256,
       );
     expect(exec({}).execute).toBe(true);
     // The typed decider skips these (previous_step_parallel, pending_actions_present); the learned one executed.
     expect(exec({ next_node: 'parallel' })).toEqual({ execute: false, task: newTaskState() });
     expect(exec({ pending_actions: 2 })).toEqual({ execute: false, task: newTaskState() });
     expect(exec({ pending_actions: 0, next_node: 'other' }).execute).toBe(true);
+  });
+});
+
+describe('the loop guard holds across deciders, on the payload shape', () => {
+  const c = catalogOf([tool('page', obj({ cursor: { type: 'string' } }, ['cursor']))]);
+  const learned = (args: Record<string, unknown>) =>
+    ({
+      tool: 'page',
+      args,
+      origin: 'learned',
+      state: 'active',
+      rule_id: 'r',
+      confidence: 0.99,
+      trials: 40,
+      k: 1,
+    }) as const;
+  it('a learned proposal does not run the tool the typed loop guard just stopped, on a payload of the same shape', () => {
+    const first = run(c, event({ cursor: 'a' }, { tool: 'search' }));
+    expect(first.records.at(-1)).toMatchObject({ tool: 'page', execute: true });
+    const again = event({ cursor: 'b' }, { tool: 'page', origin: 'auto_seq' });
+    const d = run(c, again, first.task);
+    expect(d.records.at(-1)).toMatchObject({ event_type: 'auto_seq_skipped', reason: 'loop_guard' });
+    // Before: the learned proposal that replaced the skipped record ran `page` again (its fingerprint, of the
+    // values, never equalled the typed one), the loop bounded only by AUTOSEQ_MAX_CONSECUTIVE.
+    expect(
+      learnedExecutable(again, learned({ cursor: 'b' }), c, d.task, DEFAULT_OPTIONS, sha256).execute,
+    ).toBe(false);
+  });
+  it('learned after learned: the same tool on arguments with the same key names is not run twice in a row', () => {
+    const e1 = event({}, { tool: 'search' });
+    const d1 = run(c, e1);
+    const g1 = learnedExecutable(e1, learned({ cursor: 'a' }), c, d1.task, DEFAULT_OPTIONS, sha256);
+    expect(g1.execute).toBe(true);
+    const e2 = event({}, { tool: 'page', origin: 'auto_seq', args: { cursor: 'a' } });
+    const d2 = run(c, e2, g1.task);
+    expect(d2.records[0]).toMatchObject({ event_type: 'auto_seq_executed', tool: 'page' });
+    expect(learnedExecutable(e2, learned({ cursor: 'x' }), c, d2.task, DEFAULT_OPTIONS, sha256).execute).toBe(
+      false,
+    );
+    // Another tool, or the agent's own call in between, runs.
+    const e3 = event({}, { tool: 'search', origin: 'llm' });
+    const d3 = run(c, e3, d2.task);
+    expect(learnedExecutable(e3, learned({ cursor: 'x' }), c, d3.task, DEFAULT_OPTIONS, sha256).execute).toBe(
+      true,
+    );
   });
 });

@@ -1,10 +1,8 @@
 import type { NextActionRecord, ToolCallEvent, UserMessageEvent } from '../../../../../schemas/index.js';
 import type { Catalog } from '../catalog.js';
 import { head, uniqueRecord, type AutoseqOptions, type TaskState } from '../decide.js';
-import { holdsUnsafeInteger, type PayloadShape } from '../shape.js';
-import { canonicalJson } from '../../../../../shared/core/bindings.js';
+import { holdsUnsafeInteger, payloadShape, type Hash, type PayloadShape } from '../shape.js';
 import type { Proposal } from './learner.js';
-import { fnv64 } from './stats.js';
 
 /**
  * Being active means "proven"; being executable means "allowed". A learned proposal is executable only when
@@ -19,6 +17,7 @@ export function learnedExecutable(
   catalog: Catalog,
   task: TaskState,
   opts: AutoseqOptions,
+  hash: Hash,
 ): { execute: boolean; task: TaskState } {
   if (p.state !== 'active') return { execute: false, task };
   // The reference's gates on the previous step hold for any decider: after a parallel action, or with actions
@@ -35,7 +34,10 @@ export function learnedExecutable(
   const visible = e.visible_tools ?? policy.visible_tools;
   if (visible && !visible.includes(p.tool)) return { execute: false, task };
   if (holdsUnsafeInteger(p.args)) return { execute: false, task };
-  const fp = fnv64(canonicalJson(p.args));
+  // The typed decider's fingerprint (the payload's type and key names, whatever their values), so that the guard
+  // holds across deciders and as documented: a fingerprint of the values never equalled the typed one (a learned
+  // proposal ran the tool the typed guard had just stopped) and let a tool run on itself with new values.
+  const fp = payloadShape(p.args, hash).payload_fingerprint;
   const repeat = task.last !== null && task.last.tool === p.tool && task.last.fp === fp;
   if (repeat || task.consecutive >= opts.maxConsecutive) return { execute: false, task };
   return { execute: true, task: { ...task, pending: p.tool, last: { tool: p.tool, fp } } };
