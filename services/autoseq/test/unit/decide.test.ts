@@ -634,3 +634,37 @@ describe('the loop guard holds across deciders, on the payload shape', () => {
     );
   });
 });
+
+describe('after a later user message', () => {
+  const c = catalogOf([tool('page', obj({ cursor: { type: 'string' } }, ['cursor']))]);
+  const learned = (args: Record<string, unknown>) =>
+    ({
+      tool: 'page',
+      args,
+      origin: 'learned',
+      state: 'active',
+      rule_id: 'r',
+      confidence: 0.99,
+      trials: 40,
+      k: 1,
+    }) as const;
+  it('the record that replaces an executable decision of the same step keeps it executable', () => {
+    const e = event({}, { tool: 'search' });
+    const g = learnedExecutable(e, learned({ cursor: 'a' }), c, run(c, e).task, DEFAULT_OPTIONS, sha256);
+    expect(g.execute).toBe(true);
+    // The message's record proposes the same call (no rule reads what the user said), or the same tool on
+    // arguments of the same shape (a rule that does): the same decision again, not the tool run twice in a row.
+    // Before: execute false, the runtime (acting on the newest record) asked the model for an obvious step.
+    for (const args of [{ cursor: 'a' }, { cursor: 'said' }]) {
+      const again = learnedExecutable(e, learned(args), c, g.task, DEFAULT_OPTIONS, sha256, true);
+      expect(again.execute).toBe(true);
+      expect(again.task).toMatchObject({ consecutive: g.task.consecutive, pending: 'page' });
+    }
+    // Once the tool ran (its auto-executed call), the guard holds for the decision after it, message or not.
+    const ran = event({}, { tool: 'page', origin: 'auto_seq', args: { cursor: 'a' } });
+    const d = run(c, ran, g.task);
+    expect(
+      learnedExecutable(ran, learned({ cursor: 'b' }), c, d.task, DEFAULT_OPTIONS, sha256, true).execute,
+    ).toBe(false);
+  });
+});

@@ -18,6 +18,12 @@ export function learnedExecutable(
   task: TaskState,
   opts: AutoseqOptions,
   hash: Hash,
+  /**
+   * The decision replaces the one published for the same step (after a later user message): when that one ran
+   * this tool on a payload of this shape (`pending`, `last`), the new one is that decision again, not a second
+   * run of the tool, and the loop guard judges it as it judged that one.
+   */
+  again = false,
 ): { execute: boolean; task: TaskState } {
   if (p.state !== 'active') return { execute: false, task };
   // The reference's gates on the previous step hold for any decider: after a parallel action, or with actions
@@ -38,7 +44,11 @@ export function learnedExecutable(
   // holds across deciders and as documented: a fingerprint of the values never equalled the typed one (a learned
   // proposal ran the tool the typed guard had just stopped) and let a tool run on itself with new values.
   const fp = payloadShape(p.args, hash).payload_fingerprint;
-  const repeat = task.last !== null && task.last.tool === p.tool && task.last.fp === fp;
+  const same = task.last !== null && task.last.tool === p.tool && task.last.fp === fp;
+  // Again, `pending` names the tool only when the decision it replaces was executable (any decision of the step
+  // resets it, and only an executable learned one sets it where a message can propose again): that decision
+  // passed the guard on this same tool and shape, with the run's count as it still is.
+  const repeat = same && !(again && task.pending === p.tool);
   if (repeat || task.consecutive >= opts.maxConsecutive) return { execute: false, task };
   return { execute: true, task: { ...task, pending: p.tool, last: { tool: p.tool, fp } } };
 }
