@@ -668,3 +668,30 @@ describe('after a later user message', () => {
     ).toBe(false);
   });
 });
+
+describe('a tool not marked auto_seq', () => {
+  it('is never executed by a learned decision either (the reference considers only auto_seq tools)', () => {
+    const c = catalogOf([
+      tool('page', obj({ cursor: { type: 'string' } }, ['cursor']), {
+        auto_seq: false,
+        auto_seq_execute: true,
+      }),
+    ]);
+    const p = {
+      tool: 'page',
+      args: { cursor: 'a' },
+      origin: 'learned',
+      state: 'active',
+      rule_id: 'r',
+      confidence: 0.99,
+      trials: 40,
+      k: 1,
+    } as const;
+    const e = event({}, { tool: 'search' });
+    // Before: executed, though the operator opted the tool out of auto-seq.
+    expect(learnedExecutable(e, p, c, newTaskState(), DEFAULT_OPTIONS, sha256)).toEqual({
+      execute: false,
+      task: newTaskState(),
+    });
+  });
+});

@@ -6,9 +6,9 @@ import type { Proposal } from './learner.js';
 
 /**
  * Being active means "proven"; being executable means "allowed". A learned proposal is executable only when
- * its rule is active AND the catalog lets the tool run automatically (policy and tool `auto_seq_execute`, an
- * explicit read-only side effect, visible and not denied) AND the loop guard and max-consecutive limit pass, and
- * the previous step was neither a parallel action nor one with actions still queued.
+ * its rule is active AND the catalog lets the tool run automatically (policy `auto_seq_execute`, tool `auto_seq`
+ * and `auto_seq_execute`, an explicit read-only side effect, visible and not denied) AND the loop guard and
+ * max-consecutive limit pass, and the previous step was neither a parallel action nor one with actions queued.
  * Without a catalog nothing is executable (an unknown tool is not read-only).
  */
 export function learnedExecutable(
@@ -35,7 +35,9 @@ export function learnedExecutable(
   const tool = scope?.tools.get(p.tool);
   if (!scope || !policy || !tool || !policy.auto_seq_enabled || !policy.auto_seq_execute)
     return { execute: false, task };
-  if (!tool.spec.auto_seq_execute || !tool.readOnly) return { execute: false, task };
+  // `auto_seq` too: the reference considers no tool without it, so a tool opted out of auto-seq is never run
+  // without the model, whichever decider proposed it.
+  if (!tool.spec.auto_seq || !tool.spec.auto_seq_execute || !tool.readOnly) return { execute: false, task };
   if (policy.denied_tools.includes(p.tool)) return { execute: false, task };
   const visible = e.visible_tools ?? policy.visible_tools;
   if (visible && !visible.includes(p.tool)) return { execute: false, task };
