@@ -13,6 +13,7 @@ import {
   type PredictLine,
 } from './core/learn/engine.js';
 import { DEFAULT_LEARN, listRules, type ArgsValidator, type LearnOptions } from './core/learn/learner.js';
+import { learnedExecutable } from './core/learn/record.js';
 import { SavingsCounter, type SavingsReport } from './core/learn/savings.js';
 import { SchemaCompiler } from './core/schema-compiler.js';
 
@@ -91,6 +92,7 @@ export async function replay(
     events++;
     if (progress && events % 10_000 === 0) progress(events);
     let typedNext = null;
+    let typedTask: TaskState | null = null;
     if (e.type === 'tool_call') {
       // Seen by the typed decider: a repeat, which the service skips whole, with or without a catalog. The
       // learned step's own window of ids (user messages included) may have let it go.
@@ -101,6 +103,7 @@ export async function replay(
           onLine({ event_id: e.event_id, task_id: e.task_id, proposal: null });
           continue;
         }
+        typedTask = d.task;
         typed.set(id, d.task);
         typedNext = typedProposal(d.records, e.observation);
       } else {
@@ -117,6 +120,27 @@ export async function replay(
     if (r?.duplicate && e.type === 'tool_call')
       onLine({ event_id: e.event_id, task_id: e.task_id, proposal: null });
     if (!r || r.duplicate) continue;
+    // The typed state as the service's batch leaves it: a learned decision it published executable marks the
+    // task's run (pending, loop guard), which decides whether the typed decider's next decision is held. Without
+    // this, predict held typed decisions that the service's loop guard had refused.
+    if (catalog && r.next?.origin === 'learned') {
+      const tid = taskId(e.tenant_id, e.agent_id, e.task_id ?? '');
+      if (e.type === 'tool_call' && typedTask && !typedNext)
+        typed.set(tid, learnedExecutable(e, r.next, catalog, typedTask, DEFAULT_OPTIONS, sha256).task);
+      else if (e.type === 'user_message' && e.task_id !== undefined)
+        typed.set(
+          tid,
+          learnedExecutable(
+            e,
+            r.next,
+            catalog,
+            typed.get(tid) ?? newTaskState(),
+            DEFAULT_OPTIONS,
+            sha256,
+            true,
+          ).task,
+        );
+    }
     if (e.type === 'tool_call') {
       onLine({ event_id: e.event_id, task_id: e.task_id, proposal: predictProposal(r.held) });
       savings.add(e.tool, r.held, r.heldHit);

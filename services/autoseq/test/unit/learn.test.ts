@@ -9,6 +9,7 @@ import {
   scopeId,
   taskId,
   type LearnStore,
+  type PredictLine,
 } from '../../src/core/learn/engine.js';
 import {
   DEFAULT_LEARN,
@@ -1017,5 +1018,63 @@ describe('paver predict: every tool_call line gets its line', () => {
     // Before: 4 lines (a, b, d and nothing for the others), misaligned with the input's 6 tool_calls.
     expect(out.map((l) => l.event_id)).toEqual(['a', '', '', 'b', 'c', 'd']);
     expect(out.every((l) => l.proposal === null)).toBe(true);
+  });
+});
+
+describe('paver predict with a catalog keeps the typed state as the service does', () => {
+  it("a learned decision that executed counts in the typed loop guard, as in the service's batch", async () => {
+    const { Catalog } = await import('../../src/core/catalog.js');
+    const { SchemaCompiler } = await import('../../src/core/schema-compiler.js');
+    const { catalogPolicyV1, catalogToolV1 } = await import('../../../../schemas/index.js');
+    const catalog = new Catalog(new SchemaCompiler());
+    catalog.loadAgent({
+      tenant_id: 'default',
+      agent_id: 'default',
+      policy: catalogPolicyV1.parse({ auto_seq_enabled: true, auto_seq_execute: true }),
+      tools: [
+        catalogToolV1.parse({
+          name: 'page',
+          args_schema: {
+            type: 'object',
+            properties: { cursor: { type: 'string' } },
+            required: ['cursor'],
+          },
+          side_effects: 'read',
+          auto_seq: true,
+          auto_seq_execute: true,
+        }),
+      ],
+    });
+    const lines: string[] = [];
+    const ev = (t: string, step: number, tool: string, args: object, observation: unknown, more = {}) =>
+      JSON.stringify({ ...call(t, step, tool, args as Record<string, unknown>, observation), ...more });
+    // The agent searches, then pages with the cursor the search returned (a rule learned: page after search).
+    for (let i = 0; i < 30; i++) {
+      lines.push(ev(`p${i}`, 0, 'search', { q: `q${i}` }, { result: { cursor: `C${i}` } }));
+      lines.push(ev(`p${i}`, 1, 'page', { cursor: `C${i}` }, { items: [] }));
+      lines.push(JSON.stringify(done(`p${i}`)));
+    }
+    // Now the runtime runs that page step automatically (the service published it executable), and the page
+    // returns a payload of the shape it took: the typed decider's loop guard stops `page` on it again.
+    lines.push(ev('run', 0, 'search', { q: 'x' }, { result: { cursor: 'Cx' } }));
+    lines.push(ev('run', 1, 'page', { cursor: 'Cx' }, { cursor: 'Cy' }, { origin: 'auto_seq' }));
+    lines.push(ev('run', 2, 'finish', {}, 'ok'));
+    const dir = mkdtempSync(join(tmpdir(), 'predict-'));
+    const file = join(dir, 'in.jsonl');
+    writeFileSync(file, lines.join('\n'));
+    const out: PredictLine[] = [];
+    const low: LearnOptions = { ...DEFAULT_LEARN, minTrials: 5, minPrecision: 0.5, targetPrecision: 0.5 };
+    await replay(
+      file,
+      low,
+      catalog,
+      (l) => out.push(l),
+      () => undefined,
+    );
+    const at = (id: string) => out.find((l) => l.event_id === id)!;
+    expect(at('run:1').proposal).toMatchObject({ tool: 'page', origin: 'learned', state: 'active' });
+    // The service held no typed proposal for `finish` (auto_seq_skipped loop_guard); before, predict held the
+    // typed `page` decision there, its typed state never told of the learned decision that ran.
+    expect(at('run:2').proposal?.origin).not.toBe('typed');
   });
 });
