@@ -1078,3 +1078,57 @@ describe('paver predict with a catalog keeps the typed state as the service does
     expect(at('run:2').proposal?.origin).not.toBe('typed');
   });
 });
+
+describe('paver predict --max-consecutive (AUTOSEQ_MAX_CONSECUTIVE)', () => {
+  it('a typed run stopped at the limit holds no typed proposal, as in a service with that limit', async () => {
+    const { Catalog } = await import('../../src/core/catalog.js');
+    const { SchemaCompiler } = await import('../../src/core/schema-compiler.js');
+    const { DEFAULT_OPTIONS } = await import('../../src/core/decide.js');
+    const { catalogPolicyV1, catalogToolV1 } = await import('../../../../schemas/index.js');
+    const catalog = new Catalog(new SchemaCompiler());
+    const step = (name: string, key: string) =>
+      catalogToolV1.parse({
+        name,
+        args_schema: { type: 'object', properties: { [key]: { type: 'string' } }, required: [key] },
+        side_effects: 'read',
+        auto_seq: true,
+        auto_seq_execute: true,
+      });
+    catalog.loadAgent({
+      tenant_id: 'default',
+      agent_id: 'default',
+      policy: catalogPolicyV1.parse({ auto_seq_enabled: true, auto_seq_execute: true }),
+      tools: [step('t1', 'a'), step('t2', 'b')],
+    });
+    // An agent's call whose output t1 takes, t1 run automatically, whose output t2 takes.
+    const lines = [
+      call('m', 0, 't0', {}, { a: 'x' }),
+      { ...call('m', 1, 't1', { a: 'x' }, { b: 'y' }), origin: 'auto_seq' },
+      call('m', 2, 't2', { b: 'y' }, 'ok'),
+    ].map((e) => JSON.stringify(e));
+    const dir = mkdtempSync(join(tmpdir(), 'predict-'));
+    const file = join(dir, 'in.jsonl');
+    writeFileSync(file, lines.join('\n'));
+    const held = async (maxConsecutive: number) => {
+      const out: PredictLine[] = [];
+      await replay(
+        file,
+        DEFAULT_LEARN,
+        catalog,
+        (l) => out.push(l),
+        () => undefined,
+        undefined,
+        undefined,
+        {
+          ...DEFAULT_OPTIONS,
+          maxConsecutive,
+        },
+      );
+      return out.map((l) => l.proposal?.tool ?? null);
+    };
+    expect(await held(5)).toEqual([null, 't1', 't2']);
+    // A service with AUTOSEQ_MAX_CONSECUTIVE=1 refuses t2 (loop_guard): nothing typed is held for that call.
+    // Before: predict always ran the typed decider with the default 5.
+    expect(await held(1)).toEqual([null, 't1', null]);
+  });
+});
