@@ -103,3 +103,41 @@ describe('catalog topic records and tombstones (the catalog in force is what a r
     expect(() => applyCatalogRecord(c, tombstone('acme/default'), null)).toThrow(TableRejection);
   });
 });
+
+describe('compiled schemas are kept while a tool uses them', () => {
+  it('a tool replaced again and again with new schemas holds one; a removed tool none; a bad one leaves none', () => {
+    const compiler = new SchemaCompiler();
+    const c = new Catalog(compiler);
+    // An enum of current values, as a catalog publisher refreshes it: a new schema each time.
+    const withEnum = (i: number): ToolCatalogRecord => {
+      const r = toolRec('pick');
+      if (r.kind !== 'tool') throw new Error('a tool record');
+      return {
+        ...r,
+        tool: { ...r.tool, args_schema: { ...schema, properties: { route: { enum: [`v${i}`] } } } },
+      };
+    };
+    for (let i = 0; i < 200; i++)
+      applyCatalogRecord(c, withEnum(i), catalogKey('default', 'default', 'tool', 'pick'));
+    // Before: 200, every version compiled and kept for the life of the process.
+    expect(compiler.size).toBe(1);
+    applyCatalogRecord(c, policyRec(), catalogKey('default', 'default', 'policy'));
+    expect(decision(c)).toMatchObject({ event_type: 'auto_seq_detected_none' });
+    applyCatalogRecord(c, toolRec('init_docs'), catalogKey('default', 'default', 'tool', 'init_docs'));
+    expect(compiler.size).toBe(2);
+    // Two tools of one schema share its entry: one going leaves it to the other.
+    applyCatalogRecord(c, toolRec('index_docs'), catalogKey('default', 'default', 'tool', 'index_docs'));
+    applyCatalogRecord(c, tombstone(catalogKey('default', 'default', 'tool', 'init_docs')), null);
+    expect(compiler.size).toBe(2);
+    expect(decision(c)).toMatchObject({ event_type: 'auto_seq_detected_unique', tool: 'index_docs' });
+    applyCatalogRecord(c, tombstone(catalogKey('default', 'default', 'tool', 'index_docs')), null);
+    applyCatalogRecord(c, tombstone(catalogKey('default', 'default', 'tool', 'pick')), null);
+    expect(compiler.size).toBe(0);
+    const bad = toolRec('bad');
+    if (bad.kind === 'tool') bad.tool = { ...bad.tool, args_schema: { type: 'no-such-type' } };
+    expect(() => applyCatalogRecord(c, bad, catalogKey('default', 'default', 'tool', 'bad'))).toThrow(
+      TableRejection,
+    );
+    expect(compiler.size).toBe(0);
+  });
+});
