@@ -142,8 +142,15 @@ export async function replay(
       else if (e.type === 'user_message' && e.task_id !== undefined)
         typed.set(
           tid,
-          learnedExecutable(e, r.next, catalog, typed.get(tid) ?? newTaskState(), typedOpts, sha256, true)
-            .task,
+          learnedExecutable(
+            { ...e, tool: r.task.calls.at(-1)?.tool },
+            r.next,
+            catalog,
+            typed.get(tid) ?? newTaskState(),
+            typedOpts,
+            sha256,
+            true,
+          ).task,
         );
     }
     if (e.type === 'tool_call') {

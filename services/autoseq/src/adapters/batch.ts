@@ -120,7 +120,10 @@ export function createBatchHandler(o: {
           const id = idOf(e);
           let task = states.get(id) ?? newTaskState();
           let execute = false;
-          if (lr.next) ({ execute, task } = learnedExecutable(e, lr.next, catalog, task, opts, hash, true));
+          if (lr.next) {
+            const after = { ...e, tool: lr.task.calls.at(-1)?.tool };
+            ({ execute, task } = learnedExecutable(after, lr.next, catalog, task, opts, hash, true));
+          }
           out.push(messageRecord({ ...e, task_id: e.task_id }, lr.task.step ?? 0, lr.next, execute));
           states.set(id, task);
           dirty.set(id, { ref: refs.get(id)!, state: task });

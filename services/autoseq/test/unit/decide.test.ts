@@ -695,3 +695,26 @@ describe('a tool not marked auto_seq', () => {
     });
   });
 });
+
+describe('auto_seq_from', () => {
+  it('narrows learned execution to the upstream tools it names, as it narrows typed candidates', () => {
+    const c = catalogOf([
+      tool('page', obj({ cursor: { type: 'string' } }, ['cursor']), { auto_seq_from: ['search'] }),
+    ]);
+    const p = {
+      tool: 'page',
+      args: { cursor: 'a' },
+      origin: 'learned',
+      state: 'active',
+      rule_id: 'r',
+      confidence: 0.99,
+      trials: 40,
+      k: 1,
+    } as const;
+    const after = (tool: string) =>
+      learnedExecutable(event({}, { tool }), p, c, newTaskState(), DEFAULT_OPTIONS, sha256).execute;
+    expect(after('search')).toBe(true);
+    // Before: true, after any tool.
+    expect(after('delete_account')).toBe(false);
+  });
+});

@@ -7,12 +7,16 @@ import type { Proposal } from './learner.js';
 /**
  * Being active means "proven"; being executable means "allowed". A learned proposal is executable only when
  * its rule is active AND the catalog lets the tool run automatically (policy `auto_seq_execute`, tool `auto_seq`
- * and `auto_seq_execute`, an explicit read-only side effect, visible and not denied) AND the loop guard and
- * max-consecutive limit pass, and the previous step was neither a parallel action nor one with actions queued.
+ * and `auto_seq_execute`, an explicit read-only side effect, visible, not denied, after one of its `auto_seq_from`
+ * tools when it names some) AND the loop guard and max-consecutive limit pass, and the previous step was neither
+ * a parallel action nor one with actions queued.
  * Without a catalog nothing is executable (an unknown tool is not read-only).
  */
 export function learnedExecutable(
-  e: Pick<ToolCallEvent, 'tenant_id' | 'agent_id' | 'visible_tools' | 'next_node' | 'pending_actions'>,
+  /** `tool`: the call whose output the decision follows (the task's last, for a later user message). */
+  e: Pick<ToolCallEvent, 'tenant_id' | 'agent_id' | 'visible_tools' | 'next_node' | 'pending_actions'> & {
+    tool?: string | undefined;
+  },
   p: Proposal,
   catalog: Catalog,
   task: TaskState,
@@ -39,6 +43,8 @@ export function learnedExecutable(
   // without the model, whichever decider proposed it.
   if (!tool.spec.auto_seq || !tool.spec.auto_seq_execute || !tool.readOnly) return { execute: false, task };
   if (policy.denied_tools.includes(p.tool)) return { execute: false, task };
+  // `auto_seq_from` narrows a tool to the upstream tools it may follow, whichever decider proposed it.
+  if (tool.from && (e.tool === undefined || !tool.from.has(e.tool))) return { execute: false, task };
   const visible = e.visible_tools ?? policy.visible_tools;
   if (visible && !visible.includes(p.tool)) return { execute: false, task };
   if (holdsUnsafeInteger(p.args)) return { execute: false, task };
