@@ -1,11 +1,17 @@
 import { describe, expect, it } from 'vitest';
 import type { CatalogTool, ToolCallEvent } from '../../../../schemas/index.js';
-import { catalogPolicyV1, catalogToolV1 } from '../../../../schemas/index.js';
+import { catalogPolicyV1, catalogToolV1, nextActionRecordV1 } from '../../../../schemas/index.js';
 import { sha256 } from '../../../../shared/hash.js';
 import { Catalog, CatalogError, loadCatalogFile } from '../../src/core/catalog.js';
-import { decide, DEFAULT_OPTIONS, newTaskState, type TaskState } from '../../src/core/decide.js';
+import {
+  decide,
+  DEFAULT_OPTIONS,
+  newTaskState,
+  withoutArguments,
+  type TaskState,
+} from '../../src/core/decide.js';
 import { holdsUnsafeInteger, payloadShape } from '../../src/core/shape.js';
-import { learnedExecutable } from '../../src/core/learn/record.js';
+import { learnedExecutable, learnedRecord } from '../../src/core/learn/record.js';
 import { SchemaCompiler } from '../../src/core/schema-compiler.js';
 
 const obj = (
@@ -716,5 +722,47 @@ describe('auto_seq_from', () => {
     expect(after('search')).toBe(true);
     // Before: true, after any tool.
     expect(after('delete_account')).toBe(false);
+  });
+});
+
+describe('a learned proposal over the output size limit', () => {
+  it('is published as no decision for its event, not left out (the runtime would act on the record before)', () => {
+    const c = catalogOf([tool('page', obj({ cursor: { type: 'string' } }, ['cursor']))]);
+    const e = event({ big: 'x' }, { tool: 'search' });
+    const shape = payloadShape(e.observation, sha256);
+    const p = {
+      tool: 'page',
+      args: { cursor: 'y'.repeat(5000) },
+      origin: 'learned',
+      state: 'active',
+      rule_id: 'r',
+      confidence: 0.99,
+      trials: 40,
+      k: 1,
+    } as const;
+    const rec = learnedRecord(
+      e,
+      shape,
+      p,
+      learnedExecutable(e, p, c, newTaskState(), DEFAULT_OPTIONS, sha256).execute,
+    );
+    expect(rec).toMatchObject({ origin: 'learned', execute: true });
+    // Before: null, and the sink left the record out: the session's newest record stayed the previous call's.
+    const fit = withoutArguments(rec);
+    expect(fit).toEqual({
+      schema_version: 1,
+      tenant_id: 'default',
+      agent_id: 'default',
+      session_id: 's',
+      task_id: 't',
+      event_id: e.event_id,
+      step: e.step,
+      ts: 1,
+      event_type: 'auto_seq_detected_none',
+      candidates: [],
+      candidate_count: 0,
+      ...shape,
+    });
+    expect(nextActionRecordV1.safeParse(fit).success).toBe(true);
   });
 });
