@@ -281,6 +281,7 @@ Examples:
       .addOption(
         num('--family-trials', 'own trials of a rule whose family is proven, 0..100000 (default 8; 0: off)'),
       )
+      .addOption(num('--max-consecutive', 'typed loop guard: automatic steps in a row, 1..1000 (default 5)'))
       .addOption(STRICT());
 
   learned('predict', 'one line per tool_call: the proposal held for it (JSONL)').action(async (o: Flags) => {

@@ -107,7 +107,7 @@ function topStrings(v: unknown): Record<string, string> {
 
 /**
  * The first `type`, `event_id`, `session_id` and `task_id` string fields written in a line's head, for a line
- * too long to parse: enough to answer it (`{ type }` alone is returned without them).
+ * too long to parse or cut short: enough to answer it (`{ type }` alone is returned without them).
  */
 function headFields(head: string): Record<string, string> {
   const out: Record<string, string> = {};
@@ -220,7 +220,7 @@ export async function* readEvents(
   path: string,
   stats: ReadStats,
   warn: (s: string) => void,
-  /** Called with each bad line that was JSON (after it is counted and reported), in input order. */
+  /** Called with each bad line that was JSON, or whose head names its type (after it is counted and reported), in input order. */
   onBad?: (raw: unknown) => void,
 ): AsyncGenerator<ToolCallsEvent> {
   const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
@@ -257,6 +257,10 @@ export async function* readEvents(
     const parsed = parseJsonLine(text);
     if (!parsed) {
       fail('not valid JSON');
+      // A line cut short (a writer killed mid-line) may still name a tool_call in its head: as for a line too
+      // long to read, its ids, so that `paver predict` keeps one output line per input call.
+      const head = headFields(text);
+      if (head.type) onBad?.(head);
       continue;
     }
     if (deeperThan(parsed.value)) {

@@ -3,7 +3,14 @@ import { errorMessage } from '../../../shared/errors.js';
 import { sha256 } from '../../../shared/hash.js';
 import { inputFailure, readConfigFile, readEvents, stdoutLines } from '../../../shared/jsonl.js';
 import { CatalogError, loadCatalogFile, type Catalog } from './core/catalog.js';
-import { decide, DEFAULT_OPTIONS, newTaskState, rememberCall, type TaskState } from './core/decide.js';
+import {
+  decide,
+  DEFAULT_OPTIONS,
+  newTaskState,
+  rememberCall,
+  type AutoseqOptions,
+  type TaskState,
+} from './core/decide.js';
 import {
   applyEvent,
   MemoryLearnStore,
@@ -13,10 +20,11 @@ import {
   type PredictLine,
 } from './core/learn/engine.js';
 import { DEFAULT_LEARN, listRules, type ArgsValidator, type LearnOptions } from './core/learn/learner.js';
+import { learnedExecutable } from './core/learn/record.js';
 import { SavingsCounter, type SavingsReport } from './core/learn/savings.js';
 import { SchemaCompiler } from './core/schema-compiler.js';
 
-const TUNING = `  [--max-k ${DEFAULT_LEARN.maxK}] [--min-trials ${DEFAULT_LEARN.minTrials}] [--min-precision ${DEFAULT_LEARN.minPrecision}] [--target-precision ${DEFAULT_LEARN.targetPrecision}] [--window ${DEFAULT_LEARN.window}] [--family-trials ${DEFAULT_LEARN.familyTrials}]`;
+const TUNING = `  [--max-k ${DEFAULT_LEARN.maxK}] [--min-trials ${DEFAULT_LEARN.minTrials}] [--min-precision ${DEFAULT_LEARN.minPrecision}] [--target-precision ${DEFAULT_LEARN.targetPrecision}] [--window ${DEFAULT_LEARN.window}] [--family-trials ${DEFAULT_LEARN.familyTrials}] [--max-consecutive ${DEFAULT_OPTIONS.maxConsecutive}]`;
 const PREDICT_USAGE = `Usage: paver predict --input EVENTS.jsonl [--catalog FILE]
 ${TUNING}
 
@@ -61,6 +69,11 @@ export async function replay(
   progress?: (events: number) => void,
   /** A promise while the output cannot take more: the next event is read once it settles. */
   ready?: () => Promise<void> | undefined,
+  /**
+   * The typed decider's options (`--max-consecutive`, as the service's AUTOSEQ_MAX_CONSECUTIVE): its loop guard
+   * decides whether a typed decision is held, so the service's limit must be the replay's to agree with it.
+   */
+  typedOpts: AutoseqOptions = DEFAULT_OPTIONS,
 ): Promise<ReplayResult> {
   const t0 = performance.now();
   const store = new MemoryLearnStore();
@@ -75,10 +88,13 @@ export async function replay(
   const badCall = (raw: unknown) => {
     if (raw === null || typeof raw !== 'object') return;
     const o = raw as Record<string, unknown>;
-    if (o.type !== 'tool_call' || typeof o.event_id !== 'string') return;
+    if (o.type !== 'tool_call') return;
+    // A call whose id is missing or not a string gets its line too ('', which no event id is): without it, every
+    // line after it answered the input's call before.
+    const event = typeof o.event_id === 'string' ? o.event_id : '';
     const task =
       typeof o.task_id === 'string' ? o.task_id : typeof o.session_id === 'string' ? o.session_id : '';
-    onLine({ event_id: o.event_id, task_id: task, proposal: null });
+    onLine({ event_id: event, task_id: task, proposal: null });
     // Still an LLM step that nothing saved: `savings` counts it with the calls, as the output lines do.
     savings.add(typeof o.tool === 'string' ? o.tool : '(not read)', null, false);
   };
@@ -88,16 +104,18 @@ export async function replay(
     events++;
     if (progress && events % 10_000 === 0) progress(events);
     let typedNext = null;
+    let typedTask: TaskState | null = null;
     if (e.type === 'tool_call') {
       // Seen by the typed decider: a repeat, which the service skips whole, with or without a catalog. The
       // learned step's own window of ids (user messages included) may have let it go.
       const id = taskId(e.tenant_id, e.agent_id, e.task_id);
       if (catalog) {
-        const d = decide(e, catalog, typed.get(id) ?? newTaskState(), DEFAULT_OPTIONS, sha256);
+        const d = decide(e, catalog, typed.get(id) ?? newTaskState(), typedOpts, sha256);
         if (d.duplicate) {
           onLine({ event_id: e.event_id, task_id: e.task_id, proposal: null });
           continue;
         }
+        typedTask = d.task;
         typed.set(id, d.task);
         typedNext = typedProposal(d.records, e.observation);
       } else {
@@ -107,13 +125,34 @@ export async function replay(
           onLine({ event_id: e.event_id, task_id: e.task_id, proposal: null });
           continue;
         }
-        typedSeen.set(id, rememberCall(seen, e.event_id, DEFAULT_OPTIONS.seenPerTask));
+        typedSeen.set(id, rememberCall(seen, e.event_id, typedOpts.seenPerTask));
       }
     }
     const r = applyEvent(store, e, opts, validate, typedNext);
     if (r?.duplicate && e.type === 'tool_call')
       onLine({ event_id: e.event_id, task_id: e.task_id, proposal: null });
     if (!r || r.duplicate) continue;
+    // The typed state as the service's batch leaves it: a learned decision it published executable marks the
+    // task's run (pending, loop guard), which decides whether the typed decider's next decision is held. Without
+    // this, predict held typed decisions that the service's loop guard had refused.
+    if (catalog && r.next?.origin === 'learned') {
+      const tid = taskId(e.tenant_id, e.agent_id, e.task_id ?? '');
+      if (e.type === 'tool_call' && typedTask && !typedNext)
+        typed.set(tid, learnedExecutable(e, r.next, catalog, typedTask, typedOpts, sha256).task);
+      else if (e.type === 'user_message' && e.task_id !== undefined)
+        typed.set(
+          tid,
+          learnedExecutable(
+            { ...e, tool: r.task.calls.at(-1)?.tool },
+            r.next,
+            catalog,
+            typed.get(tid) ?? newTaskState(),
+            typedOpts,
+            sha256,
+            true,
+          ).task,
+        );
+    }
     if (e.type === 'tool_call') {
       onLine({ event_id: e.event_id, task_id: e.task_id, proposal: predictProposal(r.held) });
       savings.add(e.tool, r.held, r.heldHit);
@@ -162,6 +201,7 @@ async function parse(cmd: string, argv: string[], usage: string, extra: Record<s
     'target-precision': { type: 'string' },
     window: { type: 'string' },
     'family-trials': { type: 'string' },
+    'max-consecutive': { type: 'string' },
     help: { type: 'boolean' },
     ...extra,
   });
@@ -171,6 +211,7 @@ async function parse(cmd: string, argv: string[], usage: string, extra: Record<s
     return 2;
   }
   const opts: LearnOptions = { ...DEFAULT_LEARN };
+  const typedOpts: AutoseqOptions = { ...DEFAULT_OPTIONS };
   try {
     for (const [flag, t] of Object.entries(TUNING_FLAGS))
       opts[t.key] = numberFlag(
@@ -179,6 +220,13 @@ async function parse(cmd: string, argv: string[], usage: string, extra: Record<s
         DEFAULT_LEARN[t.key],
         t.range,
       );
+    // AUTOSEQ_MAX_CONSECUTIVE's range, as `paver autoseq --max-consecutive`.
+    typedOpts.maxConsecutive = numberFlag(
+      'max-consecutive',
+      values['max-consecutive'] as string | undefined,
+      DEFAULT_OPTIONS.maxConsecutive,
+      { min: 1, max: 1000, integer: true },
+    );
   } catch (err) {
     if (!(err instanceof FlagError)) throw err;
     process.stderr.write(`paver ${cmd}: ${err.message}\n`);
@@ -199,6 +247,7 @@ async function parse(cmd: string, argv: string[], usage: string, extra: Record<s
   return {
     input: values.input as string,
     opts,
+    typedOpts,
     catalog,
     json: Boolean((values as Record<string, unknown>).json),
   };
@@ -220,6 +269,7 @@ export async function predictCommand(argv: string[]): Promise<number> {
       warn,
       progressTo('predict'),
       out.ready,
+      p.typedOpts,
     );
     out.flush();
     if (r.bad > 0) warn(`${r.bad} bad line(s) skipped of ${r.lines}`);
@@ -276,7 +326,16 @@ export async function savingsCommand(argv: string[]): Promise<number> {
   const warn = (s: string) => process.stderr.write(`paver savings: ${s}\n`);
   let r: ReplayResult;
   try {
-    r = await replay(p.input, p.opts, p.catalog, () => undefined, warn, progressTo('savings'));
+    r = await replay(
+      p.input,
+      p.opts,
+      p.catalog,
+      () => undefined,
+      warn,
+      progressTo('savings'),
+      undefined,
+      p.typedOpts,
+    );
   } catch (err) {
     const failed = inputFailure('savings', p.input, err);
     process.stderr.write(failed.line);

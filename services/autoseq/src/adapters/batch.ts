@@ -99,6 +99,9 @@ export function createBatchHandler(o: {
     const out: NextActionRecord[] = [];
     const scored: { held: boolean; origin: string; state: string; hit: boolean; executed: boolean }[] = [];
     const moved: string[] = [];
+    // Counted once the batch is done, as the states are: a batch that fails and runs again counted its
+    // redelivered events once per attempt.
+    let duplicates = 0;
     for (const { value: e, partition, offset } of batch) {
       const pos = { partition, offset };
       if (e.type !== 'tool_call') {
@@ -117,7 +120,10 @@ export function createBatchHandler(o: {
           const id = idOf(e);
           let task = states.get(id) ?? newTaskState();
           let execute = false;
-          if (lr.next) ({ execute, task } = learnedExecutable(e, lr.next, catalog, task, opts));
+          if (lr.next) {
+            const after = { ...e, tool: lr.task.calls.at(-1)?.tool };
+            ({ execute, task } = learnedExecutable(after, lr.next, catalog, task, opts, hash, true));
+          }
           out.push(messageRecord({ ...e, task_id: e.task_id }, lr.task.step ?? 0, lr.next, execute));
           states.set(id, task);
           dirty.set(id, { ref: refs.get(id)!, state: task });
@@ -129,7 +135,7 @@ export function createBatchHandler(o: {
       const d = decide(e, catalog, states.get(id) ?? newTaskState(), opts, hash, pos);
       if (d.duplicate) {
         end();
-        m.duplicates.inc();
+        duplicates++;
         continue;
       }
       const typedNext = typedProposal(d.records, e.observation);
@@ -140,7 +146,7 @@ export function createBatchHandler(o: {
       for (const rec of records) if (rec.event_type === 'auto_seq_detected_unique') rec.origin = 'typed';
       if (!typedNext && lr?.next) {
         // A learned proposal replaces the typed "none/ambiguous/skipped" record for this event.
-        const gate = learnedExecutable(e, lr.next, catalog, task, opts);
+        const gate = learnedExecutable(e, lr.next, catalog, task, opts, hash);
         task = gate.task;
         records = [
           ...records.filter((rec) => rec.event_type === 'auto_seq_executed'),
@@ -197,6 +203,7 @@ export function createBatchHandler(o: {
         else m.activeByScope.delete(id);
       }
     } else await store.save(dirty);
+    if (duplicates > 0) m.duplicates.inc(duplicates);
     for (const rec of out) m.decisions.inc({ event_type: rec.event_type, reason: rec.reason ?? '' });
     for (const sc of scored) {
       if (sc.held) m.proposals.inc({ origin: sc.origin, state: sc.state, outcome: sc.hit ? 'hit' : 'miss' });

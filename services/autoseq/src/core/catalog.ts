@@ -134,6 +134,8 @@ const scopeId = (tenant: string, agent: string) => `${tenant}\u001f${agent}`;
 /** Every agent's catalog. A change to one tool recompiles that tool only. */
 export class Catalog {
   private readonly scopes = new Map<string, ScopeCatalog>();
+  /** Each agent's policy as the catalog file gave it: what removing its policy record from the topic leaves. */
+  private readonly filePolicies = new Map<string, CatalogPolicy>();
   constructor(private readonly compiler: SchemaCompiler) {}
 
   scope(tenant: string, agent: string): ScopeCatalog | undefined {
@@ -146,28 +148,56 @@ export class Catalog {
     return s;
   }
 
+  /** A replaced or removed tool's schema is no longer in use (see `SchemaCompiler.release`). */
+  private release(t: CompiledTool | undefined): void {
+    if (t) this.compiler.release(t.spec.args_schema);
+  }
+
   /** Compiles all of an agent's tools before changing anything: a bad tool leaves the agent's catalog as it was. */
   loadAgent(a: AgentCatalog): void {
-    const compiled = a.tools.map((t) => compileTool(this.compiler, t));
-    const seen = new Set<string>();
-    for (const t of compiled) {
-      if (seen.has(t.spec.name))
-        throw new CatalogError(`agent ${a.tenant_id}/${a.agent_id}: tool '${t.spec.name}' is listed twice`);
-      seen.add(t.spec.name);
+    const compiled: CompiledTool[] = [];
+    try {
+      for (const t of a.tools) compiled.push(compileTool(this.compiler, t));
+      const seen = new Set<string>();
+      for (const t of compiled) {
+        if (seen.has(t.spec.name))
+          throw new CatalogError(`agent ${a.tenant_id}/${a.agent_id}: tool '${t.spec.name}' is listed twice`);
+        seen.add(t.spec.name);
+      }
+    } catch (err) {
+      for (const t of compiled) this.release(t);
+      throw err;
     }
     const s = this.ensure(a.tenant_id, a.agent_id);
+    for (const t of s.tools.values()) this.release(t);
     s.tools.clear();
     for (const t of compiled) s.setTool(t);
     s.setPolicy(a.policy);
+    this.filePolicies.set(scopeId(a.tenant_id, a.agent_id), a.policy);
+  }
+
+  /**
+   * The agent's policy record withdrawn from the topic (a tombstone): the policy a restart would find, the
+   * catalog file's for the agent, else the default (auto-seq off).
+   */
+  removePolicy(tenant: string, agent: string): void {
+    this.scope(tenant, agent)?.setPolicy(this.filePolicies.get(scopeId(tenant, agent)) ?? DEFAULT_POLICY);
   }
 
   /** A catalog-topic record; throws CatalogError (and changes nothing) when the tool's schema does not compile. */
   apply(r: ToolCatalogRecord): void {
     if (r.kind === 'tool') {
       const t = compileTool(this.compiler, r.tool);
-      this.ensure(r.tenant_id, r.agent_id).setTool(t);
+      const s = this.ensure(r.tenant_id, r.agent_id);
+      const old = s.tools.get(t.spec.name);
+      s.setTool(t);
+      this.release(old);
     } else if (r.kind === 'policy') this.ensure(r.tenant_id, r.agent_id).setPolicy(r.policy);
-    else this.scope(r.tenant_id, r.agent_id)?.removeTool(r.name);
+    else {
+      const s = this.scope(r.tenant_id, r.agent_id);
+      const old = s?.tools.get(r.name);
+      if (s?.removeTool(r.name)) this.release(old);
+    }
   }
 
   get size(): { agents: number; tools: number } {

@@ -146,12 +146,25 @@ export function decide(
 
 /**
  * A next-action record made smaller when it is over the output size limit: an executable decision without the
- * copy of the previous output in `arguments` (the runtime holds that output), marked `arguments_omitted`. Null
- * when there is nothing to leave out.
+ * copy of the previous output in `arguments` (the runtime holds that output), marked `arguments_omitted`; a
+ * learned proposal, whose `args` nothing else holds, as no decision for its event (`auto_seq_detected_none`):
+ * left out, the session's newest record stayed the previous call's, which a runtime would act on (executable,
+ * perhaps) for this call. Null when there is nothing to leave out.
  */
 export function withoutArguments(value: unknown): NextActionRecord | null {
   const r = value as NextActionRecord;
-  if (r.arguments === undefined) return null;
+  if (r.arguments === undefined) {
+    if (r.args === undefined) return null;
+    const none = head(r, 'auto_seq_detected_none');
+    none.candidates = [];
+    none.candidate_count = 0;
+    if (r.payload_type !== undefined) {
+      none.payload_type = r.payload_type;
+      none.payload_keys_count = r.payload_keys_count;
+      none.payload_fingerprint = r.payload_fingerprint;
+    }
+    return none;
+  }
   const { arguments: _left, ...rest } = r;
   return { ...rest, arguments_omitted: true };
 }

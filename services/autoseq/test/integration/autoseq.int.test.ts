@@ -146,6 +146,48 @@ describe('autoseq service (real Kafka, real Redis)', () => {
     expect(await p.exited).toBe(0);
   });
 
+  it("a tombstone on an agent's policy key withdraws the policy live; a record under another key is dead-lettered", async () => {
+    const env = serviceEnv({
+      AUTOSEQ_GROUP_ID: `g-${Date.now()}`,
+      PAVER_TOPIC_TOOL_CATALOG: `cat-${Date.now()}`,
+    });
+    await createTopics([
+      { topic: env.PAVER_TOPIC_TOOL_CALLS! },
+      { topic: env.PAVER_TOPIC_NEXT_ACTIONS! },
+      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
+      { topic: env.PAVER_TOPIC_TOOL_CATALOG!, compacted: true },
+    ]);
+    await produce(env.PAVER_TOPIC_TOOL_CATALOG!, [policyRecord(), toolRecord('init_docs', route)]);
+    const p = await start(env);
+    await produce(env.PAVER_TOPIC_TOOL_CALLS!, [call('p1')]);
+    expect((await decisions(env.PAVER_TOPIC_NEXT_ACTIONS!, 1))[0]).toMatchObject({
+      event_type: 'auto_seq_detected_unique',
+      execute: true,
+    });
+    const applied = async () =>
+      parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(
+        'paver_autoseq_catalog_updates_total',
+        { outcome: 'applied' },
+      );
+    const before = await applied();
+    await produce(env.PAVER_TOPIC_TOOL_CATALOG!, [
+      // Another tool's key: refused (its tombstone would remove index_docs, not this tool).
+      { ...toolRecord('index_docs', route), key: catalogKey('default', 'default', 'tool', 'other') },
+      { key: catalogKey('default', 'default', 'policy'), value: null as unknown as string },
+    ]);
+    const dlq = await consumeUntil(env.PAVER_TOPIC_DEAD_LETTERS!, (all) => all.length >= 1);
+    expect(dlq.map((m) => m.headers['paver-dlq-reason'])).toEqual(['rejected']);
+    await waitFor(async () => (await applied()) > before, 'policy tombstone applied');
+    // Before: the tombstone was dead-lettered and the policy (executable) stayed in force until a restart.
+    await produce(env.PAVER_TOPIC_TOOL_CALLS!, [call('p2')]);
+    expect((await decisions(env.PAVER_TOPIC_NEXT_ACTIONS!, 2))[1]).toMatchObject({
+      event_type: 'auto_seq_skipped',
+      reason: 'disabled',
+    });
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toBe(0);
+  });
+
   it('refuses an invalid catalog file at start-up with a message naming the tool (exit 78)', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'paver-aseq-'));
     const file = join(dir, 'catalog.json');

@@ -16,7 +16,7 @@ import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
 import { RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
 import { RedisTaskStore, taskKey } from '../../src/adapters/redis/task-store.js';
 import { Catalog } from '../../src/core/catalog.js';
-import { DEFAULT_OPTIONS } from '../../src/core/decide.js';
+import { DEFAULT_OPTIONS, newTaskState } from '../../src/core/decide.js';
 import { DEFAULT_LEARN } from '../../src/core/learn/learner.js';
 import { SchemaCompiler } from '../../src/core/schema-compiler.js';
 
@@ -136,6 +136,63 @@ describe('autoseq redelivery of a chunk over the id window (real Redis and Kafka
       expect(await saved()).toBe(savedOnce);
       expect((await metrics.duplicates.get()).values[0]?.value).toBe(70);
     });
+
+  for (const learning of [false, true])
+    it(`a batch that fails and is run again counts its redelivered events once (learning ${learning ? 'on' : 'off'})`, async () => {
+      const prefix = unique('paver-test');
+      const registry = new Registry();
+      const metrics = createAutoseqMetrics(registry, () => 1);
+      const topic = unique('next-actions');
+      await createTopics([{ topic, partitions: 1 }]);
+      await sink.connect();
+      let failSends = 0;
+      const handle = createBatchHandler({
+        catalog: catalog(),
+        store: new RedisTaskStore(redis, prefix, 60_000),
+        loadLearn: learning
+          ? (events, c) =>
+              RedisLearnStore.load(redis, prefix, 60_000, DEFAULT_LEARN, events, {
+                ttlMs: 10_000,
+                heartbeat: c.heartbeat,
+                isRunning: c.isRunning,
+              })
+          : null,
+        taskKey: (ref) => taskKey(prefix, ref),
+        opts: DEFAULT_OPTIONS,
+        lopts: DEFAULT_LEARN,
+        // The real sink, failing while `failSends` lasts (a broker outage): the runner runs the batch again.
+        sink: {
+          ...sink,
+          send: (...a: Parameters<typeof sink.send>) =>
+            failSends-- > 0 ? Promise.reject(new Error('broker unavailable')) : sink.send(...a),
+        },
+        topic,
+        metrics,
+      });
+      const events = chunk(unique('task')).slice(0, 3);
+      await handle(events.slice(0, 2), ctx);
+      // The first two again (redelivered) with a third; the first two attempts fail at the publish.
+      failSends = 2;
+      for (let attempt = 0; attempt < 2; attempt++)
+        await expect(handle(events, ctx)).rejects.toThrow('broker unavailable');
+      await handle(events, ctx);
+      // Before: 6, the two duplicates counted by every attempt.
+      expect((await metrics.duplicates.get()).values[0]?.value).toBe(2);
+    });
+
+  it('a task state that is not JSON (or not ours) reads as a fresh task: the batch goes on', async () => {
+    const prefix = unique('paver-test');
+    const store = new RedisTaskStore(redis, prefix, 60_000);
+    const refs = new Map(
+      ['garbage', 'number', 'wrong'].map((task) => [task, { tenant: 'default', agent: 'default', task }]),
+    );
+    await redis.set(taskKey(prefix, refs.get('garbage')!), '{"seen":["a"],'); // cut short
+    await redis.set(taskKey(prefix, refs.get('number')!), '12');
+    await redis.set(taskKey(prefix, refs.get('wrong')!), '{"seen":1}');
+    // Before: the text cut short threw (JSON.parse) on every retry of the batch, a consumer stuck for good.
+    const read = await store.load(refs);
+    for (const task of refs.keys()) expect(read.get(task)).toEqual(newTaskState());
+  });
 
   it('task state written before positions were kept reads as position unknown; a position saved reads back', async () => {
     const prefix = unique('paver-test');

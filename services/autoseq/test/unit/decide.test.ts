@@ -1,11 +1,17 @@
 import { describe, expect, it } from 'vitest';
 import type { CatalogTool, ToolCallEvent } from '../../../../schemas/index.js';
-import { catalogPolicyV1, catalogToolV1 } from '../../../../schemas/index.js';
+import { catalogPolicyV1, catalogToolV1, nextActionRecordV1 } from '../../../../schemas/index.js';
 import { sha256 } from '../../../../shared/hash.js';
 import { Catalog, CatalogError, loadCatalogFile } from '../../src/core/catalog.js';
-import { decide, DEFAULT_OPTIONS, newTaskState, type TaskState } from '../../src/core/decide.js';
+import {
+  decide,
+  DEFAULT_OPTIONS,
+  newTaskState,
+  withoutArguments,
+  type TaskState,
+} from '../../src/core/decide.js';
 import { holdsUnsafeInteger, payloadShape } from '../../src/core/shape.js';
-import { learnedExecutable } from '../../src/core/learn/record.js';
+import { learnedExecutable, learnedRecord } from '../../src/core/learn/record.js';
 import { SchemaCompiler } from '../../src/core/schema-compiler.js';
 
 const obj = (
@@ -368,7 +374,7 @@ describe('task state: executed, loop guard, idempotency', () => {
       confidence: 0.99,
       trials: 40,
     } as never;
-    expect(learnedExecutable(event({}), learned, c, lost.task, opts).execute).toBe(false);
+    expect(learnedExecutable(event({}), learned, c, lost.task, opts, sha256).execute).toBe(false);
     // The agent's own call ends the run, as after any full one.
     const own = run(c, event({ k0: 1 }, { tool: 'x', origin: 'llm' }), lost.task, opts);
     expect(own.records.at(-1)).toMatchObject({
@@ -548,11 +554,215 @@ describe('integers JSON parsing may have rounded', () => {
         trials: 40,
       }) as never;
     const e = event({});
-    expect(learnedExecutable(e, p({ order_id: 12 }), c, newTaskState(), DEFAULT_OPTIONS).execute).toBe(true);
     expect(
-      learnedExecutable(e, p({ q: { ids: [1, 2 ** 60] } }), c, newTaskState(), DEFAULT_OPTIONS).execute,
+      learnedExecutable(e, p({ order_id: 12 }), c, newTaskState(), DEFAULT_OPTIONS, sha256).execute,
+    ).toBe(true);
+    expect(
+      learnedExecutable(e, p({ q: { ids: [1, 2 ** 60] } }), c, newTaskState(), DEFAULT_OPTIONS, sha256)
+        .execute,
     ).toBe(false);
     expect(holdsUnsafeInteger({ a: [1.5, -(2 ** 53) + 1, 1e-300, 'x'] })).toBe(false);
     expect(holdsUnsafeInteger({ a: [1e21] })).toBe(true);
+  });
+});
+
+describe("learned execution keeps the reference's gates on the previous step", () => {
+  const c = catalogOf([tool('get_order', obj({ order_id: { type: 'integer' } }, ['order_id']))]);
+  const active = {
+    tool: 'get_order',
+    args: { order_id: 12 },
+    origin: 'learned',
+    state: 'active',
+    rule_id: 'r',
+    confidence: 0.99,
+    trials: 40,
+    k: 1,
+  } as const;
+  it('an active proposal after a parallel action, or with actions already queued, is published but not executed', () => {
+    const exec = (more: Partial<ToolCallEvent>) =>
+      learnedExecutable(
+        event({}, more),
+        { ...active, args: { ...active.args } },
+        c,
+        newTaskState(),
+        DEFAULT_OPTIONS,
+        sha256,
+      );
+    expect(exec({}).execute).toBe(true);
+    // The typed decider skips these (previous_step_parallel, pending_actions_present); the learned one executed.
+    expect(exec({ next_node: 'parallel' })).toEqual({ execute: false, task: newTaskState() });
+    expect(exec({ pending_actions: 2 })).toEqual({ execute: false, task: newTaskState() });
+    expect(exec({ pending_actions: 0, next_node: 'other' }).execute).toBe(true);
+  });
+});
+
+describe('the loop guard holds across deciders, on the payload shape', () => {
+  const c = catalogOf([tool('page', obj({ cursor: { type: 'string' } }, ['cursor']))]);
+  const learned = (args: Record<string, unknown>) =>
+    ({
+      tool: 'page',
+      args,
+      origin: 'learned',
+      state: 'active',
+      rule_id: 'r',
+      confidence: 0.99,
+      trials: 40,
+      k: 1,
+    }) as const;
+  it('a learned proposal does not run the tool the typed loop guard just stopped, on a payload of the same shape', () => {
+    const first = run(c, event({ cursor: 'a' }, { tool: 'search' }));
+    expect(first.records.at(-1)).toMatchObject({ tool: 'page', execute: true });
+    const again = event({ cursor: 'b' }, { tool: 'page', origin: 'auto_seq' });
+    const d = run(c, again, first.task);
+    expect(d.records.at(-1)).toMatchObject({ event_type: 'auto_seq_skipped', reason: 'loop_guard' });
+    // Before: the learned proposal that replaced the skipped record ran `page` again (its fingerprint, of the
+    // values, never equalled the typed one), the loop bounded only by AUTOSEQ_MAX_CONSECUTIVE.
+    expect(
+      learnedExecutable(again, learned({ cursor: 'b' }), c, d.task, DEFAULT_OPTIONS, sha256).execute,
+    ).toBe(false);
+  });
+  it('learned after learned: the same tool on arguments with the same key names is not run twice in a row', () => {
+    const e1 = event({}, { tool: 'search' });
+    const d1 = run(c, e1);
+    const g1 = learnedExecutable(e1, learned({ cursor: 'a' }), c, d1.task, DEFAULT_OPTIONS, sha256);
+    expect(g1.execute).toBe(true);
+    const e2 = event({}, { tool: 'page', origin: 'auto_seq', args: { cursor: 'a' } });
+    const d2 = run(c, e2, g1.task);
+    expect(d2.records[0]).toMatchObject({ event_type: 'auto_seq_executed', tool: 'page' });
+    expect(learnedExecutable(e2, learned({ cursor: 'x' }), c, d2.task, DEFAULT_OPTIONS, sha256).execute).toBe(
+      false,
+    );
+    // Another tool, or the agent's own call in between, runs.
+    const e3 = event({}, { tool: 'search', origin: 'llm' });
+    const d3 = run(c, e3, d2.task);
+    expect(learnedExecutable(e3, learned({ cursor: 'x' }), c, d3.task, DEFAULT_OPTIONS, sha256).execute).toBe(
+      true,
+    );
+  });
+});
+
+describe('after a later user message', () => {
+  const c = catalogOf([tool('page', obj({ cursor: { type: 'string' } }, ['cursor']))]);
+  const learned = (args: Record<string, unknown>) =>
+    ({
+      tool: 'page',
+      args,
+      origin: 'learned',
+      state: 'active',
+      rule_id: 'r',
+      confidence: 0.99,
+      trials: 40,
+      k: 1,
+    }) as const;
+  it('the record that replaces an executable decision of the same step keeps it executable', () => {
+    const e = event({}, { tool: 'search' });
+    const g = learnedExecutable(e, learned({ cursor: 'a' }), c, run(c, e).task, DEFAULT_OPTIONS, sha256);
+    expect(g.execute).toBe(true);
+    // The message's record proposes the same call (no rule reads what the user said), or the same tool on
+    // arguments of the same shape (a rule that does): the same decision again, not the tool run twice in a row.
+    // Before: execute false, the runtime (acting on the newest record) asked the model for an obvious step.
+    for (const args of [{ cursor: 'a' }, { cursor: 'said' }]) {
+      const again = learnedExecutable(e, learned(args), c, g.task, DEFAULT_OPTIONS, sha256, true);
+      expect(again.execute).toBe(true);
+      expect(again.task).toMatchObject({ consecutive: g.task.consecutive, pending: 'page' });
+    }
+    // Once the tool ran (its auto-executed call), the guard holds for the decision after it, message or not.
+    const ran = event({}, { tool: 'page', origin: 'auto_seq', args: { cursor: 'a' } });
+    const d = run(c, ran, g.task);
+    expect(
+      learnedExecutable(ran, learned({ cursor: 'b' }), c, d.task, DEFAULT_OPTIONS, sha256, true).execute,
+    ).toBe(false);
+  });
+});
+
+describe('a tool not marked auto_seq', () => {
+  it('is never executed by a learned decision either (the reference considers only auto_seq tools)', () => {
+    const c = catalogOf([
+      tool('page', obj({ cursor: { type: 'string' } }, ['cursor']), {
+        auto_seq: false,
+        auto_seq_execute: true,
+      }),
+    ]);
+    const p = {
+      tool: 'page',
+      args: { cursor: 'a' },
+      origin: 'learned',
+      state: 'active',
+      rule_id: 'r',
+      confidence: 0.99,
+      trials: 40,
+      k: 1,
+    } as const;
+    const e = event({}, { tool: 'search' });
+    // Before: executed, though the operator opted the tool out of auto-seq.
+    expect(learnedExecutable(e, p, c, newTaskState(), DEFAULT_OPTIONS, sha256)).toEqual({
+      execute: false,
+      task: newTaskState(),
+    });
+  });
+});
+
+describe('auto_seq_from', () => {
+  it('narrows learned execution to the upstream tools it names, as it narrows typed candidates', () => {
+    const c = catalogOf([
+      tool('page', obj({ cursor: { type: 'string' } }, ['cursor']), { auto_seq_from: ['search'] }),
+    ]);
+    const p = {
+      tool: 'page',
+      args: { cursor: 'a' },
+      origin: 'learned',
+      state: 'active',
+      rule_id: 'r',
+      confidence: 0.99,
+      trials: 40,
+      k: 1,
+    } as const;
+    const after = (tool: string) =>
+      learnedExecutable(event({}, { tool }), p, c, newTaskState(), DEFAULT_OPTIONS, sha256).execute;
+    expect(after('search')).toBe(true);
+    // Before: true, after any tool.
+    expect(after('delete_account')).toBe(false);
+  });
+});
+
+describe('a learned proposal over the output size limit', () => {
+  it('is published as no decision for its event, not left out (the runtime would act on the record before)', () => {
+    const c = catalogOf([tool('page', obj({ cursor: { type: 'string' } }, ['cursor']))]);
+    const e = event({ big: 'x' }, { tool: 'search' });
+    const shape = payloadShape(e.observation, sha256);
+    const p = {
+      tool: 'page',
+      args: { cursor: 'y'.repeat(5000) },
+      origin: 'learned',
+      state: 'active',
+      rule_id: 'r',
+      confidence: 0.99,
+      trials: 40,
+      k: 1,
+    } as const;
+    const rec = learnedRecord(
+      e,
+      shape,
+      p,
+      learnedExecutable(e, p, c, newTaskState(), DEFAULT_OPTIONS, sha256).execute,
+    );
+    expect(rec).toMatchObject({ origin: 'learned', execute: true });
+    // Before: null, and the sink left the record out: the session's newest record stayed the previous call's.
+    const fit = withoutArguments(rec);
+    expect(fit).toEqual({
+      schema_version: 1,
+      tenant_id: 'default',
+      agent_id: 'default',
+      session_id: 's',
+      task_id: 't',
+      event_id: e.event_id,
+      step: e.step,
+      ts: 1,
+      event_type: 'auto_seq_detected_none',
+      candidates: [],
+      candidate_count: 0,
+      ...shape,
+    });
+    expect(nextActionRecordV1.safeParse(fit).success).toBe(true);
   });
 });

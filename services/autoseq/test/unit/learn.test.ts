@@ -9,6 +9,7 @@ import {
   scopeId,
   taskId,
   type LearnStore,
+  type PredictLine,
 } from '../../src/core/learn/engine.js';
 import {
   DEFAULT_LEARN,
@@ -951,5 +952,183 @@ describe('paver predict', () => {
       const callsInPrefix = src.slice(0, cut).filter((l) => l.includes('"type": "tool_call"')).length;
       expect(part.length).toBe(callsInPrefix);
     }
+  });
+});
+
+describe('a user message after the task completed', () => {
+  it('proposes nothing for an ended task: no record replaces the last one, no proposal is held', () => {
+    const store = new MemoryLearnStore();
+    const msg = (t: string, id: string, text: string): ToolCallsEvent => ({
+      ...base(t),
+      type: 'user_message',
+      event_id: `${t}:${id}`,
+      text,
+    });
+    for (let i = 0; i < 40; i++) run(store, [msg(`t${i}`, 'u', 'please fetch my record'), ...task(i)]);
+    const t = 'ended';
+    const [lookup] = task(99).map((e) => ({
+      ...e,
+      session_id: t,
+      task_id: t,
+      event_id: `${t}:${e.event_id}`,
+    }));
+    run(store, [msg(t, 'u', 'please fetch my record')]);
+    // While the task runs, a later message proposes the next call again (the contract).
+    expect(applyEvent(store, lookup!, opts)?.next).toMatchObject({ tool: 'fetch', state: 'active' });
+    expect(applyEvent(store, msg(t, 'u2', 'the record is R1099'), opts)?.next).toMatchObject({
+      tool: 'fetch',
+      state: 'active',
+    });
+    run(store, [done(t)]);
+    // Before: the ended task proposed `fetch` again (the service published an executable record for it), and
+    // held the proposal, unscored, in its state.
+    expect(applyEvent(store, msg(t, 'u3', 'thanks, bye'), opts)).toBeNull();
+    expect(store.task('default', 'default', t)).toMatchObject({ pending: [], best: null });
+  });
+});
+
+describe('paver predict: every tool_call line gets its line', () => {
+  it('also one whose event_id is not a string or missing, and one cut short (not JSON)', async () => {
+    const ev = (id: unknown, step: number) =>
+      JSON.stringify({
+        type: 'tool_call',
+        ...(id === undefined ? {} : { event_id: id }),
+        session_id: 's',
+        task_id: 't',
+        ts: step,
+        step,
+        tool: 'lookup',
+        args: {},
+      });
+    const input = [
+      ev('a', 0),
+      ev(7, 1),
+      ev(undefined, 2),
+      ev('b', 3),
+      ev('c', 4).slice(0, 60), // a line cut short, as by a writer killed mid-line
+      '{"type":"user_message","event_id":"u","session_id":"s"', // not a call: no line
+      ev('d', 5),
+    ];
+    const dir = mkdtempSync(join(tmpdir(), 'predict-'));
+    const file = join(dir, 'in.jsonl');
+    writeFileSync(file, input.join('\n'));
+    const out = (await predictLines(file, DEFAULT_LEARN)).map(
+      (l) => JSON.parse(l) as { event_id: string; proposal: unknown },
+    );
+    // Before: 4 lines (a, b, d and nothing for the others), misaligned with the input's 6 tool_calls.
+    expect(out.map((l) => l.event_id)).toEqual(['a', '', '', 'b', 'c', 'd']);
+    expect(out.every((l) => l.proposal === null)).toBe(true);
+  });
+});
+
+describe('paver predict with a catalog keeps the typed state as the service does', () => {
+  it("a learned decision that executed counts in the typed loop guard, as in the service's batch", async () => {
+    const { Catalog } = await import('../../src/core/catalog.js');
+    const { SchemaCompiler } = await import('../../src/core/schema-compiler.js');
+    const { catalogPolicyV1, catalogToolV1 } = await import('../../../../schemas/index.js');
+    const catalog = new Catalog(new SchemaCompiler());
+    catalog.loadAgent({
+      tenant_id: 'default',
+      agent_id: 'default',
+      policy: catalogPolicyV1.parse({ auto_seq_enabled: true, auto_seq_execute: true }),
+      tools: [
+        catalogToolV1.parse({
+          name: 'page',
+          args_schema: {
+            type: 'object',
+            properties: { cursor: { type: 'string' } },
+            required: ['cursor'],
+          },
+          side_effects: 'read',
+          auto_seq: true,
+          auto_seq_execute: true,
+        }),
+      ],
+    });
+    const lines: string[] = [];
+    const ev = (t: string, step: number, tool: string, args: object, observation: unknown, more = {}) =>
+      JSON.stringify({ ...call(t, step, tool, args as Record<string, unknown>, observation), ...more });
+    // The agent searches, then pages with the cursor the search returned (a rule learned: page after search).
+    for (let i = 0; i < 30; i++) {
+      lines.push(ev(`p${i}`, 0, 'search', { q: `q${i}` }, { result: { cursor: `C${i}` } }));
+      lines.push(ev(`p${i}`, 1, 'page', { cursor: `C${i}` }, { items: [] }));
+      lines.push(JSON.stringify(done(`p${i}`)));
+    }
+    // Now the runtime runs that page step automatically (the service published it executable), and the page
+    // returns a payload of the shape it took: the typed decider's loop guard stops `page` on it again.
+    lines.push(ev('run', 0, 'search', { q: 'x' }, { result: { cursor: 'Cx' } }));
+    lines.push(ev('run', 1, 'page', { cursor: 'Cx' }, { cursor: 'Cy' }, { origin: 'auto_seq' }));
+    lines.push(ev('run', 2, 'finish', {}, 'ok'));
+    const dir = mkdtempSync(join(tmpdir(), 'predict-'));
+    const file = join(dir, 'in.jsonl');
+    writeFileSync(file, lines.join('\n'));
+    const out: PredictLine[] = [];
+    const low: LearnOptions = { ...DEFAULT_LEARN, minTrials: 5, minPrecision: 0.5, targetPrecision: 0.5 };
+    await replay(
+      file,
+      low,
+      catalog,
+      (l) => out.push(l),
+      () => undefined,
+    );
+    const at = (id: string) => out.find((l) => l.event_id === id)!;
+    expect(at('run:1').proposal).toMatchObject({ tool: 'page', origin: 'learned', state: 'active' });
+    // The service held no typed proposal for `finish` (auto_seq_skipped loop_guard); before, predict held the
+    // typed `page` decision there, its typed state never told of the learned decision that ran.
+    expect(at('run:2').proposal?.origin).not.toBe('typed');
+  });
+});
+
+describe('paver predict --max-consecutive (AUTOSEQ_MAX_CONSECUTIVE)', () => {
+  it('a typed run stopped at the limit holds no typed proposal, as in a service with that limit', async () => {
+    const { Catalog } = await import('../../src/core/catalog.js');
+    const { SchemaCompiler } = await import('../../src/core/schema-compiler.js');
+    const { DEFAULT_OPTIONS } = await import('../../src/core/decide.js');
+    const { catalogPolicyV1, catalogToolV1 } = await import('../../../../schemas/index.js');
+    const catalog = new Catalog(new SchemaCompiler());
+    const step = (name: string, key: string) =>
+      catalogToolV1.parse({
+        name,
+        args_schema: { type: 'object', properties: { [key]: { type: 'string' } }, required: [key] },
+        side_effects: 'read',
+        auto_seq: true,
+        auto_seq_execute: true,
+      });
+    catalog.loadAgent({
+      tenant_id: 'default',
+      agent_id: 'default',
+      policy: catalogPolicyV1.parse({ auto_seq_enabled: true, auto_seq_execute: true }),
+      tools: [step('t1', 'a'), step('t2', 'b')],
+    });
+    // An agent's call whose output t1 takes, t1 run automatically, whose output t2 takes.
+    const lines = [
+      call('m', 0, 't0', {}, { a: 'x' }),
+      { ...call('m', 1, 't1', { a: 'x' }, { b: 'y' }), origin: 'auto_seq' },
+      call('m', 2, 't2', { b: 'y' }, 'ok'),
+    ].map((e) => JSON.stringify(e));
+    const dir = mkdtempSync(join(tmpdir(), 'predict-'));
+    const file = join(dir, 'in.jsonl');
+    writeFileSync(file, lines.join('\n'));
+    const held = async (maxConsecutive: number) => {
+      const out: PredictLine[] = [];
+      await replay(
+        file,
+        DEFAULT_LEARN,
+        catalog,
+        (l) => out.push(l),
+        () => undefined,
+        undefined,
+        undefined,
+        {
+          ...DEFAULT_OPTIONS,
+          maxConsecutive,
+        },
+      );
+      return out.map((l) => l.proposal?.tool ?? null);
+    };
+    expect(await held(5)).toEqual([null, 't1', 't2']);
+    // A service with AUTOSEQ_MAX_CONSECUTIVE=1 refuses t2 (loop_guard): nothing typed is held for that call.
+    // Before: predict always ran the typed decider with the default 5.
+    expect(await held(1)).toEqual([null, 't1', null]);
   });
 });

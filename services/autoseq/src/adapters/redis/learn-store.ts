@@ -79,6 +79,7 @@ const taskShape = z.object({
   step: z.number().int().nonnegative().optional(),
   pending: z.array(z.unknown()),
   best: z.unknown(),
+  ended: z.literal(true).optional(),
 });
 
 const parseJson = (v: unknown): unknown => {

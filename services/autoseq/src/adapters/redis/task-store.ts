@@ -46,8 +46,15 @@ export class RedisTaskStore {
     ids.forEach((id, i) => {
       const value = values[i];
       if (typeof value !== 'string') return out.set(id, newTaskState());
-      const parsed = stored.safeParse(JSON.parse(value));
-      // State written by another version: start the task afresh rather than stop the consumer.
+      // State written by another version, or not JSON at all: start the task afresh rather than stop the
+      // consumer (a JSON.parse that threw failed the batch on every retry).
+      let json: unknown;
+      try {
+        json = JSON.parse(value);
+      } catch {
+        return out.set(id, newTaskState());
+      }
+      const parsed = stored.safeParse(json);
       out.set(id, parsed.success ? parsed.data : newTaskState());
     });
     return out;

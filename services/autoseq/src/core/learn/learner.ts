@@ -238,6 +238,11 @@ export interface LearnTask {
   pending: Pending[];
   /** The best proposal for the next call (what the runtime was told). */
   best: Proposal | null;
+  /**
+   * The task completed (a `task_completed` applied, and no call since): it has no next call, so a later user
+   * message proposes nothing. Absent while it runs, and in state written before it was kept.
+   */
+  ended?: true;
 }
 
 export const newLearnTask = (): LearnTask => ({ seen: [], calls: [], user: null, pending: [], best: null });
@@ -1022,7 +1027,13 @@ export function stepTaskCompleted(
     if (halveIfOver(c.next, c.n, opts.maxCount)) c.n /= 2;
   }
   out.task = withAt(
-    { ...task, seen: [...task.seen, e.event_id].slice(-opts.seenPerTask), pending: [], best: null },
+    {
+      ...task,
+      seen: [...task.seen, e.event_id].slice(-opts.seenPerTask),
+      pending: [],
+      best: null,
+      ended: true,
+    },
     task,
     pos,
   );
@@ -1066,7 +1077,7 @@ export function stepUserMessage(
  * the learned proposals for the next call are made again, now with the answer as a `said` source: the same
  * proposals wherever no rule reads it. Those made before, without the answer, are dropped unscored. A typed
  * proposal stands (the catalog decided it from the last output, which the message does not change). Null when
- * nothing is proposed again.
+ * nothing is proposed again, and after the task completed.
  */
 export function proposeAfterMessage(
   scope: ScopeState,
@@ -1075,7 +1086,9 @@ export function proposeAfterMessage(
   opts: LearnOptions = DEFAULT_LEARN,
   validate?: ArgsValidator,
 ): StepResult | null {
-  if (task.calls.length === 0 || task.best?.origin === 'typed') return null;
+  // An ended task has no next call: proposing one would publish a record (executable, for an active rule) that
+  // replaces the last one of a task the agent finished, and hold a proposal no call would ever score.
+  if (task.calls.length === 0 || task.ended || task.best?.origin === 'typed') return null;
   const p = propose(scope, who, task, opts, validate);
   const next: LearnTask = { ...task, pending: p.pending, best: p.best };
   return { duplicate: false, held: null, next: p.best, scored: [], transitions: [], task: next };

@@ -1,37 +1,62 @@
 import type { NextActionRecord, ToolCallEvent, UserMessageEvent } from '../../../../../schemas/index.js';
 import type { Catalog } from '../catalog.js';
 import { head, uniqueRecord, type AutoseqOptions, type TaskState } from '../decide.js';
-import { holdsUnsafeInteger, type PayloadShape } from '../shape.js';
-import { canonicalJson } from '../../../../../shared/core/bindings.js';
+import { holdsUnsafeInteger, payloadShape, type Hash, type PayloadShape } from '../shape.js';
 import type { Proposal } from './learner.js';
-import { fnv64 } from './stats.js';
 
 /**
  * Being active means "proven"; being executable means "allowed". A learned proposal is executable only when
- * its rule is active AND the catalog lets the tool run automatically (policy and tool `auto_seq_execute`, an
- * explicit read-only side effect, visible and not denied) AND the loop guard and max-consecutive limit pass.
+ * its rule is active AND the catalog lets the tool run automatically (policy `auto_seq_execute`, tool `auto_seq`
+ * and `auto_seq_execute`, an explicit read-only side effect, visible, not denied, after one of its `auto_seq_from`
+ * tools when it names some) AND the loop guard and max-consecutive limit pass, and the previous step was neither
+ * a parallel action nor one with actions queued.
  * Without a catalog nothing is executable (an unknown tool is not read-only).
  */
 export function learnedExecutable(
-  e: Pick<ToolCallEvent, 'tenant_id' | 'agent_id' | 'visible_tools'>,
+  /** `tool`: the call whose output the decision follows (the task's last, for a later user message). */
+  e: Pick<ToolCallEvent, 'tenant_id' | 'agent_id' | 'visible_tools' | 'next_node' | 'pending_actions'> & {
+    tool?: string | undefined;
+  },
   p: Proposal,
   catalog: Catalog,
   task: TaskState,
   opts: AutoseqOptions,
+  hash: Hash,
+  /**
+   * The decision replaces the one published for the same step (after a later user message): when that one ran
+   * this tool on a payload of this shape (`pending`, `last`), the new one is that decision again, not a second
+   * run of the tool, and the loop guard judges it as it judged that one.
+   */
+  again = false,
 ): { execute: boolean; task: TaskState } {
   if (p.state !== 'active') return { execute: false, task };
+  // The reference's gates on the previous step hold for any decider: after a parallel action, or with actions
+  // already queued, nothing runs without the model (the typed decider skips these steps; the learned proposal
+  // that replaces its record was executable).
+  if (e.next_node === 'parallel' || (e.pending_actions ?? 0) > 0) return { execute: false, task };
   const scope = catalog.scope(e.tenant_id, e.agent_id);
   const policy = scope?.policy;
   const tool = scope?.tools.get(p.tool);
   if (!scope || !policy || !tool || !policy.auto_seq_enabled || !policy.auto_seq_execute)
     return { execute: false, task };
-  if (!tool.spec.auto_seq_execute || !tool.readOnly) return { execute: false, task };
+  // `auto_seq` too: the reference considers no tool without it, so a tool opted out of auto-seq is never run
+  // without the model, whichever decider proposed it.
+  if (!tool.spec.auto_seq || !tool.spec.auto_seq_execute || !tool.readOnly) return { execute: false, task };
   if (policy.denied_tools.includes(p.tool)) return { execute: false, task };
+  // `auto_seq_from` narrows a tool to the upstream tools it may follow, whichever decider proposed it.
+  if (tool.from && (e.tool === undefined || !tool.from.has(e.tool))) return { execute: false, task };
   const visible = e.visible_tools ?? policy.visible_tools;
   if (visible && !visible.includes(p.tool)) return { execute: false, task };
   if (holdsUnsafeInteger(p.args)) return { execute: false, task };
-  const fp = fnv64(canonicalJson(p.args));
-  const repeat = task.last !== null && task.last.tool === p.tool && task.last.fp === fp;
+  // The typed decider's fingerprint (the payload's type and key names, whatever their values), so that the guard
+  // holds across deciders and as documented: a fingerprint of the values never equalled the typed one (a learned
+  // proposal ran the tool the typed guard had just stopped) and let a tool run on itself with new values.
+  const fp = payloadShape(p.args, hash).payload_fingerprint;
+  const same = task.last !== null && task.last.tool === p.tool && task.last.fp === fp;
+  // Again, `pending` names the tool only when the decision it replaces was executable (any decision of the step
+  // resets it, and only an executable learned one sets it where a message can propose again): that decision
+  // passed the guard on this same tool and shape, with the run's count as it still is.
+  const repeat = same && !(again && task.pending === p.tool);
   if (repeat || task.consecutive >= opts.maxConsecutive) return { execute: false, task };
   return { execute: true, task: { ...task, pending: p.tool, last: { tool: p.tool, fp } } };
 }
