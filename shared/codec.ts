@@ -34,6 +34,11 @@ export interface Codec {
    * straight into its request buffer as UTF-8, so no Buffer is made and copied per record.
    */
   encodeText?(value: unknown): string;
+  /**
+   * Resolves once the schema registry answers (a registry codec only): how a service finds the registry back
+   * after an outage, while its consumption waits and makes no registry call of its own.
+   */
+  probe?(): Promise<void>;
 }
 
 function decodeJson(buf: Buffer): unknown {
@@ -76,6 +81,20 @@ export function jsonCodec(): Codec {
   };
 }
 
+const PROBE_TIMEOUT_MS = 5_000;
+
+/**
+ * Whether a registry call failed because the registry did not answer, which waiting cures. The client reports
+ * every failed HTTP exchange as a ResponseError: refused or reset (as status 400), a 5xx, refused
+ * credentials. A 404 (an unknown id or subject), 409 (an incompatible schema) or 422 (an invalid one) is the
+ * registry's answer, the same at every try; anything else (a payload its schema refuses, a schema the client
+ * cannot compile) never reached it.
+ */
+function registryDown(err: unknown): boolean {
+  const e = err as { name?: unknown; status?: unknown } | null;
+  return e?.name === 'ResponseError' && !(e.status === 404 || e.status === 409 || e.status === 422);
+}
+
 export interface RegistryOptions {
   url: string;
   username?: string | undefined;
@@ -93,6 +112,7 @@ export function registryCodec(opts: RegistryOptions): Codec {
     retry: { retries: 2, initialRetryTime: 100, maxRetryTime: 1000 },
   } as ConstructorParameters<typeof SchemaRegistry>[0]);
   const ids = new Map<string, Promise<number>>();
+  const basic = Buffer.from(`${opts.username ?? ''}:${opts.password ?? ''}`).toString('base64');
 
   const idFor = (contract: string, topic: string): Promise<number> => {
     const subject = `${topic}-value`;
@@ -117,6 +137,13 @@ export function registryCodec(opts: RegistryOptions): Codec {
       try {
         return await registry.encode(await idFor(contract, topic), value);
       } catch (err) {
+        // An output its own schema refuses, a subject set to another compatibility level or holding an
+        // incompatible schema: the same at every try, so a fault to fix, not an outage to wait out.
+        if (!registryDown(err)) {
+          throw new PaverError('INTERNAL', `schema registry encode failed: ${errorMessage(err)}`, {
+            cause: err,
+          });
+        }
         throw new PaverError('REGISTRY_UNAVAILABLE', `schema registry encode failed: ${errorMessage(err)}`, {
           cause: err,
         });
@@ -129,23 +156,29 @@ export function registryCodec(opts: RegistryOptions): Codec {
       try {
         return await registry.decode(buf);
       } catch (err) {
-        const e = err as { name?: string; status?: number; message?: string };
-        // Only an HTTP exchange with the registry that failed (refused, timed out, 5xx, refused credentials: the
-        // client reports each as a ResponseError, a connection refused as status 400) is the registry's fault,
-        // and retrying is right. An unknown id (404), a payload that fails or does not parse as its writer's
-        // schema, a schema this client cannot compile (an Avro record cut short, a JSON Schema draft it does not
-        // know) answer the same on every read: retried, they would hold the partition for good.
-        if (e.name !== 'ResponseError' || e.status === 404) {
-          throw new DecodeError('registry_error', `registry decode failed: ${e.name ?? 'error'}`);
+        // An unknown id (404), a payload that fails or does not parse as its writer's schema, a schema this
+        // client cannot compile (an Avro record cut short, a JSON Schema draft it does not know) answer the
+        // same on every read: retried, they would hold the partition for good.
+        if (!registryDown(err)) {
+          throw new DecodeError(
+            'registry_error',
+            `registry decode failed: ${(err as { name?: string } | null)?.name ?? 'error'}`,
+          );
         }
-        throw new PaverError(
-          'REGISTRY_UNAVAILABLE',
-          `schema registry unavailable: ${e.message ?? String(err)}`,
-          {
-            cause: err,
-          },
-        );
+        throw new PaverError('REGISTRY_UNAVAILABLE', `schema registry unavailable: ${errorMessage(err)}`, {
+          cause: err,
+        });
       }
+    },
+    async probe() {
+      // The global compatibility level: the smallest answer every Confluent-compatible registry gives, and one
+      // that needs no subject. Not through the client: its retries would only delay the next probe.
+      const res = await fetch(`${opts.url.replace(/\/+$/, '')}/config`, {
+        headers: opts.username ? { authorization: `Basic ${basic}` } : {},
+        signal: AbortSignal.timeout(PROBE_TIMEOUT_MS),
+      });
+      await res.body?.cancel();
+      if (!res.ok && res.status !== 404) throw new Error(`schema registry answered ${res.status}`);
     },
   };
 }

@@ -21,6 +21,7 @@ import {
   type RedisRole,
 } from './redis/client.js';
 import { errorMessage, redisCommandTimedOut } from './errors.js';
+import { createRegistryWatch } from './registry-watch.js';
 
 export interface ServiceDeps<E extends CommonEnv> {
   env: E;
@@ -198,6 +199,7 @@ export async function runService<E extends CommonEnv, T>(
   let asking: Promise<RedisRole> | null = null;
   const roleOnce = () => (asking ??= redisRole().finally(() => (asking = null)));
   const redisWatch = createRedisWatch(roleOnce, log);
+  const registryWatch = codec.probe ? createRegistryWatch(() => codec.probe!(), log) : null;
   const sink = createSink(kafka, codec, metrics, {
     maxRecordBytes: env.PAVER_MAX_OUTPUT_BYTES,
     // Its size and topic only: the record is the service's output, derived from payloads.
@@ -239,6 +241,7 @@ export async function runService<E extends CommonEnv, T>(
       await step('producer', () => sink.disconnect());
       await step('http', () => http?.close());
       redisWatch.stop();
+      registryWatch?.stop();
       await step('redis', () => redis.quit());
       clearTimeout(timer);
       log.info({ exitCode }, 'stopped');
@@ -288,6 +291,16 @@ export async function runService<E extends CommonEnv, T>(
     const bound = await http.listen(env.HTTP_PORT ?? spec.defaultPort, env.HTTP_HOST);
     log.info({ port: bound }, 'http listening (/metrics, /healthz, /readyz)');
     readiness.push({ name: 'redis', check: () => redisAnswers() });
+    if (registryWatch)
+      readiness.push({
+        name: 'schema_registry',
+        check: () => {
+          const why = registryWatch.down();
+          return why === null
+            ? true
+            : { ready: false, reason: `${why}: consumption waits until the registry answers` };
+        },
+      });
     await redis
       .connect()
       .then(() => checkEviction(redis, log))
@@ -330,10 +343,15 @@ export async function runService<E extends CommonEnv, T>(
         topics: p.inputTopics,
         parse: p.parse,
         handler: p.handler,
-        ready: () => redisReady(redis) && redisWatch.down() === null && (consumeWhen?.() ?? true),
+        ready: () =>
+          redisReady(redis) &&
+          redisWatch.down() === null &&
+          (registryWatch?.down() ?? null) === null &&
+          (consumeWhen?.() ?? true),
         // A command past REDIS_COMMAND_TIMEOUT_MS: a frozen Redis, which keeps its connection open.
         transientFailure: (err) => {
           if (redisCommandTimedOut(err.message)) redisWatch.note('unresponsive');
+          registryWatch?.note(err);
         },
         ...(p.onRebalance ? { onRebalance: p.onRebalance } : {}),
         ...(p.keyOf ? { keyOf: p.keyOf } : {}),

@@ -9,7 +9,13 @@ export async function startRegistryDouble(): Promise<{
   url: string;
   close: () => Promise<void>;
   schemas: Map<number, { schema: string; schemaType: string }>;
+  /** While down, every request is answered 503, as a registry down for maintenance behind its proxy. */
+  setDown: (down: boolean) => void;
+  /** Requests answered 503 so far. */
+  refused: () => number;
 }> {
+  let down = false;
+  let refused = 0;
   const schemas = new Map<number, { schema: string; schemaType: string }>();
   const subjects = new Map<string, number[]>();
   const config = new Map<string, string>();
@@ -21,11 +27,17 @@ export async function startRegistryDouble(): Promise<{
     let raw = '';
     req.on('data', (d) => (raw += d));
     req.on('end', () => {
+      if (down) {
+        refused++;
+        return send(res, 503, { error_code: 50301, message: 'Service Unavailable' });
+      }
       const url = new URL(req.url ?? '/', 'http://x');
       const parts = url.pathname.split('/').filter(Boolean).map(decodeURIComponent);
       const body = raw
         ? (JSON.parse(raw) as { schema: string; schemaType?: string; compatibility?: string })
         : undefined;
+      if (parts[0] === 'config' && !parts[1] && req.method === 'GET')
+        return send(res, 200, { compatibilityLevel: 'BACKWARD' });
       if (parts[0] === 'config' && parts[1]) {
         if (req.method === 'PUT') {
           config.set(parts[1], body!.compatibility!);
@@ -65,6 +77,8 @@ export async function startRegistryDouble(): Promise<{
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
     schemas,
+    setDown: (d) => (down = d),
+    refused: () => refused,
     close: () => new Promise((r) => server.close(() => r())),
   };
 }

@@ -76,3 +76,25 @@ describe('decode step: bytes that are not what they claim', () => {
     expect((err as PaverError).code).toBe('REGISTRY_UNAVAILABLE');
   });
 });
+
+describe('registry codec: an outage is told from an answer', () => {
+  it('encode: REGISTRY_UNAVAILABLE (retriable) while the registry is down, INTERNAL for an output its schema refuses', async () => {
+    const codec = registryCodec({ url: registry.url });
+    registry.setDown(true);
+    try {
+      const err = await codec.encode('tool-calls.v1', 'out-t', event).catch((e: unknown) => e);
+      expect((err as PaverError).code).toBe('REGISTRY_UNAVAILABLE');
+      await expect(codec.probe!()).rejects.toThrow(/503/);
+    } finally {
+      registry.setDown(false);
+    }
+    await codec.probe!();
+    // The same answer at every try: waiting for the registry would hold the partition for good.
+    const bad = await codec
+      .encode('tool-calls.v1', 'out-t', { ...event, step: 'x' })
+      .catch((e: unknown) => e);
+    expect((bad as PaverError).code).toBe('INTERNAL');
+    expect((bad as PaverError).retriable).toBe(false);
+    await expect(registryCodec({ url: 'http://127.0.0.1:9' }).probe!()).rejects.toThrow();
+  });
+});

@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { PaverError } from '../../shared/errors.js';
 import { silentLogger } from '../../shared/log.js';
 import { createRedisWatch, type RedisRole } from '../../shared/redis/client.js';
+import { createRegistryWatch } from '../../shared/registry-watch.js';
 import { withRetry } from '../../shared/retry.js';
 
 const transient = () =>
@@ -131,6 +132,29 @@ describe('the Redis watch', () => {
     expect(watch.down()).toBe('replica');
     (await query(3)).resolve('primary');
     await expect.poll(() => watch.down(), { timeout: 5_000 }).toBe(null);
+    watch.stop();
+  });
+});
+
+describe('createRegistryWatch: the schema registry marked down by its outage, up by a probe', () => {
+  it('marks it down at a REGISTRY_UNAVAILABLE only, probes until it answers, and stops probing', async () => {
+    let probes = 0;
+    const watch = createRegistryWatch(
+      async () => {
+        if (++probes < 3) throw new Error('503');
+      },
+      silentLogger(),
+      5,
+    );
+    watch.note(new PaverError('REDIS_UNAVAILABLE', 'connection closed'));
+    expect(watch.down()).toBeNull();
+    watch.note(new PaverError('REGISTRY_UNAVAILABLE', 'schema registry unavailable: 503'));
+    watch.note(new PaverError('REGISTRY_UNAVAILABLE', 'schema registry unavailable: again'));
+    expect(watch.down()).toBe('schema registry unavailable: 503');
+    await expect.poll(() => watch.down(), { timeout: 5_000 }).toBeNull();
+    expect(probes).toBe(3);
+    await new Promise((r) => setTimeout(r, 30));
+    expect(probes).toBe(3);
     watch.stop();
   });
 });
