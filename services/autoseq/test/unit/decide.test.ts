@@ -594,6 +594,21 @@ describe("learned execution keeps the reference's gates on the previous step", (
     expect(exec({ pending_actions: 2 })).toEqual({ execute: false, task: newTaskState() });
     expect(exec({ pending_actions: 0, next_node: 'other' }).execute).toBe(true);
   });
+
+  it('an active proposal after a call that failed is published but not executed, as the typed decider skips it', () => {
+    const exec = (more: Partial<ToolCallEvent>) =>
+      learnedExecutable(
+        event({}, more),
+        { ...active, args: { ...active.args } },
+        c,
+        newTaskState(),
+        DEFAULT_OPTIONS,
+        sha256,
+      );
+    expect(exec({ status: 'ok' }).execute).toBe(true);
+    // The typed decider skips it (error_observation): what the failed call returned is no ground to run on.
+    expect(exec({ status: 'error' })).toEqual({ execute: false, task: newTaskState() });
+  });
 });
 
 describe('the loop guard holds across deciders, on the payload shape', () => {

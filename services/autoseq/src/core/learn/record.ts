@@ -15,6 +15,7 @@ import type { Proposal } from './learner.js';
 export function learnedExecutable(
   /** `tool`: the call whose output the decision follows (the task's last, for a later user message). */
   e: Pick<ToolCallEvent, 'tenant_id' | 'agent_id' | 'visible_tools' | 'next_node' | 'pending_actions'> & {
+    status?: ToolCallEvent['status'];
     tool?: string | undefined;
   },
   p: Proposal,
@@ -34,6 +35,9 @@ export function learnedExecutable(
   // already queued, nothing runs without the model (the typed decider skips these steps; the learned proposal
   // that replaces its record was executable).
   if (e.next_node === 'parallel' || (e.pending_actions ?? 0) > 0) return { execute: false, task };
+  // After a call that failed, as the typed decider does (error_observation): the agent is likely to retry or
+  // change course, and a step run on the failed call's output would act on an error.
+  if (e.status === 'error') return { execute: false, task };
   const scope = catalog.scope(e.tenant_id, e.agent_id);
   const policy = scope?.policy;
   const tool = scope?.tools.get(p.tool);
