@@ -311,7 +311,23 @@ export async function runService<E extends CommonEnv, T>(
     if (shuttingDown) return;
     await sink.connect();
     if (shuttingDown) return;
-    const runtime: RuntimeDeps = { env, log, metrics, kafka, sink, codec, onFatal };
+    const runtime: RuntimeDeps = {
+      env,
+      log,
+      metrics,
+      kafka,
+      sink,
+      codec,
+      onFatal,
+      ...(registryWatch
+        ? {
+            codecWatch: {
+              ready: () => registryWatch.down() === null,
+              transientFailure: (err: PaverError) => registryWatch.note(err),
+            },
+          }
+        : {}),
+    };
     const deps: ServiceDeps<E> = {
       env,
       log,

@@ -32,6 +32,11 @@ export interface RuntimeDeps {
   log: Logger;
   /** Called when the consumer has crashed for good (restarts exhausted or a non-retriable error). */
   onFatal: (err: Error) => void;
+  /**
+   * The codec's dependency (a schema registry), for consumers that need nothing else, such as the table feeds:
+   * while it is down they pause instead of spending their retries and restarts (see RunnerSpec.ready).
+   */
+  codecWatch?: { ready: () => boolean; transientFailure: (err: PaverError) => void };
 }
 
 /** What one consumer is: its group, topics, parser and effect. */

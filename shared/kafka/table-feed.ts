@@ -68,6 +68,11 @@ export function createTableFeed<T>(spec: TableFeedSpec<T>, deps: RuntimeDeps): T
           parse: o.parse,
           handler,
           ...(o.tombstone ? { tombstone: o.tombstone } : {}),
+          // A registry outage pauses the table as it pauses the service's inputs: a framed record read meanwhile
+          // spent the feed's retries and restarts, and its failure ended the process.
+          ...(deps.codecWatch
+            ? { ready: deps.codecWatch.ready, transientFailure: deps.codecWatch.transientFailure }
+            : {}),
         },
         deps,
       );

@@ -134,4 +134,67 @@ describe('a schema registry outage (real Kafka and Redis, a real sequencer, the 
     });
     expect(p.child.exitCode).toBeNull();
   }, 360_000);
+
+  it('pauses a configuration table too: a framed record read during the outage is applied once it is back', async () => {
+    const reg = await startRegistryDouble();
+    cleanups.push(() => reg.close());
+    const env = serviceEnv({
+      SEQUENCER_GROUP_ID: unique('seq-registry-table'),
+      SCHEMA_REGISTRY_URL: reg.url,
+      PAVER_TOPIC_ORCHESTRATION: unique('orch-registry'),
+      PAVER_RETRY_ATTEMPTS: '2',
+      PAVER_RETRY_INITIAL_MS: '50',
+      PAVER_RETRY_MAX_MS: '200',
+      PAVER_MAX_CONSUMER_RESTARTS: '1',
+    });
+    const orchestration = env.PAVER_TOPIC_ORCHESTRATION!;
+    await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS! }, { topic: orchestration, compacted: true }]);
+    const p = await startProcess(['bin/paver.js', 'run', 'sequencer'], env);
+    procs.push(p);
+    await explained(
+      p,
+      waitFor(() => isReady(p), 'sequencer /readyz', 90_000),
+    );
+    const producer = registryCodec({ url: reg.url });
+    const config = {
+      schema_version: 1,
+      tools: ['a', 'b'],
+      steps: [{ name: 'ab', isDefault: true, availableTools: { allowed: ['a', 'b'] }, sequence: ['a', 'b'] }],
+    };
+    const framed = await producer.encode('orchestration.v1', orchestration, config);
+    reg.setDown(true);
+    await produce(orchestration, [{ key: 'default/default', value: framed }]);
+    const applied = async () =>
+      (await metrics(p)).value('paver_sequencer_config_updates_total', { outcome: 'applied' });
+    // Waiting, not giving up: many more refused registry calls than the table's retries and restarts allow.
+    const refused = reg.refused();
+    await explained(
+      p,
+      waitFor(
+        async () => {
+          expect(p.child.exitCode, p.output().slice(-3000)).toBeNull();
+          return (
+            reg.refused() >= refused + 10 &&
+            /schema registry/.test((await readyz(p)).reasons.schema_registry ?? '')
+          );
+        },
+        'the table to keep waiting on the registry',
+        90_000,
+      ),
+    );
+    expect(await applied()).toBe(0);
+    reg.setDown(false);
+    await explained(
+      p,
+      waitFor(
+        async () => (await applied()) === 1 && (await readyz(p)).status === 200,
+        'the record applied',
+        120_000,
+      ),
+    );
+    const m = await metrics(p);
+    expect(m.value('paver_consumer_crashes_total')).toBe(0);
+    expect(m.value('paver_dead_letters_total')).toBe(0);
+    expect(p.child.exitCode).toBeNull();
+  }, 360_000);
 });
