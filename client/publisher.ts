@@ -1,7 +1,8 @@
 import { randomUUID } from 'node:crypto';
 import { Kafka, Partitioners, logLevel, type KafkaConfig, type Producer } from 'kafkajs';
-import type { z } from 'zod';
+import { z } from 'zod';
 import {
+  id,
   toolCallsEventV1,
   type taskCompletedEvent,
   type toolCallEvent,
@@ -10,6 +11,7 @@ import {
 } from '../schemas/index.js';
 import { createCodec, type Codec } from '../shared/codec.js';
 import { PaverError, errorMessage } from '../shared/errors.js';
+import { describeIssues } from '../shared/jsonl.js';
 import { produceRequests } from '../shared/kafka/requests.js';
 
 /** The topic the services read tool-calls events from (PAVER_TOPIC_TOOL_CALLS). */
@@ -79,6 +81,19 @@ export interface Publisher {
   close(): Promise<void>;
 }
 
+/** The scalar options, as Kafka and the services take them; the rest is kafkajs's to check. */
+const publisherOptions = z.object({
+  topic: z
+    .string()
+    .regex(/^[a-zA-Z0-9._-]{1,249}$/, 'a Kafka topic name: 1 to 249 of a-z A-Z 0-9 . _ -')
+    .optional(),
+  tenantId: id.optional(),
+  agentId: id.optional(),
+  batchSize: z.number().int().min(1).max(1_000_000).optional(),
+  lingerMs: z.number().int().min(0).max(3_600_000).optional(),
+  maxMessageBytes: z.number().int().min(1).optional(),
+});
+
 interface Pending {
   key: string;
   value: Buffer;
@@ -94,6 +109,11 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   if (!opts.producer && !opts.brokers?.length) {
     throw new PaverError('CONFIG_INVALID', 'createPublisher: give either `producer` or `brokers`');
   }
+  // A batch size of 0 never sent, a negative linger or a topic name Kafka refuses failed only at the first send
+  // (or never): refused here, with the option named.
+  const checked = publisherOptions.safeParse(opts);
+  if (!checked.success)
+    throw new PaverError('CONFIG_INVALID', `createPublisher: ${describeIssues(checked.error.issues)}`);
   const topic = opts.topic ?? DEFAULT_TOOL_CALLS_TOPIC;
   const batchSize = opts.batchSize ?? 500;
   const lingerMs = opts.lingerMs ?? 5;

@@ -12,6 +12,16 @@ describe('client: createPublisher (validation happens before any connection)', (
     expect(() => createPublisher({})).toThrow(PaverError);
   });
 
+  it('refuses options Kafka or the services would refuse later, naming them', () => {
+    const make = (o: object) => () => createPublisher({ brokers: ['127.0.0.1:9'], ...o });
+    expect(make({ batchSize: 0 })).toThrow(/batchSize/);
+    expect(make({ lingerMs: -1 })).toThrow(/lingerMs/);
+    expect(make({ topic: 'tool calls' })).toThrow(/topic/);
+    expect(make({ tenantId: '' })).toThrow(/tenantId/);
+    expect(make({ maxMessageBytes: 1.5 })).toThrow(/maxMessageBytes/);
+    expect(make({ topic: 'paver.tool-calls.v1', batchSize: 10, lingerMs: 0 })).not.toThrow();
+  });
+
   it('rejects events that break the tool-calls contract, with the field named', async () => {
     const p = pub();
     await expect(p.toolCall({ session_id: '', task_id: 't', tool: 'x' })).rejects.toThrow(/session_id/);
