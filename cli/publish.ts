@@ -145,14 +145,14 @@ export async function publish(opts: {
       });
       return sending;
     };
-    // A failure of a send the timer started is reported by the next flush the loop awaits (the chain keeps it).
-    const lingerFlush = () => void flush().catch(() => undefined);
+    const input = stdin ? process.stdin : createReadStream(opts.input);
+    // A send the timer started that fails ends the reading with its error: the loop may never await another
+    // flush (a live stdin sends fewer than 500 lines), and every later send, chained onto the failed one, was
+    // skipped, so the lines that followed were dropped without a word while the command went on reading.
+    const lingerFlush = () => void flush().catch((err: unknown) => input.destroy(err as Error));
     // Lines stream through a bounded reader: one endless line must not be held whole (readline would).
     let lineNo = 0;
-    for await (const line of boundedLines(
-      stdin ? process.stdin : createReadStream(opts.input),
-      env.PAVER_MAX_MESSAGE_BYTES,
-    )) {
+    for await (const line of boundedLines(input, env.PAVER_MAX_MESSAGE_BYTES)) {
       lineNo++;
       if (line === null) {
         process.stderr.write(

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { freePort } from '../../deploy/local/stack.js';
-import { consumeUntil, createTopics, unique } from '../helpers/kafka.js';
+import { consumeUntil, createTopics, unique, waitFor } from '../helpers/kafka.js';
 import { PAVER_BIN, ROOT, serviceEnv, startProcess } from '../helpers/process.js';
 
 const input = join(tmpdir(), `${unique('publish')}.jsonl`);
@@ -119,6 +119,36 @@ describe('paver publish', () => {
       p.stdin.end(line('live-3'));
       expect(await exited).toBe(0);
       expect(err).toContain('published 3 events');
+    } finally {
+      if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL');
+    }
+  });
+
+  it('a live stdin whose send fails ends the command with the error, not later lines dropped without a word', async () => {
+    const { REDIS_URL: _unused, ...env } = serviceEnv();
+    // The broker refuses a record over this topic's max.message.bytes: the send the 50 ms timer starts fails.
+    await createTopics([
+      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1, config: { 'max.message.bytes': '2000' } },
+    ]);
+    const p = spawn(process.execPath, [PAVER_BIN, 'publish', '--input', '-'], {
+      cwd: ROOT,
+      env,
+      stdio: ['pipe', 'ignore', 'pipe'],
+    });
+    let err = '';
+    p.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    let code: number | null | undefined;
+    p.once('exit', (c) => (code = c));
+    try {
+      const line = (id: string, pad = '') =>
+        `${JSON.stringify({ type: 'tool_call', event_id: id, session_id: 's', task_id: 't', step: 0, tool: 'x', ts: 1, output: pad })}\n`;
+      p.stdin.write(line('too-big', 'x'.repeat(5000)));
+      p.stdin.write(line('after'));
+      // stdin stays open (a tail -f). Before: the failure was swallowed, every later line chained onto the failed
+      // send and was dropped, and the command went on reading, saying nothing.
+      await waitFor(() => code !== undefined, 'publish to exit after its send failed', 60_000);
+      expect(code).toBe(1);
+      expect(err).toContain('failed after 0 events');
     } finally {
       if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL');
     }
