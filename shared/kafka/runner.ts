@@ -129,6 +129,20 @@ export function isBrokerOutage(err: unknown): boolean {
 }
 const DEAD_LETTER_REQUEST_BUDGET = 512 * 1024;
 
+/**
+ * The runners paused now, per paver_consumer_paused gauge: a service's table feeds share its metrics (and, with a
+ * schema registry, pause too), so each runner writing its own state over the unlabelled gauge let a feed that
+ * resumed show 0 while the main consumer still waited for Redis. The gauge says 1 while any of them is paused.
+ */
+const pausedRunners = new WeakMap<object, Set<object>>();
+function showRunnerPaused(gauge: RuntimeMetrics['paused'], runner: object, paused: boolean) {
+  let set = pausedRunners.get(gauge);
+  if (!set) pausedRunners.set(gauge, (set = new Set()));
+  if (paused) set.add(runner);
+  else set.delete(runner);
+  gauge.set(set.size > 0 ? 1 : 0);
+}
+
 const sourceOf = (r: BadRecord<KafkaMessage>): DeadLetterSource => ({
   topic: r.topic,
   partition: r.partition,
@@ -375,10 +389,11 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
   /** Chunks waiting in `hold` now: with partitions consumed concurrently, several at once. */
   let holding = 0;
   /** The gauge says paused while consumption is paused or any chunk waits for its dependency. */
-  const showPaused = () => o.metrics.paused.set(backpressure || holding > 0 ? 1 : 0);
+  const me = {};
+  const showPaused = () => showRunnerPaused(o.metrics.paused, me, !!backpressure || holding > 0);
   function pauseUntilReady(pause: () => () => void) {
     const resume = pause();
-    o.metrics.paused.set(1);
+    showRunnerPaused(o.metrics.paused, me, true);
     if (backpressure) return;
     o.log.warn('dependency not ready: pausing consumption');
     backpressure = (async () => {

@@ -98,4 +98,96 @@ describe('consumer runner: consumption paused for a dependency', () => {
       await runner.stop();
     }
   });
+
+  it('paver_consumer_paused stays 1 while the main consumer waits, whatever a table feed sharing the metrics does', async () => {
+    // The service's table feeds (catalogs, orchestration, flows' tables) get the service's metrics and, since
+    // 98ce9d5, a `ready` of their own (the schema registry). The gauge has no label: a feed that resumed wrote
+    // 0 over the main consumer's 1, which still waited for Redis.
+    const metrics = createMetrics('test', new Registry());
+    let registryUp = false;
+    const redisUp = false;
+    const fake = () => {
+      const c = {
+        eachBatch: null as ((p: unknown) => Promise<void>) | null,
+        events: {
+          GROUP_JOIN: 'join',
+          CRASH: 'crash',
+          REBALANCING: 'rebalancing',
+          STOP: 'stop',
+          END_BATCH_PROCESS: 'end',
+        },
+        on: () => undefined,
+        connect: async () => undefined,
+        subscribe: async () => undefined,
+        run: async (cfg: { eachBatch: (p: unknown) => Promise<void> }) => {
+          c.eachBatch = cfg.eachBatch;
+        },
+        disconnect: async () => undefined,
+        commitOffsets: async () => undefined,
+        resume: () => undefined,
+      };
+      return c;
+    };
+    const make = (ready: () => boolean) => {
+      const consumer = fake();
+      const runner = createRunner<ToolCallsEvent>({
+        service: 'test',
+        groupId: `g${Math.random()}`,
+        topics: ['t'],
+        parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
+        handler: async () => undefined,
+        ready,
+        env: commonEnvSchema.parse({
+          KAFKA_BROKERS: '127.0.0.1:1',
+          REDIS_URL: 'redis://127.0.0.1:1',
+          PAVER_LAG_POLL_MS: '300000',
+        }),
+        kafka: {
+          consumer: () => consumer,
+          admin: () => ({ connect: async () => undefined, disconnect: async () => undefined }),
+        } as never,
+        codec: jsonCodec(),
+        sink: { sendRaw: async () => undefined } as never,
+        metrics,
+        log: silentLogger(),
+        onFatal: () => undefined,
+      });
+      return { consumer, runner };
+    };
+    const batchFor = (resumed: string[]) => ({
+      batch: {
+        topic: 't',
+        partition: 0,
+        highWatermark: '1',
+        messages: [{ offset: '0', key: null, value: Buffer.from('{}'), timestamp: '0', headers: {} }],
+        lastOffset: () => '0',
+      },
+      resolveOffset: () => undefined,
+      commitOffsetsIfNecessary: async () => undefined,
+      heartbeat: async () => undefined,
+      pause: () => () => resumed.push('partition'),
+      isRunning: () => true,
+      isStale: () => false,
+    });
+    const main = make(() => redisUp && registryUp);
+    const feed = make(() => registryUp);
+    await main.runner.start();
+    await feed.runner.start();
+    const gauge = async () => (await metrics.paused.get()).values[0]?.value;
+    try {
+      const mainResumed: string[] = [];
+      const feedResumed: string[] = [];
+      await main.consumer.eachBatch!(batchFor(mainResumed));
+      await feed.consumer.eachBatch!(batchFor(feedResumed));
+      expect(await gauge()).toBe(1);
+      // The registry answers again; Redis is still down, so the main consumer still waits.
+      registryUp = true;
+      await vi.waitFor(() => expect(feedResumed).toEqual(['partition']), { timeout: 5_000 });
+      expect(mainResumed).toEqual([]);
+      expect(await gauge()).toBe(1);
+    } finally {
+      await main.runner.stop();
+      await feed.runner.stop();
+    }
+  });
 });
