@@ -173,8 +173,19 @@ export function registryCodec(opts: RegistryOptions): Codec {
     async probe() {
       // The global compatibility level: the smallest answer every Confluent-compatible registry gives, and one
       // that needs no subject. Not through the client: its retries would only delay the next probe.
-      const res = await fetch(`${opts.url.replace(/\/+$/, '')}/config`, {
-        headers: opts.username ? { authorization: `Basic ${basic}` } : {},
+      // fetch() refuses a URL with credentials in it, which the client takes (as basic auth): they are sent as
+      // the client sends them, or the probe failed for good and the service stayed paused after one outage.
+      const u = new URL(opts.url);
+      const inUrl = u.username
+        ? Buffer.from(`${decodeURIComponent(u.username)}:${decodeURIComponent(u.password)}`).toString(
+            'base64',
+          )
+        : null;
+      u.username = '';
+      u.password = '';
+      const auth = opts.username ? basic : inUrl;
+      const res = await fetch(`${u.href.replace(/\/+$/, '')}/config`, {
+        headers: auth ? { authorization: `Basic ${auth}` } : {},
         signal: AbortSignal.timeout(PROBE_TIMEOUT_MS),
       });
       await res.body?.cancel();

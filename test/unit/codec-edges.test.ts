@@ -98,3 +98,14 @@ describe('registry codec: an outage is told from an answer', () => {
     await expect(registryCodec({ url: 'http://127.0.0.1:9' }).probe!()).rejects.toThrow();
   });
 });
+
+describe('registry codec: the outage probe', () => {
+  it('answers for a SCHEMA_REGISTRY_URL with credentials in it, as the client takes it', async () => {
+    // The client sends the URL's user:password as basic auth; fetch() refuses a URL with credentials
+    // (TypeError), so the probe failed for good and a service that saw one outage stayed paused.
+    const withCreds = registry.url.replace('http://', 'http://user:secret@');
+    const codec = registryCodec({ url: withCreds });
+    await codec.encode('tool-calls.v1', 'creds-t', event);
+    await codec.probe!();
+  });
+});
