@@ -28,7 +28,10 @@ occurrence of the flow; arguments with no consistent source are listed in \`unbo
 the candidates carry no argument data: steps say \`inputs: "unknown"\` and bind nothing.
 `;
 
-const input = z.union([z.array(flowCandidate), z.object({ candidates: z.array(flowCandidate) })]);
+// Parsed by the shape the root has, not as a union: zod reports a union's failure as a bare "(root): Invalid
+// input", so a candidate missing a field was never named.
+const asList = z.array(flowCandidate);
+const asObject = z.object({ candidates: asList });
 
 export async function fromCandidatesCommand(argv: string[]): Promise<number> {
   const values = parseFlags('flows from-candidates', USAGE, argv, {
@@ -55,14 +58,22 @@ export async function fromCandidatesCommand(argv: string[]): Promise<number> {
     process.stderr.write(`paver flows from-candidates: cannot read ${values.input}: ${errorMessage(err)}\n`);
     return EXIT_UNREADABLE;
   }
-  const parsed = input.safeParse(raw);
-  if (!parsed.success) {
+  const parsed = Array.isArray(raw)
+    ? asList.safeParse(raw)
+    : raw !== null && typeof raw === 'object'
+      ? asObject.transform((o) => o.candidates).safeParse(raw)
+      : null;
+  if (!parsed?.success) {
     process.stderr.write(
-      `paver flows from-candidates: ${values.input}: ${describeIssues(parsed.error.issues)}\n`,
+      `paver flows from-candidates: ${values.input}: ${
+        parsed
+          ? describeIssues(parsed.error.issues)
+          : 'expected a JSON array of candidates (what `paver detect` prints) or {"candidates": [...]}'
+      }\n`,
     );
     return 2;
   }
-  const cands = Array.isArray(parsed.data) ? parsed.data : parsed.data.candidates;
+  const cands = parsed.data;
   if (!values.history) {
     process.stdout.write(JSON.stringify(flowsFromCandidates(cands, scope), null, 2) + '\n');
     return 0;

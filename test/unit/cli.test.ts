@@ -820,6 +820,24 @@ describe('FLOWS_* settings in the offline commands', () => {
   });
 });
 
+describe('paver flows from-candidates on a file of another shape', () => {
+  it('names the field a candidate lacks, or the shape it expects (it said only "(root): Invalid input")', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'paver-cli-cands-'));
+    const lines = join(dir, 'candidates.jsonl');
+    writeFileSync(lines, '{"tool_sequence": ["a", "b"]}\n{"tool_sequence": ["b", "c"]}\n');
+    err = '';
+    out = '';
+    expect(await main(['flows', 'from-candidates', '--input', lines])).toBe(2);
+    expect(err).toContain('0.occurrence_count: ');
+    expect(out).toBe('');
+    const text = join(dir, 'candidates.yaml');
+    writeFileSync(text, 'just words\n');
+    err = '';
+    expect(await main(['flows', 'from-candidates', '--input', text])).toBe(2);
+    expect(err).toContain('expected a JSON array of candidates');
+  });
+});
+
 describe('an empty configuration file', () => {
   it('is refused, naming it, by every command that reads one (it was an empty list, or a riddle)', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'paver-cli-empty-'));
