@@ -1,5 +1,6 @@
 import type { PaverError } from './errors.js';
 import type { Logger } from './log.js';
+import { pollUntil } from './poll.js';
 
 export interface RegistryWatch {
   /** Why the schema registry is taken for down (the failure that said so), or null. */
@@ -19,32 +20,26 @@ export interface RegistryWatch {
 export function createRegistryWatch(probe: () => Promise<void>, log: Logger, everyMs = 1_000): RegistryWatch {
   let down: string | null = null;
   let stopped = false;
-  let timer: NodeJS.Timeout | null = null;
-  const ask = () => {
-    timer = setTimeout(() => {
-      timer = null;
-      if (stopped) return;
-      probe().then(
-        () => {
-          log.info({ was: down }, 'schema registry answers again: consumption resumes');
-          down = null;
-        },
-        () => ask(),
-      );
-    }, everyMs);
-    timer.unref();
-  };
+  let poll: { stop(): void } | null = null;
   return {
     down: () => down,
     note(err) {
       if (stopped || err.code !== 'REGISTRY_UNAVAILABLE' || down !== null) return;
       down = err.message;
       log.warn({ err: err.message }, 'schema registry unavailable: consumption waits until it answers');
-      ask();
+      poll = pollUntil(
+        () => probe().then(() => true),
+        everyMs,
+        () => {
+          log.info({ was: down }, 'schema registry answers again: consumption resumes');
+          down = null;
+          poll = null;
+        },
+      );
     },
     stop() {
       stopped = true;
-      if (timer) clearTimeout(timer);
+      poll?.stop();
     },
   };
 }

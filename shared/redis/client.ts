@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import { Redis, type RedisOptions } from 'ioredis';
 import type { CommonEnv } from '../config.js';
 import type { Logger } from '../log.js';
+import { pollUntil } from '../poll.js';
 
 /** ioredis from configuration: rediss:// or a CA file turns TLS on; REDIS_USERNAME/REDIS_PASSWORD override the URL's. */
 export function createRedis(
@@ -141,24 +142,23 @@ export interface RedisWatch {
 export function createRedisWatch(role: () => Promise<RedisRole>, log: Logger, everyMs = 1_000): RedisWatch {
   let down: RedisDown | null = null;
   let stopped = false;
-  let timer: NodeJS.Timeout | null = null;
+  let poll: { stop(): void } | null = null;
   const ask = () => {
-    timer = setTimeout(() => {
-      timer = null;
-      if (stopped) return;
-      role().then(
-        (r) => {
-          if (r === 'replica') {
-            down = 'replica';
-            return ask();
-          }
-          log.info({ was: down, role: r }, 'redis accepts writes again');
-          down = null;
-        },
-        () => ask(),
-      );
-    }, everyMs);
-    timer.unref();
+    let found: RedisRole | null = null;
+    poll = pollUntil(
+      async () => {
+        found = await role();
+        if (found !== 'replica') return true;
+        down = 'replica';
+        return false;
+      },
+      everyMs,
+      () => {
+        log.info({ was: down, role: found }, 'redis accepts writes again');
+        down = null;
+        poll = null;
+      },
+    );
   };
   return {
     down: () => down,
@@ -178,7 +178,7 @@ export function createRedisWatch(role: () => Promise<RedisRole>, log: Logger, ev
     },
     stop() {
       stopped = true;
-      if (timer) clearTimeout(timer);
+      poll?.stop();
     },
   };
 }

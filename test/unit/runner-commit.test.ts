@@ -1,12 +1,8 @@
-import { Registry } from 'prom-client';
 import { describe, expect, it } from 'vitest';
 import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '../../schemas/index.js';
-import { jsonCodec } from '../../shared/codec.js';
-import { commonEnvSchema } from '../../shared/config.js';
 import { PaverError } from '../../shared/errors.js';
 import { createRunner, zodParser } from '../../shared/kafka/runner.js';
-import { silentLogger } from '../../shared/log.js';
-import { createMetrics } from '../../shared/metrics.js';
+import { standInConsumer, standInDeps } from '../helpers/stand-in-consumer.js';
 
 const event = (i: number) => ({
   type: 'tool_call',
@@ -29,34 +25,16 @@ function fakeKafka(
   heartbeat: () => Promise<void> = async () => undefined,
 ) {
   let failure: unknown = null;
-  let eachBatch: ((p: unknown) => Promise<void>) | null = null;
   let resolved = 0n;
   let committed: bigint | null = null;
-  const consumer = {
-    events: {
-      GROUP_JOIN: 'join',
-      CRASH: 'crash',
-      REBALANCING: 'rebalancing',
-      STOP: 'stop',
-      END_BATCH_PROCESS: 'end',
-    },
-    on: () => undefined,
-    connect: async () => undefined,
-    subscribe: async () => undefined,
-    run: async (cfg: { eachBatch: (p: unknown) => Promise<void> }) => {
-      eachBatch = cfg.eachBatch;
-    },
-    disconnect: async () => undefined,
-    commitOffsets: async () => undefined,
-    resume: () => undefined,
-  };
+  const consumer = standInConsumer();
   /** One fetch and its batch, as kafkajs's fetch loop runs it; false when there was nothing to fetch. */
   async function fetchOnce(): Promise<boolean> {
     const messages = log
       .filter((m) => BigInt(m.offset) >= resolved)
       .map((m) => ({ ...m, key: Buffer.from('s'), timestamp: '1700000000000', headers: {} }));
     if (messages.length === 0) return false;
-    await eachBatch!({
+    await consumer.eachBatch!({
       batch: {
         topic: 't',
         partition: 0,
@@ -113,17 +91,7 @@ describe('consumer runner: a commit that fails', () => {
       handler: async (records) => {
         for (const r of records) seen.push(r.value.event_id);
       },
-      env: commonEnvSchema.parse({
-        KAFKA_BROKERS: '127.0.0.1:1',
-        REDIS_URL: 'redis://127.0.0.1:1',
-        PAVER_LAG_POLL_MS: '300000',
-      }),
-      kafka: k.kafka,
-      codec: jsonCodec(),
-      sink: { sendRaw: async () => undefined } as never,
-      metrics: createMetrics('test', new Registry()),
-      log: silentLogger(),
-      onFatal: (e) => fatal.push(e),
+      ...standInDeps(k.kafka, { onFatal: (e) => fatal.push(e) }),
     });
     await runner.start();
     try {
@@ -161,20 +129,11 @@ describe('consumer runner: a rebalance while a chunk is retried', () => {
         // A dependency failing transiently (the service's Redis answering BUSY, say), Redis still connected.
         throw new PaverError('REDIS_UNAVAILABLE', 'BUSY');
       },
-      env: commonEnvSchema.parse({
-        KAFKA_BROKERS: '127.0.0.1:1',
-        REDIS_URL: 'redis://127.0.0.1:1',
-        PAVER_LAG_POLL_MS: '300000',
-        PAVER_RETRY_ATTEMPTS: '8',
-        PAVER_RETRY_INITIAL_MS: '1',
-        PAVER_RETRY_MAX_MS: '1',
-      }),
-      kafka: k.kafka,
-      codec: jsonCodec(),
-      sink: { sendRaw: async () => undefined } as never,
-      metrics: createMetrics('test', new Registry()),
-      log: silentLogger(),
-      onFatal: () => undefined,
+      ...standInDeps(
+        k.kafka,
+        {},
+        { PAVER_RETRY_ATTEMPTS: '8', PAVER_RETRY_INITIAL_MS: '1', PAVER_RETRY_MAX_MS: '1' },
+      ),
     });
     await runner.start();
     try {

@@ -1,11 +1,9 @@
 import { Registry } from 'prom-client';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '../../schemas/index.js';
-import { jsonCodec } from '../../shared/codec.js';
-import { commonEnvSchema } from '../../shared/config.js';
 import { createRunner, zodParser } from '../../shared/kafka/runner.js';
-import { silentLogger } from '../../shared/log.js';
 import { createMetrics } from '../../shared/metrics.js';
+import { oneRecordBatch, standInConsumer, standInDeps, standInKafka } from '../helpers/stand-in-consumer.js';
 
 const unhandled: unknown[] = [];
 const onUnhandled = (err: unknown) => unhandled.push(err);
@@ -17,34 +15,18 @@ afterEach(() => {
 describe('consumer runner: consumption paused for a dependency', () => {
   it('resumes without an unhandled rejection when the consumer was stopped or is restarting meanwhile', async () => {
     process.on('unhandledRejection', onUnhandled);
-    let eachBatch: ((p: unknown) => Promise<void>) | null = null;
     // kafkajs drops its consumer group when it stops, for a crash's restart too (a new one is made at the
     // restart); until then `consumer.resume` throws "Consumer group was not initialized".
     let groupAlive = true;
-    const consumer = {
-      events: {
-        GROUP_JOIN: 'join',
-        CRASH: 'crash',
-        REBALANCING: 'rebalancing',
-        STOP: 'stop',
-        END_BATCH_PROCESS: 'end',
-      },
-      on: () => undefined,
-      connect: async () => undefined,
-      subscribe: async () => undefined,
-      run: async (cfg: { eachBatch: (p: unknown) => Promise<void> }) => {
-        eachBatch = cfg.eachBatch;
-      },
-      disconnect: async () => undefined,
-      commitOffsets: async () => undefined,
-      resume: () => {
-        if (!groupAlive)
-          throw Object.assign(
-            new Error('Consumer group was not initialized, consumer#run must be called first'),
-            { name: 'KafkaJSNonRetriableError' },
-          );
-      },
-    };
+    const consumer = standInConsumer(() => {
+      if (!groupAlive)
+        throw Object.assign(
+          new Error('Consumer group was not initialized, consumer#run must be called first'),
+          {
+            name: 'KafkaJSNonRetriableError',
+          },
+        );
+    });
     let redisUp = false;
     const resumed: string[] = [];
     const runner = createRunner<ToolCallsEvent>({
@@ -54,39 +36,12 @@ describe('consumer runner: consumption paused for a dependency', () => {
       parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
       handler: async () => undefined,
       ready: () => redisUp,
-      env: commonEnvSchema.parse({
-        KAFKA_BROKERS: '127.0.0.1:1',
-        REDIS_URL: 'redis://127.0.0.1:1',
-        PAVER_LAG_POLL_MS: '300000',
-      }),
-      kafka: {
-        consumer: () => consumer,
-        admin: () => ({ connect: async () => undefined, disconnect: async () => undefined }),
-      } as never,
-      codec: jsonCodec(),
-      sink: { sendRaw: async () => undefined } as never,
-      metrics: createMetrics('test', new Registry()),
-      log: silentLogger(),
-      onFatal: () => undefined,
+      ...standInDeps(standInKafka(consumer)),
     });
     await runner.start();
     try {
       // A batch while Redis is down: the partition is paused until it is back.
-      await eachBatch!({
-        batch: {
-          topic: 't',
-          partition: 0,
-          highWatermark: '1',
-          messages: [{ offset: '0', key: null, value: Buffer.from('{}'), timestamp: '0', headers: {} }],
-          lastOffset: () => '0',
-        },
-        resolveOffset: () => undefined,
-        commitOffsetsIfNecessary: async () => undefined,
-        heartbeat: async () => undefined,
-        pause: () => () => resumed.push('partition'),
-        isRunning: () => true,
-        isStale: () => false,
-      });
+      await consumer.eachBatch!(oneRecordBatch(resumed));
       // The broker is lost too (a network partition takes both): kafkajs's consumer crashes and waits to restart.
       groupAlive = false;
       redisUp = true;
@@ -106,30 +61,8 @@ describe('consumer runner: consumption paused for a dependency', () => {
     const metrics = createMetrics('test', new Registry());
     let registryUp = false;
     const redisUp = false;
-    const fake = () => {
-      const c = {
-        eachBatch: null as ((p: unknown) => Promise<void>) | null,
-        events: {
-          GROUP_JOIN: 'join',
-          CRASH: 'crash',
-          REBALANCING: 'rebalancing',
-          STOP: 'stop',
-          END_BATCH_PROCESS: 'end',
-        },
-        on: () => undefined,
-        connect: async () => undefined,
-        subscribe: async () => undefined,
-        run: async (cfg: { eachBatch: (p: unknown) => Promise<void> }) => {
-          c.eachBatch = cfg.eachBatch;
-        },
-        disconnect: async () => undefined,
-        commitOffsets: async () => undefined,
-        resume: () => undefined,
-      };
-      return c;
-    };
     const make = (ready: () => boolean) => {
-      const consumer = fake();
+      const consumer = standInConsumer();
       const runner = createRunner<ToolCallsEvent>({
         service: 'test',
         groupId: `g${Math.random()}`,
@@ -137,38 +70,10 @@ describe('consumer runner: consumption paused for a dependency', () => {
         parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
         handler: async () => undefined,
         ready,
-        env: commonEnvSchema.parse({
-          KAFKA_BROKERS: '127.0.0.1:1',
-          REDIS_URL: 'redis://127.0.0.1:1',
-          PAVER_LAG_POLL_MS: '300000',
-        }),
-        kafka: {
-          consumer: () => consumer,
-          admin: () => ({ connect: async () => undefined, disconnect: async () => undefined }),
-        } as never,
-        codec: jsonCodec(),
-        sink: { sendRaw: async () => undefined } as never,
-        metrics,
-        log: silentLogger(),
-        onFatal: () => undefined,
+        ...standInDeps(standInKafka(consumer), { metrics }),
       });
       return { consumer, runner };
     };
-    const batchFor = (resumed: string[]) => ({
-      batch: {
-        topic: 't',
-        partition: 0,
-        highWatermark: '1',
-        messages: [{ offset: '0', key: null, value: Buffer.from('{}'), timestamp: '0', headers: {} }],
-        lastOffset: () => '0',
-      },
-      resolveOffset: () => undefined,
-      commitOffsetsIfNecessary: async () => undefined,
-      heartbeat: async () => undefined,
-      pause: () => () => resumed.push('partition'),
-      isRunning: () => true,
-      isStale: () => false,
-    });
     const main = make(() => redisUp && registryUp);
     const feed = make(() => registryUp);
     await main.runner.start();
@@ -177,8 +82,8 @@ describe('consumer runner: consumption paused for a dependency', () => {
     try {
       const mainResumed: string[] = [];
       const feedResumed: string[] = [];
-      await main.consumer.eachBatch!(batchFor(mainResumed));
-      await feed.consumer.eachBatch!(batchFor(feedResumed));
+      await main.consumer.eachBatch!(oneRecordBatch(mainResumed));
+      await feed.consumer.eachBatch!(oneRecordBatch(feedResumed));
       expect(await gauge()).toBe(1);
       // The registry answers again; Redis is still down, so the main consumer still waits.
       registryUp = true;

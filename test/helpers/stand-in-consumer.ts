@@ -1,0 +1,79 @@
+import { Registry } from 'prom-client';
+import { jsonCodec } from '../../shared/codec.js';
+import { commonEnvSchema } from '../../shared/config.js';
+import type { RuntimeDeps } from '../../shared/kafka/runner.js';
+import { silentLogger } from '../../shared/log.js';
+import { createMetrics } from '../../shared/metrics.js';
+
+/**
+ * kafkajs's consumer as the runner uses it, with no broker: for unit tests of the runner's own rules (offsets,
+ * pauses, retries), which a real broker cannot be made to break on cue. The test drives `eachBatch` itself.
+ */
+export function standInConsumer(resume: () => void = () => undefined) {
+  const c = {
+    eachBatch: null as ((p: unknown) => Promise<void>) | null,
+    events: {
+      GROUP_JOIN: 'join',
+      CRASH: 'crash',
+      REBALANCING: 'rebalancing',
+      STOP: 'stop',
+      END_BATCH_PROCESS: 'end',
+    },
+    on: () => undefined,
+    connect: async () => undefined,
+    subscribe: async () => undefined,
+    run: async (cfg: { eachBatch: (p: unknown) => Promise<void> }) => {
+      c.eachBatch = cfg.eachBatch;
+    },
+    disconnect: async () => undefined,
+    commitOffsets: async () => undefined,
+    resume,
+  };
+  return c;
+}
+
+/** The runner's dependencies around a stand-in consumer (`kafka`): lag polls off, outputs dropped; `env` adds variables. */
+export function standInDeps(
+  kafka: unknown,
+  over: Partial<RuntimeDeps> = {},
+  env: Record<string, string> = {},
+): RuntimeDeps {
+  return {
+    env: commonEnvSchema.parse({
+      KAFKA_BROKERS: '127.0.0.1:1',
+      REDIS_URL: 'redis://127.0.0.1:1',
+      PAVER_LAG_POLL_MS: '300000',
+      ...env,
+    }),
+    kafka: kafka as RuntimeDeps['kafka'],
+    codec: jsonCodec(),
+    sink: { sendRaw: async () => undefined } as never,
+    metrics: createMetrics('test', new Registry()),
+    log: silentLogger(),
+    onFatal: () => undefined,
+    ...over,
+  };
+}
+
+/** A stand-in `kafka` whose consumer is `consumer` and whose admin does nothing. */
+export const standInKafka = (consumer: unknown) => ({
+  consumer: () => consumer,
+  admin: () => ({ connect: async () => undefined, disconnect: async () => undefined }),
+});
+
+/** One batch of one record on partition 0 of topic `t`; its partition's resume pushes 'partition' to `resumed`. */
+export const oneRecordBatch = (resumed: string[]) => ({
+  batch: {
+    topic: 't',
+    partition: 0,
+    highWatermark: '1',
+    messages: [{ offset: '0', key: null, value: Buffer.from('{}'), timestamp: '0', headers: {} }],
+    lastOffset: () => '0',
+  },
+  resolveOffset: () => undefined,
+  commitOffsetsIfNecessary: async () => undefined,
+  heartbeat: async () => undefined,
+  pause: () => () => resumed.push('partition'),
+  isRunning: () => true,
+  isStale: () => false,
+});
