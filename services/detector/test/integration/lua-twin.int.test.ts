@@ -1,7 +1,7 @@
 import fc from 'fast-check';
 import { afterAll, describe, expect, it } from 'vitest';
 import { testRedis, unique } from '../../../../test/helpers/kafka.js';
-import { detectorGlobalKeys, RedisDetectorStore } from '../../src/adapters/redis/store.js';
+import { detectorGlobalKeys, detectorKeys, RedisDetectorStore } from '../../src/adapters/redis/store.js';
 import { liveCandidates } from '../../src/core/detect.js';
 import { toOp, type DetectorOp } from '../../src/core/ops.js';
 import { DEFAULT_PARAMS, type DetectorParams } from '../../src/core/params.js';
@@ -83,6 +83,8 @@ describe('apply-11.lua = core/state.ts', () => {
           // Some streams with events on another partition than their task's: a producer keying by something
           // other than session_id, or a task spanning sessions.
           misroute: fc.constantFrom(0, 0, 0.1),
+          // Some with tools of one task only: their names leave the dictionary with their records.
+          freshTools: fc.constantFrom(0, 0, 0.5),
         }),
         async (g) => {
           const params: DetectorParams = {
@@ -97,7 +99,7 @@ describe('apply-11.lua = core/state.ts', () => {
             maxTaskEvents: g.maxTaskEvents,
             doneRetentionMs: g.doneRetentionMs,
           };
-          const logs = makeLogs(g.seed, g.partitions, g.tasks, g.idleMs);
+          const logs = makeLogs(g.seed, g.partitions, g.tasks, g.idleMs, g.freshTools);
           const r = rng(g.schedule);
           // One arrival order across partitions, then cut into chunks as the runner would hand them over.
           const pos = logs.map(() => 0);
@@ -342,5 +344,53 @@ describe('apply-11.lua = core/state.ts', () => {
     expect(snap.stats.length).toBeGreaterThan(2000);
     expect(sortStats(snap.stats)).toEqual(sortStats(state.frequentStats(scope)));
     expect(sortRecords(snap.records)).toEqual(sortRecords(state.windowRecords(scope)));
+  });
+  it('tool names leave the dictionary with the last window record using them, also in state of an older version', async () => {
+    const params: DetectorParams = { ...DEFAULT_PARAMS, minLength: 2, minOccurrences: 2, lookback: 5 };
+    const scope = { tenant: 'acme', agent: 'fresh-tools' };
+    const prefix = unique('twin-fresh');
+    const keys = detectorKeys(prefix, scope);
+    const ops: DetectorOp[] = [];
+    // Each task reads its own document (a tool name carrying an id) between two tools every task calls.
+    for (let t = 0; t < 300; t++) {
+      ['search', `read-doc-${t}`, 'reply', ...(t % 7 === 0 ? [`tag-${t % 21}`] : [])].forEach((tool, step) =>
+        ops.push({
+          kind: 'call',
+          scope,
+          task: `t${t}`,
+          eventId: `t${t}-${step}`,
+          ts: t * 10 + step,
+          step,
+          tool,
+          cost: 10_000,
+          partition: 0,
+        }),
+      );
+      ops.push({ kind: 'done', scope, task: `t${t}`, eventId: `t${t}-done`, ts: t * 10 + 5, partition: 0 });
+    }
+    const state = new DetectorState(params);
+    const store = new RedisDetectorStore(redis, params, prefix);
+    const r = rng(7);
+    for (let i = 0, chunk = 0; i < ops.length; chunk++) {
+      const batch = ops.slice(i, i + 1 + Math.floor(r() * 20));
+      i += batch.length;
+      state.applyAll(batch);
+      await store.applyBatch(batch);
+      // Midway, the counts as a version that did not keep them left the state: counted again from the records.
+      if (chunk === 40) await redis.del(`${keys.tools}:refs`);
+      const inWindow = new Set(state.windowRecords(scope).flatMap((x) => x.tools));
+      const names = ((await redis.get(keys.tools)) ?? '').split('\u001f').filter((n) => n !== '');
+      expect(new Set(names)).toEqual(inWindow);
+      expect(names).toHaveLength(inWindow.size);
+    }
+    // The slots freed were taken again: the dictionary is no longer than the names it ever held at once.
+    expect(((await redis.get(keys.tools)) ?? '').split('\u001f').length).toBeLessThanOrEqual(5 * 4);
+    const snap = await store.snapshot(scope);
+    expect(sortStats(snap.stats)).toEqual(sortStats(state.frequentStats(scope)));
+    expect(sortRecords(snap.records)).toEqual(sortRecords(state.windowRecords(scope)));
+    const refs = await redis.hgetall(`${keys.tools}:refs`);
+    expect(Object.values(refs).reduce((a, n) => a + Number(n), 0)).toBe(
+      state.windowRecords(scope).reduce((a, x) => a + x.tools.length, 0),
+    );
   });
 });

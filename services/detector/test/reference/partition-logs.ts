@@ -24,6 +24,8 @@ export function makeLogs(
   partitions: number,
   tasks: number,
   idleMs: number,
+  /** The share of tasks that also call a tool no other task calls (a tool name carrying an id). */
+  freshTools = 0,
 ): ToolCallsEvent[][] {
   const r = rng(seed);
   const pick = <T>(xs: readonly T[]) => xs[Math.floor(r() * xs.length)]!;
@@ -47,6 +49,8 @@ export function makeLogs(
       const plan = [...pick(motifs)];
       if (r() < 0.5) plan.push(pick(tools));
       if (r() < 0.3) plan.unshift(pick(tools));
+      if (freshTools > 0 && r() < freshTools)
+        plan.splice(Math.floor(r() * (plan.length + 1)), 0, `t_${next}`);
       const t = {
         id: `task-${next}`,
         agent: `agent${next % 2}`,

@@ -40,7 +40,11 @@
   KEYS[11] tools   string the scope's tool names joined by "\31", in order of first use: the i-th (from 0) has
                          code codeOf(i), printable ASCII ending at its only byte >= "@" (so codes concatenate
                          without separators): one byte for the first 63 tools, two for the next 2,016, and so
-                         on. Append-only: it holds every tool name the scope's records ever used
+                         on. A name no window record uses any more leaves it at the end of the call (its slot
+                         is left empty, the lowest empty slot takes the next new name): the dictionary holds the
+                         names of the window's records, however many names the scope has used over time.
+                         KEYS[11]..":refs" (hash: code -> how many tool positions of window records hold it)
+                         says which; state written before it was kept has it counted once from the records
   (frequency is support >= minOcc, read by snapshot-3.lua and claimSnapshot-8.lua)
 
   The per-partition keys are derived from declared ones and share their hash tag, so they live in the
@@ -208,8 +212,24 @@ local function flushHash(key, fields)
   put()
 end
 
--- The tool dictionary (KEYS[11]): names in order of first use, and each name's code.
-local toolNames, toolCode, toolsDirty = nil, {}, false
+-- A record's codes, one per tool, from their concatenation.
+local function splitCodes(s)
+  local out, from = {}, 1
+  for i = 1, #s do
+    if string.byte(s, i) >= 64 then out[#out + 1] = string.sub(s, from, i); from = i + 1 end
+  end
+  return out
+end
+
+-- The tool dictionary (KEYS[11]): names by slot, each name's code and each code's slot; and how many tool
+-- positions of window records hold each code (`refs`, read and written back once per call). A tool name may
+-- carry an id (a dynamic tool per document, per user): append-only, the dictionary grew without bound, and
+-- every call that completes a task reads all of it.
+local REFS = KEYS[11] .. ':refs'
+local toolNames, toolCode, codeSlot, toolsDirty = nil, {}, {}, false
+local refs, refsDirty = {}, {}
+-- Empty slots, lowest first: taken by new names (freed slots join at the end of the call, not before).
+local free, freeAt = {}, 1
 local function codeOf(i)
   local cap, len = 63, 1
   while i >= cap do i = i - cap; cap = cap * 32; len = len + 1 end
@@ -226,26 +246,54 @@ end
 local function loadTools()
   if toolNames then return end
   toolNames = split(redis.call('GET', KEYS[11]) or '', US)
-  for i, name in ipairs(toolNames) do toolCode[name] = codeOf(i - 1) end
+  for i, name in ipairs(toolNames) do
+    if name == '' then
+      free[#free + 1] = i
+    else
+      local c = codeOf(i - 1)
+      toolCode[name] = c
+      codeSlot[c] = i
+    end
+  end
+  local raw = redis.call('HGETALL', REFS)
+  for i = 1, #raw, 2 do refs[raw[i]] = tonumber(raw[i + 1]) end
+  if #raw == 0 and next(toolCode) ~= nil then
+    -- A dictionary without counts (written by an older version): counted once from the window's records (this
+    -- runs before the call changes any), every name checked at the end.
+    for b = 0, WINDOW_BUCKETS - 1 do
+      for _, packed in ipairs(redis.call('HVALS', KEYS[6] .. ':' .. b)) do
+        for _, c in ipairs(splitCodes(split(packed, RS)[1] or '')) do refs[c] = (refs[c] or 0) + 1 end
+      end
+    end
+    for c in pairs(codeSlot) do refsDirty[c] = true end
+  end
 end
 local function encodeTool(name)
   loadTools()
   local c = toolCode[name]
   if c == nil then
-    toolNames[#toolNames + 1] = name
-    c = codeOf(#toolNames - 1)
+    local slot
+    if freeAt <= #free then
+      slot = free[freeAt]
+      freeAt = freeAt + 1
+    else
+      slot = #toolNames + 1
+    end
+    toolNames[slot] = name
+    c = codeOf(slot - 1)
     toolCode[name] = c
+    codeSlot[c] = slot
     toolsDirty = true
   end
   return c
 end
--- A record's codes, one per tool, from their concatenation.
-local function splitCodes(s)
-  local out, from = {}, 1
-  for i = 1, #s do
-    if string.byte(s, i) >= 64 then out[#out + 1] = string.sub(s, from, i); from = i + 1 end
+-- A record's codes entering (d = 1) or leaving (d = -1) the window.
+local function reference(codes, d)
+  loadTools()
+  for _, c in ipairs(codes) do
+    refs[c] = (refs[c] or 0) + d
+    refsDirty[c] = true
   end
-  return out
 end
 
 -- Support, cost and exact counts per gram: each read once per call, written back at the end.
@@ -541,10 +589,13 @@ local function dropRecord(b, task)
   windowRemove(b, task)
   local recordsKey = KEYS[6] .. ':' .. b
   local packed = redis.call('HGET', recordsKey, task)
-  redis.call('HDEL', recordsKey, task)
   if packed then
+    -- Counted (when an older version's state is first read here) before the record leaves.
+    loadTools()
+    redis.call('HDEL', recordsKey, task)
     local tools, costs = unpackRecord(packed)
     count(tools, costs, -1)
+    reference(tools, -1)
   end
 end
 
@@ -639,6 +690,7 @@ local function complete(task, ts, openKey, part)
   if msg then rec = rec .. RS .. split(msg, US)[3] end
   redis.call('HSET', recordsKey, task, rec)
   count(tools, costs, 1)
+  reference(tools, 1)
   completed = completed + 1
   changed = 1
   while windowSize > lookback do evictOldest() end
@@ -776,7 +828,28 @@ end
 for key, fields in pairs(supOut) do flushHash(key, fields) end
 for task in pairs(evDirty) do evOut[task] = evs[task] end
 flushHash(KEYS[3], evOut)
-if toolsDirty then redis.call('SET', KEYS[11], table.concat(toolNames, US)) end
+if toolNames then
+  local out = {}
+  for c in pairs(refsDirty) do
+    local n = refs[c] or 0
+    if n > 0 then
+      out[c] = int(n)
+    else
+      out[c] = false
+      local slot = codeSlot[c]
+      if slot and toolNames[slot] ~= '' then
+        toolCode[toolNames[slot]] = nil
+        toolNames[slot] = ''
+        toolsDirty = true
+      end
+    end
+  end
+  flushHash(REFS, out)
+end
+if toolsDirty then
+  while #toolNames > 0 and toolNames[#toolNames] == '' do toolNames[#toolNames] = nil end
+  if #toolNames == 0 then redis.call('DEL', KEYS[11]) else redis.call('SET', KEYS[11], table.concat(toolNames, US)) end
+end
 for key in pairs(bucketDirty) do
   local b = buckets[key]
   if b.body == '' then redis.call('DEL', key) else redis.call('SET', key, enc(b.base) .. b.body) end

@@ -10,7 +10,7 @@ local function clearState(k, windowBuckets, parts)
     redis.call('DEL', k[2] .. ':' .. part, k[10] .. ':' .. part)
     for bucket = 0, CLEAR_BUCKETS - 1 do redis.call('DEL', k[4] .. ':' .. part .. ':' .. bucket) end
   end
-  redis.call('DEL', k[1], k[3], k[5], k[6], k[7], k[8], k[9], k[11])
+  redis.call('DEL', k[1], k[3], k[5], k[6], k[7], k[8], k[9], k[11], k[11] .. ':refs')
   for bucket = 0, SUPPORT_BUCKETS - 1 do redis.call('DEL', k[7] .. ':' .. bucket) end
 end
 
