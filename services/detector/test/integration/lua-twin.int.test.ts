@@ -4,7 +4,7 @@ import { testRedis, unique } from '../../../../test/helpers/kafka.js';
 import { detectorGlobalKeys, detectorKeys, RedisDetectorStore } from '../../src/adapters/redis/store.js';
 import { liveCandidates } from '../../src/core/detect.js';
 import { toOp, type DetectorOp } from '../../src/core/ops.js';
-import { DEFAULT_PARAMS, type DetectorParams } from '../../src/core/params.js';
+import { DEFAULT_PARAMS, stateFingerprint, type DetectorParams } from '../../src/core/params.js';
 import { DetectorState } from '../../src/core/state.js';
 import type { GramStat } from '../../src/core/select.js';
 import { makeLogs, rng } from '../reference/partition-logs.js';
@@ -345,7 +345,7 @@ describe('apply-11.lua = core/state.ts', () => {
     expect(sortStats(snap.stats)).toEqual(sortStats(state.frequentStats(scope)));
     expect(sortRecords(snap.records)).toEqual(sortRecords(state.windowRecords(scope)));
   });
-  it('tool names leave the dictionary with the last window record using them, also in state of an older version', async () => {
+  it('tool names leave the dictionary with the last window record using them, also in v4 state upgraded in place', async () => {
     const params: DetectorParams = { ...DEFAULT_PARAMS, minLength: 2, minOccurrences: 2, lookback: 5 };
     const scope = { tenant: 'acme', agent: 'fresh-tools' };
     const prefix = unique('twin-fresh');
@@ -376,8 +376,12 @@ describe('apply-11.lua = core/state.ts', () => {
       i += batch.length;
       state.applyAll(batch);
       await store.applyBatch(batch);
-      // Midway, the counts as a version that did not keep them left the state: counted again from the records.
-      if (chunk === 40) await redis.del(`${keys.tools}:refs`);
+      // Midway, the state as layout v4 (no counts) left it: upgraded in place, counted from the records.
+      if (chunk === 40) {
+        await redis.del(`${keys.tools}:refs`);
+        await redis.hset(keys.meta, 'cfg', stateFingerprint(params).replace(/\|v5$/, '|v4'));
+      }
+      if (chunk === 41) expect(await redis.hget(keys.meta, 'cfg')).toBe(stateFingerprint(params));
       const inWindow = new Set(state.windowRecords(scope).flatMap((x) => x.tools));
       const names = ((await redis.get(keys.tools)) ?? '').split('\u001f').filter((n) => n !== '');
       expect(new Set(names)).toEqual(inWindow);

@@ -44,7 +44,7 @@
                          is left empty, the lowest empty slot takes the next new name): the dictionary holds the
                          names of the window's records, however many names the scope has used over time.
                          KEYS[11]..":refs" (hash: code -> how many tool positions of window records hold it)
-                         says which; state written before it was kept has it counted once from the records
+                         says which; v4 state (without it) has it counted once from the records
   (frequency is support >= minOcc, read by snapshot-3.lua and claimSnapshot-8.lua)
 
   The per-partition keys are derived from declared ones and share their hash tag, so they live in the
@@ -135,6 +135,15 @@ end
 local function paramsOf(c) return string.match(c, '^(.*)|[^|]*$') or c end
 
 local stored = redis.call('HGET', KEYS[1], 'cfg')
+if stored and stored ~= cfg and paramsOf(stored) == paramsOf(cfg) and string.sub(stored, -3) == '|v4'
+  and string.sub(cfg, -3) == '|v5' then
+  -- v4 is v5 without tools:refs: counted from the records when the dictionary is first read (see KEYS[11]). The
+  -- new version stamp makes an instance still on v4 (a rolling update) rebuild this state rather than write
+  -- records it would not count.
+  redis.call('HSET', KEYS[1], 'cfg', cfg)
+  redis.call('DEL', KEYS[11] .. ':refs')
+  stored = cfg
+end
 if stored and stored ~= cfg then
   if paramsOf(stored) ~= paramsOf(cfg) then return {-2, stored} end
   -- Same parameters, an older layout: never misread, treated as lost and rebuilt from Kafka.
@@ -258,8 +267,8 @@ local function loadTools()
   local raw = redis.call('HGETALL', REFS)
   for i = 1, #raw, 2 do refs[raw[i]] = tonumber(raw[i + 1]) end
   if #raw == 0 and next(toolCode) ~= nil then
-    -- A dictionary without counts (written by an older version): counted once from the window's records (this
-    -- runs before the call changes any), every name checked at the end.
+    -- A dictionary without counts (v4 state, upgraded above): counted once from the window's records (this runs
+    -- before the call changes any), every name checked at the end.
     for b = 0, WINDOW_BUCKETS - 1 do
       for _, packed in ipairs(redis.call('HVALS', KEYS[6] .. ':' .. b)) do
         for _, c in ipairs(splitCodes(split(packed, RS)[1] or '')) do refs[c] = (refs[c] or 0) + 1 end
