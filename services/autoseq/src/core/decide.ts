@@ -132,14 +132,14 @@ export function decide(
   if (e.next_node === 'parallel') return skip('previous_step_parallel');
   if ((e.pending_actions ?? 0) > 0) return skip('pending_actions_present');
 
-  const visible = e.visible_tools
-    ? new Set(e.visible_tools)
-    : policy.visible_tools
-      ? new Set(policy.visible_tools)
-      : null;
+  // The event's visible_tools narrow the policy's, never widen them: a producer's list (the runtime's, or any
+  // client's) cannot make a tool the agent's policy keeps out a candidate, nor executable.
+  const visible = policy.visible_tools ? new Set(policy.visible_tools) : null;
+  const shown = e.visible_tools ? new Set(e.visible_tools) : null;
   const denied = new Set(policy.denied_tools);
   const eligible = (t: CompiledTool) =>
     (!visible || visible.has(t.spec.name)) &&
+    (!shown || shown.has(t.spec.name)) &&
     !denied.has(t.spec.name) &&
     (!policy.auto_seq_read_only_only || t.readOnly) &&
     (t.from ? t.from.has(e.tool) : t.required.length > 0);

@@ -172,11 +172,16 @@ describe('candidate gates', () => {
     const c = catalogOf([tool('a', route), tool('b', route)], { denied_tools: ['b'] });
     expect(only(c, event(good)).tool).toBe('a');
   });
-  it("visibility: the event's visible_tools win over the catalog scope", () => {
+  it("visibility: the event's visible_tools narrow the policy's, never widen them", () => {
     const c = catalogOf([tool('a', route), tool('b', route)], { visible_tools: ['a'] });
     expect(only(c, event(good)).tool).toBe('a');
-    expect(only(c, event(good, { visible_tools: ['b'] })).tool).toBe('b');
+    // Before: 'b' unique and executable, a tool the agent's policy keeps out, because the event named it.
+    expect(only(c, event(good, { visible_tools: ['b'] })).event_type).toBe('auto_seq_detected_none');
+    expect(only(c, event(good, { visible_tools: ['a', 'b'] })).tool).toBe('a');
     expect(only(c, event(good, { visible_tools: [] })).event_type).toBe('auto_seq_detected_none');
+    // Without a policy list the event's list is the scope.
+    const all = catalogOf([tool('a', route), tool('b', route)]);
+    expect(only(all, event(good, { visible_tools: ['b'] })).tool).toBe('b');
   });
   it('a universal schema (requires nothing) is a candidate only with auto_seq_from naming the upstream tool', () => {
     const any = { type: 'object' };
@@ -630,6 +635,25 @@ describe("learned execution keeps the reference's gates on the previous step", (
       expect(exec({ observation }).execute, JSON.stringify(observation)).toBe(false);
     expect(exec({ observation: { order: 'W1' } }).execute).toBe(true);
     expect(exec({ status: 'ok', observation: 'Error: user not found' }).execute).toBe(true);
+  });
+
+  it("the event's visible_tools narrow the policy's for a learned proposal too, never widen them", () => {
+    const p = { ...active, args: { ...active.args } };
+    const exec = (policy: Record<string, unknown>, visible_tools?: string[]) => {
+      const cat = catalogOf(
+        [tool('get_order', obj({ order_id: { type: 'integer' } }, ['order_id']))],
+        policy,
+      );
+      const e = event({}, visible_tools ? { visible_tools } : {});
+      const d = run(cat, e);
+      return learnedExecutable(e, d.task.prev, p, cat, d.task, DEFAULT_OPTIONS, sha256).execute;
+    };
+    expect(exec({}, ['get_order'])).toBe(true);
+    expect(exec({ visible_tools: ['get_order'] })).toBe(true);
+    expect(exec({ visible_tools: ['get_order'] }, ['get_order', 'other'])).toBe(true);
+    expect(exec({ visible_tools: ['get_order'] }, ['other'])).toBe(false);
+    // Before: executable, the event's list replacing the policy's that keeps the tool out.
+    expect(exec({ visible_tools: ['other'] }, ['get_order'])).toBe(false);
   });
 
   it('the task keeps what the gates read of its last call, for a decision after a later user message', () => {

@@ -49,8 +49,9 @@ export function learnedExecutable(
   if (policy.denied_tools.includes(p.tool)) return { execute: false, task };
   // `auto_seq_from` narrows a tool to the upstream tools it may follow, whichever decider proposed it.
   if (tool.from && !tool.from.has(after.tool)) return { execute: false, task };
-  const visible = after.visible ?? policy.visible_tools;
-  if (visible && !visible.includes(p.tool)) return { execute: false, task };
+  // The call's visible_tools narrow the policy's, never widen them (as for typed candidates).
+  if (policy.visible_tools && !policy.visible_tools.includes(p.tool)) return { execute: false, task };
+  if (after.visible && !after.visible.includes(p.tool)) return { execute: false, task };
   if (holdsUnsafeInteger(p.args)) return { execute: false, task };
   // The typed decider's fingerprint (the payload's type and key names, whatever their values), so that the guard
   // holds across deciders and as documented: a fingerprint of the values never equalled the typed one (a learned
