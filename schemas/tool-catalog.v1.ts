@@ -26,7 +26,7 @@ export const catalogPolicyV1 = z
     auto_seq_execute: z.boolean().default(false),
     auto_seq_read_only_only: z.boolean().default(true),
     denied_tools: names.default([]),
-    /** The visibility scope when an event carries no `visible_tools`; null = every catalog tool. */
+    /** The visibility scope (null = every catalog tool); an event's `visible_tools` narrow it, never widen it. */
     visible_tools: names.nullable().default(null),
   })
   .strict();

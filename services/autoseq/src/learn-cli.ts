@@ -138,20 +138,14 @@ export async function replay(
     if (catalog && r.next?.origin === 'learned') {
       const tid = taskId(e.tenant_id, e.agent_id, e.task_id ?? '');
       if (e.type === 'tool_call' && typedTask && !typedNext)
-        typed.set(tid, learnedExecutable(e, r.next, catalog, typedTask, typedOpts, sha256).task);
-      else if (e.type === 'user_message' && e.task_id !== undefined)
         typed.set(
           tid,
-          learnedExecutable(
-            { ...e, tool: r.task.calls.at(-1)?.tool },
-            r.next,
-            catalog,
-            typed.get(tid) ?? newTaskState(),
-            typedOpts,
-            sha256,
-            true,
-          ).task,
+          learnedExecutable(e, typedTask.prev, r.next, catalog, typedTask, typedOpts, sha256).task,
         );
+      else if (e.type === 'user_message' && e.task_id !== undefined) {
+        const task = typed.get(tid) ?? newTaskState();
+        typed.set(tid, learnedExecutable(e, task.prev, r.next, catalog, task, typedOpts, sha256, true).task);
+      }
     }
     if (e.type === 'tool_call') {
       onLine({ event_id: e.event_id, task_id: e.task_id, proposal: predictProposal(r.held) });

@@ -120,10 +120,9 @@ export function createBatchHandler(o: {
           const id = idOf(e);
           let task = states.get(id) ?? newTaskState();
           let execute = false;
-          if (lr.next) {
-            const after = { ...e, tool: lr.task.calls.at(-1)?.tool };
-            ({ execute, task } = learnedExecutable(after, lr.next, catalog, task, opts, hash, true));
-          }
+          // Gated by the task's last call (kept in its typed state), as the record it replaces was.
+          if (lr.next)
+            ({ execute, task } = learnedExecutable(e, task.prev, lr.next, catalog, task, opts, hash, true));
           out.push(messageRecord({ ...e, task_id: e.task_id }, lr.task.step ?? 0, lr.next, execute));
           states.set(id, task);
           dirty.set(id, { ref: refs.get(id)!, state: task });
@@ -146,7 +145,7 @@ export function createBatchHandler(o: {
       for (const rec of records) if (rec.event_type === 'auto_seq_detected_unique') rec.origin = 'typed';
       if (!typedNext && lr?.next) {
         // A learned proposal replaces the typed "none/ambiguous/skipped" record for this event.
-        const gate = learnedExecutable(e, lr.next, catalog, task, opts, hash);
+        const gate = learnedExecutable(e, task.prev, lr.next, catalog, task, opts, hash);
         task = gate.task;
         records = [
           ...records.filter((rec) => rec.event_type === 'auto_seq_executed'),

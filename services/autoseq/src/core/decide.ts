@@ -1,5 +1,6 @@
 import type { NextActionRecord, ToolCallEvent } from '../../../../schemas/index.js';
-import type { Catalog, CompiledTool } from './catalog.js';
+import type { Catalog, CompiledTool, ScopeCatalog } from './catalog.js';
+import { callFailed } from './learn/learner.js';
 import { appliedBefore, type Position } from './position.js';
 import { holdsUnsafeInteger, isMapping, payloadShape, type Hash, type PayloadShape } from './shape.js';
 
@@ -26,6 +27,38 @@ export interface TaskState {
   last: { tool: string; fp: string } | null;
   /** Where the task's last applied event stood; absent offline (files) and in state written before it was kept. */
   at?: Position;
+  /**
+   * What the gates on the previous step read of the task's last call (see `PrevCall`); absent before its first
+   * call, and in state written before it was kept.
+   */
+  prev?: PrevCall;
+}
+
+/**
+ * What the gates on the previous step read of a call, kept with the task: a decision made after a later user
+ * message follows the task's last call, and is gated by it as the decision made after that call was (the
+ * message carries no status, `next_node`, `pending_actions` or `visible_tools` of its own).
+ */
+export interface PrevCall {
+  tool: string;
+  /**
+   * Nothing runs after it without the model: it failed (`status: "error"`, or, without a status, an output the
+   * learner judges failed: `callFailed`), was a parallel action (`next_node: "parallel"`) or left actions
+   * queued (`pending_actions` > 0).
+   */
+  held?: true;
+  /**
+   * The call's `visible_tools`, when it carried them: those the agent's catalog held then (a tool it did not
+   * hold could not run then; kept out, the stored state stays within the catalog's size).
+   */
+  visible?: string[];
+}
+
+export function prevCall(e: ToolCallEvent, scope: ScopeCatalog | undefined): PrevCall {
+  const p: PrevCall = { tool: e.tool };
+  if (e.next_node === 'parallel' || (e.pending_actions ?? 0) > 0 || callFailed(e)) p.held = true;
+  if (e.visible_tools) p.visible = scope ? e.visible_tools.filter((t) => scope.tools.has(t)) : [];
+  return p;
 }
 
 export const newTaskState = (): TaskState => ({ seen: [], pending: null, consecutive: 0, last: null });
@@ -72,6 +105,7 @@ export function decide(
     r.tool = e.tool;
     records.push(withShape(r, payloadShape(e.args, hash)));
   }
+  const scope = catalog.scope(e.tenant_id, e.agent_id);
   const next: TaskState = {
     seen: rememberCall(task.seen, e.event_id, opts.seenPerTask),
     pending: null,
@@ -80,9 +114,9 @@ export function decide(
   };
   const at = pos ?? task.at;
   if (at) next.at = at;
+  next.prev = prevCall(e, scope);
 
   const shape = payloadShape(e.observation, hash);
-  const scope = catalog.scope(e.tenant_id, e.agent_id);
   const policy = scope?.policy;
   const skip = (reason: NonNullable<NextActionRecord['reason']>, tool?: string) => {
     const r = head(e, 'auto_seq_skipped');
@@ -98,14 +132,14 @@ export function decide(
   if (e.next_node === 'parallel') return skip('previous_step_parallel');
   if ((e.pending_actions ?? 0) > 0) return skip('pending_actions_present');
 
-  const visible = e.visible_tools
-    ? new Set(e.visible_tools)
-    : policy.visible_tools
-      ? new Set(policy.visible_tools)
-      : null;
+  // The event's visible_tools narrow the policy's, never widen them: a producer's list (the runtime's, or any
+  // client's) cannot make a tool the agent's policy keeps out a candidate, nor executable.
+  const visible = policy.visible_tools ? new Set(policy.visible_tools) : null;
+  const shown = e.visible_tools ? new Set(e.visible_tools) : null;
   const denied = new Set(policy.denied_tools);
   const eligible = (t: CompiledTool) =>
     (!visible || visible.has(t.spec.name)) &&
+    (!shown || shown.has(t.spec.name)) &&
     !denied.has(t.spec.name) &&
     (!policy.auto_seq_read_only_only || t.readOnly) &&
     (t.from ? t.from.has(e.tool) : t.required.length > 0);

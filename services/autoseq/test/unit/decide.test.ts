@@ -7,6 +7,7 @@ import {
   decide,
   DEFAULT_OPTIONS,
   newTaskState,
+  prevCall,
   withoutArguments,
   type TaskState,
 } from '../../src/core/decide.js';
@@ -58,6 +59,9 @@ const event = (observation: unknown, more: Partial<ToolCallEvent> = {}): ToolCal
   observation,
   ...more,
 });
+
+/** What the gates on the previous step read of `e` (these tests give no `visible_tools`). */
+const gatesOf = (e: ToolCallEvent) => prevCall(e, undefined);
 
 const run = (c: Catalog, e: ToolCallEvent, state: TaskState = newTaskState(), opts = DEFAULT_OPTIONS) =>
   decide(e, c, state, opts, sha256);
@@ -168,11 +172,16 @@ describe('candidate gates', () => {
     const c = catalogOf([tool('a', route), tool('b', route)], { denied_tools: ['b'] });
     expect(only(c, event(good)).tool).toBe('a');
   });
-  it("visibility: the event's visible_tools win over the catalog scope", () => {
+  it("visibility: the event's visible_tools narrow the policy's, never widen them", () => {
     const c = catalogOf([tool('a', route), tool('b', route)], { visible_tools: ['a'] });
     expect(only(c, event(good)).tool).toBe('a');
-    expect(only(c, event(good, { visible_tools: ['b'] })).tool).toBe('b');
+    // Before: 'b' unique and executable, a tool the agent's policy keeps out, because the event named it.
+    expect(only(c, event(good, { visible_tools: ['b'] })).event_type).toBe('auto_seq_detected_none');
+    expect(only(c, event(good, { visible_tools: ['a', 'b'] })).tool).toBe('a');
     expect(only(c, event(good, { visible_tools: [] })).event_type).toBe('auto_seq_detected_none');
+    // Without a policy list the event's list is the scope.
+    const all = catalogOf([tool('a', route), tool('b', route)]);
+    expect(only(all, event(good, { visible_tools: ['b'] })).tool).toBe('b');
   });
   it('a universal schema (requires nothing) is a candidate only with auto_seq_from naming the upstream tool', () => {
     const any = { type: 'object' };
@@ -374,7 +383,9 @@ describe('task state: executed, loop guard, idempotency', () => {
       confidence: 0.99,
       trials: 40,
     } as never;
-    expect(learnedExecutable(event({}), learned, c, lost.task, opts, sha256).execute).toBe(false);
+    expect(learnedExecutable(event({}), lost.task.prev, learned, c, lost.task, opts, sha256).execute).toBe(
+      false,
+    );
     // The agent's own call ends the run, as after any full one.
     const own = run(c, event({ k0: 1 }, { tool: 'x', origin: 'llm' }), lost.task, opts);
     expect(own.records.at(-1)).toMatchObject({
@@ -555,11 +566,19 @@ describe('integers JSON parsing may have rounded', () => {
       }) as never;
     const e = event({});
     expect(
-      learnedExecutable(e, p({ order_id: 12 }), c, newTaskState(), DEFAULT_OPTIONS, sha256).execute,
+      learnedExecutable(e, gatesOf(e), p({ order_id: 12 }), c, newTaskState(), DEFAULT_OPTIONS, sha256)
+        .execute,
     ).toBe(true);
     expect(
-      learnedExecutable(e, p({ q: { ids: [1, 2 ** 60] } }), c, newTaskState(), DEFAULT_OPTIONS, sha256)
-        .execute,
+      learnedExecutable(
+        e,
+        gatesOf(e),
+        p({ q: { ids: [1, 2 ** 60] } }),
+        c,
+        newTaskState(),
+        DEFAULT_OPTIONS,
+        sha256,
+      ).execute,
     ).toBe(false);
     expect(holdsUnsafeInteger({ a: [1.5, -(2 ** 53) + 1, 1e-300, 'x'] })).toBe(false);
     expect(holdsUnsafeInteger({ a: [1e21] })).toBe(true);
@@ -582,6 +601,7 @@ describe("learned execution keeps the reference's gates on the previous step", (
     const exec = (more: Partial<ToolCallEvent>) =>
       learnedExecutable(
         event({}, more),
+        gatesOf(event({}, more)),
         { ...active, args: { ...active.args } },
         c,
         newTaskState(),
@@ -599,6 +619,7 @@ describe("learned execution keeps the reference's gates on the previous step", (
     const exec = (more: Partial<ToolCallEvent>) =>
       learnedExecutable(
         event({}, more),
+        gatesOf(event({}, more)),
         { ...active, args: { ...active.args } },
         c,
         newTaskState(),
@@ -608,6 +629,47 @@ describe("learned execution keeps the reference's gates on the previous step", (
     expect(exec({ status: 'ok' }).execute).toBe(true);
     // The typed decider skips it (error_observation): what the failed call returned is no ground to run on.
     expect(exec({ status: 'error' })).toEqual({ execute: false, task: newTaskState() });
+    // Without a status, an output that says it failed, as the learner judges it (its `!failed` contexts): the
+    // text, a flag, the JSON text of one. Before: executable. A producer's `ok` is trusted, as by the learner.
+    for (const observation of ['Error: user not found', { error: 'no such order' }, '{"ok": false}'])
+      expect(exec({ observation }).execute, JSON.stringify(observation)).toBe(false);
+    expect(exec({ observation: { order: 'W1' } }).execute).toBe(true);
+    expect(exec({ status: 'ok', observation: 'Error: user not found' }).execute).toBe(true);
+  });
+
+  it("the event's visible_tools narrow the policy's for a learned proposal too, never widen them", () => {
+    const p = { ...active, args: { ...active.args } };
+    const exec = (policy: Record<string, unknown>, visible_tools?: string[]) => {
+      const cat = catalogOf(
+        [tool('get_order', obj({ order_id: { type: 'integer' } }, ['order_id']))],
+        policy,
+      );
+      const e = event({}, visible_tools ? { visible_tools } : {});
+      const d = run(cat, e);
+      return learnedExecutable(e, d.task.prev, p, cat, d.task, DEFAULT_OPTIONS, sha256).execute;
+    };
+    expect(exec({}, ['get_order'])).toBe(true);
+    expect(exec({ visible_tools: ['get_order'] })).toBe(true);
+    expect(exec({ visible_tools: ['get_order'] }, ['get_order', 'other'])).toBe(true);
+    expect(exec({ visible_tools: ['get_order'] }, ['other'])).toBe(false);
+    // Before: executable, the event's list replacing the policy's that keeps the tool out.
+    expect(exec({ visible_tools: ['other'] }, ['get_order'])).toBe(false);
+  });
+
+  it('the task keeps what the gates read of its last call, for a decision after a later user message', () => {
+    const d = run(c, event('Error: not found', { tool: 'lookup' }));
+    expect(d.task.prev).toEqual({ tool: 'lookup', held: true });
+    const v = run(
+      c,
+      event({ a: 1 }, { tool: 'search', visible_tools: ['get_order', 'not_in_catalog'] }),
+      d.task,
+    );
+    expect(v.task.prev).toEqual({ tool: 'search', visible: ['get_order'] });
+    const p = { ...active, args: { ...active.args } };
+    // Nothing known of the last call (state written before it was kept, or lost): nothing runs.
+    expect(
+      learnedExecutable(event({}), undefined, p, c, newTaskState(), DEFAULT_OPTIONS, sha256).execute,
+    ).toBe(false);
   });
 });
 
@@ -633,26 +695,37 @@ describe('the loop guard holds across deciders, on the payload shape', () => {
     // Before: the learned proposal that replaced the skipped record ran `page` again (its fingerprint, of the
     // values, never equalled the typed one), the loop bounded only by AUTOSEQ_MAX_CONSECUTIVE.
     expect(
-      learnedExecutable(again, learned({ cursor: 'b' }), c, d.task, DEFAULT_OPTIONS, sha256).execute,
+      learnedExecutable(again, d.task.prev, learned({ cursor: 'b' }), c, d.task, DEFAULT_OPTIONS, sha256)
+        .execute,
     ).toBe(false);
   });
   it('learned after learned: the same tool on arguments with the same key names is not run twice in a row', () => {
     const e1 = event({}, { tool: 'search' });
     const d1 = run(c, e1);
-    const g1 = learnedExecutable(e1, learned({ cursor: 'a' }), c, d1.task, DEFAULT_OPTIONS, sha256);
+    const g1 = learnedExecutable(
+      e1,
+      d1.task.prev,
+      learned({ cursor: 'a' }),
+      c,
+      d1.task,
+      DEFAULT_OPTIONS,
+      sha256,
+    );
     expect(g1.execute).toBe(true);
     const e2 = event({}, { tool: 'page', origin: 'auto_seq', args: { cursor: 'a' } });
     const d2 = run(c, e2, g1.task);
     expect(d2.records[0]).toMatchObject({ event_type: 'auto_seq_executed', tool: 'page' });
-    expect(learnedExecutable(e2, learned({ cursor: 'x' }), c, d2.task, DEFAULT_OPTIONS, sha256).execute).toBe(
-      false,
-    );
+    expect(
+      learnedExecutable(e2, d2.task.prev, learned({ cursor: 'x' }), c, d2.task, DEFAULT_OPTIONS, sha256)
+        .execute,
+    ).toBe(false);
     // Another tool, or the agent's own call in between, runs.
     const e3 = event({}, { tool: 'search', origin: 'llm' });
     const d3 = run(c, e3, d2.task);
-    expect(learnedExecutable(e3, learned({ cursor: 'x' }), c, d3.task, DEFAULT_OPTIONS, sha256).execute).toBe(
-      true,
-    );
+    expect(
+      learnedExecutable(e3, d3.task.prev, learned({ cursor: 'x' }), c, d3.task, DEFAULT_OPTIONS, sha256)
+        .execute,
+    ).toBe(true);
   });
 });
 
@@ -671,13 +744,23 @@ describe('after a later user message', () => {
     }) as const;
   it('the record that replaces an executable decision of the same step keeps it executable', () => {
     const e = event({}, { tool: 'search' });
-    const g = learnedExecutable(e, learned({ cursor: 'a' }), c, run(c, e).task, DEFAULT_OPTIONS, sha256);
+    const t = run(c, e).task;
+    const g = learnedExecutable(e, t.prev, learned({ cursor: 'a' }), c, t, DEFAULT_OPTIONS, sha256);
     expect(g.execute).toBe(true);
     // The message's record proposes the same call (no rule reads what the user said), or the same tool on
     // arguments of the same shape (a rule that does): the same decision again, not the tool run twice in a row.
     // Before: execute false, the runtime (acting on the newest record) asked the model for an obvious step.
     for (const args of [{ cursor: 'a' }, { cursor: 'said' }]) {
-      const again = learnedExecutable(e, learned(args), c, g.task, DEFAULT_OPTIONS, sha256, true);
+      const again = learnedExecutable(
+        e,
+        g.task.prev,
+        learned(args),
+        c,
+        g.task,
+        DEFAULT_OPTIONS,
+        sha256,
+        true,
+      );
       expect(again.execute).toBe(true);
       expect(again.task).toMatchObject({ consecutive: g.task.consecutive, pending: 'page' });
     }
@@ -685,7 +768,8 @@ describe('after a later user message', () => {
     const ran = event({}, { tool: 'page', origin: 'auto_seq', args: { cursor: 'a' } });
     const d = run(c, ran, g.task);
     expect(
-      learnedExecutable(ran, learned({ cursor: 'b' }), c, d.task, DEFAULT_OPTIONS, sha256, true).execute,
+      learnedExecutable(ran, d.task.prev, learned({ cursor: 'b' }), c, d.task, DEFAULT_OPTIONS, sha256, true)
+        .execute,
     ).toBe(false);
   });
 });
@@ -710,7 +794,7 @@ describe('a tool not marked auto_seq', () => {
     } as const;
     const e = event({}, { tool: 'search' });
     // Before: executed, though the operator opted the tool out of auto-seq.
-    expect(learnedExecutable(e, p, c, newTaskState(), DEFAULT_OPTIONS, sha256)).toEqual({
+    expect(learnedExecutable(e, gatesOf(e), p, c, newTaskState(), DEFAULT_OPTIONS, sha256)).toEqual({
       execute: false,
       task: newTaskState(),
     });
@@ -733,7 +817,15 @@ describe('auto_seq_from', () => {
       k: 1,
     } as const;
     const after = (tool: string) =>
-      learnedExecutable(event({}, { tool }), p, c, newTaskState(), DEFAULT_OPTIONS, sha256).execute;
+      learnedExecutable(
+        event({}, { tool }),
+        gatesOf(event({}, { tool })),
+        p,
+        c,
+        newTaskState(),
+        DEFAULT_OPTIONS,
+        sha256,
+      ).execute;
     expect(after('search')).toBe(true);
     // Before: true, after any tool.
     expect(after('delete_account')).toBe(false);
@@ -759,7 +851,7 @@ describe('a learned proposal over the output size limit', () => {
       e,
       shape,
       p,
-      learnedExecutable(e, p, c, newTaskState(), DEFAULT_OPTIONS, sha256).execute,
+      learnedExecutable(e, gatesOf(e), p, c, newTaskState(), DEFAULT_OPTIONS, sha256).execute,
     );
     expect(rec).toMatchObject({ origin: 'learned', execute: true });
     // Before: null, and the sink left the record out: the session's newest record stayed the previous call's.

@@ -21,6 +21,10 @@ const stored = z.object({
   last: z.object({ tool: z.string(), fp: z.string() }).nullable(),
   // Absent in state written before positions were kept: the task's position is then unknown.
   at: z.object({ partition: z.number().int().nonnegative(), offset: z.string().regex(/^\d+$/) }).optional(),
+  // Absent in state written before it was kept: a decision after a later user message then does not execute.
+  prev: z
+    .object({ tool: z.string(), held: z.literal(true).optional(), visible: z.array(z.string()).optional() })
+    .optional(),
 });
 
 /**

@@ -900,6 +900,14 @@ function structured(v: unknown, depth = 0): unknown {
   return out ?? v;
 }
 
+/**
+ * Whether a call failed, as the learner judges the last call of a context (`!failed`): the producer's `status`
+ * when it sets one (`ok` is trusted too), otherwise what its output says (`failedOutput`, on the output read as
+ * the JSON it holds). Here on the whole output: the gates on the previous step read it (see `prevCall`).
+ */
+export const callFailed = (e: Pick<ToolCallEvent, 'status' | 'observation'>): boolean =>
+  e.status ? e.status === 'error' : failedOutput(structured(e.observation));
+
 /** What a task remembers of a call: its tool, and its arguments and output unless they are too large. */
 function pastCall(e: ToolCallEvent, opts: LearnOptions): PastCall {
   const call: PastCall = { tool: e.tool };

@@ -1,6 +1,6 @@
 import type { NextActionRecord, ToolCallEvent, UserMessageEvent } from '../../../../../schemas/index.js';
 import type { Catalog } from '../catalog.js';
-import { head, uniqueRecord, type AutoseqOptions, type TaskState } from '../decide.js';
+import { head, uniqueRecord, type AutoseqOptions, type PrevCall, type TaskState } from '../decide.js';
 import { holdsUnsafeInteger, payloadShape, type Hash, type PayloadShape } from '../shape.js';
 import type { Proposal } from './learner.js';
 
@@ -8,16 +8,17 @@ import type { Proposal } from './learner.js';
  * Being active means "proven"; being executable means "allowed". A learned proposal is executable only when
  * its rule is active AND the catalog lets the tool run automatically (policy `auto_seq_execute`, tool `auto_seq`
  * and `auto_seq_execute`, an explicit read-only side effect, visible, not denied, after one of its `auto_seq_from`
- * tools when it names some) AND the loop guard and max-consecutive limit pass, and the previous step was neither
- * a parallel action nor one with actions queued.
+ * tools when it names some) AND the loop guard and max-consecutive limit pass, and the previous step (`after`)
+ * neither failed nor was a parallel action nor one with actions queued.
  * Without a catalog nothing is executable (an unknown tool is not read-only).
  */
 export function learnedExecutable(
-  /** `tool`: the call whose output the decision follows (the task's last, for a later user message). */
-  e: Pick<ToolCallEvent, 'tenant_id' | 'agent_id' | 'visible_tools' | 'next_node' | 'pending_actions'> & {
-    status?: ToolCallEvent['status'];
-    tool?: string | undefined;
-  },
+  who: Pick<ToolCallEvent, 'tenant_id' | 'agent_id'>,
+  /**
+   * The call the decision follows: the task's last, the same after a later user message as after the call
+   * (`TaskState.prev`, which `decide` keeps). Unknown (state written before it was kept, or lost): nothing runs.
+   */
+  after: PrevCall | undefined,
   p: Proposal,
   catalog: Catalog,
   task: TaskState,
@@ -31,14 +32,13 @@ export function learnedExecutable(
   again = false,
 ): { execute: boolean; task: TaskState } {
   if (p.state !== 'active') return { execute: false, task };
-  // The reference's gates on the previous step hold for any decider: after a parallel action, or with actions
-  // already queued, nothing runs without the model (the typed decider skips these steps; the learned proposal
-  // that replaces its record was executable).
-  if (e.next_node === 'parallel' || (e.pending_actions ?? 0) > 0) return { execute: false, task };
-  // After a call that failed, as the typed decider does (error_observation): the agent is likely to retry or
-  // change course, and a step run on the failed call's output would act on an error.
-  if (e.status === 'error') return { execute: false, task };
-  const scope = catalog.scope(e.tenant_id, e.agent_id);
+  // The reference's gates on the previous step hold for any decider (the typed decider skips these steps; the
+  // learned proposal that replaces its record was executable): after a call that failed (error_observation: the
+  // agent is likely to retry or change course, and a step run on the failed call's output would act on an
+  // error), after a parallel action, or with actions already queued, nothing runs without the model. After a
+  // later user message too: the gates read the task's last call, not the message (which has none of these).
+  if (!after || after.held) return { execute: false, task };
+  const scope = catalog.scope(who.tenant_id, who.agent_id);
   const policy = scope?.policy;
   const tool = scope?.tools.get(p.tool);
   if (!scope || !policy || !tool || !policy.auto_seq_enabled || !policy.auto_seq_execute)
@@ -48,9 +48,10 @@ export function learnedExecutable(
   if (!tool.spec.auto_seq || !tool.spec.auto_seq_execute || !tool.readOnly) return { execute: false, task };
   if (policy.denied_tools.includes(p.tool)) return { execute: false, task };
   // `auto_seq_from` narrows a tool to the upstream tools it may follow, whichever decider proposed it.
-  if (tool.from && (e.tool === undefined || !tool.from.has(e.tool))) return { execute: false, task };
-  const visible = e.visible_tools ?? policy.visible_tools;
-  if (visible && !visible.includes(p.tool)) return { execute: false, task };
+  if (tool.from && !tool.from.has(after.tool)) return { execute: false, task };
+  // The call's visible_tools narrow the policy's, never widen them (as for typed candidates).
+  if (policy.visible_tools && !policy.visible_tools.includes(p.tool)) return { execute: false, task };
+  if (after.visible && !after.visible.includes(p.tool)) return { execute: false, task };
   if (holdsUnsafeInteger(p.args)) return { execute: false, task };
   // The typed decider's fingerprint (the payload's type and key names, whatever their values), so that the guard
   // holds across deciders and as documented: a fingerprint of the values never equalled the typed one (a learned
