@@ -62,6 +62,35 @@ describe('client: createPublisher (validation happens before any connection)', (
     expect(steps('kept')).toEqual([0, 1, 2]);
   });
 
+  it('a call refused for its size takes no step: the next call of the task gets the step it would have had', async () => {
+    const sent: { step?: number; tool: string }[] = [];
+    // A producer double: this test is about the publisher's step count, not about Kafka.
+    const producer = {
+      send: async (r: { messages: { value: Buffer }[] }) => {
+        for (const m of r.messages) sent.push(JSON.parse(m.value.toString()) as (typeof sent)[number]);
+        return [];
+      },
+    } as unknown as Producer;
+    const p = createPublisher({ producer, maxMessageBytes: 1_000 });
+    const call = (tool: string, observation?: string) =>
+      p.toolCall({ session_id: 's', task_id: 't', tool, ...(observation ? { observation } : {}) });
+    await call('a');
+    await expect(call('big', 'x'.repeat(2_000))).rejects.toMatchObject({ code: 'INPUT_INVALID' });
+    await call('b');
+    // Unawaited too: the refusal is known at the call, before the next call takes its step.
+    void call('c');
+    void call('big', 'x'.repeat(2_000));
+    void call('d');
+    await expect(p.close()).rejects.toMatchObject({ code: 'INPUT_INVALID' });
+    // Before: b went out with step 2 (and d with 4), and the services read a step missing from the task.
+    expect(sent.map((e) => [e.tool, e.step])).toEqual([
+      ['a', 0],
+      ['b', 1],
+      ['c', 2],
+      ['d', 3],
+    ]);
+  });
+
   it('a second close() waits for the first one: it resolves only once the queued events are acknowledged', async () => {
     const sent: unknown[] = [];
     let ack: (() => void) | null = null;
