@@ -48,7 +48,10 @@ export interface PublisherOptions {
   producer?: Producer;
   /** Bootstrap brokers (`host:port`), when the publisher makes its own producer. */
   brokers?: string[];
-  /** Extra kafkajs client settings (ssl, sasl, clientId…) for the publisher's own producer. */
+  /**
+   * Extra kafkajs client settings (ssl, sasl, clientId…) for the publisher's own producer. Its kafkajs logs are
+   * off unless `logLevel` or `logCreator` is given: failures are the rejections of the publisher's promises.
+   */
   kafka?: Omit<KafkaConfig, 'brokers'>;
   /** Defaults to paver.tool-calls.v1. */
   topic?: string;
@@ -131,7 +134,10 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     opts.producer ??
     new Kafka({
       clientId: 'paver-publisher',
-      logLevel: logLevel.ERROR,
+      // Quiet unless asked (a logLevel, or a logCreator, which then gets kafkajs's default level): every failure
+      // reaches the caller as the rejection of its call and of flush()/close(), and kafkajs's ERROR lines
+      // (each refused connection, each retry) went on the agent's stderr as well, in kafkajs's own format.
+      ...(opts.kafka?.logCreator ? {} : { logLevel: logLevel.NOTHING }),
       ...opts.kafka,
       brokers: opts.brokers!,
     }).producer({

@@ -1,7 +1,8 @@
-import { describe, expect, it } from 'vitest';
-import type { Producer } from 'kafkajs';
+import { describe, expect, it, vi } from 'vitest';
+import { logLevel, type Producer } from 'kafkajs';
 import { createPublisher, detect, select, PaverError, type ToolCallInput } from '../../client/index.js';
 import { MAX_OPEN_TASKS } from '../../client/publisher.js';
+import { freePort } from '../../deploy/local/stack.js';
 import { waitFor } from '../helpers/kafka.js';
 
 describe('client: createPublisher (validation happens before any connection)', () => {
@@ -116,6 +117,34 @@ describe('client: createPublisher (validation happens before any connection)', (
     ack!();
     await Promise.all([first, second]);
     expect(sent).toHaveLength(1);
+  });
+
+  it("its own producer writes nothing into the user's process: a failed send is the call's rejection, not a kafkajs log line", async () => {
+    const port = await freePort(); // nothing listens there: every connection is refused
+    const failedSend = async (kafka: object) => {
+      const written: unknown[][] = [];
+      const spies = (['log', 'info', 'warn', 'error'] as const).map((m) =>
+        vi.spyOn(console, m).mockImplementation((...args: unknown[]) => void written.push(args)),
+      );
+      try {
+        const p = createPublisher({
+          brokers: [`127.0.0.1:${port}`],
+          kafka: { retry: { retries: 0 }, connectionTimeout: 1_000, ...kafka },
+          lingerMs: 0,
+        });
+        await expect(p.toolCall({ session_id: 's', task_id: 't', tool: 'x' })).rejects.toMatchObject({
+          code: 'KAFKA_UNAVAILABLE',
+        });
+        await expect(p.close()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+      } finally {
+        for (const s of spies) s.mockRestore();
+      }
+      return written.flat().join('\n');
+    };
+    // Before: kafkajs's own ERROR lines ('[Connection] Connection error: connect ECONNREFUSED …') on stderr.
+    expect(await failedSend({})).toBe('');
+    // Asked for, they are there.
+    expect(await failedSend({ logLevel: logLevel.ERROR })).toContain('ECONNREFUSED');
   });
 
   it('fills event_id, ts and step; the input type leaves them optional', () => {
