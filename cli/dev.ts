@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { startStack, type Stack } from '../deploy/local/stack.js';
-import { EXIT_CONFIG } from '../shared/config.js';
+import { commonEnvShape, EXIT_CONFIG } from '../shared/config.js';
 import { errorMessage } from '../shared/errors.js';
 import { SERVICES, type ServiceName } from './services.js';
 
@@ -20,6 +20,22 @@ const EXAMPLES = {
   SEQUENCER_CONFIG_FILE: example('orchestration.yaml'),
   FLOWS_FILE: example('flows.yaml'),
 };
+
+/**
+ * How long after its SIGTERM a service may still run before it is SIGKILLed: its own stop gives up at
+ * PAVER_SHUTDOWN_TIMEOUT_MS (exit 1), so one still running past that and this margin is hung (a main thread
+ * blocked in a synchronous call, a stop that never settles), and dev waited for it for ever, its stack with it.
+ */
+export const KILL_MARGIN_MS = 5_000;
+export function killAfterMs(env: NodeJS.ProcessEnv): number {
+  // The services read the same variable from the environment dev passes on; one they refuse (exit 78) stops
+  // on its own, and the default stands in for it here.
+  const timeout = commonEnvShape.PAVER_SHUTDOWN_TIMEOUT_MS.safeParse(env.PAVER_SHUTDOWN_TIMEOUT_MS);
+  return (
+    (timeout.success ? timeout.data : commonEnvShape.PAVER_SHUTDOWN_TIMEOUT_MS.parse(undefined)) +
+    KILL_MARGIN_MS
+  );
+}
 
 /** Restart delays: 1 s, 2 s, 4 s … capped at 30 s; a service that ran for a minute starts again from 1 s. */
 export const RESTART = { initialMs: 1_000, maxMs: 30_000, healthyAfterMs: 60_000 } as const;
@@ -119,11 +135,20 @@ export async function dev(argv: { services?: string[] }): Promise<number> {
   process.off('SIGTERM', onSignal);
   stopping = true;
   for (const t of timers) clearTimeout(t);
-  const exits = [...children.values()].map(
-    (c) =>
-      new Promise<void>((r) =>
-        c.exitCode !== null || c.signalCode !== null ? r() : c.once('exit', () => r()),
-      ),
+  const killAfter = killAfterMs(process.env);
+  const exits = [...children].map(
+    ([name, c]) =>
+      new Promise<void>((r) => {
+        if (c.exitCode !== null || c.signalCode !== null) return r();
+        const kill = setTimeout(() => {
+          say(`${name} (pid ${c.pid}) still running ${killAfter} ms after SIGTERM: SIGKILL`);
+          c.kill('SIGKILL');
+        }, killAfter);
+        c.once('exit', () => {
+          clearTimeout(kill);
+          r();
+        });
+      }),
   );
   for (const c of children.values()) c.kill('SIGTERM');
   await Promise.all(exits);

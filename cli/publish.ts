@@ -1,5 +1,7 @@
 import { createReadStream } from 'node:fs';
 import { access, constants, stat } from 'node:fs/promises';
+import { constants as os } from 'node:os';
+import type { Readable } from 'node:stream';
 import { Kafka, logLevel, Partitioners } from 'kafkajs';
 import { z } from 'zod';
 import { createCodec } from '../shared/codec.js';
@@ -21,6 +23,66 @@ import { deeperThan, TOO_DEEP } from '../shared/core/json-depth.js';
 
 /** Longest a line read waits for others before it is sent. */
 const LINGER_MS = 50;
+
+/** After a stop signal, the longest publish still takes what its input already holds. */
+const DRAIN_MS = LINGER_MS;
+
+const STOPPED = Symbol('stopped');
+const IDLE = Symbol('idle');
+/** One full turn of the event loop: input already waiting to be read (a pipe's buffer) is read within it. */
+const loopTurn = () => new Promise<typeof IDLE>((r) => setImmediate(() => setImmediate(() => r(IDLE))));
+
+/**
+ * The chunks of `input` until `stop.signal` is set (and `stop.wake` called); then only those at hand — in the
+ * stream's buffer, or waiting to be read, as the lines written before the signal are — for at most DRAIN_MS,
+ * and no more. `stop.cut` says, once it has ended, whether it ended by the stop rather than at the input's end.
+ */
+async function* untilStopped(
+  input: Readable,
+  stop: { signal: NodeJS.Signals | null; wake: () => void; cut: boolean },
+): AsyncGenerator<unknown> {
+  const it = input[Symbol.asyncIterator]();
+  let next = it.next();
+  let drainUntil = 0;
+  try {
+    for (;;) {
+      let r: IteratorResult<unknown> | typeof STOPPED | typeof IDLE;
+      if (stop.signal === null)
+        // A promise per wait, not one for the whole run: each race would leave a reaction on a long-lived one.
+        r = await Promise.race([next, new Promise<typeof STOPPED>((w) => (stop.wake = () => w(STOPPED)))]);
+      else if (input.readableLength > 0) r = await next;
+      else {
+        drainUntil ||= Date.now() + DRAIN_MS;
+        r = await Promise.race([
+          next,
+          Date.now() < drainUntil ? loopTurn() : Promise.resolve<typeof IDLE>(IDLE),
+        ]);
+      }
+      if (r === STOPPED) continue;
+      if (r === IDLE) {
+        stop.cut = true;
+        return;
+      }
+      if (r.done) return;
+      yield r.value;
+      next = it.next();
+    }
+  } finally {
+    // The read left waiting ends with the stream (its premature-close rejection is expected, not a failure).
+    next.catch(() => undefined);
+    input.destroy();
+  }
+}
+
+/**
+ * Ends the process by `signal`, with Node's default action back in place, as the offline commands do
+ * (shared/output.ts): a shell says 130 (SIGINT) or 143 (SIGTERM), and a shell loop running publish stops too.
+ * Returns the code to exit with when a listener of someone else's keeps the signal from ending it.
+ */
+function endBy(signal: NodeJS.Signals): number {
+  if (process.listenerCount(signal) === 0) process.kill(process.pid, signal);
+  return 128 + os.signals[signal];
+}
 
 /** Exit code when no broker answers (sysexits EX_UNAVAILABLE). */
 export const EXIT_UNAVAILABLE = 69;
@@ -110,6 +172,25 @@ export async function publish(opts: {
   }
   const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner });
   let sent = 0;
+  // SIGINT/SIGTERM while reading: the lines read are sent and the summary said, then the process ends by the
+  // signal. Killed by it at once (Node's default), a live input lost the lines lingering for their send (up to
+  // 50 ms of them) and the summary. Before reading starts nothing is lost, and the default stands.
+  const stop = { signal: null as NodeJS.Signals | null, wake: () => undefined as void, cut: false };
+  const onSignal = (signal: NodeJS.Signals) => {
+    if (stop.signal === null) {
+      stop.signal = signal;
+      process.stderr.write(
+        `paver publish: ${signal}: sending the lines read, then stopping (${signal} again stops at once)\n`,
+      );
+      stop.wake();
+      return;
+    }
+    // A second signal does not wait for the sends (a broker that does not answer takes seconds of retries).
+    process.stderr.write(`paver publish: ${signal} again: stopped at once after ${sent} events sent\n`);
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+    process.exit(endBy(signal));
+  };
   let linger: NodeJS.Timeout | undefined;
   let sending: Promise<void> = Promise.resolve();
   try {
@@ -150,10 +231,17 @@ export async function publish(opts: {
     // flush (a live stdin sends fewer than 500 lines), and every later send, chained onto the failed one, was
     // skipped, so the lines that followed were dropped without a word while the command went on reading.
     const lingerFlush = () => void flush().catch((err: unknown) => input.destroy(err as Error));
+    process.on('SIGINT', onSignal);
+    process.on('SIGTERM', onSignal);
     // Lines stream through a bounded reader: one endless line must not be held whole (readline would).
     let lineNo = 0;
-    for await (const line of boundedLines(input, env.PAVER_MAX_MESSAGE_BYTES)) {
+    for await (const line of boundedLines(untilStopped(input, stop), env.PAVER_MAX_MESSAGE_BYTES)) {
       lineNo++;
+      // The input ended by the stop in the middle of a line: its writer had not finished it.
+      if (stop.cut) {
+        process.stderr.write(`paver publish: line ${lineNo}: cut short by the stop; not sent\n`);
+        break;
+      }
       if (line === null) {
         process.stderr.write(
           `paver publish: line ${lineNo}: longer than PAVER_MAX_MESSAGE_BYTES (${env.PAVER_MAX_MESSAGE_BYTES}); not sent\n`,
@@ -203,12 +291,23 @@ export async function publish(opts: {
   } catch (err) {
     return fail(1, `failed after ${sent} events: ${errorMessage(err)}`);
   } finally {
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
     clearTimeout(linger);
     // A send the timer started ends before the producer goes (its failure, if any, is the one reported).
     await sending.catch(() => undefined);
     await producer.disconnect().catch(() => undefined);
     await admin.disconnect().catch(() => undefined);
   }
-  process.stderr.write(`published ${sent} events to ${topic}\n`);
-  return 0;
+  if (stop.signal === null) {
+    process.stderr.write(`published ${sent} events to ${topic}\n`);
+    return 0;
+  }
+  const signal = stop.signal;
+  // Once the summary is out: the signal's default action does not wait for a pending write.
+  return new Promise((resolve) =>
+    process.stderr.write(`published ${sent} events to ${topic} (stopped by ${signal})\n`, () =>
+      resolve(endBy(signal)),
+    ),
+  );
 }

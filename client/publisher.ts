@@ -9,7 +9,7 @@ import {
   type userMessageEvent,
   type ToolCallsEvent,
 } from '../schemas/index.js';
-import { createCodec, type Codec } from '../shared/codec.js';
+import { createCodec, WIRE_HEADER_BYTES, type Codec } from '../shared/codec.js';
 import { PaverError, errorMessage } from '../shared/errors.js';
 import { describeIssues } from '../shared/jsonl.js';
 import { produceRequests } from '../shared/kafka/requests.js';
@@ -48,7 +48,10 @@ export interface PublisherOptions {
   producer?: Producer;
   /** Bootstrap brokers (`host:port`), when the publisher makes its own producer. */
   brokers?: string[];
-  /** Extra kafkajs client settings (ssl, sasl, clientId…) for the publisher's own producer. */
+  /**
+   * Extra kafkajs client settings (ssl, sasl, clientId…) for the publisher's own producer. Its kafkajs logs are
+   * off unless `logLevel` or `logCreator` is given: failures are the rejections of the publisher's promises.
+   */
   kafka?: Omit<KafkaConfig, 'brokers'>;
   /** Defaults to paver.tool-calls.v1. */
   topic?: string;
@@ -131,7 +134,10 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     opts.producer ??
     new Kafka({
       clientId: 'paver-publisher',
-      logLevel: logLevel.ERROR,
+      // Quiet unless asked (a logLevel, or a logCreator, which then gets kafkajs's default level): every failure
+      // reaches the caller as the rejection of its call and of flush()/close(), and kafkajs's ERROR lines
+      // (each refused connection, each retry) went on the agent's stderr as well, in kafkajs's own format.
+      ...(opts.kafka?.logCreator ? {} : { logLevel: logLevel.NOTHING }),
       ...opts.kafka,
       brokers: opts.brokers!,
     }).producer({
@@ -211,21 +217,33 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     while (encoding.size) await Promise.allSettled([...encoding]);
   };
 
-  const enqueue = async (event: ToolCallsEvent): Promise<void> => {
-    if (closed) throw new PaverError('SHUTTING_DOWN', 'publisher is closed');
-    const encoded = codec.encode('tool-calls.v1', topic, event);
+  // An event's encoded size is known before any await: its JSON text (the registry codec writes that text behind
+  // the wire format's header). Checked when the call is made, so that a call refused for its size takes no step
+  // of its task: checked after the asynchronous encode, it came after the step was taken, and the task's next
+  // call skipped a number. The text is returned for a codec that sends it as it is (JSON), not made twice.
+  const sized = (event: ToolCallsEvent): string | undefined => {
+    const text = codec.encodeText?.(event);
+    const bytes =
+      text === undefined
+        ? WIRE_HEADER_BYTES + Buffer.byteLength(JSON.stringify(event))
+        : Buffer.byteLength(text);
+    if (bytes > maxBytes)
+      throw new PaverError(
+        'INPUT_INVALID',
+        `${event.type} event is ${bytes} bytes, over the ${maxBytes}-byte limit`,
+      );
+    return text;
+  };
+
+  const enqueue = async (event: ToolCallsEvent, text: string | undefined): Promise<void> => {
+    const encoded =
+      text === undefined ? codec.encode('tool-calls.v1', topic, event) : Promise.resolve(Buffer.from(text));
     encoding.add(encoded);
     let value: Buffer;
     try {
       value = await encoded;
     } finally {
       encoding.delete(encoded);
-    }
-    if (value.length > maxBytes) {
-      throw new PaverError(
-        'INPUT_INVALID',
-        `${event.type} event is ${value.length} bytes, over the ${maxBytes}-byte limit`,
-      );
     }
     const done = new Promise<void>((resolve, reject) => {
       queue.push({ key: event.session_id, value, resolve, reject });
@@ -256,11 +274,16 @@ export function createPublisher(opts: PublisherOptions): Publisher {
 
   // Validation errors surface as rejected promises, like send errors: one way to handle failures. Each
   // promise is marked handled so an agent that fires and forgets is not crashed by an unhandled
-  // rejection; flush() reports the failure instead.
-  const guard = (f: () => ToolCallsEvent): Promise<void> => {
+  // rejection; flush() reports the failure instead. `accepted` runs only for an event that passed every check
+  // made at the call (the contract, the size): a tool call's step is taken there, not before.
+  const guard = (f: () => { event: ToolCallsEvent; accepted?: () => void }): Promise<void> => {
     let done: Promise<void>;
     try {
-      done = enqueue(f());
+      if (closed) throw new PaverError('SHUTTING_DOWN', 'publisher is closed');
+      const { event, accepted } = f();
+      const text = sized(event);
+      accepted?.();
+      done = enqueue(event, text);
     } catch (err) {
       done = Promise.reject(err);
     }
@@ -274,19 +297,21 @@ export function createPublisher(opts: PublisherOptions): Publisher {
         const key = taskKey(e);
         const step = e.step ?? steps.get(key) ?? 0;
         const event = complete('tool_call', { ...e, step });
-        steps.delete(key);
-        steps.set(key, step + 1);
-        if (steps.size > MAX_OPEN_TASKS) steps.delete(steps.keys().next().value!);
-        return event;
+        const accepted = () => {
+          steps.delete(key);
+          steps.set(key, step + 1);
+          if (steps.size > MAX_OPEN_TASKS) steps.delete(steps.keys().next().value!);
+        };
+        return { event, accepted };
       });
     },
     userMessage(e) {
-      return guard(() => complete('user_message', e));
+      return guard(() => ({ event: complete('user_message', e) }));
     },
     taskCompleted(e) {
       return guard(() => {
-        steps.delete(taskKey(e));
-        return complete('task_completed', e);
+        const event = complete('task_completed', e);
+        return { event, accepted: () => steps.delete(taskKey(e)) };
       });
     },
     async flush() {

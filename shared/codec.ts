@@ -53,7 +53,10 @@ function decodeJson(buf: Buffer): unknown {
   }
 }
 
-const isWireFormat = (buf: Buffer): boolean => buf.length >= 5 && buf[0] === 0;
+/** Confluent wire format's header before the JSON text: magic byte 0 and the schema id (4 bytes). */
+export const WIRE_HEADER_BYTES = 5;
+
+const isWireFormat = (buf: Buffer): boolean => buf.length >= WIRE_HEADER_BYTES && buf[0] === 0;
 
 function decodeJsonOnly(buf: Buffer): unknown {
   if (isWireFormat(buf)) {

@@ -159,7 +159,7 @@ const LONG_LINE_HEAD = 64 * 1024;
  * line ran the process out of memory.
  */
 export async function* boundedLines(
-  input: Readable,
+  input: AsyncIterable<unknown>,
   maxChars: number,
   long?: LongLineHead,
 ): AsyncGenerator<string | null> {

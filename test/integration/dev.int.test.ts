@@ -1,3 +1,4 @@
+import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import { freePort } from '../../deploy/local/stack.js';
 import { waitFor } from '../helpers/kafka.js';
@@ -7,6 +8,9 @@ const procs: Proc[] = [];
 afterAll(() => {
   for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
 });
+
+/** Preloaded into the services of a test: on SIGTERM, a service's main thread blocks for good. */
+const HANG_ON_SIGTERM = fileURLToPath(new URL('../fixtures/hang-on-sigterm.mjs', import.meta.url));
 
 const ready = async (port: number) => {
   try {
@@ -84,6 +88,35 @@ describe('paver dev supervises its services (real Kafka, real Redis, real proces
       if (alive(detector)) process.kill(detector, 'SIGKILL');
     }
     expect(await ready(port)).toBe(false);
+  });
+
+  it('SIGKILLs a service still running past its shutdown timeout and a margin, instead of waiting for it for ever', async () => {
+    const port = await freePort();
+    const dev = await startProcess(
+      [PAVER_BIN, 'dev', '--service', 'detector'],
+      serviceEnv({
+        PAVER_DETECTOR_HTTP_PORT: String(port),
+        PAVER_SHUTDOWN_TIMEOUT_MS: '1000',
+        NODE_OPTIONS: `--import=${HANG_ON_SIGTERM}`,
+      }),
+    );
+    procs.push(dev);
+    const explain = (err: Error) => {
+      throw new Error(`${err.message}\n${dev.output().slice(-5000)}`);
+    };
+    await waitFor(() => ready(port), 'detector ready', 120_000).catch(explain);
+    const detector = pidOf(dev.output(), 'detector')!;
+    try {
+      dev.child.kill('SIGTERM');
+      // Before: dev waited for the hung service's exit for ever, and never stopped its stack.
+      await waitFor(() => dev.child.exitCode !== null, 'paver dev to stop', 60_000).catch(explain);
+      expect(await dev.exited).toBe(0);
+      expect(dev.output()).toMatch(/detector \(pid \d+\) still running \d+ ms after SIGTERM: SIGKILL/);
+      expect(dev.output()).toContain('paver dev: stopped');
+      expect(alive(detector)).toBe(false);
+    } finally {
+      if (alive(detector)) process.kill(detector, 'SIGKILL');
+    }
   });
 
   it('never prints the password of an external REDIS_URL', async () => {

@@ -124,6 +124,57 @@ describe('paver publish', () => {
     }
   });
 
+  it.each(['SIGINT', 'SIGTERM'] as const)(
+    '%s sends the lines of a live stdin already read, prints the summary, and ends by the signal',
+    async (signal) => {
+      const { REDIS_URL: _unused, ...env } = serviceEnv();
+      const topic = env.PAVER_TOPIC_TOOL_CALLS!;
+      await createTopics([{ topic, partitions: 1 }]);
+      const p = spawn(process.execPath, [PAVER_BIN, 'publish', '--input', '-'], {
+        cwd: ROOT,
+        env,
+        stdio: ['pipe', 'ignore', 'pipe'],
+      });
+      let err = '';
+      p.stderr.on('data', (d: Buffer) => (err += d.toString()));
+      const exited = new Promise<[number | null, NodeJS.Signals | null]>((r) =>
+        p.once('exit', (c, s) => r([c, s])),
+      );
+      const write = (text: string) =>
+        new Promise<void>((resolve, reject) => p.stdin.write(text, (e) => (e ? reject(e) : resolve())));
+      const line = (id: string) =>
+        JSON.stringify({
+          type: 'tool_call',
+          event_id: id,
+          session_id: 's',
+          task_id: 't',
+          step: 0,
+          tool: 'x',
+          ts: 1,
+        });
+      const ids = (all: { value: Buffer | null }[]) =>
+        all.map((m) => (JSON.parse(m.value!.toString()) as { event_id: string }).event_id);
+      try {
+        // The first line on the topic says that publish is reading.
+        await write(`${line('sig-1')}\n`);
+        await consumeUntil(topic, (all) => all.length >= 1, 60_000);
+        // Three lines, and the start of a fourth, in publish's input when the signal comes: the lines within the
+        // 50 ms publish lingers for more, the cut line never finished by its writer.
+        await write(`${line('sig-2')}\n${line('sig-3')}\n${line('sig-4')}\n${line('cut').slice(0, 30)}`);
+        p.kill(signal);
+        // Before: killed by the signal at once, the lingering lines lost and no summary.
+        const [code, by] = await exited;
+        expect([code, by], err).toEqual([null, signal]); // a shell says 130 (SIGINT) or 143 (SIGTERM)
+        expect(err).toContain(`published 4 events to ${topic} (stopped by ${signal})`);
+        expect(err).toContain('line 5: cut short by the stop; not sent');
+        const got = await consumeUntil(topic, (all) => all.length >= 4, 60_000);
+        expect(ids(got)).toEqual(['sig-1', 'sig-2', 'sig-3', 'sig-4']);
+      } finally {
+        if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL');
+      }
+    },
+  );
+
   it('a live stdin whose send fails ends the command with the error, not later lines dropped without a word', async () => {
     const { REDIS_URL: _unused, ...env } = serviceEnv();
     // The broker refuses a record over this topic's max.message.bytes: the send the 50 ms timer starts fails.

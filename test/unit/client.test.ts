@@ -1,7 +1,8 @@
-import { describe, expect, it } from 'vitest';
-import type { Producer } from 'kafkajs';
+import { describe, expect, it, vi } from 'vitest';
+import { logLevel, type Producer } from 'kafkajs';
 import { createPublisher, detect, select, PaverError, type ToolCallInput } from '../../client/index.js';
 import { MAX_OPEN_TASKS } from '../../client/publisher.js';
+import { freePort } from '../../deploy/local/stack.js';
 import { waitFor } from '../helpers/kafka.js';
 
 describe('client: createPublisher (validation happens before any connection)', () => {
@@ -62,6 +63,35 @@ describe('client: createPublisher (validation happens before any connection)', (
     expect(steps('kept')).toEqual([0, 1, 2]);
   });
 
+  it('a call refused for its size takes no step: the next call of the task gets the step it would have had', async () => {
+    const sent: { step?: number; tool: string }[] = [];
+    // A producer double: this test is about the publisher's step count, not about Kafka.
+    const producer = {
+      send: async (r: { messages: { value: Buffer }[] }) => {
+        for (const m of r.messages) sent.push(JSON.parse(m.value.toString()) as (typeof sent)[number]);
+        return [];
+      },
+    } as unknown as Producer;
+    const p = createPublisher({ producer, maxMessageBytes: 1_000 });
+    const call = (tool: string, observation?: string) =>
+      p.toolCall({ session_id: 's', task_id: 't', tool, ...(observation ? { observation } : {}) });
+    await call('a');
+    await expect(call('big', 'x'.repeat(2_000))).rejects.toMatchObject({ code: 'INPUT_INVALID' });
+    await call('b');
+    // Unawaited too: the refusal is known at the call, before the next call takes its step.
+    void call('c');
+    void call('big', 'x'.repeat(2_000));
+    void call('d');
+    await expect(p.close()).rejects.toMatchObject({ code: 'INPUT_INVALID' });
+    // Before: b went out with step 2 (and d with 4), and the services read a step missing from the task.
+    expect(sent.map((e) => [e.tool, e.step])).toEqual([
+      ['a', 0],
+      ['b', 1],
+      ['c', 2],
+      ['d', 3],
+    ]);
+  });
+
   it('a second close() waits for the first one: it resolves only once the queued events are acknowledged', async () => {
     const sent: unknown[] = [];
     let ack: (() => void) | null = null;
@@ -87,6 +117,34 @@ describe('client: createPublisher (validation happens before any connection)', (
     ack!();
     await Promise.all([first, second]);
     expect(sent).toHaveLength(1);
+  });
+
+  it("its own producer writes nothing into the user's process: a failed send is the call's rejection, not a kafkajs log line", async () => {
+    const port = await freePort(); // nothing listens there: every connection is refused
+    const failedSend = async (kafka: object) => {
+      const written: unknown[][] = [];
+      const spies = (['log', 'info', 'warn', 'error'] as const).map((m) =>
+        vi.spyOn(console, m).mockImplementation((...args: unknown[]) => void written.push(args)),
+      );
+      try {
+        const p = createPublisher({
+          brokers: [`127.0.0.1:${port}`],
+          kafka: { retry: { retries: 0 }, connectionTimeout: 1_000, ...kafka },
+          lingerMs: 0,
+        });
+        await expect(p.toolCall({ session_id: 's', task_id: 't', tool: 'x' })).rejects.toMatchObject({
+          code: 'KAFKA_UNAVAILABLE',
+        });
+        await expect(p.close()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+      } finally {
+        for (const s of spies) s.mockRestore();
+      }
+      return written.flat().join('\n');
+    };
+    // Before: kafkajs's own ERROR lines ('[Connection] Connection error: connect ECONNREFUSED …') on stderr.
+    expect(await failedSend({})).toBe('');
+    // Asked for, they are there.
+    expect(await failedSend({ logLevel: logLevel.ERROR })).toContain('ECONNREFUSED');
   });
 
   it('fills event_id, ts and step; the input type leaves them optional', () => {
