@@ -245,6 +245,13 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     } finally {
       encoding.delete(encoded);
     }
+    // The check at the call sized the text the codec writes; this one holds the limit should a codec's framing
+    // ever differ from that (the broker would refuse the whole batch the record went in).
+    if (value.length > maxBytes)
+      throw new PaverError(
+        'INPUT_INVALID',
+        `${event.type} event is ${value.length} bytes, over the ${maxBytes}-byte limit`,
+      );
     const done = new Promise<void>((resolve, reject) => {
       queue.push({ key: event.session_id, value, resolve, reject });
     });
