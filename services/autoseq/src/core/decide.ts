@@ -126,7 +126,9 @@ export function decide(
     return { records, task: next, duplicate: false };
   };
   if (!scope || !policy?.auto_seq_enabled) return skip('disabled');
-  if (e.status === 'error') return skip('error_observation');
+  // A failure the producer reports (status) or, without a status, one its output tells (as the learner and the gates
+  // on the previous step judge it): an error object is no input for the next step.
+  if (callFailed(e)) return skip('error_observation');
   const obs = e.observation;
   if (!isMapping(obs)) return skip('non_structured_observation');
   if (e.next_node === 'parallel') return skip('previous_step_parallel');

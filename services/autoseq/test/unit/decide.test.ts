@@ -119,6 +119,15 @@ describe('autoseq gates (the reference order)', () => {
     expect(only(c, event(good, { pending_actions: 0 })).event_type).toBe('auto_seq_detected_unique');
     expect(only(c, event(good, { status: 'error' })).reason).toBe('error_observation');
   });
+  it('skips a failed call that sets no status when its output says it failed, as the learned gates do', () => {
+    // Before: the error object still matched the next tool's schema and was unique, executable.
+    expect(only(c, event({ ...good, error: 'quota exceeded' })).reason).toBe('error_observation');
+    expect(only(c, event({ ...good, success: false })).reason).toBe('error_observation');
+    // A producer's status is trusted over what the output looks like.
+    expect(only(c, event({ ...good, error: 'quota exceeded' }, { status: 'ok' })).event_type).toBe(
+      'auto_seq_detected_unique',
+    );
+  });
   it('none when no tool accepts the payload', () => {
     expect(only(c, event({ route: 1, text: 'x' }))).toMatchObject({
       event_type: 'auto_seq_detected_none',
