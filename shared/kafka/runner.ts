@@ -2,7 +2,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Consumer, EachBatchPayload, Kafka, KafkaMessage } from 'kafkajs';
 import type { Codec } from '../codec.js';
 import type { CommonEnv } from '../config.js';
-import { classifyError, PaverError, errorMessage } from '../errors.js';
+import { classifyError, PaverError, errorMessage, writeRefused } from '../errors.js';
 import type { Logger } from '../log.js';
 import type { RuntimeMetrics } from '../metrics.js';
 import { withRetry } from '../retry.js';
@@ -274,6 +274,17 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
       message: buildDeadLetter(o.service, sourceOf(r), r.reason, r.detail, limits, now),
     }));
     let stripped = 0;
+    const topic = o.env.PAVER_TOPIC_DEAD_LETTERS;
+    // Rethrown so the batch is redelivered: a message is never lost because the dead-letter write failed. A write
+    // the broker refuses for good (a permission, the topic's configuration) is not retried: the service stops at
+    // once, naming the topic and the cause. Before, it spent every retry and restart on it first.
+    const failed = (
+      err: unknown,
+      code: 'DEAD_LETTER_WRITE_FAILED' | 'INTERNAL' = 'DEAD_LETTER_WRITE_FAILED',
+    ) =>
+      (err instanceof PaverError && err.code === 'CONFIG_INVALID' ? err : null) ??
+      writeRefused(topic, err) ??
+      new PaverError(code, `dead-letter write failed: ${errorMessage(err)}`, { cause: err });
     // Dead letters stay plain JSON even with a registry: they must be readable when the registry is the problem.
     // One produce request per size budget: the broker's limit applies to a partition's whole record batch.
     for (const group of produceRequests(
@@ -283,43 +294,27 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     )) {
       try {
         await o.sink.sendRaw(
-          o.env.PAVER_TOPIC_DEAD_LETTERS,
+          topic,
           group.map((g) => g.message),
         );
       } catch (err) {
-        if (!isTooLarge(err)) {
-          // Rethrown so the batch is redelivered: a message is never lost because the dead-letter write failed.
-          throw new PaverError('DEAD_LETTER_WRITE_FAILED', `dead-letter write failed: ${errorMessage(err)}`, {
-            cause: err,
-          });
-        }
+        if (!isTooLarge(err)) throw failed(err);
         // The broker's limit is below ours: no retry can change that. Each record alone, then, with its original
         // bytes where it fits (the group's others need not lose theirs), else with the hash and position only.
         for (const { r, message } of group) {
           if (group.length > 1) {
             try {
-              await o.sink.sendRaw(o.env.PAVER_TOPIC_DEAD_LETTERS, [message]);
+              await o.sink.sendRaw(topic, [message]);
               continue;
             } catch (e1) {
-              if (!isTooLarge(e1))
-                throw new PaverError(
-                  'DEAD_LETTER_WRITE_FAILED',
-                  `dead-letter write failed: ${errorMessage(e1)}`,
-                  {
-                    cause: e1,
-                  },
-                );
+              if (!isTooLarge(e1)) throw failed(e1);
             }
           }
           const small = withoutOriginal(o.service, sourceOf(r), r.reason, r.detail, now);
           try {
-            await o.sink.sendRaw(o.env.PAVER_TOPIC_DEAD_LETTERS, [small]);
+            await o.sink.sendRaw(topic, [small]);
           } catch (e2) {
-            throw new PaverError(
-              isTooLarge(e2) ? 'INTERNAL' : 'DEAD_LETTER_WRITE_FAILED',
-              `dead-letter write failed: ${errorMessage(e2)}`,
-              { cause: e2 },
-            );
+            throw failed(e2, isTooLarge(e2) ? 'INTERNAL' : 'DEAD_LETTER_WRITE_FAILED');
           }
           stripped++;
         }
