@@ -166,6 +166,11 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
   let stopping: Promise<void> | null = null;
   /** Next offset to read per partition, once the effects before it are written (committed or not). */
   const processed = new Map<string, Map<number, bigint>>();
+  /** Commits owed past records no consumer is given, per `partition\0topic` (see END_BATCH_PROCESS). */
+  const owed = new Map<string, { topic: string; partition: number; offset: bigint }>();
+  let committing: Promise<void> | null = null;
+  /** The partitions of the commit in flight. */
+  let inFlight = new Set<string>();
   const markProcessed = (topic: string, partition: number, next: bigint) => {
     let t = processed.get(topic);
     if (!t) processed.set(topic, (t = new Map()));
@@ -200,6 +205,7 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
 
   consumer.on(consumer.events.GROUP_JOIN, (e) => {
     joined = true;
+    owed.clear();
     restarts = 0;
     memberId = e.payload.memberId;
     assigned = e.payload.memberAssignment;
@@ -217,6 +223,7 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
   });
   consumer.on(consumer.events.REBALANCING, () => {
     joined = false;
+    owed.clear();
     o.onRebalance?.();
   });
   consumer.on(consumer.events.STOP, () => (joined = false));
@@ -231,11 +238,60 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     const next = BigInt(lastOffset) + 1n;
     markProcessed(topic, partition, next);
     reportProcessed(topic, partition, next, BigInt(highWatermark));
-    consumer.commitOffsets([{ topic, partition, offset: next.toString() }]).catch((err: unknown) => {
-      // A rebalance or a stop: the partition's next owner skips the same records and commits them.
-      o.log.debug({ err: errorMessage(err), topic, partition }, 'commit past skipped records failed');
-    });
+    const k = `${partition}\0${topic}`;
+    if ((owed.get(k)?.offset ?? -1n) < next) owed.set(k, { topic, partition, offset: next });
+    void commitOwed();
   });
+  // A commit that failed is owed until one succeeds: tried again at the next fetch (every KAFKA_MAX_WAIT_MS at
+  // most, an idle partition included) and at the next batch.
+  consumer.on(consumer.events.FETCH, () => {
+    if (owed.size > 0) void commitOwed();
+  });
+  // Partitions may move at a rebalance: whoever owns one next reads its markers again from the committed offset
+  // and commits past them itself; a commit owed from before could land after that owner's and set it back.
+  // (Cleared at REBALANCING and GROUP_JOIN, above.)
+
+  /**
+   * Commits the owed offsets past markers, one commit at a time; never rejects (before, a failed commit was
+   * only logged at debug, and the group stayed short of the end for good). A batch of a partition waits for
+   * the commit in flight before it commits further, so a late answer cannot set the partition back.
+   */
+  function commitOwed(): Promise<void> {
+    if (committing) return committing;
+    const run = async () => {
+      while (owed.size > 0 && !stopping) {
+        const taken = [...owed.entries()];
+        inFlight = new Set(taken.map(([k]) => k));
+        try {
+          await consumer.commitOffsets(
+            taken.map(([, c]) => ({ topic: c.topic, partition: c.partition, offset: c.offset.toString() })),
+          );
+          for (const [k, c] of taken) if (owed.get(k)?.offset === c.offset) owed.delete(k);
+        } catch (err) {
+          if (membershipChange(err)) {
+            // Rebalancing: the partitions' next owners commit past the markers (REBALANCING clears the rest).
+            for (const [k, c] of taken) if (owed.get(k)?.offset === c.offset) owed.delete(k);
+            o.log.debug({ err: errorMessage(err) }, 'commit past skipped records left to the rejoin');
+          } else {
+            for (const [, c] of taken) o.metrics.markerCommitFailures.inc({ topic: c.topic });
+            o.log.warn(
+              { err: errorMessage(err), partitions: taken.map(([, c]) => `${c.topic}/${c.partition}`) },
+              'commit past skipped records (transaction markers) failed; trying again at the next fetch',
+            );
+          }
+          return;
+        }
+      }
+    };
+    // `finally` runs after the assignment, even when `run` has nothing to do.
+    committing = run()
+      .catch(() => undefined)
+      .finally(() => {
+        committing = null;
+        inFlight = new Set();
+      });
+    return committing;
+  }
 
   function reportProcessed(topic: string, partition: number, next: bigint, hw: bigint) {
     o.metrics.consumerLag.set({ topic, partition: String(partition) }, Number(hw > next ? hw - next : 0n));
@@ -412,6 +468,13 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     const { batch } = p;
     const { topic, partition } = batch;
     if (!p.isRunning() || p.isStale()) return;
+    // This batch's commits cover what the partition owes past markers (it starts past them). A commit of it in
+    // flight is waited for, or its late answer could set the partition back; the other partitions' owed
+    // commits are tried again meanwhile.
+    const key = `${partition}\0${topic}`;
+    owed.delete(key);
+    if (inFlight.has(key)) await committing;
+    else if (owed.size > 0) void commitOwed();
     if (o.ready && !o.ready()) return pauseUntilReady(p.pause);
 
     const endTimer = o.metrics.processingSeconds.startTimer({ topic });
