@@ -481,16 +481,21 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     // A batch that fails is timed too (a stuck dependency shows as slow failed batches, not as no batches); one
     // cut short by a stop or a rebalance is `stopped`, neither a whole batch nor a failure.
     let outcome: 'ok' | 'failed' | 'stopped' = 'ok';
+    /**
+     * The group's rebalance (or this member's loss), as the heartbeat timer met it during a chunk: no new work of
+     * the batch starts (the handler is told through ctx.isRunning, no retry runs), and it goes back to kafkajs.
+     */
+    let rejoin: Error | null = null;
     try {
       const ctx: BatchContext = {
         heartbeat: () => p.heartbeat(),
-        isRunning: () => p.isRunning() && !p.isStale(),
+        isRunning: () => p.isRunning() && !p.isStale() && !rejoin,
       };
       const retry = {
         attempts: o.env.PAVER_RETRY_ATTEMPTS,
         initialMs: o.env.PAVER_RETRY_INITIAL_MS,
         maxMs: o.env.PAVER_RETRY_MAX_MS,
-        shouldStop: () => !p.isRunning(),
+        shouldStop: () => !p.isRunning() || rejoin !== null,
         onRetry: async (err: PaverError, attempt: number, waitMs: number) => {
           o.metrics.retries.inc({ code: err.code });
           o.log.warn(
@@ -518,7 +523,7 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
           // rebalance) ends the batch, uncommitted, as any failure would.
           try {
             await untilReady(
-              () => p.isRunning() && !p.isStale() && !stopping,
+              () => p.isRunning() && !p.isStale() && !stopping && !rejoin,
               () => p.heartbeat(),
             );
           } finally {
@@ -541,9 +546,16 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
         monitor.processing(topic, partition, Number(chunk[0]!.timestamp));
         // kafkajs heartbeats only when asked. An effect longer than the session timeout (a model call per
         // request, a slow Redis) that does not ask would get the member evicted: its commit refused, the chunk
-        // read again, as slowly, for good. A heartbeat that finds the group rebalancing is left to the one after
-        // the commit, which hands it to kafkajs (a failed heartbeat is sent again on the next ask).
-        const beat = setInterval(() => void p.heartbeat().catch(() => undefined), heartbeatMs);
+        // read again, as slowly, for good. A heartbeat that finds the group rebalancing stops the batch's new
+        // work (ctx.isRunning says so to the handler, retries end) and the batch then hands it to kafkajs. Before,
+        // it was dropped: a handler working in steps went on to the end of the chunk.
+        const beat = setInterval(
+          () =>
+            void p.heartbeat().catch((e: unknown) => {
+              rejoin ??= membershipChange(e);
+            }),
+          heartbeatMs,
+        );
         let r: Awaited<ReturnType<typeof processChunk>>;
         try {
           r = await processChunk<T, KafkaMessage>({
@@ -585,6 +597,12 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
       }
       if (reached !== null) reportProcessed(topic, partition, reached, BigInt(batch.highWatermark));
     } catch (err) {
+      // The timer met a rebalance: what failed or gave up since is not a failure of the batch. It stays
+      // uncommitted, and kafkajs, given the rebalance back, rejoins.
+      if (rejoin) {
+        outcome = 'stopped';
+        throw rejoin;
+      }
       // An effect that gave up because this consumer is stopping or lost the partition (a rebuild's replay,
       // shared/kafka/replay.ts): not a failure, and not fatal. The chunk stays uncommitted: the partition's next
       // owner, or this service's next start, reads it again.

@@ -252,3 +252,70 @@ describe('consumer runner: the commit past records no consumer is given (transac
     }
   });
 });
+
+describe('consumer runner: a rebalance the heartbeat timer meets during a long chunk', () => {
+  it('tells the handler to stop (ctx.isRunning), commits nothing and hands the rebalance to kafkajs', async () => {
+    const rebalancing = Object.assign(new Error('The group is rebalancing, so a rejoin is needed'), {
+      name: 'KafkaJSProtocolError',
+      type: 'REBALANCE_IN_PROGRESS',
+      retriable: false,
+    });
+    const consumer = standInConsumer();
+    let beats = 0;
+    const log: string[] = [];
+    const fatal: Error[] = [];
+    let runningAfterBeat: boolean | null = null;
+    const runner = createRunner<ToolCallsEvent>({
+      service: 'test',
+      groupId: 'g',
+      topics: ['t'],
+      parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
+      // A long handler working in steps (a replay, a model call per record), asking between them whether to go on.
+      handler: async (_records, ctx) => {
+        await vi.waitFor(() => expect(beats).toBeGreaterThan(0), { timeout: 10_000 });
+        runningAfterBeat = ctx.isRunning();
+        if (!runningAfterBeat) throw new PaverError('SHUTTING_DOWN', 'stopped between steps');
+      },
+      // The shortest session timeout: the timer heartbeats every 600 ms.
+      ...standInDeps(
+        standInKafka(consumer),
+        { onFatal: (e) => fatal.push(e) },
+        { KAFKA_SESSION_TIMEOUT_MS: '6000' },
+      ),
+    });
+    await runner.start();
+    try {
+      const failed = await consumer.eachBatch!({
+        ...oneRecordBatch([]),
+        batch: {
+          ...oneRecordBatch([]).batch,
+          messages: [
+            {
+              offset: '0',
+              key: Buffer.from('s'),
+              value: Buffer.from(JSON.stringify(event(0))),
+              timestamp: '0',
+              headers: {},
+            },
+          ],
+        },
+        heartbeat: () => {
+          beats++;
+          return Promise.reject(rebalancing);
+        },
+        commitOffsetsIfNecessary: async () => void log.push('commit'),
+        resolveOffset: (o: string) => void log.push(`resolve ${o}`),
+      }).then(
+        () => null,
+        (e: unknown) => e,
+      );
+      // Before, the timer's heartbeat swallowed the rebalance: the handler was told to go on with its next step.
+      expect(runningAfterBeat).toBe(false);
+      expect(failed).toBe(rebalancing);
+      expect(log).toEqual([]);
+      expect(fatal).toEqual([]);
+    } finally {
+      await runner.stop();
+    }
+  });
+});
