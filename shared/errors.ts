@@ -74,6 +74,37 @@ export function classifyError(err: unknown): PaverError {
   return new PaverError('INTERNAL', message, { cause: err });
 }
 
+/**
+ * The broker's answer, anywhere in `err`'s cause chain, that it will never take this write as things are
+ * configured: a kafkajs protocol error it marks non-retriable (TOPIC_AUTHORIZATION_FAILED,
+ * CLUSTER_AUTHORIZATION_FAILED, INVALID_RECORD on a compacted topic, ...). Retrying cannot help; a person must
+ * change an ACL or the topic. Null for anything else (an unreachable broker, a timeout, a leader moving).
+ */
+export function kafkaRefusal(err: unknown): { type: string; message: string } | null {
+  let e = err as
+    { name?: unknown; type?: unknown; retriable?: unknown; message?: unknown; cause?: unknown } | undefined;
+  for (let i = 0; e && i < 6; i++) {
+    if (e.name === 'KafkaJSProtocolError' && e.retriable === false && typeof e.type === 'string')
+      return { type: e.type, message: typeof e.message === 'string' ? e.message : e.type };
+    e = (e.cause ?? (e as { originalError?: unknown }).originalError) as typeof e;
+  }
+  return null;
+}
+
+/**
+ * A write to `topic` the broker refused for good (kafkaRefusal), as the configuration error it is: named by its
+ * topic and cause, not retried, so the service stops with it and its batch stays uncommitted. Null otherwise.
+ */
+export function writeRefused(topic: string, err: unknown): PaverError | null {
+  const r = kafkaRefusal(err);
+  if (!r) return null;
+  return new PaverError(
+    'CONFIG_INVALID',
+    `${topic} refused the write for good: ${r.type} (${r.message}); check this service's permissions (ACLs) on the topic and the cluster, and the topic's configuration. Retrying cannot help`,
+    { cause: err },
+  );
+}
+
 /** The message of anything thrown: `throw` accepts any value, so never assume an `Error`. */
 export function errorMessage(err: unknown): string {
   if (err instanceof Error) return err.message;

@@ -15,6 +15,7 @@ export interface RuntimeMetrics {
   published: Counter<'topic'>;
   oversizeOutputs: Counter<'topic' | 'outcome'>;
   keyMismatches: Counter<'topic'>;
+  markerCommitFailures: Counter<'topic'>;
 }
 
 export function createMetrics(service: string, registry = new Registry()): RuntimeMetrics {
@@ -85,6 +86,12 @@ export function createMetrics(service: string, registry = new Registry()): Runti
     keyMismatches: new Counter({
       name: 'paver_input_key_mismatches_total',
       help: "Input records whose Kafka key is not the one the topic's contract asks for (the tool-calls topic: the event's session_id). Still processed; per-session order and per-partition state assume the key.",
+      labelNames: ['topic'],
+      registers: r,
+    }),
+    markerCommitFailures: new Counter({
+      name: 'paver_marker_commit_failures_total',
+      help: 'Failed commits past records no consumer is given (transaction markers, aborted records) at a partition end; each is tried again at the next fetch or batch.',
       labelNames: ['topic'],
       registers: r,
     }),

@@ -2,7 +2,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Consumer, EachBatchPayload, Kafka, KafkaMessage } from 'kafkajs';
 import type { Codec } from '../codec.js';
 import type { CommonEnv } from '../config.js';
-import { classifyError, PaverError, errorMessage } from '../errors.js';
+import { classifyError, PaverError, errorMessage, writeRefused } from '../errors.js';
 import type { Logger } from '../log.js';
 import type { RuntimeMetrics } from '../metrics.js';
 import { withRetry } from '../retry.js';
@@ -166,6 +166,11 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
   let stopping: Promise<void> | null = null;
   /** Next offset to read per partition, once the effects before it are written (committed or not). */
   const processed = new Map<string, Map<number, bigint>>();
+  /** Commits owed past records no consumer is given, per `partition\0topic` (see END_BATCH_PROCESS). */
+  const owed = new Map<string, { topic: string; partition: number; offset: bigint }>();
+  let committing: Promise<void> | null = null;
+  /** The partitions of the commit in flight. */
+  let inFlight = new Set<string>();
   const markProcessed = (topic: string, partition: number, next: bigint) => {
     let t = processed.get(topic);
     if (!t) processed.set(topic, (t = new Map()));
@@ -200,6 +205,7 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
 
   consumer.on(consumer.events.GROUP_JOIN, (e) => {
     joined = true;
+    owed.clear();
     restarts = 0;
     memberId = e.payload.memberId;
     assigned = e.payload.memberAssignment;
@@ -217,6 +223,7 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
   });
   consumer.on(consumer.events.REBALANCING, () => {
     joined = false;
+    owed.clear();
     o.onRebalance?.();
   });
   consumer.on(consumer.events.STOP, () => (joined = false));
@@ -231,11 +238,60 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     const next = BigInt(lastOffset) + 1n;
     markProcessed(topic, partition, next);
     reportProcessed(topic, partition, next, BigInt(highWatermark));
-    consumer.commitOffsets([{ topic, partition, offset: next.toString() }]).catch((err: unknown) => {
-      // A rebalance or a stop: the partition's next owner skips the same records and commits them.
-      o.log.debug({ err: errorMessage(err), topic, partition }, 'commit past skipped records failed');
-    });
+    const k = `${partition}\0${topic}`;
+    if ((owed.get(k)?.offset ?? -1n) < next) owed.set(k, { topic, partition, offset: next });
+    void commitOwed();
   });
+  // A commit that failed is owed until one succeeds: tried again at the next fetch (every KAFKA_MAX_WAIT_MS at
+  // most, an idle partition included) and at the next batch.
+  consumer.on(consumer.events.FETCH, () => {
+    if (owed.size > 0) void commitOwed();
+  });
+  // Partitions may move at a rebalance: whoever owns one next reads its markers again from the committed offset
+  // and commits past them itself; a commit owed from before could land after that owner's and set it back.
+  // (Cleared at REBALANCING and GROUP_JOIN, above.)
+
+  /**
+   * Commits the owed offsets past markers, one commit at a time; never rejects (before, a failed commit was
+   * only logged at debug, and the group stayed short of the end for good). A batch of a partition waits for
+   * the commit in flight before it commits further, so a late answer cannot set the partition back.
+   */
+  function commitOwed(): Promise<void> {
+    if (committing) return committing;
+    const run = async () => {
+      while (owed.size > 0 && !stopping) {
+        const taken = [...owed.entries()];
+        inFlight = new Set(taken.map(([k]) => k));
+        try {
+          await consumer.commitOffsets(
+            taken.map(([, c]) => ({ topic: c.topic, partition: c.partition, offset: c.offset.toString() })),
+          );
+          for (const [k, c] of taken) if (owed.get(k)?.offset === c.offset) owed.delete(k);
+        } catch (err) {
+          if (membershipChange(err)) {
+            // Rebalancing: the partitions' next owners commit past the markers (REBALANCING clears the rest).
+            for (const [k, c] of taken) if (owed.get(k)?.offset === c.offset) owed.delete(k);
+            o.log.debug({ err: errorMessage(err) }, 'commit past skipped records left to the rejoin');
+          } else {
+            for (const [, c] of taken) o.metrics.markerCommitFailures.inc({ topic: c.topic });
+            o.log.warn(
+              { err: errorMessage(err), partitions: taken.map(([, c]) => `${c.topic}/${c.partition}`) },
+              'commit past skipped records (transaction markers) failed; trying again at the next fetch',
+            );
+          }
+          return;
+        }
+      }
+    };
+    // `finally` runs after the assignment, even when `run` has nothing to do.
+    committing = run()
+      .catch(() => undefined)
+      .finally(() => {
+        committing = null;
+        inFlight = new Set();
+      });
+    return committing;
+  }
 
   function reportProcessed(topic: string, partition: number, next: bigint, hw: bigint) {
     o.metrics.consumerLag.set({ topic, partition: String(partition) }, Number(hw > next ? hw - next : 0n));
@@ -274,6 +330,17 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
       message: buildDeadLetter(o.service, sourceOf(r), r.reason, r.detail, limits, now),
     }));
     let stripped = 0;
+    const topic = o.env.PAVER_TOPIC_DEAD_LETTERS;
+    // Rethrown so the batch is redelivered: a message is never lost because the dead-letter write failed. A write
+    // the broker refuses for good (a permission, the topic's configuration) is not retried: the service stops at
+    // once, naming the topic and the cause. Before, it spent every retry and restart on it first.
+    const failed = (
+      err: unknown,
+      code: 'DEAD_LETTER_WRITE_FAILED' | 'INTERNAL' = 'DEAD_LETTER_WRITE_FAILED',
+    ) =>
+      (err instanceof PaverError && err.code === 'CONFIG_INVALID' ? err : null) ??
+      writeRefused(topic, err) ??
+      new PaverError(code, `dead-letter write failed: ${errorMessage(err)}`, { cause: err });
     // Dead letters stay plain JSON even with a registry: they must be readable when the registry is the problem.
     // One produce request per size budget: the broker's limit applies to a partition's whole record batch.
     for (const group of produceRequests(
@@ -283,43 +350,27 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     )) {
       try {
         await o.sink.sendRaw(
-          o.env.PAVER_TOPIC_DEAD_LETTERS,
+          topic,
           group.map((g) => g.message),
         );
       } catch (err) {
-        if (!isTooLarge(err)) {
-          // Rethrown so the batch is redelivered: a message is never lost because the dead-letter write failed.
-          throw new PaverError('DEAD_LETTER_WRITE_FAILED', `dead-letter write failed: ${errorMessage(err)}`, {
-            cause: err,
-          });
-        }
+        if (!isTooLarge(err)) throw failed(err);
         // The broker's limit is below ours: no retry can change that. Each record alone, then, with its original
         // bytes where it fits (the group's others need not lose theirs), else with the hash and position only.
         for (const { r, message } of group) {
           if (group.length > 1) {
             try {
-              await o.sink.sendRaw(o.env.PAVER_TOPIC_DEAD_LETTERS, [message]);
+              await o.sink.sendRaw(topic, [message]);
               continue;
             } catch (e1) {
-              if (!isTooLarge(e1))
-                throw new PaverError(
-                  'DEAD_LETTER_WRITE_FAILED',
-                  `dead-letter write failed: ${errorMessage(e1)}`,
-                  {
-                    cause: e1,
-                  },
-                );
+              if (!isTooLarge(e1)) throw failed(e1);
             }
           }
           const small = withoutOriginal(o.service, sourceOf(r), r.reason, r.detail, now);
           try {
-            await o.sink.sendRaw(o.env.PAVER_TOPIC_DEAD_LETTERS, [small]);
+            await o.sink.sendRaw(topic, [small]);
           } catch (e2) {
-            throw new PaverError(
-              isTooLarge(e2) ? 'INTERNAL' : 'DEAD_LETTER_WRITE_FAILED',
-              `dead-letter write failed: ${errorMessage(e2)}`,
-              { cause: e2 },
-            );
+            throw failed(e2, isTooLarge(e2) ? 'INTERNAL' : 'DEAD_LETTER_WRITE_FAILED');
           }
           stripped++;
         }
@@ -417,22 +468,34 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     const { batch } = p;
     const { topic, partition } = batch;
     if (!p.isRunning() || p.isStale()) return;
+    // This batch's commits cover what the partition owes past markers (it starts past them). A commit of it in
+    // flight is waited for, or its late answer could set the partition back; the other partitions' owed
+    // commits are tried again meanwhile.
+    const key = `${partition}\0${topic}`;
+    owed.delete(key);
+    if (inFlight.has(key)) await committing;
+    else if (owed.size > 0) void commitOwed();
     if (o.ready && !o.ready()) return pauseUntilReady(p.pause);
 
     const endTimer = o.metrics.processingSeconds.startTimer({ topic });
     // A batch that fails is timed too (a stuck dependency shows as slow failed batches, not as no batches); one
     // cut short by a stop or a rebalance is `stopped`, neither a whole batch nor a failure.
     let outcome: 'ok' | 'failed' | 'stopped' = 'ok';
+    /**
+     * The group's rebalance (or this member's loss), as the heartbeat timer met it during a chunk: no new work of
+     * the batch starts (the handler is told through ctx.isRunning, no retry runs), and it goes back to kafkajs.
+     */
+    let rejoin: Error | null = null;
     try {
       const ctx: BatchContext = {
         heartbeat: () => p.heartbeat(),
-        isRunning: () => p.isRunning() && !p.isStale(),
+        isRunning: () => p.isRunning() && !p.isStale() && !rejoin,
       };
       const retry = {
         attempts: o.env.PAVER_RETRY_ATTEMPTS,
         initialMs: o.env.PAVER_RETRY_INITIAL_MS,
         maxMs: o.env.PAVER_RETRY_MAX_MS,
-        shouldStop: () => !p.isRunning(),
+        shouldStop: () => !p.isRunning() || rejoin !== null,
         onRetry: async (err: PaverError, attempt: number, waitMs: number) => {
           o.metrics.retries.inc({ code: err.code });
           o.log.warn(
@@ -460,7 +523,7 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
           // rebalance) ends the batch, uncommitted, as any failure would.
           try {
             await untilReady(
-              () => p.isRunning() && !p.isStale() && !stopping,
+              () => p.isRunning() && !p.isStale() && !stopping && !rejoin,
               () => p.heartbeat(),
             );
           } finally {
@@ -483,9 +546,16 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
         monitor.processing(topic, partition, Number(chunk[0]!.timestamp));
         // kafkajs heartbeats only when asked. An effect longer than the session timeout (a model call per
         // request, a slow Redis) that does not ask would get the member evicted: its commit refused, the chunk
-        // read again, as slowly, for good. A heartbeat that finds the group rebalancing is left to the one after
-        // the commit, which hands it to kafkajs (a failed heartbeat is sent again on the next ask).
-        const beat = setInterval(() => void p.heartbeat().catch(() => undefined), heartbeatMs);
+        // read again, as slowly, for good. A heartbeat that finds the group rebalancing stops the batch's new
+        // work (ctx.isRunning says so to the handler, retries end) and the batch then hands it to kafkajs. Before,
+        // it was dropped: a handler working in steps went on to the end of the chunk.
+        const beat = setInterval(
+          () =>
+            void p.heartbeat().catch((e: unknown) => {
+              rejoin ??= membershipChange(e);
+            }),
+          heartbeatMs,
+        );
         let r: Awaited<ReturnType<typeof processChunk>>;
         try {
           r = await processChunk<T, KafkaMessage>({
@@ -527,6 +597,12 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
       }
       if (reached !== null) reportProcessed(topic, partition, reached, BigInt(batch.highWatermark));
     } catch (err) {
+      // The timer met a rebalance: what failed or gave up since is not a failure of the batch. It stays
+      // uncommitted, and kafkajs, given the rebalance back, rejoins.
+      if (rejoin) {
+        outcome = 'stopped';
+        throw rejoin;
+      }
       // An effect that gave up because this consumer is stopping or lost the partition (a rebuild's replay,
       // shared/kafka/replay.ts): not a failure, and not fatal. The chunk stays uncommitted: the partition's next
       // owner, or this service's next start, reads it again.

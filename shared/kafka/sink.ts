@@ -1,7 +1,7 @@
 import { CompressionTypes, type Kafka, type Message, type Producer, type IHeaders } from 'kafkajs';
 import { CONTRACTS } from '../../schemas/index.js';
 import type { Codec } from '../codec.js';
-import { PaverError } from '../errors.js';
+import { PaverError, writeRefused } from '../errors.js';
 import type { RuntimeMetrics } from '../metrics.js';
 import { accepts, zodIssues } from '../validate.js';
 import { isTooLarge } from './dead-letter.js';
@@ -153,7 +153,8 @@ export function createSink(
             'CONFIG_INVALID',
             `${topic} refused an output record as too large: set PAVER_MAX_OUTPUT_BYTES under the topic's max.message.bytes`,
           );
-        throw err;
+        // Refused for good (a permission, the topic's configuration): named as such, and not retried.
+        throw writeRefused(topic, err) ?? err;
       }
       metrics?.published.inc({ topic }, messages.length);
     },
@@ -163,12 +164,17 @@ export function createSink(
       const size = (b: Buffer | string | null) => (b === null ? 0 : Buffer.byteLength(b));
       // Split as `send` splits: a partition's records of one request form one record batch, which the topic's
       // limit bounds (a state copy of a whole batch can be megabytes).
-      for (const request of produceRequests(
-        messages,
-        records.map((r) => size(r.key) + size(r.value)),
-        requestBudget,
-      ))
-        await producer.send({ topic, messages: request, acks: -1 });
+      try {
+        for (const request of produceRequests(
+          messages,
+          records.map((r) => size(r.key) + size(r.value)),
+          requestBudget,
+        ))
+          await producer.send({ topic, messages: request, acks: -1 });
+      } catch (err) {
+        // Too large goes back as the broker said it (the runner's dead letters fall back to smaller records).
+        throw (!isTooLarge(err) && writeRefused(topic, err)) || err;
+      }
       metrics?.published.inc({ topic }, records.length);
     },
     disconnect: () => producer.disconnect(),

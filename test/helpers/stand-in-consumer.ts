@@ -10,6 +10,7 @@ import { createMetrics } from '../../shared/metrics.js';
  * pauses, retries), which a real broker cannot be made to break on cue. The test drives `eachBatch` itself.
  */
 export function standInConsumer(resume: () => void = () => undefined) {
+  const listeners = new Map<string, (e: { payload: unknown }) => void>();
   const c = {
     eachBatch: null as ((p: unknown) => Promise<void>) | null,
     events: {
@@ -18,15 +19,19 @@ export function standInConsumer(resume: () => void = () => undefined) {
       REBALANCING: 'rebalancing',
       STOP: 'stop',
       END_BATCH_PROCESS: 'end',
+      FETCH: 'fetch',
     },
-    on: () => undefined,
+    on: (event: string, fn: (e: { payload: unknown }) => void) => void listeners.set(event, fn),
+    /** What kafkajs's instrumentation emitter does: calls the runner's listener of `event`, if any. */
+    emit: (event: string, payload: unknown) => listeners.get(event)?.({ payload }),
     connect: async () => undefined,
     subscribe: async () => undefined,
     run: async (cfg: { eachBatch: (p: unknown) => Promise<void> }) => {
       c.eachBatch = cfg.eachBatch;
     },
     disconnect: async () => undefined,
-    commitOffsets: async () => undefined,
+    commitOffsets: async (_offsets: { topic: string; partition: number; offset: string }[]): Promise<void> =>
+      undefined,
     resume,
   };
   return c;

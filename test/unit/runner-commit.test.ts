@@ -1,8 +1,10 @@
-import { describe, expect, it } from 'vitest';
+import { Registry } from 'prom-client';
+import { describe, expect, it, vi } from 'vitest';
 import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '../../schemas/index.js';
 import { PaverError } from '../../shared/errors.js';
-import { createRunner, zodParser } from '../../shared/kafka/runner.js';
-import { standInConsumer, standInDeps } from '../helpers/stand-in-consumer.js';
+import { createRunner, zodParser, type RuntimeDeps } from '../../shared/kafka/runner.js';
+import { createMetrics } from '../../shared/metrics.js';
+import { oneRecordBatch, standInConsumer, standInDeps, standInKafka } from '../helpers/stand-in-consumer.js';
 
 const event = (i: number) => ({
   type: 'tool_call',
@@ -142,6 +144,176 @@ describe('consumer runner: a rebalance while a chunk is retried', () => {
       // (about 25 s with the default backoff) while every other member of the group waited.
       expect(calls).toBe(1);
       expect(k.failure()).toBe(rebalancing);
+    } finally {
+      await runner.stop();
+    }
+  });
+});
+
+describe('consumer runner: the commit past records no consumer is given (transaction markers)', () => {
+  /** kafkajs's END_BATCH_PROCESS for a fetch of partition 0 that held only a marker, at offset `last`. */
+  const markerOnly = (last: number) => ({
+    topic: 't',
+    partition: 0,
+    batchSize: 0,
+    lastOffset: String(last),
+    highWatermark: String(last + 1),
+  });
+  const timeout = () =>
+    Object.assign(new Error('Request Offset Commit(key: 8, version: 5) timed out'), {
+      name: 'KafkaJSNumberOfRetriesExceeded',
+      retriable: false,
+    });
+  const make = (consumer: ReturnType<typeof standInConsumer>, metrics?: RuntimeDeps['metrics']) =>
+    createRunner<ToolCallsEvent>({
+      service: 'test',
+      groupId: 'g',
+      topics: ['t'],
+      parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
+      handler: async () => undefined,
+      ...standInDeps(standInKafka(consumer), metrics ? { metrics } : {}),
+    });
+
+  it('that fails is counted and tried again at the next fetch, without an unhandled rejection', async () => {
+    const unhandled: unknown[] = [];
+    const onUnhandled = (err: unknown) => unhandled.push(err);
+    process.on('unhandledRejection', onUnhandled);
+    const consumer = standInConsumer();
+    const commits: string[] = [];
+    let failures = 1;
+    consumer.commitOffsets = async (offsets) => {
+      commits.push(offsets.map((o) => `${o.partition}@${o.offset}`).join(','));
+      if (failures-- > 0) throw timeout();
+    };
+    const metrics = createMetrics('test', new Registry());
+    const runner = make(consumer, metrics);
+    await runner.start();
+    try {
+      // The partition is idle after the marker: no batch of it comes to commit past it instead.
+      consumer.emit('end', markerOnly(4));
+      await vi.waitFor(() => expect(commits).toEqual(['0@5']));
+      await vi.waitFor(async () =>
+        expect((await metrics.markerCommitFailures.get()).values[0]?.value).toBe(1),
+      );
+      // kafkajs fetches again (every KAFKA_MAX_WAIT_MS at most on an idle topic): the commit is owed still.
+      consumer.emit('fetch', { nodeId: 0 });
+      await vi.waitFor(() => expect(commits).toEqual(['0@5', '0@5']));
+      // Committed now: the next fetch has nothing to commit.
+      consumer.emit('fetch', { nodeId: 0 });
+      for (let i = 0; i < 3; i++) await new Promise((r) => setImmediate(r));
+      expect(commits).toEqual(['0@5', '0@5']);
+      expect(unhandled).toEqual([]);
+    } finally {
+      process.off('unhandledRejection', onUnhandled);
+      await runner.stop();
+    }
+  });
+
+  it('still in flight does not land after the next batch of its partition commits further (no step back)', async () => {
+    const consumer = standInConsumer();
+    /** The group's committed offset of partition 0, as the broker applies each commit in turn. */
+    const applied: string[] = [];
+    let answer!: () => void;
+    consumer.commitOffsets = (offsets) =>
+      // A commit the coordinator answers late (kafkajs retries it meanwhile, and it lands once answered).
+      new Promise<void>((r) => (answer = r)).then(() => void applied.push(offsets[0]!.offset));
+    const runner = make(consumer);
+    await runner.start();
+    try {
+      consumer.emit('end', markerOnly(4));
+      await vi.waitFor(() => expect(answer).toBeDefined());
+      const batch = {
+        ...oneRecordBatch([]),
+        batch: {
+          topic: 't',
+          partition: 0,
+          highWatermark: '7',
+          messages: [5, 6].map((i) => ({
+            offset: String(i),
+            key: Buffer.from('s'),
+            value: Buffer.from(JSON.stringify(event(i))),
+            timestamp: '0',
+            headers: {},
+          })),
+          lastOffset: () => '6',
+        },
+        commitOffsetsIfNecessary: async (o: { topics: { partitions: { offset: string }[] }[] }) =>
+          void applied.push(o.topics[0]!.partitions[0]!.offset),
+      };
+      const done = consumer.eachBatch!(batch);
+      // One turn of the event loop: whatever the batch can do without the coordinator's answer, it has done.
+      await new Promise((r) => setImmediate(r));
+      answer();
+      await done;
+      // Before, the batch committed 7 and the marker's late commit then set the group back to 5.
+      expect(applied).toEqual(['5', '7']);
+    } finally {
+      await runner.stop();
+    }
+  });
+});
+
+describe('consumer runner: a rebalance the heartbeat timer meets during a long chunk', () => {
+  it('tells the handler to stop (ctx.isRunning), commits nothing and hands the rebalance to kafkajs', async () => {
+    const rebalancing = Object.assign(new Error('The group is rebalancing, so a rejoin is needed'), {
+      name: 'KafkaJSProtocolError',
+      type: 'REBALANCE_IN_PROGRESS',
+      retriable: false,
+    });
+    const consumer = standInConsumer();
+    let beats = 0;
+    const log: string[] = [];
+    const fatal: Error[] = [];
+    let runningAfterBeat: boolean | null = null;
+    const runner = createRunner<ToolCallsEvent>({
+      service: 'test',
+      groupId: 'g',
+      topics: ['t'],
+      parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
+      // A long handler working in steps (a replay, a model call per record), asking between them whether to go on.
+      handler: async (_records, ctx) => {
+        await vi.waitFor(() => expect(beats).toBeGreaterThan(0), { timeout: 10_000 });
+        runningAfterBeat = ctx.isRunning();
+        if (!runningAfterBeat) throw new PaverError('SHUTTING_DOWN', 'stopped between steps');
+      },
+      // The shortest session timeout: the timer heartbeats every 600 ms.
+      ...standInDeps(
+        standInKafka(consumer),
+        { onFatal: (e) => fatal.push(e) },
+        { KAFKA_SESSION_TIMEOUT_MS: '6000' },
+      ),
+    });
+    await runner.start();
+    try {
+      const failed = await consumer.eachBatch!({
+        ...oneRecordBatch([]),
+        batch: {
+          ...oneRecordBatch([]).batch,
+          messages: [
+            {
+              offset: '0',
+              key: Buffer.from('s'),
+              value: Buffer.from(JSON.stringify(event(0))),
+              timestamp: '0',
+              headers: {},
+            },
+          ],
+        },
+        heartbeat: () => {
+          beats++;
+          return Promise.reject(rebalancing);
+        },
+        commitOffsetsIfNecessary: async () => void log.push('commit'),
+        resolveOffset: (o: string) => void log.push(`resolve ${o}`),
+      }).then(
+        () => null,
+        (e: unknown) => e,
+      );
+      // Before, the timer's heartbeat swallowed the rebalance: the handler was told to go on with its next step.
+      expect(runningAfterBeat).toBe(false);
+      expect(failed).toBe(rebalancing);
+      expect(log).toEqual([]);
+      expect(fatal).toEqual([]);
     } finally {
       await runner.stop();
     }
