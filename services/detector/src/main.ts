@@ -269,10 +269,18 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
               'REDIS_UNAVAILABLE',
               'detector state lost in Redis again after every rebuild',
             );
-          log.warn(
-            { partition },
-            'detector state lost in Redis during a batch: rebuilding before applying it',
-          );
+          if (out.olderLayout) {
+            // Every scope's state holds every partition's part: all of them are rebuilt, under a new epoch.
+            await store.retireEpoch(epoch);
+            log.warn(
+              { partition },
+              'detector state of an older layout (written by an earlier version) found: a new Redis epoch rebuilds every partition from Kafka',
+            );
+          } else
+            log.warn(
+              { partition },
+              'detector state lost in Redis during a batch: rebuilding before applying it',
+            );
           rebuilder.invalidate(partition);
         }
         events.inc({ outcome: 'applied' }, out.applied);

@@ -47,9 +47,9 @@ export function stateFingerprint(p: DetectorParams): string {
     // State layout version: v2 keeps open and completed tasks per partition (per-partition stream time);
     // v3 adds each task's start offset (what a rebuild after a Redis loss replays from) and the epoch;
     // v4 packs remembered task ids into strings, codes tool names, buckets the support counts (apply-11.lua).
-    // v5 frees tool names no window record uses (tools:refs); v4 state is upgraded in place (apply-11.lua), so
-    // that an instance of the previous version, meeting v5 state, rebuilds it rather than misreading it.
-    // Older layouts are rebuilt from Kafka.
+    // v5 frees tool names no window record uses (tools:refs); v4 state is upgraded in place (apply-11.lua), and
+    // its new stamp makes an instance of the previous version refuse it rather than misread it. Older layouts
+    // are rebuilt from Kafka under a new epoch; a newer one stops this version (REDIS_STATE_CONFLICT).
     'v5',
   ].join('|');
 }

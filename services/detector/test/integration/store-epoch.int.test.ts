@@ -101,9 +101,19 @@ describe('detector store: epochs and checkpoints', () => {
     await redis.hset(k.meta, 'cfg', v3, 'epoch', 'E', 'maxTs', '1000', 'clock:0', '1000');
     await redis.zadd(`${k.done}:0:127`, 1000, 'old-task');
     await redis.hset(k.support, 'tool0\u001ftool1', '1,10000');
-    // Normal mode: refused as another epoch's state (the service then rebuilds the partition), nothing written.
-    expect((await store.applyBatch([call('t1', 0, 1001, 0)], { epoch: 'E' })).lost).toBe(true);
+    // Normal mode: refused as an older layout's state (the service then starts a new epoch, so that every
+    // partition is rebuilt: retireEpoch), nothing written.
+    expect(await store.applyBatch([call('t1', 0, 1001, 0)], { epoch: 'E' })).toMatchObject({
+      lost: true,
+      olderLayout: true,
+    });
     expect(await redis.hget(k.meta, 'cfg')).toBe(v3);
+    // The epoch ends only if the marker still names it.
+    expect(await store.retireEpoch('other')).toBe(false);
+    expect(await redis.get(detectorGlobalKeys(prefix).epoch)).toBe('E');
+    expect(await store.retireEpoch('E')).toBe(true);
+    expect(await redis.get(detectorGlobalKeys(prefix).epoch)).toBeNull();
+    await redis.set(detectorGlobalKeys(prefix).epoch, 'E');
     // Rebuild mode clears every key of the old layout, then applies under the current one.
     const r = await store.applyBatch([call('t1', 0, 1001, 0), done('t1', 1002, 1)], {
       epoch: 'E',
@@ -113,6 +123,17 @@ describe('detector store: epochs and checkpoints', () => {
     expect(await redis.hget(k.meta, 'cfg')).toBe(stateFingerprint(params));
     expect(await redis.exists(`${k.done}:0:127`)).toBe(0);
     expect(await redis.hexists(k.support, 'tool0\u001ftool1')).toBe(0);
+    // State of a newer layout (a newer version wrote it) is refused in both modes, never cleared: this instance is
+    // the older one of a rolling update or a rollback, and stops.
+    const newer = stateFingerprint(params).replace(/\|[^|]*$/, '|v99');
+    await redis.hset(k.meta, 'cfg', newer);
+    for (const mode of ['n', 'r'] as const)
+      await expect(store.applyBatch([call('t3', 0, 1004, 3)], { epoch: 'E', mode })).rejects.toThrow(
+        /newer version of the detector/,
+      );
+    expect(await redis.hget(k.meta, 'cfg')).toBe(newer);
+    expect(await redis.hget(k.meta, 'epoch')).toBe('E');
+    await redis.hset(k.meta, 'cfg', stateFingerprint(params));
     // Parameters that differ are still refused outright (exit 1), never cleared.
     const other = new RedisDetectorStore(redis, { ...params, lookback: 3 }, prefix);
     await expect(other.applyBatch([call('t2', 0, 1003, 2)], { epoch: 'E', mode: 'r' })).rejects.toThrow(

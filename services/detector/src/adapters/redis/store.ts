@@ -28,6 +28,7 @@ export const SCRIPT_KEYS = {
   raiseStamp: 1,
   retireClaim: 4,
   retireFinish: 15,
+  retireEpoch: 1,
 } as const;
 export const SCRIPTS = Object.keys(SCRIPT_KEYS) as (keyof typeof SCRIPT_KEYS)[];
 
@@ -91,6 +92,8 @@ const stateKeys = (k: ReturnType<typeof detectorKeys>) => [
 
 /** Script status when a scope's state belongs to another epoch (apply mode "n"). */
 const OTHER_EPOCH = -4;
+/** Script status when a scope's state is of an older layout, the same parameters (apply mode "n"). */
+const OLDER_LAYOUT = -6;
 
 const CODES = {
   [-2]: {
@@ -103,6 +106,11 @@ const CODES = {
   [-3]: {
     code: 'STATE_CONTENDED' as const,
     message: 'publication lock lost (TTL expired, or Redis lost its state)',
+  },
+  [-7]: {
+    code: 'REDIS_STATE_CONFLICT' as const,
+    message:
+      'detector state under this key prefix was written by a newer version of the detector (a newer state layout); finish the update, or run this version on a new REDIS_KEY_PREFIX',
   },
 };
 const applyReply = z
@@ -135,6 +143,12 @@ export interface BatchOutcome extends Omit<ApplyResult, 'changed'> {
    * or after the scripts ran, or a scope belongs to another epoch). What the batch wrote must not be trusted.
    */
   lost: boolean;
+  /**
+   * A scope's state is of an older layout (an earlier version wrote it): lost too, and every partition's part of
+   * every scope is likely so, not only this batch's. The caller ends the epoch (retireEpoch), so that each
+   * partition is rebuilt.
+   */
+  olderLayout?: true;
 }
 
 export interface ApplyOptions {
@@ -347,8 +361,9 @@ export class RedisDetectorStore {
     const fresh: { scope: Scope; parts: Set<number> }[] = [];
     groups.forEach((g, i) => {
       const reply = replies[at + i]![1];
-      if (Array.isArray(reply) && reply[0] === OTHER_EPOCH) {
+      if (Array.isArray(reply) && (reply[0] === OTHER_EPOCH || reply[0] === OLDER_LAYOUT)) {
         out.lost = true;
+        if (reply[0] === OLDER_LAYOUT) out.olderLayout = true;
         return;
       }
       const [, changed, applied, ignored, completed, dup, late, limit, misrouted, owed, isFresh] =
@@ -383,6 +398,16 @@ export class RedisDetectorStore {
       for (const m of members) this.knownScopes.set(m, now);
     }
     return out;
+  }
+
+  /**
+   * Ends the Redis epoch `epoch` (deletes its marker) if the marker still names it: every partition then finds
+   * its state lost and is rebuilt under a new epoch (shared/redis/epoch.ts). True when this call ended it.
+   */
+  async retireEpoch(epoch: string): Promise<boolean> {
+    const reply = await invokeScript(this.redis, 'retireEpoch', [this.global.epoch], [epoch]);
+    this.roundTrips++;
+    return parseScriptReply('retireEpoch', reply, z.union([z.literal(0), z.literal(1)]), {}) === 1;
   }
 
   /** Forgets which scopes this process has registered (after a loss, the registry itself is gone). */

@@ -53,8 +53,10 @@
   completed on one partition is not known on another.
 
   ARGV[1] cfg fingerprint: minLen|maxLen|minOcc|lookback|windowMs(0=off)|idleMs|doneRetentionMs|maxTaskEvents|layout
-          State of the same parameters in another layout (an older version) cannot be read here: it is handled as
-          state of another epoch (refused in mode "n", so the caller rebuilds; cleared in mode "r").
+          State of the same parameters in an older layout (an earlier version wrote it) cannot be read here: it is
+          refused in mode "n" ({-6}: the caller retires the epoch, so that every partition is rebuilt) and cleared
+          in mode "r" (v4 state is upgraded to v5 in place instead). State of a newer layout (a newer version wrote
+          it) is refused in both modes ({-7}) and left as it is.
   ARGV[2] epoch: the Redis epoch (shared/redis/epoch.ts) the caller verified, kept in meta; "" = no epoch check
   ARGV[3] mode: "n" normal: state of another epoch is refused ({-4}), nothing written;
                 "r" rebuild: state of another epoch (written into an emptied Redis before the loss was seen)
@@ -73,8 +75,9 @@
   as misrouted (its task open on another partition), owed (0|1: changed now, or earlier and unpublished for longer than ARGV[5], see the end), fresh (0|1: the
   scope held no state before this call, or none on one of its partitions), P, then P pairs (partition, smallest start offset of the scope's state
   on it, -1 when none)},
-  {-2, stored cfg} when the state was built with other parameters, or {-4, stored epoch} (mode "n") when the
-  scope's state belongs to another epoch.
+  {-2, stored cfg} when the state was built with other parameters, {-4, stored epoch} (mode "n") when the
+  scope's state belongs to another epoch, {-6, stored cfg} (mode "n") when it is of an older layout, {-7, stored
+  cfg} when it is of a newer layout.
 ]]
 --- @include "lib/clear.lua"
 local cfg, epoch, mode = ARGV[1], ARGV[2], ARGV[3]
@@ -120,6 +123,18 @@ end
 -- One window bucket per 100 records of lookback (the fourth parameter): the same for state of these parameters.
 local WINDOW_BUCKETS = math.max(1, math.ceil(tonumber(string.match(cfg, '^[^|]*|[^|]*|[^|]*|([^|]*)')) / 100))
 
+-- The fingerprint without its last field (the layout version): the detection parameters; and that last field.
+local function paramsOf(c) return string.match(c, '^(.*)|[^|]*$') or c end
+local function layoutOf(c) return tonumber(string.match(c, '|v(%d+)$') or '0') end
+
+local stored = redis.call('HGET', KEYS[1], 'cfg')
+-- Same parameters, a newer layout: written by a newer version of the detector (this instance is the older one of
+-- a rolling update, or a rollback). Refused in both modes, before anything is cleared: it cannot be read here,
+-- and clearing it would undo the newer instances' work on every rebuild.
+if stored and stored ~= cfg and paramsOf(stored) == paramsOf(cfg) and layoutOf(stored) > layoutOf(cfg) then
+  return {-7, stored}
+end
+
 if epoch ~= '' then
   local ep = redis.call('HGET', KEYS[1], 'epoch')
   if ep ~= epoch then
@@ -131,10 +146,8 @@ if epoch ~= '' then
   end
 end
 
--- The fingerprint without its last field (the layout version): the detection parameters.
-local function paramsOf(c) return string.match(c, '^(.*)|[^|]*$') or c end
-
-local stored = redis.call('HGET', KEYS[1], 'cfg')
+-- Read again: the epoch check above may have cleared the scope.
+stored = redis.call('HGET', KEYS[1], 'cfg')
 if stored and stored ~= cfg and paramsOf(stored) == paramsOf(cfg) and string.sub(stored, -3) == '|v4'
   and string.sub(cfg, -3) == '|v5' then
   -- v4 is v5 without tools:refs: counted from the records when the dictionary is first read (see KEYS[11]). The
@@ -146,8 +159,9 @@ if stored and stored ~= cfg and paramsOf(stored) == paramsOf(cfg) and string.sub
 end
 if stored and stored ~= cfg then
   if paramsOf(stored) ~= paramsOf(cfg) then return {-2, stored} end
-  -- Same parameters, an older layout: never misread, treated as lost and rebuilt from Kafka.
-  if mode ~= 'r' then return {-4, redis.call('HGET', KEYS[1], 'epoch') or ''} end
+  -- Same parameters, an older layout: never misread. Refused in mode "n" ({-6}): the caller starts a new epoch,
+  -- since every partition's part of every scope is of that layout, and the rebuilds clear it (mode "r").
+  if mode ~= 'r' then return {-6, stored} end
   clearScope(WINDOW_BUCKETS)
   if epoch ~= '' then redis.call('HSET', KEYS[1], 'epoch', epoch) end
   stored = nil
