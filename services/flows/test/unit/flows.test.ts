@@ -95,7 +95,8 @@ describe('BM25', () => {
         idx.add(id, text);
         live.set(id, text);
       }
-      if (step % 20 === 0) {
+      // After every change: what a search leaves cached must not outlive the next change (a document's norm).
+      {
         const q = pick(3);
         const got = idx.search(q, 5);
         const want = reference(live, q, 5);
@@ -104,6 +105,22 @@ describe('BM25', () => {
       }
     }
     expect(idx.size).toBe(live.size);
+  });
+  it('a document re-added with another length is scored by it, even when the average length comes back to one searched before', () => {
+    // A shadow candidate's (or a re-published flow's) text changes with the detector's request terms: two flows
+    // whose lengths swap leave the average where it was. The norms cached at that average were kept, each
+    // document scored by the other's length, and the ranking came out inverted.
+    const idx = new Bm25Index();
+    idx.add('a', 'refund order');
+    idx.add('b', 'refund order money back customer now');
+    expect(idx.search('refund', 5).map((x) => x.id)).toEqual(['a', 'b']);
+    idx.add('a', 'refund order money back customer now');
+    idx.add('b', 'refund order');
+    const fresh = new Bm25Index();
+    fresh.add('a', 'refund order money back customer now');
+    fresh.add('b', 'refund order');
+    expect(idx.search('refund', 5)).toEqual(fresh.search('refund', 5));
+    expect(idx.search('refund', 5).map((x) => x.id)).toEqual(['b', 'a']);
   });
   it('splits snake_case and is case-insensitive', () => {
     const i3 = new Bm25Index();
