@@ -485,6 +485,40 @@ describe('promotion policy', () => {
       next(onCandidate(promoted, cand({ status: 'retracted', detected_at: 11 }), manual, 2)),
     ).toMatchObject({ status: 'promoted', retracted: true });
   });
+  it('the record a retraction came after, delivered again, is stale: the candidate stays retracted, unpromoted', () => {
+    // A batch read again (a restart, a rebalance) brings back the active record before the retraction. The
+    // retraction kept the older record's detected_at, so the copy was not stale: it made the candidate pending
+    // again and, under auto (a restart that turned it on, lowered its thresholds), promoted the retracted flow,
+    // which the retraction read again then left promoted.
+    const active = cand({ detected_at: 10 });
+    const retracted = next(
+      onCandidate(
+        next(onCandidate(undefined, active, manual, 1))!,
+        cand({ status: 'retracted', detected_at: 11 }),
+        manual,
+        2,
+      ),
+    )!;
+    expect(retracted).toMatchObject({ status: 'retracted', retracted: true });
+    // What it proposed is kept (the flow a promoted candidate carries, the title an operator reads).
+    expect(retracted.record.candidate).toEqual(active.candidate);
+    expect(onCandidate(retracted, active, auto, 3)).toEqual({ kind: 'ignore', reason: 'stale' });
+    expect(retracted.record.detected_at).toBe(11);
+    const promoted = next(
+      onCandidate(
+        { ...retracted, status: 'promoted' },
+        cand({ status: 'retracted', detected_at: 12 }),
+        manual,
+        4,
+      ),
+    )!;
+    expect(onCandidate(promoted, cand({ detected_at: 11 }), auto, 5)).toEqual({
+      kind: 'ignore',
+      reason: 'stale',
+    });
+    // A later proposal brings it back, as before.
+    expect(onCandidate(retracted, cand({ detected_at: 13 }), auto, 6)).toMatchObject({ kind: 'promote' });
+  });
   it('auto with shadow trials: promoted only after N shadow choices whose steps matched well enough', () => {
     const shadowed: PromotionPolicy = { ...auto, shadowTrials: 3, shadowPrecision: 0.5 };
     const first = onCandidate(undefined, cand(), shadowed, 1);
