@@ -26,6 +26,7 @@ import type { PromotionPolicy, StoredCandidate } from '../services/flows/src/cor
 import { PromptCache } from '../services/flows/src/core/prompt.js';
 import { FlowRegistry, registerManual } from '../services/flows/src/core/registry.js';
 import { matchSteps, type Match } from '../services/flows/src/core/score.js';
+import { sessionKey } from '../services/flows/src/core/sessions.js';
 
 /** The --flows file cannot be read or is not a flows file: the command line's to fix (exit 2), as in select. */
 class FlowsFileError extends Error {}
@@ -134,6 +135,8 @@ export async function replay(o: ReplayOptions) {
   };
 
   const choices: { session_id: string; event_id: string; path: string; chosen: string[] }[] = [];
+  // By scope and session id, as the engine follows sessions: ids are the agents' own, so two tenants (or agents)
+  // may both have an "s1" open. By id alone, one scope's end scored the other's chosen flow against its calls.
   const chosenFor = new Map<string, RegisteredFlow>();
   const callsOf = new Map<string, string[]>();
   const perFlow = new Map<string, FlowStats>();
@@ -168,9 +171,10 @@ export async function replay(o: ReplayOptions) {
     }
     if (e.type === 'tool_call') {
       total.tool_calls++;
-      const calls = callsOf.get(e.session_id) ?? [];
+      const k = sessionKey(e.tenant_id, e.agent_id, e.session_id);
+      const calls = callsOf.get(k) ?? [];
       calls.push(e.tool);
-      callsOf.set(e.session_id, calls);
+      callsOf.set(k, calls);
     }
     const sels = await engine.handle([{ kind: 'event', e } as { kind: 'event'; e: ToolCallsEvent }]);
     for (const s of sels) {
@@ -182,12 +186,13 @@ export async function replay(o: ReplayOptions) {
         chosen: s.chosen.map((c) => c.id),
       });
       const f = s.chosen[0] && registry.get(s.tenant_id, s.agent_id, s.chosen[0].id);
-      if (f && !chosenFor.has(s.session_id)) {
+      const k = sessionKey(s.tenant_id, s.agent_id, s.session_id);
+      if (f && !chosenFor.has(k)) {
         total.chosen++;
-        chosenFor.set(s.session_id, f);
+        chosenFor.set(k, f);
       }
     }
-    if (e.type === 'task_completed') score(e.session_id);
+    if (e.type === 'task_completed') score(sessionKey(e.tenant_id, e.agent_id, e.session_id));
     if (records.length) await engine.handle(records.map((r) => ({ kind: 'candidate' as const, r })));
   }
   for (const s of [...chosenFor.keys()]) score(s);

@@ -109,6 +109,11 @@ export class Bm25Index {
       this.lengths = grown;
     }
     this.lengths[slot] = ts.length;
+    // The slot's norm at the cached average, as the search's recompute would give it: the norms are recomputed
+    // only when the average moves, and a change can bring it back to the value cached (two documents whose
+    // lengths swap), which left this slot scored by the length of the document it held before.
+    if (slot < this.norms.length)
+      this.norms[slot] = 1 + this.k1 * (1 - this.b + (this.b * ts.length) / this.normAvg);
     const mine: Posting[] = [];
     const places: number[] = [];
     for (const t of distinct) {

@@ -86,7 +86,14 @@ export function onCandidate(
       kind: 'store',
       next: {
         ...prev,
-        record: { ...prev.record, status: 'retracted' },
+        // What it proposed is kept (the retraction carries none), stamped with the retraction's time: a copy of
+        // the record it came after, read again with its batch (a restart, a rebalance), is then stale. With the
+        // older stamp, that copy made the candidate pending again, and under `auto` promoted the retracted flow.
+        record: {
+          ...prev.record,
+          status: 'retracted',
+          detected_at: Math.max(prev.record.detected_at, r.detected_at),
+        },
         status: prev.status === 'promoted' ? 'promoted' : 'retracted',
         retracted: true,
       },

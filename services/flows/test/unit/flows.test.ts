@@ -95,7 +95,8 @@ describe('BM25', () => {
         idx.add(id, text);
         live.set(id, text);
       }
-      if (step % 20 === 0) {
+      // After every change: what a search leaves cached must not outlive the next change (a document's norm).
+      {
         const q = pick(3);
         const got = idx.search(q, 5);
         const want = reference(live, q, 5);
@@ -104,6 +105,22 @@ describe('BM25', () => {
       }
     }
     expect(idx.size).toBe(live.size);
+  });
+  it('a document re-added with another length is scored by it, even when the average length comes back to one searched before', () => {
+    // A shadow candidate's (or a re-published flow's) text changes with the detector's request terms: two flows
+    // whose lengths swap leave the average where it was. The norms cached at that average were kept, each
+    // document scored by the other's length, and the ranking came out inverted.
+    const idx = new Bm25Index();
+    idx.add('a', 'refund order');
+    idx.add('b', 'refund order money back customer now');
+    expect(idx.search('refund', 5).map((x) => x.id)).toEqual(['a', 'b']);
+    idx.add('a', 'refund order money back customer now');
+    idx.add('b', 'refund order');
+    const fresh = new Bm25Index();
+    fresh.add('a', 'refund order money back customer now');
+    fresh.add('b', 'refund order');
+    expect(idx.search('refund', 5)).toEqual(fresh.search('refund', 5));
+    expect(idx.search('refund', 5).map((x) => x.id)).toEqual(['b', 'a']);
   });
   it('splits snake_case and is case-insensitive', () => {
     const i3 = new Bm25Index();
@@ -467,6 +484,40 @@ describe('promotion policy', () => {
     expect(
       next(onCandidate(promoted, cand({ status: 'retracted', detected_at: 11 }), manual, 2)),
     ).toMatchObject({ status: 'promoted', retracted: true });
+  });
+  it('the record a retraction came after, delivered again, is stale: the candidate stays retracted, unpromoted', () => {
+    // A batch read again (a restart, a rebalance) brings back the active record before the retraction. The
+    // retraction kept the older record's detected_at, so the copy was not stale: it made the candidate pending
+    // again and, under auto (a restart that turned it on, lowered its thresholds), promoted the retracted flow,
+    // which the retraction read again then left promoted.
+    const active = cand({ detected_at: 10 });
+    const retracted = next(
+      onCandidate(
+        next(onCandidate(undefined, active, manual, 1))!,
+        cand({ status: 'retracted', detected_at: 11 }),
+        manual,
+        2,
+      ),
+    )!;
+    expect(retracted).toMatchObject({ status: 'retracted', retracted: true });
+    // What it proposed is kept (the flow a promoted candidate carries, the title an operator reads).
+    expect(retracted.record.candidate).toEqual(active.candidate);
+    expect(onCandidate(retracted, active, auto, 3)).toEqual({ kind: 'ignore', reason: 'stale' });
+    expect(retracted.record.detected_at).toBe(11);
+    const promoted = next(
+      onCandidate(
+        { ...retracted, status: 'promoted' },
+        cand({ status: 'retracted', detected_at: 12 }),
+        manual,
+        4,
+      ),
+    )!;
+    expect(onCandidate(promoted, cand({ detected_at: 11 }), auto, 5)).toEqual({
+      kind: 'ignore',
+      reason: 'stale',
+    });
+    // A later proposal brings it back, as before.
+    expect(onCandidate(retracted, cand({ detected_at: 13 }), auto, 6)).toMatchObject({ kind: 'promote' });
   });
   it('auto with shadow trials: promoted only after N shadow choices whose steps matched well enough', () => {
     const shadowed: PromotionPolicy = { ...auto, shadowTrials: 3, shadowPrecision: 0.5 };

@@ -22,6 +22,7 @@ import { sessionKey as trackerKey, type OpenSession } from '../../core/sessions.
 
 const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
 const endReply = z.tuple([z.union([z.literal(0), z.literal(1), z.literal(2)])]);
+const restoreReply = z.tuple([z.union([z.literal(0), z.literal(1)])]);
 
 export const storedCandidate = z.object({
   record: flowCandidateRecordV1,
@@ -94,7 +95,10 @@ export class RedisFlowStore {
     /** Called with every candidate state before Redis is written (the durable copy, the state topic). */
     private readonly beforeSave?: (tenant: string, agent: string, c: StoredCandidate[]) => Promise<void>,
   ) {
-    defineScripts(redis, readScripts(SCRIPT_DIR, ['writeCandidates', 'saveSession', 'recordRun']));
+    defineScripts(
+      redis,
+      readScripts(SCRIPT_DIR, ['writeCandidates', 'saveSession', 'recordRun', 'restoreRuns']),
+    );
   }
   private key(tenant: string, agent: string, name: string) {
     return `${this.prefix}:flows:${scopeTag(tenant, agent)}:${name}`;
@@ -288,7 +292,11 @@ export class RedisFlowStore {
     const code = parseScriptReply('recordRun', reply, endReply)[0];
     return code === 1 ? 'recorded' : code === 2 ? 'recorded-before' : 'ended';
   }
-  /** A rebuild's write of the runs this instance holds, only where the list is gone (never doubling a live one). */
+  /**
+   * A rebuild's write of the runs this instance holds, only where the list is gone (never doubling a live one):
+   * checked and written in one script (`restoreRuns-1.lua`). As two trips, two instances rebuilding the scope at
+   * once both found it gone and both pushed their copy: every run twice.
+   */
   async restoreRuns(
     tenant: string,
     agent: string,
@@ -296,14 +304,13 @@ export class RedisFlowStore {
     capacity: number,
   ): Promise<void> {
     if (!runs.length || capacity <= 0) return;
-    const k = this.key(tenant, agent, 'outcomes');
-    if ((await this.redis.exists(k)) > 0) return;
-    await execPipeline(
-      this.redis
-        .multi()
-        .rpush(k, ...runs.map((r) => JSON.stringify(r)))
-        .ltrim(k, -capacity, -1),
-      'flows outcome restore',
+    const reply = await callScript(
+      this.redis,
+      'restoreRuns',
+      [this.key(tenant, agent, 'outcomes')],
+      // The last `capacity` only: the script's unpack takes them all as arguments at once.
+      [capacity, ...runs.slice(-capacity).map((r) => JSON.stringify(r))],
     );
+    parseScriptReply('restoreRuns', reply, restoreReply);
   }
 }
