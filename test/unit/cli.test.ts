@@ -1006,6 +1006,37 @@ describe('paver detect --tenant/--agent', () => {
   });
 });
 
+describe('paver flows registry verbs: --url', () => {
+  it("keep the URL's own path (a service behind a gateway) and refuse one that is not a URL", async () => {
+    const { createServer } = await import('node:http');
+    const seen: string[] = [];
+    const server = createServer((req, res) => {
+      seen.push(`${req.method} ${req.url}`);
+      res.writeHead(200, { 'content-type': 'application/json' }).end('[]');
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const url = `http://127.0.0.1:${(server.address() as { port: number }).port}`;
+    try {
+      expect(await main(['flows', 'list', '--url', `${url}/paver-flows/`, '--status', 'pending'])).toBe(0);
+      expect(
+        await main(['flows', 'promote', 'a b', '--url', `${url}/gw/paver-flows`, '--tenant', 't1']),
+      ).toBe(0);
+      expect(await main(['flows', 'registry', '--url', url])).toBe(0);
+      // Before: /flows/candidates?… and /flows/candidates/a%20b/promote?…, the prefix dropped.
+      expect(seen).toEqual([
+        'GET /paver-flows/flows/candidates?tenant_id=default&agent_id=default&status=pending',
+        'POST /gw/paver-flows/flows/candidates/a%20b/promote?tenant_id=t1&agent_id=default',
+        'GET /flows?tenant_id=default&agent_id=default',
+      ]);
+      err = '';
+      expect(await main(['flows', 'list', '--url', 'not a url'])).toBe(2);
+      expect(err).toBe('paver flows: --url (or FLOWS_URL) is not a URL: not a url\n');
+    } finally {
+      server.close();
+    }
+  });
+});
+
 describe('paver flows registry verbs on an HTTP error', () => {
   it("say the service's JSON error, or the body on one line cut at 500 characters", async () => {
     const { createServer } = await import('node:http');

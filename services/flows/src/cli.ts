@@ -201,6 +201,20 @@ const FLOWS_USAGE = `Usage: paver flows list [--status pending|promoted|rejected
 Talks to a running flows service over HTTP (GET /flows/candidates, POST /flows/candidates/{key}/promote|reject).
 `;
 
+/**
+ * `path` (with its query) under the base URL's own path: a flows service behind a gateway at
+ * `https://gw/paver-flows` is asked `https://gw/paver-flows/flows?…`. `new URL(path, base)` with an absolute path
+ * dropped the base's path, and the gateway was asked for `/flows`.
+ */
+export function underBase(base: string, path: string): URL {
+  const url = new URL(base);
+  const [pathname, query = ''] = path.split('?', 2) as [string, string?];
+  url.pathname = url.pathname.replace(/\/+$/, '') + pathname;
+  url.search = query;
+  url.hash = '';
+  return url;
+}
+
 export async function flowsCommand(argv: string[]): Promise<number> {
   const options = {
     url: { type: 'string' },
@@ -248,9 +262,16 @@ export async function flowsCommand(argv: string[]): Promise<number> {
     process.stderr.write(`paver flows: unknown subcommand '${verb}'\n\n${FLOWS_USAGE}`);
     return 2;
   }
+  let target: URL;
+  try {
+    target = underBase(base, path);
+  } catch {
+    process.stderr.write(`paver flows: --url (or FLOWS_URL) is not a URL: ${cutText(base, 200)}\n`);
+    return 2;
+  }
   let res: Response;
   try {
-    res = await fetch(new URL(path, base), {
+    res = await fetch(target, {
       method: verb === 'promote' || verb === 'reject' ? 'POST' : 'GET',
     });
   } catch (err) {
