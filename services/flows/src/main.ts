@@ -394,6 +394,15 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         registry,
         decide: (t, a, key, to) => engine.decide(t, a, key, to),
         select: async (t, a, query, summaries) => {
+          // The scope's past outcomes rank as they do for its sessions' selections: an instance that reads none of
+          // the scope's sessions (or has not yet since its start) has them only from Redis. Without Redis, the
+          // selection is still made, without them (it needs no Redis state otherwise), and the read tried again next
+          // time.
+          await engine
+            .ensureRuns(t, a)
+            .catch((err: unknown) =>
+              log.debug({ err: errorMessage(err) }, 'past outcomes not read for a selection'),
+            );
           const sel = await select(selector, t, a, query, summaries, policy.select(t, a));
           selections.inc({ path: sel.path });
           return sel;

@@ -185,6 +185,7 @@ export class FlowsEngine {
   readonly shadow = new FlowRegistry();
   readonly sessions = new SessionTracker();
   private readonly loaded = new Set<string>();
+  private readonly loading = new Map<string, Promise<void>>();
   /** Finished runs with arguments and outputs: promotion learns `input_map` from them (core/dataflow.ts). */
   readonly evidence: EvidenceBook;
   constructor(private readonly d: EngineDeps) {
@@ -243,15 +244,29 @@ export class FlowsEngine {
   }
 
   private async loadRuns(batch: readonly Inbound[]): Promise<void> {
-    if (!this.d.runs) return;
-    for (const v of batch) {
-      if (v.kind !== 'event') continue;
-      const k = `${v.e.tenant_id}\u001f${v.e.agent_id}`;
-      if (this.loaded.has(k)) continue;
-      const runs = await this.d.runs.load(v.e.tenant_id, v.e.agent_id);
-      for (const r of runs) this.d.selector.outcomes.add(v.e.tenant_id, v.e.agent_id, r);
-      this.loaded.add(k);
+    for (const v of batch) if (v.kind === 'event') await this.ensureRuns(v.e.tenant_id, v.e.agent_id);
+  }
+
+  /**
+   * A scope's persisted runs, read into the outcome memory once per process, before any run of its own joins it.
+   * One read per scope however many callers ask at once: batches of several partitions run concurrently
+   * (KAFKA_PARTITIONS_CONSUMED_CONCURRENTLY), and so does POST /flows/select; two reads in flight both added what
+   * they read, and the memory held every persisted run twice (twice the evidence for the outcome scorer).
+   */
+  ensureRuns(tenant: string, agent: string): Promise<void> {
+    const runs = this.d.runs;
+    if (!runs) return Promise.resolve();
+    const k = `${tenant}\u001f${agent}`;
+    if (this.loaded.has(k)) return Promise.resolve();
+    let p = this.loading.get(k);
+    if (!p) {
+      p = (async () => {
+        for (const r of await runs.load(tenant, agent)) this.d.selector.outcomes.add(tenant, agent, r);
+        this.loaded.add(k);
+      })().finally(() => this.loading.delete(k));
+      this.loading.set(k, p);
     }
+    return p;
   }
 
   /**

@@ -146,6 +146,36 @@ describe('flows engine: what survives a restart', () => {
     ]);
   });
 
+  it("reads a scope's persisted runs once, however many batches (partitions) and selections ask at once", async () => {
+    const runs = new Map<string, PastRun[]>([
+      [
+        'default/default',
+        [
+          { terms: ['close', 'account'], calls: ['lookup', 'close'] },
+          { terms: ['audit', 'account'], calls: ['lookup', 'audit'] },
+        ],
+      ],
+    ]);
+    const book = new OutcomeBook({ capacity: 50, neighbours: 10, wrongCost: 4 });
+    const e = engine(runs, 200, book);
+    // Two partitions' batches of one scope and a selection on demand, all before the first read answers.
+    await Promise.all([
+      feed(e, session('p0', 'freeze my account', ['lookup', 'freeze']).slice(0, 2)),
+      feed(e, session('p1', 'audit my account', ['lookup', 'audit']).slice(0, 2)),
+      e.ensureRuns('default', 'default'),
+    ]);
+    // Before: each batch added what it read, the persisted runs twice over (the two batches alone).
+    expect(
+      book
+        .memory('default', 'default')!
+        .all()
+        .map((r) => r.calls),
+    ).toEqual([
+      ['lookup', 'close'],
+      ['lookup', 'audit'],
+    ]);
+  });
+
   it('an open session is read back by the next process, and events it already applied are not applied again', async () => {
     const { kept, sessions } = jsonSessions();
     const runs = new Map<string, PastRun[]>();
