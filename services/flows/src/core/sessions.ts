@@ -18,6 +18,8 @@ export interface OpenSession {
   /** The first request's text and the calls with arguments and outputs, when evidence is kept (input_map). */
   userText?: string;
   evidence?: PastCall[];
+  /** JSON characters of the arguments and outputs `evidence` holds (bounded: `EVIDENCE_SESSION_CHARS`). */
+  evidenceChars?: number;
   /**
    * Where the last event applied to it stands in its stream (the service: `<partition>:<offset>`), so that an
    * event delivered again after a restart is applied once.
@@ -34,6 +36,18 @@ export interface OpenSession {
    */
   recent?: string[];
 }
+
+/**
+ * Bounds of a session's evidence (memory only: it is never written to Redis). Events may be a megabyte each and a
+ * session a thousand calls: kept whole, 10,000 open sessions and 200 runs per scope could hold gigabytes. A call's
+ * arguments, or its output, over `EVIDENCE_CALL_CHARS` JSON characters, or past `EVIDENCE_SESSION_CHARS` for the
+ * session, are left out of its evidence (the call stays, so steps still line up): no argument is then learned from
+ * them, and one they would have explained is `unbound`. As autoseq's learner keeps payloads up to 32 KB.
+ */
+export const EVIDENCE_CALL_CHARS = 32_768;
+export const EVIDENCE_SESSION_CHARS = 262_144;
+
+const jsonChars = (v: unknown): number => (v === undefined ? 0 : (JSON.stringify(v)?.length ?? 0));
 
 /** Event ids a session remembers: a retried send lands close behind the first, not hundreds of events later. */
 export const RECENT_EVENT_IDS = 32;
@@ -122,7 +136,26 @@ export class SessionTracker {
     if (!s || s.calls.length >= this.maxCalls) return;
     if (eventId !== undefined && !firstSight(s, eventId)) return;
     s.calls.push(call.tool);
-    s.evidence?.push(call);
+    if (!s.evidence) return;
+    const kept: PastCall = { tool: call.tool };
+    if (call.failed !== undefined) kept.failed = call.failed;
+    let used = s.evidenceChars ?? 0;
+    const args = jsonChars(call.args);
+    if (call.args !== undefined && args <= EVIDENCE_CALL_CHARS && used + args <= EVIDENCE_SESSION_CHARS) {
+      kept.args = call.args;
+      used += args;
+    }
+    const out = jsonChars(call.observation);
+    if (
+      call.observation !== undefined &&
+      out <= EVIDENCE_CALL_CHARS &&
+      used + out <= EVIDENCE_SESSION_CHARS
+    ) {
+      kept.observation = call.observation;
+      used += out;
+    }
+    s.evidenceChars = used;
+    s.evidence.push(kept);
   }
 
   /** Closes the session: what it requested and did (null when it was never opened). */

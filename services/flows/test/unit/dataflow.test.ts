@@ -96,6 +96,34 @@ describe('input_map from data flow', () => {
     ]);
   });
 
+  it('evidence is bounded: a payload over 32 KB, or past 256 KB in its session, is left out (the call stays)', () => {
+    const base = { tenant_id: 'default', agent_id: 'default', task_id: 't', session_id: 's1' };
+    const page = 'p'.repeat(40_000);
+    const part = 'q'.repeat(30_000);
+    const calls = [
+      { tool: 'fetch', args: { url: 'u' }, observation: page },
+      { tool: 'post', args: { body: page }, observation: { ok: true } },
+      ...Array.from({ length: 10 }, (_, i) => ({ tool: 'read', args: { i }, observation: part })),
+    ];
+    const ev = [
+      { ...base, type: 'user_message', event_id: 'm', ts: 1, text: 'go' },
+      ...calls.map((c, i) => ({ ...base, type: 'tool_call', event_id: `c${i}`, ts: 2 + i, step: i, ...c })),
+      { ...base, type: 'task_completed', event_id: 'd', ts: 100 },
+    ] as unknown as ToolCallsEvent[];
+    const [got] = evidenceOf(ev);
+    // Before: every payload kept whole (the session held 700 KB).
+    expect(got!.calls.map((c) => c.tool)).toEqual(calls.map((c) => c.tool));
+    expect(got!.calls[0]).toEqual({ tool: 'fetch', args: { url: 'u' } });
+    expect(got!.calls[1]).toEqual({ tool: 'post', observation: { ok: true } });
+    // 30,002 characters an output: eight fit in 262,144 with what came before, the ninth and tenth do not.
+    const kept = got!.calls.slice(2).map((c) => c.observation !== undefined);
+    expect(kept).toEqual([true, true, true, true, true, true, true, true, false, false]);
+    expect(got!.calls.slice(2).every((c, i) => JSON.stringify(c.args) === JSON.stringify({ i }))).toBe(true);
+    const size = (v: unknown) => (v === undefined ? 0 : JSON.stringify(v).length);
+    const chars = got!.calls.reduce((n, c) => n + size(c.args) + size(c.observation), 0);
+    expect(chars).toBeLessThanOrEqual(262_144);
+  });
+
   it('an argument named __proto__ is bound as any other (a key of input_map, not its prototype)', () => {
     const protoRun = (user: string, code: string): EvidenceRun => ({
       userText: `hello, my code is ${code}`,

@@ -84,7 +84,7 @@ const ENDED_TTL_MS = 3_600_000;
  * shadow trial, without evidence. Raw payloads stay out of Redis as well.
  */
 function sessionText(s: OpenSession): string {
-  const { evidence: _e, userText: _u, ...kept } = s;
+  const { evidence: _e, userText: _u, evidenceChars: _c, ...kept } = s;
   return JSON.stringify(kept);
 }
 
