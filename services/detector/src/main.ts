@@ -269,6 +269,17 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
               'REDIS_UNAVAILABLE',
               'detector state lost in Redis again after every rebuild',
             );
+          if (!out.markerLost && !out.olderLayout && out.stale.length > 0) {
+            // The partition was rebuilt in this epoch (ensure above), but these scopes were not: no rebuild had
+            // an event of theirs to replay. Cleared as a rebuild would, then the batch is applied again.
+            if (await store.clearStale(out.stale, epoch)) {
+              log.warn(
+                { partition, scopes: out.stale.length },
+                'detector state of an earlier epoch that no rebuild reached (its events no longer on the tool-calls topic) cleared',
+              );
+              continue;
+            }
+          }
           if (out.olderLayout) {
             // Every scope's state holds every partition's part: all of them are rebuilt, under a new epoch.
             await store.retireEpoch(epoch);

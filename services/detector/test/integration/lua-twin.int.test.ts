@@ -58,7 +58,14 @@ describe('apply-11.lua = core/state.ts', () => {
       [msg, call, later],
     ]) {
       const { changed: _m, ...mem } = state.applyAll(chunk);
-      const { changed: _c, lost: _l, owed: _o, ...lua } = await store.applyBatch(chunk, { epoch: 'e1' });
+      const {
+        changed: _c,
+        lost: _l,
+        owed: _o,
+        stale: _st,
+        markerLost: _ml,
+        ...lua
+      } = await store.applyBatch(chunk, { epoch: 'e1' });
       expect(lua).toEqual(mem);
       last = mem;
     }
@@ -128,7 +135,7 @@ describe('apply-11.lua = core/state.ts', () => {
             // With an epoch, as the service runs it (the marker is read around the scripts).
             const lua = await store.applyBatch(chunk, { epoch });
             const { changed: _m, ...memCounts } = mem;
-            const { changed: luaChanged, lost, owed: _o, ...luaCounts } = lua;
+            const { changed: luaChanged, lost, owed: _o, stale: _st, markerLost: _ml, ...luaCounts } = lua;
             expect(lost).toBe(false);
             expect(luaCounts).toEqual(memCounts);
             expect(luaChanged.length > 0).toBe(mem.changed);
@@ -198,7 +205,14 @@ describe('apply-11.lua = core/state.ts', () => {
     const store = new RedisDetectorStore(redis, params, prefix);
     for (const op of ops) {
       const mem = state.apply(op);
-      const { changed: luaChanged, lost: _l, owed: _o, ...lua } = await store.applyBatch([op]);
+      const {
+        changed: luaChanged,
+        lost: _l,
+        owed: _o,
+        stale: _s,
+        markerLost: _m,
+        ...lua
+      } = await store.applyBatch([op]);
       const { changed, ...memCounts } = mem;
       expect(lua).toEqual(memCounts);
       expect(luaChanged.length > 0).toBe(changed);
@@ -251,7 +265,14 @@ describe('apply-11.lua = core/state.ts', () => {
     const store = new RedisDetectorStore(redis, params, unique('twin-days'));
     for (const op of ops) {
       const { changed, ...mem } = state.apply(op);
-      const { changed: luaChanged, lost: _l, owed: _o, ...lua } = await store.applyBatch([op]);
+      const {
+        changed: luaChanged,
+        lost: _l,
+        owed: _o,
+        stale: _s,
+        markerLost: _m,
+        ...lua
+      } = await store.applyBatch([op]);
       expect(lua).toEqual(mem);
       expect(luaChanged.length > 0).toBe(changed);
     }
@@ -296,7 +317,14 @@ describe('apply-11.lua = core/state.ts', () => {
         const chunk = ops.slice(i, i + 1 + Math.floor(r() * 40));
         i += chunk.length;
         const { changed, ...mem } = state.applyAll(chunk);
-        const { changed: luaChanged, lost: _l, owed: _o, ...lua } = await store.applyBatch(chunk);
+        const {
+          changed: luaChanged,
+          lost: _l,
+          owed: _o,
+          stale: _s,
+          markerLost: _m,
+          ...lua
+        } = await store.applyBatch(chunk);
         expect(lua).toEqual(mem);
         expect(luaChanged.length > 0).toBe(changed);
       }

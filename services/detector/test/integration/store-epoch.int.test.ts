@@ -32,6 +32,35 @@ const done = (task: string, ts: number, offset: number, partition = 0): Detector
 
 /** The Redis side of a Redis loss (services/detector/README.md, "Redis loss"), on real Redis. */
 describe('detector store: epochs and checkpoints', () => {
+  it('a scope of an earlier epoch while the marker holds is stale, not a loss; clearStale brings it under the epoch', async () => {
+    const prefix = unique('det-stale');
+    const g = detectorGlobalKeys(prefix);
+    const k = detectorKeys(prefix, scope);
+    const store = new RedisDetectorStore(redis, DEFAULT_PARAMS, prefix);
+    await redis.set(g.epoch, 'E1');
+    expect((await store.applyBatch([call('t1', 0, 1000, 0)], { epoch: 'E1' })).lost).toBe(false);
+    // A new epoch without a loss (an evicted marker, retireEpoch), and no rebuild reached this scope.
+    await redis.set(g.epoch, 'E2');
+    const refused = await store.applyBatch([call('t2', 0, 5000, 7)], { epoch: 'E2' });
+    expect(refused).toMatchObject({ lost: true, markerLost: false, stale: [scope], applied: 0 });
+    expect(await redis.hget(k.meta, 'epoch')).toBe('E1');
+    expect(await store.clearStale([scope], 'E2')).toBe(true);
+    expect(await redis.hget(k.meta, 'epoch')).toBe('E2');
+    expect(await redis.hexists(k.events, 't1')).toBe(0);
+    expect(await store.applyBatch([call('t2', 0, 5000, 7)], { epoch: 'E2' })).toMatchObject({
+      lost: false,
+      stale: [],
+      applied: 1,
+    });
+    // The marker gone: a loss, whatever the scopes say, and the clearing says so too.
+    await redis.del(g.epoch);
+    expect(await store.applyBatch([call('t2', 1, 5001, 8)], { epoch: 'E2' })).toMatchObject({
+      lost: true,
+      markerLost: true,
+    });
+    expect(await store.clearStale([scope], 'E2')).toBe(false);
+  });
+
   it('a batch meeting an emptied Redis, or state of another epoch, is reported lost; rebuild mode clears it', async () => {
     const prefix = unique('det-epoch');
     const g = detectorGlobalKeys(prefix);

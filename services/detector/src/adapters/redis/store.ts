@@ -149,6 +149,13 @@ export interface BatchOutcome extends Omit<ApplyResult, 'changed'> {
    * partition is rebuilt.
    */
   olderLayout?: true;
+  /**
+   * Scopes whose state belongs to an earlier epoch while the marker named `epoch` throughout (so not a loss seen
+   * by this batch): state no rebuild of this epoch has reached. See `RedisDetectorStore.clearStale`.
+   */
+  stale: Scope[];
+  /** The marker was missing or replaced before or after the scripts: the Redis state this batch meant is gone. */
+  markerLost: boolean;
 }
 
 export interface ApplyOptions {
@@ -318,7 +325,14 @@ export class RedisDetectorStore {
       g.parts.add(part);
     }
     const { changed: _c, ...zero } = emptyResult();
-    const out: BatchOutcome = { ...zero, changed: [], owed: [], lost: false };
+    const out: BatchOutcome = {
+      ...zero,
+      changed: [],
+      owed: [],
+      lost: false,
+      stale: [],
+      markerLost: false,
+    };
     if (byScope.size === 0) return out;
     const pipe = this.redis.pipeline();
     const epoch = opts.epoch;
@@ -353,7 +367,7 @@ export class RedisDetectorStore {
     if (epoch !== undefined) {
       const before = replies[0]![1];
       const after = replies[replies.length - 1]![1];
-      if (before !== epoch || after !== epoch) out.lost = true;
+      if (before !== epoch || after !== epoch) out.lost = out.markerLost = true;
       at = 1;
     }
     at += added.length;
@@ -364,6 +378,7 @@ export class RedisDetectorStore {
       if (Array.isArray(reply) && (reply[0] === OTHER_EPOCH || reply[0] === OLDER_LAYOUT)) {
         out.lost = true;
         if (reply[0] === OLDER_LAYOUT) out.olderLayout = true;
+        else out.stale.push(g.scope);
         return;
       }
       const [, changed, applied, ignored, completed, dup, late, limit, misrouted, owed, isFresh] =
@@ -408,6 +423,17 @@ export class RedisDetectorStore {
     const reply = await invokeScript(this.redis, 'retireEpoch', [this.global.epoch], [epoch]);
     this.roundTrips++;
     return parseScriptReply('retireEpoch', reply, z.union([z.literal(0), z.literal(1)]), {}) === 1;
+  }
+
+  /**
+   * Clears scopes of an earlier epoch (`BatchOutcome.stale`) and brings them under `epoch`, as the first rebuild
+   * op to reach each would. A batch's partition has been rebuilt in `epoch` before it is applied, yet a scope can
+   * be left in an earlier one: the epoch ended without a loss (an older layout met: retireEpoch; an evicted
+   * marker) and no rebuild replayed an event of it (the tool-calls topic no longer held them). Refused in normal
+   * mode for good, its next batch stalled its partition. Lost if the marker changed meanwhile.
+   */
+  async clearStale(scopes: Scope[], epoch: string): Promise<boolean> {
+    return !(await this.applyBatch([], { epoch, mode: 'r', touch: scopes })).lost;
   }
 
   /** Forgets which scopes this process has registered (after a loss, the registry itself is gone). */
