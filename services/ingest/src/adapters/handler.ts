@@ -31,7 +31,7 @@ export function createIngestMetrics(registry: Registry) {
     }),
     spans: new Counter({
       name: 'paver_ingest_spans_total',
-      help: 'Spans read, by outcome: tool_call (published), pending (waiting for the agent span), dropped (its trace already has INGEST_MAX_PENDING_SPANS waiting), late (agent already completed), orphan (no invoke_agent ancestor), other (not a GenAI tool or agent span).',
+      help: 'Spans read, by outcome: tool_call (published), pending (waiting for the agent span), dropped (its trace already has INGEST_MAX_PENDING_SPANS waiting), late (agent already completed), orphan (no invoke_agent ancestor), nested (inside the call of another tool span, as an MCP server span below the MCP client span), other (not a GenAI tool or agent span).',
       labelNames: ['outcome'],
       registers,
     }),
@@ -167,7 +167,7 @@ export function createIngestApply(deps: {
 
     const events = [];
     const changes = new Map<string, TraceChange>();
-    const outcomes = { tool_call: 0, pending: 0, late: 0, orphan: 0, dropped: 0 };
+    const outcomes = { tool_call: 0, pending: 0, late: 0, orphan: 0, nested: 0, dropped: 0 };
     for (const [traceId, spans] of traces) {
       const state = states.get(traceId) ?? { spans: [], done: new Set<string>(), doneAt: new Map() };
       const res = resolveTrace([...state.spans, ...spans], state.done, opts);
@@ -178,7 +178,13 @@ export function createIngestApply(deps: {
       // A link whose agent span is completed leaves the hash, its id kept as done (a tool span below it is late):
       // left there, links of task after task filled a long trace's room, and its later tool spans were dropped.
       const spent = new Set(res.spentLinks);
-      const settled = [...res.emittedTools, ...res.lateTools, ...res.orphanTools, ...res.spentLinks];
+      const settled = [
+        ...res.emittedTools,
+        ...res.lateTools,
+        ...res.orphanTools,
+        ...res.nestedTools,
+        ...res.spentLinks,
+      ];
       const drop = settled.filter((id) => buffered.has(id));
       // Links are kept only while a tool span still needs a path to its agent span.
       const waiting = spans.filter(
@@ -200,6 +206,8 @@ export function createIngestApply(deps: {
       outcomes.dropped += freshPending.filter((id) => !kept.has(id)).length;
       outcomes.late += res.lateTools.filter((id) => freshIds.has(id)).length;
       outcomes.orphan += res.orphanTools.filter((id) => freshIds.has(id)).length;
+      // Counted once, when read: one that waited was counted as pending then.
+      outcomes.nested += res.nestedTools.filter((id) => freshIds.has(id)).length;
     }
     if (mode.publish)
       await sink.send(

@@ -170,6 +170,11 @@ export interface ResolveResult {
   lateTools: string[];
   /** Tool spans with no invoke_agent span above them at all. */
   orphanTools: string[];
+  /**
+   * Tool spans below another tool span before any agent span: part of that tool call, not a call of their own
+   * (an instrumented MCP server's span below the MCP client's, a framework's execute_tool around the MCP client).
+   */
+  nestedTools: string[];
   /** Agent spans whose task had no tool call: they complete without events. */
   emptyAgents: number;
   /**
@@ -217,15 +222,17 @@ export function resolveTrace(
     pendingTools: [],
     lateTools: [],
     orphanTools: [],
+    nestedTools: [],
     emptyAgents: 0,
     spentLinks: [],
   };
 
   /**
    * Nearest agent ancestor; null when the chain reaches a root without one; 'missing' when a link is unknown;
-   * 'late' when the chain reaches an agent span already completed (only its id is kept, in `done`).
+   * 'late' when the chain reaches an agent span already completed (only its id is kept, in `done`). For a tool
+   * span, 'nested' when the chain meets another tool span first.
    */
-  const agentOf = (s: KeptSpan): KeptSpan | null | 'missing' | 'late' => {
+  const agentOf = (s: KeptSpan): KeptSpan | null | 'missing' | 'late' | 'nested' => {
     const seen = new Set<string>([s.spanId]);
     let parent = s.parentSpanId;
     while (parent !== null) {
@@ -234,6 +241,12 @@ export function resolveTrace(
       const p = index.get(parent);
       if (!p) return done.has(parent) ? 'late' : 'missing';
       if (p.kind === 'agent') return p;
+      // One call the agent made can leave several execute_tool spans, one inside the other: the MCP client's
+      // tools/call with the MCP server's below it (both execute_tool, same tool: the conventions' mcp.md), or a
+      // framework's execute_tool around the MCP client's. Each was a step of its own, so one call read as the
+      // same tool called two or three times in a row. The outermost is the agent's call; the ones inside it are
+      // how that call ran.
+      if (p.kind === 'tool' && s.kind === 'tool') return 'nested';
       parent = p.parentSpanId;
     }
     return null;
@@ -254,7 +267,7 @@ export function resolveTrace(
   for (const s of index.values()) {
     if (s.kind !== 'link') continue;
     const a = agentOf(s);
-    if (a === 'late' || (a !== null && a !== 'missing')) r.spentLinks.push(s.spanId);
+    if (a === 'late' || (a !== null && a !== 'missing' && a !== 'nested')) r.spentLinks.push(s.spanId);
   }
 
   const tasks = new Map<string, KeptSpan[]>();
@@ -262,6 +275,7 @@ export function resolveTrace(
     if (s.kind !== 'tool') continue;
     const agent = agentOf(s);
     if (agent === 'missing') r.pendingTools.push(s.spanId);
+    else if (agent === 'nested') r.nestedTools.push(s.spanId);
     else if (agent === 'late') r.lateTools.push(s.spanId);
     else if (agent === null) r.orphanTools.push(s.spanId);
     else if (done.has(agent.spanId)) r.lateTools.push(s.spanId);
@@ -330,7 +344,15 @@ export function byTrace<T extends { traceId: string }>(spans: Iterable<T>): Map<
 
 export interface OfflineResult {
   events: (ToolCallEvent | TaskCompletedEvent)[];
-  stats: { spans: number; toolCalls: number; tasks: number; pending: number; orphans: number };
+  stats: {
+    spans: number;
+    toolCalls: number;
+    tasks: number;
+    pending: number;
+    orphans: number;
+    /** Tool spans inside another tool span's call (not steps). */
+    nested: number;
+  };
   notes: PayloadNote[];
 }
 
@@ -341,7 +363,7 @@ export interface OfflineResult {
 export function mapSpans(spans: Iterable<OtlpSpan>, opts: MapOptions): OfflineResult {
   const out: OfflineResult = {
     events: [],
-    stats: { spans: 0, toolCalls: 0, tasks: 0, pending: 0, orphans: 0 },
+    stats: { spans: 0, toolCalls: 0, tasks: 0, pending: 0, orphans: 0, nested: 0 },
     notes: [],
   };
   const kept: KeptSpan[] = [];
@@ -359,6 +381,7 @@ export function mapSpans(spans: Iterable<OtlpSpan>, opts: MapOptions): OfflineRe
     out.stats.tasks += r.events.filter((e) => e.type === 'task_completed').length;
     out.stats.pending += r.pendingTools.length;
     out.stats.orphans += r.orphanTools.length;
+    out.stats.nested += r.nestedTools.length;
   }
   return out;
 }

@@ -28,6 +28,12 @@ export interface ToolSpec {
   viaInternalSpan?: boolean;
   /** An agent invoked as this tool (agent-as-a-tool). */
   subAgent?: AgentSpec;
+  /**
+   * The tool is called over MCP and the MCP server is instrumented too: below this span (the MCP client's
+   * `tools/call`), the server's own `execute_tool` span of the same tool, as in the "Tool call" example of the
+   * conventions' mcp.md.
+   */
+  mcpServer?: boolean;
 }
 export interface AgentSpec {
   name?: string;
@@ -94,6 +100,24 @@ export function otelRecorder(resource: Record<string, string> = { 'service.name'
         pctx,
       );
       if (tool.subAgent) runAgent(tool.subAgent, t + 2, span);
+      if (tool.mcpServer)
+        tracer
+          .startSpan(
+            `tools/call ${tool.name}`,
+            {
+              startTime: t + 2,
+              attributes: {
+                'gen_ai.operation.name': 'execute_tool',
+                'gen_ai.tool.name': tool.name,
+                'mcp.method.name': 'tools/call',
+                ...(tool.args !== undefined
+                  ? { 'gen_ai.tool.call.arguments': JSON.stringify(tool.args) }
+                  : {}),
+              },
+            },
+            trace.setSpan(context.active(), span),
+          )
+          .end(t + 4);
       if (tool.error) {
         span.setStatus({ code: SpanStatusCode.ERROR, message: 'tool failed' });
         span.setAttribute('error.type', 'ToolError');

@@ -132,6 +132,43 @@ describe('OTLP GenAI spans → tool-calls events', () => {
     expect(new Set(events.map((e) => e.session_id))).toEqual(new Set(['c1']));
   });
 
+  it('counts an MCP tool call once: the MCP server span below the client span is part of that call', () => {
+    // semantic-conventions-genai mcp.md, "Tool call": the MCP client span and the MCP server span below it
+    // both carry gen_ai.operation.name = execute_tool and gen_ai.tool.name, for the one call the agent made.
+    const spans = otelRecorder().agent({
+      name: 'A',
+      tools: [
+        { name: 'get_user' },
+        { name: 'get_weather', args: { city: 'Paris' }, mcpServer: true },
+        { name: 'reply' },
+      ],
+    });
+    const server = spans.find((s) => s.name === 'tools/call get_weather')!;
+    expect(server).toBeDefined();
+    const r = mapSpans(decode(toProto(spans)), DEFAULT_MAP_OPTIONS);
+    expect(r.events.map((e) => (e.type === 'tool_call' ? `${e.step}:${e.tool}` : e.type))).toEqual([
+      '0:get_user',
+      '1:get_weather',
+      '2:reply',
+      'task_completed',
+    ]);
+    expect(r.events.map((e) => e.event_id)).not.toContain(
+      `otel-${server.spanContext().traceId}-${server.spanContext().spanId}`,
+    );
+    expect(r.stats).toMatchObject({ toolCalls: 3, tasks: 1, pending: 0, orphans: 0, nested: 1 });
+
+    // The server span exported first, alone (another process): it waits like any tool span whose parent is not
+    // known yet, and is settled as nested once its parent comes, never a step.
+    const keep = (ss: typeof spans) => decode(toProto(ss)).map((s) => keepSpan(s, DEFAULT_MAP_OPTIONS).kept);
+    const first = resolveTrace(keep([server]), new Set(), DEFAULT_MAP_OPTIONS);
+    expect(first.pendingTools).toHaveLength(1);
+    const rest = spans.filter((s) => s !== server);
+    const second = resolveTrace([...keep([server]), ...keep(rest)], new Set(), DEFAULT_MAP_OPTIONS);
+    expect(second.events).toEqual(r.events);
+    expect(second.nestedTools).toEqual([server.spanContext().spanId]);
+    expect(second.pendingTools).toEqual([]);
+  });
+
   it('waits for the agent span across messages, and ignores redeliveries once the task is done', () => {
     const spans = otelRecorder().agent(booking);
     const toolSpans = spans.filter((s) => s.name.startsWith('execute_tool'));
