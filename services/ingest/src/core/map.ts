@@ -153,8 +153,8 @@ export function keepSpan(span: OtlpSpan, opts: MapOptions): { kept: KeptSpan; no
     const agent = cleanId(a[ATTR.agentId]) ?? cleanId(a[ATTR.agentName]);
     return { kept: { ...base, kind: 'agent', ...(agent ? { agent } : {}), ...ids }, notes };
   }
-  // Other spans: only the link, and a conversation id an outer span may carry for the whole trace.
-  return { kept: { ...base, ...ids }, notes };
+  // Other spans: only the link (their conversation id or tenant is not read: see resolveTrace).
+  return { kept: base, notes };
 }
 
 export interface ResolveResult {
@@ -251,18 +251,6 @@ export function resolveTrace(
     }
     return null;
   };
-  /** First value of `pick` on the span or its ancestors (conversation ids often sit on an outer span). */
-  const inherited = (s: KeptSpan, pick: (k: KeptSpan) => string | undefined): string | undefined => {
-    const seen = new Set<string>();
-    for (let cur: KeptSpan | undefined = s; cur && !seen.has(cur.spanId);) {
-      seen.add(cur.spanId);
-      const v = pick(cur);
-      if (v !== undefined) return v;
-      cur = cur.parentSpanId === null ? undefined : index.get(cur.parentSpanId);
-    }
-    return undefined;
-  };
-
   // Every agent span known here is completed by this call, if it was not before.
   for (const s of index.values()) {
     if (s.kind !== 'link') continue;
@@ -294,11 +282,14 @@ export function resolveTrace(
       r.emptyAgents++;
       continue;
     }
-    // One session per task, so all of its events share a partition key and stay in order downstream.
-    const session =
-      inherited(agent, (k) => k.session) ?? tools.find((t) => t.session)?.session ?? agent.traceId;
-    const tenant =
-      inherited(agent, (k) => k.tenant) ?? tools.find((t) => t.tenant)?.tenant ?? opts.defaultTenant;
+    // One session per task, so all of its events share a partition key and stay in order downstream. Read from
+    // the task's own spans only, which are all here whenever it is published. A span enclosing the agent span
+    // (a request's root span, the outer agent of an agent invoked as a tool) ends, and is exported, after it:
+    // read from there too, the session and tenant depended on whether it came in the same message, so the same
+    // event ids went out under another key and tenant (a redelivery cut elsewhere, paver otel against the
+    // service, a long run against a short one).
+    const session = agent.session ?? tools.find((t) => t.session)?.session ?? agent.traceId;
+    const tenant = agent.tenant ?? tools.find((t) => t.tenant)?.tenant ?? opts.defaultTenant;
     const common = {
       tenant_id: tenant,
       agent_id: agent.agent ?? 'default',

@@ -132,10 +132,16 @@ export function otelRecorder(resource: Record<string, string> = { 'service.name'
   }
 
   return {
-    /** Runs an agent; returns its spans in export (end) order. */
-    agent(a: AgentSpec, startMs = 1_700_000_000_000): ReadableSpan[] {
+    /**
+     * Runs an agent; returns its spans in export (end) order. With `within`, the agent runs inside a non-GenAI
+     * span carrying those attributes (a request's root span), which ends, and is exported, after it.
+     */
+    agent(a: AgentSpec, startMs = 1_700_000_000_000, within?: Record<string, string>): ReadableSpan[] {
       exporter.reset();
-      runAgent(a, startMs);
+      if (within) {
+        const root = tracer.startSpan('POST /chat', { startTime: startMs - 1, attributes: within });
+        root.end(runAgent(a, startMs, root) + 1);
+      } else runAgent(a, startMs);
       return [...exporter.getFinishedSpans()];
     },
     /** A span outside any agent (an orphan tool span, or plain HTTP traffic). */
