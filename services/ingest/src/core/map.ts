@@ -3,7 +3,7 @@ import { cutText } from '../../../../shared/core/text.js';
 import { deeperThan, PAYLOAD_DEPTH } from '../../../../shared/core/json-depth.js';
 import { LIMITS } from '../../../../schemas/limits.js';
 import type { TaskCompletedEvent, ToolCallEvent } from '../../../../schemas/index.js';
-import type { OtlpSpan } from './otlp.js';
+import { TOO_DEEP_VALUE, type OtlpSpan } from './otlp.js';
 
 /** GenAI semantic-convention attribute names read by the mapping (semconv GenAI, Development status). */
 export const ATTR = {
@@ -91,6 +91,10 @@ function payload(
   notes: PayloadNote[],
 ): { value?: unknown } {
   if (v === undefined) return {};
+  if (v === TOO_DEEP_VALUE) {
+    notes.push({ field, reason: 'too_deep' });
+    return {};
+  }
   const text = typeof v === 'string' ? v : JSON.stringify(v);
   if (utf8.encode(text).length > opts.maxPayloadBytes) {
     notes.push({ field, reason: 'oversize' });

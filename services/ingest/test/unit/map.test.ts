@@ -408,6 +408,36 @@ describe('statuses and structured values', () => {
     expect(anyValue(kv, 0, 16)).toEqual({ id: 7, q: ['a'] });
     expect(() => anyValue(kv, 0, 1)).toThrow(/nested deeper/);
   });
+
+  it('leaves out an attribute value nested too deep, not the request: its other spans and traces are mapped', () => {
+    // A structured result (the conventions ask for one) of a tool that returns a tree, 40 levels deep, in a request
+    // the Collector batched with another trace. The whole request was dead-lettered as invalid: every span of
+    // every trace in it lost.
+    const rec = otelRecorder();
+    const deep = rec.agent({ name: 'A', tools: [{ name: 'parse' }, { name: 'reply' }] });
+    const other = rec.agent({ name: 'B', tools: [{ name: 'lookup' }] });
+    const request = JSON.parse(toJson([...deep, ...other]).toString()) as {
+      resourceSpans: { scopeSpans: { spans: { name: string; attributes: unknown[] }[] }[] }[];
+    };
+    let tree: unknown = { stringValue: 'leaf' };
+    for (let i = 0; i < 40; i++) tree = { kvlistValue: { values: [{ key: 'child', value: tree }] } };
+    const spans = request.resourceSpans.flatMap((rs) => rs.scopeSpans.flatMap((ss) => ss.spans));
+    spans
+      .find((sp) => sp.name === 'execute_tool parse')!
+      .attributes.push({ key: 'gen_ai.tool.call.result', value: tree });
+    const r = decodeOtlp(Buffer.from(JSON.stringify(request)), 'auto', DEFAULT_DECODE_LIMITS);
+    expect(r.ok).toBe(true);
+    const { events, notes } = mapSpans(r.ok ? r.spans : [], DEFAULT_MAP_OPTIONS);
+    expect(events.map((e) => (e.type === 'tool_call' ? `${e.agent_id}:${e.tool}` : e.type))).toEqual([
+      'A:parse',
+      'A:reply',
+      'task_completed',
+      'B:lookup',
+      'task_completed',
+    ]);
+    expect(events[0]).not.toHaveProperty('observation');
+    expect(notes).toEqual([{ field: 'observation', reason: 'too_deep' }]);
+  });
 });
 
 describe('paver otel on a large export', () => {
