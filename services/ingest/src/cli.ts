@@ -181,10 +181,11 @@ export async function otelCommand(argv: string[]): Promise<number> {
     }
   }
   const omitted = r.notes.length ? `, ${r.notes.length} payload(s) left out` : '';
+  const nested = r.stats.nested ? `, ${r.stats.nested} inside another tool call` : '';
   warn(
     `${parsed.requests} request(s), ${parsed.bad} bad; ${r.stats.spans} spans → ${r.stats.toolCalls} tool_call, ` +
       `${r.stats.tasks} task_completed; ${r.stats.pending} tool span(s) without their agent span, ` +
-      `${r.stats.orphans} outside any invoke_agent span${omitted}`,
+      `${r.stats.orphans} outside any invoke_agent span${nested}${omitted}`,
   );
   return values.strict && parsed.bad > 0 ? 1 : 0;
 }

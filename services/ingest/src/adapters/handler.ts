@@ -4,6 +4,7 @@ import type { Logger } from '../../../../shared/log.js';
 import type { EpochMarker } from '../../../../shared/redis/epoch.js';
 import type { BatchHandler, Parser } from '../../../../shared/kafka/runner.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
+import type { TaskCompletedEvent, ToolCallEvent } from '../../../../schemas/index.js';
 import { byTrace, keepSpan, resolveTrace, type KeptSpan, type MapOptions } from '../core/map.js';
 import type { DecodeLimits, OtlpSpan } from '../core/otlp.js';
 import { decodeOtlp, type OtlpEncoding } from './otlp-decode.js';
@@ -31,7 +32,7 @@ export function createIngestMetrics(registry: Registry) {
     }),
     spans: new Counter({
       name: 'paver_ingest_spans_total',
-      help: 'Spans read, by outcome: tool_call (published), pending (waiting for the agent span), dropped (its trace already has INGEST_MAX_PENDING_SPANS waiting), late (agent already completed), orphan (no invoke_agent ancestor), other (not a GenAI tool or agent span).',
+      help: 'Spans read, by outcome: tool_call (published), pending (waiting for the agent span), dropped (its trace already has INGEST_MAX_PENDING_SPANS waiting), late (agent already completed), orphan (no invoke_agent ancestor), nested (inside the call of another tool span, as an MCP server span below the MCP client span), other (not a GenAI tool or agent span).',
       labelNames: ['outcome'],
       registers,
     }),
@@ -107,6 +108,40 @@ function oldestDone(doneAt: ReadonlyMap<string, number>, added: readonly string[
     .map(([a]) => a);
 }
 
+/** Bytes the sink may add around an event's JSON text (a schema registry's wire header). */
+const FRAMING_BYTES = 5;
+
+/**
+ * A tool_call over the output limit, made to fit: without its result, else without its arguments, else without
+ * both (ids, tool and step are bounded, so that always fits). Each value was under INGEST_MAX_PAYLOAD_BYTES, but
+ * the two together need not be under PAVER_MAX_OUTPUT_BYTES (a value may be up to 16 MiB, and a text result
+ * counted in UTF-8 grows up to six times as JSON): the sink then left the whole tool_call out, and its task was
+ * published with a step missing, as if the agent had never made that call. The same configuration gives the same
+ * events on a redelivery.
+ */
+export function fitPayloads(
+  maxBytes: number,
+  omitted: (field: 'args' | 'observation') => void,
+): (value: unknown) => unknown {
+  return (value) => {
+    const e = value as ToolCallEvent | TaskCompletedEvent;
+    if (e.type !== 'tool_call' || (e.observation === undefined && e.args === undefined)) return null;
+    const fits = (v: ToolCallEvent) =>
+      Buffer.byteLength(JSON.stringify(v)) + Buffer.byteLength(e.session_id) + FRAMING_BYTES <= maxBytes;
+    const { observation, args, ...bare } = e;
+    const withArgs: ToolCallEvent = args === undefined ? bare : { ...bare, args };
+    const withObservation: ToolCallEvent = observation === undefined ? bare : { ...bare, observation };
+    const [out, left] =
+      observation !== undefined && fits(withArgs)
+        ? [withArgs, ['observation'] as const]
+        : args !== undefined && fits(withObservation)
+          ? [withObservation, ['args'] as const]
+          : [bare, ['observation', 'args'] as const];
+    for (const field of left) if (e[field] !== undefined) omitted(field);
+    return out;
+  };
+}
+
 /** What `apply` is asked to do with a chunk's spans. */
 export interface ApplyMode {
   /** False while a replay rebuilds the state a Redis loss took: those tasks were published when first read. */
@@ -129,9 +164,14 @@ export function createIngestApply(deps: {
   metrics: IngestMetrics;
   /** Spans a trace may keep waiting in Redis for its agent span (INGEST_MAX_PENDING_SPANS); more are dropped. */
   maxPendingSpans?: number;
+  /** PAVER_MAX_OUTPUT_BYTES, the sink's bound: a tool_call over it loses its payloads (`fitPayloads`). */
+  maxOutputBytes?: number;
 }): (messages: OtlpSpan[][], mode: ApplyMode) => Promise<{ lost: boolean }> {
   const { store, sink, topic, opts, metrics: m } = deps;
   const maxPending = deps.maxPendingSpans ?? DEFAULT_MAX_PENDING_SPANS;
+  const fit = fitPayloads(deps.maxOutputBytes ?? Infinity, (field) =>
+    m.payloadsOmitted.inc({ field, reason: 'oversize' }),
+  );
   return async (messages, mode) => {
     // A replay counts nothing: these spans were counted when first read.
     const count = mode.publish;
@@ -167,7 +207,7 @@ export function createIngestApply(deps: {
 
     const events = [];
     const changes = new Map<string, TraceChange>();
-    const outcomes = { tool_call: 0, pending: 0, late: 0, orphan: 0, dropped: 0 };
+    const outcomes = { tool_call: 0, pending: 0, late: 0, orphan: 0, nested: 0, dropped: 0 };
     for (const [traceId, spans] of traces) {
       const state = states.get(traceId) ?? { spans: [], done: new Set<string>(), doneAt: new Map() };
       const res = resolveTrace([...state.spans, ...spans], state.done, opts);
@@ -178,7 +218,13 @@ export function createIngestApply(deps: {
       // A link whose agent span is completed leaves the hash, its id kept as done (a tool span below it is late):
       // left there, links of task after task filled a long trace's room, and its later tool spans were dropped.
       const spent = new Set(res.spentLinks);
-      const settled = [...res.emittedTools, ...res.lateTools, ...res.orphanTools, ...res.spentLinks];
+      const settled = [
+        ...res.emittedTools,
+        ...res.lateTools,
+        ...res.orphanTools,
+        ...res.nestedTools,
+        ...res.spentLinks,
+      ];
       const drop = settled.filter((id) => buffered.has(id));
       // Links are kept only while a tool span still needs a path to its agent span.
       const waiting = spans.filter(
@@ -200,12 +246,15 @@ export function createIngestApply(deps: {
       outcomes.dropped += freshPending.filter((id) => !kept.has(id)).length;
       outcomes.late += res.lateTools.filter((id) => freshIds.has(id)).length;
       outcomes.orphan += res.orphanTools.filter((id) => freshIds.has(id)).length;
+      // Counted once, when read: one that waited was counted as pending then.
+      outcomes.nested += res.nestedTools.filter((id) => freshIds.has(id)).length;
     }
     if (mode.publish)
       await sink.send(
         topic,
         'tool-calls.v1',
         events.map((e) => ({ key: e.session_id, value: e })),
+        fit,
       );
     await store.save(changes);
     if (count) {

@@ -3,7 +3,7 @@ import { cutText } from '../../../../shared/core/text.js';
 import { deeperThan, PAYLOAD_DEPTH } from '../../../../shared/core/json-depth.js';
 import { LIMITS } from '../../../../schemas/limits.js';
 import type { TaskCompletedEvent, ToolCallEvent } from '../../../../schemas/index.js';
-import type { OtlpSpan } from './otlp.js';
+import { TOO_DEEP_VALUE, type OtlpSpan } from './otlp.js';
 
 /** GenAI semantic-convention attribute names read by the mapping (semconv GenAI, Development status). */
 export const ATTR = {
@@ -91,6 +91,10 @@ function payload(
   notes: PayloadNote[],
 ): { value?: unknown } {
   if (v === undefined) return {};
+  if (v === TOO_DEEP_VALUE) {
+    notes.push({ field, reason: 'too_deep' });
+    return {};
+  }
   const text = typeof v === 'string' ? v : JSON.stringify(v);
   if (utf8.encode(text).length > opts.maxPayloadBytes) {
     notes.push({ field, reason: 'oversize' });
@@ -153,8 +157,8 @@ export function keepSpan(span: OtlpSpan, opts: MapOptions): { kept: KeptSpan; no
     const agent = cleanId(a[ATTR.agentId]) ?? cleanId(a[ATTR.agentName]);
     return { kept: { ...base, kind: 'agent', ...(agent ? { agent } : {}), ...ids }, notes };
   }
-  // Other spans: only the link, and a conversation id an outer span may carry for the whole trace.
-  return { kept: { ...base, ...ids }, notes };
+  // Other spans: only the link (their conversation id or tenant is not read: see resolveTrace).
+  return { kept: base, notes };
 }
 
 export interface ResolveResult {
@@ -170,6 +174,11 @@ export interface ResolveResult {
   lateTools: string[];
   /** Tool spans with no invoke_agent span above them at all. */
   orphanTools: string[];
+  /**
+   * Tool spans below another tool span before any agent span: part of that tool call, not a call of their own
+   * (an instrumented MCP server's span below the MCP client's, a framework's execute_tool around the MCP client).
+   */
+  nestedTools: string[];
   /** Agent spans whose task had no tool call: they complete without events. */
   emptyAgents: number;
   /**
@@ -217,15 +226,17 @@ export function resolveTrace(
     pendingTools: [],
     lateTools: [],
     orphanTools: [],
+    nestedTools: [],
     emptyAgents: 0,
     spentLinks: [],
   };
 
   /**
    * Nearest agent ancestor; null when the chain reaches a root without one; 'missing' when a link is unknown;
-   * 'late' when the chain reaches an agent span already completed (only its id is kept, in `done`).
+   * 'late' when the chain reaches an agent span already completed (only its id is kept, in `done`). For a tool
+   * span, 'nested' when the chain meets another tool span first.
    */
-  const agentOf = (s: KeptSpan): KeptSpan | null | 'missing' | 'late' => {
+  const agentOf = (s: KeptSpan): KeptSpan | null | 'missing' | 'late' | 'nested' => {
     const seen = new Set<string>([s.spanId]);
     let parent = s.parentSpanId;
     while (parent !== null) {
@@ -234,27 +245,21 @@ export function resolveTrace(
       const p = index.get(parent);
       if (!p) return done.has(parent) ? 'late' : 'missing';
       if (p.kind === 'agent') return p;
+      // One call the agent made can leave several execute_tool spans, one inside the other: the MCP client's
+      // tools/call with the MCP server's below it (both execute_tool, same tool: the conventions' mcp.md), or a
+      // framework's execute_tool around the MCP client's. Each was a step of its own, so one call read as the
+      // same tool called two or three times in a row. The outermost is the agent's call; the ones inside it are
+      // how that call ran.
+      if (p.kind === 'tool' && s.kind === 'tool') return 'nested';
       parent = p.parentSpanId;
     }
     return null;
   };
-  /** First value of `pick` on the span or its ancestors (conversation ids often sit on an outer span). */
-  const inherited = (s: KeptSpan, pick: (k: KeptSpan) => string | undefined): string | undefined => {
-    const seen = new Set<string>();
-    for (let cur: KeptSpan | undefined = s; cur && !seen.has(cur.spanId);) {
-      seen.add(cur.spanId);
-      const v = pick(cur);
-      if (v !== undefined) return v;
-      cur = cur.parentSpanId === null ? undefined : index.get(cur.parentSpanId);
-    }
-    return undefined;
-  };
-
   // Every agent span known here is completed by this call, if it was not before.
   for (const s of index.values()) {
     if (s.kind !== 'link') continue;
     const a = agentOf(s);
-    if (a === 'late' || (a !== null && a !== 'missing')) r.spentLinks.push(s.spanId);
+    if (a === 'late' || (a !== null && a !== 'missing' && a !== 'nested')) r.spentLinks.push(s.spanId);
   }
 
   const tasks = new Map<string, KeptSpan[]>();
@@ -262,6 +267,7 @@ export function resolveTrace(
     if (s.kind !== 'tool') continue;
     const agent = agentOf(s);
     if (agent === 'missing') r.pendingTools.push(s.spanId);
+    else if (agent === 'nested') r.nestedTools.push(s.spanId);
     else if (agent === 'late') r.lateTools.push(s.spanId);
     else if (agent === null) r.orphanTools.push(s.spanId);
     else if (done.has(agent.spanId)) r.lateTools.push(s.spanId);
@@ -280,11 +286,14 @@ export function resolveTrace(
       r.emptyAgents++;
       continue;
     }
-    // One session per task, so all of its events share a partition key and stay in order downstream.
-    const session =
-      inherited(agent, (k) => k.session) ?? tools.find((t) => t.session)?.session ?? agent.traceId;
-    const tenant =
-      inherited(agent, (k) => k.tenant) ?? tools.find((t) => t.tenant)?.tenant ?? opts.defaultTenant;
+    // One session per task, so all of its events share a partition key and stay in order downstream. Read from
+    // the task's own spans only, which are all here whenever it is published. A span enclosing the agent span
+    // (a request's root span, the outer agent of an agent invoked as a tool) ends, and is exported, after it:
+    // read from there too, the session and tenant depended on whether it came in the same message, so the same
+    // event ids went out under another key and tenant (a redelivery cut elsewhere, paver otel against the
+    // service, a long run against a short one).
+    const session = agent.session ?? tools.find((t) => t.session)?.session ?? agent.traceId;
+    const tenant = agent.tenant ?? tools.find((t) => t.tenant)?.tenant ?? opts.defaultTenant;
     const common = {
       tenant_id: tenant,
       agent_id: agent.agent ?? 'default',
@@ -330,7 +339,15 @@ export function byTrace<T extends { traceId: string }>(spans: Iterable<T>): Map<
 
 export interface OfflineResult {
   events: (ToolCallEvent | TaskCompletedEvent)[];
-  stats: { spans: number; toolCalls: number; tasks: number; pending: number; orphans: number };
+  stats: {
+    spans: number;
+    toolCalls: number;
+    tasks: number;
+    pending: number;
+    orphans: number;
+    /** Tool spans inside another tool span's call (not steps). */
+    nested: number;
+  };
   notes: PayloadNote[];
 }
 
@@ -341,7 +358,7 @@ export interface OfflineResult {
 export function mapSpans(spans: Iterable<OtlpSpan>, opts: MapOptions): OfflineResult {
   const out: OfflineResult = {
     events: [],
-    stats: { spans: 0, toolCalls: 0, tasks: 0, pending: 0, orphans: 0 },
+    stats: { spans: 0, toolCalls: 0, tasks: 0, pending: 0, orphans: 0, nested: 0 },
     notes: [],
   };
   const kept: KeptSpan[] = [];
@@ -359,6 +376,7 @@ export function mapSpans(spans: Iterable<OtlpSpan>, opts: MapOptions): OfflineRe
     out.stats.tasks += r.events.filter((e) => e.type === 'task_completed').length;
     out.stats.pending += r.pendingTools.length;
     out.stats.orphans += r.orphanTools.length;
+    out.stats.nested += r.nestedTools.length;
   }
   return out;
 }

@@ -124,10 +124,24 @@ export function anyValue(v: unknown, depth: number, maxDepth: number): unknown {
   return undefined;
 }
 
+/**
+ * An attribute value nested deeper than `DecodeLimits.maxDepth`, in place of the value: the mapping leaves it out
+ * (a tool's arguments or result, with the reason `too_deep`), and the span and its request are kept. Thrown, it
+ * refused the whole request: every span of every trace the Collector had batched with it was dead-lettered for
+ * one deep tool result, which the conventions ask instrumentations to record structured.
+ */
+export const TOO_DEEP_VALUE: unique symbol = Symbol('attribute value nested too deep');
+
 function attributes(kvs: { key: string; value?: unknown }[] | undefined, maxDepth: number) {
   const out: Record<string, unknown> = {};
   for (const kv of kvs ?? []) {
-    const v = anyValue(kv.value, 0, maxDepth);
+    let v: unknown;
+    try {
+      v = anyValue(kv.value, 0, maxDepth);
+    } catch (err) {
+      if (!(err instanceof OtlpError)) throw err;
+      v = TOO_DEEP_VALUE;
+    }
     // Keys are the producer's: a `__proto__` attribute must stay a key, not become the record's prototype.
     if (v !== undefined) setOwn(out, kv.key, v);
   }

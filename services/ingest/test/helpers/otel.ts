@@ -28,6 +28,12 @@ export interface ToolSpec {
   viaInternalSpan?: boolean;
   /** An agent invoked as this tool (agent-as-a-tool). */
   subAgent?: AgentSpec;
+  /**
+   * The tool is called over MCP and the MCP server is instrumented too: below this span (the MCP client's
+   * `tools/call`), the server's own `execute_tool` span of the same tool, as in the "Tool call" example of the
+   * conventions' mcp.md.
+   */
+  mcpServer?: boolean;
 }
 export interface AgentSpec {
   name?: string;
@@ -94,6 +100,24 @@ export function otelRecorder(resource: Record<string, string> = { 'service.name'
         pctx,
       );
       if (tool.subAgent) runAgent(tool.subAgent, t + 2, span);
+      if (tool.mcpServer)
+        tracer
+          .startSpan(
+            `tools/call ${tool.name}`,
+            {
+              startTime: t + 2,
+              attributes: {
+                'gen_ai.operation.name': 'execute_tool',
+                'gen_ai.tool.name': tool.name,
+                'mcp.method.name': 'tools/call',
+                ...(tool.args !== undefined
+                  ? { 'gen_ai.tool.call.arguments': JSON.stringify(tool.args) }
+                  : {}),
+              },
+            },
+            trace.setSpan(context.active(), span),
+          )
+          .end(t + 4);
       if (tool.error) {
         span.setStatus({ code: SpanStatusCode.ERROR, message: 'tool failed' });
         span.setAttribute('error.type', 'ToolError');
@@ -108,10 +132,16 @@ export function otelRecorder(resource: Record<string, string> = { 'service.name'
   }
 
   return {
-    /** Runs an agent; returns its spans in export (end) order. */
-    agent(a: AgentSpec, startMs = 1_700_000_000_000): ReadableSpan[] {
+    /**
+     * Runs an agent; returns its spans in export (end) order. With `within`, the agent runs inside a non-GenAI
+     * span carrying those attributes (a request's root span), which ends, and is exported, after it.
+     */
+    agent(a: AgentSpec, startMs = 1_700_000_000_000, within?: Record<string, string>): ReadableSpan[] {
       exporter.reset();
-      runAgent(a, startMs);
+      if (within) {
+        const root = tracer.startSpan('POST /chat', { startTime: startMs - 1, attributes: within });
+        root.end(runAgent(a, startMs, root) + 1);
+      } else runAgent(a, startMs);
       return [...exporter.getFinishedSpans()];
     },
     /** A span outside any agent (an orphan tool span, or plain HTTP traffic). */

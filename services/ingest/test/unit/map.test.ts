@@ -128,8 +128,50 @@ describe('OTLP GenAI spans → tool-calls events', () => {
       ['Outer:plan', 'Outer:ask_expert', 'Outer:reply', 'done'],
       ['Expert:read', 'Expert:write', 'done'],
     ]);
-    // The inner agent inherits the conversation of the outer one: one session, one partition.
-    expect(new Set(events.map((e) => e.session_id))).toEqual(new Set(['c1']));
+    // The inner agent names no conversation: its task's session is the trace id. The outer agent's span comes
+    // after the inner task is published (it ends later), so what it names cannot be the inner task's.
+    const traceId = spans[0]!.spanContext().traceId;
+    expect(events.map((e) => `${e.agent_id}:${e.session_id}`)).toEqual([
+      ...Array<string>(4).fill('Outer:c1'),
+      ...Array<string>(3).fill(`Expert:${traceId}`),
+    ]);
+  });
+
+  it('counts an MCP tool call once: the MCP server span below the client span is part of that call', () => {
+    // semantic-conventions-genai mcp.md, "Tool call": the MCP client span and the MCP server span below it
+    // both carry gen_ai.operation.name = execute_tool and gen_ai.tool.name, for the one call the agent made.
+    const spans = otelRecorder().agent({
+      name: 'A',
+      tools: [
+        { name: 'get_user' },
+        { name: 'get_weather', args: { city: 'Paris' }, mcpServer: true },
+        { name: 'reply' },
+      ],
+    });
+    const server = spans.find((s) => s.name === 'tools/call get_weather')!;
+    expect(server).toBeDefined();
+    const r = mapSpans(decode(toProto(spans)), DEFAULT_MAP_OPTIONS);
+    expect(r.events.map((e) => (e.type === 'tool_call' ? `${e.step}:${e.tool}` : e.type))).toEqual([
+      '0:get_user',
+      '1:get_weather',
+      '2:reply',
+      'task_completed',
+    ]);
+    expect(r.events.map((e) => e.event_id)).not.toContain(
+      `otel-${server.spanContext().traceId}-${server.spanContext().spanId}`,
+    );
+    expect(r.stats).toMatchObject({ toolCalls: 3, tasks: 1, pending: 0, orphans: 0, nested: 1 });
+
+    // The server span exported first, alone (another process): it waits like any tool span whose parent is not
+    // known yet, and is settled as nested once its parent comes, never a step.
+    const keep = (ss: typeof spans) => decode(toProto(ss)).map((s) => keepSpan(s, DEFAULT_MAP_OPTIONS).kept);
+    const first = resolveTrace(keep([server]), new Set(), DEFAULT_MAP_OPTIONS);
+    expect(first.pendingTools).toHaveLength(1);
+    const rest = spans.filter((s) => s !== server);
+    const second = resolveTrace([...keep([server]), ...keep(rest)], new Set(), DEFAULT_MAP_OPTIONS);
+    expect(second.events).toEqual(r.events);
+    expect(second.nestedTools).toEqual([server.spanContext().spanId]);
+    expect(second.pendingTools).toEqual([]);
   });
 
   it('waits for the agent span across messages, and ignores redeliveries once the task is done', () => {
@@ -365,6 +407,36 @@ describe('statuses and structured values', () => {
     };
     expect(anyValue(kv, 0, 16)).toEqual({ id: 7, q: ['a'] });
     expect(() => anyValue(kv, 0, 1)).toThrow(/nested deeper/);
+  });
+
+  it('leaves out an attribute value nested too deep, not the request: its other spans and traces are mapped', () => {
+    // A structured result (the conventions ask for one) of a tool that returns a tree, 40 levels deep, in a request
+    // the Collector batched with another trace. The whole request was dead-lettered as invalid: every span of
+    // every trace in it lost.
+    const rec = otelRecorder();
+    const deep = rec.agent({ name: 'A', tools: [{ name: 'parse' }, { name: 'reply' }] });
+    const other = rec.agent({ name: 'B', tools: [{ name: 'lookup' }] });
+    const request = JSON.parse(toJson([...deep, ...other]).toString()) as {
+      resourceSpans: { scopeSpans: { spans: { name: string; attributes: unknown[] }[] }[] }[];
+    };
+    let tree: unknown = { stringValue: 'leaf' };
+    for (let i = 0; i < 40; i++) tree = { kvlistValue: { values: [{ key: 'child', value: tree }] } };
+    const spans = request.resourceSpans.flatMap((rs) => rs.scopeSpans.flatMap((ss) => ss.spans));
+    spans
+      .find((sp) => sp.name === 'execute_tool parse')!
+      .attributes.push({ key: 'gen_ai.tool.call.result', value: tree });
+    const r = decodeOtlp(Buffer.from(JSON.stringify(request)), 'auto', DEFAULT_DECODE_LIMITS);
+    expect(r.ok).toBe(true);
+    const { events, notes } = mapSpans(r.ok ? r.spans : [], DEFAULT_MAP_OPTIONS);
+    expect(events.map((e) => (e.type === 'tool_call' ? `${e.agent_id}:${e.tool}` : e.type))).toEqual([
+      'A:parse',
+      'A:reply',
+      'task_completed',
+      'B:lookup',
+      'task_completed',
+    ]);
+    expect(events[0]).not.toHaveProperty('observation');
+    expect(notes).toEqual([{ field: 'observation', reason: 'too_deep' }]);
   });
 });
 

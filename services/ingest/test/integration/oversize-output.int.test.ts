@@ -1,0 +1,75 @@
+import { Registry } from 'prom-client';
+import { afterAll, describe, expect, it } from 'vitest';
+import { jsonCodec } from '../../../../shared/codec.js';
+import { createSink } from '../../../../shared/kafka/sink.js';
+import { consumeUntil, createTopics, testKafka, testRedis, unique } from '../../../../test/helpers/kafka.js';
+import { createIngestHandler, createIngestMetrics } from '../../src/adapters/handler.js';
+import { RedisTraceStore } from '../../src/adapters/trace-store.js';
+import { DEFAULT_MAP_OPTIONS } from '../../src/core/map.js';
+import { decodeRecorded, deliverTo, otelRecorder } from '../helpers/otel.js';
+
+/*
+ * A tool call whose arguments and result, each under INGEST_MAX_PAYLOAD_BYTES, make an event over
+ * PAVER_MAX_OUTPUT_BYTES (the variable allows up to 16 MiB per value; the output limit is 1,000,000 bytes by
+ * default; a text result is counted in UTF-8 and grows up to six times as JSON). The sink left the whole
+ * tool_call out: its task was published with a step missing (0, 2, …), as if the agent had never made that call.
+ */
+
+const LIMIT = 8 * 1024;
+const redis = testRedis();
+const sink = createSink(testKafka(), jsonCodec(), undefined, { maxRecordBytes: LIMIT });
+afterAll(async () => {
+  await sink.disconnect();
+  await redis.quit();
+});
+
+describe('ingest: a tool call too large for PAVER_MAX_OUTPUT_BYTES (real Redis and Kafka)', () => {
+  it('is published without its result, else without its arguments, never left out', async () => {
+    const big = 'x'.repeat(5 * 1024);
+    const spans = otelRecorder().agent({
+      name: 'A',
+      tools: [
+        { name: 'small', args: { q: 1 }, result: { ok: true } },
+        // Each value fits; the two together do not: the result goes, the arguments stay.
+        { name: 'both', args: { text: big }, result: { text: big } },
+        // A text result of control characters: 5 KiB counted, six times that as JSON.
+        { name: 'escaped', args: { q: 2 }, result: '\u0001'.repeat(5 * 1024) },
+        // The arguments alone are over the limit: they go, the result stays.
+        { name: 'huge_args', args: { a: big, b: big }, result: { ok: true } },
+        { name: 'last' },
+      ],
+    });
+    const topic = unique('tool-calls');
+    await createTopics([{ topic, partitions: 1 }]);
+    await sink.connect();
+    const registry = new Registry();
+    const handle = createIngestHandler({
+      store: new RedisTraceStore(redis, unique('ingest'), 3_600_000),
+      sink,
+      topic,
+      opts: { ...DEFAULT_MAP_OPTIONS, maxPayloadBytes: 16 * 1024 },
+      metrics: createIngestMetrics(registry),
+      maxOutputBytes: LIMIT,
+    });
+    await deliverTo(handle)(decodeRecorded(spans));
+
+    const got = (
+      await consumeUntil(topic, (all) => all.some((m) => m.value!.toString().includes('"task_completed"')))
+    ).map((m) => JSON.parse(m.value!.toString()) as Record<string, unknown>);
+    expect(
+      got.map((e) => (e.type === 'tool_call' ? `${e.step as number}:${e.tool as string}` : e.type)),
+    ).toEqual(['0:small', '1:both', '2:escaped', '3:huge_args', '4:last', 'task_completed']);
+    const [small, both, escaped, huge] = got;
+    expect(small).toMatchObject({ args: { q: 1 }, observation: { ok: true } });
+    expect(both).toMatchObject({ args: { text: big } });
+    expect(both).not.toHaveProperty('observation');
+    expect(escaped).toMatchObject({ args: { q: 2 } });
+    expect(escaped).not.toHaveProperty('observation');
+    expect(huge).not.toHaveProperty('args');
+    expect(huge).toMatchObject({ observation: { ok: true } });
+    const omitted = (await registry.getSingleMetric('paver_ingest_payloads_omitted_total')!.get()).values;
+    const n = (field: string) =>
+      omitted.find((v) => v.labels.field === field && v.labels.reason === 'oversize')?.value ?? 0;
+    expect([n('observation'), n('args')]).toEqual([2, 1]);
+  });
+});
