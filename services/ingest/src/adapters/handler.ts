@@ -32,7 +32,7 @@ export function createIngestMetrics(registry: Registry) {
     }),
     spans: new Counter({
       name: 'paver_ingest_spans_total',
-      help: 'Spans read, by outcome: tool_call (published), pending (waiting for the agent span), dropped (its trace already has INGEST_MAX_PENDING_SPANS waiting), late (agent already completed), orphan (no invoke_agent ancestor), nested (inside the call of another tool span, as an MCP server span below the MCP client span), other (not a GenAI tool or agent span).',
+      help: 'Spans read, by outcome: tool_call (published), pending (waiting for the agent span), dropped (its trace already has INGEST_MAX_PENDING_SPANS waiting), late (agent already completed), orphan (no invoke_agent ancestor), nested (inside the call of another tool span, as an MCP server span below the MCP client span), agent (an invoke_agent span: its task completed), other (not a GenAI tool or agent span). The outcomes add up to the spans read.',
       labelNames: ['outcome'],
       registers,
     }),
@@ -207,7 +207,7 @@ export function createIngestApply(deps: {
 
     const events = [];
     const changes = new Map<string, TraceChange>();
-    const outcomes = { tool_call: 0, pending: 0, late: 0, orphan: 0, nested: 0, dropped: 0 };
+    const outcomes = { tool_call: 0, pending: 0, late: 0, orphan: 0, nested: 0, dropped: 0, agent: 0 };
     for (const [traceId, spans] of traces) {
       const state = states.get(traceId) ?? { spans: [], done: new Set<string>(), doneAt: new Map() };
       const res = resolveTrace([...state.spans, ...spans], state.done, opts);
@@ -248,6 +248,7 @@ export function createIngestApply(deps: {
       outcomes.orphan += res.orphanTools.filter((id) => freshIds.has(id)).length;
       // Counted once, when read: one that waited was counted as pending then.
       outcomes.nested += res.nestedTools.filter((id) => freshIds.has(id)).length;
+      outcomes.agent += spans.filter((s) => s.kind === 'agent').length;
     }
     if (mode.publish)
       await sink.send(

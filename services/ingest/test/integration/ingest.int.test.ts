@@ -159,6 +159,8 @@ describe('ingest service (real Kafka, real Redis, spans from the OpenTelemetry J
     expect(metrics.value('paver_ingest_events_total', { type: 'tool_call' })).toBe(9);
     expect(metrics.value('paver_ingest_spans_total', { outcome: 'pending' })).toBe(3);
     expect(metrics.value('paver_ingest_spans_total', { outcome: 'late' })).toBe(2);
+    // Every span read has an outcome: the agent spans (B's read twice, Outer and Inner) were counted nowhere.
+    expect(metrics.value('paver_ingest_spans_total', { outcome: 'agent' })).toBe(6);
     expect(metrics.value('paver_dead_letters_total', { reason: 'undecodable' })).toBe(1);
     const metricsText = String((await getJson(p.url('/metrics'))).body);
     expect(metricsText).not.toContain(SECRET);
