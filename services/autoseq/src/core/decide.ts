@@ -54,9 +54,14 @@ export interface PrevCall {
   visible?: string[];
 }
 
-export function prevCall(e: ToolCallEvent, scope: ScopeCatalog | undefined): PrevCall {
+/** `failed`: `callFailed(e)`, when the caller has it (it reads the whole output). */
+export function prevCall(
+  e: ToolCallEvent,
+  scope: ScopeCatalog | undefined,
+  failed = callFailed(e),
+): PrevCall {
   const p: PrevCall = { tool: e.tool };
-  if (e.next_node === 'parallel' || (e.pending_actions ?? 0) > 0 || callFailed(e)) p.held = true;
+  if (e.next_node === 'parallel' || (e.pending_actions ?? 0) > 0 || failed) p.held = true;
   if (e.visible_tools) p.visible = scope ? e.visible_tools.filter((t) => scope.tools.has(t)) : [];
   return p;
 }
@@ -114,7 +119,9 @@ export function decide(
   };
   const at = pos ?? task.at;
   if (at) next.at = at;
-  next.prev = prevCall(e, scope);
+  // Read once: the gates on the next step (prev) and this step's skip both need it.
+  const failed = callFailed(e);
+  next.prev = prevCall(e, scope, failed);
 
   const shape = payloadShape(e.observation, hash);
   const policy = scope?.policy;
@@ -128,7 +135,7 @@ export function decide(
   if (!scope || !policy?.auto_seq_enabled) return skip('disabled');
   // A failure the producer reports (status) or, without a status, one its output tells (as the learner and the gates
   // on the previous step judge it): an error object is no input for the next step.
-  if (callFailed(e)) return skip('error_observation');
+  if (failed) return skip('error_observation');
   const obs = e.observation;
   if (!isMapping(obs)) return skip('non_structured_observation');
   if (e.next_node === 'parallel') return skip('previous_step_parallel');

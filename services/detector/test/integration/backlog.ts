@@ -2,7 +2,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { expect } from 'vitest';
-import { waitFor } from '../../../../test/helpers/kafka.js';
+import { createTopics, produce, waitFor } from '../../../../test/helpers/kafka.js';
 import { getJson, isReady, startProcess, type Proc } from '../../../../test/helpers/process.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 
@@ -60,3 +60,27 @@ export async function startDetector(env: Record<string, string>, procs: Proc[]):
 export const metrics = async (p: Proc) => parsePrometheus(String((await getJson(p.url('/metrics'))).body));
 export const candidates = async (p: Proc) =>
   (await getJson(p.url('/candidates?tenant_id=default&agent_id=agent-0'))).body;
+
+/**
+ * The detector's topics for `env`: tool calls over `partitions`, flow candidates (compacted), dead letters; and,
+ * with `checkpoints`, a checkpoint topic of the test's own (named after its tool-calls topic).
+ */
+export async function detectorTopics(
+  env: Record<string, string>,
+  partitions: number,
+  { checkpoints = true } = {},
+): Promise<void> {
+  if (checkpoints) env.DETECTOR_TOPIC_CHECKPOINTS = `${env.PAVER_TOPIC_TOOL_CALLS!}.detector-checkpoints`;
+  await createTopics([
+    { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions },
+    { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
+    { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
+  ]);
+}
+
+/** Events to the tool-calls topic, keyed by session as agents publish them. */
+export const sendEvents = (env: Record<string, string>, events: readonly { session_id: string }[]) =>
+  produce(
+    env.PAVER_TOPIC_TOOL_CALLS!,
+    events.map((e) => ({ key: e.session_id, value: JSON.stringify(e) })),
+  );

@@ -1,13 +1,15 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createTopics, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
+import { testRedis, waitFor } from '../../../../test/helpers/kafka.js';
 import { serviceEnv, type Proc } from '../../../../test/helpers/process.js';
 import { agentEvents } from '../../../../testkit/streams.js';
 import { withRequests } from '../reference/requests.js';
 import {
   candidates,
   detectOffline,
+  detectorTopics,
   metrics,
   PARAMS,
+  sendEvents,
   startDetector,
   type OfflineCandidate,
 } from './backlog.js';
@@ -43,17 +45,8 @@ describe('detector meeting state of an older layout (real Kafka, real Redis)', (
       KAFKA_MAX_BYTES_PER_PARTITION: '16384',
       DETECTOR_CHECKPOINT_INTERVAL_MS: '0',
     });
-    env.DETECTOR_TOPIC_CHECKPOINTS = `${env.PAVER_TOPIC_TOOL_CALLS!}.detector-checkpoints`;
-    await createTopics([
-      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 3 },
-      { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
-      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
-    ]);
-    const send = (evs: typeof events) =>
-      produce(
-        env.PAVER_TOPIC_TOOL_CALLS!,
-        evs.map((e) => ({ key: e.session_id, value: JSON.stringify(e) })),
-      );
+    await detectorTopics(env, 3);
+    const send = (evs: typeof events) => sendEvents(env, evs);
     const half = Math.floor(events.length / 2);
     await send(events.slice(0, half));
     const p = await startDetector(env, procs);

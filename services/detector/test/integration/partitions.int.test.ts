@@ -1,13 +1,15 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createTopics, produce, waitFor } from '../../../../test/helpers/kafka.js';
+import { waitFor } from '../../../../test/helpers/kafka.js';
 import { serviceEnv, type Proc } from '../../../../test/helpers/process.js';
 import { agentEvents } from '../../../../testkit/streams.js';
 import { withRequests } from '../reference/requests.js';
 import {
   candidates,
   detectOffline,
+  detectorTopics,
   metrics,
   PARAMS,
+  sendEvents,
   startDetector,
   type OfflineCandidate,
 } from './backlog.js';
@@ -44,16 +46,9 @@ describe('detector across partitions and restarts (real Kafka, real Redis)', () 
     );
 
     const env = serviceEnv({ ...PARAMS, PAVER_BATCH_CHUNK: '40', KAFKA_MAX_BYTES_PER_PARTITION: '16384' });
-    await createTopics([
-      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 3 },
-      { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
-      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
-    ]);
+    await detectorTopics(env, 3, { checkpoints: false });
     // The whole stream is a backlog before the detector starts, keyed by session as agents publish it.
-    await produce(
-      env.PAVER_TOPIC_TOOL_CALLS!,
-      events.map((e) => ({ key: e.session_id, value: JSON.stringify(e) })),
-    );
+    await sendEvents(env, events);
 
     const done: number[] = [];
     for (let kill = 0; kill < 2; kill++) {

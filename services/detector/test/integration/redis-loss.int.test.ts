@@ -1,13 +1,6 @@
 import { setTimeout as tick } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import {
-  consumeUntil,
-  createTopics,
-  produce,
-  testRedis,
-  waitFor,
-  type Consumed,
-} from '../../../../test/helpers/kafka.js';
+import { consumeUntil, produce, testRedis, waitFor, type Consumed } from '../../../../test/helpers/kafka.js';
 import { isReady, serviceEnv, type Proc } from '../../../../test/helpers/process.js';
 import { flowCandidateRecordV1, type FlowCandidate } from '../../../../schemas/index.js';
 import { agentEvents } from '../../../../testkit/streams.js';
@@ -16,8 +9,10 @@ import { withRequests } from '../reference/requests.js';
 import {
   candidates,
   detectOffline,
+  detectorTopics,
   metrics,
   PARAMS,
+  sendEvents,
   startDetector,
   type OfflineCandidate,
 } from './backlog.js';
@@ -81,22 +76,13 @@ describe('detector after a Redis loss (real Kafka, real Redis)', () => {
       KAFKA_MAX_BYTES_PER_PARTITION: '16384',
       DETECTOR_CHECKPOINT_INTERVAL_MS: '0',
     });
-    env.DETECTOR_TOPIC_CHECKPOINTS = `${env.PAVER_TOPIC_TOOL_CALLS!}.detector-checkpoints`;
-    await createTopics([
-      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 3 },
-      { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
-      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
-    ]);
+    await detectorTopics(env, 3);
     // The loss comes mid-stream by construction: half the backlog before it, the rest after. With all of it
     // produced up front, the loss came once the sample below and the stale candidate's produce were done; a
     // detector that read the rest meanwhile (the whole backlog takes it seconds, and a starved test process can
     // take as long between the two) left a partition no next batch to notice the loss with, and the wait for
     // three rebuilds timed out (likely the failure seen once with the Redis-loss files run together).
-    const send = (evs: typeof events) =>
-      produce(
-        env.PAVER_TOPIC_TOOL_CALLS!,
-        evs.map((e) => ({ key: e.session_id, value: JSON.stringify(e) })),
-      );
+    const send = (evs: typeof events) => sendEvents(env, evs);
     const half = Math.floor(events.length / 2);
     await send(events.slice(0, half));
 

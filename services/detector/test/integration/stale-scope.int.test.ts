@@ -1,9 +1,9 @@
 import { afterAll, describe, expect, it } from 'vitest';
-import { createTopics, produce, testRedis, waitFor } from '../../../../test/helpers/kafka.js';
+import { testRedis, waitFor } from '../../../../test/helpers/kafka.js';
 import { serviceEnv, type Proc } from '../../../../test/helpers/process.js';
 import { agentEvents } from '../../../../testkit/streams.js';
 import { detectorGlobalKeys, detectorKeys } from '../../src/adapters/redis/store.js';
-import { metrics, PARAMS, startDetector } from './backlog.js';
+import { detectorTopics, metrics, PARAMS, sendEvents, startDetector } from './backlog.js';
 
 /**
  * A scope left in an earlier epoch that no rebuild reached: the epoch ended without a loss (an older layout met,
@@ -22,17 +22,8 @@ afterAll(() => {
 describe('detector meeting a scope of an earlier epoch (real Kafka, real Redis)', () => {
   it('clears it and applies the batch, instead of stalling the partition', async () => {
     const env = serviceEnv({ ...PARAMS, DETECTOR_CHECKPOINT_INTERVAL_MS: '0' });
-    env.DETECTOR_TOPIC_CHECKPOINTS = `${env.PAVER_TOPIC_TOOL_CALLS!}.detector-checkpoints`;
-    await createTopics([
-      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 },
-      { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
-      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
-    ]);
-    const send = (evs: { session_id: string }[]) =>
-      produce(
-        env.PAVER_TOPIC_TOOL_CALLS!,
-        evs.map((e) => ({ key: e.session_id, value: JSON.stringify(e) })),
-      );
+    await detectorTopics(env, 1);
+    const send = (evs: { session_id: string }[]) => sendEvents(env, evs);
     const applied = async (p: Proc) => {
       const m = await metrics(p);
       return (

@@ -75,6 +75,12 @@ const session = (id: string, text: string, tools: string[]): ToolCallsEvent[] =>
   ] as ToolCallsEvent[];
 };
 const feed = (e: FlowsEngine, evs: ToolCallsEvent[]) => e.handle(evs.map((x) => ({ kind: 'event', e: x })));
+/** The tools of each run the default scope's outcome memory holds, oldest first. */
+const callsIn = (book: OutcomeBook) =>
+  book
+    .memory('default', 'default')!
+    .all()
+    .map((r) => r.calls);
 
 /** A session store over a map that copies in and out as Redis does (JSON): nothing is shared by reference. */
 function jsonSessions() {
@@ -134,12 +140,7 @@ describe('flows engine: what survives a restart', () => {
     await feed(second, session('c', 'freeze my account', ['lookup', 'freeze']));
     await feed(second, session('d', 'audit my account', ['lookup', 'audit', 'report']));
     // Bounded by the capacity: the oldest persisted run left first.
-    expect(
-      book
-        .memory('default', 'default')!
-        .all()
-        .map((r) => r.calls),
-    ).toEqual([
+    expect(callsIn(book)).toEqual([
       ['lookup', 'audit'],
       ['lookup', 'freeze'],
       ['lookup', 'audit', 'report'],
@@ -165,12 +166,7 @@ describe('flows engine: what survives a restart', () => {
       e.ensureRuns('default', 'default'),
     ]);
     // Before: each batch added what it read, the persisted runs twice over (the two batches alone).
-    expect(
-      book
-        .memory('default', 'default')!
-        .all()
-        .map((r) => r.calls),
-    ).toEqual([
+    expect(callsIn(book)).toEqual([
       ['lookup', 'close'],
       ['lookup', 'audit'],
     ]);

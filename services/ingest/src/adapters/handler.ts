@@ -5,6 +5,7 @@ import type { EpochMarker } from '../../../../shared/redis/epoch.js';
 import type { BatchHandler, Parser } from '../../../../shared/kafka/runner.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
 import type { TaskCompletedEvent, ToolCallEvent } from '../../../../schemas/index.js';
+import { WIRE_HEADER_BYTES } from '../../../../shared/codec.js';
 import { byTrace, keepSpan, resolveTrace, type KeptSpan, type MapOptions } from '../core/map.js';
 import type { DecodeLimits, OtlpSpan } from '../core/otlp.js';
 import { decodeOtlp, type OtlpEncoding } from './otlp-decode.js';
@@ -108,9 +109,6 @@ function oldestDone(doneAt: ReadonlyMap<string, number>, added: readonly string[
     .map(([a]) => a);
 }
 
-/** Bytes the sink may add around an event's JSON text (a schema registry's wire header). */
-const FRAMING_BYTES = 5;
-
 /**
  * A tool_call over the output limit, made to fit: without its result, else without its arguments, else without
  * both (ids, tool and step are bounded, so that always fits). Each value was under INGEST_MAX_PAYLOAD_BYTES, but
@@ -127,7 +125,7 @@ export function fitPayloads(
     const e = value as ToolCallEvent | TaskCompletedEvent;
     if (e.type !== 'tool_call' || (e.observation === undefined && e.args === undefined)) return null;
     const fits = (v: ToolCallEvent) =>
-      Buffer.byteLength(JSON.stringify(v)) + Buffer.byteLength(e.session_id) + FRAMING_BYTES <= maxBytes;
+      Buffer.byteLength(JSON.stringify(v)) + Buffer.byteLength(e.session_id) + WIRE_HEADER_BYTES <= maxBytes;
     const { observation, args, ...bare } = e;
     const withArgs: ToolCallEvent = args === undefined ? bare : { ...bare, args };
     const withObservation: ToolCallEvent = observation === undefined ? bare : { ...bare, observation };
