@@ -20,6 +20,13 @@ export interface Rejection {
 export interface BatchContext {
   heartbeat(): Promise<void>;
   isRunning(): boolean;
+  /**
+   * Aborted when the batch is to stop (the service stops, the partition is revoked or the group rebalances): a
+   * step that waits on something slow (a model call) passes it on, so the stop or the rebalance does not wait
+   * for that step. The runner always sets it; a handler called outside the runner (a test, a replay) may go
+   * without.
+   */
+  signal?: AbortSignal;
 }
 
 /** The service's effect for a chunk of valid records. Return rejections for domain-invalid records. */

@@ -164,6 +164,8 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
   let assigned: Record<string, number[]> = {};
   let started: Promise<void> | null = null;
   let stopping: Promise<void> | null = null;
+  /** The batches being processed: a stop aborts each one's signal (BatchContext.signal). */
+  const batchesRunning = new Set<AbortController>();
   /** Next offset to read per partition, once the effects before it are written (committed or not). */
   const processed = new Map<string, Map<number, bigint>>();
   /** Commits owed past records no consumer is given, per `partition\0topic` (see END_BATCH_PROCESS). */
@@ -486,10 +488,17 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
      * the batch starts (the handler is told through ctx.isRunning, no retry runs), and it goes back to kafkajs.
      */
     let rejoin: Error | null = null;
+    // Aborted with the batch's new work (a stop, the partition's loss, the group's rebalance): a step waiting on
+    // something slow stops waiting. Before, a model call per record went on for its whole budget, record after
+    // record: a stop waited for them past PAVER_SHUTDOWN_TIMEOUT_MS (exit 1), and a rebalance held the group.
+    const abort = new AbortController();
+    batchesRunning.add(abort);
+    if (stopping) abort.abort();
     try {
       const ctx: BatchContext = {
         heartbeat: () => p.heartbeat(),
-        isRunning: () => p.isRunning() && !p.isStale() && !rejoin,
+        isRunning: () => p.isRunning() && !p.isStale() && !rejoin && !abort.signal.aborted,
+        signal: abort.signal,
       };
       const retry = {
         attempts: o.env.PAVER_RETRY_ATTEMPTS,
@@ -549,13 +558,13 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
         // read again, as slowly, for good. A heartbeat that finds the group rebalancing stops the batch's new
         // work (ctx.isRunning says so to the handler, retries end) and the batch then hands it to kafkajs. Before,
         // it was dropped: a handler working in steps went on to the end of the chunk.
-        const beat = setInterval(
-          () =>
-            void p.heartbeat().catch((e: unknown) => {
-              rejoin ??= membershipChange(e);
-            }),
-          heartbeatMs,
-        );
+        const beat = setInterval(() => {
+          if (!p.isRunning() || p.isStale()) abort.abort();
+          void p.heartbeat().catch((e: unknown) => {
+            rejoin ??= membershipChange(e);
+            if (rejoin) abort.abort();
+          });
+        }, heartbeatMs);
         let r: Awaited<ReturnType<typeof processChunk>>;
         try {
           r = await processChunk<T, KafkaMessage>({
@@ -606,7 +615,10 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
       // An effect that gave up because this consumer is stopping or lost the partition (a rebuild's replay,
       // shared/kafka/replay.ts): not a failure, and not fatal. The chunk stays uncommitted: the partition's next
       // owner, or this service's next start, reads it again.
-      if (classifyError(err).code === 'SHUTTING_DOWN' && (!p.isRunning() || p.isStale())) {
+      if (
+        classifyError(err).code === 'SHUTTING_DOWN' &&
+        (abort.signal.aborted || !p.isRunning() || p.isStale())
+      ) {
         outcome = 'stopped';
         o.log.info(
           { topic, partition },
@@ -617,6 +629,7 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
       outcome = membershipChange(err) ? 'stopped' : 'failed';
       throw err;
     } finally {
+      batchesRunning.delete(abort);
       endTimer({ outcome });
     }
   }
@@ -687,6 +700,7 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     },
     stop() {
       stopping ??= (async () => {
+        for (const a of batchesRunning) a.abort();
         // Disconnecting before run() resolved crashes kafkajs (tulios/kafkajs#1639): wait for start first.
         await started?.catch(() => undefined);
         await consumer.disconnect();

@@ -18,6 +18,8 @@ export async function startLlmDouble(
   chat: (body: { messages: { role: string; content: string }[] }) => ChatReply,
 ) {
   const requests: { path: string; body: unknown; auth: string | undefined }[] = [];
+  // Answers not yet sent (a slow reply): cleared at close, so a reply meant never to come does not keep a timer.
+  const pending = new Set<NodeJS.Timeout>();
   const server: Server = createServer((req, res) => {
     let text = '';
     req.on('data', (c: Buffer) => (text += c.toString()));
@@ -39,7 +41,8 @@ export async function startLlmDouble(
       }
       if (req.url !== '/v1/chat/completions') return send(404, '{}');
       const r = chat(body);
-      setTimeout(() => {
+      const timer = setTimeout(() => {
+        pending.delete(timer);
         if (r.status && r.status >= 400) return send(r.status, '{"error":"boom"}');
         send(
           200,
@@ -47,6 +50,7 @@ export async function startLlmDouble(
             JSON.stringify({ choices: [{ message: { role: 'assistant', content: r.content ?? '' } }] }),
         );
       }, r.delayMs ?? 0);
+      pending.add(timer);
     });
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
@@ -56,6 +60,8 @@ export async function startLlmDouble(
     requests,
     close: () =>
       new Promise<void>((r) => {
+        for (const t of pending) clearTimeout(t);
+        pending.clear();
         server.closeAllConnections();
         server.close(() => r());
       }),

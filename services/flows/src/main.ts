@@ -382,6 +382,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
           batch.map((m) =>
             m.value.kind === 'event' ? { ...m.value, partition: m.partition, offset: m.offset } : m.value,
           ),
+          ctx.signal,
         );
         await sink.send(
           env.PAVER_TOPIC_FLOW_SELECTIONS,

@@ -479,7 +479,8 @@ export class FlowsEngine {
     return { outcome: result, flow: promoted[0] ?? null };
   }
 
-  async handle(batch: readonly Inbound[]): Promise<FlowSelectionRecord[]> {
+  /** `stop`: the consumer batch's signal; a selection waiting on the model stops with it (see `select`). */
+  async handle(batch: readonly Inbound[], stop?: AbortSignal): Promise<FlowSelectionRecord[]> {
     await this.settleOwed();
     // Candidates, per scope: one read, one write.
     const byScope = new Map<string, FlowCandidateRecord[]>();
@@ -534,6 +535,7 @@ export class FlowsEngine {
           e.text,
           e.episode_summaries ?? [],
           this.d.selectPolicy(e.tenant_id, e.agent_id),
+          stop,
         );
         this.d.onSelection?.(sel.path);
         out.push({

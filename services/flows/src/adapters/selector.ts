@@ -11,6 +11,7 @@ import {
 import { SYSTEM_PROMPT, userPrompt, type PromptCache } from '../core/prompt.js';
 import { chat, embed, type LlmConfig } from './llm.js';
 import type { OutcomeBook } from '../core/outcomes.js';
+import { PaverError } from '../../../../shared/errors.js';
 
 export interface SelectorDeps {
   registry: FlowRegistry;
@@ -24,7 +25,11 @@ export interface SelectorDeps {
   outcomes?: OutcomeBook | undefined;
 }
 
-/** The two stages with their I/O: query embedding (optional), recall, then the model within the time budget. */
+/**
+ * The two stages with their I/O: query embedding (optional), recall, then the model within the time budget.
+ * `stop` (a consumer batch's signal) ends a model call or an embedding in flight: the selection is then not made
+ * (SHUTTING_DOWN), rather than made without the model, since its record is read again by whoever reads on.
+ */
 export async function select(
   d: SelectorDeps,
   tenant: string,
@@ -32,8 +37,15 @@ export async function select(
   query: string,
   summaries: string[],
   p: SelectPolicy,
+  stop?: AbortSignal,
 ): Promise<Selection> {
-  const deadline = AbortSignal.timeout(d.budgetMs);
+  const stopped = () => {
+    if (stop?.aborted)
+      throw new PaverError('SHUTTING_DOWN', 'flow selection stopped: the batch stops or its partition moved');
+  };
+  stopped();
+  const budget = AbortSignal.timeout(d.budgetMs);
+  const deadline = stop ? AbortSignal.any([budget, stop]) : budget;
   let vector: number[] | null = null;
   if (d.embeddings && d.registry.index(tenant, agent)?.vectors.size) {
     // Dense recall is a bonus: a failing embedder leaves sparse recall alone. It embeds the query with the recent
@@ -41,6 +53,7 @@ export async function select(
     // that" finds what "that" was); the query alone lost them in the dense ranking.
     const text = augment(query, summaries, p.maxSummaries);
     vector = (await embed(d.embeddings, [text], deadline).catch(() => null))?.[0] ?? null;
+    stopped();
   }
   const cands = recall(
     d.registry,
@@ -68,9 +81,11 @@ export async function select(
       model = { kind: 'answer', text };
       d.onModel?.('answer');
     } catch (err) {
+      // Cut short by the stop, not failed: no fallback choice is published for it.
+      stopped();
       model = { kind: 'failed' };
       d.onModel?.(
-        (err instanceof Error ? err.name : '') === 'TimeoutError' || deadline.aborted ? 'timeout' : 'error',
+        (err instanceof Error ? err.name : '') === 'TimeoutError' || budget.aborted ? 'timeout' : 'error',
       );
     }
   }
