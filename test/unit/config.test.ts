@@ -16,7 +16,7 @@ import { createRedis } from '../../shared/redis/client.js';
 import { silentLogger } from '../../shared/log.js';
 import { autoseqEnvSchema } from '../../services/autoseq/src/config.js';
 import { detectorEnvSchema } from '../../services/detector/src/config.js';
-import { flowsEnvSchema, offlineEnv } from '../../services/flows/src/config.js';
+import { flowsEnvSchema, offlineEnv, policyFileV1 } from '../../services/flows/src/config.js';
 import { ingestEnvSchema } from '../../services/ingest/src/config.js';
 import { sequencerEnvSchema } from '../../services/sequencer/src/config.js';
 
@@ -746,5 +746,18 @@ describe('the configuration tables of the READMEs', () => {
       [...row!.cell.matchAll(/(\w+) (\d+)/g)].map((m) => [m[1], Number(m[2])]),
     );
     expect(ports).toEqual(Object.fromEntries(Object.entries(SERVICES).map(([n, s]) => [n, s.port])));
+  });
+});
+
+describe('FLOWS_POLICY_FILE', () => {
+  it('the READMEs list every per-agent override the file takes', () => {
+    const fields = Object.keys(policyFileV1.shape.agents.element.shape).sort();
+    for (const path of ['README.md', 'services/flows/README.md']) {
+      const text = readFileSync(new URL(`../../${path}`, import.meta.url), 'utf8');
+      const span = /`FLOWS_POLICY_FILE` \(`([^`]*)`\)/.exec(text)?.[1];
+      const listed = /\{\s*([a-z_,\s]+?)\s*\}/.exec(span ?? '')?.[1];
+      expect(listed, path).toBeDefined();
+      expect(listed!.split(/,\s*/).sort(), path).toEqual(fields);
+    }
   });
 });
