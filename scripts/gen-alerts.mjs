@@ -175,7 +175,7 @@ const groups = [
         severity: 'info',
         summary: '{{ $labels.service }} demoted {{ $value }} learned rules in the last hour',
         description:
-          'A proven rule stopped holding (its precision bound fell under AUTOSEQ_LEARN_MIN_PRECISION) and no longer acts. Expected now and then; many at once mean agent behaviour changed.',
+          'A proven rule stopped holding (its precision fell under AUTOSEQ_LEARN_TARGET_PRECISION, or its precision bound under AUTOSEQ_LEARN_MIN_PRECISION) and no longer acts. Expected now and then; many at once mean agent behaviour changed.',
       }),
       alert('PaverTableRecordsRejected', {
         expr: 'sum by (service) (increase(paver_autoseq_catalog_updates_total{outcome="rejected"}[15m])) > 0 or sum by (service) (increase(paver_sequencer_config_updates_total{outcome="rejected"}[15m])) > 0',
@@ -190,7 +190,7 @@ const groups = [
         severity: 'warning',
         summary: 'Most flow-selection model calls fail or time out in {{ $labels.service }}',
         description:
-          'Selections fall back to the embedding ranking alone while the chat model fails ({{ $value | humanizePercentage }} of calls). Check the model endpoint and its key; a call may take at most what is left of FLOWS_SELECT_BUDGET_MS.',
+          'While the chat model fails ({{ $value | humanizePercentage }} of calls), a selection among several candidates takes the top-ranked one (path fallback), or none with FLOWS_FAIL_OPEN (path fail_open). Check the model endpoint and its key; a call may take at most what is left of FLOWS_SELECT_BUDGET_MS.',
       }),
       alert('PaverDetectorEventsLate', {
         expr: 'sum by (service, reason) (rate(paver_detector_events_ignored_total{reason=~"late|future"}[15m])) > 0',

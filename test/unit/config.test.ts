@@ -1,8 +1,9 @@
-import { writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import type { z } from 'zod';
+import { SERVICES } from '../../cli/services.js';
 import {
   commonEnvSchema,
   crossChecked,
@@ -15,7 +16,7 @@ import { createRedis } from '../../shared/redis/client.js';
 import { silentLogger } from '../../shared/log.js';
 import { autoseqEnvSchema } from '../../services/autoseq/src/config.js';
 import { detectorEnvSchema } from '../../services/detector/src/config.js';
-import { flowsEnvSchema, offlineEnv } from '../../services/flows/src/config.js';
+import { flowsEnvSchema, offlineEnv, policyFileV1 } from '../../services/flows/src/config.js';
 import { ingestEnvSchema } from '../../services/ingest/src/config.js';
 import { sequencerEnvSchema } from '../../services/sequencer/src/config.js';
 
@@ -623,5 +624,140 @@ describe('topics Paver creates', () => {
     // Before, the default was 1, which overrode the broker's default.replication.factor in a production cluster.
     expect(parseEnv(schema, base).KAFKA_REPLICATION_FACTOR).toBeUndefined();
     expect(parseEnv(schema, { ...base, KAFKA_REPLICATION_FACTOR: '3' }).KAFKA_REPLICATION_FACTOR).toBe(3);
+  });
+});
+
+describe('the configuration tables of the READMEs', () => {
+  const schemas = {
+    detector: detectorEnvSchema,
+    autoseq: autoseqEnvSchema,
+    sequencer: sequencerEnvSchema,
+    flows: flowsEnvSchema,
+    ingest: ingestEnvSchema,
+  };
+  /** Every variable a service reads, with its default ('required', or undefined when unset means unset). */
+  const variables = new Map<string, unknown>();
+  for (const [service, s] of Object.entries(schemas))
+    for (const [name, field] of Object.entries(
+      (s as unknown as { shape: Record<string, z.ZodType> }).shape,
+    )) {
+      const r = field.safeParse(undefined);
+      const value = r.success ? r.data : 'required';
+      // One default per name: a table could not document two.
+      if (variables.has(name)) expect(variables.get(name), `${service}: ${name}`).toEqual(value);
+      variables.set(name, value);
+    }
+  const read = (path: string) => readFileSync(new URL(`../../${path}`, import.meta.url), 'utf8');
+  const cells = (line: string) =>
+    line
+      .trim()
+      .replace(/^\||\|$/g, '')
+      .split('|')
+      .map((c) => c.trim());
+
+  /**
+   * The rows of every table of `text` headed `variable | default`: the variables a row names (`FLOWS_CHAT_URL` /
+   * `_MODEL` is FLOWS_CHAT_MODEL) and the default each is given (one default for all, or one each).
+   */
+  function rows(text: string): { names: string[]; defaults: string[] | undefined; cell: string }[] {
+    const out: { names: string[]; defaults: string[] | undefined; cell: string }[] = [];
+    const lines = text.split('\n');
+    for (let i = 0; i < lines.length; i++) {
+      const head = cells(lines[i]!);
+      if (!lines[i]!.startsWith('|') || lines[i - 1]?.startsWith('|')) continue;
+      if (head[0]?.toLowerCase() !== 'variable' || head[1]?.toLowerCase() !== 'default') continue;
+      for (let j = i + 2; lines[j]?.startsWith('|'); j++) {
+        const [first = '', cell = ''] = cells(lines[j]!);
+        const names: string[] = [];
+        for (const [, token] of first.matchAll(/`(_?[A-Z][A-Z0-9_]*)`/g)) {
+          const lead = names[0] ?? '';
+          const cut = [...lead.matchAll(/_/g)].map((m) => m.index).reverse();
+          const whole = token!.startsWith('_')
+            ? (cut.map((k) => lead.slice(0, k) + token).find((n) => variables.has(n)) ?? token!)
+            : token!;
+          names.push(whole);
+        }
+        const parts = names.length > 1 ? cell.split(/\s+\/\s+|,\s+/) : [cell];
+        const defaults =
+          parts.length === names.length ? parts : parts.length === 1 ? names.map(() => cell) : undefined;
+        out.push({ names, defaults, cell });
+      }
+    }
+    return out;
+  }
+  /** Whether a documented default (`3`, 2592000000 (30 days), — (required)) says what the schema does. */
+  function agrees(doc: string, value: unknown): boolean {
+    if (value === 'required') return /^— \(required\)$/.test(doc);
+    const literal = doc.replace(/\s*\(.*\)$/, '').replace(/`/g, '');
+    if (value === undefined)
+      // Unset: none, or a default derived elsewhere (the broker's, another variable's), never a value of its own.
+      return literal === '—' || !/^[\w.-]+$/.test(literal);
+    return literal === String(value);
+  }
+  const main = read('README.md');
+  const configuration = main.slice(
+    main.indexOf('\n## Configuration\n'),
+    main.indexOf('\n## Topics and contracts'),
+  );
+  const documents = {
+    'README.md': configuration,
+    ...Object.fromEntries(
+      Object.keys(schemas).map((s) => [`services/${s}/README.md`, read(`services/${s}/README.md`)]),
+    ),
+  };
+
+  it('the README names every variable a service reads, in its table', () => {
+    const named = new Set(rows(configuration).flatMap((r) => r.names));
+    expect(named.size).toBeGreaterThan(50);
+    expect([...variables.keys()].filter((v) => !named.has(v))).toEqual([]);
+  });
+
+  it('name only variables a service reads, each with the default it has', () => {
+    const wrong: string[] = [];
+    let checked = 0;
+    for (const [path, text] of Object.entries(documents))
+      for (const r of rows(text)) {
+        for (const name of r.names)
+          if (!variables.has(name)) wrong.push(`${path}: ${name} is read by no service`);
+        // HTTP_HOST, HTTP_PORT: the host, then each service's port (below).
+        if (r.names.includes('HTTP_PORT')) continue;
+        expect(r.defaults, `${path}: ${r.names.join(', ')}: ${r.cell}`).toBeDefined();
+        r.names.forEach((name, i) => {
+          checked++;
+          const doc = r.defaults![i]!;
+          if (variables.has(name) && !agrees(doc, variables.get(name)))
+            wrong.push(`${path}: ${name} documented as ${doc}, is ${String(variables.get(name))}`);
+        });
+      }
+    expect(checked).toBeGreaterThan(100);
+    expect(wrong).toEqual([]);
+    // The check is real: a wrong value, a value for a variable without one, and a required one left optional.
+    expect(agrees('`4`', 3)).toBe(false);
+    expect(agrees('`true`', undefined)).toBe(false);
+    expect(agrees('—', 'required')).toBe(false);
+    expect(agrees('`2592000000` (30 days)', 2592000000)).toBe(true);
+  });
+
+  it("the README's HTTP_PORT defaults are the services' ports", () => {
+    const row = rows(configuration).find((r) => r.names.includes('HTTP_PORT'));
+    expect(row?.cell).toMatch(/^`0\.0\.0\.0`/);
+    expect(variables.get('HTTP_HOST')).toBe('0.0.0.0');
+    const ports = Object.fromEntries(
+      [...row!.cell.matchAll(/(\w+) (\d+)/g)].map((m) => [m[1], Number(m[2])]),
+    );
+    expect(ports).toEqual(Object.fromEntries(Object.entries(SERVICES).map(([n, s]) => [n, s.port])));
+  });
+});
+
+describe('FLOWS_POLICY_FILE', () => {
+  it('the READMEs list every per-agent override the file takes', () => {
+    const fields = Object.keys(policyFileV1.shape.agents.element.shape).sort();
+    for (const path of ['README.md', 'services/flows/README.md']) {
+      const text = readFileSync(new URL(`../../${path}`, import.meta.url), 'utf8');
+      const span = /`FLOWS_POLICY_FILE` \(`([^`]*)`\)/.exec(text)?.[1];
+      const listed = /\{\s*([a-z_,\s]+?)\s*\}/.exec(span ?? '')?.[1];
+      expect(listed, path).toBeDefined();
+      expect(listed!.split(/,\s*/).sort(), path).toEqual(fields);
+    }
   });
 });

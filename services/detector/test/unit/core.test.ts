@@ -1,3 +1,4 @@
+import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import {
   candidateKey,
@@ -9,7 +10,7 @@ import {
 import { liveCandidates } from '../../src/core/detect.js';
 import { recordGrams } from '../../src/core/grams.js';
 import { DEFAULT_PARAMS } from '../../src/core/params.js';
-import { DetectorState } from '../../src/core/state.js';
+import { DetectorState, IGNORE_REASONS } from '../../src/core/state.js';
 import { requestTermsOf } from '../../src/core/terms.js';
 import { pipelineError } from '../../src/adapters/redis/store.js';
 import { flowCandidateRecordV1 } from '../../../../schemas/index.js';
@@ -253,5 +254,18 @@ describe('events ahead of their Kafka record', () => {
     expect(aheadOfRecord(1_800_000_000_000, produced, 0)).toBe(false);
     expect(aheadOfRecord(1_800_000_000_000, '-1', 300_000)).toBe(false);
     expect(aheadOfRecord(1_800_000_000_000, '', 300_000)).toBe(false);
+  });
+});
+
+describe('paver_detector_events_ignored_total', () => {
+  it('the READMEs list every reason an event is ignored for', () => {
+    // The state's reasons, and `future` (main.ts: aheadOfRecord, before the state sees the event).
+    const reasons = [...IGNORE_REASONS, 'future'].sort();
+    for (const path of ['../../../../README.md', '../../README.md']) {
+      const text = readFileSync(new URL(path, import.meta.url), 'utf8');
+      const listed = [...text.matchAll(/paver_detector_events_ignored_total\{reason=([a-z_|]+)\}/g)];
+      expect(listed.length, path).toBeGreaterThan(0);
+      for (const m of listed) expect(m[1]!.split('|').sort(), path).toEqual(reasons);
+    }
   });
 });
