@@ -477,6 +477,30 @@ describe('configuration checks', () => {
     ).toThrow(ConfigError);
     expect(o.get('default', 'default')!.steps[0]!.name).toBe('research');
   });
+  it('an agent listed twice in the file is refused, naming it (the later one replaced the earlier silently)', () => {
+    const steps = [research];
+    expect(() =>
+      loadOrchestrationFile({
+        agents: [
+          { tenant_id: 'acme', agent_id: 'a', tools: TOOLS, steps },
+          { tenant_id: 'acme', agent_id: 'b', tools: TOOLS, steps },
+          { tenant_id: 'acme', agent_id: 'a', tools: [], steps: [] },
+        ],
+      }),
+    ).toThrow(/agent acme\/a is listed twice/);
+    // Two entries that both leave out their ids are both default/default.
+    expect(() => loadOrchestrationFile({ agents: [{ steps }, { tools: TOOLS, steps }] })).toThrow(
+      /agent default\/default is listed twice/,
+    );
+    expect(
+      loadOrchestrationFile({
+        agents: [
+          { agent_id: 'a', steps },
+          { agent_id: 'b', steps },
+        ],
+      }).size,
+    ).toBe(2);
+  });
   it('a message crafted to make a backtracking engine run for seconds returns at once (RE2)', () => {
     const a = agentOf({
       steps: [{ name: 'evil', conditions: [{ type: 'message_regex', value: '^(a+)+$' }] }],
