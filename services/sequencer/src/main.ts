@@ -190,6 +190,8 @@ export const service: ServiceSpec<SequencerEnv, ToolCallsEvent> = {
             store,
             onRead: (source) => m.stateReads.inc({ source }),
           }),
+          // Reads wait for the table as consumption does (SEQUENCER_CONFIG_WAIT_MS only ends start-up's wait).
+          () => feed.isCaughtUp(),
         ),
       ],
       close: async () => {

@@ -86,8 +86,20 @@ const bodyTail = (v: View): string => JSON.stringify(v).slice(1);
 const bodyJson = (session: string, tail: string): string =>
   `{"session_id":${JSON.stringify(session)}${tail === '}' ? '' : ','}${tail}`;
 
-/** `GET /sessions/:session_id/allowed-tools?tools=a,b[&tenant_id&agent_id]`: the allowed tools now. */
-export function allowedToolsRoute(config: Orchestrations, answer: AnswerFromState): Route {
+export const NOT_LOADED =
+  'the orchestration topic is not read to its end yet: the answer could ignore the configuration in force, retry later';
+
+/**
+ * `GET /sessions/:session_id/allowed-tools?tools=a,b[&tenant_id&agent_id]`: the allowed tools now. `loaded`: false
+ * while the orchestration topic is still being read (start-up), when the route answers 503 rather than with the
+ * configuration read so far, as consumption waits for it: an agent not read yet would be answered with no step
+ * and every tool, one whose record is still ahead with its configuration file's (or an older record's) steps.
+ */
+export function allowedToolsRoute(
+  config: Orchestrations,
+  answer: AnswerFromState,
+  loaded: () => boolean = () => true,
+): Route {
   const memo = new ViewMemo();
   return {
     method: 'GET',
@@ -102,6 +114,7 @@ export function allowedToolsRoute(config: Orchestrations, answer: AnswerFromStat
       if (!validId(ref.tenant) || !validId(ref.agent) || !validId(ref.session))
         return { status: 400, body: { error: BAD_ID } };
       const toolsParam = req.query.get('tools');
+      if (!loaded()) return { status: 503, body: { error: NOT_LOADED } };
       const agent = config.get(ref.tenant, ref.agent);
       // A list already in the memo was valid; any other is parsed (and refused) before the state is read.
       let tools: string[] | null = null;

@@ -180,7 +180,16 @@ export function loadOrchestrationFile(raw: unknown): Orchestrations {
   const agents = 'agents' in parsed.data ? parsed.data.agents : [parsed.data];
   const out = new Orchestrations();
   const errors: string[] = [];
+  const listed = new Set<string>();
   for (const a of agents) {
+    // The later one would replace the earlier silently (two entries that both left out agent_id are both
+    // default/default): refused, as two steps of one name are.
+    const id = scopeId(a.tenant_id, a.agent_id);
+    if (listed.has(id))
+      errors.push(
+        `agent ${a.tenant_id}/${a.agent_id} is listed twice (tenant_id and agent_id default to 'default')`,
+      );
+    listed.add(id);
     try {
       out.set(a);
     } catch (err) {

@@ -136,7 +136,7 @@ export function settledPosition(agent: Agent, s: SessionState): { step: Step | u
 }
 
 /**
- * `view` over the agent's own tool list (every event without `visible_tools`), kept per agent, step and index: it
+ * `view` over the agent's own tool list (every record of an agent that declares its tools), kept per agent, step and index: it
  * is a pure function of those, computed once instead of filtering and sorting the tools on every event. A new
  * configuration is a new Agent, so nothing outlives its configuration. Views are shared: never modify one.
  */
@@ -201,7 +201,15 @@ export function applyEvent(
     pos: at ? { p: at.partition, o: at.offset } : prev.pos,
   };
   let violation: SequenceStateRecord['violation'] = null;
-  let universe: readonly string[] = agent?.tools ?? [];
+  // The record says what is allowed next. A tool call's visible_tools are what the agent was shown for that call:
+  // behind a runtime that applies Paver's answers, the previous record's own narrowing (the one tool expected), so
+  // as the universe they made the next tool unavailable and the record offered the same tool again. The agent's
+  // declared `tools` are the universe (as for the allowed-tools read); the event's list stands in only where no
+  // orchestration declares any.
+  const universe: readonly string[] =
+    e.type === 'tool_call' && e.visible_tools && !agent?.tools.length
+      ? e.visible_tools
+      : (agent?.tools ?? []);
 
   if (agent) {
     // A step removed by a configuration change is left for the one the rule picks, whatever the event (a
@@ -221,7 +229,6 @@ export function applyEvent(
         .map((st) => st.name);
       moveTo(s, selectStep(agent, s));
     } else if (e.type === 'tool_call') {
-      if (e.visible_tools) universe = e.visible_tools;
       settleForToolCall(agent, s);
       const step = s.step === null ? undefined : agent.byName.get(s.step);
       let completing = false;
@@ -242,7 +249,7 @@ export function applyEvent(
       // The completing event's record reports the completion; the next step is picked by settle() next time.
       if (!completing) moveTo(s, selectStep(agent, s));
     }
-  } else if (e.type === 'tool_call' && e.visible_tools) universe = e.visible_tools;
+  }
 
   // A task_completed changes no state, and its record answers as the allowed-tools read does, for where the
   // next event will be judged: the step the rule picks once a sequence completed, the default step in a session

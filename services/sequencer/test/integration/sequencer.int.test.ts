@@ -354,6 +354,23 @@ describe('sequencer service (real Kafka, real Redis)', () => {
     );
     const p = await startProcess(['bin/paver.js', 'run', 'sequencer'], env);
     procs.push(p);
+    // Reads wait for the table too: refused (503) while it is read, never answered as if the agent had no
+    // orchestration (before: 200 with no step and every tool of the list, as soon as start-up's wait ended).
+    const answers: { status: number; body: unknown }[] = [];
+    const first = await waitFor(
+      async () => {
+        const res = await getJson(p.url('/sessions/gate/allowed-tools?tools=a,b,c'));
+        answers.push(res);
+        return res.status === 200 && res;
+      },
+      'an allowed-tools answer',
+      120_000,
+    );
+    expect(first.body).toMatchObject({ active_step: 'ab' });
+    expect(
+      answers.some((a) => a.status === 503 && JSON.stringify(a.body).includes('orchestration topic')),
+      JSON.stringify(answers.slice(-3)),
+    ).toBe(true);
 
     const got = await consumeUntil(env.PAVER_TOPIC_SEQUENCE_STATE!, (all) => all.length >= 2);
     const records = got.map((m) => sequenceStateRecordV1.parse(JSON.parse(m.value!.toString())));

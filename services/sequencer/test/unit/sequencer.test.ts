@@ -338,21 +338,38 @@ describe('allowed tools', () => {
       allowed_tools: [...TOOLS].sort(),
     });
   });
-  it("the event's visible_tools are the universe when present", () => {
+  it("an agent that declares no tools: the event's visible_tools are the universe", () => {
     const r = play(
       agentOf({
+        tools: [],
         steps: [{ name: 'd', isDefault: true, availableTools: { allowed: ['*'], denied: ['email'] } }],
       }),
       [call('think', { visible_tools: ['email', 'b', 'a'] } as Partial<ToolCallsEvent>)],
     );
     expect(r.last.allowed_tools).toEqual(['a', 'b']);
   });
-  it('expected tool unavailable: the step filter applies (not an empty list), expected still named', () => {
+  it("an event's visible_tools (what the agent was shown: Paver's own answer) never narrow what is allowed next", () => {
+    // A runtime that applies the records shows the agent what the previous record allowed, and reports it.
     const a = agentOf({ steps: [research] });
-    const r = play(a, [
-      msg('research'),
-      call('think', { visible_tools: ['think', 'summarize', 'email'] } as Partial<ToolCallsEvent>),
-    ]);
+    const shown = (tool: string, allowed: string[]) =>
+      call(tool, { visible_tools: allowed } as Partial<ToolCallsEvent>);
+    const r = play(a, [msg('research'), shown('web_search', TOOLS)]);
+    const next = play(a, [shown('think', r.last.allowed_tools)], r.state);
+    // Before: the universe was ['reflect', 'think'], so summarize was unavailable and think offered again.
+    expect(r.last.allowed_tools).toEqual(['reflect', 'think']);
+    expect(next.last).toMatchObject({ expected: ['summarize'], allowed_tools: ['summarize'] });
+    const done = play(a, [shown('summarize', next.last.allowed_tools)], next.state);
+    // The completed step's own filter, over the agent's tools (before: ['summarize'] alone).
+    expect(done.last).toMatchObject({
+      completed: true,
+      allowed_tools: ['cognitive_reframe', 'reflect', 'save', 'summarize', 'think', 'web_search'],
+    });
+    // The same as the allowed-tools read over the configuration's tools.
+    expect(done.last.allowed_tools).toEqual(view(a, done.state, TOOLS).allowed_tools);
+  });
+  it('expected tool unavailable: the step filter applies (not an empty list), expected still named', () => {
+    const a = agentOf({ tools: ['think', 'summarize', 'email'], steps: [research] });
+    const r = play(a, [msg('research'), call('think')]);
     expect(r.last).toMatchObject({
       expected: ['web_search'],
       allowed_tools: ['summarize', 'think'],
@@ -459,6 +476,30 @@ describe('configuration checks', () => {
       ),
     ).toThrow(ConfigError);
     expect(o.get('default', 'default')!.steps[0]!.name).toBe('research');
+  });
+  it('an agent listed twice in the file is refused, naming it (the later one replaced the earlier silently)', () => {
+    const steps = [research];
+    expect(() =>
+      loadOrchestrationFile({
+        agents: [
+          { tenant_id: 'acme', agent_id: 'a', tools: TOOLS, steps },
+          { tenant_id: 'acme', agent_id: 'b', tools: TOOLS, steps },
+          { tenant_id: 'acme', agent_id: 'a', tools: [], steps: [] },
+        ],
+      }),
+    ).toThrow(/agent acme\/a is listed twice/);
+    // Two entries that both leave out their ids are both default/default.
+    expect(() => loadOrchestrationFile({ agents: [{ steps }, { tools: TOOLS, steps }] })).toThrow(
+      /agent default\/default is listed twice/,
+    );
+    expect(
+      loadOrchestrationFile({
+        agents: [
+          { agent_id: 'a', steps },
+          { agent_id: 'b', steps },
+        ],
+      }).size,
+    ).toBe(2);
   });
   it('a message crafted to make a backtracking engine run for seconds returns at once (RE2)', () => {
     const a = agentOf({
