@@ -47,7 +47,12 @@ export class StateCache {
     if (!this.enabled) return;
     // Re-inserting moves the key to the end: Map order is write order, so the first key is the oldest write.
     this.entries.delete(key);
-    this.entries.set(key, { state, version, writtenAt: this.now() });
+    // Reads never look at the event-id marks (the batch path reads Redis): kept out, an entry is a fraction of the size.
+    this.entries.set(key, {
+      state: state.seen.length ? { ...state, seen: [] } : state,
+      version,
+      writtenAt: this.now(),
+    });
     if (this.entries.size > this.maxEntries) this.entries.delete(this.entries.keys().next().value!);
   }
 

@@ -1,5 +1,6 @@
 import type { SequenceStateRecord, ToolCallsEvent } from '../../../../schemas/index.js';
 import { stepAllows, type Agent, type Step } from './orchestration.js';
+import { fnv64 } from '../../../../shared/core/fnv.js';
 
 /** Per-session state: kept small (it is stored per session in Redis), never holding message text. */
 export interface SessionState {
@@ -12,13 +13,24 @@ export interface SessionState {
   history: string[];
   /** Steps whose message_regex conditions all matched the latest user message (the text itself is not kept). */
   msg: string[];
-  /** Recent event ids (producer duplicates) … */
+  /**
+   * Marks of the last `SEEN` event ids (`seenMark`; ids as they were in state an earlier version wrote), for events
+   * published again at new offsets …
+   */
   seen: string[];
   /** … and the Kafka position of the last applied event (redelivery after a crash). */
   pos: { p: number; o: string } | null;
 }
 
-export const SEEN = 4;
+/**
+ * Event ids remembered per session. A whole task published again under its own ids at new offsets (ingest after a
+ * crash between its publish and its store; a producer's retried batch) is a run of duplicates: each one applied
+ * again pushed the next one's id out of a window of 4, so a run longer than the window was applied again whole
+ * (the sequence advanced twice). 64 covers a task of 64 events; a 12-digit mark keeps that about 1 KB per session.
+ */
+export const SEEN = 64;
+/** An event id as the session keeps it: 48 bits of its FNV hash (ids are up to 256 characters). */
+export const seenMark = (eventId: string): string => fnv64(eventId).slice(0, 12);
 export const newSession = (): SessionState => ({
   step: null,
   index: 0,
@@ -190,14 +202,17 @@ export function applyEvent(
   e: ToolCallsEvent,
   at?: Position,
 ): Outcome {
-  if (prev.seen.includes(e.event_id)) return { record: null, state: prev, duplicate: true };
+  const mark = seenMark(e.event_id);
+  // An id kept as it was: state an earlier version wrote (during a rolling update too).
+  if (prev.seen.includes(mark) || prev.seen.includes(e.event_id))
+    return { record: null, state: prev, duplicate: true };
   if (at && prev.pos && prev.pos.p === at.partition && BigInt(at.offset) <= BigInt(prev.pos.o))
     return { record: null, state: prev, duplicate: true };
   const s: SessionState = {
     ...prev,
     history: [...prev.history],
     msg: prev.msg,
-    seen: prev.seen.length < SEEN ? [...prev.seen, e.event_id] : [...prev.seen.slice(1 - SEEN), e.event_id],
+    seen: prev.seen.length < SEEN ? [...prev.seen, mark] : [...prev.seen.slice(1 - SEEN), mark],
     pos: at ? { p: at.partition, o: at.offset } : prev.pos,
   };
   let violation: SequenceStateRecord['violation'] = null;

@@ -188,6 +188,44 @@ describe('sequencer service (real Kafka, real Redis)', () => {
       expect(await second.exited).toBe(0);
     });
 
+  it('whole sessions published again under their own ids at new offsets (ingest after a crash) are applied once', async () => {
+    const env = envFor();
+    await topics(env);
+    const p = await start(env);
+    const send = (es: Record<string, unknown>[]) =>
+      produce(
+        env.PAVER_TOPIC_TOOL_CALLS!,
+        es.map((e) => ({ key: e.session_id as string, value: JSON.stringify(e) })),
+      );
+    const metric = async (name: string) =>
+      parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(name);
+    await send(events);
+    await waitFor(
+      async () => (await metric('paver_sequencer_states_published_total')) >= offline.length,
+      'the stream applied',
+    );
+    const before = await metric('paver_sequencer_redelivered_events_total');
+    // Three sessions again, every event of each (about 30: far more than the last few ids a session kept).
+    const again = events.filter((e) => ['sess-1', 'sess-2', 'sess-3'].includes(e.session_id as string));
+    expect(again.length).toBeGreaterThan(60);
+    await send(again);
+    await waitFor(
+      async () => (await metric('paver_sequencer_redelivered_events_total')) - before >= again.length,
+      'the republished events read',
+    );
+    // Before, only the first few of each session were taken for duplicates: the rest walked the sequences again.
+    expect(await metric('paver_sequencer_states_published_total')).toBe(offline.length);
+    const last = bySession(offline).get('sess-3')!.at(-1)!;
+    const res = await getJson(p.url(`/sessions/sess-3/allowed-tools?tools=${TOOLS.join(',')}`));
+    expect(res.body).toMatchObject({
+      active_step: last.active_step,
+      sequence_index: last.sequence_index,
+      expected: last.expected,
+    });
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toBe(0);
+  });
+
   it('applies a live orchestration change, dead-letters an inconsistent one, and expires idle sessions', async () => {
     const env = envFor({ SEQUENCER_SESSION_TTL_MS: '2000', SEQUENCER_CONFIG_FILE: '' });
     await topics(env);

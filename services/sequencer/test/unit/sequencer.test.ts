@@ -11,6 +11,8 @@ import {
 import {
   applyEvent,
   newSession,
+  SEEN,
+  seenMark,
   settle,
   settledPosition,
   view,
@@ -421,7 +423,40 @@ describe('idempotency', () => {
       Array.from({ length: 100 }, () => call('think')),
     );
     expect(r.state.history.length).toBeLessThanOrEqual(8);
-    expect(r.state.seen.length).toBeLessThanOrEqual(4);
+    expect(r.state.seen.length).toBeLessThanOrEqual(SEEN);
+    expect(r.state.seen.every((m) => m.length === 12)).toBe(true);
+  });
+  it('a task published again under its own ids at new offsets is applied once, however long (up to SEEN events)', () => {
+    const a = agentOf({ steps: [research] });
+    const task = [
+      msg('research'),
+      ...Array.from({ length: 30 }, (_, i) => call(['web_search', 'think', 'summarize'][i % 3]!)),
+    ];
+    let offset = 0;
+    const deliver = (state: SessionState, events: ToolCallsEvent[]) => {
+      let applied = 0;
+      for (const e of events) {
+        const o = applyEvent(a, state, e, { partition: 0, offset: String(offset++) });
+        state = o.state;
+        if (!o.duplicate) applied++;
+      }
+      return { state, applied };
+    };
+    const first = deliver(newSession(), task);
+    expect(first.applied).toBe(31);
+    // Ingest republishes a whole task after a crash between its publish and its store: the same ids, new offsets.
+    const again = deliver(first.state, task);
+    // Before, each re-applied event pushed the next one's id out of a window of 4: all 31 applied again, the
+    // sequence walked twice.
+    expect(again.applied).toBe(0);
+    expect(again.state).toEqual(first.state);
+  });
+  it('an event id kept as it was, in state an earlier version wrote, is still a duplicate', () => {
+    const a = agentOf({ steps: [research] });
+    const e = call('web_search');
+    const old = { ...play(a, [msg('research')]).state, seen: [e.event_id] };
+    expect(applyEvent(a, old, e).duplicate).toBe(true);
+    expect(seenMark(e.event_id)).toMatch(/^[0-9a-f]{12}$/);
   });
 });
 
