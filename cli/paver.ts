@@ -111,8 +111,8 @@ Services take their settings from the environment (README "Configuration").
 
 Examples:
   paver dev                                         local stack + every service, Ctrl-C stops all
-  paver detect --input events.jsonl > candidates.jsonl
-  paver flows from-candidates --input candidates.jsonl > flows.json
+  paver detect --input events.jsonl > candidates.json
+  paver flows from-candidates --input candidates.json > flows.json
   paver select --flows flows.json --query "I want to change my flight" --pretty
   paver <command> --help                            options of one command
 `,

@@ -20,6 +20,7 @@ import { PRODUCE_REQUEST_BUDGET } from '../shared/kafka/requests.js';
 import { ensureTopics, paverTopics } from '../shared/kafka/topics.js';
 import { createLogger } from '../shared/log.js';
 import { deeperThan, TOO_DEEP } from '../shared/core/json-depth.js';
+import { id } from '../schemas/tool-calls.v1.js';
 
 /** Longest a line read waits for others before it is sent. */
 const LINGER_MS = 50;
@@ -96,8 +97,6 @@ const publishEnvSchema = crossChecked(
   refineCommon,
 );
 
-const idSchema = z.string().regex(/^[A-Za-z0-9._:-]{1,128}$/, 'expected 1-128 characters of [A-Za-z0-9._:-]');
-
 /**
  * `paver publish --input FILE.jsonl`: sends each line to the tool-calls topic keyed by its session_id, as an
  * agent runtime would. Lines are sent as they are (the services validate and dead-letter bad ones), except
@@ -119,8 +118,9 @@ export async function publish(opts: {
   // of a bad environment, where every other command says 2 for a bad flag.
   for (const [flag, v, schema] of [
     ['--topic', opts.topic, topicName],
-    ['--tenant', opts.tenant, idSchema],
-    ['--agent', opts.agent, idSchema],
+    // The contract's own id rule: every tenant or agent a producer may send can be set (a space included).
+    ['--tenant', opts.tenant, id],
+    ['--agent', opts.agent, id],
   ] as const) {
     if (v === undefined) continue;
     const r = schema.safeParse(v);

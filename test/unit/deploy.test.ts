@@ -22,7 +22,10 @@ const compose = parse(read('docker-compose.yml'), { merge: true }) as {
   volumes?: Record<string, unknown>;
 };
 const prom = parse(read('deploy/prometheus/prometheus.yml')) as {
-  scrape_configs: { static_configs: { targets: string[] }[] }[];
+  scrape_configs: {
+    honor_labels?: boolean;
+    static_configs: { targets: string[]; labels?: Record<string, string> }[];
+  }[];
 };
 const kafka = compose.services.kafka!;
 const kenv = kafka.environment ?? {};
@@ -94,6 +97,13 @@ describe('docker-compose.yml', () => {
     const image = builders[0]![1].image;
     expect(image).toMatch(/^paver:/);
     for (const name of Object.keys(SERVICES)) expect(compose.services[name]?.image, name).toBe(image);
+  });
+
+  it("Prometheus keeps the services' own service label: a target label of that name is honoured, not doubled", () => {
+    // shared/metrics.ts labels every series with `service`; a scrape config that sets the same label on its
+    // targets without honor_labels renames each series' own to exported_service.
+    for (const c of prom.scrape_configs)
+      if (c.static_configs.some((s) => s.labels && 'service' in s.labels)) expect(c.honor_labels).toBe(true);
   });
 
   it('runs every Paver service, wired to Kafka and Redis, and Prometheus scrapes each one', () => {

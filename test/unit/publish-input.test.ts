@@ -52,7 +52,21 @@ it('paver publish refuses a bad --tenant or --agent as a usage error (exit 2), a
   // Before: exit 78, the code of a bad environment (EX_CONFIG), for a flag.
   for (const flag of ['tenant', 'agent'] as const) {
     err = '';
-    expect(await publish({ input, [flag]: 'a b', env })).toBe(2);
-    expect(err).toBe(`paver publish: --${flag}: expected 1-128 characters of [A-Za-z0-9._:-]\n`);
+    expect(await publish({ input, [flag]: 'a\tb', env })).toBe(2);
+    expect(err).toBe(
+      `paver publish: --${flag}: must not contain control characters or unpaired surrogates\n`,
+    );
+    err = '';
+    expect(await publish({ input, [flag]: 'x'.repeat(257), env })).toBe(2);
+    expect(err).toMatch(new RegExp(`^paver publish: --${flag}: .*256`));
   }
+});
+
+it('paver publish takes every --tenant or --agent the contract takes (a space, any printable character)', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'paver-publish-'));
+  const input = join(dir, 'events.jsonl');
+  writeFileSync(input, '{}\n');
+  // Past the flag checks: it connects (69 here, no broker). Before, 2: only 1-128 of [A-Za-z0-9._:-] were taken.
+  expect(await publish({ input, tenant: 'acme corp', agent: 'agent/é', env })).toBe(69);
+  expect(err).not.toMatch(/--tenant|--agent/);
 });
