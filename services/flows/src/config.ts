@@ -32,6 +32,8 @@ export const flowsEnvSchema = crossChecked(
     FLOWS_SHADOW_PRECISION: decimal({ min: 0, max: 1 }).default(0.5),
     FLOWS_OUTCOME_CAPACITY: int(0, 100_000).default(500),
     FLOWS_EVIDENCE_RUNS: int(0, 100_000).default(200),
+    // One session's worth at least (EVIDENCE_SESSION_CHARS); 64 Mi by default (DEFAULT_EVIDENCE_MAX_CHARS).
+    FLOWS_EVIDENCE_MAX_CHARS: int(262_144, 2 ** 31 - 1).default(67_108_864),
     // An open session is kept in Redis this long after its last event (one idler is taken as abandoned).
     FLOWS_SESSION_TTL_MS: int(60_000, 30 * 86_400_000).default(86_400_000),
     FLOWS_OUTCOME_NEIGHBOURS: int(1, 1_000).default(10),

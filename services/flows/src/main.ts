@@ -194,6 +194,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       },
       onShadow: () => shadowTrials.inc(),
       evidenceRuns: env.FLOWS_EVIDENCE_RUNS,
+      evidenceMaxChars: env.FLOWS_EVIDENCE_MAX_CHARS,
       sessions: {
         load: (refs) => store.loadSessions(refs),
         save: (open, ended) => store.saveSessions(open, ended, env.FLOWS_SESSION_TTL_MS),

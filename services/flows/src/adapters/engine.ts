@@ -18,7 +18,7 @@ import {
   type PromotionPolicy,
   type StoredCandidate,
 } from '../core/promotion.js';
-import { DEFAULT_EVIDENCE_RUNS, EvidenceBook } from '../core/dataflow.js';
+import { DEFAULT_EVIDENCE_MAX_CHARS, DEFAULT_EVIDENCE_RUNS, EvidenceBook } from '../core/dataflow.js';
 import {
   flowFromCandidate,
   FlowRegistry,
@@ -173,6 +173,8 @@ export interface EngineDeps {
   };
   /** Finished runs kept per scope to learn promoted flows' `input_map` from (FLOWS_EVIDENCE_RUNS; 0: off). */
   evidenceRuns?: number;
+  /** JSON characters of evidence held by the kept runs, and again by the open sessions (FLOWS_EVIDENCE_MAX_CHARS). */
+  evidenceMaxChars?: number;
 }
 
 /**
@@ -183,13 +185,15 @@ export interface EngineDeps {
 export class FlowsEngine {
   /** Pending candidates under shadow trial, as flows: chosen among in shadow, never shown to the agent. */
   readonly shadow = new FlowRegistry();
-  readonly sessions = new SessionTracker();
+  readonly sessions: SessionTracker;
   private readonly loaded = new Set<string>();
   private readonly loading = new Map<string, Promise<void>>();
   /** Finished runs with arguments and outputs: promotion learns `input_map` from them (core/dataflow.ts). */
   readonly evidence: EvidenceBook;
   constructor(private readonly d: EngineDeps) {
-    this.evidence = new EvidenceBook(d.evidenceRuns ?? DEFAULT_EVIDENCE_RUNS);
+    const maxChars = d.evidenceMaxChars ?? DEFAULT_EVIDENCE_MAX_CHARS;
+    this.evidence = new EvidenceBook(d.evidenceRuns ?? DEFAULT_EVIDENCE_RUNS, maxChars);
+    this.sessions = new SessionTracker(undefined, undefined, maxChars);
     // Kept in a store too: memory is bounded after each batch's save, never in the middle of its events.
     this.sessions.deferBound = !!d.sessions;
   }

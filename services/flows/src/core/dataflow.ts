@@ -19,7 +19,7 @@ import {
 } from '../../../../shared/core/bindings.js';
 import type { FlowStep, ToolCallsEvent } from '../../../../schemas/index.js';
 import { planOf } from './score.js';
-import { completedRuns } from './sessions.js';
+import { completedRuns, jsonChars } from './sessions.js';
 
 /** One past run as evidence: its calls with arguments and outputs, and its first user message. */
 export interface EvidenceRun {
@@ -188,6 +188,18 @@ export function learnInputs(
 
 /** Past runs kept per scope for `input_map` learning by default (the protocol's history is 200 runs). */
 export const DEFAULT_EVIDENCE_RUNS = 200;
+/**
+ * JSON characters of evidence held in memory by default, by the kept runs of every scope together, and again by
+ * the open sessions (`SessionTracker`): 64 Mi each, a few hundred MB of heap at most for both.
+ */
+export const DEFAULT_EVIDENCE_MAX_CHARS = 64 * 1024 * 1024;
+
+/** A run's size as the evidence bounds count it: its request text and its calls' arguments and outputs. */
+export function evidenceChars(run: EvidenceRun): number {
+  let n = run.userText?.length ?? 0;
+  for (const c of run.calls) n += jsonChars(c.args) + jsonChars(c.observation);
+  return n;
+}
 
 /**
  * The live service's evidence: per (tenant, agent), the last `capacity` finished runs with their arguments,
@@ -197,14 +209,46 @@ export const DEFAULT_EVIDENCE_RUNS = 200;
  */
 export class EvidenceBook {
   private readonly scopes = new Map<string, EvidenceRun[]>();
-  constructor(readonly capacity: number = DEFAULT_EVIDENCE_RUNS) {}
-  add(tenant: string, agent: string, run: EvidenceRun): void {
+  /** Every kept run, oldest first, with its scope and size: the whole book's bound evicts from the front. */
+  private readonly kept = new Map<EvidenceRun, { scope: string; chars: number }>();
+  private total = 0;
+  /**
+   * `maxChars`: JSON characters of arguments, outputs and request text held by the whole book, every scope
+   * together (FLOWS_EVIDENCE_MAX_CHARS). Per scope only, runs × scopes had no bound: 200 runs of up to 256 KB
+   * in each of a thousand agents' scopes is 51 GB. Past it, the oldest runs of any scope go first.
+   */
+  constructor(
+    readonly capacity: number = DEFAULT_EVIDENCE_RUNS,
+    readonly maxChars: number = DEFAULT_EVIDENCE_MAX_CHARS,
+  ) {}
+  add(tenant: string, agent: string, run: EvidenceRun, chars = evidenceChars(run)): void {
     if (this.capacity <= 0) return;
     const k = `${tenant}\u001f${agent}`;
     let runs = this.scopes.get(k);
     if (!runs) this.scopes.set(k, (runs = []));
     runs.push(run);
-    if (runs.length > this.capacity) runs.splice(0, runs.length - this.capacity);
+    this.kept.set(run, { scope: k, chars });
+    this.total += chars;
+    if (runs.length > this.capacity)
+      for (const gone of runs.splice(0, runs.length - this.capacity)) this.forget(gone);
+    while (this.total > this.maxChars && this.kept.size > 0) {
+      const [oldest, { scope }] = this.kept.entries().next().value as [EvidenceRun, { scope: string }];
+      // The oldest run of the book is the oldest of its scope: each scope's list is in the book's order.
+      const list = this.scopes.get(scope)!;
+      list.shift();
+      if (list.length === 0) this.scopes.delete(scope);
+      this.forget(oldest);
+    }
+  }
+  private forget(run: EvidenceRun): void {
+    const k = this.kept.get(run);
+    if (!k) return;
+    this.kept.delete(run);
+    this.total -= k.chars;
+  }
+  /** JSON characters the book holds (what `maxChars` bounds). */
+  get chars(): number {
+    return this.total;
   }
   runs(tenant: string, agent: string): readonly EvidenceRun[] {
     return this.scopes.get(`${tenant}\u001f${agent}`) ?? [];

@@ -47,7 +47,7 @@ export interface OpenSession {
 export const EVIDENCE_CALL_CHARS = 32_768;
 export const EVIDENCE_SESSION_CHARS = 262_144;
 
-const jsonChars = (v: unknown): number => (v === undefined ? 0 : (JSON.stringify(v)?.length ?? 0));
+export const jsonChars = (v: unknown): number => (v === undefined ? 0 : (JSON.stringify(v)?.length ?? 0));
 
 /** Event ids a session remembers: a retried send lands close behind the first, not hundreds of events later. */
 export const RECENT_EVENT_IDS = 32;
@@ -77,10 +77,31 @@ export class SessionTracker {
    * not leave memory in the middle of a batch that is still applying its events.
    */
   deferBound = false;
+  /** JSON characters the open sessions' evidence holds, all together (what `maxEvidenceChars` bounds). */
+  private evidenceTotal = 0;
+  /**
+   * `maxEvidenceChars`: past it, the sessions opened first lose their evidence (their runs are still recorded
+   * and scored, without arguments and outputs to learn `input_map` from). Per session only, 10,000 open
+   * sessions of 256 KB each could hold 2.5 GB.
+   */
   constructor(
     private readonly maxSessions = 10_000,
     private readonly maxCalls = 1_000,
+    private readonly maxEvidenceChars = Number.POSITIVE_INFINITY,
   ) {}
+
+  /** JSON characters of evidence the open sessions hold. */
+  get evidenceChars(): number {
+    return this.evidenceTotal;
+  }
+
+  private leave(session: string): OpenSession | undefined {
+    const s = this.open.get(session);
+    if (!s) return undefined;
+    this.open.delete(session);
+    this.evidenceTotal -= s.evidenceChars ?? 0;
+    return s;
+  }
 
   get size(): number {
     return this.open.size;
@@ -92,13 +113,16 @@ export class SessionTracker {
 
   /** Puts back a session followed before (read from where the service keeps open sessions). */
   restore(session: string, s: OpenSession): void {
+    this.leave(session);
     this.open.set(session, s);
+    this.evidenceTotal += s.evidenceChars ?? 0;
     this.bound();
   }
 
   /** Forgets every open session (another instance may have followed them since: they are read again). */
   clear(): void {
     this.open.clear();
+    this.evidenceTotal = 0;
   }
 
   private bound(): void {
@@ -107,7 +131,7 @@ export class SessionTracker {
 
   /** Drops the oldest open sessions past the bound. */
   trim(): void {
-    while (this.open.size > this.maxSessions) this.open.delete(this.open.keys().next().value!);
+    while (this.open.size > this.maxSessions) this.leave(this.open.keys().next().value!);
   }
 
   /**
@@ -154,15 +178,26 @@ export class SessionTracker {
       kept.observation = call.observation;
       used += out;
     }
+    this.evidenceTotal += used - (s.evidenceChars ?? 0);
     s.evidenceChars = used;
     s.evidence.push(kept);
+    if (this.evidenceTotal > this.maxEvidenceChars) this.shedEvidence();
+  }
+
+  /** Takes the evidence of the sessions opened first until the open sessions' evidence is within its bound. */
+  private shedEvidence(): void {
+    for (const s of this.open.values()) {
+      if (this.evidenceTotal <= this.maxEvidenceChars) return;
+      if (!s.evidence) continue;
+      this.evidenceTotal -= s.evidenceChars ?? 0;
+      delete s.evidence;
+      delete s.evidenceChars;
+    }
   }
 
   /** Closes the session: what it requested and did (null when it was never opened). */
   onDone(session: string): OpenSession | null {
-    const s = this.open.get(session) ?? null;
-    this.open.delete(session);
-    return s;
+    return this.leave(session) ?? null;
   }
 }
 

@@ -1,6 +1,13 @@
 import { describe, expect, it } from 'vitest';
 import type { FlowStep, ToolCallsEvent } from '../../../../schemas/index.js';
-import { evidenceOf, learnInputs, occurrenceOf, type EvidenceRun } from '../../src/core/dataflow.js';
+import {
+  EvidenceBook,
+  evidenceOf,
+  learnInputs,
+  occurrenceOf,
+  type EvidenceRun,
+} from '../../src/core/dataflow.js';
+import { SessionTracker } from '../../src/core/sessions.js';
 import { collapsedSteps, stepsOf } from '../../src/core/registry.js';
 
 const step = (tool: string, i: number): FlowStep => ({
@@ -141,5 +148,53 @@ describe('input_map from data flow', () => {
     const refund = learned[1]!;
     expect(Object.keys(refund.input_map)).toContain('__proto__');
     expect(Object.getPrototypeOf(refund.input_map)).toBe(Object.prototype);
+  });
+});
+
+describe('evidence held in memory, all scopes and sessions together', () => {
+  const sized = (chars: number): EvidenceRun => ({
+    calls: [{ tool: 'lookup', observation: 'x'.repeat(chars - 2) }], // a JSON string: its quotes count
+  });
+
+  it('kept runs stay within FLOWS_EVIDENCE_MAX_CHARS: the oldest of any scope go first', () => {
+    const book = new EvidenceBook(200, 10_000);
+    // Three scopes, ten runs of 1,000 characters each, interleaved: 30,000 characters offered.
+    const order: [string, EvidenceRun][] = [];
+    for (let i = 0; i < 10; i++)
+      for (const agent of ['a', 'b', 'c']) {
+        const r = sized(1_000);
+        order.push([agent, r]);
+        book.add('t', agent, r);
+      }
+    // Before, only runs per scope were bounded: all 30 kept (200 per scope, however many scopes).
+    expect(book.chars).toBe(10_000);
+    const kept = new Set(['a', 'b', 'c'].flatMap((a) => [...book.runs('t', a)]));
+    expect([...kept]).toHaveLength(10);
+    // The newest ten, whatever their scope.
+    expect(order.slice(-10).every(([, r]) => kept.has(r))).toBe(true);
+    // The per-scope bound still applies, and leaves the count right.
+    const small = new EvidenceBook(2, 10_000);
+    for (let i = 0; i < 5; i++) small.add('t', 'a', sized(1_000));
+    expect(small.runs('t', 'a')).toHaveLength(2);
+    expect(small.chars).toBe(2_000);
+  });
+
+  it('open sessions past the bound lose their evidence, first opened first; their calls still count', () => {
+    const t = new SessionTracker(10_000, 1_000, 5_000);
+    for (const s of ['s1', 's2', 's3'])
+      t.onRequest(s, { tenant: 't', agent: 'a', terms: [], shadow: null }, true);
+    for (const s of ['s1', 's2', 's3'])
+      for (let i = 0; i < 2; i++) t.onCall(s, { tool: 'lookup', observation: 'x'.repeat(998) });
+    // 6,000 characters offered: s1 (opened first) gives its evidence up, s2 and s3 keep theirs.
+    expect(t.evidenceChars).toBe(4_000);
+    expect(t.get('s1')?.evidence).toBeUndefined();
+    expect(t.get('s1')?.calls).toEqual(['lookup', 'lookup']);
+    expect(t.get('s2')?.evidence).toHaveLength(2);
+    expect(t.get('s3')?.evidence).toHaveLength(2);
+    // Before, 6,000: only a session's own 256 KB bounded it (10,000 open sessions: 2.5 GB).
+    expect(t.onDone('s2')?.evidence).toHaveLength(2);
+    expect(t.evidenceChars).toBe(2_000);
+    t.clear();
+    expect(t.evidenceChars).toBe(0);
   });
 });
