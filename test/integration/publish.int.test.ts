@@ -55,7 +55,7 @@ describe('paver publish', () => {
     expect(r.out.trim().split('\n')).toHaveLength(1);
     expect(r.out).toContain('KAFKA_BROKERS: is required');
     expect(r.out).toContain('LOG_LEVEL');
-    const bad = await run(['--tenant', 'a b'], {
+    const bad = await run(['--tenant', 'a\tb'], {
       PATH: process.env.PATH ?? '',
       KAFKA_BROKERS: '127.0.0.1:1',
     });
