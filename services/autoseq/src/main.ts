@@ -190,7 +190,13 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
         await ensureHeartbeating(guard, ctx.heartbeat);
         return handle(batch, ctx);
       },
-      routes: [rulesRoute((tenant, agent) => readScope(redis, prefix, tenant, agent), learnOptions)],
+      routes: [
+        rulesRoute(async (tenant, agent) => {
+          // After a loss, the rules as the restore brings them back, not an empty Redis (as batches wait for it).
+          await guard.ensure();
+          return readScope(redis, prefix, tenant, agent);
+        }, learnOptions),
+      ],
       // After the consumer's last batch: its changes are copied before the producer goes.
       close: async () => {
         // The sweep first: a retirement it cut short marks contexts that the last copy then takes.
