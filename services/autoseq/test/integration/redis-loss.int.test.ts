@@ -321,6 +321,13 @@ describe('autoseq: Redis state lost mid-stream', () => {
     expect(await metric(second, 'paver_autoseq_rules_restored_contexts_total')).toBeGreaterThan(0);
     expect(await r.exists(flag)).toBe(0);
     expect((await getJson(second.url(rulesUrl))).body).toEqual(rulesBefore);
+    // The gauge counts the rules the restore brought back (before, 0 until a batch wrote the scope again).
+    const active = (rulesBefore.rules as { state: string }[]).filter((x) => x.state === 'active').length;
+    expect(active).toBeGreaterThan(0);
+    await waitFor(
+      async () => (await metric(second, 'paver_autoseq_active_rules')) === active,
+      'the active-rules gauge after the restore',
+    );
     await waitFor(
       () => groupCaughtUp(env.AUTOSEQ_GROUP_ID!, env.PAVER_TOPIC_TOOL_CALLS!),
       'the call after the loss handled after the restart',
