@@ -16,10 +16,11 @@ import { createCatalogFeed } from './adapters/catalog-feed.js';
 import { rulesRoute } from './adapters/http.js';
 import { createAutoseqMetrics } from './adapters/metrics.js';
 import { RedisTaskStore, taskKey } from './adapters/redis/task-store.js';
-import { readScope, RedisLearnStore } from './adapters/redis/learn-store.js';
+import { readScope, RedisLearnStore, scopesWithActiveRules } from './adapters/redis/learn-store.js';
 import { restoreRules, RuleSnapshots } from './adapters/rules-snapshot.js';
 import { retireTiming, ScopeRetirement } from './adapters/scope-retire.js';
 import { Catalog, CatalogError, loadCatalogFile } from './core/catalog.js';
+import { scopeId } from './core/learn/engine.js';
 import { SchemaCompiler } from './core/schema-compiler.js';
 import { autoseqEnvSchema, learnOptionsFromEnv, optionsFromEnv, type AutoseqEnv } from './config.js';
 
@@ -90,6 +91,28 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       register: retirement ? (scopes) => retirement.register(scopes) : undefined,
       requeue: retirement ? (scopes) => retirement.queueRetiring(scopes) : undefined,
     });
+    /**
+     * The active-rules gauge from what Redis holds, for the scopes no batch of this process has written yet: at
+     * start, and after a restore (a loss clears it). In the background: a SCAN of the key space, not on the
+     * batches' path. Each scope stops counting when its rules expire: its hash was given the TTL (plus the
+     * sweep's grace) at its last write, and what is left of it says when that was.
+     */
+    const seedActiveRules = async () => {
+      if (!env.AUTOSEQ_LEARN_ENABLED) return;
+      const run = m.activeByScope.seed();
+      try {
+        const life = scopeTtl + (timing?.graceMs ?? 0);
+        for await (const page of scopesWithActiveRules(redis, prefix)) {
+          const now = Date.now();
+          for (const s of page) {
+            const at = scopeTtl > 0 && s.pttl >= 0 ? now - Math.max(0, life - s.pttl) : now;
+            run.set(scopeId(s.tenant, s.agent), s.nActive, at);
+          }
+        }
+      } finally {
+        run.end();
+      }
+    };
     const epochKey = `${prefix}:aseq:epoch`;
     const restoring = restoreFlagKey(epochKey);
     const epoch = createEpoch(redis, epochKey, copyRules ? restoring : undefined);
@@ -108,23 +131,29 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
           m.stateLosses.inc();
           m.activeByScope.clear();
         }
-        if (!copyRules) return;
-        // At start, only a Redis whose marker was created with the flag (or a restore cut short) lost anything.
-        if (reason === 'start' && !(await restoreCutShort(redis, restoring))) return;
-        const r = await restoreRules(
-          redis,
-          prefix,
-          restoring,
-          replayOptions(runtime.kafka, env, env.AUTOSEQ_RULES_TOPIC, env.AUTOSEQ_GROUP_ID),
-          goOn,
-          scopeTtl,
-          Date.now,
-          retirement && timing ? { retirement, graceMs: timing.graceMs } : undefined,
+        await restore(reason, goOn);
+        seedActiveRules().catch((err: unknown) =>
+          log.warn({ err: errorMessage(err) }, 'active rules not read from Redis; batches count them'),
         );
-        m.restoredContexts.inc(r.contexts);
-        log.info({ reason, ...r }, 'learned rules restored from the rules topic');
       },
     });
+    async function restore(reason: 'start' | 'lost', goOn: () => boolean): Promise<void> {
+      if (!copyRules) return;
+      // At start, only a Redis whose marker was created with the flag (or a restore cut short) lost anything.
+      if (reason === 'start' && !(await restoreCutShort(redis, restoring))) return;
+      const r = await restoreRules(
+        redis,
+        prefix,
+        restoring,
+        replayOptions(runtime.kafka, env, env.AUTOSEQ_RULES_TOPIC, env.AUTOSEQ_GROUP_ID),
+        goOn,
+        scopeTtl,
+        Date.now,
+        retirement && timing ? { retirement, graceMs: timing.graceMs } : undefined,
+      );
+      m.restoredContexts.inc(r.contexts);
+      log.info({ reason, ...r }, 'learned rules restored from the rules topic');
+    }
     const handle = createBatchHandler({
       catalog,
       store,
@@ -190,7 +219,13 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
         await ensureHeartbeating(guard, ctx.heartbeat);
         return handle(batch, ctx);
       },
-      routes: [rulesRoute((tenant, agent) => readScope(redis, prefix, tenant, agent), learnOptions)],
+      routes: [
+        rulesRoute(async (tenant, agent) => {
+          // After a loss, the rules as the restore brings them back, not an empty Redis (as batches wait for it).
+          await guard.ensure();
+          return readScope(redis, prefix, tenant, agent);
+        }, learnOptions),
+      ],
       // After the consumer's last batch: its changes are copied before the producer goes.
       close: async () => {
         // The sweep first: a retirement it cut short marks contexts that the last copy then takes.

@@ -2,11 +2,14 @@ import { Counter, Gauge, Histogram } from 'prom-client';
 import type { Registry } from 'prom-client';
 
 /**
- * Active rules per scope this instance wrote, each as of its last write. A scope no batch has written for the
- * scope TTL has expired in Redis, rules and all: its count stops counting (and is dropped) then, not at restart.
+ * Active rules per scope, each as of its last write by this instance, or as read from Redis when the instance
+ * started (or restored the rules after a loss). A scope no batch has written for the scope TTL has expired in
+ * Redis, rules and all: its count stops counting (and is dropped) then, not at restart.
  */
 export class ActiveRulesByScope {
   private readonly counts = new Map<string, { n: number; at: number }>();
+  /** Reads of the counts from Redis under way: what batches wrote (or a loss cleared) since each began. */
+  private readonly seeds = new Set<{ written: Set<string>; stale: boolean }>();
   constructor(
     private readonly ttlMs: number,
     private readonly now: () => number = Date.now,
@@ -18,14 +21,33 @@ export class ActiveRulesByScope {
 
   set(scope: string, n: number): void {
     this.counts.set(scope, { n, at: this.now() });
+    for (const r of this.seeds) r.written.add(scope);
   }
 
   delete(scope: string): void {
     this.counts.delete(scope);
+    for (const r of this.seeds) r.written.add(scope);
   }
 
   clear(): void {
     this.counts.clear();
+    for (const r of this.seeds) r.stale = true;
+  }
+
+  /**
+   * Counts read from Redis (at start, after a restore: scopes no batch of this process has written yet). A count
+   * never replaces what a batch wrote since the read began, nor comes back after a loss cleared the gauge.
+   * `at`: when the scope was last written, so that it stops counting when its rules expire.
+   */
+  seed(): { set(scope: string, n: number, at: number): void; end(): void } {
+    const run = { written: new Set<string>(), stale: false };
+    this.seeds.add(run);
+    return {
+      set: (scope, n, at) => {
+        if (!run.stale && !run.written.has(scope) && n > 0) this.counts.set(scope, { n, at });
+      },
+      end: () => void this.seeds.delete(run),
+    };
   }
 
   total(): number {
@@ -74,7 +96,7 @@ export function createAutoseqMetrics(
   const activeByScope = new ActiveRulesByScope(scopeTtlMs, now);
   new Gauge({
     name: 'paver_autoseq_active_rules',
-    help: 'Active learned rules in the scopes this instance has processed.',
+    help: 'Active learned rules: in the scopes Redis held when this instance started (or restored the rules), as of its later writes.',
     registers,
     collect() {
       this.set(activeByScope.total());

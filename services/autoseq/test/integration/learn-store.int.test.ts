@@ -156,4 +156,40 @@ describe('learned state in Redis, read in part (real Redis)', () => {
     expect(await redis.exists(leaseKey(prefix, 't', '0'))).toBe(0);
     await mine.release();
   });
+
+  it('a batch waiting for one scope keeps no claim on the scopes after it, which others take meanwhile', async () => {
+    // A batch's first read asks for every scope at once (tryAll), and each one held by another gets its waiting
+    // mark. The wait then goes one scope at a time, in order: a mark left on a later scope kept every other batch
+    // off it, free as it was, until the waiter had the scopes before it (or the mark's TTL ran out). Two waiters
+    // needing two scopes in turn each held what the other was kept from: a stall of AUTOSEQ_LEARN_LEASE_MS.
+    const prefix = unique('paver-test');
+    defineScopeScripts(redis);
+    const [x, y] = [
+      { id: 'a', tenant: 't', agent: 'a' },
+      { id: 'b', tenant: 't', agent: 'b' },
+    ];
+    const holdsX = new ScopeLeases(redis, prefix, { ttlMs: 60_000 });
+    const holdsY = new ScopeLeases(redis, prefix, { ttlMs: 60_000 });
+    await holdsX.acquire([x]);
+    await holdsY.acquire([y]);
+    // A batch of both scopes, as RedisLearnStore.load asks: all at once, then waiting.
+    const both = new ScopeLeases(redis, prefix, { ttlMs: 10_000 });
+    const first = redis.pipeline();
+    const took = both.tryAll(first, [x, y]);
+    expect(took((await first.exec())!.map(([, r]) => r))).toBe(false);
+    const waiting = both.acquire([x, y]);
+    waiting.catch(() => undefined); // awaited below
+    await holdsY.release();
+    // A batch of the second scope alone, which nobody holds now; it waits up to twice its own TTL.
+    const alone = new ScopeLeases(redis, prefix, { ttlMs: 1_500 });
+    await alone.acquire([y]);
+    expect(await redis.get(leaseKey(prefix, 't', 'b'))).toBe(alone.token);
+    await alone.release();
+    // The first batch still gets both, in order, once the first scope is free.
+    await holdsX.release();
+    await waiting;
+    expect(await redis.get(leaseKey(prefix, 't', 'a'))).toBe(both.token);
+    expect(await redis.get(leaseKey(prefix, 't', 'b'))).toBe(both.token);
+    await both.release();
+  });
 });

@@ -105,6 +105,15 @@ describe('autoseq: Redis state lost mid-stream', () => {
     // The rules as they were: same states, trials, hits, bounds and bindings.
     expect((await getJson(rulesUrl)).body).toEqual(rulesBefore);
 
+    // Lost again, and read at once, before a batch or a probe has noticed: the read waits for the restore, as
+    // batches do. Before, it answered from the empty Redis (200, no rule), and during a restore with whatever
+    // scopes it had written so far.
+    await redis.flushall();
+    const read = await getJson(rulesUrl);
+    expect(read.status).toBe(200);
+    expect(read.body).toEqual(rulesBefore);
+    expect(await metric(p, 'paver_autoseq_state_losses_total')).toBe(2);
+
     // And the service goes on as if nothing was lost: `paver predict` over the whole stream gives the same
     // proposals (rules, states and arguments) for every call, those after the loss included.
     await send(after);
@@ -312,6 +321,13 @@ describe('autoseq: Redis state lost mid-stream', () => {
     expect(await metric(second, 'paver_autoseq_rules_restored_contexts_total')).toBeGreaterThan(0);
     expect(await r.exists(flag)).toBe(0);
     expect((await getJson(second.url(rulesUrl))).body).toEqual(rulesBefore);
+    // The gauge counts the rules the restore brought back (before, 0 until a batch wrote the scope again).
+    const active = (rulesBefore.rules as { state: string }[]).filter((x) => x.state === 'active').length;
+    expect(active).toBeGreaterThan(0);
+    await waitFor(
+      async () => (await metric(second, 'paver_autoseq_active_rules')) === active,
+      'the active-rules gauge after the restore',
+    );
     await waitFor(
       () => groupCaughtUp(env.AUTOSEQ_GROUP_ID!, env.PAVER_TOPIC_TOOL_CALLS!),
       'the call after the loss handled after the restart',

@@ -41,4 +41,32 @@ describe('paver_autoseq_active_rules', () => {
     t = 10 ** 12;
     expect(await gauge(registry)).toBe(3);
   });
+
+  it('counts read from Redis never replace what a batch wrote since, nor outlive a loss, and expire as written', async () => {
+    let t = 10_000;
+    const registry = new Registry();
+    const m = createAutoseqMetrics(
+      registry,
+      () => 0,
+      1000,
+      () => t,
+    );
+    const read = m.activeByScope.seed();
+    m.activeByScope.set('a', 1); // a batch wrote a while the read ran: its count is the newer
+    m.activeByScope.delete('b'); // and b, left with no active rule
+    read.set('a', 7, t);
+    read.set('b', 7, t);
+    read.set('c', 3, t - 400); // written 400 ms before: 600 ms of its lifetime left
+    read.set('d', 0, t);
+    read.end();
+    expect(await gauge(registry)).toBe(4);
+    t += 600;
+    expect(await gauge(registry)).toBe(1);
+
+    const before = m.activeByScope.seed();
+    m.activeByScope.clear(); // a loss: what was read before it is gone with it
+    before.set('e', 5, t);
+    before.end();
+    expect(await gauge(registry)).toBe(0);
+  });
 });

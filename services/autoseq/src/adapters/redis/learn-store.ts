@@ -10,7 +10,7 @@ import type {
 import { stateLostMidRead, type EpochMarker } from '../../../../../shared/redis/epoch.js';
 import { execPipeline } from '../../../../../shared/redis/replies.js';
 import { invokeScript, parseScriptReply } from '../../../../../shared/redis/scripts.js';
-import { escapeKeyPart, scopeTag } from '../../../../../shared/redis/keys.js';
+import { escapeKeyPart, globLiteral, scopeTag, unescapeKeyPart } from '../../../../../shared/redis/keys.js';
 import {
   contextsTouched,
   evictionDue,
@@ -589,4 +589,49 @@ export async function readScope(
   for (const [field, raw] of Object.entries(all))
     if (field.startsWith('c:')) readGroup(state, field.slice(2), raw);
   return state;
+}
+
+/** The scope a rules key names (`learnKey`), or null when the key is not one of `prefix`. */
+function scopeOfKey(prefix: string, key: string): { tenant: string; agent: string } | null {
+  const head = `${prefix}:aseq:{`;
+  const tail = '}:rules';
+  if (!key.startsWith(head) || !key.endsWith(tail)) return null;
+  const parts = key.slice(head.length, -tail.length).split('|');
+  if (parts.length !== 2) return null;
+  const [tenant, agent] = parts.map(unescapeKeyPart);
+  if (!tenant || !agent || learnKey(prefix, tenant, agent) !== key) return null;
+  return { tenant, agent };
+}
+
+/**
+ * Every scope of `prefix` whose stored counts (`m`) hold active rules, with its hash's PTTL (-1: no expiry), a
+ * SCAN page at a time: what the active-rules gauge starts from (start-up, a restore).
+ */
+export async function* scopesWithActiveRules(
+  redis: Redis,
+  prefix: string,
+): AsyncGenerator<{ tenant: string; agent: string; nActive: number; pttl: number }[]> {
+  const match = `${globLiteral(prefix)}:aseq:{*}:rules`;
+  let cursor = '0';
+  do {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', match, 'COUNT', 1000);
+    cursor = next;
+    const scopes = keys.flatMap((k) => scopeOfKey(prefix, k) ?? []);
+    if (scopes.length === 0) continue;
+    const pipe = redis.pipeline();
+    for (const s of scopes) {
+      const key = learnKey(prefix, s.tenant, s.agent);
+      pipe.hget(key, META);
+      pipe.pttl(key);
+    }
+    const replies = await execPipeline(pipe, 'active rules read');
+    const page = [];
+    for (const [i, s] of scopes.entries()) {
+      const m = parseJson(replies[2 * i]);
+      if (m === null || !metaShape.safeParse(m).success) continue;
+      const { nActive } = m as Meta;
+      if (nActive > 0) page.push({ ...s, nActive, pttl: replies[2 * i + 1] as number });
+    }
+    yield page;
+  } while (cursor !== '0');
 }

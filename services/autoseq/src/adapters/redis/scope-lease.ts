@@ -118,11 +118,13 @@ export class ScopeLeases {
     const sorted = inScopeOrder(scopes);
     this.asked = sorted;
     const have = new Set(this.held.map((s) => s.id));
-    // Keep the longest sorted prefix already held; what was taken beyond a gap goes back first.
+    // Keep the longest sorted prefix already held; what was taken beyond a gap goes back first, and so do the
+    // waiting marks `tryAll` left there: the wait goes one scope at a time, and a mark on a scope after the one
+    // waited for kept every other batch off it, free, until this one got there (two such waiters stalled each
+    // other until a mark lapsed). Each scope is marked again when its turn comes.
     let prefix = 0;
     while (prefix < sorted.length && have.has(sorted[prefix]!.id)) prefix++;
-    const kept = new Set(sorted.slice(0, prefix).map((s) => s.id));
-    await this.releaseSome(this.held.filter((s) => !kept.has(s.id)));
+    await this.releaseSome(sorted.slice(prefix + 1));
     this.held = sorted.slice(0, prefix);
     this.opts.onWait?.();
     const deadline = Date.now() + 2 * this.opts.ttlMs;
