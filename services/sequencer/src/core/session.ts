@@ -189,10 +189,21 @@ export function viewAt(step: Step | undefined, index: number, universe: readonly
   };
 }
 
+/**
+ * Why an event is left alone (neither applied nor a duplicate). `tools_unknown`: its agent has no orchestration and
+ * the event lists no `visible_tools`, so there is no universe to say "all tools" of. A record would say
+ * `allowed_tools: []`, which a runtime applying the records reads as nothing allowed, where the reference (no
+ * orchestration) allows every tool; and the state holds nothing for it (no orchestration: no step, no history).
+ */
+export const IGNORE_REASONS = ['tools_unknown'] as const;
+export type IgnoreReason = (typeof IGNORE_REASONS)[number];
+
 export interface Outcome {
   record: SequenceStateRecord | null;
   state: SessionState;
   duplicate: boolean;
+  /** Set when the event is left alone: no record, and `state` is the input state itself (nothing to write). */
+  ignored?: IgnoreReason;
 }
 
 /** Applies one event to a session (pure: the input state is not modified). */
@@ -208,6 +219,10 @@ export function applyEvent(
     return { record: null, state: prev, duplicate: true };
   if (at && prev.pos && prev.pos.p === at.partition && BigInt(at.offset) <= BigInt(prev.pos.o))
     return { record: null, state: prev, duplicate: true };
+  // No orchestration and no list of tools: nothing to publish, and nothing to keep (without an orchestration the
+  // state records no step, history or message match, only the redelivery guard of a record not published).
+  if (!agent && !(e.type === 'tool_call' && e.visible_tools?.length))
+    return { record: null, state: prev, duplicate: false, ignored: 'tools_unknown' };
   const s: SessionState = {
     ...prev,
     history: [...prev.history],

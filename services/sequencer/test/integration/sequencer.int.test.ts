@@ -226,6 +226,65 @@ describe('sequencer service (real Kafka, real Redis)', () => {
     expect(await p.exited).toBe(0);
   });
 
+  it('an agent with no orchestration: no record and no state for an event without visible_tools, counted', async () => {
+    const env = envFor();
+    await topics(env);
+    const p = await start(env);
+    const ev = (session_id: string, agent_id: string, i: number, more: Record<string, unknown>) => ({
+      event_id: `${session_id}-${i}`,
+      ts: 1_760_000_000_000 + i,
+      session_id,
+      agent_id,
+      ...more,
+    });
+    const callOf = (tool: string, more: Record<string, unknown> = {}) => ({
+      type: 'tool_call',
+      task_id: 't',
+      step: 0,
+      tool,
+      ...more,
+    });
+    // One partition, in this order: once the configured agent's record is out, the others were read before it.
+    const sent = [
+      ev('blind', 'nobody', 0, callOf('web_search')),
+      ev('blind', 'nobody', 1, { type: 'user_message', text: 'please research this' }),
+      ev('blind', 'nobody', 2, { type: 'task_completed', task_id: 't' }),
+      ev('shown', 'nobody', 0, callOf('think', { visible_tools: ['think', 'save'] })),
+      ev('known', 'default', 0, callOf('web_search')),
+    ];
+    await produce(
+      env.PAVER_TOPIC_TOOL_CALLS!,
+      sent.map((e) => ({ key: e.session_id, value: JSON.stringify(e), partition: 0 })),
+    );
+    const out = await consumeUntil(env.PAVER_TOPIC_SEQUENCE_STATE!, (all) =>
+      all.some((m) => m.key === 'known'),
+    );
+    const records = out.map((m) => sequenceStateRecordV1.parse(JSON.parse(m.value!.toString())));
+    // Before: three records for 'blind', each with allowed_tools [] (read by a runtime as no tool allowed).
+    expect(records.map((r) => [r.session_id, r.allowed_tools])).toEqual([
+      ['shown', ['save', 'think']],
+      ['known', expect.any(Array)],
+    ]);
+    const metric = async (name: string, labels?: Record<string, string>) =>
+      parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(name, labels);
+    await waitFor(
+      async () => (await metric('paver_sequencer_events_ignored_total', { reason: 'tools_unknown' })) === 3,
+      'the three events counted as ignored',
+    );
+    expect(await metric('paver_sequencer_states_published_total')).toBe(2);
+    // Nothing stored for them: no Redis key, no session-topic record (the events of 'shown' and 'known' have both).
+    const key = (agent: string, session: string) =>
+      `${env.REDIS_KEY_PREFIX}:seq:{default|${agent}|${session}}`;
+    expect(await redis.exists(key('nobody', 'blind'))).toBe(0);
+    expect(await redis.exists(key('nobody', 'shown'))).toBe(1);
+    const copies = await consumeUntil(env.SEQUENCER_STATE_TOPIC!, (all) =>
+      all.some((m) => m.key?.includes('"known"')),
+    );
+    expect(copies.filter((m) => m.key?.includes('"blind"'))).toEqual([]);
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toBe(0);
+  });
+
   it('applies a live orchestration change, dead-letters an inconsistent one, and expires idle sessions', async () => {
     const env = envFor({ SEQUENCER_SESSION_TTL_MS: '2000', SEQUENCER_CONFIG_FILE: '' });
     await topics(env);

@@ -1,3 +1,6 @@
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { agentOrchestrationV1, type ToolCallsEvent } from '../../../../schemas/index.js';
 import {
@@ -22,6 +25,7 @@ import {
 import { applyOrchestrationRecord, parseAgentKey } from '../../src/adapters/orchestration-feed.js';
 import { orchestrationRecordV1 } from '../../../../schemas/index.js';
 import { TableRejection } from '../../../../shared/kafka/table-feed.js';
+import { runSequence } from '../../src/cli.js';
 
 const TOOLS = [
   'web_search',
@@ -399,6 +403,25 @@ describe('allowed tools', () => {
       play(undefined, [call('x', { visible_tools: ['b', 'a'] } as Partial<ToolCallsEvent>)]).last,
     ).toMatchObject({ active_step: null, allowed_tools: ['a', 'b'] });
   });
+  it('an agent without orchestration and an event without visible_tools: no record (not "nothing allowed"), no state', () => {
+    const prev = play(undefined, [call('x', { visible_tools: ['a'] } as Partial<ToolCallsEvent>)]).state;
+    for (const e of [
+      call('x'),
+      call('x', { visible_tools: [] } as Partial<ToolCallsEvent>),
+      msg('research'),
+      done(),
+    ]) {
+      const o = applyEvent(undefined, prev, e, { partition: 0, offset: '99' });
+      // Before: a record with allowed_tools [], which a runtime applying the records reads as no tool allowed,
+      // where the reference allows every tool when there is no orchestration; and a state written for it.
+      expect(o, e.type).toMatchObject({ record: null, duplicate: false, ignored: 'tools_unknown' });
+      expect(o.state, e.type).toBe(prev);
+    }
+    // An agent with an orchestration is judged as before, whatever the event lists.
+    expect(applyEvent(agentOf({ steps: [research] }), prev, call('x')).record).toMatchObject({
+      allowed_tools: [...TOOLS].sort(),
+    });
+  });
 });
 
 describe('idempotency', () => {
@@ -659,5 +682,36 @@ describe('task_completed records answer for the settled step, as the allowed-too
       completed: false,
       tools: ['x'],
     });
+  });
+});
+
+describe('paver sequence', () => {
+  it('prints nothing for an event of an agent with no orchestration that lists no visible_tools, and counts it', async () => {
+    const config = loadOrchestrationFile({ agent_id: 'configured', tools: TOOLS, steps: [research] });
+    const of = (agent_id: string, e: ToolCallsEvent) => ({ ...e, agent_id });
+    const events = [
+      of('configured', msg('research')),
+      of('other', call('web_search')),
+      of('other', msg('hello')),
+      of('other', call('think', { visible_tools: ['think', 'save'] } as Partial<ToolCallsEvent>)),
+      of('configured', call('web_search')),
+    ];
+    const file = join(mkdtempSync(join(tmpdir(), 'paver-seq-unit-')), 'events.jsonl');
+    writeFileSync(file, events.map((e) => JSON.stringify(e)).join('\n') + '\n');
+    const lines: string[] = [];
+    const stats = await runSequence(
+      config,
+      file,
+      (l) => lines.push(l),
+      () => undefined,
+    );
+    const printed = lines.map((l) => JSON.parse(l) as { agent_id: string; allowed_tools: string[] });
+    // Before: five records, the two of 'other' without visible_tools saying allowed_tools [].
+    expect(printed.map((r) => [r.agent_id, r.allowed_tools])).toEqual([
+      ['configured', ['web_search']],
+      ['other', ['save', 'think']],
+      ['configured', ['reflect', 'think']],
+    ]);
+    expect(stats.ignored).toEqual({ tools_unknown: 2 });
   });
 });
