@@ -324,6 +324,18 @@ describe('sequencer service (real Kafka, real Redis)', () => {
       expect(dlq[0]!.headers['paver-dlq-reason']).toBe('rejected');
       expect(JSON.parse(dlq[0]!.value!.toString()).detail).toMatch(/step 'ab'.*'c'/);
       expect(await allowed('fresh')).toMatchObject({ allowed_tools: ['a'] });
+      // A sequence tool the agent does not declare (allowed by a wildcard): refused too. Before, applied, and the
+      // sequence never enforced: 'z' is in no universe, so the step's filter answered instead.
+      const undeclared = {
+        ...good,
+        steps: [{ name: 'az', isDefault: true, availableTools: { allowed: ['*'] }, sequence: ['a', 'z'] }],
+      };
+      await produce(env.PAVER_TOPIC_ORCHESTRATION!, [{ key: agentKey, value: JSON.stringify(undeclared) }]);
+      const dlq2 = await consumeUntil(env.PAVER_TOPIC_DEAD_LETTERS!, (all) => all.length >= 2);
+      expect(JSON.parse(dlq2[1]!.value!.toString()).detail).toMatch(
+        /agent default\/default: step 'az': sequence tool\(s\) 'z' not in the agent's tools/,
+      );
+      expect(await allowed('fresh')).toMatchObject({ active_step: 'ab', allowed_tools: ['a'] });
 
       await produce(env.PAVER_TOPIC_TOOL_CALLS!, [
         {
@@ -378,6 +390,39 @@ describe('sequencer service (real Kafka, real Redis)', () => {
     }
     p.child.kill('SIGTERM');
     expect(await p.exited).toBe(0);
+  });
+
+  it("a configuration file with a sequence tool missing from the agent's tools is refused: exit 78, paver sequence exit 2", async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'paver-seq-'));
+    const file = join(dir, 'orchestration.json');
+    writeFileSync(
+      file,
+      JSON.stringify({
+        agents: [
+          {
+            tenant_id: 'acme',
+            agent_id: 'bot',
+            tools: ['a', 'b'],
+            steps: [{ name: 'az', availableTools: { allowed: ['*'] }, sequence: ['a', 'z'] }],
+          },
+        ],
+      }),
+    );
+    const named = /agent acme\/bot: step 'az': sequence tool\(s\) 'z' not in the agent's tools/;
+    const input = join(dir, 'events.jsonl');
+    writeFileSync(input, '');
+    const offline = await startProcess(['bin/paver.js', 'sequence', '--config', file, '--input', input], {
+      PATH: process.env.PATH ?? '',
+    });
+    // Before: exit 0 (and the service started with the sequence never enforced).
+    expect(await offline.exited).toBe(2);
+    expect(offline.output()).toMatch(named);
+    const env = envFor({ SEQUENCER_CONFIG_FILE: file });
+    await topics(env);
+    const p = await startProcess(['bin/paver.js', 'run', 'sequencer'], env);
+    procs.push(p);
+    expect(await p.exited).toBe(78);
+    expect(p.output()).toMatch(named);
   });
 
   it('a rebalance empties the cache: the previous owner of a session never answers from a state another instance now writes', async () => {

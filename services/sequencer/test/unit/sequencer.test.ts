@@ -374,8 +374,10 @@ describe('allowed tools', () => {
     expect(done.last.allowed_tools).toEqual(view(a, done.state, TOOLS).allowed_tools);
   });
   it('expected tool unavailable: the step filter applies (not an empty list), expected still named', () => {
-    const a = agentOf({ tools: ['think', 'summarize', 'email'], steps: [research] });
-    const r = play(a, [msg('research'), call('think')]);
+    // Declared tools must hold every sequence tool; an event's visible_tools (no tools declared) need not.
+    const a = agentOf({ tools: [], steps: [research] });
+    const shown = { visible_tools: ['think', 'summarize', 'email'] } as Partial<ToolCallsEvent>;
+    const r = play(a, [msg('research'), call('think', shown)]);
     expect(r.last).toMatchObject({
       expected: ['web_search'],
       allowed_tools: ['summarize', 'think'],
@@ -498,6 +500,34 @@ describe('configuration checks', () => {
         ],
       }),
     ).not.toThrow();
+  });
+  it("refuses a sequence tool missing from the agent's declared tools, naming the agent, step and tools", () => {
+    const wild = { name: 'wild', availableTools: { allowed: ['*'] }, sequence: ['a', ['z', 'b'], 'y'] };
+    // Before: accepted, and the sequence never enforced ('z' and 'y' are in no universe: the step's filter instead).
+    expect(() => agentOf({ tools: ['a', 'b'], steps: [wild] })).toThrow(
+      /agent default\/default: step 'wild': sequence tool\(s\) 'z', 'y' not in the agent's tools/,
+    );
+    expect(() =>
+      loadOrchestrationFile({
+        agents: [{ tenant_id: 'acme', agent_id: 'bot', tools: ['a'], steps: [wild] }],
+      }),
+    ).toThrow(/agent acme\/bot: step 'wild': sequence tool\(s\) 'z', 'b', 'y' not in the agent's tools/);
+    // No declared tools (the events' visible_tools are the universe): nothing to check against.
+    expect(() => agentOf({ tools: [], steps: [wild] })).not.toThrow();
+    expect(() => agentOf({ tools: ['a', 'b', 'z', 'y'], steps: [wild] })).not.toThrow();
+    // A topic record: refused (dead-lettered), the previous configuration stays.
+    const config = new Orchestrations();
+    const record = (tools: string[]) =>
+      orchestrationRecordV1.parse({
+        schema_version: 1,
+        tenant_id: 'acme',
+        agent_id: 'bot',
+        tools,
+        steps: [wild],
+      });
+    applyOrchestrationRecord(config, record(['a', 'b', 'z', 'y']), 'acme/bot');
+    expect(() => applyOrchestrationRecord(config, record(['a', 'b']), 'acme/bot')).toThrow(TableRejection);
+    expect(config.get('acme', 'bot')!.tools).toEqual(['a', 'b', 'z', 'y']);
   });
   it('refuses invalid regular expressions, duplicate steps, two defaults', () => {
     expect(() =>
