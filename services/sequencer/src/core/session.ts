@@ -99,7 +99,26 @@ export function settle(agent: Agent, s: SessionState): void {
  */
 export function settleForToolCall(agent: Agent, s: SessionState): void {
   if (s.step !== null && !agent.byName.has(s.step)) moveTo(s, null);
+  fitIndex(agent, s);
   settle(agent, s);
+}
+
+/**
+ * The index a session can hold in its step under the configuration in force. A change that removed the step's
+ * sequence, or shortened it below the session's index, left the old index in the state, and every record and read
+ * reported it (and a sequence added back later resumed from it). Clamped to the sequence's length: a step without
+ * one is at 0; past the end of a shorter one, the sequence is done (AgentDock: an index outside the sequence is no
+ * active sequence), reported at its length like any completed one.
+ */
+const indexIn = (step: Step, index: number) => Math.min(index, step.sequence.length);
+
+function fitIndex(agent: Agent, s: SessionState): void {
+  const step = s.step === null ? undefined : agent.byName.get(s.step);
+  if (step && s.index > step.sequence.length) {
+    s.index = indexIn(step, s.index);
+    // Nothing is expected at the end of a sequence, so nothing could release a pin (see `holds`).
+    s.held = false;
+  }
 }
 
 function moveTo(s: SessionState, step: Step | null): void {
@@ -139,12 +158,12 @@ export function view(agent: Agent | undefined, s: SessionState, universe: readon
  */
 export function settledPosition(agent: Agent, s: SessionState): { step: Step | undefined; index: number } {
   const current = s.step === null ? undefined : agent.byName.get(s.step);
-  if (current && !completed(current, s.index)) return { step: current, index: s.index };
+  // As fitIndex, without touching the state (the rule below picks alike: past its end a sequence holds nothing).
+  const index = current ? indexIn(current, s.index) : 0;
+  if (current && !completed(current, index)) return { step: current, index };
   const picked = selectStep(agent, s);
   // As moveTo: staying in the same step keeps the index, any move resets it.
-  return current && picked === current
-    ? { step: current, index: s.index }
-    : { step: picked ?? undefined, index: 0 };
+  return current && picked === current ? { step: current, index } : { step: picked ?? undefined, index: 0 };
 }
 
 /**
@@ -249,6 +268,8 @@ export function applyEvent(
       moveTo(s, null);
       moveTo(s, selectStep(agent, s));
     }
+    // A step whose sequence was removed or shortened below the index: the index it can have now, whatever the event.
+    fitIndex(agent, s);
     if (e.type === 'user_message') {
       s.msg = agent.steps
         .filter(

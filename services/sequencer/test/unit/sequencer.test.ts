@@ -337,6 +337,49 @@ describe('processTool: advance, groups, completion, violations', () => {
   });
 });
 
+describe('a configuration change to the sequence of the step a session is in', () => {
+  const evalStep = { name: 'eval', conditions: [{ type: 'message_regex', value: 'evaluate' }] };
+  // In 'research' at index 2 of 3, held there by its own message condition.
+  const before = agentOf({ steps: [research, evalStep] });
+  const mid = () => play(before, [msg('research'), call('web_search'), call('think')]).state;
+  const changed = {
+    removed: agentOf({ steps: [{ ...research, sequence: undefined }, evalStep] }),
+    shortened: agentOf({ steps: [{ ...research, sequence: ['web_search'] }, evalStep] }),
+  };
+  // Removed: a step without a sequence is at index 0. Shortened below the index: past its end, the sequence is
+  // done (AgentDock: an index out of the sequence's bounds is no active sequence), at its length.
+  const want = {
+    removed: { sequence_index: 0, completed: false, expected: [] },
+    shortened: { sequence_index: 1, completed: true, expected: [] },
+  };
+  it('every record reports an index the step has, and the state keeps it (not the old index, 2)', () => {
+    expect(mid()).toMatchObject({ step: 'research', index: 2 });
+    for (const [change, agent] of Object.entries(changed))
+      for (const e of [msg('research'), call('email'), done()]) {
+        const o = applyEvent(agent, mid(), e);
+        expect(o.record, `${change}, ${e.type}`).toMatchObject({
+          active_step: 'research',
+          ...want[change as keyof typeof want],
+        });
+        if (e.type !== 'task_completed')
+          expect(o.state.index, `${change}, ${e.type}`).toBe(o.record!.sequence_index);
+      }
+  });
+  it('the allowed-tools read answers the same index', () => {
+    for (const [change, agent] of Object.entries(changed)) {
+      const at = settledPosition(agent, mid());
+      expect(viewAt(at.step, at.index, agent.tools), change).toMatchObject({
+        active_step: 'research',
+        ...want[change as keyof typeof want],
+      });
+    }
+  });
+  it('a sequence added back later starts from its beginning, not from the old index', () => {
+    const s = play(changed.removed, [call('email')], mid()).state;
+    expect(play(before, [call('web_search')], s).last).toMatchObject({ sequence_index: 1, violation: null });
+  });
+});
+
 describe('allowed tools', () => {
   it('no active step: every tool (sorted)', () => {
     expect(play(agentOf({ steps: [research] }), [call('email')]).last).toMatchObject({
