@@ -1,14 +1,22 @@
 import { parseFlags } from '../../../shared/flags.js';
 import { inputFailure, readConfigFile, readEvents, stdoutLines } from '../../../shared/jsonl.js';
 import { ConfigError, loadOrchestrationFile, type Orchestrations } from './core/orchestration.js';
-import { applyEvent, newSession, type SessionState } from './core/session.js';
+import {
+  applyEvent,
+  IGNORE_REASONS,
+  newSession,
+  type IgnoreReason,
+  type SessionState,
+} from './core/session.js';
 import { errorMessage } from '../../../shared/errors.js';
 
 const USAGE = `Usage: paver sequence --config FILE.(json|yaml) --input EVENTS.jsonl
 
 Runs the sequencer's core over a JSONL file of tool-calls events (in file order, in memory) and prints one
 state record per event (JSON lines): the records the service publishes on the sequence-state topic. An event
-whose event_id the session has just seen (a redelivery) prints nothing, as in the service.
+whose event_id the session has just seen (a redelivery) prints nothing, as in the service; nor does an event
+of an agent with no orchestration in the file that lists no visible_tools (no tools known to allow), counted on
+stderr at the end.
 `;
 
 export async function runSequence(
@@ -20,13 +28,14 @@ export async function runSequence(
   ready?: () => Promise<void> | undefined,
 ) {
   const sessions = new Map<string, SessionState>();
-  const stats = { lines: 0, bad: 0 };
+  const stats = { lines: 0, bad: 0, ignored: { tools_unknown: 0 } satisfies Record<IgnoreReason, number> };
   for await (const e of readEvents(input, stats, warn)) {
     const wait = ready?.();
     if (wait) await wait;
     const id = `${e.tenant_id}\u001f${e.agent_id}\u001f${e.session_id}`;
     const o = applyEvent(config.get(e.tenant_id, e.agent_id), sessions.get(id) ?? newSession(), e);
-    sessions.set(id, o.state);
+    if (o.ignored) stats.ignored[o.ignored]++;
+    else sessions.set(id, o.state);
     if (o.record) write(JSON.stringify(o.record));
   }
   return stats;
@@ -56,7 +65,7 @@ export async function sequenceCommand(argv: string[]): Promise<number> {
   const warn = (s: string) => process.stderr.write(`paver sequence: ${s}\n`);
   const out = stdoutLines();
   try {
-    await runSequence(
+    const stats = await runSequence(
       config,
       values.input,
       (l) => out.push(values.pretty ? JSON.stringify(JSON.parse(l), null, 2) : l),
@@ -64,6 +73,12 @@ export async function sequenceCommand(argv: string[]): Promise<number> {
       out.ready,
     );
     out.flush();
+    // Never silent, as the service's paver_sequencer_events_ignored_total.
+    const ignored = IGNORE_REASONS.filter((r) => stats.ignored[r] > 0);
+    if (ignored.length)
+      warn(
+        `events printing nothing: ${ignored.map((r) => `${stats.ignored[r]} ${r}`).join(', ')} (an agent with no orchestration in the file, no visible_tools)`,
+      );
   } catch (err) {
     out.flush();
     const failed = inputFailure('sequence', values.input, err);

@@ -2,7 +2,7 @@ import type { SequenceStateRecord, ToolCallsEvent } from '../../../../schemas/in
 import type { BatchHandler } from '../../../../shared/kafka/runner.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
 import type { Orchestrations } from '../core/orchestration.js';
-import { applyEvent, type SessionState } from '../core/session.js';
+import { applyEvent, type IgnoreReason, type SessionState } from '../core/session.js';
 import type { SequencerMetrics } from './metrics.js';
 import type { PlannedWrite, RedisSessionStore, SessionRef } from './redis/store.js';
 
@@ -53,6 +53,7 @@ export function createBatchHandler(o: {
     const current = new Map<string, SessionState>();
     const out: SequenceStateRecord[] = [];
     let duplicates = 0;
+    const ignored = new Map<IgnoreReason, number>();
     for (const [i, rec] of batch.entries()) {
       const e = rec.value;
       const id = ids[i]!;
@@ -63,6 +64,11 @@ export function createBatchHandler(o: {
       });
       if (r.duplicate) {
         duplicates++;
+        continue;
+      }
+      // Left alone: no record, and its session is not written for it (no Redis key, no session-topic record).
+      if (r.ignored) {
+        ignored.set(r.ignored, (ignored.get(r.ignored) ?? 0) + 1);
         continue;
       }
       current.set(id, r.state);
@@ -99,6 +105,7 @@ export function createBatchHandler(o: {
     // Counted once the batch is done, as the states are: a batch that fails is run again whole, and its
     // duplicates were counted once per attempt.
     metrics.duplicates.inc(duplicates);
+    for (const [reason, n] of ignored) metrics.ignored.inc({ reason }, n);
     metrics.states.inc(out.length);
     for (const v of out) if (v.violation) metrics.violations.inc({ policy: v.violation.policy });
   };

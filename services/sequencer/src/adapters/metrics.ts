@@ -1,5 +1,6 @@
 import { Counter, Gauge } from 'prom-client';
 import type { Registry } from 'prom-client';
+import { IGNORE_REASONS } from '../core/session.js';
 
 /** The sequencer's own metrics (the runner's and HTTP's are shared). */
 export function createSequencerMetrics(
@@ -33,6 +34,13 @@ export function createSequencerMetrics(
       this.set(agentsConfigured());
     },
   });
+  const ignored = new Counter({
+    name: 'paver_sequencer_events_ignored_total',
+    help: 'Events left alone (no record published, no state written), by reason: tools_unknown (an agent with no orchestration and an event without visible_tools: no list of tools to allow all of).',
+    labelNames: ['reason'],
+    registers,
+  });
+  for (const reason of IGNORE_REASONS) ignored.inc({ reason }, 0);
   return {
     states: new Counter({
       name: 'paver_sequencer_states_published_total',
@@ -50,6 +58,7 @@ export function createSequencerMetrics(
       help: 'Events already applied (redelivery), ignored.',
       registers,
     }),
+    ignored,
     stateReads: new Counter({
       name: 'paver_sequencer_state_reads_total',
       help: 'Allowed-tools reads of a session state, by source (cache: no session GET).',

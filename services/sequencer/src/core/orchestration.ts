@@ -114,6 +114,20 @@ export function compileAgent(a: AgentOrchestration): Agent {
       errors.push(err instanceof Error ? err.message : String(err));
     }
   }
+  // A sequence tool the agent does not declare is in no universe a record or a read filters (the declared tools):
+  // its position is never available, the answer falls back to the step's filter, and the sequence is never
+  // enforced. Sequences name tools exactly (wildcards are only in availableTools, checked above). Without declared
+  // tools the events' visible_tools are the universe, and there is nothing to check against.
+  if (a.tools.length) {
+    const declared = new Set(a.tools);
+    for (const st of steps) {
+      const missing = [...new Set(st.sequence.flat().filter((t) => !declared.has(t)))];
+      if (missing.length)
+        errors.push(
+          `step '${st.name}': sequence tool(s) ${missing.map((t) => `'${t}'`).join(', ')} not in the agent's tools`,
+        );
+    }
+  }
   const names = new Set<string>();
   for (const s of a.steps) {
     if (names.has(s.name)) errors.push(`step '${s.name}' is defined twice`);

@@ -99,7 +99,26 @@ export function settle(agent: Agent, s: SessionState): void {
  */
 export function settleForToolCall(agent: Agent, s: SessionState): void {
   if (s.step !== null && !agent.byName.has(s.step)) moveTo(s, null);
+  fitIndex(agent, s);
   settle(agent, s);
+}
+
+/**
+ * The index a session can hold in its step under the configuration in force. A change that removed the step's
+ * sequence, or shortened it below the session's index, left the old index in the state, and every record and read
+ * reported it (and a sequence added back later resumed from it). Clamped to the sequence's length: a step without
+ * one is at 0; past the end of a shorter one, the sequence is done (AgentDock: an index outside the sequence is no
+ * active sequence), reported at its length like any completed one.
+ */
+const indexIn = (step: Step, index: number) => Math.min(index, step.sequence.length);
+
+function fitIndex(agent: Agent, s: SessionState): void {
+  const step = s.step === null ? undefined : agent.byName.get(s.step);
+  if (step && s.index > step.sequence.length) {
+    s.index = indexIn(step, s.index);
+    // Nothing is expected at the end of a sequence, so nothing could release a pin (see `holds`).
+    s.held = false;
+  }
 }
 
 function moveTo(s: SessionState, step: Step | null): void {
@@ -139,12 +158,12 @@ export function view(agent: Agent | undefined, s: SessionState, universe: readon
  */
 export function settledPosition(agent: Agent, s: SessionState): { step: Step | undefined; index: number } {
   const current = s.step === null ? undefined : agent.byName.get(s.step);
-  if (current && !completed(current, s.index)) return { step: current, index: s.index };
+  // As fitIndex, without touching the state (the rule below picks alike: past its end a sequence holds nothing).
+  const index = current ? indexIn(current, s.index) : 0;
+  if (current && !completed(current, index)) return { step: current, index };
   const picked = selectStep(agent, s);
   // As moveTo: staying in the same step keeps the index, any move resets it.
-  return current && picked === current
-    ? { step: current, index: s.index }
-    : { step: picked ?? undefined, index: 0 };
+  return current && picked === current ? { step: current, index } : { step: picked ?? undefined, index: 0 };
 }
 
 /**
@@ -189,10 +208,21 @@ export function viewAt(step: Step | undefined, index: number, universe: readonly
   };
 }
 
+/**
+ * Why an event is left alone (neither applied nor a duplicate). `tools_unknown`: its agent has no orchestration and
+ * the event lists no `visible_tools`, so there is no universe to say "all tools" of. A record would say
+ * `allowed_tools: []`, which a runtime applying the records reads as nothing allowed, where the reference (no
+ * orchestration) allows every tool; and the state holds nothing for it (no orchestration: no step, no history).
+ */
+export const IGNORE_REASONS = ['tools_unknown'] as const;
+export type IgnoreReason = (typeof IGNORE_REASONS)[number];
+
 export interface Outcome {
   record: SequenceStateRecord | null;
   state: SessionState;
   duplicate: boolean;
+  /** Set when the event is left alone: no record, and `state` is the input state itself (nothing to write). */
+  ignored?: IgnoreReason;
 }
 
 /** Applies one event to a session (pure: the input state is not modified). */
@@ -208,6 +238,10 @@ export function applyEvent(
     return { record: null, state: prev, duplicate: true };
   if (at && prev.pos && prev.pos.p === at.partition && BigInt(at.offset) <= BigInt(prev.pos.o))
     return { record: null, state: prev, duplicate: true };
+  // No orchestration and no list of tools: nothing to publish, and nothing to keep (without an orchestration the
+  // state records no step, history or message match, only the redelivery guard of a record not published).
+  if (!agent && !(e.type === 'tool_call' && e.visible_tools?.length))
+    return { record: null, state: prev, duplicate: false, ignored: 'tools_unknown' };
   const s: SessionState = {
     ...prev,
     history: [...prev.history],
@@ -234,6 +268,8 @@ export function applyEvent(
       moveTo(s, null);
       moveTo(s, selectStep(agent, s));
     }
+    // A step whose sequence was removed or shortened below the index: the index it can have now, whatever the event.
+    fitIndex(agent, s);
     if (e.type === 'user_message') {
       s.msg = agent.steps
         .filter(

@@ -226,6 +226,65 @@ describe('sequencer service (real Kafka, real Redis)', () => {
     expect(await p.exited).toBe(0);
   });
 
+  it('an agent with no orchestration: no record and no state for an event without visible_tools, counted', async () => {
+    const env = envFor();
+    await topics(env);
+    const p = await start(env);
+    const ev = (session_id: string, agent_id: string, i: number, more: Record<string, unknown>) => ({
+      event_id: `${session_id}-${i}`,
+      ts: 1_760_000_000_000 + i,
+      session_id,
+      agent_id,
+      ...more,
+    });
+    const callOf = (tool: string, more: Record<string, unknown> = {}) => ({
+      type: 'tool_call',
+      task_id: 't',
+      step: 0,
+      tool,
+      ...more,
+    });
+    // One partition, in this order: once the configured agent's record is out, the others were read before it.
+    const sent = [
+      ev('blind', 'nobody', 0, callOf('web_search')),
+      ev('blind', 'nobody', 1, { type: 'user_message', text: 'please research this' }),
+      ev('blind', 'nobody', 2, { type: 'task_completed', task_id: 't' }),
+      ev('shown', 'nobody', 0, callOf('think', { visible_tools: ['think', 'save'] })),
+      ev('known', 'default', 0, callOf('web_search')),
+    ];
+    await produce(
+      env.PAVER_TOPIC_TOOL_CALLS!,
+      sent.map((e) => ({ key: e.session_id, value: JSON.stringify(e), partition: 0 })),
+    );
+    const out = await consumeUntil(env.PAVER_TOPIC_SEQUENCE_STATE!, (all) =>
+      all.some((m) => m.key === 'known'),
+    );
+    const records = out.map((m) => sequenceStateRecordV1.parse(JSON.parse(m.value!.toString())));
+    // Before: three records for 'blind', each with allowed_tools [] (read by a runtime as no tool allowed).
+    expect(records.map((r) => [r.session_id, r.allowed_tools])).toEqual([
+      ['shown', ['save', 'think']],
+      ['known', expect.any(Array)],
+    ]);
+    const metric = async (name: string, labels?: Record<string, string>) =>
+      parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(name, labels);
+    await waitFor(
+      async () => (await metric('paver_sequencer_events_ignored_total', { reason: 'tools_unknown' })) === 3,
+      'the three events counted as ignored',
+    );
+    expect(await metric('paver_sequencer_states_published_total')).toBe(2);
+    // Nothing stored for them: no Redis key, no session-topic record (the events of 'shown' and 'known' have both).
+    const key = (agent: string, session: string) =>
+      `${env.REDIS_KEY_PREFIX}:seq:{default|${agent}|${session}}`;
+    expect(await redis.exists(key('nobody', 'blind'))).toBe(0);
+    expect(await redis.exists(key('nobody', 'shown'))).toBe(1);
+    const copies = await consumeUntil(env.SEQUENCER_STATE_TOPIC!, (all) =>
+      all.some((m) => m.key?.includes('"known"')),
+    );
+    expect(copies.filter((m) => m.key?.includes('"blind"'))).toEqual([]);
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toBe(0);
+  });
+
   it('applies a live orchestration change, dead-letters an inconsistent one, and expires idle sessions', async () => {
     const env = envFor({ SEQUENCER_SESSION_TTL_MS: '2000', SEQUENCER_CONFIG_FILE: '' });
     await topics(env);
@@ -265,6 +324,18 @@ describe('sequencer service (real Kafka, real Redis)', () => {
       expect(dlq[0]!.headers['paver-dlq-reason']).toBe('rejected');
       expect(JSON.parse(dlq[0]!.value!.toString()).detail).toMatch(/step 'ab'.*'c'/);
       expect(await allowed('fresh')).toMatchObject({ allowed_tools: ['a'] });
+      // A sequence tool the agent does not declare (allowed by a wildcard): refused too. Before, applied, and the
+      // sequence never enforced: 'z' is in no universe, so the step's filter answered instead.
+      const undeclared = {
+        ...good,
+        steps: [{ name: 'az', isDefault: true, availableTools: { allowed: ['*'] }, sequence: ['a', 'z'] }],
+      };
+      await produce(env.PAVER_TOPIC_ORCHESTRATION!, [{ key: agentKey, value: JSON.stringify(undeclared) }]);
+      const dlq2 = await consumeUntil(env.PAVER_TOPIC_DEAD_LETTERS!, (all) => all.length >= 2);
+      expect(JSON.parse(dlq2[1]!.value!.toString()).detail).toMatch(
+        /agent default\/default: step 'az': sequence tool\(s\) 'z' not in the agent's tools/,
+      );
+      expect(await allowed('fresh')).toMatchObject({ active_step: 'ab', allowed_tools: ['a'] });
 
       await produce(env.PAVER_TOPIC_TOOL_CALLS!, [
         {
@@ -319,6 +390,39 @@ describe('sequencer service (real Kafka, real Redis)', () => {
     }
     p.child.kill('SIGTERM');
     expect(await p.exited).toBe(0);
+  });
+
+  it("a configuration file with a sequence tool missing from the agent's tools is refused: exit 78, paver sequence exit 2", async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'paver-seq-'));
+    const file = join(dir, 'orchestration.json');
+    writeFileSync(
+      file,
+      JSON.stringify({
+        agents: [
+          {
+            tenant_id: 'acme',
+            agent_id: 'bot',
+            tools: ['a', 'b'],
+            steps: [{ name: 'az', availableTools: { allowed: ['*'] }, sequence: ['a', 'z'] }],
+          },
+        ],
+      }),
+    );
+    const named = /agent acme\/bot: step 'az': sequence tool\(s\) 'z' not in the agent's tools/;
+    const input = join(dir, 'events.jsonl');
+    writeFileSync(input, '');
+    const offline = await startProcess(['bin/paver.js', 'sequence', '--config', file, '--input', input], {
+      PATH: process.env.PATH ?? '',
+    });
+    // Before: exit 0 (and the service started with the sequence never enforced).
+    expect(await offline.exited).toBe(2);
+    expect(offline.output()).toMatch(named);
+    const env = envFor({ SEQUENCER_CONFIG_FILE: file });
+    await topics(env);
+    const p = await startProcess(['bin/paver.js', 'run', 'sequencer'], env);
+    procs.push(p);
+    expect(await p.exited).toBe(78);
+    expect(p.output()).toMatch(named);
   });
 
   it('a rebalance empties the cache: the previous owner of a session never answers from a state another instance now writes', async () => {

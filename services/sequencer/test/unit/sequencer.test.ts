@@ -1,3 +1,6 @@
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { agentOrchestrationV1, type ToolCallsEvent } from '../../../../schemas/index.js';
 import {
@@ -22,6 +25,7 @@ import {
 import { applyOrchestrationRecord, parseAgentKey } from '../../src/adapters/orchestration-feed.js';
 import { orchestrationRecordV1 } from '../../../../schemas/index.js';
 import { TableRejection } from '../../../../shared/kafka/table-feed.js';
+import { runSequence } from '../../src/cli.js';
 
 const TOOLS = [
   'web_search',
@@ -333,6 +337,49 @@ describe('processTool: advance, groups, completion, violations', () => {
   });
 });
 
+describe('a configuration change to the sequence of the step a session is in', () => {
+  const evalStep = { name: 'eval', conditions: [{ type: 'message_regex', value: 'evaluate' }] };
+  // In 'research' at index 2 of 3, held there by its own message condition.
+  const before = agentOf({ steps: [research, evalStep] });
+  const mid = () => play(before, [msg('research'), call('web_search'), call('think')]).state;
+  const changed = {
+    removed: agentOf({ steps: [{ ...research, sequence: undefined }, evalStep] }),
+    shortened: agentOf({ steps: [{ ...research, sequence: ['web_search'] }, evalStep] }),
+  };
+  // Removed: a step without a sequence is at index 0. Shortened below the index: past its end, the sequence is
+  // done (AgentDock: an index out of the sequence's bounds is no active sequence), at its length.
+  const want = {
+    removed: { sequence_index: 0, completed: false, expected: [] },
+    shortened: { sequence_index: 1, completed: true, expected: [] },
+  };
+  it('every record reports an index the step has, and the state keeps it (not the old index, 2)', () => {
+    expect(mid()).toMatchObject({ step: 'research', index: 2 });
+    for (const [change, agent] of Object.entries(changed))
+      for (const e of [msg('research'), call('email'), done()]) {
+        const o = applyEvent(agent, mid(), e);
+        expect(o.record, `${change}, ${e.type}`).toMatchObject({
+          active_step: 'research',
+          ...want[change as keyof typeof want],
+        });
+        if (e.type !== 'task_completed')
+          expect(o.state.index, `${change}, ${e.type}`).toBe(o.record!.sequence_index);
+      }
+  });
+  it('the allowed-tools read answers the same index', () => {
+    for (const [change, agent] of Object.entries(changed)) {
+      const at = settledPosition(agent, mid());
+      expect(viewAt(at.step, at.index, agent.tools), change).toMatchObject({
+        active_step: 'research',
+        ...want[change as keyof typeof want],
+      });
+    }
+  });
+  it('a sequence added back later starts from its beginning, not from the old index', () => {
+    const s = play(changed.removed, [call('email')], mid()).state;
+    expect(play(before, [call('web_search')], s).last).toMatchObject({ sequence_index: 1, violation: null });
+  });
+});
+
 describe('allowed tools', () => {
   it('no active step: every tool (sorted)', () => {
     expect(play(agentOf({ steps: [research] }), [call('email')]).last).toMatchObject({
@@ -370,8 +417,10 @@ describe('allowed tools', () => {
     expect(done.last.allowed_tools).toEqual(view(a, done.state, TOOLS).allowed_tools);
   });
   it('expected tool unavailable: the step filter applies (not an empty list), expected still named', () => {
-    const a = agentOf({ tools: ['think', 'summarize', 'email'], steps: [research] });
-    const r = play(a, [msg('research'), call('think')]);
+    // Declared tools must hold every sequence tool; an event's visible_tools (no tools declared) need not.
+    const a = agentOf({ tools: [], steps: [research] });
+    const shown = { visible_tools: ['think', 'summarize', 'email'] } as Partial<ToolCallsEvent>;
+    const r = play(a, [msg('research'), call('think', shown)]);
     expect(r.last).toMatchObject({
       expected: ['web_search'],
       allowed_tools: ['summarize', 'think'],
@@ -398,6 +447,25 @@ describe('allowed tools', () => {
     expect(
       play(undefined, [call('x', { visible_tools: ['b', 'a'] } as Partial<ToolCallsEvent>)]).last,
     ).toMatchObject({ active_step: null, allowed_tools: ['a', 'b'] });
+  });
+  it('an agent without orchestration and an event without visible_tools: no record (not "nothing allowed"), no state', () => {
+    const prev = play(undefined, [call('x', { visible_tools: ['a'] } as Partial<ToolCallsEvent>)]).state;
+    for (const e of [
+      call('x'),
+      call('x', { visible_tools: [] } as Partial<ToolCallsEvent>),
+      msg('research'),
+      done(),
+    ]) {
+      const o = applyEvent(undefined, prev, e, { partition: 0, offset: '99' });
+      // Before: a record with allowed_tools [], which a runtime applying the records reads as no tool allowed,
+      // where the reference allows every tool when there is no orchestration; and a state written for it.
+      expect(o, e.type).toMatchObject({ record: null, duplicate: false, ignored: 'tools_unknown' });
+      expect(o.state, e.type).toBe(prev);
+    }
+    // An agent with an orchestration is judged as before, whatever the event lists.
+    expect(applyEvent(agentOf({ steps: [research] }), prev, call('x')).record).toMatchObject({
+      allowed_tools: [...TOOLS].sort(),
+    });
   });
 });
 
@@ -475,6 +543,34 @@ describe('configuration checks', () => {
         ],
       }),
     ).not.toThrow();
+  });
+  it("refuses a sequence tool missing from the agent's declared tools, naming the agent, step and tools", () => {
+    const wild = { name: 'wild', availableTools: { allowed: ['*'] }, sequence: ['a', ['z', 'b'], 'y'] };
+    // Before: accepted, and the sequence never enforced ('z' and 'y' are in no universe: the step's filter instead).
+    expect(() => agentOf({ tools: ['a', 'b'], steps: [wild] })).toThrow(
+      /agent default\/default: step 'wild': sequence tool\(s\) 'z', 'y' not in the agent's tools/,
+    );
+    expect(() =>
+      loadOrchestrationFile({
+        agents: [{ tenant_id: 'acme', agent_id: 'bot', tools: ['a'], steps: [wild] }],
+      }),
+    ).toThrow(/agent acme\/bot: step 'wild': sequence tool\(s\) 'z', 'b', 'y' not in the agent's tools/);
+    // No declared tools (the events' visible_tools are the universe): nothing to check against.
+    expect(() => agentOf({ tools: [], steps: [wild] })).not.toThrow();
+    expect(() => agentOf({ tools: ['a', 'b', 'z', 'y'], steps: [wild] })).not.toThrow();
+    // A topic record: refused (dead-lettered), the previous configuration stays.
+    const config = new Orchestrations();
+    const record = (tools: string[]) =>
+      orchestrationRecordV1.parse({
+        schema_version: 1,
+        tenant_id: 'acme',
+        agent_id: 'bot',
+        tools,
+        steps: [wild],
+      });
+    applyOrchestrationRecord(config, record(['a', 'b', 'z', 'y']), 'acme/bot');
+    expect(() => applyOrchestrationRecord(config, record(['a', 'b']), 'acme/bot')).toThrow(TableRejection);
+    expect(config.get('acme', 'bot')!.tools).toEqual(['a', 'b', 'z', 'y']);
   });
   it('refuses invalid regular expressions, duplicate steps, two defaults', () => {
     expect(() =>
@@ -659,5 +755,36 @@ describe('task_completed records answer for the settled step, as the allowed-too
       completed: false,
       tools: ['x'],
     });
+  });
+});
+
+describe('paver sequence', () => {
+  it('prints nothing for an event of an agent with no orchestration that lists no visible_tools, and counts it', async () => {
+    const config = loadOrchestrationFile({ agent_id: 'configured', tools: TOOLS, steps: [research] });
+    const of = (agent_id: string, e: ToolCallsEvent) => ({ ...e, agent_id });
+    const events = [
+      of('configured', msg('research')),
+      of('other', call('web_search')),
+      of('other', msg('hello')),
+      of('other', call('think', { visible_tools: ['think', 'save'] } as Partial<ToolCallsEvent>)),
+      of('configured', call('web_search')),
+    ];
+    const file = join(mkdtempSync(join(tmpdir(), 'paver-seq-unit-')), 'events.jsonl');
+    writeFileSync(file, events.map((e) => JSON.stringify(e)).join('\n') + '\n');
+    const lines: string[] = [];
+    const stats = await runSequence(
+      config,
+      file,
+      (l) => lines.push(l),
+      () => undefined,
+    );
+    const printed = lines.map((l) => JSON.parse(l) as { agent_id: string; allowed_tools: string[] });
+    // Before: five records, the two of 'other' without visible_tools saying allowed_tools [].
+    expect(printed.map((r) => [r.agent_id, r.allowed_tools])).toEqual([
+      ['configured', ['web_search']],
+      ['other', ['save', 'think']],
+      ['configured', ['reflect', 'think']],
+    ]);
+    expect(stats.ignored).toEqual({ tools_unknown: 2 });
   });
 });
