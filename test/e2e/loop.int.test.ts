@@ -59,6 +59,11 @@ describe('the whole loop: tool calls → candidate → promotion → selection',
     const examples = parse(readFileSync(`${ROOT}examples/flows.yaml`, 'utf8')) as Record<string, unknown>[];
     writeFileSync(flowsFile, JSON.stringify(examples.map((f) => ({ ...f, agent_id: 'agent-0' }))));
     const scope = '?tenant_id=default&agent_id=agent-0';
+    // The sequencer's orchestration for agent-0 too (an agent with none, on events without visible_tools, is
+    // published nothing).
+    const orchestrationFile = join(mkdtempSync(join(tmpdir(), 'paver-e2e-')), 'orchestration.json');
+    const orchestration = parse(readFileSync(`${ROOT}examples/orchestration.yaml`, 'utf8')) as object;
+    writeFileSync(orchestrationFile, JSON.stringify({ ...orchestration, agent_id: 'agent-0' }));
     const env = serviceEnv({
       PAVER_TOPIC_TOOL_CATALOG: `cat-${Date.now()}`,
       PAVER_TOPIC_ORCHESTRATION: `orch-${Date.now()}`,
@@ -67,7 +72,7 @@ describe('the whole loop: tool calls → candidate → promotion → selection',
       SEQUENCER_GROUP_ID: `seq-${Date.now()}`,
       FLOWS_GROUP_ID: `flows-${Date.now()}`,
       AUTOSEQ_CATALOG_FILE: `${ROOT}examples/catalog.yaml`,
-      SEQUENCER_CONFIG_FILE: `${ROOT}examples/orchestration.yaml`,
+      SEQUENCER_CONFIG_FILE: orchestrationFile,
       FLOWS_FILE: flowsFile,
       FLOWS_CHAT_URL: llm.url,
       FLOWS_CHAT_API_KEY: 'test-key-never-logged',

@@ -20,6 +20,8 @@ const event = (i: number, session: string) => ({
   task_id: `t-${session}`,
   step: i,
   tool: 'search',
+  // What the agent was shown: the sequencer, with no orchestration for it, publishes a record only when it knows that.
+  visible_tools: ['search'],
 });
 const metrics = async (p: Proc) => parsePrometheus(String((await getJson(p.url('/metrics'))).body));
 async function readyz(p: Proc): Promise<{ status: number; reasons: Record<string, string> }> {
