@@ -39,6 +39,8 @@ const ev = (i: number): InboundRecord<ToolCallsEvent> => ({
     task_id: 'k',
     step: i,
     tool: `tool${i}`,
+    // No orchestration here: what the agent was shown is what the sequencer publishes records over.
+    visible_tools: [`tool${i}`],
   },
 });
 const ctx = { heartbeat: async () => undefined, isRunning: () => true };
