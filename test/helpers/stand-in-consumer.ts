@@ -82,3 +82,11 @@ export const oneRecordBatch = (resumed: string[]) => ({
   isRunning: () => true,
   isStale: () => false,
 });
+
+/** What a kafkajs heartbeat or commit throws while the group rebalances (another member joined or left). */
+export const rebalancingError = () =>
+  Object.assign(new Error('The group is rebalancing, so a rejoin is needed'), {
+    name: 'KafkaJSProtocolError',
+    type: 'REBALANCE_IN_PROGRESS',
+    retriable: false,
+  });

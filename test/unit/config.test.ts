@@ -471,14 +471,16 @@ describe('DETECTOR_DONE_RETENTION_MS', () => {
   });
 });
 
+/** Every service's configuration schema, by service. */
+const schemas = {
+  detector: detectorEnvSchema,
+  autoseq: autoseqEnvSchema,
+  sequencer: sequencerEnvSchema,
+  flows: flowsEnvSchema,
+  ingest: ingestEnvSchema,
+};
+
 describe('misspelt variables', () => {
-  const schemas = {
-    detector: detectorEnvSchema,
-    autoseq: autoseqEnvSchema,
-    sequencer: sequencerEnvSchema,
-    flows: flowsEnvSchema,
-    ingest: ingestEnvSchema,
-  };
   const keysOf = (s: z.ZodType) => Object.keys((s as unknown as { shape: object }).shape);
 
   it('a near miss of one of the service’s own names is found, named with the one meant', () => {
@@ -628,13 +630,6 @@ describe('topics Paver creates', () => {
 });
 
 describe('the configuration tables of the READMEs', () => {
-  const schemas = {
-    detector: detectorEnvSchema,
-    autoseq: autoseqEnvSchema,
-    sequencer: sequencerEnvSchema,
-    flows: flowsEnvSchema,
-    ingest: ingestEnvSchema,
-  };
   /** Every variable a service reads, with its default ('required', or undefined when unset means unset). */
   const variables = new Map<string, unknown>();
   for (const [service, s] of Object.entries(schemas))

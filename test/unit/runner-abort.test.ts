@@ -3,7 +3,13 @@ import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '.
 import { PaverError } from '../../shared/errors.js';
 import type { BatchContext } from '../../shared/kafka/chunk.js';
 import { createRunner, zodParser } from '../../shared/kafka/runner.js';
-import { oneRecordBatch, standInConsumer, standInDeps, standInKafka } from '../helpers/stand-in-consumer.js';
+import {
+  oneRecordBatch,
+  rebalancingError,
+  standInConsumer,
+  standInDeps,
+  standInKafka,
+} from '../helpers/stand-in-consumer.js';
 
 const message = {
   offset: '0',
@@ -58,11 +64,7 @@ function runnerWith(
 
 describe('consumer runner: a handler step waiting on something slow', () => {
   it('is aborted when the heartbeat timer meets a rebalance: the group does not wait for it', async () => {
-    const rebalancing = Object.assign(new Error('The group is rebalancing, so a rejoin is needed'), {
-      name: 'KafkaJSProtocolError',
-      type: 'REBALANCE_IN_PROGRESS',
-      retriable: false,
-    });
+    const rebalancing = rebalancingError();
     const consumer = standInConsumer();
     const log: string[] = [];
     const { runner, fatal } = runnerWith(consumer, (ctx) => slowStep(ctx, () => log.push('step')));

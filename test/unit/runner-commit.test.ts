@@ -4,7 +4,13 @@ import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '.
 import { PaverError } from '../../shared/errors.js';
 import { createRunner, zodParser, type RuntimeDeps } from '../../shared/kafka/runner.js';
 import { createMetrics } from '../../shared/metrics.js';
-import { oneRecordBatch, standInConsumer, standInDeps, standInKafka } from '../helpers/stand-in-consumer.js';
+import {
+  oneRecordBatch,
+  rebalancingError,
+  standInConsumer,
+  standInDeps,
+  standInKafka,
+} from '../helpers/stand-in-consumer.js';
 
 const event = (i: number) => ({
   type: 'tool_call',
@@ -114,11 +120,7 @@ describe('consumer runner: a rebalance while a chunk is retried', () => {
   it('ends the retries at once and hands the rebalance to kafkajs (the group does not wait for them)', async () => {
     const log = [0, 1].map((i) => ({ offset: String(i), value: Buffer.from(JSON.stringify(event(i))) }));
     // The group is rebalancing (another instance joined): every heartbeat says so, as kafkajs reports it.
-    const rebalancing = Object.assign(new Error('The group is rebalancing, so a rejoin is needed'), {
-      name: 'KafkaJSProtocolError',
-      type: 'REBALANCE_IN_PROGRESS',
-      retriable: false,
-    });
+    const rebalancing = rebalancingError();
     const k = fakeKafka(log, 0, () => Promise.reject(rebalancing));
     let calls = 0;
     const runner = createRunner<ToolCallsEvent>({
@@ -255,11 +257,7 @@ describe('consumer runner: the commit past records no consumer is given (transac
 
 describe('consumer runner: a rebalance the heartbeat timer meets during a long chunk', () => {
   it('tells the handler to stop (ctx.isRunning), commits nothing and hands the rebalance to kafkajs', async () => {
-    const rebalancing = Object.assign(new Error('The group is rebalancing, so a rejoin is needed'), {
-      name: 'KafkaJSProtocolError',
-      type: 'REBALANCE_IN_PROGRESS',
-      retriable: false,
-    });
+    const rebalancing = rebalancingError();
     const consumer = standInConsumer();
     let beats = 0;
     const log: string[] = [];

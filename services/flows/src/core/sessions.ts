@@ -49,6 +49,13 @@ export const EVIDENCE_SESSION_CHARS = 262_144;
 
 export const jsonChars = (v: unknown): number => (v === undefined ? 0 : (JSON.stringify(v)?.length ?? 0));
 
+/**
+ * What an open session's evidence holds, as `EvidenceBook` counts a run: its request text (up to 64 KB, kept only
+ * for evidence) with its calls' arguments and outputs. Without the text, 10,000 open sessions held up to 625 Mi
+ * characters of it past FLOWS_EVIDENCE_MAX_CHARS, and a session that gave its evidence up kept its text for nothing.
+ */
+const heldChars = (s: OpenSession): number => (s.evidenceChars ?? 0) + (s.userText?.length ?? 0);
+
 /** Event ids a session remembers: a retried send lands close behind the first, not hundreds of events later. */
 export const RECENT_EVENT_IDS = 32;
 
@@ -77,7 +84,7 @@ export class SessionTracker {
    * not leave memory in the middle of a batch that is still applying its events.
    */
   deferBound = false;
-  /** JSON characters the open sessions' evidence holds, all together (what `maxEvidenceChars` bounds). */
+  /** Characters the open sessions' evidence holds (`heldChars`), all together (what `maxEvidenceChars` bounds). */
   private evidenceTotal = 0;
   /**
    * `maxEvidenceChars`: past it, the sessions opened first lose their evidence (their runs are still recorded
@@ -90,7 +97,7 @@ export class SessionTracker {
     private readonly maxEvidenceChars = Number.POSITIVE_INFINITY,
   ) {}
 
-  /** JSON characters of evidence the open sessions hold. */
+  /** Characters of evidence the open sessions hold: request texts, and arguments and outputs as JSON. */
   get evidenceChars(): number {
     return this.evidenceTotal;
   }
@@ -99,7 +106,7 @@ export class SessionTracker {
     const s = this.open.get(session);
     if (!s) return undefined;
     this.open.delete(session);
-    this.evidenceTotal -= s.evidenceChars ?? 0;
+    this.evidenceTotal -= heldChars(s);
     return s;
   }
 
@@ -115,7 +122,7 @@ export class SessionTracker {
   restore(session: string, s: OpenSession): void {
     this.leave(session);
     this.open.set(session, s);
-    this.evidenceTotal += s.evidenceChars ?? 0;
+    this.evidenceTotal += heldChars(s);
     this.bound();
   }
 
@@ -145,13 +152,16 @@ export class SessionTracker {
     eventId?: string,
   ): void {
     if (this.open.has(session)) return;
-    this.open.set(session, {
+    const opened: OpenSession = {
       ...s,
       calls: [],
       ...(keepEvidence ? { evidence: [] } : {}),
       ...(eventId !== undefined ? { recent: [eventId] } : {}),
-    });
+    };
+    this.open.set(session, opened);
+    this.evidenceTotal += heldChars(opened);
     this.bound();
+    if (this.evidenceTotal > this.maxEvidenceChars) this.shedEvidence();
   }
 
   /** A call of an open session; one whose `eventId` the session saw already (a retried send) is not counted again. */
@@ -188,10 +198,11 @@ export class SessionTracker {
   private shedEvidence(): void {
     for (const s of this.open.values()) {
       if (this.evidenceTotal <= this.maxEvidenceChars) return;
-      if (!s.evidence) continue;
-      this.evidenceTotal -= s.evidenceChars ?? 0;
+      if (!s.evidence && s.userText === undefined) continue;
+      this.evidenceTotal -= heldChars(s);
       delete s.evidence;
       delete s.evidenceChars;
+      delete s.userText;
     }
   }
 

@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import type { FlowStep, ToolCallsEvent } from '../../../../schemas/index.js';
 import {
   EvidenceBook,
+  evidenceChars,
   evidenceOf,
   learnInputs,
   occurrenceOf,
@@ -196,5 +197,23 @@ describe('evidence held in memory, all scopes and sessions together', () => {
     expect(t.evidenceChars).toBe(2_000);
     t.clear();
     expect(t.evidenceChars).toBe(0);
+  });
+
+  it('the request text counts, as a kept run counts it, and goes with the evidence it was kept for', () => {
+    const t = new SessionTracker(10_000, 1_000, 5_000);
+    const text = 'r'.repeat(2_000);
+    for (const s of ['s1', 's2', 's3'])
+      t.onRequest(s, { tenant: 't', agent: 'a', terms: [], shadow: null, userText: text }, true);
+    // Before, 0: three open sessions' texts (64 KB each at most, 10,000 sessions) were outside the bound.
+    expect(t.evidenceChars).toBe(4_000);
+    expect(t.get('s1')).toMatchObject({ calls: [] });
+    expect(t.get('s1')?.userText).toBeUndefined();
+    expect(t.get('s1')?.evidence).toBeUndefined();
+    expect(t.get('s3')?.userText).toBe(text);
+    // The same size a finished run is given in the book.
+    t.onCall('s3', { tool: 'lookup', observation: 'x'.repeat(998) });
+    const run = t.onDone('s3')!;
+    expect(evidenceChars({ userText: run.userText, calls: run.evidence! })).toBe(3_000);
+    expect(t.evidenceChars).toBe(2_000);
   });
 });

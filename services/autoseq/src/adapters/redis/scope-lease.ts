@@ -116,6 +116,8 @@ export class ScopeLeases {
    */
   async acquire(scopes: ScopeRef[]): Promise<void> {
     const sorted = inScopeOrder(scopes);
+    // What `tryAll` took or marked: nothing, for a batch that begins here (a copy round, a retirement round).
+    const touched = new Set(this.asked.map((s) => s.id));
     this.asked = sorted;
     const have = new Set(this.held.map((s) => s.id));
     // Keep the longest sorted prefix already held; what was taken beyond a gap goes back first, and so do the
@@ -124,7 +126,8 @@ export class ScopeLeases {
     // other until a mark lapsed). Each scope is marked again when its turn comes.
     let prefix = 0;
     while (prefix < sorted.length && have.has(sorted[prefix]!.id)) prefix++;
-    await this.releaseSome(sorted.slice(prefix + 1));
+    // Only those: a release of scopes never asked for cost a round trip of scripts that found nothing to give back.
+    await this.releaseSome(sorted.slice(prefix + 1).filter((s) => touched.has(s.id)));
     this.held = sorted.slice(0, prefix);
     this.opts.onWait?.();
     const deadline = Date.now() + 2 * this.opts.ttlMs;
