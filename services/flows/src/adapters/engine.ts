@@ -681,7 +681,14 @@ export class FlowsEngine {
       if (recorded === 'ended') return true;
       if (recorded === 'recorded') {
         this.d.selector.outcomes.add(s.tenant, s.agent, run);
-        if (s.evidence) this.evidence.add(s.tenant, s.agent, { userText: s.userText, calls: s.evidence });
+        // Its size is the session's own count (the same as evidenceChars of the run): not measured again.
+        if (s.evidence)
+          this.evidence.add(
+            s.tenant,
+            s.agent,
+            { userText: s.userText, calls: s.evidence },
+            (s.evidenceChars ?? 0) + (s.userText?.length ?? 0),
+          );
       }
     }
     if (!shadow) return true;
