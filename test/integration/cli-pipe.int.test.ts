@@ -21,6 +21,9 @@ writeFileSync(
       const e = JSON.parse(l) as Record<string, unknown>;
       for (const k of ['event_id', 'task_id', 'session_id'])
         if (typeof e[k] === 'string') e[k] = `${i}-${e[k] as string}`;
+      // The default agent, the one examples/orchestration.yaml configures: the sequencer prints nothing for an
+      // agent it has no orchestration for (events without visible_tools).
+      delete e.agent;
       return JSON.stringify(e);
     }),
   )
