@@ -16,11 +16,10 @@ import { createCatalogFeed } from './adapters/catalog-feed.js';
 import { rulesRoute } from './adapters/http.js';
 import { createAutoseqMetrics } from './adapters/metrics.js';
 import { RedisTaskStore, taskKey } from './adapters/redis/task-store.js';
-import { readScope, RedisLearnStore, scopesWithActiveRules } from './adapters/redis/learn-store.js';
+import { readScope, RedisLearnStore, seedActiveRulesGauge } from './adapters/redis/learn-store.js';
 import { restoreRules, RuleSnapshots } from './adapters/rules-snapshot.js';
 import { retireTiming, ScopeRetirement } from './adapters/scope-retire.js';
 import { Catalog, CatalogError, loadCatalogFile } from './core/catalog.js';
-import { scopeId } from './core/learn/engine.js';
 import { SchemaCompiler } from './core/schema-compiler.js';
 import { autoseqEnvSchema, learnOptionsFromEnv, optionsFromEnv, type AutoseqEnv } from './config.js';
 
@@ -91,28 +90,11 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       register: retirement ? (scopes) => retirement.register(scopes) : undefined,
       requeue: retirement ? (scopes) => retirement.queueRetiring(scopes) : undefined,
     });
-    /**
-     * The active-rules gauge from what Redis holds, for the scopes no batch of this process has written yet: at
-     * start, and after a restore (a loss clears it). In the background: a SCAN of the key space, not on the
-     * batches' path. Each scope stops counting when its rules expire: its hash was given the TTL (plus the
-     * sweep's grace) at its last write, and what is left of it says when that was.
-     */
-    const seedActiveRules = async () => {
-      if (!env.AUTOSEQ_LEARN_ENABLED) return;
-      const run = m.activeByScope.seed();
-      try {
-        const life = scopeTtl + (timing?.graceMs ?? 0);
-        for await (const page of scopesWithActiveRules(redis, prefix)) {
-          const now = Date.now();
-          for (const s of page) {
-            const at = scopeTtl > 0 && s.pttl >= 0 ? now - Math.max(0, life - s.pttl) : now;
-            run.set(scopeId(s.tenant, s.agent), s.nActive, at);
-          }
-        }
-      } finally {
-        run.end();
-      }
-    };
+    // The active-rules gauge from what Redis holds, at start and after a restore (in the background).
+    const seedActiveRules = () =>
+      env.AUTOSEQ_LEARN_ENABLED
+        ? seedActiveRulesGauge(redis, prefix, m.activeByScope, scopeTtl, timing?.graceMs ?? 0)
+        : Promise.resolve();
     const epochKey = `${prefix}:aseq:epoch`;
     const restoring = restoreFlagKey(epochKey);
     const epoch = createEpoch(redis, epochKey, copyRules ? restoring : undefined);

@@ -635,3 +635,31 @@ export async function* scopesWithActiveRules(
     yield page;
   } while (cursor !== '0');
 }
+
+/**
+ * The active-rules gauge from what Redis holds, for the scopes no batch of this process has written yet: at start,
+ * and after a restore (a loss clears it). A SCAN of the rules keys, off the batches' path. Each scope stops counting
+ * when its rules expire: its hash was given the TTL (plus the sweep's grace) at its last write, and what is left of
+ * it says when that was.
+ */
+export async function seedActiveRulesGauge(
+  redis: Redis,
+  prefix: string,
+  gauge: { seed(): { set(scope: string, n: number, at: number): void; end(): void } },
+  scopeTtlMs: number,
+  graceMs: number,
+): Promise<void> {
+  const run = gauge.seed();
+  try {
+    const life = scopeTtlMs + graceMs;
+    for await (const page of scopesWithActiveRules(redis, prefix)) {
+      const now = Date.now();
+      for (const s of page) {
+        const at = scopeTtlMs > 0 && s.pttl >= 0 ? now - Math.max(0, life - s.pttl) : now;
+        run.set(scopeId(s.tenant, s.agent), s.nActive, at);
+      }
+    }
+  } finally {
+    run.end();
+  }
+}
