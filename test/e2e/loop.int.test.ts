@@ -102,25 +102,28 @@ describe('the whole loop: tool calls → candidate → promotion → selection',
 
     // 2. The detector's candidates reach the flows service and wait for a person (manual promotion by default).
     type Summary = { dedupe_key: string; status: string };
-    const pending = await waitFor(
+    // 3. Promotion over HTTP puts it in the registry (and on the flows topic). The stream is still being read: a
+    // candidate listed pending may be retracted by the detector before the promotion lands (409), and then another
+    // one is taken, as an operator would.
+    const res = await waitFor(
       async () => {
         const list = (await getJson(flows!.url(`/flows/candidates${scope}`))).body as Summary[];
         for (const c of list) {
           const detail = (
             await getJson(flows!.url(`/flows/candidates/${encodeURIComponent(c.dedupe_key)}${scope}`))
           ).body as { record: { candidate: { tool_sequence: string[] } | null } };
-          if (c.status === 'pending' && detail.record.candidate?.tool_sequence.includes('http_get')) return c;
+          if (c.status !== 'pending' || !detail.record.candidate?.tool_sequence.includes('http_get'))
+            continue;
+          const promoted = await fetch(
+            flows!.url(`/flows/candidates/${encodeURIComponent(c.dedupe_key)}/promote${scope}`),
+            { method: 'POST' },
+          );
+          if (promoted.status !== 409) return promoted;
         }
         return null;
       },
-      'a pending candidate with the web research workflow',
+      'a pending candidate with the web research workflow, promoted',
       left(90_000),
-    );
-
-    // 3. Promotion over HTTP puts it in the registry (and on the flows topic).
-    const res = await fetch(
-      flows!.url(`/flows/candidates/${encodeURIComponent(pending.dedupe_key)}/promote${scope}`),
-      { method: 'POST' },
     );
     expect(res.status).toBe(200);
     const { flow } = (await res.json()) as { flow: { id: string; name: string; agent_prompt_hint?: string } };
