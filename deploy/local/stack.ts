@@ -366,7 +366,8 @@ async function startKafkaOnce(opts: KafkaOptions): Promise<StartedKafka> {
   if (!existsSync(join(data, 'meta.properties'))) {
     // Not spawnSync: the folder would go unwatched until the broker runs, and an owner killed meanwhile (a
     // Ctrl-C or kill -9 in the first seconds of `paver dev`) left it behind. The format runs watched as the
-    // servers are, in its own process group like them, so its watchdog ends it and removes the folder.
+    // servers are, in its own process group like them, so its watchdog ends it and removes the folder. (Only an
+    // owner killed in the instant between the two spawns, with no await between them, leaves both behind.)
     const fmt = await new Promise<{ status: number | null; stdout: string; stderr: string }>((res) => {
       const child = spawn(
         'java',

@@ -147,6 +147,14 @@ describe('local stack start-up', () => {
         () => existsSync(marker) && Number(readFileSync(marker, 'utf8').trim()),
         'the storage format to start',
       );
+      // The format's watchdog is spawned right after it, but the fake java above may write its pid first: a kill
+      // in between (seen once on a loaded machine) tests an owner gone before any watchdog existed. Its argv
+      // names the pid it watches.
+      await waitFor(
+        () =>
+          childrenOf(owner.pid!).some((c) => c.args.includes(' -e ') && c.args.includes(` ${formatter} `)),
+        "the storage format's watchdog to start",
+      );
       owner.kill('SIGKILL');
       await exited;
       // Before: nothing watched the folder until the broker ran: it stayed, and so did the format.
