@@ -86,6 +86,14 @@ const bodyTail = (v: View): string => JSON.stringify(v).slice(1);
 const bodyJson = (session: string, tail: string): string =>
   `{"session_id":${JSON.stringify(session)}${tail === '}' ? '' : ','}${tail}`;
 
+/**
+ * Without `tools` the agent's declared tools are the universe; an agent that declares none (or has no orchestration)
+ * has none to filter, and `allowed_tools: []` would read as "nothing allowed" to a runtime that applies it, where
+ * the reference allows every tool. Refused, naming the fix, rather than answered.
+ */
+export const TOOLS_REQUIRED =
+  'tools is required for this agent: its configuration declares no tools (or it has no orchestration), so there is nothing to filter; pass the tools available to it as tools=a,b';
+
 export const NOT_LOADED =
   'the orchestration topic is not read to its end yet: the answer could ignore the configuration in force, retry later';
 
@@ -116,6 +124,7 @@ export function allowedToolsRoute(
       const toolsParam = req.query.get('tools');
       if (!loaded()) return { status: 503, body: { error: NOT_LOADED } };
       const agent = config.get(ref.tenant, ref.agent);
+      if (toolsParam === null && !agent?.tools.length) return { status: 400, body: { error: TOOLS_REQUIRED } };
       // A list already in the memo was valid; any other is parsed (and refused) before the state is read.
       let tools: string[] | null = null;
       if (toolsParam !== null && !memo.lists(agent, toolsParam) && !(tools = parseTools(toolsParam)))
@@ -130,7 +139,7 @@ export function allowedToolsRoute(
         const keep = !at.step || index <= at.step.sequence.length;
         let tail = keep ? memo.lists(agent, toolsParam)?.get(stepKey)?.[index] : undefined;
         if (tail === undefined) {
-          const universe = toolsParam === null ? (agent?.tools ?? []) : (tools ?? parseTools(toolsParam)!);
+          const universe = toolsParam === null ? agent!.tools : (tools ?? parseTools(toolsParam)!);
           tail = bodyTail(viewAt(at.step, index, universe));
           if (keep) memo.keep(agent, toolsParam, stepKey, index, tail);
         }

@@ -2,7 +2,13 @@ import { describe, expect, it } from 'vitest';
 import { agentOrchestrationV1, id as idSchema, toolName } from '../../../../schemas/index.js';
 import type { HttpRequest, HttpResponse } from '../../../../shared/http.js';
 import { rng } from '../../../../testkit/streams.js';
-import { allowedToolsRoute, parseTools, validId, validToolName } from '../../src/adapters/http.js';
+import {
+  allowedToolsRoute,
+  parseTools,
+  TOOLS_REQUIRED,
+  validId,
+  validToolName,
+} from '../../src/adapters/http.js';
 import type { SessionRef } from '../../src/adapters/redis/store.js';
 import { loadOrchestrationFile, type Orchestrations } from '../../src/core/orchestration.js';
 import {
@@ -71,9 +77,11 @@ async function oracle(
   if (tools && (tools.length > 10_000 || !tools.every((t) => toolName.safeParse(t).success)))
     return { status: 400, body: { error: 'tools must be a comma-separated list of tool names' } };
   const agent = config.get(ref.tenant, ref.agent);
+  if (tools === null && !agent?.tools.length)
+    return { status: 400, body: { error: expect.stringContaining('tools is required') as unknown } };
   const s = { ...state };
   if (agent) settleForToolCall(agent, s);
-  return { status: 200, body: { session_id: sessionId, ...view(agent, s, tools ?? agent?.tools ?? []) } };
+  return { status: 200, body: { session_id: sessionId, ...view(agent, s, tools ?? agent!.tools) } };
 }
 
 const request = (session: string, query: string): HttpRequest => ({
@@ -236,6 +244,27 @@ describe('allowed-tools route', () => {
     }
     // Refused requests read no state.
     expect(reads.every((ref) => validId(ref.session))).toBe(true);
+  });
+
+  it('refuses a read without tools for an agent with none declared, rather than answer that nothing is allowed', async () => {
+    const config = loadOrchestrationFile({
+      agents: [
+        ...CONFIG.agents,
+        { tenant_id: 't3', agent_id: 'bare', steps: [{ name: 'any', isDefault: true }] },
+      ],
+    });
+    const route = allowedToolsRoute(config, (_ref, respond) => Promise.resolve(respond(newSession())));
+    const ask = async (query: string) => sent(await route.handler(request('s', query)));
+    // No orchestration, and an orchestration that declares no tools: nothing to filter.
+    for (const who of ['tenant_id=nobody', 'tenant_id=t3&agent_id=bare']) {
+      // Before: 200 with allowed_tools [], which a runtime applying it reads as every tool refused.
+      expect(await ask(who)).toEqual({ status: 400, body: { error: TOOLS_REQUIRED } });
+      expect(await ask(`${who}&tools=x,y`)).toMatchObject({
+        status: 200,
+        body: { allowed_tools: ['x', 'y'] },
+      });
+    }
+    expect(await ask('')).toMatchObject({ status: 200, body: { active_step: 'general' } });
   });
 
   it('a configuration change is seen by the next read, memo or not', async () => {
