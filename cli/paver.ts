@@ -281,6 +281,9 @@ Examples:
       .addOption(
         num('--family-trials', 'own trials of a rule whose family is proven, 0..100000 (default 8; 0: off)'),
       )
+      .addOption(num('--max-slots', '(context, next tool) slots kept per scope, 10..1000000 (default 4000)'))
+      .addOption(num('--max-contexts', 'contexts kept per scope, 10..1000000 (default 2000)'))
+      .addOption(num('--task-history', 'calls of a task its bindings look back on, 1..1000 (default 32)'))
       .addOption(num('--max-consecutive', 'typed loop guard: automatic steps in a row, 1..1000 (default 5)'))
       .addOption(STRICT());
 

@@ -451,6 +451,9 @@ describe('inputs read whole have a size limit (a huge file or an endless stdin m
       ['target-precision', 'AUTOSEQ_LEARN_TARGET_PRECISION', 0, 1],
       ['window', 'AUTOSEQ_LEARN_WINDOW', 2, 1_000_000],
       ['family-trials', 'AUTOSEQ_LEARN_FAMILY_TRIALS', 0, 100_000],
+      ['max-slots', 'AUTOSEQ_LEARN_MAX_SLOTS', 10, 1_000_000],
+      ['max-contexts', 'AUTOSEQ_LEARN_MAX_CONTEXTS', 10, 1_000_000],
+      ['task-history', 'AUTOSEQ_LEARN_TASK_HISTORY', 1, 1000],
     ] as const;
     for (const [flag, env, min, max] of flags) {
       // Before: '' read as 0 (--target-precision '' meant 0 and was taken), 2.5 trials and a window of 10^12

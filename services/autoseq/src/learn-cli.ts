@@ -24,7 +24,7 @@ import { learnedExecutable } from './core/learn/record.js';
 import { SavingsCounter, type SavingsReport } from './core/learn/savings.js';
 import { SchemaCompiler } from './core/schema-compiler.js';
 
-const TUNING = `  [--max-k ${DEFAULT_LEARN.maxK}] [--min-trials ${DEFAULT_LEARN.minTrials}] [--min-precision ${DEFAULT_LEARN.minPrecision}] [--target-precision ${DEFAULT_LEARN.targetPrecision}] [--window ${DEFAULT_LEARN.window}] [--family-trials ${DEFAULT_LEARN.familyTrials}] [--max-consecutive ${DEFAULT_OPTIONS.maxConsecutive}]`;
+const TUNING = `  [--max-k ${DEFAULT_LEARN.maxK}] [--min-trials ${DEFAULT_LEARN.minTrials}] [--min-precision ${DEFAULT_LEARN.minPrecision}] [--target-precision ${DEFAULT_LEARN.targetPrecision}] [--window ${DEFAULT_LEARN.window}] [--family-trials ${DEFAULT_LEARN.familyTrials}] [--max-slots ${DEFAULT_LEARN.maxSlots}] [--max-contexts ${DEFAULT_LEARN.maxContexts}] [--task-history ${DEFAULT_LEARN.historyPerTask}] [--max-consecutive ${DEFAULT_OPTIONS.maxConsecutive}]`;
 const PREDICT_USAGE = `Usage: paver predict --input EVENTS.jsonl [--catalog FILE]
 ${TUNING}
 
@@ -183,6 +183,23 @@ const TUNING_FLAGS = {
     env: 'AUTOSEQ_LEARN_FAMILY_TRIALS',
     range: { min: 0, max: 100_000, integer: true },
   },
+  // The per-scope bounds change what is evicted, so what is learned: a service run with others than the defaults
+  // is reproduced offline only with the same.
+  'max-slots': {
+    key: 'maxSlots',
+    env: 'AUTOSEQ_LEARN_MAX_SLOTS',
+    range: { min: 10, max: 1_000_000, integer: true },
+  },
+  'max-contexts': {
+    key: 'maxContexts',
+    env: 'AUTOSEQ_LEARN_MAX_CONTEXTS',
+    range: { min: 10, max: 1_000_000, integer: true },
+  },
+  'task-history': {
+    key: 'historyPerTask',
+    env: 'AUTOSEQ_LEARN_TASK_HISTORY',
+    range: { min: 1, max: 1000, integer: true },
+  },
 } as const satisfies Record<string, { key: keyof LearnOptions; env: string; range: NumberRange }>;
 
 async function parse(cmd: string, argv: string[], usage: string, extra: Record<string, { type: 'boolean' }>) {
@@ -195,6 +212,9 @@ async function parse(cmd: string, argv: string[], usage: string, extra: Record<s
     'target-precision': { type: 'string' },
     window: { type: 'string' },
     'family-trials': { type: 'string' },
+    'max-slots': { type: 'string' },
+    'max-contexts': { type: 'string' },
+    'task-history': { type: 'string' },
     'max-consecutive': { type: 'string' },
     help: { type: 'boolean' },
     ...extra,
