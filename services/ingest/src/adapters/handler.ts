@@ -224,10 +224,20 @@ export function createIngestApply(deps: {
         ...res.spentLinks,
       ];
       const drop = settled.filter((id) => buffered.has(id));
-      // Links are kept only while a tool span still needs a path to its agent span.
-      const waiting = spans.filter(
-        (s) => pending.has(s.spanId) || (pending.size > 0 && s.kind === 'link' && !spent.has(s.spanId)),
-      );
+      // Links are kept only while a tool span still needs a path to its agent span. Each span once, and none
+      // already waiting: a redelivered message (or one read twice in a chunk) would take room again, and near the
+      // bound leave a new span of the trace out, its task then published without that tool call.
+      const waiting = [
+        ...new Map(
+          spans
+            .filter(
+              (s) =>
+                !buffered.has(s.spanId) &&
+                (pending.has(s.spanId) || (pending.size > 0 && s.kind === 'link' && !spent.has(s.spanId))),
+            )
+            .map((s) => [s.spanId, s]),
+        ).values(),
+      ];
       const spentKept = res.spentLinks.filter(
         (id) => buffered.has(id) || (pending.size > 0 && freshIds.has(id)),
       );
@@ -235,7 +245,7 @@ export function createIngestApply(deps: {
       // otherwise grow its hash for good, and every chunk of the trace reads the whole hash back.
       const room = Math.max(0, maxPending - (state.spans.length - drop.length));
       const put = waiting.slice(0, room);
-      const kept = new Set(put.map((s) => s.spanId));
+      const kept = new Set([...buffered, ...put.map((s) => s.spanId)]);
       const done = [...res.completedAgents, ...spentKept];
       changes.set(traceId, { put, drop, done, undone: oldestDone(state.doneAt, done, maxPending) });
       const freshPending = res.pendingTools.filter((id) => freshIds.has(id));
