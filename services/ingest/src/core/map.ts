@@ -310,8 +310,12 @@ export function resolveTrace(
         tool: t.tool!,
         status: t.status,
       };
-      if (t.args !== undefined) e.args = t.args;
-      if (t.observation !== undefined) e.observation = t.observation;
+      // A tool span that waited in Redis was kept under the configuration of its time: payloads turned off since
+      // (INGEST_INCLUDE_PAYLOADS=false, for what they may hold) must not go out with it after the restart.
+      if (opts.includePayloads) {
+        if (t.args !== undefined) e.args = t.args;
+        if (t.observation !== undefined) e.observation = t.observation;
+      }
       r.events.push(e);
       r.emittedTools.push(t.spanId);
     });

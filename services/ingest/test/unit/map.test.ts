@@ -255,6 +255,17 @@ describe('payload limits', () => {
     expect(r.events[0]).not.toHaveProperty('observation');
     expect(r.events[0]).toMatchObject({ type: 'tool_call', tool: 't' });
   });
+
+  it('publishes no payload of a tool span that waited while payloads were on, once they are off', () => {
+    const kept = decode(toProto(spans)).map((s) => keepSpan(s, DEFAULT_MAP_OPTIONS).kept);
+    // The tool span, kept (in Redis) by a service that copied payloads, its agent span read after a restart with
+    // INGEST_INCLUDE_PAYLOADS=false.
+    expect(kept.find((s) => s.kind === 'tool')).toHaveProperty('args');
+    const r = resolveTrace(kept, new Set(), { ...DEFAULT_MAP_OPTIONS, includePayloads: false });
+    expect(r.events[0]).toMatchObject({ type: 'tool_call', tool: 't' });
+    expect(r.events[0]).not.toHaveProperty('args');
+    expect(r.events[0]).not.toHaveProperty('observation');
+  });
 });
 
 describe('bad input', () => {
