@@ -109,3 +109,28 @@ describe('registry codec: the outage probe', () => {
     await codec.probe!();
   });
 });
+
+describe('decode step: a codec that hands the bytes on', () => {
+  it('does not walk the bytes as a JSON value (ingest parses OTLP itself)', async () => {
+    let walked = 0;
+    const bytes = new Proxy(Buffer.from('{"resourceSpans":[]}'), {
+      ownKeys: (target) => {
+        walked++;
+        return Reflect.ownKeys(target);
+      },
+    });
+    const o = {
+      codec: {
+        kind: 'json' as const,
+        encode: () => Promise.reject(new Error('never encodes')),
+        decode: () => Promise.resolve(bytes),
+      },
+      parse: (value: unknown) => ({ ok: true as const, value }),
+      maxBytes: 1 << 20,
+    };
+    const r = await decodeMessage({ key: null, value: Buffer.from('{"resourceSpans":[]}') }, 't', o);
+    expect(r.ok && r.value).toBe(bytes);
+    // Each byte was visited as a key: for a 1 MiB message, several times the cost of decoding it.
+    expect(walked).toBe(0);
+  });
+});

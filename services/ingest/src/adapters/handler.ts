@@ -215,7 +215,6 @@ export function createIngestApply(deps: {
       const pending = new Set(res.pendingTools);
       // A link whose agent span is completed leaves the hash, its id kept as done (a tool span below it is late):
       // left there, links of task after task filled a long trace's room, and its later tool spans were dropped.
-      const spent = new Set(res.spentLinks);
       const settled = [
         ...res.emittedTools,
         ...res.lateTools,
@@ -223,11 +222,24 @@ export function createIngestApply(deps: {
         ...res.nestedTools,
         ...res.spentLinks,
       ];
-      const drop = settled.filter((id) => buffered.has(id));
-      // Links are kept only while a tool span still needs a path to its agent span.
-      const waiting = spans.filter(
-        (s) => pending.has(s.spanId) || (pending.size > 0 && s.kind === 'link' && !spent.has(s.spanId)),
-      );
+      // Links are kept only while a waiting tool span needs them on its path to its agent span. A trace that never
+      // goes quiet (a worker loop, with spans outside its agents' tasks below a root span not exported yet) would
+      // otherwise keep every link read while some tool span of it waited, for good (each change refreshes the
+      // TTL), until they filled its room and its tool spans were dropped.
+      const onPath = new Set(res.waitingLinks);
+      const unneeded = new Set(settled);
+      for (const b of state.spans) if (b.kind === 'link' && !onPath.has(b.spanId)) unneeded.add(b.spanId);
+      const drop = [...unneeded].filter((id) => buffered.has(id));
+      // Each span once, and none already waiting: a redelivered message (or one read twice in a chunk) would take
+      // room again, and near the bound leave a new span of the trace out, its task then published without that
+      // tool call.
+      const waiting = [
+        ...new Map(
+          spans
+            .filter((s) => !buffered.has(s.spanId) && (pending.has(s.spanId) || onPath.has(s.spanId)))
+            .map((s) => [s.spanId, s]),
+        ).values(),
+      ];
       const spentKept = res.spentLinks.filter(
         (id) => buffered.has(id) || (pending.size > 0 && freshIds.has(id)),
       );
@@ -235,7 +247,7 @@ export function createIngestApply(deps: {
       // otherwise grow its hash for good, and every chunk of the trace reads the whole hash back.
       const room = Math.max(0, maxPending - (state.spans.length - drop.length));
       const put = waiting.slice(0, room);
-      const kept = new Set(put.map((s) => s.spanId));
+      const kept = new Set([...buffered, ...put.map((s) => s.spanId)]);
       const done = [...res.completedAgents, ...spentKept];
       changes.set(traceId, { put, drop, done, undone: oldestDone(state.doneAt, done, maxPending) });
       const freshPending = res.pendingTools.filter((id) => freshIds.has(id));

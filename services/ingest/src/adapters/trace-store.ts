@@ -14,7 +14,12 @@ const keptSpan: z.ZodType<KeptSpan> = z.object({
   status: z.enum(['ok', 'error']),
   tool: z.string().optional(),
   callId: z.string().optional(),
-  args: z.record(z.string(), z.unknown()).optional(),
+  // Checked, not rebuilt: zod's record copies the keys by assignment, which drops one named `__proto__` (an
+  // argument the model wrote), so a tool span that waited here would go out with fewer arguments than one that
+  // came with its agent span.
+  args: z
+    .custom<Record<string, unknown>>((v) => v !== null && typeof v === 'object' && !Array.isArray(v))
+    .optional(),
   observation: z.unknown().optional(),
   agent: z.string().optional(),
   session: z.string().optional(),

@@ -186,6 +186,11 @@ export interface ResolveResult {
    * for them any more (a tool span below one is late), so the service keeps only their id, as done.
    */
   spentLinks: string[];
+  /**
+   * Non-GenAI spans on the path from a waiting tool span up to the first unknown span: what that tool span needs to
+   * reach its agent span once the rest of the path comes. No other link is worth keeping for it.
+   */
+  waitingLinks: string[];
 }
 
 const byStart = (a: KeptSpan, b: KeptSpan) => {
@@ -229,6 +234,7 @@ export function resolveTrace(
     nestedTools: [],
     emptyAgents: 0,
     spentLinks: [],
+    waitingLinks: [],
   };
 
   /**
@@ -262,12 +268,23 @@ export function resolveTrace(
     if (a === 'late' || (a !== null && a !== 'missing' && a !== 'nested')) r.spentLinks.push(s.spanId);
   }
 
+  const waiting = new Set<string>();
+  // A waiting tool span's path is links only, up to the unknown span (agentOf said 'missing').
+  const onPath = (s: KeptSpan) => {
+    for (let p = s.parentSpanId && index.get(s.parentSpanId); p && !waiting.has(p.spanId);) {
+      waiting.add(p.spanId);
+      r.waitingLinks.push(p.spanId);
+      p = p.parentSpanId && index.get(p.parentSpanId);
+    }
+  };
   const tasks = new Map<string, KeptSpan[]>();
   for (const s of index.values()) {
     if (s.kind !== 'tool') continue;
     const agent = agentOf(s);
-    if (agent === 'missing') r.pendingTools.push(s.spanId);
-    else if (agent === 'nested') r.nestedTools.push(s.spanId);
+    if (agent === 'missing') {
+      r.pendingTools.push(s.spanId);
+      onPath(s);
+    } else if (agent === 'nested') r.nestedTools.push(s.spanId);
     else if (agent === 'late') r.lateTools.push(s.spanId);
     else if (agent === null) r.orphanTools.push(s.spanId);
     else if (done.has(agent.spanId)) r.lateTools.push(s.spanId);
@@ -310,8 +327,12 @@ export function resolveTrace(
         tool: t.tool!,
         status: t.status,
       };
-      if (t.args !== undefined) e.args = t.args;
-      if (t.observation !== undefined) e.observation = t.observation;
+      // A tool span that waited in Redis was kept under the configuration of its time: payloads turned off since
+      // (INGEST_INCLUDE_PAYLOADS=false, for what they may hold) must not go out with it after the restart.
+      if (opts.includePayloads) {
+        if (t.args !== undefined) e.args = t.args;
+        if (t.observation !== undefined) e.observation = t.observation;
+      }
       r.events.push(e);
       r.emittedTools.push(t.spanId);
     });

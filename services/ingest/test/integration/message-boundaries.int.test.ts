@@ -91,4 +91,27 @@ describe('ingest: events do not depend on where the messages are cut (real Redis
     expect(byTask(split)).toEqual(byTask(whole));
     expect(byTask(whole)).toEqual(byTask(offline));
   });
+
+  it('keeps an argument named __proto__ when the tool span waited in Redis for its agent span', async () => {
+    // Arguments are the model's: a key the JSON text names `__proto__` is a key like any other.
+    const args = JSON.parse('{"__proto__":{"x":"1"},"q":"a"}') as unknown;
+    const trace = otelRecorder().agent({ name: 'A', tools: [{ name: 'lookup', args }] });
+    const argKeys = (events: unknown[]) =>
+      events.flatMap((e) => {
+        const a = (e as { args?: object }).args;
+        return a ? [Object.keys(a).sort()] : [];
+      });
+    const offline = mapSpans(decodeRecorded(trace), DEFAULT_MAP_OPTIONS).events;
+    expect(argKeys(offline)).toEqual([['__proto__', 'q']]);
+    expect(argKeys(await ingest([trace], 2))).toEqual([['__proto__', 'q']]);
+    // One span per message: the tool span waits in Redis, and was read back without that key.
+    expect(
+      argKeys(
+        await ingest(
+          trace.map((s) => [s]),
+          2,
+        ),
+      ),
+    ).toEqual([['__proto__', 'q']]);
+  });
 });

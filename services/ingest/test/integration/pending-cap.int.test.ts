@@ -2,7 +2,7 @@ import { Registry } from 'prom-client';
 import { afterAll, describe, expect, it } from 'vitest';
 import { jsonCodec } from '../../../../shared/codec.js';
 import { createSink } from '../../../../shared/kafka/sink.js';
-import { createTopics, testKafka, testRedis, unique } from '../../../../test/helpers/kafka.js';
+import { consumeUntil, createTopics, testKafka, testRedis, unique } from '../../../../test/helpers/kafka.js';
 import { createIngestHandler, createIngestMetrics } from '../../src/adapters/handler.js';
 import { RedisTraceStore } from '../../src/adapters/trace-store.js';
 import { DEFAULT_MAP_OPTIONS } from '../../src/core/map.js';
@@ -68,5 +68,48 @@ describe('ingest: spans waiting for an agent span are bounded per trace (real Re
     const metrics = await registry.getSingleMetricAsString('paver_ingest_spans_total');
     expect(metrics).toContain('outcome="pending"} 8');
     expect(metrics).toContain('outcome="dropped"} 22');
+  });
+
+  it('gives a redelivered span no room again: a new span of the trace is kept, and its task published whole', async () => {
+    const spans = otelRecorder().agent({ name: 'A', tools: [{ name: 'a' }, { name: 'b' }, { name: 'c' }] });
+    const tools = decode(spans.filter((s) => s.name.startsWith('execute_tool')));
+    const agent = decode(spans.filter((s) => s.name.startsWith('invoke_agent')));
+    const topic = unique('tool-calls');
+    await createTopics([{ topic, partitions: 1 }]);
+    await sink.connect();
+    const registry = new Registry();
+    const handle = createIngestHandler({
+      store: new RedisTraceStore(redis, unique('ingest'), 3_600_000),
+      sink,
+      topic,
+      opts: DEFAULT_MAP_OPTIONS,
+      metrics: createIngestMetrics(registry),
+      // Exactly the task's tool spans.
+      maxPendingSpans: 3,
+    });
+    const ctx = { heartbeat: async () => undefined, isRunning: () => true };
+    const record = (offset: number, s: typeof tools) => ({
+      topic: 'otlp',
+      partition: 0,
+      offset: String(offset),
+      key: null,
+      timestamp: '0',
+      value: { spans: s },
+    });
+    const first = record(0, tools.slice(0, 2));
+    await handle([first], ctx);
+    // At-least-once: the first message, handled but not committed (a crash, a rebalance), is read again with the next.
+    await handle([first, record(1, tools.slice(2))], ctx);
+    await handle([record(2, agent)], ctx);
+
+    const got = await consumeUntil(topic, (all) =>
+      all.some((m) => m.value!.toString().includes('task_completed')),
+    );
+    const events = got.map((m) => JSON.parse(m.value!.toString()) as { type: string; tool?: string });
+    // Before: the redelivered spans took the room left, `c` was dropped and the task published without it.
+    expect(events.map((e) => e.tool ?? e.type)).toEqual(['a', 'b', 'c', 'task_completed']);
+    expect(await registry.getSingleMetricAsString('paver_ingest_spans_total')).not.toContain(
+      'outcome="dropped"',
+    );
   });
 });

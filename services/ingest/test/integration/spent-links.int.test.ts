@@ -1,6 +1,7 @@
 import { Registry } from 'prom-client';
 import { afterAll, describe, expect, it } from 'vitest';
 import type { Sink } from '../../../../shared/kafka/sink.js';
+import type { OtlpSpan } from '../../src/core/otlp.js';
 import { testRedis, unique } from '../../../../test/helpers/kafka.js';
 import { createIngestHandler, createIngestMetrics } from '../../src/adapters/handler.js';
 import { RedisTraceStore } from '../../src/adapters/trace-store.js';
@@ -103,6 +104,61 @@ describe('ingest: spans between a tool and its agent leave once the task is publ
     // The two of the first message only.
     expect(metrics).toContain('outcome="pending"} 2');
     const fields = await redis.hkeys(`${prefix}:ingest:trace:${agent[0]!.traceId}`);
+    expect(fields.filter((f) => f.startsWith('s:'))).toEqual([]);
+  });
+
+  it('keeps no span of a long trace that no waiting tool span needs: its tool calls keep their room', async () => {
+    const published: { type: string; tool?: string }[] = [];
+    const sink = {
+      send: async (_topic: string, _contract: string, records: { value: unknown }[]) => {
+        for (const r of records) published.push(r.value as (typeof published)[number]);
+      },
+    } as unknown as Sink;
+    const prefix = unique('ingest');
+    const handle = createIngestHandler({
+      store: new RedisTraceStore(redis, prefix, 3_600_000),
+      sink,
+      topic: 'tool-calls',
+      opts: DEFAULT_MAP_OPTIONS,
+      metrics: createIngestMetrics(new Registry()),
+      maxPendingSpans: 4,
+    });
+    const deliver = deliverTo(handle);
+
+    // A worker loop: its root span ends (and is exported) only when the loop stops; below it, task after task,
+    // and a span of other work (a database query) beside each task.
+    const rec = otelRecorder();
+    const traceId = 'cd'.repeat(16);
+    const root = 'ef'.repeat(8);
+    const tasks = 10;
+    let agentBefore: OtlpSpan[] = [];
+    for (let k = 0; k < tasks; k++) {
+      const spans = decodeRecorded(
+        rec.agent(
+          { name: 'A', tools: [{ name: `a${k}` }, { name: `b${k}` }, { name: `c${k}` }] },
+          1_700_000_000_000 + k * 1_000,
+        ),
+      ).map((s) => ({ ...s, traceId }));
+      const agent = spans
+        .filter((s) => s.name.startsWith('invoke_agent'))
+        .map((s) => ({ ...s, parentSpanId: root }));
+      const query: OtlpSpan = {
+        ...agent[0]!,
+        spanId: (k + 1).toString(16).padStart(16, '0'),
+        name: 'db query',
+        attributes: {},
+      };
+      // The SDK's batch: the agent span of the task before, the query, and this task's tool spans.
+      await deliver([...agentBefore, query, ...spans.filter((s) => s.name.startsWith('execute_tool'))]);
+      agentBefore = agent;
+    }
+    await deliver(agentBefore);
+
+    const calls = published.filter((e) => e.type === 'tool_call').map((e) => e.tool);
+    // Before: each query stayed in the trace's hash while the next task's tool spans waited, until they filled its
+    // room; from the second task on, tool spans were dropped and tasks published without them.
+    expect(calls).toEqual(Array.from({ length: tasks }, (_, k) => [`a${k}`, `b${k}`, `c${k}`]).flat());
+    const fields = await redis.hkeys(`${prefix}:ingest:trace:${traceId}`);
     expect(fields.filter((f) => f.startsWith('s:'))).toEqual([]);
   });
 });

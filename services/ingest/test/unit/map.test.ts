@@ -107,6 +107,24 @@ describe('OTLP GenAI spans → tool-calls events', () => {
     ]);
   });
 
+  it('names the spans a waiting tool span needs on its path, and no other', () => {
+    const spans = decode(
+      toJson(otelRecorder().agent({ name: 'A', tools: [{ name: 'two', viaInternalSpan: true }] })),
+    ).map((s) => keepSpan(s, DEFAULT_MAP_OPTIONS).kept);
+    const agent = spans.find((s) => s.kind === 'agent')!;
+    const between = spans.find((s) => s.kind === 'link')!;
+    // Beside the task, below the same (not yet known) parent as the agent span: no tool span's path.
+    const beside: KeptSpan = { ...between, spanId: 'beside00beside00', parentSpanId: 'root0000root0000' };
+    // The agent span has not come yet.
+    const waiting = resolveTrace(
+      [...spans.filter((s) => s !== agent), beside],
+      new Set(),
+      DEFAULT_MAP_OPTIONS,
+    );
+    expect(waiting.pendingTools).toHaveLength(1);
+    expect(waiting.waitingLinks).toEqual([between.spanId]);
+  });
+
   it('gives an agent invoked as a tool its own task; the outer task keeps the tool call', () => {
     const spans = otelRecorder().agent({
       name: 'Outer',
@@ -254,6 +272,17 @@ describe('payload limits', () => {
     expect(r.events[0]).not.toHaveProperty('args');
     expect(r.events[0]).not.toHaveProperty('observation');
     expect(r.events[0]).toMatchObject({ type: 'tool_call', tool: 't' });
+  });
+
+  it('publishes no payload of a tool span that waited while payloads were on, once they are off', () => {
+    const kept = decode(toProto(spans)).map((s) => keepSpan(s, DEFAULT_MAP_OPTIONS).kept);
+    // The tool span, kept (in Redis) by a service that copied payloads, its agent span read after a restart with
+    // INGEST_INCLUDE_PAYLOADS=false.
+    expect(kept.find((s) => s.kind === 'tool')).toHaveProperty('args');
+    const r = resolveTrace(kept, new Set(), { ...DEFAULT_MAP_OPTIONS, includePayloads: false });
+    expect(r.events[0]).toMatchObject({ type: 'tool_call', tool: 't' });
+    expect(r.events[0]).not.toHaveProperty('args');
+    expect(r.events[0]).not.toHaveProperty('observation');
   });
 });
 
