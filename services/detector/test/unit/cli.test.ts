@@ -1,7 +1,9 @@
+import { spawn } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterEach, describe, expect, it, vi } from 'vitest';
+import { fileURLToPath } from 'node:url';
+import { afterEach, describe, expect, it, onTestFinished, vi } from 'vitest';
 import { detectCommand } from '../../src/cli.js';
 import { liveCandidates } from '../../src/core/detect.js';
 import { toOp } from '../../src/core/ops.js';
@@ -98,5 +100,40 @@ describe('paver detect: the service settings it runs with', () => {
     expect(JSON.parse(out)).toEqual(expected);
     expect(await detect(lines, ['--max-task-events', '100001'])).toBe(2);
     expect(err).toContain('--max-task-events');
+  });
+});
+
+describe('paver detect: user messages', () => {
+  it('reads long messages in time linear in their length (a word, 64 KB of punctuation, a word)', async () => {
+    // User text: in time quadratic in its length, each such message costs seconds and these 40 minutes, a
+    // batch held past its consumer's session. The child is waited for as long as any unit test (60 s), over
+    // ten times what the 40 cost at quadratic time and over ten times its start-up.
+    const text = 'refund' + '!'.repeat(64 * 1024 - 20) + 'order';
+    const lines = Array.from({ length: 40 }, (_, i) => ({
+      type: 'user_message',
+      event_id: `m${i}`,
+      session_id: `s${i}`,
+      task_id: `t${i}`,
+      ts: i,
+      text,
+    }));
+    const file = join(mkdtempSync(join(tmpdir(), 'detect-long-')), 'events.jsonl');
+    writeFileSync(file, lines.map((l) => JSON.stringify(l)).join('\n') + '\n');
+    const root = fileURLToPath(new URL('../../../../', import.meta.url));
+    const run =
+      "const { main } = await import('./cli/paver.ts'); process.exitCode = await main(process.argv.slice(1));";
+    const child = spawn(
+      process.execPath,
+      ['--import', 'tsx', '--input-type=module', '-e', run, 'detect', '--input', file],
+      { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] },
+    );
+    onTestFinished(() => void child.kill('SIGKILL'));
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+    const code = await new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+    expect(code, stderr).toBe(0);
+    expect(JSON.parse(stdout)).toEqual([]);
   });
 });
