@@ -243,6 +243,13 @@ Examples:
     .addOption(num('--max-candidates', 'candidates kept (default 5)'))
     .addOption(num('--window-ms', 'only tasks this recent, in ms of event time (default: no time limit)'))
     .addOption(num('--task-idle-ms', 'a task without events this long is complete (default 1800000: 30 min)'))
+    .addOption(
+      num(
+        '--done-retention-ms',
+        'completed task ids remembered this long, in ms of event time (default: 86400000, a day, or --task-idle-ms if longer)',
+      ),
+    )
+    .addOption(num('--max-task-events', 'events kept per task (default 1000)'))
     .addOption(new Option('--request-terms <on|off>', 'keep first-request terms (default on)'))
     .option('--tenant <tenant>', 'scope: tenant_id')
     .option('--agent <agent>', 'scope: agent_id')

@@ -25,6 +25,33 @@ const STOP_WORDS = new Set(
   ).split(' '),
 );
 
+/** One letter or digit, at `lastIndex`. */
+const WORD_CHAR = /[\p{L}\p{N}]/uy;
+const wordCharAt = (s: string, i: number): boolean => {
+  WORD_CHAR.lastIndex = i;
+  return WORD_CHAR.test(s);
+};
+
+/**
+ * `raw` without the characters at either end that are neither letters nor digits, in one pass over them. A
+ * regular expression for the end (`[^\p{L}\p{N}]+$`) is tried from every position of a run that fails to reach
+ * it: one 64 KB user message of a word, punctuation and a word cost seconds (quadratic), every time it was read.
+ */
+export function trimToken(raw: string): string {
+  let from = 0;
+  while (from < raw.length && !wordCharAt(raw, from)) from += raw.codePointAt(from)! > 0xffff ? 2 : 1;
+  let to = raw.length;
+  while (to > from) {
+    // The start of the last code point before `to` (a surrogate pair is one).
+    const last = raw.charCodeAt(to - 1);
+    const pair = last >= 0xdc00 && last <= 0xdfff && to - 2 >= from && raw.codePointAt(to - 2)! > 0xffff;
+    const at = pair ? to - 2 : to - 1;
+    if (wordCharAt(raw, at)) break;
+    to = at;
+  }
+  return raw.slice(from, to);
+}
+
 /**
  * Terms of a user's request: lower-cased words without stop words, numbers or identifier-like tokens.
  * A whitespace-separated token is dropped whole when it holds a digit, an `@`, an underscore, a URL
@@ -35,7 +62,7 @@ export function requestTermsOf(text: string): string[] {
   const out: string[] = [];
   const seen = new Set<string>();
   for (const raw of text.normalize('NFKC').split(/\s+/u)) {
-    const token = raw.replace(/^[^\p{L}\p{N}]+|[^\p{L}\p{N}]+$/gu, '');
+    const token = trimToken(raw);
     if (token === '' || token.length > MAX_TERM) continue;
     if (/[\p{N}@_]|:\/\//u.test(token) || /\p{Ll}\p{Lu}|\p{Lu}{2,}\p{Ll}|\p{Lu}\p{Lu}.*\p{Lu}/u.test(token))
       continue;

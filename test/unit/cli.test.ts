@@ -710,6 +710,7 @@ describe('numeric flags take exactly what the service takes for the same setting
     [['detect', '--input', EVENTS], 'lookback', 'detector', 'DETECTOR_LOOKBACK', 1, 1_000_000],
     [['detect', '--input', EVENTS], 'max-candidates', 'detector', 'DETECTOR_MAX_CANDIDATES', 1, 1000],
     [['detect', '--input', EVENTS], 'task-idle-ms', 'detector', 'DETECTOR_TASK_IDLE_MS', 1, MAX],
+    [['detect', '--input', EVENTS], 'max-task-events', 'detector', 'DETECTOR_MAX_TASK_EVENTS', 1, 100_000],
     [
       ['autoseq', '--catalog', catalog, '--input', autoseqEvents],
       'max-consecutive',
@@ -972,6 +973,7 @@ describe('--help gives the defaults the commands use', () => {
       ['lookback', DEFAULT_PARAMS.lookback],
       ['max-candidates', DEFAULT_PARAMS.maxCandidates],
       ['task-idle-ms', DEFAULT_PARAMS.taskIdleMs],
+      ['max-task-events', DEFAULT_PARAMS.maxTaskEvents],
     ] as const)
       expect(help).toMatch(new RegExp(`--${flag} <n> [^-]*\\(default ${value}\\b`));
     expect(DEFAULT_PARAMS.windowMs).toBeNull();

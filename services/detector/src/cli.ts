@@ -9,11 +9,15 @@ import { id } from '../../../schemas/index.js';
 
 const USAGE = `Usage: paver detect --input FILE.jsonl [--min-length 3] [--min-occurrences 3] [--lookback 200]
                     [--max-candidates 5] [--max-length 12] [--window-ms MS] [--task-idle-ms MS]
-                    [--request-terms on|off] [--tenant T --agent A] [--pretty] [--strict]
+                    [--done-retention-ms MS] [--max-task-events 1000] [--request-terms on|off]
+                    [--tenant T --agent A] [--pretty] [--strict]
 
 Runs the detector's core over a JSONL file of tool-calls events (in file order, in memory; '-' reads stdin)
 and prints the live candidates at the end as one JSON array on one line (--pretty indents it). Bad lines are reported on stderr with their line number, skipped
 and counted. Without --tenant/--agent the file must hold one (tenant, agent) scope.
+
+Each numeric flag is the DETECTOR_* variable of the same name, with its default and range; --done-retention-ms
+defaults to the larger of 86400000 and --task-idle-ms, the least the service accepts with that idle time.
 
 --request-terms (on by default, like DETECTOR_REQUEST_TERMS) keeps the terms of each task's first user
 message (lower-cased words; stop words, numbers and identifiers removed; never the text) and adds their
@@ -52,6 +56,8 @@ export async function detectCommand(argv: string[]): Promise<number> {
     'max-candidates': { type: 'string' },
     'window-ms': { type: 'string' },
     'task-idle-ms': { type: 'string' },
+    'done-retention-ms': { type: 'string' },
+    'max-task-events': { type: 'string' },
     'request-terms': { type: 'string' },
     tenant: { type: 'string' },
     agent: { type: 'string' },
@@ -88,8 +94,21 @@ export async function detectCommand(argv: string[]): Promise<number> {
       maxCandidates: num('max-candidates', values['max-candidates'], DEFAULT_PARAMS.maxCandidates, 1000),
       windowMs: values['window-ms'] === undefined ? null : num('window-ms', values['window-ms'], 1),
       taskIdleMs: num('task-idle-ms', values['task-idle-ms'], DEFAULT_PARAMS.taskIdleMs),
+      maxTaskEvents: num('max-task-events', values['max-task-events'], DEFAULT_PARAMS.maxTaskEvents, 100_000),
       requestTerms: onOff('request-terms', values['request-terms'], DEFAULT_PARAMS.requestTerms),
     };
+    // A completed task's id must be remembered at least as long as a task may idle, as the service requires
+    // (DETECTOR_DONE_RETENTION_MS ≥ DETECTOR_TASK_IDLE_MS): with a shorter memory a late event of a closed task
+    // opens it again and that fragment replaces its whole record, where the service ignores the event as late.
+    params.doneRetentionMs = num(
+      'done-retention-ms',
+      values['done-retention-ms'],
+      Math.max(DEFAULT_PARAMS.doneRetentionMs, params.taskIdleMs),
+    );
+    if (params.doneRetentionMs < params.taskIdleMs)
+      throw new Error(
+        `--done-retention-ms (${params.doneRetentionMs}) must be ≥ --task-idle-ms (${params.taskIdleMs}): a late event of a task closed as idle would reopen it`,
+      );
     if (params.maxLength < params.minLength)
       throw new Error(
         `--max-length (${params.maxLength}) must be ≥ --min-length (${params.minLength}); set both to search longer sequences only`,

@@ -104,21 +104,26 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
         input,
         new Map([[partition, { from: from ?? 0n, end }]]),
         async (_p, messages) => {
-          const ops: DetectorOp[] = [];
-          for (const m of messages) {
-            if (m.value === null) continue;
-            // Decoded as the live path decodes (size, depth, contract): what it dead-lettered made no state then
-            // either. A registry that does not answer throws, and the rebuild is tried again; before, such a
-            // message was skipped as if dead-lettered, and one the live path dead-lettered for its size or depth
-            // was applied.
-            const decoded = await decodeMessage(m, input.topic, replayDecode);
-            if (!decoded.ok) continue;
-            // Ignored when first read (counted then): ignored again, so the rebuilt state is the one it was.
-            if (aheadOfRecord(decoded.value.ts, m.timestamp, env.DETECTOR_MAX_AHEAD_MS)) continue;
-            const op = toOp(decoded.value, params.requestTerms, partition, m.offset);
-            if (op) ops.push(op);
+          // Applied PAVER_BATCH_CHUNK messages at a time, as the live path applies them: a script call per scope
+          // and chunk is what REDIS_COMMAND_TIMEOUT_MS is set to outlast, and a fetched batch may be far larger.
+          for (let i = 0; i < messages.length; i += env.PAVER_BATCH_CHUNK) {
+            const chunk = messages.slice(i, i + env.PAVER_BATCH_CHUNK);
+            const ops: DetectorOp[] = [];
+            for (const m of chunk) {
+              if (m.value === null) continue;
+              // Decoded as the live path decodes (size, depth, contract): what it dead-lettered made no state then
+              // either. A registry that does not answer throws, and the rebuild is tried again; before, such a
+              // message was skipped as if dead-lettered, and one the live path dead-lettered for its size or depth
+              // was applied.
+              const decoded = await decodeMessage(m, input.topic, replayDecode);
+              if (!decoded.ok) continue;
+              // Ignored when first read (counted then): ignored again, so the rebuilt state is the one it was.
+              if (aheadOfRecord(decoded.value.ts, m.timestamp, env.DETECTOR_MAX_AHEAD_MS)) continue;
+              const op = toOp(decoded.value, params.requestTerms, partition, m.offset);
+              if (op) ops.push(op);
+            }
+            await each(ops, chunk.length);
           }
-          await each(ops, messages.length);
         },
         goOn,
       );

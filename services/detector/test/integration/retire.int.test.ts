@@ -268,4 +268,25 @@ describe('detector: idle scopes are retired', () => {
     expect(await redis.hexists(keys.meta, 'seenAt')).toBe(1);
     await publisher.close();
   });
+
+  it('an instance remembers its registrations for the refresh period only, not every scope it ever applied to', async () => {
+    const { prefix } = await setup();
+    // Trusting its memory for no time at all (a minute in the service): each batch finds the earlier ones' stale.
+    const instance = new RedisDetectorStore(redis, DEFAULT_PARAMS, prefix, 1_000, 0);
+    // One scope per run (a run id in agent_id), each seen once.
+    const runs: DetectorOp[] = Array.from({ length: 50 }, (_, i) => ({
+      kind: 'done',
+      scope: { tenant: 'acme', agent: `run-${i}` },
+      task: `t${i}`,
+      eventId: `e${i}`,
+      ts: 1_000 + i,
+      partition: 0,
+      offset: String(i),
+    }));
+    await instance.applyBatch(runs);
+    expect(instance.rememberedRegistrations).toBe(50);
+    await instance.applyBatch(ops().slice(0, 1));
+    expect(instance.rememberedRegistrations).toBe(1);
+    expect(await redis.smembers(detectorGlobalKeys(prefix).scopes(0))).toHaveLength(51);
+  });
 });

@@ -119,6 +119,25 @@ describe('detector store: epochs and checkpoints', () => {
     expect(await store.checkpoint(0, 14n, 'E')).toBeNull();
   });
 
+  it('a task open again under the id of a record leaving the window keeps its start in the checkpoint', async () => {
+    const prefix = unique('det-ckpt-reopen');
+    // Task ids forgotten 10 ms (of event time) after they complete: one can open again while its record is held.
+    const params = { ...DEFAULT_PARAMS, lookback: 1, taskIdleMs: 10, doneRetentionMs: 10 };
+    const store = new RedisDetectorStore(redis, params, prefix);
+    await redis.set(detectorGlobalKeys(prefix).epoch, 'E');
+    const apply = (ops: DetectorOp[]) => store.applyBatch(ops, { epoch: 'E' });
+    await apply([call('t', 0, 100, 0), done('t', 101, 1), call('x', 0, 200, 2)]);
+    // t again (its id forgotten): it opens at offset 3, while its first run's record is still the window's.
+    expect((await apply([call('t', 0, 205, 3)])).applied).toBe(1);
+    // x completes and pushes t's record out; y's completion pushes x's.
+    await apply([done('x', 206, 4), call('y', 0, 207, 5), done('y', 208, 6)]);
+    expect(await redis.hget(detectorKeys(prefix, scope).events, 't')).not.toBeNull();
+    // t is open since offset 3: a replay from any later offset would rebuild it without its first event.
+    const checkpoint = await store.checkpoint(0, 7n, 'E');
+    expect(checkpoint).not.toBeNull();
+    expect(checkpoint!).toBeLessThanOrEqual(3n);
+  });
+
   it('state of an older layout with the same parameters is lost, not misread: refused, then cleared by a rebuild', async () => {
     const prefix = unique('det-layout');
     const params = { ...DEFAULT_PARAMS, lookback: 2 };

@@ -12,6 +12,7 @@ import { recordGrams } from '../../src/core/grams.js';
 import { DEFAULT_PARAMS } from '../../src/core/params.js';
 import { DetectorState, IGNORE_REASONS } from '../../src/core/state.js';
 import { requestTermsOf } from '../../src/core/terms.js';
+import { trimToken } from '../../../../shared/core/terms.js';
 import { pipelineError } from '../../src/adapters/redis/store.js';
 import { flowCandidateRecordV1 } from '../../../../schemas/index.js';
 import { aheadOfRecord, type DetectorOp } from '../../src/core/ops.js';
@@ -178,6 +179,19 @@ describe('request terms (issue 14)', () => {
     ).toEqual(['keyboard', 'ordered', 'order', 'user', 'code', 'round', 'trip']); // all capitals read as a code
     expect(requestTermsOf('')).toEqual([]);
     expect(requestTermsOf('Ünïcode Wörter bleiben')).toEqual(['ünïcode', 'wörter', 'bleiben']);
+  });
+
+  it("trims a token's ends as the regular expression it replaces does, in one pass", () => {
+    let seed = 14;
+    const rnd = () => (seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648;
+    // Letters (an astral one too), digits, punctuation, an emoji, lone surrogates.
+    const alphabet = ['a', 'É', '7', '٣', '𠀀', '!', '-', '(', '😀', '\ud800', '\udc00', '.', '_'];
+    for (let n = 0; n < 5_000; n++) {
+      const raw = Array.from({ length: Math.floor(rnd() * 12) }, () => alphabet[Math.floor(rnd() * 13)]).join(
+        '',
+      );
+      expect(trimToken(raw), JSON.stringify(raw)).toBe(raw.replace(/^[^\p{L}\p{N}]+|[^\p{L}\p{N}]+$/gu, ''));
+    }
   });
 
   it('puts df over the tasks that contained the sequence into the candidate and its description', () => {

@@ -267,8 +267,10 @@ function parseSnapshot(reply: (string | number)[], at: number): Snapshot {
 export class RedisDetectorStore {
   private readonly cfg: string;
   private readonly global: ReturnType<typeof detectorGlobalKeys>;
-  /** partition + scope pairs this process has added to the per-partition scope sets. */
+  /** partition + scope pairs this process has added to the per-partition scope sets, and when. */
   private readonly knownScopes = new Map<string, number>();
+  /** When `knownScopes` last dropped what it no longer trusts. */
+  private prunedAt = 0;
   roundTrips = 0;
   constructor(
     private readonly redis: Redis,
@@ -342,6 +344,14 @@ export class RedisDetectorStore {
     // script that writes the state, never removed, so a concurrent checkpoint cannot miss a scope.
     const added: string[] = [];
     const now = Date.now();
+    // A memory past registryRefreshMs is not trusted anyway (the scope is registered again): dropping it keeps
+    // the map to the scopes of the last refresh periods, not every (partition, scope) this process ever applied
+    // to (a run id in agent_id makes one per run, and a scope another instance retires is not unregistered here).
+    if (now - this.prunedAt >= this.registryRefreshMs) {
+      for (const [m, at] of this.knownScopes)
+        if (now - at >= this.registryRefreshMs) this.knownScopes.delete(m);
+      this.prunedAt = now;
+    }
     for (const g of groups)
       for (const part of g.parts) {
         const member = `${part}\u001f${scopeId(g.scope)}`;
@@ -434,6 +444,11 @@ export class RedisDetectorStore {
    */
   async clearStale(scopes: Scope[], epoch: string): Promise<boolean> {
     return !(await this.applyBatch([], { epoch, mode: 'r', touch: scopes })).lost;
+  }
+
+  /** How many (partition, scope) registrations this process remembers: those of about the last two refresh periods. */
+  get rememberedRegistrations(): number {
+    return this.knownScopes.size;
   }
 
   /** Forgets which scopes this process has registered (after a loss, the registry itself is gone). */

@@ -625,7 +625,10 @@ end
 local function evictOldest()
   local b, oldest = oldestRecord()
   dropRecord(b, oldest.task)
-  dropStart(oldest.task)
+  -- A task of the same id may be open again (its id forgotten after doneRetentionMs, a recurring task's fixed id):
+  -- its start shares the entry, which must stay until that task's own record leaves, or the checkpoint passes
+  -- its first events and a rebuild makes a fragment of it.
+  if not openElsewhere(oldest.task) then dropStart(oldest.task) end
 end
 
 -- Open tasks' last ts per partition (KEYS[2]..":"..p): each task's score read once per call, writes kept
