@@ -124,7 +124,8 @@ export function allowedToolsRoute(
       const toolsParam = req.query.get('tools');
       if (!loaded()) return { status: 503, body: { error: NOT_LOADED } };
       const agent = config.get(ref.tenant, ref.agent);
-      if (toolsParam === null && !agent?.tools.length) return { status: 400, body: { error: TOOLS_REQUIRED } };
+      if (toolsParam === null && !agent?.tools.length)
+        return { status: 400, body: { error: TOOLS_REQUIRED } };
       // A list already in the memo was valid; any other is parsed (and refused) before the state is read.
       let tools: string[] | null = null;
       if (toolsParam !== null && !memo.lists(agent, toolsParam) && !(tools = parseTools(toolsParam)))
