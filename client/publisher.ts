@@ -102,6 +102,8 @@ interface Pending {
   value: Buffer;
   resolve: () => void;
   reject: (err: unknown) => void;
+  /** Gives back what the call took of its task's step count (see `guard`). */
+  undo?: () => void;
 }
 
 /**
@@ -205,7 +207,10 @@ export function createPublisher(opts: PublisherOptions): Publisher {
         });
         fail(e);
         // What follows a failed request is not sent: a session's later events never land before its earlier.
-        for (const p of batch.slice(sent)) p.reject(e);
+        const unsent = batch.slice(sent);
+        // Last call first: each gives its step back only while it is still its task's latest.
+        for (let i = unsent.length - 1; i >= 0; i--) unsent[i]!.undo?.();
+        for (const p of unsent) p.reject(e);
       }
     });
     return chain;
@@ -235,25 +240,34 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     return text;
   };
 
-  const enqueue = async (event: ToolCallsEvent, text: string | undefined): Promise<void> => {
+  const enqueue = async (
+    event: ToolCallsEvent,
+    text: string | undefined,
+    undo: (() => void) | undefined,
+  ): Promise<void> => {
     const encoded =
       text === undefined ? codec.encode('tool-calls.v1', topic, event) : Promise.resolve(Buffer.from(text));
     encoding.add(encoded);
     let value: Buffer;
     try {
       value = await encoded;
+    } catch (err) {
+      undo?.();
+      throw err;
     } finally {
       encoding.delete(encoded);
     }
     // The check at the call sized the text the codec writes; this one holds the limit should a codec's framing
     // ever differ from that (the broker would refuse the whole batch the record went in).
-    if (value.length > maxBytes)
+    if (value.length > maxBytes) {
+      undo?.();
       throw new PaverError(
         'INPUT_INVALID',
         `${event.type} event is ${value.length} bytes, over the ${maxBytes}-byte limit`,
       );
+    }
     const done = new Promise<void>((resolve, reject) => {
-      queue.push({ key: event.session_id, value, resolve, reject });
+      queue.push({ key: event.session_id, value, resolve, reject, undo });
     });
     if (queue.length >= batchSize) void sendNow();
     else timer ??= setTimeout(() => void sendNow(), lingerMs);
@@ -282,15 +296,16 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   // Validation errors surface as rejected promises, like send errors: one way to handle failures. Each
   // promise is marked handled so an agent that fires and forgets is not crashed by an unhandled
   // rejection; flush() reports the failure instead. `accepted` runs only for an event that passed every check
-  // made at the call (the contract, the size): a tool call's step is taken there, not before.
-  const guard = (f: () => { event: ToolCallsEvent; accepted?: () => void }): Promise<void> => {
+  // made at the call (the contract, the size): a tool call's step is taken there, not before. What it returns
+  // undoes that when the event is not published after all (a failed send): an agent retrying a call that
+  // failed gets the step the call had, and its task's steps stay 0, 1, 2… as the contract counts them.
+  const guard = (f: () => { event: ToolCallsEvent; accepted?: () => () => void }): Promise<void> => {
     let done: Promise<void>;
     try {
       if (closed) throw new PaverError('SHUTTING_DOWN', 'publisher is closed');
       const { event, accepted } = f();
       const text = sized(event);
-      accepted?.();
-      done = enqueue(event, text);
+      done = enqueue(event, text, accepted?.());
     } catch (err) {
       done = Promise.reject(err);
     }
@@ -305,9 +320,17 @@ export function createPublisher(opts: PublisherOptions): Publisher {
         const step = e.step ?? steps.get(key) ?? 0;
         const event = complete('tool_call', { ...e, step });
         const accepted = () => {
+          const before = steps.get(key);
           steps.delete(key);
           steps.set(key, step + 1);
           if (steps.size > MAX_OPEN_TASKS) steps.delete(steps.keys().next().value!);
+          // Only while no later call of the task has taken the next step: a retry numbered below it would be out
+          // of order.
+          return () => {
+            if (steps.get(key) !== step + 1) return;
+            steps.delete(key);
+            if (before !== undefined) steps.set(key, before);
+          };
         };
         return { event, accepted };
       });
@@ -318,7 +341,16 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     taskCompleted(e) {
       return guard(() => {
         const event = complete('task_completed', e);
-        return { event, accepted: () => steps.delete(taskKey(e)) };
+        const key = taskKey(e);
+        const accepted = () => {
+          const before = steps.get(key);
+          steps.delete(key);
+          // A task whose end was not published goes on counting, unless a call has started it again since.
+          return () => {
+            if (before !== undefined && !steps.has(key)) steps.set(key, before);
+          };
+        };
+        return { event, accepted };
       });
     },
     async flush() {

@@ -92,6 +92,48 @@ describe('client: createPublisher (validation happens before any connection)', (
     ]);
   });
 
+  it('a call whose send failed gives its step back: its retry gets the step it had, and the task counts on from there', async () => {
+    const sent: { step?: number; tool: string; type: string }[] = [];
+    let failures = 0;
+    // A producer double that refuses the sends the test asks it to: this test is about the step count.
+    const producer = {
+      send: async (r: { messages: { value: Buffer }[] }) => {
+        if (failures > 0) {
+          failures--;
+          throw new Error('broker down');
+        }
+        for (const m of r.messages) sent.push(JSON.parse(m.value.toString()) as (typeof sent)[number]);
+        return [];
+      },
+    } as unknown as Producer;
+    const p = createPublisher({ producer, lingerMs: 0 });
+    const call = (tool: string) => p.toolCall({ session_id: 's', task_id: 't', tool });
+    await call('a');
+    failures = 1;
+    await expect(call('b')).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    await call('b');
+    // Three calls in one failed send (unawaited, as a fire-and-forget agent makes them): all three steps back.
+    failures = 1;
+    const burst = [call('c'), call('d'), call('e')];
+    await expect(p.flush()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    for (const b of burst) await expect(b).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    await call('c');
+    // A task end that was not published does not end the count either.
+    failures = 1;
+    await expect(p.taskCompleted({ session_id: 's', task_id: 't' })).rejects.toMatchObject({
+      code: 'KAFKA_UNAVAILABLE',
+    });
+    await call('d');
+    // close() reports the failed task end once more, for callers that did not await it.
+    await expect(p.close()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    expect(sent.map((e) => [e.tool, e.step])).toEqual([
+      ['a', 0],
+      ['b', 1],
+      ['c', 2],
+      ['d', 3],
+    ]);
+  });
+
   it('a second close() waits for the first one: it resolves only once the queued events are acknowledged', async () => {
     const sent: unknown[] = [];
     let ack: (() => void) | null = null;
