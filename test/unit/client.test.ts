@@ -1,6 +1,18 @@
 import { describe, expect, it, vi } from 'vitest';
 import { logLevel, type Producer } from 'kafkajs';
-import { createPublisher, detect, select, PaverError, type ToolCallInput } from '../../client/index.js';
+import { rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import {
+  createPublisher,
+  detect,
+  select,
+  DEFAULT_DETECTOR_PARAMS,
+  PaverError,
+  type ToolCallInput,
+} from '../../client/index.js';
+import { detect as detectFile } from '../../services/detector/src/cli.js';
+import { liveCandidates } from '../../services/detector/src/core/detect.js';
 import { MAX_OPEN_TASKS } from '../../client/publisher.js';
 import { freePort } from '../../deploy/local/stack.js';
 import { waitFor } from '../helpers/kafka.js';
@@ -223,6 +235,44 @@ describe('client: offline cores in-process', () => {
     expect(r.scopes[0]?.candidates.map((c) => c.tool_sequence)).toContainEqual(['a', 'b', 'c']);
     expect(detect(events(2, ['a', 'b', 'c'])).scopes[0]?.candidates).toEqual([]);
     expect(() => detect([], { minLength: 0 })).toThrow(PaverError);
+  });
+
+  it("detect's candidates carry the terms of users' requests, as paver detect's and the service's do", async () => {
+    const withRequests = Array.from({ length: 4 }, (_, t) => [
+      {
+        type: 'user_message',
+        event_id: `u-${t}`,
+        ts: t * 1000,
+        session_id: `s${t}`,
+        task_id: `t${t}`,
+        text: 'please refund the invoice of my order',
+      },
+      ...events(4, ['a', 'b', 'c']).filter((e) => e.task_id === `t${t}`),
+    ]).flat();
+    const [candidate] = detect(withRequests).scopes[0]!.candidates;
+    // Before: { tasks: 0, terms: [] }, and a description without the requests' words.
+    expect(candidate?.request_terms?.tasks).toBe(4);
+    expect(candidate?.request_terms?.terms.map((t) => t.term)).toEqual(['invoice', 'order', 'refund']);
+    // The same candidates as `paver detect` over the same events.
+    const file = join(tmpdir(), `client-detect-${process.pid}.jsonl`);
+    writeFileSync(file, withRequests.map((e) => JSON.stringify(e)).join('\n') + '\n');
+    try {
+      const cli = await detectFile(file, DEFAULT_DETECTOR_PARAMS, {}, () => undefined);
+      const scope = cli.state.scopesSeen()[0]!;
+      expect(detect(withRequests).scopes[0]!.candidates).toEqual(
+        liveCandidates(
+          cli.state.frequentStats(scope),
+          DEFAULT_DETECTOR_PARAMS,
+          cli.state.windowRecords(scope),
+        ),
+      );
+    } finally {
+      rmSync(file, { force: true });
+    }
+    // And none when they are turned off.
+    expect(
+      detect(withRequests, { requestTerms: false }).scopes[0]!.candidates[0]?.request_terms,
+    ).toBeUndefined();
   });
 
   it('select recalls the flow that matches the query, without a model', () => {
