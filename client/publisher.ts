@@ -280,7 +280,9 @@ export function createPublisher(opts: PublisherOptions): Publisher {
       ts: Date.now(),
       ...(opts.tenantId ? { tenant_id: opts.tenantId } : {}),
       ...(opts.agentId ? { agent_id: opts.agentId } : {}),
-      ...e,
+      // A field given as undefined (a wrapper passing its own optional values through) is one left out: spread
+      // as it is, it took the place of the default, and the event was refused or went to the 'default' scope.
+      ...Object.fromEntries(Object.entries(e).filter(([, v]) => v !== undefined)),
       type,
     };
     const parsed = toolCallsEventV1.safeParse(withDefaults);
@@ -290,8 +292,14 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     }
     return parsed.data;
   };
+  // The scope the event is published under: its own, the publisher's, or the contract's default.
   const taskKey = (e: { tenant_id?: string; agent_id?: string; session_id: string; task_id: string }) =>
-    JSON.stringify([e.tenant_id ?? opts.tenantId, e.agent_id ?? opts.agentId, e.session_id, e.task_id]);
+    JSON.stringify([
+      e.tenant_id ?? (opts.tenantId || 'default'),
+      e.agent_id ?? (opts.agentId || 'default'),
+      e.session_id,
+      e.task_id,
+    ]);
 
   // Validation errors surface as rejected promises, like send errors: one way to handle failures. Each
   // promise is marked handled so an agent that fires and forgets is not crashed by an unhandled

@@ -146,6 +146,43 @@ describe('client: createPublisher (validation happens before any connection)', (
     ]);
   });
 
+  it("a field given as undefined is left out: it gets the publisher's default, and the task's steps count on", async () => {
+    const sent: Record<string, unknown>[] = [];
+    // A producer double: this test is about the events the publisher builds, not about Kafka.
+    const producer = {
+      send: async (r: { messages: { value: Buffer }[] }) => {
+        for (const m of r.messages) sent.push(JSON.parse(m.value.toString()) as Record<string, unknown>);
+        return [];
+      },
+    } as unknown as Producer;
+    const p = createPublisher({ producer, tenantId: 'acme', agentId: 'bot' });
+    // What a wrapper passing its own optional values through writes.
+    const given: { tenant?: string; agent?: string; id?: string; ts?: number } = {};
+    await p.toolCall({
+      session_id: 's',
+      task_id: 't',
+      tool: 'a',
+      tenant_id: given.tenant,
+      agent_id: given.agent,
+      event_id: given.id,
+      ts: given.ts,
+    });
+    await p.toolCall({ session_id: 's', task_id: 't', tool: 'b', tenant_id: 'acme' });
+    // Without publisher defaults, the contract's 'default' scope given or left out is one task.
+    const q = createPublisher({ producer });
+    await q.toolCall({ session_id: 's', task_id: 'u', tool: 'c' });
+    await q.toolCall({ session_id: 's', task_id: 'u', tool: 'd', tenant_id: 'default', agent_id: 'default' });
+    await Promise.all([p.close(), q.close()]);
+    expect(sent.map((e) => [e.tool, e.tenant_id, e.agent_id, e.step])).toEqual([
+      ['a', 'acme', 'bot', 0],
+      ['b', 'acme', 'bot', 1],
+      ['c', 'default', 'default', 0],
+      ['d', 'default', 'default', 1],
+    ]);
+    expect(typeof sent[0]!.event_id).toBe('string');
+    expect(typeof sent[0]!.ts).toBe('number');
+  });
+
   it('a second close() waits for the first one: it resolves only once the queued events are acknowledged', async () => {
     const sent: unknown[] = [];
     let ack: (() => void) | null = null;
