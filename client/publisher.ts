@@ -227,11 +227,21 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   // of its task: checked after the asynchronous encode, it came after the step was taken, and the task's next
   // call skipped a number. The text is returned for a codec that sends it as it is (JSON), not made twice.
   const sized = (event: ToolCallsEvent): string | undefined => {
-    const text = codec.encodeText?.(event);
-    const bytes =
-      text === undefined
-        ? WIRE_HEADER_BYTES + Buffer.byteLength(JSON.stringify(event))
-        : Buffer.byteLength(text);
+    let text: string | undefined;
+    let bytes: number;
+    try {
+      text = codec.encodeText?.(event);
+      bytes =
+        text === undefined
+          ? WIRE_HEADER_BYTES + Buffer.byteLength(JSON.stringify(event))
+          : Buffer.byteLength(text);
+    } catch (err) {
+      // The contract takes any value as args or observation; one JSON cannot write (a BigInt from a database
+      // driver, a circular object) is as invalid an event, and said so with the code a caller checks for.
+      throw new PaverError('INPUT_INVALID', `${event.type} event is not JSON: ${errorMessage(err)}`, {
+        cause: err,
+      });
+    }
     if (bytes > maxBytes)
       throw new PaverError(
         'INPUT_INVALID',

@@ -42,6 +42,16 @@ describe('client: createPublisher (validation happens before any connection)', (
     await expect(
       p.userMessage({ session_id: 's', text: 'x'.repeat(1_000_000) } as never),
     ).rejects.toMatchObject({ code: 'INPUT_INVALID' });
+    // Not JSON (a database driver's BigInt, a circular object): refused as invalid, as the contract refuses.
+    const circular: Record<string, unknown> = {};
+    circular.self = circular;
+    for (const observation of [{ rows: 3n }, circular])
+      await expect(
+        p.toolCall({ session_id: 's', task_id: 't', tool: 'x', observation }),
+      ).rejects.toMatchObject({
+        code: 'INPUT_INVALID',
+        message: expect.stringMatching(/not JSON/) as unknown,
+      });
     // The failures are reported once more by close(), for callers that did not await each event.
     await expect(p.close()).rejects.toMatchObject({ code: 'INPUT_INVALID' });
     await expect(p.taskCompleted({ session_id: 's', task_id: 't' })).rejects.toMatchObject({
