@@ -277,6 +277,15 @@ export async function publish(opts: {
           value = Buffer.from(JSON.stringify(o));
         }
       }
+      // The reader bounds a line's characters, and one takes up to 3 bytes: a line of multi-byte text (an output
+      // in Chinese) can be under the bound in characters and over it in bytes. The services would dead-letter it
+      // (oversize), and the broker refuses it over 1 MiB, failing the send and with it the lines that follow.
+      if (value.length > env.PAVER_MAX_MESSAGE_BYTES) {
+        process.stderr.write(
+          `paver publish: line ${lineNo}: longer than PAVER_MAX_MESSAGE_BYTES (${env.PAVER_MAX_MESSAGE_BYTES}); not sent\n`,
+        );
+        continue;
+      }
       // Under the services' produce budget too: kafkajs sends a partition's records of one request as one
       // record batch, which the broker refuses above its message.max.bytes (1 MiB by default), so 500 events of
       // one session with 3 KB outputs failed the command.

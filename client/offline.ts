@@ -51,14 +51,15 @@ export function detect(events: Iterable<unknown>, params: Partial<DetectorParams
       invalid++;
       continue;
     }
-    const op = toOp(parsed.data);
+    const op = toOp(parsed.data, p.requestTerms);
     if (op) state.apply(op);
   }
   return {
     scopes: state.scopesSeen().map((s) => ({
       tenant_id: s.tenant,
       agent_id: s.agent,
-      candidates: liveCandidates(state.frequentStats(s), p),
+      // The window's records too: a candidate's request terms come from the records that contain it.
+      candidates: liveCandidates(state.frequentStats(s), p, state.windowRecords(s)),
     })),
     invalid,
   };

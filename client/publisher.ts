@@ -102,6 +102,8 @@ interface Pending {
   value: Buffer;
   resolve: () => void;
   reject: (err: unknown) => void;
+  /** Gives back what the call took of its task's step count (see `guard`). */
+  undo?: () => void;
 }
 
 /**
@@ -205,7 +207,10 @@ export function createPublisher(opts: PublisherOptions): Publisher {
         });
         fail(e);
         // What follows a failed request is not sent: a session's later events never land before its earlier.
-        for (const p of batch.slice(sent)) p.reject(e);
+        const unsent = batch.slice(sent);
+        // Last call first: each gives its step back only while it is still its task's latest.
+        for (let i = unsent.length - 1; i >= 0; i--) unsent[i]!.undo?.();
+        for (const p of unsent) p.reject(e);
       }
     });
     return chain;
@@ -222,11 +227,21 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   // of its task: checked after the asynchronous encode, it came after the step was taken, and the task's next
   // call skipped a number. The text is returned for a codec that sends it as it is (JSON), not made twice.
   const sized = (event: ToolCallsEvent): string | undefined => {
-    const text = codec.encodeText?.(event);
-    const bytes =
-      text === undefined
-        ? WIRE_HEADER_BYTES + Buffer.byteLength(JSON.stringify(event))
-        : Buffer.byteLength(text);
+    let text: string | undefined;
+    let bytes: number;
+    try {
+      text = codec.encodeText?.(event);
+      bytes =
+        text === undefined
+          ? WIRE_HEADER_BYTES + Buffer.byteLength(JSON.stringify(event))
+          : Buffer.byteLength(text);
+    } catch (err) {
+      // The contract takes any value as args or observation; one JSON cannot write (a BigInt from a database
+      // driver, a circular object) is as invalid an event, and said so with the code a caller checks for.
+      throw new PaverError('INPUT_INVALID', `${event.type} event is not JSON: ${errorMessage(err)}`, {
+        cause: err,
+      });
+    }
     if (bytes > maxBytes)
       throw new PaverError(
         'INPUT_INVALID',
@@ -235,25 +250,34 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     return text;
   };
 
-  const enqueue = async (event: ToolCallsEvent, text: string | undefined): Promise<void> => {
+  const enqueue = async (
+    event: ToolCallsEvent,
+    text: string | undefined,
+    undo: (() => void) | undefined,
+  ): Promise<void> => {
     const encoded =
       text === undefined ? codec.encode('tool-calls.v1', topic, event) : Promise.resolve(Buffer.from(text));
     encoding.add(encoded);
     let value: Buffer;
     try {
       value = await encoded;
+    } catch (err) {
+      undo?.();
+      throw err;
     } finally {
       encoding.delete(encoded);
     }
     // The check at the call sized the text the codec writes; this one holds the limit should a codec's framing
     // ever differ from that (the broker would refuse the whole batch the record went in).
-    if (value.length > maxBytes)
+    if (value.length > maxBytes) {
+      undo?.();
       throw new PaverError(
         'INPUT_INVALID',
         `${event.type} event is ${value.length} bytes, over the ${maxBytes}-byte limit`,
       );
+    }
     const done = new Promise<void>((resolve, reject) => {
-      queue.push({ key: event.session_id, value, resolve, reject });
+      queue.push({ key: event.session_id, value, resolve, reject, undo });
     });
     if (queue.length >= batchSize) void sendNow();
     else timer ??= setTimeout(() => void sendNow(), lingerMs);
@@ -266,7 +290,9 @@ export function createPublisher(opts: PublisherOptions): Publisher {
       ts: Date.now(),
       ...(opts.tenantId ? { tenant_id: opts.tenantId } : {}),
       ...(opts.agentId ? { agent_id: opts.agentId } : {}),
-      ...e,
+      // A field given as undefined (a wrapper passing its own optional values through) is one left out: spread
+      // as it is, it took the place of the default, and the event was refused or went to the 'default' scope.
+      ...Object.fromEntries(Object.entries(e).filter(([, v]) => v !== undefined)),
       type,
     };
     const parsed = toolCallsEventV1.safeParse(withDefaults);
@@ -276,21 +302,28 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     }
     return parsed.data;
   };
+  // The scope the event is published under: its own, the publisher's, or the contract's default.
   const taskKey = (e: { tenant_id?: string; agent_id?: string; session_id: string; task_id: string }) =>
-    JSON.stringify([e.tenant_id ?? opts.tenantId, e.agent_id ?? opts.agentId, e.session_id, e.task_id]);
+    JSON.stringify([
+      e.tenant_id ?? (opts.tenantId || 'default'),
+      e.agent_id ?? (opts.agentId || 'default'),
+      e.session_id,
+      e.task_id,
+    ]);
 
   // Validation errors surface as rejected promises, like send errors: one way to handle failures. Each
   // promise is marked handled so an agent that fires and forgets is not crashed by an unhandled
   // rejection; flush() reports the failure instead. `accepted` runs only for an event that passed every check
-  // made at the call (the contract, the size): a tool call's step is taken there, not before.
-  const guard = (f: () => { event: ToolCallsEvent; accepted?: () => void }): Promise<void> => {
+  // made at the call (the contract, the size): a tool call's step is taken there, not before. What it returns
+  // undoes that when the event is not published after all (a failed send): an agent retrying a call that
+  // failed gets the step the call had, and its task's steps stay 0, 1, 2… as the contract counts them.
+  const guard = (f: () => { event: ToolCallsEvent; accepted?: () => () => void }): Promise<void> => {
     let done: Promise<void>;
     try {
       if (closed) throw new PaverError('SHUTTING_DOWN', 'publisher is closed');
       const { event, accepted } = f();
       const text = sized(event);
-      accepted?.();
-      done = enqueue(event, text);
+      done = enqueue(event, text, accepted?.());
     } catch (err) {
       done = Promise.reject(err);
     }
@@ -305,9 +338,17 @@ export function createPublisher(opts: PublisherOptions): Publisher {
         const step = e.step ?? steps.get(key) ?? 0;
         const event = complete('tool_call', { ...e, step });
         const accepted = () => {
+          const before = steps.get(key);
           steps.delete(key);
           steps.set(key, step + 1);
           if (steps.size > MAX_OPEN_TASKS) steps.delete(steps.keys().next().value!);
+          // Only while no later call of the task has taken the next step: a retry numbered below it would be out
+          // of order.
+          return () => {
+            if (steps.get(key) !== step + 1) return;
+            steps.delete(key);
+            if (before !== undefined) steps.set(key, before);
+          };
         };
         return { event, accepted };
       });
@@ -318,7 +359,16 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     taskCompleted(e) {
       return guard(() => {
         const event = complete('task_completed', e);
-        return { event, accepted: () => steps.delete(taskKey(e)) };
+        const key = taskKey(e);
+        const accepted = () => {
+          const before = steps.get(key);
+          steps.delete(key);
+          // A task whose end was not published goes on counting, unless a call has started it again since.
+          return () => {
+            if (before !== undefined && !steps.has(key)) steps.set(key, before);
+          };
+        };
+        return { event, accepted };
       });
     },
     async flush() {

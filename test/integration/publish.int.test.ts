@@ -237,6 +237,25 @@ describe('paver publish', () => {
     );
   });
 
+  it('skips a line whose characters are under PAVER_MAX_MESSAGE_BYTES but whose bytes are over it, and sends the rest', async () => {
+    const file = join(tmpdir(), `${unique('publish-wide-chars')}.jsonl`);
+    const line = (id: string, observation?: string) =>
+      JSON.stringify({ type: 'tool_call', event_id: id, session_id: 's1', tool: 'x', observation });
+    // 400,000 characters of 3 bytes each: 1.2 MB, more than the broker takes in a record batch.
+    writeFileSync(file, [line('a'), line('big', '€'.repeat(400_000)), line('b')].join('\n') + '\n');
+    const env = serviceEnv();
+    const p = await startProcess([PAVER_BIN, 'publish', '--input', file], env);
+    // Before: the broker refused the record, and the command failed (exit 1) with the lines after it unsent.
+    expect(await p.exited, p.output().slice(-2000)).toBe(0);
+    expect(p.output()).toContain('line 2: longer than PAVER_MAX_MESSAGE_BYTES');
+    expect(p.output()).toContain('published 2 events');
+    const got = await consumeUntil(env.PAVER_TOPIC_TOOL_CALLS!, (all) => all.length >= 2);
+    expect(got.map((m) => (JSON.parse(m.value!.toString()) as { event_id: string }).event_id)).toEqual([
+      'a',
+      'b',
+    ]);
+  });
+
   it("sends 500 events of one session with 3 KB outputs (1.5 MB for one partition, over the broker's request limit)", async () => {
     const file = join(tmpdir(), `${unique('publish-wide')}.jsonl`);
     const text = 'x'.repeat(3000);

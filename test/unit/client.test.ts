@@ -1,6 +1,18 @@
 import { describe, expect, it, vi } from 'vitest';
 import { logLevel, type Producer } from 'kafkajs';
-import { createPublisher, detect, select, PaverError, type ToolCallInput } from '../../client/index.js';
+import { rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import {
+  createPublisher,
+  detect,
+  select,
+  DEFAULT_DETECTOR_PARAMS,
+  PaverError,
+  type ToolCallInput,
+} from '../../client/index.js';
+import { detect as detectFile } from '../../services/detector/src/cli.js';
+import { liveCandidates } from '../../services/detector/src/core/detect.js';
 import { MAX_OPEN_TASKS } from '../../client/publisher.js';
 import { freePort } from '../../deploy/local/stack.js';
 import { waitFor } from '../helpers/kafka.js';
@@ -30,6 +42,16 @@ describe('client: createPublisher (validation happens before any connection)', (
     await expect(
       p.userMessage({ session_id: 's', text: 'x'.repeat(1_000_000) } as never),
     ).rejects.toMatchObject({ code: 'INPUT_INVALID' });
+    // Not JSON (a database driver's BigInt, a circular object): refused as invalid, as the contract refuses.
+    const circular: Record<string, unknown> = {};
+    circular.self = circular;
+    for (const observation of [{ rows: 3n }, circular])
+      await expect(
+        p.toolCall({ session_id: 's', task_id: 't', tool: 'x', observation }),
+      ).rejects.toMatchObject({
+        code: 'INPUT_INVALID',
+        message: expect.stringMatching(/not JSON/) as unknown,
+      });
     // The failures are reported once more by close(), for callers that did not await each event.
     await expect(p.close()).rejects.toMatchObject({ code: 'INPUT_INVALID' });
     await expect(p.taskCompleted({ session_id: 's', task_id: 't' })).rejects.toMatchObject({
@@ -90,6 +112,85 @@ describe('client: createPublisher (validation happens before any connection)', (
       ['c', 2],
       ['d', 3],
     ]);
+  });
+
+  it('a call whose send failed gives its step back: its retry gets the step it had, and the task counts on from there', async () => {
+    const sent: { step?: number; tool: string; type: string }[] = [];
+    let failures = 0;
+    // A producer double that refuses the sends the test asks it to: this test is about the step count.
+    const producer = {
+      send: async (r: { messages: { value: Buffer }[] }) => {
+        if (failures > 0) {
+          failures--;
+          throw new Error('broker down');
+        }
+        for (const m of r.messages) sent.push(JSON.parse(m.value.toString()) as (typeof sent)[number]);
+        return [];
+      },
+    } as unknown as Producer;
+    const p = createPublisher({ producer, lingerMs: 0 });
+    const call = (tool: string) => p.toolCall({ session_id: 's', task_id: 't', tool });
+    await call('a');
+    failures = 1;
+    await expect(call('b')).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    await call('b');
+    // Three calls in one failed send (unawaited, as a fire-and-forget agent makes them): all three steps back.
+    failures = 1;
+    const burst = [call('c'), call('d'), call('e')];
+    await expect(p.flush()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    for (const b of burst) await expect(b).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    await call('c');
+    // A task end that was not published does not end the count either.
+    failures = 1;
+    await expect(p.taskCompleted({ session_id: 's', task_id: 't' })).rejects.toMatchObject({
+      code: 'KAFKA_UNAVAILABLE',
+    });
+    await call('d');
+    // close() reports the failed task end once more, for callers that did not await it.
+    await expect(p.close()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    expect(sent.map((e) => [e.tool, e.step])).toEqual([
+      ['a', 0],
+      ['b', 1],
+      ['c', 2],
+      ['d', 3],
+    ]);
+  });
+
+  it("a field given as undefined is left out: it gets the publisher's default, and the task's steps count on", async () => {
+    const sent: Record<string, unknown>[] = [];
+    // A producer double: this test is about the events the publisher builds, not about Kafka.
+    const producer = {
+      send: async (r: { messages: { value: Buffer }[] }) => {
+        for (const m of r.messages) sent.push(JSON.parse(m.value.toString()) as Record<string, unknown>);
+        return [];
+      },
+    } as unknown as Producer;
+    const p = createPublisher({ producer, tenantId: 'acme', agentId: 'bot' });
+    // What a wrapper passing its own optional values through writes.
+    const given: { tenant?: string; agent?: string; id?: string; ts?: number } = {};
+    await p.toolCall({
+      session_id: 's',
+      task_id: 't',
+      tool: 'a',
+      tenant_id: given.tenant,
+      agent_id: given.agent,
+      event_id: given.id,
+      ts: given.ts,
+    });
+    await p.toolCall({ session_id: 's', task_id: 't', tool: 'b', tenant_id: 'acme' });
+    // Without publisher defaults, the contract's 'default' scope given or left out is one task.
+    const q = createPublisher({ producer });
+    await q.toolCall({ session_id: 's', task_id: 'u', tool: 'c' });
+    await q.toolCall({ session_id: 's', task_id: 'u', tool: 'd', tenant_id: 'default', agent_id: 'default' });
+    await Promise.all([p.close(), q.close()]);
+    expect(sent.map((e) => [e.tool, e.tenant_id, e.agent_id, e.step])).toEqual([
+      ['a', 'acme', 'bot', 0],
+      ['b', 'acme', 'bot', 1],
+      ['c', 'default', 'default', 0],
+      ['d', 'default', 'default', 1],
+    ]);
+    expect(typeof sent[0]!.event_id).toBe('string');
+    expect(typeof sent[0]!.ts).toBe('number');
   });
 
   it('a second close() waits for the first one: it resolves only once the queued events are acknowledged', async () => {
@@ -181,6 +282,44 @@ describe('client: offline cores in-process', () => {
     expect(r.scopes[0]?.candidates.map((c) => c.tool_sequence)).toContainEqual(['a', 'b', 'c']);
     expect(detect(events(2, ['a', 'b', 'c'])).scopes[0]?.candidates).toEqual([]);
     expect(() => detect([], { minLength: 0 })).toThrow(PaverError);
+  });
+
+  it("detect's candidates carry the terms of users' requests, as paver detect's and the service's do", async () => {
+    const withRequests = Array.from({ length: 4 }, (_, t) => [
+      {
+        type: 'user_message',
+        event_id: `u-${t}`,
+        ts: t * 1000,
+        session_id: `s${t}`,
+        task_id: `t${t}`,
+        text: 'please refund the invoice of my order',
+      },
+      ...events(4, ['a', 'b', 'c']).filter((e) => e.task_id === `t${t}`),
+    ]).flat();
+    const [candidate] = detect(withRequests).scopes[0]!.candidates;
+    // Before: { tasks: 0, terms: [] }, and a description without the requests' words.
+    expect(candidate?.request_terms?.tasks).toBe(4);
+    expect(candidate?.request_terms?.terms.map((t) => t.term)).toEqual(['invoice', 'order', 'refund']);
+    // The same candidates as `paver detect` over the same events.
+    const file = join(tmpdir(), `client-detect-${process.pid}.jsonl`);
+    writeFileSync(file, withRequests.map((e) => JSON.stringify(e)).join('\n') + '\n');
+    try {
+      const cli = await detectFile(file, DEFAULT_DETECTOR_PARAMS, {}, () => undefined);
+      const scope = cli.state.scopesSeen()[0]!;
+      expect(detect(withRequests).scopes[0]!.candidates).toEqual(
+        liveCandidates(
+          cli.state.frequentStats(scope),
+          DEFAULT_DETECTOR_PARAMS,
+          cli.state.windowRecords(scope),
+        ),
+      );
+    } finally {
+      rmSync(file, { force: true });
+    }
+    // And none when they are turned off.
+    expect(
+      detect(withRequests, { requestTerms: false }).scopes[0]!.candidates[0]?.request_terms,
+    ).toBeUndefined();
   });
 
   it('select recalls the flow that matches the query, without a model', () => {
