@@ -20,7 +20,7 @@ import { scopeId, toOp, type Scope } from '../services/detector/src/core/ops.js'
 import { DEFAULT_PARAMS } from '../services/detector/src/core/params.js';
 import { DetectorState } from '../services/detector/src/core/state.js';
 import { FlowsEngine, type CandidateStore } from '../services/flows/src/adapters/engine.js';
-import { offlineEnv, policies } from '../services/flows/src/config.js';
+import { offlineEnv, policies, readPolicyFile } from '../services/flows/src/config.js';
 import { OutcomeBook, flowTools } from '../services/flows/src/core/outcomes.js';
 import type { PromotionPolicy, StoredCandidate } from '../services/flows/src/core/promotion.js';
 import { PromptCache } from '../services/flows/src/core/prompt.js';
@@ -40,7 +40,8 @@ Replays a tool-calls stream online, in file order, through what the services do:
 its selection for each user message (sparse recall and past outcomes; no model). From the point where the
 agent first calls a chosen flow's first tool, the flow's steps are compared with what the agent did next;
 the first mismatch ends the flow. Prints coverage (matched steps ÷ all tool calls) and precision (matched ÷
-proposed), overall and per flow. Other settings come from FLOWS_* as for the service; progress goes to stderr.
+proposed), overall and per flow. Other settings come from FLOWS_* as for the service (FLOWS_POLICY_FILE's per-agent
+overrides included; --promotion and the other flags win over them); progress goes to stderr.
 `;
 
 export interface ReplayOptions {
@@ -66,7 +67,7 @@ interface FlowStats {
 /** The replay itself, for the command, the protocol bench and the tests. */
 export async function replay(o: ReplayOptions) {
   const env = offlineEnv(o.env ?? process.env);
-  const pol = policies(env, { agents: [] });
+  const pol = policies(env, await readPolicyFile(env));
   const promotionPolicy = (t: string, a: string): PromotionPolicy => ({
     ...pol.promotion(t, a),
     ...o.promotion,
@@ -254,7 +255,7 @@ export async function replayCommand(argv: string[]): Promise<number> {
   let promotion: Partial<PromotionPolicy>;
   try {
     const p = {
-      mode: (values.promotion ?? 'auto') as 'auto' | 'manual',
+      mode: values.promotion as 'auto' | 'manual' | undefined,
       minOccurrences: num('min-occurrences', values['min-occurrences'], { min: 1, integer: true }),
       minSavings: num('min-savings', values['min-savings'], { min: 0 }),
       shadowTrials: num('shadow-trials', values['shadow-trials'], { min: 0, max: 1_000_000, integer: true }),
@@ -265,8 +266,10 @@ export async function replayCommand(argv: string[]): Promise<number> {
     process.stderr.write(`paver flows replay: ${errorMessage(err)}\n`);
     return 2;
   }
+  // Without --promotion, `auto`, unless FLOWS_POLICY_FILE says otherwise for an agent (as for the service).
+  const env = { ...process.env, FLOWS_PROMOTION: 'auto' };
   try {
-    offlineEnv(process.env);
+    await readPolicyFile(offlineEnv(env));
   } catch (err) {
     process.stderr.write(`paver flows replay: FLOWS_* settings: ${errorMessage(err)}\n`);
     return 2;
@@ -289,6 +292,7 @@ export async function replayCommand(argv: string[]): Promise<number> {
       input: values.input,
       ...(values.flows ? { flows: values.flows } : {}),
       promotion,
+      env,
       outcomes: !values['no-outcomes'],
       progress: (s) => process.stderr.write(`paver flows replay: ${s}\n`),
       warn: (s) => process.stderr.write(`paver flows replay: ${s}\n`),

@@ -5,7 +5,11 @@ import { createRunner, type Parser, type Rejection, type Runner, type RuntimeDep
 
 export interface TableFeed {
   start(): Promise<void>;
-  /** Resolves true once everything on the topic at start-up has been applied (false after `timeoutMs`; the poll goes on). */
+  /**
+   * Resolves true once everything on the topic when asked has been applied (false after `timeoutMs`; the poll goes
+   * on). Every call looks at the topic's end again: a rebuild from the table after start-up needs what was written
+   * since, which the feed may not have read yet.
+   */
   caughtUp(timeoutMs: number): Promise<boolean>;
   isCaughtUp(): boolean;
   stop(): Promise<void>;
@@ -39,7 +43,9 @@ export function createTableFeed<T>(spec: TableFeedSpec<T>, deps: RuntimeDeps): T
   const groupId = `${o.groupPrefix}-table-${randomUUID()}`;
   let caught = false;
   let runner: Runner | null = null;
-  let progress: Promise<boolean> | null = null;
+  /** The wait in flight, and how many asks it answers: those made before it read the topic's end. */
+  let progress: { answers: number; done: Promise<boolean> } | null = null;
+  let asks = 0;
   let stopped = false;
 
   const handler = async (records: { offset: string; key: string | null; value: T }[]) => {
@@ -56,6 +62,57 @@ export function createTableFeed<T>(spec: TableFeedSpec<T>, deps: RuntimeDeps): T
     o.onApplied?.('rejected', rejected.length);
     return { rejected };
   };
+
+  /** Everything on the topic now, applied: true; false when stopped first, or the broker could not tell. */
+  const readToEnd = (): Promise<boolean> =>
+    (async (): Promise<boolean> => {
+      const admin = o.kafka.admin();
+      await admin.connect();
+      try {
+        const ends = await withRetry(
+          () =>
+            admin.fetchTopicOffsets(o.topic).catch((err: unknown) => {
+              // A partition between leaders answers "not the leader" for a moment: worth the next attempt.
+              throw new PaverError('KAFKA_UNAVAILABLE', errorMessage(err), { cause: err });
+            }),
+          {
+            attempts: 8,
+            initialMs: 250,
+            maxMs: 4000,
+          },
+        );
+        const target = new Map(
+          ends.filter((p) => p.high !== p.low).map((p) => [p.partition, BigInt(p.high)]),
+        );
+        while (!stopped) {
+          // The runner commits after each applied chunk, so the group's offsets say how far the table is.
+          // Right after start-up the coordinator may not be there yet: keep polling.
+          const committed = await admin.fetchOffsets({ groupId, topics: [o.topic] }).then(
+            (r) => r[0],
+            () => undefined,
+          );
+          const done =
+            committed !== undefined &&
+            [...target].every(
+              ([p, high]) =>
+                BigInt(committed.partitions.find((c) => c.partition === p)?.offset ?? '-1') >= high,
+            );
+          if (done) return (caught = true);
+          await new Promise((r) => setTimeout(r, 100));
+        }
+        return false;
+      } finally {
+        await admin.disconnect().catch(() => undefined);
+      }
+    })().catch((err: unknown) => {
+      // The broker unreachable past the retries: checked again on the next ask (`isCaughtUp` asks), so a
+      // service whose consumption waits on the table does not wait for good.
+      o.log.warn(
+        { topic: o.topic, err: errorMessage(err) },
+        'could not tell whether the table is read; trying again',
+      );
+      return false;
+    });
 
   return {
     async start() {
@@ -79,57 +136,20 @@ export function createTableFeed<T>(spec: TableFeedSpec<T>, deps: RuntimeDeps): T
       await runner.start();
     },
     caughtUp(timeoutMs) {
-      progress ??= (async (): Promise<boolean> => {
-        const admin = o.kafka.admin();
-        await admin.connect();
-        try {
-          const ends = await withRetry(
-            () =>
-              admin.fetchTopicOffsets(o.topic).catch((err: unknown) => {
-                // A partition between leaders answers "not the leader" for a moment: worth the next attempt.
-                throw new PaverError('KAFKA_UNAVAILABLE', errorMessage(err), { cause: err });
-              }),
-            {
-              attempts: 8,
-              initialMs: 250,
-              maxMs: 4000,
-            },
-          );
-          const target = new Map(
-            ends.filter((p) => p.high !== p.low).map((p) => [p.partition, BigInt(p.high)]),
-          );
-          while (!stopped) {
-            // The runner commits after each applied chunk, so the group's offsets say how far the table is.
-            // Right after start-up the coordinator may not be there yet: keep polling.
-            const committed = await admin.fetchOffsets({ groupId, topics: [o.topic] }).then(
-              (r) => r[0],
-              () => undefined,
-            );
-            const done =
-              committed !== undefined &&
-              [...target].every(
-                ([p, high]) =>
-                  BigInt(committed.partitions.find((c) => c.partition === p)?.offset ?? '-1') >= high,
-              );
-            if (done) return (caught = true);
-            await new Promise((r) => setTimeout(r, 100));
-          }
-          return false;
-        } finally {
-          await admin.disconnect().catch(() => undefined);
+      const asked = ++asks;
+      // One wait at a time (`isCaughtUp` asks on every probe); an ask made after it read the topic's end waits for
+      // the next one.
+      const answer = async (): Promise<boolean> => {
+        for (;;) {
+          progress ??= { answers: asks, done: readToEnd() };
+          const p = progress;
+          const read = await p.done;
+          if (progress === p) progress = null;
+          if (!read || p.answers >= asked || stopped) return read;
         }
-      })().catch((err: unknown) => {
-        // The broker unreachable past the retries: checked again on the next ask (`isCaughtUp` asks), so a
-        // service whose consumption waits on the table does not wait for good.
-        progress = null;
-        o.log.warn(
-          { topic: o.topic, err: errorMessage(err) },
-          'could not tell whether the table is read; trying again',
-        );
-        return false;
-      });
+      };
       return Promise.race([
-        progress,
+        answer(),
         new Promise<boolean>((r) => setTimeout(() => r(false), timeoutMs).unref()),
       ]);
     },
@@ -139,7 +159,7 @@ export function createTableFeed<T>(spec: TableFeedSpec<T>, deps: RuntimeDeps): T
     },
     async stop() {
       stopped = true;
-      await progress?.catch(() => undefined);
+      await progress?.done;
       await runner?.stop();
       // The throwaway group has served its purpose; leave no clutter behind on the broker.
       const admin = o.kafka.admin();

@@ -6,7 +6,7 @@ import { fillVectors, select } from './adapters/selector.js';
 import { PromptCache } from './core/prompt.js';
 import { FlowRegistry, registerManual } from './core/registry.js';
 import { OutcomeBook } from './core/outcomes.js';
-import { offlineEnv, policies, type FlowsEnv } from './config.js';
+import { offlineEnv, policies, readPolicyFile, type FlowsEnv, type PolicyFile } from './config.js';
 import { errorMessage } from '../../../shared/errors.js';
 import { cutText } from '../../../shared/core/text.js';
 
@@ -14,7 +14,7 @@ const SELECT_USAGE = `Usage: paver select --flows FILE.(json|yaml) --query TEXT 
                     [--fail-open] [--score-floor X] [--outcome-floor X] [--pretty]
 
 Defaults are the service's (FLOWS_TOP_K, FLOWS_RRF_K, FLOWS_SCORE_FLOOR, FLOWS_FAIL_OPEN, FLOWS_OUTCOME_* from the
-environment, at their service defaults when unset); a flag wins.
+environment, at their service defaults when unset, and FLOWS_POLICY_FILE's entry for --tenant/--agent); a flag wins.
 
 Runs flow selection offline over a flows file (a JSON/YAML array of flows) and prints the result as one JSON line (--pretty indents it).
 With FLOWS_CHAT_URL (and FLOWS_CHAT_API_KEY, FLOWS_CHAT_MODEL) set, several candidates go to that
@@ -46,13 +46,15 @@ export async function selectCommand(argv: string[]): Promise<number> {
     return 2;
   }
   let settings: FlowsEnv;
+  let overrides: PolicyFile;
   try {
     settings = offlineEnv(process.env);
+    overrides = await readPolicyFile(settings);
   } catch (err) {
     process.stderr.write(`paver select: FLOWS_* settings: ${errorMessage(err)}\n`);
     return 2;
   }
-  const pol = policies(settings, { agents: [] });
+  const pol = policies(settings, overrides);
   let policy;
   try {
     // The service's selection settings (FLOWS_* as the service reads them), then the flags.

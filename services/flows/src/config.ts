@@ -12,6 +12,8 @@ import {
   topicName,
 } from '../../../shared/config.js';
 import { id } from '../../../schemas/index.js';
+import { errorMessage } from '../../../shared/errors.js';
+import { describeIssues, readConfigFile } from '../../../shared/jsonl.js';
 import type { OutcomePolicy } from './core/outcomes.js';
 import type { PromotionPolicy } from './core/promotion.js';
 import { DEFAULT_POLICY, type SelectPolicy } from './core/select.js';
@@ -113,6 +115,24 @@ export const policyFileV1 = z
   })
   .strict();
 export type PolicyFile = z.infer<typeof policyFileV1>;
+
+/**
+ * FLOWS_POLICY_FILE as read (no file: no overrides). The service and the offline commands read it alike: a
+ * command that left it out chose and promoted otherwise than the service for every agent it names.
+ */
+export async function readPolicyFile(env: Pick<FlowsEnv, 'FLOWS_POLICY_FILE'>): Promise<PolicyFile> {
+  const path = env.FLOWS_POLICY_FILE;
+  if (!path) return { agents: [] };
+  let raw: unknown;
+  try {
+    raw = await readConfigFile(path);
+  } catch (err) {
+    throw new Error(`FLOWS_POLICY_FILE: cannot read ${path}: ${errorMessage(err)}`);
+  }
+  const r = policyFileV1.safeParse(raw);
+  if (!r.success) throw new Error(`FLOWS_POLICY_FILE ${path}: ${describeIssues(r.error.issues)}`);
+  return r.data;
+}
 
 /** Environment defaults, overridden per (tenant, agent) by FLOWS_POLICY_FILE. */
 export function policies(env: FlowsEnv, overrides: PolicyFile) {

@@ -28,6 +28,8 @@ export const candidateStateKey = (tenant: string, agent: string, key: string) =>
  * Every candidate's latest state, per scope, in memory: fed by the topic (all instances' writes) and by this
  * instance's own writes as soon as they are acknowledged (so a rebuild right after a write already has it).
  * Bounded by what the candidates hash in Redis holds: one entry per candidate the detector ever proposed.
+ * The feed reads behind the writes, and gives back older records of a candidate after this instance's newer write
+ * of it: the copy is whole only once the feed has read the topic to its end as it stands (`caughtUp`).
  */
 export class CandidateStates {
   private readonly scopes = new Map<
