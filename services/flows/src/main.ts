@@ -399,12 +399,14 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
           // The scope's past outcomes rank as they do for its sessions' selections: an instance that reads none of
           // the scope's sessions (or has not yet since its start) has them only from Redis. Without Redis, the
           // selection is still made, without them (it needs no Redis state otherwise), and the read tried again next
-          // time.
-          await engine
-            .ensureRuns(t, a)
-            .catch((err: unknown) =>
-              log.debug({ err: errorMessage(err) }, 'past outcomes not read for a selection'),
-            );
+          // time. A scope with no flow has nothing to rank: its runs are neither read nor marked read, so the ids
+          // a client makes up cost no Redis read and no memory (an event batch of the scope reads them when it comes).
+          if (registry.index(t, a)?.flows.size)
+            await engine
+              .ensureRuns(t, a)
+              .catch((err: unknown) =>
+                log.debug({ err: errorMessage(err) }, 'past outcomes not read for a selection'),
+              );
           const sel = await select(selector, t, a, query, summaries, policy.select(t, a));
           selections.inc({ path: sel.path });
           return sel;

@@ -67,6 +67,36 @@ describe('flows service: selection on demand with past outcomes', () => {
     procs.push(second);
     await waitFor(() => isReady(second), 'flows /readyz (second process)');
     expect(await select(second)).toEqual(warm);
+
+    // Scopes a client makes up, with no flow: nothing to rank, so their runs are not read (one LRANGE each, and a
+    // mark kept for the life of the process, before).
+    const monitor = await redis.duplicate().monitor();
+    const reads: string[] = [];
+    const end = `${env.REDIS_KEY_PREFIX!}:monitor-end`;
+    let monitorSaw = false;
+    monitor.on('monitor', (_t: string, args: string[]) => {
+      if (args[0]?.toLowerCase() === 'lrange' && args[1]?.includes(':flows:{made-up-')) reads.push(args[1]);
+      if (args[0]?.toLowerCase() === 'get' && args[1] === end) monitorSaw = true;
+    });
+    try {
+      for (let i = 0; i < 20; i++) {
+        const res = await fetch(second.url('/flows/select'), {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ query: 'please help with my account', tenant_id: `made-up-${i}` }),
+        });
+        expect(res.status).toBe(200);
+        expect(((await res.json()) as { chosen: unknown[] }).chosen).toEqual([]);
+      }
+      // The scope with flows is read as before (its runs are already in memory: nothing more to read for it).
+      expect(await select(second)).toEqual(warm);
+      // MONITOR's feed lags the replies: a last command of our own, seen, says every earlier one was.
+      await redis.get(end);
+      await waitFor(() => monitorSaw, 'the monitor to see the last command');
+    } finally {
+      monitor.disconnect();
+    }
+    expect(reads).toEqual([]);
     second.child.kill('SIGTERM');
     expect(await second.exited).toBe(0);
   });
