@@ -105,6 +105,8 @@ class ScopeRegistry {
 /** Registered flows per (tenant, agent), with their sparse index and, when an embedder is configured, vectors. */
 export class FlowRegistry {
   private readonly scopes = new Map<string, ScopeRegistry>();
+  /** Where each id is: a flow's update or removal looks in its own scope, not in every one (quadratic on a load). */
+  private readonly scopeOfId = new Map<string, ScopeRegistry>();
 
   private scope(tenant: string, agent: string, create: true): ScopeRegistry;
   private scope(tenant: string, agent: string, create?: false): ScopeRegistry | undefined;
@@ -120,21 +122,20 @@ export class FlowRegistry {
     this.remove(f.id);
     const s = this.scope(f.tenant_id, f.agent_id, true);
     s.flows.set(f.id, f);
+    this.scopeOfId.set(f.id, s);
     s.bm25.add(f.id, searchText(f));
     s.sequences.add(f);
   }
   remove(id: string): RegisteredFlow | undefined {
-    for (const s of this.scopes.values()) {
-      const f = s.flows.get(id);
-      if (f) {
-        s.flows.delete(id);
-        s.bm25.remove(id);
-        s.sequences.remove(f);
-        s.vectors.delete(id);
-        return f;
-      }
-    }
-    return undefined;
+    const s = this.scopeOfId.get(id);
+    const f = s?.flows.get(id);
+    if (!s || !f) return undefined;
+    this.scopeOfId.delete(id);
+    s.flows.delete(id);
+    s.bm25.remove(id);
+    s.sequences.remove(f);
+    s.vectors.delete(id);
+    return f;
   }
   get(tenant: string, agent: string, id: string): RegisteredFlow | undefined {
     return this.scope(tenant, agent)?.flows.get(id);
