@@ -62,11 +62,11 @@ export function classifyError(err: unknown): PaverError {
     e?.code === 'EPIPE' ||
     name === 'MaxRetriesPerRequestError' ||
     // ioredis's commandTimeout (REDIS_COMMAND_TIMEOUT_MS): Redis did not answer in time, a hang rather than a
-    // refusal. Before, it was INTERNAL: one frozen Redis stopped the service instead of retrying its batch.
+    // refusal: taken for INTERNAL, one frozen Redis would stop the service instead of retrying its batch.
     redisCommandTimedOut(message) ||
     /Connection is closed|Stream isn't writeable|LOADING|BUSY|TRYAGAIN|CLUSTERDOWN/.test(message) ||
-    // The same transient replies redisFailure knows: before, a reply classified here (the detector's pipelines,
-    // any raw ioredis error) took READONLY, MASTERDOWN, OOM or NOREPLICAS for a bug and stopped the service.
+    // The same transient replies redisFailure knows: a reply classified here (the detector's pipelines, any raw
+    // ioredis error) must not take READONLY, MASTERDOWN, OOM or NOREPLICAS for a bug and stop the service.
     TRANSIENT_REPLY.test(message)
   ) {
     return new PaverError('REDIS_UNAVAILABLE', message, { cause: err });

@@ -170,8 +170,8 @@ function decodeParam(raw: string): string {
 /**
  * Why a request's Content-Type is not JSON's, or null: `application/json` or `application/<x>+json`, with any
  * parameters but a charset other than UTF-8 (JSON's only encoding, and the only one decoded). No Content-Type is
- * taken as JSON. Before, any body was parsed as JSON whatever its type: a form post (`curl -d` sends
- * application/x-www-form-urlencoded) that happened to parse was answered as if it were JSON.
+ * taken as JSON. Parsed whatever its type, a form post (`curl -d` sends application/x-www-form-urlencoded) that
+ * happened to parse would be answered as if it were JSON.
  */
 function notJson(contentType: string | undefined): string | null {
   if (contentType === undefined) return null;

@@ -281,7 +281,7 @@ export async function runService<E extends CommonEnv, T>(
   /**
    * Start-up, step by step, each step only while no stop was asked. The process's exit waits for the stop,
    * never for start-up: a SIGTERM while start-up retries an unreachable broker (minutes of kafkajs retries)
-   * used to wait for all of it, past any grace period.
+   * would otherwise wait for all of it, past any grace period.
    */
   const startUp = async () => {
     // HTTP first: /healthz is the process's, and must answer while start-up waits on Kafka, Redis or a table

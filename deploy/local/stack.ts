@@ -156,7 +156,7 @@ const STOP_GRACE_MS = 10_000;
 /**
  * Ends the server when this process ends without stopping it. The servers run in their own process groups
  * (a Ctrl-C must not take them away mid-shutdown), so nothing else would: a `paver dev` or a test run killed
- * with SIGKILL, or by a CI timeout, used to leave its broker and redis-server running, each holding a port
+ * with SIGKILL, or by a CI timeout, would leave its broker and redis-server running, each holding a port
  * and a temporary folder. Detached and unreferenced: it outlives this process by design, and never holds it up.
  * Also for the redis-servers tests start of their own (test/helpers/own-redis.ts), whose folders they keep.
  *

@@ -335,7 +335,7 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     const topic = o.env.PAVER_TOPIC_DEAD_LETTERS;
     // Rethrown so the batch is redelivered: a message is never lost because the dead-letter write failed. A write
     // the broker refuses for good (a permission, the topic's configuration) is not retried: the service stops at
-    // once, naming the topic and the cause. Before, it spent every retry and restart on it first.
+    // once, naming the topic and the cause, rather than spend every retry and restart on it first.
     const failed = (
       err: unknown,
       code: 'DEAD_LETTER_WRITE_FAILED' | 'INTERNAL' = 'DEAD_LETTER_WRITE_FAILED',
@@ -489,8 +489,8 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
      */
     let rejoin: Error | null = null;
     // Aborted with the batch's new work (a stop, the partition's loss, the group's rebalance): a step waiting on
-    // something slow stops waiting. Before, a model call per record went on for its whole budget, record after
-    // record: a stop waited for them past PAVER_SHUTDOWN_TIMEOUT_MS (exit 1), and a rebalance held the group.
+    // something slow stops waiting. A model call per record would otherwise go on for its whole budget, record
+    // after record: a stop would wait past PAVER_SHUTDOWN_TIMEOUT_MS (exit 1), and a rebalance hold the group.
     const abort = new AbortController();
     batchesRunning.add(abort);
     if (stopping) abort.abort();
@@ -556,8 +556,8 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
         // kafkajs heartbeats only when asked. An effect longer than the session timeout (a model call per
         // request, a slow Redis) that does not ask would get the member evicted: its commit refused, the chunk
         // read again, as slowly, for good. A heartbeat that finds the group rebalancing stops the batch's new
-        // work (ctx.isRunning says so to the handler, retries end) and the batch then hands it to kafkajs. Before,
-        // it was dropped: a handler working in steps went on to the end of the chunk.
+        // work (ctx.isRunning says so to the handler, retries end) and the batch then hands it to kafkajs; dropped,
+        // it would let a handler working in steps go on to the end of the chunk.
         const beat = setInterval(() => {
           if (!p.isRunning() || p.isStale()) abort.abort();
           void p.heartbeat().catch((e: unknown) => {

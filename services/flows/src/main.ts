@@ -296,8 +296,8 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       async start() {
         await Promise.all([feed.start(), stateFeed.start()]);
         const loaded = await feed.caughtUp(env.FLOWS_REGISTRY_WAIT_MS);
-        // A stop ends the wait (the feed's stop): start-up ends there too. Before, it went on to publish the
-        // hand-written flows to the flows topic from a service being closed.
+        // A stop ends the wait (the feed's stop): start-up ends there too, or a service being closed would go on
+        // to publish the hand-written flows to the flows topic.
         if (!isRunning()) return;
         if (loaded) log.info({ flows: registry.size }, 'flow registry loaded');
         else log.warn('flows topic not caught up yet; consuming anyway, /readyz says so');

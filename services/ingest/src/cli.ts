@@ -28,8 +28,8 @@ ingest service. A summary goes to stderr.
 
 /**
  * The export is parsed whole (it may be one JSON document), so its size bounds the memory the command takes,
- * several times over once parsed. Before, a file had no bound at all and stdin one of 1 GiB, past V8's largest
- * string. Stays under that string limit (about 512 MiB).
+ * several times over once parsed. Stays under V8's largest string (about 512 MiB), which stdin and a file are
+ * read into.
  */
 export const DEFAULT_MAX_INPUT_BYTES = 256 * 1024 * 1024;
 

@@ -304,8 +304,8 @@ export function applyEvent(
 
   // A task_completed changes no state, and its record answers as the allowed-tools read does, for where the
   // next event will be judged: the step the rule picks once a sequence completed, the default step in a session
-  // that starts with it. Before, it showed the state as it was (the finished step reported completed a second
-  // time; no step, every tool allowed, in a new session with a default step).
+  // that starts with it. The state as it was would report a finished step completed a second time, and no step
+  // (every tool allowed) in a new session with a default step.
   const settled = agent && e.type === 'task_completed' ? settledPosition(agent, s) : null;
   const v = settled
     ? viewAt(settled.step, settled.index, universe)
