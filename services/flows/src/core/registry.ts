@@ -119,12 +119,19 @@ export class FlowRegistry {
 
   upsert(f: RegisteredFlow): void {
     // The same id may move scope only by a bug upstream; remove it everywhere first so it is never listed twice.
+    const was = this.scopeOfId.get(f.id);
+    const old = was?.flows.get(f.id);
+    const vector = was?.vectors.get(f.id);
     this.remove(f.id);
     const s = this.scope(f.tenant_id, f.agent_id, true);
     s.flows.set(f.id, f);
     this.scopeOfId.set(f.id, s);
-    s.bm25.add(f.id, searchText(f));
+    const text = searchText(f);
+    s.bm25.add(f.id, text);
     s.sequences.add(f);
+    // A flow published again unchanged (every start publishes the hand-written ones, and every instance reads
+    // them) keeps its embedding: one embedding call per flow and instance at each start otherwise.
+    if (vector && old && searchText(old) === text) s.vectors.set(f.id, vector);
   }
   remove(id: string): RegisteredFlow | undefined {
     const s = this.scopeOfId.get(id);
