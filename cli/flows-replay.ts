@@ -41,7 +41,9 @@ its selection for each user message (sparse recall and past outcomes; no model).
 agent first calls a chosen flow's first tool, the flow's steps are compared with what the agent did next;
 the first mismatch ends the flow. Prints coverage (matched steps ÷ all tool calls) and precision (matched ÷
 proposed), overall and per flow. Other settings come from FLOWS_* as for the service (FLOWS_POLICY_FILE's per-agent
-overrides included; --promotion and the other flags win over them); progress goes to stderr.
+overrides included; --promotion and the other flags win over them), except the promotion mode: auto unless the
+flag or the agent's policy-file entry says otherwise (under FLOWS_PROMOTION's default, manual, a replay would
+promote nothing). Progress goes to stderr.
 `;
 
 export interface ReplayOptions {
