@@ -559,7 +559,9 @@ describe('paver run autoseq retires an idle scope (real Kafka and Redis)', () =>
     expect(left).toBeGreaterThan(60_000);
     expect(left).toBeLessThanOrEqual(78_000);
     const inTopic = async () => (await readRulesLog(rulesReplay(env.AUTOSEQ_RULES_TOPIC!), prefix)).scopes;
-    expect(await inTopic()).toHaveLength(1);
+    // The copy registers the scope while its records are sent (both settle before its leases go): the
+    // registration may be seen first.
+    await waitFor(async () => (await inTopic()).length === 1, "the scope's copy on the rules topic");
 
     const metric = async (outcome: string) =>
       parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(
