@@ -19,6 +19,27 @@ async function flushPrefix(prefix: string): Promise<number> {
   return Number(n);
 }
 
+const metricOf = (p: Proc) => async (name: string, labels?: Record<string, string>) =>
+  parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(name, labels);
+
+/** An event of session s0 as a record. */
+const ev = (o: Record<string, unknown>) => ({ key: 's0', value: JSON.stringify({ session_id: 's0', ...o }) });
+
+/** Empties the detector's Redis, makes it notice with a later event, and waits for the rebuild that follows. */
+async function loseRedisAndRebuild(env: Record<string, string | undefined>, p: Proc, now: number) {
+  expect(await flushPrefix(env.REDIS_KEY_PREFIX!)).toBeGreaterThan(0);
+  await produce(env.PAVER_TOPIC_TOOL_CALLS!, [
+    ev({ type: 'tool_call', event_id: 'x-0', ts: now, task_id: 'x', step: 0, tool: 'q' }),
+  ]);
+  await waitFor(
+    async () => (await metricOf(p)('paver_detector_rebuilds_total', { outcome: 'rebuilt' })) >= 2,
+    'rebuild',
+    60_000,
+  ).catch((err: Error) => {
+    throw new Error(`${err.message}\n${p.output().slice(-2000)}`);
+  });
+}
+
 /**
  * Live, a tool_call whose args nest deeper than LIMITS.jsonDepth is dead-lettered (shared/kafka/decode.ts:
  * deeperThan, and the PAVER_MAX_MESSAGE_BYTES precheck). The rebuild's replay (main.ts `replay`) decoded with
@@ -36,10 +57,6 @@ describe('a rebuild after a Redis loss decodes as the live path does (real Kafka
     let deep: unknown = { leaf: 1 };
     for (let i = 0; i < 300; i++) deep = { n: deep };
     const now = Date.now();
-    const ev = (o: Record<string, unknown>) => ({
-      key: 's0',
-      value: JSON.stringify({ session_id: 's0', ...o }),
-    });
     const events: { key: string; value: string }[] = [];
     for (let t = 0; t < 3; t++) {
       const ts = now - 60_000 + t * 1_000;
@@ -64,8 +81,7 @@ describe('a rebuild after a Redis loss decodes as the live path does (real Kafka
     await produce(env.PAVER_TOPIC_TOOL_CALLS!, events);
     const p = await startProcess(['bin/paver.js', 'run', 'detector'], env);
     procs.push(p);
-    const metric = async (name: string, labels?: Record<string, string>) =>
-      parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(name, labels);
+    const metric = metricOf(p);
     const deadLetters = async () =>
       String((await getJson(p.url('/metrics'))).body)
         .split('\n')
@@ -86,18 +102,7 @@ describe('a rebuild after a Redis loss decodes as the live path does (real Kafka
     }[];
     expect(before.map((c) => c.tool_sequence.join(','))).toEqual(['a,b,c']);
 
-    expect(await flushPrefix(env.REDIS_KEY_PREFIX!)).toBeGreaterThan(0);
-    // A later event on the partition makes the detector notice the loss and rebuild.
-    await produce(env.PAVER_TOPIC_TOOL_CALLS!, [
-      ev({ type: 'tool_call', event_id: 'x-0', ts: now, task_id: 'x', step: 0, tool: 'q' }),
-    ]);
-    await waitFor(
-      async () => (await metric('paver_detector_rebuilds_total', { outcome: 'rebuilt' })) >= 2,
-      'rebuild',
-      60_000,
-    ).catch((err: Error) => {
-      throw new Error(`${err.message}\n${p.output().slice(-2000)}`);
-    });
+    await loseRedisAndRebuild(env, p, now);
     const after = (await getJson(p.url('/candidates?tenant_id=default&agent_id=default'))).body as {
       tool_sequence: string[];
     }[];
@@ -118,10 +123,6 @@ describe('a rebuild after a Redis loss applies PAVER_BATCH_CHUNK messages per sc
       { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
     ]);
     const now = Date.now();
-    const ev = (o: Record<string, unknown>) => ({
-      key: 's0',
-      value: JSON.stringify({ session_id: 's0', ...o }),
-    });
     const events: { key: string; value: string }[] = [];
     for (let t = 0; t < 12; t++) {
       const ts = now - 60_000 + t * 1_000;
@@ -135,8 +136,7 @@ describe('a rebuild after a Redis loss applies PAVER_BATCH_CHUNK messages per sc
     await produce(env.PAVER_TOPIC_TOOL_CALLS!, events);
     const p = await startProcess(['bin/paver.js', 'run', 'detector'], env);
     procs.push(p);
-    const metric = async (name: string, labels?: Record<string, string>) =>
-      parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(name, labels);
+    const metric = metricOf(p);
     await waitFor(
       async () => (await isReady(p)) && (await metric('paver_detector_records_completed_total')) >= 12,
       'records',
@@ -162,18 +162,7 @@ describe('a rebuild after a Redis loss applies PAVER_BATCH_CHUNK messages per sc
       }
     });
     try {
-      expect(await flushPrefix(env.REDIS_KEY_PREFIX!)).toBeGreaterThan(0);
-      // A later event on the partition makes the detector notice the loss and rebuild.
-      await produce(env.PAVER_TOPIC_TOOL_CALLS!, [
-        ev({ type: 'tool_call', event_id: 'x-0', ts: now, task_id: 'x', step: 0, tool: 'q' }),
-      ]);
-      await waitFor(
-        async () => (await metric('paver_detector_rebuilds_total', { outcome: 'rebuilt' })) >= 2,
-        'rebuild',
-        60_000,
-      ).catch((err: Error) => {
-        throw new Error(`${err.message}\n${p.output().slice(-2000)}`);
-      });
+      await loseRedisAndRebuild(env, p, now);
     } finally {
       monitor.disconnect();
     }

@@ -17,28 +17,34 @@ import { decodeRecorded, deliverTo, otelRecorder } from '../helpers/otel.js';
  */
 
 const redis = testRedis();
+
+/** A handler over real Redis whose published events are collected (the Kafka side is not under test here). */
+function recordingHandler(maxPendingSpans?: number) {
+  const published: { type: string; task_id: string; tool?: string }[] = [];
+  const sink = {
+    send: async (_topic: string, _contract: string, records: { value: unknown }[]) => {
+      for (const r of records) published.push(r.value as (typeof published)[number]);
+    },
+  } as unknown as Sink;
+  const prefix = unique('ingest');
+  const registry = new Registry();
+  const handle = createIngestHandler({
+    store: new RedisTraceStore(redis, prefix, 3_600_000),
+    sink,
+    topic: 'tool-calls',
+    opts: DEFAULT_MAP_OPTIONS,
+    metrics: createIngestMetrics(registry),
+    ...(maxPendingSpans === undefined ? {} : { maxPendingSpans }),
+  });
+  return { published, prefix, registry, deliver: deliverTo(handle) };
+}
 afterAll(async () => {
   await redis.quit();
 });
 
 describe('ingest: spans between a tool and its agent leave once the task is published (real Redis)', () => {
   it('keeps publishing every tool call of a long trace, and its hash does not grow with its tasks', async () => {
-    const published: { type: string; task_id: string; tool?: string }[] = [];
-    const sink = {
-      send: async (_topic: string, _contract: string, records: { value: unknown }[]) => {
-        for (const r of records) published.push(r.value as (typeof published)[number]);
-      },
-    } as unknown as Sink;
-    const prefix = unique('ingest');
-    const handle = createIngestHandler({
-      store: new RedisTraceStore(redis, prefix, 3_600_000),
-      sink,
-      topic: 'tool-calls',
-      opts: DEFAULT_MAP_OPTIONS,
-      metrics: createIngestMetrics(new Registry()),
-      maxPendingSpans: 4,
-    });
-    const deliver = deliverTo(handle);
+    const { published, prefix, deliver } = recordingHandler(4);
 
     const rec = otelRecorder();
     const traceId = 'ab'.repeat(16);
@@ -71,22 +77,7 @@ describe('ingest: spans between a tool and its agent leave once the task is publ
   });
 
   it('still counts a tool span that comes after its task as late, also under a span between', async () => {
-    const published: { type: string; tool?: string }[] = [];
-    const sink = {
-      send: async (_topic: string, _contract: string, records: { value: unknown }[]) => {
-        for (const r of records) published.push(r.value as (typeof published)[number]);
-      },
-    } as unknown as Sink;
-    const registry = new Registry();
-    const prefix = unique('ingest');
-    const handle = createIngestHandler({
-      store: new RedisTraceStore(redis, prefix, 3_600_000),
-      sink,
-      topic: 'tool-calls',
-      opts: DEFAULT_MAP_OPTIONS,
-      metrics: createIngestMetrics(registry),
-    });
-    const deliver = deliverTo(handle);
+    const { published, prefix, registry, deliver } = recordingHandler();
     const spans = decodeRecorded(
       otelRecorder().agent({ name: 'A', tools: [{ name: 'one', viaInternalSpan: true }, { name: 'two' }] }),
     );
@@ -108,22 +99,7 @@ describe('ingest: spans between a tool and its agent leave once the task is publ
   });
 
   it('keeps no span of a long trace that no waiting tool span needs: its tool calls keep their room', async () => {
-    const published: { type: string; tool?: string }[] = [];
-    const sink = {
-      send: async (_topic: string, _contract: string, records: { value: unknown }[]) => {
-        for (const r of records) published.push(r.value as (typeof published)[number]);
-      },
-    } as unknown as Sink;
-    const prefix = unique('ingest');
-    const handle = createIngestHandler({
-      store: new RedisTraceStore(redis, prefix, 3_600_000),
-      sink,
-      topic: 'tool-calls',
-      opts: DEFAULT_MAP_OPTIONS,
-      metrics: createIngestMetrics(new Registry()),
-      maxPendingSpans: 4,
-    });
-    const deliver = deliverTo(handle);
+    const { published, prefix, deliver } = recordingHandler(4);
 
     // A worker loop: its root span ends (and is exported) only when the loop stops; below it, task after task,
     // and a span of other work (a database query) beside each task.
