@@ -8,7 +8,7 @@ import {
   refineCommon,
   topicName,
 } from '../../../shared/config.js';
-import { DEFAULT_MAX_PENDING_SPANS } from './adapters/handler.js';
+import { DEFAULT_MAX_PENDING_BYTES, DEFAULT_MAX_PENDING_SPANS } from './adapters/handler.js';
 import { OTLP_ENCODINGS } from './adapters/otlp-decode.js';
 import type { MapOptions } from './core/map.js';
 import type { DecodeLimits } from './core/otlp.js';
@@ -31,6 +31,8 @@ export const ingestEnvSchema = crossChecked(
     INGEST_PENDING_TTL_MS: int(1000).default(6 * 3_600_000),
     /** Spans one trace may keep waiting for its agent span; more are dropped (and counted). */
     INGEST_MAX_PENDING_SPANS: int(1, 1_000_000).default(DEFAULT_MAX_PENDING_SPANS),
+    /** Bytes of the spans one trace may keep waiting (per trace: each chunk reads its traces' hashes back whole). */
+    INGEST_MAX_PENDING_BYTES: int(1024, 512 * 1024 * 1024).default(DEFAULT_MAX_PENDING_BYTES),
   }),
   (env, ctx) => refineCommon(env, ctx, { INGEST_OTLP_TOPIC: env.get('INGEST_OTLP_TOPIC') }),
 );

@@ -10,7 +10,7 @@ import { byTrace, keepSpan, resolveTrace, type KeptSpan, type MapOptions } from 
 import type { DecodeLimits, OtlpSpan } from '../core/otlp.js';
 import { decodeOtlp, type OtlpEncoding } from './otlp-decode.js';
 import type { PendingRecovery } from './recovery.js';
-import type { RedisTraceStore, TraceChange } from './trace-store.js';
+import { keptBytes, type RedisTraceStore, type TraceChange } from './trace-store.js';
 
 export interface OtlpMessage {
   spans: OtlpSpan[];
@@ -20,6 +20,14 @@ const MAX_LOSS_RETRIES = 5;
 
 /** Default of INGEST_MAX_PENDING_SPANS: spans of one trace waiting in Redis for its agent span. */
 export const DEFAULT_MAX_PENDING_SPANS = 10_000;
+
+/**
+ * Default of INGEST_MAX_PENDING_BYTES: bytes of the spans of one trace waiting in Redis. Each chunk with a span of
+ * the trace reads them all back, so this bounds that read and the memory it takes, which the count alone does not
+ * (10,000 spans of two 64 KiB payloads each are about 1.25 GiB). 32 MiB holds the 10,000 spans at about 3 KiB each,
+ * or 256 at the largest payloads INGEST_MAX_PAYLOAD_BYTES lets through by default.
+ */
+export const DEFAULT_MAX_PENDING_BYTES = 32 * 1024 * 1024;
 
 /** Ingest metrics: counts and reasons only, never attribute values. */
 export function createIngestMetrics(registry: Registry) {
@@ -33,7 +41,7 @@ export function createIngestMetrics(registry: Registry) {
     }),
     spans: new Counter({
       name: 'paver_ingest_spans_total',
-      help: 'Spans read, by outcome: tool_call (published), pending (waiting for the agent span), dropped (its trace already has INGEST_MAX_PENDING_SPANS waiting), late (agent already completed), orphan (no invoke_agent ancestor), nested (inside the call of another tool span, as an MCP server span below the MCP client span), agent (an invoke_agent span: its task completed), other (not a GenAI tool or agent span). The outcomes add up to the spans read.',
+      help: 'Spans read, by outcome: tool_call (published), pending (waiting for the agent span), dropped (no room left in its trace: INGEST_MAX_PENDING_SPANS spans or INGEST_MAX_PENDING_BYTES bytes waiting), late (agent already completed), orphan (no invoke_agent ancestor), nested (inside the call of another tool span, as an MCP server span below the MCP client span), agent (an invoke_agent span: its task completed), other (not a GenAI tool or agent span). The outcomes add up to the spans read.',
       labelNames: ['outcome'],
       registers,
     }),
@@ -162,11 +170,14 @@ export function createIngestApply(deps: {
   metrics: IngestMetrics;
   /** Spans a trace may keep waiting in Redis for its agent span (INGEST_MAX_PENDING_SPANS); more are dropped. */
   maxPendingSpans?: number;
+  /** Bytes of the spans a trace may keep waiting in Redis (INGEST_MAX_PENDING_BYTES); a span that does not fit is dropped. */
+  maxPendingBytes?: number;
   /** PAVER_MAX_OUTPUT_BYTES, the sink's bound: a tool_call over it loses its payloads (`fitPayloads`). */
   maxOutputBytes?: number;
 }): (messages: OtlpSpan[][], mode: ApplyMode) => Promise<{ lost: boolean }> {
   const { store, sink, topic, opts, metrics: m } = deps;
   const maxPending = deps.maxPendingSpans ?? DEFAULT_MAX_PENDING_SPANS;
+  const maxPendingBytes = deps.maxPendingBytes ?? DEFAULT_MAX_PENDING_BYTES;
   const fit = fitPayloads(deps.maxOutputBytes ?? Infinity, (field) =>
     m.payloadsOmitted.inc({ field, reason: 'oversize' }),
   );
@@ -207,7 +218,12 @@ export function createIngestApply(deps: {
     const changes = new Map<string, TraceChange>();
     const outcomes = { tool_call: 0, pending: 0, late: 0, orphan: 0, nested: 0, dropped: 0, agent: 0 };
     for (const [traceId, spans] of traces) {
-      const state = states.get(traceId) ?? { spans: [], done: new Set<string>(), doneAt: new Map() };
+      const state = states.get(traceId) ?? {
+        spans: [],
+        done: new Set<string>(),
+        doneAt: new Map<string, number>(),
+        bytes: new Map<string, number>(),
+      };
       const res = resolveTrace([...state.spans, ...spans], state.done, opts);
       events.push(...res.events);
       const freshIds = new Set(spans.map((s) => s.spanId));
@@ -245,8 +261,23 @@ export function createIngestApply(deps: {
       );
       // Bounded per trace: an agent span that never ends (a loop that runs for days, a crashed agent) would
       // otherwise grow its hash for good, and every chunk of the trace reads the whole hash back.
-      const room = Math.max(0, maxPending - (state.spans.length - drop.length));
-      const put = waiting.slice(0, room);
+      // And by bytes: the count alone let a trace hold 10,000 spans of two 64 KiB payloads each, all read back by
+      // every chunk of it. A span that does not fit is dropped as one past the count is; a smaller one after it
+      // may still fit.
+      const dropped = new Set(drop);
+      let room = Math.max(0, maxPending - (state.spans.length - drop.length));
+      let bytes = 0;
+      for (const s of state.spans)
+        if (!dropped.has(s.spanId)) bytes += state.bytes.get(s.spanId) ?? keptBytes(s);
+      const put: KeptSpan[] = [];
+      for (const s of waiting) {
+        if (room === 0) break;
+        const size = keptBytes(s);
+        if (bytes + size > maxPendingBytes) continue;
+        put.push(s);
+        bytes += size;
+        room--;
+      }
       const kept = new Set([...buffered, ...put.map((s) => s.spanId)]);
       const done = [...res.completedAgents, ...spentKept];
       changes.set(traceId, { put, drop, done, undone: oldestDone(state.doneAt, done, maxPending) });
