@@ -226,6 +226,7 @@ export function createIngestApply(deps: {
       };
       const res = resolveTrace([...state.spans, ...spans], state.done, opts);
       events.push(...res.events);
+      if (count) for (const n of res.notes) m.payloadsOmitted.inc(n);
       const freshIds = new Set(spans.map((s) => s.spanId));
       const buffered = new Set(state.spans.map((s) => s.spanId));
       const pending = new Set(res.pendingTools);

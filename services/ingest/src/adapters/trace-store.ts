@@ -21,6 +21,8 @@ const keptSpan: z.ZodType<KeptSpan> = z.object({
     .custom<Record<string, unknown>>((v) => v !== null && typeof v === 'object' && !Array.isArray(v))
     .optional(),
   observation: z.unknown().optional(),
+  argsBytes: z.number().int().nonnegative().optional(),
+  observationBytes: z.number().int().nonnegative().optional(),
   agent: z.string().optional(),
   session: z.string().optional(),
   tenant: z.string().optional(),
