@@ -11,7 +11,7 @@ import {
 import { DEFAULT_MAX_PENDING_BYTES, DEFAULT_MAX_PENDING_SPANS } from './adapters/handler.js';
 import { OTLP_ENCODINGS } from './adapters/otlp-decode.js';
 import type { MapOptions } from './core/map.js';
-import type { DecodeLimits } from './core/otlp.js';
+import { DEFAULT_DECODE_LIMITS, MAX_SPANS_PER_MESSAGE_RANGE, type DecodeLimits } from './core/otlp.js';
 
 export const ingestEnvSchema = crossChecked(
   z.object({
@@ -21,7 +21,10 @@ export const ingestEnvSchema = crossChecked(
     INGEST_OTLP_TOPIC: topicName.default('otlp_spans'),
     /** The exporter's `traces::encoding`; `auto` tells otlp_json from otlp_proto per message. */
     INGEST_OTLP_ENCODING: z.enum(OTLP_ENCODINGS).default('auto'),
-    INGEST_MAX_SPANS_PER_MESSAGE: int(1, 1_000_000).default(10_000),
+    INGEST_MAX_SPANS_PER_MESSAGE: int(
+      MAX_SPANS_PER_MESSAGE_RANGE.min,
+      MAX_SPANS_PER_MESSAGE_RANGE.max,
+    ).default(DEFAULT_DECODE_LIMITS.maxSpans),
     // The tenant_id of every event no span names one for: what the contract refuses here, every consumer refuses.
     INGEST_TENANT_ID: id.default('default'),
     INGEST_TENANT_ATTRIBUTE: z.string().min(1).max(256).default('paver.tenant_id'),
