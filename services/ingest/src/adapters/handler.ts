@@ -257,8 +257,13 @@ export function createIngestApply(deps: {
             .map((s) => [s.spanId, s]),
         ).values(),
       ];
+      // A spent link read now is marked done when the trace is written anyway: a tool span waits, or an agent span
+      // completes now (its mark is written). The latter is the link that came with its agent span, in the same
+      // message (the agent's process exports both) while the tool span below it comes later (run by another
+      // process): unmarked, that tool span found neither and waited, then expired, instead of counting as late.
       const spentKept = res.spentLinks.filter(
-        (id) => buffered.has(id) || (pending.size > 0 && freshIds.has(id)),
+        (id) =>
+          buffered.has(id) || (freshIds.has(id) && (pending.size > 0 || res.completedAgents.length > 0)),
       );
       // Bounded per trace: an agent span that never ends (a loop that runs for days, a crashed agent) would
       // otherwise grow its hash for good, and every chunk of the trace reads the whole hash back.
