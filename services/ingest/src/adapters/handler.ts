@@ -41,7 +41,7 @@ export function createIngestMetrics(registry: Registry) {
     }),
     spans: new Counter({
       name: 'paver_ingest_spans_total',
-      help: 'Spans read, by outcome: tool_call (published), pending (waiting for the agent span), dropped (no room left in its trace: INGEST_MAX_PENDING_SPANS spans or INGEST_MAX_PENDING_BYTES bytes waiting), late (agent already completed), orphan (no invoke_agent ancestor), nested (inside the call of another tool span, as an MCP server span below the MCP client span), agent (an invoke_agent span: its task completed), other (not a GenAI tool or agent span). The outcomes add up to the spans read.',
+      help: 'Spans read, by outcome when read: tool_call (published with its task now), pending (waiting for the agent span; published later without being counted here again: see paver_ingest_events_total), dropped (no room left in its trace: INGEST_MAX_PENDING_SPANS spans or INGEST_MAX_PENDING_BYTES bytes waiting), late (agent already completed), orphan (no invoke_agent ancestor), nested (inside the call of another tool span, as an MCP server span below the MCP client span), agent (an invoke_agent span: its task completed), other (not a GenAI tool or agent span). A span read twice (a redelivery) is counted each time: a copy of one published now is late. The outcomes add up to the spans read.',
       labelNames: ['outcome'],
       registers,
     }),
@@ -216,7 +216,16 @@ export function createIngestApply(deps: {
 
     const events = [];
     const changes = new Map<string, TraceChange>();
-    const outcomes = { tool_call: 0, pending: 0, late: 0, orphan: 0, nested: 0, dropped: 0, agent: 0 };
+    const outcomes = {
+      tool_call: 0,
+      pending: 0,
+      late: 0,
+      orphan: 0,
+      nested: 0,
+      dropped: 0,
+      agent: 0,
+      other: 0,
+    };
     for (const [traceId, spans] of traces) {
       const state = states.get(traceId) ?? {
         spans: [],
@@ -287,15 +296,25 @@ export function createIngestApply(deps: {
       const kept = new Set([...buffered, ...put.map((s) => s.spanId)]);
       const done = [...res.completedAgents, ...spentKept];
       changes.set(traceId, { put, drop, done, undone: oldestDone(state.doneAt, done, maxPending) });
-      const freshPending = res.pendingTools.filter((id) => freshIds.has(id));
-      outcomes.tool_call += res.emittedTools.length;
-      outcomes.pending += freshPending.filter((id) => kept.has(id)).length;
-      outcomes.dropped += freshPending.filter((id) => !kept.has(id)).length;
-      outcomes.late += res.lateTools.filter((id) => freshIds.has(id)).length;
-      outcomes.orphan += res.orphanTools.filter((id) => freshIds.has(id)).length;
-      // Counted once, when read: one that waited was counted as pending then.
-      outcomes.nested += res.nestedTools.filter((id) => freshIds.has(id)).length;
-      outcomes.agent += spans.filter((s) => s.kind === 'agent').length;
+      // One outcome per span read, when read: the outcomes add up to the spans read. A tool span that waited was
+      // counted as pending then, not again when its task is published (events_total counts what is published); each
+      // copy of a span read twice in the chunk (a message redelivered with the next) has one, and a copy of a span
+      // published now is late, as it would be in a later chunk.
+      const outcomeOf = new Map<string, keyof typeof outcomes>();
+      for (const id of res.emittedTools) outcomeOf.set(id, 'tool_call');
+      for (const id of res.pendingTools) outcomeOf.set(id, kept.has(id) ? 'pending' : 'dropped');
+      for (const id of res.lateTools) outcomeOf.set(id, 'late');
+      for (const id of res.orphanTools) outcomeOf.set(id, 'orphan');
+      for (const id of res.nestedTools) outcomeOf.set(id, 'nested');
+      const counted = new Set<string>();
+      for (const s of spans) {
+        if (s.kind === 'agent') outcomes.agent++;
+        else if (s.kind === 'tool') {
+          const o = outcomeOf.get(s.spanId) ?? 'other';
+          outcomes[o === 'tool_call' && counted.has(s.spanId) ? 'late' : o]++;
+          counted.add(s.spanId);
+        }
+      }
     }
     if (mode.publish)
       await sink.send(
