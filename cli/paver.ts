@@ -352,6 +352,12 @@ Examples:
     .addOption(
       num('--max-payload-bytes', 'leave out larger argument or result values (default 65536, ≤ 16 MiB)'),
     )
+    .addOption(
+      num(
+        '--max-spans-per-message',
+        'a request with more spans is bad, as in the service (default 10000, ≤ 1000000)',
+      ),
+    )
     .addOption(num('--max-input-bytes', 'refuse a larger export (default 256 MiB)'))
     .addOption(new Option('--strict', 'exit 1 when any request in the input was bad'))
     .addOption(PRETTY())

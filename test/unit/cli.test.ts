@@ -10,7 +10,8 @@ import { readEvents, type ReadStats } from '../../shared/jsonl.js';
 import { autoseqEnvSchema } from '../../services/autoseq/src/config.js';
 import { detectorEnvSchema } from '../../services/detector/src/config.js';
 import { flowsEnvSchema } from '../../services/flows/src/config.js';
-import { ingestEnvSchema } from '../../services/ingest/src/config.js';
+import { decodeLimitsFromEnv, ingestEnvSchema } from '../../services/ingest/src/config.js';
+import { decodeOtlp } from '../../services/ingest/src/adapters/otlp-decode.js';
 import { waitFor } from '../helpers/kafka.js';
 
 // The commands that start processes or talk to Kafka record their calls instead: a --help that acted shows
@@ -532,6 +533,60 @@ describe('paver otel --tenant', () => {
   });
 });
 
+describe('paver otel and the ingest service refuse the same requests', () => {
+  const base = { KAFKA_BROKERS: 'k:9092', REDIS_URL: 'redis://r:6379' };
+  const request = (n: number) => ({
+    resourceSpans: [
+      {
+        scopeSpans: [
+          {
+            spans: Array.from({ length: n }, (_, i) => ({
+              traceId: '0'.repeat(31) + '1',
+              spanId: (i + 1).toString(16).padStart(16, '0'),
+              name: 'http',
+              startTimeUnixNano: '1700000000000000000',
+            })),
+          },
+        ],
+      },
+    ],
+  });
+  const serviceTakes = (n: number, env: Record<string, string> = {}) =>
+    decodeOtlp(
+      Buffer.from(JSON.stringify(request(n))),
+      'otlp_json',
+      decodeLimitsFromEnv(ingestEnvSchema.parse({ ...base, ...env })),
+    ).ok;
+
+  it('by default, and with the same bound given to both', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'paver-cli-otel-spans-'));
+    const input = (n: number) => {
+      const file = join(dir, `request-${n}.json`);
+      writeFileSync(file, JSON.stringify(request(n)));
+      return file;
+    };
+    const commandTakes = async (n: number, flags: string[] = []) => {
+      err = '';
+      const code = await main(['otel', '--input', input(n), '--strict', ...flags]);
+      expect(code, `${n} spans ${flags.join(' ')}`).not.toBe(2);
+      return code === 0;
+    };
+    // Before: the command took up to 1,000,000 spans a request, the service (INGEST_MAX_SPANS_PER_MESSAGE) 10,000.
+    for (const n of [10_000, 10_001]) expect(await commandTakes(n), `${n} spans`).toBe(serviceTakes(n));
+    expect(serviceTakes(10_001)).toBe(false);
+    expect(err).toContain('10001 spans in one request > 10000');
+    for (const [n, bound] of [
+      [10_001, 10_001],
+      [11, 10],
+      [10, 10],
+    ] as const)
+      expect(
+        await commandTakes(n, ['--max-spans-per-message', String(bound)]),
+        `${n} spans, bound ${bound}`,
+      ).toBe(serviceTakes(n, { INGEST_MAX_SPANS_PER_MESSAGE: String(bound) }));
+  });
+});
+
 describe('paver otel --output', () => {
   const attr = (key: string, stringValue: string) => ({ key, value: { stringValue } });
   // One agent span and its one tool span: two events out.
@@ -760,6 +815,14 @@ describe('numeric flags take exactly what the service takes for the same setting
       'INGEST_MAX_PAYLOAD_BYTES',
       0,
       16 * 1024 * 1024,
+    ],
+    [
+      ['otel', '--input', EVENTS],
+      'max-spans-per-message',
+      'ingest',
+      'INGEST_MAX_SPANS_PER_MESSAGE',
+      1,
+      1_000_000,
     ],
   ] as const)('%s --%s as %s %s', async (argv, flag, service, env, min, max) => {
     const schema = {

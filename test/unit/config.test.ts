@@ -547,6 +547,20 @@ describe('INGEST_TENANT_ID', () => {
   });
 });
 
+describe('INGEST_MAX_PENDING_BYTES', () => {
+  it('bounds the bytes one trace keeps waiting: 32 MiB by default, 1024 to 512 MiB', () => {
+    const base = { KAFKA_BROKERS: 'k:9092', REDIS_URL: 'redis://r:6379' };
+    expect(parseEnv(ingestEnvSchema, base).INGEST_MAX_PENDING_BYTES).toBe(32 * 1024 * 1024);
+    expect(
+      parseEnv(ingestEnvSchema, { ...base, INGEST_MAX_PENDING_BYTES: '1024' }).INGEST_MAX_PENDING_BYTES,
+    ).toBe(1024);
+    for (const bad of ['0', '1023', String(512 * 1024 * 1024 + 1), 'x'])
+      expect(() => parseEnv(ingestEnvSchema, { ...base, INGEST_MAX_PENDING_BYTES: bad })).toThrow(
+        /INGEST_MAX_PENDING_BYTES/,
+      );
+  });
+});
+
 describe('one round of configuration errors', () => {
   it('a variable that fails its own parse leaves the cross-variable rules over the others running', () => {
     // Before, zod skipped every cross-variable rule once one variable failed: DETECTOR_LOOKBACK=abc hid the

@@ -5,10 +5,17 @@ import { EXIT_UNREADABLE, readBounded } from '../../../shared/jsonl.js';
 import { EXIT_UNWRITABLE, openOutputFile, type OutputFile } from '../../../shared/output.js';
 import { id, LIMITS } from '../../../schemas/index.js';
 import { DEFAULT_MAP_OPTIONS, mapSpans, type MapOptions } from './core/map.js';
-import { DEFAULT_DECODE_LIMITS, OtlpError, spansFromRequest, type OtlpSpan } from './core/otlp.js';
+import {
+  DEFAULT_DECODE_LIMITS,
+  MAX_SPANS_PER_MESSAGE_RANGE,
+  OtlpError,
+  spansFromRequest,
+  type OtlpSpan,
+} from './core/otlp.js';
 
 const USAGE = `Usage: paver otel --input FILE|- [--output FILE|-] [--tenant T] [--tenant-attribute KEY]
-                  [--no-payloads] [--max-payload-bytes N] [--max-input-bytes N] [--strict] [--pretty]
+                  [--no-payloads] [--max-payload-bytes N] [--max-spans-per-message N] [--max-input-bytes N]
+                  [--strict] [--pretty]
 
 Maps an OTLP/JSON trace export (one ExportTraceServiceRequest document, or one per line as the Collector's
 file exporter writes them) to Paver tool-calls events, one JSON per line: a tool_call per execute_tool span,
@@ -21,6 +28,8 @@ ingest service. A summary goes to stderr.
   --tenant-attribute KEY    span or resource attribute holding the tenant (default 'paver.tenant_id')
   --no-payloads             leave gen_ai.tool.call.arguments/result out of the events
   --max-payload-bytes N     leave out an argument or result value larger than N bytes (default 65536, at most 16777216)
+  --max-spans-per-message N a request (document or line) with more spans is bad, as the service dead-letters it
+                            (default 10000, 1 to 1000000)
   --max-input-bytes N       refuse an export larger than N bytes (default 268435456, 256 MiB; at most 524288000)
   --strict                  exit 1 when any request in the input was bad
   --pretty                  indent each event (default: one JSON per line)
@@ -37,14 +46,15 @@ export const DEFAULT_MAX_INPUT_BYTES = 256 * 1024 * 1024;
 export function parseExport(
   text: string,
   warn: (s: string) => void,
+  /** INGEST_MAX_SPANS_PER_MESSAGE's default: the service dead-letters a larger request, so the command refuses it too. */
+  maxSpans: number = DEFAULT_DECODE_LIMITS.maxSpans,
 ): { spans: OtlpSpan[]; requests: number; bad: number } {
   const out = { spans: [] as OtlpSpan[], requests: 0, bad: 0 };
   const take = (raw: unknown, where: string) => {
     try {
       // A loop, not push(...): spread passes each span as an argument, and from about 125,000 of them that
       // overflows the stack (the whole document was then dropped as a bad request).
-      for (const s of spansFromRequest(raw, { ...DEFAULT_DECODE_LIMITS, maxSpans: 1_000_000 }))
-        out.spans.push(s);
+      for (const s of spansFromRequest(raw, { ...DEFAULT_DECODE_LIMITS, maxSpans })) out.spans.push(s);
       out.requests++;
     } catch (err) {
       out.bad++;
@@ -85,6 +95,7 @@ export async function otelCommand(argv: string[]): Promise<number> {
     'no-payloads': { type: 'boolean' },
     'max-payload-bytes': { type: 'string' },
     'max-input-bytes': { type: 'string' },
+    'max-spans-per-message': { type: 'string' },
     strict: { type: 'boolean' },
     pretty: { type: 'boolean' },
     help: { type: 'boolean', short: 'h' },
@@ -95,6 +106,7 @@ export async function otelCommand(argv: string[]): Promise<number> {
     return 2;
   }
   let maxPayload: number;
+  let maxSpans: number;
   try {
     // INGEST_MAX_PAYLOAD_BYTES's range: the README says the flag matches the service's variable.
     maxPayload = numberFlag(
@@ -106,6 +118,12 @@ export async function otelCommand(argv: string[]): Promise<number> {
         max: 16 * 1024 * 1024,
         integer: true,
       },
+    );
+    maxSpans = numberFlag(
+      'max-spans-per-message',
+      values['max-spans-per-message'],
+      DEFAULT_DECODE_LIMITS.maxSpans,
+      { ...MAX_SPANS_PER_MESSAGE_RANGE, integer: true },
     );
   } catch (err) {
     process.stderr.write(`paver otel: ${errorMessage(err)}\n`);
@@ -162,7 +180,7 @@ export async function otelCommand(argv: string[]): Promise<number> {
   let parsed: ReturnType<typeof parseExport>;
   let r: ReturnType<typeof mapSpans>;
   try {
-    parsed = parseExport(text, warn);
+    parsed = parseExport(text, warn, maxSpans);
     r = mapSpans(parsed.spans, opts);
     const out = file?.stream ?? process.stdout;
     for (const e of r.events) out.write(`${JSON.stringify(e, null, values.pretty ? 2 : undefined)}\n`);

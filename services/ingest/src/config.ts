@@ -8,10 +8,10 @@ import {
   refineCommon,
   topicName,
 } from '../../../shared/config.js';
-import { DEFAULT_MAX_PENDING_SPANS } from './adapters/handler.js';
+import { DEFAULT_MAX_PENDING_BYTES, DEFAULT_MAX_PENDING_SPANS } from './adapters/handler.js';
 import { OTLP_ENCODINGS } from './adapters/otlp-decode.js';
 import type { MapOptions } from './core/map.js';
-import type { DecodeLimits } from './core/otlp.js';
+import { DEFAULT_DECODE_LIMITS, MAX_SPANS_PER_MESSAGE_RANGE, type DecodeLimits } from './core/otlp.js';
 
 export const ingestEnvSchema = crossChecked(
   z.object({
@@ -21,7 +21,10 @@ export const ingestEnvSchema = crossChecked(
     INGEST_OTLP_TOPIC: topicName.default('otlp_spans'),
     /** The exporter's `traces::encoding`; `auto` tells otlp_json from otlp_proto per message. */
     INGEST_OTLP_ENCODING: z.enum(OTLP_ENCODINGS).default('auto'),
-    INGEST_MAX_SPANS_PER_MESSAGE: int(1, 1_000_000).default(10_000),
+    INGEST_MAX_SPANS_PER_MESSAGE: int(
+      MAX_SPANS_PER_MESSAGE_RANGE.min,
+      MAX_SPANS_PER_MESSAGE_RANGE.max,
+    ).default(DEFAULT_DECODE_LIMITS.maxSpans),
     // The tenant_id of every event no span names one for: what the contract refuses here, every consumer refuses.
     INGEST_TENANT_ID: id.default('default'),
     INGEST_TENANT_ATTRIBUTE: z.string().min(1).max(256).default('paver.tenant_id'),
@@ -31,6 +34,8 @@ export const ingestEnvSchema = crossChecked(
     INGEST_PENDING_TTL_MS: int(1000).default(6 * 3_600_000),
     /** Spans one trace may keep waiting for its agent span; more are dropped (and counted). */
     INGEST_MAX_PENDING_SPANS: int(1, 1_000_000).default(DEFAULT_MAX_PENDING_SPANS),
+    /** Bytes of the spans one trace may keep waiting (per trace: each chunk reads its traces' hashes back whole). */
+    INGEST_MAX_PENDING_BYTES: int(1024, 512 * 1024 * 1024).default(DEFAULT_MAX_PENDING_BYTES),
   }),
   (env, ctx) => refineCommon(env, ctx, { INGEST_OTLP_TOPIC: env.get('INGEST_OTLP_TOPIC') }),
 );

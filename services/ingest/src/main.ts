@@ -54,6 +54,7 @@ export const service: ServiceSpec<IngestEnv, OtlpMessage> & {
       opts: mapOptionsFromEnv(env),
       metrics: ingestMetrics,
       maxPendingSpans: env.INGEST_MAX_PENDING_SPANS,
+      maxPendingBytes: env.INGEST_MAX_PENDING_BYTES,
       maxOutputBytes: env.PAVER_MAX_OUTPUT_BYTES,
     };
     // A replay decodes as the live path does, without counting: its messages were counted when first read.

@@ -10,7 +10,7 @@ import { byTrace, keepSpan, resolveTrace, type KeptSpan, type MapOptions } from 
 import type { DecodeLimits, OtlpSpan } from '../core/otlp.js';
 import { decodeOtlp, type OtlpEncoding } from './otlp-decode.js';
 import type { PendingRecovery } from './recovery.js';
-import type { RedisTraceStore, TraceChange } from './trace-store.js';
+import { keptBytes, type RedisTraceStore, type TraceChange } from './trace-store.js';
 
 export interface OtlpMessage {
   spans: OtlpSpan[];
@@ -20,6 +20,14 @@ const MAX_LOSS_RETRIES = 5;
 
 /** Default of INGEST_MAX_PENDING_SPANS: spans of one trace waiting in Redis for its agent span. */
 export const DEFAULT_MAX_PENDING_SPANS = 10_000;
+
+/**
+ * Default of INGEST_MAX_PENDING_BYTES: bytes of the spans of one trace waiting in Redis. Each chunk with a span of
+ * the trace reads them all back, so this bounds that read and the memory it takes, which the count alone does not
+ * (10,000 spans of two 64 KiB payloads each are about 1.25 GiB). 32 MiB holds the 10,000 spans at about 3 KiB each,
+ * or 256 at the largest payloads INGEST_MAX_PAYLOAD_BYTES lets through by default.
+ */
+export const DEFAULT_MAX_PENDING_BYTES = 32 * 1024 * 1024;
 
 /** Ingest metrics: counts and reasons only, never attribute values. */
 export function createIngestMetrics(registry: Registry) {
@@ -33,7 +41,7 @@ export function createIngestMetrics(registry: Registry) {
     }),
     spans: new Counter({
       name: 'paver_ingest_spans_total',
-      help: 'Spans read, by outcome: tool_call (published), pending (waiting for the agent span), dropped (its trace already has INGEST_MAX_PENDING_SPANS waiting), late (agent already completed), orphan (no invoke_agent ancestor), nested (inside the call of another tool span, as an MCP server span below the MCP client span), agent (an invoke_agent span: its task completed), other (not a GenAI tool or agent span). The outcomes add up to the spans read.',
+      help: 'Spans read, by outcome when read: tool_call (published with its task now), pending (waiting for the agent span; published later without being counted here again: see paver_ingest_events_total), dropped (no room left in its trace: INGEST_MAX_PENDING_SPANS spans or INGEST_MAX_PENDING_BYTES bytes waiting), late (agent already completed), orphan (no invoke_agent ancestor), nested (inside the call of another tool span, as an MCP server span below the MCP client span), agent (an invoke_agent span: its task completed), other (not a GenAI tool or agent span). A span read twice (a redelivery) is counted each time: a copy of one published now is late. The outcomes add up to the spans read.',
       labelNames: ['outcome'],
       registers,
     }),
@@ -162,11 +170,14 @@ export function createIngestApply(deps: {
   metrics: IngestMetrics;
   /** Spans a trace may keep waiting in Redis for its agent span (INGEST_MAX_PENDING_SPANS); more are dropped. */
   maxPendingSpans?: number;
+  /** Bytes of the spans a trace may keep waiting in Redis (INGEST_MAX_PENDING_BYTES); a span that does not fit is dropped. */
+  maxPendingBytes?: number;
   /** PAVER_MAX_OUTPUT_BYTES, the sink's bound: a tool_call over it loses its payloads (`fitPayloads`). */
   maxOutputBytes?: number;
 }): (messages: OtlpSpan[][], mode: ApplyMode) => Promise<{ lost: boolean }> {
   const { store, sink, topic, opts, metrics: m } = deps;
   const maxPending = deps.maxPendingSpans ?? DEFAULT_MAX_PENDING_SPANS;
+  const maxPendingBytes = deps.maxPendingBytes ?? DEFAULT_MAX_PENDING_BYTES;
   const fit = fitPayloads(deps.maxOutputBytes ?? Infinity, (field) =>
     m.payloadsOmitted.inc({ field, reason: 'oversize' }),
   );
@@ -205,11 +216,26 @@ export function createIngestApply(deps: {
 
     const events = [];
     const changes = new Map<string, TraceChange>();
-    const outcomes = { tool_call: 0, pending: 0, late: 0, orphan: 0, nested: 0, dropped: 0, agent: 0 };
+    const outcomes = {
+      tool_call: 0,
+      pending: 0,
+      late: 0,
+      orphan: 0,
+      nested: 0,
+      dropped: 0,
+      agent: 0,
+      other: 0,
+    };
     for (const [traceId, spans] of traces) {
-      const state = states.get(traceId) ?? { spans: [], done: new Set<string>(), doneAt: new Map() };
+      const state = states.get(traceId) ?? {
+        spans: [],
+        done: new Set<string>(),
+        doneAt: new Map<string, number>(),
+        bytes: new Map<string, number>(),
+      };
       const res = resolveTrace([...state.spans, ...spans], state.done, opts);
       events.push(...res.events);
+      if (count) for (const n of res.notes) m.payloadsOmitted.inc(n);
       const freshIds = new Set(spans.map((s) => s.spanId));
       const buffered = new Set(state.spans.map((s) => s.spanId));
       const pending = new Set(res.pendingTools);
@@ -240,25 +266,55 @@ export function createIngestApply(deps: {
             .map((s) => [s.spanId, s]),
         ).values(),
       ];
+      // A spent link read now is marked done when the trace is written anyway: a tool span waits, or an agent span
+      // completes now (its mark is written). The latter is the link that came with its agent span, in the same
+      // message (the agent's process exports both) while the tool span below it comes later (run by another
+      // process): unmarked, that tool span found neither and waited, then expired, instead of counting as late.
       const spentKept = res.spentLinks.filter(
-        (id) => buffered.has(id) || (pending.size > 0 && freshIds.has(id)),
+        (id) =>
+          buffered.has(id) || (freshIds.has(id) && (pending.size > 0 || res.completedAgents.length > 0)),
       );
       // Bounded per trace: an agent span that never ends (a loop that runs for days, a crashed agent) would
       // otherwise grow its hash for good, and every chunk of the trace reads the whole hash back.
-      const room = Math.max(0, maxPending - (state.spans.length - drop.length));
-      const put = waiting.slice(0, room);
+      // And by bytes: the count alone let a trace hold 10,000 spans of two 64 KiB payloads each, all read back by
+      // every chunk of it. A span that does not fit is dropped as one past the count is; a smaller one after it
+      // may still fit.
+      const dropped = new Set(drop);
+      let room = Math.max(0, maxPending - (state.spans.length - drop.length));
+      let bytes = 0;
+      for (const s of state.spans)
+        if (!dropped.has(s.spanId)) bytes += state.bytes.get(s.spanId) ?? keptBytes(s);
+      const put: KeptSpan[] = [];
+      for (const s of waiting) {
+        if (room === 0) break;
+        const size = keptBytes(s);
+        if (bytes + size > maxPendingBytes) continue;
+        put.push(s);
+        bytes += size;
+        room--;
+      }
       const kept = new Set([...buffered, ...put.map((s) => s.spanId)]);
       const done = [...res.completedAgents, ...spentKept];
       changes.set(traceId, { put, drop, done, undone: oldestDone(state.doneAt, done, maxPending) });
-      const freshPending = res.pendingTools.filter((id) => freshIds.has(id));
-      outcomes.tool_call += res.emittedTools.length;
-      outcomes.pending += freshPending.filter((id) => kept.has(id)).length;
-      outcomes.dropped += freshPending.filter((id) => !kept.has(id)).length;
-      outcomes.late += res.lateTools.filter((id) => freshIds.has(id)).length;
-      outcomes.orphan += res.orphanTools.filter((id) => freshIds.has(id)).length;
-      // Counted once, when read: one that waited was counted as pending then.
-      outcomes.nested += res.nestedTools.filter((id) => freshIds.has(id)).length;
-      outcomes.agent += spans.filter((s) => s.kind === 'agent').length;
+      // One outcome per span read, when read: the outcomes add up to the spans read. A tool span that waited was
+      // counted as pending then, not again when its task is published (events_total counts what is published); each
+      // copy of a span read twice in the chunk (a message redelivered with the next) has one, and a copy of a span
+      // published now is late, as it would be in a later chunk.
+      const outcomeOf = new Map<string, keyof typeof outcomes>();
+      for (const id of res.emittedTools) outcomeOf.set(id, 'tool_call');
+      for (const id of res.pendingTools) outcomeOf.set(id, kept.has(id) ? 'pending' : 'dropped');
+      for (const id of res.lateTools) outcomeOf.set(id, 'late');
+      for (const id of res.orphanTools) outcomeOf.set(id, 'orphan');
+      for (const id of res.nestedTools) outcomeOf.set(id, 'nested');
+      const counted = new Set<string>();
+      for (const s of spans) {
+        if (s.kind === 'agent') outcomes.agent++;
+        else if (s.kind === 'tool') {
+          const o = outcomeOf.get(s.spanId) ?? 'other';
+          outcomes[o === 'tool_call' && counted.has(s.spanId) ? 'late' : o]++;
+          counted.add(s.spanId);
+        }
+      }
     }
     if (mode.publish)
       await sink.send(

@@ -21,6 +21,8 @@ const keptSpan: z.ZodType<KeptSpan> = z.object({
     .custom<Record<string, unknown>>((v) => v !== null && typeof v === 'object' && !Array.isArray(v))
     .optional(),
   observation: z.unknown().optional(),
+  argsBytes: z.number().int().nonnegative().optional(),
+  observationBytes: z.number().int().nonnegative().optional(),
   agent: z.string().optional(),
   session: z.string().optional(),
   tenant: z.string().optional(),
@@ -32,6 +34,8 @@ export interface TraceState {
   done: Set<string>;
   /** When each was marked (epoch ms; 0 for marks of older versions, which carry none). */
   doneAt: Map<string, number>;
+  /** UTF-8 bytes each waiting span takes in the hash (its stored record): what INGEST_MAX_PENDING_BYTES bounds. */
+  bytes: Map<string, number>;
 }
 
 export interface TraceChange {
@@ -41,6 +45,9 @@ export interface TraceChange {
   /** Done marks that leave (the oldest, past the trace's bound). */
   undone?: string[];
 }
+
+/** UTF-8 bytes of a span's record in its trace's hash, as `save` writes it. */
+export const keptBytes = (s: KeptSpan): number => Buffer.byteLength(JSON.stringify(s));
 
 /** Keys outside any trace: the epoch marker, and per input topic partition the epoch its state was last rebuilt in. */
 export const ingestGlobalKeys = (prefix: string) => ({
@@ -85,7 +92,7 @@ export class RedisTraceStore {
     if (marker && replies[traceIds.length] !== marker.value) return { states, corrupt, lost: true };
     traceIds.forEach((t, i) => {
       const hash = replies[i];
-      const state: TraceState = { spans: [], done: new Set(), doneAt: new Map() };
+      const state: TraceState = { spans: [], done: new Set(), doneAt: new Map(), bytes: new Map() };
       for (const [field, value] of Object.entries((hash ?? {}) as Record<string, string>)) {
         if (field.startsWith('d:')) {
           const id = field.slice(2);
@@ -100,8 +107,10 @@ export class RedisTraceStore {
             parsed = undefined;
           }
           const r = keptSpan.safeParse(parsed);
-          if (r.success) state.spans.push(r.data);
-          else corrupt++;
+          if (r.success) {
+            state.spans.push(r.data);
+            state.bytes.set(r.data.spanId, Buffer.byteLength(value));
+          } else corrupt++;
         }
       }
       states.set(t, state);
@@ -120,7 +129,7 @@ export class RedisTraceStore {
       if (c.drop.length + undone.length)
         p.hdel(key, ...c.drop.map((s) => `s:${s}`), ...undone.map((a) => `d:${a}`));
       const fields: string[] = [];
-      for (const s of c.put) fields.push(`s:${s.spanId}`, JSON.stringify(s));
+      for (const s of c.put) fields.push(`s:${s.spanId}`, JSON.stringify(s)); // keptBytes measures this
       for (const a of c.done) fields.push(`d:${a}`, now);
       if (fields.length) p.hset(key, ...fields);
       p.pexpire(key, this.ttlMs);

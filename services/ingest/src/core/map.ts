@@ -53,6 +53,12 @@ export interface KeptSpan {
   callId?: string;
   args?: Record<string, unknown>;
   observation?: unknown;
+  /**
+   * UTF-8 bytes of the argument and result values as read (the text measured against maxPayloadBytes), so a span
+   * kept under one limit is measured the same way against the limit in force when its task is published.
+   */
+  argsBytes?: number;
+  observationBytes?: number;
   agent?: string;
   session?: string;
   tenant?: string;
@@ -83,24 +89,25 @@ export function cleanId(v: unknown, max: number = LIMITS.idLength): string | und
 const isPlainObject = (v: unknown): v is Record<string, unknown> =>
   v !== null && typeof v === 'object' && !Array.isArray(v);
 
-/** A recorded argument/result value: structured (kvlist) as is, or a JSON string parsed. */
+/** A recorded argument/result value: structured (kvlist) as is, or a JSON string parsed; `bytes`, its size as read. */
 function payload(
   v: unknown,
   field: PayloadNote['field'],
   opts: MapOptions,
   notes: PayloadNote[],
-): { value?: unknown } {
+): { value?: unknown; bytes?: number } {
   if (v === undefined) return {};
   if (v === TOO_DEEP_VALUE) {
     notes.push({ field, reason: 'too_deep' });
     return {};
   }
   const text = typeof v === 'string' ? v : JSON.stringify(v);
-  if (utf8.encode(text).length > opts.maxPayloadBytes) {
+  const bytes = utf8.encode(text).length;
+  if (bytes > opts.maxPayloadBytes) {
     notes.push({ field, reason: 'oversize' });
     return {};
   }
-  if (typeof v !== 'string') return { value: v };
+  if (typeof v !== 'string') return { value: v, bytes };
   try {
     const value = JSON.parse(v) as unknown;
     // Kept, it would be written back (to Redis, to the topic): past a few thousand levels that overflows the
@@ -109,13 +116,22 @@ function payload(
       notes.push({ field, reason: 'too_deep' });
       return {};
     }
-    return { value };
+    return { value, bytes };
   } catch {
     // A plain-text result is still an observation; plain-text arguments are not an arguments object.
-    if (field === 'observation') return { value: v };
+    if (field === 'observation') return { value: v, bytes };
     notes.push({ field, reason: 'not_json' });
     return {};
   }
+}
+
+/**
+ * Size of a kept value against maxPayloadBytes: as measured when read, else (a span kept by a version that did
+ * not record it) its text again, a string as itself, anything else as JSON.
+ */
+function keptPayloadBytes(value: unknown, bytes: number | undefined): number {
+  if (bytes !== undefined) return bytes;
+  return utf8.encode(typeof value === 'string' ? value : JSON.stringify(value)).length;
 }
 
 /** The kept form of one span, plus notes on payloads left out (for metrics: reasons only, no values). */
@@ -145,11 +161,16 @@ export function keepSpan(span: OtlpSpan, opts: MapOptions): { kept: KeptSpan; no
     if (opts.includePayloads) {
       const args = payload(a[ATTR.toolArguments], 'args', opts, notes);
       if (args.value !== undefined) {
-        if (isPlainObject(args.value)) kept.args = args.value;
-        else notes.push({ field: 'args', reason: 'not_object' });
+        if (isPlainObject(args.value)) {
+          kept.args = args.value;
+          kept.argsBytes = args.bytes;
+        } else notes.push({ field: 'args', reason: 'not_object' });
       }
       const obs = payload(a[ATTR.toolResult], 'observation', opts, notes);
-      if (obs.value !== undefined) kept.observation = obs.value;
+      if (obs.value !== undefined) {
+        kept.observation = obs.value;
+        kept.observationBytes = obs.bytes;
+      }
     }
     return { kept, notes };
   }
@@ -191,6 +212,11 @@ export interface ResolveResult {
    * reach its agent span once the rest of the path comes. No other link is worth keeping for it.
    */
   waitingLinks: string[];
+  /**
+   * Payloads of tool spans kept under a larger maxPayloadBytes (they waited in Redis through a restart that
+   * lowered it) and left out now, as a fresh span's are (for metrics: reasons only).
+   */
+  notes: PayloadNote[];
 }
 
 const byStart = (a: KeptSpan, b: KeptSpan) => {
@@ -235,6 +261,7 @@ export function resolveTrace(
     emptyAgents: 0,
     spentLinks: [],
     waitingLinks: [],
+    notes: [],
   };
 
   /**
@@ -329,9 +356,18 @@ export function resolveTrace(
       };
       // A tool span that waited in Redis was kept under the configuration of its time: payloads turned off since
       // (INGEST_INCLUDE_PAYLOADS=false, for what they may hold) must not go out with it after the restart.
+      // So must a payload over the limit in force now, kept while INGEST_MAX_PAYLOAD_BYTES was larger: the limit is
+      // the operator's bound on what leaves, whenever the span was read.
       if (opts.includePayloads) {
-        if (t.args !== undefined) e.args = t.args;
-        if (t.observation !== undefined) e.observation = t.observation;
+        if (t.args !== undefined) {
+          if (keptPayloadBytes(t.args, t.argsBytes) <= opts.maxPayloadBytes) e.args = t.args;
+          else r.notes.push({ field: 'args', reason: 'oversize' });
+        }
+        if (t.observation !== undefined) {
+          if (keptPayloadBytes(t.observation, t.observationBytes) <= opts.maxPayloadBytes)
+            e.observation = t.observation;
+          else r.notes.push({ field: 'observation', reason: 'oversize' });
+        }
       }
       r.events.push(e);
       r.emittedTools.push(t.spanId);
@@ -393,6 +429,7 @@ export function mapSpans(spans: Iterable<OtlpSpan>, opts: MapOptions): OfflineRe
   for (const trace of byTrace(kept).values()) {
     const r = resolveTrace(trace, none, opts);
     for (const e of r.events) out.events.push(e); // a trace may hold more events than push(...) takes arguments
+    for (const n of r.notes) out.notes.push(n);
     out.stats.toolCalls += r.emittedTools.length;
     out.stats.tasks += r.events.filter((e) => e.type === 'task_completed').length;
     out.stats.pending += r.pendingTools.length;

@@ -75,6 +75,11 @@ export interface DecodeLimits {
   maxDepth: number;
 }
 export const DEFAULT_DECODE_LIMITS: DecodeLimits = { maxSpans: 10_000, maxDepth: 16 };
+/**
+ * The range of spans per request that INGEST_MAX_SPANS_PER_MESSAGE and `paver otel --max-spans-per-message` take
+ * (default DEFAULT_DECODE_LIMITS.maxSpans): one bound, so the command and the service refuse the same requests.
+ */
+export const MAX_SPANS_PER_MESSAGE_RANGE = { min: 1, max: 1_000_000 } as const;
 
 export class OtlpError extends Error {
   constructor(

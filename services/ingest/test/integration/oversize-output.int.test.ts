@@ -73,3 +73,54 @@ describe('ingest: a tool call too large for PAVER_MAX_OUTPUT_BYTES (real Redis a
     expect([n('observation'), n('args')]).toEqual([2, 1]);
   });
 });
+
+describe('ingest: a tool span that waited in Redis through a restart that lowered INGEST_MAX_PAYLOAD_BYTES (real Redis and Kafka)', () => {
+  it('is published under the limit in force now, as a fresh span is, and the payloads left out are counted', async () => {
+    const spans = decodeRecorded(
+      otelRecorder().agent({
+        name: 'A',
+        tools: [
+          { name: 'large', args: { text: 'a'.repeat(3000) }, result: 'r'.repeat(3000) },
+          { name: 'small', args: { q: 1 }, result: 'ok' },
+        ],
+      }),
+    );
+    const tools = spans.filter((s) => s.attributes['gen_ai.operation.name'] === 'execute_tool');
+    const agent = spans.filter((s) => s.attributes['gen_ai.operation.name'] === 'invoke_agent');
+    const topic = unique('tool-calls');
+    await createTopics([{ topic, partitions: 1 }]);
+    await sink.connect();
+    const prefix = unique('ingest');
+    const handler = (maxPayloadBytes: number, registry: Registry) =>
+      createIngestHandler({
+        store: new RedisTraceStore(redis, prefix, 3_600_000),
+        sink,
+        topic,
+        opts: { ...DEFAULT_MAP_OPTIONS, maxPayloadBytes },
+        metrics: createIngestMetrics(registry),
+      });
+    // Before the restart: a 64 KiB limit, the tool spans wait in Redis with their payloads.
+    await deliverTo(handler(64 * 1024, new Registry()))(tools);
+    // After it: 1 KiB. The agent span comes.
+    const registry = new Registry();
+    await deliverTo(handler(1024, registry))(agent);
+
+    const got = (
+      await consumeUntil(topic, (all) => all.some((m) => m.value!.toString().includes('"task_completed"')))
+    ).map((m) => JSON.parse(m.value!.toString()) as Record<string, unknown>);
+    expect(got.map((e) => e.tool ?? e.type)).toEqual(['large', 'small', 'task_completed']);
+    // Before, `large` went out with both 3,000-byte payloads.
+    expect(got[0]).not.toHaveProperty('args');
+    expect(got[0]).not.toHaveProperty('observation');
+    expect(got[1]).toMatchObject({ args: { q: 1 }, observation: 'ok' });
+    const omitted = (await registry.getSingleMetric('paver_ingest_payloads_omitted_total')!.get()).values;
+    expect(
+      omitted
+        .map((v) => [v.labels.field, v.labels.reason, v.value])
+        .sort((x, y) => String(x[0]).localeCompare(String(y[0]))),
+    ).toEqual([
+      ['args', 'oversize', 1],
+      ['observation', 'oversize', 1],
+    ]);
+  });
+});

@@ -112,4 +112,71 @@ describe('ingest: spans waiting for an agent span are bounded per trace (real Re
       'outcome="dropped"',
     );
   });
+
+  it('keeps at most maxPendingBytes of a trace, counts a span that does not fit as dropped, and lets a smaller one in', async () => {
+    // Records of about 1.7 KB each, one of about 9.2 KB (under the payload limit, over the trace's room), and small ones.
+    const result = (n: number) => 'r'.repeat(n);
+    const spans = otelRecorder().agent({
+      name: 'A',
+      tools: [
+        ...['t0', 't1', 't2'].map((name) => ({ name, result: result(1500) })),
+        { name: 'big', result: result(9000) },
+        ...['u0', 'u1', 'u2'].map((name) => ({ name })),
+        ...['t3', 't4'].map((name) => ({ name, result: result(1500) })),
+      ],
+    });
+    const tools = decode(spans.filter((s) => s.name.startsWith('execute_tool')));
+    expect(tools.map((t) => t.attributes['gen_ai.tool.name'])).toEqual([
+      't0',
+      't1',
+      't2',
+      'big',
+      'u0',
+      'u1',
+      'u2',
+      't3',
+      't4',
+    ]);
+    const traceId = tools[0]!.traceId;
+    const topic = unique('tool-calls');
+    await createTopics([{ topic, partitions: 1 }]);
+    await sink.connect();
+    const prefix = unique('ingest');
+    const registry = new Registry();
+    const maxPendingBytes = 6 * 1024;
+    const handle = createIngestHandler({
+      store: new RedisTraceStore(redis, prefix, 3_600_000),
+      sink,
+      topic,
+      opts: DEFAULT_MAP_OPTIONS,
+      metrics: createIngestMetrics(registry),
+      maxPendingBytes,
+    });
+    const ctx = { heartbeat: async () => undefined, isRunning: () => true };
+    // The agent span never comes: one span per message, so the bound holds across messages too.
+    for (const [m, t] of tools.entries())
+      await handle(
+        [
+          {
+            topic: 'otlp',
+            partition: 0,
+            offset: String(m),
+            key: null,
+            timestamp: '0',
+            value: { spans: [t] },
+          },
+        ],
+        ctx,
+      );
+    const hash = await redis.hgetall(`${prefix}:ingest:trace:${traceId}`);
+    const waiting = Object.entries(hash).filter(([f]) => f.startsWith('s:'));
+    // Before, all nine waited (about 19 KB): only the count bounded a trace.
+    const bytes = waiting.reduce((n, [, v]) => n + Buffer.byteLength(v), 0);
+    expect(bytes).toBeLessThanOrEqual(maxPendingBytes);
+    const names = waiting.map(([, v]) => (JSON.parse(v) as { tool: string }).tool).sort();
+    expect(names).toEqual(['t0', 't1', 't2', 'u0', 'u1', 'u2']);
+    const metrics = await registry.getSingleMetricAsString('paver_ingest_spans_total');
+    expect(metrics).toContain('outcome="pending"} 6');
+    expect(metrics).toContain('outcome="dropped"} 3');
+  });
 });

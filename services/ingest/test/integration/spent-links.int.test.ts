@@ -98,6 +98,31 @@ describe('ingest: spans between a tool and its agent leave once the task is publ
     expect(fields.filter((f) => f.startsWith('s:'))).toEqual([]);
   });
 
+  it('counts as late a tool span below a span that came in the same message as its agent span', async () => {
+    // A tool run by another process (a remote tool service) below the agent's own span for the call: the agent's
+    // process exports that span and the agent span together, the tool's process its span later.
+    const { published, prefix, registry, deliver } = recordingHandler();
+    const spans = decodeRecorded(
+      otelRecorder().agent({
+        name: 'A',
+        tools: [{ name: 'remote', viaInternalSpan: true }, { name: 'local' }],
+      }),
+    );
+    const agent = spans.filter((s) => s.name.startsWith('invoke_agent'));
+    const remote = spans.filter((s) => s.name === 'execute_tool remote');
+    const local = spans.filter((s) => s.name === 'execute_tool local');
+    const between = spans.filter((s) => s.name === 'framework step');
+    await deliver([...local, ...between, ...agent]);
+    expect(published.filter((e) => e.type === 'tool_call').map((e) => e.tool)).toEqual(['local']);
+    await deliver(remote);
+    const metrics = await registry.getSingleMetricAsString('paver_ingest_spans_total');
+    // Before: pending, kept in the trace's hash until it expired, as if its task could still be published.
+    expect(metrics).toContain('outcome="late"} 1');
+    expect(metrics).not.toContain('outcome="pending"');
+    const fields = await redis.hkeys(`${prefix}:ingest:trace:${agent[0]!.traceId}`);
+    expect(fields.filter((f) => f.startsWith('s:'))).toEqual([]);
+  });
+
   it('keeps no span of a long trace that no waiting tool span needs: its tool calls keep their room', async () => {
     const { published, prefix, deliver } = recordingHandler(4);
 

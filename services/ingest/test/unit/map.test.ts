@@ -284,6 +284,55 @@ describe('payload limits', () => {
     expect(r.events[0]).not.toHaveProperty('args');
     expect(r.events[0]).not.toHaveProperty('observation');
   });
+  it('applies the limit in force when a kept tool span is published, measured as when it was read', () => {
+    // Arguments as the agent wrote them, spaced: 30 bytes read, fewer once parsed and written again. The result is text.
+    const argsText = '{ "city" : "Paris" , "n" : 1 }';
+    const recorded = otelRecorder().agent({
+      name: 'A',
+      tools: [{ name: 't', args: {}, result: 'r'.repeat(25) }],
+    });
+    const at = (maxPayloadBytes: number): MapOptions => ({ ...DEFAULT_MAP_OPTIONS, maxPayloadBytes });
+    const read = decode(toProto(recorded)).map((s) =>
+      s.attributes['gen_ai.tool.call.arguments'] === undefined
+        ? s
+        : { ...s, attributes: { ...s.attributes, 'gen_ai.tool.call.arguments': argsText } },
+    );
+    // Kept (in Redis) by a service with the default 64 KiB limit, published after a restart with a smaller one.
+    const stored = read.map(
+      (s) => JSON.parse(JSON.stringify(keepSpan(s, DEFAULT_MAP_OPTIONS).kept)) as KeptSpan,
+    );
+    for (const limit of [20, 24, 25, 29, 30]) {
+      const fresh = mapSpans(read, at(limit));
+      const waited = resolveTrace(stored, new Set(), at(limit));
+      // Before, the span that waited kept both payloads whatever the limit now.
+      expect(waited.events[0], `limit ${limit}`).toEqual(fresh.events[0]);
+      expect(waited.notes, `limit ${limit}`).toEqual(fresh.notes);
+    }
+    expect(resolveTrace(stored, new Set(), at(29)).events[0]).not.toHaveProperty('args');
+    expect(resolveTrace(stored, new Set(), at(29)).events[0]).toHaveProperty('observation');
+    expect(resolveTrace(stored, new Set(), at(24)).notes).toEqual([
+      { field: 'args', reason: 'oversize' },
+      { field: 'observation', reason: 'oversize' },
+    ]);
+    expect(resolveTrace(stored, new Set(), at(30)).events[0]).toMatchObject({
+      args: { city: 'Paris', n: 1 },
+      observation: 'r'.repeat(25),
+    });
+  });
+
+  it('measures a span kept by an older version (no recorded size) by its value written again', () => {
+    const kept = decode(toProto(spans)).map((s) => keepSpan(s, DEFAULT_MAP_OPTIONS).kept);
+    const old = kept.map((s) => {
+      const o = { ...s };
+      delete o.argsBytes;
+      delete o.observationBytes;
+      return o;
+    });
+    const r = resolveTrace(old, new Set(), { ...DEFAULT_MAP_OPTIONS, maxPayloadBytes: 1000 });
+    expect(r.events[0]).toMatchObject({ type: 'tool_call', tool: 't' });
+    expect(r.events[0]).not.toHaveProperty('args');
+    expect(r.events[0]).not.toHaveProperty('observation');
+  });
 });
 
 describe('bad input', () => {
@@ -481,7 +530,8 @@ describe('paver otel on a large export', () => {
       resourceSpans: [{ scopeSpans: [{ spans: Array.from({ length: 200_000 }, (_, i) => span(i + 1)) }] }],
     };
     const warnings: string[] = [];
-    const r = parseExport(JSON.stringify(doc), (w) => warnings.push(w));
+    // A bound as large as --max-spans-per-message takes (by default the command refuses it, as the service does).
+    const r = parseExport(JSON.stringify(doc), (w) => warnings.push(w), 1_000_000);
     expect(warnings).toEqual([]);
     expect(r).toMatchObject({ requests: 1, bad: 0 });
     expect(r.spans).toHaveLength(200_000);

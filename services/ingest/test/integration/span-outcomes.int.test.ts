@@ -1,0 +1,90 @@
+import { Registry } from 'prom-client';
+import { afterAll, describe, expect, it } from 'vitest';
+import { jsonCodec } from '../../../../shared/codec.js';
+import { createSink } from '../../../../shared/kafka/sink.js';
+import { consumeUntil, createTopics, testKafka, testRedis, unique } from '../../../../test/helpers/kafka.js';
+import { createIngestHandler, createIngestMetrics } from '../../src/adapters/handler.js';
+import { RedisTraceStore } from '../../src/adapters/trace-store.js';
+import { DEFAULT_MAP_OPTIONS } from '../../src/core/map.js';
+import type { OtlpSpan } from '../../src/core/otlp.js';
+import { decodeRecorded, otelRecorder } from '../helpers/otel.js';
+
+/*
+ * paver_ingest_spans_total counts spans read, one outcome each: the outcomes add up to the spans read. A tool span
+ * that waited was counted as pending when read and again as tool_call when its task was published; a span read
+ * twice in one chunk (a message redelivered with the next) was counted once.
+ */
+
+const redis = testRedis();
+const sink = createSink(testKafka(), jsonCodec());
+afterAll(async () => {
+  await sink.disconnect();
+  await redis.quit();
+});
+
+async function setup() {
+  const topic = unique('tool-calls');
+  await createTopics([{ topic, partitions: 1 }]);
+  await sink.connect();
+  const registry = new Registry();
+  const handle = createIngestHandler({
+    store: new RedisTraceStore(redis, unique('ingest'), 3_600_000),
+    sink,
+    topic,
+    opts: DEFAULT_MAP_OPTIONS,
+    metrics: createIngestMetrics(registry),
+  });
+  let offset = 0;
+  const ctx = { heartbeat: async () => undefined, isRunning: () => true };
+  const record = (spans: OtlpSpan[]) => ({
+    topic: 'otlp',
+    partition: 0,
+    offset: String(offset++),
+    key: null,
+    timestamp: '0',
+    value: { spans },
+  });
+  const outcomes = async () => {
+    const values = (await registry.getSingleMetric('paver_ingest_spans_total')!.get()).values;
+    return Object.fromEntries(values.filter((v) => v.value > 0).map((v) => [v.labels.outcome, v.value]));
+  };
+  const published = async (tasks: number) =>
+    (
+      await consumeUntil(
+        topic,
+        (all) => all.filter((m) => m.value!.toString().includes('"task_completed"')).length >= tasks,
+      )
+    ).map((m) => (JSON.parse(m.value!.toString()) as { type: string }).type);
+  return { handle: (...batch: OtlpSpan[][]) => handle(batch.map(record), ctx), outcomes, published };
+}
+
+const sum = (o: Record<string, number>) => Object.values(o).reduce((a, b) => a + b, 0);
+
+describe('ingest: every span read has one outcome (real Redis and Kafka)', () => {
+  it('a tool span that waited for its agent span is counted once, as pending, not again when published', async () => {
+    const spans = decodeRecorded(otelRecorder().agent({ name: 'A', tools: [{ name: 'a' }, { name: 'b' }] }));
+    const tools = spans.filter((s) => s.name.startsWith('execute_tool'));
+    const agent = spans.filter((s) => s.name.startsWith('invoke_agent'));
+    const { handle, outcomes, published } = await setup();
+    await handle(tools);
+    await handle(agent);
+    expect(await published(1)).toEqual(['tool_call', 'tool_call', 'task_completed']);
+    // Before: { pending: 2, tool_call: 2, agent: 1 }, five outcomes for three spans read.
+    expect(await outcomes()).toEqual({ pending: 2, agent: 1 });
+  });
+
+  it('a message read twice in one chunk: each copy of each span has one outcome, the copy of a published one late', async () => {
+    const spans = decodeRecorded(otelRecorder().agent({ name: 'A', tools: [{ name: 'a' }, { name: 'b' }] }));
+    const first = decodeRecorded(otelRecorder().agent({ name: 'B', tools: [{ name: 'c' }] })).filter((s) =>
+      s.name.startsWith('execute_tool'),
+    );
+    const { handle, outcomes, published } = await setup();
+    // The whole task, twice; a tool span whose agent span has not come, twice.
+    await handle(spans, spans, first, first);
+    expect(await published(1)).toEqual(['tool_call', 'tool_call', 'task_completed']);
+    const o = await outcomes();
+    // Before: { tool_call: 2, agent: 2, pending: 1 }: five outcomes for eight spans read.
+    expect(o).toEqual({ tool_call: 2, late: 2, agent: 2, pending: 2 });
+    expect(sum(o)).toBe(2 * spans.length + 2 * first.length);
+  });
+});
