@@ -13,7 +13,7 @@ import {
 import { runService, type ServiceSpec } from '../../../shared/service.js';
 import { createBatchHandler } from './adapters/batch.js';
 import { createCatalogFeed } from './adapters/catalog-feed.js';
-import { rulesRoute } from './adapters/http.js';
+import { guardedScopeRead, rulesRoute } from './adapters/http.js';
 import { createAutoseqMetrics } from './adapters/metrics.js';
 import { RedisTaskStore, taskKey } from './adapters/redis/task-store.js';
 import { readScope, RedisLearnStore, seedActiveRulesGauge } from './adapters/redis/learn-store.js';
@@ -202,11 +202,16 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
         return handle(batch, ctx);
       },
       routes: [
-        rulesRoute(async (tenant, agent) => {
-          // After a loss, the rules as the restore brings them back, not an empty Redis (as batches wait for it).
-          await guard.ensure();
-          return readScope(redis, prefix, tenant, agent);
-        }, learnOptions),
+        // After a loss, the rules as the restore brings them back, not an empty Redis (as batches wait for it);
+        // the read checks the marker the guard saw, in case the loss came between the two.
+        rulesRoute(
+          guardedScopeRead(
+            () => guard.ensure(),
+            (tenant, agent) =>
+              readScope(redis, prefix, tenant, agent, { key: epochKey, value: epoch.current() }),
+          ),
+          learnOptions,
+        ),
       ],
       // After the consumer's last batch: its changes are copied before the producer goes.
       close: async () => {

@@ -1,4 +1,5 @@
 import { id as idSchema } from '../../../../schemas/index.js';
+import { PaverError } from '../../../../shared/errors.js';
 import type { Route } from '../../../../shared/http.js';
 import { DEFAULT_LEARN, listRules } from '../core/learn/learner.js';
 import type { LearnOptions, ScopeState } from '../core/learn/learner.js';
@@ -24,5 +25,31 @@ export function rulesRoute(
         body: { tenant_id: tenant, agent_id: agent, rules: scope ? listRules(scope, opts) : [] },
       };
     },
+  };
+}
+
+/** Reads after a Redis loss met mid-read before the route gives up (503: retriable). */
+const READ_ATTEMPTS = 3;
+
+/**
+ * A scope read for `GET /rules` that answers from the state the guard vouched for: `ensure` (the guard's check,
+ * and the restore after a loss) runs first, and `read` fails (`STATE_CONTENDED`, see `stateLostMidRead`) when
+ * Redis lost its state between that check and the read; then the guard is asked again, which restores first.
+ * Without the second check, a loss in that gap answered 200 with no rules from the empty Redis.
+ */
+export function guardedScopeRead(
+  ensure: () => Promise<void>,
+  read: (tenant: string, agent: string) => Promise<ScopeState | null>,
+): (tenant: string, agent: string) => Promise<ScopeState | null> {
+  return async (tenant, agent) => {
+    for (let attempt = 1; ; attempt++) {
+      await ensure();
+      try {
+        return await read(tenant, agent);
+      } catch (err) {
+        if (attempt >= READ_ATTEMPTS || !(err instanceof PaverError && err.code === 'STATE_CONTENDED'))
+          throw err;
+      }
+    }
   };
 }

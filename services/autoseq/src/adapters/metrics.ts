@@ -96,7 +96,7 @@ export function createAutoseqMetrics(
   const activeByScope = new ActiveRulesByScope(scopeTtlMs, now);
   new Gauge({
     name: 'paver_autoseq_active_rules',
-    help: 'Active learned rules: in the scopes Redis held when this instance started (or restored the rules), as of its later writes.',
+    help: "Active learned rules of every scope of the key prefix, as this instance last wrote or read each (at start, after a restore): one instance's view of the whole, so aggregate instances with max, never sum.",
     registers,
     collect() {
       this.set(activeByScope.total());

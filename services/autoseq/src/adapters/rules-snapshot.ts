@@ -210,7 +210,8 @@ export class RuleSnapshots {
  * scopes written are registered for it, their hashes get its grace past the TTL, and the expired ones'
  * records are queued for the sweep to tombstone (`ScopeRetirement.queueRetiring`). A scope
  * whose scope record is a tombstone or missing (retired) is left out as expired too, whatever its contexts'
- * records.
+ * records and whatever `scopeTtlMs` is (0 included: a TTL turned off after a retirement does not revive the
+ * scope; without the sweep its leftover records then stay on the topic, left out by every restore).
  */
 export function restoreRules(
   redis: Redis,
@@ -240,8 +241,9 @@ export function restoreRules(
     for (const s of scopes) {
       if (!goOn()) throw new RebuildStopped();
       const left = scopeTtlMs > 0 && s.at !== undefined ? scopeTtlMs - Math.max(0, now() - s.at) : scopeTtlMs;
-      // A retired scope's records that outlived its tombstones (an eviction's tombstone its copier died with).
-      if (scopeTtlMs > 0 && (s.retired || left <= 0)) {
+      // A retired scope's records that outlived its tombstones (an eviction's tombstone its copier died with)
+      // stay out whatever the TTL is now: a TTL set to 0 after the scope's retirement does not undo it.
+      if (s.retired || (scopeTtlMs > 0 && left <= 0)) {
         expired.push(s);
         continue;
       }

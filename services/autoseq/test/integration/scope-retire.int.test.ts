@@ -400,6 +400,32 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     await redis.del(learnKey(t.prefix, 'default', 'back'));
   });
 
+  it('a retired scope stays retired when the TTL is then set to 0: a restore without the sweep leaves its leftovers out', async () => {
+    const t = await setup();
+    await t.learn(asAgent('live'), 3_600_000);
+    await t.learn(asAgent('gone'));
+    await t.idle('gone');
+    expect(await t.retirement.sweep()).toMatchObject({ retired: 1 });
+    expect(await t.scopeRecord('gone')).toBeNull();
+    // A record of the retired scope that outlived its tombstones (an eviction's copy landing late, say).
+    await sink.sendRaw(t.topic, [
+      { key: contextRecordKey(t.prefix, 'default', 'gone', 'left-over'), value: contextRecordValue('{}') },
+    ]);
+    // AUTOSEQ_LEARN_SCOPE_TTL_MS=0 from now on (no sweep, no idle lifetime), and Redis is lost.
+    await redis.del(learnKey(t.prefix, 'default', 'live'));
+    const flag = restoreFlagKey(`${t.prefix}:aseq:epoch`);
+    expect(await restoreRules(redis, t.prefix, flag, t.replay, () => true, 0)).toMatchObject({
+      scopes: 2,
+      restored: 1,
+      expired: 1,
+    });
+    expect(await redis.exists(learnKey(t.prefix, 'default', 'gone'))).toBe(0);
+    expect(await readScope(redis, t.prefix, 'default', 'live')).not.toBeNull();
+    // Without an idle lifetime the restored scope never expires, as with the TTL 0 everywhere else.
+    expect(await redis.pttl(learnKey(t.prefix, 'default', 'live'))).toBe(-1);
+    await redis.del(learnKey(t.prefix, 'default', 'live'));
+  });
+
   it('one instance sweeps per period: the turn goes to the first to ask, and to another once the period is over', async () => {
     const t = await setup();
     const [a, b, c] = [t.retirement, t.sweeper(), t.sweeper()];

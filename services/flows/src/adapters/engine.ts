@@ -60,7 +60,7 @@ export interface SessionStore {
   load(refs: readonly SessionRef[]): Promise<Map<string, OpenSession | EndedSession>>;
   save(
     open: readonly { ref: SessionRef; s: OpenSession }[],
-    ended: readonly { ref: SessionRef; at?: string }[],
+    ended: readonly { ref: SessionRef; at?: string; requests?: string[] }[],
   ): Promise<void>;
 }
 
@@ -72,6 +72,8 @@ export interface SessionStore {
 export interface RunMark {
   ref: SessionRef;
   at?: string;
+  /** The session's request ids, kept in its end (`EndedSession.requests`). */
+  requests?: string[];
   awaiting: OpenSession | null;
 }
 
@@ -81,10 +83,14 @@ export interface RunMark {
  */
 export type RunRecord = 'recorded' | 'recorded-before' | 'ended';
 
-/** A session that ended: kept a while, so that a redelivery of its events does not open and end it again. */
+/**
+ * A session that ended: kept a while, so that a redelivery of its events does not open and end it again, nor a
+ * producer's retry of one of its requests (`requests`: their event ids, see `OpenSession.requests`) open it again.
+ */
 export interface EndedSession {
   ended: true;
   at?: string;
+  requests?: string[];
 }
 
 /** Whether an event at `partition`/`offset` was applied already, given the position `at` of the last one. */
@@ -102,6 +108,7 @@ interface Touched {
   ref: SessionRef;
   s: OpenSession | null;
   at: string | undefined;
+  requests?: string[];
 }
 
 /** Candidates of one scope as read, and what a write must find unchanged (per key: its stored text, null: absent). */
@@ -129,7 +136,7 @@ export interface CandidateStore {
      * Sessions this write ends (a shadow outcome's): written with it or not at all. `ended` (nothing written)
      * when one of them is already ended at or past that end: another delivery of it wrote its outcome.
      */
-    ends?: readonly { ref: SessionRef; at: string }[],
+    ends?: readonly { ref: SessionRef; at: string; requests?: string[] }[],
   ): Promise<boolean | 'ended'>;
 }
 
@@ -290,7 +297,7 @@ export class FlowsEngine {
     keys: string[],
     plan: Plan<T>,
     restate: Iterable<string> = [],
-    ends: readonly { ref: SessionRef; at: string }[] = [],
+    ends: readonly { ref: SessionRef; at: string; requests?: string[] }[] = [],
   ): Promise<{ result: T; promoted: RegisteredFlow[]; landed: boolean }> {
     const unsettled = new Map<string, string>();
     const sent = new Set<string>(restate);
@@ -529,8 +536,14 @@ export class FlowsEngine {
       // Applied before a restart (its batch's sessions were saved, its offsets not committed): a call or an end
       // is not applied twice, and a request does not open its session again. It still gets its selection (that
       // output may not have gone out).
-      const seen = reached(this.sessions.get(k)?.at ?? this.ended.get(k), v.partition, v.offset);
+      const seen = reached(this.sessions.get(k)?.at ?? this.ended.get(k)?.at, v.partition, v.offset);
       if (seen && e.type !== 'user_message') continue;
+      // A request of a session that ended, sent again by its producer (a new offset): it gets its selection again,
+      // as a redelivery does, and opens nothing. Before, it opened a phantom session that took the next task.
+      const retried =
+        e.type === 'user_message' &&
+        !this.sessions.get(k) &&
+        (this.ended.get(k)?.requests?.includes(e.event_id) ?? false);
       if (e.type === 'user_message') {
         const sel = await select(
           this.d.selector,
@@ -552,7 +565,9 @@ export class FlowsEngine {
           ...sel,
         });
         const keep = this.evidence.capacity > 0;
-        if (!seen)
+        // A new task of the session keeps the ended one's request ids, so that they stay recognised.
+        const before = this.sessions.get(k) ? undefined : this.ended.get(k)?.requests;
+        if (!seen && !retried)
           this.sessions.onRequest(
             k,
             {
@@ -561,6 +576,7 @@ export class FlowsEngine {
               terms: requestTermsOf(e.text),
               shadow: this.shadowChoice(e.tenant_id, e.agent_id, e.text),
               ...(keep ? { userText: e.text } : {}),
+              ...(before ? { requests: before } : {}),
             },
             keep,
             e.event_id,
@@ -568,9 +584,12 @@ export class FlowsEngine {
         this.absent.delete(k);
       } else if (e.type === 'tool_call')
         this.sessions.onCall(k, { tool: e.tool, args: e.args, observation: e.observation }, e.event_id);
-      else if (e.type === 'task_completed' && (await this.finish(ref, pos))) {
-        touched.set(k, { ref, s: null, at: pos });
-        if (pos) this.remember(k, pos);
+      else if (e.type === 'task_completed') {
+        const requests = this.sessions.get(k)?.requests;
+        if (await this.finish(ref, pos)) {
+          touched.set(k, { ref, s: null, at: pos, ...(requests ? { requests } : {}) });
+          this.remember(k, { ...(pos ? { at: pos } : {}), ...(requests ? { requests } : {}) });
+        }
       }
       const now = this.sessions.get(k);
       if (now) {
@@ -582,11 +601,11 @@ export class FlowsEngine {
     return out;
   }
 
-  /** Ended sessions' last positions by `refKey`, bounded (their store copy is what a restart reads). */
-  private readonly ended = new Map<string, string>();
-  private remember(session: string, at: string): void {
+  /** Ended sessions' last positions and request ids by `refKey`, bounded (their store copy is what a restart reads). */
+  private readonly ended = new Map<string, { at?: string; requests?: string[] }>();
+  private remember(session: string, end: { at?: string; requests?: string[] }): void {
     this.ended.delete(session);
-    this.ended.set(session, at);
+    this.ended.set(session, end);
     if (this.ended.size > MAX_ABSENT) this.ended.delete(this.ended.keys().next().value!);
   }
 
@@ -609,7 +628,11 @@ export class FlowsEngine {
       const s = found.get(id);
       if (!s) this.absent.add(id);
       else if ('ended' in s) {
-        if (s.at) this.remember(id, s.at);
+        if (s.at || s.requests)
+          this.remember(id, {
+            ...(s.at ? { at: s.at } : {}),
+            ...(s.requests ? { requests: s.requests } : {}),
+          });
         this.absent.add(id);
       } else this.sessions.restore(id, s);
     }
@@ -626,10 +649,15 @@ export class FlowsEngine {
   private async saveSessions(touched: ReadonlyMap<string, Touched>): Promise<void> {
     if (!this.d.sessions || !touched.size) return;
     const open: { ref: SessionRef; s: OpenSession }[] = [];
-    const ended: { ref: SessionRef; at?: string }[] = [];
+    const ended: { ref: SessionRef; at?: string; requests?: string[] }[] = [];
     for (const t of touched.values()) {
       if (t.s) open.push({ ref: t.ref, s: t.s });
-      else ended.push({ ref: t.ref, ...(t.at ? { at: t.at } : {}) });
+      else
+        ended.push({
+          ref: t.ref,
+          ...(t.at ? { at: t.at } : {}),
+          ...(t.requests ? { requests: t.requests } : {}),
+        });
     }
     await this.d.sessions.save(open, ended);
     this.sessions.trim();
@@ -670,10 +698,13 @@ export class FlowsEngine {
   private async finish(ref: SessionRef, at: string | undefined): Promise<boolean> {
     const s = this.sessions.onDone(refKey(ref));
     if (!s) return false;
+    const requests = s.requests;
     const shadow = s.shadow;
     if (!s.ran) {
       const run = { terms: s.terms, calls: s.calls };
-      const mark = this.d.sessions ? { ref, ...(at ? { at } : {}), awaiting: shadow ? s : null } : undefined;
+      const mark = this.d.sessions
+        ? { ref, ...(at ? { at } : {}), ...(requests ? { requests } : {}), awaiting: shadow ? s : null }
+        : undefined;
       // The durable write first: a failure there leaves nothing added in memory to be added again.
       // Another delivery of this end (an instance expelled by a stall, or this one's earlier attempt) may have
       // recorded the run, and its shadow outcome too (`ended`): then nothing is left to do.
@@ -693,7 +724,7 @@ export class FlowsEngine {
     }
     if (!shadow) return true;
     const m = matchSteps(shadow.tools, s.calls);
-    const ends = this.d.sessions && at ? [{ ref, at }] : [];
+    const ends = this.d.sessions && at ? [{ ref, at, ...(requests ? { requests } : {}) }] : [];
     const none = new Map<string, string>();
     const {
       result: { counted, refused },

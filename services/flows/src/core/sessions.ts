@@ -35,6 +35,19 @@ export interface OpenSession {
    * event at a new offset, which the position (`at`) does not catch, and its call was counted twice.
    */
   recent?: string[];
+  /**
+   * The event ids of its user messages (at most RECENT_EVENT_IDS, the latest), kept in its end too: a producer that
+   * retries a request's send after the session ended puts it at a new offset, and it opened a phantom session,
+   * which then took the session's next task as its own (with the old request's terms and shadow choice).
+   */
+  requests?: string[];
+}
+
+/** Remembers a request's event id in `ids` (bounded, the latest kept); the list, for a new one. */
+export function withRequest(ids: readonly string[] | undefined, eventId: string): string[] {
+  const out = (ids ?? []).filter((id) => id !== eventId);
+  out.push(eventId);
+  return out.slice(-RECENT_EVENT_IDS);
 }
 
 /**
@@ -142,8 +155,8 @@ export class SessionTracker {
   }
 
   /**
-   * The first user message opens the session; later ones of the same session change nothing. `eventId`: the
-   * message's, remembered by the session (see `recent`).
+   * The first user message opens the session; later ones of the same session change nothing but its `requests`.
+   * `eventId`: the message's, remembered by the session (see `recent` and `requests`).
    */
   onRequest(
     session: string,
@@ -151,12 +164,16 @@ export class SessionTracker {
     keepEvidence = false,
     eventId?: string,
   ): void {
-    if (this.open.has(session)) return;
+    const cur = this.open.get(session);
+    if (cur) {
+      if (eventId !== undefined) cur.requests = withRequest(cur.requests, eventId);
+      return;
+    }
     const opened: OpenSession = {
       ...s,
       calls: [],
       ...(keepEvidence ? { evidence: [] } : {}),
-      ...(eventId !== undefined ? { recent: [eventId] } : {}),
+      ...(eventId !== undefined ? { recent: [eventId], requests: withRequest(s.requests, eventId) } : {}),
     };
     this.open.set(session, opened);
     this.evidenceTotal += heldChars(opened);
@@ -221,9 +238,12 @@ export class SessionTracker {
 export function completedRuns(events: Iterable<ToolCallsEvent>, keepEvidence: boolean): OpenSession[] {
   const tracker = new SessionTracker(Number.POSITIVE_INFINITY);
   const done: OpenSession[] = [];
+  // The request ids of ended sessions, as the service's end marks keep them: a retried request opens nothing.
+  const endedRequests = new Map<string, string[]>();
   for (const e of events) {
     const k = sessionKey(e.tenant_id, e.agent_id, e.session_id);
-    if (e.type === 'user_message')
+    if (e.type === 'user_message') {
+      if (!tracker.get(k) && endedRequests.get(k)?.includes(e.event_id)) continue;
       tracker.onRequest(
         k,
         {
@@ -232,15 +252,19 @@ export function completedRuns(events: Iterable<ToolCallsEvent>, keepEvidence: bo
           terms: requestTermsOf(e.text),
           shadow: null,
           ...(keepEvidence ? { userText: e.text } : {}),
+          ...(endedRequests.has(k) ? { requests: endedRequests.get(k) } : {}),
         },
         keepEvidence,
         e.event_id,
       );
-    else if (e.type === 'tool_call')
+    } else if (e.type === 'tool_call')
       tracker.onCall(k, { tool: e.tool, args: e.args, observation: e.observation }, e.event_id);
     else {
       const s = tracker.onDone(k);
-      if (s) done.push(s);
+      if (s) {
+        done.push(s);
+        if (s.requests) endedRequests.set(k, s.requests);
+      }
     }
   }
   return done;

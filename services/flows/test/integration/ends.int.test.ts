@@ -60,7 +60,7 @@ describe('flows: a session end delivered again is counted once (real Redis and K
       const c = (await store.getCandidates(T, A, ['k1'])).get('k1');
       expect(c).toMatchObject({ status: 'pending', shadow_trials: 1, shadow_proposed: 2, shadow_matched: 2 });
       const left = await redis.get(`${prefix}:flows:{${T}|${A}}:session:s1`);
-      expect(JSON.parse(left!)).toEqual({ ended: true, at: '0:13' });
+      expect(JSON.parse(left!)).toEqual({ ended: true, at: '0:13', requests: ['s1:u'] });
     };
     await check();
     // Delivered once more after it went through (offsets not committed when a process died): nothing changes.

@@ -36,6 +36,32 @@ describe('event_id as the idempotency key of a session', () => {
     ]);
   });
 
+  it('a user_message sent again after its session ended opens nothing (offline, as the service)', () => {
+    const first = ev('user_message', 's9:u1', { text: 'close my account' });
+    const runs = completedRuns(
+      [
+        first,
+        ev('tool_call', 's9:c0', { step: 0, tool: 'close' }),
+        ev('task_completed', 's9:d1'),
+        first,
+        ev('user_message', 's9:u2', { text: 'change my seat' }),
+        ev('tool_call', 's9:c1', { step: 0, tool: 'seat' }),
+        ev('task_completed', 's9:d2'),
+        // The first task's request again, after the second task ended too.
+        first,
+        ev('user_message', 's9:u3', { text: 'book a flight' }),
+        ev('tool_call', 's9:c2', { step: 0, tool: 'book' }),
+        ev('task_completed', 's9:d3'),
+      ],
+      false,
+    );
+    expect(runs.map((r) => [r.terms, r.calls])).toEqual([
+      [['close', 'account'], ['close']],
+      [['change', 'seat'], ['seat']],
+      [['book', 'flight'], ['book']],
+    ]);
+  });
+
   it('a call repeating the tool of the one before under its own event_id is a call of its own', () => {
     const runs = completedRuns(
       [

@@ -580,8 +580,25 @@ export async function readScope(
   prefix: string,
   tenant: string,
   agent: string,
+  /**
+   * The epoch marker as the guard last saw it: read in the same transaction as the scope, so a Redis loss
+   * between the guard's check and this read (an empty or half-restored Redis) fails with `stateLostMidRead`
+   * rather than answering as if the scope had no rules.
+   */
+  marker?: EpochMarker,
 ): Promise<ScopeState | null> {
-  const all = await redis.hgetall(learnKey(prefix, tenant, agent));
+  let all: Record<string, string>;
+  if (marker?.value) {
+    const [hash, seen] = await execPipeline(
+      redis
+        .multi()
+        .hgetall(learnKey(prefix, tenant, agent))
+        .get(marker.key),
+      'learned rules read',
+    );
+    if (seen !== marker.value) throw stateLostMidRead();
+    all = hash as Record<string, string>;
+  } else all = await redis.hgetall(learnKey(prefix, tenant, agent));
   const meta = parseJson(all[META]);
   if (meta === null || !metaShape.safeParse(meta).success) return null;
   const state = newScopeState();

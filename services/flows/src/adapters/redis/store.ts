@@ -70,8 +70,16 @@ const openSession = z.object({
     .optional(),
   ran: z.boolean().optional(),
   recent: z.array(z.string()).optional(),
+  requests: z.array(z.string()).optional(),
 });
-const endedSession = z.object({ ended: z.literal(true), at: openSession.shape.at });
+const endedSession = z.object({
+  ended: z.literal(true),
+  at: openSession.shape.at,
+  requests: openSession.shape.requests,
+});
+/** An ended session as stored: where its last event stood, and its requests' event ids (a retry opens nothing). */
+const endedText = (at: string | undefined, requests: readonly string[] | undefined) =>
+  JSON.stringify({ ended: true, at, ...(requests?.length ? { requests } : {}) });
 
 /** An ended session is remembered this long at most: past a redelivery of its events, it is not needed. */
 const ENDED_TTL_MS = 3_600_000;
@@ -137,7 +145,7 @@ export class RedisFlowStore {
     read: CandidatesRead,
     candidates: StoredCandidate[],
     flows: RegisteredFlow[],
-    ends: readonly { ref: SessionRef; at: string }[] = [],
+    ends: readonly { ref: SessionRef; at: string; requests?: string[] }[] = [],
   ): Promise<boolean | 'ended'> {
     if (!candidates.length && !flows.length) return true;
     const argv: string[] = [String(candidates.length), String(flows.length)];
@@ -149,7 +157,7 @@ export class RedisFlowStore {
       argv.push(k, seen ?? '', JSON.stringify(c));
     }
     for (const f of flows) argv.push(f.id, JSON.stringify(f));
-    for (const e of ends) argv.push(JSON.stringify({ ended: true, at: e.at }), String(ENDED_TTL_MS), e.at);
+    for (const e of ends) argv.push(endedText(e.at, e.requests), String(ENDED_TTL_MS), e.at);
     await this.beforeSave?.(tenant, agent, candidates);
     const reply = await callScript(
       this.redis,
@@ -231,7 +239,7 @@ export class RedisFlowStore {
    */
   async saveSessions(
     open: readonly { ref: SessionRef; s: OpenSession }[],
-    ended: readonly { ref: SessionRef; at?: string }[],
+    ended: readonly { ref: SessionRef; at?: string; requests?: string[] }[],
     ttlMs: number,
   ): Promise<void> {
     if (!open.length && !ended.length) return;
@@ -240,8 +248,8 @@ export class RedisFlowStore {
     const save = (ref: SessionRef, text: string, at: string | undefined, ttl: number) =>
       invokeScript(pipe, 'saveSession', [this.sessionKey(ref)], [text, at ?? '', ttl]);
     for (const { ref, s } of open) save(ref, sessionText(s), s.at, ttlMs);
-    for (const { ref, at } of ended) {
-      if (at) save(ref, JSON.stringify({ ended: true, at }), at, Math.min(ttlMs, ENDED_TTL_MS));
+    for (const { ref, at, requests } of ended) {
+      if (at) save(ref, endedText(at, requests), at, Math.min(ttlMs, ENDED_TTL_MS));
       else pipe.del(this.sessionKey(ref));
     }
     await execPipeline(pipe, 'flows session write');
@@ -282,7 +290,7 @@ export class RedisFlowStore {
     }
     const [state, ttl] = mark.awaiting
       ? [sessionText({ ...mark.awaiting, ran: true }), ttlMs]
-      : [JSON.stringify({ ended: true, at: mark.at }), Math.min(ttlMs, ENDED_TTL_MS)];
+      : [endedText(mark.at, mark.requests), Math.min(ttlMs, ENDED_TTL_MS)];
     const reply = await callScript(
       this.redis,
       'recordRun',
