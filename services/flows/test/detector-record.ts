@@ -6,7 +6,9 @@ import type { FlowCandidate, FlowCandidateRecord } from '../../../schemas/index.
  * long sequence gives texts past what a flow allows.
  */
 export const flowNameOf = (tools: readonly string[]) => `Auto: ${tools.join(' → ')}`;
-export const dedupeKeyOf = (tools: readonly string[]) => `flow_offload:${tools.join('→')}`;
+/** services/detector/src/core/select.ts `dedupeKeyOf`: `%` and `→` in a name percent-encoded. */
+export const dedupeKeyOf = (tools: readonly string[]) =>
+  `flow_offload:${tools.map((t) => t.replace(/%/g, '%25').replace(/→/g, '%E2%86%92')).join('→')}`;
 
 export function detectorRecord(
   tools: string[],

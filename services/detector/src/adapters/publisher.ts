@@ -72,28 +72,38 @@ export async function publishScope(
   if (claimed.held) return claimed;
   how.onClaimed?.();
   let { published, snapshot: snap, owed, stamp: now } = claimed;
-  for (;;) {
-    const live = liveCandidates(snap.stats, d.params, snap.records);
-    const { upserts, retracts, next } = diffCandidates(published, live);
-    // `detected_at` is the scope's publication stamp (Redis's clock, increasing per scope), not this host's
-    // clock: with instances' clocks apart, a retraction published after an upsert by another instance could be
-    // stamped earlier, and flows would drop it as stale.
-    await sendCandidates(d, scope, upserts, retracts, now);
-    const r = await d.store.release(
-      scope,
-      token,
-      ttl,
-      owed,
-      upserts.map((c) => [c.dedupe_key, next.get(c.dedupe_key)!]),
-      retracts,
-    );
-    if (!r.again) return null;
-    published = next;
-    owed = r.owed;
-    snap = await d.store.snapshot(scope);
-    now = await d.store.stamp(scope);
+  try {
+    for (;;) {
+      const live = liveCandidates(snap.stats, d.params, snap.records);
+      const { upserts, retracts, next } = diffCandidates(published, live);
+      // `detected_at` is the scope's publication stamp (Redis's clock, increasing per scope), not this host's
+      // clock: with instances' clocks apart, a retraction published after an upsert by another instance could be
+      // stamped earlier, and flows would drop it as stale.
+      await sendCandidates(d, scope, upserts, retracts, now);
+      const r = await d.store.release(
+        scope,
+        token,
+        ttl,
+        owed,
+        upserts.map((c) => [c.dedupe_key, next.get(c.dedupe_key)!]),
+        retracts,
+      );
+      if (!r.again) return null;
+      published = next;
+      owed = r.owed;
+      snap = await d.store.snapshot(scope);
+      now = await d.store.stamp(scope);
+    }
+  } catch (err) {
+    // The change stays owed (nothing was released). The lock is given up so that the retry that follows
+    // (ScopePublisher.retryFailed) need not wait out its TTL; if Redis is what failed, the TTL frees it.
+    await d.store.unlock(scope, token).catch(() => false);
+    throw err;
   }
 }
+
+/** The first retry of a failed publication, doubled after each failure up to the lock's TTL. */
+export const FAILED_RETRY_MS = 1_000;
 
 /**
  * Retires a scope idle for `idleMs`: under its publication lock, retracts every candidate published for it, then
@@ -142,7 +152,13 @@ export class ScopePublisher {
   /** `changed`: this batch changed the scope (else it found an abandoned change owed). */
   async publish(scope: Scope, changed: boolean): Promise<void> {
     if (!changed) return this.recover(scope, 'batch');
-    const held = await publishScope(this.d, scope, { markDirty: true });
+    let held;
+    try {
+      held = await publishScope(this.d, scope, { markDirty: true });
+    } catch (err) {
+      this.retryFailed(scope);
+      throw err;
+    }
     if (held) this.retryLater(scope, held.remainingMs, held.redisNowMs);
   }
 
@@ -151,11 +167,46 @@ export class ScopePublisher {
    * be publishing it), counted as recovered if the lock is taken, and retried when a held lock runs out.
    */
   private async recover(scope: Scope, via: 'batch' | 'retry' | 'sweep', since?: number): Promise<void> {
-    const held = await publishScope(this.d, scope, {
-      markDirty: false,
-      onClaimed: () => this.d.onRecovered?.(via),
-    });
+    let held;
+    try {
+      held = await publishScope(this.d, scope, {
+        markDirty: false,
+        onClaimed: () => this.d.onRecovered?.(via),
+      });
+    } catch (err) {
+      this.retryFailed(scope);
+      throw err;
+    }
     if (held) this.retryLater(scope, held.remainingMs, since ?? held.redisNowMs);
+  }
+
+  /**
+   * A publication of this instance failed (the send, or Redis around it): the change is still owed, and this
+   * instance knows it, so it tries again in FAILED_RETRY_MS, doubling after each failure up to the lock's TTL.
+   * The batch's redelivery cannot: it finds only duplicates, and a change that young is left to its own
+   * publication (a live holder may be sending it), so the change would wait for a later batch of the scope or
+   * the sweep (up to about 90 s). This retry replaces one waiting for a held lock: it publishes whatever is owed.
+   */
+  private retryFailed(scope: Scope, attempt = 0): void {
+    const ms = Math.min(this.d.store.publicationLockMs, FAILED_RETRY_MS * 2 ** attempt);
+    this.schedule(
+      scope,
+      ms,
+      async () => {
+        try {
+          if (this.closed || !(await this.d.store.isOwed(scope))) return;
+          const held = await publishScope(this.d, scope, { markDirty: false });
+          if (held) this.retryLater(scope, held.remainingMs, held.redisNowMs);
+        } catch (err) {
+          this.d.log.warn(
+            { err: errorMessage(err) },
+            'candidate publication failed again; trying again later',
+          );
+          this.retryFailed(scope, attempt + 1);
+        }
+      },
+      true,
+    );
   }
 
   /** Scopes waiting for a held lock's time to be up. */
@@ -164,18 +215,29 @@ export class ScopePublisher {
   }
 
   private retryLater(scope: Scope, ms: number, since: number): void {
+    this.schedule(scope, ms + 50, () =>
+      this.retry(scope, since).catch((err: unknown) => {
+        this.d.log.warn({ err: errorMessage(err) }, 'owed publication failed; trying again later');
+        this.retryLater(scope, this.d.store.publicationLockMs, since);
+      }),
+    );
+  }
+
+  /**
+   * One waiting retry per scope: a second one while one waits is dropped (the first publishes the newest state),
+   * unless it is to `replace` it.
+   */
+  private schedule(scope: Scope, ms: number, run: () => Promise<void>, replace = false): void {
     const id = scopeId(scope);
-    if (this.closed || this.retries.has(id)) return;
+    if (this.closed) return;
+    const waiting = this.retries.get(id);
+    if (waiting && !replace) return;
+    clearTimeout(waiting);
     const t = setTimeout(() => {
       this.retries.delete(id);
-      const run = this.retry(scope, since)
-        .catch((err: unknown) => {
-          this.d.log.warn({ err: errorMessage(err) }, 'owed publication failed; trying again later');
-          this.retryLater(scope, this.d.store.publicationLockMs, since);
-        })
-        .finally(() => this.running.delete(run));
-      this.running.add(run);
-    }, ms + 50);
+      const p = run().finally(() => this.running.delete(p));
+      this.running.add(p);
+    }, ms);
     t.unref();
     this.retries.set(id, t);
   }

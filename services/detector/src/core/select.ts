@@ -24,7 +24,14 @@ export interface Selected {
 }
 
 export const DEDUPE_PREFIX = 'flow_offload:';
-export const dedupeKeyOf = (tools: readonly string[]): string => DEDUPE_PREFIX + tools.join('→');
+/**
+ * A name's part of the key: `%` and `→` percent-encoded (`%25`, `%E2%86%92`), nothing else. Tool names may hold
+ * `→`, and ["a→b","c"] shared a key with ["a","b→c"], so flows merged two flows; escaping `%` too makes the key
+ * read one way. A name holding neither keeps the reference's key, byte for byte (flows hold candidates by it).
+ */
+const keyName = (tool: string): string => tool.replace(/%/g, '%25').replace(/→/g, '%E2%86%92');
+
+export const dedupeKeyOf = (tools: readonly string[]): string => DEDUPE_PREFIX + tools.map(keyName).join('→');
 
 /** avg × count × 0.95 = cost sum × 0.95, in hundredths of a cent, rounded half up, in integer arithmetic. */
 export const savingsHundredths = (costUnits: number): number =>

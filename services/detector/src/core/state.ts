@@ -38,9 +38,9 @@ interface ScopeState {
   clocks: Map<number, number>;
   open: Map<string, OpenTask>;
   /**
-   * Completed tasks by `doneKey(partition, task)` → completion ts and partition (retention is judged on that
-   * partition's clock). Per partition, as the Redis done buckets are: an id completed on one partition is not
-   * known on another.
+   * Completed tasks by `doneKey(partition, task)` → the task's last own ts (see `complete`) and partition
+   * (retention is judged from it, on that partition's clock). Per partition, as the Redis done buckets are: an
+   * id completed on one partition is not known on another.
    */
   done: Map<string, { ts: number; partition: number }>;
   /** Sorted by (ts, task) ascending: the oldest record is first. */
@@ -53,7 +53,8 @@ interface ScopeState {
 
 /**
  * Why an event was not used. `duplicate`: already in its open task, or an event of a closed task at or
- * before its close (a redelivery). `late`: an event of a closed task after its close, or the first event of
+ * before its close (a redelivery). `late`: an event of a closed task after its close (an idle close is at
+ * last event + taskIdleMs, so an event at exactly that ts is late, as the first event of a task is), or the first event of
  * a task that is already idle on its partition's clock (older than taskIdleMs behind it). `task_limit`:
  * over maxTaskEvents. `misrouted`: an event of a task open on another partition (the topic is keyed by
  * session_id, so a task's events come on one partition; a producer keying otherwise, or a task spanning
@@ -188,14 +189,20 @@ export class DetectorState {
       .filter(([, t]) => t.partition === part && t.lastTs + this.params.taskIdleMs <= clock)
       .map(([task, t]) => ({ task, ts: t.lastTs + this.params.taskIdleMs }))
       .sort(byTsTask);
-    for (const d of due) this.complete(st, d.task, d.ts, part, r);
+    // Idle at last + idle: an event of the task at that ts or later is `late`, one before it a redelivery.
+    for (const d of due) this.complete(st, d.task, d.ts, part, r, d.ts - 1);
   }
 
-  private complete(st: ScopeState, task: string, ts: number, part: number, r: ApplyResult) {
+  /**
+   * `lastOwnTs`: the newest ts still counted as the task's own, a redelivery when it comes again (`duplicate`);
+   * after it, `late`. A task_completed is itself the task's, so it is `ts`; an idle close is one ms before
+   * `ts`, since the task is idle once its partition's clock reaches last + idle.
+   */
+  private complete(st: ScopeState, task: string, ts: number, part: number, r: ApplyResult, lastOwnTs = ts) {
     const open = st.open.get(task);
     st.open.delete(task);
     const partition = open?.partition ?? part;
-    st.done.set(doneKey(partition, task), { ts, partition });
+    st.done.set(doneKey(partition, task), { ts: lastOwnTs, partition });
     const events = open
       ? [...open.events].sort(([ea, a], [eb, b]) => a.step - b.step || codePointCompare(ea, eb))
       : [];

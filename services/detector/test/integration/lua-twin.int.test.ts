@@ -77,6 +77,49 @@ describe('apply-11.lua = core/state.ts', () => {
     expect(last).toMatchObject({ applied: 1, ignored: 2, ignoredBy: { duplicate: 2 } });
   });
 
+  it('an event at exactly the idle close of its task is late in both (it was a duplicate); one before it a duplicate', async () => {
+    const params: DetectorParams = { ...DEFAULT_PARAMS };
+    const state = new DetectorState(params);
+    const prefix = unique('twin-idle');
+    const store = new RedisDetectorStore(redis, params, prefix);
+    await redis.set(detectorGlobalKeys(prefix).epoch, 'e1');
+    const scope = { tenant: 't', agent: 'a' };
+    const idle = params.taskIdleMs;
+    let offset = 0;
+    const call = (task: string, eventId: string, ts: number): DetectorOp => ({
+      kind: 'call',
+      scope,
+      task,
+      eventId,
+      ts,
+      step: 0,
+      tool: 'x',
+      cost: 10_000,
+      partition: 0,
+      offset: String(offset++),
+    });
+    const chunks: DetectorOp[][] = [
+      [call('t1', 'a1', 1_000), call('t2', 'b1', 1_000)],
+      // t1 closes idle at 1000 + idle, by its own next event and (t2) by another task's.
+      [call('t1', 'a2', 1_000 + idle)],
+      [call('t3', 'c1', 1_000 + idle), call('t2', 'b2', 1_000 + idle), call('t2', 'b1', 1_000)],
+      [call('t1', 'a3', 1_000 + idle - 1)],
+    ];
+    const seen = [];
+    for (const chunk of chunks) {
+      const { changed: _m, ...mem } = state.applyAll(chunk);
+      const { counts: lua } = countsOf(await store.applyBatch(chunk, { epoch: 'e1' }));
+      expect(lua).toEqual(mem);
+      seen.push(mem.ignoredBy);
+    }
+    expect(seen.map((b) => [b.late, b.duplicate])).toEqual([
+      [0, 0],
+      [1, 0],
+      [1, 1],
+      [0, 1],
+    ]);
+  });
+
   it('random streams in random chunks give equal counters, snapshots and candidates', async () => {
     let chunks = 0;
     await fc.assert(

@@ -83,7 +83,7 @@ export function batchDetect(completed: BatchRecord[], maxTs: number, p: BatchPar
       match_type: exact >= p.minOccurrences ? 'exact' : 'subsequence',
       estimated_token_savings: hundredths / 100,
       avg_cost_per_execution: Math.round(sumUnits / occ.length) / 10_000,
-      dedupe_key: 'flow_offload:' + s.join('→'),
+      dedupe_key: 'flow_offload:' + s.map((t) => t.replace(/%/g, '%25').replace(/→/g, '%E2%86%92')).join('→'),
       sumUnits,
       hundredths,
       occ,

@@ -29,6 +29,7 @@ export const SCRIPT_KEYS = {
   retireClaim: 4,
   retireFinish: 15,
   retireEpoch: 1,
+  unlock: 1,
 } as const;
 export const SCRIPTS = Object.keys(SCRIPT_KEYS) as (keyof typeof SCRIPT_KEYS)[];
 
@@ -782,6 +783,20 @@ export class RedisDetectorStore {
     if (!Number.isSafeInteger(n) || n <= 0)
       throw redisFailure('publication stamp', new Error(`bad reply ${String(reply)}`));
     return n;
+  }
+
+  /**
+   * Gives up a publication lock this instance holds without recording anything (its send failed): the change
+   * stays owed, and the next publication need not wait out the lock's TTL. False when the lock was not ours any
+   * more.
+   */
+  async unlock(scope: Scope, token: string): Promise<boolean> {
+    const k = detectorKeys(this.prefix, scope);
+    const reply = z
+      .union([z.literal(0), z.literal(1)])
+      .parse(await invokeScript(this.redis, 'unlock', [k.lock], [token]));
+    this.roundTrips++;
+    return reply === 1;
   }
 
   /**

@@ -10,8 +10,9 @@
   KEYS[2] open     zset  base name: open tasks of partition p live in KEYS[2]..":"..p, task_id -> last event ts
   KEYS[3] events   hash  task_id -> packed events of an open task: ("\30" event_id "\31" step "\31" tool "\31" cost)*
   KEYS[4] done     string base name: KEYS[4]..":"..p..":"..b holds partition p's completed task ids hashed to
-                         bucket b (of DONE_BUCKETS), packed: a base ts, then ("\30" task_id "\31" completion ts
-                         minus the base)* in completion order; numbers in base 94 with digits '!'..'~' (a leading
+                         bucket b (of DONE_BUCKETS), packed: a base ts, then ("\30" task_id "\31" the task's last own
+                         ts minus the base)* in completion order (its completion ts; one ms before it for an idle
+                         close, see core/state.ts `complete`: later events are late, earlier ones duplicates); numbers in base 94 with digits '!'..'~' (a leading
                          ' ' for a negative one). Task ids hold no control characters and digits are neither
                          separator, so "\30" id "\31" finds exactly one entry. An id is remembered
                          doneRetentionMs of p's clock: an older entry is read as forgotten, and is cut when its
@@ -679,7 +680,10 @@ local function stepOrder(a, b)
   return bytesLess(a.id, b.id)
 end
 
-local function complete(task, ts, openKey, part)
+-- `own`: the newest ts still the task's own (a redelivery when it comes again, later ones are late): `ts` for
+-- a task_completed, one ms before it for an idle close (core/state.ts `complete`).
+local function complete(task, ts, openKey, part, own)
+  own = own or ts
   local packed = eventsOf(task)
   evs[task] = false
   evN[task] = 0
@@ -694,10 +698,10 @@ local function complete(task, ts, openKey, part)
   local i, e = doneFind(b, task)
   if i then b.body = string.sub(b.body, 1, i - 1) .. string.sub(b.body, e) end
   trimExpired(b, forgotten)
-  if b.base == nil then b.base = ts end
-  b.body = b.body .. RS .. task .. US .. enc(ts - b.base)
+  if b.base == nil then b.base = own end
+  b.body = b.body .. RS .. task .. US .. enc(own - b.base)
   bucketDirty[doneKey] = true
-  doneEntryOf(part, task).closed = ts
+  doneEntryOf(part, task).closed = own
   local list = {}
   if packed then
     for id, step, tool, cost in string.gmatch(packed, EVENT) do
@@ -733,7 +737,10 @@ local function sweep(openKey, part, clock)
   flushOpen(part)
   local idle = redis.call('ZRANGEBYSCORE', openKey, '-inf', int(clock - idleMs), 'WITHSCORES')
   -- (last + idle, task) order equals (last, task) order: ZRANGEBYSCORE already returns it.
-  for i = 1, #idle, 2 do complete(idle[i], tonumber(idle[i + 1]) + idleMs, openKey, part) end
+  for i = 1, #idle, 2 do
+    local at = tonumber(idle[i + 1]) + idleMs
+    complete(idle[i], at, openKey, part, at - 1)
+  end
   due[part] = nil
 end
 

@@ -1,0 +1,79 @@
+import { describe, expect, it } from 'vitest';
+import type { DetectorOp } from '../../src/core/ops.js';
+import { DEFAULT_PARAMS } from '../../src/core/params.js';
+import { DetectorState } from '../../src/core/state.js';
+
+const scope = { tenant: 't', agent: 'a' };
+const IDLE = DEFAULT_PARAMS.taskIdleMs;
+const call = (task: string, eventId: string, ts: number): DetectorOp => ({
+  kind: 'call',
+  scope,
+  task,
+  eventId,
+  ts,
+  step: 0,
+  tool: 'x',
+  cost: 10_000,
+  partition: 0,
+});
+const done = (task: string, ts: number): DetectorOp => ({
+  kind: 'done',
+  scope,
+  task,
+  eventId: `${task}-done`,
+  ts,
+});
+
+/** The reason the last op was ignored for, after the others were applied. */
+function reasonOfLast(ops: DetectorOp[]): string {
+  const s = new DetectorState(DEFAULT_PARAMS);
+  for (const op of ops.slice(0, -1)) s.apply(op);
+  const r = s.apply(ops[ops.length - 1]!);
+  const reasons = Object.entries(r.ignoredBy).filter(([, n]) => n > 0);
+  return reasons.length === 0 ? 'applied' : reasons.map(([k]) => k).join(',');
+}
+
+describe('late or duplicate at a task close', () => {
+  it('an event exactly DETECTOR_TASK_IDLE_MS after the task’s last one comes after its idle close: late', () => {
+    // The gap of exactly the idle time closes the task (the sweep closes at last + idle ≤ clock), so this event,
+    // never seen before, is not a redelivery.
+    expect(reasonOfLast([call('t1', 'e1', 1_000), call('t1', 'e2', 1_000 + IDLE)])).toBe('late');
+    expect(reasonOfLast([call('t1', 'e1', 1_000), done('t1', 1_000 + IDLE)])).toBe('late');
+    // Closed by another task's event at the same time: the same.
+    expect(
+      reasonOfLast([call('t1', 'e1', 1_000), call('t2', 'f1', 1_000 + IDLE), call('t1', 'e2', 1_000 + IDLE)]),
+    ).toBe('late');
+  });
+
+  it('what comes before an idle close is a redelivery: duplicate; a gap one ms short keeps the task open', () => {
+    expect(
+      reasonOfLast([call('t1', 'e1', 1_000), call('t2', 'f1', 1_000 + IDLE), call('t1', 'e1', 1_000)]),
+    ).toBe('duplicate');
+    expect(
+      reasonOfLast([
+        call('t1', 'e1', 1_000),
+        call('t2', 'f1', 1_000 + IDLE),
+        call('t1', 'e2', 1_000 + IDLE - 1),
+      ]),
+    ).toBe('duplicate');
+    expect(reasonOfLast([call('t1', 'e1', 1_000), call('t1', 'e2', 1_000 + IDLE - 1)])).toBe('applied');
+  });
+
+  it('a task_completed close keeps its boundary: at its ts a duplicate, after it late', () => {
+    expect(reasonOfLast([call('t1', 'e1', 1_000), done('t1', 2_000), done('t1', 2_000)])).toBe('duplicate');
+    expect(reasonOfLast([call('t1', 'e1', 1_000), done('t1', 2_000), call('t1', 'e2', 2_000)])).toBe(
+      'duplicate',
+    );
+    expect(reasonOfLast([call('t1', 'e1', 1_000), done('t1', 2_000), call('t1', 'e2', 2_001)])).toBe('late');
+  });
+
+  it('the idle-closed record keeps its completion ts (last + idle) in the window order', () => {
+    const s = new DetectorState(DEFAULT_PARAMS);
+    s.apply(call('t1', 'e1', 1_000));
+    s.apply(call('t2', 'f1', 1_000 + IDLE - 1));
+    s.apply(done('t2', 1_000 + IDLE));
+    // t1 closes at 1000 + IDLE too: ties by task id.
+    s.apply(call('t3', 'g1', 1_000 + 2 * IDLE));
+    expect(s.windowTasks(scope)).toEqual(['t1', 't2']);
+  });
+});
