@@ -12,7 +12,7 @@ import {
 import { createCodec, WIRE_HEADER_BYTES, type Codec } from '../shared/codec.js';
 import { PaverError, errorMessage } from '../shared/errors.js';
 import { describeIssues } from '../shared/jsonl.js';
-import { produceRequests } from '../shared/kafka/requests.js';
+import { produceRequests, recordBatchBytes } from '../shared/kafka/requests.js';
 
 /** The topic the services read tool-calls events from (PAVER_TOPIC_TOOL_CALLS). */
 export const DEFAULT_TOOL_CALLS_TOPIC = 'paver.tool-calls.v1';
@@ -66,7 +66,11 @@ export interface PublisherOptions {
   batchSize?: number;
   /** How long an event may wait for others before it is sent (default 5 ms); flush() sends at once. */
   lingerMs?: number;
-  /** Largest encoded event accepted (default 1 MiB, the services' PAVER_MAX_MESSAGE_BYTES). */
+  /**
+   * Largest event accepted, counted as the broker counts it against message.max.bytes: the record batch it goes
+   * out in, key and framing included (default 1 MiB, the broker's default and the services'
+   * PAVER_MAX_MESSAGE_BYTES). Set it to the topic's max.message.bytes when that is lower.
+   */
   maxMessageBytes?: number;
 }
 
@@ -242,12 +246,19 @@ export function createPublisher(opts: PublisherOptions): Publisher {
         cause: err,
       });
     }
+    tooBig(event, bytes);
+    return text;
+  };
+  // The broker holds a record batch to its message.max.bytes with the key and the framing counted, so the
+  // limit is held to that too: checked against the value alone, an event within about 80 bytes of the limit
+  // passed here and was refused by the broker as a failed send (and failed the events sent with it).
+  const tooBig = (event: ToolCallsEvent, valueBytes: number) => {
+    const bytes = recordBatchBytes(Buffer.byteLength(event.session_id), valueBytes);
     if (bytes > maxBytes)
       throw new PaverError(
         'INPUT_INVALID',
-        `${event.type} event is ${bytes} bytes, over the ${maxBytes}-byte limit`,
+        `${event.type} event is ${bytes} bytes as a Kafka record (key and framing included), over the ${maxBytes}-byte limit`,
       );
-    return text;
   };
 
   const enqueue = async (
@@ -269,12 +280,11 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     }
     // The check at the call sized the text the codec writes; this one holds the limit should a codec's framing
     // ever differ from that (the broker would refuse the whole batch the record went in).
-    if (value.length > maxBytes) {
+    try {
+      tooBig(event, value.length);
+    } catch (err) {
       undo?.();
-      throw new PaverError(
-        'INPUT_INVALID',
-        `${event.type} event is ${value.length} bytes, over the ${maxBytes}-byte limit`,
-      );
+      throw err;
     }
     const done = new Promise<void>((resolve, reject) => {
       queue.push({ key: event.session_id, value, resolve, reject, undo });

@@ -4,6 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createPublisher } from '../../client/index.js';
 import { toolCallsEventV1 } from '../../schemas/index.js';
 import { registryCodec } from '../../shared/codec.js';
+import { recordBatchBytes } from '../../shared/kafka/requests.js';
 import { consumeUntil, createTopics, stack, testKafka, unique } from '../helpers/kafka.js';
 import { startRegistryDouble } from '../helpers/registry-double.js';
 import { freePort } from '../../deploy/local/stack.js';
@@ -90,6 +91,59 @@ describe('client publisher (real broker)', () => {
       .map((m) => toolCallsEventV1.parse(JSON.parse(m.value!.toString())))
       .map((e) => (e.type === 'tool_call' ? e.step : -1));
     expect(steps).toEqual(Array.from({ length: 20 }, (_, i) => i));
+  });
+
+  it("holds an event to the broker's limit as the broker counts it (key and framing included): one byte under lands, one byte over is the client's INPUT_INVALID, and the broker agrees at that byte", async () => {
+    const limit = 1024 * 1024;
+    const topic = unique('client-limit');
+    await createTopics([{ topic, partitions: 1, config: { 'max.message.bytes': String(limit) } }]);
+    const session = 'session-0123456789abcdef';
+    // Every generated field given, and tool names of one length, so the event's encoded size is known to the byte.
+    const event = (tool: string, observation: string) => ({
+      session_id: session,
+      task_id: 't',
+      tool,
+      step: 0,
+      event_id: '00000000-0000-4000-8000-000000000000',
+      ts: 1_700_000_000_000,
+      tenant_id: 'acme',
+      agent_id: 'bot',
+      observation,
+    });
+    const batchBytes = (observation: string) =>
+      recordBatchBytes(
+        Buffer.byteLength(session),
+        Buffer.byteLength(
+          JSON.stringify(toolCallsEventV1.parse({ type: 'tool_call', ...event('fits', observation) })),
+        ),
+      );
+    // The observation that makes the record batch exactly the limit (the lengths' varints grow with it).
+    let pad = limit - batchBytes('');
+    while (batchBytes('x'.repeat(pad)) > limit) pad--;
+    const fits = 'x'.repeat(pad);
+    expect(batchBytes(fits)).toBe(limit);
+    const pub = createPublisher({ brokers: [stack().brokers], topic, maxMessageBytes: limit });
+    // Before: checked against the value alone, this one (80 bytes of framing and key under the value limit)
+    // passed the client and the broker refused it.
+    await expect(pub.toolCall(event('over', `${fits}x`))).rejects.toMatchObject({ code: 'INPUT_INVALID' });
+    await pub.toolCall(event('fits', fits));
+    // close() reports the refusal above once more (it reports every failure since the last flush).
+    await expect(pub.close()).rejects.toMatchObject({ code: 'INPUT_INVALID' });
+    // The broker's side of the boundary: let one byte more past the client, and the broker refuses it.
+    const lax = createPublisher({
+      brokers: [stack().brokers],
+      topic,
+      maxMessageBytes: limit + 1,
+      kafka: { retry: { retries: 0 } },
+    });
+    await expect(lax.toolCall(event('over', `${fits}x`))).rejects.toMatchObject({
+      code: 'KAFKA_UNAVAILABLE',
+    });
+    await expect(lax.close()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    const got = await consumeUntil(topic, (m) => m.length >= 1);
+    expect(got.map((m) => toolCallsEventV1.parse(JSON.parse(m.value!.toString())))).toMatchObject([
+      { tool: 'fits' },
+    ]);
   });
 
   it('rejects every queued event when the broker cannot take them, instead of losing them silently', async () => {
