@@ -81,7 +81,8 @@ export interface Publisher {
   taskCompleted(event: TaskCompletedInput): Promise<void>;
   /**
    * Sends everything queued; resolves when all of it is acknowledged, rejects with the first failure
-   * (invalid event or failed send) since the previous flush.
+   * (invalid event or failed send) since the previous flush that has not reached the caller already: a call
+   * whose promise was awaited or given a handler before this flush had its failure there.
    */
   flush(): Promise<void>;
   /** Flushes, then disconnects the producer if the publisher made it. Later calls reject. */
@@ -108,6 +109,30 @@ interface Pending {
   reject: (err: unknown) => void;
   /** Gives back what the call took of its task's step count (see `guard`). */
   undo?: () => void;
+}
+
+/**
+ * A call's promise that knows whether its caller has taken it up: `await`, `.then`/`.catch`/`.finally` and
+ * Promise.all/allSettled/race all call `then`. What the caller took up has reached it; flush() reports only the
+ * rest, so each failure is reported once.
+ */
+class CallPromise extends Promise<void> {
+  seen = false;
+  onSeen: (() => void) | undefined;
+  // Promises made from it (by then, catch, finally) are plain ones.
+  static override get [Symbol.species]() {
+    return Promise;
+  }
+  override then<A = void, B = never>(
+    onfulfilled?: ((value: void) => A | PromiseLike<A>) | null,
+    onrejected?: ((reason: unknown) => B | PromiseLike<B>) | null,
+  ): Promise<A | B> {
+    if (!this.seen) {
+      this.seen = true;
+      this.onSeen?.();
+    }
+    return super.then(onfulfilled, onrejected);
+  }
 }
 
 /**
@@ -168,16 +193,21 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   let chain: Promise<void> = Promise.resolve();
   let closed = false;
   let closing: Promise<void> | null = null;
-  // The first failure since the last flush(): flush() and close() report it, so a caller that does not
-  // await each event still learns that some were not published.
-  let failure: unknown = null;
-  const fail = (err: unknown) => {
-    failure ??= err;
+  // Failed calls whose caller has not taken up the promise, oldest first: flush() and close() report the first,
+  // so a caller that does not await each event still learns that some were not published. A call whose promise
+  // the caller did take up (awaited, chained on, passed to Promise.all) has had its failure: reported by flush()
+  // again, one failure came twice to a caller that awaited the call and then flushed.
+  const unseen = new Map<CallPromise, unknown>();
+  const failed = (call: CallPromise, err: unknown) => {
+    if (call.seen) return;
+    unseen.set(call, err);
+    call.onSeen = () => unseen.delete(call);
   };
   const report = () => {
-    const f = failure;
-    failure = null;
-    if (f) throw f;
+    const first = unseen.values().next();
+    for (const call of unseen.keys()) call.onSeen = undefined;
+    unseen.clear();
+    if (!first.done) throw first.value;
   };
 
   const sendNow = (): Promise<void> => {
@@ -209,7 +239,6 @@ export function createPublisher(opts: PublisherOptions): Publisher {
         const e = new PaverError('KAFKA_UNAVAILABLE', `publish to ${topic} failed: ${errorMessage(err)}`, {
           cause: err,
         });
-        fail(e);
         // What follows a failed request is not sent: a session's later events never land before its earlier.
         const unsent = batch.slice(sent);
         // Last call first: each gives its step back only while it is still its task's latest.
@@ -337,8 +366,11 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     } catch (err) {
       done = Promise.reject(err);
     }
-    done.catch(fail);
-    return done;
+    const call = new CallPromise((resolve, reject) => void done.then(resolve, reject));
+    // Handled here without counting as the caller's: a fire-and-forget call never crashes the process.
+    void Promise.prototype.then.call(call, undefined, () => undefined);
+    done.catch((err: unknown) => failed(call, err));
+    return call;
   };
 
   return {

@@ -127,8 +127,8 @@ describe('client publisher (real broker)', () => {
     // passed the client and the broker refused it.
     await expect(pub.toolCall(event('over', `${fits}x`))).rejects.toMatchObject({ code: 'INPUT_INVALID' });
     await pub.toolCall(event('fits', fits));
-    // close() reports the refusal above once more (it reports every failure since the last flush).
-    await expect(pub.close()).rejects.toMatchObject({ code: 'INPUT_INVALID' });
+    // The refusal reached the caller through the call it awaited: close() does not report it again.
+    await pub.close();
     // The broker's side of the boundary: let one byte more past the client, and the broker refuses it.
     const lax = createPublisher({
       brokers: [stack().brokers],
@@ -139,7 +139,7 @@ describe('client publisher (real broker)', () => {
     await expect(lax.toolCall(event('over', `${fits}x`))).rejects.toMatchObject({
       code: 'KAFKA_UNAVAILABLE',
     });
-    await expect(lax.close()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    await lax.close();
     const got = await consumeUntil(topic, (m) => m.length >= 1);
     expect(got.map((m) => toolCallsEventV1.parse(JSON.parse(m.value!.toString())))).toMatchObject([
       { tool: 'fits' },
@@ -175,7 +175,8 @@ describe('client publisher (real broker)', () => {
       await expect(pub.toolCall({ session_id: 's', task_id: 't', tool: 'while_down' })).rejects.toMatchObject(
         { code: 'KAFKA_UNAVAILABLE' },
       );
-      await expect(pub.flush()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+      // That failure reached the caller through the call: flush() has nothing more to say.
+      await pub.flush();
       forwarder = createServer((c) => {
         const up = createConnection({ host, port: Number(brokerPort) });
         c.pipe(up).pipe(c);
