@@ -75,7 +75,10 @@ export interface PublisherOptions {
 }
 
 export interface Publisher {
-  /** Validates and queues one tool call; resolves once Kafka has acknowledged it (acks=all). */
+  /**
+   * Validates and queues one tool call; resolves once Kafka has acknowledged it (acks=all). After a failed send
+   * of its session it rejects until that failure has reached the caller (see docs/client.md).
+   */
   toolCall(event: ToolCallInput): Promise<void>;
   userMessage(event: UserMessageInput): Promise<void>;
   taskCompleted(event: TaskCompletedInput): Promise<void>;
@@ -188,6 +191,8 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   // the process: the least recently used go past MAX_OPEN_TASKS (a Map iterates in insertion order).
   const steps = new Map<string, number>();
   let queue: Pending[] = [];
+  // Queued events neither sent nor failed yet, in call order.
+  const outstanding = new Set<Pending>();
   let timer: NodeJS.Timeout | null = null;
   // Sends run one after another, so events of one session reach the partition in call order.
   let chain: Promise<void> = Promise.resolve();
@@ -198,15 +203,40 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   // the caller did take up (awaited, chained on, passed to Promise.all) has had its failure: reported by flush()
   // again, one failure came twice to a caller that awaited the call and then flushed.
   const unseen = new Map<CallPromise, unknown>();
-  const failed = (call: CallPromise, err: unknown) => {
+  // A session whose event failed to send is held: its later events fail too (`blocked` holds their error), so
+  // none lands after the gap, until none of its events is still on the way (`live`) and the caller has had
+  // every failure of it (`unseenBySession`), from the calls or from flush(). Its events then go out again: a
+  // retry of what failed first.
+  const blocked = new Map<string, PaverError>();
+  // The send failures that hold a session (a refused event or a codec failure does not: nothing was lost).
+  const blocking = new WeakSet<object>();
+  const live = new Map<string, number>();
+  const unseenBySession = new Map<string, number>();
+  const count = (m: Map<string, number>, key: string, by: number) => {
+    const n = (m.get(key) ?? 0) + by;
+    if (n > 0) m.set(key, n);
+    else m.delete(key);
+  };
+  const release = (session: string) => {
+    if (!live.has(session) && !unseenBySession.has(session)) blocked.delete(session);
+  };
+  const failed = (call: CallPromise, session: string | undefined, err: unknown) => {
     if (call.seen) return;
     unseen.set(call, err);
-    call.onSeen = () => unseen.delete(call);
+    const holds = session !== undefined && blocking.has(err as object);
+    if (holds) count(unseenBySession, session, 1);
+    call.onSeen = () => {
+      if (!unseen.delete(call) || !holds) return;
+      count(unseenBySession, session, -1);
+      release(session);
+    };
   };
   const report = () => {
     const first = unseen.values().next();
     for (const call of unseen.keys()) call.onSeen = undefined;
     unseen.clear();
+    unseenBySession.clear();
+    for (const session of blocked.keys()) release(session);
     if (!first.done) throw first.value;
   };
 
@@ -217,11 +247,14 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     queue = [];
     if (batch.length === 0) return chain;
     chain = chain.then(async () => {
+      // Events held back by a failure while they waited are settled already.
+      const todo = batch.filter((p) => outstanding.has(p));
+      if (todo.length === 0) return;
       // The broker refuses a partition's record batch over its message.max.bytes (1 MiB by default) whole,
       // however small each event is: a burst goes out in requests under a byte budget, one after another.
       const requests = produceRequests(
-        batch,
-        batch.map((p) => p.value.length + Buffer.byteLength(p.key)),
+        todo,
+        todo.map((p) => p.value.length + Buffer.byteLength(p.key)),
       );
       let sent = 0;
       try {
@@ -232,18 +265,35 @@ export function createPublisher(opts: PublisherOptions): Publisher {
             acks: -1,
             messages: request.map((p) => ({ key: p.key, value: p.value })),
           });
-          for (const p of request) p.resolve();
+          for (const p of request) {
+            outstanding.delete(p);
+            p.resolve();
+          }
           sent += request.length;
         }
       } catch (err) {
         const e = new PaverError('KAFKA_UNAVAILABLE', `publish to ${topic} failed: ${errorMessage(err)}`, {
           cause: err,
         });
+        const held = new PaverError(
+          'KAFKA_UNAVAILABLE',
+          `not sent: an earlier event of its session failed to publish to ${topic} (${errorMessage(err)})`,
+          { cause: err },
+        );
+        blocking.add(e);
+        blocking.add(held);
         // What follows a failed request is not sent: a session's later events never land before its earlier.
-        const unsent = batch.slice(sent);
+        const unsent = todo.slice(sent);
+        for (const p of unsent) blocked.set(p.key, held);
+        // Nor do the session's events queued behind it, in this publisher's later sends: they fail now too.
+        const failing = new Set(unsent);
+        const behind = [...outstanding].filter((p) => !failing.has(p) && blocked.has(p.key));
+        const dropped = [...unsent, ...behind];
+        for (const p of dropped) outstanding.delete(p);
         // Last call first: each gives its step back only while it is still its task's latest.
-        for (let i = unsent.length - 1; i >= 0; i--) unsent[i]!.undo?.();
+        for (let i = dropped.length - 1; i >= 0; i--) dropped[i]!.undo?.();
         for (const p of unsent) p.reject(e);
+        for (const p of behind) p.reject(held);
       }
     });
     return chain;
@@ -315,8 +365,16 @@ export function createPublisher(opts: PublisherOptions): Publisher {
       undo?.();
       throw err;
     }
+    // Its session failed while it was encoded: it would land after the gap.
+    const held = blocked.get(event.session_id);
+    if (held) {
+      undo?.();
+      throw held;
+    }
     const done = new Promise<void>((resolve, reject) => {
-      queue.push({ key: event.session_id, value, resolve, reject, undo });
+      const p: Pending = { key: event.session_id, value, resolve, reject, undo };
+      queue.push(p);
+      outstanding.add(p);
     });
     if (queue.length >= batchSize) void sendNow();
     else timer ??= setTimeout(() => void sendNow(), lingerMs);
@@ -358,10 +416,18 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   // failed gets the step the call had, and its task's steps stay 0, 1, 2… as the contract counts them.
   const guard = (f: () => { event: ToolCallsEvent; accepted?: () => () => void }): Promise<void> => {
     let done: Promise<void>;
+    let session: string | undefined;
+    let counted = false;
     try {
       if (closed) throw new PaverError('SHUTTING_DOWN', 'publisher is closed');
       const { event, accepted } = f();
+      session = event.session_id;
+      // Held before its step is taken: the retry of the failed call gets the step it had.
+      const held = blocked.get(session);
+      if (held) throw held;
       const text = sized(event);
+      count(live, session, 1);
+      counted = true;
       done = enqueue(event, text, accepted?.());
     } catch (err) {
       done = Promise.reject(err);
@@ -369,7 +435,15 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     const call = new CallPromise((resolve, reject) => void done.then(resolve, reject));
     // Handled here without counting as the caller's: a fire-and-forget call never crashes the process.
     void Promise.prototype.then.call(call, undefined, () => undefined);
-    done.catch((err: unknown) => failed(call, err));
+    done.catch((err: unknown) => failed(call, session, err));
+    if (counted) {
+      const s = session!;
+      const settled = () => {
+        count(live, s, -1);
+        release(s);
+      };
+      void done.then(settled, settled);
+    }
     return call;
   };
 

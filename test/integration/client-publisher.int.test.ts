@@ -146,6 +146,43 @@ describe('client publisher (real broker)', () => {
     ]);
   });
 
+  it("holds a session's later events back when one fails to send: none lands after the gap, other sessions go on, and the retry lands in order", async () => {
+    const topic = unique('client-gap');
+    // A topic whose limit is under the publisher's: the broker itself refuses the large event.
+    await createTopics([{ topic, partitions: 1, config: { 'max.message.bytes': '20000' } }]);
+    // One send per event, so the events behind the failed one are in sends of their own.
+    const pub = createPublisher({ brokers: [stack().brokers], topic, batchSize: 1 });
+    const call = (session: string, tool: string, observation?: string) =>
+      pub.toolCall({ session_id: session, task_id: 't', tool, observation });
+    const first = [
+      call('s', 'big', 'x'.repeat(50_000)),
+      call('s', 'after_1'),
+      call('s', 'after_2'),
+      call('other', 'independent'),
+    ];
+    const results = await Promise.allSettled(first);
+    // Before: after_1 and after_2 were acknowledged, and the session read steps 1 and 2 without 0.
+    expect(results.map((r) => r.status)).toEqual(['rejected', 'rejected', 'rejected', 'fulfilled']);
+    for (const r of results.slice(0, 3))
+      expect((r as PromiseRejectedResult).reason).toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    // The caller had every failure (it awaited them): its retry goes out, with the steps the calls had.
+    await call('s', 'small');
+    await call('s', 'after_1');
+    await call('s', 'after_2');
+    await pub.close();
+    const got = await consumeUntil(topic, (m) => m.length >= 4);
+    const events = got
+      .sort((a, b) => Number(a.offset) - Number(b.offset))
+      .map((m) => toolCallsEventV1.parse(JSON.parse(m.value!.toString())))
+      .filter((e) => e.type === 'tool_call' && e.session_id === 's');
+    expect(events.map((e) => (e.type === 'tool_call' ? [e.tool, e.step] : []))).toEqual([
+      ['small', 0],
+      ['after_1', 1],
+      ['after_2', 2],
+    ]);
+    expect(got).toHaveLength(4);
+  });
+
   it('rejects every queued event when the broker cannot take them, instead of losing them silently', async () => {
     const pub = createPublisher({
       brokers: [stack().brokers],

@@ -197,6 +197,41 @@ describe('client: createPublisher (validation happens before any connection)', (
     await expect(p.close()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
   });
 
+  it("a fire-and-forget caller's session stays held after a failed send until flush() has reported it", async () => {
+    const sent: { tool: string; step: number }[] = [];
+    let failures = 0;
+    // A producer double that refuses the sends the test asks it to: this test is about what the client holds.
+    const producer = {
+      send: async (r: { messages: { value: Buffer }[] }) => {
+        if (failures > 0) {
+          failures--;
+          throw new Error('broker down');
+        }
+        for (const m of r.messages) sent.push(JSON.parse(m.value.toString()) as (typeof sent)[number]);
+        return [];
+      },
+    } as unknown as Producer;
+    const p = createPublisher({ producer, lingerMs: 0 });
+    const call = (tool: string, session = 's') => p.toolCall({ session_id: session, task_id: 't', tool });
+    failures = 1;
+    const lost = call('a');
+    await waitFor(() => failures === 0, 'the send to fail');
+    // Nobody has heard of the failure yet: the session's next events fail too, other sessions go on.
+    const later = [call('b'), call('c')];
+    await call('x', 'other');
+    await expect(p.flush()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    for (const l of [lost, ...later]) await expect(l).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    // Reported: the session goes out again, from the step that failed.
+    await call('a');
+    await call('b');
+    await p.close();
+    expect(sent.map((e) => [e.tool, e.step])).toEqual([
+      ['x', 0],
+      ['a', 0],
+      ['b', 1],
+    ]);
+  });
+
   it("a field given as undefined is left out: it gets the publisher's default, and the task's steps count on", async () => {
     const sent: Record<string, unknown>[] = [];
     // A producer double: this test is about the events the publisher builds, not about Kafka.
