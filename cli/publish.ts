@@ -4,7 +4,7 @@ import { constants as os } from 'node:os';
 import type { Readable } from 'node:stream';
 import { Kafka, logLevel, Partitioners } from 'kafkajs';
 import { z } from 'zod';
-import { createCodec } from '../shared/codec.js';
+import { createCodec, WIRE_HEADER_BYTES } from '../shared/codec.js';
 import {
   commonEnvShape,
   crossChecked,
@@ -268,14 +268,25 @@ export async function publish(opts: {
         );
       if (obj !== null && typeof obj === 'object' && !Array.isArray(obj) && !tooDeep) {
         const o = obj as Record<string, unknown>;
+        // The line's own bytes go out, unless --tenant/--agent change a value: written again from the parsed
+        // object, an id past 2^53 lost its last digits, 1.0 became 1, integer-like keys moved first and \u
+        // escapes were unescaped, in data the user's other consumers read too.
+        const rewrite =
+          (opts.tenant !== undefined && o.tenant_id !== opts.tenant) ||
+          (opts.agent !== undefined && o.agent_id !== opts.agent);
         if (opts.tenant !== undefined) o.tenant_id = opts.tenant;
         if (opts.agent !== undefined) o.agent_id = opts.agent;
         if (typeof o.session_id === 'string') key = o.session_id;
-        try {
-          value = await codec.encode('tool-calls.v1', topic, o);
-        } catch {
-          value = Buffer.from(JSON.stringify(o));
-        }
+        const json = Buffer.from(rewrite ? JSON.stringify(o) : text);
+        value = json;
+        if (codec.kind === 'registry')
+          try {
+            // The registry checks the event and gives the framing (magic byte, schema id); the JSON is the line's.
+            const framed = await codec.encode('tool-calls.v1', topic, o);
+            value = Buffer.concat([framed.subarray(0, WIRE_HEADER_BYTES), json]);
+          } catch {
+            // Refused by its schema, or no registry: sent as JSON text, and the services dead-letter or read it.
+          }
       }
       // The reader bounds a line's characters, and one takes up to 3 bytes: a line of multi-byte text (an output
       // in Chinese) can be under the bound in characters and over it in bytes. The services would dead-letter it
