@@ -258,6 +258,27 @@ describe('paver publish', () => {
     ]);
   });
 
+  it('skips a line whose value is under PAVER_MAX_MESSAGE_BYTES but whose Kafka record is over it (key and framing), and sends the rest', async () => {
+    const file = join(tmpdir(), `${unique('publish-framing')}.jsonl`);
+    const line = (id: string, observation?: string) =>
+      JSON.stringify({ type: 'tool_call', event_id: id, session_id: 's1', tool: 'x', observation });
+    // 20 bytes under 1 MiB as text: the record batch it goes in (61 bytes of framing, the key) is over it.
+    const big = line('big', 'x'.repeat(1024 * 1024 - 20 - line('big', '').length));
+    expect(Buffer.byteLength(big)).toBe(1024 * 1024 - 20);
+    writeFileSync(file, [line('a'), big, line('b')].join('\n') + '\n');
+    const env = serviceEnv();
+    const p = await startProcess([PAVER_BIN, 'publish', '--input', file], env);
+    // Before: the broker refused the record, and the command failed (exit 1) with the lines after it unsent.
+    expect(await p.exited, p.output().slice(-2000)).toBe(0);
+    expect(p.output()).toContain('line 2: longer than PAVER_MAX_MESSAGE_BYTES');
+    expect(p.output()).toContain('published 2 events');
+    const got = await consumeUntil(env.PAVER_TOPIC_TOOL_CALLS!, (all) => all.length >= 2);
+    expect(got.map((m) => (JSON.parse(m.value!.toString()) as { event_id: string }).event_id)).toEqual([
+      'a',
+      'b',
+    ]);
+  });
+
   it("sends each line's own bytes: numbers, key order, escapes and spacing as the user wrote them", async () => {
     const file = join(tmpdir(), `${unique('publish-bytes')}.jsonl`);
     // Valid events (the registry checks them), each of which changes when parsed and written again: an id past 2^53, 1.0 and 1e3, integer-like keys
