@@ -269,8 +269,8 @@ export async function publish(opts: {
       if (obj !== null && typeof obj === 'object' && !Array.isArray(obj) && !tooDeep) {
         const o = obj as Record<string, unknown>;
         // The line's own bytes go out, unless --tenant/--agent change a value: written again from the parsed
-        // object, an id past 2^53 lost its last digits, 1.0 became 1, integer-like keys moved first and \u
-        // escapes were unescaped, in data the user's other consumers read too.
+        // object, an id past 2^53 loses its last digits, 1.0 becomes 1, integer-like keys move first and \u
+        // escapes are unescaped, in data the user's other consumers read too.
         const rewrite =
           (opts.tenant !== undefined && o.tenant_id !== opts.tenant) ||
           (opts.agent !== undefined && o.agent_id !== opts.agent);
@@ -292,7 +292,7 @@ export async function publish(opts: {
       // in Chinese) can be under the bound in characters and over it in bytes. The services would dead-letter it
       // (oversize), and the broker refuses it over 1 MiB, failing the send and with it the lines that follow.
       // Counted as the broker counts its message.max.bytes, key and record batch framing included: on its value
-      // alone, a line within about 80 bytes of 1 MiB passed here and the broker refused it.
+      // alone, a line within about 80 bytes of 1 MiB would pass here and the broker refuse it.
       if (
         recordBatchBytes(key === null ? null : Buffer.byteLength(key), value.length) >
         env.PAVER_MAX_MESSAGE_BYTES

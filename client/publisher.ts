@@ -200,8 +200,8 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   let closing: Promise<void> | null = null;
   // Failed calls whose caller has not taken up the promise, oldest first: flush() and close() report the first,
   // so a caller that does not await each event still learns that some were not published. A call whose promise
-  // the caller did take up (awaited, chained on, passed to Promise.all) has had its failure: reported by flush()
-  // again, one failure came twice to a caller that awaited the call and then flushed.
+  // the caller did take up (awaited, chained on, passed to Promise.all) has had its failure: flush() reporting it
+  // again would give a caller that awaited the call and then flushed one failure twice.
   const unseen = new Map<CallPromise, unknown>();
   // A session whose event failed to send is held: its later events fail too (`blocked` holds their error), so
   // none lands after the gap, until none of its events is still on the way (`live`) and the caller has had
@@ -329,8 +329,8 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     return text;
   };
   // The broker holds a record batch to its message.max.bytes with the key and the framing counted, so the
-  // limit is held to that too: checked against the value alone, an event within about 80 bytes of the limit
-  // passed here and was refused by the broker as a failed send (and failed the events sent with it).
+  // limit is held to that too: on the value alone, an event within about 80 bytes of the limit would pass here
+  // and be refused by the broker as a failed send (failing the events sent with it).
   const tooBig = (event: ToolCallsEvent, valueBytes: number) => {
     const bytes = recordBatchBytes(Buffer.byteLength(event.session_id), valueBytes);
     if (bytes > maxBytes)

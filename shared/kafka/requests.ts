@@ -64,7 +64,7 @@ function varintBytes(n: number): number {
 /**
  * Size of the record batch one record goes out in alone, as the broker measures it against message.max.bytes:
  * batch framing, the record's length, attributes and deltas, its key, value and headers (`[keyBytes,
- * valueBytes]` each). A record checked against the value alone was refused by the broker within about 80 bytes
+ * valueBytes]` each). A record checked on its value alone would be refused by the broker within about 80 bytes
  * of the limit. Alone is how a record near the limit goes: a produce request holds others only under its budget.
  */
 export function recordBatchBytes(
