@@ -4,7 +4,7 @@ import { constants as os } from 'node:os';
 import type { Readable } from 'node:stream';
 import { Kafka, logLevel, Partitioners } from 'kafkajs';
 import { z } from 'zod';
-import { createCodec } from '../shared/codec.js';
+import { createCodec, WIRE_HEADER_BYTES } from '../shared/codec.js';
 import {
   commonEnvShape,
   crossChecked,
@@ -16,7 +16,7 @@ import {
 import { errorMessage } from '../shared/errors.js';
 import { boundedLines } from '../shared/jsonl.js';
 import { kafkaConfig } from '../shared/kafka/client.js';
-import { PRODUCE_REQUEST_BUDGET } from '../shared/kafka/requests.js';
+import { PRODUCE_REQUEST_BUDGET, recordBatchBytes } from '../shared/kafka/requests.js';
 import { ensureTopics, paverTopics } from '../shared/kafka/topics.js';
 import { createLogger } from '../shared/log.js';
 import { deeperThan, TOO_DEEP } from '../shared/core/json-depth.js';
@@ -268,21 +268,37 @@ export async function publish(opts: {
         );
       if (obj !== null && typeof obj === 'object' && !Array.isArray(obj) && !tooDeep) {
         const o = obj as Record<string, unknown>;
+        // The line's own bytes go out, unless --tenant/--agent change a value: written again from the parsed
+        // object, an id past 2^53 loses its last digits, 1.0 becomes 1, integer-like keys move first and \u
+        // escapes are unescaped, in data the user's other consumers read too.
+        const rewrite =
+          (opts.tenant !== undefined && o.tenant_id !== opts.tenant) ||
+          (opts.agent !== undefined && o.agent_id !== opts.agent);
         if (opts.tenant !== undefined) o.tenant_id = opts.tenant;
         if (opts.agent !== undefined) o.agent_id = opts.agent;
         if (typeof o.session_id === 'string') key = o.session_id;
-        try {
-          value = await codec.encode('tool-calls.v1', topic, o);
-        } catch {
-          value = Buffer.from(JSON.stringify(o));
-        }
+        const json = Buffer.from(rewrite ? JSON.stringify(o) : text);
+        value = json;
+        if (codec.kind === 'registry')
+          try {
+            // The registry checks the event and gives the framing (magic byte, schema id); the JSON is the line's.
+            const framed = await codec.encode('tool-calls.v1', topic, o);
+            value = Buffer.concat([framed.subarray(0, WIRE_HEADER_BYTES), json]);
+          } catch {
+            // Refused by its schema, or no registry: sent as JSON text, and the services dead-letter or read it.
+          }
       }
       // The reader bounds a line's characters, and one takes up to 3 bytes: a line of multi-byte text (an output
       // in Chinese) can be under the bound in characters and over it in bytes. The services would dead-letter it
       // (oversize), and the broker refuses it over 1 MiB, failing the send and with it the lines that follow.
-      if (value.length > env.PAVER_MAX_MESSAGE_BYTES) {
+      // Counted as the broker counts its message.max.bytes, key and record batch framing included: on its value
+      // alone, a line within about 80 bytes of 1 MiB would pass here and the broker refuse it.
+      if (
+        recordBatchBytes(key === null ? null : Buffer.byteLength(key), value.length) >
+        env.PAVER_MAX_MESSAGE_BYTES
+      ) {
         process.stderr.write(
-          `paver publish: line ${lineNo}: longer than PAVER_MAX_MESSAGE_BYTES (${env.PAVER_MAX_MESSAGE_BYTES}); not sent\n`,
+          `paver publish: line ${lineNo}: longer than PAVER_MAX_MESSAGE_BYTES (${env.PAVER_MAX_MESSAGE_BYTES}) as a Kafka record (key and framing included); not sent\n`,
         );
         continue;
       }

@@ -12,7 +12,7 @@ import {
 import { createCodec, WIRE_HEADER_BYTES, type Codec } from '../shared/codec.js';
 import { PaverError, errorMessage } from '../shared/errors.js';
 import { describeIssues } from '../shared/jsonl.js';
-import { produceRequests } from '../shared/kafka/requests.js';
+import { produceRequests, recordBatchBytes } from '../shared/kafka/requests.js';
 
 /** The topic the services read tool-calls events from (PAVER_TOPIC_TOOL_CALLS). */
 export const DEFAULT_TOOL_CALLS_TOPIC = 'paver.tool-calls.v1';
@@ -66,18 +66,26 @@ export interface PublisherOptions {
   batchSize?: number;
   /** How long an event may wait for others before it is sent (default 5 ms); flush() sends at once. */
   lingerMs?: number;
-  /** Largest encoded event accepted (default 1 MiB, the services' PAVER_MAX_MESSAGE_BYTES). */
+  /**
+   * Largest event accepted, counted as the broker counts it against message.max.bytes: the record batch it goes
+   * out in, key and framing included (default 1 MiB, the broker's default and the services'
+   * PAVER_MAX_MESSAGE_BYTES). Set it to the topic's max.message.bytes when that is lower.
+   */
   maxMessageBytes?: number;
 }
 
 export interface Publisher {
-  /** Validates and queues one tool call; resolves once Kafka has acknowledged it (acks=all). */
+  /**
+   * Validates and queues one tool call; resolves once Kafka has acknowledged it (acks=all). After a failed send
+   * of its session it rejects until that failure has reached the caller (see docs/client.md).
+   */
   toolCall(event: ToolCallInput): Promise<void>;
   userMessage(event: UserMessageInput): Promise<void>;
   taskCompleted(event: TaskCompletedInput): Promise<void>;
   /**
    * Sends everything queued; resolves when all of it is acknowledged, rejects with the first failure
-   * (invalid event or failed send) since the previous flush.
+   * (invalid event or failed send) since the previous flush that has not reached the caller already: a call
+   * whose promise was awaited or given a handler before this flush had its failure there.
    */
   flush(): Promise<void>;
   /** Flushes, then disconnects the producer if the publisher made it. Later calls reject. */
@@ -104,6 +112,30 @@ interface Pending {
   reject: (err: unknown) => void;
   /** Gives back what the call took of its task's step count (see `guard`). */
   undo?: () => void;
+}
+
+/**
+ * A call's promise that knows whether its caller has taken it up: `await`, `.then`/`.catch`/`.finally` and
+ * Promise.all/allSettled/race all call `then`. What the caller took up has reached it; flush() reports only the
+ * rest, so each failure is reported once.
+ */
+class CallPromise extends Promise<void> {
+  seen = false;
+  onSeen: (() => void) | undefined;
+  // Promises made from it (by then, catch, finally) are plain ones.
+  static override get [Symbol.species]() {
+    return Promise;
+  }
+  override then<A = void, B = never>(
+    onfulfilled?: ((value: void) => A | PromiseLike<A>) | null,
+    onrejected?: ((reason: unknown) => B | PromiseLike<B>) | null,
+  ): Promise<A | B> {
+    if (!this.seen) {
+      this.seen = true;
+      this.onSeen?.();
+    }
+    return super.then(onfulfilled, onrejected);
+  }
 }
 
 /**
@@ -159,21 +191,53 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   // the process: the least recently used go past MAX_OPEN_TASKS (a Map iterates in insertion order).
   const steps = new Map<string, number>();
   let queue: Pending[] = [];
+  // Queued events neither sent nor failed yet, in call order.
+  const outstanding = new Set<Pending>();
   let timer: NodeJS.Timeout | null = null;
   // Sends run one after another, so events of one session reach the partition in call order.
   let chain: Promise<void> = Promise.resolve();
   let closed = false;
   let closing: Promise<void> | null = null;
-  // The first failure since the last flush(): flush() and close() report it, so a caller that does not
-  // await each event still learns that some were not published.
-  let failure: unknown = null;
-  const fail = (err: unknown) => {
-    failure ??= err;
+  // Failed calls whose caller has not taken up the promise, oldest first: flush() and close() report the first,
+  // so a caller that does not await each event still learns that some were not published. A call whose promise
+  // the caller did take up (awaited, chained on, passed to Promise.all) has had its failure: flush() reporting it
+  // again would give a caller that awaited the call and then flushed one failure twice.
+  const unseen = new Map<CallPromise, unknown>();
+  // A session whose event failed to send is held: its later events fail too (`blocked` holds their error), so
+  // none lands after the gap, until none of its events is still on the way (`live`) and the caller has had
+  // every failure of it (`unseenBySession`), from the calls or from flush(). Its events then go out again: a
+  // retry of what failed first.
+  const blocked = new Map<string, PaverError>();
+  // The send failures that hold a session (a refused event or a codec failure does not: nothing was lost).
+  const blocking = new WeakSet<object>();
+  const live = new Map<string, number>();
+  const unseenBySession = new Map<string, number>();
+  const count = (m: Map<string, number>, key: string, by: number) => {
+    const n = (m.get(key) ?? 0) + by;
+    if (n > 0) m.set(key, n);
+    else m.delete(key);
+  };
+  const release = (session: string) => {
+    if (!live.has(session) && !unseenBySession.has(session)) blocked.delete(session);
+  };
+  const failed = (call: CallPromise, session: string | undefined, err: unknown) => {
+    if (call.seen) return;
+    unseen.set(call, err);
+    const holds = session !== undefined && blocking.has(err as object);
+    if (holds) count(unseenBySession, session, 1);
+    call.onSeen = () => {
+      if (!unseen.delete(call) || !holds) return;
+      count(unseenBySession, session, -1);
+      release(session);
+    };
   };
   const report = () => {
-    const f = failure;
-    failure = null;
-    if (f) throw f;
+    const first = unseen.values().next();
+    for (const call of unseen.keys()) call.onSeen = undefined;
+    unseen.clear();
+    unseenBySession.clear();
+    for (const session of blocked.keys()) release(session);
+    if (!first.done) throw first.value;
   };
 
   const sendNow = (): Promise<void> => {
@@ -183,11 +247,14 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     queue = [];
     if (batch.length === 0) return chain;
     chain = chain.then(async () => {
+      // Events held back by a failure while they waited are settled already.
+      const todo = batch.filter((p) => outstanding.has(p));
+      if (todo.length === 0) return;
       // The broker refuses a partition's record batch over its message.max.bytes (1 MiB by default) whole,
       // however small each event is: a burst goes out in requests under a byte budget, one after another.
       const requests = produceRequests(
-        batch,
-        batch.map((p) => p.value.length + Buffer.byteLength(p.key)),
+        todo,
+        todo.map((p) => p.value.length + Buffer.byteLength(p.key)),
       );
       let sent = 0;
       try {
@@ -198,19 +265,35 @@ export function createPublisher(opts: PublisherOptions): Publisher {
             acks: -1,
             messages: request.map((p) => ({ key: p.key, value: p.value })),
           });
-          for (const p of request) p.resolve();
+          for (const p of request) {
+            outstanding.delete(p);
+            p.resolve();
+          }
           sent += request.length;
         }
       } catch (err) {
         const e = new PaverError('KAFKA_UNAVAILABLE', `publish to ${topic} failed: ${errorMessage(err)}`, {
           cause: err,
         });
-        fail(e);
+        const held = new PaverError(
+          'KAFKA_UNAVAILABLE',
+          `not sent: an earlier event of its session failed to publish to ${topic} (${errorMessage(err)})`,
+          { cause: err },
+        );
+        blocking.add(e);
+        blocking.add(held);
         // What follows a failed request is not sent: a session's later events never land before its earlier.
-        const unsent = batch.slice(sent);
+        const unsent = todo.slice(sent);
+        for (const p of unsent) blocked.set(p.key, held);
+        // Nor do the session's events queued behind it, in this publisher's later sends: they fail now too.
+        const failing = new Set(unsent);
+        const behind = [...outstanding].filter((p) => !failing.has(p) && blocked.has(p.key));
+        const dropped = [...unsent, ...behind];
+        for (const p of dropped) outstanding.delete(p);
         // Last call first: each gives its step back only while it is still its task's latest.
-        for (let i = unsent.length - 1; i >= 0; i--) unsent[i]!.undo?.();
+        for (let i = dropped.length - 1; i >= 0; i--) dropped[i]!.undo?.();
         for (const p of unsent) p.reject(e);
+        for (const p of behind) p.reject(held);
       }
     });
     return chain;
@@ -242,12 +325,19 @@ export function createPublisher(opts: PublisherOptions): Publisher {
         cause: err,
       });
     }
+    tooBig(event, bytes);
+    return text;
+  };
+  // The broker holds a record batch to its message.max.bytes with the key and the framing counted, so the
+  // limit is held to that too: on the value alone, an event within about 80 bytes of the limit would pass here
+  // and be refused by the broker as a failed send (failing the events sent with it).
+  const tooBig = (event: ToolCallsEvent, valueBytes: number) => {
+    const bytes = recordBatchBytes(Buffer.byteLength(event.session_id), valueBytes);
     if (bytes > maxBytes)
       throw new PaverError(
         'INPUT_INVALID',
-        `${event.type} event is ${bytes} bytes, over the ${maxBytes}-byte limit`,
+        `${event.type} event is ${bytes} bytes as a Kafka record (key and framing included), over the ${maxBytes}-byte limit`,
       );
-    return text;
   };
 
   const enqueue = async (
@@ -269,15 +359,22 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     }
     // The check at the call sized the text the codec writes; this one holds the limit should a codec's framing
     // ever differ from that (the broker would refuse the whole batch the record went in).
-    if (value.length > maxBytes) {
+    try {
+      tooBig(event, value.length);
+    } catch (err) {
       undo?.();
-      throw new PaverError(
-        'INPUT_INVALID',
-        `${event.type} event is ${value.length} bytes, over the ${maxBytes}-byte limit`,
-      );
+      throw err;
+    }
+    // Its session failed while it was encoded: it would land after the gap.
+    const held = blocked.get(event.session_id);
+    if (held) {
+      undo?.();
+      throw held;
     }
     const done = new Promise<void>((resolve, reject) => {
-      queue.push({ key: event.session_id, value, resolve, reject, undo });
+      const p: Pending = { key: event.session_id, value, resolve, reject, undo };
+      queue.push(p);
+      outstanding.add(p);
     });
     if (queue.length >= batchSize) void sendNow();
     else timer ??= setTimeout(() => void sendNow(), lingerMs);
@@ -319,16 +416,35 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   // failed gets the step the call had, and its task's steps stay 0, 1, 2… as the contract counts them.
   const guard = (f: () => { event: ToolCallsEvent; accepted?: () => () => void }): Promise<void> => {
     let done: Promise<void>;
+    let session: string | undefined;
+    let counted = false;
     try {
       if (closed) throw new PaverError('SHUTTING_DOWN', 'publisher is closed');
       const { event, accepted } = f();
+      session = event.session_id;
+      // Held before its step is taken: the retry of the failed call gets the step it had.
+      const held = blocked.get(session);
+      if (held) throw held;
       const text = sized(event);
+      count(live, session, 1);
+      counted = true;
       done = enqueue(event, text, accepted?.());
     } catch (err) {
       done = Promise.reject(err);
     }
-    done.catch(fail);
-    return done;
+    const call = new CallPromise((resolve, reject) => void done.then(resolve, reject));
+    // Handled here without counting as the caller's: a fire-and-forget call never crashes the process.
+    void Promise.prototype.then.call(call, undefined, () => undefined);
+    done.catch((err: unknown) => failed(call, session, err));
+    if (counted) {
+      const s = session!;
+      const settled = () => {
+        count(live, s, -1);
+        release(s);
+      };
+      void done.then(settled, settled);
+    }
+    return call;
   };
 
   return {

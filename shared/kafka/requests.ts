@@ -43,3 +43,40 @@ export function produceRequests<M>(
   if (start < messages.length) requests.push(start === 0 ? messages : messages.slice(start));
   return requests;
 }
+
+/**
+ * A v2 record batch's framing before its records (the log overhead included), which the broker's
+ * message.max.bytes (a topic's max.message.bytes) counts along with them.
+ */
+export const RECORD_BATCH_OVERHEAD = 61;
+
+/** Bytes of a zigzag varint, the way Kafka writes a record's lengths and deltas. */
+function varintBytes(n: number): number {
+  let z = n >= 0 ? n * 2 : -n * 2 - 1;
+  let bytes = 1;
+  while (z >= 128) {
+    z = Math.floor(z / 128);
+    bytes++;
+  }
+  return bytes;
+}
+
+/**
+ * Size of the record batch one record goes out in alone, as the broker measures it against message.max.bytes:
+ * batch framing, the record's length, attributes and deltas, its key, value and headers (`[keyBytes,
+ * valueBytes]` each). A record checked on its value alone would be refused by the broker within about 80 bytes
+ * of the limit. Alone is how a record near the limit goes: a produce request holds others only under its budget.
+ */
+export function recordBatchBytes(
+  keyBytes: number | null,
+  valueBytes: number,
+  headers: readonly (readonly [number, number])[] = [],
+): number {
+  // Attributes, then timestamp and offset deltas (0 for a batch's first record): one byte each.
+  let body = 3;
+  body += keyBytes === null ? varintBytes(-1) : varintBytes(keyBytes) + keyBytes;
+  body += varintBytes(valueBytes) + valueBytes;
+  body += varintBytes(headers.length);
+  for (const [k, v] of headers) body += varintBytes(k) + k + varintBytes(v) + v;
+  return RECORD_BATCH_OVERHEAD + varintBytes(body) + body;
+}

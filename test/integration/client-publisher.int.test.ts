@@ -4,6 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createPublisher } from '../../client/index.js';
 import { toolCallsEventV1 } from '../../schemas/index.js';
 import { registryCodec } from '../../shared/codec.js';
+import { recordBatchBytes } from '../../shared/kafka/requests.js';
 import { consumeUntil, createTopics, stack, testKafka, unique } from '../helpers/kafka.js';
 import { startRegistryDouble } from '../helpers/registry-double.js';
 import { freePort } from '../../deploy/local/stack.js';
@@ -92,6 +93,96 @@ describe('client publisher (real broker)', () => {
     expect(steps).toEqual(Array.from({ length: 20 }, (_, i) => i));
   });
 
+  it("holds an event to the broker's limit as the broker counts it (key and framing included): one byte under lands, one byte over is the client's INPUT_INVALID, and the broker agrees at that byte", async () => {
+    const limit = 1024 * 1024;
+    const topic = unique('client-limit');
+    await createTopics([{ topic, partitions: 1, config: { 'max.message.bytes': String(limit) } }]);
+    const session = 'session-0123456789abcdef';
+    // Every generated field given, and tool names of one length, so the event's encoded size is known to the byte.
+    const event = (tool: string, observation: string) => ({
+      session_id: session,
+      task_id: 't',
+      tool,
+      step: 0,
+      event_id: '00000000-0000-4000-8000-000000000000',
+      ts: 1_700_000_000_000,
+      tenant_id: 'acme',
+      agent_id: 'bot',
+      observation,
+    });
+    const batchBytes = (observation: string) =>
+      recordBatchBytes(
+        Buffer.byteLength(session),
+        Buffer.byteLength(
+          JSON.stringify(toolCallsEventV1.parse({ type: 'tool_call', ...event('fits', observation) })),
+        ),
+      );
+    // The observation that makes the record batch exactly the limit (the lengths' varints grow with it).
+    let pad = limit - batchBytes('');
+    while (batchBytes('x'.repeat(pad)) > limit) pad--;
+    const fits = 'x'.repeat(pad);
+    expect(batchBytes(fits)).toBe(limit);
+    const pub = createPublisher({ brokers: [stack().brokers], topic, maxMessageBytes: limit });
+    // Before: checked against the value alone, this one (80 bytes of framing and key under the value limit)
+    // passed the client and the broker refused it.
+    await expect(pub.toolCall(event('over', `${fits}x`))).rejects.toMatchObject({ code: 'INPUT_INVALID' });
+    await pub.toolCall(event('fits', fits));
+    // The refusal reached the caller through the call it awaited: close() does not report it again.
+    await pub.close();
+    // The broker's side of the boundary: let one byte more past the client, and the broker refuses it.
+    const lax = createPublisher({
+      brokers: [stack().brokers],
+      topic,
+      maxMessageBytes: limit + 1,
+      kafka: { retry: { retries: 0 } },
+    });
+    await expect(lax.toolCall(event('over', `${fits}x`))).rejects.toMatchObject({
+      code: 'KAFKA_UNAVAILABLE',
+    });
+    await lax.close();
+    const got = await consumeUntil(topic, (m) => m.length >= 1);
+    expect(got.map((m) => toolCallsEventV1.parse(JSON.parse(m.value!.toString())))).toMatchObject([
+      { tool: 'fits' },
+    ]);
+  });
+
+  it("holds a session's later events back when one fails to send: none lands after the gap, other sessions go on, and the retry lands in order", async () => {
+    const topic = unique('client-gap');
+    // A topic whose limit is under the publisher's: the broker itself refuses the large event.
+    await createTopics([{ topic, partitions: 1, config: { 'max.message.bytes': '20000' } }]);
+    // One send per event, so the events behind the failed one are in sends of their own.
+    const pub = createPublisher({ brokers: [stack().brokers], topic, batchSize: 1 });
+    const call = (session: string, tool: string, observation?: string) =>
+      pub.toolCall({ session_id: session, task_id: 't', tool, observation });
+    const first = [
+      call('s', 'big', 'x'.repeat(50_000)),
+      call('s', 'after_1'),
+      call('s', 'after_2'),
+      call('other', 'independent'),
+    ];
+    const results = await Promise.allSettled(first);
+    // Before: after_1 and after_2 were acknowledged, and the session read steps 1 and 2 without 0.
+    expect(results.map((r) => r.status)).toEqual(['rejected', 'rejected', 'rejected', 'fulfilled']);
+    for (const r of results.slice(0, 3))
+      expect((r as PromiseRejectedResult).reason).toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    // The caller had every failure (it awaited them): its retry goes out, with the steps the calls had.
+    await call('s', 'small');
+    await call('s', 'after_1');
+    await call('s', 'after_2');
+    await pub.close();
+    const got = await consumeUntil(topic, (m) => m.length >= 4);
+    const events = got
+      .sort((a, b) => Number(a.offset) - Number(b.offset))
+      .map((m) => toolCallsEventV1.parse(JSON.parse(m.value!.toString())))
+      .filter((e) => e.type === 'tool_call' && e.session_id === 's');
+    expect(events.map((e) => (e.type === 'tool_call' ? [e.tool, e.step] : []))).toEqual([
+      ['small', 0],
+      ['after_1', 1],
+      ['after_2', 2],
+    ]);
+    expect(got).toHaveLength(4);
+  });
+
   it('rejects every queued event when the broker cannot take them, instead of losing them silently', async () => {
     const pub = createPublisher({
       brokers: [stack().brokers],
@@ -121,7 +212,8 @@ describe('client publisher (real broker)', () => {
       await expect(pub.toolCall({ session_id: 's', task_id: 't', tool: 'while_down' })).rejects.toMatchObject(
         { code: 'KAFKA_UNAVAILABLE' },
       );
-      await expect(pub.flush()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+      // That failure reached the caller through the call: flush() has nothing more to say.
+      await pub.flush();
       forwarder = createServer((c) => {
         const up = createConnection({ host, port: Number(brokerPort) });
         c.pipe(up).pipe(c);

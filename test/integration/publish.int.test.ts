@@ -6,6 +6,8 @@ import { describe, expect, it } from 'vitest';
 import { freePort } from '../../deploy/local/stack.js';
 import { consumeUntil, createTopics, unique, waitFor } from '../helpers/kafka.js';
 import { PAVER_BIN, ROOT, serviceEnv, startProcess } from '../helpers/process.js';
+import { startRegistryDouble } from '../helpers/registry-double.js';
+import { WIRE_HEADER_BYTES } from '../../shared/codec.js';
 
 const input = join(tmpdir(), `${unique('publish')}.jsonl`);
 // Written with a byte order mark, as some Windows tools do: the first event is still read as one.
@@ -254,6 +256,58 @@ describe('paver publish', () => {
       'a',
       'b',
     ]);
+  });
+
+  it('skips a line whose value is under PAVER_MAX_MESSAGE_BYTES but whose Kafka record is over it (key and framing), and sends the rest', async () => {
+    const file = join(tmpdir(), `${unique('publish-framing')}.jsonl`);
+    const line = (id: string, observation?: string) =>
+      JSON.stringify({ type: 'tool_call', event_id: id, session_id: 's1', tool: 'x', observation });
+    // 20 bytes under 1 MiB as text: the record batch it goes in (61 bytes of framing, the key) is over it.
+    const big = line('big', 'x'.repeat(1024 * 1024 - 20 - line('big', '').length));
+    expect(Buffer.byteLength(big)).toBe(1024 * 1024 - 20);
+    writeFileSync(file, [line('a'), big, line('b')].join('\n') + '\n');
+    const env = serviceEnv();
+    const p = await startProcess([PAVER_BIN, 'publish', '--input', file], env);
+    // Before: the broker refused the record, and the command failed (exit 1) with the lines after it unsent.
+    expect(await p.exited, p.output().slice(-2000)).toBe(0);
+    expect(p.output()).toContain('line 2: longer than PAVER_MAX_MESSAGE_BYTES');
+    expect(p.output()).toContain('published 2 events');
+    const got = await consumeUntil(env.PAVER_TOPIC_TOOL_CALLS!, (all) => all.length >= 2);
+    expect(got.map((m) => (JSON.parse(m.value!.toString()) as { event_id: string }).event_id)).toEqual([
+      'a',
+      'b',
+    ]);
+  });
+
+  it("sends each line's own bytes: numbers, key order, escapes and spacing as the user wrote them", async () => {
+    const file = join(tmpdir(), `${unique('publish-bytes')}.jsonl`);
+    // Valid events (the registry checks them), each of which changes when parsed and written again: an id past 2^53, 1.0 and 1e3, integer-like keys
+    // (JSON.stringify puts them first), a \u escape, spaces after the colons.
+    const lines = [
+      '{"type":"tool_call","event_id":"a","session_id":"s1","task_id":"t","step":0,"ts":1,"tool":"x","args":{"order_id":12345678901234567890,"ratio":1.0,"limit":1e3}}',
+      '{"type":"tool_call","event_id":"b","session_id":"s1","task_id":"t","step":1,"ts":2,"tool":"y","args":{"b":1,"2":"two","1":"one"}}',
+      '{"type": "tool_call", "event_id": "c", "session_id": "s1", "task_id": "t", "step": 2, "ts": 3, "tool": "caf\\u00e9"}',
+    ];
+    writeFileSync(file, lines.join('\r\n') + '\r\n');
+    const env = serviceEnv();
+    const p = await startProcess([PAVER_BIN, 'publish', '--input', file], env);
+    expect(await p.exited, p.output().slice(-2000)).toBe(0);
+    const got = await consumeUntil(env.PAVER_TOPIC_TOOL_CALLS!, (all) => all.length >= 3);
+    // Before: {"order_id":12345678901234567000,"ratio":1,"limit":1000}, {"1":"one","2":"two","b":1}, "café".
+    expect(got.map((m) => m.value!.toString())).toEqual(lines);
+    expect(got.map((m) => m.key?.toString())).toEqual(['s1', 's1', 's1']);
+    // In the Confluent wire format too: the registry's framing, then the line.
+    const reg = await startRegistryDouble();
+    try {
+      const framedEnv = serviceEnv({ SCHEMA_REGISTRY_URL: reg.url });
+      const q = await startProcess([PAVER_BIN, 'publish', '--input', file], framedEnv);
+      expect(await q.exited, q.output().slice(-2000)).toBe(0);
+      const framed = await consumeUntil(framedEnv.PAVER_TOPIC_TOOL_CALLS!, (all) => all.length >= 3);
+      expect(framed.map((m) => m.value![0])).toEqual([0, 0, 0]);
+      expect(framed.map((m) => m.value!.subarray(WIRE_HEADER_BYTES).toString())).toEqual(lines);
+    } finally {
+      await reg.close();
+    }
   });
 
   it("sends 500 events of one session with 3 KB outputs (1.5 MB for one partition, over the broker's request limit)", async () => {

@@ -52,8 +52,8 @@ describe('client: createPublisher (validation happens before any connection)', (
         code: 'INPUT_INVALID',
         message: expect.stringMatching(/not JSON/) as unknown,
       });
-    // The failures are reported once more by close(), for callers that did not await each event.
-    await expect(p.close()).rejects.toMatchObject({ code: 'INPUT_INVALID' });
+    // Each refusal reached the caller through the call it awaited: close() does not report them again.
+    await expect(p.close()).resolves.toBeUndefined();
     await expect(p.taskCompleted({ session_id: 's', task_id: 't' })).rejects.toMatchObject({
       code: 'SHUTTING_DOWN',
     });
@@ -146,13 +146,89 @@ describe('client: createPublisher (validation happens before any connection)', (
       code: 'KAFKA_UNAVAILABLE',
     });
     await call('d');
-    // close() reports the failed task end once more, for callers that did not await it.
-    await expect(p.close()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    // Every failure above reached the caller through its call's promise: close() has none left to report.
+    await expect(p.close()).resolves.toBeUndefined();
     expect(sent.map((e) => [e.tool, e.step])).toEqual([
       ['a', 0],
       ['b', 1],
       ['c', 2],
       ['d', 3],
+    ]);
+  });
+
+  it('reports each failure once: to the call whose promise the caller took up, otherwise by the next flush()', async () => {
+    let failures = 0;
+    // A producer double that refuses the sends the test asks it to: this test is about who hears of a failure.
+    const producer = {
+      send: async () => {
+        if (failures > 0) {
+          failures--;
+          throw new Error('broker down');
+        }
+        return [];
+      },
+    } as unknown as Producer;
+    const p = createPublisher({ producer, lingerMs: 0 });
+    const call = (tool: string, session = 's') => p.toolCall({ session_id: session, task_id: 't', tool });
+    // Awaited: the call's rejection is the report. Before, flush() rejected with the same failure again.
+    failures = 1;
+    await expect(call('a')).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    await expect(p.flush()).resolves.toBeUndefined();
+    // A handler attached (a logging .catch) is taken up too, and so is an invalid call that was awaited.
+    failures = 1;
+    const logged: unknown[] = [];
+    const handled = call('b').catch((err: unknown) => logged.push(err));
+    await expect(p.toolCall({ session_id: 's', task_id: 't', tool: '' })).rejects.toMatchObject({
+      code: 'INPUT_INVALID',
+    });
+    await p.flush();
+    await handled;
+    expect(logged).toMatchObject([{ code: 'KAFKA_UNAVAILABLE' }]);
+    // Fire and forget: flush() reports it, once; the next flush() has nothing to say.
+    failures = 1;
+    void call('c');
+    await expect(p.flush()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    await expect(p.flush()).resolves.toBeUndefined();
+    // Unawaited calls with one awaited among them: flush() reports the ones the caller did not take up.
+    failures = 1;
+    const awaited = call('d');
+    void call('e', 'other');
+    await expect(awaited).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    await expect(p.close()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+  });
+
+  it("a fire-and-forget caller's session stays held after a failed send until flush() has reported it", async () => {
+    const sent: { tool: string; step: number }[] = [];
+    let failures = 0;
+    // A producer double that refuses the sends the test asks it to: this test is about what the client holds.
+    const producer = {
+      send: async (r: { messages: { value: Buffer }[] }) => {
+        if (failures > 0) {
+          failures--;
+          throw new Error('broker down');
+        }
+        for (const m of r.messages) sent.push(JSON.parse(m.value.toString()) as (typeof sent)[number]);
+        return [];
+      },
+    } as unknown as Producer;
+    const p = createPublisher({ producer, lingerMs: 0 });
+    const call = (tool: string, session = 's') => p.toolCall({ session_id: session, task_id: 't', tool });
+    failures = 1;
+    const lost = call('a');
+    await waitFor(() => failures === 0, 'the send to fail');
+    // Nobody has heard of the failure yet: the session's next events fail too, other sessions go on.
+    const later = [call('b'), call('c')];
+    await call('x', 'other');
+    await expect(p.flush()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    for (const l of [lost, ...later]) await expect(l).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    // Reported: the session goes out again, from the step that failed.
+    await call('a');
+    await call('b');
+    await p.close();
+    expect(sent.map((e) => [e.tool, e.step])).toEqual([
+      ['x', 0],
+      ['a', 0],
+      ['b', 1],
     ]);
   });
 
@@ -236,7 +312,7 @@ describe('client: createPublisher (validation happens before any connection)', (
         await expect(p.toolCall({ session_id: 's', task_id: 't', tool: 'x' })).rejects.toMatchObject({
           code: 'KAFKA_UNAVAILABLE',
         });
-        await expect(p.close()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+        await p.close();
       } finally {
         for (const s of spies) s.mockRestore();
       }
