@@ -57,4 +57,35 @@ describe('client publisher with a schema registry (registry double, producer dou
     expect(sent.map((e) => e.tool)).toEqual(Array.from({ length: n }, (_, i) => `c${i}`));
     expect(sent.map((e) => e.step)).toEqual(Array.from({ length: n }, (_, i) => i));
   });
+
+  it('holds a session after its event failed to encode (registry down): no later event of it goes out, and the retry gets the steps the calls had', async () => {
+    const { sent, producer } = recorder();
+    const p = createPublisher({
+      producer,
+      schemaRegistry: reg.url,
+      topic: `hold-${Date.now()}`,
+      lingerMs: 0,
+    });
+    const call = (tool: string, session = 's') => p.toolCall({ session_id: session, task_id: 't', tool });
+    reg.setDown(true);
+    const lost = [call('a'), call('b')];
+    // Waits for the failure without taking the promise up (an unawaited call, as a fire-and-forget agent has).
+    await Promise.allSettled(lost.map((l) => Promise.prototype.then.call(l, undefined, () => undefined)));
+    reg.setDown(false);
+    // Nobody has heard of the failures yet: the session's next event fails too, other sessions go on.
+    const later = call('c');
+    await call('x', 'other');
+    await expect(p.flush()).rejects.toMatchObject({ code: 'REGISTRY_UNAVAILABLE' });
+    for (const l of [...lost, later]) await expect(l).rejects.toMatchObject({ code: 'REGISTRY_UNAVAILABLE' });
+    // Reported: the session goes out again, from the step that failed.
+    await call('a');
+    await call('b');
+    await p.close();
+    // Before: c went out with step 1 (a's step 0 never did), and the retries then counted on from 2.
+    expect(sent.map((e) => [e.tool, e.step])).toEqual([
+      ['x', 0],
+      ['a', 0],
+      ['b', 1],
+    ]);
+  });
 });
