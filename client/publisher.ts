@@ -20,6 +20,12 @@ export const DEFAULT_TOOL_CALLS_TOPIC = 'paver.tool-calls.v1';
 /** Tasks whose next `step` the publisher counts at once (those without `taskCompleted` included). */
 export const MAX_OPEN_TASKS = 100_000;
 
+/**
+ * Failed calls, not taken up by their caller, that the publisher keeps until the next flush(); past it, a failure
+ * is counted but its call is not kept (see `failed`).
+ */
+export const MAX_UNREPORTED_FAILURES = 1_000;
+
 type Generated = 'type' | 'event_id' | 'ts' | 'tenant_id' | 'agent_id';
 // Flattened so editors show the event's fields, not a chain of Omit<…>.
 type Optional<T, K extends keyof T> = {
@@ -85,7 +91,8 @@ export interface Publisher {
   /**
    * Sends everything queued; resolves when all of it is acknowledged, rejects with the first failure
    * (invalid event or failed send) since the previous flush that has not reached the caller already: a call
-   * whose promise was awaited or given a handler before this flush had its failure there.
+   * whose promise was awaited or given a handler before this flush had its failure there. Past
+   * MAX_UNREPORTED_FAILURES failed calls not taken up, the rest are counted, not kept (see docs/client.md).
    */
   flush(): Promise<void>;
   /** Flushes, then disconnects the producer if the publisher made it. Later calls reject. */
@@ -204,6 +211,14 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   // the caller did take up (awaited, chained on, passed to Promise.all) has had its failure: flush() reporting it
   // again would give a caller that awaited the call and then flushed one failure twice.
   const unseen = new Map<CallPromise, unknown>();
+  // Kept, every call failed during a long outage (a fire-and-forget agent calling on while Kafka is down) stayed
+  // in memory until the next flush(): past MAX_UNREPORTED_FAILURES, a failure is only counted (`overflow`, its
+  // first error kept), and flush() reports that error when none of the kept ones is left to report. Its call
+  // still knows when it is taken up (`onSeen` is its own, not the publisher's); `generation` tells it a flush()
+  // has reported it since.
+  let overflow = 0;
+  let overflowFirst: unknown;
+  let generation = 0;
   // A session whose event failed to send is held: its later events fail too (`blocked` holds their error), so
   // none lands after the gap, until none of its events is still on the way (`live`) and the caller has had
   // every failure of it (`unseenBySession`), from the calls or from flush(). Its events then go out again: a
@@ -224,22 +239,32 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   };
   const failed = (call: CallPromise, session: string | undefined, err: unknown) => {
     if (call.seen) return;
-    unseen.set(call, err);
+    const kept = unseen.size < MAX_UNREPORTED_FAILURES;
+    if (kept) unseen.set(call, err);
+    else if (overflow++ === 0) overflowFirst = err;
     const holds = session !== undefined && blocking.has(err as object);
     if (holds) count(unseenBySession, session, 1);
+    const reportedBy = generation;
     call.onSeen = () => {
-      if (!unseen.delete(call) || !holds) return;
+      if (reportedBy !== generation) return;
+      if (kept) unseen.delete(call);
+      else overflow--;
+      if (!holds) return;
       count(unseenBySession, session, -1);
       release(session);
     };
   };
   const report = () => {
     const first = unseen.values().next();
-    for (const call of unseen.keys()) call.onSeen = undefined;
+    const unreported = !first.done || overflow > 0;
+    const err = first.done ? overflowFirst : first.value;
+    generation++;
     unseen.clear();
+    overflow = 0;
+    overflowFirst = undefined;
     unseenBySession.clear();
     for (const session of blocked.keys()) release(session);
-    if (!first.done) throw first.value;
+    if (unreported) throw err;
   };
 
   // `failing` (queued, of one failure) is not published: its sessions are held, and their events queued behind
