@@ -20,6 +20,12 @@ export const DEFAULT_TOOL_CALLS_TOPIC = 'paver.tool-calls.v1';
 /** Tasks whose next `step` the publisher counts at once (those without `taskCompleted` included). */
 export const MAX_OPEN_TASKS = 100_000;
 
+/**
+ * Failed calls, not taken up by their caller, that the publisher keeps until the next flush(); past it, a failure
+ * is counted but its call is not kept (see `failed`).
+ */
+export const MAX_UNREPORTED_FAILURES = 1_000;
+
 type Generated = 'type' | 'event_id' | 'ts' | 'tenant_id' | 'agent_id';
 // Flattened so editors show the event's fields, not a chain of Omit<…>.
 type Optional<T, K extends keyof T> = {
@@ -77,7 +83,7 @@ export interface PublisherOptions {
 export interface Publisher {
   /**
    * Validates and queues one tool call; resolves once Kafka has acknowledged it (acks=all). After a failed send
-   * of its session it rejects until that failure has reached the caller (see docs/client.md).
+   * or encode of its session it rejects until that failure has reached the caller (see docs/client.md).
    */
   toolCall(event: ToolCallInput): Promise<void>;
   userMessage(event: UserMessageInput): Promise<void>;
@@ -85,7 +91,8 @@ export interface Publisher {
   /**
    * Sends everything queued; resolves when all of it is acknowledged, rejects with the first failure
    * (invalid event or failed send) since the previous flush that has not reached the caller already: a call
-   * whose promise was awaited or given a handler before this flush had its failure there.
+   * whose promise was awaited or given a handler before this flush had its failure there. Past
+   * MAX_UNREPORTED_FAILURES failed calls not taken up, the rest are counted, not kept (see docs/client.md).
    */
   flush(): Promise<void>;
   /** Flushes, then disconnects the producer if the publisher made it. Later calls reject. */
@@ -107,7 +114,8 @@ const publisherOptions = z.object({
 
 interface Pending {
   key: string;
-  value: Buffer;
+  /** The encode, started at the call; the send waits for it (see `enqueue`). */
+  encoded: Promise<Buffer>;
   resolve: () => void;
   reject: (err: unknown) => void;
   /** Gives back what the call took of its task's step count (see `guard`). */
@@ -203,12 +211,21 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   // the caller did take up (awaited, chained on, passed to Promise.all) has had its failure: flush() reporting it
   // again would give a caller that awaited the call and then flushed one failure twice.
   const unseen = new Map<CallPromise, unknown>();
+  // Kept, every call failed during a long outage (a fire-and-forget agent calling on while Kafka is down) stayed
+  // in memory until the next flush(): past MAX_UNREPORTED_FAILURES, a failure is only counted (`overflow`, its
+  // first error kept), and flush() reports that error when none of the kept ones is left to report. Its call
+  // still knows when it is taken up (`onSeen` is its own, not the publisher's); `generation` tells it a flush()
+  // has reported it since.
+  let overflow = 0;
+  let overflowFirst: unknown;
+  let generation = 0;
   // A session whose event failed to send is held: its later events fail too (`blocked` holds their error), so
   // none lands after the gap, until none of its events is still on the way (`live`) and the caller has had
   // every failure of it (`unseenBySession`), from the calls or from flush(). Its events then go out again: a
   // retry of what failed first.
   const blocked = new Map<string, PaverError>();
-  // The send failures that hold a session (a refused event or a codec failure does not: nothing was lost).
+  // The failures that hold a session: a failed send or encode, after later calls of the session had taken their
+  // steps (a call refused at once does not: nothing was taken after it).
   const blocking = new WeakSet<object>();
   const live = new Map<string, number>();
   const unseenBySession = new Map<string, number>();
@@ -222,22 +239,53 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   };
   const failed = (call: CallPromise, session: string | undefined, err: unknown) => {
     if (call.seen) return;
-    unseen.set(call, err);
+    const kept = unseen.size < MAX_UNREPORTED_FAILURES;
+    if (kept) unseen.set(call, err);
+    else if (overflow++ === 0) overflowFirst = err;
     const holds = session !== undefined && blocking.has(err as object);
     if (holds) count(unseenBySession, session, 1);
+    const reportedBy = generation;
     call.onSeen = () => {
-      if (!unseen.delete(call) || !holds) return;
+      if (reportedBy !== generation) return;
+      if (kept) unseen.delete(call);
+      else overflow--;
+      if (!holds) return;
       count(unseenBySession, session, -1);
       release(session);
     };
   };
   const report = () => {
     const first = unseen.values().next();
-    for (const call of unseen.keys()) call.onSeen = undefined;
+    const unreported = !first.done || overflow > 0;
+    const err = first.done ? overflowFirst : first.value;
+    generation++;
     unseen.clear();
+    overflow = 0;
+    overflowFirst = undefined;
     unseenBySession.clear();
     for (const session of blocked.keys()) release(session);
-    if (!first.done) throw first.value;
+    if (unreported) throw err;
+  };
+
+  // `failing` (queued, of one failure) is not published: its sessions are held, and their events queued behind
+  // it (in call order) fail too, so none lands after the gap. Every one of them gives its step back.
+  const holdBack = (failing: Pending[], err: PaverError, held: PaverError) => {
+    blocking.add(err);
+    blocking.add(held);
+    const failingSet = new Set(failing);
+    const sessions = new Set<string>();
+    const dropped: Pending[] = [];
+    // `outstanding` is in call order: a session's events before the failed one are not behind it.
+    for (const p of outstanding) {
+      if (failingSet.has(p)) sessions.add(p.key);
+      else if (!sessions.has(p.key)) continue;
+      dropped.push(p);
+    }
+    for (const session of sessions) blocked.set(session, held);
+    for (const p of dropped) outstanding.delete(p);
+    // Last call first: each gives its step back only while it is still its task's latest.
+    for (let i = dropped.length - 1; i >= 0; i--) dropped[i]!.undo?.();
+    for (const p of dropped) p.reject(failingSet.has(p) ? err : held);
   };
 
   const sendNow = (): Promise<void> => {
@@ -248,13 +296,34 @@ export function createPublisher(opts: PublisherOptions): Publisher {
     if (batch.length === 0) return chain;
     chain = chain.then(async () => {
       // Events held back by a failure while they waited are settled already.
-      const todo = batch.filter((p) => outstanding.has(p));
+      let todo = batch.filter((p) => outstanding.has(p));
+      if (todo.length === 0) return;
+      // Queued at the call and encoded here, so the batch is in call order whichever encode answered first.
+      const values = new Map<Pending, Buffer>();
+      const encodes = await Promise.allSettled(todo.map((p) => p.encoded));
+      encodes.forEach((r, i) => {
+        const p = todo[i]!;
+        if (r.status === 'fulfilled') return void values.set(p, r.value);
+        // Already dropped behind an earlier failure of its session in this batch.
+        if (!outstanding.has(p)) return;
+        const err =
+          r.reason instanceof PaverError
+            ? r.reason
+            : new PaverError('INTERNAL', `encode failed: ${errorMessage(r.reason)}`, { cause: r.reason });
+        const held = new PaverError(
+          err.code,
+          `not sent: an earlier event of its session failed to encode (${errorMessage(err)})`,
+          { cause: err },
+        );
+        holdBack([p], err, held);
+      });
+      todo = todo.filter((p) => outstanding.has(p));
       if (todo.length === 0) return;
       // The broker refuses a partition's record batch over its message.max.bytes (1 MiB by default) whole,
       // however small each event is: a burst goes out in requests under a byte budget, one after another.
       const requests = produceRequests(
         todo,
-        todo.map((p) => p.value.length + Buffer.byteLength(p.key)),
+        todo.map((p) => values.get(p)!.length + Buffer.byteLength(p.key)),
       );
       let sent = 0;
       try {
@@ -263,7 +332,7 @@ export function createPublisher(opts: PublisherOptions): Publisher {
           await producer.send({
             topic,
             acks: -1,
-            messages: request.map((p) => ({ key: p.key, value: p.value })),
+            messages: request.map((p) => ({ key: p.key, value: values.get(p)! })),
           });
           for (const p of request) {
             outstanding.delete(p);
@@ -280,29 +349,12 @@ export function createPublisher(opts: PublisherOptions): Publisher {
           `not sent: an earlier event of its session failed to publish to ${topic} (${errorMessage(err)})`,
           { cause: err },
         );
-        blocking.add(e);
-        blocking.add(held);
-        // What follows a failed request is not sent: a session's later events never land before its earlier.
-        const unsent = todo.slice(sent);
-        for (const p of unsent) blocked.set(p.key, held);
-        // Nor do the session's events queued behind it, in this publisher's later sends: they fail now too.
-        const failing = new Set(unsent);
-        const behind = [...outstanding].filter((p) => !failing.has(p) && blocked.has(p.key));
-        const dropped = [...unsent, ...behind];
-        for (const p of dropped) outstanding.delete(p);
-        // Last call first: each gives its step back only while it is still its task's latest.
-        for (let i = dropped.length - 1; i >= 0; i--) dropped[i]!.undo?.();
-        for (const p of unsent) p.reject(e);
-        for (const p of behind) p.reject(held);
+        // What follows a failed request is not sent: a session's later events never land before its earlier. Nor
+        // do the session's events queued behind it, in this publisher's later sends: they fail now too.
+        holdBack(todo.slice(sent), e, held);
       }
     });
     return chain;
-  };
-
-  // Encoding is async (the registry id); flush() must wait for events still being encoded.
-  const encoding = new Set<Promise<unknown>>();
-  const settleEncoding = async () => {
-    while (encoding.size) await Promise.allSettled([...encoding]);
   };
 
   // An event's encoded size is known before any await: its JSON text (the registry codec writes that text behind
@@ -340,39 +392,27 @@ export function createPublisher(opts: PublisherOptions): Publisher {
       );
   };
 
-  const enqueue = async (
+  // Queued at the call, not when its encode (async with a registry: the schema id) answers: the queue is in call
+  // order whatever each encode waits for, and an encode that fails is known before any later event of its session
+  // is sent, so it holds the session as a failed send does. The send waits for the batch's encodes.
+  const enqueue = (
     event: ToolCallsEvent,
     text: string | undefined,
     undo: (() => void) | undefined,
   ): Promise<void> => {
     const encoded =
-      text === undefined ? codec.encode('tool-calls.v1', topic, event) : Promise.resolve(Buffer.from(text));
-    encoding.add(encoded);
-    let value: Buffer;
-    try {
-      value = await encoded;
-    } catch (err) {
-      undo?.();
-      throw err;
-    } finally {
-      encoding.delete(encoded);
-    }
-    // The check at the call sized the text the codec writes; this one holds the limit should a codec's framing
-    // ever differ from that (the broker would refuse the whole batch the record went in).
-    try {
-      tooBig(event, value.length);
-    } catch (err) {
-      undo?.();
-      throw err;
-    }
-    // Its session failed while it was encoded: it would land after the gap.
-    const held = blocked.get(event.session_id);
-    if (held) {
-      undo?.();
-      throw held;
-    }
+      text === undefined
+        ? codec.encode('tool-calls.v1', topic, event).then((value) => {
+            // The check at the call sized the text the codec writes; this one holds the limit should a codec's
+            // framing ever differ from that (the broker would refuse the whole batch the record went in).
+            tooBig(event, value.length);
+            return value;
+          })
+        : Promise.resolve(Buffer.from(text));
+    // Its failure is the call's, given by the send: not an unhandled rejection meanwhile.
+    void encoded.catch(() => undefined);
     const done = new Promise<void>((resolve, reject) => {
-      const p: Pending = { key: event.session_id, value, resolve, reject, undo };
+      const p: Pending = { key: event.session_id, encoded, resolve, reject, undo };
       queue.push(p);
       outstanding.add(p);
     });
@@ -488,7 +528,6 @@ export function createPublisher(opts: PublisherOptions): Publisher {
       });
     },
     async flush() {
-      await settleEncoding();
       await sendNow();
       report();
     },
@@ -499,7 +538,6 @@ export function createPublisher(opts: PublisherOptions): Publisher {
       closing ??= (async () => {
         closed = true;
         try {
-          await settleEncoding();
           await sendNow();
         } finally {
           if (owned && connected) await producer.disconnect().catch(() => undefined);

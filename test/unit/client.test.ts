@@ -3,6 +3,8 @@ import { logLevel, type Producer } from 'kafkajs';
 import { rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { setFlagsFromString } from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import {
   createPublisher,
   detect,
@@ -13,7 +15,7 @@ import {
 } from '../../client/index.js';
 import { detect as detectFile } from '../../services/detector/src/cli.js';
 import { liveCandidates } from '../../services/detector/src/core/detect.js';
-import { MAX_OPEN_TASKS } from '../../client/publisher.js';
+import { MAX_OPEN_TASKS, MAX_UNREPORTED_FAILURES } from '../../client/publisher.js';
 import { freePort } from '../../deploy/local/stack.js';
 import { waitFor } from '../helpers/kafka.js';
 
@@ -227,6 +229,57 @@ describe('client: createPublisher (validation happens before any connection)', (
     await p.close();
     expect(sent.map((e) => [e.tool, e.step])).toEqual([
       ['x', 0],
+      ['a', 0],
+      ['b', 1],
+    ]);
+  });
+
+  it('keeps at most MAX_UNREPORTED_FAILURES failed calls for flush(): past it a call is let go, and flush() still reports a failure and frees the session', async () => {
+    // The publisher's memory is what is tested: a collected call is one it no longer keeps.
+    setFlagsFromString('--expose-gc');
+    const gc = runInNewContext('gc') as () => void;
+    let failing = true;
+    const sent: { tool: string; step: number }[] = [];
+    // A producer double that refuses every send while `failing`: this test is about what the client keeps.
+    const producer = {
+      send: async (r: { messages: { value: Buffer }[] }) => {
+        if (failing) throw new Error('broker down');
+        for (const m of r.messages) sent.push(JSON.parse(m.value.toString()) as (typeof sent)[number]);
+        return [];
+      },
+    } as unknown as Producer;
+    const p = createPublisher({ producer, lingerMs: 0 });
+    const call = (tool: string) => p.toolCall({ session_id: 's', task_id: 't', tool });
+    const extra = 500;
+    // A fire-and-forget agent calling on through an outage: nothing takes these calls up.
+    const fire = () => {
+      const calls = Array.from({ length: MAX_UNREPORTED_FAILURES + extra }, (_, i) => call(`c${i}`));
+      // Waits for them without taking them up (Promise.prototype.then, not the call's own).
+      const settled = Promise.all(calls.map((c) => Promise.prototype.then.call(c, undefined, () => 0)));
+      return {
+        kept: calls.slice(0, MAX_UNREPORTED_FAILURES),
+        refs: calls.map((c) => new WeakRef(c)),
+        settled,
+      };
+    };
+    const { kept, refs, settled } = fire();
+    await settled;
+    await new Promise((r) => setImmediate(r));
+    gc();
+    await new Promise((r) => setImmediate(r));
+    // Before: every failed call stayed in memory until the next flush(), however many.
+    const alive = refs.filter((r) => r.deref() !== undefined).length;
+    expect(alive).toBe(MAX_UNREPORTED_FAILURES);
+    // Even with every kept call taken up, flush() reports a failure: those past the bound were not.
+    for (const k of kept) await expect(k).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    await expect(p.flush()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+    await expect(p.flush()).resolves.toBeUndefined();
+    // Reported: the session goes out again, from the step that failed.
+    failing = false;
+    await call('a');
+    await call('b');
+    await p.close();
+    expect(sent.map((e) => [e.tool, e.step])).toEqual([
       ['a', 0],
       ['b', 1],
     ]);
