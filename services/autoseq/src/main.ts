@@ -60,10 +60,13 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
 
     const copyRules = env.AUTOSEQ_LEARN_ENABLED && env.AUTOSEQ_RULES_SNAPSHOT_MS > 0;
     let guard: StateGuard | null = null;
+    const epochKey = `${prefix}:aseq:epoch`;
+    const restoring = restoreFlagKey(epochKey);
+    const epoch = createEpoch(redis, epochKey, copyRules ? restoring : undefined);
     // Idle scopes leave the rules topic too (tombstoned by a sweep), not only Redis: see scope-retire.ts.
     const scopeTtl = env.AUTOSEQ_LEARN_SCOPE_TTL_MS;
     const timing = copyRules && scopeTtl > 0 ? retireTiming(scopeTtl) : null;
-    const retirement = timing
+    const retirement: ScopeRetirement | null = timing
       ? new ScopeRetirement({
           redis,
           prefix,
@@ -73,6 +76,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
           graceMs: timing.graceMs,
           log,
           paused: () => guard?.rebuilding() ?? true,
+          epoch: { key: epochKey, flag: restoring, value: () => epoch.current() },
           onRetired: (outcome, n) => m.scopesRetired.inc({ outcome }, n),
           recopy: (written) => snapshots.mark(written),
         })
@@ -95,9 +99,6 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       env.AUTOSEQ_LEARN_ENABLED
         ? seedActiveRulesGauge(redis, prefix, m.activeByScope, scopeTtl, timing?.graceMs ?? 0)
         : Promise.resolve();
-    const epochKey = `${prefix}:aseq:epoch`;
-    const restoring = restoreFlagKey(epochKey);
-    const epoch = createEpoch(redis, epochKey, copyRules ? restoring : undefined);
     /**
      * Redis loss: the learned rules come back from the rules topic (the changes of the last copy interval
      * excepted); task states live minutes and start over. The guard makes the loss visible (a metric, a

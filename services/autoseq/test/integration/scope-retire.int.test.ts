@@ -97,6 +97,9 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     await createTopics([{ topic, partitions: 2, compacted: true }]);
     await sink.connect();
     const metrics = createAutoseqMetrics(new Registry(), () => 0);
+    // The epoch marker as a guard left it: a scope without state is Redis's to have forgotten only while it holds.
+    const epoch = { key: `${prefix}:aseq:epoch`, flag: restoreFlagKey(`${prefix}:aseq:epoch`), seen: 'e1' };
+    await redis.set(epoch.key, epoch.seen);
     const copier: { snapshots?: ReturnType<typeof ruleCopier>['snapshots'] } = {};
     /** One instance's sweep (several may run against the same prefix, as instances do). */
     const sweeper = (over: { sink?: Sink; redis?: Redis } = {}) =>
@@ -109,6 +112,7 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
         graceMs: GRACE,
         log: silentLogger(),
         paused: () => false,
+        epoch: { key: epoch.key, flag: epoch.flag, value: () => epoch.seen },
         onRetired: (outcome, n) => metrics.scopesRetired.inc({ outcome }, n),
         recopy: (written) => copier.snapshots!.mark(written),
       });
@@ -155,6 +159,7 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     return {
       prefix,
       topic,
+      epoch,
       failedCopies,
       retirement,
       sweeper,
@@ -423,6 +428,42 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     expect(await readScope(redis, t.prefix, 'default', 'live')).not.toBeNull();
     // Without an idle lifetime the restored scope never expires, as with the TTL 0 everywhere else.
     expect(await redis.pttl(learnKey(t.prefix, 'default', 'live'))).toBe(-1);
+    await redis.del(learnKey(t.prefix, 'default', 'live'));
+  });
+
+  it('tombstones the scope record of a scope Redis expired, so a restore at TTL 0 leaves it out; never one Redis lost', async () => {
+    const t = await setup();
+    await t.learn(asAgent('live'), 3_600_000);
+    await t.learn(asAgent('expired'), 1000);
+    await waitFor(async () => (await redis.exists(learnKey(t.prefix, 'default', 'expired'))) === 0, 'expiry');
+    // Redis lost its state and another instance's guard put a new marker in: a scope without state may be one
+    // the restore will bring back, so its records stay (and it stays in the registry for a later sweep).
+    await redis.set(t.epoch.key, 'another');
+    expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 0, failed: 0 });
+    expect(await t.scopeRecord('expired')).toBeTruthy();
+    // The same while a restore is under way (its flag set).
+    await redis.set(t.epoch.key, t.epoch.seen);
+    await redis.set(t.epoch.flag, '1');
+    expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 0, failed: 0 });
+    expect(await t.scopeRecord('expired')).toBeTruthy();
+    expect(await t.registered()).toEqual([S('expired'), S('live')]);
+    await redis.del(t.epoch.flag);
+
+    // The marker as the guard saw it: Redis's own expiry took the scope. Its scope record is tombstoned.
+    expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 1, failed: 0 });
+    expect(await t.scopeRecord('expired')).toBeNull();
+    expect(await t.scopeRecord('live')).toBeTruthy();
+    expect(await t.registered()).toEqual([S('live')]);
+    expect(await t.retired('gone')).toBe(1);
+
+    // AUTOSEQ_LEARN_SCOPE_TTL_MS=0 from now on, and Redis is lost: the expired scope stays out.
+    await redis.del(learnKey(t.prefix, 'default', 'live'));
+    expect(await restoreRules(redis, t.prefix, t.epoch.flag, t.replay, () => true, 0)).toMatchObject({
+      restored: 1,
+      expired: 1,
+    });
+    expect(await redis.exists(learnKey(t.prefix, 'default', 'expired'))).toBe(0);
+    expect(await readScope(redis, t.prefix, 'default', 'live')).not.toBeNull();
     await redis.del(learnKey(t.prefix, 'default', 'live'));
   });
 
