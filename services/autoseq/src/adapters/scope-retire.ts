@@ -1,6 +1,6 @@
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
-import { errorMessage } from '../../../../shared/errors.js';
+import { errorMessage, PaverError } from '../../../../shared/errors.js';
 import { jsonOf } from '../../../../shared/kafka/replay.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
 import type { Logger } from '../../../../shared/log.js';
@@ -78,6 +78,8 @@ export interface ScopeRetirementSpec {
    * same, and its copy must stay.
    */
   epoch: { key: string; flag: string; value: () => string | null };
+  /** False when the rules are not copied to the topic (`AUTOSEQ_RULES_SNAPSHOT_MS=0`): `forget` sends nothing. */
+  copies?: boolean;
   onRetired: (outcome: RetireOutcome, scopes: number) => void;
   /**
    * Tombstones whose send may have outlasted the leases: a scope that came back meanwhile may have copied some
@@ -336,6 +338,53 @@ export class ScopeRetirement {
     const exists = await execPipeline(check, 'retired scope check');
     await this.register(scopes.filter((_, i) => exists[2 * i] === 1 || exists[2 * i + 1] === 1));
     return new Set(scopes.filter((_, i) => removed[i] === 1).map((s) => s.id));
+  }
+
+  /**
+   * Forgets one scope now, whatever its TTL (an operator's `POST /rules/forget`): the two steps of a retirement
+   * under its lease, waiting for a batch or a copy that holds it. Its state is deleted (a batch of the scope then
+   * starts afresh) and its records on the rules topic are tombstoned, the scope record included, so that no
+   * restore brings it back; deleting the hash alone left the topic's copy, which the next restore after a Redis
+   * loss wrote back. A scope with no state still gets its scope record tombstoned, if Redis did not lose it
+   * (the marker the guard saw, no restore under way: else `STATE_CONTENDED`, retriable, and nothing is done).
+   * A loss or a stall past the lease during the tombstones' send fails it too, and the contexts are copied
+   * again from what Redis holds then: run it again. Returns whether the scope had state, and how many context
+   * records were tombstoned.
+   */
+  async forget(tenant: string, agent: string): Promise<{ state: boolean; contexts: number }> {
+    const { redis, prefix } = this.s;
+    const ref: ScopeRef = { id: scopeId(tenant, agent), tenant, agent };
+    const leases = new ScopeLeases(redis, prefix, { ttlMs: this.s.leaseMs });
+    try {
+      await leases.acquire([ref]);
+      const [marker, restoring] = await execPipeline(
+        redis.pipeline().get(this.s.epoch.key).exists(this.s.epoch.flag),
+        'forget check',
+      );
+      if (!this.forgottenByRedis(marker, restoring))
+        throw new PaverError(
+          'STATE_CONTENDED',
+          'Redis lost its state or is being restored: forget again after',
+        );
+      const pipe = redis.pipeline();
+      invokeScript(
+        pipe,
+        'retireScope',
+        [leases.leaseKey(ref), learnKey(prefix, tenant, agent), retiringKey(prefix, tenant, agent)],
+        [leases.token, RETIRING_KEEP_MS],
+      );
+      const [step] = await execPipeline(pipe, 'scope forget');
+      if (step !== 0 && step !== 1) throw new PaverError('STATE_CONTENDED', 'scope lease lost: forget again');
+      if (this.s.copies === false) {
+        await redis.del(retiringKey(prefix, tenant, agent));
+        return { state: step === 1, contexts: 0 };
+      }
+      const [done] = await this.finish(leases, [ref]);
+      await this.unregister([ref]);
+      return { state: step === 1, contexts: done?.ctxs.length ?? 0 };
+    } finally {
+      await leases.release();
+    }
   }
 
   /**
