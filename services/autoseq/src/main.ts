@@ -13,13 +13,14 @@ import {
 import { runService, type ServiceSpec } from '../../../shared/service.js';
 import { createBatchHandler } from './adapters/batch.js';
 import { createCatalogFeed } from './adapters/catalog-feed.js';
-import { guardedScopeRead, rulesRoute } from './adapters/http.js';
+import { forgetRoute, guardedScopeRead, rulesRoute } from './adapters/http.js';
 import { createAutoseqMetrics } from './adapters/metrics.js';
 import { RedisTaskStore, taskKey } from './adapters/redis/task-store.js';
 import { readScope, RedisLearnStore, seedActiveRulesGauge } from './adapters/redis/learn-store.js';
 import { restoreRules, RuleSnapshots } from './adapters/rules-snapshot.js';
 import { retireTiming, ScopeRetirement } from './adapters/scope-retire.js';
 import { Catalog, CatalogError, loadCatalogFile } from './core/catalog.js';
+import { scopeId } from './core/learn/engine.js';
 import { SchemaCompiler } from './core/schema-compiler.js';
 import { autoseqEnvSchema, learnOptionsFromEnv, optionsFromEnv, type AutoseqEnv } from './config.js';
 
@@ -60,23 +61,30 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
 
     const copyRules = env.AUTOSEQ_LEARN_ENABLED && env.AUTOSEQ_RULES_SNAPSHOT_MS > 0;
     let guard: StateGuard | null = null;
+    const epochKey = `${prefix}:aseq:epoch`;
+    const restoring = restoreFlagKey(epochKey);
+    const epoch = createEpoch(redis, epochKey, copyRules ? restoring : undefined);
     // Idle scopes leave the rules topic too (tombstoned by a sweep), not only Redis: see scope-retire.ts.
     const scopeTtl = env.AUTOSEQ_LEARN_SCOPE_TTL_MS;
     const timing = copyRules && scopeTtl > 0 ? retireTiming(scopeTtl) : null;
-    const retirement = timing
+    // Retirement's two steps, for the sweep (TTL > 0) and for an operator's forget (`POST /rules/forget`, any TTL).
+    const scopes: ScopeRetirement | null = env.AUTOSEQ_LEARN_ENABLED
       ? new ScopeRetirement({
           redis,
           prefix,
           sink,
           topic: env.AUTOSEQ_RULES_TOPIC,
           leaseMs: env.AUTOSEQ_LEARN_LEASE_MS,
-          graceMs: timing.graceMs,
+          graceMs: timing?.graceMs ?? 0,
           log,
           paused: () => guard?.rebuilding() ?? true,
+          epoch: { key: epochKey, flag: restoring, value: () => epoch.current() },
+          copies: copyRules,
           onRetired: (outcome, n) => m.scopesRetired.inc({ outcome }, n),
           recopy: (written) => snapshots.mark(written),
         })
       : null;
+    const retirement = timing ? scopes : null;
     const snapshots = new RuleSnapshots({
       redis,
       prefix,
@@ -95,9 +103,6 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       env.AUTOSEQ_LEARN_ENABLED
         ? seedActiveRulesGauge(redis, prefix, m.activeByScope, scopeTtl, timing?.graceMs ?? 0)
         : Promise.resolve();
-    const epochKey = `${prefix}:aseq:epoch`;
-    const restoring = restoreFlagKey(epochKey);
-    const epoch = createEpoch(redis, epochKey, copyRules ? restoring : undefined);
     /**
      * Redis loss: the learned rules come back from the rules topic (the changes of the last copy interval
      * excepted); task states live minutes and start over. The guard makes the loss visible (a metric, a
@@ -212,6 +217,18 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
           ),
           learnOptions,
         ),
+        ...(scopes
+          ? [
+              forgetRoute(async (tenant, agent) => {
+                // After a loss, once the restore is done: one that read the topic before the tombstones would
+                // write the scope back after them.
+                await guard.ensure();
+                const r = await scopes.forget(tenant, agent);
+                m.activeByScope.delete(scopeId(tenant, agent));
+                return r;
+              }),
+            ]
+          : []),
       ],
       // After the consumer's last batch: its changes are copied before the producer goes.
       close: async () => {

@@ -53,3 +53,41 @@ export function guardedScopeRead(
     }
   };
 }
+
+/**
+ * `POST /rules/forget?tenant_id&agent_id`: forgets what one scope learned, in Redis and on the rules topic
+ * (`ScopeRetirement.forget`), so that no restore brings it back. 200 with whether it had state and how many
+ * context records were tombstoned; 503 (retry) when Redis lost its state meanwhile or a restore is under way.
+ */
+export function forgetRoute(
+  forget: (tenant: string, agent: string) => Promise<{ state: boolean; contexts: number }>,
+): Route {
+  return {
+    method: 'POST',
+    path: '/rules/forget',
+    query: ['tenant_id', 'agent_id'],
+    async handler(req) {
+      // Both named: forgetting the default scope by a forgotten parameter is not undone.
+      const tenant = req.query.get('tenant_id');
+      const agent = req.query.get('agent_id');
+      if (
+        tenant === null ||
+        agent === null ||
+        !idSchema.safeParse(tenant).success ||
+        !idSchema.safeParse(agent).success
+      )
+        return { status: 400, body: { error: 'tenant_id and agent_id are required' } };
+      const r = await forget(tenant, agent);
+      return {
+        status: 200,
+        body: {
+          tenant_id: tenant,
+          agent_id: agent,
+          forgotten: true,
+          had_state: r.state,
+          contexts: r.contexts,
+        },
+      };
+    },
+  };
+}

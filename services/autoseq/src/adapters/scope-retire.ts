@@ -1,6 +1,6 @@
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
-import { errorMessage } from '../../../../shared/errors.js';
+import { errorMessage, PaverError } from '../../../../shared/errors.js';
 import { jsonOf } from '../../../../shared/kafka/replay.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
 import type { Logger } from '../../../../shared/log.js';
@@ -70,6 +70,16 @@ export interface ScopeRetirementSpec {
   log: Logger;
   /** While true (a restore runs), no sweep. */
   paused: () => boolean;
+  /**
+   * The epoch marker (`key`), the value this instance's guard last saw (`value`), and the restore flag (`flag`).
+   * A scope found without state is taken for one Redis forgot (its expiry, an operator) only while the marker
+   * is the one the guard saw and no restore is under way: then, and only then, no restore can bring it back
+   * from the copy, and its scope record is tombstoned. A scope lost with Redis and not restored yet looks the
+   * same, and its copy must stay.
+   */
+  epoch: { key: string; flag: string; value: () => string | null };
+  /** False when the rules are not copied to the topic (`AUTOSEQ_RULES_SNAPSHOT_MS=0`): `forget` sends nothing. */
+  copies?: boolean;
   onRetired: (outcome: RetireOutcome, scopes: number) => void;
   /**
    * Tombstones whose send may have outlasted the leases: a scope that came back meanwhile may have copied some
@@ -204,11 +214,15 @@ export class ScopeRetirement {
         pipe.pttl(learnKey(prefix, r.tenant, r.agent));
         pipe.exists(retiringKey(prefix, r.tenant, r.agent));
       }
+      // After the reads: a loss before them takes the marker too (or a guard has put another in its place).
+      pipe.get(this.s.epoch.key);
+      pipe.exists(this.s.epoch.flag);
       const replies = await execPipeline(pipe, 'idle scope read');
       took(replies.slice(0, refs.length));
       // A scope whose lease another holds is being learned in or copied: not idle, whatever its TTL said.
       const held = new Set(leases.holding().map((s) => s.id));
-      const reads = replies.slice(refs.length);
+      const reads = replies.slice(refs.length, 3 * refs.length);
+      const forgotten = this.forgottenByRedis(replies[3 * refs.length], replies[3 * refs.length + 1]);
       const idle: ScopeRef[] = [];
       const unfinished: ScopeRef[] = [];
       const gone: ScopeRef[] = [];
@@ -219,7 +233,9 @@ export class ScopeRetirement {
         if (retiring) unfinished.push(r);
         // Idle again while a retirement is unfinished (it came back, then went idle): step 1 adds its names.
         if (left >= 0 && left <= this.s.graceMs) idle.push(r);
-        else if (left === -2 && !retiring) gone.push(r);
+        // Without state: Redis's expiry took it (or an operator deleted it), unless Redis lost it, which only
+        // the marker tells; then it stays in the registry for a later sweep, its records for the restore.
+        else if (left === -2 && !retiring && forgotten) gone.push(r);
       });
 
       // Step 1, fenced: state out, names kept.
@@ -235,14 +251,20 @@ export class ScopeRetirement {
           );
         const r = await execPipeline(step, 'idle scope retire');
         retired = idle.filter((_, i) => r[i] === 1);
+        // Expired since the read, under the lease the script found still held: no loss came in between (a loss
+        // takes the lease with it, and the script then refuses).
         gone.push(...idle.filter((_, i) => r[i] === 0));
       }
 
-      // Step 2: tombstones, then the names go and the scope leaves the registry.
+      // Step 2: tombstones, then the names go and the scope leaves the registry. A gone scope's scope record is
+      // tombstoned too (its context names went with its hash): a restore then takes it as retired whatever the
+      // TTL is by then, where before it came back at TTL 0 (no copy age to judge it by).
       const finishing = [...unfinished, ...retired.filter((s) => !unfinished.includes(s))];
-      const done = finishing.length > 0 ? await this.finish(leases, finishing) : [];
+      const goneOnly = gone.filter((g) => !finishing.includes(g));
+      const done =
+        finishing.length + goneOnly.length > 0 ? await this.finish(leases, [...finishing, ...goneOnly]) : [];
       // A scope that came back before its retirement was finished stays, with its own records.
-      const ended = done.filter((s) => !s.live);
+      const ended = done.filter((s) => !s.live && finishing.some((f) => f.id === s.id));
       const removed = await this.unregister([...gone, ...ended]);
       // Counted once the tombstones are out, by whichever sweep finished the retirement; `gone` only by the
       // sweep that took the scope out (another instance's sweep may have seen it before it was retired).
@@ -253,6 +275,15 @@ export class ScopeRetirement {
     } finally {
       await leases.release();
     }
+  }
+
+  /**
+   * Whether a scope this instance finds without state was forgotten by Redis itself (expiry, a deletion), not
+   * lost with it: the marker (read after the scope) is the one this instance's guard saw, and no restore runs.
+   */
+  private forgottenByRedis(marker: unknown, restoring: unknown): boolean {
+    const seen = this.s.epoch.value();
+    return seen !== null && marker === seen && restoring === 0;
   }
 
   /** Tombstones for the names in each scope's retiring set; returns the scopes whose set was then deleted. */
@@ -307,6 +338,53 @@ export class ScopeRetirement {
     const exists = await execPipeline(check, 'retired scope check');
     await this.register(scopes.filter((_, i) => exists[2 * i] === 1 || exists[2 * i + 1] === 1));
     return new Set(scopes.filter((_, i) => removed[i] === 1).map((s) => s.id));
+  }
+
+  /**
+   * Forgets one scope now, whatever its TTL (an operator's `POST /rules/forget`): the two steps of a retirement
+   * under its lease, waiting for a batch or a copy that holds it. Its state is deleted (a batch of the scope then
+   * starts afresh) and its records on the rules topic are tombstoned, the scope record included, so that no
+   * restore brings it back; deleting the hash alone left the topic's copy, which the next restore after a Redis
+   * loss wrote back. A scope with no state still gets its scope record tombstoned, if Redis did not lose it
+   * (the marker the guard saw, no restore under way: else `STATE_CONTENDED`, retriable, and nothing is done).
+   * A loss or a stall past the lease during the tombstones' send fails it too, and the contexts are copied
+   * again from what Redis holds then: run it again. Returns whether the scope had state, and how many context
+   * records were tombstoned.
+   */
+  async forget(tenant: string, agent: string): Promise<{ state: boolean; contexts: number }> {
+    const { redis, prefix } = this.s;
+    const ref: ScopeRef = { id: scopeId(tenant, agent), tenant, agent };
+    const leases = new ScopeLeases(redis, prefix, { ttlMs: this.s.leaseMs });
+    try {
+      await leases.acquire([ref]);
+      const [marker, restoring] = await execPipeline(
+        redis.pipeline().get(this.s.epoch.key).exists(this.s.epoch.flag),
+        'forget check',
+      );
+      if (!this.forgottenByRedis(marker, restoring))
+        throw new PaverError(
+          'STATE_CONTENDED',
+          'Redis lost its state or is being restored: forget again after',
+        );
+      const pipe = redis.pipeline();
+      invokeScript(
+        pipe,
+        'retireScope',
+        [leases.leaseKey(ref), learnKey(prefix, tenant, agent), retiringKey(prefix, tenant, agent)],
+        [leases.token, RETIRING_KEEP_MS],
+      );
+      const [step] = await execPipeline(pipe, 'scope forget');
+      if (step !== 0 && step !== 1) throw new PaverError('STATE_CONTENDED', 'scope lease lost: forget again');
+      if (this.s.copies === false) {
+        await redis.del(retiringKey(prefix, tenant, agent));
+        return { state: step === 1, contexts: 0 };
+      }
+      const [done] = await this.finish(leases, [ref]);
+      await this.unregister([ref]);
+      return { state: step === 1, contexts: done?.ctxs.length ?? 0 };
+    } finally {
+      await leases.release();
+    }
   }
 
   /**

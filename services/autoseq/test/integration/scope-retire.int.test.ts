@@ -26,7 +26,7 @@ import {
 } from '../../src/adapters/kafka/rules-log.js';
 import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
 import { learnKey, readScope } from '../../src/adapters/redis/learn-store.js';
-import { leaseKey, ScopeLeases } from '../../src/adapters/redis/scope-lease.js';
+import { leaseKey, ScopeLeases, wantKey } from '../../src/adapters/redis/scope-lease.js';
 import { restoreRules } from '../../src/adapters/rules-snapshot.js';
 import {
   retiringKey,
@@ -97,6 +97,9 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     await createTopics([{ topic, partitions: 2, compacted: true }]);
     await sink.connect();
     const metrics = createAutoseqMetrics(new Registry(), () => 0);
+    // The epoch marker as a guard left it: a scope without state is Redis's to have forgotten only while it holds.
+    const epoch = { key: `${prefix}:aseq:epoch`, flag: restoreFlagKey(`${prefix}:aseq:epoch`), seen: 'e1' };
+    await redis.set(epoch.key, epoch.seen);
     const copier: { snapshots?: ReturnType<typeof ruleCopier>['snapshots'] } = {};
     /** One instance's sweep (several may run against the same prefix, as instances do). */
     const sweeper = (over: { sink?: Sink; redis?: Redis } = {}) =>
@@ -109,6 +112,7 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
         graceMs: GRACE,
         log: silentLogger(),
         paused: () => false,
+        epoch: { key: epoch.key, flag: epoch.flag, value: () => epoch.seen },
         onRetired: (outcome, n) => metrics.scopesRetired.inc({ outcome }, n),
         recopy: (written) => copier.snapshots!.mark(written),
       });
@@ -155,6 +159,7 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     return {
       prefix,
       topic,
+      epoch,
       failedCopies,
       retirement,
       sweeper,
@@ -426,6 +431,86 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     await redis.del(learnKey(t.prefix, 'default', 'live'));
   });
 
+  it('tombstones the scope record of a scope Redis expired, so a restore at TTL 0 leaves it out; never one Redis lost', async () => {
+    const t = await setup();
+    await t.learn(asAgent('live'), 3_600_000);
+    await t.learn(asAgent('expired'), 1000);
+    await waitFor(async () => (await redis.exists(learnKey(t.prefix, 'default', 'expired'))) === 0, 'expiry');
+    // Redis lost its state and another instance's guard put a new marker in: a scope without state may be one
+    // the restore will bring back, so its records stay (and it stays in the registry for a later sweep).
+    await redis.set(t.epoch.key, 'another');
+    expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 0, failed: 0 });
+    expect(await t.scopeRecord('expired')).toBeTruthy();
+    // The same while a restore is under way (its flag set).
+    await redis.set(t.epoch.key, t.epoch.seen);
+    await redis.set(t.epoch.flag, '1');
+    expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 0, failed: 0 });
+    expect(await t.scopeRecord('expired')).toBeTruthy();
+    expect(await t.registered()).toEqual([S('expired'), S('live')]);
+    await redis.del(t.epoch.flag);
+
+    // The marker as the guard saw it: Redis's own expiry took the scope. Its scope record is tombstoned.
+    expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 1, failed: 0 });
+    expect(await t.scopeRecord('expired')).toBeNull();
+    expect(await t.scopeRecord('live')).toBeTruthy();
+    expect(await t.registered()).toEqual([S('live')]);
+    expect(await t.retired('gone')).toBe(1);
+
+    // AUTOSEQ_LEARN_SCOPE_TTL_MS=0 from now on, and Redis is lost: the expired scope stays out.
+    await redis.del(learnKey(t.prefix, 'default', 'live'));
+    expect(await restoreRules(redis, t.prefix, t.epoch.flag, t.replay, () => true, 0)).toMatchObject({
+      restored: 1,
+      expired: 1,
+    });
+    expect(await redis.exists(learnKey(t.prefix, 'default', 'expired'))).toBe(0);
+    expect(await readScope(redis, t.prefix, 'default', 'live')).not.toBeNull();
+    await redis.del(learnKey(t.prefix, 'default', 'live'));
+  });
+
+  it('forgets a scope at once, in Redis and on the rules topic: a restore after a loss leaves it out, at any TTL', async () => {
+    const t = await setup();
+    await t.learn(asAgent('keep'), 3_600_000);
+    await t.learn(asAgent('forget'), 3_600_000);
+    const ctxs = await t.topicCtxs('forget');
+    expect(ctxs.length).toBeGreaterThan(0);
+
+    expect(await t.retirement.forget('default', 'forget')).toEqual({ state: true, contexts: ctxs.length });
+    expect(await redis.exists(learnKey(t.prefix, 'default', 'forget'))).toBe(0);
+    expect(await redis.exists(retiringKey(t.prefix, 'default', 'forget'))).toBe(0);
+    expect(await t.scopeRecord('forget')).toBeNull();
+    expect(await t.topicCtxs('forget')).toEqual([]);
+    expect(await t.registered()).toEqual([S('keep')]);
+    // Again, with no state left: nothing to delete, the scope record tombstoned again.
+    expect(await t.retirement.forget('default', 'forget')).toEqual({ state: false, contexts: 0 });
+
+    // Redis is lost; a restore at TTL 0 (no idle lifetime, no sweep) and at TTL > 0 both leave it out.
+    for (const ttl of [0, 3_600_000]) {
+      await redis.del(learnKey(t.prefix, 'default', 'keep'));
+      expect(await restoreRules(redis, t.prefix, t.epoch.flag, t.replay, () => true, ttl)).toMatchObject({
+        restored: 1,
+      });
+      expect(await readScope(redis, t.prefix, 'default', 'forget')).toBeNull();
+      expect(await readScope(redis, t.prefix, 'default', 'keep')).not.toBeNull();
+    }
+
+    // A forget waits for a batch that holds the scope's lease, and refuses while a loss is not restored.
+    await t.learn(asAgent('forget', ':again'), 3_600_000);
+    const batch = new ScopeLeases(redis, t.prefix, { ttlMs: 10_000 });
+    await batch.acquire([{ id: scopeId('default', 'forget'), tenant: 'default', agent: 'forget' }]);
+    let forgot = false;
+    const forgetting = t.retirement.forget('default', 'forget').then((r) => ((forgot = true), r));
+    // Waiting: it marked the scope as wanted.
+    await waitFor(async () => (await redis.exists(wantKey(t.prefix, 'default', 'forget'))) === 1, 'waiting');
+    expect(forgot).toBe(false);
+    expect(await redis.exists(learnKey(t.prefix, 'default', 'forget'))).toBe(1);
+    await batch.release();
+    expect(await forgetting).toMatchObject({ state: true });
+    await redis.set(t.epoch.key, 'another');
+    await expect(t.retirement.forget('default', 'keep')).rejects.toMatchObject({ code: 'STATE_CONTENDED' });
+    expect(await readScope(redis, t.prefix, 'default', 'keep')).not.toBeNull();
+    await redis.del(learnKey(t.prefix, 'default', 'keep'));
+  });
+
   it('one instance sweeps per period: the turn goes to the first to ask, and to another once the period is over', async () => {
     const t = await setup();
     const [a, b, c] = [t.retirement, t.sweeper(), t.sweeper()];
@@ -560,6 +645,56 @@ describe('paver run autoseq retires an idle scope (real Kafka and Redis)', () =>
   afterAll(async () => {
     await killAll(procs);
     await redis.quit();
+  });
+
+  it('POST /rules/forget forgets a scope for good: after a Redis loss the restore leaves it out (TTL 0)', async () => {
+    const env: Record<string, string> = {
+      ...(await learnedServiceEnv('aseq-forget', LOW_BAR)),
+      AUTOSEQ_RULES_SNAPSHOT_MS: '200',
+      AUTOSEQ_LEARN_SCOPE_TTL_MS: '0',
+    };
+    const prefix = env.REDIS_KEY_PREFIX!;
+    const p = await startAutoseq(env, procs);
+    await produce(
+      env.PAVER_TOPIC_TOOL_CALLS!,
+      [...events, ...asAgent('other')].map((e) => ({ key: e.session_id, value: JSON.stringify(e) })),
+    );
+    const rules = async (agent: string) => {
+      const r = await getJson(p.url(`/rules?tenant_id=default&agent_id=${agent}`));
+      expect(r.status).toBe(200);
+      return (r.body as { rules: unknown[] }).rules;
+    };
+    const inTopic = async () =>
+      (await readRulesLog(rulesReplay(env.AUTOSEQ_RULES_TOPIC!), prefix)).scopes.map((s) => s.agent).sort();
+    await waitFor(async () => (await inTopic()).length === 2, 'both scopes copied to the rules topic');
+    await waitFor(
+      async () => (await rules('default')).length > 0 && (await rules('other')).length > 0,
+      'rules learned in both scopes',
+    );
+    const forget = (query: string) => fetch(p.url(`/rules/forget?${query}`), { method: 'POST' });
+    expect((await forget('tenant_id=default')).status).toBe(400);
+    const r = await forget('tenant_id=default&agent_id=default');
+    expect(r.status).toBe(200);
+    expect(await r.json()).toMatchObject({
+      tenant_id: 'default',
+      agent_id: 'default',
+      forgotten: true,
+      had_state: true,
+    });
+    expect(await rules('default')).toEqual([]);
+    expect(await inTopic()).toEqual(['other']);
+
+    // Redis loses the service's state; the next read waits for the restore from the rules topic.
+    let cursor = '0';
+    do {
+      const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:*`, 'COUNT', 1000);
+      cursor = next;
+      if (keys.length > 0) await redis.del(...keys);
+    } while (cursor !== '0');
+    expect((await rules('other')).length).toBeGreaterThan(0);
+    expect(await rules('default')).toEqual([]);
+    expect(await redis.exists(learnKey(prefix, 'default', 'default'))).toBe(0);
+    expect(await stopPromptly(p)).toBe(0);
   });
 
   it('registers the scope it copies, retires it once idle for AUTOSEQ_LEARN_SCOPE_TTL_MS, and stops promptly', async () => {

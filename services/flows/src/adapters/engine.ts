@@ -28,7 +28,13 @@ import {
 } from '../core/registry.js';
 import { matchSteps } from '../core/score.js';
 import { recall, type SelectPolicy } from '../core/select.js';
-import { sessionKey, SessionTracker, type OpenSession } from '../core/sessions.js';
+import {
+  EndedSessions,
+  sessionKey,
+  SessionTracker,
+  type EndMark,
+  type OpenSession,
+} from '../core/sessions.js';
 import { select, type SelectorDeps } from './selector.js';
 import { PaverError } from '../../../../shared/errors.js';
 
@@ -601,12 +607,15 @@ export class FlowsEngine {
     return out;
   }
 
-  /** Ended sessions' last positions and request ids by `refKey`, bounded (their store copy is what a restart reads). */
-  private readonly ended = new Map<string, { at?: string; requests?: string[] }>();
-  private remember(session: string, end: { at?: string; requests?: string[] }): void {
-    this.ended.delete(session);
-    this.ended.set(session, end);
-    if (this.ended.size > MAX_ABSENT) this.ended.delete(this.ended.keys().next().value!);
+  /**
+   * Ended sessions' last positions and request ids by `refKey`, bounded by count and bytes (their store copy is
+   * what a restart reads).
+   */
+  private readonly ended = new EndedSessions();
+  private remember(session: string, end: EndMark): void {
+    // One dropped is read from the store again when its next event comes: not "in no store" any more (else a
+    // retried request of it opened a session).
+    for (const k of this.ended.remember(session, end)) this.absent.delete(k);
   }
 
   private readonly absent = new Set<string>();

@@ -269,3 +269,88 @@ export function completedRuns(events: Iterable<ToolCallsEvent>, keepEvidence: bo
   }
   return done;
 }
+
+/** Ended sessions kept in memory at most, by count (as the sessions known to be in no store). */
+export const MAX_ENDED_SESSIONS = 10_000;
+/**
+ * And by their estimated heap size. An ended session keeps up to RECENT_EVENT_IDS request ids of up to 256
+ * characters: by count alone, 10,000 of them held about 90 MB of heap (measured; 170 MB as two-byte text).
+ * 8 MiB keeps all 10,000 of a few ids of UUID size each (under 1 KB a session); sessions with many or long ids
+ * give way first, and one dropped is read back from the store (its end mark, kept there an hour) when its next
+ * event comes.
+ */
+export const MAX_ENDED_BYTES = 8 * 1024 * 1024;
+
+/**
+ * A string's heap bytes, counted high so the bound holds for any text: two bytes a character (V8 keeps Latin-1
+ * text in one), its header and the pointer to it.
+ */
+const stringBytes = (s: string): number => 2 * s.length + 24;
+/** A remembered end's own cost: its map entry, its object and its list. */
+const ENDED_ENTRY_BYTES = 160;
+
+export interface EndMark {
+  at?: string;
+  requests?: string[];
+}
+
+const endBytes = (key: string, end: EndMark): number => {
+  let n = ENDED_ENTRY_BYTES + stringBytes(key) + (end.at === undefined ? 0 : stringBytes(end.at));
+  for (const id of end.requests ?? []) n += stringBytes(id);
+  return n;
+};
+
+/**
+ * Ended sessions' last positions and request ids by `sessionKey`, the latest remembered kept, within
+ * `maxSessions` and `maxBytes` (estimated as `endBytes` counts them).
+ */
+export class EndedSessions {
+  private readonly ends = new Map<string, { end: EndMark; bytes: number }>();
+  private total = 0;
+
+  constructor(
+    private readonly maxSessions = MAX_ENDED_SESSIONS,
+    private readonly maxBytes = MAX_ENDED_BYTES,
+  ) {}
+
+  get size(): number {
+    return this.ends.size;
+  }
+
+  /** The estimated heap bytes held (what `maxBytes` bounds). */
+  get bytes(): number {
+    return this.total;
+  }
+
+  get(key: string): EndMark | undefined {
+    return this.ends.get(key)?.end;
+  }
+
+  /** Remembers an end as the latest; returns the keys dropped to stay within the bounds, oldest first. */
+  remember(key: string, end: EndMark): string[] {
+    this.forget(key);
+    const bytes = endBytes(key, end);
+    this.ends.set(key, { end, bytes });
+    this.total += bytes;
+    const dropped: string[] = [];
+    // The latest one stays, whatever its size: a single end is bounded by the ids' own limits (about 17 KB).
+    while (this.ends.size > 1 && (this.ends.size > this.maxSessions || this.total > this.maxBytes)) {
+      const oldest = this.ends.keys().next().value!;
+      this.forget(oldest);
+      dropped.push(oldest);
+    }
+    return dropped;
+  }
+
+  private forget(key: string): void {
+    const had = this.ends.get(key);
+    if (!had) return;
+    this.ends.delete(key);
+    this.total -= had.bytes;
+  }
+
+  clear(): void {
+    this.ends.clear();
+    this.total = 0;
+  }
+}

@@ -82,8 +82,11 @@ const callsIn = (book: OutcomeBook) =>
     .all()
     .map((r) => r.calls);
 
-/** A session store over a map that copies in and out as Redis does (JSON): nothing is shared by reference. */
-function jsonSessions() {
+/**
+ * A session store over a map that copies in and out as Redis does (JSON): nothing is shared by reference.
+ * `withRequests`: an end keeps its request ids, as the Redis store's end mark does.
+ */
+function jsonSessions(withRequests = false) {
   const kept = new Map<string, string>();
   const sessions: SessionStore = {
     async load(refs) {
@@ -96,7 +99,11 @@ function jsonSessions() {
     },
     async save(open, ended) {
       for (const { ref, s } of open) kept.set(ref.session, JSON.stringify(s));
-      for (const { ref, at } of ended) kept.set(ref.session, JSON.stringify({ ended: true, at }));
+      for (const { ref, at, requests } of ended)
+        kept.set(
+          ref.session,
+          JSON.stringify({ ended: true, at, ...(withRequests && requests ? { requests } : {}) }),
+        );
     },
   };
   return { kept, sessions };
@@ -231,6 +238,38 @@ describe('flows engine: what survives a restart', () => {
     }));
     await e.handle(ending);
     expect(runs.get('default/default')).toHaveLength(n);
+  });
+
+  it('an ended session read from the store and then dropped from memory is read again: a retried request of it opens nothing', async () => {
+    const { sessions } = jsonSessions(true);
+    const runs = new Map<string, PastRun[]>();
+    const at = (ev: ToolCallsEvent, offset: number) => ({
+      kind: 'event' as const,
+      e: ev,
+      partition: 0,
+      offset: String(offset),
+    });
+    const x = session('x', 'close my account', ['lookup', 'close']);
+    await engine(runs, 200, undefined, sessions).handle(x.map((ev, i) => at(ev, i)));
+    expect(runs.get('default/default')).toHaveLength(1);
+
+    // A restart: a redelivered call of x reads its end mark from the store (x is then known to be in no store as
+    // an open session), and 10,000 other sessions end after it, more than memory keeps.
+    const e = engine(runs, 200, undefined, sessions);
+    await e.handle([at(x[1]!, 1)]);
+    const others = Array.from({ length: 10_000 }, (_, i) => session(`o${i}`, 'book a flight', []))
+      .flat()
+      .map((ev, i) => at(ev, 100 + i));
+    // In batches, as a stream comes: one batch of 10,000 new sessions would crowd x out of the sessions known to
+    // be in no store by itself.
+    for (let i = 0; i < others.length; i += 400) await e.handle(others.slice(i, i + 400));
+    const recorded = runs.get('default/default')!.length;
+    expect(recorded).toBe(10_001);
+
+    // x's request sent again by its producer (a new offset), then a later end of the session: no phantom run.
+    await e.handle([at(x[0]!, 50_000)]);
+    await e.handle([at({ ...x[x.length - 1]!, event_id: 'x:done-again' }, 50_001)]);
+    expect(runs.get('default/default')).toHaveLength(recorded);
   });
 
   it('puts pending candidates under shadow trial back into the shadow pool, and only those', () => {

@@ -40,7 +40,7 @@ export function defineScopeScripts(redis: Redis): void {
 export const leaseKey = (prefix: string, tenant: string, agent: string): string =>
   `${prefix}:aseq:${scopeTag(tenant, agent)}:lease`;
 /** `<prefix>:aseq:{tenant|agent}:want`: the token of the batch that waits for the scope first. */
-const wantKey = (prefix: string, tenant: string, agent: string): string =>
+export const wantKey = (prefix: string, tenant: string, agent: string): string =>
   `${prefix}:aseq:${scopeTag(tenant, agent)}:want`;
 
 export interface LeaseOptions {
