@@ -294,7 +294,10 @@ export function createIngestApply(deps: {
         room--;
       }
       const kept = new Set([...buffered, ...put.map((s) => s.spanId)]);
-      const done = [...res.completedAgents, ...spentKept];
+      // At most maxPending marks, agents' first: a message may bring an agent span with more spans below it than
+      // that (each a spent link), and oldestDone only makes room among the marks already written. An agent's mark is
+      // what a redelivery of its task is judged by; a link's only serves a tool span exported later below it.
+      const done = [...res.completedAgents, ...spentKept].slice(0, maxPending);
       changes.set(traceId, { put, drop, done, undone: oldestDone(state.doneAt, done, maxPending) });
       // One outcome per span read, when read: the outcomes add up to the spans read. A tool span that waited was
       // counted as pending then, not again when its task is published (events_total counts what is published); each
