@@ -207,12 +207,11 @@ export function createIngestApply(deps: {
         (states.get(t)?.spans.some((s) => s.kind === 'tool') ?? false),
     );
     const relevant = new Set(traces.map(([t]) => t));
-    if (count)
-      m.spans.inc(
-        { outcome: 'other' },
-        fresh.filter((s) => !relevant.has(s.traceId) || s.kind === 'link').length,
-      );
-    if (traces.length === 0) return { lost: false };
+    const others = fresh.filter((s) => !relevant.has(s.traceId) || s.kind === 'link').length;
+    if (traces.length === 0) {
+      if (count && others) m.spans.inc({ outcome: 'other' }, others);
+      return { lost: false };
+    }
 
     const events = [];
     const changes = new Map<string, TraceChange>();
@@ -224,7 +223,9 @@ export function createIngestApply(deps: {
       nested: 0,
       dropped: 0,
       agent: 0,
-      other: 0,
+      // Counted with the rest, after the chunk's events are sent and its changes saved: a chunk that fails is
+      // read again, and counted then.
+      other: others,
     };
     for (const [traceId, spans] of traces) {
       const state = states.get(traceId) ?? {
