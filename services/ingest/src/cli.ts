@@ -58,7 +58,13 @@ export function parseExport(
       out.requests++;
     } catch (err) {
       out.bad++;
-      if (out.bad <= 100) warn(`${where}: ${err instanceof OtlpError ? err.message : errorMessage(err)}`);
+      // Over the spans bound, the flag that raises it is named: the service refuses such a request too, but an export
+      // written as one document of a whole run holds more spans than any one request the Collector sends.
+      const why =
+        err instanceof OtlpError
+          ? err.message + (err.reason === 'oversize' ? ' (raise --max-spans-per-message to map it)' : '')
+          : errorMessage(err);
+      if (out.bad <= 100) warn(`${where}: ${why}`);
     }
   };
   let whole: unknown;

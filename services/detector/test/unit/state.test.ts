@@ -69,11 +69,12 @@ describe('late or duplicate at a task close', () => {
 
   it('the idle-closed record keeps its completion ts (last + idle) in the window order', () => {
     const s = new DetectorState(DEFAULT_PARAMS);
-    s.apply(call('t1', 'e1', 1_000));
-    s.apply(call('t2', 'f1', 1_000 + IDLE - 1));
-    s.apply(done('t2', 1_000 + IDLE));
-    // t1 closes at 1000 + IDLE too: ties by task id.
-    s.apply(call('t3', 'g1', 1_000 + 2 * IDLE));
-    expect(s.windowTasks(scope)).toEqual(['t1', 't2']);
+    s.apply(call('tb', 'e1', 1_000));
+    s.apply(call('ta', 'f1', 1_000 + IDLE - 1));
+    s.apply(done('ta', 1_000 + IDLE));
+    // tb closes at 1000 + IDLE too: the tie goes by task id, so ta comes first. At its last own ts (one ms
+    // earlier) tb's record would come first: the id order alone cannot hide that.
+    s.apply(call('tc', 'g1', 1_000 + 2 * IDLE));
+    expect(s.windowTasks(scope)).toEqual(['ta', 'tb']);
   });
 });

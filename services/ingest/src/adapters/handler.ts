@@ -6,7 +6,14 @@ import type { BatchHandler, Parser } from '../../../../shared/kafka/runner.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
 import type { TaskCompletedEvent, ToolCallEvent } from '../../../../schemas/index.js';
 import { WIRE_HEADER_BYTES } from '../../../../shared/codec.js';
-import { byTrace, keepSpan, resolveTrace, type KeptSpan, type MapOptions } from '../core/map.js';
+import {
+  byTrace,
+  keepSpan,
+  resolveTrace,
+  type KeptSpan,
+  type MapOptions,
+  type PayloadNote,
+} from '../core/map.js';
 import type { DecodeLimits, OtlpSpan } from '../core/otlp.js';
 import { decodeOtlp, type OtlpEncoding } from './otlp-decode.js';
 import type { PendingRecovery } from './recovery.js';
@@ -185,11 +192,14 @@ export function createIngestApply(deps: {
     // A replay counts nothing: these spans were counted when first read.
     const count = mode.publish;
     const fresh: KeptSpan[] = [];
+    // Payloads left out, counted with the outcomes once the chunk is handled: a chunk that fails (its send, Redis
+    // lost under it) is read again and counted then.
+    const omitted: PayloadNote[] = [];
     for (const spans of messages)
       for (const span of spans) {
         const { kept, notes } = keepSpan(span, opts);
         fresh.push(kept);
-        if (count) for (const n of notes) m.payloadsOmitted.inc(n);
+        for (const n of notes) omitted.push(n);
       }
     const all = [...byTrace(fresh)];
     if (all.length === 0) return { lost: false };
@@ -207,12 +217,12 @@ export function createIngestApply(deps: {
         (states.get(t)?.spans.some((s) => s.kind === 'tool') ?? false),
     );
     const relevant = new Set(traces.map(([t]) => t));
-    if (count)
-      m.spans.inc(
-        { outcome: 'other' },
-        fresh.filter((s) => !relevant.has(s.traceId) || s.kind === 'link').length,
-      );
-    if (traces.length === 0) return { lost: false };
+    const others = fresh.filter((s) => !relevant.has(s.traceId) || s.kind === 'link').length;
+    if (traces.length === 0) {
+      if (count && others) m.spans.inc({ outcome: 'other' }, others);
+      if (count) for (const n of omitted) m.payloadsOmitted.inc(n);
+      return { lost: false };
+    }
 
     const events = [];
     const changes = new Map<string, TraceChange>();
@@ -224,7 +234,9 @@ export function createIngestApply(deps: {
       nested: 0,
       dropped: 0,
       agent: 0,
-      other: 0,
+      // Counted with the rest, after the chunk's events are sent and its changes saved: a chunk that fails is
+      // read again, and counted then.
+      other: others,
     };
     for (const [traceId, spans] of traces) {
       const state = states.get(traceId) ?? {
@@ -235,7 +247,7 @@ export function createIngestApply(deps: {
       };
       const res = resolveTrace([...state.spans, ...spans], state.done, opts);
       events.push(...res.events);
-      if (count) for (const n of res.notes) m.payloadsOmitted.inc(n);
+      for (const n of res.notes) omitted.push(n);
       const freshIds = new Set(spans.map((s) => s.spanId));
       const buffered = new Set(state.spans.map((s) => s.spanId));
       const pending = new Set(res.pendingTools);
@@ -294,7 +306,10 @@ export function createIngestApply(deps: {
         room--;
       }
       const kept = new Set([...buffered, ...put.map((s) => s.spanId)]);
-      const done = [...res.completedAgents, ...spentKept];
+      // At most maxPending marks, agents' first: a message may bring an agent span with more spans below it than
+      // that (each a spent link), and oldestDone only makes room among the marks already written. An agent's mark is
+      // what a redelivery of its task is judged by; a link's only serves a tool span exported later below it.
+      const done = [...res.completedAgents, ...spentKept].slice(0, maxPending);
       changes.set(traceId, { put, drop, done, undone: oldestDone(state.doneAt, done, maxPending) });
       // One outcome per span read, when read: the outcomes add up to the spans read. A tool span that waited was
       // counted as pending then, not again when its task is published (events_total counts what is published); each
@@ -326,6 +341,7 @@ export function createIngestApply(deps: {
     await store.save(changes);
     if (count) {
       for (const [outcome, n] of Object.entries(outcomes)) if (n) m.spans.inc({ outcome }, n);
+      for (const n of omitted) m.payloadsOmitted.inc(n);
       for (const e of events) m.events.inc({ type: e.type });
     }
     return { lost: false };

@@ -124,3 +124,58 @@ describe('ingest: a tool span that waited in Redis through a restart that lowere
     ]);
   });
 });
+
+describe('ingest: payloads left out, counted once per chunk handled (real Redis and Kafka)', () => {
+  it('a chunk whose publication failed does not count its omitted payloads again when read again', async () => {
+    const spans = decodeRecorded(
+      otelRecorder().agent({
+        name: 'A',
+        tools: [
+          { name: 'waited', args: { text: 'a'.repeat(3000) } },
+          { name: 'fresh', result: 'r'.repeat(3000) },
+        ],
+      }),
+    );
+    const waited = spans.filter((s) => s.name === 'execute_tool waited');
+    const rest = spans.filter((s) => !waited.includes(s));
+    const topic = unique('tool-calls');
+    await createTopics([{ topic, partitions: 1 }]);
+    await sink.connect();
+    const prefix = unique('ingest');
+    let failing = 0;
+    const handler = (maxPayloadBytes: number, registry: Registry) =>
+      createIngestHandler({
+        store: new RedisTraceStore(redis, prefix, 3_600_000),
+        sink: {
+          ...sink,
+          send: (...args: Parameters<typeof sink.send>) =>
+            failing-- > 0 ? Promise.reject(new Error('broker unreachable')) : sink.send(...args),
+        },
+        topic,
+        opts: { ...DEFAULT_MAP_OPTIONS, maxPayloadBytes },
+        metrics: createIngestMetrics(registry),
+      });
+    // One tool span waits under a 64 KiB limit; after a restart with 1 KiB, the rest of the task comes (its other
+    // tool span's result over the limit as read), and the first send of that chunk fails.
+    await deliverTo(handler(64 * 1024, new Registry()))(waited);
+    const registry = new Registry();
+    const deliver = deliverTo(handler(1024, registry));
+    failing = 1;
+    await expect(deliver(rest)).rejects.toThrow('broker unreachable');
+    await deliver(rest);
+    const got = (
+      await consumeUntil(topic, (all) => all.some((m) => m.value!.toString().includes('"task_completed"')))
+    ).map((m) => JSON.parse(m.value!.toString()) as Record<string, unknown>);
+    expect(got.map((e) => e.tool ?? e.type)).toEqual(['waited', 'fresh', 'task_completed']);
+    const omitted = (await registry.getSingleMetric('paver_ingest_payloads_omitted_total')!.get()).values;
+    // Before: 2 each, counted by the failed attempt and again by the one that published.
+    expect(
+      omitted
+        .map((v) => [v.labels.field, v.labels.reason, v.value])
+        .sort((x, y) => String(x[0]).localeCompare(String(y[0]))),
+    ).toEqual([
+      ['args', 'oversize', 1],
+      ['observation', 'oversize', 1],
+    ]);
+  });
+});

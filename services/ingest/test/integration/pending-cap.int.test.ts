@@ -6,7 +6,7 @@ import { consumeUntil, createTopics, testKafka, testRedis, unique } from '../../
 import { createIngestHandler, createIngestMetrics } from '../../src/adapters/handler.js';
 import { RedisTraceStore } from '../../src/adapters/trace-store.js';
 import { DEFAULT_MAP_OPTIONS } from '../../src/core/map.js';
-import { decodeRecorded, otelRecorder } from '../helpers/otel.js';
+import { decodeRecorded, deliverTo, otelRecorder } from '../helpers/otel.js';
 
 /*
  * An agent span that never ends (a long-running agent loop, or one that crashed without exporting it) while its
@@ -46,22 +46,9 @@ describe('ingest: spans waiting for an agent span are bounded per trace (real Re
       metrics: createIngestMetrics(registry),
       maxPendingSpans: 8,
     });
-    const ctx = { heartbeat: async () => undefined, isRunning: () => true };
+    const deliver = deliverTo(handle);
     // The agent span never comes: three messages of ten tool spans each.
-    for (let m = 0; m < 3; m++)
-      await handle(
-        [
-          {
-            topic: 'otlp',
-            partition: 0,
-            offset: String(m),
-            key: null,
-            timestamp: '0',
-            value: { spans: tools.slice(m * 10, m * 10 + 10) },
-          },
-        ],
-        ctx,
-      );
+    for (let m = 0; m < 3; m++) await deliver(tools.slice(m * 10, m * 10 + 10));
     const fields = await redis.hkeys(`${prefix}:ingest:trace:${traceId}`);
     // Before, all 30 waited (and a trace that never ends grew for good).
     expect(fields.filter((f) => f.startsWith('s:'))).toHaveLength(8);
@@ -152,22 +139,9 @@ describe('ingest: spans waiting for an agent span are bounded per trace (real Re
       metrics: createIngestMetrics(registry),
       maxPendingBytes,
     });
-    const ctx = { heartbeat: async () => undefined, isRunning: () => true };
+    const deliver = deliverTo(handle);
     // The agent span never comes: one span per message, so the bound holds across messages too.
-    for (const [m, t] of tools.entries())
-      await handle(
-        [
-          {
-            topic: 'otlp',
-            partition: 0,
-            offset: String(m),
-            key: null,
-            timestamp: '0',
-            value: { spans: [t] },
-          },
-        ],
-        ctx,
-      );
+    for (const t of tools) await deliver([t]);
     const hash = await redis.hgetall(`${prefix}:ingest:trace:${traceId}`);
     const waiting = Object.entries(hash).filter(([f]) => f.startsWith('s:'));
     // Before, all nine waited (about 19 KB): only the count bounded a trace.

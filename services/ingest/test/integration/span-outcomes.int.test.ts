@@ -22,14 +22,22 @@ afterAll(async () => {
   await redis.quit();
 });
 
-async function setup() {
+/** `failSends`: that many sends fail first (the broker unreachable), as a chunk whose publication fails. */
+async function setup(failSends = 0) {
   const topic = unique('tool-calls');
   await createTopics([{ topic, partitions: 1 }]);
   await sink.connect();
   const registry = new Registry();
+  let failing = failSends;
   const handle = createIngestHandler({
     store: new RedisTraceStore(redis, unique('ingest'), 3_600_000),
-    sink,
+    sink: {
+      ...sink,
+      send: (...args: Parameters<typeof sink.send>) => {
+        if (failing-- > 0) return Promise.reject(new Error('broker unreachable'));
+        return sink.send(...args);
+      },
+    },
     topic,
     opts: DEFAULT_MAP_OPTIONS,
     metrics: createIngestMetrics(registry),
@@ -71,6 +79,18 @@ describe('ingest: every span read has one outcome (real Redis and Kafka)', () =>
     expect(await published(1)).toEqual(['tool_call', 'tool_call', 'task_completed']);
     // Before: { pending: 2, tool_call: 2, agent: 1 }, five outcomes for three spans read.
     expect(await outcomes()).toEqual({ pending: 2, agent: 1 });
+  });
+
+  it('a chunk whose publication failed counts nothing: its retry counts each span once, `other` too', async () => {
+    const spans = decodeRecorded(
+      otelRecorder().agent({ name: 'A', tools: [{ name: 'a', viaInternalSpan: true }] }),
+    );
+    const { handle, outcomes, published } = await setup(1);
+    await expect(handle(spans)).rejects.toThrow('broker unreachable');
+    await handle(spans);
+    expect(await published(1)).toEqual(['tool_call', 'task_completed']);
+    // Before: other 2 (counted before the failed send, and again by the retry), the rest once.
+    expect(await outcomes()).toEqual({ tool_call: 1, agent: 1, other: 1 });
   });
 
   it('a message read twice in one chunk: each copy of each span has one outcome, the copy of a published one late', async () => {

@@ -123,6 +123,27 @@ describe('ingest: spans between a tool and its agent leave once the task is publ
     expect(fields.filter((f) => f.startsWith('s:'))).toEqual([]);
   });
 
+  it('keeps at most INGEST_MAX_PENDING_SPANS marks when one message brings an agent span with more spans below it', async () => {
+    const { published, prefix, deliver } = recordingHandler(4);
+    const spans = decodeRecorded(
+      otelRecorder().agent({
+        name: 'A',
+        tools: Array.from({ length: 6 }, (_, i) => ({ name: `t${i}`, viaInternalSpan: true })),
+      }),
+    );
+    const agent = spans.filter((s) => s.name.startsWith('invoke_agent'));
+    // The whole task in one message: the agent span and six spans between it and its tool spans.
+    await deliver(spans);
+    expect(published.filter((e) => e.type === 'tool_call')).toHaveLength(6);
+    const marks = (await redis.hkeys(`${prefix}:ingest:trace:${agent[0]!.traceId}`)).filter((f) =>
+      f.startsWith('d:'),
+    );
+    // Before: seven marks (the agent's and one per span between), over the bound of four.
+    expect(marks.length).toBeLessThanOrEqual(4);
+    // The agent's own mark is the one a redelivery of the task is judged by: it is kept.
+    expect(marks).toContain(`d:${agent[0]!.spanId}`);
+  });
+
   it('keeps no span of a long trace that no waiting tool span needs: its tool calls keep their room', async () => {
     const { published, prefix, deliver } = recordingHandler(4);
 

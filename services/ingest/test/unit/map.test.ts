@@ -536,4 +536,28 @@ describe('paver otel on a large export', () => {
     expect(r).toMatchObject({ requests: 1, bad: 0 });
     expect(r.spans).toHaveLength(200_000);
   });
+
+  it('names --max-spans-per-message when a request is over it, so a refused export says how to take it', () => {
+    const span = (i: number) => ({
+      traceId: '0'.repeat(31) + '1',
+      spanId: i.toString(16).padStart(16, '0'),
+      name: 'http',
+      startTimeUnixNano: '1700000000000000000',
+    });
+    const doc = {
+      resourceSpans: [{ scopeSpans: [{ spans: Array.from({ length: 12 }, (_, i) => span(i + 1)) }] }],
+    };
+    const warnings: string[] = [];
+    expect(parseExport(JSON.stringify(doc), (w) => warnings.push(w), 10)).toMatchObject({
+      requests: 0,
+      bad: 1,
+    });
+    // Before: "input: 12 spans in one request > 10", which named no flag.
+    expect(warnings).toEqual([expect.stringContaining('--max-spans-per-message')]);
+    // A request refused for another reason names no flag.
+    const other: string[] = [];
+    parseExport('{"resourceSpans": 7}', (w) => other.push(w), 10);
+    expect(other).toHaveLength(1);
+    expect(other[0]).not.toContain('--max-spans-per-message');
+  });
 });
