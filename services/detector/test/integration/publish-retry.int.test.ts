@@ -54,9 +54,10 @@ describe('detector: a candidate publication that fails is retried by its instanc
     await expect(publisher.publish(scope, true)).rejects.toThrow();
     expect(published).toEqual([]);
     expect(await store.isOwed(scope)).toBe(true);
-    // Its lock is given up at once (it held it for its TTL), and a retry waits.
+    // Its lock is given up at once (it held it for its TTL). Whether its retry is still waiting here depends on
+    // how loaded the machine is (it fires after a second, fails while the producer is stopped, and waits again),
+    // so only the outcome below is asserted.
     expect(await redis.exists(detectorKeys(prefix, scope).lock)).toBe(0);
-    expect(publisher.waiting).toBe(1);
     // The redelivered batch: only duplicates, and the change too young for a batch to take up.
     const again = await store.applyBatch(threeRuns());
     expect(again.changed).toEqual([]);
