@@ -3,7 +3,8 @@
  * redis-server through the detector's store (no Kafka, no service), in batches as the service makes them, with
  * Redis's own accounting of the apply script's time (INFO commandstats) per event. Variants: the whole stream;
  * tool calls only (no task completes: the open-task bookkeeping alone); the shortest sequences only (less
- * counting); a window that never evicts; a one-second memory of completed task ids. Not part of `npm run bench`:
+ * counting); a window that never evicts; a one-second memory of completed task ids; a full window evicting at
+ * lookback 200, 10,000 and 100,000 (script time per eviction). Not part of `npm run bench`:
  *
  *   npm run build && node dist/bench/detector-redis.js      # BENCH_EVENTS (default 100,000), BENCH_BATCH (1,200)
  */
@@ -56,6 +57,53 @@ try {
   await run('sequences of 3 only', all, { ...DEFAULT_PARAMS, maxLength: DEFAULT_PARAMS.minLength });
   await run('no eviction (lookback 20,000)', all, { ...DEFAULT_PARAMS, lookback: 20_000 });
   await run('ids remembered 1 s', all, { ...DEFAULT_PARAMS, doneRetentionMs: 1_000 });
+  // A full window evicting one record per completion, at growing lookback: the cost per eviction must not grow
+  // with the bucket count (one per 100 records). Filled first; only the evicting batches are counted.
+  for (const lookback of [200, 10_000, 100_000]) {
+    await redis.flushall();
+    const params = {
+      ...DEFAULT_PARAMS,
+      lookback,
+      minLength: 1,
+      maxLength: 1,
+      taskIdleMs: 1_000,
+      doneRetentionMs: 1_000,
+    };
+    const store = new RedisDetectorStore(redis, params, 'bench', 30_000);
+    const scope = { tenant: 't', agent: 'a' };
+    const batchOf = (b: number): DetectorOp[] =>
+      Array.from({ length: 200 }, (_, k) => {
+        const task = `b${b}-${k}`;
+        const ts = 1_000_000 + (b * 200 + k) * 100;
+        return [
+          {
+            kind: 'call',
+            scope,
+            task,
+            eventId: `${task}-0`,
+            ts,
+            step: 0,
+            tool: 'x',
+            cost: 10_000,
+            partition: 0,
+            offset: '0',
+          },
+          { kind: 'done', scope, task, eventId: `${task}-d`, ts: ts + 10, partition: 0, offset: '0' },
+        ] satisfies DetectorOp[];
+      }).flat();
+    const fill = Math.ceil(lookback / 200) + 1;
+    for (let b = 0; b < fill; b++) await store.applyBatch(batchOf(b));
+    await redis.config('RESETSTAT');
+    for (let b = fill; b < fill + 20; b++) await store.applyBatch(batchOf(b));
+    const stats = await redis.info('commandstats');
+    const usec = Number(/cmdstat_evalsha:calls=\d+,usec=(\d+)/.exec(stats)?.[1] ?? NaN);
+    const row = {
+      variant: `evicting, lookback ${lookback}`,
+      evictions: 20 * 200,
+      script_us_per_eviction: Number((usec / 4_000).toFixed(2)),
+    };
+    process.stdout.write(`${JSON.stringify(row)}\n`);
+  }
 } finally {
   redis.disconnect();
   await server.stop();

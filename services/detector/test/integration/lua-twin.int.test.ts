@@ -361,6 +361,61 @@ describe('apply-11.lua = core/state.ts', () => {
     }
   });
 
+  it('evicts the oldest record over many buckets when records complete out of ts order, ids coming back', async () => {
+    // 13 window buckets (a heap of their heads finds the oldest): completions out of order, ties, ids reused.
+    const scope = { tenant: 'acme', agent: 'many-buckets' };
+    const r = rng(11);
+    for (const windowMs of [null, 40_000]) {
+      const params: DetectorParams = {
+        ...DEFAULT_PARAMS,
+        minLength: 2,
+        minOccurrences: 2,
+        lookback: 1_250,
+        windowMs,
+      };
+      const ops: DetectorOp[] = [];
+      for (let t = 0; t < 4_000; t++) {
+        const task = `k-${Math.floor(r() * 3_000)}`;
+        const ts = 1_000 + t * 10 + Math.floor(r() * 5) * 100;
+        ['a', 'b'].forEach((x, i) =>
+          ops.push({
+            kind: 'call',
+            scope,
+            task,
+            eventId: `${task}-${t}-${i}`,
+            ts,
+            step: i,
+            tool: `${x}${t % (11 + i)}`,
+            cost: 10_000,
+            partition: 0,
+          }),
+        );
+        ops.push({
+          kind: 'done',
+          scope,
+          task,
+          eventId: `${task}-${t}-done`,
+          ts: ts + Math.floor(r() * 3) * 10,
+          partition: 0,
+        });
+      }
+      const state = new DetectorState(params);
+      const store = new RedisDetectorStore(redis, params, unique('twin-heap'));
+      for (let i = 0; i < ops.length;) {
+        const chunk = ops.slice(i, i + 1 + Math.floor(r() * 300));
+        i += chunk.length;
+        const { changed, ...mem } = state.applyAll(chunk);
+        const { counts: lua, changed: luaChanged } = countsOf(await store.applyBatch(chunk));
+        expect(lua).toEqual(mem);
+        expect(luaChanged).toBe(changed);
+      }
+      const snap = await store.snapshot(scope);
+      expect(snap.records).toHaveLength(state.windowTasks(scope).length);
+      expect(sortRecords(snap.records)).toEqual(sortRecords(state.windowRecords(scope)));
+      expect(sortStats(snap.stats)).toEqual(sortStats(state.frequentStats(scope)));
+    }
+  });
+
   it('tools past the one-byte codes (63 per scope) are counted and read back by name', async () => {
     const params: DetectorParams = { ...DEFAULT_PARAMS, minLength: 2, minOccurrences: 2, lookback: 400 };
     const scope = { tenant: 'acme', agent: 'many-tools' };

@@ -586,26 +586,90 @@ local function headOf(b)
   end
   return h
 end
+-- The non-empty buckets in a binary min-heap by their heads (built at the first eviction of a call, then kept up
+-- to date): an eviction costs O(log buckets) instead of a scan of every bucket's head, which made each evicted
+-- record cost time linear in DETECTOR_LOOKBACK (a bucket per 100 records).
+local heap, heapAt = nil, {}
+local function heapSwap(i, j)
+  heap[i], heap[j] = heap[j], heap[i]
+  heapAt[heap[i]] = i
+  heapAt[heap[j]] = j
+end
+local function heapUp(i)
+  while i > 1 do
+    local up = math.floor(i / 2)
+    if not before(heads[heap[i]], heads[heap[up]]) then return end
+    heapSwap(i, up)
+    i = up
+  end
+end
+local function heapDown(i)
+  local n = #heap
+  while true do
+    local l, r, m = 2 * i, 2 * i + 1, i
+    if l <= n and before(heads[heap[l]], heads[heap[m]]) then m = l end
+    if r <= n and before(heads[heap[r]], heads[heap[m]]) then m = r end
+    if m == i then return end
+    heapSwap(i, m)
+    i = m
+  end
+end
+-- Bucket b's head changed (or may have): its place in the heap, once there is one.
+local function heapFix(b)
+  if heap == nil then return end
+  local h, i = headOf(b), heapAt[b]
+  if h and i then
+    heapUp(i)
+    heapDown(heapAt[b])
+  elseif h then
+    heap[#heap + 1] = b
+    heapAt[b] = #heap
+    heapUp(#heap)
+  elseif i then
+    local last = #heap
+    heapSwap(i, last)
+    heap[last] = nil
+    heapAt[b] = nil
+    if i < last then
+      local moved = heap[i]
+      heapUp(i)
+      heapDown(heapAt[moved])
+    end
+  end
+end
 -- The window's oldest record by (ts, task_id bytes): its bucket and {task, ts}; nil when the window is empty.
 local function oldestRecord()
-  local best, bestB = nil, nil
-  for b = 0, WINDOW_BUCKETS - 1 do
-    local h = headOf(b)
-    if h and (best == nil or before(h, best)) then best, bestB = h, b end
+  if heap == nil then
+    heap = {}
+    for b = 0, WINDOW_BUCKETS - 1 do
+      if headOf(b) then
+        heap[#heap + 1] = b
+        heapAt[b] = #heap
+        heapUp(#heap)
+      end
+    end
   end
-  return bestB, best
+  local b = heap[1]
+  if b == nil then return nil, nil end
+  return b, heads[b]
 end
 local function windowRemove(b, task)
   redis.call('ZREM', KEYS[5] .. ':' .. b, task)
   windowSize = windowSize - 1
   local h = heads[b]
-  if h and h.task == task then heads[b] = nil end
+  if h and h.task == task then
+    heads[b] = nil
+    heapFix(b)
+  end
 end
 local function windowAdd(b, task, ts)
   redis.call('ZADD', KEYS[5] .. ':' .. b, int(ts), task)
   windowSize = windowSize + 1
   local h, new = heads[b], {task = task, ts = ts}
-  if h == false or (h and before(new, h)) then heads[b] = new end
+  if h == false or (h and before(new, h)) then
+    heads[b] = new
+    heapFix(b)
+  end
 end
 
 -- Takes a record out of window bucket b and its sequences out of the counts.
