@@ -195,12 +195,18 @@ export function createIngestApply(deps: {
     // Payloads left out, counted with the outcomes once the chunk is handled: a chunk that fails (its send, Redis
     // lost under it) is read again and counted then.
     const omitted: PayloadNote[] = [];
-    for (const spans of messages)
+    // The messages each span came in, by trace: a redelivery brings a message back whole, never a part of it.
+    const messagesOf = new Map<string, Map<string, Set<number>>>();
+    messages.forEach((spans, i) => {
       for (const span of spans) {
         const { kept, notes } = keepSpan(span, opts);
         fresh.push(kept);
         for (const n of notes) omitted.push(n);
+        const trace = messagesOf.get(kept.traceId) ?? new Map<string, Set<number>>();
+        messagesOf.set(kept.traceId, trace);
+        trace.set(kept.spanId, (trace.get(kept.spanId) ?? new Set()).add(i));
       }
+    });
     const all = [...byTrace(fresh)];
     if (all.length === 0) return { lost: false };
     // Every trace's state is read, those with only links in this chunk too (one pipelined read either way): a
@@ -282,9 +288,34 @@ export function createIngestApply(deps: {
       // completes now (its mark is written). The latter is the link that came with its agent span, in the same
       // message (the agent's process exports both) while the tool span below it comes later (run by another
       // process): unmarked, that tool span found neither and waited, then expired, instead of counting as late.
+      // Of those, only a link that a span read later may need is marked: one with no child read yet (a call whose
+      // other side, run elsewhere, exports later), or with a child that came in a message without it (a redelivery
+      // of that message brings the child alone). A link whose children all came in its own message is not: a
+      // redelivery of that message brings it again. Marking those too wrote, for the usual task exported whole, one
+      // mark per span between its agent span and its tool spans, each kept INGEST_PENDING_TTL_MS among the trace's
+      // bounded marks, where they pushed out agents' marks. The cost: a tool span exported later (by another
+      // process) below a link that already had a child in its message waits and expires instead of being late.
+      const inMessages = messagesOf.get(traceId);
+      const childrenOf = new Map<string, KeptSpan[]>();
+      for (const c of [...state.spans, ...spans]) {
+        if (c.parentSpanId === null) continue;
+        const list = childrenOf.get(c.parentSpanId);
+        if (list) list.push(c);
+        else childrenOf.set(c.parentSpanId, [c]);
+      }
+      const cameWithout = (child: KeptSpan, own: ReadonlySet<number>) =>
+        buffered.has(child.spanId) || [...(inMessages?.get(child.spanId) ?? [])].some((m) => !own.has(m));
+      const laterChildPossible = (id: string) => {
+        const children = childrenOf.get(id) ?? [];
+        const own = inMessages?.get(id) ?? new Set<number>();
+        return children.length === 0 || children.some((c) => cameWithout(c, own));
+      };
       const spentKept = res.spentLinks.filter(
         (id) =>
-          buffered.has(id) || (freshIds.has(id) && (pending.size > 0 || res.completedAgents.length > 0)),
+          buffered.has(id) ||
+          (freshIds.has(id) &&
+            (pending.size > 0 || res.completedAgents.length > 0) &&
+            laterChildPossible(id)),
       );
       // Bounded per trace: an agent span that never ends (a loop that runs for days, a crashed agent) would
       // otherwise grow its hash for good, and every chunk of the trace reads the whole hash back.

@@ -36,7 +36,21 @@ function recordingHandler(maxPendingSpans?: number) {
     metrics: createIngestMetrics(registry),
     ...(maxPendingSpans === undefined ? {} : { maxPendingSpans }),
   });
-  return { published, prefix, registry, deliver: deliverTo(handle) };
+  const ctx = { heartbeat: async () => undefined, isRunning: () => true };
+  /** Messages handled as one chunk, at offsets 100, 101, … (after deliver's). */
+  const chunk = (...messages: OtlpSpan[][]) =>
+    handle(
+      messages.map((spans, i) => ({
+        topic: 'otlp',
+        partition: 0,
+        offset: String(100 + i),
+        key: null,
+        timestamp: '0',
+        value: { spans },
+      })),
+      ctx,
+    );
+  return { published, prefix, registry, deliver: deliverTo(handle), chunk };
 }
 afterAll(async () => {
   await redis.quit();
@@ -183,4 +197,57 @@ describe('ingest: spans between a tool and its agent leave once the task is publ
     const fields = await redis.hkeys(`${prefix}:ingest:trace:${traceId}`);
     expect(fields.filter((f) => f.startsWith('s:'))).toEqual([]);
   });
+  it('writes one mark for a task read whole in one message: its agent span, none for the spans between', async () => {
+    // The usual case: the agent's process exports the whole task together (each tool span below a framework span).
+    const { published, prefix, deliver } = recordingHandler();
+    const spans = decodeRecorded(
+      otelRecorder().agent({
+        name: 'A',
+        tools: [
+          { name: 'a', viaInternalSpan: true },
+          { name: 'b', viaInternalSpan: true },
+          { name: 'c', viaInternalSpan: true },
+          { name: 'd' },
+        ],
+      }),
+    );
+    const agent = spans.filter((s) => s.name.startsWith('invoke_agent'));
+    await deliver(spans);
+    expect(published.filter((e) => e.type === 'tool_call').map((e) => e.tool)).toEqual(['a', 'b', 'c', 'd']);
+    const marks = (await redis.hkeys(`${prefix}:ingest:trace:${agent[0]!.traceId}`)).filter((f) =>
+      f.startsWith('d:'),
+    );
+    // Before: four, the agent's and one per framework span, each kept INGEST_PENDING_TTL_MS and taking the room of
+    // agents' marks in a long trace. A framework span whose tool span came with it serves no later span: a
+    // redelivery of that message brings it again.
+    expect(marks).toEqual([`d:${agent[0]!.spanId}`]);
+    // The whole message again: every tool span late, nothing published twice.
+    await deliver(spans);
+    expect(published.filter((e) => e.type === 'tool_call')).toHaveLength(4);
+  });
+
+  it.each(['two chunks', 'one chunk'] as const)(
+    'still counts as late a redelivered tool span whose span above it came later, with the agent span (%s)',
+    async (cut) => {
+      const { published, registry, deliver, chunk } = recordingHandler();
+      const spans = decodeRecorded(
+        otelRecorder().agent({ name: 'A', tools: [{ name: 'a', viaInternalSpan: true }, { name: 'b' }] }),
+      );
+      const a = spans.filter((s) => s.name === 'execute_tool a');
+      // The tool span alone first (its span above not exported yet), then the rest of the task.
+      if (cut === 'two chunks') {
+        await deliver(a);
+        await deliver(spans.filter((s) => !a.includes(s)));
+      } else
+        await chunk(
+          a,
+          spans.filter((s) => !a.includes(s)),
+        );
+      expect(published.filter((e) => e.type === 'tool_call').map((e) => e.tool)).toEqual(['a', 'b']);
+      // The first message again (at-least-once): the span above `a` came in another message, so it is marked.
+      await deliver(a);
+      const metrics = await registry.getSingleMetricAsString('paver_ingest_spans_total');
+      expect(metrics).toContain('outcome="late"} 1');
+    },
+  );
 });
