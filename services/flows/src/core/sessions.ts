@@ -306,11 +306,14 @@ export function completedRuns(events: Iterable<ToolCallsEvent>, keepEvidence: bo
   );
   const done: OpenSession[] = [];
   // The request ids of ended sessions, as the service's end marks keep them: a retried request opens nothing.
-  const endedRequests = new Map<string, string[]>();
+  // Bounded as the engine holds them in memory (unbounded, they grew with the input): as the replay, which has
+  // no store to read a dropped one back from, a request retried that long after its end opens a session.
+  const ended = new EndedSessions();
   for (const e of events) {
     const k = sessionKey(e.tenant_id, e.agent_id, e.session_id);
     if (e.type === 'user_message') {
-      if (!tracker.get(k) && endedRequests.get(k)?.includes(e.event_id)) continue;
+      const before = tracker.get(k) ? undefined : ended.get(k)?.requests;
+      if (before?.includes(e.event_id)) continue;
       tracker.onRequest(
         k,
         {
@@ -319,7 +322,7 @@ export function completedRuns(events: Iterable<ToolCallsEvent>, keepEvidence: bo
           terms: requestTermsOf(e.text),
           shadow: null,
           ...(keepEvidence ? { userText: e.text } : {}),
-          ...(endedRequests.has(k) ? { requests: endedRequests.get(k) } : {}),
+          ...(before ? { requests: before } : {}),
         },
         keepEvidence,
         e.event_id,
@@ -330,7 +333,7 @@ export function completedRuns(events: Iterable<ToolCallsEvent>, keepEvidence: bo
       const s = tracker.onDone(k);
       if (s) {
         done.push(s);
-        if (s.requests) endedRequests.set(k, s.requests);
+        ended.remember(k, s.requests ? { requests: s.requests } : {});
       }
     }
   }
