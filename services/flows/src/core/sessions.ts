@@ -2,8 +2,9 @@
  * Open sessions as the flows service follows them on the tool-calls topic: the terms of the first request,
  * the tools called since, and the pending candidate chosen for it in shadow. A session ends at its
  * `task_completed`; then its run feeds the outcome scorer and its shadow choice is scored. Bounded: past
- * `maxSessions` the oldest open session is dropped from memory (the service keeps every open session in Redis
- * too, and reads one back when its next event comes; without that, as offline, it is dropped unscored).
+ * `maxSessions`, or `maxIdBytes` of event ids, the oldest open session is dropped from memory (the service keeps
+ * every open session in Redis too, and reads one back when its next event comes; without that, as offline, it is
+ * dropped unscored).
  */
 import type { ToolCallsEvent } from '../../../../schemas/index.js';
 import type { PastCall } from '../../../../shared/core/bindings.js';
@@ -72,6 +73,29 @@ const heldChars = (s: OpenSession): number => (s.evidenceChars ?? 0) + (s.userTe
 /** Event ids a session remembers: a retried send lands close behind the first, not hundreds of events later. */
 export const RECENT_EVENT_IDS = 32;
 
+/**
+ * A string's heap bytes, counted high so the bound holds for any text: two bytes a character (V8 keeps Latin-1
+ * text in one), its header and the pointer to it.
+ */
+const stringBytes = (s: string): number => 2 * s.length + 24;
+
+/** The estimated heap bytes of an open session's event ids (`recent` and `requests`), as `stringBytes` counts. */
+const idBytesOf = (s: OpenSession): number => {
+  let n = 0;
+  for (const id of s.recent ?? []) n += stringBytes(id);
+  for (const id of s.requests ?? []) n += stringBytes(id);
+  return n;
+};
+
+/**
+ * Open sessions' event ids kept in memory at most, by their estimated heap size. A session keeps up to
+ * 2 × RECENT_EVENT_IDS ids of up to 256 characters (about 34 KB): bounded by count alone, 10,000 open sessions
+ * could hold 340 MB of them. 64 MiB keeps all 10,000 with both lists full of UUID-sized ids (6 KB a session);
+ * past it the sessions opened first leave memory as past `maxSessions` (the service reads one back from its
+ * store when its next event comes).
+ */
+export const MAX_OPEN_ID_BYTES = 64 * 1024 * 1024;
+
 /** Whether `eventId` was applied to `s` already; if not, remembers it (bounded). */
 export function firstSight(s: OpenSession, eventId: string): boolean {
   const recent = (s.recent ??= []);
@@ -99,16 +123,33 @@ export class SessionTracker {
   deferBound = false;
   /** Characters the open sessions' evidence holds (`heldChars`), all together (what `maxEvidenceChars` bounds). */
   private evidenceTotal = 0;
+  /** Each open session's event id bytes as last counted (`idBytesOf`), and their sum (what `maxIdBytes` bounds). */
+  private readonly idCounts = new Map<string, number>();
+  private idTotal = 0;
   /**
    * `maxEvidenceChars`: past it, the sessions opened first lose their evidence (their runs are still recorded
    * and scored, without arguments and outputs to learn `input_map` from). Per session only, 10,000 open
    * sessions of 256 KB each could hold 2.5 GB.
+   * `maxIdBytes`: past it, as past `maxSessions`, the sessions opened first leave memory (see MAX_OPEN_ID_BYTES).
    */
   constructor(
     private readonly maxSessions = 10_000,
     private readonly maxCalls = 1_000,
     private readonly maxEvidenceChars = Number.POSITIVE_INFINITY,
+    private readonly maxIdBytes = MAX_OPEN_ID_BYTES,
   ) {}
+
+  /** The estimated heap bytes of the open sessions' event ids (`recent` and `requests`). */
+  get idBytes(): number {
+    return this.idTotal;
+  }
+
+  /** Counts `s`'s event ids again after they changed. */
+  private recount(session: string, s: OpenSession): void {
+    const n = idBytesOf(s);
+    this.idTotal += n - (this.idCounts.get(session) ?? 0);
+    this.idCounts.set(session, n);
+  }
 
   /** Characters of evidence the open sessions hold: request texts, and arguments and outputs as JSON. */
   get evidenceChars(): number {
@@ -120,6 +161,8 @@ export class SessionTracker {
     if (!s) return undefined;
     this.open.delete(session);
     this.evidenceTotal -= heldChars(s);
+    this.idTotal -= this.idCounts.get(session) ?? 0;
+    this.idCounts.delete(session);
     return s;
   }
 
@@ -136,6 +179,7 @@ export class SessionTracker {
     this.leave(session);
     this.open.set(session, s);
     this.evidenceTotal += heldChars(s);
+    this.recount(session, s);
     this.bound();
   }
 
@@ -143,15 +187,18 @@ export class SessionTracker {
   clear(): void {
     this.open.clear();
     this.evidenceTotal = 0;
+    this.idCounts.clear();
+    this.idTotal = 0;
   }
 
   private bound(): void {
     if (!this.deferBound) this.trim();
   }
 
-  /** Drops the oldest open sessions past the bound. */
+  /** Drops the oldest open sessions past the bounds; the latest stays, whatever its ids (bounded per session). */
   trim(): void {
-    while (this.open.size > this.maxSessions) this.leave(this.open.keys().next().value!);
+    while (this.open.size > this.maxSessions || (this.open.size > 1 && this.idTotal > this.maxIdBytes))
+      this.leave(this.open.keys().next().value!);
   }
 
   /**
@@ -166,7 +213,10 @@ export class SessionTracker {
   ): void {
     const cur = this.open.get(session);
     if (cur) {
-      if (eventId !== undefined) cur.requests = withRequest(cur.requests, eventId);
+      if (eventId === undefined) return;
+      cur.requests = withRequest(cur.requests, eventId);
+      this.recount(session, cur);
+      this.bound();
       return;
     }
     const opened: OpenSession = {
@@ -177,17 +227,27 @@ export class SessionTracker {
     };
     this.open.set(session, opened);
     this.evidenceTotal += heldChars(opened);
+    this.recount(session, opened);
     this.bound();
     if (this.evidenceTotal > this.maxEvidenceChars) this.shedEvidence();
   }
 
   /** A call of an open session; one whose `eventId` the session saw already (a retried send) is not counted again. */
   onCall(session: string, call: PastCall, eventId?: string): void {
+    // Bounded once the call is applied: the session may be the one that leaves memory.
+    if (this.applyCall(session, call, eventId)) this.bound();
+  }
+
+  /** Whether the call was applied (its id then counted). */
+  private applyCall(session: string, call: PastCall, eventId?: string): boolean {
     const s = this.open.get(session);
-    if (!s || s.calls.length >= this.maxCalls) return;
-    if (eventId !== undefined && !firstSight(s, eventId)) return;
+    if (!s || s.calls.length >= this.maxCalls) return false;
+    if (eventId !== undefined) {
+      if (!firstSight(s, eventId)) return false;
+      this.recount(session, s);
+    }
     s.calls.push(call.tool);
-    if (!s.evidence) return;
+    if (!s.evidence) return true;
     const kept: PastCall = { tool: call.tool };
     if (call.failed !== undefined) kept.failed = call.failed;
     let used = s.evidenceChars ?? 0;
@@ -209,6 +269,7 @@ export class SessionTracker {
     s.evidenceChars = used;
     s.evidence.push(kept);
     if (this.evidenceTotal > this.maxEvidenceChars) this.shedEvidence();
+    return true;
   }
 
   /** Takes the evidence of the sessions opened first until the open sessions' evidence is within its bound. */
@@ -236,14 +297,23 @@ export class SessionTracker {
  * learn from, so that they see the runs the service sees.
  */
 export function completedRuns(events: Iterable<ToolCallsEvent>, keepEvidence: boolean): OpenSession[] {
-  const tracker = new SessionTracker(Number.POSITIVE_INFINITY);
+  // No open session is dropped (the service reads one dropped from memory back from its store).
+  const tracker = new SessionTracker(
+    Number.POSITIVE_INFINITY,
+    undefined,
+    undefined,
+    Number.POSITIVE_INFINITY,
+  );
   const done: OpenSession[] = [];
   // The request ids of ended sessions, as the service's end marks keep them: a retried request opens nothing.
-  const endedRequests = new Map<string, string[]>();
+  // Bounded as the engine holds them in memory (unbounded, they grew with the input): as the replay, which has
+  // no store to read a dropped one back from, a request retried that long after its end opens a session.
+  const ended = new EndedSessions();
   for (const e of events) {
     const k = sessionKey(e.tenant_id, e.agent_id, e.session_id);
     if (e.type === 'user_message') {
-      if (!tracker.get(k) && endedRequests.get(k)?.includes(e.event_id)) continue;
+      const before = tracker.get(k) ? undefined : ended.get(k)?.requests;
+      if (before?.includes(e.event_id)) continue;
       tracker.onRequest(
         k,
         {
@@ -252,7 +322,7 @@ export function completedRuns(events: Iterable<ToolCallsEvent>, keepEvidence: bo
           terms: requestTermsOf(e.text),
           shadow: null,
           ...(keepEvidence ? { userText: e.text } : {}),
-          ...(endedRequests.has(k) ? { requests: endedRequests.get(k) } : {}),
+          ...(before ? { requests: before } : {}),
         },
         keepEvidence,
         e.event_id,
@@ -263,7 +333,7 @@ export function completedRuns(events: Iterable<ToolCallsEvent>, keepEvidence: bo
       const s = tracker.onDone(k);
       if (s) {
         done.push(s);
-        if (s.requests) endedRequests.set(k, s.requests);
+        ended.remember(k, s.requests ? { requests: s.requests } : {});
       }
     }
   }
@@ -281,11 +351,6 @@ export const MAX_ENDED_SESSIONS = 10_000;
  */
 export const MAX_ENDED_BYTES = 8 * 1024 * 1024;
 
-/**
- * A string's heap bytes, counted high so the bound holds for any text: two bytes a character (V8 keeps Latin-1
- * text in one), its header and the pointer to it.
- */
-const stringBytes = (s: string): number => 2 * s.length + 24;
 /** A remembered end's own cost: its map entry, its object and its list. */
 const ENDED_ENTRY_BYTES = 160;
 

@@ -7,7 +7,7 @@ import {
   type EndedSession,
   type SessionStore,
 } from '../../src/adapters/engine.js';
-import type { OpenSession } from '../../src/core/sessions.js';
+import { MAX_ENDED_SESSIONS, type OpenSession } from '../../src/core/sessions.js';
 import { EvidenceBook } from '../../src/core/dataflow.js';
 import { OutcomeBook, pastRunsOf, type PastRun } from '../../src/core/outcomes.js';
 import type { PromotionPolicy, StoredCandidate } from '../../src/core/promotion.js';
@@ -129,6 +129,20 @@ describe('flows engine: past runs as the offline commands see them', () => {
       ['seat_map', 'change_seat'],
     ]);
     expect(pastRunsOf(events, 50)).toEqual(service);
+  });
+
+  it('past the bounds of ended sessions in memory, pastRunsOf still equals the runs the engine records', async () => {
+    // Session 0's end is the oldest of MAX_ENDED_SESSIONS + 1: the engine has forgotten its request ids (no store
+    // to read them back from) when its request comes again (same event_id), so that request opens a session.
+    const events: ToolCallsEvent[] = [];
+    for (let i = 0; i <= MAX_ENDED_SESSIONS; i++) events.push(...session(`e${i}`, 'refund my order', []));
+    events.push(...session('e0', 'refund my order', ['get_order']));
+    const runs = new Map<string, PastRun[]>();
+    const e = engine(runs, 0, new OutcomeBook({ capacity: 20_000, neighbours: 10, wrongCost: 4 }));
+    for (let i = 0; i < events.length; i += 1_000) await feed(e, events.slice(i, i + 1_000));
+    const service = runs.get('default/default')!;
+    expect(service.at(-1)?.calls).toEqual(['get_order']);
+    expect(pastRunsOf(events, 20_000)).toEqual(service);
   });
 });
 
