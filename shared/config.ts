@@ -140,8 +140,9 @@ export const commonEnvShape = {
   PAVER_TOPIC_DEAD_LETTERS: topicName.default('paver.dead-letters.v1'),
   PAVER_MAX_MESSAGE_BYTES: int(1024, 50 * 1024 * 1024).default(1024 * 1024),
   /**
-   * Largest output record produced: under the topics' max.message.bytes (1 MiB by default, with room for the
-   * record batch's own bytes). A bigger one is made smaller where its contract allows, else left out and counted.
+   * Largest output record produced, counted as the broker counts it against max.message.bytes (batch framing, key,
+   * value, headers): at or under the topics' limit (1 MiB by default). A bigger one is made smaller where its
+   * contract allows, else left out and counted; a bigger dead letter goes without its original bytes.
    */
   PAVER_MAX_OUTPUT_BYTES: int(1024, 50 * 1024 * 1024).default(1_000_000),
   /** Dead letters keep the original bytes up to this size, beyond it a hash: a record always fits the broker. */

@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
 import type { IHeaders } from 'kafkajs';
 import type { DeadLetterReason, DeadLetterRecord } from '../../schemas/index.js';
+import { recordBatchBytes } from './requests.js';
 
 /** The source message, as the runner holds it (kafkajs's KafkaMessage fits). */
 export interface DeadLetterSource {
@@ -63,6 +64,28 @@ export function headerBytes(h: IHeaders): number {
     if (v !== undefined)
       for (const x of Array.isArray(v) ? v : [v]) n += Buffer.byteLength(name) + Buffer.byteLength(x);
   return n;
+}
+
+/**
+ * A record's size as the broker measures it against max.message.bytes when it goes alone (batch framing, key,
+ * value and every header), uncompressed: what PAVER_MAX_OUTPUT_BYTES bounds. A null key or value takes the same
+ * one byte as an empty one.
+ */
+export function messageBytes(m: {
+  key?: Buffer | string | null | undefined;
+  value: Buffer | string | null;
+  headers?: IHeaders | undefined;
+}): number {
+  const headers: [number, number][] = [];
+  for (const [name, v] of Object.entries(m.headers ?? {}))
+    if (v !== undefined)
+      for (const x of Array.isArray(v) ? v : [v])
+        headers.push([Buffer.byteLength(name), Buffer.byteLength(x)]);
+  return recordBatchBytes(
+    m.key === null || m.key === undefined ? null : Buffer.byteLength(m.key),
+    m.value === null ? 0 : Buffer.byteLength(m.value),
+    headers,
+  );
 }
 
 export const DETAIL_MAX = 4096;

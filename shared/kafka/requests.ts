@@ -80,3 +80,14 @@ export function recordBatchBytes(
   for (const [k, v] of headers) body += varintBytes(k) + k + varintBytes(v) + v;
   return RECORD_BATCH_OVERHEAD + varintBytes(body) + body;
 }
+
+/**
+ * What a record adds to a record batch it shares with others, from `recordBatchBytes` of it alone: the batch's
+ * framing is counted once per batch, and an offset delta past the batch's 64th record takes a second byte (up to
+ * PRODUCE_REQUEST_MAX_RECORDS), which can lengthen the record's length varint by one more. With these shares and
+ * a budget of the limit less RECORD_BATCH_OVERHEAD, `produceRequests` cuts requests whose every partition's record
+ * batch is within the limit, whatever the partitioner does with them.
+ */
+export function batchShare(aloneBytes: number): number {
+  return aloneBytes - RECORD_BATCH_OVERHEAD + 2;
+}

@@ -8,12 +8,12 @@ import type { RuntimeMetrics } from '../metrics.js';
 import { withRetry } from '../retry.js';
 import {
   buildDeadLetter,
-  headerBytes,
+  messageBytes,
   isTooLarge,
   withoutOriginal,
   type DeadLetterSource,
 } from './dead-letter.js';
-import { produceRequests } from './requests.js';
+import { batchShare, produceRequests, RECORD_BATCH_OVERHEAD } from './requests.js';
 import { processChunk, type BadRecord, type BatchContext, type BatchHandler } from './chunk.js';
 import { decodeMessage, decodeMessageSync, type Decoded, type Parser } from './decode.js';
 import { createGroupMonitor } from './group-monitor.js';
@@ -327,11 +327,19 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
       maxOriginalBytes: o.env.PAVER_DEAD_LETTER_MAX_ORIGINAL_BYTES,
       maxKeyBytes: MAX_KEY_BYTES,
     };
-    const built = records.map((r) => ({
-      r,
-      message: buildDeadLetter(o.service, sourceOf(r), r.reason, r.detail, limits, now),
-    }));
+    const maxRecordBytes = o.env.PAVER_MAX_OUTPUT_BYTES;
     let stripped = 0;
+    const built = records.map((r) => {
+      let message = buildDeadLetter(o.service, sourceOf(r), r.reason, r.detail, limits, now);
+      // Over the outputs' limit as the broker counts it (original bytes and headers both count): the hash-only
+      // record from the start, which a topic whose max.message.bytes is the limit takes: the full one would only be
+      // refused, and the broker's refusal is left for topics set under the limit.
+      if (messageBytes(message) > maxRecordBytes) {
+        message = withoutOriginal(o.service, sourceOf(r), r.reason, r.detail, now);
+        stripped++;
+      }
+      return { r, message };
+    });
     const topic = o.env.PAVER_TOPIC_DEAD_LETTERS;
     // Rethrown so the batch is redelivered: a message is never lost because the dead-letter write failed. A write
     // the broker refuses for good (a permission, the topic's configuration) is not retried: the service stops at
@@ -344,11 +352,13 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
       writeRefused(topic, err) ??
       new PaverError(code, `dead-letter write failed: ${errorMessage(err)}`, { cause: err });
     // Dead letters stay plain JSON even with a registry: they must be readable when the registry is the problem.
-    // One produce request per size budget: the broker's limit applies to a partition's whole record batch.
+    // One produce request per size budget: the broker's limit applies to a partition's whole record batch. Cut
+    // as the sink cuts (same shares, same budget), so that each group goes as one request: a refused group was
+    // written not at all, and sending its records again one by one writes none twice.
     for (const group of produceRequests(
       built,
-      built.map((g) => Buffer.byteLength(g.message.value) + headerBytes(g.message.headers)),
-      DEAD_LETTER_REQUEST_BUDGET,
+      built.map((g) => batchShare(messageBytes(g.message))),
+      Math.min(DEAD_LETTER_REQUEST_BUDGET, maxRecordBytes - RECORD_BATCH_OVERHEAD),
     )) {
       try {
         await o.sink.sendRaw(

@@ -4,9 +4,9 @@ import type { Codec } from '../codec.js';
 import { PaverError, writeRefused } from '../errors.js';
 import type { RuntimeMetrics } from '../metrics.js';
 import { accepts, zodIssues } from '../validate.js';
-import { isTooLarge } from './dead-letter.js';
+import { isTooLarge, messageBytes } from './dead-letter.js';
 import { keyedPartitioner } from './partitioner.js';
-import { PRODUCE_REQUEST_BUDGET, produceRequests } from './requests.js';
+import { batchShare, PRODUCE_REQUEST_BUDGET, produceRequests, RECORD_BATCH_OVERHEAD } from './requests.js';
 
 export { PRODUCE_REQUEST_BUDGET, PRODUCE_REQUEST_MAX_RECORDS, produceRequests } from './requests.js';
 
@@ -23,7 +23,10 @@ export interface OutRecord {
 export type Fit = (value: unknown) => unknown;
 
 export interface SinkOptions {
-  /** PAVER_MAX_OUTPUT_BYTES: a record's key and value bytes above this are made to fit, or left out. */
+  /**
+   * PAVER_MAX_OUTPUT_BYTES: a record above this, counted as the broker counts it against max.message.bytes (batch
+   * framing, key, value, headers: `messageBytes`), is made to fit, or left out.
+   */
   maxRecordBytes?: number;
   /** Told of each record left out (never its content): the service logs it. */
   onDropped?: (topic: string, bytes: number) => void;
@@ -58,8 +61,11 @@ export function createSink(
   opts: SinkOptions = {},
 ): Sink {
   const maxRecordBytes = opts.maxRecordBytes ?? Infinity;
-  // A request's records for one partition go as one record batch, which the topic's limit bounds too.
-  const requestBudget = Math.min(PRODUCE_REQUEST_BUDGET, maxRecordBytes);
+  // A request's records for one partition go as one record batch, which the topic's limit bounds too: shares
+  // (`batchShare`) under this budget make batches the broker takes, at a topic limit of maxRecordBytes.
+  const requestBudget = Math.min(PRODUCE_REQUEST_BUDGET, maxRecordBytes - RECORD_BATCH_OVERHEAD);
+  const requests = <M>(messages: M[], bytes: number[]) =>
+    produceRequests(messages, bytes.map(batchShare), requestBudget);
   const producer: Producer = kafka.producer({
     // kafkajs's default partitioning (murmur2 of the key, as the Java client), computed without its per-message
     // BigInt hash and metadata filter: the same key lands on the same partition as before.
@@ -107,7 +113,9 @@ export function createSink(
         const m: Message = { key: r.key, value };
         if (r.headers) m.headers = r.headers;
         messages[i] = m;
-        bytes[i] = Buffer.byteLength(value) + (r.key === null ? 0 : Buffer.byteLength(r.key));
+        // As the broker counts it: key and value alone let a record within about 80 bytes of the limit through,
+        // and the broker refused it.
+        bytes[i] = messageBytes(m);
         if (bytes[i]! > maxRecordBytes) oversize = true;
       }
       if (oversize && fit === 'keep')
@@ -122,13 +130,12 @@ export function createSink(
           const m = messages[i]!;
           let n = bytes[i]!;
           if (n > maxRecordBytes) {
-            const keyBytes = n - Buffer.byteLength(m.value as string | Buffer);
             const smaller = typeof fit === 'function' ? fit(records[i]!.value) : null;
             if (smaller !== null && smaller !== undefined) {
               check(smaller);
               // Rare: the general (asynchronous) encode, which every codec has.
               m.value = await codec.encode(contract, topic, smaller);
-              n = Buffer.byteLength(m.value) + keyBytes;
+              n = messageBytes(m);
             }
             if (n > maxRecordBytes) {
               metrics?.oversizeOutputs.inc({ topic, outcome: 'dropped' });
@@ -143,7 +150,7 @@ export function createSink(
         [messages, bytes] = [keptMessages, keptBytes];
       }
       try {
-        for (const request of produceRequests(messages, bytes, requestBudget))
+        for (const request of requests(messages, bytes))
           await producer.send({ topic, messages: request, acks: -1, compression: CompressionTypes.None });
       } catch (err) {
         // Under PAVER_MAX_OUTPUT_BYTES and still refused: the topic's limit is lower. A configuration error
@@ -161,15 +168,10 @@ export function createSink(
     async sendRaw(topic, records) {
       if (records.length === 0) return;
       const messages = records.map((r) => ({ ...r, headers: r.headers ?? {} }));
-      const size = (b: Buffer | string | null) => (b === null ? 0 : Buffer.byteLength(b));
       // Split as `send` splits: a partition's records of one request form one record batch, which the topic's
       // limit bounds (a state copy of a whole batch can be megabytes).
       try {
-        for (const request of produceRequests(
-          messages,
-          records.map((r) => size(r.key) + size(r.value)),
-          requestBudget,
-        ))
+        for (const request of requests(messages, messages.map(messageBytes)))
           await producer.send({ topic, messages: request, acks: -1 });
       } catch (err) {
         // Too large goes back as the broker said it (the runner's dead letters fall back to smaller records).

@@ -1,6 +1,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import type { NextActionRecord } from '../../schemas/index.js';
 import { jsonCodec } from '../../shared/codec.js';
+import { messageBytes } from '../../shared/kafka/dead-letter.js';
 import { createSink } from '../../shared/kafka/sink.js';
 import { createMetrics } from '../../shared/metrics.js';
 import { withoutArguments } from '../../services/autoseq/src/core/decide.js';
@@ -89,6 +90,89 @@ describe('outputs over PAVER_MAX_OUTPUT_BYTES (real Kafka)', () => {
       const m = parsePrometheus(await metrics.registry.metrics());
       expect(m.value('paver_outputs_oversize_total', { topic, outcome: 'trimmed' })).toBe(1);
       expect(m.value('paver_outputs_oversize_total', { topic, outcome: 'dropped' })).toBe(1);
+    } finally {
+      await sink.disconnect();
+    }
+  });
+
+  it('holds a record to PAVER_MAX_OUTPUT_BYTES as the broker counts it (framing, key, headers): at the limit a topic of that max.message.bytes takes it, one byte over is trimmed by the sink, and the broker refuses that byte', async () => {
+    const limit = 100_000;
+    const topic = unique('oversize-exact');
+    await createTopics([{ topic, partitions: 1, config: { 'max.message.bytes': String(limit) } }]);
+    const metrics = createMetrics('test');
+    const sink = createSink(testKafka(), jsonCodec(), metrics, { maxRecordBytes: limit });
+    const headers = { traceparent: '00-0123456789abcdef0123456789abcdef-0123456789abcdef-01' };
+    const value = (id: string, text: string) => record(id, { arguments: { text } });
+    const size = (id: string, text: string) =>
+      messageBytes({ key: 's1', value: JSON.stringify(value(id, text)), headers });
+    // The text that makes the record exactly the limit (the lengths' varints grow with it).
+    let pad = limit - size('fits', '');
+    while (size('fits', 'x'.repeat(pad)) > limit) pad--;
+    const text = 'x'.repeat(pad);
+    expect(size('fits', text)).toBe(limit);
+    // Same length of event_id: one byte over the limit.
+    expect(size('over', `${text}x`)).toBe(limit + 1);
+    await sink.connect();
+    try {
+      // Before: checked by key and value only (about 150 bytes under the limit), the one over went out and the
+      // broker refused it: a configuration error that stopped the service.
+      await sink.send(
+        topic,
+        'next-actions.v1',
+        [
+          { key: 's1', value: value('fits', text), headers },
+          { key: 's1', value: value('over', `${text}x`), headers },
+        ],
+        withoutArguments,
+      );
+      const got = await consumeUntil(topic, (all) => all.length >= 2);
+      const values = got.map((m) => JSON.parse(m.value!.toString()) as NextActionRecord);
+      expect(values.map((v) => [v.event_id, v.arguments_omitted ?? false])).toEqual([
+        ['fits', false],
+        ['over', true],
+      ]);
+      expect(values[0]!.arguments).toEqual({ text });
+      expect(got[0]!.headers).toEqual(headers);
+      const m = parsePrometheus(await metrics.registry.metrics());
+      expect(m.value('paver_outputs_oversize_total', { topic, outcome: 'trimmed' })).toBe(1);
+      // The broker's side of that byte: the record the sink trimmed, sent as it was, is refused.
+      await expect(
+        sink.sendRaw(topic, [{ key: 's1', value: JSON.stringify(value('over', `${text}x`)), headers }]),
+      ).rejects.toThrow(/larger than the max message size|too large/i);
+    } finally {
+      await sink.disconnect();
+    }
+  });
+
+  it('records under the limit together go in requests whose record batches the topic takes, headers and framing counted', async () => {
+    const limit = 100_000;
+    const topic = unique('oversize-together');
+    await createTopics([{ topic, partitions: 1, config: { 'max.message.bytes': String(limit) } }]);
+    const sink = createSink(testKafka(), jsonCodec(), undefined, { maxRecordBytes: limit });
+    // Two records whose keys and values come to 20 bytes under the limit, their headers to 400 bytes more.
+    const headers = { a: 'y'.repeat(199), b: 'z'.repeat(199) };
+    const raw = (i: number) => ({ key: 's1', value: 'x'.repeat(limit / 2 - 12), headers, i });
+    const kv = (r: ReturnType<typeof raw>) => Buffer.byteLength(r.key) + Buffer.byteLength(r.value);
+    expect(kv(raw(0)) + kv(raw(1))).toBe(limit - 20);
+    const text = 'x'.repeat(limit / 2 - 400);
+    const out = (id: string) => ({ key: 's1', value: record(id, { arguments: { text } }), headers });
+    const outBytes = (id: string) =>
+      Buffer.byteLength('s1') + Buffer.byteLength(JSON.stringify(out(id).value));
+    expect(outBytes('a') + outBytes('b')).toBeLessThanOrEqual(limit);
+    await sink.connect();
+    try {
+      // Before: cut by keys and values only, each pair went as one record batch, over the limit: the raw pair
+      // was refused as too large, the output pair as a configuration error.
+      await sink.sendRaw(
+        topic,
+        [raw(0), raw(1)].map(({ key, value, headers: h }) => ({ key, value, headers: h })),
+      );
+      await sink.send(topic, 'next-actions.v1', [out('a'), out('b')]);
+      const got = await consumeUntil(topic, (all) => all.length >= 4);
+      expect(got).toHaveLength(4);
+      expect(got.slice(2).map((m) => (JSON.parse(m.value!.toString()) as NextActionRecord).event_id)).toEqual(
+        ['a', 'b'],
+      );
     } finally {
       await sink.disconnect();
     }

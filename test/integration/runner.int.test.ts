@@ -13,6 +13,7 @@ import {
 import { getJson, isReady, killAll, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
 import { parsePrometheus } from '../helpers/prometheus.js';
 import { jsonCodec } from '../../shared/codec.js';
+import { buildDeadLetter, messageBytes } from '../../shared/kafka/dead-letter.js';
 import { createSink, PRODUCE_REQUEST_MAX_RECORDS } from '../../shared/kafka/sink.js';
 import { testKafka } from '../helpers/kafka.js';
 
@@ -163,8 +164,8 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
 
   it.each([
     ['originals beyond 256 KiB kept as a hash', {}],
-    // Paver's own limit set above the broker's: the broker refuses the full record, the hash-only one follows.
-    ['the broker refusing the full record', { PAVER_DEAD_LETTER_MAX_ORIGINAL_BYTES: '10485760' }],
+    // Originals kept up to 10 MiB: the full record is over PAVER_MAX_OUTPUT_BYTES, the hash-only one goes instead.
+    ['the full record over PAVER_MAX_OUTPUT_BYTES', { PAVER_DEAD_LETTER_MAX_ORIGINAL_BYTES: '10485760' }],
   ])(
     'dead-letters a message just under the broker limit and one over PAVER_MAX_MESSAGE_BYTES (%s); the partition flows on',
     async (_what, extra: Record<string, string>) => {
@@ -244,6 +245,78 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
     expect(
       bodies.map((b) => (b.original_b64 === null ? null : Buffer.from(b.original_b64, 'base64'))),
     ).toEqual(bad);
+  });
+
+  it('holds dead letters to PAVER_MAX_OUTPUT_BYTES as the broker counts it: one at the limit keeps its original, one byte over goes hash-only from the start, and each is written once', async () => {
+    const limit = 200_000;
+    const env = serviceEnv({
+      FIXTURE_GROUP_ID: unique('g'),
+      PAVER_MAX_OUTPUT_BYTES: String(limit),
+      // Makes the bad messages `oversize`, whose dead letter's detail is known to the byte.
+      PAVER_MAX_MESSAGE_BYTES: '1024',
+    });
+    await createTopics([
+      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 },
+      { topic: env.PAVER_TOPIC_DEAD_LETTERS!, partitions: 1, config: { 'max.message.bytes': String(limit) } },
+    ]);
+    // Kept as base64, about 197 KB of the 200 KB.
+    const value = Buffer.from('v'.repeat(148_000));
+    const timestamp = 1_700_000_000_000;
+    // The dead letter the runner builds for a message at `offset` with a `pad` header of `n` bytes (its
+    // timestamps are 13 digits, whatever they are).
+    const deadLetterBytes = (offset: string, n: number) =>
+      messageBytes(
+        buildDeadLetter(
+          'recorder',
+          {
+            topic: env.PAVER_TOPIC_TOOL_CALLS!,
+            partition: 0,
+            offset,
+            key: Buffer.from('s'),
+            value,
+            timestamp: String(timestamp),
+            headers: { pad: 'p'.repeat(n) },
+          },
+          'oversize',
+          `${value.length} bytes > PAVER_MAX_MESSAGE_BYTES`,
+          { maxOriginalBytes: 256 * 1024, maxKeyBytes: 1024 },
+          Date.now(),
+        ),
+      );
+    // The header that makes the dead letter exactly the limit (its length's varint grows with it), well under
+    // the 8 KiB of source headers a dead letter carries.
+    let pad = limit - deadLetterBytes('0', 0);
+    while (deadLetterBytes('0', pad) > limit) pad--;
+    expect(pad).toBeGreaterThan(0);
+    expect(pad).toBeLessThan(4096);
+    expect(deadLetterBytes('0', pad)).toBe(limit);
+    expect(deadLetterBytes('1', pad + 1)).toBe(limit + 1);
+    await produce(env.PAVER_TOPIC_TOOL_CALLS!, [
+      { key: 's', value, timestamp, headers: { pad: 'p'.repeat(pad) } },
+      { key: 's', value, timestamp, headers: { pad: 'p'.repeat(pad + 1) } },
+      { key: 's', value: JSON.stringify(event(1)) },
+    ]);
+    const p = await start(env);
+    await waitFor(async () => (await redis.scard(`${env.REDIS_KEY_PREFIX}:seen`)) === 1, 'the good event');
+    await waitFor(
+      () => groupCaughtUp(env.FIXTURE_GROUP_ID!, env.PAVER_TOPIC_TOOL_CALLS!),
+      'the batch committed',
+    );
+    // Before: the one over went out in full, the broker refused it, and the group went again one by one, the
+    // first (already written) with it: three dead letters for two messages.
+    const dl = await consumeUntil(env.PAVER_TOPIC_DEAD_LETTERS!, (all) => all.length >= 2);
+    const bodies = dl.map(
+      (m) => JSON.parse(m.value!.toString()) as { source: { offset: string }; original_b64: string | null },
+    );
+    expect(bodies.map((b) => [b.source.offset, b.original_b64 !== null])).toEqual([
+      ['0', true],
+      ['1', false],
+    ]);
+    expect(dl[0]!.headers.pad).toHaveLength(pad);
+    expect(dl[1]!.headers.pad).toBeUndefined();
+    expect(messageBytes({ key: dl[0]!.key, value: dl[0]!.value, headers: dl[0]!.headers })).toBe(limit);
+    const metrics = parsePrometheus(String((await getJson(p.url('/metrics'))).body));
+    expect(metrics.value('paver_dead_letters_total', { reason: 'oversize' })).toBe(2);
   });
 
   it('times a failed batch (outcome failed) and delivers its records again once the dependency is back', async () => {
