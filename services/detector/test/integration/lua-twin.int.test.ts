@@ -8,7 +8,7 @@ import {
   type BatchOutcome,
 } from '../../src/adapters/redis/store.js';
 import { liveCandidates } from '../../src/core/detect.js';
-import { toOp, type DetectorOp } from '../../src/core/ops.js';
+import { toOp, type DetectorOp, type Scope } from '../../src/core/ops.js';
 import { DEFAULT_PARAMS, stateFingerprint, type DetectorParams } from '../../src/core/params.js';
 import { DetectorState } from '../../src/core/state.js';
 import type { GramStat } from '../../src/core/select.js';
@@ -26,6 +26,32 @@ afterAll(() => redis.disconnect());
 const sortStats = (xs: GramStat[]) => [...xs].sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
 const sortRecords = (xs: { tools: string[]; terms: string[] | null }[]) =>
   xs.map((x) => JSON.stringify(x)).sort();
+
+/** The scope's window as the store holds it, checked equal to core/state.ts's: its stats and records. */
+async function expectSameWindow(store: RedisDetectorStore, state: DetectorState, scope: Scope) {
+  const snap = await store.snapshot(scope);
+  expect(sortStats(snap.stats)).toEqual(sortStats(state.frequentStats(scope)));
+  expect(sortRecords(snap.records)).toEqual(sortRecords(state.windowRecords(scope)));
+  return snap;
+}
+
+/** `ops` applied to both in chunks of 1..maxChunk (drawn from `r`), each chunk's counters checked equal. */
+async function applyInChunks(
+  state: DetectorState,
+  store: RedisDetectorStore,
+  ops: DetectorOp[],
+  r: () => number,
+  maxChunk: number,
+) {
+  for (let i = 0; i < ops.length;) {
+    const chunk = ops.slice(i, i + 1 + Math.floor(r() * maxChunk));
+    i += chunk.length;
+    const { changed, ...mem } = state.applyAll(chunk);
+    const { counts: lua, changed: luaChanged } = countsOf(await store.applyBatch(chunk));
+    expect(lua).toEqual(mem);
+    expect(luaChanged).toBe(changed);
+  }
+}
 
 /**
  * The Lua twin (apply-11.lua, snapshot-3.lua) against core/state.ts on real Redis (issue 11 item 5):
@@ -257,9 +283,7 @@ describe('apply-11.lua = core/state.ts', () => {
       expect(lua).toEqual(memCounts);
       expect(luaChanged).toBe(changed);
     }
-    const snap = await store.snapshot(scope);
-    expect(sortStats(snap.stats)).toEqual(sortStats(state.frequentStats(scope)));
-    expect(sortRecords(snap.records)).toEqual(sortRecords(state.windowRecords(scope)));
+    await expectSameWindow(store, state, scope);
     expect(state.windowTasks(scope).filter((t) => t === 't1')).toHaveLength(1);
   });
 
@@ -309,9 +333,7 @@ describe('apply-11.lua = core/state.ts', () => {
       expect(lua).toEqual(mem);
       expect(luaChanged).toBe(changed);
     }
-    const snap = await store.snapshot(scope);
-    expect(sortStats(snap.stats)).toEqual(sortStats(state.frequentStats(scope)));
-    expect(sortRecords(snap.records)).toEqual(sortRecords(state.windowRecords(scope)));
+    await expectSameWindow(store, state, scope);
   });
 
   it('a window over several buckets keeps the (ts, task_id) order, ties included, by count and by time', async () => {
@@ -345,19 +367,9 @@ describe('apply-11.lua = core/state.ts', () => {
       }
       const state = new DetectorState(params);
       const store = new RedisDetectorStore(redis, params, unique('twin-buckets'));
-      const r = rng(7);
-      for (let i = 0; i < ops.length;) {
-        const chunk = ops.slice(i, i + 1 + Math.floor(r() * 40));
-        i += chunk.length;
-        const { changed, ...mem } = state.applyAll(chunk);
-        const { counts: lua, changed: luaChanged } = countsOf(await store.applyBatch(chunk));
-        expect(lua).toEqual(mem);
-        expect(luaChanged).toBe(changed);
-      }
-      const snap = await store.snapshot(scope);
+      await applyInChunks(state, store, ops, rng(7), 40);
+      const snap = await expectSameWindow(store, state, scope);
       expect(snap.records).toHaveLength(state.windowTasks(scope).length);
-      expect(sortStats(snap.stats)).toEqual(sortStats(state.frequentStats(scope)));
-      expect(sortRecords(snap.records)).toEqual(sortRecords(state.windowRecords(scope)));
     }
   });
 
@@ -401,18 +413,9 @@ describe('apply-11.lua = core/state.ts', () => {
       }
       const state = new DetectorState(params);
       const store = new RedisDetectorStore(redis, params, unique('twin-heap'));
-      for (let i = 0; i < ops.length;) {
-        const chunk = ops.slice(i, i + 1 + Math.floor(r() * 300));
-        i += chunk.length;
-        const { changed, ...mem } = state.applyAll(chunk);
-        const { counts: lua, changed: luaChanged } = countsOf(await store.applyBatch(chunk));
-        expect(lua).toEqual(mem);
-        expect(luaChanged).toBe(changed);
-      }
-      const snap = await store.snapshot(scope);
+      await applyInChunks(state, store, ops, r, 300);
+      const snap = await expectSameWindow(store, state, scope);
       expect(snap.records).toHaveLength(state.windowTasks(scope).length);
-      expect(sortRecords(snap.records)).toEqual(sortRecords(state.windowRecords(scope)));
-      expect(sortStats(snap.stats)).toEqual(sortStats(state.frequentStats(scope)));
     }
   });
 
@@ -498,9 +501,7 @@ describe('apply-11.lua = core/state.ts', () => {
     }
     // The slots freed were taken again: the dictionary is no longer than the names it ever held at once.
     expect(((await redis.get(keys.tools)) ?? '').split('\u001f').length).toBeLessThanOrEqual(5 * 4);
-    const snap = await store.snapshot(scope);
-    expect(sortStats(snap.stats)).toEqual(sortStats(state.frequentStats(scope)));
-    expect(sortRecords(snap.records)).toEqual(sortRecords(state.windowRecords(scope)));
+    await expectSameWindow(store, state, scope);
     const refs = await redis.hgetall(`${keys.tools}:refs`);
     expect(Object.values(refs).reduce((a, n) => a + Number(n), 0)).toBe(
       state.windowRecords(scope).reduce((a, x) => a + x.tools.length, 0),

@@ -142,6 +142,34 @@ export const session = (id: string, at?: { partition: number; offset: number }):
     ...(at ? { partition: at.partition, offset: String(at.offset + i) } : {}),
   }));
 
+/**
+ * Events of session `id` (its one task, same id) of tenant 'acme', agent 'a1', at `offset` of partition 0, each
+ * with the next `ts` (from 1, per builder).
+ */
+export function sessionEvents(id: string) {
+  let ts = 1;
+  return (
+    offset: number,
+    type: ToolCallsEvent['type'],
+    eventId: string,
+    extra: Record<string, unknown> = {},
+  ): Inbound => ({
+    kind: 'event',
+    e: {
+      tenant_id: 'acme',
+      agent_id: 'a1',
+      session_id: id,
+      task_id: id,
+      type,
+      event_id: eventId,
+      ts: ts++,
+      ...extra,
+    } as ToolCallsEvent,
+    partition: 0,
+    offset: String(offset),
+  });
+}
+
 /** A fresh keyspace and flows topic; two stores over the same Redis stand for two writers. */
 export async function place(policy: Omit<PromotionPolicy, 'mode' | 'minSavings'>) {
   const prefix = unique('race');

@@ -1,33 +1,11 @@
 import { afterAll, describe, expect, it } from 'vitest';
-import type { ToolCallsEvent } from '../../../../schemas/index.js';
-import type { Inbound } from '../../src/adapters/engine.js';
 import { RedisFlowStore } from '../../src/adapters/redis/store.js';
-import { closeFixture, engine, place, redis, redisSessions } from './engine-fixture.js';
+import { closeFixture, engine, place, redis, redisSessions, sessionEvents } from './engine-fixture.js';
 
 afterAll(closeFixture);
 
-let ts = 1;
 /** An event of session 's7' at `offset` of partition 0. */
-const ev = (
-  offset: number,
-  type: ToolCallsEvent['type'],
-  eventId: string,
-  extra: Record<string, unknown> = {},
-): Inbound => ({
-  kind: 'event',
-  e: {
-    tenant_id: 'acme',
-    agent_id: 'a1',
-    session_id: 's7',
-    task_id: 's7',
-    type,
-    event_id: eventId,
-    ts: ts++,
-    ...extra,
-  } as ToolCallsEvent,
-  partition: 0,
-  offset: String(offset),
-});
+const ev = sessionEvents('s7');
 
 const firstTask = [
   ev(0, 'user_message', 's7:u1', { text: 'close my account' }),
