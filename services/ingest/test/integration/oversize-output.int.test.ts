@@ -23,6 +23,12 @@ afterAll(async () => {
   await redis.quit();
 });
 
+/** `paver_ingest_payloads_omitted_total` as [field, reason, count] rows, by field. */
+const omittedCounts = async (registry: Registry) =>
+  (await registry.getSingleMetric('paver_ingest_payloads_omitted_total')!.get()).values
+    .map((v) => [v.labels.field, v.labels.reason, v.value])
+    .sort((x, y) => String(x[0]).localeCompare(String(y[0])));
+
 describe('ingest: a tool call too large for PAVER_MAX_OUTPUT_BYTES (real Redis and Kafka)', () => {
   it('is published without its result, else without its arguments, never left out', async () => {
     const big = 'x'.repeat(5 * 1024);
@@ -113,12 +119,7 @@ describe('ingest: a tool span that waited in Redis through a restart that lowere
     expect(got[0]).not.toHaveProperty('args');
     expect(got[0]).not.toHaveProperty('observation');
     expect(got[1]).toMatchObject({ args: { q: 1 }, observation: 'ok' });
-    const omitted = (await registry.getSingleMetric('paver_ingest_payloads_omitted_total')!.get()).values;
-    expect(
-      omitted
-        .map((v) => [v.labels.field, v.labels.reason, v.value])
-        .sort((x, y) => String(x[0]).localeCompare(String(y[0]))),
-    ).toEqual([
+    expect(await omittedCounts(registry)).toEqual([
       ['args', 'oversize', 1],
       ['observation', 'oversize', 1],
     ]);
@@ -167,13 +168,8 @@ describe('ingest: payloads left out, counted once per chunk handled (real Redis 
       await consumeUntil(topic, (all) => all.some((m) => m.value!.toString().includes('"task_completed"')))
     ).map((m) => JSON.parse(m.value!.toString()) as Record<string, unknown>);
     expect(got.map((e) => e.tool ?? e.type)).toEqual(['waited', 'fresh', 'task_completed']);
-    const omitted = (await registry.getSingleMetric('paver_ingest_payloads_omitted_total')!.get()).values;
     // Before: 2 each, counted by the failed attempt and again by the one that published.
-    expect(
-      omitted
-        .map((v) => [v.labels.field, v.labels.reason, v.value])
-        .sort((x, y) => String(x[0]).localeCompare(String(y[0]))),
-    ).toEqual([
+    expect(await omittedCounts(registry)).toEqual([
       ['args', 'oversize', 1],
       ['observation', 'oversize', 1],
     ]);
