@@ -1,5 +1,3 @@
-import { Counter, Gauge } from 'prom-client';
-import type { z } from 'zod';
 import {
   flowCandidateRecordV1,
   flowsFileV1,
@@ -8,7 +6,6 @@ import {
   type RegisteredFlow,
 } from '../../../schemas/index.js';
 import { PaverError, errorMessage } from '../../../shared/errors.js';
-import { describeIssues, readConfigFile } from '../../../shared/jsonl.js';
 import { zodParser, type Parser } from '../../../shared/kafka/runner.js';
 import { createEpoch } from '../../../shared/redis/epoch.js';
 import {
@@ -21,7 +18,10 @@ import {
 import { scopeTag } from '../../../shared/redis/keys.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
 import { FlowsEngine, type Inbound } from './adapters/engine.js';
+import { loadFile } from './adapters/files.js';
+import { flowsTopicWriter } from './adapters/flows-topic.js';
 import { flowRoutes } from './adapters/http.js';
+import { createFlowsMetrics } from './adapters/metrics.js';
 import { RedisFlowStore } from './adapters/redis/store.js';
 import { createRegistryFeed } from './adapters/registry-feed.js';
 import { CandidateStates, createStateFeed, stateWriter } from './adapters/state-feed.js';
@@ -37,19 +37,6 @@ import {
   type FlowsEnv,
   type PolicyFile,
 } from './config.js';
-
-async function loadFile<T>(path: string, schema: z.ZodType<T>, what: string): Promise<T> {
-  let raw: unknown;
-  try {
-    raw = await readConfigFile(path);
-  } catch (err) {
-    throw new PaverError('CONFIG_INVALID', `${what}: cannot read ${path}: ${errorMessage(err)}`);
-  }
-  const r = schema.safeParse(raw);
-  if (!r.success)
-    throw new PaverError('CONFIG_INVALID', `${what} ${path}: ${describeIssues(r.error.issues)}`);
-  return r.data;
-}
 
 export const service: ServiceSpec<FlowsEnv, Inbound> = {
   name: 'flows',
@@ -69,71 +56,9 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
     const stateTopic = stateTopicOf(env);
     const states = new CandidateStates();
     const store = new RedisFlowStore(redis, env.REDIS_KEY_PREFIX, stateWriter(sink, stateTopic, states));
-    const r = [metrics.registry];
-    const selections = new Counter({
-      name: 'paver_flows_selections_total',
-      help: 'Flow selections, by path.',
-      labelNames: ['path'],
-      registers: r,
-    });
-    const modelCalls = new Counter({
-      name: 'paver_flows_model_calls_total',
-      help: 'Chat model calls, by outcome.',
-      labelNames: ['outcome'],
-      registers: r,
-    });
-    const decisions = new Counter({
-      name: 'paver_flows_candidate_decisions_total',
-      help: 'Candidate state changes, by status.',
-      labelNames: ['status'],
-      registers: r,
-    });
-    const unpromotable = new Counter({
-      name: 'paver_flows_promotions_refused_total',
-      help: 'Promotions refused because the flow would break the flows.v1 contract (the candidate stays pending).',
-      registers: r,
-    });
-    const shadowTrials = new Counter({
-      name: 'paver_flows_shadow_trials_total',
-      help: 'Shadow choices of pending candidates scored against what the agent did.',
-      registers: r,
-    });
-    const contention = new Counter({
-      name: 'paver_flows_write_conflicts_total',
-      help: 'Candidate writes that lost to another writer of the same candidate and were decided again.',
-      registers: r,
-    });
-    const orphans = new Counter({
-      name: 'paver_flows_orphans_withdrawn_total',
-      help: 'Promoted flows found on the flows topic with a candidate decided otherwise, and withdrawn.',
-      registers: r,
-    });
-    const manualWithdrawn = new Counter({
-      name: 'paver_flows_manual_withdrawn_total',
-      help: 'Hand-written flows withdrawn from the flows topic at a start because FLOWS_FILE no longer defines them.',
-      registers: r,
-    });
-    const rebuilds = new Counter({
-      name: 'paver_flows_state_rebuilds_total',
-      help: 'Rebuilds of the Redis state from Kafka, by reason (start, lost) and outcome.',
-      labelNames: ['reason', 'outcome'],
-      registers: r,
-    });
-    new Gauge({
-      name: 'paver_flows_shadow_pool',
-      help: 'Pending candidates under shadow trial that this instance chooses among for each request.',
-      registers: r,
-      collect() {
-        this.set(engine.shadow.size);
-      },
-    });
-    new Gauge({
-      name: 'paver_flows_registered',
-      help: 'Flows in the registry.',
-      registers: r,
-      collect() {
-        this.set(registry.size);
-      },
+    const m = createFlowsMetrics(metrics.registry, {
+      shadowPool: () => engine.shadow.size,
+      registered: () => registry.size,
     });
     const chatCfg = env.FLOWS_CHAT_URL
       ? { baseUrl: env.FLOWS_CHAT_URL, apiKey: env.FLOWS_CHAT_API_KEY, model: env.FLOWS_CHAT_MODEL }
@@ -152,7 +77,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       chat: chatCfg,
       embeddings: embCfg,
       budgetMs: env.FLOWS_SELECT_BUDGET_MS,
-      onModel: (o) => modelCalls.inc({ outcome: o }),
+      onModel: (o) => m.modelCalls.inc({ outcome: o }),
       outcomes,
     };
     const feed = createRegistryFeed(
@@ -164,35 +89,23 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       },
       runtime,
     );
-    const publishFlows = (flows: RegisteredFlow[]) =>
-      sink.send(
-        env.PAVER_TOPIC_FLOWS,
-        'flows.v1',
-        flows.map((flow) => ({ key: flow.id, value: { schema_version: 1, flow } })),
-        'keep',
-      );
-    // Tombstones: the registry feed removes the flow on every instance.
-    const withdrawFlows = (ids: string[]) =>
-      sink.sendRaw(
-        env.PAVER_TOPIC_FLOWS,
-        ids.map((id) => ({ key: id, value: null })),
-      );
+    const { publish: publishFlows, withdraw: withdrawFlows } = flowsTopicWriter(sink, env.PAVER_TOPIC_FLOWS);
     const engine = new FlowsEngine({
       store,
       publishFlows,
       withdrawFlows,
-      onContention: () => contention.inc(),
+      onContention: () => m.contention.inc(),
       selector,
       promotionPolicy: policy.promotion,
       selectPolicy: policy.select,
       now: Date.now,
-      onDecision: (status) => decisions.inc({ status }),
-      onSelection: (path) => selections.inc({ path }),
+      onDecision: (status) => m.decisions.inc({ status }),
+      onSelection: (path) => m.selections.inc({ path }),
       onUnpromotable: (tenant, agent, key, why) => {
-        unpromotable.inc();
+        m.unpromotable.inc();
         log.warn({ tenant, agent, dedupe_key: key, why }, 'promotion refused: the flow would break flows.v1');
       },
-      onShadow: () => shadowTrials.inc(),
+      onShadow: () => m.shadowTrials.inc(),
       evidenceRuns: env.FLOWS_EVIDENCE_RUNS,
       evidenceMaxChars: env.FLOWS_EVIDENCE_MAX_CHARS,
       sessions: {
@@ -271,7 +184,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       log,
       rebuild,
       goOn: isRunning,
-      onRebuild: (reason, outcome) => rebuilds.inc({ reason, outcome }),
+      onRebuild: (reason, outcome) => m.rebuilds.inc({ reason, outcome }),
     });
 
     const parseCandidate = zodParser(flowCandidateRecordV1);
@@ -315,7 +228,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
             if (gone.length) {
               await withdrawFlows(gone.map((f) => f.id));
               for (const f of gone) registry.remove(f.id);
-              manualWithdrawn.inc(gone.length);
+              m.manualWithdrawn.inc(gone.length);
               log.info({ count: gone.length }, 'hand-written flows no longer in FLOWS_FILE withdrawn');
             }
           } else
@@ -353,7 +266,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
               .reconcileRegistry(registry.all(), env.FLOWS_RECONCILE_MIN_AGE_MS)
               .then((n) => {
                 if (n) {
-                  orphans.inc(n);
+                  m.orphans.inc(n);
                   log.warn(
                     { withdrawn: n },
                     'withdrew promoted flows whose candidates were decided otherwise',
@@ -408,7 +321,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
                 log.debug({ err: errorMessage(err) }, 'past outcomes not read for a selection'),
               );
           const sel = await select(selector, t, a, query, summaries, policy.select(t, a));
-          selections.inc({ path: sel.path });
+          m.selections.inc({ path: sel.path });
           return sel;
         },
         // Candidates live in Redis: never read or decide them in a Redis that lost them (selection does not need it).
