@@ -3,32 +3,27 @@ import {
   flowsFileV1,
   TOOL_CALLS_EVENT_TYPES,
   toolCallsEventV1,
-  type RegisteredFlow,
 } from '../../../schemas/index.js';
-import { PaverError, errorMessage } from '../../../shared/errors.js';
+import { errorMessage } from '../../../shared/errors.js';
 import { zodParser, type Parser } from '../../../shared/kafka/runner.js';
 import { createEpoch } from '../../../shared/redis/epoch.js';
-import {
-  createStateGuard,
-  ensureHeartbeating,
-  RebuildStopped,
-  whileGoingOn,
-  type RebuildReason,
-} from '../../../shared/redis/rebuild.js';
-import { scopeTag } from '../../../shared/redis/keys.js';
+import { createStateGuard, ensureHeartbeating } from '../../../shared/redis/rebuild.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
 import { FlowsEngine, type Inbound } from './adapters/engine.js';
 import { loadFile } from './adapters/files.js';
 import { flowsTopicWriter } from './adapters/flows-topic.js';
 import { flowRoutes } from './adapters/http.js';
+import { syncManualFlows } from './adapters/manual-flows.js';
 import { createFlowsMetrics } from './adapters/metrics.js';
+import { createRebuild } from './adapters/rebuild.js';
 import { RedisFlowStore } from './adapters/redis/store.js';
 import { createRegistryFeed } from './adapters/registry-feed.js';
 import { CandidateStates, createStateFeed, stateWriter } from './adapters/state-feed.js';
-import { fillVectors, select, type SelectorDeps } from './adapters/selector.js';
+import { select, type SelectorDeps } from './adapters/selector.js';
+import { startTimers, vectorRefresher, type Timers } from './adapters/timers.js';
 import { OutcomeBook } from './core/outcomes.js';
 import { PromptCache } from './core/prompt.js';
-import { FlowRegistry, manualFlowsGone, registerManualFlows } from './core/registry.js';
+import { FlowRegistry } from './core/registry.js';
 import {
   flowsEnvSchema,
   policies,
@@ -119,16 +114,10 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       },
     });
 
-    let vectorTimer: NodeJS.Timeout | null = null;
-    let owedTimer: NodeJS.Timeout | null = null;
-    let reconcileTimer: NodeJS.Timeout | null = null;
-    let reconciling: Promise<void> | null = null;
-    const refreshVectors = async () => {
-      if (!embCfg) return;
-      await fillVectors(registry, embCfg, env.FLOWS_SELECT_BUDGET_MS * 5).catch((err: unknown) =>
-        log.warn({ err: errorMessage(err) }, 'flow embeddings failed; sparse recall only until the next try'),
-      );
-    };
+    let timers: Timers | null = null;
+    const refreshVectors = embCfg
+      ? vectorRefresher(registry, embCfg, env.FLOWS_SELECT_BUDGET_MS * 5, log)
+      : undefined;
 
     // Other instances' decisions reach this instance's shadow pool as they are made, not only at its next start.
     const stateFeed = createStateFeed(
@@ -141,44 +130,17 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       (t, a, c) => engine.shadowState(t, a, c),
     );
     const outcomeCapacity = policy.outcome().capacity;
-    /**
-     * Redis from Kafka: candidates' states from the state topic (HSETNX: a newer live write wins), promoted
-     * flows from the registry (the flows topic), and the outcome memory this instance holds. The feeds must
-     * have read their topics to the end first, or the copy would miss what was decided before the loss. A stop
-     * (`goOn` false) ends the wait and the copy between scopes; the next start rebuilds again (it always does).
-     * The outcome memory goes first and whole, stop or not: no topic holds it, so a rebuild given up before it
-     * would lose it for good, while the next start restores the rest from the topics. It is bounded by what this
-     * instance holds in memory (the scopes it loaded, `capacity` runs each).
-     */
-    const rebuild = async (reason: RebuildReason, goOn: () => boolean) => {
-      let runs = 0;
-      for (const o of outcomes.entries()) {
-        await store.restoreRuns(o.tenant, o.agent, o.runs, outcomeCapacity);
-        runs += o.runs.length;
-      }
-      if (!(await whileGoingOn(goOn, stateFeed.caughtUp(env.FLOWS_REGISTRY_WAIT_MS))))
-        throw new PaverError('KAFKA_UNAVAILABLE', 'flows state topic not read to its end yet');
-      if (!(await whileGoingOn(goOn, feed.caughtUp(env.FLOWS_REGISTRY_WAIT_MS))))
-        throw new PaverError('KAFKA_UNAVAILABLE', 'flows topic not read to its end yet');
-      const flows = new Map<string, RegisteredFlow[]>();
-      for (const f of registry.all()) {
-        if (f.source !== 'promoted') continue;
-        const k = scopeTag(f.tenant_id, f.agent_id);
-        flows.set(k, [...(flows.get(k) ?? []), f]);
-      }
-      let candidates = 0;
-      for (const s of states.entries()) {
-        if (!goOn()) throw new RebuildStopped();
-        await store.restore(s.tenant, s.agent, s.candidates, flows.get(scopeTag(s.tenant, s.agent)) ?? []);
-        flows.delete(scopeTag(s.tenant, s.agent));
-        candidates += s.candidates.length;
-      }
-      for (const fs of flows.values()) {
-        if (!goOn()) throw new RebuildStopped();
-        await store.restore(fs[0]!.tenant_id, fs[0]!.agent_id, [], fs);
-      }
-      log.info({ reason, candidates, flows: registry.size, runs }, 'flows state restored to redis');
-    };
+    const rebuild = createRebuild({
+      store,
+      outcomes,
+      outcomeCapacity,
+      stateFeed,
+      states,
+      feed,
+      registry,
+      waitMs: env.FLOWS_REGISTRY_WAIT_MS,
+      log,
+    });
     const guard = createStateGuard({
       epoch: createEpoch(redis, `${env.REDIS_KEY_PREFIX}:flows:epoch`),
       log,
@@ -214,28 +176,15 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         if (!isRunning()) return;
         if (loaded) log.info({ flows: registry.size }, 'flow registry loaded');
         else log.warn('flows topic not caught up yet; consuming anyway, /readyz says so');
-        if (env.FLOWS_FILE) {
-          // Hand-written flows join the same registry: published (idempotent by id) so every instance sees them.
-          const flows = registerManualFlows(manual, registry, Date.now());
-          if (flows.length) {
-            await publishFlows(flows);
-            for (const f of flows) registry.upsert(f);
-            log.info({ count: flows.length }, 'hand-written flows registered');
-          }
-          // Only against a registry read to its end: one still loading does not show every flow the file dropped.
-          if (loaded) {
-            const gone = manualFlowsGone(flows, registry.all());
-            if (gone.length) {
-              await withdrawFlows(gone.map((f) => f.id));
-              for (const f of gone) registry.remove(f.id);
-              m.manualWithdrawn.inc(gone.length);
-              log.info({ count: gone.length }, 'hand-written flows no longer in FLOWS_FILE withdrawn');
-            }
-          } else
-            log.warn(
-              'hand-written flows taken out of FLOWS_FILE are withdrawn at a start that reads the flows topic to its end',
-            );
-        }
+        if (env.FLOWS_FILE)
+          await syncManualFlows(manual, loaded, {
+            registry,
+            publishFlows,
+            withdrawFlows,
+            onWithdrawn: (n) => m.manualWithdrawn.inc(n),
+            log,
+            now: Date.now,
+          });
         // The first use always rebuilds (idempotent): a process that died mid-rebuild left the marker behind.
         await guard.ensure().catch(() => {
           // Logged by the guard; still owed, so the first batch retries it and /readyz stays false till then.
@@ -243,45 +192,20 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         // A stop during the restore ended it: the stop may have passed its close() already, which clears timers
         // that did not exist yet; those set now would run on closed clients (as in the sequencer and autoseq).
         if (!isRunning()) return;
-        await refreshVectors();
+        await refreshVectors?.();
         // Asked again, with no await between it and the timers: the stop may have come during the embeddings.
         if (!isRunning()) return;
-        if (embCfg) vectorTimer = setInterval(() => void refreshVectors(), 30_000).unref();
-        // Writes that did not land may leave the topics to set right; batches do it first, this when none come.
-        owedTimer = setInterval(() => {
-          if (!engine.hasOwed || !guard.ready()) return;
-          engine
-            .settleOwed()
-            .catch((err: unknown) =>
-              log.warn({ err: errorMessage(err) }, 'setting the flows topics right failed; trying again'),
-            );
-        }, 10_000).unref();
-        // Anti-entropy: a promotion that published and died before its write leaves a flow the topic should not
-        // hold once the candidate is decided otherwise. Only against a state known intact and a registry read
-        // to the end.
-        if (env.FLOWS_RECONCILE_MS > 0) {
-          reconcileTimer = setInterval(() => {
-            if (reconciling || !guard.ready() || !feed.isCaughtUp()) return;
-            reconciling = engine
-              .reconcileRegistry(registry.all(), env.FLOWS_RECONCILE_MIN_AGE_MS)
-              .then((n) => {
-                if (n) {
-                  m.orphans.inc(n);
-                  log.warn(
-                    { withdrawn: n },
-                    'withdrew promoted flows whose candidates were decided otherwise',
-                  );
-                }
-              })
-              .catch((err: unknown) =>
-                log.warn(
-                  { err: errorMessage(err) },
-                  'checking the flows topic against the candidates failed',
-                ),
-              )
-              .finally(() => (reconciling = null));
-          }, env.FLOWS_RECONCILE_MS).unref();
-        }
+        timers = startTimers({
+          engine,
+          guard,
+          feed,
+          registry,
+          refreshVectors,
+          reconcileMs: env.FLOWS_RECONCILE_MS,
+          reconcileMinAgeMs: env.FLOWS_RECONCILE_MIN_AGE_MS,
+          onOrphans: (n) => m.orphans.inc(n),
+          log,
+        });
       },
       // Sessions may move to another instance: this one reads them back from Redis if they come back.
       onRebalance: () => engine.forgetSessions(),
@@ -328,10 +252,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         ensureState: () => guard.ensure(),
       }),
       close: async () => {
-        if (vectorTimer) clearInterval(vectorTimer);
-        if (owedTimer) clearInterval(owedTimer);
-        if (reconcileTimer) clearInterval(reconcileTimer);
-        await reconciling;
+        await timers?.stop();
         await Promise.all([feed.stop(), stateFeed.stop()]);
       },
     };
