@@ -1,34 +1,29 @@
-import { Counter, Gauge } from 'prom-client';
-import type { z } from 'zod';
 import {
   flowCandidateRecordV1,
   flowsFileV1,
   TOOL_CALLS_EVENT_TYPES,
   toolCallsEventV1,
-  type RegisteredFlow,
 } from '../../../schemas/index.js';
-import { PaverError, errorMessage } from '../../../shared/errors.js';
-import { describeIssues, readConfigFile } from '../../../shared/jsonl.js';
+import { errorMessage } from '../../../shared/errors.js';
 import { zodParser, type Parser } from '../../../shared/kafka/runner.js';
 import { createEpoch } from '../../../shared/redis/epoch.js';
-import {
-  createStateGuard,
-  ensureHeartbeating,
-  RebuildStopped,
-  whileGoingOn,
-  type RebuildReason,
-} from '../../../shared/redis/rebuild.js';
-import { scopeTag } from '../../../shared/redis/keys.js';
+import { createStateGuard, ensureHeartbeating } from '../../../shared/redis/rebuild.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
 import { FlowsEngine, type Inbound } from './adapters/engine.js';
+import { loadFile } from './adapters/files.js';
+import { flowsTopicWriter } from './adapters/flows-topic.js';
 import { flowRoutes } from './adapters/http.js';
+import { syncManualFlows } from './adapters/manual-flows.js';
+import { createFlowsMetrics } from './adapters/metrics.js';
+import { createRebuild } from './adapters/rebuild.js';
 import { RedisFlowStore } from './adapters/redis/store.js';
 import { createRegistryFeed } from './adapters/registry-feed.js';
 import { CandidateStates, createStateFeed, stateWriter } from './adapters/state-feed.js';
-import { fillVectors, select, type SelectorDeps } from './adapters/selector.js';
+import { select, type SelectorDeps } from './adapters/selector.js';
+import { startTimers, vectorRefresher, type Timers } from './adapters/timers.js';
 import { OutcomeBook } from './core/outcomes.js';
 import { PromptCache } from './core/prompt.js';
-import { FlowRegistry, manualFlowsGone, registerManualFlows } from './core/registry.js';
+import { FlowRegistry } from './core/registry.js';
 import {
   flowsEnvSchema,
   policies,
@@ -37,19 +32,6 @@ import {
   type FlowsEnv,
   type PolicyFile,
 } from './config.js';
-
-async function loadFile<T>(path: string, schema: z.ZodType<T>, what: string): Promise<T> {
-  let raw: unknown;
-  try {
-    raw = await readConfigFile(path);
-  } catch (err) {
-    throw new PaverError('CONFIG_INVALID', `${what}: cannot read ${path}: ${errorMessage(err)}`);
-  }
-  const r = schema.safeParse(raw);
-  if (!r.success)
-    throw new PaverError('CONFIG_INVALID', `${what} ${path}: ${describeIssues(r.error.issues)}`);
-  return r.data;
-}
 
 export const service: ServiceSpec<FlowsEnv, Inbound> = {
   name: 'flows',
@@ -69,71 +51,9 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
     const stateTopic = stateTopicOf(env);
     const states = new CandidateStates();
     const store = new RedisFlowStore(redis, env.REDIS_KEY_PREFIX, stateWriter(sink, stateTopic, states));
-    const r = [metrics.registry];
-    const selections = new Counter({
-      name: 'paver_flows_selections_total',
-      help: 'Flow selections, by path.',
-      labelNames: ['path'],
-      registers: r,
-    });
-    const modelCalls = new Counter({
-      name: 'paver_flows_model_calls_total',
-      help: 'Chat model calls, by outcome.',
-      labelNames: ['outcome'],
-      registers: r,
-    });
-    const decisions = new Counter({
-      name: 'paver_flows_candidate_decisions_total',
-      help: 'Candidate state changes, by status.',
-      labelNames: ['status'],
-      registers: r,
-    });
-    const unpromotable = new Counter({
-      name: 'paver_flows_promotions_refused_total',
-      help: 'Promotions refused because the flow would break the flows.v1 contract (the candidate stays pending).',
-      registers: r,
-    });
-    const shadowTrials = new Counter({
-      name: 'paver_flows_shadow_trials_total',
-      help: 'Shadow choices of pending candidates scored against what the agent did.',
-      registers: r,
-    });
-    const contention = new Counter({
-      name: 'paver_flows_write_conflicts_total',
-      help: 'Candidate writes that lost to another writer of the same candidate and were decided again.',
-      registers: r,
-    });
-    const orphans = new Counter({
-      name: 'paver_flows_orphans_withdrawn_total',
-      help: 'Promoted flows found on the flows topic with a candidate decided otherwise, and withdrawn.',
-      registers: r,
-    });
-    const manualWithdrawn = new Counter({
-      name: 'paver_flows_manual_withdrawn_total',
-      help: 'Hand-written flows withdrawn from the flows topic at a start because FLOWS_FILE no longer defines them.',
-      registers: r,
-    });
-    const rebuilds = new Counter({
-      name: 'paver_flows_state_rebuilds_total',
-      help: 'Rebuilds of the Redis state from Kafka, by reason (start, lost) and outcome.',
-      labelNames: ['reason', 'outcome'],
-      registers: r,
-    });
-    new Gauge({
-      name: 'paver_flows_shadow_pool',
-      help: 'Pending candidates under shadow trial that this instance chooses among for each request.',
-      registers: r,
-      collect() {
-        this.set(engine.shadow.size);
-      },
-    });
-    new Gauge({
-      name: 'paver_flows_registered',
-      help: 'Flows in the registry.',
-      registers: r,
-      collect() {
-        this.set(registry.size);
-      },
+    const m = createFlowsMetrics(metrics.registry, {
+      shadowPool: () => engine.shadow.size,
+      registered: () => registry.size,
     });
     const chatCfg = env.FLOWS_CHAT_URL
       ? { baseUrl: env.FLOWS_CHAT_URL, apiKey: env.FLOWS_CHAT_API_KEY, model: env.FLOWS_CHAT_MODEL }
@@ -152,7 +72,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       chat: chatCfg,
       embeddings: embCfg,
       budgetMs: env.FLOWS_SELECT_BUDGET_MS,
-      onModel: (o) => modelCalls.inc({ outcome: o }),
+      onModel: (o) => m.modelCalls.inc({ outcome: o }),
       outcomes,
     };
     const feed = createRegistryFeed(
@@ -164,35 +84,23 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       },
       runtime,
     );
-    const publishFlows = (flows: RegisteredFlow[]) =>
-      sink.send(
-        env.PAVER_TOPIC_FLOWS,
-        'flows.v1',
-        flows.map((flow) => ({ key: flow.id, value: { schema_version: 1, flow } })),
-        'keep',
-      );
-    // Tombstones: the registry feed removes the flow on every instance.
-    const withdrawFlows = (ids: string[]) =>
-      sink.sendRaw(
-        env.PAVER_TOPIC_FLOWS,
-        ids.map((id) => ({ key: id, value: null })),
-      );
+    const { publish: publishFlows, withdraw: withdrawFlows } = flowsTopicWriter(sink, env.PAVER_TOPIC_FLOWS);
     const engine = new FlowsEngine({
       store,
       publishFlows,
       withdrawFlows,
-      onContention: () => contention.inc(),
+      onContention: () => m.contention.inc(),
       selector,
       promotionPolicy: policy.promotion,
       selectPolicy: policy.select,
       now: Date.now,
-      onDecision: (status) => decisions.inc({ status }),
-      onSelection: (path) => selections.inc({ path }),
+      onDecision: (status) => m.decisions.inc({ status }),
+      onSelection: (path) => m.selections.inc({ path }),
       onUnpromotable: (tenant, agent, key, why) => {
-        unpromotable.inc();
+        m.unpromotable.inc();
         log.warn({ tenant, agent, dedupe_key: key, why }, 'promotion refused: the flow would break flows.v1');
       },
-      onShadow: () => shadowTrials.inc(),
+      onShadow: () => m.shadowTrials.inc(),
       evidenceRuns: env.FLOWS_EVIDENCE_RUNS,
       evidenceMaxChars: env.FLOWS_EVIDENCE_MAX_CHARS,
       sessions: {
@@ -206,16 +114,10 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       },
     });
 
-    let vectorTimer: NodeJS.Timeout | null = null;
-    let owedTimer: NodeJS.Timeout | null = null;
-    let reconcileTimer: NodeJS.Timeout | null = null;
-    let reconciling: Promise<void> | null = null;
-    const refreshVectors = async () => {
-      if (!embCfg) return;
-      await fillVectors(registry, embCfg, env.FLOWS_SELECT_BUDGET_MS * 5).catch((err: unknown) =>
-        log.warn({ err: errorMessage(err) }, 'flow embeddings failed; sparse recall only until the next try'),
-      );
-    };
+    let timers: Timers | null = null;
+    const refreshVectors = embCfg
+      ? vectorRefresher(registry, embCfg, env.FLOWS_SELECT_BUDGET_MS * 5, log)
+      : undefined;
 
     // Other instances' decisions reach this instance's shadow pool as they are made, not only at its next start.
     const stateFeed = createStateFeed(
@@ -228,50 +130,23 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       (t, a, c) => engine.shadowState(t, a, c),
     );
     const outcomeCapacity = policy.outcome().capacity;
-    /**
-     * Redis from Kafka: candidates' states from the state topic (HSETNX: a newer live write wins), promoted
-     * flows from the registry (the flows topic), and the outcome memory this instance holds. The feeds must
-     * have read their topics to the end first, or the copy would miss what was decided before the loss. A stop
-     * (`goOn` false) ends the wait and the copy between scopes; the next start rebuilds again (it always does).
-     * The outcome memory goes first and whole, stop or not: no topic holds it, so a rebuild given up before it
-     * would lose it for good, while the next start restores the rest from the topics. It is bounded by what this
-     * instance holds in memory (the scopes it loaded, `capacity` runs each).
-     */
-    const rebuild = async (reason: RebuildReason, goOn: () => boolean) => {
-      let runs = 0;
-      for (const o of outcomes.entries()) {
-        await store.restoreRuns(o.tenant, o.agent, o.runs, outcomeCapacity);
-        runs += o.runs.length;
-      }
-      if (!(await whileGoingOn(goOn, stateFeed.caughtUp(env.FLOWS_REGISTRY_WAIT_MS))))
-        throw new PaverError('KAFKA_UNAVAILABLE', 'flows state topic not read to its end yet');
-      if (!(await whileGoingOn(goOn, feed.caughtUp(env.FLOWS_REGISTRY_WAIT_MS))))
-        throw new PaverError('KAFKA_UNAVAILABLE', 'flows topic not read to its end yet');
-      const flows = new Map<string, RegisteredFlow[]>();
-      for (const f of registry.all()) {
-        if (f.source !== 'promoted') continue;
-        const k = scopeTag(f.tenant_id, f.agent_id);
-        flows.set(k, [...(flows.get(k) ?? []), f]);
-      }
-      let candidates = 0;
-      for (const s of states.entries()) {
-        if (!goOn()) throw new RebuildStopped();
-        await store.restore(s.tenant, s.agent, s.candidates, flows.get(scopeTag(s.tenant, s.agent)) ?? []);
-        flows.delete(scopeTag(s.tenant, s.agent));
-        candidates += s.candidates.length;
-      }
-      for (const fs of flows.values()) {
-        if (!goOn()) throw new RebuildStopped();
-        await store.restore(fs[0]!.tenant_id, fs[0]!.agent_id, [], fs);
-      }
-      log.info({ reason, candidates, flows: registry.size, runs }, 'flows state restored to redis');
-    };
+    const rebuild = createRebuild({
+      store,
+      outcomes,
+      outcomeCapacity,
+      stateFeed,
+      states,
+      feed,
+      registry,
+      waitMs: env.FLOWS_REGISTRY_WAIT_MS,
+      log,
+    });
     const guard = createStateGuard({
       epoch: createEpoch(redis, `${env.REDIS_KEY_PREFIX}:flows:epoch`),
       log,
       rebuild,
       goOn: isRunning,
-      onRebuild: (reason, outcome) => rebuilds.inc({ reason, outcome }),
+      onRebuild: (reason, outcome) => m.rebuilds.inc({ reason, outcome }),
     });
 
     const parseCandidate = zodParser(flowCandidateRecordV1);
@@ -301,28 +176,15 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         if (!isRunning()) return;
         if (loaded) log.info({ flows: registry.size }, 'flow registry loaded');
         else log.warn('flows topic not caught up yet; consuming anyway, /readyz says so');
-        if (env.FLOWS_FILE) {
-          // Hand-written flows join the same registry: published (idempotent by id) so every instance sees them.
-          const flows = registerManualFlows(manual, registry, Date.now());
-          if (flows.length) {
-            await publishFlows(flows);
-            for (const f of flows) registry.upsert(f);
-            log.info({ count: flows.length }, 'hand-written flows registered');
-          }
-          // Only against a registry read to its end: one still loading does not show every flow the file dropped.
-          if (loaded) {
-            const gone = manualFlowsGone(flows, registry.all());
-            if (gone.length) {
-              await withdrawFlows(gone.map((f) => f.id));
-              for (const f of gone) registry.remove(f.id);
-              manualWithdrawn.inc(gone.length);
-              log.info({ count: gone.length }, 'hand-written flows no longer in FLOWS_FILE withdrawn');
-            }
-          } else
-            log.warn(
-              'hand-written flows taken out of FLOWS_FILE are withdrawn at a start that reads the flows topic to its end',
-            );
-        }
+        if (env.FLOWS_FILE)
+          await syncManualFlows(manual, loaded, {
+            registry,
+            publishFlows,
+            withdrawFlows,
+            onWithdrawn: (n) => m.manualWithdrawn.inc(n),
+            log,
+            now: Date.now,
+          });
         // The first use always rebuilds (idempotent): a process that died mid-rebuild left the marker behind.
         await guard.ensure().catch(() => {
           // Logged by the guard; still owed, so the first batch retries it and /readyz stays false till then.
@@ -330,45 +192,20 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         // A stop during the restore ended it: the stop may have passed its close() already, which clears timers
         // that did not exist yet; those set now would run on closed clients (as in the sequencer and autoseq).
         if (!isRunning()) return;
-        await refreshVectors();
+        await refreshVectors?.();
         // Asked again, with no await between it and the timers: the stop may have come during the embeddings.
         if (!isRunning()) return;
-        if (embCfg) vectorTimer = setInterval(() => void refreshVectors(), 30_000).unref();
-        // Writes that did not land may leave the topics to set right; batches do it first, this when none come.
-        owedTimer = setInterval(() => {
-          if (!engine.hasOwed || !guard.ready()) return;
-          engine
-            .settleOwed()
-            .catch((err: unknown) =>
-              log.warn({ err: errorMessage(err) }, 'setting the flows topics right failed; trying again'),
-            );
-        }, 10_000).unref();
-        // Anti-entropy: a promotion that published and died before its write leaves a flow the topic should not
-        // hold once the candidate is decided otherwise. Only against a state known intact and a registry read
-        // to the end.
-        if (env.FLOWS_RECONCILE_MS > 0) {
-          reconcileTimer = setInterval(() => {
-            if (reconciling || !guard.ready() || !feed.isCaughtUp()) return;
-            reconciling = engine
-              .reconcileRegistry(registry.all(), env.FLOWS_RECONCILE_MIN_AGE_MS)
-              .then((n) => {
-                if (n) {
-                  orphans.inc(n);
-                  log.warn(
-                    { withdrawn: n },
-                    'withdrew promoted flows whose candidates were decided otherwise',
-                  );
-                }
-              })
-              .catch((err: unknown) =>
-                log.warn(
-                  { err: errorMessage(err) },
-                  'checking the flows topic against the candidates failed',
-                ),
-              )
-              .finally(() => (reconciling = null));
-          }, env.FLOWS_RECONCILE_MS).unref();
-        }
+        timers = startTimers({
+          engine,
+          guard,
+          feed,
+          registry,
+          refreshVectors,
+          reconcileMs: env.FLOWS_RECONCILE_MS,
+          reconcileMinAgeMs: env.FLOWS_RECONCILE_MIN_AGE_MS,
+          onOrphans: (n) => m.orphans.inc(n),
+          log,
+        });
       },
       // Sessions may move to another instance: this one reads them back from Redis if they come back.
       onRebalance: () => engine.forgetSessions(),
@@ -408,17 +245,14 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
                 log.debug({ err: errorMessage(err) }, 'past outcomes not read for a selection'),
               );
           const sel = await select(selector, t, a, query, summaries, policy.select(t, a));
-          selections.inc({ path: sel.path });
+          m.selections.inc({ path: sel.path });
           return sel;
         },
         // Candidates live in Redis: never read or decide them in a Redis that lost them (selection does not need it).
         ensureState: () => guard.ensure(),
       }),
       close: async () => {
-        if (vectorTimer) clearInterval(vectorTimer);
-        if (owedTimer) clearInterval(owedTimer);
-        if (reconcileTimer) clearInterval(reconcileTimer);
-        await reconciling;
+        await timers?.stop();
         await Promise.all([feed.stop(), stateFeed.stop()]);
       },
     };
