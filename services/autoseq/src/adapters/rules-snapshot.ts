@@ -34,9 +34,9 @@ export interface RuleSnapshotsSpec {
   /** Registers the scopes copied, under their leases (`ScopeRetirement.register`); absent: no registry. */
   register?: (scopes: readonly { tenant: string; agent: string }[]) => Promise<void>;
   /**
-   * A copy whose send outlasted its leases: the scopes it copied are queued for the sweep
-   * (`ScopeRetirement.queueRetiring`), since one retired meanwhile would keep the records that landed after its
-   * tombstones for ever; a live one keeps what it holds.
+   * A copy whose send outlasted its leases: the scopes it copied are handed to `ScopeRetirement.afterStaleCopy`
+   * (queued for the sweep, or without one fenced at once), since one retired or forgotten meanwhile would keep
+   * the records that landed after its tombstones for ever; a live one keeps what it holds.
    */
   requeue?: (scopes: ContextsWritten[]) => Promise<unknown>;
   metrics: {

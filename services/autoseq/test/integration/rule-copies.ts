@@ -70,7 +70,7 @@ export function ruleCopier(
     paused: () => false,
     metrics,
     register: retirement && ((scopes) => retirement.register(scopes)),
-    requeue: retirement && ((scopes) => retirement.queueRetiring(scopes)),
+    requeue: retirement && ((scopes) => retirement.afterStaleCopy(scopes)),
   });
   return { snapshots, metrics };
 }
