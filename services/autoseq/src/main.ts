@@ -80,6 +80,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
           paused: () => guard?.rebuilding() ?? true,
           epoch: { key: epochKey, flag: restoring, value: () => epoch.current() },
           copies: copyRules,
+          sweeps: timing !== null,
           onRetired: (outcome, n) => m.scopesRetired.inc({ outcome }, n),
           recopy: (written) => snapshots.mark(written),
         })
@@ -96,7 +97,8 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       paused: () => guard?.rebuilding() ?? true,
       metrics: m.snapshot,
       register: retirement ? (scopes) => retirement.register(scopes) : undefined,
-      requeue: retirement ? (scopes) => retirement.queueRetiring(scopes) : undefined,
+      // At any TTL: without the sweep, a copy that landed after a forget's tombstones is fenced at once.
+      requeue: scopes ? (written) => scopes.afterStaleCopy(written) : undefined,
     });
     // The active-rules gauge from what Redis holds, at start and after a restore (in the background).
     const seedActiveRules = () =>

@@ -134,7 +134,7 @@ export function createAutoseqMetrics(
   });
   const snapshotRecords = new Counter({
     name: 'paver_autoseq_rules_snapshot_records_total',
-    help: 'Records written to the rules topic, by kind: context, tombstone (evicted), too_large (left out: over PAVER_MAX_OUTPUT_BYTES).',
+    help: "Records written to the rules topic, by kind: context, tombstone (evicted), too_large (left out: over PAVER_MAX_OUTPUT_BYTES as the broker counts it; a context's record is tombstoned, a scope whose record cannot fit is left out of the copy), trimmed (a scope record sent without its families' evidence to fit).",
     labelNames: ['kind'],
     registers,
   });

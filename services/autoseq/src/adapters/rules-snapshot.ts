@@ -1,6 +1,7 @@
 import type { Redis } from 'ioredis';
 import type { Counter, Gauge } from 'prom-client';
 import { errorMessage } from '../../../../shared/errors.js';
+import { messageBytes } from '../../../../shared/kafka/dead-letter.js';
 import type { ReplayOptions } from '../../../../shared/kafka/replay.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
 import { flaggedRestore, RebuildStopped } from '../../../../shared/redis/rebuild.js';
@@ -20,7 +21,11 @@ export interface RuleSnapshotsSpec {
   prefix: string;
   sink: Sink;
   topic: string;
-  /** PAVER_MAX_OUTPUT_BYTES: a context's record above it is left out (counted, logged without content). */
+  /**
+   * PAVER_MAX_OUTPUT_BYTES, as the broker counts a record (`messageBytes`): a context's record above it is left
+   * out (a tombstone in its place), a scope record goes without its families' evidence, or, if even that is
+   * above it, the scope is left out of the copy (counted, logged without content).
+   */
   maxRecordBytes: number;
   leaseMs: number;
   log: Logger;
@@ -29,9 +34,9 @@ export interface RuleSnapshotsSpec {
   /** Registers the scopes copied, under their leases (`ScopeRetirement.register`); absent: no registry. */
   register?: (scopes: readonly { tenant: string; agent: string }[]) => Promise<void>;
   /**
-   * A copy whose send outlasted its leases: the scopes it copied are queued for the sweep
-   * (`ScopeRetirement.queueRetiring`), since one retired meanwhile would keep the records that landed after its
-   * tombstones for ever; a live one keeps what it holds.
+   * A copy whose send outlasted its leases: the scopes it copied are handed to `ScopeRetirement.afterStaleCopy`
+   * (queued for the sweep, or without one fenced at once), since one retired or forgotten meanwhile would keep
+   * the records that landed after its tombstones for ever; a live one keeps what it holds.
    */
   requeue?: (scopes: ContextsWritten[]) => Promise<unknown>;
   metrics: {
@@ -140,30 +145,70 @@ export class RuleSnapshots {
     try {
       const copies = await readContexts(redis, prefix, scopes);
       const records: { key: string; value: string | null }[] = [];
-      const kinds = { context: 0, tombstone: 0, too_large: 0 };
+      const kinds = { context: 0, tombstone: 0, too_large: 0, trimmed: 0 };
       const copied: { tenant: string; agent: string }[] = [];
+      // As the broker counts a record against the topic's max.message.bytes (batch framing, key, value): key and
+      // value alone let a record within about 80 bytes of the limit through, the broker refused it, and the
+      // whole copy failed at every interval.
+      const fits = (key: string, value: string | null) => {
+        const bytes = messageBytes({ key, value });
+        return bytes <= this.s.maxRecordBytes ? null : bytes;
+      };
+      // A context's key alone can be over the limit (long ids and context names): its tombstone is then left out
+      // too, as the broker would refuse it with the whole copy. Under the same limit no record of that key was
+      // ever copied, so there is nothing on the topic for it to delete.
+      const tombstone = (key: string): boolean => {
+        if (fits(key, null) !== null) return false;
+        records.push({ key, value: null });
+        return true;
+      };
       for (const c of copies) {
         // No state: lost with Redis (the restore brings it back from the topic), retired, or never written.
         // Nothing to copy, and above all no tombstones.
         const meta = c.meta === null ? null : metaCopy(c.meta);
         if (meta === null) continue;
+        const scopeKey = scopeRecordKey(prefix, c.tenant, c.agent);
+        const at = Date.now();
+        let scopeValue = scopeRecordValue(meta.clock, meta.fam, at);
+        let over = fits(scopeKey, scopeValue);
+        if (over !== null && meta.fam) {
+          // The families' evidence is what grows (up to maxFamilies): without it the scope still restores, with its
+          // clock and rules, and learns its families again (as from a copy of an older version). A tombstone
+          // would retire the scope, and a refused record would fail every copy of its round, every interval.
+          scopeValue = scopeRecordValue(meta.clock, undefined, at);
+          if (fits(scopeKey, scopeValue) === null) {
+            kinds.trimmed++;
+            this.s.log.warn(
+              { bytes: over, limit: this.s.maxRecordBytes },
+              "a scope record is over PAVER_MAX_OUTPUT_BYTES: copied without its families' evidence",
+            );
+            over = null;
+          }
+        }
+        if (over !== null) {
+          // Not even its clock fits (ids near the limit): the scope is left out of this copy, its marks with it,
+          // so that it does not hold back the other scopes of its round. The topic keeps what it had of it.
+          kinds.too_large++;
+          this.s.log.warn(
+            { bytes: over, limit: this.s.maxRecordBytes },
+            'a scope record is over PAVER_MAX_OUTPUT_BYTES: the scope is left out of the rules topic',
+          );
+          continue;
+        }
         copied.push(c);
-        records.push({
-          key: scopeRecordKey(prefix, c.tenant, c.agent),
-          value: scopeRecordValue(meta.clock, meta.fam, Date.now()),
-        });
+        records.push({ key: scopeKey, value: scopeValue });
         for (const [ctx, stored] of c.ctxs) {
           const key = contextRecordKey(prefix, c.tenant, c.agent, ctx);
           if (stored === null) {
-            records.push({ key, value: null });
-            kinds.tombstone++;
+            if (tombstone(key)) kinds.tombstone++;
+            else kinds.too_large++;
             continue;
           }
           const value = contextRecordValue(stored);
-          const bytes = Buffer.byteLength(key) + Buffer.byteLength(value);
-          if (bytes > this.s.maxRecordBytes) {
+          const bytes = fits(key, value);
+          if (bytes !== null) {
             // A tombstone in its place: a restore must not bring back an older, smaller copy of it.
-            records.push({ key, value: null });
+            tombstone(key);
             kinds.too_large++;
             this.s.log.warn(
               { bytes, limit: this.s.maxRecordBytes },

@@ -78,6 +78,11 @@ export interface ScopeRetirementSpec {
    * same, and its copy must stay.
    */
   epoch: { key: string; flag: string; value: () => string | null };
+  /**
+   * False when no sweep runs (`AUTOSEQ_LEARN_SCOPE_TTL_MS=0`): a copy that outlasted its leases is then fenced at
+   * once (`afterStaleCopy`), as nothing would queue or finish a retirement later.
+   */
+  sweeps?: boolean;
   /** False when the rules are not copied to the topic (`AUTOSEQ_RULES_SNAPSHOT_MS=0`): `forget` sends nothing. */
   copies?: boolean;
   onRetired: (outcome: RetireOutcome, scopes: number) => void;
@@ -412,6 +417,53 @@ export class ScopeRetirement {
       await this.queueRound(list.slice(i, i + SCOPES_PER_ROUND), opts.outcome);
     }
     return true;
+  }
+
+  /**
+   * A copy whose send outlasted its leases (`RuleSnapshots`' `requeue`): its records may have landed after the
+   * tombstones of a retirement or of a forget that took the lease meanwhile. With the sweep, the scopes are
+   * queued for it (`queueRetiring`). Without it (TTL 0) nothing would tombstone them again, and the next restore
+   * after a Redis loss brought a forgotten scope back: so, under the scopes' leases, each found without state
+   * while Redis has not lost it (the marker the guard saw, no restore under way) has the copy's records
+   * tombstoned again now, its scope record included. One with state is the copier's: the failed round is copied
+   * again from what it holds (a context it no longer holds as a tombstone). One lost with Redis keeps its
+   * records, which the restore needs.
+   */
+  async afterStaleCopy(scopes: readonly ContextsWritten[]): Promise<void> {
+    if (this.s.sweeps !== false) {
+      await this.queueRetiring(scopes);
+      return;
+    }
+    const list = scopes.map((s) => ({ id: scopeId(s.tenant, s.agent), ...s }));
+    for (let i = 0; i < list.length; i += SCOPES_PER_ROUND)
+      await this.fenceRound(list.slice(i, i + SCOPES_PER_ROUND));
+  }
+
+  private async fenceRound(round: (ScopeRef & { ctxs: string[] })[]): Promise<void> {
+    const { redis, prefix } = this.s;
+    const leases = new ScopeLeases(redis, prefix, { ttlMs: this.s.leaseMs });
+    try {
+      await leases.acquire(round);
+      const pipe = redis.pipeline();
+      // `m` as the copier reads it: a scope without it has nothing a copy would write.
+      for (const s of round) pipe.hexists(learnKey(prefix, s.tenant, s.agent), 'm');
+      pipe.get(this.s.epoch.key);
+      pipe.exists(this.s.epoch.flag);
+      const r = await execPipeline(pipe, 'stale copy check');
+      if (!this.forgottenByRedis(r[round.length], r[round.length + 1])) return;
+      const todo: Retiring[] = round.filter((_, i) => r[i] === 0).map((s) => ({ ...s, live: false }));
+      if (todo.length === 0) return;
+      try {
+        await this.s.sink.sendRaw(this.s.topic, tombstones(prefix, todo));
+        // As in `finish`: a scope that came back during a send past the lease may have copied some of these first.
+        await leases.keepFresh(true);
+      } catch (err) {
+        this.s.recopy(todo.map((s) => ({ tenant: s.tenant, agent: s.agent, ctxs: s.ctxs })));
+        throw err;
+      }
+    } finally {
+      await leases.release();
+    }
   }
 
   private async queueRound(round: (ScopeRef & { ctxs: string[] })[], outcome?: RetireOutcome): Promise<void> {

@@ -55,6 +55,8 @@ export function ruleCopier(
   sink: Sink,
   topic: string,
   retirement?: ScopeRetirement,
+  /** PAVER_MAX_OUTPUT_BYTES as the service passes it. */
+  maxRecordBytes = 1_000_000,
 ) {
   const metrics = createAutoseqMetrics(new Registry(), () => 0).snapshot;
   const snapshots = new RuleSnapshots({
@@ -62,13 +64,13 @@ export function ruleCopier(
     prefix,
     sink,
     topic,
-    maxRecordBytes: 1_000_000,
+    maxRecordBytes,
     leaseMs: 10_000,
     log: silentLogger(),
     paused: () => false,
     metrics,
     register: retirement && ((scopes) => retirement.register(scopes)),
-    requeue: retirement && ((scopes) => retirement.queueRetiring(scopes)),
+    requeue: retirement && ((scopes) => retirement.afterStaleCopy(scopes)),
   });
   return { snapshots, metrics };
 }

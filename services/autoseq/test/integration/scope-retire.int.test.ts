@@ -102,8 +102,9 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     await redis.set(epoch.key, epoch.seen);
     const copier: { snapshots?: ReturnType<typeof ruleCopier>['snapshots'] } = {};
     /** One instance's sweep (several may run against the same prefix, as instances do). */
-    const sweeper = (over: { sink?: Sink; redis?: Redis } = {}) =>
+    const sweeper = (over: { sink?: Sink; redis?: Redis; sweeps?: boolean } = {}) =>
       new ScopeRetirement({
+        sweeps: over.sweeps ?? true,
         redis: over.redis ?? opts.redis ?? redis,
         prefix,
         sink: over.sink ?? opts.sink ?? sink,
@@ -625,6 +626,36 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     expect(await t.inTopic()).toEqual([]);
     expect(await t.scopeRecord('s')).toBeNull();
     expect(await t.registered()).toEqual([]);
+  });
+
+  it("at TTL 0, a copy whose send outlasts its lease, landing after a forget's tombstones, is tombstoned again: a restore leaves the scope out", async () => {
+    const t = await setup();
+    // As the service wires it at TTL 0: no sweep, the forget and the copy's fence only.
+    const forgetter = t.sweeper({ sweeps: false });
+    const written = await t.learn(asAgent('f'), 0);
+    const ctxs = await t.topicCtxs('f');
+    expect(ctxs.length).toBeGreaterThan(0);
+    const slow = hookedSink();
+    slow.before = async () => {
+      // The copy took its snapshot, then stalls past its lease; POST /rules/forget takes the lease meanwhile.
+      await redis.del(leaseKey(t.prefix, 'default', 'f'));
+      expect(await forgetter.forget('default', 'f')).toEqual({ state: true, contexts: ctxs.length });
+      expect(await t.scopeRecord('f')).toBeNull();
+    };
+    const late = ruleCopier(redis, t.prefix, slow.sink, t.topic, forgetter).snapshots;
+    late.mark(written); // marks kept from copies that failed while the broker was down
+    await late.flush();
+    // The copy landed after the forget's tombstones, and was tombstoned again.
+    expect(await t.scopeRecord('f')).toBeNull();
+    expect(await t.inTopic()).toEqual([]);
+    // Its next try finds no state: nothing to copy.
+    await late.flush();
+    expect(await t.inTopic()).toEqual([]);
+
+    // Redis loses the service's state: the restore, at TTL 0, leaves the forgotten scope out.
+    await redis.del(t.epoch.key);
+    expect(await restoreRules(redis, t.prefix, t.epoch.flag, t.replay)).toMatchObject({ restored: 0 });
+    expect(await readScope(redis, t.prefix, 'default', 'f')).toBeNull();
   });
 
   it('copies a scope record marked again with no context (a retirement cut short on a scope that holds all its names)', async () => {
