@@ -33,6 +33,16 @@ const keyName = (tool: string): string => tool.replace(/%/g, '%25').replace(/→
 
 export const dedupeKeyOf = (tools: readonly string[]): string => DEDUPE_PREFIX + tools.map(keyName).join('→');
 
+/**
+ * The tool names a key was made of (`dedupeKeyOf` read back), for what only has the key: a retraction, whose
+ * title must name the tools as the active record's did. Every `%` in a key starts `%25` or `%E2%86%92`, so one
+ * left-to-right pass reads each name one way. Nothing else reads a key back: `tool_sequence` carries the tools.
+ */
+export const toolsOfDedupeKey = (key: string): string[] =>
+  (key.startsWith(DEDUPE_PREFIX) ? key.slice(DEDUPE_PREFIX.length) : key)
+    .split('→')
+    .map((n) => n.replace(/%25|%E2%86%92/g, (e) => (e === '%25' ? '%' : '→')));
+
 /** avg × count × 0.95 = cost sum × 0.95, in hundredths of a cent, rounded half up, in integer arithmetic. */
 export const savingsHundredths = (costUnits: number): number =>
   Math.floor((costUnits * 95 + COST_SCALE / 2) / COST_SCALE);
