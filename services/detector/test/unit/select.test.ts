@@ -1,7 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { liveCandidates } from '../../src/core/detect.js';
 import { DEFAULT_PARAMS } from '../../src/core/params.js';
-import { DEDUPE_PREFIX, dedupeKeyOf, toolsOfDedupeKey } from '../../src/core/select.js';
+import { DEDUPE_PREFIX, dedupeKeyOf } from '../../../../shared/core/dedupe-key.js';
+import { toolsOfDedupeKey } from '../../src/core/select.js';
 import { DetectorState } from '../../src/core/state.js';
 
 const scope = { tenant: 'default', agent: 'default' };
