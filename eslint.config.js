@@ -25,6 +25,17 @@ const otherServices = (name) => ({
   message: 'a service must not import another service: move what they share into shared/',
 });
 
+/**
+ * flows holds candidates and promoted flows by dedupe_key as the detector sent it: its code never builds or reads
+ * one (only its tests build the detector's records). The key's builder lives in shared/core for those tests.
+ */
+const NO_DEDUPE_KEY = {
+  regex: '(^|/)shared/core/dedupe-key(\\.js)?$',
+  message: 'flows takes dedupe_key as an opaque id: it must not build or read one',
+};
+/** Patterns for a service's own code only (src/), beyond the cross-service one. */
+const srcOnly = (name) => (name === 'flows' ? [NO_DEDUPE_KEY] : []);
+
 export default tseslint.config(
   { ignores: ['dist/**', 'node_modules/**', '.cache/**', 'bin/**', 'scripts/**', 'eslint.config.js'] },
   js.configs.recommended,
@@ -56,6 +67,11 @@ export default tseslint.config(
     ignores: [`services/${name}/src/core/**`],
     rules: { 'no-restricted-imports': ['error', { patterns: [otherServices(name)] }] },
   })),
+  ...SERVICES.filter((name) => srcOnly(name).length > 0).map((name) => ({
+    files: [`services/${name}/src/**/*.ts`],
+    ignores: [`services/${name}/src/core/**`],
+    rules: { 'no-restricted-imports': ['error', { patterns: [otherServices(name), ...srcOnly(name)] }] },
+  })),
   ...SERVICES.map((name) => ({
     // Core is pure: no I/O, no clients, no environment (the offline CLI and the services share it).
     // shared/core/ is the one part of shared/ that is pure too, so cores may use it.
@@ -71,6 +87,7 @@ export default tseslint.config(
               message: 'core must not depend on adapters or the runtime (shared/core/ is allowed)',
             },
             otherServices(name),
+            ...srcOnly(name),
           ],
         },
       ],

@@ -1,4 +1,5 @@
 import type { FlowCandidate, FlowCandidateRecord } from '../../../schemas/index.js';
+import { dedupeKeyOf } from '../../../shared/core/dedupe-key.js';
 
 /**
  * A candidate record shaped as the detector publishes it (services/detector/src/core/candidate.ts `toRecord`,
@@ -6,9 +7,8 @@ import type { FlowCandidate, FlowCandidateRecord } from '../../../schemas/index.
  * long sequence gives texts past what a flow allows.
  */
 export const flowNameOf = (tools: readonly string[]) => `Auto: ${tools.join(' → ')}`;
-/** services/detector/src/core/select.ts `dedupeKeyOf`: `%` and `→` in a name percent-encoded. */
-export const dedupeKeyOf = (tools: readonly string[]) =>
-  `flow_offload:${tools.map((t) => t.replace(/%/g, '%25').replace(/→/g, '%E2%86%92')).join('→')}`;
+/** The detector's own key builder (shared/core), not a copy: the records carry the keys it publishes. */
+export { dedupeKeyOf };
 
 export function detectorRecord(
   tools: string[],

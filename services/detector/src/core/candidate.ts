@@ -6,7 +6,7 @@ import type {
 } from '../../../../schemas/index.js';
 import { COST_SCALE } from './ops.js';
 import type { DetectorParams } from './params.js';
-import type { Selected } from './select.js';
+import { toolsOfDedupeKey, type Selected } from './select.js';
 import { DESCRIPTION_TERMS } from './terms.js';
 
 export function titleCase(tool: string): string {
@@ -18,6 +18,9 @@ export function titleCase(tool: string): string {
 }
 
 export const flowNameOf = (tools: readonly string[]): string => `Auto: ${tools.join(' → ')}`;
+
+/** A candidate record's title, active or retracted: the tool names as they are, never as escaped in the key. */
+const titleOf = (tools: readonly string[]): string => `Auto-Flow: ${tools.join(' → ')}`;
 
 function steps(tools: readonly string[]): FlowStep[] {
   return tools.map((tool, i) => ({
@@ -79,7 +82,7 @@ export function toRecord(
     agent_id: scope.agent,
     dedupe_key: c.dedupe_key,
     detected_at: now,
-    title: `Auto-Flow: ${c.tool_sequence.join(' → ')}`,
+    title: titleOf(c.tool_sequence),
     source_kind: 'tool_sequence',
     occurrence_count: c.occurrence_count,
     estimated_token_savings: c.estimated_token_savings,
@@ -105,7 +108,8 @@ export function retractedRecord(
     agent_id: scope.agent,
     dedupe_key: dedupeKey,
     detected_at: now,
-    title: `Auto-Flow: ${dedupeKey.slice('flow_offload:'.length)}`,
+    // A retraction carries no candidate: the key is all it has of the tools (a Redis loss leaves only keys).
+    title: titleOf(toolsOfDedupeKey(dedupeKey)),
     source_kind: 'tool_sequence',
     occurrence_count: 0,
     estimated_token_savings: 0,

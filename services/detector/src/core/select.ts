@@ -1,3 +1,4 @@
+import { DEDUPE_PREFIX, dedupeKeyOf } from '../../../../shared/core/dedupe-key.js';
 import { COST_SCALE } from './ops.js';
 import { SEP } from './grams.js';
 import type { DetectorParams } from './params.js';
@@ -23,15 +24,15 @@ export interface Selected {
   dedupeKey: string;
 }
 
-export const DEDUPE_PREFIX = 'flow_offload:';
 /**
- * A name's part of the key: `%` and `→` percent-encoded (`%25`, `%E2%86%92`), nothing else. Tool names may hold
- * `→`, and ["a→b","c"] shared a key with ["a","b→c"], so flows merged two flows; escaping `%` too makes the key
- * read one way. A name holding neither keeps the reference's key, byte for byte (flows hold candidates by it).
+ * The tool names a key was made of (shared/core's `dedupeKeyOf` read back), for what only has the key: a retraction, whose
+ * title must name the tools as the active record's did. Every `%` in a key starts `%25` or `%E2%86%92`, so one
+ * left-to-right pass reads each name one way. Nothing else reads a key back: `tool_sequence` carries the tools.
  */
-const keyName = (tool: string): string => tool.replace(/%/g, '%25').replace(/→/g, '%E2%86%92');
-
-export const dedupeKeyOf = (tools: readonly string[]): string => DEDUPE_PREFIX + tools.map(keyName).join('→');
+export const toolsOfDedupeKey = (key: string): string[] =>
+  (key.startsWith(DEDUPE_PREFIX) ? key.slice(DEDUPE_PREFIX.length) : key)
+    .split('→')
+    .map((n) => n.replace(/%25|%E2%86%92/g, (e) => (e === '%25' ? '%' : '→')));
 
 /** avg × count × 0.95 = cost sum × 0.95, in hundredths of a cent, rounded half up, in integer arithmetic. */
 export const savingsHundredths = (costUnits: number): number =>

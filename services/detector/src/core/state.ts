@@ -39,8 +39,8 @@ interface ScopeState {
   open: Map<string, OpenTask>;
   /**
    * Completed tasks by `doneKey(partition, task)` → the task's last own ts (see `complete`) and partition
-   * (retention is judged from it, on that partition's clock). Per partition, as the Redis done buckets are: an
-   * id completed on one partition is not known on another.
+   * (retention is judged from it plus taskIdleMs, on that partition's clock: see `expire`). Per partition, as
+   * the Redis done buckets are: an id completed on one partition is not known on another.
    */
   done: Map<string, { ts: number; partition: number }>;
   /** Sorted by (ts, task) ascending: the oldest record is first. */
@@ -53,8 +53,8 @@ interface ScopeState {
 
 /**
  * Why an event was not used. `duplicate`: already in its open task, or an event of a closed task at or
- * before its close (a redelivery). `late`: an event of a closed task after its close (an idle close is at
- * last event + taskIdleMs, so an event at exactly that ts is late, as the first event of a task is), or the first event of
+ * before its last own ts (a redelivery: see `complete`). `late`: an event of a closed task after its close (for an idle close, after
+ * the task's last event: one between it and last + taskIdleMs was never seen, or it would have been the last), or the first event of
  * a task that is already idle on its partition's clock (older than taskIdleMs behind it). `task_limit`:
  * over maxTaskEvents. `misrouted`: an event of a task open on another partition (the topic is keyed by
  * session_id, so a task's events come on one partition; a producer keying otherwise, or a task spanning
@@ -187,16 +187,16 @@ export class DetectorState {
   private sweep(st: ScopeState, part: number, clock: number, r: ApplyResult) {
     const due = [...st.open]
       .filter(([, t]) => t.partition === part && t.lastTs + this.params.taskIdleMs <= clock)
-      .map(([task, t]) => ({ task, ts: t.lastTs + this.params.taskIdleMs }))
+      .map(([task, t]) => ({ task, ts: t.lastTs + this.params.taskIdleMs, last: t.lastTs }))
       .sort(byTsTask);
-    // Idle at last + idle: an event of the task at that ts or later is `late`, one before it a redelivery.
-    for (const d of due) this.complete(st, d.task, d.ts, part, r, d.ts - 1);
+    for (const d of due) this.complete(st, d.task, d.ts, part, r, d.last);
   }
 
   /**
    * `lastOwnTs`: the newest ts still counted as the task's own, a redelivery when it comes again (`duplicate`);
-   * after it, `late`. A task_completed is itself the task's, so it is `ts`; an idle close is one ms before
-   * `ts`, since the task is idle once its partition's clock reaches last + idle.
+   * after it, `late`. A task_completed is itself the task's, so it is `ts`. An idle close is the task's last
+   * event's ts: every event the task had is at or before it (its last ts is their maximum), so one after it
+   * arriving once the task is closed was never seen, however close to the idle close its ts is.
    */
   private complete(st: ScopeState, task: string, ts: number, part: number, r: ApplyResult, lastOwnTs = ts) {
     const open = st.open.get(task);
@@ -229,7 +229,9 @@ export class DetectorState {
   /**
    * Time-based eviction: the window against the scope's newest ts (which records it holds is then a function
    * of the set of completed records and that maximum, whatever order partitions were read in); remembered
-   * task ids against their own partition's clock.
+   * task ids against their own partition's clock, taskIdleMs + doneRetentionMs after their last own ts: for an
+   * idle-closed task that is doneRetentionMs after its close, so that an event of it, not yet idle on the clock
+   * (within taskIdleMs of it), finds its id remembered (doneRetentionMs ≥ taskIdleMs) and never reopens it.
    */
   private expire(st: ScopeState, part: number, clock: number, r: ApplyResult) {
     const p = this.params;
@@ -240,7 +242,7 @@ export class DetectorState {
       }
     }
     for (const [key, d] of st.done)
-      if (d.partition === part && d.ts < clock - p.doneRetentionMs) st.done.delete(key);
+      if (d.partition === part && d.ts < clock - p.doneRetentionMs - p.taskIdleMs) st.done.delete(key);
   }
 
   private count(st: ScopeState, rec: WindowRecord, d: 1 | -1) {

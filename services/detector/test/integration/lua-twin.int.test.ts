@@ -10,7 +10,7 @@ import {
 import { liveCandidates } from '../../src/core/detect.js';
 import { toOp, type DetectorOp, type Scope } from '../../src/core/ops.js';
 import { DEFAULT_PARAMS, stateFingerprint, type DetectorParams } from '../../src/core/params.js';
-import { DetectorState } from '../../src/core/state.js';
+import { DetectorState, emptyResult } from '../../src/core/state.js';
 import type { GramStat } from '../../src/core/select.js';
 import { makeLogs, rng } from '../reference/partition-logs.js';
 
@@ -103,7 +103,7 @@ describe('apply-11.lua = core/state.ts', () => {
     expect(last).toMatchObject({ applied: 1, ignored: 2, ignoredBy: { duplicate: 2 } });
   });
 
-  it('an event at exactly the idle close of its task is late in both (it was a duplicate); one before it a duplicate', async () => {
+  it('an event after its task’s last event, arriving after the idle close, is late in both (it was a duplicate); one at or before that event a duplicate', async () => {
     const params: DetectorParams = { ...DEFAULT_PARAMS };
     const state = new DetectorState(params);
     const prefix = unique('twin-idle');
@@ -129,7 +129,11 @@ describe('apply-11.lua = core/state.ts', () => {
       // t1 closes idle at 1000 + idle, by its own next event and (t2) by another task's.
       [call('t1', 'a2', 1_000 + idle)],
       [call('t3', 'c1', 1_000 + idle), call('t2', 'b2', 1_000 + idle), call('t2', 'b1', 1_000)],
+      // Between t1's last event and its close: never seen (it was a duplicate up to one ms before the close).
       [call('t1', 'a3', 1_000 + idle - 1)],
+      [call('t1', 'a4', 1_001), call('t1', 'a5', 1_000 + idle / 2)],
+      // At or before its last event: a redelivery, or what the task cannot tell from one.
+      [call('t1', 'a1', 1_000), call('t1', 'a0', 999)],
     ];
     const seen = [];
     for (const chunk of chunks) {
@@ -142,8 +146,48 @@ describe('apply-11.lua = core/state.ts', () => {
       [0, 0],
       [1, 0],
       [1, 1],
-      [0, 1],
+      [1, 0],
+      [2, 0],
+      [0, 2],
     ]);
+  });
+
+  it('an idle-closed task’s id is remembered the retention after its close in both, not after its last event', async () => {
+    const params: DetectorParams = { ...DEFAULT_PARAMS, taskIdleMs: 100, doneRetentionMs: 100 };
+    const scope = { tenant: 't', agent: 'a' };
+    const call = (task: string, eventId: string, ts: number): DetectorOp => ({
+      kind: 'call',
+      scope,
+      task,
+      eventId,
+      ts,
+      step: 0,
+      tool: 'x',
+      cost: 10_000,
+      partition: 0,
+    });
+    const seen: string[] = [];
+    for (const clock of [200, 201]) {
+      const state = new DetectorState(params);
+      const store = new RedisDetectorStore(redis, params, unique('twin-retain'));
+      // t1 closes idle at 100 (by t2's event); its event at 150 is not idle on the clock: remembered, it is late;
+      // forgotten, it opens t1 again.
+      const chunks = [
+        [call('t1', 'e1', 0), call('t2', 'f1', 100)],
+        [call('t2', 'f2', clock)],
+        [call('t1', 'e2', 150)],
+      ];
+      let last = emptyResult();
+      for (const chunk of chunks) {
+        last = state.applyAll(chunk);
+        const { changed: _m, ...mem } = last;
+        const { counts: lua } = countsOf(await store.applyBatch(chunk));
+        expect(lua).toEqual(mem);
+      }
+      seen.push(last.ignoredBy.late === 1 ? 'late' : last.applied === 1 ? 'applied' : 'other');
+      await expectSameWindow(store, state, scope);
+    }
+    expect(seen).toEqual(['late', 'applied']);
   });
 
   it('random streams in random chunks give equal counters, snapshots and candidates', async () => {

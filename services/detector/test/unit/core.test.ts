@@ -147,6 +147,22 @@ describe('detector core', () => {
     expect(diffCandidates(published, before).upserts).toEqual([]);
   });
 
+  it('a retraction’s title names the tools as the active record’s did, not as escaped in the key', () => {
+    const tools = ['a→b', '50%', 'c%E2%86%92d', 'e'];
+    const live = liveCandidates([{ key: tools.join('\u001f'), support: 3, exact: 3, cost: 30_000 }], {
+      ...DEFAULT_PARAMS,
+      minLength: 1,
+    });
+    const c = live[0]!;
+    expect(c.tool_sequence).toEqual(tools);
+    // The key stays escaped: it must read one way.
+    expect(c.dedupe_key).toBe('flow_offload:a%E2%86%92b→50%25→c%25E2%2586%2592d→e');
+    const retracted = retractedRecord(c.dedupe_key, scope, 2);
+    expect(retracted.title).toBe('Auto-Flow: a→b → 50% → c%E2%86%92d → e');
+    expect(retracted.title).toBe(toRecord(c, scope, 1).title);
+    expect(flowCandidateRecordV1.parse(retracted).dedupe_key).toBe(c.dedupe_key);
+  });
+
   it('names steps in Title Case and keys records by scope', () => {
     expect(titleCase('validate_yaml')).toBe('Validate Yaml');
     expect(titleCase('http-get.v2')).toBe('Http Get V2');

@@ -1,7 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { liveCandidates } from '../../src/core/detect.js';
 import { DEFAULT_PARAMS } from '../../src/core/params.js';
-import { DEDUPE_PREFIX, dedupeKeyOf } from '../../src/core/select.js';
+import { DEDUPE_PREFIX, dedupeKeyOf } from '../../../../shared/core/dedupe-key.js';
+import { toolsOfDedupeKey } from '../../src/core/select.js';
 import { DetectorState } from '../../src/core/state.js';
 
 const scope = { tenant: 'default', agent: 'default' };
@@ -9,10 +10,7 @@ const scope = { tenant: 'default', agent: 'default' };
 /** Reads a dedupe_key back into tool names: only possible when the key is unambiguous. */
 function toolsOfKey(key: string): string[] {
   expect(key.startsWith(DEDUPE_PREFIX)).toBe(true);
-  return key
-    .slice(DEDUPE_PREFIX.length)
-    .split('→')
-    .map((n) => n.replace(/%E2%86%92/g, '→').replace(/%25/g, '%'));
+  return toolsOfDedupeKey(key);
 }
 
 function run(s: DetectorState, task: string, tools: string[], ts: number) {

@@ -11,11 +11,11 @@
   KEYS[3] events   hash  task_id -> packed events of an open task: ("\30" event_id "\31" step "\31" tool "\31" cost)*
   KEYS[4] done     string base name: KEYS[4]..":"..p..":"..b holds partition p's completed task ids hashed to
                          bucket b (of DONE_BUCKETS), packed: a base ts, then ("\30" task_id "\31" the task's last own
-                         ts minus the base)* in completion order (its completion ts; one ms before it for an idle
+                         ts minus the base)* in completion order (its completion ts; its last event's ts for an idle
                          close, see core/state.ts `complete`: later events are late, earlier ones duplicates); numbers in base 94 with digits '!'..'~' (a leading
                          ' ' for a negative one). Task ids hold no control characters and digits are neither
                          separator, so "\30" id "\31" finds exactly one entry. An id is remembered
-                         doneRetentionMs of p's clock: an older entry is read as forgotten, and is cut when its
+                         idleMs + doneRetentionMs of p's clock after that ts (core/state.ts `expire`): an older entry is read as forgotten, and is cut when its
                          bucket is next appended to (the expired prefix; one behind a younger entry waits for
                          it). The base is the first entry's ts, moved up when the oldest live entry is 94^4 ms
                          (about 22 hours) past it, so an entry takes the id's length + 2 + 3 to 5 bytes (about
@@ -745,7 +745,7 @@ local function stepOrder(a, b)
 end
 
 -- `own`: the newest ts still the task's own (a redelivery when it comes again, later ones are late): `ts` for
--- a task_completed, one ms before it for an idle close (core/state.ts `complete`).
+-- a task_completed, the task's last event's ts for an idle close (core/state.ts `complete`).
 local function complete(task, ts, openKey, part, own)
   own = own or ts
   local packed = eventsOf(task)
@@ -802,8 +802,8 @@ local function sweep(openKey, part, clock)
   local idle = redis.call('ZRANGEBYSCORE', openKey, '-inf', int(clock - idleMs), 'WITHSCORES')
   -- (last + idle, task) order equals (last, task) order: ZRANGEBYSCORE already returns it.
   for i = 1, #idle, 2 do
-    local at = tonumber(idle[i + 1]) + idleMs
-    complete(idle[i], at, openKey, part, at - 1)
+    local last = tonumber(idle[i + 1])
+    complete(idle[i], last + idleMs, openKey, part, last)
   end
   due[part] = nil
 end
@@ -835,8 +835,9 @@ for k = 0, #F / 9 - 1 do
   local openKey = KEYS[2] .. ':' .. part
   if ts > maxTs then maxTs = ts end
   if clocks[part] == nil then clocks[part] = tonumber(redis.call('HGET', KEYS[1], 'clock:' .. part) or '0') end
-  -- The clock at this partition's last expiry: what core/state.ts has already forgotten by now.
-  forgotten = clocks[part] - retention
+  -- The clock at this partition's last expiry: what core/state.ts has already forgotten by now (an entry holds a
+  -- last own ts, remembered idleMs + retention after it: see KEYS[4]).
+  forgotten = clocks[part] - retention - idleMs
   if ts > clocks[part] then clocks[part] = ts end
   local clock = clocks[part]
   if swept[part] ~= clock then
