@@ -5,6 +5,8 @@
 export {
   createPublisher,
   DEFAULT_TOOL_CALLS_TOPIC,
+  MAX_OPEN_TASKS,
+  MAX_UNREPORTED_FAILURES,
   type Publisher,
   type PublisherOptions,
   type ToolCallInput,
