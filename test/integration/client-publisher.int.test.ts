@@ -223,6 +223,59 @@ describe('client publisher (real broker)', () => {
     expect(got).toHaveLength(4);
   });
 
+  it('holds a session whose event failed to encode (registry down): its events queued behind it are rejected, other sessions publish, and once the caller has had the failure the session lands in call order', async () => {
+    const topic = unique('client-encode-hold');
+    // One partition: the order on Kafka across sessions is the order the broker took them in.
+    await createTopics([{ topic, partitions: 1 }]);
+    const pub = createPublisher({ brokers: [stack().brokers], topic, schemaRegistry: reg.url });
+    const call = (session: string, tool: string) => pub.toolCall({ session_id: session, task_id: 't', tool });
+    reg.setDown(true);
+    let lost: Promise<void>[];
+    try {
+      // Queued together: b waits behind a, whose encode (the schema's registration) fails.
+      lost = [call('s', 'a'), call('s', 'b')];
+      // Waits for the failures without taking the calls up, as a fire-and-forget agent does.
+      await Promise.allSettled(lost.map((l) => Promise.prototype.then.call(l, undefined, () => undefined)));
+    } finally {
+      reg.setDown(false);
+    }
+    // The caller has not had those failures yet: the session's next call is refused, another session publishes.
+    const later = call('s', 'c');
+    await call('other', 'x');
+    await expect(later).rejects.toMatchObject({
+      code: 'REGISTRY_UNAVAILABLE',
+      message: expect.stringMatching(/^not sent: an earlier event of its session failed to encode/),
+    });
+    await expect(pub.flush()).rejects.toMatchObject({ code: 'REGISTRY_UNAVAILABLE' });
+    await expect(lost[0]).rejects.toMatchObject({
+      code: 'REGISTRY_UNAVAILABLE',
+      message: expect.not.stringMatching(/^not sent/),
+    });
+    await expect(lost[1]).rejects.toMatchObject({
+      code: 'REGISTRY_UNAVAILABLE',
+      message: expect.stringMatching(/^not sent: an earlier event of its session failed to encode/),
+    });
+    // Had (by flush()): the session goes out again, retried from the call that failed, with the steps it had.
+    await call('s', 'a');
+    await call('s', 'b');
+    await call('s', 'c');
+    await pub.close();
+    const got = await consumeUntil(topic, (m) => m.length >= 4);
+    const codec = registryCodec({ url: reg.url });
+    const events = await Promise.all(
+      got
+        .sort((a, b) => Number(a.offset) - Number(b.offset))
+        .map(async (m) => toolCallsEventV1.parse(await codec.decode(m.value!))),
+    );
+    expect(events.map((e) => (e.type === 'tool_call' ? [e.session_id, e.tool, e.step] : []))).toEqual([
+      ['other', 'x', 0],
+      ['s', 'a', 0],
+      ['s', 'b', 1],
+      ['s', 'c', 2],
+    ]);
+    expect(got).toHaveLength(4);
+  });
+
   it('rejects every queued event when the broker cannot take them, instead of losing them silently', async () => {
     const pub = createPublisher({
       brokers: [stack().brokers],
