@@ -5,6 +5,9 @@
 export {
   createPublisher,
   DEFAULT_TOOL_CALLS_TOPIC,
+  DEFAULT_MAX_MESSAGE_BYTES,
+  MAX_OPEN_TASKS,
+  MAX_UNREPORTED_FAILURES,
   type Publisher,
   type PublisherOptions,
   type ToolCallInput,

@@ -17,6 +17,14 @@ import { produceRequests, recordBatchBytes } from '../shared/kafka/requests.js';
 /** The topic the services read tool-calls events from (PAVER_TOPIC_TOOL_CALLS). */
 export const DEFAULT_TOOL_CALLS_TOPIC = 'paver.tool-calls.v1';
 
+/**
+ * The default `maxMessageBytes`: a default broker's message.max.bytes (and a topic's max.message.bytes when it is
+ * not set), 1 MiB plus the 12 bytes of log overhead (offset and length) Kafka counts in a record batch. The
+ * publisher counts a record as the broker does (`recordBatchBytes`, framing included), so at 1 MiB it refused
+ * events of the last 12 bytes that a default broker takes.
+ */
+export const DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024 + 12;
+
 /** Tasks whose next `step` the publisher counts at once (those without `taskCompleted` included). */
 export const MAX_OPEN_TASKS = 100_000;
 
@@ -74,8 +82,9 @@ export interface PublisherOptions {
   lingerMs?: number;
   /**
    * Largest event accepted, counted as the broker counts it against message.max.bytes: the record batch it goes
-   * out in, key and framing included (default 1 MiB, the broker's default and the services'
-   * PAVER_MAX_MESSAGE_BYTES). Set it to the topic's max.message.bytes when that is lower.
+   * out in, key and framing included (default DEFAULT_MAX_MESSAGE_BYTES, 1,048,588: a default broker's
+   * message.max.bytes; the value of any event it accepts is under the services' PAVER_MAX_MESSAGE_BYTES, 1 MiB).
+   * Set it to the topic's max.message.bytes when that is lower.
    */
   maxMessageBytes?: number;
 }
@@ -162,7 +171,7 @@ export function createPublisher(opts: PublisherOptions): Publisher {
   const topic = opts.topic ?? DEFAULT_TOOL_CALLS_TOPIC;
   const batchSize = opts.batchSize ?? 500;
   const lingerMs = opts.lingerMs ?? 5;
-  const maxBytes = opts.maxMessageBytes ?? 1024 * 1024;
+  const maxBytes = opts.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
   const registry =
     typeof opts.schemaRegistry === 'string' ? { url: opts.schemaRegistry } : opts.schemaRegistry;
   const codec: Codec = createCodec({

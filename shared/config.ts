@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import { isIP } from 'node:net';
 import { z } from 'zod';
 import { PaverError } from './errors.js';
+import { HASH_ONLY_DEAD_LETTER_MAX_BYTES } from './kafka/dead-letter.js';
 
 /** Environment booleans: true/false/1/0/yes/no/on/off, case-insensitive. */
 export const envBool = z.stringbool({
@@ -106,6 +107,20 @@ export const DEFAULT_MAX_CONFIG_BYTES = 64 * 1024 * 1024;
 export const MAX_WHOLE_INPUT_BYTES = 500 * 1024 * 1024;
 export const maxConfigBytes = int(1024, MAX_WHOLE_INPUT_BYTES).default(DEFAULT_MAX_CONFIG_BYTES);
 
+/**
+ * PAVER_MAX_OUTPUT_BYTES. Its least is the largest dead letter without its original bytes (about 25 KiB, a detail of
+ * 4,096 characters at its longest as JSON): that one goes whatever the limit, and under a smaller limit (down to
+ * 1,024 before) the hash-only record of a long detail or topic name was still over it, and left for the broker to
+ * refuse as too large, which stops the service.
+ */
+const MAX_OUTPUT_BYTES_MAX = 50 * 1024 * 1024;
+const maxOutputBytesError = `expected an integer from ${HASH_ONLY_DEAD_LETTER_MAX_BYTES} to ${MAX_OUTPUT_BYTES_MAX} (the least holds the largest dead letter without its original bytes, ${HASH_ONLY_DEAD_LETTER_MAX_BYTES} bytes as the broker counts it)`;
+const maxOutputBytes = z.coerce
+  .number({ error: maxOutputBytesError })
+  .int({ error: maxOutputBytesError })
+  .min(HASH_ONLY_DEAD_LETTER_MAX_BYTES, { error: maxOutputBytesError })
+  .max(MAX_OUTPUT_BYTES_MAX, { error: maxOutputBytesError });
+
 /** Variables every service and the CLI share. Service configs extend this object. */
 export const commonEnvShape = {
   KAFKA_BROKERS: csv,
@@ -144,7 +159,7 @@ export const commonEnvShape = {
    * value, headers): at or under the topics' limit (1 MiB by default). A bigger one is made smaller where its
    * contract allows, else left out and counted; a bigger dead letter goes without its original bytes.
    */
-  PAVER_MAX_OUTPUT_BYTES: int(1024, 50 * 1024 * 1024).default(1_000_000),
+  PAVER_MAX_OUTPUT_BYTES: maxOutputBytes.default(1_000_000),
   /** Dead letters keep the original bytes up to this size, beyond it a hash: a record always fits the broker. */
   PAVER_DEAD_LETTER_MAX_ORIGINAL_BYTES: int(0, 10 * 1024 * 1024).default(256 * 1024),
   /** How often each consumer asks the broker for its group's state and lag (readiness, lag, oldest age). */

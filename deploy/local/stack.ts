@@ -3,7 +3,14 @@
  * each on a free (or configured) port, with logs in files. Used by `paver dev`, `paver stack` and the test
  * suite's global setup. When KAFKA_BROKERS / REDIS_URL are set, nothing is started.
  */
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import {
+  spawn,
+  spawnSync,
+  type ChildProcess,
+  type SpawnOptions,
+  type StdioNull,
+  type StdioPipe,
+} from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import {
   existsSync,
@@ -177,9 +184,46 @@ export function watch(child: ChildProcess, dir: string, cleanup: boolean): Child
   return dog;
 }
 
-function manage(name: string, child: ChildProcess, dir: string, logFile: string, cleanup: boolean): Managed {
-  let stopping: Promise<void> | null = null;
+const GATE = 'dir=$1; shift; if read -r _; then exec "$@"; fi; [ -n "$dir" ] && rm -rf -- "$dir"; exit 1';
+
+/**
+ * Runs `command` behind a gate: `sh` waits for a line on its stdin, then execs the command (same pid, so
+ * signals and `child` are the server's). The watchdog is spawned once the pid is known, and only then the gate
+ * opened. An owner killed between the spawn and the watchdog's (no await between them, but a SIGKILL lands
+ * anywhere) closes the gate's pipe: the shell reads end of file, removes the folder when it is the stack's
+ * to remove, and exits, so no server runs unwatched. Before, the server was spawned first and ran on for ever
+ * (the storage format to its end, leaving the folder).
+ */
+export function spawnWatched(
+  command: string,
+  args: string[],
+  options: Omit<SpawnOptions, 'stdio'> & {
+    stdio: [unknown, StdioNull | StdioPipe | number, StdioNull | StdioPipe | number];
+  },
+  dir: string,
+  cleanup: boolean,
+): { child: ChildProcess; watchdog: ChildProcess | null } {
+  const [, out, err] = options.stdio;
+  const child = spawn('sh', ['-c', GATE, 'sh', cleanup ? dir : '', command, ...args], {
+    ...options,
+    stdio: ['pipe', out, err],
+  });
   const watchdog = watch(child, dir, cleanup);
+  // A gate whose shell has already gone (it could not start) has nobody to read the line.
+  child.stdin?.on('error', () => undefined);
+  child.stdin?.end('\n');
+  return { child, watchdog };
+}
+
+function manage(
+  name: string,
+  child: ChildProcess,
+  watchdog: ChildProcess | null,
+  dir: string,
+  logFile: string,
+  cleanup: boolean,
+): Managed {
+  let stopping: Promise<void> | null = null;
   return {
     name,
     child,
@@ -366,19 +410,20 @@ async function startKafkaOnce(opts: KafkaOptions): Promise<StartedKafka> {
   if (!existsSync(join(data, 'meta.properties'))) {
     // Not spawnSync: the folder would go unwatched until the broker runs, and an owner killed meanwhile (a
     // Ctrl-C or kill -9 in the first seconds of `paver dev`) left it behind. The format runs watched as the
-    // servers are, in its own process group like them, so its watchdog ends it and removes the folder. (Only an
-    // owner killed in the instant between the two spawns, with no await between them, leaves both behind.)
+    // servers are, in its own process group like them, so its watchdog ends it and removes the folder; an owner
+    // killed before the watchdog exists never opens its gate (`spawnWatched`).
     const fmt = await new Promise<{ status: number | null; stdout: string; stderr: string }>((res) => {
-      const child = spawn(
+      const { child } = spawnWatched(
         'java',
         [...jvm, '-cp', cp, 'kafka.tools.StorageTool', 'format', '-t', clusterId(), '-c', props],
         { stdio: ['ignore', 'pipe', 'pipe'], detached: true },
+        dir,
+        cleanup,
       );
-      watch(child, dir, cleanup);
       let stdout = '';
       let stderr = '';
-      child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
-      child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+      child.stdout!.on('data', (d: Buffer) => (stdout += d.toString()));
+      child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
       child.once('error', (err) => res({ status: null, stdout, stderr: `${stderr}${err.message}\n` }));
       child.once('close', (code) => res({ status: code, stdout, stderr }));
     });
@@ -392,12 +437,15 @@ async function startKafkaOnce(opts: KafkaOptions): Promise<StartedKafka> {
   const out = openSync(join(dir, 'kafka.stdout.log'), 'a');
   // Its own process group: a terminal's Ctrl-C reaches the whole foreground group, and the broker must
   // outlive the services' graceful stop (commit, leave the group); stop() ends it afterwards.
-  const child = spawn('java', [...jvm, '-cp', cp, 'kafka.Kafka', props], {
-    stdio: ['ignore', out, out],
-    detached: true,
-  });
+  const { child, watchdog } = spawnWatched(
+    'java',
+    [...jvm, '-cp', cp, 'kafka.Kafka', props],
+    { stdio: ['ignore', out, out], detached: true },
+    dir,
+    cleanup,
+  );
   closeSync(out);
-  const managed = manage('kafka', child, dir, logFile, cleanup);
+  const managed = manage('kafka', child, watchdog, dir, logFile, cleanup);
   const brokers = `127.0.0.1:${port}`;
   const admin = new Kafka({
     clientId: 'paver-stack',
@@ -466,7 +514,7 @@ async function startRedisOnce(wanted: number | undefined): Promise<Managed & { u
   const port = wanted ?? (await freePort());
   const dir = mkdtempSync(join(tmpdir(), 'paver-redis-'));
   const logFile = join(dir, 'redis.log');
-  const child = spawn(
+  const { child, watchdog } = spawnWatched(
     'redis-server',
     [
       '--port',
@@ -488,9 +536,11 @@ async function startRedisOnce(wanted: number | undefined): Promise<Managed & { u
       'no',
     ],
     // Its own process group, like the broker: Ctrl-C must not take Redis away mid-shutdown.
-    { stdio: 'ignore', detached: true },
+    { stdio: ['ignore', 'ignore', 'ignore'], detached: true },
+    dir,
+    true,
   );
-  const managed = manage('redis', child, dir, logFile, true);
+  const managed = manage('redis', child, watchdog, dir, logFile, true);
   try {
     await waitFor(
       'redis-server',

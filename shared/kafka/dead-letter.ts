@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import type { IHeaders } from 'kafkajs';
-import type { DeadLetterReason, DeadLetterRecord } from '../../schemas/index.js';
+import { DEAD_LETTER_REASONS, type DeadLetterReason, type DeadLetterRecord } from '../../schemas/index.js';
 import { recordBatchBytes } from './requests.js';
 
 /** The source message, as the runner holds it (kafkajs's KafkaMessage fits). */
@@ -68,7 +68,9 @@ export function headerBytes(h: IHeaders): number {
 
 /**
  * A record's size as the broker measures it against max.message.bytes when it goes alone (batch framing, key,
- * value and every header), uncompressed: what PAVER_MAX_OUTPUT_BYTES bounds. A null key or value takes the same
+ * value and every header), uncompressed: what PAVER_MAX_OUTPUT_BYTES bounds. Exact for the uncompressed batches the
+ * services send; a batch the producer or the topic's compression.type compresses is counted by the broker at its
+ * compressed size, smaller for compressible records but larger, by the codec's framing, for incompressible ones. A null key or value takes the same
  * one byte as an empty one.
  */
 export function messageBytes(m: {
@@ -166,6 +168,38 @@ export function withoutOriginal(
     now,
   );
 }
+
+/** Longest service name a runner takes, of [a-zA-Z0-9._-] (Paver's own are under 16): dead letters carry it twice. */
+export const MAX_SERVICE_NAME = 64;
+
+/**
+ * The largest hash-only dead letter (`withoutOriginal`) as the broker counts it, headers included: the smallest
+ * PAVER_MAX_OUTPUT_BYTES at which every dead letter fits (a larger one goes hash-only, and this one must go).
+ * Built from the worst of each field: a detail of DETAIL_MAX code units each written as a six-byte JSON escape (a
+ * detail may name a path through the payload's own keys), a topic name of Kafka's 249 characters (in the record
+ * and in a header), the longest service name and reason, the largest partition, offset, timestamp, size and time.
+ */
+export const HASH_ONLY_DEAD_LETTER_MAX_BYTES = ((): number => {
+  const longest = (a: readonly string[]) => a.reduce((x, y) => (y.length > x.length ? y : x));
+  const m = withoutOriginal(
+    's'.repeat(MAX_SERVICE_NAME),
+    {
+      topic: 't'.repeat(249),
+      partition: 2 ** 31 - 1,
+      offset: String(2n ** 63n - 1n),
+      key: Buffer.alloc(1),
+      value: Buffer.alloc(1),
+      timestamp: String(-(2n ** 63n)),
+    },
+    longest(DEAD_LETTER_REASONS) as DeadLetterReason,
+    '\u0001'.repeat(DETAIL_MAX),
+    8.64e15, // the latest time a Date holds
+  );
+  // The size of a one-byte value written as the largest a message's could be.
+  const value = m.value.replace('"original_size":1,', `"original_size":${Number.MAX_SAFE_INTEGER},`);
+  if (value === m.value) throw new Error('dead letter bound: original_size not found');
+  return messageBytes({ ...m, value });
+})();
 
 /** A broker refusal that no retry can change: the record (or the request) is over the broker's limit. */
 export function isTooLarge(err: unknown): boolean {

@@ -10,6 +10,7 @@ import {
   buildDeadLetter,
   messageBytes,
   isTooLarge,
+  MAX_SERVICE_NAME,
   withoutOriginal,
   type DeadLetterSource,
 } from './dead-letter.js';
@@ -158,6 +159,9 @@ export function createRunner<T>(spec: RunnerSpec<T>, deps: RuntimeDeps): Runner;
 export function createRunner<T>(o: RunnerOptions<T>): Runner;
 export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: RuntimeDeps): Runner {
   const o: RunnerOptions<T> = deps ? { ...spec, ...deps } : (spec as RunnerOptions<T>);
+  // Dead letters carry the name: HASH_ONLY_DEAD_LETTER_MAX_BYTES (PAVER_MAX_OUTPUT_BYTES's least) assumes this bound.
+  if (!new RegExp(`^[a-zA-Z0-9._-]{1,${MAX_SERVICE_NAME}}$`).test(o.service))
+    throw new PaverError('INTERNAL', `service name must be 1 to ${MAX_SERVICE_NAME} of [a-zA-Z0-9._-]`);
   let restarts = 0;
   let joined = false;
   let memberId: string | null = null;

@@ -1,6 +1,6 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { Redis } from 'ioredis';
-import { freePort, watch } from '../../deploy/local/stack.js';
+import { freePort, spawnWatched } from '../../deploy/local/stack.js';
 import { waitFor } from './kafka.js';
 
 export interface OwnRedis {
@@ -29,11 +29,15 @@ async function startOn(p: number, dir?: string): Promise<OwnRedis | null> {
   const persistence = dir
     ? ['--appendonly', 'yes', '--appendfsync', 'always', '--dir', dir]
     : ['--appendonly', 'no'];
-  const child = spawn('redis-server', ['--port', String(p), '--save', '', ...persistence], {
-    stdio: 'ignore',
-  });
-  // A test run killed outright (SIGKILL, a CI timeout) never reaches stopOwnRedis: without it, the server stays.
-  watch(child, dir ?? '', false);
+  // A test run killed outright (SIGKILL, a CI timeout) never reaches stopOwnRedis: without its watchdog, the
+  // server stays.
+  const { child } = spawnWatched(
+    'redis-server',
+    ['--port', String(p), '--save', '', ...persistence],
+    { stdio: ['ignore', 'ignore', 'ignore'] },
+    dir ?? '',
+    false,
+  );
   started.push(child);
   const probe = new Redis(p, '127.0.0.1', {
     lazyConnect: true,

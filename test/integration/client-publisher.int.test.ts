@@ -1,7 +1,7 @@
 import { createConnection, createServer, type Server } from 'node:net';
-import { Partitioners } from 'kafkajs';
+import { ConfigResourceTypes, Partitioners } from 'kafkajs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createPublisher } from '../../client/index.js';
+import { createPublisher, DEFAULT_MAX_MESSAGE_BYTES, type ToolCallInput } from '../../client/index.js';
 import { toolCallsEventV1 } from '../../schemas/index.js';
 import { registryCodec } from '../../shared/codec.js';
 import { recordBatchBytes } from '../../shared/kafka/requests.js';
@@ -25,6 +25,51 @@ async function publishInterleaved(pub: ReturnType<typeof createPublisher>) {
     calls.push(pub.taskCompleted({ session_id: `sess-${s}`, task_id: `task-${s}` }));
   await pub.flush();
   await Promise.all(calls);
+}
+
+/**
+ * Two events, every generated field given so that their encoded size is known to the byte: `fits` goes out in a
+ * record batch of exactly `limit` bytes as the broker counts it (key and framing included), `over` in one byte
+ * more (tool names of one length).
+ */
+function atLimit(limit: number) {
+  const session = 'session-0123456789abcdef';
+  const event = (tool: string, observation: string) => ({
+    session_id: session,
+    task_id: 't',
+    tool,
+    step: 0,
+    event_id: '00000000-0000-4000-8000-000000000000',
+    ts: 1_700_000_000_000,
+    tenant_id: 'acme',
+    agent_id: 'bot',
+    observation,
+  });
+  const batchBytes = (observation: string) =>
+    recordBatchBytes(
+      Buffer.byteLength(session),
+      Buffer.byteLength(
+        JSON.stringify(toolCallsEventV1.parse({ type: 'tool_call', ...event('fits', observation) })),
+      ),
+    );
+  // The observation that makes the record batch exactly the limit (the lengths' varints grow with it).
+  let pad = limit - batchBytes('');
+  while (batchBytes('x'.repeat(pad)) > limit) pad--;
+  const fits = 'x'.repeat(pad);
+  expect(batchBytes(fits)).toBe(limit);
+  return { fits: event('fits', fits), over: event('over', `${fits}x`) };
+}
+
+/** The broker's side of a boundary: a publisher letting `over` past (its limit `lax`) has it refused by the broker. */
+async function expectBrokerRefuses(topic: string, lax: number, over: ToolCallInput) {
+  const pub = createPublisher({
+    brokers: [stack().brokers],
+    topic,
+    maxMessageBytes: lax,
+    kafka: { retry: { retries: 0 } },
+  });
+  await expect(pub.toolCall(over)).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
+  await pub.close();
 }
 
 describe('client publisher (real broker)', () => {
@@ -97,49 +142,44 @@ describe('client publisher (real broker)', () => {
     const limit = 1024 * 1024;
     const topic = unique('client-limit');
     await createTopics([{ topic, partitions: 1, config: { 'max.message.bytes': String(limit) } }]);
-    const session = 'session-0123456789abcdef';
-    // Every generated field given, and tool names of one length, so the event's encoded size is known to the byte.
-    const event = (tool: string, observation: string) => ({
-      session_id: session,
-      task_id: 't',
-      tool,
-      step: 0,
-      event_id: '00000000-0000-4000-8000-000000000000',
-      ts: 1_700_000_000_000,
-      tenant_id: 'acme',
-      agent_id: 'bot',
-      observation,
-    });
-    const batchBytes = (observation: string) =>
-      recordBatchBytes(
-        Buffer.byteLength(session),
-        Buffer.byteLength(
-          JSON.stringify(toolCallsEventV1.parse({ type: 'tool_call', ...event('fits', observation) })),
-        ),
-      );
-    // The observation that makes the record batch exactly the limit (the lengths' varints grow with it).
-    let pad = limit - batchBytes('');
-    while (batchBytes('x'.repeat(pad)) > limit) pad--;
-    const fits = 'x'.repeat(pad);
-    expect(batchBytes(fits)).toBe(limit);
+    const { fits, over } = atLimit(limit);
     const pub = createPublisher({ brokers: [stack().brokers], topic, maxMessageBytes: limit });
     // Before: checked against the value alone, this one (80 bytes of framing and key under the value limit)
     // passed the client and the broker refused it.
-    await expect(pub.toolCall(event('over', `${fits}x`))).rejects.toMatchObject({ code: 'INPUT_INVALID' });
-    await pub.toolCall(event('fits', fits));
+    await expect(pub.toolCall(over)).rejects.toMatchObject({ code: 'INPUT_INVALID' });
+    await pub.toolCall(fits);
     // The refusal reached the caller through the call it awaited: close() does not report it again.
     await pub.close();
-    // The broker's side of the boundary: let one byte more past the client, and the broker refuses it.
-    const lax = createPublisher({
-      brokers: [stack().brokers],
-      topic,
-      maxMessageBytes: limit + 1,
-      kafka: { retry: { retries: 0 } },
-    });
-    await expect(lax.toolCall(event('over', `${fits}x`))).rejects.toMatchObject({
-      code: 'KAFKA_UNAVAILABLE',
-    });
-    await lax.close();
+    await expectBrokerRefuses(topic, limit + 1, over);
+    const got = await consumeUntil(topic, (m) => m.length >= 1);
+    expect(got.map((m) => toolCallsEventV1.parse(JSON.parse(m.value!.toString())))).toMatchObject([
+      { tool: 'fits' },
+    ]);
+  });
+
+  it("takes by default what a default broker takes: an event of exactly its message.max.bytes (1,048,588) lands, one byte over is the client's INPUT_INVALID, and the broker refuses that byte", async () => {
+    const topic = unique('client-default-limit');
+    // The topic's own limit left unset: the broker's message.max.bytes, at Kafka's default on the test broker.
+    await createTopics([{ topic, partitions: 1 }]);
+    const admin = testKafka().admin();
+    await admin.connect();
+    try {
+      const { resources } = await admin.describeConfigs({
+        resources: [{ type: ConfigResourceTypes.TOPIC, name: topic, configNames: ['max.message.bytes'] }],
+        includeSynonyms: false,
+      });
+      expect(resources[0]?.configEntries[0]?.configValue).toBe(String(DEFAULT_MAX_MESSAGE_BYTES));
+    } finally {
+      await admin.disconnect();
+    }
+    expect(DEFAULT_MAX_MESSAGE_BYTES).toBe(1_048_588);
+    const { fits, over } = atLimit(DEFAULT_MAX_MESSAGE_BYTES);
+    const pub = createPublisher({ brokers: [stack().brokers], topic });
+    // Before: the default was 1 MiB, 12 bytes under the broker's, and this event was refused as INPUT_INVALID.
+    await pub.toolCall(fits);
+    await expect(pub.toolCall(over)).rejects.toMatchObject({ code: 'INPUT_INVALID' });
+    await pub.close();
+    await expectBrokerRefuses(topic, DEFAULT_MAX_MESSAGE_BYTES + 1, over);
     const got = await consumeUntil(topic, (m) => m.length >= 1);
     expect(got.map((m) => toolCallsEventV1.parse(JSON.parse(m.value!.toString())))).toMatchObject([
       { tool: 'fits' },
@@ -179,6 +219,59 @@ describe('client publisher (real broker)', () => {
       ['small', 0],
       ['after_1', 1],
       ['after_2', 2],
+    ]);
+    expect(got).toHaveLength(4);
+  });
+
+  it('holds a session whose event failed to encode (registry down): its events queued behind it are rejected, other sessions publish, and once the caller has had the failure the session lands in call order', async () => {
+    const topic = unique('client-encode-hold');
+    // One partition: the order on Kafka across sessions is the order the broker took them in.
+    await createTopics([{ topic, partitions: 1 }]);
+    const pub = createPublisher({ brokers: [stack().brokers], topic, schemaRegistry: reg.url });
+    const call = (session: string, tool: string) => pub.toolCall({ session_id: session, task_id: 't', tool });
+    reg.setDown(true);
+    let lost: Promise<void>[];
+    try {
+      // Queued together: b waits behind a, whose encode (the schema's registration) fails.
+      lost = [call('s', 'a'), call('s', 'b')];
+      // Waits for the failures without taking the calls up, as a fire-and-forget agent does.
+      await Promise.allSettled(lost.map((l) => Promise.prototype.then.call(l, undefined, () => undefined)));
+    } finally {
+      reg.setDown(false);
+    }
+    // The caller has not had those failures yet: the session's next call is refused, another session publishes.
+    const later = call('s', 'c');
+    await call('other', 'x');
+    await expect(later).rejects.toMatchObject({
+      code: 'REGISTRY_UNAVAILABLE',
+      message: expect.stringMatching(/^not sent: an earlier event of its session failed to encode/),
+    });
+    await expect(pub.flush()).rejects.toMatchObject({ code: 'REGISTRY_UNAVAILABLE' });
+    await expect(lost[0]).rejects.toMatchObject({
+      code: 'REGISTRY_UNAVAILABLE',
+      message: expect.not.stringMatching(/^not sent/),
+    });
+    await expect(lost[1]).rejects.toMatchObject({
+      code: 'REGISTRY_UNAVAILABLE',
+      message: expect.stringMatching(/^not sent: an earlier event of its session failed to encode/),
+    });
+    // Had (by flush()): the session goes out again, retried from the call that failed, with the steps it had.
+    await call('s', 'a');
+    await call('s', 'b');
+    await call('s', 'c');
+    await pub.close();
+    const got = await consumeUntil(topic, (m) => m.length >= 4);
+    const codec = registryCodec({ url: reg.url });
+    const events = await Promise.all(
+      got
+        .sort((a, b) => Number(a.offset) - Number(b.offset))
+        .map(async (m) => toolCallsEventV1.parse(await codec.decode(m.value!))),
+    );
+    expect(events.map((e) => (e.type === 'tool_call' ? [e.session_id, e.tool, e.step] : []))).toEqual([
+      ['other', 'x', 0],
+      ['s', 'a', 0],
+      ['s', 'b', 1],
+      ['s', 'c', 2],
     ]);
     expect(got).toHaveLength(4);
   });

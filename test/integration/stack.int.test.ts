@@ -169,6 +169,65 @@ describe('local stack start-up', () => {
     }
   });
 
+  it.each(['format', 'redis'] as const)(
+    'leaves nothing behind when its process is killed between spawning a %s process and spawning its watchdog',
+    async (what) => {
+      const tmp = mkdtempSync(join(tmpdir(), 'paver-stack-tmp-'));
+      dirs.push(tmp);
+      // The owner's spawn is wrapped so that the process kills itself (SIGKILL) as the watchdog is about to be
+      // spawned, having said the pids it spawned before: the instant no test from outside can hit.
+      const stackTs = join(ROOT, 'deploy', 'local', 'stack.ts');
+      const code = `
+        import cp from 'node:child_process';
+        import { writeSync } from 'node:fs';
+        import { syncBuiltinESMExports } from 'node:module';
+        const spawn = cp.spawn;
+        const pids = [];
+        cp.spawn = (cmd, args, opts) => {
+          if (cmd === process.execPath && args[0] === '-e') {
+            writeSync(1, 'spawned ' + pids.join(' ') + '\\n');
+            process.kill(process.pid, 'SIGKILL');
+            for (;;);
+          }
+          const child = spawn(cmd, args, opts);
+          pids.push(child.pid);
+          return child;
+        };
+        syncBuiltinESMExports();
+        const stack = await import(${JSON.stringify(stackTs)});
+        await stack.${what === 'format' ? 'startKafka' : 'startRedis'}();`;
+      const owner = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', code], {
+        cwd: ROOT,
+        env: {
+          PATH: process.env.PATH ?? '',
+          HOME: process.env.HOME ?? '/tmp',
+          PAVER_CACHE_DIR: process.env.PAVER_CACHE_DIR ?? join(ROOT, '.cache'),
+          TMPDIR: tmp,
+        },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      let out = '';
+      owner.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+      owner.stderr!.on('data', (d: Buffer) => (out += d.toString()));
+      const signal = await new Promise<NodeJS.Signals | null>((r) => owner.once('exit', (_, s) => r(s)));
+      expect(signal).toBe('SIGKILL');
+      const pids = (/spawned ([\d ]+)/.exec(out)?.[1] ?? '').trim().split(' ').map(Number);
+      expect(pids.length, out).toBeGreaterThan(0);
+      try {
+        // Before: the process ran on unwatched (redis-server for ever, the format to its end), and its folder stayed.
+        await waitFor(
+          () =>
+            pids.every((p) => !alive(p)) &&
+            readdirSync(tmp).filter((f) => f.startsWith('paver-')).length === 0,
+          `the ${what} process ended and its folder removed`,
+          20_000,
+        );
+      } finally {
+        for (const p of pids) if (alive(p)) process.kill(p, 'SIGKILL');
+      }
+    },
+  );
+
   it('names a redis-server port that is taken, at once', async () => {
     const port = await freePort();
     await hold(port);

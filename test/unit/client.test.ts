@@ -11,11 +11,12 @@ import {
   select,
   DEFAULT_DETECTOR_PARAMS,
   PaverError,
+  MAX_OPEN_TASKS,
+  MAX_UNREPORTED_FAILURES,
   type ToolCallInput,
 } from '../../client/index.js';
 import { detect as detectFile } from '../../services/detector/src/cli.js';
 import { liveCandidates } from '../../services/detector/src/core/detect.js';
-import { MAX_OPEN_TASKS, MAX_UNREPORTED_FAILURES } from '../../client/publisher.js';
 import { freePort } from '../../deploy/local/stack.js';
 import { waitFor } from '../helpers/kafka.js';
 
@@ -235,6 +236,8 @@ describe('client: createPublisher (validation happens before any connection)', (
   });
 
   it('keeps at most MAX_UNREPORTED_FAILURES failed calls for flush(): past it a call is let go, and flush() still reports a failure and frees the session', async () => {
+    // Part of the package's API (docs/client.md gives the number): a caller sizes its flush() cadence by it.
+    expect(MAX_UNREPORTED_FAILURES).toBe(1_000);
     // The publisher's memory is what is tested: a collected call is one it no longer keeps.
     setFlagsFromString('--expose-gc');
     const gc = runInNewContext('gc') as () => void;

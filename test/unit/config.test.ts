@@ -12,6 +12,7 @@ import {
   refineCommon,
 } from '../../shared/config.js';
 import { kafkaConfig } from '../../shared/kafka/client.js';
+import { HASH_ONLY_DEAD_LETTER_MAX_BYTES } from '../../shared/kafka/dead-letter.js';
 import { createRedis } from '../../shared/redis/client.js';
 import { silentLogger } from '../../shared/log.js';
 import { autoseqEnvSchema } from '../../services/autoseq/src/config.js';
@@ -267,6 +268,23 @@ describe('integer variables', () => {
       );
     expect(refused({ KAFKA_SESSION_TIMEOUT_MS: '30s' })).toContain(
       'KAFKA_SESSION_TIMEOUT_MS: expected an integer from 6000 to 300000',
+    );
+  });
+});
+
+describe('PAVER_MAX_OUTPUT_BYTES', () => {
+  it('is at least the largest dead letter without its original bytes, which goes whatever the limit: under it, a configuration error naming the variable', () => {
+    const least = HASH_ONLY_DEAD_LETTER_MAX_BYTES;
+    // About 25 KiB: a detail of 4,096 characters written as six-byte JSON escapes, a 249-character topic twice.
+    expect(least).toBeGreaterThan(25_000);
+    expect(least).toBeLessThan(27_000);
+    // Before: anything from 1,024 was taken, and such a dead letter was over the limit the service held it to.
+    for (const bad of ['1024', String(least - 1)])
+      expect(refused({ PAVER_MAX_OUTPUT_BYTES: bad })).toContain(
+        `PAVER_MAX_OUTPUT_BYTES: expected an integer from ${least} to ${50 * 1024 * 1024}`,
+      );
+    expect(parseEnv(schema, { ...base, PAVER_MAX_OUTPUT_BYTES: String(least) }).PAVER_MAX_OUTPUT_BYTES).toBe(
+      least,
     );
   });
 });

@@ -4,9 +4,13 @@ import { describe, expect, it } from 'vitest';
 import { deadLetterRecordV1 } from '../../schemas/index.js';
 import {
   buildDeadLetter,
+  DETAIL_MAX,
+  HASH_ONLY_DEAD_LETTER_MAX_BYTES,
   headerBytes,
   isTooLarge,
   MAX_ORIGINAL_HEADER_BYTES,
+  MAX_SERVICE_NAME,
+  messageBytes,
   withoutOriginal,
 } from '../../shared/kafka/dead-letter.js';
 
@@ -174,5 +178,30 @@ describe('dead-letter record builder', () => {
       ),
     ).toBe(true);
     expect(isTooLarge(new Error('Connection error: ECONNREFUSED'))).toBe(false);
+  });
+});
+
+describe('HASH_ONLY_DEAD_LETTER_MAX_BYTES (the least PAVER_MAX_OUTPUT_BYTES)', () => {
+  it('holds every hash-only dead letter, whatever its detail is written as, and is no looser than the worst one', () => {
+    const worstSource = {
+      topic: 'T'.repeat(249),
+      partition: 2 ** 31 - 1,
+      offset: '9223372036854775807',
+      key: Buffer.from('key'),
+      value: Buffer.from('value'),
+      timestamp: '-9223372036854775808',
+    };
+    // Every way a code unit is written in JSON: plain, escaped in two bytes or six, three UTF-8 bytes, a pair.
+    const details = ['a', '"', '\n', '\u0000', '\u00e9', '\u20ac', '\ud800', '\udc00', '\ud83d\ude00'].map(
+      (c) => c.repeat(Math.ceil(DETAIL_MAX / c.length)),
+    );
+    const sizes = details.map((d) =>
+      messageBytes(
+        withoutOriginal('S'.repeat(MAX_SERVICE_NAME), worstSource, 'unknown_event_type', d, Date.now()),
+      ),
+    );
+    for (const n of sizes) expect(n).toBeLessThanOrEqual(HASH_ONLY_DEAD_LETTER_MAX_BYTES);
+    // The control characters' one, the worst: within the digits its size and time could still grow by.
+    expect(Math.max(...sizes)).toBeGreaterThan(HASH_ONLY_DEAD_LETTER_MAX_BYTES - 32);
   });
 });
