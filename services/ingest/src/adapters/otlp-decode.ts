@@ -138,6 +138,15 @@ export function decodeOtlp(buf: Uint8Array, encoding: OtlpEncoding, limits: Deco
       detail: 'not an OTLP trace request: no resourceSpans',
       encoding: enc,
     };
+  // The protobuf decoder skips unknown fields, so random bytes or a message of another type read as a request with
+  // no spans, taken silently. Only 0 bytes is the empty request (proto3 writes nothing for it).
+  if (enc === 'otlp_proto' && buf.byteLength > 0 && !('resourceSpans' in (raw as object)))
+    return {
+      ok: false,
+      reason: 'invalid',
+      detail: 'not an OTLP trace request: no resourceSpans field (1) in a non-empty protobuf message',
+      encoding: enc,
+    };
   try {
     return { ok: true, spans: spansFromRequest(raw, limits), encoding: enc };
   } catch (err) {

@@ -378,6 +378,22 @@ describe('bad input', () => {
       ),
     ).toMatchObject({ ok: false, reason: 'invalid' });
   });
+  it('refuses protobuf bytes with no field of a trace request, and takes an empty request', () => {
+    // Field 2 (varint) and field 5 (bytes): a message of another type decodes with every field unknown, and was
+    // taken as a request with no spans.
+    const other = Buffer.from([0x10, 0x01, 0x2a, 0x02, 0x68, 0x69]);
+    for (const enc of ['auto', 'otlp_proto'] as const) {
+      const r = decodeOtlp(other, enc, limits);
+      expect(r).toMatchObject({ ok: false, reason: 'invalid', encoding: 'otlp_proto' });
+      expect(!r.ok && r.detail).toContain('resourceSpans');
+      expect(decodeOtlp(Buffer.alloc(0), enc, limits)).toMatchObject({ ok: true, spans: [] });
+    }
+    // One resourceSpans with nothing in it is a known field: a valid request, no spans.
+    expect(decodeOtlp(Buffer.from([0x0a, 0x00]), 'otlp_proto', limits)).toMatchObject({
+      ok: true,
+      spans: [],
+    });
+  });
   it('refuses a request with more spans than the limit', () => {
     const spans = otelRecorder().agent(booking);
     expect(decodeOtlp(toProto(spans), 'auto', { ...limits, maxSpans: 3 })).toMatchObject({
