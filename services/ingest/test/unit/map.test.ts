@@ -577,3 +577,55 @@ describe('paver otel on a large export', () => {
     expect(other[0]).not.toContain('--max-spans-per-message');
   });
 });
+
+describe('chains of parents', () => {
+  const hex = (n: number) => n.toString(16).padStart(16, '0');
+  const span = (n: number, parent: number | null, kind: KeptSpan['kind']): KeptSpan => ({
+    traceId: 'a'.repeat(32),
+    spanId: hex(n),
+    parentSpanId: parent === null ? null : hex(parent),
+    kind,
+    startNs: String(1_700_000_000_000_000_000n + BigInt(n)),
+    endNs: String(1_700_000_000_000_000_000n + BigInt(n) + 1n),
+    status: 'ok',
+    ...(kind === 'tool' ? { tool: 'x' } : {}),
+  });
+
+  it('resolves a chain of 5,000 links with 5,000 tool spans below it: waiting, then published whole', () => {
+    // 1 is the agent span; links 2..5001 each below the one before; tool spans 10001..15000 below the last link.
+    const links = Array.from({ length: 5000 }, (_, i) => span(i + 2, i + 1, 'link'));
+    const tools = Array.from({ length: 5000 }, (_, j) => span(10_001 + j, 5001, 'tool'));
+    const waiting = resolveTrace([...tools, ...links], new Set(), DEFAULT_MAP_OPTIONS);
+    expect(waiting.pendingTools).toHaveLength(5000);
+    expect(waiting.waitingLinks).toHaveLength(5000);
+    expect(waiting.events).toHaveLength(0);
+    const r = resolveTrace([...tools, ...links, span(1, null, 'agent')], new Set(), DEFAULT_MAP_OPTIONS);
+    expect(r.emittedTools).toHaveLength(5000);
+    expect(r.spentLinks).toHaveLength(5000);
+    expect(r.events).toHaveLength(5001);
+    expect(r.pendingTools).toHaveLength(0);
+    const late = resolveTrace([...tools, ...links], new Set([hex(1)]), DEFAULT_MAP_OPTIONS);
+    expect(late.lateTools).toHaveLength(5000);
+    expect(late.spentLinks).toHaveLength(5000);
+  });
+
+  it('reads a cycle of parents as no agent span, and a tool span met in it as the call of another', () => {
+    // 2 ↔ 3 (links), a tool below; tool 4 ↔ link 5; tool 6 below link 5 meets tool 4.
+    const r = resolveTrace(
+      [
+        span(2, 3, 'link'),
+        span(3, 2, 'link'),
+        span(7, 3, 'tool'),
+        span(4, 5, 'tool'),
+        span(5, 4, 'link'),
+        span(6, 5, 'tool'),
+      ],
+      new Set(),
+      DEFAULT_MAP_OPTIONS,
+    );
+    expect(r.orphanTools.sort()).toEqual([hex(4), hex(7)]);
+    expect(r.nestedTools).toEqual([hex(6)]);
+    expect(r.pendingTools).toEqual([]);
+    expect(r.spentLinks).toEqual([]);
+  });
+});
