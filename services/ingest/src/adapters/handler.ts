@@ -16,6 +16,7 @@ import {
   type PayloadNote,
 } from '../core/map.js';
 import type { DecodeLimits, OtlpSpan } from '../core/otlp.js';
+import { admitWaiting } from '../core/room.js';
 import { decodeOtlp, type OtlpEncoding } from './otlp-decode.js';
 import type { PendingRecovery } from './recovery.js';
 import { keptBytes, type RedisTraceStore, type TraceChange } from './trace-store.js';
@@ -49,7 +50,7 @@ export function createIngestMetrics(registry: Registry) {
     }),
     spans: new Counter({
       name: 'paver_ingest_spans_total',
-      help: 'Spans read, by outcome when read: tool_call (published with its task now), pending (waiting for the agent span; published later without being counted here again: see paver_ingest_events_total), dropped (no room left in its trace: INGEST_MAX_PENDING_SPANS spans or INGEST_MAX_PENDING_BYTES bytes waiting), late (agent already completed), orphan (no invoke_agent ancestor), nested (inside the call of another tool span, as an MCP server span below the MCP client span), agent (an invoke_agent span: its task completed), other (not a GenAI tool or agent span). A span read twice (a redelivery) is counted each time: a copy of one published now is late. The outcomes add up to the spans read.',
+      help: 'Spans read, by outcome when read: tool_call (published with its task now), pending (waiting for the agent span; published later without being counted here again: see paver_ingest_events_total), dropped (no room left in its trace, for it or for a span on its path to its agent span: INGEST_MAX_PENDING_SPANS spans or INGEST_MAX_PENDING_BYTES bytes waiting), late (agent already completed), orphan (no invoke_agent ancestor), nested (inside the call of another tool span, as an MCP server span below the MCP client span), agent (an invoke_agent span: its task completed), other (not a GenAI tool or agent span). A span read twice (a redelivery) is counted each time: a copy of one published now is late. The outcomes add up to the spans read.',
       labelNames: ['outcome'],
       registers,
     }),
@@ -326,22 +327,28 @@ export function createIngestApply(deps: {
       // Bounded per trace: an agent span that never ends (a loop that runs for days, a crashed agent) would
       // otherwise grow its hash for good, and every chunk of the trace reads the whole hash back.
       // And by bytes: the count alone let a trace hold 10,000 spans of two 64 KiB payloads each, all read back by
-      // every chunk of it. A span that does not fit is dropped as one past the count is; a smaller one after it
-      // may still fit.
+      // every chunk of it. A span whose path to its agent span is not stored whole (a link above it found no room)
+      // is dropped too: it could never be published.
       const dropped = new Set(drop);
-      let room = Math.max(0, maxPending - (state.spans.length - drop.length));
+      const stored = new Set(state.spans.filter((s) => !dropped.has(s.spanId)).map((s) => s.spanId));
       let bytes = 0;
       for (const s of state.spans)
         if (!dropped.has(s.spanId)) bytes += state.bytes.get(s.spanId) ?? keptBytes(s);
-      const put: KeptSpan[] = [];
-      for (const s of waiting) {
-        if (room === 0) break;
-        const size = keptBytes(s);
-        if (bytes + size > maxPendingBytes) continue;
-        put.push(s);
-        bytes += size;
-        room--;
-      }
+      const admitted = new Set(
+        admitWaiting({
+          candidates: waiting.map((s) => ({
+            spanId: s.spanId,
+            parentSpanId: s.parentSpanId,
+            bytes: keptBytes(s),
+          })),
+          stored,
+          pathLinks: onPath,
+          room: Math.max(0, maxPending - stored.size),
+          usedBytes: bytes,
+          maxBytes: maxPendingBytes,
+        }).map((c) => c.spanId),
+      );
+      const put = waiting.filter((s) => admitted.has(s.spanId));
       const kept = new Set([...buffered, ...put.map((s) => s.spanId)]);
       // At most maxPending marks, agents' first: a message may bring an agent span with more spans below it than
       // that (each a spent link), and oldestDone only makes room among the marks already written. An agent's mark is
