@@ -23,6 +23,8 @@ import { keptBytes, type RedisTraceStore, type TraceChange } from './trace-store
 
 export interface OtlpMessage {
   spans: OtlpSpan[];
+  /** Spans of the request left out as malformed (bad ids, times): counted `invalid` once the chunk is handled. */
+  invalid?: number;
 }
 
 const MAX_LOSS_RETRIES = 5;
@@ -50,7 +52,7 @@ export function createIngestMetrics(registry: Registry) {
     }),
     spans: new Counter({
       name: 'paver_ingest_spans_total',
-      help: 'Spans read, by outcome when read: tool_call (published with its task now), pending (waiting for the agent span; published later without being counted here again: see paver_ingest_events_total), dropped (no room left in its trace, for it or for a span on its path to its agent span: INGEST_MAX_PENDING_SPANS spans or INGEST_MAX_PENDING_BYTES bytes waiting), late (agent already completed), orphan (no invoke_agent ancestor), nested (inside the call of another tool span, as an MCP server span below the MCP client span), agent (an invoke_agent span: its task completed), other (not a GenAI tool or agent span). A span read twice (a redelivery) is counted each time: a copy of one published now is late. The outcomes add up to the spans read.',
+      help: 'Spans read, by outcome when read: tool_call (published with its task now), pending (waiting for the agent span; published later without being counted here again: see paver_ingest_events_total), dropped (no room left in its trace, for it or for a span on its path to its agent span: INGEST_MAX_PENDING_SPANS spans or INGEST_MAX_PENDING_BYTES bytes waiting), late (agent already completed), orphan (no invoke_agent ancestor), nested (inside the call of another tool span, as an MCP server span below the MCP client span), agent (an invoke_agent span: its task completed), other (not a GenAI tool or agent span), invalid (malformed: ids not 16 and 8 bytes of hex, times not integers; left out, the rest of its request kept). A span read twice (a redelivery) is counted each time: a copy of one published now is late. The outcomes add up to the spans read.',
       labelNames: ['outcome'],
       registers,
     }),
@@ -102,7 +104,7 @@ export function otlpParser(
       return { ok: false, reason: 'undecodable', detail: 'expected the raw message bytes' };
     const r = decodeOtlp(value, encoding, limits);
     m?.messages.inc({ encoding: r.encoding, outcome: r.ok ? 'decoded' : r.reason });
-    return r.ok ? { ok: true, value: { spans: r.spans } } : r;
+    return r.ok ? { ok: true, value: { spans: r.spans, invalid: r.invalid } } : r;
   };
 }
 
@@ -405,8 +407,14 @@ export function createIngestHandler(
     const first = records[0];
     if (!first) return;
     const messages = records.map((r) => r.value.spans);
+    // Counted as the chunk's other outcomes are, once it is handled: a chunk that fails is counted when read again.
+    const invalid = records.reduce((n, r) => n + (r.value.invalid ?? 0), 0);
+    const handled = () => {
+      if (invalid) deps.metrics.spans.inc({ outcome: 'invalid' }, invalid);
+    };
     if (!recovery) {
       await apply(messages, { publish: true });
+      handled();
       return;
     }
     for (let attempt = 1; ; attempt++) {
@@ -417,7 +425,10 @@ export function createIngestHandler(
         ctx,
         Number(first.timestamp),
       );
-      if (!(await apply(messages, { publish: true, marker })).lost) return;
+      if (!(await apply(messages, { publish: true, marker })).lost) {
+        handled();
+        return;
+      }
       if (attempt >= MAX_LOSS_RETRIES)
         throw new PaverError('REDIS_UNAVAILABLE', 'ingest state lost in Redis again after every rebuild');
       deps.log?.warn(

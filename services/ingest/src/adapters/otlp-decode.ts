@@ -99,7 +99,13 @@ export function looksLikeJson(buf: Uint8Array): boolean {
 }
 
 export type DecodeResult =
-  | { ok: true; spans: OtlpSpan[]; encoding: 'otlp_json' | 'otlp_proto' }
+  | {
+      ok: true;
+      spans: OtlpSpan[];
+      /** Spans left out as malformed: the rest of the request is kept. */
+      invalid: number;
+      encoding: 'otlp_json' | 'otlp_proto';
+    }
   | { ok: false; reason: DeadLetterReason; detail: string; encoding: 'otlp_json' | 'otlp_proto' };
 
 /** One Kafka message value → spans. Details name the problem, never the payload's content. */
@@ -148,7 +154,8 @@ export function decodeOtlp(buf: Uint8Array, encoding: OtlpEncoding, limits: Deco
       encoding: enc,
     };
   try {
-    return { ok: true, spans: spansFromRequest(raw, limits), encoding: enc };
+    const { spans, invalid } = spansFromRequest(raw, limits);
+    return { ok: true, spans, invalid, encoding: enc };
   } catch (err) {
     if (err instanceof OtlpError)
       return { ok: false, reason: err.reason, detail: err.message, encoding: enc };

@@ -1,3 +1,4 @@
+import protobuf from 'protobufjs';
 import { describe, expect, it } from 'vitest';
 import { id as idSchema, toolCallsEventV1 } from '../../../../schemas/index.js';
 import { decodeOtlp } from '../../src/adapters/otlp-decode.js';
@@ -11,7 +12,7 @@ import {
   type KeptSpan,
   type MapOptions,
 } from '../../src/core/map.js';
-import { DEFAULT_DECODE_LIMITS, anyValue, type OtlpSpan } from '../../src/core/otlp.js';
+import { DEFAULT_DECODE_LIMITS, anyValue, spansFromRequest, type OtlpSpan } from '../../src/core/otlp.js';
 import { parseExport } from '../../src/cli.js';
 import { otelRecorder, toJson, toProto } from '../helpers/otel.js';
 
@@ -356,11 +357,47 @@ describe('bad input', () => {
     const doc = JSON.parse(toJson(spans).toString()) as {
       resourceSpans: { scopeSpans: { spans: { traceId: string }[] }[] }[];
     };
-    doc.resourceSpans[0]!.scopeSpans[0]!.spans[0]!.traceId = 'secret-value';
+    doc.resourceSpans[0]!.scopeSpans[0]!.spans = 'secret-value' as never;
     const r = decodeOtlp(Buffer.from(JSON.stringify(doc)), 'auto', limits);
     expect(r).toMatchObject({ ok: false, reason: 'invalid' });
     expect(JSON.stringify(r)).not.toContain('secret-value');
-    expect(JSON.stringify(r)).toContain('traceId');
+    expect(JSON.stringify(r)).toContain('spans');
+  });
+  it('counts a span with a malformed id as invalid and keeps the other spans of its request', () => {
+    const spans = otelRecorder().agent(booking);
+    const whole = decode(toProto(spans));
+    const doc = JSON.parse(toJson(spans).toString()) as {
+      resourceSpans: { scopeSpans: { spans: { traceId: string; spanId: string }[] }[] }[];
+    };
+    const list = doc.resourceSpans[0]!.scopeSpans[0]!.spans;
+    expect(list.length).toBe(whole.length);
+    list[0]!.traceId = 'secret-value';
+    list[1]!.spanId = 'abcd';
+    const r = decodeOtlp(Buffer.from(JSON.stringify(doc)), 'auto', limits);
+    // Before: the whole request was dead-lettered as invalid, every good span in it lost.
+    expect(r).toMatchObject({ ok: true, invalid: 2 });
+    expect(r.ok && r.spans).toEqual(whole.slice(2));
+    // What was wrong names paths, never values.
+    const { invalidDetail } = spansFromRequest(doc);
+    expect(invalidDetail).toContain('traceId');
+    expect(invalidDetail).not.toContain('secret-value');
+    // Protobuf: ids of the wrong length (a span: traceId 1, spanId 2, startTimeUnixNano 7; in scopeSpans 2, in
+    // resourceSpans 2, in the request 1).
+    const span = (traceId: number, spanId: number) =>
+      protobuf.Writer.create()
+        .uint32(10)
+        .bytes(Buffer.alloc(traceId, 1))
+        .uint32(18)
+        .bytes(Buffer.alloc(spanId, 2))
+        .uint32(57)
+        .fixed64(1)
+        .finish();
+    const scope = protobuf.Writer.create();
+    for (const sp of [span(16, 8), span(15, 8), span(16, 9), span(16, 8)]) scope.uint32(18).bytes(sp);
+    const rs = protobuf.Writer.create().uint32(18).bytes(scope.finish()).finish();
+    const p = decodeOtlp(protobuf.Writer.create().uint32(10).bytes(rs).finish(), 'otlp_proto', limits);
+    expect(p).toMatchObject({ ok: true, invalid: 2 });
+    expect(p.ok && p.spans).toHaveLength(2);
   });
   it('takes 64-bit times written as JSON numbers (the proto3 JSON mapping allows them) as their strings', () => {
     const text = toJson(otelRecorder().agent(booking)).toString();
@@ -376,7 +413,7 @@ describe('bad input', () => {
         'auto',
         limits,
       ),
-    ).toMatchObject({ ok: false, reason: 'invalid' });
+    ).toMatchObject({ ok: true, invalid: 1 });
   });
   it('refuses protobuf bytes with no field of a trace request, and takes an empty request', () => {
     // Field 2 (varint) and field 5 (bytes): a message of another type decodes with every field unknown, and was
@@ -404,6 +441,21 @@ describe('bad input', () => {
 });
 
 describe('paver otel input files', () => {
+  it('leaves out a malformed span of a request and keeps the rest, with a warning naming paths only', () => {
+    const spans = otelRecorder().agent(booking);
+    const doc = JSON.parse(toJson(spans).toString()) as {
+      resourceSpans: { scopeSpans: { spans: { spanId: string }[] }[] }[];
+    };
+    doc.resourceSpans[0]!.scopeSpans[0]!.spans[0]!.spanId = 'secret-value';
+    const warnings: string[] = [];
+    const r = parseExport(JSON.stringify(doc), (w) => warnings.push(w));
+    // Before: the request was bad, none of its spans mapped.
+    expect(r).toMatchObject({ requests: 1, bad: 0, invalid: 1 });
+    expect(r.spans).toHaveLength(spans.length - 1);
+    expect(warnings).toHaveLength(1);
+    expect(warnings[0]).toContain('spanId');
+    expect(warnings[0]).not.toContain('secret-value');
+  });
   it('reads one request per line (the Collector file exporter) and counts bad lines', () => {
     const rec = otelRecorder();
     const a = rec.agent(booking);
