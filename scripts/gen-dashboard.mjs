@@ -254,7 +254,7 @@ ts(
     x: 12,
     stack: true,
     description:
-      'One outcome per span read, when read (they add up to the spans read). tool_call: published at once (its agent span was known); pending: kept in Redis for its invoke_agent span (published later, counted then only in paver_ingest_events_total); dropped: no room left in its trace (spans or bytes); late: its agent span already completed; orphan: no invoke_agent ancestor; nested, agent: not published as a tool call; other: not a GenAI tool or agent span.',
+      'One outcome per span read, when read (they add up to the spans read). tool_call: published at once (its agent span was known); pending: kept in Redis for its invoke_agent span (published later, counted then only in paver_ingest_events_total); dropped: no room left in its trace (spans or bytes), for it or for a span on its path to its agent span; late: its agent span already completed; orphan: no invoke_agent ancestor; nested, agent: not published as a tool call; other: not a GenAI tool or agent span; invalid: malformed (ids, times), left out while the rest of its request is handled.',
   },
 );
 ts('Tool-calls events published/s by type', 'ops', [

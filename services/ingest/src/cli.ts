@@ -31,7 +31,7 @@ ingest service. A summary goes to stderr.
   --max-spans-per-message N a request (document or line) with more spans is bad, as the service dead-letters it
                             (default 10000, 1 to 1000000)
   --max-input-bytes N       refuse an export larger than N bytes (default 268435456, 256 MiB; at most 524288000)
-  --strict                  exit 1 when any request in the input was bad
+  --strict                  exit 1 when any request in the input was bad, or any span malformed
   --pretty                  indent each event (default: one JSON per line)
 `;
 
@@ -48,14 +48,20 @@ export function parseExport(
   warn: (s: string) => void,
   /** INGEST_MAX_SPANS_PER_MESSAGE's default: the service dead-letters a larger request, so the command refuses it too. */
   maxSpans: number = DEFAULT_DECODE_LIMITS.maxSpans,
-): { spans: OtlpSpan[]; requests: number; bad: number } {
-  const out = { spans: [] as OtlpSpan[], requests: 0, bad: 0 };
+): { spans: OtlpSpan[]; requests: number; bad: number; invalid: number } {
+  const out = { spans: [] as OtlpSpan[], requests: 0, bad: 0, invalid: 0 };
+  let warned = 0;
   const take = (raw: unknown, where: string) => {
     try {
       // A loop, not push(...): spread passes each span as an argument, and from about 125,000 of them that
       // overflows the stack (the whole document was then dropped as a bad request).
-      for (const s of spansFromRequest(raw, { ...DEFAULT_DECODE_LIMITS, maxSpans })) out.spans.push(s);
+      const r = spansFromRequest(raw, { ...DEFAULT_DECODE_LIMITS, maxSpans });
+      for (const s of r.spans) out.spans.push(s);
       out.requests++;
+      // Left out alone, as the service does (paver_ingest_spans_total{outcome="invalid"}): the rest is kept.
+      out.invalid += r.invalid;
+      if (r.invalid && ++warned <= 100)
+        warn(`${where}: ${r.invalid} malformed span(s) left out (${r.invalidDetail ?? ''})`);
     } catch (err) {
       out.bad++;
       // Over the spans bound, the flag that raises it is named: the service refuses such a request too, but an export
@@ -64,7 +70,7 @@ export function parseExport(
         err instanceof OtlpError
           ? err.message + (err.reason === 'oversize' ? ' (raise --max-spans-per-message to map it)' : '')
           : errorMessage(err);
-      if (out.bad <= 100) warn(`${where}: ${why}`);
+      if (++warned <= 100) warn(`${where}: ${why}`);
     }
   };
   let whole: unknown;
@@ -84,7 +90,7 @@ export function parseExport(
       raw = JSON.parse(line);
     } catch {
       out.bad++;
-      if (out.bad <= 100) warn(`line ${i + 1}: not valid JSON`);
+      if (++warned <= 100) warn(`line ${i + 1}: not valid JSON`);
       return;
     }
     take(raw, `line ${i + 1}`);
@@ -206,10 +212,11 @@ export async function otelCommand(argv: string[]): Promise<number> {
   }
   const omitted = r.notes.length ? `, ${r.notes.length} payload(s) left out` : '';
   const nested = r.stats.nested ? `, ${r.stats.nested} inside another tool call` : '';
+  const invalid = parsed.invalid ? `, ${parsed.invalid} malformed span(s) left out` : '';
   warn(
     `${parsed.requests} request(s), ${parsed.bad} bad; ${r.stats.spans} spans → ${r.stats.toolCalls} tool_call, ` +
       `${r.stats.tasks} task_completed; ${r.stats.pending} tool span(s) without their agent span, ` +
-      `${r.stats.orphans} outside any invoke_agent span${nested}${omitted}`,
+      `${r.stats.orphans} outside any invoke_agent span${nested}${omitted}${invalid}`,
   );
-  return values.strict && parsed.bad > 0 ? 1 : 0;
+  return values.strict && parsed.bad + parsed.invalid > 0 ? 1 : 0;
 }

@@ -16,12 +16,15 @@ import {
   type PayloadNote,
 } from '../core/map.js';
 import type { DecodeLimits, OtlpSpan } from '../core/otlp.js';
+import { admitWaiting } from '../core/room.js';
 import { decodeOtlp, type OtlpEncoding } from './otlp-decode.js';
 import type { PendingRecovery } from './recovery.js';
 import { keptBytes, type RedisTraceStore, type TraceChange } from './trace-store.js';
 
 export interface OtlpMessage {
   spans: OtlpSpan[];
+  /** Spans of the request left out as malformed (bad ids, times): counted `invalid` once the chunk is handled. */
+  invalid?: number;
 }
 
 const MAX_LOSS_RETRIES = 5;
@@ -49,7 +52,7 @@ export function createIngestMetrics(registry: Registry) {
     }),
     spans: new Counter({
       name: 'paver_ingest_spans_total',
-      help: 'Spans read, by outcome when read: tool_call (published with its task now), pending (waiting for the agent span; published later without being counted here again: see paver_ingest_events_total), dropped (no room left in its trace: INGEST_MAX_PENDING_SPANS spans or INGEST_MAX_PENDING_BYTES bytes waiting), late (agent already completed), orphan (no invoke_agent ancestor), nested (inside the call of another tool span, as an MCP server span below the MCP client span), agent (an invoke_agent span: its task completed), other (not a GenAI tool or agent span). A span read twice (a redelivery) is counted each time: a copy of one published now is late. The outcomes add up to the spans read.',
+      help: 'Spans read, by outcome when read: tool_call (published with its task now), pending (waiting for the agent span; published later without being counted here again: see paver_ingest_events_total), dropped (no room left in its trace, for it or for a span on its path to its agent span: INGEST_MAX_PENDING_SPANS spans or INGEST_MAX_PENDING_BYTES bytes waiting), late (agent already completed), orphan (no invoke_agent ancestor), nested (inside the call of another tool span, as an MCP server span below the MCP client span), agent (an invoke_agent span: its task completed), other (not a GenAI tool or agent span), invalid (malformed: ids not 16 and 8 bytes of hex, times not integers; left out, the rest of its request kept). A span read twice (a redelivery) is counted each time: a copy of one published now is late. The outcomes add up to the spans read.',
       labelNames: ['outcome'],
       registers,
     }),
@@ -101,7 +104,7 @@ export function otlpParser(
       return { ok: false, reason: 'undecodable', detail: 'expected the raw message bytes' };
     const r = decodeOtlp(value, encoding, limits);
     m?.messages.inc({ encoding: r.encoding, outcome: r.ok ? 'decoded' : r.reason });
-    return r.ok ? { ok: true, value: { spans: r.spans } } : r;
+    return r.ok ? { ok: true, value: { spans: r.spans, invalid: r.invalid } } : r;
   };
 }
 
@@ -326,22 +329,28 @@ export function createIngestApply(deps: {
       // Bounded per trace: an agent span that never ends (a loop that runs for days, a crashed agent) would
       // otherwise grow its hash for good, and every chunk of the trace reads the whole hash back.
       // And by bytes: the count alone let a trace hold 10,000 spans of two 64 KiB payloads each, all read back by
-      // every chunk of it. A span that does not fit is dropped as one past the count is; a smaller one after it
-      // may still fit.
+      // every chunk of it. A span whose path to its agent span is not stored whole (a link above it found no room)
+      // is dropped too: it could never be published.
       const dropped = new Set(drop);
-      let room = Math.max(0, maxPending - (state.spans.length - drop.length));
+      const stored = new Set(state.spans.filter((s) => !dropped.has(s.spanId)).map((s) => s.spanId));
       let bytes = 0;
       for (const s of state.spans)
         if (!dropped.has(s.spanId)) bytes += state.bytes.get(s.spanId) ?? keptBytes(s);
-      const put: KeptSpan[] = [];
-      for (const s of waiting) {
-        if (room === 0) break;
-        const size = keptBytes(s);
-        if (bytes + size > maxPendingBytes) continue;
-        put.push(s);
-        bytes += size;
-        room--;
-      }
+      const admitted = new Set(
+        admitWaiting({
+          candidates: waiting.map((s) => ({
+            spanId: s.spanId,
+            parentSpanId: s.parentSpanId,
+            bytes: keptBytes(s),
+          })),
+          stored,
+          pathLinks: onPath,
+          room: Math.max(0, maxPending - stored.size),
+          usedBytes: bytes,
+          maxBytes: maxPendingBytes,
+        }).map((c) => c.spanId),
+      );
+      const put = waiting.filter((s) => admitted.has(s.spanId));
       const kept = new Set([...buffered, ...put.map((s) => s.spanId)]);
       // At most maxPending marks, agents' first: a message may bring an agent span with more spans below it than
       // that (each a spent link), and oldestDone only makes room among the marks already written. An agent's mark is
@@ -398,8 +407,14 @@ export function createIngestHandler(
     const first = records[0];
     if (!first) return;
     const messages = records.map((r) => r.value.spans);
+    // Counted as the chunk's other outcomes are, once it is handled: a chunk that fails is counted when read again.
+    const invalid = records.reduce((n, r) => n + (r.value.invalid ?? 0), 0);
+    const handled = () => {
+      if (invalid) deps.metrics.spans.inc({ outcome: 'invalid' }, invalid);
+    };
     if (!recovery) {
       await apply(messages, { publish: true });
+      handled();
       return;
     }
     for (let attempt = 1; ; attempt++) {
@@ -410,7 +425,10 @@ export function createIngestHandler(
         ctx,
         Number(first.timestamp),
       );
-      if (!(await apply(messages, { publish: true, marker })).lost) return;
+      if (!(await apply(messages, { publish: true, marker })).lost) {
+        handled();
+        return;
+      }
       if (attempt >= MAX_LOSS_RETRIES)
         throw new PaverError('REDIS_UNAVAILABLE', 'ingest state lost in Redis again after every rebuild');
       deps.log?.warn(

@@ -99,7 +99,13 @@ export function looksLikeJson(buf: Uint8Array): boolean {
 }
 
 export type DecodeResult =
-  | { ok: true; spans: OtlpSpan[]; encoding: 'otlp_json' | 'otlp_proto' }
+  | {
+      ok: true;
+      spans: OtlpSpan[];
+      /** Spans left out as malformed: the rest of the request is kept. */
+      invalid: number;
+      encoding: 'otlp_json' | 'otlp_proto';
+    }
   | { ok: false; reason: DeadLetterReason; detail: string; encoding: 'otlp_json' | 'otlp_proto' };
 
 /** One Kafka message value → spans. Details name the problem, never the payload's content. */
@@ -138,8 +144,18 @@ export function decodeOtlp(buf: Uint8Array, encoding: OtlpEncoding, limits: Deco
       detail: 'not an OTLP trace request: no resourceSpans',
       encoding: enc,
     };
+  // The protobuf decoder skips unknown fields, so random bytes or a message of another type read as a request with
+  // no spans, taken silently. Only 0 bytes is the empty request (proto3 writes nothing for it).
+  if (enc === 'otlp_proto' && buf.byteLength > 0 && !('resourceSpans' in (raw as object)))
+    return {
+      ok: false,
+      reason: 'invalid',
+      detail: 'not an OTLP trace request: no resourceSpans field (1) in a non-empty protobuf message',
+      encoding: enc,
+    };
   try {
-    return { ok: true, spans: spansFromRequest(raw, limits), encoding: enc };
+    const { spans, invalid } = spansFromRequest(raw, limits);
+    return { ok: true, spans, invalid, encoding: enc };
   } catch (err) {
     if (err instanceof OtlpError)
       return { ok: false, reason: err.reason, detail: err.message, encoding: enc };

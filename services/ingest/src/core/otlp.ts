@@ -47,7 +47,8 @@ export const otlpTraceRequest = z.object({
     .array(
       z.object({
         resource: z.object({ attributes: keyValues }).optional(),
-        scopeSpans: z.array(z.object({ spans: z.array(spanSchema).optional() })).optional(),
+        // Each span checked alone (spansFromRequest): one malformed span must not refuse the spans batched with it.
+        scopeSpans: z.array(z.object({ spans: z.array(z.unknown()).optional() })).optional(),
       }),
     )
     .optional(),
@@ -159,25 +160,49 @@ function statusOf(code: number | string | undefined): SpanStatus {
   return 'unset';
 }
 
-/** Validates an OTLP/JSON trace request and flattens it to spans. Throws OtlpError on bad input. */
-export function spansFromRequest(raw: unknown, limits: DecodeLimits = DEFAULT_DECODE_LIMITS): OtlpSpan[] {
+/** Paths and zod messages only: never the offending values (they may carry tool payloads). */
+const issues = (e: z.ZodError) =>
+  e.issues
+    .slice(0, 5)
+    .map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`)
+    .join('; ');
+
+export interface RequestSpans {
+  spans: OtlpSpan[];
+  /**
+   * Spans left out as malformed (ids not 16 and 8 bytes of hex, times not integers…), and what was wrong with the
+   * first of them. They are left out alone: refusing the request for one of them dead-lettered every good span the
+   * Collector had batched with it.
+   */
+  invalid: number;
+  invalidDetail?: string;
+}
+
+/**
+ * Validates an OTLP/JSON trace request and flattens it to spans, a malformed span left out and counted. Throws
+ * OtlpError on a request that is not one (or over the bound).
+ */
+export function spansFromRequest(raw: unknown, limits: DecodeLimits = DEFAULT_DECODE_LIMITS): RequestSpans {
   const count = countSpans(raw);
   if (count > limits.maxSpans)
     throw new OtlpError('oversize', `${count} spans in one request > ${limits.maxSpans}`);
   const r = otlpTraceRequest.safeParse(raw);
   if (!r.success) {
-    // Paths and zod messages only: never the offending values (they may carry tool payloads).
-    const detail = r.error.issues
-      .slice(0, 5)
-      .map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`)
-      .join('; ');
-    throw new OtlpError('invalid', `not an OTLP trace request: ${detail}`);
+    throw new OtlpError('invalid', `not an OTLP trace request: ${issues(r.error)}`);
   }
-  const out: OtlpSpan[] = [];
+  const result: RequestSpans = { spans: [], invalid: 0 };
+  const out = result.spans;
   for (const rs of r.data.resourceSpans ?? []) {
     const resource = attributes(rs.resource?.attributes, limits.maxDepth);
     for (const ss of rs.scopeSpans ?? [])
-      for (const s of ss.spans ?? []) {
+      for (const raw of ss.spans ?? []) {
+        const span = spanSchema.safeParse(raw);
+        if (!span.success) {
+          result.invalid++;
+          result.invalidDetail ??= issues(span.error);
+          continue;
+        }
+        const s = span.data;
         out.push({
           traceId: s.traceId,
           spanId: s.spanId,
@@ -191,7 +216,7 @@ export function spansFromRequest(raw: unknown, limits: DecodeLimits = DEFAULT_DE
         });
       }
   }
-  return out;
+  return result;
 }
 
 function countSpans(raw: unknown): number {

@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { Registry } from 'prom-client';
 import { afterAll, describe, expect, it } from 'vitest';
 import { jsonCodec } from '../../../../shared/codec.js';
@@ -6,6 +7,7 @@ import { consumeUntil, createTopics, testKafka, testRedis, unique } from '../../
 import { createIngestHandler, createIngestMetrics } from '../../src/adapters/handler.js';
 import { RedisTraceStore } from '../../src/adapters/trace-store.js';
 import { DEFAULT_MAP_OPTIONS } from '../../src/core/map.js';
+import type { OtlpSpan } from '../../src/core/otlp.js';
 import { decodeRecorded, deliverTo, otelRecorder } from '../helpers/otel.js';
 
 /*
@@ -22,6 +24,48 @@ afterAll(async () => {
 });
 
 const decode = decodeRecorded;
+
+/** A span of one trace by number: an agent span, a tool span, or a plain span (a link); `parent` 0 for a root. */
+function numbered(traceId: string) {
+  const hex = (n: number) => n.toString(16).padStart(16, '0');
+  return (n: number, parent: number, kind: 'agent' | 'tool' | 'link'): OtlpSpan => ({
+    traceId,
+    spanId: hex(n),
+    parentSpanId: parent === 0 ? null : hex(parent),
+    name: kind,
+    startNs: 1_700_000_000_000_000_000n + BigInt(n),
+    endNs: 1_700_000_000_000_000_000n + BigInt(n) + 1n,
+    status: 'unset',
+    attributes:
+      kind === 'agent'
+        ? { 'gen_ai.operation.name': 'invoke_agent' }
+        : kind === 'tool'
+          ? { 'gen_ai.operation.name': 'execute_tool', 'gen_ai.tool.name': `t${n}` }
+          : {},
+    resource: {},
+  });
+}
+
+async function ingestInto(opts: { maxPendingSpans?: number }) {
+  const topic = unique('tool-calls');
+  await createTopics([{ topic, partitions: 1 }]);
+  await sink.connect();
+  const prefix = unique('ingest');
+  const registry = new Registry();
+  const handle = createIngestHandler({
+    store: new RedisTraceStore(redis, prefix, 3_600_000),
+    sink,
+    topic,
+    opts: DEFAULT_MAP_OPTIONS,
+    metrics: createIngestMetrics(registry),
+    ...opts,
+  });
+  const outcomes = async () => {
+    const values = (await registry.getSingleMetric('paver_ingest_spans_total')!.get()).values;
+    return Object.fromEntries(values.filter((v) => v.value > 0).map((v) => [v.labels.outcome, v.value]));
+  };
+  return { topic, prefix, deliver: deliverTo(handle), outcomes };
+}
 
 describe('ingest: spans waiting for an agent span are bounded per trace (real Redis and Kafka)', () => {
   it('keeps at most maxPendingSpans of a trace and counts the rest as dropped', async () => {
@@ -152,5 +196,50 @@ describe('ingest: spans waiting for an agent span are bounded per trace (real Re
     const metrics = await registry.getSingleMetricAsString('paver_ingest_spans_total');
     expect(metrics).toContain('outcome="pending"} 6');
     expect(metrics).toContain('outcome="dropped"} 3');
+  });
+
+  it('drops a tool span below a link that found no room: it could never reach its agent span', async () => {
+    const traceId = randomBytes(16).toString('hex');
+    const span = numbered(traceId);
+    const { topic, prefix, deliver, outcomes } = await ingestInto({ maxPendingSpans: 2 });
+    // Agent 1 (not exported yet) ← tool 10; agent 1 ← link 2 ← link 3 ← tool 11. Exported child first, the agent last.
+    await deliver([span(10, 1, 'tool'), span(11, 3, 'tool'), span(3, 2, 'link'), span(2, 1, 'link')]);
+    // Room for two: tool 10 and link 2; link 3 found none, so tool 11 below it could never be published.
+    // Before: { pending: 2, other: 2 }: tool 11 took the room first, waited below links never stored, and expired.
+    expect(await outcomes()).toEqual({ pending: 1, dropped: 1, other: 2 });
+    const key = `${prefix}:ingest:trace:${traceId}`;
+    expect((await redis.hkeys(key)).filter((f) => f.startsWith('s:')).sort()).toEqual([
+      `s:${span(2, 1, 'link').spanId}`,
+      `s:${span(10, 1, 'tool').spanId}`,
+    ]);
+    await deliver([span(1, 0, 'agent')]);
+    const got = await consumeUntil(topic, (all) =>
+      all.some((m) => m.value!.toString().includes('task_completed')),
+    );
+    const events = got.map((m) => JSON.parse(m.value!.toString()) as { type: string; tool?: string });
+    expect(events.map((e) => e.tool ?? e.type)).toEqual(['t10', 'task_completed']);
+    expect(await outcomes()).toEqual({ pending: 1, dropped: 1, other: 2, agent: 1 });
+    // Nothing is left waiting for good.
+    expect((await redis.hkeys(key)).filter((f) => f.startsWith('s:'))).toEqual([]);
+  });
+
+  it('takes a chain of 5,000 links with 5,000 tool spans below it in one request, and publishes them all', async () => {
+    const traceId = randomBytes(16).toString('hex');
+    const span = numbered(traceId);
+    const { topic, prefix, deliver, outcomes } = await ingestInto({});
+    // Agent 1 ← link 2 ← … ← link 5001 ← tool spans 10001..15000: 10,000 spans, the default bound on both.
+    const links = Array.from({ length: 5000 }, (_, i) => span(i + 2, i + 1, 'link'));
+    const tools = Array.from({ length: 5000 }, (_, j) => span(10_001 + j, 5001, 'tool'));
+    await deliver([...tools, ...links.reverse()]);
+    expect(await outcomes()).toEqual({ pending: 5000, other: 5000 });
+    const key = `${prefix}:ingest:trace:${traceId}`;
+    expect((await redis.hkeys(key)).filter((f) => f.startsWith('s:'))).toHaveLength(10_000);
+    await deliver([span(1, 0, 'agent')]);
+    const got = await consumeUntil(topic, (all) => all.length >= 5001);
+    const types = got.map((m) => (JSON.parse(m.value!.toString()) as { type: string }).type);
+    expect(types.filter((t) => t === 'tool_call')).toHaveLength(5000);
+    expect(types.at(-1)).toBe('task_completed');
+    expect(await outcomes()).toEqual({ pending: 5000, other: 5000, agent: 1 });
+    expect((await redis.hkeys(key)).filter((f) => f.startsWith('s:'))).toEqual([]);
   });
 });

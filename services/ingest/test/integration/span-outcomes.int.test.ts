@@ -3,11 +3,16 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { jsonCodec } from '../../../../shared/codec.js';
 import { createSink } from '../../../../shared/kafka/sink.js';
 import { consumeUntil, createTopics, testKafka, testRedis, unique } from '../../../../test/helpers/kafka.js';
-import { createIngestHandler, createIngestMetrics } from '../../src/adapters/handler.js';
+import {
+  createIngestHandler,
+  createIngestMetrics,
+  otlpParser,
+  type OtlpMessage,
+} from '../../src/adapters/handler.js';
 import { RedisTraceStore } from '../../src/adapters/trace-store.js';
 import { DEFAULT_MAP_OPTIONS } from '../../src/core/map.js';
-import type { OtlpSpan } from '../../src/core/otlp.js';
-import { decodeRecorded, otelRecorder } from '../helpers/otel.js';
+import { DEFAULT_DECODE_LIMITS, type OtlpSpan } from '../../src/core/otlp.js';
+import { decodeRecorded, otelRecorder, toJson } from '../helpers/otel.js';
 
 /*
  * paver_ingest_spans_total counts spans read, one outcome each: the outcomes add up to the spans read. A tool span
@@ -44,13 +49,13 @@ async function setup(failSends = 0) {
   });
   let offset = 0;
   const ctx = { heartbeat: async () => undefined, isRunning: () => true };
-  const record = (spans: OtlpSpan[]) => ({
+  const record = (value: OtlpMessage) => ({
     topic: 'otlp',
     partition: 0,
     offset: String(offset++),
     key: null,
     timestamp: '0',
-    value: { spans },
+    value,
   });
   const outcomes = async () => {
     const values = (await registry.getSingleMetric('paver_ingest_spans_total')!.get()).values;
@@ -63,7 +68,27 @@ async function setup(failSends = 0) {
         (all) => all.filter((m) => m.value!.toString().includes('"task_completed"')).length >= tasks,
       )
     ).map((m) => (JSON.parse(m.value!.toString()) as { type: string }).type);
-  return { handle: (...batch: OtlpSpan[][]) => handle(batch.map(record), ctx), outcomes, published };
+  return {
+    handle: (...batch: OtlpSpan[][]) =>
+      handle(
+        batch.map((spans) => record({ spans })),
+        ctx,
+      ),
+    /** Messages as the runner hands them over: raw bytes through the service's parser. */
+    handleRaw: (...batch: Buffer[]) => {
+      const parse = otlpParser('auto', DEFAULT_DECODE_LIMITS);
+      return handle(
+        batch.map((b) => {
+          const r = parse(b, 'otlp');
+          if (!r.ok) throw new Error(`${r.reason}: ${r.detail}`);
+          return record(r.value);
+        }),
+        ctx,
+      );
+    },
+    outcomes,
+    published,
+  };
 }
 
 const sum = (o: Record<string, number>) => Object.values(o).reduce((a, b) => a + b, 0);
@@ -106,5 +131,21 @@ describe('ingest: every span read has one outcome (real Redis and Kafka)', () =>
     // Before: { tool_call: 2, agent: 2, pending: 1 }: five outcomes for eight spans read.
     expect(o).toEqual({ tool_call: 2, late: 2, agent: 2, pending: 2 });
     expect(sum(o)).toBe(2 * spans.length + 2 * first.length);
+  });
+
+  it('a span with a malformed id is counted invalid, and the other spans of its request are handled', async () => {
+    const recorded = otelRecorder().agent({ name: 'A', tools: [{ name: 'a' }, { name: 'b' }] });
+    const doc = JSON.parse(toJson(recorded).toString()) as {
+      resourceSpans: { scopeSpans: { spans: { name: string; spanId: string }[] }[] }[];
+    };
+    const spans = doc.resourceSpans[0]!.scopeSpans[0]!.spans;
+    spans.find((s) => s.name.includes('execute_tool'))!.spanId = 'not-hex!';
+    const { handleRaw, outcomes, published } = await setup();
+    // Before: the parser refused the whole request (dead-lettered as invalid), the task lost with it.
+    await handleRaw(Buffer.from(JSON.stringify(doc)));
+    expect(await published(1)).toEqual(['tool_call', 'task_completed']);
+    const o = await outcomes();
+    expect(o).toEqual({ tool_call: 1, agent: 1, invalid: 1 });
+    expect(sum(o)).toBe(spans.length);
   });
 });

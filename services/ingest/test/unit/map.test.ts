@@ -1,3 +1,4 @@
+import protobuf from 'protobufjs';
 import { describe, expect, it } from 'vitest';
 import { id as idSchema, toolCallsEventV1 } from '../../../../schemas/index.js';
 import { decodeOtlp } from '../../src/adapters/otlp-decode.js';
@@ -11,7 +12,7 @@ import {
   type KeptSpan,
   type MapOptions,
 } from '../../src/core/map.js';
-import { DEFAULT_DECODE_LIMITS, anyValue, type OtlpSpan } from '../../src/core/otlp.js';
+import { DEFAULT_DECODE_LIMITS, anyValue, spansFromRequest, type OtlpSpan } from '../../src/core/otlp.js';
 import { parseExport } from '../../src/cli.js';
 import { otelRecorder, toJson, toProto } from '../helpers/otel.js';
 
@@ -356,11 +357,47 @@ describe('bad input', () => {
     const doc = JSON.parse(toJson(spans).toString()) as {
       resourceSpans: { scopeSpans: { spans: { traceId: string }[] }[] }[];
     };
-    doc.resourceSpans[0]!.scopeSpans[0]!.spans[0]!.traceId = 'secret-value';
+    doc.resourceSpans[0]!.scopeSpans[0]!.spans = 'secret-value' as never;
     const r = decodeOtlp(Buffer.from(JSON.stringify(doc)), 'auto', limits);
     expect(r).toMatchObject({ ok: false, reason: 'invalid' });
     expect(JSON.stringify(r)).not.toContain('secret-value');
-    expect(JSON.stringify(r)).toContain('traceId');
+    expect(JSON.stringify(r)).toContain('spans');
+  });
+  it('counts a span with a malformed id as invalid and keeps the other spans of its request', () => {
+    const spans = otelRecorder().agent(booking);
+    const whole = decode(toProto(spans));
+    const doc = JSON.parse(toJson(spans).toString()) as {
+      resourceSpans: { scopeSpans: { spans: { traceId: string; spanId: string }[] }[] }[];
+    };
+    const list = doc.resourceSpans[0]!.scopeSpans[0]!.spans;
+    expect(list.length).toBe(whole.length);
+    list[0]!.traceId = 'secret-value';
+    list[1]!.spanId = 'abcd';
+    const r = decodeOtlp(Buffer.from(JSON.stringify(doc)), 'auto', limits);
+    // Before: the whole request was dead-lettered as invalid, every good span in it lost.
+    expect(r).toMatchObject({ ok: true, invalid: 2 });
+    expect(r.ok && r.spans).toEqual(whole.slice(2));
+    // What was wrong names paths, never values.
+    const { invalidDetail } = spansFromRequest(doc);
+    expect(invalidDetail).toContain('traceId');
+    expect(invalidDetail).not.toContain('secret-value');
+    // Protobuf: ids of the wrong length (a span: traceId 1, spanId 2, startTimeUnixNano 7; in scopeSpans 2, in
+    // resourceSpans 2, in the request 1).
+    const span = (traceId: number, spanId: number) =>
+      protobuf.Writer.create()
+        .uint32(10)
+        .bytes(Buffer.alloc(traceId, 1))
+        .uint32(18)
+        .bytes(Buffer.alloc(spanId, 2))
+        .uint32(57)
+        .fixed64(1)
+        .finish();
+    const scope = protobuf.Writer.create();
+    for (const sp of [span(16, 8), span(15, 8), span(16, 9), span(16, 8)]) scope.uint32(18).bytes(sp);
+    const rs = protobuf.Writer.create().uint32(18).bytes(scope.finish()).finish();
+    const p = decodeOtlp(protobuf.Writer.create().uint32(10).bytes(rs).finish(), 'otlp_proto', limits);
+    expect(p).toMatchObject({ ok: true, invalid: 2 });
+    expect(p.ok && p.spans).toHaveLength(2);
   });
   it('takes 64-bit times written as JSON numbers (the proto3 JSON mapping allows them) as their strings', () => {
     const text = toJson(otelRecorder().agent(booking)).toString();
@@ -376,7 +413,23 @@ describe('bad input', () => {
         'auto',
         limits,
       ),
-    ).toMatchObject({ ok: false, reason: 'invalid' });
+    ).toMatchObject({ ok: true, invalid: 1 });
+  });
+  it('refuses protobuf bytes with no field of a trace request, and takes an empty request', () => {
+    // Field 2 (varint) and field 5 (bytes): a message of another type decodes with every field unknown, and was
+    // taken as a request with no spans.
+    const other = Buffer.from([0x10, 0x01, 0x2a, 0x02, 0x68, 0x69]);
+    for (const enc of ['auto', 'otlp_proto'] as const) {
+      const r = decodeOtlp(other, enc, limits);
+      expect(r).toMatchObject({ ok: false, reason: 'invalid', encoding: 'otlp_proto' });
+      expect(!r.ok && r.detail).toContain('resourceSpans');
+      expect(decodeOtlp(Buffer.alloc(0), enc, limits)).toMatchObject({ ok: true, spans: [] });
+    }
+    // One resourceSpans with nothing in it is a known field: a valid request, no spans.
+    expect(decodeOtlp(Buffer.from([0x0a, 0x00]), 'otlp_proto', limits)).toMatchObject({
+      ok: true,
+      spans: [],
+    });
   });
   it('refuses a request with more spans than the limit', () => {
     const spans = otelRecorder().agent(booking);
@@ -388,6 +441,21 @@ describe('bad input', () => {
 });
 
 describe('paver otel input files', () => {
+  it('leaves out a malformed span of a request and keeps the rest, with a warning naming paths only', () => {
+    const spans = otelRecorder().agent(booking);
+    const doc = JSON.parse(toJson(spans).toString()) as {
+      resourceSpans: { scopeSpans: { spans: { spanId: string }[] }[] }[];
+    };
+    doc.resourceSpans[0]!.scopeSpans[0]!.spans[0]!.spanId = 'secret-value';
+    const warnings: string[] = [];
+    const r = parseExport(JSON.stringify(doc), (w) => warnings.push(w));
+    // Before: the request was bad, none of its spans mapped.
+    expect(r).toMatchObject({ requests: 1, bad: 0, invalid: 1 });
+    expect(r.spans).toHaveLength(spans.length - 1);
+    expect(warnings).toHaveLength(1);
+    expect(warnings[0]).toContain('spanId');
+    expect(warnings[0]).not.toContain('secret-value');
+  });
   it('reads one request per line (the Collector file exporter) and counts bad lines', () => {
     const rec = otelRecorder();
     const a = rec.agent(booking);
@@ -559,5 +627,57 @@ describe('paver otel on a large export', () => {
     parseExport('{"resourceSpans": 7}', (w) => other.push(w), 10);
     expect(other).toHaveLength(1);
     expect(other[0]).not.toContain('--max-spans-per-message');
+  });
+});
+
+describe('chains of parents', () => {
+  const hex = (n: number) => n.toString(16).padStart(16, '0');
+  const span = (n: number, parent: number | null, kind: KeptSpan['kind']): KeptSpan => ({
+    traceId: 'a'.repeat(32),
+    spanId: hex(n),
+    parentSpanId: parent === null ? null : hex(parent),
+    kind,
+    startNs: String(1_700_000_000_000_000_000n + BigInt(n)),
+    endNs: String(1_700_000_000_000_000_000n + BigInt(n) + 1n),
+    status: 'ok',
+    ...(kind === 'tool' ? { tool: 'x' } : {}),
+  });
+
+  it('resolves a chain of 5,000 links with 5,000 tool spans below it: waiting, then published whole', () => {
+    // 1 is the agent span; links 2..5001 each below the one before; tool spans 10001..15000 below the last link.
+    const links = Array.from({ length: 5000 }, (_, i) => span(i + 2, i + 1, 'link'));
+    const tools = Array.from({ length: 5000 }, (_, j) => span(10_001 + j, 5001, 'tool'));
+    const waiting = resolveTrace([...tools, ...links], new Set(), DEFAULT_MAP_OPTIONS);
+    expect(waiting.pendingTools).toHaveLength(5000);
+    expect(waiting.waitingLinks).toHaveLength(5000);
+    expect(waiting.events).toHaveLength(0);
+    const r = resolveTrace([...tools, ...links, span(1, null, 'agent')], new Set(), DEFAULT_MAP_OPTIONS);
+    expect(r.emittedTools).toHaveLength(5000);
+    expect(r.spentLinks).toHaveLength(5000);
+    expect(r.events).toHaveLength(5001);
+    expect(r.pendingTools).toHaveLength(0);
+    const late = resolveTrace([...tools, ...links], new Set([hex(1)]), DEFAULT_MAP_OPTIONS);
+    expect(late.lateTools).toHaveLength(5000);
+    expect(late.spentLinks).toHaveLength(5000);
+  });
+
+  it('reads a cycle of parents as no agent span, and a tool span met in it as the call of another', () => {
+    // 2 ↔ 3 (links), a tool below; tool 4 ↔ link 5; tool 6 below link 5 meets tool 4.
+    const r = resolveTrace(
+      [
+        span(2, 3, 'link'),
+        span(3, 2, 'link'),
+        span(7, 3, 'tool'),
+        span(4, 5, 'tool'),
+        span(5, 4, 'link'),
+        span(6, 5, 'tool'),
+      ],
+      new Set(),
+      DEFAULT_MAP_OPTIONS,
+    );
+    expect(r.orphanTools.sort()).toEqual([hex(4), hex(7)]);
+    expect(r.nestedTools).toEqual([hex(6)]);
+    expect(r.pendingTools).toEqual([]);
+    expect(r.spentLinks).toEqual([]);
   });
 });
