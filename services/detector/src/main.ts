@@ -1,4 +1,3 @@
-import { Counter, Gauge } from 'prom-client';
 import { decodeMessage } from '../../../shared/kafka/decode.js';
 import { zodParser } from '../../../shared/kafka/runner.js';
 import { createEpoch } from '../../../shared/redis/epoch.js';
@@ -20,6 +19,7 @@ import { candidateKey } from './core/candidate.js';
 import { liveCandidates } from './core/detect.js';
 import { aheadOfRecord, scopeId, toOp, type DetectorOp, type Scope } from './core/ops.js';
 import { IGNORE_REASONS } from './core/state.js';
+import { createDetectorMetrics } from './adapters/metrics.js';
 import { detectorEnvSchema, paramsFromEnv, type DetectorEnv } from './config.js';
 
 export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
@@ -31,65 +31,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
     const params = paramsFromEnv(env);
     const store = new RedisDetectorStore(redis, params, env.REDIS_KEY_PREFIX);
     const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
-    const r = [metrics.registry];
-    const events = new Counter({
-      name: 'paver_detector_events_total',
-      help: 'Detector events by outcome (applied, ignored: see paver_detector_events_ignored_total).',
-      labelNames: ['outcome'],
-      registers: r,
-    });
-    const ignoredBy = new Counter({
-      name: 'paver_detector_events_ignored_total',
-      help: 'Events the detector did not use, by reason: duplicate (redelivered), late (for a closed task, or older than the task idle limit behind its partition), task_limit, misrouted (its task open on another partition: the topic must be keyed by session_id), future (ts further than DETECTOR_MAX_AHEAD_MS after its Kafka record).',
-      labelNames: ['reason'],
-      registers: r,
-    });
-    for (const reason of [...IGNORE_REASONS, 'future']) ignoredBy.inc({ reason }, 0);
-    const records = new Counter({
-      name: 'paver_detector_records_completed_total',
-      help: 'Task records completed and entered into the window.',
-      registers: r,
-    });
-    const published = new Counter({
-      name: 'paver_detector_candidates_published_total',
-      help: 'Candidate records published, by status.',
-      labelNames: ['status'],
-      registers: r,
-    });
-    const recovered = new Counter({
-      name: 'paver_detector_recovered_publications_total',
-      help: 'Publications of changes an instance applied and never published (it died first), by how they were found: batch (a later batch of the scope), retry (the lock its holder left ran out), sweep (the periodic check of every scope).',
-      labelNames: ['via'],
-      registers: r,
-    });
-    const retired = new Counter({
-      name: 'paver_detector_scopes_retired_total',
-      help: 'Scopes the sweep found idle for DETECTOR_SCOPE_TTL_MS, by outcome: retired (candidates retracted, state deleted), revived (an event came in meanwhile: kept and published again).',
-      labelNames: ['outcome'],
-      registers: r,
-    });
-    const trips = new Counter({
-      name: 'paver_detector_redis_round_trips_total',
-      help: 'Redis round trips made by the detector.',
-      registers: r,
-    });
-    const rebuilds = new Counter({
-      name: 'paver_detector_rebuilds_total',
-      help: 'Partition state rebuilds from Kafka (the Redis state was lost, or the partition was never built under the current epoch), by outcome: rebuilt, retried (lost again meanwhile), stopped (the consumer stopped or lost the partition: its next owner rebuilds it), failed.',
-      labelNames: ['outcome'],
-      registers: r,
-    });
-    for (const outcome of ['rebuilt', 'retried', 'stopped', 'failed']) rebuilds.inc({ outcome }, 0);
-    const rebuilding = new Gauge({
-      name: 'paver_detector_rebuilding',
-      help: 'Partitions whose state is being rebuilt from Kafka now (/readyz is false meanwhile).',
-      registers: r,
-    });
-    const replayed = new Counter({
-      name: 'paver_detector_rebuild_events_total',
-      help: 'Input messages replayed from Kafka by rebuilds.',
-      registers: r,
-    });
+    const m = createDetectorMetrics(metrics.registry);
     const replayOf = (topic: string) => replayOptions(kafka, env, topic, env.DETECTOR_GROUP_ID);
     const checkpoints = new CheckpointLog(
       sink,
@@ -182,11 +124,11 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
       topic: env.PAVER_TOPIC_FLOW_CANDIDATES,
       params,
       log,
-      onPublished: (status, n) => published.inc({ status }, n),
-      onRecovered: (via) => recovered.inc({ via }),
+      onPublished: (status, n) => m.published.inc({ status }, n),
+      onRecovered: (via) => m.recovered.inc({ via }),
       scopeTtlMs: env.DETECTOR_SCOPE_TTL_MS,
       onRetired: (outcome) => {
-        retired.inc({ outcome });
+        m.retired.inc({ outcome });
         if (outcome === 'retired')
           log.info('idle scope retired: its candidates retracted, its state deleted');
       },
@@ -202,11 +144,11 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
       replay,
       log,
       hooks: {
-        started: () => rebuilding.inc(),
+        started: () => m.rebuilding.inc(),
         finished: (_p, outcome, events) => {
-          rebuilding.dec();
-          rebuilds.inc({ outcome });
-          replayed.inc(events);
+          m.rebuilding.dec();
+          m.rebuilds.inc({ outcome });
+          m.replayed.inc(events);
         },
       },
     });
@@ -224,7 +166,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
     };
     let tripsSeen = 0;
     const countTrips = () => {
-      trips.inc(store.roundTrips - tripsSeen);
+      m.trips.inc(store.roundTrips - tripsSeen);
       tripsSeen = store.roundTrips;
     };
 
@@ -250,8 +192,8 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
           if (op) ops.push(op);
         }
         if (future > 0) {
-          events.inc({ outcome: 'ignored' }, future);
-          ignoredBy.inc({ reason: 'future' }, future);
+          m.events.inc({ outcome: 'ignored' }, future);
+          m.ignoredBy.inc({ reason: 'future' }, future);
           log.warn(
             { future, partition, topic: first.topic, maxAheadMs: env.DETECTOR_MAX_AHEAD_MS },
             'events ignored: their ts is further than DETECTOR_MAX_AHEAD_MS after their Kafka record was produced (a clock running ahead, or ts not in milliseconds)',
@@ -299,9 +241,9 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
             );
           rebuilder.invalidate(partition);
         }
-        events.inc({ outcome: 'applied' }, out.applied);
-        events.inc({ outcome: 'ignored' }, out.ignored);
-        for (const reason of IGNORE_REASONS) ignoredBy.inc({ reason }, out.ignoredBy[reason]);
+        m.events.inc({ outcome: 'applied' }, out.applied);
+        m.events.inc({ outcome: 'ignored' }, out.ignored);
+        for (const reason of IGNORE_REASONS) m.ignoredBy.inc({ reason }, out.ignoredBy[reason]);
         // Never silent: late events are counted above and named here (counts only, never their contents).
         if (out.ignoredBy.late > 0)
           log.warn(
@@ -313,7 +255,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
             { misrouted: out.ignoredBy.misrouted, partition: batch[0]?.partition, topic: batch[0]?.topic },
             'events of tasks open on another partition ignored (the tool-calls topic must be keyed by session_id)',
           );
-        records.inc(out.completed);
+        m.records.inc(out.completed);
         for (const s of out.changed) toPublish.set(scopeId(s), s);
         const owedOnly = out.owed.filter((s) => !toPublish.has(scopeId(s)));
         // Scopes publish independently (each under its own lock, to its own keys): their Redis and Kafka round
