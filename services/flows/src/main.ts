@@ -24,14 +24,7 @@ import { startTimers, vectorRefresher, type Timers } from './adapters/timers.js'
 import { OutcomeBook } from './core/outcomes.js';
 import { PromptCache } from './core/prompt.js';
 import { FlowRegistry } from './core/registry.js';
-import {
-  flowsEnvSchema,
-  policies,
-  stateTopicOf,
-  policyFileV1,
-  type FlowsEnv,
-  type PolicyFile,
-} from './config.js';
+import { flowsEnvSchema, policies, readPolicyFile, stateTopicOf, type FlowsEnv } from './config.js';
 
 export const service: ServiceSpec<FlowsEnv, Inbound> = {
   name: 'flows',
@@ -41,10 +34,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
   async setup({ env, redis, sink, metrics, log, runtime, isRunning }) {
     const manualFile = env.FLOWS_FILE ? await loadFile(env.FLOWS_FILE, flowsFileV1, 'FLOWS_FILE') : [];
     const manual = Array.isArray(manualFile) ? manualFile : manualFile.flows;
-    const overrides: PolicyFile = env.FLOWS_POLICY_FILE
-      ? await loadFile(env.FLOWS_POLICY_FILE, policyFileV1, 'FLOWS_POLICY_FILE')
-      : { agents: [] };
-    const policy = policies(env, overrides);
+    const policy = policies(env, await readPolicyFile(env));
 
     const registry = new FlowRegistry();
     const prompts = new PromptCache();
