@@ -45,6 +45,9 @@ export default tseslint.config(
     languageOptions: { parserOptions: { projectService: true, tsconfigRootDir: import.meta.dirname } },
     rules: {
       '@typescript-eslint/no-floating-promises': 'error',
+      // A promise is always truthy: `if (!guard.ready())` (ready() is async) never skipped, and flows' timers
+      // wrote to a Redis being rebuilt. Also refuses a promise passed where a void callback is expected.
+      '@typescript-eslint/no-misused-promises': 'error',
       '@typescript-eslint/consistent-type-imports': 'error',
       '@typescript-eslint/no-explicit-any': 'error',
       '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_', varsIgnorePattern: '^_' }],

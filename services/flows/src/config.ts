@@ -12,8 +12,7 @@ import {
   topicName,
 } from '../../../shared/config.js';
 import { id } from '../../../schemas/index.js';
-import { errorMessage } from '../../../shared/errors.js';
-import { describeIssues, readConfigFile } from '../../../shared/jsonl.js';
+import { loadFile } from './adapters/files.js';
 import type { OutcomePolicy } from './core/outcomes.js';
 import type { PromotionPolicy } from './core/promotion.js';
 import { DEFAULT_POLICY, type SelectPolicy } from './core/select.js';
@@ -118,21 +117,11 @@ export type PolicyFile = z.infer<typeof policyFileV1>;
 
 /**
  * FLOWS_POLICY_FILE as read (no file: no overrides). The service and the offline commands read it alike: a
- * command that left it out chose and promoted otherwise than the service for every agent it names.
+ * command that left it out chose and promoted otherwise than the service for every agent it names. A file that
+ * cannot be read or is not one is a CONFIG_INVALID PaverError, as for the service's other files (`loadFile`).
  */
-export async function readPolicyFile(env: Pick<FlowsEnv, 'FLOWS_POLICY_FILE'>): Promise<PolicyFile> {
-  const path = env.FLOWS_POLICY_FILE;
-  if (!path) return { agents: [] };
-  let raw: unknown;
-  try {
-    raw = await readConfigFile(path);
-  } catch (err) {
-    throw new Error(`FLOWS_POLICY_FILE: cannot read ${path}: ${errorMessage(err)}`);
-  }
-  const r = policyFileV1.safeParse(raw);
-  if (!r.success) throw new Error(`FLOWS_POLICY_FILE ${path}: ${describeIssues(r.error.issues)}`);
-  return r.data;
-}
+export const readPolicyFile = async (env: Pick<FlowsEnv, 'FLOWS_POLICY_FILE'>): Promise<PolicyFile> =>
+  env.FLOWS_POLICY_FILE ? loadFile(env.FLOWS_POLICY_FILE, policyFileV1, 'FLOWS_POLICY_FILE') : { agents: [] };
 
 /** Environment defaults, overridden per (tenant, agent) by FLOWS_POLICY_FILE. */
 export function policies(env: FlowsEnv, overrides: PolicyFile) {

@@ -1,37 +1,24 @@
-import {
-  flowCandidateRecordV1,
-  flowsFileV1,
-  TOOL_CALLS_EVENT_TYPES,
-  toolCallsEventV1,
-} from '../../../schemas/index.js';
-import { errorMessage } from '../../../shared/errors.js';
-import { zodParser, type Parser } from '../../../shared/kafka/runner.js';
+import { flowsFileV1 } from '../../../schemas/index.js';
 import { createEpoch } from '../../../shared/redis/epoch.js';
 import { createStateGuard, ensureHeartbeating } from '../../../shared/redis/rebuild.js';
 import { runService, type ServiceSpec } from '../../../shared/service.js';
 import { FlowsEngine, type Inbound } from './adapters/engine.js';
 import { loadFile } from './adapters/files.js';
 import { flowsTopicWriter } from './adapters/flows-topic.js';
-import { flowRoutes } from './adapters/http.js';
+import { flowRoutes, selectOnDemand } from './adapters/http.js';
+import { inboundParser } from './adapters/inbound.js';
 import { syncManualFlows } from './adapters/manual-flows.js';
 import { createFlowsMetrics } from './adapters/metrics.js';
 import { createRebuild } from './adapters/rebuild.js';
 import { RedisFlowStore } from './adapters/redis/store.js';
 import { createRegistryFeed } from './adapters/registry-feed.js';
 import { CandidateStates, createStateFeed, stateWriter } from './adapters/state-feed.js';
-import { select, type SelectorDeps } from './adapters/selector.js';
+import type { SelectorDeps } from './adapters/selector.js';
 import { startTimers, vectorRefresher, type Timers } from './adapters/timers.js';
 import { OutcomeBook } from './core/outcomes.js';
 import { PromptCache } from './core/prompt.js';
 import { FlowRegistry } from './core/registry.js';
-import {
-  flowsEnvSchema,
-  policies,
-  stateTopicOf,
-  policyFileV1,
-  type FlowsEnv,
-  type PolicyFile,
-} from './config.js';
+import { flowsEnvSchema, policies, readPolicyFile, stateTopicOf, type FlowsEnv } from './config.js';
 
 export const service: ServiceSpec<FlowsEnv, Inbound> = {
   name: 'flows',
@@ -41,10 +28,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
   async setup({ env, redis, sink, metrics, log, runtime, isRunning }) {
     const manualFile = env.FLOWS_FILE ? await loadFile(env.FLOWS_FILE, flowsFileV1, 'FLOWS_FILE') : [];
     const manual = Array.isArray(manualFile) ? manualFile : manualFile.flows;
-    const overrides: PolicyFile = env.FLOWS_POLICY_FILE
-      ? await loadFile(env.FLOWS_POLICY_FILE, policyFileV1, 'FLOWS_POLICY_FILE')
-      : { agents: [] };
-    const policy = policies(env, overrides);
+    const policy = policies(env, await readPolicyFile(env));
 
     const registry = new FlowRegistry();
     const prompts = new PromptCache();
@@ -149,17 +133,6 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
       onRebuild: (reason, outcome) => m.rebuilds.inc({ reason, outcome }),
     });
 
-    const parseCandidate = zodParser(flowCandidateRecordV1);
-    const parseEvent = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
-    const parse: Parser<Inbound> = (value, topic) => {
-      if (topic === env.PAVER_TOPIC_FLOW_CANDIDATES) {
-        const p = parseCandidate(value, topic);
-        return p.ok ? { ok: true, value: { kind: 'candidate', r: p.value } } : p;
-      }
-      const p = parseEvent(value, topic);
-      return p.ok ? { ok: true, value: { kind: 'event', e: p.value } } : p;
-    };
-
     return {
       inputTopics: [env.PAVER_TOPIC_TOOL_CALLS, env.PAVER_TOPIC_FLOW_CANDIDATES],
       keyOf: (v) => (v.kind === 'event' ? v.e.session_id : null),
@@ -167,7 +140,7 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         { topic: env.PAVER_TOPIC_FLOWS, compacted: true },
         { topic: stateTopic, compacted: true },
       ],
-      parse,
+      parse: inboundParser(env.PAVER_TOPIC_FLOW_CANDIDATES),
       async start() {
         await Promise.all([feed.start(), stateFeed.start()]);
         const loaded = await feed.caughtUp(env.FLOWS_REGISTRY_WAIT_MS);
@@ -232,22 +205,13 @@ export const service: ServiceSpec<FlowsEnv, Inbound> = {
         store,
         registry,
         decide: (t, a, key, to) => engine.decide(t, a, key, to),
-        select: async (t, a, query, summaries) => {
-          // The scope's past outcomes rank as they do for its sessions' selections: an instance that reads none of
-          // the scope's sessions (or has not yet since its start) has them only from Redis. Without Redis, the
-          // selection is still made, without them (it needs no Redis state otherwise), and the read tried again next
-          // time. A scope with no flow has nothing to rank: its runs are neither read nor marked read, so the ids
-          // a client makes up cost no Redis read and no memory (an event batch of the scope reads them when it comes).
-          if (registry.index(t, a)?.flows.size)
-            await engine
-              .ensureRuns(t, a)
-              .catch((err: unknown) =>
-                log.debug({ err: errorMessage(err) }, 'past outcomes not read for a selection'),
-              );
-          const sel = await select(selector, t, a, query, summaries, policy.select(t, a));
-          m.selections.inc({ path: sel.path });
-          return sel;
-        },
+        select: selectOnDemand({
+          selector,
+          policy: (t, a) => policy.select(t, a),
+          ensureRuns: (t, a) => engine.ensureRuns(t, a),
+          onSelection: (path) => m.selections.inc({ path }),
+          log,
+        }),
         // Candidates live in Redis: never read or decide them in a Redis that lost them (selection does not need it).
         ensureState: () => guard.ensure(),
       }),

@@ -1,7 +1,9 @@
 import { z } from 'zod';
 import { id as idSchema, LIMITS, type RegisteredFlow } from '../../../../schemas/index.js';
+import { errorMessage } from '../../../../shared/errors.js';
 import type { Route } from '../../../../shared/http.js';
 import { describeIssues } from '../../../../shared/jsonl.js';
+import type { Logger } from '../../../../shared/log.js';
 import { wilsonLower } from '../../../../shared/core/wilson.js';
 import {
   shadowPrecision,
@@ -10,8 +12,9 @@ import {
   type StoredCandidate,
 } from '../core/promotion.js';
 import type { FlowRegistry } from '../core/registry.js';
-import type { Selection } from '../core/select.js';
+import type { Selection, SelectPolicy } from '../core/select.js';
 import type { RedisFlowStore } from './redis/store.js';
+import { select, type SelectorDeps } from './selector.js';
 
 const selectBody = z
   .object({
@@ -39,6 +42,36 @@ export interface HttpDeps {
    */
   ensureState: () => Promise<void>;
 }
+
+export interface SelectOnDemandDeps {
+  selector: SelectorDeps;
+  /** The scope's selection settings (FLOWS_* with FLOWS_POLICY_FILE's entry for it). */
+  policy: (tenant: string, agent: string) => SelectPolicy;
+  /** Reads the scope's past outcomes from Redis into the outcome memory, once (FlowsEngine.ensureRuns). */
+  ensureRuns: (tenant: string, agent: string) => Promise<void>;
+  onSelection: (path: Selection['path']) => void;
+  log: Logger;
+}
+
+/** POST /flows/select's selection (`HttpDeps.select`): as for a session's request, with the scope's past outcomes. */
+export const selectOnDemand =
+  (d: SelectOnDemandDeps): HttpDeps['select'] =>
+  async (t, a, query, summaries) => {
+    // The scope's past outcomes rank as they do for its sessions' selections: an instance that reads none of
+    // the scope's sessions (or has not yet since its start) has them only from Redis. Without Redis, the
+    // selection is still made, without them (it needs no Redis state otherwise), and the read tried again next
+    // time. A scope with no flow has nothing to rank: its runs are neither read nor marked read, so the ids
+    // a client makes up cost no Redis read and no memory (an event batch of the scope reads them when it comes).
+    if (d.selector.registry.index(t, a)?.flows.size)
+      await d
+        .ensureRuns(t, a)
+        .catch((err: unknown) =>
+          d.log.debug({ err: errorMessage(err) }, 'past outcomes not read for a selection'),
+        );
+    const sel = await select(d.selector, t, a, query, summaries, d.policy(t, a));
+    d.onSelection(sel.path);
+    return sel;
+  };
 
 const CANDIDATE_STATUSES = [
   'pending',

@@ -32,60 +32,78 @@ export interface TimerDeps {
 }
 
 export interface Timers {
-  /** Clears the timers and waits for a reconciliation under way. */
+  /** Clears the timers and waits for the runs under way (owed writes, a reconciliation). */
   stop(): Promise<void>;
+}
+
+/**
+ * `work` every `ms`, one run at a time: a tick that falls due while the last run is still under way is skipped, so
+ * a slow Redis does not pile runs up. What `work` throws is logged as `failed` (and tried again at the next tick),
+ * never left as an unhandled rejection, which would end the process.
+ */
+function every(ms: number, work: () => Promise<void>, log: Logger, failed: string) {
+  let running: Promise<void> | null = null;
+  const timer = setInterval(() => {
+    if (running) return;
+    running = work()
+      .catch((err: unknown) => log.warn({ err: errorMessage(err) }, failed))
+      .finally(() => (running = null));
+  }, ms).unref();
+  return {
+    /** Clears the timer and waits for the run under way, so that nothing runs on clients the stop then closes. */
+    async stop() {
+      clearInterval(timer);
+      await running;
+    },
+  };
 }
 
 /**
  * The service's background work once started. Set only once start-up has run to its end and the service is still
  * running: a stop may have passed its close() already, and timers set after it would run on closed clients.
+ *
+ * Both writers wait for `guard.ready()` (a promise: a Redis round trip) and skip the tick unless the state is
+ * intact. Against a Redis that lost its state, settling owed writes reads the candidates as absent: it withdraws
+ * flows that are promoted and drops the states owed to the state topic; mid-rebuild, a reconciliation would judge
+ * the flows topic against a half-restored state. The readiness check itself starts the rebuild, as the `/readyz`
+ * probe does, and a later tick finds it done.
  */
 export function startTimers(d: TimerDeps): Timers {
-  let reconciling: Promise<void> | null = null;
   const refresh = d.refreshVectors;
   const vectorTimer = refresh ? setInterval(() => void refresh(), 30_000).unref() : null;
   // Writes that did not land may leave the topics to set right; batches do it first, this when none come.
-  const owedTimer = setInterval(() => {
-    if (!d.engine.hasOwed || !d.guard.ready()) return;
-    d.engine
-      .settleOwed()
-      .catch((err: unknown) =>
-        d.log.warn({ err: errorMessage(err) }, 'setting the flows topics right failed; trying again'),
-      );
-  }, 10_000).unref();
+  const owed = every(
+    10_000,
+    async () => {
+      if (!d.engine.hasOwed || !(await d.guard.ready())) return;
+      await d.engine.settleOwed();
+    },
+    d.log,
+    'setting the flows topics right failed; trying again',
+  );
   // Anti-entropy: a promotion that published and died before its write leaves a flow the topic should not
   // hold once the candidate is decided otherwise. Only against a state known intact and a registry read
   // to the end.
-  const reconcileTimer =
+  const reconcile =
     d.reconcileMs > 0
-      ? setInterval(() => {
-          if (reconciling || !d.guard.ready() || !d.feed.isCaughtUp()) return;
-          reconciling = d.engine
-            .reconcileRegistry(d.registry.all(), d.reconcileMinAgeMs)
-            .then((n) => {
-              if (n) {
-                d.onOrphans(n);
-                d.log.warn(
-                  { withdrawn: n },
-                  'withdrew promoted flows whose candidates were decided otherwise',
-                );
-              }
-            })
-            .catch((err: unknown) =>
-              d.log.warn(
-                { err: errorMessage(err) },
-                'checking the flows topic against the candidates failed',
-              ),
-            )
-            .finally(() => (reconciling = null));
-        }, d.reconcileMs).unref()
+      ? every(
+          d.reconcileMs,
+          async () => {
+            if (!d.feed.isCaughtUp() || !(await d.guard.ready())) return;
+            const n = await d.engine.reconcileRegistry(d.registry.all(), d.reconcileMinAgeMs);
+            if (n) {
+              d.onOrphans(n);
+              d.log.warn({ withdrawn: n }, 'withdrew promoted flows whose candidates were decided otherwise');
+            }
+          },
+          d.log,
+          'checking the flows topic against the candidates failed',
+        )
       : null;
   return {
     async stop() {
       if (vectorTimer) clearInterval(vectorTimer);
-      clearInterval(owedTimer);
-      if (reconcileTimer) clearInterval(reconcileTimer);
-      await reconciling;
+      await Promise.all([owed.stop(), reconcile?.stop()]);
     },
   };
 }

@@ -3,7 +3,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { replay, replayCommand } from '../../../../cli/flows-replay.js';
+import { PaverError } from '../../../../shared/errors.js';
 import { selectCommand } from '../../src/cli.js';
+import { readPolicyFile } from '../../src/config.js';
 
 afterEach(() => {
   vi.restoreAllMocks();
@@ -95,5 +97,28 @@ describe('FLOWS_POLICY_FILE offline, as the service reads it', () => {
     stdout();
     expect(await selectCommand(['--flows', flows, '--query', 'refund my order please'])).toBe(2);
     expect(await replayCommand(['--input', events, '--flows', flows, '--json'])).toBe(2);
+  });
+
+  it('a bad or unreadable policy file is CONFIG_INVALID offline too, as for the service', async () => {
+    const bad = write('bad-policy-2.json', JSON.stringify({ agents: [{ top_k: 0 }] }));
+    const missing = join(dir, 'no-such-policy.json');
+    const base = { input: events, flows, promotion: { mode: 'manual' as const } };
+    for (const [path, message] of [
+      [bad, `FLOWS_POLICY_FILE ${bad}: `],
+      [missing, `FLOWS_POLICY_FILE: cannot read ${missing}: `],
+    ] as const) {
+      for (const read of [
+        () => readPolicyFile({ FLOWS_POLICY_FILE: path }),
+        () => replay({ ...base, env: { FLOWS_POLICY_FILE: path } }),
+      ]) {
+        const err: unknown = await read().then(
+          () => null,
+          (e: unknown) => e,
+        );
+        expect(err).toBeInstanceOf(PaverError);
+        expect(err).toMatchObject({ code: 'CONFIG_INVALID', retriable: false });
+        expect((err as Error).message.startsWith(message)).toBe(true);
+      }
+    }
   });
 });
