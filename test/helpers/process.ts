@@ -53,6 +53,12 @@ export async function startProcess(args: string[], env: Record<string, string>):
   return { child, port, output: () => out, exited, url: (p) => `http://127.0.0.1:${port}${p}` };
 }
 
+/** `w`, whose failure carries the process's last output: a failed wait says what the process logged. */
+export const explained = <T>(p: Proc, w: Promise<T>) =>
+  w.catch((err: Error) => {
+    throw new Error(`${err.message}\n${p.output().slice(-6000)}`);
+  });
+
 /**
  * SIGTERM, then the exit code, which must come within `ms` (far below the `PAVER_SHUTDOWN_TIMEOUT_MS` the stop
  * tests set): a stop that waited for its work would time out here, with the process's last output.

@@ -4,11 +4,11 @@ import { join } from 'node:path';
 import { Kafka, logLevel } from 'kafkajs';
 import { afterAll, describe, expect, it } from 'vitest';
 import { startKafka } from '../../deploy/local/stack.js';
-import { createTopics, produce, testRedis, unique, waitFor } from '../helpers/kafka.js';
-import { getJson, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
+import { produce, testRedis, unique, waitFor } from '../helpers/kafka.js';
+import { explained, getJson, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
 import { parsePrometheus } from '../helpers/prometheus.js';
+import { createRecorderTopics, RECORDER, recorderEvent as event } from '../helpers/recorder.js';
 
-const FIXTURE = ['--import', 'tsx', 'test/fixtures/recorder-service.ts'];
 const redis = testRedis();
 const procs: Proc[] = [];
 const cleanups: (() => Promise<void>)[] = [];
@@ -18,25 +18,10 @@ afterAll(async () => {
   redis.disconnect();
 });
 
-const event = (i: number) => ({
-  type: 'tool_call',
-  event_id: `e${i}`,
-  ts: 1_700_000_000_000 + i,
-  session_id: `s${i % 7}`,
-  task_id: `t${i % 50}`,
-  step: i,
-  tool: 'search',
-});
-
 async function readyz(p: Proc): Promise<{ status: number; checks: Record<string, boolean> }> {
   const r = await getJson(p.url('/readyz'));
   return { status: r.status, checks: (r.body as { checks: Record<string, boolean> }).checks };
 }
-/** A failed wait says what the process logged. */
-const explained = <T>(p: Proc, w: Promise<T>) =>
-  w.catch((err: Error) => {
-    throw new Error(`${err.message}\n${p.output().slice(-6000)}`);
-  });
 const metrics = async (p: Proc) => parsePrometheus(String((await getJson(p.url('/metrics'))).body));
 
 describe('truthful health (real Kafka, real processes)', () => {
@@ -47,7 +32,7 @@ describe('truthful health (real Kafka, real processes)', () => {
       KAFKA_PARTITIONS_CONSUMED_CONCURRENTLY: '3',
     });
     const topic = env.PAVER_TOPIC_TOOL_CALLS!;
-    await createTopics([{ topic, partitions: 3 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    await createRecorderTopics(env, 3);
     const prefix = env.REDIS_KEY_PREFIX!;
     await redis.set(`${prefix}:stall`, '1');
     await produce(
@@ -58,7 +43,7 @@ describe('truthful health (real Kafka, real processes)', () => {
         partition: i % 3,
       })),
     );
-    const p = await startProcess(FIXTURE, env);
+    const p = await startProcess(RECORDER, env);
     procs.push(p);
     await explained(
       p,
@@ -124,7 +109,7 @@ describe('truthful health (real Kafka, real processes)', () => {
       await producer.disconnect();
     };
     await send(0, 50);
-    const p = await startProcess(FIXTURE, env);
+    const p = await startProcess(RECORDER, env);
     procs.push(p);
     const prefix = env.REDIS_KEY_PREFIX!;
     await explained(

@@ -9,12 +9,12 @@ import { commonEnvSchema, parseEnv } from '../../shared/config.js';
 import { classifyError, errorMessage } from '../../shared/errors.js';
 import { silentLogger } from '../../shared/log.js';
 import { createRedis, createRoleProbe } from '../../shared/redis/client.js';
-import { createTopics, groupCaughtUp, produce, stack, testRedis, unique, waitFor } from '../helpers/kafka.js';
+import { groupCaughtUp, produce, stack, testRedis, unique, waitFor } from '../helpers/kafka.js';
 import { ownRedis, stopOwnRedis } from '../helpers/own-redis.js';
-import { serviceEnv, startProcess, type Proc } from '../helpers/process.js';
+import { explained, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
 import { parsePrometheus } from '../helpers/prometheus.js';
+import { createRecorderTopics, RECORDER, recorderEvent as event } from '../helpers/recorder.js';
 
-const FIXTURE = ['--import', 'tsx', 'test/fixtures/recorder-service.ts'];
 const procs: Proc[] = [];
 afterAll(() => {
   for (const p of procs)
@@ -22,15 +22,12 @@ afterAll(() => {
   stopOwnRedis();
 });
 
-const event = (i: number) => ({
-  type: 'tool_call',
-  event_id: `e${i}`,
-  ts: 1_700_000_000_000 + i,
-  session_id: `s${i % 7}`,
-  task_id: `t${i % 50}`,
-  step: i,
-  tool: 'search',
-});
+/** The recorder started on `env`, killed at the file's end if still running. */
+async function startRecorder(env: Record<string, string>): Promise<Proc> {
+  const p = await startProcess(RECORDER, env);
+  procs.push(p);
+  return p;
+}
 
 /** Events `from` … `from + n - 1` to `topic`, each keyed by its own session. */
 const sendEvents = (topic: string, from: number, n: number) =>
@@ -39,6 +36,13 @@ const sendEvents = (topic: string, from: number, n: number) =>
     Array.from({ length: n }, (_, i) => ({ key: `s${from + i}`, value: JSON.stringify(event(from + i)) })),
   );
 
+/** An admin client of the redis-server on `port`; its connection errors are the test's to provoke. */
+function adminClient(port: number): Redis {
+  const c = new Redis(port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+  c.on('error', () => undefined);
+  return c;
+}
+
 /**
  * Two redis-servers of this test's own, each in a folder of its own (the full sync that REPLICAOF starts writes
  * an RDB file in the server's folder), with an admin client each; `stop` kills both and removes the folders.
@@ -46,11 +50,7 @@ const sendEvents = (topic: string, from: number, n: number) =>
 async function redisPair() {
   const dirs = [0, 1].map(() => mkdtempSync(join(tmpdir(), 'paver-ops-pair-')));
   const [a, b] = [await ownRedis(undefined, dirs[0]), await ownRedis(undefined, dirs[1])];
-  const [adminA, adminB] = [a, b].map((s) => {
-    const c = new Redis(s.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
-    c.on('error', () => undefined);
-    return c;
-  }) as [Redis, Redis];
+  const [adminA, adminB] = [adminClient(a.port), adminClient(b.port)];
   const stop = async () => {
     for (const c of [adminA, adminB]) c.disconnect();
     for (const s of [a, b]) s.child.kill('SIGKILL');
@@ -75,11 +75,10 @@ async function recorderWithReplica(
 ): Promise<Proc> {
   const topic = env.PAVER_TOPIC_TOOL_CALLS!;
   const seen = `${env.REDIS_KEY_PREFIX!}:seen`;
-  await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+  await createRecorderTopics(env, 1);
   await pair.adminB.call('REPLICAOF', '127.0.0.1', String(pair.a.port));
   await sendEvents(topic, 0, n);
-  const p = await startProcess(FIXTURE, env);
-  procs.push(p);
+  const p = await startRecorder(env);
   await explained(
     p,
     waitFor(async () => (await pair.adminA.scard(seen)) === n, `the first ${n} on A`, 90_000),
@@ -114,11 +113,6 @@ async function within<T, F>(p: Promise<T>, ms: number, fallback: F): Promise<T |
   }
 }
 
-const explained = <T>(p: Proc, w: Promise<T>) =>
-  w.catch((err: Error) => {
-    throw new Error(`${err.message}\n${p.output().slice(-6000)}`);
-  });
-
 /** Until /readyz answers 200, the process's output in the error otherwise. */
 const untilReady = (p: Proc, what: string, ms: number) =>
   explained(
@@ -140,11 +134,49 @@ const untilNotReady = (p: Proc, what: string, ms: number) =>
     ),
   );
 
-/** SIGTERM: the process stops gracefully, exit 0. */
-async function expectCleanStop(p: Proc): Promise<void> {
-  p.child.kill('SIGTERM');
+/** SIGTERM (or `signal`): the process stops gracefully, exit 0. */
+async function expectCleanStop(p: Proc, signal: NodeJS.Signals = 'SIGTERM'): Promise<void> {
+  p.child.kill(signal);
   expect(await exitWithin(p, 30_000)).toBe(0);
 }
+
+/** Until `check` holds the first chunk (PAVER_BATCH_CHUNK 10) of the events, the process's output otherwise. */
+const untilFirstChunk = (p: Proc, check: Redis, env: Record<string, string>) =>
+  explained(
+    p,
+    waitFor(
+      async () => (await check.scard(`${env.REDIS_KEY_PREFIX!}:seen`)) >= 10,
+      'the first chunk',
+      90_000,
+    ),
+  );
+
+/** The recorder started again on `env` (without a delay per chunk): resolves once `check` holds all `n` events. */
+async function restartUntilAll(env: Record<string, string>, check: Redis, n: number): Promise<Proc> {
+  const again = await startRecorder({ ...env, FIXTURE_DELAY_MS: '0' });
+  await explained(
+    again,
+    waitFor(
+      async () => (await check.scard(`${env.REDIS_KEY_PREFIX!}:seen`)) === n,
+      `all ${n} events`,
+      90_000,
+    ),
+  );
+  return again;
+}
+
+/** Once the consumer group of `env` has caught up: the recorder's deliveries per event id in `redis`. */
+async function deliveriesCaughtUp(
+  env: Record<string, string>,
+  redis: Redis,
+): Promise<Record<string, string>> {
+  await waitFor(() => groupCaughtUp(env.FIXTURE_GROUP_ID!, env.PAVER_TOPIC_TOOL_CALLS!), 'caught up');
+  return redis.hgetall(`${env.REDIS_KEY_PREFIX!}:deliveries`);
+}
+
+/** The events of `before` whose delivery count is no longer the same in `after`: read again. */
+const redelivered = (before: Record<string, string>, after: Record<string, string>) =>
+  Object.keys(before).filter((id) => after[id] !== before[id]);
 
 /** A metric's value (summed over its series) from the process's /metrics. */
 const metric = async (p: Proc, name: string) =>
@@ -158,8 +190,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
   it('while the broker cannot be reached at start-up, /healthz answers and /readyz says why; SIGTERM ends the start-up at once', async () => {
     const dead = await freePort();
     const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), KAFKA_BROKERS: `127.0.0.1:${dead}` });
-    const p = await startProcess(FIXTURE, env);
-    procs.push(p);
+    const p = await startRecorder(env);
     // Liveness is the process's, never its dependencies': a start-up waiting for Kafka is alive.
     await explained(
       p,
@@ -180,22 +211,14 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       FIXTURE_DELAY_MS: '3000',
       PAVER_BATCH_CHUNK: '10',
     });
-    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
-    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
-    await produce(
-      topic,
-      Array.from({ length: 60 }, (_, i) => ({ key: `s${i}`, value: JSON.stringify(event(i)) })),
-    );
+    await createRecorderTopics(env, 1);
+    await sendEvents(env.PAVER_TOPIC_TOOL_CALLS!, 0, 60);
     const check = testRedis();
     const prefix = env.REDIS_KEY_PREFIX!;
     try {
-      const p = await startProcess(FIXTURE, env);
-      procs.push(p);
+      const p = await startRecorder(env);
       // The first chunk is written: the next one is in hand (3 s each).
-      await explained(
-        p,
-        waitFor(async () => (await check.scard(`${prefix}:seen`)) >= 10, 'the first chunk', 90_000),
-      );
+      await untilFirstChunk(p, check, env);
       p.child.kill('SIGTERM');
       await waitFor(() => p.output().includes('"msg":"shutting down"'), 'the stop to begin');
       // A second signal (an impatient operator, a supervisor that repeats it) while the chunk is finishing.
@@ -204,17 +227,9 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       const before = await check.hgetall(`${prefix}:deliveries`);
 
       // What was written before the stop was committed: the next run reads only the rest.
-      const again = await startProcess(FIXTURE, { ...env, FIXTURE_DELAY_MS: '0' });
-      procs.push(again);
-      await explained(
-        again,
-        waitFor(async () => (await check.scard(`${prefix}:seen`)) === 60, 'all 60 events', 90_000),
-      );
-      await waitFor(() => groupCaughtUp(env.FIXTURE_GROUP_ID!, topic), 'caught up');
-      const after = await check.hgetall(`${prefix}:deliveries`);
-      expect(Object.keys(before).filter((id) => after[id] !== before[id])).toEqual([]);
-      again.child.kill('SIGINT');
-      expect(await exitWithin(again, 30_000)).toBe(0);
+      const again = await restartUntilAll(env, check, 60);
+      expect(redelivered(before, await deliveriesCaughtUp(env, check))).toEqual([]);
+      await expectCleanStop(again, 'SIGINT');
     } finally {
       check.disconnect();
     }
@@ -276,13 +291,11 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
     });
     const topic = env.PAVER_TOPIC_TOOL_CALLS!;
     const prefix = env.REDIS_KEY_PREFIX!;
-    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    await createRecorderTopics(env, 1);
     const send = (from: number, n: number) => sendEvents(topic, from, n);
     await send(0, 20);
-    const check = new Redis(r.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
-    check.on('error', () => undefined);
-    const p = await startProcess(FIXTURE, env);
-    procs.push(p);
+    const check = adminClient(r.port);
+    const p = await startRecorder(env);
     try {
       await explained(
         p,
@@ -320,8 +333,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
         p,
         waitFor(async () => (await check.scard(`${prefix}:seen`)) === 40, 'all 40 events', 90_000),
       );
-      await waitFor(() => groupCaughtUp(env.FIXTURE_GROUP_ID!, topic), 'caught up');
-      expect(Object.keys(await check.hgetall(`${prefix}:deliveries`))).toHaveLength(40);
+      expect(Object.keys(await deliveriesCaughtUp(env, check))).toHaveLength(40);
       expect(p.output()).not.toContain('fatal error');
       expect(p.output()).not.toContain('consumer crashed');
       expect(await metric(p, 'paver_consumer_paused')).toBe(0);
@@ -335,12 +347,10 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
   it('/readyz is 503 with a reason while the Redis server of REDIS_URL is a read-only replica (REPLICAOF), 200 again once it is a primary', async () => {
     const { a, b, adminA: admin, stop } = await redisPair();
     const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), REDIS_URL: a.url });
-    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
     const prefix = env.REDIS_KEY_PREFIX!;
-    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
-    await sendEvents(topic, 0, 10);
-    const p = await startProcess(FIXTURE, env);
-    procs.push(p);
+    await createRecorderTopics(env, 1);
+    await sendEvents(env.PAVER_TOPIC_TOOL_CALLS!, 0, 10);
+    const p = await startRecorder(env);
     type Readyz = { checks: Record<string, boolean>; reasons?: Record<string, string> };
     try {
       await untilReady(p, 'ready', 90_000);
@@ -407,8 +417,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
         p,
         waitFor(async () => (await adminA.scard(`${prefix}:seen`)) === 40, 'all 40 on A', 90_000),
       );
-      await waitFor(() => groupCaughtUp(env.FIXTURE_GROUP_ID!, topic), 'caught up');
-      expect(Object.keys(await adminA.hgetall(`${prefix}:deliveries`))).toHaveLength(40);
+      expect(Object.keys(await deliveriesCaughtUp(env, adminA))).toHaveLength(40);
       expect(await metric(p, 'paver_consumer_paused')).toBe(0);
       expect(p.output()).not.toContain('fatal error');
       await untilReady(p, 'ready again', 30_000);
@@ -456,8 +465,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
         p,
         waitFor(async () => (await adminB.scard(`${prefix}:seen`)) === 40, 'all 40 on B', 90_000),
       );
-      await waitFor(() => groupCaughtUp(env.FIXTURE_GROUP_ID!, topic), 'caught up');
-      expect(Object.keys(await adminB.hgetall(`${prefix}:deliveries`))).toHaveLength(40);
+      expect(Object.keys(await deliveriesCaughtUp(env, adminB))).toHaveLength(40);
       expect(p.output()).not.toContain('fatal error');
       await untilReady(p, 'ready on B', 30_000);
       await expectCleanStop(p);
@@ -470,7 +478,7 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
 
   it('the readiness role query works under an ACL that refuses ROLE (INFO replication instead), or ROLE and INFO (PING: role unknown, ready as before)', async () => {
     const r = await ownRedis();
-    const admin = new Redis(r.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+    const admin = adminClient(r.port);
     const clients: Redis[] = [];
     const roleAs = async (user: string) => {
       const env = parseEnv(commonEnvSchema, {
@@ -506,13 +514,12 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
     const r = await ownRedis();
     const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), REDIS_URL: r.url });
     const topic = env.PAVER_TOPIC_TOOL_CALLS!;
-    await createTopics([{ topic }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
-    const check = new Redis(r.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+    await createRecorderTopics(env);
+    const check = adminClient(r.port);
     const prefix = env.REDIS_KEY_PREFIX!;
     const send = (from: number, n: number) => sendEvents(topic, from, n);
     await send(0, 50);
-    const p = await startProcess(FIXTURE, env);
-    procs.push(p);
+    const p = await startRecorder(env);
     try {
       await untilReady(p, 'ready', 90_000);
       await waitFor(async () => (await check.scard(`${prefix}:seen`)) === 50, 'the first 50');
@@ -552,22 +559,13 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       FIXTURE_DELAY_MS: '2000',
       PAVER_BATCH_CHUNK: '10',
     });
-    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
     const prefix = env.REDIS_KEY_PREFIX!;
-    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
-    await produce(
-      topic,
-      Array.from({ length: 40 }, (_, i) => ({ key: `s${i}`, value: JSON.stringify(event(i)) })),
-    );
-    let check = new Redis(r.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
-    check.on('error', () => undefined);
+    await createRecorderTopics(env, 1);
+    await sendEvents(env.PAVER_TOPIC_TOOL_CALLS!, 0, 40);
+    let check = adminClient(r.port);
     try {
-      const p = await startProcess(FIXTURE, env);
-      procs.push(p);
-      await explained(
-        p,
-        waitFor(async () => (await check.scard(`${prefix}:seen`)) >= 10, 'the first chunk', 90_000),
-      );
+      const p = await startRecorder(env);
+      await untilFirstChunk(p, check, env);
       const before = await check.hgetall(`${prefix}:deliveries`);
       check.disconnect();
       r.child.kill('SIGKILL');
@@ -583,21 +581,12 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       process.stderr.write(`[ops] exit ${Date.now() - t0} ms after SIGTERM with Redis down\n`);
 
       r = await ownRedis(r.port, dir);
-      check = new Redis(r.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
-      check.on('error', () => undefined);
+      check = adminClient(r.port);
       expect(await check.hgetall(`${prefix}:deliveries`)).toEqual(before);
-      const again = await startProcess(FIXTURE, { ...env, FIXTURE_DELAY_MS: '0' });
-      procs.push(again);
-      await explained(
-        again,
-        waitFor(async () => (await check.scard(`${prefix}:seen`)) === 40, 'all 40 events', 90_000),
-      );
-      await waitFor(() => groupCaughtUp(env.FIXTURE_GROUP_ID!, topic), 'caught up');
-      const after = await check.hgetall(`${prefix}:deliveries`);
+      const again = await restartUntilAll(env, check, 40);
       // What was written before the outage was committed: none of it is read again.
-      expect(Object.keys(before).filter((id) => after[id] !== before[id])).toEqual([]);
-      again.child.kill('SIGTERM');
-      expect(await exitWithin(again, 30_000)).toBe(0);
+      expect(redelivered(before, await deliveriesCaughtUp(env, check))).toEqual([]);
+      await expectCleanStop(again);
     } finally {
       check.disconnect();
       rmSync(dir, { recursive: true, force: true });
@@ -606,20 +595,15 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
 
   it('a fatal error met while a SIGTERM drains the chunk in hand exits 1, not 0, and commits nothing of that chunk', async () => {
     const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), PAVER_BATCH_CHUNK: '10' });
-    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
-    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
-    await produce(
-      topic,
-      Array.from({ length: 30 }, (_, i) => ({ key: `s${i}`, value: JSON.stringify(event(i)) })),
-    );
+    await createRecorderTopics(env, 1);
+    await sendEvents(env.PAVER_TOPIC_TOOL_CALLS!, 0, 30);
     const check = testRedis();
     const prefix = env.REDIS_KEY_PREFIX!;
     try {
       // The chunk in hand is held until the stop begins, then meets a bug before it writes anything: the
       // order is fixed however loaded the machine is.
       await check.set(`${prefix}:stall`, '0');
-      const p = await startProcess(FIXTURE, env);
-      procs.push(p);
+      const p = await startRecorder(env);
       await explained(
         p,
         waitFor(async () => (await check.exists(`${prefix}:stalling`)) === 1, 'a chunk in hand', 90_000),
@@ -632,15 +616,9 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       expect(p.output()).toContain('fatal error');
       const seen = await check.scard(`${prefix}:seen`);
       await check.del(`${prefix}:bug`, `${prefix}:stall`);
-      const again = await startProcess(FIXTURE, env);
-      procs.push(again);
-      await explained(
-        again,
-        waitFor(async () => (await check.scard(`${prefix}:seen`)) === 30, 'all 30 events', 90_000),
-      );
+      const again = await restartUntilAll(env, check, 30);
       expect(seen).toBe(0);
-      again.child.kill('SIGTERM');
-      expect(await exitWithin(again, 30_000)).toBe(0);
+      await expectCleanStop(again);
     } finally {
       check.disconnect();
     }
@@ -652,17 +630,12 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
     const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), REDIS_URL: `redis://127.0.0.1:${port}` });
     const topic = env.PAVER_TOPIC_TOOL_CALLS!;
     const prefix = env.REDIS_KEY_PREFIX!;
-    await createTopics([{ topic }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    await createRecorderTopics(env);
     const send = (from: number, n: number) => sendEvents(topic, from, n);
     await send(0, 50);
-    const p = await startProcess(FIXTURE, env);
-    procs.push(p);
+    const p = await startRecorder(env);
     let check: Redis | null = null;
-    const connectCheck = () => {
-      check = new Redis(port, '127.0.0.1', { maxRetriesPerRequest: 2 });
-      check.on('error', () => undefined);
-      return check;
-    };
+    const connectCheck = () => (check = adminClient(port));
     const notReady = () =>
       waitFor(async () => {
         const res = await probe(p.url('/readyz'), 3_000);
@@ -704,21 +677,12 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
       PAVER_BATCH_CHUNK: '10',
       PAVER_SHUTDOWN_TIMEOUT_MS: '4000',
     });
-    const topic = env.PAVER_TOPIC_TOOL_CALLS!;
-    const prefix = env.REDIS_KEY_PREFIX!;
-    await createTopics([{ topic, partitions: 1 }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
-    await produce(
-      topic,
-      Array.from({ length: 40 }, (_, i) => ({ key: `s${i}`, value: JSON.stringify(event(i)) })),
-    );
-    const check = new Redis(r.port, '127.0.0.1', { maxRetriesPerRequest: 2 });
+    await createRecorderTopics(env, 1);
+    await sendEvents(env.PAVER_TOPIC_TOOL_CALLS!, 0, 40);
+    const check = adminClient(r.port);
     try {
-      const p = await startProcess(FIXTURE, env);
-      procs.push(p);
-      await explained(
-        p,
-        waitFor(async () => (await check.scard(`${prefix}:seen`)) >= 10, 'the first chunk', 90_000),
-      );
+      const p = await startRecorder(env);
+      await untilFirstChunk(p, check, env);
       r.child.kill('SIGSTOP');
       p.child.kill('SIGTERM');
       expect(await explained(p, exitWithin(p, 15_000))).toBe(1);

@@ -20,6 +20,29 @@ import { liveCandidates } from '../../services/detector/src/core/detect.js';
 import { freePort } from '../../deploy/local/stack.js';
 import { waitFor } from '../helpers/kafka.js';
 
+/**
+ * A producer double: the tests that use it are about the publisher (its step count, its memory, who hears of a
+ * failure), not about Kafka. It refuses the next `failures` sends ('broker down'; Infinity: every one) and keeps
+ * the events of the others, parsed, in `sent`.
+ */
+function producerDouble<T = Record<string, unknown>>() {
+  const double = {
+    sent: [] as T[],
+    failures: 0,
+    producer: {
+      send: async (r: { messages: { value: Buffer }[] }) => {
+        if (double.failures > 0) {
+          double.failures--;
+          throw new Error('broker down');
+        }
+        for (const m of r.messages) double.sent.push(JSON.parse(m.value.toString()) as T);
+        return [];
+      },
+    } as unknown as Producer,
+  };
+  return double;
+}
+
 describe('client: createPublisher (validation happens before any connection)', () => {
   // Port 9 (discard): nothing is listening; none of these calls may reach the network.
   const pub = () => createPublisher({ brokers: ['127.0.0.1:9'], lingerMs: 60_000 });
@@ -63,14 +86,7 @@ describe('client: createPublisher (validation happens before any connection)', (
   });
 
   it('counts steps for at most MAX_OPEN_TASKS tasks: a task never completed does not keep its entry for ever', async () => {
-    const sent: { step?: number; task_id: string }[] = [];
-    // A producer double: this test is about the publisher's own memory, not about Kafka.
-    const producer = {
-      send: async (r: { messages: { value: Buffer }[] }) => {
-        for (const m of r.messages) sent.push(JSON.parse(m.value.toString()) as (typeof sent)[number]);
-        return [];
-      },
-    } as unknown as Producer;
+    const { producer, sent } = producerDouble<{ step?: number; task_id: string }>();
     const p = createPublisher({ producer, batchSize: 10_000 });
     const call = (task: string) => void p.toolCall({ session_id: 's', task_id: task, tool: 'x' });
     call('old');
@@ -89,14 +105,7 @@ describe('client: createPublisher (validation happens before any connection)', (
   });
 
   it('a call refused for its size takes no step: the next call of the task gets the step it would have had', async () => {
-    const sent: { step?: number; tool: string }[] = [];
-    // A producer double: this test is about the publisher's step count, not about Kafka.
-    const producer = {
-      send: async (r: { messages: { value: Buffer }[] }) => {
-        for (const m of r.messages) sent.push(JSON.parse(m.value.toString()) as (typeof sent)[number]);
-        return [];
-      },
-    } as unknown as Producer;
+    const { producer, sent } = producerDouble<{ step?: number; tool: string }>();
     const p = createPublisher({ producer, maxMessageBytes: 1_000 });
     const call = (tool: string, observation?: string) =>
       p.toolCall({ session_id: 's', task_id: 't', tool, ...(observation ? { observation } : {}) });
@@ -118,33 +127,22 @@ describe('client: createPublisher (validation happens before any connection)', (
   });
 
   it('a call whose send failed gives its step back: its retry gets the step it had, and the task counts on from there', async () => {
-    const sent: { step?: number; tool: string; type: string }[] = [];
-    let failures = 0;
-    // A producer double that refuses the sends the test asks it to: this test is about the step count.
-    const producer = {
-      send: async (r: { messages: { value: Buffer }[] }) => {
-        if (failures > 0) {
-          failures--;
-          throw new Error('broker down');
-        }
-        for (const m of r.messages) sent.push(JSON.parse(m.value.toString()) as (typeof sent)[number]);
-        return [];
-      },
-    } as unknown as Producer;
-    const p = createPublisher({ producer, lingerMs: 0 });
+    const double = producerDouble<{ step?: number; tool: string; type: string }>();
+    const { sent } = double;
+    const p = createPublisher({ producer: double.producer, lingerMs: 0 });
     const call = (tool: string) => p.toolCall({ session_id: 's', task_id: 't', tool });
     await call('a');
-    failures = 1;
+    double.failures = 1;
     await expect(call('b')).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
     await call('b');
     // Three calls in one failed send (unawaited, as a fire-and-forget agent makes them): all three steps back.
-    failures = 1;
+    double.failures = 1;
     const burst = [call('c'), call('d'), call('e')];
     await expect(p.flush()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
     for (const b of burst) await expect(b).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
     await call('c');
     // A task end that was not published does not end the count either.
-    failures = 1;
+    double.failures = 1;
     await expect(p.taskCompleted({ session_id: 's', task_id: 't' })).rejects.toMatchObject({
       code: 'KAFKA_UNAVAILABLE',
     });
@@ -160,25 +158,15 @@ describe('client: createPublisher (validation happens before any connection)', (
   });
 
   it('reports each failure once: to the call whose promise the caller took up, otherwise by the next flush()', async () => {
-    let failures = 0;
-    // A producer double that refuses the sends the test asks it to: this test is about who hears of a failure.
-    const producer = {
-      send: async () => {
-        if (failures > 0) {
-          failures--;
-          throw new Error('broker down');
-        }
-        return [];
-      },
-    } as unknown as Producer;
-    const p = createPublisher({ producer, lingerMs: 0 });
+    const double = producerDouble();
+    const p = createPublisher({ producer: double.producer, lingerMs: 0 });
     const call = (tool: string, session = 's') => p.toolCall({ session_id: session, task_id: 't', tool });
     // Awaited: the call's rejection is the report. Before, flush() rejected with the same failure again.
-    failures = 1;
+    double.failures = 1;
     await expect(call('a')).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
     await expect(p.flush()).resolves.toBeUndefined();
     // A handler attached (a logging .catch) is taken up too, and so is an invalid call that was awaited.
-    failures = 1;
+    double.failures = 1;
     const logged: unknown[] = [];
     const handled = call('b').catch((err: unknown) => logged.push(err));
     await expect(p.toolCall({ session_id: 's', task_id: 't', tool: '' })).rejects.toMatchObject({
@@ -188,12 +176,12 @@ describe('client: createPublisher (validation happens before any connection)', (
     await handled;
     expect(logged).toMatchObject([{ code: 'KAFKA_UNAVAILABLE' }]);
     // Fire and forget: flush() reports it, once; the next flush() has nothing to say.
-    failures = 1;
+    double.failures = 1;
     void call('c');
     await expect(p.flush()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
     await expect(p.flush()).resolves.toBeUndefined();
     // Unawaited calls with one awaited among them: flush() reports the ones the caller did not take up.
-    failures = 1;
+    double.failures = 1;
     const awaited = call('d');
     void call('e', 'other');
     await expect(awaited).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
@@ -201,24 +189,13 @@ describe('client: createPublisher (validation happens before any connection)', (
   });
 
   it("a fire-and-forget caller's session stays held after a failed send until flush() has reported it", async () => {
-    const sent: { tool: string; step: number }[] = [];
-    let failures = 0;
-    // A producer double that refuses the sends the test asks it to: this test is about what the client holds.
-    const producer = {
-      send: async (r: { messages: { value: Buffer }[] }) => {
-        if (failures > 0) {
-          failures--;
-          throw new Error('broker down');
-        }
-        for (const m of r.messages) sent.push(JSON.parse(m.value.toString()) as (typeof sent)[number]);
-        return [];
-      },
-    } as unknown as Producer;
-    const p = createPublisher({ producer, lingerMs: 0 });
+    const double = producerDouble<{ tool: string; step: number }>();
+    const { sent } = double;
+    const p = createPublisher({ producer: double.producer, lingerMs: 0 });
     const call = (tool: string, session = 's') => p.toolCall({ session_id: session, task_id: 't', tool });
-    failures = 1;
+    double.failures = 1;
     const lost = call('a');
-    await waitFor(() => failures === 0, 'the send to fail');
+    await waitFor(() => double.failures === 0, 'the send to fail');
     // Nobody has heard of the failure yet: the session's next events fail too, other sessions go on.
     const later = [call('b'), call('c')];
     await call('x', 'other');
@@ -241,17 +218,11 @@ describe('client: createPublisher (validation happens before any connection)', (
     // The publisher's memory is what is tested: a collected call is one it no longer keeps.
     setFlagsFromString('--expose-gc');
     const gc = runInNewContext('gc') as () => void;
-    let failing = true;
-    const sent: { tool: string; step: number }[] = [];
-    // A producer double that refuses every send while `failing`: this test is about what the client keeps.
-    const producer = {
-      send: async (r: { messages: { value: Buffer }[] }) => {
-        if (failing) throw new Error('broker down');
-        for (const m of r.messages) sent.push(JSON.parse(m.value.toString()) as (typeof sent)[number]);
-        return [];
-      },
-    } as unknown as Producer;
-    const p = createPublisher({ producer, lingerMs: 0 });
+    // Every send refused until the outage ends.
+    const double = producerDouble<{ tool: string; step: number }>();
+    const { sent } = double;
+    double.failures = Infinity;
+    const p = createPublisher({ producer: double.producer, lingerMs: 0 });
     const call = (tool: string) => p.toolCall({ session_id: 's', task_id: 't', tool });
     const extra = 500;
     // A fire-and-forget agent calling on through an outage: nothing takes these calls up.
@@ -278,7 +249,7 @@ describe('client: createPublisher (validation happens before any connection)', (
     await expect(p.flush()).rejects.toMatchObject({ code: 'KAFKA_UNAVAILABLE' });
     await expect(p.flush()).resolves.toBeUndefined();
     // Reported: the session goes out again, from the step that failed.
-    failing = false;
+    double.failures = 0;
     await call('a');
     await call('b');
     await p.close();
@@ -289,14 +260,7 @@ describe('client: createPublisher (validation happens before any connection)', (
   });
 
   it("a field given as undefined is left out: it gets the publisher's default, and the task's steps count on", async () => {
-    const sent: Record<string, unknown>[] = [];
-    // A producer double: this test is about the events the publisher builds, not about Kafka.
-    const producer = {
-      send: async (r: { messages: { value: Buffer }[] }) => {
-        for (const m of r.messages) sent.push(JSON.parse(m.value.toString()) as Record<string, unknown>);
-        return [];
-      },
-    } as unknown as Producer;
+    const { producer, sent } = producerDouble();
     const p = createPublisher({ producer, tenantId: 'acme', agentId: 'bot' });
     // What a wrapper passing its own optional values through writes.
     const given: { tenant?: string; agent?: string; id?: string; ts?: number } = {};

@@ -37,6 +37,37 @@ function badRecordBatch(log: string[]) {
   };
 }
 
+/** What a promise rejected with, or null when it resolved. */
+const rejection = (p: Promise<unknown>) =>
+  p.then(
+    () => null,
+    (e: unknown) => e,
+  );
+
+/**
+ * A started runner over a stand-in consumer whose dead-letter writes go to `sendRaw`, with short waits and many
+ * attempts (before, every one of them was spent on a refusal, then kafkajs's restarts); `fatal` collects what
+ * it reports as fatal.
+ */
+async function runnerWritingDeadLettersTo(sendRaw: () => Promise<void>) {
+  const consumer = standInConsumer();
+  const fatal: Error[] = [];
+  const runner = createRunner<ToolCallsEvent>({
+    service: 'test',
+    groupId: 'g',
+    topics: ['t'],
+    parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
+    handler: async () => undefined,
+    ...standInDeps(
+      standInKafka(consumer),
+      { onFatal: (e) => fatal.push(e), sink: { sendRaw } as never },
+      { PAVER_RETRY_ATTEMPTS: '4', PAVER_RETRY_INITIAL_MS: '1', PAVER_RETRY_MAX_MS: '1' },
+    ),
+  });
+  await runner.start();
+  return { consumer, runner, fatal };
+}
+
 describe('consumer runner: a dead-letter write the broker refuses for good', () => {
   for (const [name, thrown] of [
     // What kafkajs's producer throws: its retrier wraps a non-retriable error, or bails with it as it came.
@@ -44,37 +75,14 @@ describe('consumer runner: a dead-letter write the broker refuses for good', () 
     ['CLUSTER_AUTHORIZATION_FAILED, as the broker sent it', clusterRefused],
   ] as const) {
     it(`is not retried: the service stops at once, naming the topic and the cause (${name})`, async () => {
-      const consumer = standInConsumer();
       let writes = 0;
-      const fatal: Error[] = [];
-      const runner = createRunner<ToolCallsEvent>({
-        service: 'test',
-        groupId: 'g',
-        topics: ['t'],
-        parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
-        handler: async () => undefined,
-        ...standInDeps(
-          standInKafka(consumer),
-          {
-            onFatal: (e) => fatal.push(e),
-            sink: {
-              sendRaw: async () => {
-                writes++;
-                throw thrown();
-              },
-            } as never,
-          },
-          // Short waits, many attempts: before, every one of them was spent, then kafkajs's restarts.
-          { PAVER_RETRY_ATTEMPTS: '4', PAVER_RETRY_INITIAL_MS: '1', PAVER_RETRY_MAX_MS: '1' },
-        ),
+      const { consumer, runner, fatal } = await runnerWritingDeadLettersTo(async () => {
+        writes++;
+        throw thrown();
       });
-      await runner.start();
       const log: string[] = [];
       try {
-        const failed = await consumer.eachBatch!(badRecordBatch(log)).then(
-          () => null,
-          (e: unknown) => e,
-        );
+        const failed = await rejection(consumer.eachBatch!(badRecordBatch(log)));
         expect(writes).toBe(1);
         // Nothing committed or resolved: the record is read again once the permission is fixed.
         expect(log).toEqual([]);
@@ -93,33 +101,14 @@ describe('consumer runner: a dead-letter write the broker refuses for good', () 
   }
 
   it('a dead-letter write that fails for a while (the broker away) is still retried', async () => {
-    const consumer = standInConsumer();
     let writes = 0;
-    const fatal: Error[] = [];
-    const runner = createRunner<ToolCallsEvent>({
-      service: 'test',
-      groupId: 'g',
-      topics: ['t'],
-      parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
-      handler: async () => undefined,
-      ...standInDeps(
-        standInKafka(consumer),
-        {
-          onFatal: (e) => fatal.push(e),
-          sink: {
-            sendRaw: async () => {
-              if (writes++ < 2)
-                throw Object.assign(new Error('Connection timeout'), {
-                  name: 'KafkaJSConnectionError',
-                  retriable: true,
-                });
-            },
-          } as never,
-        },
-        { PAVER_RETRY_ATTEMPTS: '4', PAVER_RETRY_INITIAL_MS: '1', PAVER_RETRY_MAX_MS: '1' },
-      ),
+    const { consumer, runner, fatal } = await runnerWritingDeadLettersTo(async () => {
+      if (writes++ < 2)
+        throw Object.assign(new Error('Connection timeout'), {
+          name: 'KafkaJSConnectionError',
+          retriable: true,
+        });
     });
-    await runner.start();
     const log: string[] = [];
     try {
       await consumer.eachBatch!(badRecordBatch(log));
@@ -157,18 +146,12 @@ describe('sink: an output write the broker refuses for good', () => {
       step: 1,
       tool: 'search',
     };
-    const out = await sink.send('paver.out.v1', 'tool-calls.v1', [{ key: 's', value: record }]).then(
-      () => null,
-      (e: unknown) => e,
-    );
+    const out = await rejection(sink.send('paver.out.v1', 'tool-calls.v1', [{ key: 's', value: record }]));
     expect(out).toBeInstanceOf(PaverError);
     expect((out as PaverError).code).toBe('CONFIG_INVALID');
     expect((out as PaverError).message).toContain('paver.out.v1');
     expect((out as PaverError).message).toContain('TOPIC_AUTHORIZATION_FAILED');
-    const raw = await sink.sendRaw('paver.state.v1', [{ key: 'k', value: 'v' }]).then(
-      () => null,
-      (e: unknown) => e,
-    );
+    const raw = await rejection(sink.sendRaw('paver.state.v1', [{ key: 'k', value: 'v' }]));
     expect((raw as PaverError).code).toBe('CONFIG_INVALID');
     expect((raw as PaverError).message).toContain('paver.state.v1');
     expect(sends.n).toBe(2);

@@ -12,6 +12,7 @@ import {
   type TaskState,
 } from '../../src/core/decide.js';
 import { holdsUnsafeInteger, payloadShape } from '../../src/core/shape.js';
+import type { Proposal } from '../../src/core/learn/learner.js';
 import { learnedExecutable, learnedRecord } from '../../src/core/learn/record.js';
 import { SchemaCompiler } from '../../src/core/schema-compiler.js';
 
@@ -63,6 +64,24 @@ const event = (observation: unknown, more: Partial<ToolCallEvent> = {}): ToolCal
 /** What the gates on the previous step read of `e` (these tests give no `visible_tools`). */
 const gatesOf = (e: ToolCallEvent) => prevCall(e, undefined);
 
+/** An active learned rule's proposal of `tool` on `args`. */
+const learned = (tool: string, args: Record<string, unknown>): Proposal => ({
+  tool,
+  args,
+  origin: 'learned',
+  state: 'active',
+  rule_id: 'r',
+  confidence: 0.99,
+  trials: 40,
+  k: 1,
+});
+/** Whether `p` runs after `e` on a fresh task: the gates read `e` itself. */
+const learnedAfter = (c: Catalog, e: ToolCallEvent, p: Proposal) =>
+  learnedExecutable(e, gatesOf(e), p, c, newTaskState(), DEFAULT_OPTIONS, sha256);
+/** Whether `p` runs after `e` on `task`, as `decide` left it: the gates read the last call it kept. */
+const learnedOn = (c: Catalog, e: ToolCallEvent, task: TaskState, p: Proposal, again = false) =>
+  learnedExecutable(e, task.prev, p, c, task, DEFAULT_OPTIONS, sha256, again);
+
 const run = (c: Catalog, e: ToolCallEvent, state: TaskState = newTaskState(), opts = DEFAULT_OPTIONS) =>
   decide(e, c, state, opts, sha256);
 const only = (c: Catalog, e: ToolCallEvent, state?: TaskState) => {
@@ -72,6 +91,10 @@ const only = (c: Catalog, e: ToolCallEvent, state?: TaskState) => {
 };
 
 const route = obj({ route: { type: 'string' }, text: { type: 'string' } }, ['route', 'text']);
+/** An observation `route` accepts. */
+const good = { route: 'docs', text: 'hi' };
+const orderId = obj({ order_id: { type: 'integer' } }, ['order_id']);
+const cursor = obj({ cursor: { type: 'string' } }, ['cursor']);
 const docState = obj(
   {
     route: { type: 'string' },
@@ -83,7 +106,6 @@ const docState = obj(
 
 describe('autoseq gates (the reference order)', () => {
   const c = catalogOf([tool('init_docs', route)]);
-  const good = { route: 'docs', text: 'hi' };
 
   it('unique: exactly one visible auto-seq tool accepts the observation', () => {
     const r = only(c, event(good));
@@ -157,7 +179,6 @@ describe('autoseq gates (the reference order)', () => {
 });
 
 describe('candidate gates', () => {
-  const good = { route: 'docs', text: 'hi' };
   it('only tools marked auto_seq are considered', () => {
     expect(only(catalogOf([tool('a', route, { auto_seq: false })]), event(good)).event_type).toBe(
       'auto_seq_detected_none',
@@ -223,7 +244,6 @@ describe('candidate gates', () => {
 });
 
 describe('execution gates and arguments', () => {
-  const good = { route: 'docs', text: 'hi' };
   it('execute only when both the policy and the tool allow it', () => {
     expect(only(catalogOf([tool('a', route)], { auto_seq_execute: false }), event(good))).toMatchObject({
       execute: false,
@@ -262,7 +282,6 @@ describe('payload shape', () => {
 });
 
 describe('task state: executed, loop guard, idempotency', () => {
-  const good = { route: 'docs', text: 'hi' };
   it('emits auto_seq_executed when the decided tool is called with origin auto_seq', () => {
     const c = catalogOf([tool('init_docs', route)]);
     const first = run(c, event(good));
@@ -383,18 +402,8 @@ describe('task state: executed, loop guard, idempotency', () => {
       tool: 't1',
     });
     // The same gate holds for a learned proposal made on that state.
-    const learned = {
-      tool: 't1',
-      args: { k1: 1 },
-      origin: 'learned',
-      state: 'active',
-      rule_id: 'r',
-      confidence: 0.99,
-      trials: 40,
-    } as never;
-    expect(learnedExecutable(event({}), lost.task.prev, learned, c, lost.task, opts, sha256).execute).toBe(
-      false,
-    );
+    const p = learned('t1', { k1: 1 });
+    expect(learnedExecutable(event({}), lost.task.prev, p, c, lost.task, opts, sha256).execute).toBe(false);
     // The agent's own call ends the run, as after any full one.
     const own = run(c, event({ k0: 1 }, { tool: 'x', origin: 'llm' }), lost.task, opts);
     expect(own.records.at(-1)).toMatchObject({
@@ -460,6 +469,8 @@ describe('schema edge cases', () => {
 });
 
 describe('catalog loading and reload', () => {
+  /** What every catalog-topic record of the default agent starts with. */
+  const scoped = { schema_version: 1, tenant_id: 'default', agent_id: 'default' } as const;
   it('names the agent, the tool and the field in file errors, all at once', () => {
     const bad = {
       agents: [
@@ -497,41 +508,16 @@ describe('catalog loading and reload', () => {
   });
   it('a topic update changes decisions; a bad one throws and leaves the catalog as it was', () => {
     const c = catalogOf([tool('a', route)]);
-    const good = { route: 'docs', text: 'hi' };
     expect(only(c, event(good)).tool).toBe('a');
-    c.apply({
-      schema_version: 1,
-      kind: 'tool',
-      tenant_id: 'default',
-      agent_id: 'default',
-      tool: tool('b', route),
-    });
+    c.apply({ ...scoped, kind: 'tool', tool: tool('b', route) });
     expect(only(c, event(good)).event_type).toBe('auto_seq_detected_ambiguous');
-    expect(() =>
-      c.apply({
-        schema_version: 1,
-        kind: 'tool',
-        tenant_id: 'default',
-        agent_id: 'default',
-        tool: tool('b', { type: 'nope' }),
-      }),
-    ).toThrow(CatalogError);
+    expect(() => c.apply({ ...scoped, kind: 'tool', tool: tool('b', { type: 'nope' }) })).toThrow(
+      CatalogError,
+    );
     expect(only(c, event(good)).event_type).toBe('auto_seq_detected_ambiguous');
-    c.apply({
-      schema_version: 1,
-      kind: 'tool_removed',
-      tenant_id: 'default',
-      agent_id: 'default',
-      name: 'a',
-    });
+    c.apply({ ...scoped, kind: 'tool_removed', name: 'a' });
     expect(only(c, event(good)).tool).toBe('b');
-    c.apply({
-      schema_version: 1,
-      kind: 'policy',
-      tenant_id: 'default',
-      agent_id: 'default',
-      policy: catalogPolicyV1.parse({ auto_seq_enabled: false }),
-    });
+    c.apply({ ...scoped, kind: 'policy', policy: catalogPolicyV1.parse({ auto_seq_enabled: false }) });
     expect(only(c, event(good)).reason).toBe('disabled');
   });
   it('prunes by required keys: 1,000 tools, only the matching few validated', () => {
@@ -550,7 +536,7 @@ describe('catalog loading and reload', () => {
 });
 
 describe('integers JSON parsing may have rounded', () => {
-  const c = catalogOf([tool('get_order', obj({ order_id: { type: 'integer' } }, ['order_id']))]);
+  const c = catalogOf([tool('get_order', orderId)]);
   it('an output holding one is proposed, never executed: the runtime would call the tool with another id', () => {
     // `{"order_id":1234567890123456789}` on the wire parses to 1234567890123456800.
     const wire = JSON.parse('{"order_id":1234567890123456789}') as Record<string, unknown>;
@@ -563,60 +549,21 @@ describe('integers JSON parsing may have rounded', () => {
     });
   });
   it('the same gate for learned proposals, at any depth; floats and safe integers pass', () => {
-    const p = (args: Record<string, unknown>) =>
-      ({
-        tool: 'get_order',
-        args,
-        origin: 'learned',
-        state: 'active',
-        rule_id: 'r',
-        confidence: 0.99,
-        trials: 40,
-      }) as never;
     const e = event({});
-    expect(
-      learnedExecutable(e, gatesOf(e), p({ order_id: 12 }), c, newTaskState(), DEFAULT_OPTIONS, sha256)
-        .execute,
-    ).toBe(true);
-    expect(
-      learnedExecutable(
-        e,
-        gatesOf(e),
-        p({ q: { ids: [1, 2 ** 60] } }),
-        c,
-        newTaskState(),
-        DEFAULT_OPTIONS,
-        sha256,
-      ).execute,
-    ).toBe(false);
+    expect(learnedAfter(c, e, learned('get_order', { order_id: 12 })).execute).toBe(true);
+    expect(learnedAfter(c, e, learned('get_order', { q: { ids: [1, 2 ** 60] } })).execute).toBe(false);
     expect(holdsUnsafeInteger({ a: [1.5, -(2 ** 53) + 1, 1e-300, 'x'] })).toBe(false);
     expect(holdsUnsafeInteger({ a: [1e21] })).toBe(true);
   });
 });
 
 describe("learned execution keeps the reference's gates on the previous step", () => {
-  const c = catalogOf([tool('get_order', obj({ order_id: { type: 'integer' } }, ['order_id']))]);
-  const active = {
-    tool: 'get_order',
-    args: { order_id: 12 },
-    origin: 'learned',
-    state: 'active',
-    rule_id: 'r',
-    confidence: 0.99,
-    trials: 40,
-    k: 1,
-  } as const;
+  const c = catalogOf([tool('get_order', orderId)]);
+  const active = () => learned('get_order', { order_id: 12 });
+  /** Whether the active proposal runs after a call made as `more` says. */
+  const exec = (more: Partial<ToolCallEvent>) => learnedAfter(c, event({}, more), active());
+
   it('an active proposal after a parallel action, or with actions already queued, is published but not executed', () => {
-    const exec = (more: Partial<ToolCallEvent>) =>
-      learnedExecutable(
-        event({}, more),
-        gatesOf(event({}, more)),
-        { ...active, args: { ...active.args } },
-        c,
-        newTaskState(),
-        DEFAULT_OPTIONS,
-        sha256,
-      );
     expect(exec({}).execute).toBe(true);
     // The typed decider skips these (previous_step_parallel, pending_actions_present); the learned one executed.
     expect(exec({ next_node: 'parallel' })).toEqual({ execute: false, task: newTaskState() });
@@ -625,16 +572,6 @@ describe("learned execution keeps the reference's gates on the previous step", (
   });
 
   it('an active proposal after a call that failed is published but not executed, as the typed decider skips it', () => {
-    const exec = (more: Partial<ToolCallEvent>) =>
-      learnedExecutable(
-        event({}, more),
-        gatesOf(event({}, more)),
-        { ...active, args: { ...active.args } },
-        c,
-        newTaskState(),
-        DEFAULT_OPTIONS,
-        sha256,
-      );
     expect(exec({ status: 'ok' }).execute).toBe(true);
     // The typed decider skips it (error_observation): what the failed call returned is no ground to run on.
     expect(exec({ status: 'error' })).toEqual({ execute: false, task: newTaskState() });
@@ -647,22 +584,17 @@ describe("learned execution keeps the reference's gates on the previous step", (
   });
 
   it("the event's visible_tools narrow the policy's for a learned proposal too, never widen them", () => {
-    const p = { ...active, args: { ...active.args } };
-    const exec = (policy: Record<string, unknown>, visible_tools?: string[]) => {
-      const cat = catalogOf(
-        [tool('get_order', obj({ order_id: { type: 'integer' } }, ['order_id']))],
-        policy,
-      );
+    const execUnder = (policy: Record<string, unknown>, visible_tools?: string[]) => {
+      const cat = catalogOf([tool('get_order', orderId)], policy);
       const e = event({}, visible_tools ? { visible_tools } : {});
-      const d = run(cat, e);
-      return learnedExecutable(e, d.task.prev, p, cat, d.task, DEFAULT_OPTIONS, sha256).execute;
+      return learnedOn(cat, e, run(cat, e).task, active()).execute;
     };
-    expect(exec({}, ['get_order'])).toBe(true);
-    expect(exec({ visible_tools: ['get_order'] })).toBe(true);
-    expect(exec({ visible_tools: ['get_order'] }, ['get_order', 'other'])).toBe(true);
-    expect(exec({ visible_tools: ['get_order'] }, ['other'])).toBe(false);
+    expect(execUnder({}, ['get_order'])).toBe(true);
+    expect(execUnder({ visible_tools: ['get_order'] })).toBe(true);
+    expect(execUnder({ visible_tools: ['get_order'] }, ['get_order', 'other'])).toBe(true);
+    expect(execUnder({ visible_tools: ['get_order'] }, ['other'])).toBe(false);
     // Before: executable, the event's list replacing the policy's that keeps the tool out.
-    expect(exec({ visible_tools: ['other'] }, ['get_order'])).toBe(false);
+    expect(execUnder({ visible_tools: ['other'] }, ['get_order'])).toBe(false);
   });
 
   it('the task keeps what the gates read of its last call, for a decision after a later user message', () => {
@@ -674,27 +606,15 @@ describe("learned execution keeps the reference's gates on the previous step", (
       d.task,
     );
     expect(v.task.prev).toEqual({ tool: 'search', visible: ['get_order'] });
-    const p = { ...active, args: { ...active.args } };
     // Nothing known of the last call (state written before it was kept, or lost): nothing runs.
     expect(
-      learnedExecutable(event({}), undefined, p, c, newTaskState(), DEFAULT_OPTIONS, sha256).execute,
+      learnedExecutable(event({}), undefined, active(), c, newTaskState(), DEFAULT_OPTIONS, sha256).execute,
     ).toBe(false);
   });
 });
 
 describe('the loop guard holds across deciders, on the payload shape', () => {
-  const c = catalogOf([tool('page', obj({ cursor: { type: 'string' } }, ['cursor']))]);
-  const learned = (args: Record<string, unknown>) =>
-    ({
-      tool: 'page',
-      args,
-      origin: 'learned',
-      state: 'active',
-      rule_id: 'r',
-      confidence: 0.99,
-      trials: 40,
-      k: 1,
-    }) as const;
+  const c = catalogOf([tool('page', cursor)]);
   it('a learned proposal does not run the tool the typed loop guard just stopped, on a payload of the same shape', () => {
     const first = run(c, event({ cursor: 'a' }, { tool: 'search' }));
     expect(first.records.at(-1)).toMatchObject({ tool: 'page', execute: true });
@@ -703,107 +623,50 @@ describe('the loop guard holds across deciders, on the payload shape', () => {
     expect(d.records.at(-1)).toMatchObject({ event_type: 'auto_seq_skipped', reason: 'loop_guard' });
     // Before: the learned proposal that replaced the skipped record ran `page` again (its fingerprint, of the
     // values, never equalled the typed one), the loop bounded only by AUTOSEQ_MAX_CONSECUTIVE.
-    expect(
-      learnedExecutable(again, d.task.prev, learned({ cursor: 'b' }), c, d.task, DEFAULT_OPTIONS, sha256)
-        .execute,
-    ).toBe(false);
+    expect(learnedOn(c, again, d.task, learned('page', { cursor: 'b' })).execute).toBe(false);
   });
   it('learned after learned: the same tool on arguments with the same key names is not run twice in a row', () => {
     const e1 = event({}, { tool: 'search' });
-    const d1 = run(c, e1);
-    const g1 = learnedExecutable(
-      e1,
-      d1.task.prev,
-      learned({ cursor: 'a' }),
-      c,
-      d1.task,
-      DEFAULT_OPTIONS,
-      sha256,
-    );
+    const g1 = learnedOn(c, e1, run(c, e1).task, learned('page', { cursor: 'a' }));
     expect(g1.execute).toBe(true);
     const e2 = event({}, { tool: 'page', origin: 'auto_seq', args: { cursor: 'a' } });
     const d2 = run(c, e2, g1.task);
     expect(d2.records[0]).toMatchObject({ event_type: 'auto_seq_executed', tool: 'page' });
-    expect(
-      learnedExecutable(e2, d2.task.prev, learned({ cursor: 'x' }), c, d2.task, DEFAULT_OPTIONS, sha256)
-        .execute,
-    ).toBe(false);
+    expect(learnedOn(c, e2, d2.task, learned('page', { cursor: 'x' })).execute).toBe(false);
     // Another tool, or the agent's own call in between, runs.
     const e3 = event({}, { tool: 'search', origin: 'llm' });
     const d3 = run(c, e3, d2.task);
-    expect(
-      learnedExecutable(e3, d3.task.prev, learned({ cursor: 'x' }), c, d3.task, DEFAULT_OPTIONS, sha256)
-        .execute,
-    ).toBe(true);
+    expect(learnedOn(c, e3, d3.task, learned('page', { cursor: 'x' })).execute).toBe(true);
   });
 });
 
 describe('after a later user message', () => {
-  const c = catalogOf([tool('page', obj({ cursor: { type: 'string' } }, ['cursor']))]);
-  const learned = (args: Record<string, unknown>) =>
-    ({
-      tool: 'page',
-      args,
-      origin: 'learned',
-      state: 'active',
-      rule_id: 'r',
-      confidence: 0.99,
-      trials: 40,
-      k: 1,
-    }) as const;
+  const c = catalogOf([tool('page', cursor)]);
   it('the record that replaces an executable decision of the same step keeps it executable', () => {
     const e = event({}, { tool: 'search' });
-    const t = run(c, e).task;
-    const g = learnedExecutable(e, t.prev, learned({ cursor: 'a' }), c, t, DEFAULT_OPTIONS, sha256);
+    const g = learnedOn(c, e, run(c, e).task, learned('page', { cursor: 'a' }));
     expect(g.execute).toBe(true);
     // The message's record proposes the same call (no rule reads what the user said), or the same tool on
     // arguments of the same shape (a rule that does): the same decision again, not the tool run twice in a row.
     // Before: execute false, the runtime (acting on the newest record) asked the model for an obvious step.
     for (const args of [{ cursor: 'a' }, { cursor: 'said' }]) {
-      const again = learnedExecutable(
-        e,
-        g.task.prev,
-        learned(args),
-        c,
-        g.task,
-        DEFAULT_OPTIONS,
-        sha256,
-        true,
-      );
+      const again = learnedOn(c, e, g.task, learned('page', args), true);
       expect(again.execute).toBe(true);
       expect(again.task).toMatchObject({ consecutive: g.task.consecutive, pending: 'page' });
     }
     // Once the tool ran (its auto-executed call), the guard holds for the decision after it, message or not.
     const ran = event({}, { tool: 'page', origin: 'auto_seq', args: { cursor: 'a' } });
     const d = run(c, ran, g.task);
-    expect(
-      learnedExecutable(ran, d.task.prev, learned({ cursor: 'b' }), c, d.task, DEFAULT_OPTIONS, sha256, true)
-        .execute,
-    ).toBe(false);
+    expect(learnedOn(c, ran, d.task, learned('page', { cursor: 'b' }), true).execute).toBe(false);
   });
 });
 
 describe('a tool not marked auto_seq', () => {
   it('is never executed by a learned decision either (the reference considers only auto_seq tools)', () => {
-    const c = catalogOf([
-      tool('page', obj({ cursor: { type: 'string' } }, ['cursor']), {
-        auto_seq: false,
-        auto_seq_execute: true,
-      }),
-    ]);
-    const p = {
-      tool: 'page',
-      args: { cursor: 'a' },
-      origin: 'learned',
-      state: 'active',
-      rule_id: 'r',
-      confidence: 0.99,
-      trials: 40,
-      k: 1,
-    } as const;
+    const c = catalogOf([tool('page', cursor, { auto_seq: false, auto_seq_execute: true })]);
     const e = event({}, { tool: 'search' });
     // Before: executed, though the operator opted the tool out of auto-seq.
-    expect(learnedExecutable(e, gatesOf(e), p, c, newTaskState(), DEFAULT_OPTIONS, sha256)).toEqual({
+    expect(learnedAfter(c, e, learned('page', { cursor: 'a' }))).toEqual({
       execute: false,
       task: newTaskState(),
     });
@@ -812,29 +675,9 @@ describe('a tool not marked auto_seq', () => {
 
 describe('auto_seq_from', () => {
   it('narrows learned execution to the upstream tools it names, as it narrows typed candidates', () => {
-    const c = catalogOf([
-      tool('page', obj({ cursor: { type: 'string' } }, ['cursor']), { auto_seq_from: ['search'] }),
-    ]);
-    const p = {
-      tool: 'page',
-      args: { cursor: 'a' },
-      origin: 'learned',
-      state: 'active',
-      rule_id: 'r',
-      confidence: 0.99,
-      trials: 40,
-      k: 1,
-    } as const;
+    const c = catalogOf([tool('page', cursor, { auto_seq_from: ['search'] })]);
     const after = (tool: string) =>
-      learnedExecutable(
-        event({}, { tool }),
-        gatesOf(event({}, { tool })),
-        p,
-        c,
-        newTaskState(),
-        DEFAULT_OPTIONS,
-        sha256,
-      ).execute;
+      learnedAfter(c, event({}, { tool }), learned('page', { cursor: 'a' })).execute;
     expect(after('search')).toBe(true);
     // Before: true, after any tool.
     expect(after('delete_account')).toBe(false);
@@ -843,25 +686,11 @@ describe('auto_seq_from', () => {
 
 describe('a learned proposal over the output size limit', () => {
   it('is published as no decision for its event, not left out (the runtime would act on the record before)', () => {
-    const c = catalogOf([tool('page', obj({ cursor: { type: 'string' } }, ['cursor']))]);
+    const c = catalogOf([tool('page', cursor)]);
     const e = event({ big: 'x' }, { tool: 'search' });
     const shape = payloadShape(e.observation, sha256);
-    const p = {
-      tool: 'page',
-      args: { cursor: 'y'.repeat(5000) },
-      origin: 'learned',
-      state: 'active',
-      rule_id: 'r',
-      confidence: 0.99,
-      trials: 40,
-      k: 1,
-    } as const;
-    const rec = learnedRecord(
-      e,
-      shape,
-      p,
-      learnedExecutable(e, gatesOf(e), p, c, newTaskState(), DEFAULT_OPTIONS, sha256).execute,
-    );
+    const p = learned('page', { cursor: 'y'.repeat(5000) });
+    const rec = learnedRecord(e, shape, p, learnedAfter(c, e, p).execute);
     expect(rec).toMatchObject({ origin: 'learned', execute: true });
     // Before: null, and the sink left the record out: the session's newest record stayed the previous call's.
     const fit = withoutArguments(rec);
