@@ -268,6 +268,9 @@ export class ScopeRetirement {
       const goneOnly = gone.filter((g) => !finishing.includes(g));
       const done =
         finishing.length + goneOnly.length > 0 ? await this.finish(leases, [...finishing, ...goneOnly]) : [];
+      // Redis lost (or being restored) before `finish` read the names: nothing was sent, and every scope stays
+      // in the registry, its retirement for a sweep after the restore.
+      if (done === null) return { retired: 0, gone: 0 };
       // A scope that came back before its retirement was finished stays, with its own records.
       const ended = done.filter((s) => !s.live && finishing.some((f) => f.id === s.id));
       const removed = await this.unregister([...gone, ...ended]);
@@ -291,15 +294,25 @@ export class ScopeRetirement {
     return seen !== null && marker === seen && restoring === 0;
   }
 
-  /** Tombstones for the names in each scope's retiring set; returns the scopes whose set was then deleted. */
-  private async finish(leases: ScopeLeases, scopes: ScopeRef[]): Promise<Retiring[]> {
+  /**
+   * Tombstones for the names in each scope's retiring set; returns the scopes whose set was then deleted, or null
+   * when Redis lost its state or a restore is under way (nothing sent). Read after the names and the hashes, the
+   * marker tells whether those reads saw Redis as the guard did: a scope lost with Redis reads as one without
+   * state, so its scope record would be tombstoned, and with it every copy a restore could bring back. A
+   * retiring set found on a lost Redis is no retirement of the scope's records either (the restore has not
+   * written them back yet). Before, an unfinished retirement was tombstoned whatever the marker said.
+   */
+  private async finish(leases: ScopeLeases, scopes: ScopeRef[]): Promise<Retiring[] | null> {
     const { redis, prefix } = this.s;
     const pipe = redis.pipeline();
     for (const s of scopes) {
       pipe.smembers(retiringKey(prefix, s.tenant, s.agent));
       pipe.hkeys(learnKey(prefix, s.tenant, s.agent));
     }
+    pipe.get(this.s.epoch.key);
+    pipe.exists(this.s.epoch.flag);
     const reads = await execPipeline(pipe, 'retiring scope read');
+    if (!this.forgottenByRedis(reads[2 * scopes.length], reads[2 * scopes.length + 1])) return null;
     // A scope that came back after step 1 holds some contexts again: their records are its own now.
     const todo: Retiring[] = scopes.map((s, i) => {
       const names = reads[2 * i] as string[];
@@ -384,9 +397,14 @@ export class ScopeRetirement {
         await redis.del(retiringKey(prefix, tenant, agent));
         return { state: step === 1, contexts: 0 };
       }
-      const [done] = await this.finish(leases, [ref]);
+      const finished = await this.finish(leases, [ref]);
+      if (finished === null)
+        throw new PaverError(
+          'STATE_CONTENDED',
+          'Redis lost its state or is being restored: forget again after',
+        );
       await this.unregister([ref]);
-      return { state: step === 1, contexts: done?.ctxs.length ?? 0 };
+      return { state: step === 1, contexts: finished[0]?.ctxs.length ?? 0 };
     } finally {
       await leases.release();
     }
