@@ -35,7 +35,7 @@ export interface RuleSnapshotsSpec {
   register?: (scopes: readonly { tenant: string; agent: string }[]) => Promise<void>;
   /**
    * A copy whose send outlasted its leases: the scopes it copied are handed to `ScopeRetirement.afterStaleCopy`
-   * (queued for the sweep, or without one fenced at once), since one retired or forgotten meanwhile would keep
+   * (tombstoned again at once where Redis has not lost them), since one retired or forgotten meanwhile would keep
    * the records that landed after its tombstones for ever; a live one keeps what it holds.
    */
   requeue?: (scopes: ContextsWritten[]) => Promise<unknown>;
