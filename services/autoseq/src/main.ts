@@ -97,7 +97,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
       paused: () => guard?.rebuilding() ?? true,
       metrics: m.snapshot,
       register: retirement ? (scopes) => retirement.register(scopes) : undefined,
-      // At any TTL: without the sweep, a copy that landed after a forget's tombstones is fenced at once.
+      // At any TTL: a copy that landed after a retirement's or a forget's tombstones is tombstoned again at once.
       requeue: scopes ? (written) => scopes.afterStaleCopy(written) : undefined,
     });
     // The active-rules gauge from what Redis holds, at start and after a restore (in the background).

@@ -15,6 +15,8 @@ import type { ScopeRetirement } from './scope-retire.js';
 
 /** Scopes copied per round trip (and per set of leases held at once). */
 const SCOPES_PER_ROUND = 32;
+/** Scopes whose oversize record this process remembers having warned about; past it, it starts over. */
+const WARNED_MAX = 10_000;
 
 export interface RuleSnapshotsSpec {
   redis: Redis;
@@ -35,7 +37,7 @@ export interface RuleSnapshotsSpec {
   register?: (scopes: readonly { tenant: string; agent: string }[]) => Promise<void>;
   /**
    * A copy whose send outlasted its leases: the scopes it copied are handed to `ScopeRetirement.afterStaleCopy`
-   * (queued for the sweep, or without one fenced at once), since one retired or forgotten meanwhile would keep
+   * (tombstoned again at once where Redis has not lost them), since one retired or forgotten meanwhile would keep
    * the records that landed after its tombstones for ever; a live one keeps what it holds.
    */
   requeue?: (scopes: ContextsWritten[]) => Promise<unknown>;
@@ -62,6 +64,12 @@ export class RuleSnapshots {
   private stopped = false;
   /** Contexts taken by the copy under way and not yet published. */
   private inFlight = 0;
+  /**
+   * The scopes whose record was trimmed or left out, and warned about: a scope whose record is over the limit is
+   * so at every copy of it (every interval while it learns), and a warning each time drowned the log. The metric
+   * counts every one; the warning comes once per scope, and again once its record has fitted whole meanwhile.
+   */
+  private readonly warned = new Set<string>();
 
   constructor(private readonly s: RuleSnapshotsSpec) {}
 
@@ -137,6 +145,20 @@ export class RuleSnapshots {
     }
   }
 
+  /** Whether `scope`'s oversize record of this kind is news (not warned about since it last fitted). */
+  private firstWarning(kind: 'trimmed' | 'left_out', scope: string): boolean {
+    const key = `${kind} ${scope}`;
+    if (this.warned.has(key)) return false;
+    // Bounded: where scope ids come and go, forgetting them all costs one more warning each, not memory.
+    if (this.warned.size >= WARNED_MAX) this.warned.clear();
+    this.warned.add(key);
+    return true;
+  }
+
+  private fitted(kind: 'trimmed' | 'left_out', scope: string): void {
+    this.warned.delete(`${kind} ${scope}`);
+  }
+
   private async copyRound(scopes: ContextsWritten[]): Promise<void> {
     const { redis, prefix } = this.s;
     const leases = new ScopeLeases(redis, prefix, { ttlMs: this.s.leaseMs });
@@ -168,9 +190,11 @@ export class RuleSnapshots {
         const meta = c.meta === null ? null : metaCopy(c.meta);
         if (meta === null) continue;
         const scopeKey = scopeRecordKey(prefix, c.tenant, c.agent);
+        const id = scopeId(c.tenant, c.agent);
         const at = Date.now();
         let scopeValue = scopeRecordValue(meta.clock, meta.fam, at);
         let over = fits(scopeKey, scopeValue);
+        if (over === null) this.fitted('trimmed', id);
         if (over !== null && meta.fam) {
           // The families' evidence is what grows (up to maxFamilies): without it the scope still restores, with its
           // clock and rules, and learns its families again (as from a copy of an older version). A tombstone
@@ -178,10 +202,11 @@ export class RuleSnapshots {
           scopeValue = scopeRecordValue(meta.clock, undefined, at);
           if (fits(scopeKey, scopeValue) === null) {
             kinds.trimmed++;
-            this.s.log.warn(
-              { bytes: over, limit: this.s.maxRecordBytes },
-              "a scope record is over PAVER_MAX_OUTPUT_BYTES: copied without its families' evidence",
-            );
+            if (this.firstWarning('trimmed', id))
+              this.s.log.warn(
+                { bytes: over, limit: this.s.maxRecordBytes },
+                "a scope record is over PAVER_MAX_OUTPUT_BYTES: copied without its families' evidence (warned once per scope)",
+              );
             over = null;
           }
         }
@@ -189,12 +214,14 @@ export class RuleSnapshots {
           // Not even its clock fits (ids near the limit): the scope is left out of this copy, its marks with it,
           // so that it does not hold back the other scopes of its round. The topic keeps what it had of it.
           kinds.too_large++;
-          this.s.log.warn(
-            { bytes: over, limit: this.s.maxRecordBytes },
-            'a scope record is over PAVER_MAX_OUTPUT_BYTES: the scope is left out of the rules topic',
-          );
+          if (this.firstWarning('left_out', id))
+            this.s.log.warn(
+              { bytes: over, limit: this.s.maxRecordBytes },
+              'a scope record is over PAVER_MAX_OUTPUT_BYTES: the scope is left out of the rules topic (warned once per scope)',
+            );
           continue;
         }
+        this.fitted('left_out', id);
         copied.push(c);
         records.push({ key: scopeKey, value: scopeValue });
         for (const [ctx, stored] of c.ctxs) {

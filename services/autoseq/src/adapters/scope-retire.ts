@@ -79,8 +79,8 @@ export interface ScopeRetirementSpec {
    */
   epoch: { key: string; flag: string; value: () => string | null };
   /**
-   * False when no sweep runs (`AUTOSEQ_LEARN_SCOPE_TTL_MS=0`): a copy that outlasted its leases is then fenced at
-   * once (`afterStaleCopy`), as nothing would queue or finish a retirement later.
+   * False when no sweep runs (`AUTOSEQ_LEARN_SCOPE_TTL_MS=0`): a stale copy's fence (`afterStaleCopy`) whose send
+   * fails is then left to the marks alone, as nothing would retry it through the registry.
    */
   sweeps?: boolean;
   /** False when the rules are not copied to the topic (`AUTOSEQ_RULES_SNAPSHOT_MS=0`): `forget` sends nothing. */
@@ -268,6 +268,9 @@ export class ScopeRetirement {
       const goneOnly = gone.filter((g) => !finishing.includes(g));
       const done =
         finishing.length + goneOnly.length > 0 ? await this.finish(leases, [...finishing, ...goneOnly]) : [];
+      // Redis lost (or being restored) before `finish` read the names: nothing was sent, and every scope stays
+      // in the registry, its retirement for a sweep after the restore.
+      if (done === null) return { retired: 0, gone: 0 };
       // A scope that came back before its retirement was finished stays, with its own records.
       const ended = done.filter((s) => !s.live && finishing.some((f) => f.id === s.id));
       const removed = await this.unregister([...gone, ...ended]);
@@ -291,15 +294,25 @@ export class ScopeRetirement {
     return seen !== null && marker === seen && restoring === 0;
   }
 
-  /** Tombstones for the names in each scope's retiring set; returns the scopes whose set was then deleted. */
-  private async finish(leases: ScopeLeases, scopes: ScopeRef[]): Promise<Retiring[]> {
+  /**
+   * Tombstones for the names in each scope's retiring set; returns the scopes whose set was then deleted, or null
+   * when Redis lost its state or a restore is under way (nothing sent). Read after the names and the hashes, the
+   * marker tells whether those reads saw Redis as the guard did: a scope lost with Redis reads as one without
+   * state, so its scope record would be tombstoned, and with it every copy a restore could bring back. A
+   * retiring set found on a lost Redis is no retirement of the scope's records either (the restore has not
+   * written them back yet). Before, an unfinished retirement was tombstoned whatever the marker said.
+   */
+  private async finish(leases: ScopeLeases, scopes: ScopeRef[]): Promise<Retiring[] | null> {
     const { redis, prefix } = this.s;
     const pipe = redis.pipeline();
     for (const s of scopes) {
       pipe.smembers(retiringKey(prefix, s.tenant, s.agent));
       pipe.hkeys(learnKey(prefix, s.tenant, s.agent));
     }
+    pipe.get(this.s.epoch.key);
+    pipe.exists(this.s.epoch.flag);
     const reads = await execPipeline(pipe, 'retiring scope read');
+    if (!this.forgottenByRedis(reads[2 * scopes.length], reads[2 * scopes.length + 1])) return null;
     // A scope that came back after step 1 holds some contexts again: their records are its own now.
     const todo: Retiring[] = scopes.map((s, i) => {
       const names = reads[2 * i] as string[];
@@ -384,9 +397,14 @@ export class ScopeRetirement {
         await redis.del(retiringKey(prefix, tenant, agent));
         return { state: step === 1, contexts: 0 };
       }
-      const [done] = await this.finish(leases, [ref]);
+      const finished = await this.finish(leases, [ref]);
+      if (finished === null)
+        throw new PaverError(
+          'STATE_CONTENDED',
+          'Redis lost its state or is being restored: forget again after',
+        );
       await this.unregister([ref]);
-      return { state: step === 1, contexts: done?.ctxs.length ?? 0 };
+      return { state: step === 1, contexts: finished[0]?.ctxs.length ?? 0 };
     } finally {
       await leases.release();
     }
@@ -395,11 +413,11 @@ export class ScopeRetirement {
   /**
    * Queues scopes for the sweep as retirements under way: their context names go to their retiring sets and
    * the scopes to the registry, under the scopes' leases. The sweep then tombstones them as it finishes any
-   * retirement: sparing what a scope that is live (or came back) holds, trying again after a failure. For:
-   * - the restore, with the scopes it left out as expired (`outcome: 'expired_at_restore'`), before its flag goes,
-   *   so that a stop or a failure leaves the restore to run again rather than the records for ever;
-   * - a copy whose send outlasted its leases (`RuleSnapshots`): it may have landed after a retirement's
-   *   tombstones, and the scope, retired meanwhile, would keep those records for ever.
+   * retirement: sparing what a scope that is live (or came back) holds, trying again after a failure. For the
+   * restore, with the scopes it left out as expired (`outcome: 'expired_at_restore'`), before its flag goes, so
+   * that a stop or a failure leaves the restore to run again rather than the records for ever. Only under the
+   * restore's flag: a retiring set keeps the restore from writing its scope back, so one queued on a Redis that
+   * lost its state (and not restored yet) would retire a scope lost with it (see `afterStaleCopy`).
    * Returns false when `goOn` turned false first.
    */
   async queueRetiring(
@@ -421,19 +439,19 @@ export class ScopeRetirement {
 
   /**
    * A copy whose send outlasted its leases (`RuleSnapshots`' `requeue`): its records may have landed after the
-   * tombstones of a retirement or of a forget that took the lease meanwhile. With the sweep, the scopes are
-   * queued for it (`queueRetiring`). Without it (TTL 0) nothing would tombstone them again, and the next restore
-   * after a Redis loss brought a forgotten scope back: so, under the scopes' leases, each found without state
-   * while Redis has not lost it (the marker the guard saw, no restore under way) has the copy's records
-   * tombstoned again now, its scope record included. One with state is the copier's: the failed round is copied
-   * again from what it holds (a context it no longer holds as a tombstone). One lost with Redis keeps its
+   * tombstones of a retirement or of a forget that took the lease meanwhile. Under the scopes' leases, each found
+   * without state while Redis has not lost it (the marker the guard saw, no restore under way) has the copy's
+   * records tombstoned again now, its scope record included. One with state is the copier's: the failed round is
+   * copied again from what it holds (a context it no longer holds as a tombstone). One lost with Redis keeps its
    * records, which the restore needs.
+   *
+   * At every TTL. Before, with the sweep (TTL > 0) the scopes were queued for it as retirements instead
+   * (`queueRetiring`), which went wrong both ways: a copy stalled across a Redis loss queued them on the empty
+   * Redis, where the retiring set kept the restore from writing the scope back and the sweep then tombstoned all
+   * of it (its rules lost for good); and a forgotten scope whose queue was lost with Redis before the next sweep
+   * was restored from the stale copy, until it idled out again.
    */
   async afterStaleCopy(scopes: readonly ContextsWritten[]): Promise<void> {
-    if (this.s.sweeps !== false) {
-      await this.queueRetiring(scopes);
-      return;
-    }
     const list = scopes.map((s) => ({ id: scopeId(s.tenant, s.agent), ...s }));
     for (let i = 0; i < list.length; i += SCOPES_PER_ROUND)
       await this.fenceRound(list.slice(i, i + SCOPES_PER_ROUND));
@@ -459,6 +477,13 @@ export class ScopeRetirement {
         await leases.keepFresh(true);
       } catch (err) {
         this.s.recopy(todo.map((s) => ({ tenant: s.tenant, agent: s.agent, ctxs: s.ctxs })));
+        // The copier skips a scope without state, so the marks alone never try again. With the sweep, the
+        // registry does: it tombstones the scope record of a scope it finds without state while Redis has not
+        // lost it (a restore then leaves the scope out). Safe on a lost Redis, unlike a retiring set.
+        if (this.s.sweeps !== false)
+          await this.register(todo).catch((e: unknown) =>
+            this.s.log.warn({ err: errorMessage(e) }, 'stale copy not registered for the sweep'),
+          );
         throw err;
       }
     } finally {

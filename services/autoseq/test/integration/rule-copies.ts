@@ -3,7 +3,7 @@ import { Registry } from 'prom-client';
 import type { ToolCallsEvent } from '../../../../schemas/index.js';
 import type { ReplayOptions } from '../../../../shared/kafka/replay.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
-import { silentLogger } from '../../../../shared/log.js';
+import { silentLogger, type Logger } from '../../../../shared/log.js';
 import { testKafka, unique } from '../../../../test/helpers/kafka.js';
 import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
 import { RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
@@ -57,6 +57,7 @@ export function ruleCopier(
   retirement?: ScopeRetirement,
   /** PAVER_MAX_OUTPUT_BYTES as the service passes it. */
   maxRecordBytes = 1_000_000,
+  log: Logger = silentLogger(),
 ) {
   const metrics = createAutoseqMetrics(new Registry(), () => 0).snapshot;
   const snapshots = new RuleSnapshots({
@@ -66,7 +67,7 @@ export function ruleCopier(
     topic,
     maxRecordBytes,
     leaseMs: 10_000,
-    log: silentLogger(),
+    log,
     paused: () => false,
     metrics,
     register: retirement && ((scopes) => retirement.register(scopes)),

@@ -1,3 +1,4 @@
+import { pino } from 'pino';
 import { afterAll, describe, expect, it } from 'vitest';
 import { jsonCodec } from '../../../../shared/codec.js';
 import { createSink } from '../../../../shared/kafka/sink.js';
@@ -99,7 +100,10 @@ describe('learned rules copied to a compacted topic and restored from it (real K
     ]);
     const small = createSink(testKafka(), jsonCodec(), undefined, { maxRecordBytes: limit });
     await small.connect();
-    const { snapshots, metrics } = ruleCopier(redis, prefix, small, topic, undefined, limit);
+    // The warnings logged, by message.
+    const logged: string[] = [];
+    const log = pino({ level: 'warn' }, { write: (line: string) => logged.push(JSON.parse(line).msg) });
+    const { snapshots, metrics } = ruleCopier(redis, prefix, small, topic, undefined, limit, log);
     const count = async (
       c: { get(): Promise<{ values: { labels: Record<string, unknown>; value: number }[] }> },
       label: string,
@@ -110,6 +114,7 @@ describe('learned rules copied to a compacted topic and restored from it (real K
       snapshots,
       records: (kind: string) => count(metrics.records, kind),
       flushes: (outcome: string) => count(metrics.flushes, outcome),
+      warnings: (part: string) => logged.filter((m) => m.includes(part)).length,
       close: () => small.disconnect(),
     };
   }
@@ -205,6 +210,15 @@ describe('learned rules copied to a compacted topic and restored from it (real K
     const evictedOver = a.tombstones.length - a.ctxs.length - (await t.records('tombstone'));
     expect(await t.records('too_large')).toBe(a.ctxs.length + evictedOver + 1);
     expect(await t.records('context')).toBe(0);
+    expect(t.warnings("copied without its families' evidence")).toBe(1);
+    expect(t.warnings('the scope is left out')).toBe(1);
+    // Copied again, as a scope that keeps learning is at every interval: counted every time, warned once per
+    // scope (before, a warning at every interval).
+    t.snapshots.mark([...a.store.written(), ...b.store.written()]);
+    await t.snapshots.flush();
+    expect(await t.records('trimmed')).toBe(2);
+    expect(t.warnings("copied without its families' evidence")).toBe(1);
+    expect(t.warnings('the scope is left out')).toBe(1);
 
     const latest = await readLatest(rulesReplay(t.topic));
     expect(latest.has(scopeRecordKey(t.prefix, 'default', longAgent))).toBe(false);

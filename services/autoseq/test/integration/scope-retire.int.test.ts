@@ -90,6 +90,41 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     return h;
   };
 
+  /**
+   * The real client, running `before` (once, then cleared) ahead of the next pipeline that reads a retiring set:
+   * the read of a retirement's names before its tombstones, at the worst moment.
+   */
+  const hookedRedis = () => {
+    const h: { before: (() => Promise<void>) | null; redis: Redis } = { before: null, redis };
+    h.redis = new Proxy(redis, {
+      get(target, prop) {
+        if (prop === 'pipeline')
+          return () => {
+            const pipe = target.pipeline();
+            const smembers = pipe.smembers.bind(pipe);
+            const exec = pipe.exec.bind(pipe);
+            let reads = false;
+            pipe.smembers = ((...args: Parameters<typeof smembers>) => {
+              reads = true;
+              return smembers(...args);
+            }) as typeof pipe.smembers;
+            pipe.exec = (async () => {
+              const f = reads ? h.before : null;
+              if (f) {
+                h.before = null;
+                await f();
+              }
+              return exec();
+            }) as typeof pipe.exec;
+            return pipe;
+          };
+        const v: unknown = Reflect.get(target, prop, target);
+        return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+      },
+    });
+    return h;
+  };
+
   /** A prefix, its rules topic, a copier registering what it copies, and the sweep, wired as the service does. */
   async function setup(opts: { sink?: Sink; redis?: Redis } = {}) {
     const prefix = unique('paver-test');
@@ -155,6 +190,27 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
         async () => (await redis.pttl(learnKey(prefix, 'default', agent))) <= GRACE,
         `${agent} idle for the TTL`,
       );
+    /** Redis loses the service's state: every key of the prefix, as a FLUSHALL would (other tests share Redis). */
+    const lose = async () => {
+      let cursor = '0';
+      do {
+        const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:*`, 'COUNT', 1000);
+        cursor = next;
+        if (keys.length > 0) await redis.del(...keys);
+      } while (cursor !== '0');
+    };
+    /** The guard notices a loss: a new marker, created with the restore's flag (`createEpoch`), and seen. */
+    const newEpoch = async () => {
+      epoch.seen = `${epoch.seen}+`;
+      await redis.set(epoch.key, epoch.seen);
+      await redis.set(epoch.flag, String(Date.now()));
+    };
+    /** The restore after a loss, at a TTL of an hour, with the sweep, as the service runs it. */
+    const restore = () =>
+      restoreRules(redis, prefix, epoch.flag, replay, () => true, 3_600_000, Date.now, {
+        retirement,
+        graceMs: GRACE,
+      });
     const failedCopies = async () =>
       (await copies.flushes.get()).values.find((v) => v.labels.outcome === 'failed')?.value ?? 0;
     return {
@@ -162,6 +218,9 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
       topic,
       epoch,
       failedCopies,
+      lose,
+      newEpoch,
+      restore,
       retirement,
       sweeper,
       snapshots,
@@ -581,6 +640,36 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     await redis.del(learnKey(t.prefix, 'default', 'old'));
   });
 
+  it("a retirement's tombstones wait while Redis is lost: a scope lost with it as the sweep read it comes back whole", async () => {
+    const flaky = flakySink();
+    const t = await setup({ sink: flaky.sink });
+    await t.learn(asAgent('b'));
+    // `b`'s retirement is left unfinished (the broker down for its tombstones), then `b` comes back.
+    await t.idle('b');
+    flaky.down = true;
+    expect(await t.retirement.sweep()).toMatchObject({ failed: 1 });
+    flaky.down = false;
+    await t.learn(asAgent('b', ':again').slice(0, 6), 3_600_000);
+    const live = await t.redisCtxs('b');
+    expect(live.length).toBeGreaterThan(0);
+    expect(await redis.exists(retiringKey(t.prefix, 'default', 'b'))).toBe(1);
+    // A sweep finishes the retirement, and Redis loses its state between its read of `b` and that of its names:
+    // it finds no names and no state. Before, it tombstoned `b`'s scope record, and the restore left `b` out.
+    const hooked = hookedRedis();
+    hooked.before = t.lose;
+    const swept = await t.sweeper({ redis: hooked.redis }).sweep();
+    expect(hooked.before).toBeNull();
+    expect(await t.scopeRecord('b')).toBeTruthy();
+    expect(swept).toEqual({ retired: 0, gone: 0, failed: 0 });
+    await t.newEpoch();
+    expect(await t.restore()).toMatchObject({ restored: 1 });
+    expect(await t.redisCtxs('b')).toEqual(expect.arrayContaining(live));
+    // Once restored, nothing left to retire: it stays.
+    expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 0, failed: 0 });
+    expect(await t.scopeRecord('b')).toBeTruthy();
+    await redis.del(learnKey(t.prefix, 'default', 'b'));
+  });
+
   it('a stop right after a restore never drops its queue of expired scopes', async () => {
     const t = await setup();
     // The topic holds 20 scopes idle for a day (their state and the registry went with Redis).
@@ -620,12 +709,97 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     const late = ruleCopier(redis, t.prefix, slow.sink, t.topic, t.retirement).snapshots;
     late.mark(written); // marks kept from copies that failed while the broker was down
     await late.flush();
-    expect(await t.inTopic()).toEqual([expect.stringMatching(/^s:/)]);
-    expect(await redis.exists(retiringKey(t.prefix, 'default', 's'))).toBe(1);
-    expect(await t.retirement.sweep()).toMatchObject({ retired: 1, failed: 0 });
+    // Tombstoned again at once, without a retirement queued for the next sweep.
+    expect(await t.inTopic()).toEqual([]);
+    expect(await t.scopeRecord('s')).toBeNull();
+    expect(await redis.exists(retiringKey(t.prefix, 'default', 's'))).toBe(0);
+    // The copy registered it again: the next sweep finds it without state and takes it out.
+    expect(await t.retirement.sweep()).toMatchObject({ retired: 0, failed: 0 });
     expect(await t.inTopic()).toEqual([]);
     expect(await t.scopeRecord('s')).toBeNull();
     expect(await t.registered()).toEqual([]);
+  });
+
+  it("at TTL > 0, a copy landing after a forget's tombstones is tombstoned again at once: a Redis loss before the next sweep does not bring the scope back", async () => {
+    const t = await setup();
+    const written = await t.learn(asAgent('f'), 3_600_000);
+    const ctxs = await t.topicCtxs('f');
+    expect(ctxs.length).toBeGreaterThan(0);
+    const slow = hookedSink();
+    slow.before = async () => {
+      // The copy took its snapshot, then stalls past its lease; POST /rules/forget takes the lease meanwhile.
+      await redis.del(leaseKey(t.prefix, 'default', 'f'));
+      expect(await t.retirement.forget('default', 'f')).toEqual({ state: true, contexts: ctxs.length });
+    };
+    const late = ruleCopier(redis, t.prefix, slow.sink, t.topic, t.retirement).snapshots;
+    late.mark(written);
+    await late.flush();
+    expect(await t.scopeRecord('f')).toBeNull();
+    expect(await t.inTopic()).toEqual([]);
+    // Redis loses its state before any sweep. Before, the copy's records were queued for the sweep in Redis, lost
+    // with it, and the restore brought the forgotten scope back until it idled out again.
+    await t.lose();
+    await t.newEpoch();
+    expect(await t.restore()).toMatchObject({ restored: 0 });
+    expect(await readScope(redis, t.prefix, 'default', 'f')).toBeNull();
+  });
+
+  it("at TTL > 0, a stale copy's fence whose send fails is left to the sweep, which tombstones the scope record", async () => {
+    const t = await setup();
+    const written = await t.learn(asAgent('f'), 3_600_000);
+    let sends = 0;
+    const failing: Sink = {
+      ...sink,
+      sendRaw: async (topic, records) => {
+        sends++;
+        if (sends === 1) {
+          // The copy stalls past its lease; POST /rules/forget takes the lease meanwhile.
+          await redis.del(leaseKey(t.prefix, 'default', 'f'));
+          await t.retirement.forget('default', 'f');
+        }
+        // The fence's own send: the broker is down.
+        if (sends === 2) throw new Error('broker unavailable');
+        await sink.sendRaw(topic, records);
+      },
+    };
+    // The copier's instance, whose fence sends through the same failing sink.
+    const late = ruleCopier(redis, t.prefix, failing, t.topic, t.sweeper({ sink: failing })).snapshots;
+    late.mark(written);
+    await late.flush();
+    expect(sends).toBe(2);
+    expect(await t.scopeRecord('f')).toBeTruthy();
+    expect(await t.registered()).toEqual([S('f')]);
+    expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 1, failed: 0 });
+    expect(await t.scopeRecord('f')).toBeNull();
+    await t.lose();
+    await t.newEpoch();
+    expect(await t.restore()).toMatchObject({ restored: 0 });
+  });
+
+  it('at TTL > 0, a copy stalled across a Redis loss leaves the lost scope alone: the restore brings its rules back, and the sweep keeps them', async () => {
+    const t = await setup();
+    const written = await t.learn(asAgent('s'), 3_600_000);
+    const before = await t.redisCtxs('s');
+    expect(before.length).toBeGreaterThan(0);
+    const slow = hookedSink();
+    // Redis loses its state (the copy's lease with it) while the copy's send stalls.
+    slow.before = t.lose;
+    const late = ruleCopier(redis, t.prefix, slow.sink, t.topic, t.retirement).snapshots;
+    late.mark(written);
+    await late.flush();
+    // A sweep before this instance's guard notices the loss leaves the scope's records alone.
+    expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 0, failed: 0 });
+    expect(await t.scopeRecord('s')).toBeTruthy();
+    // The guard notices, and restores: the scope comes back whole. Before, the copy queued it for the sweep as a
+    // retirement on the empty Redis; the restore then left it out, and the sweep tombstoned it: lost for good.
+    await t.newEpoch();
+    expect(await t.restore()).toMatchObject({ restored: 1 });
+    expect(await t.redisCtxs('s')).toEqual(before);
+    expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 0, failed: 0 });
+    expect(await t.scopeRecord('s')).toBeTruthy();
+    expect((await t.topicCtxs('s')).length).toBeGreaterThan(0);
+    expect(await redis.exists(retiringKey(t.prefix, 'default', 's'))).toBe(0);
+    await redis.del(learnKey(t.prefix, 'default', 's'));
   });
 
   it("at TTL 0, a copy whose send outlasts its lease, landing after a forget's tombstones, is tombstoned again: a restore leaves the scope out", async () => {
