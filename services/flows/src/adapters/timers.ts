@@ -55,6 +55,10 @@ function every(ms: number, work: () => Promise<void>, log: Logger, failed: strin
       clearInterval(timer);
       await running;
     },
+    /** Clears the timer only: for work that uses no client the stop closes, and may take long to end. */
+    clear() {
+      clearInterval(timer);
+    },
   };
 }
 
@@ -69,8 +73,13 @@ function every(ms: number, work: () => Promise<void>, log: Logger, failed: strin
  * probe does, and a later tick finds it done.
  */
 export function startTimers(d: TimerDeps): Timers {
-  const refresh = d.refreshVectors;
-  const vectorTimer = refresh ? setInterval(() => void refresh(), 30_000).unref() : null;
+  // One refresh at a time, as the writers below: a run embeds the flows still without a vector, 64 per request,
+  // each request up to 5 × FLOWS_SELECT_BUDGET_MS, so over a registry that filled after the start (or a slow
+  // embeddings endpoint) it outlasts the 30 s. Started again on top of it, each new run asked for the same
+  // flows' vectors again (still missing until the first run set them), and the runs piled up.
+  const vectors = d.refreshVectors
+    ? every(30_000, d.refreshVectors, d.log, 'flow embeddings failed; sparse recall only until the next try')
+    : null;
   // Writes that did not land may leave the topics to set right; batches do it first, this when none come.
   const owed = every(
     10_000,
@@ -102,7 +111,8 @@ export function startTimers(d: TimerDeps): Timers {
       : null;
   return {
     async stop() {
-      if (vectorTimer) clearInterval(vectorTimer);
+      // Not waited for: it writes to the registry in memory only, and a request may hang up to its timeout.
+      vectors?.clear();
       await Promise.all([owed.stop(), reconcile?.stop()]);
     },
   };

@@ -133,6 +133,26 @@ describe('flows timers', () => {
     await timers.stop();
   });
 
+  it('refreshes the embeddings one run at a time, and does not wait for a hung one at the stop', async () => {
+    const done: (() => void)[] = [];
+    const refreshVectors = vi.fn(() => new Promise<void>((r) => done.push(r)));
+    const { d } = deps({ ready: () => Promise.resolve(false) });
+    const timers = startTimers({ ...d, reconcileMs: 0, refreshVectors });
+    // A run that outlasts the interval (many flows to embed, a slow endpoint): not started again on top of it.
+    // Before: one more run every 30 s, each asking again for the vectors the first had not set yet.
+    await tick(30_000);
+    await tick(30_000);
+    await tick(30_000);
+    expect(refreshVectors).toHaveBeenCalledTimes(1);
+    done.splice(0).forEach((r) => r());
+    await tick(30_000);
+    expect(refreshVectors).toHaveBeenCalledTimes(2);
+    // The second run hangs: the stop clears the timer without waiting for it (no client of the stop's is used).
+    await timers.stop();
+    await tick(30_000);
+    expect(refreshVectors).toHaveBeenCalledTimes(2);
+  });
+
   it('stop waits for the owed writes under way', async () => {
     let done: () => void = () => undefined;
     const { d } = deps({ ready: () => Promise.resolve(true) });

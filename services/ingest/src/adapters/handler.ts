@@ -16,7 +16,7 @@ import {
   type PayloadNote,
 } from '../core/map.js';
 import type { DecodeLimits, OtlpSpan } from '../core/otlp.js';
-import { admitWaiting } from '../core/room.js';
+import { admitWaiting, brokenPaths } from '../core/room.js';
 import { decodeOtlp, type OtlpEncoding } from './otlp-decode.js';
 import type { PendingRecovery } from './recovery.js';
 import { keptBytes, type RedisTraceStore, type TraceChange } from './trace-store.js';
@@ -351,7 +351,17 @@ export function createIngestApply(deps: {
         }).map((c) => c.spanId),
       );
       const put = waiting.filter((s) => admitted.has(s.spanId));
-      const kept = new Set([...buffered, ...put.map((s) => s.spanId)]);
+      // So for a tool span already waiting: a link of its path read now that found no room is one it can never
+      // reach its agent span through (a span is exported once). It leaves the hash now (counted when it was read)
+      // instead of holding its room until it expires, waiting for what cannot come.
+      const through = new Set([...stored, ...admitted]);
+      const parentOf = new Map([...state.spans, ...spans].map((s) => [s.spanId, s.parentSpanId]));
+      const broken = brokenPaths(onPath, through, parentOf);
+      const cut = new Set(
+        [...pending].filter((id) => buffered.has(id) && !dropped.has(id) && broken(parentOf.get(id) ?? null)),
+      );
+      drop.push(...cut);
+      const kept = new Set([...buffered, ...put.map((s) => s.spanId)].filter((id) => !cut.has(id)));
       // At most maxPending marks, agents' first: a message may bring an agent span with more spans below it than
       // that (each a spent link), and oldestDone only makes room among the marks already written. An agent's mark is
       // what a redelivery of its task is judged by; a link's only serves a tool span exported later below it.

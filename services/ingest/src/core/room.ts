@@ -92,3 +92,38 @@ export function admitWaiting(o: {
   }
   return put;
 }
+
+/**
+ * For a tool span already waiting: whether its path, from `start` (its parent) up through `pathLinks`, holds a
+ * link not in `through` (stored, or admitted now). Such a link found no room when it was read, and a span is
+ * exported once, so the tool span can never reach its agent span. Each link's answer is kept once found: linear
+ * in the links over every tool span of the trace.
+ */
+export function brokenPaths(
+  pathLinks: ReadonlySet<string>,
+  through: ReadonlySet<string>,
+  parentOf: ReadonlyMap<string, string | null>,
+): (start: string | null) => boolean {
+  const memo = new Map<string, boolean>();
+  return (start) => {
+    const walk: string[] = [];
+    const walked = new Set<string>();
+    let broken = false;
+    for (let id = start; id !== null && pathLinks.has(id) && !walked.has(id);) {
+      const known = memo.get(id);
+      if (known !== undefined) {
+        broken = known;
+        break;
+      }
+      walk.push(id);
+      walked.add(id);
+      if (!through.has(id)) {
+        broken = true;
+        break;
+      }
+      id = parentOf.get(id) ?? null;
+    }
+    for (const w of walk) memo.set(w, broken);
+    return broken;
+  };
+}

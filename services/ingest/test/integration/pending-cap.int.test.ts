@@ -223,6 +223,35 @@ describe('ingest: spans waiting for an agent span are bounded per trace (real Re
     expect((await redis.hkeys(key)).filter((f) => f.startsWith('s:'))).toEqual([]);
   });
 
+  it('lets go of a waiting tool span once a link of its path comes and finds no room, for a span that can use it', async () => {
+    const traceId = randomBytes(16).toString('hex');
+    const span = numbered(traceId);
+    const { topic, prefix, deliver, outcomes } = await ingestInto({ maxPendingSpans: 2 });
+    const key = `${prefix}:ingest:trace:${traceId}`;
+    const waiting = async () =>
+      (await redis.hkeys(key))
+        .filter((f) => f.startsWith('s:'))
+        .map((f) => f.slice(2))
+        .sort();
+    // Agent 1 (not exported yet) ← link 2 ← link 3 ← tool 11: the tool span and link 3 wait, the trace is full.
+    await deliver([span(11, 3, 'tool'), span(3, 2, 'link')]);
+    expect(await waiting()).toEqual([span(3, 2, 'link').spanId, span(11, 3, 'tool').spanId]);
+    // Link 2 finds no room: tool 11 can never reach its agent span, and leaves the hash.
+    await deliver([span(2, 1, 'link')]);
+    expect(await waiting()).toEqual([span(3, 2, 'link').spanId]);
+    // A tool span right below the agent span then has room. Before: tool 11 held its place until it expired, and
+    // this one was dropped.
+    await deliver([span(12, 1, 'tool')]);
+    await deliver([span(1, 0, 'agent')]);
+    const got = await consumeUntil(topic, (all) =>
+      all.some((m) => m.value!.toString().includes('task_completed')),
+    );
+    const events = got.map((m) => JSON.parse(m.value!.toString()) as { type: string; tool?: string });
+    expect(events.map((e) => e.tool ?? e.type)).toEqual(['t12', 'task_completed']);
+    expect(await outcomes()).toEqual({ pending: 2, other: 2, agent: 1 });
+    expect(await waiting()).toEqual([]);
+  });
+
   it('takes a chain of 5,000 links with 5,000 tool spans below it in one request, and publishes them all', async () => {
     const traceId = randomBytes(16).toString('hex');
     const span = numbered(traceId);

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { admitWaiting, type WaitCandidate } from '../../src/core/room.js';
+import { admitWaiting, brokenPaths, type WaitCandidate } from '../../src/core/room.js';
 
 const c = (spanId: string, parentSpanId: string | null, bytes = 100): WaitCandidate => ({
   spanId,
@@ -62,5 +62,29 @@ describe('spans admitted to wait in a trace', () => {
     expect(part.filter((id) => id.startsWith('l'))).toHaveLength(5000);
     const short = admit(candidates, { pathLinks, room: 4_999 });
     expect(short).toEqual(links.slice(0, 4999).map((l) => l.spanId));
+  });
+});
+
+describe('paths of tool spans already waiting', () => {
+  it('are broken by a link of the path neither stored nor admitted, and only by one', () => {
+    // root (unknown) ← l1 ← l2 ← l3; l2 found no room.
+    const parentOf = new Map<string, string | null>([
+      ['l1', 'root'],
+      ['l2', 'l1'],
+      ['l3', 'l2'],
+    ]);
+    const pathLinks = new Set(['l1', 'l2', 'l3']);
+    const broken = brokenPaths(pathLinks, new Set(['l1', 'l3']), parentOf);
+    expect(broken('l3')).toBe(true);
+    expect(broken('l1')).toBe(false);
+    expect(broken('root')).toBe(false);
+    expect(broken(null)).toBe(false);
+    expect(brokenPaths(pathLinks, new Set(['l1', 'l2', 'l3']), parentOf)('l3')).toBe(false);
+    // A cycle ends the walk (no agent span above: not waiting, whatever is answered).
+    const cycle = new Map<string, string | null>([
+      ['a', 'b'],
+      ['b', 'a'],
+    ]);
+    expect(brokenPaths(new Set(['a', 'b']), new Set(['a', 'b']), cycle)('a')).toBe(false);
   });
 });
