@@ -41,6 +41,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
       onPublished: (status, n) => m.published.inc({ status }, n),
       onRecovered: (via) => m.recovered.inc({ via }),
       scopeTtlMs: env.DETECTOR_SCOPE_TTL_MS,
+      sweepRebuiltOnly: true,
       onRetired: (outcome) => {
         m.retired.inc({ outcome });
         if (outcome === 'retired')
