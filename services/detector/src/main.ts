@@ -24,7 +24,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
     const params = paramsFromEnv(env);
     const store = new RedisDetectorStore(redis, params, env.REDIS_KEY_PREFIX);
     const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
-    const m = createDetectorMetrics(metrics.registry);
+    const m = createDetectorMetrics(metrics.registry, store);
     const replayOf = (topic: string) => replayOptions(kafka, env, topic, env.DETECTOR_GROUP_ID);
     const checkpoints = new CheckpointLog(
       sink,

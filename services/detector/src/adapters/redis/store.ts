@@ -272,6 +272,7 @@ export class RedisDetectorStore {
   private readonly knownScopes = new Map<string, number>();
   /** When `knownScopes` last dropped what it no longer trusts. */
   private prunedAt = 0;
+  /** Redis round trips made so far; read by `paver_detector_redis_round_trips_total` (metrics.ts). */
   roundTrips = 0;
   constructor(
     private readonly redis: Redis,
