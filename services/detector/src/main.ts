@@ -24,7 +24,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
     const params = paramsFromEnv(env);
     const store = new RedisDetectorStore(redis, params, env.REDIS_KEY_PREFIX);
     const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
-    const m = createDetectorMetrics(metrics.registry);
+    const m = createDetectorMetrics(metrics.registry, store);
     const replayOf = (topic: string) => replayOptions(kafka, env, topic, env.DETECTOR_GROUP_ID);
     const checkpoints = new CheckpointLog(
       sink,
@@ -41,6 +41,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
       onPublished: (status, n) => m.published.inc({ status }, n),
       onRecovered: (via) => m.recovered.inc({ via }),
       scopeTtlMs: env.DETECTOR_SCOPE_TTL_MS,
+      sweepRebuiltOnly: true,
       onRetired: (outcome) => {
         m.retired.inc({ outcome });
         if (outcome === 'retired')

@@ -10,7 +10,7 @@ import type { Rebuilder } from './rebuild.js';
 import type { RedisDetectorStore } from './redis/store.js';
 
 export interface BatchDeps {
-  store: Pick<RedisDetectorStore, 'applyBatch' | 'clearStale' | 'retireEpoch' | 'roundTrips'>;
+  store: Pick<RedisDetectorStore, 'applyBatch' | 'clearStale' | 'retireEpoch'>;
   rebuilder: Pick<Rebuilder, 'ensure' | 'invalidate'>;
   publisher: Pick<ScopePublisher, 'publish'>;
   /** The partition's checkpoint after the batch (createCheckpointer). */
@@ -18,7 +18,7 @@ export interface BatchDeps {
   requestTerms: boolean;
   /** DETECTOR_MAX_AHEAD_MS. */
   maxAheadMs: number;
-  metrics: Pick<DetectorMetrics, 'events' | 'ignoredBy' | 'records' | 'trips'>;
+  metrics: Pick<DetectorMetrics, 'events' | 'ignoredBy' | 'records'>;
   log: Logger;
 }
 
@@ -28,11 +28,6 @@ export interface BatchDeps {
  */
 export function createBatchHandler(d: BatchDeps): BatchHandler<ToolCallsEvent> {
   const { store, rebuilder, publisher, metrics: m, log } = d;
-  let tripsSeen = 0;
-  const countTrips = () => {
-    m.trips.inc(store.roundTrips - tripsSeen);
-    tripsSeen = store.roundTrips;
-  };
   return async (batch, ctx) => {
     const first = batch[0];
     if (!first) return;
@@ -117,6 +112,5 @@ export function createBatchHandler(d: BatchDeps): BatchHandler<ToolCallsEvent> {
     ]);
     for (const p of publications) if (p.status === 'rejected') throw p.reason;
     await d.checkpoint(partition, BigInt(batch[batch.length - 1]!.offset) + 1n, epoch);
-    countTrips();
   };
 }

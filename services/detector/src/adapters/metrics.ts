@@ -1,9 +1,10 @@
 import { Counter, Gauge } from 'prom-client';
 import type { Registry } from 'prom-client';
 import { IGNORE_REASONS } from '../core/state.js';
+import type { RedisDetectorStore } from './redis/store.js';
 
-/** The detector's own metrics (the runner's and HTTP's are shared). */
-export function createDetectorMetrics(registry: Registry) {
+/** The detector's own metrics (the runner's and HTTP's are shared); `store`'s round trips among them. */
+export function createDetectorMetrics(registry: Registry, store: Pick<RedisDetectorStore, 'roundTrips'>) {
   const registers = [registry];
   const events = new Counter({
     name: 'paver_detector_events_total',
@@ -41,10 +42,19 @@ export function createDetectorMetrics(registry: Registry) {
     labelNames: ['outcome'],
     registers,
   });
+  let tripsSeen = 0;
   const trips = new Counter({
     name: 'paver_detector_redis_round_trips_total',
     help: 'Redis round trips made by the detector.',
     registers,
+    // The store's tally, taken whenever the registry is read: every round trip made by then is in it, whatever
+    // made it (a batch that failed, a rebuild, the sweep, a publication retry). Taken at the end of each good
+    // batch instead, the others waited for the next good batch, and those after the last one were never seen.
+    collect() {
+      const n = store.roundTrips;
+      this.inc(n - tripsSeen);
+      tripsSeen = n;
+    },
   });
   const rebuilds = new Counter({
     name: 'paver_detector_rebuilds_total',

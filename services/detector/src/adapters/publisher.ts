@@ -25,6 +25,11 @@ export interface PublisherDeps {
   scopeTtlMs?: number;
   /** A scope the sweep retired (`retired`), or found active again between its two steps (`revived`). */
   onRetired?: (outcome: 'retired' | 'revived') => void;
+  /**
+   * The sweep acts only on scopes whose every partition is rebuilt (or found complete) in the current Redis epoch,
+   * as a batch does (the service sets it; a store used without epochs, as in most tests, has no such marks).
+   */
+  sweepRebuiltOnly?: boolean;
 }
 
 /** A scope's upserted and retracted candidates, stamped `stamp`, to the flow-candidates topic; counted. */
@@ -251,15 +256,37 @@ export class ScopePublisher {
    * Publishes every scope whose change was abandoned and that no batch took up (its scope gets none): after a
    * restart, or a retry dropped at shutdown; and retires the scopes idle for `scopeTtlMs`. The service runs it
    * on a timer.
+   *
+   * With `sweepRebuiltOnly`, a scope on a partition not rebuilt in the current epoch is left alone until it is.
+   * Its state may be lost (what a batch wrote into an emptied Redis before the loss was seen), or a rebuild may
+   * be replaying it, owed since the replay's first change: with the publication maps not yet restored (a loss),
+   * a publication then sent the candidates of a window part-way through its history (some retracted before the
+   * loss), and with the maps intact (an epoch ended without a loss) it retracted every candidate the replay had
+   * not reached yet. The rebuild publishes the scope itself once done. The marker is read again before each
+   * scope: a loss during the sweep ends it.
    */
   async sweep(): Promise<void> {
-    const { abandoned, idle } = await this.d.store.scan(this.d.scopeTtlMs ?? 0);
+    const gated = this.d.sweepRebuiltOnly === true;
+    const { abandoned, idle, held, epoch } = await this.d.store.scan(this.d.scopeTtlMs ?? 0, {
+      rebuiltOnly: gated,
+    });
+    if (held > 0)
+      this.d.log.info(
+        { scopes: held },
+        'sweep skipped scopes whose partitions are not rebuilt in the current Redis epoch (state lost or being rebuilt)',
+      );
+    const goOn = async () => {
+      if (this.closed) return false;
+      if (!gated || !epoch || (await this.d.store.epochIs(epoch))) return true;
+      this.d.log.info('sweep stopped: the Redis epoch changed while it ran (state lost)');
+      return false;
+    };
     for (const scope of abandoned) {
-      if (this.closed) return;
+      if (!(await goOn())) return;
       await this.recover(scope, 'sweep');
     }
     for (const { scope, partitions } of idle) {
-      if (this.closed) return;
+      if (!(await goOn())) return;
       const outcome = await retireScope(this.d, scope, partitions, this.d.scopeTtlMs!);
       if (outcome === 'retired') this.d.onRetired?.('retired');
       // An event came in between the two steps: the scope is kept and published again, whole.

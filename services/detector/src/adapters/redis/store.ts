@@ -272,6 +272,7 @@ export class RedisDetectorStore {
   private readonly knownScopes = new Map<string, number>();
   /** When `knownScopes` last dropped what it no longer trusts. */
   private prunedAt = 0;
+  /** Redis round trips made so far; read by `paver_detector_redis_round_trips_total` (metrics.ts). */
   roundTrips = 0;
   constructor(
     private readonly redis: Redis,
@@ -587,10 +588,21 @@ export class RedisDetectorStore {
    * and with `idleMs` > 0, the scopes whose last apply is at least `idleMs` ago by Redis's clock, or that have
    * no record of it yet (retireClaim-4.lua decides; it starts their clock), with the partitions registering
    * them.
+   *
+   * `rebuiltOnly`: only scopes every partition of which `rebuilt` names the current epoch, read with the marks
+   * between two reads of the marker (`epoch`: the marker both read; null when missing or replaced meanwhile,
+   * and then no scope). The others are counted in `held`: their state may be lost, or a rebuild may be
+   * replaying it with the publication maps not yet restored (see the sweep in publisher.ts).
    */
   async scan(
     idleMs: number,
-  ): Promise<{ abandoned: Scope[]; idle: { scope: Scope; partitions: number[] }[] }> {
+    opts: { rebuiltOnly?: boolean } = {},
+  ): Promise<{
+    abandoned: Scope[];
+    idle: { scope: Scope; partitions: number[] }[];
+    held: number;
+    epoch?: string | null;
+  }> {
     const registries: string[] = [];
     try {
       let cursor = '0';
@@ -608,7 +620,7 @@ export class RedisDetectorStore {
     } catch (err) {
       throw redisFailure('scope registry scan', err);
     }
-    if (!registries.length) return { abandoned: [], idle: [] };
+    if (!registries.length) return { abandoned: [], idle: [], held: 0 };
     const sets = await execPipeline(
       registries.reduce((p, k) => p.smembers(k), this.redis.pipeline()),
       'scope registry read',
@@ -626,22 +638,52 @@ export class RedisDetectorStore {
       }
     });
     const list = [...scopes.values()];
+    const gated = opts.rebuiltOnly === true;
     const pipe = this.redis.pipeline().time();
+    if (gated) pipe.get(this.global.epoch).hgetall(this.global.rebuilt);
     for (const { scope } of list)
       pipe.hmget(detectorKeys(this.prefix, scope).meta, 'owed', 'owedAt', 'seenAt');
-    const [time, ...marks] = await execPipeline(pipe, 'owed marks read');
+    if (gated) pipe.get(this.global.epoch);
+    const [time, ...rest] = await execPipeline(pipe, 'owed marks read');
     this.roundTrips += 3;
     const [sec, usec] = z.tuple([z.string(), z.string()]).parse(time);
     const now = Number(sec) * 1000 + Math.floor(Number(usec) / 1000);
+    let marks = rest;
+    let rebuilt: Record<string, string> = {};
+    let epoch: string | null | undefined;
+    if (gated) {
+      const before = z.string().nullable().parse(rest[0]);
+      rebuilt = z.record(z.string(), z.string()).parse(rest[1]);
+      marks = rest.slice(2, -1);
+      epoch = before !== null && rest[rest.length - 1] === before ? before : null;
+      if (epoch === null) return { abandoned: [], idle: [], held: list.length, epoch };
+    }
     const abandoned: Scope[] = [];
     const idle: { scope: Scope; partitions: number[] }[] = [];
+    let held = 0;
     list.forEach((e, i) => {
+      if (gated && !e.partitions.every((p) => rebuilt[String(p)] === epoch)) {
+        held++;
+        return;
+      }
       const [owed, at, seen] = z.array(z.string().nullable()).parse(marks[i]);
       if (owed && at !== null && now - Number(at) >= this.publicationLockMs) abandoned.push(e.scope);
       else if (idleMs > 0 && (seen === null || seen === undefined || now - Number(seen) >= idleMs))
         idle.push(e);
     });
-    return { abandoned, idle };
+    return { abandoned, idle, held, ...(gated ? { epoch } : {}) };
+  }
+
+  /** Whether the epoch marker still names `epoch` (a sweep checks it before each scope it acts on). */
+  async epochIs(epoch: string): Promise<boolean> {
+    let marker: string | null;
+    try {
+      marker = await this.redis.get(this.global.epoch);
+    } catch (err) {
+      throw redisFailure('epoch marker read', err);
+    }
+    this.roundTrips++;
+    return marker === epoch;
   }
 
   /**
