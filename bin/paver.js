@@ -15,7 +15,8 @@ if (process.argv[2] !== 'run')
     if (err.code === 'EPIPE') process.exit(0);
     throw err;
   });
-const { main } = await import(entry.href);
+const { main, exitOnFault } = await import(entry.href);
+if (process.argv[2] !== 'run') exitOnFault(process.argv.slice(2));
 const code = await main(process.argv.slice(2));
 // A stopped service exits even if a client library left a timer behind; other commands let stdout drain.
 if (process.argv[2] === 'run') process.exit(code);

@@ -1,6 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { Command, CommanderError, Option } from 'commander';
 import { inputTally, resetInputTally } from '../shared/jsonl.js';
+import { faultFields } from '../shared/process-faults.js';
 import { PLANNED_SERVICES, SERVICES, isServiceName } from './services.js';
 
 /**
@@ -417,6 +418,27 @@ Examples:
   registry('registry', 'the registered flows of a scope', false);
 
   return program;
+}
+
+/**
+ * For every command but `run` (a service handles its own faults: shared/process-faults.ts), called by
+ * bin/paver.js only, never by tests that call `main` in their own process. A fault no code caught (a promise
+ * rejected that nobody awaits, a throw in a timer, an error out of a command) is a bug: Node's default ends the
+ * run with exit 1 too, but its first line is a source excerpt and the message sits in the stack. Here the
+ * first line names the command and the error, the stack follows for a report. Exit 1 at once, as before:
+ * nothing of a half-done run is worth waiting for, and an `--output` file's temporary copy goes on 'exit'.
+ */
+export function exitOnFault(argv: string[]): void {
+  const command = argv[0] !== undefined && !argv[0].startsWith('-') ? `paver ${argv[0]}` : 'paver';
+  const onFault = (reason: unknown) => {
+    const { err, stack } = faultFields(reason);
+    process.stderr.write(
+      `${command}: internal error (a bug; please report it): ${err}\n${stack ? `${stack}\n` : ''}`,
+    );
+    process.exit(1);
+  };
+  process.on('unhandledRejection', onFault);
+  process.on('uncaughtException', onFault);
 }
 
 export async function main(argv: string[]): Promise<number> {

@@ -22,6 +22,7 @@ import {
 } from './redis/client.js';
 import { errorMessage, redisCommandTimedOut } from './errors.js';
 import { createRegistryWatch } from './registry-watch.js';
+import { watchProcessFaults } from './process-faults.js';
 
 export interface ServiceDeps<E extends CommonEnv> {
   env: E;
@@ -170,7 +171,9 @@ export function authorizationRefused(err: unknown): boolean {
 
 /**
  * Wiring shared by every service: config → Redis/Kafka → topics → HTTP → consumer runner, and a graceful
- * stop on SIGTERM/SIGINT (finish the chunk in hand, commit, disconnect, exit 0). Resolves to the exit code.
+ * stop on SIGTERM/SIGINT (finish the chunk in hand, commit, disconnect, exit 0). An unhandled rejection or an
+ * uncaught exception starts the same stop, then exit 1; a second one during it exits 1 at once. Resolves to
+ * the exit code.
  */
 export async function runService<E extends CommonEnv, T>(
   spec: ServiceSpec<E, T>,
@@ -277,6 +280,17 @@ export async function runService<E extends CommonEnv, T>(
     log.fatal({ err: err.message, code: (err as PaverError).code }, 'fatal error');
     shutdown(1, 'fatal');
   };
+  // A bug in a timer or a promise nobody awaits: without this, Node ended the process at once with a raw stack
+  // (no structured line, the consumer never leaving its group). Offsets are committed only after effects, so
+  // the stop finishes or drops the chunk in hand as a SIGTERM does; the exit is 1 all the same.
+  const unwatchFaults = watchProcessFaults({
+    log,
+    stop: (kind) => shutdown(1, kind),
+    exitNow: () => {
+      exitCode = 1;
+      resolveExit(1);
+    },
+  });
 
   /**
    * Start-up, step by step, each step only while no stop was asked. The process's exit waits for the stop,
@@ -426,5 +440,6 @@ export async function runService<E extends CommonEnv, T>(
   const code = await exited;
   process.off('SIGTERM', onSignal);
   process.off('SIGINT', onSignal);
+  unwatchFaults();
   return code;
 }

@@ -624,6 +624,86 @@ describe('operations: start-up, shutdown and dependency outages (real Kafka, rea
     }
   }, 240_000);
 
+  /** The process's JSON log lines of `level` (pino's number: 60 fatal). */
+  const logLines = (p: Proc, level: number) =>
+    p
+      .output()
+      .split('\n')
+      .filter((l) => l.startsWith('{'))
+      .map((l) => JSON.parse(l) as Record<string, unknown>)
+      .filter((l) => l.level === level);
+
+  it.each([
+    ['rejection', 'unhandledRejection', 'fixture: a rejection nobody awaits'],
+    ['exception', 'uncaughtException', 'fixture: a throw in a timer'],
+  ])(
+    'a process fault (%s) logs one structured line, stops gracefully, exits 1; the chunk in hand is read again by the next run',
+    async (fault, kind, message) => {
+      const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), PAVER_BATCH_CHUNK: '10' });
+      await createRecorderTopics(env, 1);
+      await sendEvents(env.PAVER_TOPIC_TOOL_CALLS!, 0, 30);
+      const check = testRedis();
+      const prefix = env.REDIS_KEY_PREFIX!;
+      try {
+        await check.set(`${prefix}:fault`, fault);
+        const p = await startRecorder(env);
+        expect(await explained(p, exitWithin(p, 60_000))).toBe(1);
+        expect(await check.exists(`${prefix}:faulted`)).toBe(1);
+        // Before, Node ended the process at once: a raw stack on stderr and none of these lines.
+        const [line, ...more] = logLines(p, 60);
+        expect(more).toEqual([]);
+        expect(line).toMatchObject({
+          kind,
+          err: message,
+          msg: expect.stringContaining('stopping gracefully'),
+        });
+        expect(line?.stack).toContain(message);
+        expect(p.output()).not.toMatch(/Node\.js v\d+/);
+        // The graceful stop ran to its end: the consumer left its group, the process its dependencies.
+        expect(p.output()).toContain(`"why":"${kind}"`);
+        expect(p.output()).toMatch(/"exitCode":1,.*"msg":"stopped"/);
+        expect(p.output()).not.toContain('shutdown timed out');
+        expect(await check.scard(`${prefix}:seen`)).toBe(0);
+        await check.del(`${prefix}:fault`);
+        // Nothing of the chunk in hand was committed: the next run reads and records all of it.
+        const again = await restartUntilAll(env, check, 30);
+        await expectCleanStop(again);
+      } finally {
+        check.disconnect();
+      }
+    },
+    240_000,
+  );
+
+  it('a second process fault during the graceful stop exits 1 at once, without waiting for the stop', async () => {
+    const env = serviceEnv({
+      FIXTURE_GROUP_ID: unique('g'),
+      PAVER_BATCH_CHUNK: '10',
+      // The stop cannot finish (the chunk in hand ignores it): only the second fault can end it this soon.
+      PAVER_SHUTDOWN_TIMEOUT_MS: '600000',
+    });
+    await createRecorderTopics(env, 1);
+    await sendEvents(env.PAVER_TOPIC_TOOL_CALLS!, 0, 10);
+    const check = testRedis();
+    const prefix = env.REDIS_KEY_PREFIX!;
+    try {
+      await check.set(`${prefix}:fault`, 'twice');
+      const p = await startRecorder(env);
+      expect(await explained(p, exitWithin(p, 60_000))).toBe(1);
+      const lines = logLines(p, 60);
+      expect(lines.map((l) => [l.kind, l.err])).toEqual([
+        ['unhandledRejection', 'fixture: a rejection nobody awaits'],
+        ['unhandledRejection', 'fixture: a second rejection, during the stop'],
+      ]);
+      expect(lines[1]?.msg).toContain('exiting now');
+      expect(p.output()).toContain('"msg":"shutting down"');
+      expect(p.output()).not.toContain('"msg":"stopped"');
+      expect(p.output()).not.toContain('shutdown timed out');
+    } finally {
+      check.disconnect();
+    }
+  }, 240_000);
+
   it('Redis unreachable at start-up, then lost mid-stream and back: /readyz says so, consumption pauses and resumes, nothing lost', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'paver-ops-redis-'));
     const port = await freePort();
