@@ -1,23 +1,12 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { Producer } from 'kafkajs';
 import { createPublisher } from '../../client/index.js';
+import { producerDouble } from '../helpers/producer-double.js';
 import { startRegistryDouble } from '../helpers/registry-double.js';
 
 type Registry = Awaited<ReturnType<typeof startRegistryDouble>>;
-
-// A producer double that records what it is given, in send order: these tests are about what the publisher
-// queues, not about Kafka (the integration tests send the wire format to a real broker).
-const recorder = () => {
-  const sent: { tool?: string; step?: number; session_id: string }[] = [];
-  const producer = {
-    send: async (r: { messages: { value: Buffer }[] }) => {
-      for (const m of r.messages)
-        sent.push(JSON.parse(m.value.subarray(5).toString()) as (typeof sent)[number]);
-      return [];
-    },
-  } as unknown as Producer;
-  return { sent, producer };
-};
+type Sent = { tool?: string; step?: number; session_id: string };
+// What the publisher puts before each event's JSON with a schema registry: the magic byte and the schema id.
+const REGISTRY_FRAMING = 5;
 
 describe('client publisher with a schema registry (registry double, producer double)', () => {
   let reg: Registry;
@@ -29,7 +18,7 @@ describe('client publisher with a schema registry (registry double, producer dou
   });
 
   it("queues a session's events in call order, whatever each one's encode waits for", async () => {
-    const { sent, producer } = recorder();
+    const { sent, producer } = producerDouble<Sent>(REGISTRY_FRAMING);
     const p = createPublisher({
       producer,
       schemaRegistry: reg.url,
@@ -59,7 +48,7 @@ describe('client publisher with a schema registry (registry double, producer dou
   });
 
   it('holds a session after its event failed to encode (registry down): no later event of it goes out, and the retry gets the steps the calls had', async () => {
-    const { sent, producer } = recorder();
+    const { sent, producer } = producerDouble<Sent>(REGISTRY_FRAMING);
     const p = createPublisher({
       producer,
       schemaRegistry: reg.url,
