@@ -1,15 +1,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { registryCodec } from '../../shared/codec.js';
 import { consumeUntil, createTopics, groupCaughtUp, produce, unique, waitFor } from '../helpers/kafka.js';
-import {
-  explained,
-  getJson,
-  isReady,
-  killAll,
-  serviceEnv,
-  startProcess,
-  type Proc,
-} from '../helpers/process.js';
+import { explained, getJson, killAll, serviceEnv, startReady, type Proc } from '../helpers/process.js';
 import { parsePrometheus } from '../helpers/prometheus.js';
 import { startRegistryDouble } from '../helpers/registry-double.js';
 
@@ -57,15 +49,8 @@ async function registryAndEnv(env: Record<string, string>) {
   };
 }
 
-async function startSequencer(env: Record<string, string>) {
-  const p = await startProcess(['bin/paver.js', 'run', 'sequencer'], env);
-  procs.push(p);
-  await explained(
-    p,
-    waitFor(() => isReady(p), 'sequencer /readyz', 90_000),
-  );
-  return p;
-}
+const startSequencer = (env: Record<string, string>) =>
+  startReady(['bin/paver.js', 'run', 'sequencer'], env, procs, 90_000);
 
 /*
  * Before, a registry down for maintenance failed every framed input and every output: the chunk spent its

@@ -13,10 +13,10 @@ import {
 import {
   explained,
   getJson,
-  isReady,
   killAll,
   serviceEnv,
   startProcess,
+  startReady,
   type Proc,
 } from '../helpers/process.js';
 import { parsePrometheus } from '../helpers/prometheus.js';
@@ -50,15 +50,7 @@ const stateRecord = (i: number, session: string, tools: number) => ({
   violation: null,
 });
 
-async function start(env: Record<string, string>) {
-  const p = await startProcess(RECORDER, env);
-  procs.push(p);
-  await explained(
-    p,
-    waitFor(() => isReady(p), 'recorder /readyz', 60_000),
-  );
-  return p;
-}
+const start = (env: Record<string, string>) => startReady(RECORDER, env, procs);
 
 describe('consumer runner (real Kafka, real Redis, real processes)', () => {
   it('loses nothing when the consumer is SIGKILLed mid-batch and restarted (at-least-once)', async () => {
