@@ -4,9 +4,6 @@ import { producerDouble } from '../helpers/producer-double.js';
 import { startRegistryDouble } from '../helpers/registry-double.js';
 
 type Registry = Awaited<ReturnType<typeof startRegistryDouble>>;
-type Sent = { tool?: string; step?: number; session_id: string };
-// What the publisher puts before each event's JSON with a schema registry: the magic byte and the schema id.
-const REGISTRY_FRAMING = 5;
 
 describe('client publisher with a schema registry (registry double, producer double)', () => {
   let reg: Registry;
@@ -17,14 +14,21 @@ describe('client publisher with a schema registry (registry double, producer dou
     await reg.close();
   });
 
-  it("queues a session's events in call order, whatever each one's encode waits for", async () => {
-    const { sent, producer } = producerDouble<Sent>(REGISTRY_FRAMING);
+  /** A publisher to a topic of its own through the registry double, and the events its producer double sent. */
+  const publisher = (name: string) => {
+    // The registry's wire format puts the magic byte and the schema id before each event's JSON.
+    const { sent, producer } = producerDouble<{ tool?: string; step?: number }>(5);
     const p = createPublisher({
       producer,
       schemaRegistry: reg.url,
-      topic: `order-${Date.now()}`,
+      topic: `${name}-${Date.now()}`,
       lingerMs: 0,
     });
+    return { p, sent };
+  };
+
+  it("queues a session's events in call order, whatever each one's encode waits for", async () => {
+    const { p, sent } = publisher('order');
     const calls: Promise<void>[] = [];
     let n = 0;
     // Calls one microtask apart, from before the schema id is known until after: some wait for the
@@ -48,13 +52,7 @@ describe('client publisher with a schema registry (registry double, producer dou
   });
 
   it('holds a session after its event failed to encode (registry down): no later event of it goes out, and the retry gets the steps the calls had', async () => {
-    const { sent, producer } = producerDouble<Sent>(REGISTRY_FRAMING);
-    const p = createPublisher({
-      producer,
-      schemaRegistry: reg.url,
-      topic: `hold-${Date.now()}`,
-      lingerMs: 0,
-    });
+    const { p, sent } = publisher('hold');
     const call = (tool: string, session = 's') => p.toolCall({ session_id: session, task_id: 't', tool });
     reg.setDown(true);
     const lost = [call('a'), call('b')];
