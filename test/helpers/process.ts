@@ -60,6 +60,25 @@ export const explained = <T>(p: Proc, w: Promise<T>) =>
   });
 
 /**
+ * `startProcess(args, env)`, kept in `procs` (for killAll), once its /readyz answers 200 within `ms`: a process
+ * that never gets ready fails the wait with its last output.
+ */
+export async function startReady(
+  args: string[],
+  env: Record<string, string>,
+  procs: Proc[],
+  ms = 60_000,
+): Promise<Proc> {
+  const p = await startProcess(args, env);
+  procs.push(p);
+  await explained(
+    p,
+    waitFor(() => isReady(p), `${args.at(-1)} /readyz`, ms),
+  );
+  return p;
+}
+
+/**
  * SIGTERM, then the exit code, which must come within `ms` (far below the `PAVER_SHUTDOWN_TIMEOUT_MS` the stop
  * tests set): a stop that waited for its work would time out here, with the process's last output.
  */

@@ -1,4 +1,5 @@
 import { createTopics } from './kafka.js';
+import { toolCall } from './tool-call.js';
 
 /**
  * The recorder service (test/fixtures/recorder-service.ts) as `startProcess` runs it: it records each event_id
@@ -8,13 +9,9 @@ export const RECORDER = ['--import', 'tsx', 'test/fixtures/recorder-service.ts']
 
 /** Tool call `i` of the recorder's tests: its own step, over seven sessions and fifty tasks. */
 export const recorderEvent = (i: number) => ({
-  type: 'tool_call',
-  event_id: `e${i}`,
-  ts: 1_700_000_000_000 + i,
+  ...toolCall(i),
   session_id: `s${i % 7}`,
   task_id: `t${i % 50}`,
-  step: i,
-  tool: 'search',
 });
 
 /** The recorder's input topic of `env`, with `partitions` (createTopics's default otherwise), and its dead letters. */

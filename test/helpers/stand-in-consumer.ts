@@ -1,7 +1,8 @@
 import { Registry } from 'prom-client';
+import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '../../schemas/index.js';
 import { jsonCodec } from '../../shared/codec.js';
 import { commonEnvSchema } from '../../shared/config.js';
-import type { RuntimeDeps } from '../../shared/kafka/runner.js';
+import { createRunner, zodParser, type RunnerOptions, type RuntimeDeps } from '../../shared/kafka/runner.js';
 import { silentLogger } from '../../shared/log.js';
 import { createMetrics } from '../../shared/metrics.js';
 
@@ -66,6 +67,26 @@ export const standInKafka = (consumer: unknown) => ({
   admin: () => ({ connect: async () => undefined, disconnect: async () => undefined }),
 });
 
+/**
+ * A tool-calls runner (group 'g', topic 't', a handler that does nothing) over `kafka` (standInKafka of a
+ * stand-in consumer), with standInDeps's dependencies, not started: `options` replaces any part of it (the
+ * handler, `ready`, `onFatal`...), `env` adds variables.
+ */
+export const standInRunner = (
+  kafka: unknown,
+  options: Partial<RunnerOptions<ToolCallsEvent>> = {},
+  env: Record<string, string> = {},
+) =>
+  createRunner<ToolCallsEvent>({
+    service: 'test',
+    groupId: 'g',
+    topics: ['t'],
+    parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
+    handler: async () => undefined,
+    ...standInDeps(kafka, {}, env),
+    ...options,
+  });
+
 /** One batch of one record on partition 0 of topic `t`; its partition's resume pushes 'partition' to `resumed`. */
 export const oneRecordBatch = (resumed: string[]) => ({
   batch: {
@@ -82,6 +103,27 @@ export const oneRecordBatch = (resumed: string[]) => ({
   isRunning: () => true,
   isStale: () => false,
 });
+
+/**
+ * One batch of partition 0 holding `value` at offset 0, whose commits and resolved offsets are written to `log`
+ * ('commit', 'resolve 0'): for tests of what the runner tells kafkajs once a batch is done, or not.
+ */
+export const loggedBatch = (value: string | Buffer, log: string[]) => {
+  const b = oneRecordBatch([]);
+  return {
+    ...b,
+    batch: { ...b.batch, messages: [{ ...b.batch.messages[0]!, value: Buffer.from(value) }] },
+    resolveOffset: (o: string) => void log.push(`resolve ${o}`),
+    commitOffsetsIfNecessary: async () => void log.push('commit'),
+  };
+};
+
+/** What a promise rejected with, or null when it resolved. */
+export const rejection = (p: Promise<unknown>) =>
+  p.then(
+    () => null,
+    (e: unknown) => e,
+  );
 
 /** What a kafkajs heartbeat or commit throws while the group rebalances (another member joined or left). */
 export const rebalancingError = () =>

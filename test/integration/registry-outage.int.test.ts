@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { registryCodec } from '../../shared/codec.js';
 import { consumeUntil, createTopics, groupCaughtUp, produce, unique, waitFor } from '../helpers/kafka.js';
-import { getJson, isReady, killAll, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
+import { explained, getJson, killAll, serviceEnv, startReady, type Proc } from '../helpers/process.js';
 import { parsePrometheus } from '../helpers/prometheus.js';
 import { startRegistryDouble } from '../helpers/registry-double.js';
 
@@ -28,11 +28,29 @@ async function readyz(p: Proc): Promise<{ status: number; reasons: Record<string
   const r = await getJson(p.url('/readyz'));
   return { status: r.status, reasons: (r.body as { reasons?: Record<string, string> }).reasons ?? {} };
 }
-/** A failed wait says what the process logged. */
-const explained = <T>(p: Proc, w: Promise<T>) =>
-  w.catch((err: Error) => {
-    throw new Error(`${err.message}\n${p.output().slice(-6000)}`);
-  });
+
+/**
+ * A registry double (closed after the file) and a sequencer's environment using it, `env` added. A small retry
+ * budget and restart limit: a service that spends them on the outage exits within seconds.
+ */
+async function registryAndEnv(env: Record<string, string>) {
+  const reg = await startRegistryDouble();
+  cleanups.push(() => reg.close());
+  return {
+    reg,
+    env: serviceEnv({
+      SCHEMA_REGISTRY_URL: reg.url,
+      PAVER_RETRY_ATTEMPTS: '2',
+      PAVER_RETRY_INITIAL_MS: '50',
+      PAVER_RETRY_MAX_MS: '200',
+      PAVER_MAX_CONSUMER_RESTARTS: '1',
+      ...env,
+    }),
+  };
+}
+
+const startSequencer = (env: Record<string, string>) =>
+  startReady(['bin/paver.js', 'run', 'sequencer'], env, procs, 90_000);
 
 /*
  * Before, a registry down for maintenance failed every framed input and every output: the chunk spent its
@@ -40,25 +58,10 @@ const explained = <T>(p: Proc, w: Promise<T>) =>
  */
 describe('a schema registry outage (real Kafka and Redis, a real sequencer, the registry double)', () => {
   it('pauses consumption with /readyz naming the registry, and processes every event once it is back', async () => {
-    const reg = await startRegistryDouble();
-    cleanups.push(() => reg.close());
-    // A small retry budget and restart limit: a service that spends them on the outage exits within seconds.
-    const env = serviceEnv({
-      SEQUENCER_GROUP_ID: unique('seq-registry'),
-      SCHEMA_REGISTRY_URL: reg.url,
-      PAVER_RETRY_ATTEMPTS: '2',
-      PAVER_RETRY_INITIAL_MS: '50',
-      PAVER_RETRY_MAX_MS: '200',
-      PAVER_MAX_CONSUMER_RESTARTS: '1',
-    });
+    const { reg, env } = await registryAndEnv({ SEQUENCER_GROUP_ID: unique('seq-registry') });
     const topic = env.PAVER_TOPIC_TOOL_CALLS!;
     await createTopics([{ topic, partitions: 2 }]);
-    const p = await startProcess(['bin/paver.js', 'run', 'sequencer'], env);
-    procs.push(p);
-    await explained(
-      p,
-      waitFor(() => isReady(p), 'sequencer /readyz', 90_000),
-    );
+    const p = await startSequencer(env);
 
     // Framed by a producer that registered the schema while the registry was up; the service has not seen it.
     const producer = registryCodec({ url: reg.url });
@@ -138,25 +141,13 @@ describe('a schema registry outage (real Kafka and Redis, a real sequencer, the 
   }, 360_000);
 
   it('pauses a configuration table too: a framed record read during the outage is applied once it is back', async () => {
-    const reg = await startRegistryDouble();
-    cleanups.push(() => reg.close());
-    const env = serviceEnv({
+    const { reg, env } = await registryAndEnv({
       SEQUENCER_GROUP_ID: unique('seq-registry-table'),
-      SCHEMA_REGISTRY_URL: reg.url,
       PAVER_TOPIC_ORCHESTRATION: unique('orch-registry'),
-      PAVER_RETRY_ATTEMPTS: '2',
-      PAVER_RETRY_INITIAL_MS: '50',
-      PAVER_RETRY_MAX_MS: '200',
-      PAVER_MAX_CONSUMER_RESTARTS: '1',
     });
     const orchestration = env.PAVER_TOPIC_ORCHESTRATION!;
     await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS! }, { topic: orchestration, compacted: true }]);
-    const p = await startProcess(['bin/paver.js', 'run', 'sequencer'], env);
-    procs.push(p);
-    await explained(
-      p,
-      waitFor(() => isReady(p), 'sequencer /readyz', 90_000),
-    );
+    const p = await startSequencer(env);
     const producer = registryCodec({ url: reg.url });
     const config = {
       schema_version: 1,

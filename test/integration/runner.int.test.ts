@@ -10,14 +10,22 @@ import {
   unique,
   waitFor,
 } from '../helpers/kafka.js';
-import { getJson, isReady, killAll, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
+import {
+  explained,
+  getJson,
+  killAll,
+  serviceEnv,
+  startProcess,
+  startReady,
+  type Proc,
+} from '../helpers/process.js';
 import { parsePrometheus } from '../helpers/prometheus.js';
+import { createRecorderTopics, RECORDER, recorderEvent } from '../helpers/recorder.js';
 import { jsonCodec } from '../../shared/codec.js';
 import { buildDeadLetter, messageBytes } from '../../shared/kafka/dead-letter.js';
 import { createSink, PRODUCE_REQUEST_MAX_RECORDS } from '../../shared/kafka/sink.js';
 import { testKafka } from '../helpers/kafka.js';
 
-const FIXTURE = ['--import', 'tsx', 'test/fixtures/recorder-service.ts'];
 const redis = testRedis();
 const procs: Proc[] = [];
 // Each test's processes end with it: left running to the file's end, they loaded the broker for the tests after.
@@ -25,19 +33,6 @@ afterEach(() => killAll(procs));
 afterAll(() => {
   redis.disconnect();
 });
-
-function event(i: number, extra: Record<string, unknown> = {}) {
-  return {
-    type: 'tool_call',
-    event_id: `e${i}`,
-    ts: 1_700_000_000_000 + i,
-    session_id: `s${i % 7}`,
-    task_id: `t${i % 50}`,
-    step: i,
-    tool: 'search',
-    ...extra,
-  };
-}
 
 /** A sequence-state.v1 output record, the sink's contract in these tests. */
 const stateRecord = (i: number, session: string, tools: number) => ({
@@ -55,14 +50,7 @@ const stateRecord = (i: number, session: string, tools: number) => ({
   violation: null,
 });
 
-async function start(env: Record<string, string>) {
-  const p = await startProcess(FIXTURE, env);
-  procs.push(p);
-  await waitFor(() => isReady(p), 'recorder /readyz', 60_000).catch((err: Error) => {
-    throw new Error(`${err.message}\n${p.output()}`);
-  });
-  return p;
-}
+const start = (env: Record<string, string>) => startReady(RECORDER, env, procs);
 
 describe('consumer runner (real Kafka, real Redis, real processes)', () => {
   it('loses nothing when the consumer is SIGKILLed mid-batch and restarted (at-least-once)', async () => {
@@ -71,11 +59,11 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
       FIXTURE_DELAY_MS: '25',
       PAVER_BATCH_CHUNK: '40',
     });
-    await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS! }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    await createRecorderTopics(env);
     const N = 4000;
     await produce(
       env.PAVER_TOPIC_TOOL_CALLS!,
-      Array.from({ length: N }, (_, i) => ({ key: `s${i % 7}`, value: JSON.stringify(event(i)) })),
+      Array.from({ length: N }, (_, i) => ({ key: `s${i % 7}`, value: JSON.stringify(recorderEvent(i)) })),
     );
     const seenKey = `${env.REDIS_KEY_PREFIX}:seen`;
 
@@ -100,22 +88,19 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
 
   it('dead-letters every kind of bad input with its reason while the good messages around it are processed', async () => {
     const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), PAVER_MAX_MESSAGE_BYTES: '2048' });
-    await createTopics([
-      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 },
-      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
-    ]);
+    await createRecorderTopics(env, 1);
     const bad: [string, string | Buffer][] = [
       ['undecodable', '{"type": "tool_call", not json'],
-      ['invalid', JSON.stringify(event(1001, { step: 'three' }))],
+      ['invalid', JSON.stringify({ ...recorderEvent(1001), step: 'three' })],
       ['invalid', JSON.stringify({ type: 'tool_call', event_id: 'x', ts: 1 })],
-      ['oversize', JSON.stringify(event(1002, { args: { blob: 'x'.repeat(4000) } }))],
-      ['unknown_event_type', JSON.stringify({ ...event(1003), type: 'tool_exploded' })],
+      ['oversize', JSON.stringify({ ...recorderEvent(1002), args: { blob: 'x'.repeat(4000) } })],
+      ['unknown_event_type', JSON.stringify({ ...recorderEvent(1003), type: 'tool_exploded' })],
       ['invalid', JSON.stringify([1, 2, 3])],
       ['registry_error', Buffer.from([0, 0, 0, 0, 7, 123, 125])],
     ];
     const msgs = [];
     for (let i = 0; i < 20; i++) {
-      msgs.push({ key: 's', value: JSON.stringify(event(i)) });
+      msgs.push({ key: 's', value: JSON.stringify(recorderEvent(i)) });
       const b = bad[i % bad.length];
       // The bad ones carry a trace context: their dead letters keep it, for whoever replays them.
       if (i < bad.length && b)
@@ -177,13 +162,15 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
         { topic: env.PAVER_TOPIC_DEAD_LETTERS!, partitions: 1 },
       ]);
       const nearLimit = Buffer.from(
-        JSON.stringify(event(5001, { step: 'three', args: { blob: 'y'.repeat(1_040_000) } })),
+        JSON.stringify({ ...recorderEvent(5001), step: 'three', args: { blob: 'y'.repeat(1_040_000) } }),
       );
-      const overMax = Buffer.from(JSON.stringify(event(5002, { args: { blob: 'z'.repeat(1_500_000) } })));
+      const overMax = Buffer.from(
+        JSON.stringify({ ...recorderEvent(5002), args: { blob: 'z'.repeat(1_500_000) } }),
+      );
       expect(nearLimit.length).toBeLessThan(1_048_588 - 200);
       expect(overMax.length).toBeGreaterThan(1024 * 1024);
       const good = (from: number, n: number) =>
-        Array.from({ length: n }, (_, i) => ({ key: 's', value: JSON.stringify(event(from + i)) }));
+        Array.from({ length: n }, (_, i) => ({ key: 's', value: JSON.stringify(recorderEvent(from + i)) }));
       await produce(env.PAVER_TOPIC_TOOL_CALLS!, [
         ...good(0, 10),
         { key: 's', value: nearLimit },
@@ -233,7 +220,9 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
       { topic: env.PAVER_TOPIC_DEAD_LETTERS!, partitions: 1, config: { 'max.message.bytes': '150000' } },
     ]);
     const bad = [1, 2, 3].map((i) =>
-      Buffer.from(JSON.stringify(event(6000 + i, { step: 'three', args: { blob: 'q'.repeat(45_000) } }))),
+      Buffer.from(
+        JSON.stringify({ ...recorderEvent(6000 + i), step: 'three', args: { blob: 'q'.repeat(45_000) } }),
+      ),
     );
     await produce(
       env.PAVER_TOPIC_TOOL_CALLS!,
@@ -294,7 +283,7 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
     await produce(env.PAVER_TOPIC_TOOL_CALLS!, [
       { key: 's', value, timestamp, headers: { pad: 'p'.repeat(pad) } },
       { key: 's', value, timestamp, headers: { pad: 'p'.repeat(pad + 1) } },
-      { key: 's', value: JSON.stringify(event(1)) },
+      { key: 's', value: JSON.stringify(recorderEvent(1)) },
     ]);
     const p = await start(env);
     await waitFor(async () => (await redis.scard(`${env.REDIS_KEY_PREFIX}:seen`)) === 1, 'the good event');
@@ -326,11 +315,11 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
       PAVER_RETRY_INITIAL_MS: '50',
       PAVER_RETRY_MAX_MS: '100',
     });
-    await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS! }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    await createRecorderTopics(env);
     await redis.set(`${env.REDIS_KEY_PREFIX}:fail`, '1');
     await produce(
       env.PAVER_TOPIC_TOOL_CALLS!,
-      Array.from({ length: 30 }, (_, i) => ({ key: `s${i % 7}`, value: JSON.stringify(event(i)) })),
+      Array.from({ length: 30 }, (_, i) => ({ key: `s${i % 7}`, value: JSON.stringify(recorderEvent(i)) })),
     );
     const p = await start(env);
     const metrics = async () => parsePrometheus(String((await getJson(p.url('/metrics'))).body));
@@ -354,14 +343,14 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
 
   it('commits past the transaction markers of a transactional topic: no lag left, nothing delivered twice', async () => {
     const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g'), PAVER_LAG_POLL_MS: '500' });
-    await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS! }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    await createRecorderTopics(env);
     // Upstream exactly-once writers (Kafka Streams, Connect, Flink) end every transaction with a control
     // record: the last offset of each partition is a marker no consumer is given.
     const tx = (from: number, n: number, commit: boolean) => ({
       commit,
       messages: Array.from({ length: n }, (_, i) => ({
         key: `s${(from + i) % 7}`,
-        value: JSON.stringify(event(from + i)),
+        value: JSON.stringify(recorderEvent(from + i)),
       })),
     });
     await produceInTransactions(env.PAVER_TOPIC_TOOL_CALLS!, [
@@ -415,10 +404,10 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
 
   it('stops gracefully on SIGTERM: exit 0, offsets committed, nothing re-read after restart', async () => {
     const env = serviceEnv({ FIXTURE_GROUP_ID: unique('g') });
-    await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS! }, { topic: env.PAVER_TOPIC_DEAD_LETTERS! }]);
+    await createRecorderTopics(env);
     await produce(
       env.PAVER_TOPIC_TOOL_CALLS!,
-      Array.from({ length: 300 }, (_, i) => ({ key: `s${i % 7}`, value: JSON.stringify(event(i)) })),
+      Array.from({ length: 300 }, (_, i) => ({ key: `s${i % 7}`, value: JSON.stringify(recorderEvent(i)) })),
     );
     const p = await start(env);
     await waitFor(async () => (await redis.scard(`${env.REDIS_KEY_PREFIX}:seen`)) === 300, 'all events');
@@ -430,7 +419,7 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
     const before = await redis.hgetall(`${env.REDIS_KEY_PREFIX}:deliveries`);
     expect(Object.keys(before)).toHaveLength(300);
 
-    await produce(env.PAVER_TOPIC_TOOL_CALLS!, [{ key: 's1', value: JSON.stringify(event(300)) }]);
+    await produce(env.PAVER_TOPIC_TOOL_CALLS!, [{ key: 's1', value: JSON.stringify(recorderEvent(300)) }]);
     const again = await start(env);
     await waitFor(async () => (await redis.scard(`${env.REDIS_KEY_PREFIX}:seen`)) === 301, 'the new event');
     // Every partition read to its end, so a re-read, if any, has happened by now.
@@ -571,22 +560,20 @@ describe('consumer runner: a chunk whose effect outlasts the session timeout', (
       KAFKA_SESSION_TIMEOUT_MS: '6000',
       FIXTURE_DELAY_MS: '9000',
     });
-    await createTopics([
-      { topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 },
-      { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
-    ]);
+    await createRecorderTopics(env, 1);
     await produce(
       env.PAVER_TOPIC_TOOL_CALLS!,
-      Array.from({ length: 20 }, (_, i) => ({ key: 's', value: JSON.stringify(event(i)) })),
+      Array.from({ length: 20 }, (_, i) => ({ key: 's', value: JSON.stringify(recorderEvent(i)) })),
     );
     const p = await start(env);
-    await waitFor(
-      () => groupCaughtUp(env.FIXTURE_GROUP_ID!, env.PAVER_TOPIC_TOOL_CALLS!),
-      'the slow chunk committed',
-      45_000,
-    ).catch((err: Error) => {
-      throw new Error(`${err.message}\n${p.output().slice(-3000)}`);
-    });
+    await explained(
+      p,
+      waitFor(
+        () => groupCaughtUp(env.FIXTURE_GROUP_ID!, env.PAVER_TOPIC_TOOL_CALLS!),
+        'the slow chunk committed',
+        45_000,
+      ),
+    );
     const deliveries = await redis.hgetall(`${env.REDIS_KEY_PREFIX}:deliveries`);
     expect(Object.keys(deliveries)).toHaveLength(20);
     expect(Object.values(deliveries).every((n) => n === '1')).toBe(true);

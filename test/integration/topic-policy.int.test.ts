@@ -3,6 +3,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { compactionProblems, ensureTopics } from '../../shared/kafka/topics.js';
 import { createTopics, testKafka, unique, waitFor } from '../helpers/kafka.js';
 import { isReady, ROOT, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
+import { RECORDER } from '../helpers/recorder.js';
 
 const procs: Proc[] = [];
 afterAll(() => {
@@ -67,7 +68,7 @@ describe('topics that must keep the latest record per key (real Kafka)', () => {
     // was ready; the first bad record then failed its dead-letter write, batch after batch and restart after
     // restart, holding its partition until the process gave up.
     await createTopics([{ topic: env.PAVER_TOPIC_TOOL_CALLS!, partitions: 1 }]);
-    const p = await startProcess(['--import', 'tsx', 'test/fixtures/recorder-service.ts'], env);
+    const p = await startProcess(RECORDER, env);
     procs.push(p);
     await waitFor(async () => p.child.exitCode !== null || (await isReady(p)), 'exit or ready');
     expect(await isReady(p), p.output()).toBe(false);

@@ -1,23 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { Producer } from 'kafkajs';
 import { createPublisher } from '../../client/index.js';
+import { producerDouble } from '../helpers/producer-double.js';
 import { startRegistryDouble } from '../helpers/registry-double.js';
 
 type Registry = Awaited<ReturnType<typeof startRegistryDouble>>;
-
-// A producer double that records what it is given, in send order: these tests are about what the publisher
-// queues, not about Kafka (the integration tests send the wire format to a real broker).
-const recorder = () => {
-  const sent: { tool?: string; step?: number; session_id: string }[] = [];
-  const producer = {
-    send: async (r: { messages: { value: Buffer }[] }) => {
-      for (const m of r.messages)
-        sent.push(JSON.parse(m.value.subarray(5).toString()) as (typeof sent)[number]);
-      return [];
-    },
-  } as unknown as Producer;
-  return { sent, producer };
-};
 
 describe('client publisher with a schema registry (registry double, producer double)', () => {
   let reg: Registry;
@@ -28,14 +14,21 @@ describe('client publisher with a schema registry (registry double, producer dou
     await reg.close();
   });
 
-  it("queues a session's events in call order, whatever each one's encode waits for", async () => {
-    const { sent, producer } = recorder();
+  /** A publisher to a topic of its own through the registry double, and the events its producer double sent. */
+  const publisher = (name: string) => {
+    // The registry's wire format puts the magic byte and the schema id before each event's JSON.
+    const { sent, producer } = producerDouble<{ tool?: string; step?: number }>(5);
     const p = createPublisher({
       producer,
       schemaRegistry: reg.url,
-      topic: `order-${Date.now()}`,
+      topic: `${name}-${Date.now()}`,
       lingerMs: 0,
     });
+    return { p, sent };
+  };
+
+  it("queues a session's events in call order, whatever each one's encode waits for", async () => {
+    const { p, sent } = publisher('order');
     const calls: Promise<void>[] = [];
     let n = 0;
     // Calls one microtask apart, from before the schema id is known until after: some wait for the
@@ -59,13 +52,7 @@ describe('client publisher with a schema registry (registry double, producer dou
   });
 
   it('holds a session after its event failed to encode (registry down): no later event of it goes out, and the retry gets the steps the calls had', async () => {
-    const { sent, producer } = recorder();
-    const p = createPublisher({
-      producer,
-      schemaRegistry: reg.url,
-      topic: `hold-${Date.now()}`,
-      lingerMs: 0,
-    });
+    const { p, sent } = publisher('hold');
     const call = (tool: string, session = 's') => p.toolCall({ session_id: session, task_id: 't', tool });
     reg.setDown(true);
     const lost = [call('a'), call('b')];

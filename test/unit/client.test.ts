@@ -19,29 +19,7 @@ import { detect as detectFile } from '../../services/detector/src/cli.js';
 import { liveCandidates } from '../../services/detector/src/core/detect.js';
 import { freePort } from '../../deploy/local/stack.js';
 import { waitFor } from '../helpers/kafka.js';
-
-/**
- * A producer double: the tests that use it are about the publisher (its step count, its memory, who hears of a
- * failure), not about Kafka. It refuses the next `failures` sends ('broker down'; Infinity: every one) and keeps
- * the events of the others, parsed, in `sent`.
- */
-function producerDouble<T = Record<string, unknown>>() {
-  const double = {
-    sent: [] as T[],
-    failures: 0,
-    producer: {
-      send: async (r: { messages: { value: Buffer }[] }) => {
-        if (double.failures > 0) {
-          double.failures--;
-          throw new Error('broker down');
-        }
-        for (const m of r.messages) double.sent.push(JSON.parse(m.value.toString()) as T);
-        return [];
-      },
-    } as unknown as Producer,
-  };
-  return double;
-}
+import { producerDouble } from '../helpers/producer-double.js';
 
 describe('client: createPublisher (validation happens before any connection)', () => {
   // Port 9 (discard): nothing is listening; none of these calls may reach the network.

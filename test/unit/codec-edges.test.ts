@@ -4,17 +4,10 @@ import { jsonCodec, registryCodec } from '../../shared/codec.js';
 import { PaverError } from '../../shared/errors.js';
 import { decodeMessage, decodeMessageSync, zodParser } from '../../shared/kafka/decode.js';
 import { startRegistryDouble } from '../helpers/registry-double.js';
+import { toolCall } from '../helpers/tool-call.js';
 
 const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
-const event = {
-  type: 'tool_call',
-  event_id: 'e1',
-  ts: 1_700_000_000_000,
-  session_id: 's',
-  task_id: 't',
-  step: 1,
-  tool: 'search',
-};
+const event = toolCall(1);
 const verdict = (r: { ok: boolean; reason?: string } | undefined) => r && (r.ok ? 'ok' : r.reason);
 const frame = (id: number, payload: Buffer) => {
   const head = Buffer.alloc(5);

@@ -1,33 +1,18 @@
 import { describe, expect, it, vi } from 'vitest';
-import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '../../schemas/index.js';
 import { PaverError } from '../../shared/errors.js';
 import type { BatchContext } from '../../shared/kafka/chunk.js';
-import { createRunner, zodParser } from '../../shared/kafka/runner.js';
 import {
-  oneRecordBatch,
+  loggedBatch,
   rebalancingError,
+  rejection,
   standInConsumer,
-  standInDeps,
   standInKafka,
+  standInRunner,
 } from '../helpers/stand-in-consumer.js';
+import { toolCall } from '../helpers/tool-call.js';
 
-const message = {
-  offset: '0',
-  key: Buffer.from('s'),
-  value: Buffer.from(
-    JSON.stringify({
-      type: 'tool_call',
-      event_id: 'e0',
-      ts: 1_700_000_000_000,
-      session_id: 's',
-      task_id: 't',
-      step: 0,
-      tool: 'search',
-    }),
-  ),
-  timestamp: '0',
-  headers: {},
-};
+/** A batch of one valid tool call, whose commits and resolved offsets go to `log`. */
+const toolCallBatch = (log: string[]) => loggedBatch(JSON.stringify(toolCall(0)), log);
 
 /**
  * A handler step that waits on something slow with no end of its own (a model call that does not answer):
@@ -46,19 +31,12 @@ function runnerWith(
   handler: (ctx: BatchContext) => Promise<void>,
 ) {
   const fatal: Error[] = [];
-  const runner = createRunner<ToolCallsEvent>({
-    service: 'test',
-    groupId: 'g',
-    topics: ['t'],
-    parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
-    handler: (_records, ctx) => handler(ctx),
+  const runner = standInRunner(
+    standInKafka(consumer),
+    { handler: (_records, ctx) => handler(ctx), onFatal: (e) => fatal.push(e) },
     // The shortest session timeout: the timer heartbeats every 600 ms.
-    ...standInDeps(
-      standInKafka(consumer),
-      { onFatal: (e) => fatal.push(e) },
-      { KAFKA_SESSION_TIMEOUT_MS: '6000' },
-    ),
-  });
+    { KAFKA_SESSION_TIMEOUT_MS: '6000' },
+  );
   return { runner, fatal };
 }
 
@@ -70,15 +48,8 @@ describe('consumer runner: a handler step waiting on something slow', () => {
     const { runner, fatal } = runnerWith(consumer, (ctx) => slowStep(ctx, () => log.push('step')));
     await runner.start();
     try {
-      const failed = await consumer.eachBatch!({
-        ...oneRecordBatch([]),
-        batch: { ...oneRecordBatch([]).batch, messages: [message] },
-        heartbeat: () => Promise.reject(rebalancing),
-        commitOffsetsIfNecessary: async () => void log.push('commit'),
-        resolveOffset: (o: string) => void log.push(`resolve ${o}`),
-      }).then(
-        () => null,
-        (e: unknown) => e,
+      const failed = await rejection(
+        consumer.eachBatch!({ ...toolCallBatch(log), heartbeat: () => Promise.reject(rebalancing) }),
       );
       // Before, nothing told the step: it waited for good (here, until the test timed out).
       expect(failed).toBe(rebalancing);
@@ -102,16 +73,12 @@ describe('consumer runner: a handler step waiting on something slow', () => {
       }
     });
     await runner.start();
-    const batch = consumer.eachBatch!({
-      ...oneRecordBatch([]),
-      batch: { ...oneRecordBatch([]).batch, messages: [message] },
-      // kafkajs's own flag stays up until the batch returns: the stop must reach the step by the signal.
-      isRunning: () => true,
-      commitOffsetsIfNecessary: async () => void log.push('commit'),
-      resolveOffset: (o: string) => void log.push(`resolve ${o}`),
-    }).then(
-      () => null,
-      (e: unknown) => e,
+    const batch = rejection(
+      consumer.eachBatch!({
+        ...toolCallBatch(log),
+        // kafkajs's own flag stays up until the batch returns: the stop must reach the step by the signal.
+        isRunning: () => true,
+      }),
     );
     await vi.waitFor(() => expect(entered).toBe(true), { timeout: 10_000 });
     await runner.stop();

@@ -1,26 +1,17 @@
 import { Registry } from 'prom-client';
 import { describe, expect, it, vi } from 'vitest';
-import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '../../schemas/index.js';
 import { PaverError } from '../../shared/errors.js';
-import { createRunner, zodParser, type RuntimeDeps } from '../../shared/kafka/runner.js';
 import { createMetrics } from '../../shared/metrics.js';
 import {
+  loggedBatch,
   oneRecordBatch,
   rebalancingError,
+  rejection,
   standInConsumer,
-  standInDeps,
   standInKafka,
+  standInRunner,
 } from '../helpers/stand-in-consumer.js';
-
-const event = (i: number) => ({
-  type: 'tool_call',
-  event_id: `e${i}`,
-  ts: 1_700_000_000_000 + i,
-  session_id: 's',
-  task_id: 't',
-  step: i,
-  tool: 'search',
-});
+import { toolCall } from '../helpers/tool-call.js';
 
 /**
  * The consumer side of kafkajs as the runner sees it, one partition, with kafkajs's offset rules: the next fetch
@@ -86,20 +77,16 @@ describe('consumer runner: a commit that fails', () => {
   it('is not lost: the chunk is read again and committed, so the group reaches the end of the partition', async () => {
     const log = [0, 1, 2, 3, 4].map((i) => ({
       offset: String(i),
-      value: Buffer.from(JSON.stringify(event(i))),
+      value: Buffer.from(JSON.stringify(toolCall(i))),
     }));
     const k = fakeKafka(log, 1);
     const seen: string[] = [];
     const fatal: Error[] = [];
-    const runner = createRunner<ToolCallsEvent>({
-      service: 'test',
-      groupId: 'g',
-      topics: ['t'],
-      parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
+    const runner = standInRunner(k.kafka, {
       handler: async (records) => {
         for (const r of records) seen.push(r.value.event_id);
       },
-      ...standInDeps(k.kafka, { onFatal: (e) => fatal.push(e) }),
+      onFatal: (e) => fatal.push(e),
     });
     await runner.start();
     try {
@@ -118,27 +105,22 @@ describe('consumer runner: a commit that fails', () => {
 
 describe('consumer runner: a rebalance while a chunk is retried', () => {
   it('ends the retries at once and hands the rebalance to kafkajs (the group does not wait for them)', async () => {
-    const log = [0, 1].map((i) => ({ offset: String(i), value: Buffer.from(JSON.stringify(event(i))) }));
+    const log = [0, 1].map((i) => ({ offset: String(i), value: Buffer.from(JSON.stringify(toolCall(i))) }));
     // The group is rebalancing (another instance joined): every heartbeat says so, as kafkajs reports it.
     const rebalancing = rebalancingError();
     const k = fakeKafka(log, 0, () => Promise.reject(rebalancing));
     let calls = 0;
-    const runner = createRunner<ToolCallsEvent>({
-      service: 'test',
-      groupId: 'g',
-      topics: ['t'],
-      parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
-      handler: async () => {
-        calls++;
-        // A dependency failing transiently (the service's Redis answering BUSY, say), Redis still connected.
-        throw new PaverError('REDIS_UNAVAILABLE', 'BUSY');
+    const runner = standInRunner(
+      k.kafka,
+      {
+        handler: async () => {
+          calls++;
+          // A dependency failing transiently (the service's Redis answering BUSY, say), Redis still connected.
+          throw new PaverError('REDIS_UNAVAILABLE', 'BUSY');
+        },
       },
-      ...standInDeps(
-        k.kafka,
-        {},
-        { PAVER_RETRY_ATTEMPTS: '8', PAVER_RETRY_INITIAL_MS: '1', PAVER_RETRY_MAX_MS: '1' },
-      ),
-    });
+      { PAVER_RETRY_ATTEMPTS: '8', PAVER_RETRY_INITIAL_MS: '1', PAVER_RETRY_MAX_MS: '1' },
+    );
     await runner.start();
     try {
       await k.fetchOnce();
@@ -166,15 +148,6 @@ describe('consumer runner: the commit past records no consumer is given (transac
       name: 'KafkaJSNumberOfRetriesExceeded',
       retriable: false,
     });
-  const make = (consumer: ReturnType<typeof standInConsumer>, metrics?: RuntimeDeps['metrics']) =>
-    createRunner<ToolCallsEvent>({
-      service: 'test',
-      groupId: 'g',
-      topics: ['t'],
-      parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
-      handler: async () => undefined,
-      ...standInDeps(standInKafka(consumer), metrics ? { metrics } : {}),
-    });
 
   it('that fails is counted and tried again at the next fetch, without an unhandled rejection', async () => {
     const unhandled: unknown[] = [];
@@ -188,7 +161,7 @@ describe('consumer runner: the commit past records no consumer is given (transac
       if (failures-- > 0) throw timeout();
     };
     const metrics = createMetrics('test', new Registry());
-    const runner = make(consumer, metrics);
+    const runner = standInRunner(standInKafka(consumer), { metrics });
     await runner.start();
     try {
       // The partition is idle after the marker: no batch of it comes to commit past it instead.
@@ -219,7 +192,7 @@ describe('consumer runner: the commit past records no consumer is given (transac
     consumer.commitOffsets = (offsets) =>
       // A commit the coordinator answers late (kafkajs retries it meanwhile, and it lands once answered).
       new Promise<void>((r) => (answer = r)).then(() => void applied.push(offsets[0]!.offset));
-    const runner = make(consumer);
+    const runner = standInRunner(standInKafka(consumer));
     await runner.start();
     try {
       consumer.emit('end', markerOnly(4));
@@ -233,7 +206,7 @@ describe('consumer runner: the commit past records no consumer is given (transac
           messages: [5, 6].map((i) => ({
             offset: String(i),
             key: Buffer.from('s'),
-            value: Buffer.from(JSON.stringify(event(i))),
+            value: Buffer.from(JSON.stringify(toolCall(i))),
             timestamp: '0',
             headers: {},
           })),
@@ -263,49 +236,30 @@ describe('consumer runner: a rebalance the heartbeat timer meets during a long c
     const log: string[] = [];
     const fatal: Error[] = [];
     let runningAfterBeat: boolean | null = null;
-    const runner = createRunner<ToolCallsEvent>({
-      service: 'test',
-      groupId: 'g',
-      topics: ['t'],
-      parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
-      // A long handler working in steps (a replay, a model call per record), asking between them whether to go on.
-      handler: async (_records, ctx) => {
-        await vi.waitFor(() => expect(beats).toBeGreaterThan(0), { timeout: 10_000 });
-        runningAfterBeat = ctx.isRunning();
-        if (!runningAfterBeat) throw new PaverError('SHUTTING_DOWN', 'stopped between steps');
+    const runner = standInRunner(
+      standInKafka(consumer),
+      {
+        // A long handler working in steps (a replay, a model call per record), asking between them whether to go on.
+        handler: async (_records, ctx) => {
+          await vi.waitFor(() => expect(beats).toBeGreaterThan(0), { timeout: 10_000 });
+          runningAfterBeat = ctx.isRunning();
+          if (!runningAfterBeat) throw new PaverError('SHUTTING_DOWN', 'stopped between steps');
+        },
+        onFatal: (e) => fatal.push(e),
       },
       // The shortest session timeout: the timer heartbeats every 600 ms.
-      ...standInDeps(
-        standInKafka(consumer),
-        { onFatal: (e) => fatal.push(e) },
-        { KAFKA_SESSION_TIMEOUT_MS: '6000' },
-      ),
-    });
+      { KAFKA_SESSION_TIMEOUT_MS: '6000' },
+    );
     await runner.start();
     try {
-      const failed = await consumer.eachBatch!({
-        ...oneRecordBatch([]),
-        batch: {
-          ...oneRecordBatch([]).batch,
-          messages: [
-            {
-              offset: '0',
-              key: Buffer.from('s'),
-              value: Buffer.from(JSON.stringify(event(0))),
-              timestamp: '0',
-              headers: {},
-            },
-          ],
-        },
-        heartbeat: () => {
-          beats++;
-          return Promise.reject(rebalancing);
-        },
-        commitOffsetsIfNecessary: async () => void log.push('commit'),
-        resolveOffset: (o: string) => void log.push(`resolve ${o}`),
-      }).then(
-        () => null,
-        (e: unknown) => e,
+      const failed = await rejection(
+        consumer.eachBatch!({
+          ...loggedBatch(JSON.stringify(toolCall(0)), log),
+          heartbeat: () => {
+            beats++;
+            return Promise.reject(rebalancing);
+          },
+        }),
       );
       // Before, the timer's heartbeat swallowed the rebalance: the handler was told to go on with its next step.
       expect(runningAfterBeat).toBe(false);

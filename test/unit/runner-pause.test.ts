@@ -1,9 +1,12 @@
 import { Registry } from 'prom-client';
 import { afterEach, describe, expect, it, vi } from 'vitest';
-import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '../../schemas/index.js';
-import { createRunner, zodParser } from '../../shared/kafka/runner.js';
 import { createMetrics } from '../../shared/metrics.js';
-import { oneRecordBatch, standInConsumer, standInDeps, standInKafka } from '../helpers/stand-in-consumer.js';
+import {
+  oneRecordBatch,
+  standInConsumer,
+  standInKafka,
+  standInRunner,
+} from '../helpers/stand-in-consumer.js';
 
 const unhandled: unknown[] = [];
 const onUnhandled = (err: unknown) => unhandled.push(err);
@@ -29,15 +32,7 @@ describe('consumer runner: consumption paused for a dependency', () => {
     });
     let redisUp = false;
     const resumed: string[] = [];
-    const runner = createRunner<ToolCallsEvent>({
-      service: 'test',
-      groupId: 'g',
-      topics: ['t'],
-      parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
-      handler: async () => undefined,
-      ready: () => redisUp,
-      ...standInDeps(standInKafka(consumer)),
-    });
+    const runner = standInRunner(standInKafka(consumer), { ready: () => redisUp });
     await runner.start();
     try {
       // A batch while Redis is down: the partition is paused until it is back.
@@ -63,15 +58,7 @@ describe('consumer runner: consumption paused for a dependency', () => {
     const redisUp = false;
     const make = (ready: () => boolean) => {
       const consumer = standInConsumer();
-      const runner = createRunner<ToolCallsEvent>({
-        service: 'test',
-        groupId: `g${Math.random()}`,
-        topics: ['t'],
-        parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
-        handler: async () => undefined,
-        ready,
-        ...standInDeps(standInKafka(consumer), { metrics }),
-      });
+      const runner = standInRunner(standInKafka(consumer), { groupId: `g${Math.random()}`, ready, metrics });
       return { consumer, runner };
     };
     const main = make(() => redisUp && registryUp);

@@ -1,12 +1,17 @@
 import { KafkaJSNonRetriableError, KafkaJSProtocolError } from 'kafkajs';
 
 import { describe, expect, it } from 'vitest';
-import { TOOL_CALLS_EVENT_TYPES, toolCallsEventV1, type ToolCallsEvent } from '../../schemas/index.js';
 import { jsonCodec } from '../../shared/codec.js';
 import { PaverError } from '../../shared/errors.js';
-import { createRunner, zodParser } from '../../shared/kafka/runner.js';
 import { createSink } from '../../shared/kafka/sink.js';
-import { standInConsumer, standInDeps, standInKafka } from '../helpers/stand-in-consumer.js';
+import {
+  loggedBatch,
+  rejection,
+  standInConsumer,
+  standInKafka,
+  standInRunner,
+} from '../helpers/stand-in-consumer.js';
+import { toolCall } from '../helpers/tool-call.js';
 
 // As kafkajs builds a broker's error from its table (retriable: false for these); its typings say `Error | string`.
 const refusal = (type: string, code: number, message: string) =>
@@ -19,30 +24,7 @@ const wrapped = (e: Error) =>
 const clusterRefused = () => refusal('CLUSTER_AUTHORIZATION_FAILED', 31, 'Cluster authorization failed');
 
 /** One batch of partition 0 holding one record no service can read (so it goes to the dead-letter topic). */
-function badRecordBatch(log: string[]) {
-  return {
-    batch: {
-      topic: 't',
-      partition: 0,
-      highWatermark: '1',
-      messages: [{ offset: '0', key: null, value: Buffer.from('not json'), timestamp: '0', headers: {} }],
-      lastOffset: () => '0',
-    },
-    resolveOffset: (o: string) => log.push(`resolve ${o}`),
-    commitOffsetsIfNecessary: async () => void log.push('commit'),
-    heartbeat: async () => undefined,
-    pause: () => () => undefined,
-    isRunning: () => true,
-    isStale: () => false,
-  };
-}
-
-/** What a promise rejected with, or null when it resolved. */
-const rejection = (p: Promise<unknown>) =>
-  p.then(
-    () => null,
-    (e: unknown) => e,
-  );
+const badRecordBatch = (log: string[]) => loggedBatch('not json', log);
 
 /**
  * A started runner over a stand-in consumer whose dead-letter writes go to `sendRaw`, with short waits and many
@@ -52,18 +34,11 @@ const rejection = (p: Promise<unknown>) =>
 async function runnerWritingDeadLettersTo(sendRaw: () => Promise<void>) {
   const consumer = standInConsumer();
   const fatal: Error[] = [];
-  const runner = createRunner<ToolCallsEvent>({
-    service: 'test',
-    groupId: 'g',
-    topics: ['t'],
-    parse: zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES),
-    handler: async () => undefined,
-    ...standInDeps(
-      standInKafka(consumer),
-      { onFatal: (e) => fatal.push(e), sink: { sendRaw } as never },
-      { PAVER_RETRY_ATTEMPTS: '4', PAVER_RETRY_INITIAL_MS: '1', PAVER_RETRY_MAX_MS: '1' },
-    ),
-  });
+  const runner = standInRunner(
+    standInKafka(consumer),
+    { onFatal: (e) => fatal.push(e), sink: { sendRaw } as never },
+    { PAVER_RETRY_ATTEMPTS: '4', PAVER_RETRY_INITIAL_MS: '1', PAVER_RETRY_MAX_MS: '1' },
+  );
   await runner.start();
   return { consumer, runner, fatal };
 }
@@ -137,15 +112,7 @@ describe('sink: an output write the broker refuses for good', () => {
   it('fails as a configuration error naming the topic and the cause, which the runner does not retry', async () => {
     const sends = { n: 0 };
     const sink = createSink(refusingKafka(() => wrapped(topicRefused()), sends) as never, jsonCodec());
-    const record = {
-      type: 'tool_call',
-      event_id: 'e1',
-      ts: 1_700_000_000_000,
-      session_id: 's',
-      task_id: 't',
-      step: 1,
-      tool: 'search',
-    };
+    const record = toolCall(1);
     const out = await rejection(sink.send('paver.out.v1', 'tool-calls.v1', [{ key: 's', value: record }]));
     expect(out).toBeInstanceOf(PaverError);
     expect((out as PaverError).code).toBe('CONFIG_INVALID');
