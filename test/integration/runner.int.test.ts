@@ -138,7 +138,19 @@ describe('consumer runner (real Kafka, real Redis, real processes)', () => {
       expect(b.original_b64.length).toBeGreaterThan(0);
       expect(b.detail).not.toContain('three');
     }
-    const metrics = parsePrometheus(String((await getJson(p.url('/metrics'))).body));
+    // A chunk counts its dead letters once they are written and its processed events after that, and reports its
+    // lag once committed: all after the effects seen above.
+    const read = async () => parsePrometheus(String((await getJson(p.url('/metrics'))).body));
+    await waitFor(async () => {
+      const m = await read();
+      return (
+        m.value('paver_dead_letters_total', { reason: 'invalid' }) >= 3 &&
+        m.value('paver_dead_letters_total', { reason: 'oversize' }) >= 1 &&
+        m.value('paver_events_consumed_total', { outcome: 'processed' }) >= 20 &&
+        m.samples.some((s) => s.name === 'paver_consumer_lag' && s.labels.partition === '0' && s.value === 0)
+      );
+    }, 'the dead letters and processed events counted, no lag reported');
+    const metrics = await read();
     expect(metrics.value('paver_dead_letters_total', { reason: 'invalid' })).toBe(3);
     expect(metrics.value('paver_dead_letters_total', { reason: 'oversize' })).toBe(1);
     expect(metrics.value('paver_events_consumed_total', { outcome: 'processed' })).toBe(20);

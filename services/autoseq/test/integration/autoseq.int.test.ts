@@ -139,11 +139,12 @@ describe('autoseq service (real Kafka, real Redis)', () => {
       'auto_seq_detected_none',
     ]);
     // The batch counts its effects after it has published and saved them: a decision can be read off the topic
-    // before its batch has counted it.
+    // before its batch has counted it. Dead letters are counted once written, and those of the catalog's other
+    // partitions are not ordered before anything waited for since.
     await waitFor(async () => {
       const m = parsePrometheus(String((await getJson(p.url('/metrics'))).body));
-      return m.value('paver_autoseq_llm_steps_saved_total') === 1;
-    }, 'the executed step counted');
+      return m.value('paver_autoseq_llm_steps_saved_total') === 1 && m.value('paver_dead_letters_total') >= 4;
+    }, 'the executed step and the four dead letters counted');
     const m = parsePrometheus(String((await getJson(p.url('/metrics'))).body));
     expect(m.value('paver_autoseq_llm_steps_saved_total')).toBe(1);
     expect(m.value('paver_dead_letters_total')).toBe(4);

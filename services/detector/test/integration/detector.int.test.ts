@@ -109,6 +109,16 @@ describe('detector service (real Kafka, real Redis)', () => {
       90_000,
     );
     expect(await candidates(b)).toEqual(offline);
+    // A chunk counts its events once its Redis script has applied them, and GET /candidates reads that state: the
+    // candidates can be whole before the instance that applied the last chunk has counted it.
+    const applied = async (p: Proc) =>
+      parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value('paver_detector_events_total', {
+        outcome: 'applied',
+      });
+    await waitFor(
+      async () => (await applied(a)) > 0 && (await applied(b)) > 0,
+      'applied events counted by both instances',
+    );
     const ma = parsePrometheus(String((await getJson(a.url('/metrics'))).body));
     const mb = parsePrometheus(String((await getJson(b.url('/metrics'))).body));
     // Both took part: the work was split by partition.

@@ -1,6 +1,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { detectorRecord, flowNameOf } from '../detector-record.js';
 import { produce, unique, waitFor } from '../../../../test/helpers/kafka.js';
+import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import {
   getJson,
   isReady,
@@ -73,6 +74,12 @@ describe('promotion within the flows.v1 contract (real Kafka/Redis, the service 
     const key = encodeURIComponent(recs[1]!.dedupe_key);
     const stored = await getJson(p.url(`/flows/candidates/${key}?agent_id=a`));
     expect((stored.body as { status: string }).status).toBe('pending');
+    // Refusals are counted once the batch's write (and the publication of the flows seen above) is done.
+    const refused = async () =>
+      parsePrometheus(await (await fetch(p.url('/metrics'))).text()).value(
+        'paver_flows_promotions_refused_total',
+      );
+    await waitFor(async () => (await refused()) >= 1, 'the refused promotion counted');
     const metrics = await (await fetch(p.url('/metrics'))).text();
     expect(metrics).toMatch(/^paver_flows_promotions_refused_total{service="flows"} 1$/m);
     // An operator's promote of it is refused as the request's fault (422), not a server error.

@@ -4,7 +4,14 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { deadLetterRecordV1, toolCallsEventV1, type ToolCallsEvent } from '../../../../schemas/index.js';
-import { consumeUntil, createTopics, produce, testKafka, waitFor } from '../../../../test/helpers/kafka.js';
+import {
+  consumeUntil,
+  createTopics,
+  groupCaughtUp,
+  produce,
+  testKafka,
+  waitFor,
+} from '../../../../test/helpers/kafka.js';
 import {
   PAVER_BIN,
   ROOT,
@@ -109,10 +116,13 @@ describe('ingest service (real Kafka, real Redis, spans from the OpenTelemetry J
         (m) => m.value?.toString().includes('"task_completed"') && m.value.toString().includes('conv-d'),
       ),
     );
-    const metrics = await waitFor(async () => {
-      const m = parsePrometheus(String((await getJson(p.url('/metrics'))).body));
-      return m.value('paver_ingest_messages_total') >= 8 ? m : null;
-    }, 'all eight messages read');
+    // A message is counted as read when decoded, its events and spans once they are published and saved, its dead
+    // letter once written, all before its offset is committed: wait for the commit, not for the events on the topic.
+    await waitFor(
+      () => groupCaughtUp(env.INGEST_GROUP_ID!, env.INGEST_OTLP_TOPIC!),
+      'all eight messages handled and committed',
+    );
+    const metrics = parsePrometheus(String((await getJson(p.url('/metrics'))).body));
 
     const onTopic = await readAll(env.PAVER_TOPIC_TOOL_CALLS!);
     const events = onTopic.map((m) => {
