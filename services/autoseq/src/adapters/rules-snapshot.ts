@@ -261,7 +261,16 @@ export class RuleSnapshots {
         await leases.keepFresh(true);
       } catch (err) {
         const copiedIds = new Set(copied.map((c) => scopeId(c.tenant, c.agent)));
-        await this.s.requeue?.(scopes.filter((w) => copiedIds.has(scopeId(w.tenant, w.agent))));
+        try {
+          await this.s.requeue?.(scopes.filter((w) => copiedIds.has(scopeId(w.tenant, w.agent))));
+        } catch (fence) {
+          // The lease lost is why the copy failed, and what the failed flush logs: a fence that failed too, thrown
+          // in its place, hid it. Logged here beside it.
+          this.s.log.warn(
+            { err: errorMessage(fence), copy: errorMessage(err) },
+            "a stale copy's scopes not fenced (their records may outlive a retirement or a forget)",
+          );
+        }
         throw err;
       }
       for (const [kind, n] of Object.entries(kinds)) if (n > 0) this.s.metrics.records.inc({ kind }, n);

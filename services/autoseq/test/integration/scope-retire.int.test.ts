@@ -1,4 +1,5 @@
 import type { Redis } from 'ioredis';
+import { pino } from 'pino';
 import { Registry } from 'prom-client';
 import { afterAll, describe, expect, it } from 'vitest';
 import type { ToolCallsEvent } from '../../../../schemas/index.js';
@@ -763,10 +764,26 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
       },
     };
     // The copier's instance, whose fence sends through the same failing sink.
-    const late = ruleCopier(redis, t.prefix, failing, t.topic, t.sweeper({ sink: failing })).snapshots;
+    const logged: { msg: string; err?: string; copy?: string }[] = [];
+    const log = pino({ level: 'warn' }, { write: (line: string) => logged.push(JSON.parse(line)) });
+    const late = ruleCopier(
+      redis,
+      t.prefix,
+      failing,
+      t.topic,
+      t.sweeper({ sink: failing }),
+      undefined,
+      log,
+    ).snapshots;
     late.mark(written);
     await late.flush();
     expect(sends).toBe(2);
+    // Both failures are logged: the failed copy with its own error (the lease lost), not the fence's in its place.
+    const failed = logged.find((l) => l.msg.includes('not copied to the rules topic'));
+    expect(failed?.err).toMatch(/scope lease lost/);
+    const fence = logged.find((l) => l.msg.includes('not fenced'));
+    expect(fence).toMatchObject({ err: 'broker unavailable' });
+    expect(fence?.copy).toMatch(/scope lease lost/);
     expect(await t.scopeRecord('f')).toBeTruthy();
     expect(await t.registered()).toEqual([S('f')]);
     expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 1, failed: 0 });
