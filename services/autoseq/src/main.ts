@@ -81,6 +81,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
           epoch: { key: epochKey, flag: restoring, value: () => epoch.current() },
           copies: copyRules,
           sweeps: timing !== null,
+          maxRecordBytes: env.PAVER_MAX_OUTPUT_BYTES,
           onRetired: (outcome, n) => m.scopesRetired.inc({ outcome }, n),
           recopy: (written) => snapshots.mark(written),
         })

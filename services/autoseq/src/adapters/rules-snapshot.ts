@@ -169,6 +169,8 @@ export class RuleSnapshots {
       const records: { key: string; value: string | null }[] = [];
       const kinds = { context: 0, tombstone: 0, too_large: 0, trimmed: 0 };
       const copied: { tenant: string; agent: string }[] = [];
+      /** Scopes with state left out as too large: not copied, but registered (see below). */
+      const leftOut: { tenant: string; agent: string }[] = [];
       // As the broker counts a record against the topic's max.message.bytes (batch framing, key, value): key and
       // value alone let a record within about 80 bytes of the limit through, the broker refused it, and the
       // whole copy failed at every interval.
@@ -219,6 +221,9 @@ export class RuleSnapshots {
               { bytes: over, limit: this.s.maxRecordBytes },
               'a scope record is over PAVER_MAX_OUTPUT_BYTES: the scope is left out of the rules topic (warned once per scope)',
             );
+          // Registered all the same: the topic may hold its older records (copied while they fitted, the registry
+          // absent or off), which only the sweep retires. Left out of the registry, it was never swept.
+          leftOut.push(c);
           continue;
         }
         this.fitted('left_out', id);
@@ -251,7 +256,7 @@ export class RuleSnapshots {
       // while this send is still in flight (its records would land after the tombstones).
       const sent = await Promise.allSettled([
         this.s.sink.sendRaw(this.s.topic, records),
-        this.s.register?.(copied),
+        this.s.register?.([...copied, ...leftOut]),
       ]);
       for (const r of sent) if (r.status === 'rejected') throw r.reason;
       // A send that outlasted the leases may have landed after a newer copy another instance made meanwhile:
@@ -261,7 +266,16 @@ export class RuleSnapshots {
         await leases.keepFresh(true);
       } catch (err) {
         const copiedIds = new Set(copied.map((c) => scopeId(c.tenant, c.agent)));
-        await this.s.requeue?.(scopes.filter((w) => copiedIds.has(scopeId(w.tenant, w.agent))));
+        try {
+          await this.s.requeue?.(scopes.filter((w) => copiedIds.has(scopeId(w.tenant, w.agent))));
+        } catch (fence) {
+          // The lease lost is why the copy failed, and what the failed flush logs: a fence that failed too, thrown
+          // in its place, hid it. Logged here beside it.
+          this.s.log.warn(
+            { err: errorMessage(fence), copy: errorMessage(err) },
+            "a stale copy's scopes not fenced (their records may outlive a retirement or a forget)",
+          );
+        }
         throw err;
       }
       for (const [kind, n] of Object.entries(kinds)) if (n > 0) this.s.metrics.records.inc({ kind }, n);

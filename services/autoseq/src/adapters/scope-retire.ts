@@ -1,6 +1,7 @@
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import { errorMessage, PaverError } from '../../../../shared/errors.js';
+import { messageBytes } from '../../../../shared/kafka/dead-letter.js';
 import { jsonOf } from '../../../../shared/kafka/replay.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
 import type { Logger } from '../../../../shared/log.js';
@@ -85,6 +86,12 @@ export interface ScopeRetirementSpec {
   sweeps?: boolean;
   /** False when the rules are not copied to the topic (`AUTOSEQ_RULES_SNAPSHOT_MS=0`): `forget` sends nothing. */
   copies?: boolean;
+  /**
+   * PAVER_MAX_OUTPUT_BYTES, as the copy holds its records to it (`messageBytes`): a tombstone over it is left out,
+   * as the copy leaves it out. No record of that key fitted under it, and the broker would refuse the tombstone
+   * with the whole round, at every sweep (a scope left out of the copy as too large is registered too).
+   */
+  maxRecordBytes?: number;
   onRetired: (outcome: RetireOutcome, scopes: number) => void;
   /**
    * Tombstones whose send may have outlasted the leases: a scope that came back meanwhile may have copied some
@@ -324,7 +331,7 @@ export class ScopeRetirement {
       };
     });
     try {
-      await this.s.sink.sendRaw(this.s.topic, tombstones(prefix, todo));
+      await this.s.sink.sendRaw(this.s.topic, tombstones(prefix, todo, this.s.maxRecordBytes));
       // A send that outlasted the leases: a scope that came back may have copied some of these first.
       await leases.keepFresh(true);
     } catch (err) {
@@ -472,7 +479,7 @@ export class ScopeRetirement {
       const todo: Retiring[] = round.filter((_, i) => r[i] === 0).map((s) => ({ ...s, live: false }));
       if (todo.length === 0) return;
       try {
-        await this.s.sink.sendRaw(this.s.topic, tombstones(prefix, todo));
+        await this.s.sink.sendRaw(this.s.topic, tombstones(prefix, todo, this.s.maxRecordBytes));
         // As in `finish`: a scope that came back during a send past the lease may have copied some of these first.
         await leases.keepFresh(true);
       } catch (err) {
@@ -523,9 +530,15 @@ export class ScopeRetirement {
 }
 
 /** Scopes' records as tombstones: their contexts, then the scope record of each that has no state. */
-function tombstones(prefix: string, scopes: readonly Retiring[]): { key: string; value: null }[] {
-  return scopes.flatMap((s) => [
-    ...s.ctxs.map((c) => ({ key: contextRecordKey(prefix, s.tenant, s.agent, c), value: null })),
-    ...(s.live ? [] : [{ key: scopeRecordKey(prefix, s.tenant, s.agent), value: null }]),
-  ]);
+function tombstones(
+  prefix: string,
+  scopes: readonly Retiring[],
+  maxBytes = Infinity,
+): { key: string; value: null }[] {
+  return scopes
+    .flatMap((s) => [
+      ...s.ctxs.map((c) => ({ key: contextRecordKey(prefix, s.tenant, s.agent, c), value: null })),
+      ...(s.live ? [] : [{ key: scopeRecordKey(prefix, s.tenant, s.agent), value: null }]),
+    ])
+    .filter((r) => messageBytes(r) <= maxBytes);
 }

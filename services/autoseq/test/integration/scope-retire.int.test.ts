@@ -1,9 +1,11 @@
 import type { Redis } from 'ioredis';
+import { pino } from 'pino';
 import { Registry } from 'prom-client';
 import { afterAll, describe, expect, it } from 'vitest';
 import type { ToolCallsEvent } from '../../../../schemas/index.js';
 import { jsonCodec } from '../../../../shared/codec.js';
 import { readLatest } from '../../../../shared/kafka/replay.js';
+import { messageBytes } from '../../../../shared/kafka/dead-letter.js';
 import { createSink, type Sink } from '../../../../shared/kafka/sink.js';
 import { silentLogger } from '../../../../shared/log.js';
 import { restoreFlagKey } from '../../../../shared/redis/epoch.js';
@@ -59,8 +61,10 @@ const S = (agent: string) => JSON.stringify(['default', agent]);
 describe('idle scopes retired from Redis and from the rules topic (real Kafka and Redis)', () => {
   const redis = testRedis();
   const sink = createSink(testKafka(), jsonCodec());
+  const limitedSinks: Sink[] = [];
   afterAll(async () => {
     await sink.disconnect();
+    for (const s of limitedSinks) await s.disconnect();
     await redis.quit();
   });
 
@@ -126,23 +130,39 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
   };
 
   /** A prefix, its rules topic, a copier registering what it copies, and the sweep, wired as the service does. */
-  async function setup(opts: { sink?: Sink; redis?: Redis } = {}) {
+  async function setup(opts: { sink?: Sink; redis?: Redis; limit?: (prefix: string) => number } = {}) {
     const prefix = unique('paver-test');
     const topic = unique('autoseq-rules');
-    await createTopics([{ topic, partitions: 2, compacted: true }]);
+    // PAVER_MAX_OUTPUT_BYTES, and the topic's max.message.bytes with it (the sink, the copier and the sweep held to it).
+    const limit = opts.limit?.(prefix);
+    await createTopics([
+      {
+        topic,
+        partitions: 2,
+        compacted: true,
+        ...(limit ? { config: { 'max.message.bytes': String(limit) } } : {}),
+      },
+    ]);
     await sink.connect();
+    const limited = limit ? createSink(testKafka(), jsonCodec(), undefined, { maxRecordBytes: limit }) : null;
+    if (limited) {
+      await limited.connect();
+      limitedSinks.push(limited);
+    }
+    const theSink = opts.sink ?? limited ?? sink;
     const metrics = createAutoseqMetrics(new Registry(), () => 0);
     // The epoch marker as a guard left it: a scope without state is Redis's to have forgotten only while it holds.
     const epoch = { key: `${prefix}:aseq:epoch`, flag: restoreFlagKey(`${prefix}:aseq:epoch`), seen: 'e1' };
     await redis.set(epoch.key, epoch.seen);
     const copier: { snapshots?: ReturnType<typeof ruleCopier>['snapshots'] } = {};
     /** One instance's sweep (several may run against the same prefix, as instances do). */
-    const sweeper = (over: { sink?: Sink; redis?: Redis; sweeps?: boolean } = {}) =>
+    const sweeper = (over: { sink?: Sink; redis?: Redis; sweeps?: boolean; maxRecordBytes?: number } = {}) =>
       new ScopeRetirement({
         sweeps: over.sweeps ?? true,
+        maxRecordBytes: over.maxRecordBytes ?? limit,
         redis: over.redis ?? opts.redis ?? redis,
         prefix,
-        sink: over.sink ?? opts.sink ?? sink,
+        sink: over.sink ?? theSink,
         topic,
         leaseMs: 10_000,
         graceMs: GRACE,
@@ -153,7 +173,7 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
         recopy: (written) => copier.snapshots!.mark(written),
       });
     const retirement = sweeper();
-    const { snapshots, metrics: copies } = ruleCopier(redis, prefix, sink, topic, retirement);
+    const { snapshots, metrics: copies } = ruleCopier(redis, prefix, theSink, topic, retirement, limit);
     copier.snapshots = snapshots;
     const replay = rulesReplay(topic);
     /** One batch learned, saved with the TTL and its grace (`ttlMs`), and copied, as the service does. */
@@ -763,10 +783,26 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
       },
     };
     // The copier's instance, whose fence sends through the same failing sink.
-    const late = ruleCopier(redis, t.prefix, failing, t.topic, t.sweeper({ sink: failing })).snapshots;
+    const logged: { msg: string; err?: string; copy?: string }[] = [];
+    const log = pino({ level: 'warn' }, { write: (line: string) => logged.push(JSON.parse(line)) });
+    const late = ruleCopier(
+      redis,
+      t.prefix,
+      failing,
+      t.topic,
+      t.sweeper({ sink: failing }),
+      undefined,
+      log,
+    ).snapshots;
     late.mark(written);
     await late.flush();
     expect(sends).toBe(2);
+    // Both failures are logged: the failed copy with its own error (the lease lost), not the fence's in its place.
+    const failed = logged.find((l) => l.msg.includes('not copied to the rules topic'));
+    expect(failed?.err).toMatch(/scope lease lost/);
+    const fence = logged.find((l) => l.msg.includes('not fenced'));
+    expect(fence).toMatchObject({ err: 'broker unavailable' });
+    expect(fence?.copy).toMatch(/scope lease lost/);
     expect(await t.scopeRecord('f')).toBeTruthy();
     expect(await t.registered()).toEqual([S('f')]);
     expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 1, failed: 0 });
@@ -830,6 +866,53 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     await redis.del(t.epoch.key);
     expect(await restoreRules(redis, t.prefix, t.epoch.flag, t.replay)).toMatchObject({ restored: 0 });
     expect(await readScope(redis, t.prefix, 'default', 'f')).toBeNull();
+  });
+
+  it('registers a scope left out of a copy as too large: the sweep retires the records its older copies left', async () => {
+    const t = await setup();
+    const long = 'l'.repeat(200);
+    const store = await learnBatch(redis, t.prefix, asAgent(long), LOW_BAR, TTL + GRACE);
+    // Copied whole while its records fitted, and never registered (the TTL 0 then, or a version without the registry).
+    const before = ruleCopier(redis, t.prefix, sink, t.topic).snapshots;
+    before.mark(store.written());
+    await before.flush();
+    expect(await t.scopeRecord(long)).toBeTruthy();
+    expect(await t.registered()).toEqual([]);
+    // PAVER_MAX_OUTPUT_BYTES lowered under its scope record (its tombstone still fits): the copy leaves it out.
+    const limit = messageBytes({ key: scopeRecordKey(t.prefix, 'default', long), value: null }) + 5;
+    const tight = ruleCopier(redis, t.prefix, sink, t.topic, t.retirement, limit);
+    tight.snapshots.mark(store.written());
+    await tight.snapshots.flush();
+    expect((await tight.metrics.records.get()).values).toEqual([
+      expect.objectContaining({ labels: { kind: 'too_large' }, value: 1 }),
+    ]);
+    // Before, left out of the registry with it: never swept, its records on the topic for ever.
+    expect(await t.registered()).toEqual([S(long)]);
+    await t.idle(long);
+    expect(await t.sweeper({ maxRecordBytes: limit }).sweep()).toEqual({ retired: 1, gone: 0, failed: 0 });
+    expect(await t.scopeRecord(long)).toBeNull();
+    await t.lose();
+    await t.newEpoch();
+    expect(await t.restore()).toMatchObject({ restored: 0 });
+    expect(await readScope(redis, t.prefix, 'default', long)).toBeNull();
+  });
+
+  it("leaves out a retirement's tombstones over PAVER_MAX_OUTPUT_BYTES, which the topic would refuse with the whole round", async () => {
+    const long = 'l'.repeat(200);
+    // The scope record's tombstone fits; its record, and its contexts' tombstones (longer keys), do not.
+    const t = await setup({
+      limit: (prefix) => messageBytes({ key: scopeRecordKey(prefix, 'default', long), value: null }) + 5,
+    });
+    await t.learn(asAgent(long));
+    await t.learn(asAgent('x'));
+    expect(await t.registered()).toEqual([S(long), S('x')].sort());
+    await t.idle(long);
+    await t.idle('x');
+    // Before, the broker refused the round's send at every sweep, the other scope's retirement with it.
+    expect(await t.retirement.sweep()).toEqual({ retired: 2, gone: 0, failed: 0 });
+    expect(await t.scopeRecord(long)).toBeNull();
+    expect(await t.scopeRecord('x')).toBeNull();
+    expect(await t.registered()).toEqual([]);
   });
 
   it('copies a scope record marked again with no context (a retirement cut short on a scope that holds all its names)', async () => {
