@@ -5,7 +5,7 @@ import { Kafka, logLevel } from 'kafkajs';
 import { afterAll, describe, expect, it } from 'vitest';
 import { startKafka } from '../../deploy/local/stack.js';
 import { produce, testRedis, unique, waitFor } from '../helpers/kafka.js';
-import { explained, getJson, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
+import { explained, getJson, serviceEnv, startProcess, startReady, type Proc } from '../helpers/process.js';
 import { parsePrometheus } from '../helpers/prometheus.js';
 import { createRecorderTopics, RECORDER, recorderEvent as event } from '../helpers/recorder.js';
 
@@ -109,13 +109,8 @@ describe('truthful health (real Kafka, real processes)', () => {
       await producer.disconnect();
     };
     await send(0, 50);
-    const p = await startProcess(RECORDER, env);
-    procs.push(p);
+    const p = await startReady(RECORDER, env, procs, 90_000);
     const prefix = env.REDIS_KEY_PREFIX!;
-    await explained(
-      p,
-      waitFor(async () => (await readyz(p)).status === 200, 'ready', 90_000),
-    );
     await waitFor(async () => (await redis.scard(`${prefix}:seen`)) === 50, 'the first 50');
 
     const t0 = Date.now();

@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { createTopics, waitFor } from '../helpers/kafka.js';
 import { ownRedis, stopOwnRedis } from '../helpers/own-redis.js';
-import { isReady, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
+import { serviceEnv, startReady, type Proc } from '../helpers/process.js';
 
 const procs: Proc[] = [];
 afterAll(() => {
@@ -36,11 +36,7 @@ describe('HTTP API while Redis is down (real Kafka, real Redis, real process)', 
       { topic: env.PAVER_TOPIC_FLOW_CANDIDATES!, compacted: true },
       { topic: env.PAVER_TOPIC_DEAD_LETTERS! },
     ]);
-    const p = await startProcess(['bin/paver.js', 'run', 'detector'], env);
-    procs.push(p);
-    await waitFor(() => isReady(p), 'detector /readyz').catch((err: Error) => {
-      throw new Error(`${err.message}\n${p.output()}`);
-    });
+    const p = await startReady(['bin/paver.js', 'run', 'detector'], env, procs);
     const url = p.url('/candidates?tenant_id=default&agent_id=default');
     expect((await request(url))?.status).toBe(200);
     // The route names its query parameters: `tenant=` is not read as `tenant_id=` (the default tenant's answer).

@@ -1,6 +1,6 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { createTopics, groupCaughtUp, produce, unique, waitFor } from '../helpers/kafka.js';
-import { getJson, isReady, killAll, serviceEnv, startProcess, type Proc } from '../helpers/process.js';
+import { getJson, killAll, serviceEnv, startReady, type Proc } from '../helpers/process.js';
 import { parsePrometheus } from '../helpers/prometheus.js';
 
 const procs: Proc[] = [];
@@ -16,9 +16,7 @@ describe('input records not keyed as the contract asks (real Kafka and Redis, a 
     const env = serviceEnv({ SEQUENCER_GROUP_ID: unique('seq-keys') });
     const topic = env.PAVER_TOPIC_TOOL_CALLS!;
     await createTopics([{ topic, partitions: 2 }]);
-    const p = await startProcess(['bin/paver.js', 'run', 'sequencer'], env);
-    procs.push(p);
-    await waitFor(() => isReady(p), 'sequencer /readyz');
+    const p = await startReady(['bin/paver.js', 'run', 'sequencer'], env, procs);
     const event = (i: number) =>
       JSON.stringify({
         type: 'tool_call',

@@ -7,31 +7,22 @@ import { keyedPartitioner, murmur2 } from '../../shared/kafka/partitioner.js';
 import { PRODUCE_REQUEST_MAX_RECORDS, produceRequests } from '../../shared/kafka/sink.js';
 import { Partitioners, type PartitionMetadata } from 'kafkajs';
 import fc from 'fast-check';
+import { toolCall } from '../helpers/tool-call.js';
 
 const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
-const event = (i: number, extra: Record<string, unknown> = {}) => ({
-  type: 'tool_call',
-  event_id: `e${i}`,
-  ts: 1_700_000_000_000 + i,
-  session_id: 's',
-  task_id: 't',
-  step: i,
-  tool: 'search',
-  ...extra,
-});
 const opts = { codec: jsonCodec(), parse, maxBytes: 2048 };
 const buf = (v: unknown) => Buffer.from(typeof v === 'string' ? v : JSON.stringify(v));
 
 describe('decode step', () => {
   it('gives a typed value or a dead-letter reason, never an exception for bad bytes', async () => {
     const cases: [Buffer | null, string][] = [
-      [buf(event(1)), 'ok'],
+      [buf(toolCall(1)), 'ok'],
       [null, 'undecodable'],
       [Buffer.alloc(0), 'undecodable'],
       [buf('{"type": nope'), 'undecodable'],
-      [buf(event(2, { step: 'three' })), 'invalid'],
-      [buf({ ...event(3), type: 'tool_exploded' }), 'unknown_event_type'],
-      [buf(event(4, { args: { blob: 'x'.repeat(3000) } })), 'oversize'],
+      [buf({ ...toolCall(2), step: 'three' }), 'invalid'],
+      [buf({ ...toolCall(3), type: 'tool_exploded' }), 'unknown_event_type'],
+      [buf({ ...toolCall(4), args: { blob: 'x'.repeat(3000) } }), 'oversize'],
       [Buffer.from([0, 0, 0, 0, 7, 123, 125]), 'registry_error'],
     ];
     for (const [value, want] of cases) {
@@ -49,24 +40,24 @@ describe('decode step', () => {
     expect(decodeMessageSync({ key: null, value: Buffer.from([0, 0, 0, 0, 7, 123, 125]) }, 't', reg)).toBe(
       undefined,
     );
-    const plain = decodeMessageSync({ key: null, value: buf(event(1)) }, 't', reg);
+    const plain = decodeMessageSync({ key: null, value: buf(toolCall(1)) }, 't', reg);
     expect(plain?.ok).toBe(true);
     // A codec without a synchronous form (a service's own input codec) always takes the asynchronous path.
     const { decodeSync: _omitted, ...asyncOnly } = jsonCodec();
-    expect(decodeMessageSync({ key: null, value: buf(event(1)) }, 't', { ...opts, codec: asyncOnly })).toBe(
-      undefined,
-    );
+    expect(
+      decodeMessageSync({ key: null, value: buf(toolCall(1)) }, 't', { ...opts, codec: asyncOnly }),
+    ).toBe(undefined);
   });
 
   it('names the offending field when a record is invalid', async () => {
-    const r = await decodeMessage({ key: null, value: buf(event(2, { step: 'three' })) }, 't', opts);
+    const r = await decodeMessage({ key: null, value: buf({ ...toolCall(2), step: 'three' }) }, 't', opts);
     expect(r.ok ? '' : r.detail).toMatch(/^step: /);
   });
 
   it('maps a tombstone through the tombstone function when given', async () => {
     const r = await decodeMessage({ key: Buffer.from('k1'), value: null }, 't', {
       ...opts,
-      tombstone: (key) => ({ ...event(9), event_id: `deleted-${key}` }) as never,
+      tombstone: (key) => ({ ...toolCall(9), event_id: `deleted-${key}` }) as never,
     });
     expect(r.ok && (r.value as { event_id: string }).event_id).toBe('deleted-k1');
   });
@@ -84,7 +75,7 @@ const direct = <R>(fn: () => Promise<R>) => fn();
 describe('chunk step (the consumer loop body)', () => {
   it('hands good records to the handler, then dead-letters bad ones and rejections, in that order', async () => {
     const log: string[] = [];
-    const chunk = [msg(10, event(1)), msg(11, 'nope{'), msg(12, event(2)), msg(13, event(3))];
+    const chunk = [msg(10, toolCall(1)), msg(11, 'nope{'), msg(12, toolCall(2)), msg(13, toolCall(3))];
     const r = await processChunk({
       topic: 't',
       partition: 1,
@@ -138,7 +129,7 @@ describe('chunk step (the consumer loop body)', () => {
     const r = await processChunk({
       topic: 't',
       partition: 0,
-      chunk: [msg(5, event(5))],
+      chunk: [msg(5, toolCall(5))],
       decode: (m) => decodeMessageSync(m, 't', opts),
       decodeAsync: (m) => decodeMessage(m, 't', opts),
       handler: async () => {
@@ -156,7 +147,7 @@ describe('chunk step (the consumer loop body)', () => {
       ...msg(offset, ''),
       value: Buffer.from([0, 0, 0, 0, 1]),
     });
-    const chunk = [msg(0, event(0)), framed(1), msg(2, event(2)), msg(3, event(3))];
+    const chunk = [msg(0, toolCall(0)), framed(1), msg(2, toolCall(2)), msg(3, toolCall(3))];
     const retried: string[] = [];
     let failNext = true;
     const r = await processChunk({
@@ -170,7 +161,7 @@ describe('chunk step (the consumer loop body)', () => {
           failNext = false;
           throw new Error('registry down');
         }
-        return { ok: true, value: { ...event(Number(m.offset)), type: 'tool_call' } } as never;
+        return { ok: true, value: { ...toolCall(Number(m.offset)), type: 'tool_call' } } as never;
       },
       handler: async (records) => {
         expect(records.map((x) => x.offset)).toEqual(['0', '1', '2', '3']);

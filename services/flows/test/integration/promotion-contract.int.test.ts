@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { detectorRecord, flowNameOf } from '../detector-record.js';
-import { produce, unique, waitFor } from '../../../../test/helpers/kafka.js';
+import { groupCaughtUp, produce, unique, waitFor } from '../../../../test/helpers/kafka.js';
 import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import {
   getJson,
@@ -61,7 +61,14 @@ describe('promotion within the flows.v1 contract (real Kafka/Redis, the service 
       'two flows, or an exit',
     );
     // Before, the first candidate's flow failed the sink (INTERNAL): the process exited, and did again on restart.
-    await new Promise((r) => setTimeout(r, 3_000));
+    // The group commits a batch's offsets only once its effects are written, so every candidate committed means
+    // every candidate's batch was handled through, not merely that two flows got out before a crash.
+    await waitFor(
+      async () =>
+        p.child.exitCode !== null ||
+        (await groupCaughtUp(env.FLOWS_GROUP_ID!, env.PAVER_TOPIC_FLOW_CANDIDATES!)),
+      'every candidate handled (offsets committed), or an exit',
+    );
     expect({ exit: p.child.exitCode, log: p.child.exitCode === null ? '' : p.output().slice(-600) }).toEqual({
       exit: null,
       log: '',

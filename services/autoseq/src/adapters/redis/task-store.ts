@@ -32,7 +32,6 @@ const stored = z.object({
  * different slots work on a cluster). Each key expires after AUTOSEQ_TASK_TTL_MS without events.
  */
 export class RedisTaskStore {
-  roundTrips = 0;
   constructor(
     private readonly redis: Redis,
     private readonly prefix: string,
@@ -46,7 +45,6 @@ export class RedisTaskStore {
     const pipe = this.redis.pipeline();
     for (const id of ids) pipe.get(taskKey(this.prefix, refs.get(id)!));
     const values = await execPipeline(pipe, 'task state read');
-    this.roundTrips++;
     ids.forEach((id, i) => {
       const value = values[i];
       if (typeof value !== 'string') return out.set(id, newTaskState());
@@ -70,6 +68,5 @@ export class RedisTaskStore {
     for (const { ref, state } of states.values())
       pipe.set(taskKey(this.prefix, ref), JSON.stringify(state), 'PX', this.ttlMs);
     await execPipeline(pipe, 'task state write');
-    this.roundTrips++;
   }
 }

@@ -126,7 +126,6 @@ export interface Loaded {
  * a write that raced another instance (a rebalance) fail the batch, which is then retried from fresh state.
  */
 export class RedisSessionStore {
-  roundTrips = 0;
   constructor(
     private readonly redis: Redis,
     private readonly prefix: string,
@@ -150,7 +149,6 @@ export class RedisSessionStore {
     const marker = this.marker();
     if (marker?.value) pipe.get(marker.key);
     const values = await execPipeline(pipe, 'session read');
-    this.roundTrips++;
     if (marker?.value && values.at(-1) !== marker.value) throw stateLostMidRead();
     ids.forEach((id, i) => {
       const raw = values[i];
@@ -240,7 +238,6 @@ export class RedisSessionStore {
       for (const w of planned) this.cache.drop(w.key);
       throw err;
     }
-    this.roundTrips++;
     // Every reply updates the cache before a failure is thrown: a write that landed is cached as the newest.
     let failure: unknown = null;
     for (const [i, w] of planned.entries()) {
