@@ -2,7 +2,7 @@ import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import type { RegisteredFlow } from '../../../../schemas/index.js';
 import { jsonCodec } from '../../../../shared/codec.js';
 import { createSink } from '../../../../shared/kafka/sink.js';
-import { produce, testKafka, unique, waitFor } from '../../../../test/helpers/kafka.js';
+import { groupCaughtUp, produce, testKafka, unique, waitFor } from '../../../../test/helpers/kafka.js';
 import {
   getJson,
   isReady,
@@ -67,8 +67,20 @@ describe('promoted flow ids per scope (real Kafka/Redis, the service process)', 
     // unscoped id, and b's promotion took a's flow away (the registry moved the id to b's scope).
     expect(await promote('a')).toEqual({ status: 200, id: legacy.id });
     expect(await promote('b')).toEqual({ status: 200, id: promotedFlowId('default', 'b', key) });
-    // Let the registry feed apply the topic's records too.
-    await new Promise((r) => setTimeout(r, 3_000));
+    // The registry feed applies the flows topic's records too (before, b's record took a's flow away): wait until
+    // it has read the topic to its end. Its group commits after each applied chunk, under a name of its own.
+    await waitFor(async () => {
+      const admin = testKafka().admin();
+      await admin.connect();
+      try {
+        const { groups } = await admin.listGroups();
+        const feeds = groups.filter((g) => g.groupId.startsWith(`${env.FLOWS_GROUP_ID}-table-`));
+        for (const g of feeds) if (await groupCaughtUp(g.groupId, env.PAVER_TOPIC_FLOWS!)) return true;
+        return false;
+      } finally {
+        await admin.disconnect();
+      }
+    }, 'registry feed read the flows topic to its end');
     expect({ a: await listed('a'), b: await listed('b') }).toEqual({
       a: [legacy.id],
       b: [promotedFlowId('default', 'b', key)],
