@@ -78,6 +78,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
           graceMs: timing?.graceMs ?? 0,
           log,
           paused: () => guard?.rebuilding() ?? true,
+          ensureState: () => guard?.ensure() ?? Promise.resolve(),
           epoch: { key: epochKey, flag: restoring, value: () => epoch.current() },
           copies: copyRules,
           sweeps: timing !== null,

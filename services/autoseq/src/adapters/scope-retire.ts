@@ -72,6 +72,13 @@ export interface ScopeRetirementSpec {
   /** While true (a restore runs), no sweep. */
   paused: () => boolean;
   /**
+   * The guard's `ensure()`, awaited before each sweep: the epoch checked (and a loss restored) now, not only at
+   * the next batch. Scopes are idle when no batch comes, and a marker that changed meanwhile (evicted, or Redis
+   * lost) kept the guard's epoch stale for as long: every retirement's tombstones then waited for a marker the
+   * guard had not seen, its first step already done (state deleted, records still on the topic), for good.
+   */
+  ensureState?: () => Promise<void>;
+  /**
    * The epoch marker (`key`), the value this instance's guard last saw (`value`), and the restore flag (`flag`).
    * A scope found without state is taken for one Redis forgot (its expiry, an operator) only while the marker
    * is the one the guard saw and no restore is under way: then, and only then, no restore can bring it back
@@ -174,6 +181,8 @@ export class ScopeRetirement {
     const { redis, prefix } = this.s;
     const total = { retired: 0, gone: 0, failed: 0 };
     if (this.s.paused()) return total;
+    await this.s.ensureState?.();
+    if (this.stopped) return total;
     let cursor = '0';
     do {
       const [next, members] = await redis.sscan(scopeRegistryKey(prefix), cursor, 'COUNT', SCAN_COUNT);

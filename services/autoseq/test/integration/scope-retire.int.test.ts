@@ -1025,4 +1025,40 @@ describe('paver run autoseq retires an idle scope (real Kafka and Redis)', () =>
     expect(await inTopic()).toEqual([]);
     expect(await stopPromptly(p)).toBe(0);
   });
+
+  it('retires an idle scope whose epoch marker went while no batch came: the sweep checks the epoch itself', async () => {
+    const env: Record<string, string> = {
+      ...(await learnedServiceEnv('aseq-retire-marker', LOW_BAR)),
+      AUTOSEQ_RULES_SNAPSHOT_MS: '200',
+      AUTOSEQ_LEARN_SCOPE_TTL_MS: '60000',
+    };
+    const prefix = env.REDIS_KEY_PREFIX!;
+    const key = learnKey(prefix, 'default', 'default');
+    const p = await startAutoseq(env, procs);
+    await produce(
+      env.PAVER_TOPIC_TOOL_CALLS!,
+      events.map((e) => ({ key: e.session_id, value: JSON.stringify(e) })),
+    );
+    const inTopic = async () => (await readRulesLog(rulesReplay(env.AUTOSEQ_RULES_TOPIC!), prefix)).scopes;
+    await waitFor(
+      async () =>
+        (await redis.sismember(scopeRegistryKey(prefix), JSON.stringify(['default', 'default']))) === 1 &&
+        (await inTopic()).length === 1,
+      'the scope registered and copied',
+    );
+    // The marker evicted (the state stays), and no batch after it: only the sweep can see it. Before, the sweep
+    // waited for the guard to see a new marker, which only a batch (or a /readyz probe) made it do: the scope's
+    // state was deleted by the retirement's first step and its tombstones never sent, for good.
+    await redis.del(`${prefix}:aseq:epoch`);
+    const metric = async (outcome: string) =>
+      parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(
+        'paver_autoseq_scopes_retired_total',
+        { outcome },
+      ) ?? 0;
+    await waitFor(async () => (await metric('retired')) === 1, 'the idle scope retired', 150_000);
+    expect(await redis.exists(key)).toBe(0);
+    expect(await redis.scard(scopeRegistryKey(prefix))).toBe(0);
+    expect(await inTopic()).toEqual([]);
+    expect(await stopPromptly(p)).toBe(0);
+  });
 });
