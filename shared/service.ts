@@ -251,15 +251,10 @@ export async function runService<E extends CommonEnv, T>(
       resolveExit(exitCode);
     })();
   };
-  // Listeners stay for the whole run: with `once`, a second SIGTERM (or SIGINT) met Node's default action and
-  // killed the process in the middle of its graceful stop, before its commit. The stop is bounded by
-  // PAVER_SHUTDOWN_TIMEOUT_MS; a supervisor that cannot wait has SIGKILL.
   const onSignal = (sig: NodeJS.Signals) => {
     if (shuttingDown) log.warn({ signal: sig }, 'already shutting down');
     else shutdown(0, sig);
   };
-  process.on('SIGTERM', onSignal);
-  process.on('SIGINT', onSignal);
   // A supervisor that dies without stopping its services (`paver dev` killed with SIGKILL) cannot signal them,
   // and they would run on as orphans, each holding its port. Polled: Node has no parent-death signal.
   const parent = env.PAVER_PARENT_PID;
@@ -282,10 +277,12 @@ export async function runService<E extends CommonEnv, T>(
   };
   // A bug in a timer or a promise nobody awaits: without this, Node ended the process at once with a raw stack
   // (no structured line, the consumer never leaving its group). Offsets are committed only after effects, so
-  // the stop finishes or drops the chunk in hand as a SIGTERM does; the exit is 1 all the same.
-  const unwatchFaults = watchProcessFaults({
+  // the stop finishes or drops the chunk in hand as a SIGTERM does; the exit is 1 all the same. Signals come
+  // through the same hub: one listener per signal for the process, however many services it runs.
+  const unwatchProcess = watchProcessFaults({
     log,
     stop: (kind) => shutdown(1, kind),
+    signal: onSignal,
     exitNow: () => {
       exitCode = 1;
       resolveExit(1);
@@ -438,8 +435,6 @@ export async function runService<E extends CommonEnv, T>(
     shutdown(config ? EXIT_CONFIG : 1, 'start-up failed');
   });
   const code = await exited;
-  process.off('SIGTERM', onSignal);
-  process.off('SIGINT', onSignal);
-  unwatchFaults();
+  unwatchProcess();
   return code;
 }

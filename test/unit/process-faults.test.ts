@@ -4,8 +4,10 @@ import { describe, expect, it } from 'vitest';
 import {
   createFaultHub,
   faultFields,
+  STOP_SIGNALS,
   watchProcessFaults,
   type FaultKind,
+  type StopSignal,
 } from '../../shared/process-faults.js';
 
 /** A watcher whose logger keeps its lines, and which records what it was told. */
@@ -20,6 +22,7 @@ function watcher() {
       log,
       stop: (k: FaultKind) => void told.push(`stop ${k}`),
       exitNow: (k: FaultKind) => void told.push(`exitNow ${k}`),
+      signal: (sig: StopSignal) => void told.push(`signal ${sig}`),
     },
   };
 }
@@ -82,13 +85,34 @@ describe('process faults', () => {
     off();
   });
 
-  it("on the real process: one listener each while watched, none left after (vitest's own are kept)", () => {
-    const before = ['unhandledRejection', 'uncaughtException'].map((e) => process.listenerCount(e));
-    const offs = Array.from({ length: 12 }, () => watchProcessFaults(watcher().w));
-    expect(['unhandledRejection', 'uncaughtException'].map((e) => process.listenerCount(e))).toEqual(
-      before.map((n) => n + 1),
-    );
+  it('every SIGTERM and SIGINT reaches every service, each time, through one listener per signal', () => {
+    const proc = new EventEmitter();
+    const hub = createFaultHub(proc);
+    const all = Array.from({ length: 25 }, () => watcher());
+    const offs = all.map((x) => hub.watch(x.w));
+    expect(STOP_SIGNALS.map((sig) => proc.listenerCount(sig))).toEqual([1, 1]);
+    proc.emit('SIGTERM', 'SIGTERM');
+    // The second signal too: each service says it is already stopping (what it did with its own listener).
+    proc.emit('SIGINT', 'SIGINT');
+    for (const x of all) expect(x.told).toEqual(['signal SIGTERM', 'signal SIGINT']);
+    // A signal is no fault: the next fault is still the first, a graceful stop.
+    proc.emit('uncaughtException', new Error('after'), 'uncaughtException');
+    expect(all[0]!.told.at(-1)).toBe('stop uncaughtException');
+    // A service that stops at once on the signal and unwatches during it does not keep the others from hearing it.
+    const quick = watcher();
+    const offQuick = hub.watch({ ...quick.w, signal: () => offQuick() });
+    proc.emit('SIGTERM', 'SIGTERM');
+    for (const x of all) expect(x.told.at(-1)).toBe('signal SIGTERM');
     offs.forEach((off) => off());
-    expect(['unhandledRejection', 'uncaughtException'].map((e) => process.listenerCount(e))).toEqual(before);
+    expect(STOP_SIGNALS.map((sig) => proc.listenerCount(sig))).toEqual([0, 0]);
+  });
+
+  it("on the real process: one listener each while watched, none left after (vitest's own are kept)", () => {
+    const events = ['unhandledRejection', 'uncaughtException', ...STOP_SIGNALS];
+    const before = events.map((e) => process.listenerCount(e));
+    const offs = Array.from({ length: 12 }, () => watchProcessFaults(watcher().w));
+    expect(events.map((e) => process.listenerCount(e))).toEqual(before.map((n) => n + 1));
+    offs.forEach((off) => off());
+    expect(events.map((e) => process.listenerCount(e))).toEqual(before);
   });
 });
