@@ -12,17 +12,8 @@ import {
   type StdioPipe,
 } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import {
-  existsSync,
-  mkdirSync,
-  mkdtempSync,
-  readFileSync,
-  rmSync,
-  writeFileSync,
-  openSync,
-  closeSync,
-} from 'node:fs';
-import { createServer, createConnection } from 'node:net';
+import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync, openSync, closeSync } from 'node:fs';
+import { createServer, createConnection, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -215,6 +206,45 @@ export function spawnWatched(
   return { child, watchdog };
 }
 
+const KEEPER = `trap '' PIPE; dir=$(mktemp -d "$1") || exit 1; echo "$dir"; if read -r _; then exit 0; fi; rm -rf -- "$dir"`;
+
+/**
+ * A temporary folder for a start, made by a keeper (\`sh\`, in its own process group) that removes it when this
+ * process ends before \`release()\` (its stdin pipe closes). A gate and a watchdog hold the folder only once a
+ * process runs behind them: an owner killed after the folder was made and before the first gated spawn, or
+ * between the storage format's end and the broker's spawn, left the folder behind. The keeper makes the folder
+ * itself, so there is no instant at which it exists without a holder. \`release()\` hands it to the gate, the
+ * watchdog and \`stop()\` once the server is spawned; it must be called on every path (a keeper never released
+ * would remove a running server's folder when its owner ends).
+ */
+async function tempFolder(prefix: string): Promise<{ dir: string; release(): void }> {
+  const keeper = spawn('sh', ['-c', KEEPER, 'sh', join(tmpdir(), `${prefix}XXXXXX`)], {
+    stdio: ['pipe', 'pipe', 'pipe'],
+    detached: true,
+  });
+  keeper.unref();
+  const stdin = keeper.stdin as Socket;
+  stdin.on('error', () => undefined);
+  // It must not hold this process up: it is ended (released) on every path, and the owner's end is its signal.
+  stdin.unref();
+  const dir = await new Promise<string>((res, rej) => {
+    let out = '';
+    let err = '';
+    keeper.stdout!.on('data', (d: Buffer) => {
+      out += d.toString();
+      if (out.includes('\n')) res(out.slice(0, out.indexOf('\n')));
+    });
+    keeper.stderr!.on('data', (d: Buffer) => (err += d.toString()));
+    keeper.once('error', rej);
+    keeper.once('close', () =>
+      rej(new Error(`could not make a temporary folder in ${tmpdir()}: ${err.trim()}`)),
+    );
+  });
+  keeper.stdout!.destroy();
+  keeper.stderr!.destroy();
+  return { dir, release: () => stdin.end('\n') };
+}
+
 function manage(
   name: string,
   child: ChildProcess,
@@ -351,12 +381,14 @@ function kafkaBindFailure(dir: string, logFile: string): PortTaken | null {
   return line ? new PortTaken(`Kafka: ${line.replace(/^.*?(Socket server failed)/, '$1').trim()}`) : null;
 }
 
-async function startKafkaOnce(opts: KafkaOptions): Promise<StartedKafka> {
-  const libs = fetchKafkaJars(opts.log);
-  const port = opts.port ?? (await freePort());
-  const controller = opts.controllerPort ?? (await freePort());
-  const cleanup = !opts.dir;
-  const dir = opts.dir ?? mkdtempSync(join(tmpdir(), 'paver-kafka-'));
+/** Writes the broker's configuration into \`dir\`, formats its storage when new, and spawns it. */
+async function formatAndSpawnKafka(
+  dir: string,
+  cleanup: boolean,
+  libs: string,
+  port: number,
+  controller: number,
+): Promise<ReturnType<typeof spawnWatched>> {
   mkdirSync(dir, { recursive: true });
   const data = join(dir, 'data');
   const props = join(dir, 'server.properties');
@@ -437,14 +469,34 @@ async function startKafkaOnce(opts: KafkaOptions): Promise<StartedKafka> {
   const out = openSync(join(dir, 'kafka.stdout.log'), 'a');
   // Its own process group: a terminal's Ctrl-C reaches the whole foreground group, and the broker must
   // outlive the services' graceful stop (commit, leave the group); stop() ends it afterwards.
-  const { child, watchdog } = spawnWatched(
-    'java',
-    [...jvm, '-cp', cp, 'kafka.Kafka', props],
-    { stdio: ['ignore', out, out], detached: true },
-    dir,
-    cleanup,
-  );
-  closeSync(out);
+  try {
+    return spawnWatched(
+      'java',
+      [...jvm, '-cp', cp, 'kafka.Kafka', props],
+      { stdio: ['ignore', out, out], detached: true },
+      dir,
+      cleanup,
+    );
+  } finally {
+    closeSync(out);
+  }
+}
+
+async function startKafkaOnce(opts: KafkaOptions): Promise<StartedKafka> {
+  const libs = fetchKafkaJars(opts.log);
+  const port = opts.port ?? (await freePort());
+  const controller = opts.controllerPort ?? (await freePort());
+  const cleanup = !opts.dir;
+  const folder = opts.dir ? null : await tempFolder('paver-kafka-');
+  const dir = opts.dir ?? folder!.dir;
+  let spawned: ReturnType<typeof spawnWatched>;
+  try {
+    spawned = await formatAndSpawnKafka(dir, cleanup, libs, port, controller);
+  } finally {
+    folder?.release();
+  }
+  const { child, watchdog } = spawned;
+  const logFile = join(dir, 'kafka.log');
   const managed = manage('kafka', child, watchdog, dir, logFile, cleanup);
   const brokers = `127.0.0.1:${port}`;
   const admin = new Kafka({
@@ -512,34 +564,41 @@ export async function startRedis(
 
 async function startRedisOnce(wanted: number | undefined): Promise<Managed & { url: string }> {
   const port = wanted ?? (await freePort());
-  const dir = mkdtempSync(join(tmpdir(), 'paver-redis-'));
+  const folder = await tempFolder('paver-redis-');
+  const dir = folder.dir;
   const logFile = join(dir, 'redis.log');
-  const { child, watchdog } = spawnWatched(
-    'redis-server',
-    [
-      '--port',
-      String(port),
-      '--bind',
-      '127.0.0.1',
-      // AOF, fsync every second: a redis-server restart keeps the services' state (at most 1 s lost).
-      '--save',
-      '',
-      '--appendonly',
-      'yes',
-      '--appendfsync',
-      'everysec',
-      '--dir',
+  let spawned: ReturnType<typeof spawnWatched>;
+  try {
+    spawned = spawnWatched(
+      'redis-server',
+      [
+        '--port',
+        String(port),
+        '--bind',
+        '127.0.0.1',
+        // AOF, fsync every second: a redis-server restart keeps the services' state (at most 1 s lost).
+        '--save',
+        '',
+        '--appendonly',
+        'yes',
+        '--appendfsync',
+        'everysec',
+        '--dir',
+        dir,
+        '--logfile',
+        logFile,
+        '--daemonize',
+        'no',
+      ],
+      // Its own process group, like the broker: Ctrl-C must not take Redis away mid-shutdown.
+      { stdio: ['ignore', 'ignore', 'ignore'], detached: true },
       dir,
-      '--logfile',
-      logFile,
-      '--daemonize',
-      'no',
-    ],
-    // Its own process group, like the broker: Ctrl-C must not take Redis away mid-shutdown.
-    { stdio: ['ignore', 'ignore', 'ignore'], detached: true },
-    dir,
-    true,
-  );
+      true,
+    );
+  } finally {
+    folder.release();
+  }
+  const { child, watchdog } = spawned;
   const managed = manage('redis', child, watchdog, dir, logFile, true);
   try {
     await waitFor(

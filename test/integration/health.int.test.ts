@@ -5,7 +5,15 @@ import { Kafka, logLevel } from 'kafkajs';
 import { afterAll, describe, expect, it } from 'vitest';
 import { startKafka } from '../../deploy/local/stack.js';
 import { produce, testRedis, unique, waitFor } from '../helpers/kafka.js';
-import { explained, getJson, serviceEnv, startProcess, startReady, type Proc } from '../helpers/process.js';
+import {
+  explained,
+  getJson,
+  killAll,
+  serviceEnv,
+  startProcess,
+  startReady,
+  type Proc,
+} from '../helpers/process.js';
 import { parsePrometheus } from '../helpers/prometheus.js';
 import { createRecorderTopics, RECORDER, recorderEvent as event } from '../helpers/recorder.js';
 
@@ -13,7 +21,7 @@ const redis = testRedis();
 const procs: Proc[] = [];
 const cleanups: (() => Promise<void>)[] = [];
 afterAll(async () => {
-  for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
+  await killAll(procs);
   for (const c of cleanups) await c().catch(() => undefined);
   redis.disconnect();
 });

@@ -1,12 +1,11 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { createTopics, waitFor } from '../helpers/kafka.js';
 import { ownRedis, stopOwnRedis } from '../helpers/own-redis.js';
-import { serviceEnv, startReady, type Proc } from '../helpers/process.js';
+import { killAll, serviceEnv, startReady, type Proc } from '../helpers/process.js';
 
 const procs: Proc[] = [];
-afterAll(() => {
-  for (const p of procs)
-    if (p.child.exitCode === null && p.child.signalCode === null) p.child.kill('SIGKILL');
+afterAll(async () => {
+  await killAll(procs);
   stopOwnRedis();
 });
 

@@ -228,6 +228,54 @@ describe('local stack start-up', () => {
     },
   );
 
+  it.each([
+    ['after making the broker folder, before spawning the storage format', 'kafka', 1],
+    ['after the storage format ended, before spawning the broker', 'kafka', 2],
+    ['after making the redis-server folder, before spawning redis-server', 'redis', 1],
+  ] as const)('leaves no folder behind when its process is killed %s', async (_moment, what, nth) => {
+    const tmp = mkdtempSync(join(tmpdir(), 'paver-stack-tmp-'));
+    dirs.push(tmp);
+    // The owner kills itself (SIGKILL) as it is about to spawn its nth gated process: after the folder was
+    // made (and, for the broker, after the format ended and its watchdog went), before any gate holds it.
+    const stackTs = join(ROOT, 'deploy', 'local', 'stack.ts');
+    const code = `
+        import cp from 'node:child_process';
+        import { syncBuiltinESMExports } from 'node:module';
+        const spawn = cp.spawn;
+        let gates = 0;
+        cp.spawn = (cmd, args, opts) => {
+          if (cmd === 'sh' && String(args[1]).includes('exec "$@"') && ++gates === ${nth}) {
+            process.kill(process.pid, 'SIGKILL');
+            for (;;);
+          }
+          return spawn(cmd, args, opts);
+        };
+        syncBuiltinESMExports();
+        const stack = await import(${JSON.stringify(stackTs)});
+        await stack.${what === 'kafka' ? 'startKafka' : 'startRedis'}();`;
+    const owner = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', code], {
+      cwd: ROOT,
+      env: {
+        PATH: process.env.PATH ?? '',
+        HOME: process.env.HOME ?? '/tmp',
+        PAVER_CACHE_DIR: process.env.PAVER_CACHE_DIR ?? join(ROOT, '.cache'),
+        TMPDIR: tmp,
+      },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '';
+    owner.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+    owner.stderr!.on('data', (d: Buffer) => (out += d.toString()));
+    const signal = await new Promise<NodeJS.Signals | null>((r) => owner.once('exit', (_, s) => r(s)));
+    expect(signal, out).toBe('SIGKILL');
+    // Before: nothing held the folder in these moments, and it stayed.
+    await waitFor(
+      () => readdirSync(tmp).filter((f) => f.startsWith('paver-')).length === 0,
+      `the ${what} folder removed (left: ${readdirSync(tmp).join(', ')})`,
+      20_000,
+    );
+  });
+
   it('names a redis-server port that is taken, at once', async () => {
     const port = await freePort();
     await hold(port);
