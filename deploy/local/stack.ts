@@ -214,10 +214,11 @@ const KEEPER = `trap '' PIPE; dir=$(mktemp -d "$1") || exit 1; echo "$dir"; if r
  * process runs behind them: an owner killed after the folder was made and before the first gated spawn, or
  * between the storage format's end and the broker's spawn, left the folder behind. The keeper makes the folder
  * itself, so there is no instant at which it exists without a holder. \`release()\` hands it to the gate, the
- * watchdog and \`stop()\` once the server is spawned; it must be called on every path (a keeper never released
- * would remove a running server's folder when its owner ends).
+ * watchdog and \`stop()\` once the server is spawned; it must be called on every path where a server was spawned (a
+ * keeper never released would remove a running server's folder when its owner ends). \`discard()\`, on a start
+ * that failed before any spawn, has the keeper remove the folder now: released there, it was nobody's to remove.
  */
-async function tempFolder(prefix: string): Promise<{ dir: string; release(): void }> {
+async function tempFolder(prefix: string): Promise<{ dir: string; release(): void; discard(): void }> {
   const keeper = spawn('sh', ['-c', KEEPER, 'sh', join(tmpdir(), `${prefix}XXXXXX`)], {
     stdio: ['pipe', 'pipe', 'pipe'],
     detached: true,
@@ -242,7 +243,8 @@ async function tempFolder(prefix: string): Promise<{ dir: string; release(): voi
   });
   keeper.stdout!.destroy();
   keeper.stderr!.destroy();
-  return { dir, release: () => stdin.end('\n') };
+  // Closed without a line, the pipe reads as the owner's end: the keeper removes the folder.
+  return { dir, release: () => stdin.end('\n'), discard: () => stdin.destroy() };
 }
 
 function manage(
@@ -478,7 +480,13 @@ async function formatAndSpawnKafka(
       cleanup,
     );
   } finally {
-    closeSync(out);
+    // Never thrown once the broker runs: the caller would take it for a start that spawned nothing, and have its
+    // folder removed under it.
+    try {
+      closeSync(out);
+    } catch {
+      /* the broker holds its own copy of the descriptor */
+    }
   }
 }
 
@@ -492,9 +500,12 @@ async function startKafkaOnce(opts: KafkaOptions): Promise<StartedKafka> {
   let spawned: ReturnType<typeof spawnWatched>;
   try {
     spawned = await formatAndSpawnKafka(dir, cleanup, libs, port, controller);
-  } finally {
-    folder?.release();
+  } catch (err) {
+    // No broker runs (a configuration not written, a spawn refused): the folder is left to nobody.
+    folder?.discard();
+    throw err;
   }
+  folder?.release();
   const { child, watchdog } = spawned;
   const logFile = join(dir, 'kafka.log');
   const managed = manage('kafka', child, watchdog, dir, logFile, cleanup);
@@ -595,9 +606,11 @@ async function startRedisOnce(wanted: number | undefined): Promise<Managed & { u
       dir,
       true,
     );
-  } finally {
-    folder.release();
+  } catch (err) {
+    folder.discard();
+    throw err;
   }
+  folder.release();
   const { child, watchdog } = spawned;
   const managed = manage('redis', child, watchdog, dir, logFile, true);
   try {

@@ -276,6 +276,59 @@ describe('local stack start-up', () => {
     );
   });
 
+  it.each([
+    ['the storage format', 'kafka', 1],
+    ['the broker (its storage formatted)', 'kafka', 2],
+    ['redis-server', 'redis', 1],
+  ] as const)('leaves no folder behind when spawning %s throws', async (_what, what, nth) => {
+    const tmp = mkdtempSync(join(tmpdir(), 'paver-stack-tmp-'));
+    dirs.push(tmp);
+    // A spawn refused at once (E2BIG, ENOMEM; a configuration file not written fails the same way): no server runs,
+    // and the start fails. Before, the keeper was released all the same, and the folder stayed with nobody to
+    // remove it.
+    const stackTs = join(ROOT, 'deploy', 'local', 'stack.ts');
+    const code = `
+        import cp from 'node:child_process';
+        import { syncBuiltinESMExports } from 'node:module';
+        const spawn = cp.spawn;
+        let gates = 0;
+        cp.spawn = (cmd, args, opts) => {
+          if (cmd === 'sh' && String(args[1]).includes('exec "$@"') && ++gates === ${nth})
+            throw Object.assign(new Error('spawn E2BIG'), { code: 'E2BIG' });
+          return spawn(cmd, args, opts);
+        };
+        syncBuiltinESMExports();
+        const stack = await import(${JSON.stringify(stackTs)});
+        try {
+          const s = await stack.${what === 'kafka' ? 'startKafka' : 'startRedis'}();
+          await s.stop();
+          process.exit(0);
+        } catch (err) {
+          process.stderr.write(String(err) + '\\n');
+          process.exit(3);
+        }`;
+    const owner = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', code], {
+      cwd: ROOT,
+      env: {
+        PATH: process.env.PATH ?? '',
+        HOME: process.env.HOME ?? '/tmp',
+        PAVER_CACHE_DIR: process.env.PAVER_CACHE_DIR ?? join(ROOT, '.cache'),
+        TMPDIR: tmp,
+      },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '';
+    owner.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+    owner.stderr!.on('data', (d: Buffer) => (out += d.toString()));
+    const exit = await new Promise<number | null>((r) => owner.once('exit', (c) => r(c)));
+    expect({ exit, refused: out.includes('E2BIG') }, out).toEqual({ exit: 3, refused: true });
+    await waitFor(
+      () => readdirSync(tmp).filter((f) => f.startsWith('paver-')).length === 0,
+      `the ${what} folder removed (left: ${readdirSync(tmp).join(', ')})`,
+      20_000,
+    );
+  });
+
   it('names a redis-server port that is taken, at once', async () => {
     const port = await freePort();
     await hold(port);
