@@ -68,6 +68,35 @@ const hold = async (port: number) => {
 };
 const dirs: string[] = [];
 
+const stackTs = join(ROOT, 'deploy', 'local', 'stack.ts');
+
+/**
+ * Runs `code` (a module that imports the stack) as an owner process whose temporary folders go under `tmp`;
+ * resolves once it has exited, with all it printed.
+ */
+async function runOwner(
+  code: string,
+  tmp: string,
+): Promise<{ code: number | null; signal: NodeJS.Signals | null; out: string }> {
+  const owner = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', code], {
+    cwd: ROOT,
+    env: {
+      PATH: process.env.PATH ?? '',
+      HOME: process.env.HOME ?? '/tmp',
+      PAVER_CACHE_DIR: process.env.PAVER_CACHE_DIR ?? join(ROOT, '.cache'),
+      TMPDIR: tmp,
+    },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  owner.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+  owner.stderr!.on('data', (d: Buffer) => (out += d.toString()));
+  const [exitCode, signal] = await new Promise<[number | null, NodeJS.Signals | null]>((r) =>
+    owner.once('exit', (c, sig) => r([c, sig])),
+  );
+  return { code: exitCode, signal, out };
+}
+
 afterEach(async () => {
   for (const c of accepted.splice(0)) c.destroy();
   await Promise.all(held.splice(0).map((s) => new Promise((r) => s.close(r))));
@@ -176,7 +205,6 @@ describe('local stack start-up', () => {
       dirs.push(tmp);
       // The owner's spawn is wrapped so that the process kills itself (SIGKILL) as the watchdog is about to be
       // spawned, having said the pids it spawned before: the instant no test from outside can hit.
-      const stackTs = join(ROOT, 'deploy', 'local', 'stack.ts');
       const code = `
         import cp from 'node:child_process';
         import { writeSync } from 'node:fs';
@@ -196,20 +224,7 @@ describe('local stack start-up', () => {
         syncBuiltinESMExports();
         const stack = await import(${JSON.stringify(stackTs)});
         await stack.${what === 'format' ? 'startKafka' : 'startRedis'}();`;
-      const owner = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', code], {
-        cwd: ROOT,
-        env: {
-          PATH: process.env.PATH ?? '',
-          HOME: process.env.HOME ?? '/tmp',
-          PAVER_CACHE_DIR: process.env.PAVER_CACHE_DIR ?? join(ROOT, '.cache'),
-          TMPDIR: tmp,
-        },
-        stdio: ['ignore', 'pipe', 'pipe'],
-      });
-      let out = '';
-      owner.stdout!.on('data', (d: Buffer) => (out += d.toString()));
-      owner.stderr!.on('data', (d: Buffer) => (out += d.toString()));
-      const signal = await new Promise<NodeJS.Signals | null>((r) => owner.once('exit', (_, s) => r(s)));
+      const { signal, out } = await runOwner(code, tmp);
       expect(signal).toBe('SIGKILL');
       const pids = (/spawned ([\d ]+)/.exec(out)?.[1] ?? '').trim().split(' ').map(Number);
       expect(pids.length, out).toBeGreaterThan(0);
@@ -237,7 +252,6 @@ describe('local stack start-up', () => {
     dirs.push(tmp);
     // The owner kills itself (SIGKILL) as it is about to spawn its nth gated process: after the folder was
     // made (and, for the broker, after the format ended and its watchdog went), before any gate holds it.
-    const stackTs = join(ROOT, 'deploy', 'local', 'stack.ts');
     const code = `
         import cp from 'node:child_process';
         import { syncBuiltinESMExports } from 'node:module';
@@ -253,20 +267,7 @@ describe('local stack start-up', () => {
         syncBuiltinESMExports();
         const stack = await import(${JSON.stringify(stackTs)});
         await stack.${what === 'kafka' ? 'startKafka' : 'startRedis'}();`;
-    const owner = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', code], {
-      cwd: ROOT,
-      env: {
-        PATH: process.env.PATH ?? '',
-        HOME: process.env.HOME ?? '/tmp',
-        PAVER_CACHE_DIR: process.env.PAVER_CACHE_DIR ?? join(ROOT, '.cache'),
-        TMPDIR: tmp,
-      },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let out = '';
-    owner.stdout!.on('data', (d: Buffer) => (out += d.toString()));
-    owner.stderr!.on('data', (d: Buffer) => (out += d.toString()));
-    const signal = await new Promise<NodeJS.Signals | null>((r) => owner.once('exit', (_, s) => r(s)));
+    const { signal, out } = await runOwner(code, tmp);
     expect(signal, out).toBe('SIGKILL');
     // Before: nothing held the folder in these moments, and it stayed.
     await waitFor(
@@ -286,7 +287,6 @@ describe('local stack start-up', () => {
     // A spawn refused at once (E2BIG, ENOMEM; a configuration file not written fails the same way): no server runs,
     // and the start fails. Before, the keeper was released all the same, and the folder stayed with nobody to
     // remove it.
-    const stackTs = join(ROOT, 'deploy', 'local', 'stack.ts');
     const code = `
         import cp from 'node:child_process';
         import { syncBuiltinESMExports } from 'node:module';
@@ -307,20 +307,7 @@ describe('local stack start-up', () => {
           process.stderr.write(String(err) + '\\n');
           process.exit(3);
         }`;
-    const owner = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', code], {
-      cwd: ROOT,
-      env: {
-        PATH: process.env.PATH ?? '',
-        HOME: process.env.HOME ?? '/tmp',
-        PAVER_CACHE_DIR: process.env.PAVER_CACHE_DIR ?? join(ROOT, '.cache'),
-        TMPDIR: tmp,
-      },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let out = '';
-    owner.stdout!.on('data', (d: Buffer) => (out += d.toString()));
-    owner.stderr!.on('data', (d: Buffer) => (out += d.toString()));
-    const exit = await new Promise<number | null>((r) => owner.once('exit', (c) => r(c)));
+    const { code: exit, out } = await runOwner(code, tmp);
     expect({ exit, refused: out.includes('E2BIG') }, out).toEqual({ exit: 3, refused: true });
     await waitFor(
       () => readdirSync(tmp).filter((f) => f.startsWith('paver-')).length === 0,

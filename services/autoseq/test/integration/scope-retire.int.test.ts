@@ -58,6 +58,15 @@ const GRACE = 120_000;
 
 const S = (agent: string) => JSON.stringify(['default', agent]);
 
+/** `paver_autoseq_scopes_retired_total{outcome}` as the service reports it now (0 when not yet counted). */
+const retiredCount = async (p: Proc, outcome: string) =>
+  parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(
+    'paver_autoseq_scopes_retired_total',
+    {
+      outcome,
+    },
+  ) ?? 0;
+
 describe('idle scopes retired from Redis and from the rules topic (real Kafka and Redis)', () => {
   const redis = testRedis();
   const sink = createSink(testKafka(), jsonCodec());
@@ -1012,11 +1021,7 @@ describe('paver run autoseq retires an idle scope (real Kafka and Redis)', () =>
     // registration may be seen first.
     await waitFor(async () => (await inTopic()).length === 1, "the scope's copy on the rules topic");
 
-    const metric = async (outcome: string) =>
-      parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(
-        'paver_autoseq_scopes_retired_total',
-        { outcome },
-      ) ?? 0;
+    const metric = (outcome: string) => retiredCount(p, outcome);
     // Retired by the sweep (both steps done), not dropped by Redis's expiry at the end of the grace.
     await waitFor(async () => (await metric('retired')) === 1, 'the idle scope retired', 150_000);
     expect(await metric('gone')).toBe(0);
@@ -1050,11 +1055,7 @@ describe('paver run autoseq retires an idle scope (real Kafka and Redis)', () =>
     // waited for the guard to see a new marker, which only a batch (or a /readyz probe) made it do: the scope's
     // state was deleted by the retirement's first step and its tombstones never sent, for good.
     await redis.del(`${prefix}:aseq:epoch`);
-    const metric = async (outcome: string) =>
-      parsePrometheus(String((await getJson(p.url('/metrics'))).body)).value(
-        'paver_autoseq_scopes_retired_total',
-        { outcome },
-      ) ?? 0;
+    const metric = (outcome: string) => retiredCount(p, outcome);
     await waitFor(async () => (await metric('retired')) === 1, 'the idle scope retired', 150_000);
     expect(await redis.exists(key)).toBe(0);
     expect(await redis.scard(scopeRegistryKey(prefix))).toBe(0);

@@ -46,7 +46,7 @@ function numbered(traceId: string) {
   });
 }
 
-async function ingestInto(opts: { maxPendingSpans?: number }) {
+async function ingestInto(opts: { maxPendingSpans?: number; maxPendingBytes?: number }) {
   const topic = unique('tool-calls');
   await createTopics([{ topic, partitions: 1 }]);
   await sink.connect();
@@ -64,7 +64,7 @@ async function ingestInto(opts: { maxPendingSpans?: number }) {
     const values = (await registry.getSingleMetric('paver_ingest_spans_total')!.get()).values;
     return Object.fromEntries(values.filter((v) => v.value > 0).map((v) => [v.labels.outcome, v.value]));
   };
-  return { topic, prefix, deliver: deliverTo(handle), outcomes };
+  return { topic, prefix, registry, deliver: deliverTo(handle), outcomes };
 }
 
 describe('ingest: spans waiting for an agent span are bounded per trace (real Redis and Kafka)', () => {
@@ -77,20 +77,7 @@ describe('ingest: spans waiting for an agent span are bounded per trace (real Re
     expect(tools).toHaveLength(30);
     const traceId = tools[0]!.traceId;
 
-    const topic = unique('tool-calls');
-    await createTopics([{ topic, partitions: 1 }]);
-    await sink.connect();
-    const prefix = unique('ingest');
-    const registry = new Registry();
-    const handle = createIngestHandler({
-      store: new RedisTraceStore(redis, prefix, 3_600_000),
-      sink,
-      topic,
-      opts: DEFAULT_MAP_OPTIONS,
-      metrics: createIngestMetrics(registry),
-      maxPendingSpans: 8,
-    });
-    const deliver = deliverTo(handle);
+    const { prefix, registry, deliver } = await ingestInto({ maxPendingSpans: 8 });
     // The agent span never comes: three messages of ten tool spans each.
     for (let m = 0; m < 3; m++) await deliver(tools.slice(m * 10, m * 10 + 10));
     const fields = await redis.hkeys(`${prefix}:ingest:trace:${traceId}`);
@@ -169,21 +156,8 @@ describe('ingest: spans waiting for an agent span are bounded per trace (real Re
       't4',
     ]);
     const traceId = tools[0]!.traceId;
-    const topic = unique('tool-calls');
-    await createTopics([{ topic, partitions: 1 }]);
-    await sink.connect();
-    const prefix = unique('ingest');
-    const registry = new Registry();
     const maxPendingBytes = 6 * 1024;
-    const handle = createIngestHandler({
-      store: new RedisTraceStore(redis, prefix, 3_600_000),
-      sink,
-      topic,
-      opts: DEFAULT_MAP_OPTIONS,
-      metrics: createIngestMetrics(registry),
-      maxPendingBytes,
-    });
-    const deliver = deliverTo(handle);
+    const { prefix, registry, deliver } = await ingestInto({ maxPendingBytes });
     // The agent span never comes: one span per message, so the bound holds across messages too.
     for (const t of tools) await deliver([t]);
     const hash = await redis.hgetall(`${prefix}:ingest:trace:${traceId}`);
