@@ -98,12 +98,37 @@ describe('process faults', () => {
     // A signal is no fault: the next fault is still the first, a graceful stop.
     proc.emit('uncaughtException', new Error('after'), 'uncaughtException');
     expect(all[0]!.told.at(-1)).toBe('stop uncaughtException');
-    // A service that stops at once on the signal and unwatches during it does not keep the others from hearing it.
-    const quick = watcher();
-    const offQuick = hub.watch({ ...quick.w, signal: () => offQuick() });
-    proc.emit('SIGTERM', 'SIGTERM');
-    for (const x of all) expect(x.told.at(-1)).toBe('signal SIGTERM');
     offs.forEach((off) => off());
+    expect(STOP_SIGNALS.map((sig) => proc.listenerCount(sig))).toEqual([0, 0]);
+  });
+
+  it('a service that unwatches during a signal (its own or another that stops with it) keeps no one from hearing it', () => {
+    const proc = new EventEmitter();
+    const hub = createFaultHub(proc);
+    // The first stops at once on the signal and unwatches, and with it a service it owns, watched after it
+    // (one stopped synchronously by its owner): every service watched when the signal came is told all the same.
+    const owned = watcher();
+    const later = watcher();
+    const offs: (() => void)[] = [];
+    offs.push(
+      hub.watch({
+        ...watcher().w,
+        signal: () => {
+          offs[0]!();
+          offs[1]!();
+        },
+      }),
+    );
+    offs.push(hub.watch(owned.w));
+    offs.push(hub.watch(later.w));
+    proc.emit('SIGTERM', 'SIGTERM');
+    expect(owned.told).toEqual(['signal SIGTERM']);
+    expect(later.told).toEqual(['signal SIGTERM']);
+    // Unwatched, the owned one hears no later signal; the listeners stay while one service is watched.
+    proc.emit('SIGINT', 'SIGINT');
+    expect(owned.told).toEqual(['signal SIGTERM']);
+    expect(later.told).toEqual(['signal SIGTERM', 'signal SIGINT']);
+    offs[2]!();
     expect(STOP_SIGNALS.map((sig) => proc.listenerCount(sig))).toEqual([0, 0]);
   });
 
