@@ -275,9 +275,14 @@ export class ScopePublisher {
         { scopes: held },
         'sweep skipped scopes whose partitions are not rebuilt in the current Redis epoch (state lost or being rebuilt)',
       );
+    // The scan's last command read the marker, and nothing has been done since: that read is the first scope's
+    // check (a GET of its own would add a round trip and see the same).
+    let fresh = true;
     const goOn = async () => {
       if (this.closed) return false;
-      if (!gated || !epoch || (await this.d.store.epochIs(epoch))) return true;
+      const checked = fresh;
+      fresh = false;
+      if (!gated || !epoch || checked || (await this.d.store.epochIs(epoch))) return true;
       this.d.log.info('sweep stopped: the Redis epoch changed while it ran (state lost)');
       return false;
     };
