@@ -16,8 +16,10 @@ import { scopeStore, threeRuns } from './scope-fixture.js';
  * on a Redis shared with millions of keys (the detector's own window keys among them), thousands of round trips
  * a minute per instance for a handful of registries, and none of them counted in
  * paver_detector_redis_round_trips_total. Now the registries are listed in an index written with them, and SCAN
- * runs once, for registries an earlier version wrote without the index. These tests run on a Redis of their own,
- * filled with unrelated keys, whose command statistics say what the sweep really sent.
+ * runs once, for registries an earlier version wrote without the index. The epoch marker read before each scope
+ * the service's sweep acts on rides, where it can, on the round trip made just before (it was a GET of its own).
+ * These tests run on a Redis of their own, filled with unrelated keys, whose command statistics say what the sweep
+ * really sent.
  */
 
 const UNRELATED = 30_000;
@@ -236,6 +238,40 @@ describe('detector: the sweep finds the scope registries without scanning the ke
     // The index, the registries, the marks (which read the marker last), the first scope's publication (claim,
     // release), and a read of the marker before the second scope: none of its own before the first.
     expect(trips).toBe(3 + 2 + 1);
+    await gated.close();
+    await publisher.close();
+  });
+
+  it('reads the epoch marker before each scope it retires in the last round trip of the one before', async () => {
+    const { prefix, store, publisher, publisherWith, retired, global, ageSeen, sweep } = await setup();
+    const epoch = createEpoch(redis, global.epoch);
+    const { epoch: e } = await epoch.check();
+    await store.markRebuilt(0, e);
+    const [a, b] = [scopes[3]!, scopes[4]!];
+    for (const s of [a, b]) {
+      expect((await store.applyBatch(runsOf(s, 0), { epoch: e })).lost).toBe(false);
+      await publisher.publish(s, true);
+    }
+    await sweep();
+    await ageSeen(a);
+    await ageSeen(b);
+
+    // The marker goes while the first scope's retractions are sent (a loss meanwhile): the second is not retired.
+    const gated = publisherWith({
+      sweepRebuiltOnly: true,
+      scopeTtlMs: HOUR,
+      onRetired: (o) => retired.push(o),
+      onPublished: (status) => {
+        if (status === 'retracted') void redis.del(global.epoch);
+      },
+    });
+    const { trips } = await sweep(gated);
+    expect(retired).toEqual(['retired']);
+    const kept = await Promise.all([a, b].map((s) => redis.exists(detectorKeys(prefix, s).meta)));
+    expect(kept.sort()).toEqual([0, 1]);
+    // The index, the registries, the marks, and the first scope's retirement (claim, finish, registry removal):
+    // the marker read in the scan's last round trip and in the retirement's, no GET of its own.
+    expect(trips).toBe(3 + 3);
     await gated.close();
     await publisher.close();
   });

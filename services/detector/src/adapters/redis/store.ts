@@ -91,6 +91,16 @@ export const REGISTRIES_COMPLETE = 'complete';
 /** SCAN MATCH treats these as a pattern: a prefix holding one must match only itself. */
 const globEscape = (s: string) => s.replace(/[*?[\]\\]/g, '\\$&');
 
+/**
+ * A sweep's check of the epoch marker before each scope it acts on, carried by the last round trip of the scope
+ * before (retireClaim, retireFinish, unregister read the marker last in theirs when given one): `still` says
+ * whether it named `epoch` then; unset when no round trip has read it since the sweep last looked.
+ */
+export interface MarkerWatch {
+  epoch: string;
+  still?: boolean;
+}
+
 /** apply-11.lua's keys, in its order (also the first keys of retireFinish-15.lua). */
 const stateKeys = (k: ReturnType<typeof detectorKeys>) => [
   k.meta,
@@ -326,6 +336,17 @@ export class RedisDetectorStore {
     } finally {
       this.roundTrips++;
     }
+  }
+
+  /**
+   * Runs `pipe` (a failure goes through redisFailure) and returns its replies; with `watch`, reads the epoch
+   * marker last in the same round trip, for the sweep's check before its next scope.
+   */
+  private async execWatched(pipe: ChainableCommander, what: string, watch?: MarkerWatch): Promise<unknown[]> {
+    if (watch) pipe.get(this.global.epoch);
+    const replies = await this.trip(execPipeline(pipe, what));
+    if (watch) watch.still = replies.pop() === watch.epoch;
+    return replies;
   }
 
   /**
@@ -770,20 +791,18 @@ export class RedisDetectorStore {
     scope: Scope,
     token: string,
     idleMs: number,
+    watch?: MarkerWatch,
   ): Promise<{ stamp: number; keys: string[] } | 'gone' | null> {
     const k = detectorKeys(this.prefix, scope);
-    const reply = parseScriptReply(
+    const pipe = this.redis.pipeline();
+    invokeScript(
+      pipe,
       'retireClaim',
-      await this.trip(
-        invokeScript(
-          this.redis,
-          'retireClaim',
-          [k.meta, k.lock, k.published, k.stamp],
-          [token, this.publicationLockMs, idleMs],
-        ),
-      ),
-      flatReply,
+      [k.meta, k.lock, k.published, k.stamp],
+      [token, this.publicationLockMs, idleMs],
     );
+    const [raw] = await this.execWatched(pipe, 'retireClaim', watch);
+    const reply = parseScriptReply('retireClaim', raw, flatReply);
     if (reply[0] === 2) return 'gone';
     if (reply[0] !== 1) return null;
     return { stamp: Number(reply[1]), keys: reply.slice(2).map(String) };
@@ -800,21 +819,22 @@ export class RedisDetectorStore {
     token: string,
     idleMs: number,
     partitions: readonly number[],
+    watch?: MarkerWatch,
   ): Promise<'retired' | 'active' | 'lost'> {
     const k = detectorKeys(this.prefix, scope);
-    const raw = await this.trip(
-      invokeScript(
-        this.redis,
-        'retireFinish',
-        [...stateKeys(k), k.lock, k.dirty, k.published, k.stamp],
-        [token, idleMs, windowBuckets(this.params.lookback)],
-      ),
+    const pipe = this.redis.pipeline();
+    invokeScript(
+      pipe,
+      'retireFinish',
+      [...stateKeys(k), k.lock, k.dirty, k.published, k.stamp],
+      [token, idleMs, windowBuckets(this.params.lookback)],
     );
+    const [raw] = await this.execWatched(pipe, 'retireFinish', watch);
     // An outcome, not a failure: parseScriptReply throws on every negative status.
     if (Array.isArray(raw) && raw[0] === -3) return 'lost';
     const reply = parseScriptReply('retireFinish', raw, z.tuple([z.number()]));
     if (reply[0] === 0) return 'active';
-    await this.unregister(scope, partitions);
+    await this.unregister(scope, partitions, watch);
     return 'retired';
   }
 
@@ -823,7 +843,7 @@ export class RedisDetectorStore {
    * meanwhile registers the scope after its script (applyBatch's `fresh`), so whichever comes last, a scope with
    * state ends registered.
    */
-  async unregister(scope: Scope, partitions: readonly number[]): Promise<void> {
+  async unregister(scope: Scope, partitions: readonly number[], watch?: MarkerWatch): Promise<void> {
     const k = detectorKeys(this.prefix, scope);
     const member = scopeMember(scope);
     const removed = this.redis.pipeline();
@@ -832,14 +852,14 @@ export class RedisDetectorStore {
       this.knownScopes.delete(`${p}\u001f${scopeId(scope)}`);
     }
     // In one pipeline, so in this order: the state check sees any apply that ran before a removal.
-    const replies = await this.trip(execPipeline(removed.exists(k.meta), 'scope registry removal'));
+    const replies = await this.execWatched(removed.exists(k.meta), 'scope registry removal', watch);
     if (replies[replies.length - 1] === 1) {
       const back = this.redis.pipeline();
       this.register(
         back,
         partitions.map((partition) => ({ partition, scope })),
       );
-      await this.trip(execPipeline(back, 'scope registry write'));
+      await this.execWatched(back, 'scope registry write', watch);
     }
   }
 
