@@ -45,7 +45,7 @@ export function createDetectorMetrics(registry: Registry, store: Pick<RedisDetec
   let tripsSeen = 0;
   const trips = new Counter({
     name: 'paver_detector_redis_round_trips_total',
-    help: 'Redis round trips made by the detector.',
+    help: 'Redis round trips made by the detector, answered or failed: batches, rebuilds, publications and their retries, the sweep (each SCAN page of its one look for registries without an index too).',
     registers,
     // The store's tally, taken whenever the registry is read: every round trip made by then is in it, whatever
     // made it (a batch that failed, a rebuild, the sweep, a publication retry). Taken at the end of each good

@@ -7,7 +7,7 @@ import { candidateKey, diffCandidates, retractedRecord, toRecord } from '../core
 import { liveCandidates } from '../core/detect.js';
 import { scopeId, type Scope } from '../core/ops.js';
 import type { DetectorParams } from '../core/params.js';
-import type { RedisDetectorStore } from './redis/store.js';
+import type { MarkerWatch, RedisDetectorStore } from './redis/store.js';
 
 export interface PublisherDeps {
   store: RedisDetectorStore;
@@ -116,23 +116,25 @@ export const FAILED_RETRY_MS = 1_000;
  * it is not idle after all, has no state, or a publication holds its lock.
  * Dying between the two steps leaves the lock to run out and the scope marked `retiring`: the next sweep retires
  * it again, or its next publication sends every live candidate again (flows may have taken the retractions).
+ * With `watch`, each of its round trips reads the epoch marker too (the sweep's check before its next scope).
  */
 export async function retireScope(
   d: PublisherDeps,
   scope: Scope,
   partitions: readonly number[],
   idleMs: number,
+  watch?: MarkerWatch,
 ): Promise<'retired' | 'active' | 'lost' | 'skipped'> {
   const token = randomUUID();
-  const claim = await d.store.retireClaim(scope, token, idleMs);
+  const claim = await d.store.retireClaim(scope, token, idleMs, watch);
   if (claim === 'gone') {
     // Registered, yet no state (its apply refused to write, or failed): nothing to retire, only the entry.
-    await d.store.unregister(scope, partitions);
+    await d.store.unregister(scope, partitions, watch);
     return 'skipped';
   }
   if (!claim) return 'skipped';
   await sendCandidates(d, scope, [], claim.keys, claim.stamp);
-  return d.store.retireFinish(scope, token, idleMs, partitions);
+  return d.store.retireFinish(scope, token, idleMs, partitions, watch);
 }
 
 /**
@@ -275,9 +277,16 @@ export class ScopePublisher {
         { scopes: held },
         'sweep skipped scopes whose partitions are not rebuilt in the current Redis epoch (state lost or being rebuilt)',
       );
+    // The marker is read before each scope acted on, by the last round trip made before it when that one can
+    // carry the read (the scan's for the first scope, a retirement's last for the next), else by a GET of its
+    // own (after a publication). Either way it is read after everything done for the scope before.
+    const watch: MarkerWatch | undefined = gated && epoch ? { epoch, still: true } : undefined;
     const goOn = async () => {
       if (this.closed) return false;
-      if (!gated || !epoch || (await this.d.store.epochIs(epoch))) return true;
+      if (!watch) return true;
+      const still = watch.still ?? (await this.d.store.epochIs(watch.epoch));
+      delete watch.still;
+      if (still) return true;
       this.d.log.info('sweep stopped: the Redis epoch changed while it ran (state lost)');
       return false;
     };
@@ -287,10 +296,11 @@ export class ScopePublisher {
     }
     for (const { scope, partitions } of idle) {
       if (!(await goOn())) return;
-      const outcome = await retireScope(this.d, scope, partitions, this.d.scopeTtlMs!);
+      const outcome = await retireScope(this.d, scope, partitions, this.d.scopeTtlMs!, watch);
       if (outcome === 'retired') this.d.onRetired?.('retired');
       // An event came in between the two steps: the scope is kept and published again, whole.
       if (outcome === 'active') {
+        if (watch) delete watch.still;
         this.d.onRetired?.('revived');
         await this.publish(scope, true);
       }

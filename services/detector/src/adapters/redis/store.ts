@@ -1,5 +1,5 @@
 import { fileURLToPath } from 'node:url';
-import type { Redis } from 'ioredis';
+import type { ChainableCommander, Redis } from 'ioredis';
 import { z } from 'zod';
 import {
   defineScripts,
@@ -65,15 +65,40 @@ export function detectorKeys(prefix: string, s: Scope) {
 
 /**
  * Keys outside any scope (each its own slot; never touched by a script together with scope keys): the epoch
- * marker (shared/redis/epoch.ts), the epoch each partition's state was last rebuilt in, and the scopes holding
- * state per partition (what the checkpoint's minimum is taken over).
+ * marker (shared/redis/epoch.ts), the epoch each partition's state was last rebuilt in, the scopes holding
+ * state per partition (what the checkpoint's minimum is taken over), and the index of those registries.
  */
 export function detectorGlobalKeys(prefix: string) {
   return {
     epoch: `${prefix}:det:epoch`,
     rebuilt: `${prefix}:det:rebuilt`,
     scopes: (partition: number) => `${prefix}:det:scopes:${partition}`,
+    /**
+     * The partitions that have a registry (never taken out: there are as many as the topic has partitions), and
+     * `REGISTRIES_COMPLETE` once a sweep has checked that no registry is missing from it.
+     */
+    registries: `${prefix}:det:scopes`,
   };
+}
+
+/**
+ * The member of the registry index saying that every registry is listed in it. Registries written before the
+ * index existed (an earlier version) are not, nor are any if the index key alone was lost (evicted): a sweep
+ * that does not find this member looks for them once with SCAN, lists them, and adds it.
+ */
+export const REGISTRIES_COMPLETE = 'complete';
+
+/** SCAN MATCH treats these as a pattern: a prefix holding one must match only itself. */
+const globEscape = (s: string) => s.replace(/[*?[\]\\]/g, '\\$&');
+
+/**
+ * A sweep's check of the epoch marker before each scope it acts on, carried by the last round trip of the scope
+ * before (retireClaim, retireFinish, unregister read the marker last in theirs when given one): `still` says
+ * whether it named `epoch` then; unset when no round trip has read it since the sweep last looked.
+ */
+export interface MarkerWatch {
+  epoch: string;
+  still?: boolean;
 }
 
 /** apply-11.lua's keys, in its order (also the first keys of retireFinish-15.lua). */
@@ -302,6 +327,41 @@ export class RedisDetectorStore {
   }
 
   /**
+   * Counts a round trip once it is answered or has failed: `roundTrips` holds every one made, not only those
+   * that succeeded.
+   */
+  private async trip<T>(call: T): Promise<Awaited<T>> {
+    try {
+      return await call;
+    } finally {
+      this.roundTrips++;
+    }
+  }
+
+  /**
+   * Runs `pipe` (a failure goes through redisFailure) and returns its replies; with `watch`, reads the epoch
+   * marker last in the same round trip, for the sweep's check before its next scope.
+   */
+  private async execWatched(pipe: ChainableCommander, what: string, watch?: MarkerWatch): Promise<unknown[]> {
+    if (watch) pipe.get(this.global.epoch);
+    const replies = await this.trip(execPipeline(pipe, what));
+    if (watch) watch.still = replies.pop() === watch.epoch;
+    return replies;
+  }
+
+  /**
+   * Queues registrations (the scope holds state from the partition) on `pipe`, each partition into the registry
+   * index first: a pipeline runs in order, so a registry entry a sweep can read always has its partition in the
+   * index (the index is never taken out). Returns how many commands it queued.
+   */
+  private register(pipe: ChainableCommander, entries: { partition: number; scope: Scope }[]): number {
+    if (!entries.length) return 0;
+    pipe.sadd(this.global.registries, ...new Set(entries.map((e) => String(e.partition))));
+    for (const e of entries) pipe.sadd(this.global.scopes(e.partition), scopeMember(e.scope));
+    return entries.length + 1;
+  }
+
+  /**
    * One script call per scope, all in one pipeline: one round trip per batch. With an epoch, the marker is
    * read first and last in the same pipeline: a loss before or during the batch is seen by this very call.
    */
@@ -345,6 +405,7 @@ export class RedisDetectorStore {
     // Which scopes hold state per partition (the checkpoint's minimum runs over them); added before the
     // script that writes the state, never removed, so a concurrent checkpoint cannot miss a scope.
     const added: string[] = [];
+    const registrations: { partition: number; scope: Scope }[] = [];
     const now = Date.now();
     // A memory past registryRefreshMs is not trusted anyway (the scope is registered again): dropping it keeps
     // the map to the scopes of the last refresh periods, not every (partition, scope) this process ever applied
@@ -359,9 +420,10 @@ export class RedisDetectorStore {
         const member = `${part}\u001f${scopeId(g.scope)}`;
         const at = this.knownScopes.get(member);
         if (at !== undefined && now - at < this.registryRefreshMs) continue;
-        pipe.sadd(this.global.scopes(part), scopeMember(g.scope));
+        registrations.push({ partition: part, scope: g.scope });
         added.push(member);
       }
+    const registered = this.register(pipe, registrations);
     for (const g of groups)
       invokeScript(pipe, 'apply', stateKeys(detectorKeys(this.prefix, g.scope)), [
         this.cfg,
@@ -371,8 +433,7 @@ export class RedisDetectorStore {
         this.publicationLockMs,
       ]);
     if (epoch !== undefined) pipe.get(this.global.epoch);
-    const replies = (await pipe.exec()) ?? [];
-    this.roundTrips++;
+    const replies = (await this.trip(pipe.exec())) ?? [];
     const failed = replies.find(([err]) => err);
     if (failed) throw pipelineError('apply', failed[0]);
     let at = 0;
@@ -382,7 +443,7 @@ export class RedisDetectorStore {
       if (before !== epoch || after !== epoch) out.lost = out.markerLost = true;
       at = 1;
     }
-    at += added.length;
+    at += registered;
     for (const m of added) this.knownScopes.set(m, now);
     const fresh: { scope: Scope; parts: Set<number> }[] = [];
     groups.forEach((g, i) => {
@@ -412,16 +473,17 @@ export class RedisDetectorStore {
     if (fresh.length) {
       const again = this.redis.pipeline();
       const members: string[] = [];
+      const entries: { partition: number; scope: Scope }[] = [];
       for (const g of fresh)
         for (const part of g.parts) {
-          again.sadd(this.global.scopes(part), scopeMember(g.scope));
+          entries.push({ partition: part, scope: g.scope });
           members.push(`${part}\u001f${scopeId(g.scope)}`);
         }
+      this.register(again, entries);
       // Forgotten until written: if this write fails, the batch's retry finds the state there (not fresh), and
       // only an unknown scope is registered then.
       for (const m of members) this.knownScopes.delete(m);
-      await execPipeline(again, 'scope registry write');
-      this.roundTrips++;
+      await this.trip(execPipeline(again, 'scope registry write'));
       for (const m of members) this.knownScopes.set(m, now);
     }
     return out;
@@ -432,8 +494,7 @@ export class RedisDetectorStore {
    * its state lost and is rebuilt under a new epoch (shared/redis/epoch.ts). True when this call ended it.
    */
   async retireEpoch(epoch: string): Promise<boolean> {
-    const reply = await invokeScript(this.redis, 'retireEpoch', [this.global.epoch], [epoch]);
-    this.roundTrips++;
+    const reply = await this.trip(invokeScript(this.redis, 'retireEpoch', [this.global.epoch], [epoch]));
     return parseScriptReply('retireEpoch', reply, z.union([z.literal(0), z.literal(1)]), {}) === 1;
   }
 
@@ -470,9 +531,9 @@ export class RedisDetectorStore {
    */
   async checkpoint(partition: number, next: bigint, epoch: string): Promise<bigint | null> {
     const head =
-      (await this.redis.pipeline().smembers(this.global.scopes(partition)).get(this.global.epoch).exec()) ??
-      [];
-    this.roundTrips++;
+      (await this.trip(
+        this.redis.pipeline().smembers(this.global.scopes(partition)).get(this.global.epoch).exec(),
+      )) ?? [];
     for (const [err] of head) if (err) throw pipelineError('checkpoint', err);
     if (head[1]?.[1] !== epoch) return null;
     let min = next;
@@ -483,8 +544,7 @@ export class RedisDetectorStore {
     for (const s of scopes)
       pipe.zrange(`${detectorKeys(this.prefix, s).starts}:${partition}`, 0, 0, 'WITHSCORES');
     pipe.get(this.global.epoch);
-    const replies = (await pipe.exec()) ?? [];
-    this.roundTrips++;
+    const replies = (await this.trip(pipe.exec())) ?? [];
     for (const [err] of replies) if (err) throw pipelineError('checkpoint', err);
     if (replies[replies.length - 1]?.[1] !== epoch) return null;
     for (const [, reply] of replies.slice(0, -1)) {
@@ -518,22 +578,19 @@ export class RedisDetectorStore {
         [detectorKeys(this.prefix, scope).stamp],
         [Math.floor(at), stampTtlMs],
       );
-    const replies = (await pipe.exec()) ?? [];
-    this.roundTrips++;
+    const replies = (await this.trip(pipe.exec())) ?? [];
     const failed = replies.find(([err]) => err);
     if (failed) throw pipelineError('restore published', failed[0]);
   }
 
   /** The epoch in which `partition`'s state was last fully rebuilt (or found complete), if any. */
   async rebuiltIn(partition: number): Promise<string | null> {
-    const v = await this.redis.hget(this.global.rebuilt, String(partition));
-    this.roundTrips++;
+    const v = await this.trip(this.redis.hget(this.global.rebuilt, String(partition)));
     return v;
   }
 
   async markRebuilt(partition: number, epoch: string): Promise<void> {
-    await this.redis.hset(this.global.rebuilt, String(partition), epoch);
-    this.roundTrips++;
+    await this.trip(this.redis.hset(this.global.rebuilt, String(partition), epoch));
   }
 
   /** The frequent sequences and, with request terms on, the window's records, in one atomic read. */
@@ -541,19 +598,20 @@ export class RedisDetectorStore {
     const k = detectorKeys(this.prefix, scope);
     const reply = parseScriptReply(
       'snapshot',
-      await invokeScript(
-        this.redis,
-        'snapshot',
-        [k.support, k.tools, k.records],
-        [
-          this.params.minOccurrences,
-          this.params.requestTerms ? '1' : '0',
-          windowBuckets(this.params.lookback),
-        ],
+      await this.trip(
+        invokeScript(
+          this.redis,
+          'snapshot',
+          [k.support, k.tools, k.records],
+          [
+            this.params.minOccurrences,
+            this.params.requestTerms ? '1' : '0',
+            windowBuckets(this.params.lookback),
+          ],
+        ),
       ),
       flatReply,
     );
-    this.roundTrips++;
     return parseSnapshot(reply, 1);
   }
 
@@ -565,11 +623,10 @@ export class RedisDetectorStore {
     const k = detectorKeys(this.prefix, scope);
     let v: (string | null)[];
     try {
-      v = await this.redis.hmget(k.meta, 'owed', 'owedAt');
+      v = await this.trip(this.redis.hmget(k.meta, 'owed', 'owedAt'));
     } catch (err) {
       throw redisFailure('owed read', err);
     }
-    this.roundTrips++;
     if (v[0] === null) return false;
     return since === undefined || v[1] === null || Number(v[1]) <= since;
   }
@@ -603,40 +660,17 @@ export class RedisDetectorStore {
     held: number;
     epoch?: string | null;
   }> {
-    const registries: string[] = [];
-    try {
-      let cursor = '0';
-      do {
-        const [next, keys] = await this.redis.scan(
-          cursor,
-          'MATCH',
-          `${this.prefix}:det:scopes:*`,
-          'COUNT',
-          1000,
-        );
-        registries.push(...keys);
-        cursor = next;
-      } while (cursor !== '0');
-    } catch (err) {
-      throw redisFailure('scope registry scan', err);
-    }
-    if (!registries.length) return { abandoned: [], idle: [], held: 0 };
-    const sets = await execPipeline(
-      registries.reduce((p, k) => p.smembers(k), this.redis.pipeline()),
-      'scope registry read',
-    );
     const scopes = new Map<string, { scope: Scope; partitions: number[] }>();
-    sets.forEach((v, i) => {
-      const partition = Number(registries[i]!.slice(`${this.prefix}:det:scopes:`.length));
-      for (const m of z.array(z.string()).parse(v)) {
+    for (const [partition, members] of await this.readRegistries(await this.registryPartitions()))
+      for (const m of members) {
         const s = memberScope(m);
         if (!s) continue;
         const id = scopeId(s);
         let e = scopes.get(id);
         if (!e) scopes.set(id, (e = { scope: s, partitions: [] }));
-        if (Number.isSafeInteger(partition)) e.partitions.push(partition);
+        if (!e.partitions.includes(partition)) e.partitions.push(partition);
       }
-    });
+    if (!scopes.size) return { abandoned: [], idle: [], held: 0 };
     const list = [...scopes.values()];
     const gated = opts.rebuiltOnly === true;
     const pipe = this.redis.pipeline().time();
@@ -644,8 +678,7 @@ export class RedisDetectorStore {
     for (const { scope } of list)
       pipe.hmget(detectorKeys(this.prefix, scope).meta, 'owed', 'owedAt', 'seenAt');
     if (gated) pipe.get(this.global.epoch);
-    const [time, ...rest] = await execPipeline(pipe, 'owed marks read');
-    this.roundTrips += 3;
+    const [time, ...rest] = await this.trip(execPipeline(pipe, 'owed marks read'));
     const [sec, usec] = z.tuple([z.string(), z.string()]).parse(time);
     const now = Number(sec) * 1000 + Math.floor(Number(usec) / 1000);
     let marks = rest;
@@ -674,15 +707,78 @@ export class RedisDetectorStore {
     return { abandoned, idle, held, ...(gated ? { epoch } : {}) };
   }
 
+  /**
+   * The partitions that have a scope registry, from the registry index: one round trip. An index not known to be
+   * complete (`REGISTRIES_COMPLETE` missing: registries written by an earlier version, which kept no index, or the
+   * index key alone lost) is completed first by SCAN over the keyspace, once: a round trip per page (1,000 keys
+   * each), and one to record what it found.
+   */
+  private async registryPartitions(): Promise<number[]> {
+    let index: string[];
+    try {
+      index = await this.trip(this.redis.smembers(this.global.registries));
+    } catch (err) {
+      throw redisFailure('scope registry index read', err);
+    }
+    const found = new Set<number>();
+    const add = (p: string) => {
+      if (/^\d+$/.test(p) && Number.isSafeInteger(Number(p))) found.add(Number(p));
+    };
+    index.forEach(add);
+    if (index.includes(REGISTRIES_COMPLETE)) return [...found];
+    const pattern = `${globEscape(this.global.scopes(0).slice(0, -1))}*`;
+    const at = this.global.scopes(0).length - 1;
+    try {
+      let cursor = '0';
+      do {
+        const [next, keys] = await this.trip(this.redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1000));
+        for (const k of keys) add(k.slice(at));
+        cursor = next;
+      } while (cursor !== '0');
+      // Only what the scan found is marked complete: a registry written meanwhile is in the index already.
+      await this.trip(
+        this.redis.sadd(this.global.registries, ...[...found].map(String), REGISTRIES_COMPLETE),
+      );
+    } catch (err) {
+      throw redisFailure('scope registry scan', err);
+    }
+    return [...found];
+  }
+
+  /**
+   * Every partition's registry members, by SSCAN, all registries in one pipeline per page: one round trip when
+   * each registry holds at most about 1,000 scopes (a small set comes whole), more for larger ones, without a
+   * single reply holding a whole large set.
+   */
+  private async readRegistries(partitions: number[]): Promise<Map<number, string[]>> {
+    const out = new Map<number, string[]>(partitions.map((p) => [p, []]));
+    let pending = partitions.map((partition) => ({ partition, cursor: '0' }));
+    const page = z.tuple([z.string(), z.array(z.string())]);
+    while (pending.length) {
+      const pipe = this.redis.pipeline();
+      for (const { partition, cursor } of pending)
+        pipe.sscan(this.global.scopes(partition), cursor, 'COUNT', 1000);
+      const replies = await this.trip(execPipeline(pipe, 'scope registry read'));
+      const next: typeof pending = [];
+      replies.forEach((reply, i) => {
+        const { partition } = pending[i]!;
+        const [cursor, members] = page.parse(reply);
+        out.get(partition)!.push(...members);
+        if (cursor !== '0') next.push({ partition, cursor });
+      });
+      pending = next;
+    }
+    return out;
+  }
+
   /** Whether the epoch marker still names `epoch` (a sweep checks it before each scope it acts on). */
   async epochIs(epoch: string): Promise<boolean> {
     let marker: string | null;
     try {
-      marker = await this.redis.get(this.global.epoch);
+      marker = await this.trip(this.redis.get(this.global.epoch));
     } catch (err) {
       throw redisFailure('epoch marker read', err);
     }
-    this.roundTrips++;
     return marker === epoch;
   }
 
@@ -695,19 +791,18 @@ export class RedisDetectorStore {
     scope: Scope,
     token: string,
     idleMs: number,
+    watch?: MarkerWatch,
   ): Promise<{ stamp: number; keys: string[] } | 'gone' | null> {
     const k = detectorKeys(this.prefix, scope);
-    const reply = parseScriptReply(
+    const pipe = this.redis.pipeline();
+    invokeScript(
+      pipe,
       'retireClaim',
-      await invokeScript(
-        this.redis,
-        'retireClaim',
-        [k.meta, k.lock, k.published, k.stamp],
-        [token, this.publicationLockMs, idleMs],
-      ),
-      flatReply,
+      [k.meta, k.lock, k.published, k.stamp],
+      [token, this.publicationLockMs, idleMs],
     );
-    this.roundTrips++;
+    const [raw] = await this.execWatched(pipe, 'retireClaim', watch);
+    const reply = parseScriptReply('retireClaim', raw, flatReply);
     if (reply[0] === 2) return 'gone';
     if (reply[0] !== 1) return null;
     return { stamp: Number(reply[1]), keys: reply.slice(2).map(String) };
@@ -724,20 +819,22 @@ export class RedisDetectorStore {
     token: string,
     idleMs: number,
     partitions: readonly number[],
+    watch?: MarkerWatch,
   ): Promise<'retired' | 'active' | 'lost'> {
     const k = detectorKeys(this.prefix, scope);
-    const raw = await invokeScript(
-      this.redis,
+    const pipe = this.redis.pipeline();
+    invokeScript(
+      pipe,
       'retireFinish',
       [...stateKeys(k), k.lock, k.dirty, k.published, k.stamp],
       [token, idleMs, windowBuckets(this.params.lookback)],
     );
-    this.roundTrips++;
+    const [raw] = await this.execWatched(pipe, 'retireFinish', watch);
     // An outcome, not a failure: parseScriptReply throws on every negative status.
     if (Array.isArray(raw) && raw[0] === -3) return 'lost';
     const reply = parseScriptReply('retireFinish', raw, z.tuple([z.number()]));
     if (reply[0] === 0) return 'active';
-    await this.unregister(scope, partitions);
+    await this.unregister(scope, partitions, watch);
     return 'retired';
   }
 
@@ -746,7 +843,7 @@ export class RedisDetectorStore {
    * meanwhile registers the scope after its script (applyBatch's `fresh`), so whichever comes last, a scope with
    * state ends registered.
    */
-  async unregister(scope: Scope, partitions: readonly number[]): Promise<void> {
+  async unregister(scope: Scope, partitions: readonly number[], watch?: MarkerWatch): Promise<void> {
     const k = detectorKeys(this.prefix, scope);
     const member = scopeMember(scope);
     const removed = this.redis.pipeline();
@@ -755,13 +852,14 @@ export class RedisDetectorStore {
       this.knownScopes.delete(`${p}\u001f${scopeId(scope)}`);
     }
     // In one pipeline, so in this order: the state check sees any apply that ran before a removal.
-    const replies = await execPipeline(removed.exists(k.meta), 'scope registry removal');
-    this.roundTrips++;
+    const replies = await this.execWatched(removed.exists(k.meta), 'scope registry removal', watch);
     if (replies[replies.length - 1] === 1) {
       const back = this.redis.pipeline();
-      for (const p of partitions) back.sadd(this.global.scopes(p), member);
-      await execPipeline(back, 'scope registry write');
-      this.roundTrips++;
+      this.register(
+        back,
+        partitions.map((partition) => ({ partition, scope })),
+      );
+      await this.execWatched(back, 'scope registry write', watch);
     }
   }
 
@@ -782,22 +880,23 @@ export class RedisDetectorStore {
     const k = detectorKeys(this.prefix, scope);
     const reply = parseScriptReply(
       'claimSnapshot',
-      await invokeScript(
-        this.redis,
-        'claimSnapshot',
-        [k.lock, k.dirty, k.published, k.support, k.tools, k.records, k.meta, k.stamp],
-        [
-          token,
-          ttlMs,
-          this.params.minOccurrences,
-          this.params.requestTerms ? '1' : '0',
-          windowBuckets(this.params.lookback),
-          markDirty ? '1' : '0',
-        ],
+      await this.trip(
+        invokeScript(
+          this.redis,
+          'claimSnapshot',
+          [k.lock, k.dirty, k.published, k.support, k.tools, k.records, k.meta, k.stamp],
+          [
+            token,
+            ttlMs,
+            this.params.minOccurrences,
+            this.params.requestTerms ? '1' : '0',
+            windowBuckets(this.params.lookback),
+            markDirty ? '1' : '0',
+          ],
+        ),
       ),
       flatReply,
     );
-    this.roundTrips++;
     if (reply[0] !== 1)
       return {
         held: true,
@@ -819,8 +918,7 @@ export class RedisDetectorStore {
   /** The next publication stamp of a scope whose lock this instance holds (a second pass; see lib/stamp.lua). */
   async stamp(scope: Scope): Promise<number> {
     const k = detectorKeys(this.prefix, scope);
-    const reply = await invokeScript(this.redis, 'stamp', [k.stamp], []);
-    this.roundTrips++;
+    const reply = await this.trip(invokeScript(this.redis, 'stamp', [k.stamp], []));
     const n = Number(reply);
     if (!Number.isSafeInteger(n) || n <= 0)
       throw redisFailure('publication stamp', new Error(`bad reply ${String(reply)}`));
@@ -836,8 +934,7 @@ export class RedisDetectorStore {
     const k = detectorKeys(this.prefix, scope);
     const reply = z
       .union([z.literal(0), z.literal(1)])
-      .parse(await invokeScript(this.redis, 'unlock', [k.lock], [token]));
-    this.roundTrips++;
+      .parse(await this.trip(invokeScript(this.redis, 'unlock', [k.lock], [token])));
     return reply === 1;
   }
 
@@ -857,11 +954,10 @@ export class RedisDetectorStore {
     const argv = [token, ttlMs, owed, upserts.length, ...upserts.flat(), ...deletes];
     const reply = parseScriptReply(
       'release',
-      await invokeScript(this.redis, 'release', [k.lock, k.dirty, k.published, k.meta], argv),
+      await this.trip(invokeScript(this.redis, 'release', [k.lock, k.dirty, k.published, k.meta], argv)),
       z.tuple([z.literal(1), z.number(), z.number()]),
       CODES,
     );
-    this.roundTrips++;
     return { again: reply[1] === 1, owed: reply[2] };
   }
 }
