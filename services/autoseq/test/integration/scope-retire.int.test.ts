@@ -1072,6 +1072,16 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     expect(await t.scopeRecord(long)).toBeNull();
     expect(await t.scopeRecord('x')).toBeNull();
     expect(await t.registered()).toEqual([]);
+    // A forget's marker is held to the same limit: left out where it does not fit (the broker would refuse the
+    // forget's whole send), sent where it does.
+    expect(await t.retirement.forget('default', long)).toEqual({ state: false, contexts: 0 });
+    expect(await t.retirement.forget('default', 'x')).toEqual({ state: false, contexts: 0 });
+    const latest = await readLatest(rulesReplay(t.topic));
+    expect(latest.has(forgetMarkerKey(t.prefix, 'default', long))).toBe(false);
+    expect(JSON.parse(String(latest.get(forgetMarkerKey(t.prefix, 'default', 'x'))))).toMatchObject({
+      v: 1,
+      forgets: 1,
+    });
   });
 
   it('copies a scope record marked again with no context (a retirement cut short on a scope that holds all its names)', async () => {
