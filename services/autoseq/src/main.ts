@@ -84,6 +84,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
           sweeps: timing !== null,
           maxRecordBytes: env.PAVER_MAX_OUTPUT_BYTES,
           onRetired: (outcome, n) => m.scopesRetired.inc({ outcome }, n),
+          onRecords: (kind, n) => m.snapshot.records.inc({ kind }, n),
           recopy: (written) => snapshots.mark(written),
         })
       : null;
@@ -143,6 +144,7 @@ export const service: ServiceSpec<AutoseqEnv, ToolCallsEvent> = {
         retirement && timing ? { retirement, graceMs: timing.graceMs } : undefined,
       );
       m.restoredContexts.inc(r.contexts);
+      if (r.forgotten > 0) m.scopesRetired.inc({ outcome: 'forgotten_at_restore' }, r.forgotten);
       log.info({ reason, ...r }, 'learned rules restored from the rules topic');
     }
     const handle = createBatchHandler({

@@ -8,8 +8,14 @@ import { flaggedRestore, RebuildStopped } from '../../../../shared/redis/rebuild
 import type { Logger } from '../../../../shared/log.js';
 import { scopeId } from '../core/learn/engine.js';
 import { contextRecordKey, contextRecordValue, scopeRecordKey, scopeRecordValue } from './kafka/rules-log.js';
-import { readRulesLog, type ScopeCopyRead } from './kafka/rules-log.js';
-import { metaCopy, readContexts, restoreScope, type ContextsWritten } from './redis/learn-store.js';
+import { readRulesLog, restoreVerdict, type ScopeCopyRead } from './kafka/rules-log.js';
+import {
+  metaCopy,
+  raiseForgets,
+  readContexts,
+  restoreScope,
+  type ContextsWritten,
+} from './redis/learn-store.js';
 import { ScopeLeases } from './redis/scope-lease.js';
 import type { ScopeRetirement } from './scope-retire.js';
 
@@ -194,14 +200,14 @@ export class RuleSnapshots {
         const scopeKey = scopeRecordKey(prefix, c.tenant, c.agent);
         const id = scopeId(c.tenant, c.agent);
         const at = Date.now();
-        let scopeValue = scopeRecordValue(meta.clock, meta.fam, at);
+        let scopeValue = scopeRecordValue(meta.clock, meta.fam, at, c.forgets);
         let over = fits(scopeKey, scopeValue);
         if (over === null) this.fitted('trimmed', id);
         if (over !== null && meta.fam) {
           // The families' evidence is what grows (up to maxFamilies): without it the scope still restores, with its
           // clock and rules, and learns its families again (as from a copy of an older version). A tombstone
           // would retire the scope, and a refused record would fail every copy of its round, every interval.
-          scopeValue = scopeRecordValue(meta.clock, undefined, at);
+          scopeValue = scopeRecordValue(meta.clock, undefined, at, c.forgets);
           if (fits(scopeKey, scopeValue) === null) {
             kinds.trimmed++;
             if (this.firstWarning('trimmed', id))
@@ -293,11 +299,17 @@ export class RuleSnapshots {
  * With an idle TTL (`scopeTtlMs` > 0), a scope keeps what was left of its lifetime when its latest copy was
  * taken: one idle for longer (its rules had expired, or would have) is not brought back (`expired`). A copy of
  * an older version carries no time and gets the whole TTL. With `retire` (the sweep of idle scopes), the
- * scopes written are registered for it, their hashes get its grace past the TTL, and the expired ones'
- * records are queued for the sweep to tombstone (`ScopeRetirement.queueRetiring`). A scope
+ * scopes written are registered for it, their hashes get its grace past the TTL, and the records of the scopes
+ * left out are queued for the sweep to tombstone (`ScopeRetirement.queueRetiring`). A scope
  * whose scope record is a tombstone or missing (retired) is left out as expired too, whatever its contexts'
  * records and whatever `scopeTtlMs` is (0 included: a TTL turned off after a retirement does not revive the
- * scope; without the sweep its leftover records then stay on the topic, left out by every restore).
+ * scope; without the sweep its leftover records then stay on the topic, left out by every restore). So is a
+ * scope whose latest copy was read before its latest forget (`restoreVerdict`), at any TTL.
+ *
+ * First of all, each scope's forget generation goes back to Redis (`raiseForgets`), before any batch, copy or
+ * forget can read it: a forget after the loss then writes a marker above every copy read before it, those of
+ * the Redis that was lost included. `forgotten` counts the scopes left out because of their marker by the restore
+ * that wrote their generation back first (another instance restoring after the same loss does not count them).
  */
 export function restoreRules(
   redis: Redis,
@@ -314,27 +326,42 @@ export function restoreRules(
   contexts: number;
   skipped: number;
   expired: number;
+  forgotten: number;
 }> {
   return flaggedRestore(redis, flag, async () => {
-    const { scopes, skipped } = await readRulesLog(replay, prefix, goOn);
+    const { scopes, skipped, generations } = await readRulesLog(replay, prefix, goOn);
+    const raised = await raiseForgets(redis, prefix, generations);
     let restored = 0;
     let contexts = 0;
+    let forgotten = 0;
     const expired: ScopeCopyRead[] = [];
+    const leftOutForgotten: ScopeCopyRead[] = [];
     const written: ScopeCopyRead[] = [];
     const register = async () => {
       await retire?.retirement.register(written.splice(0));
     };
     for (const s of scopes) {
       if (!goOn()) throw new RebuildStopped();
-      const left = scopeTtlMs > 0 && s.at !== undefined ? scopeTtlMs - Math.max(0, now() - s.at) : scopeTtlMs;
-      // A retired scope's records that outlived its tombstones (an eviction's tombstone its copier died with)
-      // stay out whatever the TTL is now: a TTL set to 0 after the scope's retirement does not undo it.
-      if (s.retired || (scopeTtlMs > 0 && left <= 0)) {
-        expired.push(s);
+      const v = restoreVerdict(s, scopeTtlMs, now());
+      if (!v.restore) {
+        if (v.why !== 'forgotten') expired.push(s);
+        else {
+          leftOutForgotten.push(s);
+          if (raised.has(scopeId(s.tenant, s.agent))) forgotten++;
+        }
         continue;
       }
       const grace = scopeTtlMs > 0 ? (retire?.graceMs ?? 0) : 0;
-      const r = await restoreScope(redis, prefix, s.tenant, s.agent, s.clock, s.ctxs, s.fam, left + grace);
+      const r = await restoreScope(
+        redis,
+        prefix,
+        s.tenant,
+        s.agent,
+        s.clock,
+        s.ctxs,
+        s.fam,
+        v.leftMs + grace,
+      );
       if (!r.written) continue;
       written.push(s);
       if (written.length >= 32) await register();
@@ -348,6 +375,12 @@ export function restoreRules(
       { goOn, outcome: 'expired_at_restore' },
     );
     if (queued === false) throw new RebuildStopped();
-    return { scopes: scopes.length, restored, contexts, skipped, expired: expired.length };
+    // Their leftovers go as any retired scope's (counted above, not as expired).
+    const queuedForgotten = await retire?.retirement.queueRetiring(
+      leftOutForgotten.map((s) => ({ tenant: s.tenant, agent: s.agent, ctxs: s.ctxs.keys() })),
+      { goOn },
+    );
+    if (queuedForgotten === false) throw new RebuildStopped();
+    return { scopes: scopes.length, restored, contexts, skipped, expired: expired.length, forgotten };
   });
 }

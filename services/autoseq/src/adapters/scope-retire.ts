@@ -6,10 +6,16 @@ import { jsonOf } from '../../../../shared/kafka/replay.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
 import type { Logger } from '../../../../shared/log.js';
 import { execPipeline } from '../../../../shared/redis/replies.js';
-import { invokeScript } from '../../../../shared/redis/scripts.js';
+import { invokeScript, parseScriptReply } from '../../../../shared/redis/scripts.js';
 import { scopeId } from '../core/learn/engine.js';
-import { contextRecordKey, scopeRecordKey } from './kafka/rules-log.js';
-import { learnKey, retiringKey, type ContextsWritten } from './redis/learn-store.js';
+import { contextRecordKey, forgetMarkerKey, forgetMarkerValue, scopeRecordKey } from './kafka/rules-log.js';
+import {
+  forgetsKey,
+  generationOf,
+  learnKey,
+  retiringKey,
+  type ContextsWritten,
+} from './redis/learn-store.js';
 
 export { retiringKey };
 import { defineScopeScripts, ScopeLeases, type ScopeRef } from './redis/scope-lease.js';
@@ -101,6 +107,11 @@ export interface ScopeRetirementSpec {
   maxRecordBytes?: number;
   onRetired: (outcome: RetireOutcome, scopes: number) => void;
   /**
+   * Forget markers sent (`forget_marker`), or left out as over `maxRecordBytes` (`too_large`): the copy's records
+   * counter (`paver_autoseq_rules_snapshot_records_total{kind}`).
+   */
+  onRecords?: (kind: 'forget_marker' | 'too_large', records: number) => void;
+  /**
    * Tombstones whose send may have outlasted the leases: a scope that came back meanwhile may have copied some
    * of those contexts first. They are copied again (a copy skips a scope with no state, and sends a tombstone
    * for a context the state does not hold), so the topic ends as the state is.
@@ -108,7 +119,8 @@ export interface ScopeRetirementSpec {
   recopy: (written: ContextsWritten[]) => void;
 }
 
-type Retiring = ScopeRef & { ctxs: string[]; live: boolean };
+/** `forgets`: the scope's forget generation (0: never forgotten), whose marker goes with the tombstones. */
+type Retiring = ScopeRef & { ctxs: string[]; live: boolean; forgets: number };
 
 export class ScopeRetirement {
   private timer: NodeJS.Timeout | null = null;
@@ -324,29 +336,41 @@ export class ScopeRetirement {
     for (const s of scopes) {
       pipe.smembers(retiringKey(prefix, s.tenant, s.agent));
       pipe.hkeys(learnKey(prefix, s.tenant, s.agent));
+      pipe.get(forgetsKey(prefix, s.tenant, s.agent));
     }
     pipe.get(this.s.epoch.key);
     pipe.exists(this.s.epoch.flag);
     const reads = await execPipeline(pipe, 'retiring scope read');
-    if (!this.forgottenByRedis(reads[2 * scopes.length], reads[2 * scopes.length + 1])) return null;
+    if (!this.forgottenByRedis(reads[3 * scopes.length], reads[3 * scopes.length + 1])) return null;
     // A scope that came back after step 1 holds some contexts again: their records are its own now.
     const todo: Retiring[] = scopes.map((s, i) => {
-      const names = reads[2 * i] as string[];
-      const fields = new Set(reads[2 * i + 1] as string[]);
+      const names = reads[3 * i] as string[];
+      const fields = new Set(reads[3 * i + 1] as string[]);
       return {
         ...s,
         live: fields.has('m'),
         ctxs: names.filter((c) => c !== '' && !fields.has(`c:${c}`)),
+        // A scope once forgotten has its marker sent again (the same key and generation): a forget whose
+        // instance died after its first step is finished by the sweep, marker included.
+        forgets: generationOf(reads[3 * i + 2]),
       };
     });
+    const { records, markers, tooLarge } = retirementRecords(prefix, todo, this.s.maxRecordBytes);
+    if (tooLarge > 0)
+      this.s.log.warn(
+        { markers: tooLarge, limit: this.s.maxRecordBytes },
+        "a forget marker is over PAVER_MAX_OUTPUT_BYTES: left out (the scope's tombstones alone keep it out)",
+      );
     try {
-      await this.s.sink.sendRaw(this.s.topic, tombstones(prefix, todo, this.s.maxRecordBytes));
+      await this.s.sink.sendRaw(this.s.topic, records);
       // A send that outlasted the leases: a scope that came back may have copied some of these first.
       await leases.keepFresh(true);
     } catch (err) {
       this.s.recopy(todo.map((s) => ({ tenant: s.tenant, agent: s.agent, ctxs: s.ctxs })));
       throw err;
     }
+    if (markers > 0) this.s.onRecords?.('forget_marker', markers);
+    if (tooLarge > 0) this.s.onRecords?.('too_large', tooLarge);
     const del = redis.pipeline();
     for (const s of todo) del.del(retiringKey(prefix, s.tenant, s.agent));
     await execPipeline(del, 'retiring scope delete');
@@ -384,6 +408,12 @@ export class ScopeRetirement {
    * A loss or a stall past the lease during the tombstones' send fails it too, and the contexts are copied
    * again from what Redis holds then: run it again. Returns whether the scope had state, and how many context
    * records were tombstoned.
+   *
+   * With the tombstones goes the scope's forget marker: its forget generation, raised by one in the fenced first
+   * step (`forgetScope-4.lua`). Every copy carries the generation it read with the scope, under the lease, so a
+   * copy read before this forget carries a lower one than the marker, however late it lands (a send stalled
+   * past its lease), and a restore leaves it out (`restoreVerdict`) whether or not anything fenced it since and
+   * whatever Redis lost meanwhile.
    */
   async forget(tenant: string, agent: string): Promise<{ state: boolean; contexts: number }> {
     const { redis, prefix } = this.s;
@@ -400,19 +430,29 @@ export class ScopeRetirement {
           'STATE_CONTENDED',
           'Redis lost its state or is being restored: forget again after',
         );
+      const keys = [
+        leases.leaseKey(ref),
+        learnKey(prefix, tenant, agent),
+        retiringKey(prefix, tenant, agent),
+      ];
       const pipe = redis.pipeline();
-      invokeScript(
-        pipe,
-        'retireScope',
-        [leases.leaseKey(ref), learnKey(prefix, tenant, agent), retiringKey(prefix, tenant, agent)],
-        [leases.token, RETIRING_KEEP_MS],
-      );
-      const [step] = await execPipeline(pipe, 'scope forget');
-      if (step !== 0 && step !== 1) throw new PaverError('STATE_CONTENDED', 'scope lease lost: forget again');
+      // Without the topic copy there is no marker to write, and no copy to compare a generation with.
+      if (this.s.copies === false) invokeScript(pipe, 'retireScope', keys, [leases.token, RETIRING_KEEP_MS]);
+      else
+        invokeScript(
+          pipe,
+          'forgetScope',
+          [...keys, forgetsKey(prefix, tenant, agent)],
+          [leases.token, RETIRING_KEEP_MS],
+        );
+      const [reply] = await execPipeline(pipe, 'scope forget');
       if (this.s.copies === false) {
+        if (reply !== 0 && reply !== 1)
+          throw new PaverError('STATE_CONTENDED', 'scope lease lost: forget again');
         await redis.del(retiringKey(prefix, tenant, agent));
-        return { state: step === 1, contexts: 0 };
+        return { state: reply === 1, contexts: 0 };
       }
+      const [step] = parseScriptReply('forgetScope', reply, forgetReply, FORGET_LEASE_LOST);
       const finished = await this.finish(leases, [ref]);
       if (finished === null)
         throw new PaverError(
@@ -485,10 +525,16 @@ export class ScopeRetirement {
       pipe.exists(this.s.epoch.flag);
       const r = await execPipeline(pipe, 'stale copy check');
       if (!this.forgottenByRedis(r[round.length], r[round.length + 1])) return;
-      const todo: Retiring[] = round.filter((_, i) => r[i] === 0).map((s) => ({ ...s, live: false }));
+      // No marker: the forget that retired the scope sent it, and a stale copy never removes it.
+      const todo: Retiring[] = round
+        .filter((_, i) => r[i] === 0)
+        .map((s) => ({ ...s, live: false, forgets: 0 }));
       if (todo.length === 0) return;
       try {
-        await this.s.sink.sendRaw(this.s.topic, tombstones(prefix, todo, this.s.maxRecordBytes));
+        await this.s.sink.sendRaw(
+          this.s.topic,
+          retirementRecords(prefix, todo, this.s.maxRecordBytes).records,
+        );
         // As in `finish`: a scope that came back during a send past the lease may have copied some of these first.
         await leases.keepFresh(true);
       } catch (err) {
@@ -538,16 +584,43 @@ export class ScopeRetirement {
   }
 }
 
-/** Scopes' records as tombstones: their contexts, then the scope record of each that has no state. */
-function tombstones(
+/**
+ * Scopes' records as tombstones (their contexts, then the scope record of each that has no state), and the forget
+ * marker of each once forgotten. Records over `maxBytes` are left out: the broker would refuse them with the whole
+ * send, and no record of a tombstone's key fitted under the same limit (a marker left out is counted).
+ */
+function retirementRecords(
   prefix: string,
   scopes: readonly Retiring[],
   maxBytes = Infinity,
-): { key: string; value: null }[] {
-  return scopes
-    .flatMap((s) => [
-      ...s.ctxs.map((c) => ({ key: contextRecordKey(prefix, s.tenant, s.agent, c), value: null })),
-      ...(s.live ? [] : [{ key: scopeRecordKey(prefix, s.tenant, s.agent), value: null }]),
-    ])
-    .filter((r) => messageBytes(r) <= maxBytes);
+): { records: { key: string; value: string | null }[]; markers: number; tooLarge: number } {
+  const records: { key: string; value: string | null }[] = [];
+  let markers = 0;
+  let tooLarge = 0;
+  const at = Date.now();
+  for (const s of scopes) {
+    for (const c of s.ctxs)
+      records.push({ key: contextRecordKey(prefix, s.tenant, s.agent, c), value: null });
+    if (!s.live) records.push({ key: scopeRecordKey(prefix, s.tenant, s.agent), value: null });
+    if (s.forgets === 0) continue;
+    const marker = {
+      key: forgetMarkerKey(prefix, s.tenant, s.agent),
+      value: forgetMarkerValue(s.forgets, at),
+    };
+    if (messageBytes(marker) > maxBytes) tooLarge++;
+    else {
+      records.push(marker);
+      markers++;
+    }
+  }
+  return {
+    records: records.filter((r) => r.value !== null || messageBytes(r) <= maxBytes),
+    markers,
+    tooLarge,
+  };
 }
+
+const FORGET_LEASE_LOST = {
+  [-3]: { code: 'STATE_CONTENDED' as const, message: 'scope lease lost: forget again' },
+};
+const forgetReply = z.tuple([z.union([z.literal(0), z.literal(1)]), z.number().int().positive()]);

@@ -22,12 +22,13 @@ import { parsePrometheus } from '../../../../test/helpers/prometheus.js';
 import {
   contextRecordKey,
   contextRecordValue,
+  forgetMarkerKey,
   readRulesLog,
   scopeRecordKey,
   scopeRecordValue,
 } from '../../src/adapters/kafka/rules-log.js';
 import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
-import { learnKey, readScope } from '../../src/adapters/redis/learn-store.js';
+import { forgetsKey, learnKey, readScope } from '../../src/adapters/redis/learn-store.js';
 import { leaseKey, ScopeLeases, wantKey } from '../../src/adapters/redis/scope-lease.js';
 import { restoreRules } from '../../src/adapters/rules-snapshot.js';
 import {
@@ -877,6 +878,155 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     expect(await readScope(redis, t.prefix, 'default', 'f')).toBeNull();
   });
 
+  /**
+   * The real sink, whose first send runs `before` ahead of it and `after` once it has landed (each once): a copy
+   * stalled past its lease, and what comes between its landing and its fence.
+   */
+  const stalledSink = (before: () => Promise<void>, after: () => Promise<void>): Sink => {
+    let first = true;
+    return {
+      ...sink,
+      sendRaw: async (topic, records) => {
+        const stalled = first;
+        first = false;
+        if (stalled) await before();
+        await sink.sendRaw(topic, records);
+        if (stalled) await after();
+      },
+    };
+  };
+
+  it("at TTL > 0, a copy read before a forget, landing after its tombstones and lost with Redis before any fence, is left out by the restore: the forget's marker is on the topic", async () => {
+    const t = await setup();
+    await t.learn(asAgent('keep'), 3_600_000);
+    const written = await t.learn(asAgent('f'), 3_600_000);
+    const ctxs = await t.topicCtxs('f');
+    expect(ctxs.length).toBeGreaterThan(0);
+    const stalled = stalledSink(
+      async () => {
+        // The copy took its snapshot, then stalls past its lease; POST /rules/forget takes the lease meanwhile.
+        await redis.del(leaseKey(t.prefix, 'default', 'f'));
+        expect(await t.retirement.forget('default', 'f')).toEqual({ state: true, contexts: ctxs.length });
+        expect(await t.scopeRecord('f')).toBeNull();
+      },
+      // Its records have landed after the tombstones; Redis loses its state before the fence reads it.
+      t.lose,
+    );
+    const late = ruleCopier(redis, t.prefix, stalled, t.topic, t.retirement).snapshots;
+    late.mark(written);
+    await late.flush();
+    // No fence ran (Redis was lost under it): the stale copy is the topic's latest of the scope.
+    expect(await t.topicCtxs('f')).toEqual(ctxs);
+    expect(await t.scopeRecord('f')).toBeTruthy();
+
+    await t.newEpoch();
+    const restored = await t.restore();
+    // Before, the restore read the stale copy's scope record and brought the forgotten scope back.
+    expect(await readScope(redis, t.prefix, 'default', 'f')).toBeNull();
+    expect(await readScope(redis, t.prefix, 'default', 'keep')).not.toBeNull();
+    expect(restored).toMatchObject({ restored: 1, forgotten: 1 });
+    // Another instance restoring after the same loss leaves it out too, and does not count it again.
+    expect(await t.restore()).toMatchObject({ restored: 0, forgotten: 0 });
+    // Queued for the sweep as any retired scope's leftovers: tombstoned, the marker kept.
+    expect(await t.retirement.sweep()).toMatchObject({ failed: 0 });
+    expect(await t.inTopic()).toEqual([`keep:${(await t.redisCtxs('keep')).length}`]);
+    expect(await t.scopeRecord('f')).toBeNull();
+    expect(
+      JSON.parse(
+        String((await readLatest(rulesReplay(t.topic))).get(forgetMarkerKey(t.prefix, 'default', 'f'))),
+      ),
+    ).toMatchObject({ v: 1, forgets: 1 });
+
+    // Learned again after the forget: its copy carries the forget's generation, and a restore brings it back.
+    await t.learn(asAgent('f', ':again'), 3_600_000);
+    expect(JSON.parse(String(await t.scopeRecord('f')))).toMatchObject({ forgets: 1 });
+    const again = await t.redisCtxs('f');
+    expect(again.length).toBeGreaterThan(0);
+    await t.lose();
+    await t.newEpoch();
+    expect(await t.restore()).toMatchObject({ restored: 2, forgotten: 0 });
+    expect(await t.redisCtxs('f')).toEqual(again);
+    expect(await redis.get(forgetsKey(t.prefix, 'default', 'f'))).toBe('1');
+    await redis.del(learnKey(t.prefix, 'default', 'f'), learnKey(t.prefix, 'default', 'keep'));
+  });
+
+  it("at TTL 0, a copy read before a forget whose fence's send fails is left out by a restore: nothing retries the fence, the marker holds", async () => {
+    const t = await setup();
+    // As the service wires it at TTL 0: no sweep, the forget and the copy's fence only.
+    const forgetter = t.sweeper({ sweeps: false });
+    await t.learn(asAgent('keep'), 0);
+    const written = await t.learn(asAgent('f'), 0);
+    let sends = 0;
+    const failing: Sink = {
+      ...sink,
+      sendRaw: async (topic, records) => {
+        sends++;
+        if (sends === 1) {
+          // The copy stalls past its lease; POST /rules/forget takes the lease meanwhile.
+          await redis.del(leaseKey(t.prefix, 'default', 'f'));
+          await forgetter.forget('default', 'f');
+        }
+        // The fence's own send: the broker is down.
+        if (sends === 2) throw new Error('broker unavailable');
+        await sink.sendRaw(topic, records);
+      },
+    };
+    const late = ruleCopier(
+      redis,
+      t.prefix,
+      failing,
+      t.topic,
+      t.sweeper({ sink: failing, sweeps: false }),
+    ).snapshots;
+    late.mark(written);
+    await late.flush();
+    expect(sends).toBe(2);
+    expect(await t.scopeRecord('f')).toBeTruthy();
+
+    // Redis loses the service's state: the restore, at TTL 0, leaves the forgotten scope out. Before, it came back.
+    await t.lose();
+    const restored = await restoreRules(redis, t.prefix, t.epoch.flag, t.replay);
+    expect(await readScope(redis, t.prefix, 'default', 'f')).toBeNull();
+    expect(await readScope(redis, t.prefix, 'default', 'keep')).not.toBeNull();
+    expect(restored).toMatchObject({ restored: 1, forgotten: 1 });
+    await redis.del(learnKey(t.prefix, 'default', 'keep'));
+  });
+
+  it('a forget on a Redis that replaced a lost one counts on from the generation the topic holds: a copy read on the lost Redis after an earlier forget stays out', async () => {
+    const t = await setup();
+    await t.learn(asAgent('f'), 3_600_000);
+    // Forgotten once, then learned again: its copies carry generation 1.
+    await t.retirement.forget('default', 'f');
+    const written = await t.learn(asAgent('f', ':again'), 3_600_000);
+    const copied = JSON.parse(String(await t.scopeRecord('f'))) as unknown;
+    let seeded: string | null = null;
+    const stalled = stalledSink(
+      async () => {
+        // The copy read the scope (generation 1), then stalls; Redis is lost meanwhile, and restored: the scope
+        // comes back from its latest copy, and its generation with it. The operator forgets it again there.
+        await t.lose();
+        await t.newEpoch();
+        expect(await t.restore()).toMatchObject({ restored: 1 });
+        seeded = await redis.get(forgetsKey(t.prefix, 'default', 'f'));
+        expect(await t.retirement.forget('default', 'f')).toMatchObject({ state: true });
+      },
+      // The stale copy (generation 1) has landed after the second forget's tombstones; Redis is lost again.
+      t.lose,
+    );
+    const late = ruleCopier(redis, t.prefix, stalled, t.topic, t.retirement).snapshots;
+    late.mark(written);
+    await late.flush();
+    await t.newEpoch();
+    const restored = await t.restore();
+    expect(await readScope(redis, t.prefix, 'default', 'f')).toBeNull();
+    // The second forget's marker is generation 2, not 1 as a count started afresh on the new Redis would be.
+    expect(copied).toMatchObject({ forgets: 1 });
+    expect(seeded).toBe('1');
+    expect(JSON.parse(String(await t.scopeRecord('f')))).toMatchObject({ forgets: 1 });
+    expect(restored).toMatchObject({ restored: 0, forgotten: 1 });
+    expect(await redis.get(forgetsKey(t.prefix, 'default', 'f'))).toBe('2');
+  });
+
   it('registers a scope left out of a copy as too large: the sweep retires the records its older copies left', async () => {
     const t = await setup();
     const long = 'l'.repeat(200);
@@ -922,6 +1072,16 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     expect(await t.scopeRecord(long)).toBeNull();
     expect(await t.scopeRecord('x')).toBeNull();
     expect(await t.registered()).toEqual([]);
+    // A forget's marker is held to the same limit: left out where it does not fit (the broker would refuse the
+    // forget's whole send), sent where it does.
+    expect(await t.retirement.forget('default', long)).toEqual({ state: false, contexts: 0 });
+    expect(await t.retirement.forget('default', 'x')).toEqual({ state: false, contexts: 0 });
+    const latest = await readLatest(rulesReplay(t.topic));
+    expect(latest.has(forgetMarkerKey(t.prefix, 'default', long))).toBe(false);
+    expect(JSON.parse(String(latest.get(forgetMarkerKey(t.prefix, 'default', 'x'))))).toMatchObject({
+      v: 1,
+      forgets: 1,
+    });
   });
 
   it('copies a scope record marked again with no context (a retirement cut short on a scope that holds all its names)', async () => {
@@ -980,6 +1140,9 @@ describe('paver run autoseq retires an idle scope (real Kafka and Redis)', () =>
     });
     expect(await rules('default')).toEqual([]);
     expect(await inTopic()).toEqual(['other']);
+    // Its forget marker is on the topic, counted among the copy's records.
+    const metrics = parsePrometheus(String((await getJson(p.url('/metrics'))).body));
+    expect(metrics.value('paver_autoseq_rules_snapshot_records_total', { kind: 'forget_marker' })).toBe(1);
 
     // Redis loses the service's state; the next read waits for the restore from the rules topic.
     let cursor = '0';

@@ -7,18 +7,22 @@ import { familiesShape } from '../redis/learn-store.js';
  * The learned rules' copy on a compacted topic autoseq owns (`AUTOSEQ_RULES_TOPIC`): what survives a Redis
  * loss. Internal to the service, so plain JSON with these shapes rather than a public contract.
  *
- * - key `["<key prefix>","<tenant>","<agent>"]`: the scope's clock, its families' evidence and when the copy was
- *   taken (`{"v":1,"clock":N,"fam":{…},"at":MS}`, `fam` absent until a rule was scored; `fam` and `at` absent in
- *   copies of older versions);
+ * - key `["<key prefix>","<tenant>","<agent>"]`: the scope's clock, its families' evidence, when the copy was
+ *   taken and the scope's forget generation when it was read (`{"v":1,"clock":N,"fam":{…},"at":MS,"forgets":G}`,
+ *   `fam` absent until a rule was scored, `forgets` absent while the scope was never forgotten; `fam`, `at` and
+ *   `forgets` absent in copies of older versions);
  * - key `["<key prefix>","<tenant>","<agent>","<context>"]`: one context's value as Redis stores it (its
  *   next-tool counts, its slots and their rules: counts, bindings, state; never an argument value the agent
- *   passed, except a `const` binding's short constant), or a tombstone once the context was evicted.
+ *   passed, except a `const` binding's short constant), or a tombstone once the context was evicted;
+ * - key `["<key prefix>","<tenant>","<agent>",null]`: the scope's forget marker (`{"v":1,"forgets":G,"at":MS}`),
+ *   written by `POST /rules/forget` and never tombstoned: a copy whose `forgets` is below G was read before that
+ *   forget, and no restore brings it back (`restoreVerdict`).
  *
  * The prefix is part of the key: deployments sharing a topic (one per Redis key prefix) stay apart.
  */
 const keyShape = z.union([
   z.tuple([z.string(), z.string().min(1), z.string().min(1)]),
-  z.tuple([z.string(), z.string().min(1), z.string().min(1), z.string()]),
+  z.tuple([z.string(), z.string().min(1), z.string().min(1), z.string().nullable()]),
 ]);
 // Not strict: a later version may add fields to the scope record, and this one must still read its clock.
 const scopeValueV1 = z.object({
@@ -27,6 +31,13 @@ const scopeValueV1 = z.object({
   fam: familiesShape.optional(),
   /** When the copy was taken (epoch ms): absent in copies of older versions. */
   at: z.number().int().nonnegative().optional(),
+  /** The scope's forget generation when the copy was read: absent while 0, and in copies of older versions. */
+  forgets: z.number().int().nonnegative().optional(),
+});
+const markerValueV1 = z.object({
+  v: z.literal(1),
+  forgets: z.number().int().positive(),
+  at: z.number().int().nonnegative().optional(),
 });
 const contextValueV1 = z.object({ v: z.literal(1), value: z.string().min(2) }).strict();
 
@@ -34,8 +45,14 @@ export const scopeRecordKey = (prefix: string, tenant: string, agent: string): s
   JSON.stringify([prefix, tenant, agent]);
 export const contextRecordKey = (prefix: string, tenant: string, agent: string, ctx: string): string =>
   JSON.stringify([prefix, tenant, agent, ctx]);
-export const scopeRecordValue = (clock: number, fam: Families | undefined, at: number): string =>
-  JSON.stringify(fam ? { v: 1, clock, fam, at } : { v: 1, clock, at });
+/** The scope's forget marker: a key of its own, so that compaction keeps it beside the scope's tombstones. */
+export const forgetMarkerKey = (prefix: string, tenant: string, agent: string): string =>
+  JSON.stringify([prefix, tenant, agent, null]);
+export const forgetMarkerValue = (forgets: number, at: number): string =>
+  JSON.stringify({ v: 1, forgets, at });
+/** `forgets` is left out while 0: a scope never forgotten copies the bytes an older version did. */
+export const scopeRecordValue = (clock: number, fam: Families | undefined, at: number, forgets = 0): string =>
+  JSON.stringify({ v: 1, clock, ...(fam ? { fam } : {}), at, ...(forgets > 0 ? { forgets } : {}) });
 type Families = NonNullable<ScopeState['fam']>;
 /** The stored text is carried as text: the copy is byte for byte what Redis held. */
 export const contextRecordValue = (stored: string): string => JSON.stringify({ v: 1, value: stored });
@@ -49,6 +66,10 @@ export interface ScopeCopyRead {
   fam?: Families;
   /** When its latest copy was taken (epoch ms); absent in copies of older versions. */
   at?: number;
+  /** The scope's forget generation when its latest copy was read (absent: 0, or a copy of an older version). */
+  forgets?: number;
+  /** Its forget marker's generation: absent while the scope was never forgotten. */
+  forgotten?: number;
   /**
    * Its scope record is a tombstone, or is missing (compaction drops tombstones after `delete.retention.ms`):
    * the scope was retired, and what records of it remain are leftovers. Every copy writes the scope record.
@@ -57,21 +78,45 @@ export interface ScopeCopyRead {
   ctxs: Map<string, string>;
 }
 
+/** A scope's forget generation as the topic last recorded it: its marker's, or a later copy's. */
+export interface ForgetGeneration {
+  tenant: string;
+  agent: string;
+  forgets: number;
+}
+
 /**
  * Reads the whole topic (its partitions from the low to the high watermark as they are now) and gives each
- * scope of `prefix` as the latest record of each key says, as compaction would keep it (a retired scope only
- * while records of its contexts remain). Records of other
- * prefixes, and records this version cannot read, are skipped and counted. Once `goOn` is false the read ends
+ * scope of `prefix` as the latest record of each key says (`rulesOfLog`). Once `goOn` is false the read ends
  * with `ReplayStopped` (see `readRanges`).
  */
 export async function readRulesLog(
   o: ReplayOptions,
   prefix: string,
   goOn: () => boolean = () => true,
-): Promise<{ scopes: ScopeCopyRead[]; skipped: number }> {
-  const latest = await readLatest(o, goOn);
+): Promise<{ scopes: ScopeCopyRead[]; skipped: number; generations: ForgetGeneration[] }> {
+  return rulesOfLog(await readLatest(o, goOn), prefix);
+}
+
+/**
+ * Each scope of `prefix` as the latest record of each key says, as compaction would keep it (a retired scope
+ * only while records of its contexts remain), with its forget marker; and, per scope, the highest forget
+ * generation the topic holds (its marker's or a copy's), which a restore writes back to Redis. Records of other
+ * prefixes, and records this version cannot read, are skipped and counted.
+ */
+export function rulesOfLog(
+  latest: ReadonlyMap<string, Buffer | string | null>,
+  prefix: string,
+): { scopes: ScopeCopyRead[]; skipped: number; generations: ForgetGeneration[] } {
   const scopes = new Map<string, ScopeCopyRead>();
   const withRecord = new Set<ScopeCopyRead>();
+  const generations = new Map<string, ForgetGeneration>();
+  const markers = new Map<string, number>();
+  const generation = (id: string, tenant: string, agent: string, forgets: number) => {
+    const g = generations.get(id);
+    if (!g) generations.set(id, { tenant, agent, forgets });
+    else g.forgets = Math.max(g.forgets, forgets);
+  };
   let skipped = 0;
   for (const [k, v] of latest) {
     const key = keyShape.safeParse(jsonOf(k));
@@ -80,8 +125,19 @@ export async function readRulesLog(
       continue;
     }
     const [p, tenant, agent, ctx] = key.data;
-    if (p !== prefix || (v === null && ctx !== undefined)) continue;
+    if (p !== prefix) continue;
     const id = JSON.stringify([tenant, agent]);
+    if (ctx === null) {
+      // Nothing tombstones a marker; one that is (by hand) is no marker.
+      if (v === null) continue;
+      const r = markerValueV1.safeParse(jsonOf(v));
+      if (r.success) {
+        markers.set(id, r.data.forgets);
+        generation(id, tenant, agent, r.data.forgets);
+      } else skipped++;
+      continue;
+    }
+    if (v === null && ctx !== undefined) continue;
     let s = scopes.get(id);
     if (!s) scopes.set(id, (s = { tenant, agent, clock: 0, ctxs: new Map() }));
     if (ctx === undefined) withRecord.add(s);
@@ -92,6 +148,10 @@ export async function readRulesLog(
         s.clock = r.data.clock;
         if (r.data.fam) s.fam = r.data.fam;
         if (r.data.at !== undefined) s.at = r.data.at;
+        if (r.data.forgets !== undefined) {
+          s.forgets = r.data.forgets;
+          generation(id, tenant, agent, r.data.forgets);
+        }
       } else skipped++;
     } else {
       const r = contextValueV1.safeParse(jsonOf(v));
@@ -99,8 +159,35 @@ export async function readRulesLog(
       else skipped++;
     }
   }
-  for (const s of scopes.values()) if (!withRecord.has(s)) s.retired = true;
+  for (const [id, s] of scopes) {
+    if (!withRecord.has(s)) s.retired = true;
+    const marker = markers.get(id);
+    if (marker !== undefined) s.forgotten = marker;
+  }
   // A scope whose only record is its scope record (its contexts all tombstoned) is still a scope: restored,
   // with its clock and families, or retired, so that the record does not stay on the topic for ever.
-  return { scopes: [...scopes.values()].filter((s) => s.ctxs.size > 0 || !s.retired), skipped };
+  return {
+    scopes: [...scopes.values()].filter((s) => s.ctxs.size > 0 || !s.retired),
+    skipped,
+    generations: [...generations.values()],
+  };
+}
+
+export type RestoreVerdict =
+  { restore: true; leftMs: number } | { restore: false; why: 'retired' | 'forgotten' | 'expired' };
+
+/**
+ * Whether a restore writes a scope's copy back, and with what left of its idle lifetime (`scopeTtlMs` 0: none,
+ * it never expires). Left out: a retired scope (its scope record a tombstone or missing) whatever the TTL; a
+ * scope whose copy was read before its latest forget (its `forgets` below its marker's: a copy of an older
+ * version counts as 0, so any marker keeps it out), whatever the TTL and whatever its copy's age; one idle for
+ * longer than the TTL by its copy's age (a copy of an older version, without `at`, gets the whole TTL).
+ */
+export function restoreVerdict(s: ScopeCopyRead, scopeTtlMs: number, now: number): RestoreVerdict {
+  if (s.retired) return { restore: false, why: 'retired' };
+  if (s.forgotten !== undefined && (s.forgets ?? 0) < s.forgotten)
+    return { restore: false, why: 'forgotten' };
+  const leftMs = scopeTtlMs > 0 && s.at !== undefined ? scopeTtlMs - Math.max(0, now - s.at) : scopeTtlMs;
+  if (scopeTtlMs > 0 && leftMs <= 0) return { restore: false, why: 'expired' };
+  return { restore: true, leftMs };
 }

@@ -40,6 +40,14 @@ export const learnKey = (prefix: string, tenant: string, agent: string): string 
 /** `<prefix>:aseq:{tenant|agent}:retiring`: names of a retired scope's contexts not yet tombstoned (scope-retire.ts). */
 export const retiringKey = (prefix: string, tenant: string, agent: string): string =>
   `${prefix}:aseq:${scopeTag(tenant, agent)}:retiring`;
+/**
+ * `<prefix>:aseq:{tenant|agent}:forgets`: how many times the scope was forgotten (`POST /rules/forget`), its forget
+ * generation. No TTL: it outlives the scope's state, and each copy records it, so that a copy read before a forget
+ * reads as older than that forget's marker on the rules topic. After a Redis loss, the restore writes it back
+ * from the topic before anything else can read it (`raiseForgets`).
+ */
+export const forgetsKey = (prefix: string, tenant: string, agent: string): string =>
+  `${prefix}:aseq:${scopeTag(tenant, agent)}:forgets`;
 /** `<prefix>:aseq:{tenant|agent}:ltask:<task_id>`: a task's recent calls, user text and pending proposals. */
 export const learnTaskKey = (prefix: string, tenant: string, agent: string, task: string): string =>
   `${prefix}:aseq:${scopeTag(tenant, agent)}:ltask:${escapeKeyPart(task)}`;
@@ -484,12 +492,17 @@ export interface ScopeCopy {
   agent: string;
   /** The `m` field as stored; null when the scope has no state (lost, or never written). */
   meta: string | null;
+  /** The scope's forget generation (`forgetsKey`), read before its state. */
+  forgets: number;
   ctxs: Map<string, string | null>;
 }
 
 /**
- * Reads the named contexts of each scope, with its `m` field, in one round trip. The caller holds the scopes'
- * leases, so each scope reads as one batch left it.
+ * Reads the named contexts of each scope, with its `m` field and its forget generation, in one round trip. The
+ * caller holds the scopes' leases, so each scope reads as one batch left it. The generation is read first: a
+ * forget that takes the lease of a copier stalled past it can run between two commands of this pipeline, and
+ * then the state read after it is gone (nothing copied) or the generation read before it is the old one (the
+ * copy reads as older than the forget). Read after the state, it could be the new one beside the old state.
  */
 export async function readContexts(
   redis: Redis,
@@ -499,6 +512,7 @@ export async function readContexts(
   const pipe = redis.pipeline();
   for (const s of scopes) {
     const key = learnKey(prefix, s.tenant, s.agent);
+    pipe.get(forgetsKey(prefix, s.tenant, s.agent));
     pipe.hget(key, META);
     // A mark with no context (a scope record to copy again) reads none: HMGET takes at least one field.
     if (s.ctxs.length > 0) pipe.hmget(key, ...s.ctxs.map(ctxField));
@@ -506,16 +520,52 @@ export async function readContexts(
   }
   const replies = await execPipeline(pipe, 'learned contexts copy');
   return scopes.map((s, i) => {
-    const meta = replies[2 * i];
-    const vals = s.ctxs.length > 0 ? (replies[2 * i + 1] as (string | null)[]) : [];
+    const forgets = generationOf(replies[3 * i]);
+    const meta = replies[3 * i + 1];
+    const vals = s.ctxs.length > 0 ? (replies[3 * i + 2] as (string | null)[]) : [];
     return {
       tenant: s.tenant,
       agent: s.agent,
       meta: typeof meta === 'string' ? meta : null,
+      forgets,
       ctxs: new Map(s.ctxs.map((c, j) => [c, vals[j] ?? null])),
     };
   });
 }
+
+/** A `forgets` value as Redis returns it (GET, or a script's integer): 0 when missing. */
+export function generationOf(reply: unknown): number {
+  const n = typeof reply === 'string' || typeof reply === 'number' ? Number(reply) : 0;
+  return Number.isSafeInteger(n) && n > 0 ? n : 0;
+}
+
+/**
+ * After a Redis loss, each scope's forget generation written back from the topic (its marker's, or a later
+ * copy's), where Redis holds less (`forgetFloor-1.lua`): later forgets count on from it, so a forget run on the
+ * new Redis writes a marker above every copy read on the old one. Returns the scopes whose generation this call
+ * raised (not one another instance's restore wrote first).
+ */
+export async function raiseForgets(
+  redis: Redis,
+  prefix: string,
+  generations: readonly { tenant: string; agent: string; forgets: number }[],
+): Promise<Set<string>> {
+  defineScopeScripts(redis);
+  const raised = new Set<string>();
+  for (let i = 0; i < generations.length; i += 500) {
+    const page = generations.slice(i, i + 500);
+    const pipe = redis.pipeline();
+    for (const g of page)
+      invokeScript(pipe, 'forgetFloor', [forgetsKey(prefix, g.tenant, g.agent)], [g.forgets]);
+    const replies = await execPipeline(pipe, 'forget generations restore');
+    page.forEach((g, j) => {
+      if (parseScriptReply('forgetFloor', replies[j], floorReply) === 1)
+        raised.add(scopeId(g.tenant, g.agent));
+    });
+  }
+  return raised;
+}
+const floorReply = z.union([z.literal(0), z.literal(1)]);
 
 /**
  * Writes a scope's copy back when the scope has no state and is not being retired (`learnRestore-2.lua`). The counts are those of the

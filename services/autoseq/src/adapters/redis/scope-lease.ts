@@ -22,6 +22,8 @@ import {
 
 export const SCRIPT_DIR = fileURLToPath(new URL('./lua/', import.meta.url));
 export const SCRIPTS = [
+  'forgetFloor',
+  'forgetScope',
   'learnRestore',
   'learnSave',
   'leaseAcquire',

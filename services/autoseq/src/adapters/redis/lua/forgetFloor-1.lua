@@ -1,0 +1,13 @@
+--[[
+  forgetFloor: after a Redis loss, a scope's forget generation written back from the rules topic (its forget
+  marker's, or a later copy's), only where Redis holds less: a forget counts on from the highest generation the
+  topic has seen, so its marker is above every copy read before it, on this Redis or the one that was lost.
+
+  KEYS[1] forgets  string  the scope's forget generation (integer; missing: 0)
+  ARGV[1] the generation the topic holds (integer > 0)
+  Returns 1 when raised; 0 when Redis held as much already (another instance's restore wrote it first).
+]]
+local now = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+if now >= tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
