@@ -134,7 +134,7 @@ export function createAutoseqMetrics(
   });
   const snapshotRecords = new Counter({
     name: 'paver_autoseq_rules_snapshot_records_total',
-    help: "Records written to the rules topic, by kind: context, tombstone (evicted), too_large (left out: over PAVER_MAX_OUTPUT_BYTES as the broker counts it; a context's record is tombstoned, a scope whose record cannot fit is left out of the copy), trimmed (a scope record sent without its families' evidence to fit).",
+    help: "Records written to the rules topic, by kind: context, tombstone (evicted), too_large (left out: over PAVER_MAX_OUTPUT_BYTES as the broker counts it; a context's record is tombstoned, a scope whose record cannot fit is left out of the copy), trimmed (a scope record sent without its families' evidence to fit), forget_marker (a forget's marker: no restore brings back a copy read before it).",
     labelNames: ['kind'],
     registers,
   });
@@ -156,7 +156,7 @@ export function createAutoseqMetrics(
   });
   const scopesRetired = new Counter({
     name: 'paver_autoseq_scopes_retired_total',
-    help: 'Idle scopes taken out of Redis and the rules topic, by outcome: retired (state deleted, records tombstoned), gone (taken out of the registry found without state: Redis expired it before a sweep), expired_at_restore (left out by a restore as expired, its records queued for the sweep).',
+    help: 'Idle scopes taken out of Redis and the rules topic, by outcome: retired (state deleted, records tombstoned), gone (taken out of the registry found without state: Redis expired it before a sweep), expired_at_restore (left out by a restore as expired, its records queued for the sweep), forgotten_at_restore (left out by a restore: its copy was read before a forget of the scope).',
     labelNames: ['outcome'],
     registers,
   });
