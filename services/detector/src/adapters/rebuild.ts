@@ -89,6 +89,8 @@ export class Rebuilder {
    * that failed after the restore (its mark, say) left them to the next attempt, which does not restore again.
    */
   private readonly restoredScopes = new Map<string, Scope>();
+  /** The restore running now: rebuilds of two partitions at once (a batch's, the pass's) read the topic once. */
+  private restoring: { epoch: string; done: Promise<void> } | null = null;
 
   constructor(
     private readonly d: {
@@ -238,10 +240,7 @@ export class Rebuilder {
       // Before anything is published in this epoch, so stale candidates get their retraction; and before the
       // mark, which every later process trusts without restoring: one that died between the mark and this
       // restore left the publication maps empty for good (candidates published before the loss never retracted).
-      if (this.restoredIn !== epoch) {
-        for (const s of await this.d.restorePublished()) this.restoredScopes.set(scopeId(s), s);
-        this.restoredIn = epoch;
-      }
+      if (this.restoredIn !== epoch) await this.restoreOnce(epoch);
       await store.markRebuilt(partition, epoch);
       // The marker must still be the one rebuilt under; if not, the state went again meanwhile.
       if ((await this.d.epoch.check()).epoch !== epoch) {
@@ -261,6 +260,21 @@ export class Rebuilder {
       this.active--;
       hooks.finished(partition, outcome, events, trigger);
     }
+  }
+
+  private restoreOnce(epoch: string): Promise<void> {
+    if (this.restoring?.epoch !== epoch) {
+      const done = this.d.restorePublished().then((scopes) => {
+        for (const s of scopes) this.restoredScopes.set(scopeId(s), s);
+        this.restoredIn = epoch;
+      });
+      this.restoring = { epoch, done };
+      // One that failed is tried again by the next rebuild that needs it.
+      done.catch(() => {
+        if (this.restoring?.done === done) this.restoring = null;
+      });
+    }
+    return this.restoring.done;
   }
 
   /**

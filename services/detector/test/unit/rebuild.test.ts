@@ -1,4 +1,4 @@
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import { createLogger } from '../../../../shared/log.js';
 import type { Epoch } from '../../../../shared/redis/epoch.js';
 import { ReplayStopped } from '../../../../shared/kafka/replay.js';
@@ -65,7 +65,12 @@ describe('Rebuilder: the publication restore and the mark', () => {
  * `det:rebuilt` hash, `replays` each replay's (partition, from, end), and a replay of a partition in `blocked`
  * waits for its gate (asking `goOn` as the real one does between fetches).
  */
-function ownedFixture(o: { owned: number[]; committed: Record<number, bigint | null> }) {
+function ownedFixture(o: {
+  owned: number[];
+  committed: Record<number, bigint | null>;
+  /** What the publication restore waits for. */
+  restoreGate?: Promise<void>;
+}) {
   const rebuilt = new Map<number, string>();
   const replays: string[] = [];
   const outcomes: string[] = [];
@@ -73,6 +78,7 @@ function ownedFixture(o: { owned: number[]; committed: Record<number, bigint | n
   let epochValue = 'e1';
   let checks = 0;
   let rebuiltReads = 0;
+  let restores = 0;
   const gates = new Map<number, { open: () => void; opened: Promise<void>; entered: Promise<void> }>();
   const block = (partition: number) => {
     let open!: () => void;
@@ -122,7 +128,11 @@ function ownedFixture(o: { owned: number[]; committed: Record<number, bigint | n
       if (!goOn()) throw new ReplayStopped('tool-calls');
       await each([], 1);
     },
-    restorePublished: () => Promise.resolve([scope]),
+    restorePublished: async () => {
+      restores++;
+      await o.restoreGate;
+      return [scope];
+    },
     log: createLogger('detector-test', 'silent'),
     hooks: {
       started: () => undefined,
@@ -154,6 +164,7 @@ function ownedFixture(o: { owned: number[]; committed: Record<number, bigint | n
     },
     lose: () => (epochValue = 'e2'),
     counts: () => ({ checks, rebuiltReads }),
+    restores: () => restores,
   };
 }
 
@@ -201,6 +212,26 @@ describe('Rebuilder: partitions with no batch, rebuilt by a pass over the owned 
     await f.rebuilder.rebuildOwned();
     expect(f.outcomes).toEqual(['1 rebuilt batch', '0 rebuilt proactive']);
     expect(f.rebuilt.get(0)).toBe('e2');
+  });
+
+  it("a batch's rebuild and the pass's, at once, restore the publication maps once and publish its scopes once", async () => {
+    let restored!: () => void;
+    const restoreGate = new Promise<void>((r) => (restored = r));
+    const f = ownedFixture({ owned: [0, 1], committed: { 0: 4n, 1: 6n }, restoreGate });
+    let batchChanged: Scope[] = [];
+    const batch = f.rebuilder.exclusive(1, async () => {
+      batchChanged = (await f.rebuilder.ensure(1, 6n, [], batchCtx)).changed;
+    });
+    // The batch's ensure started the pass: partition 0's rebuild runs beside partition 1's.
+    await vi.waitFor(() => expect(f.replays).toEqual(['1:2-6', '0:2-4']));
+    await new Promise((r) => setImmediate(r));
+    expect(f.restores()).toBe(1);
+    restored();
+    await batch;
+    await f.rebuilder.rebuildOwned();
+    expect(f.restores()).toBe(1);
+    expect([...f.rebuilt.keys()].sort()).toEqual([0, 1]);
+    expect([...batchChanged, ...f.published.flat()]).toEqual([f.scope]);
   });
 
   it('a batch and a rebuild of one partition never run at once', async () => {
