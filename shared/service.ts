@@ -39,6 +39,11 @@ export interface ServiceDeps<E extends CommonEnv> {
    * context bounds, such as a restore of Redis from Kafka, which must give up then rather than hold the stop.
    */
   isRunning: () => boolean;
+  /**
+   * The main consumer's partitions per topic while it is in its group; null before it joins, from a rebalance's
+   * start until it joins again, and once it stops (Runner.owned). `onRebalance` says when it may have changed.
+   */
+  partitions: () => Record<string, number[]> | null;
   /** The same dependencies as one object, to pass whole to `createTableFeed(spec, runtime)` and `createRunner`. */
   runtime: RuntimeDeps;
 }
@@ -349,6 +354,7 @@ export async function runService<E extends CommonEnv, T>(
       codec,
       fatal: onFatal,
       isRunning: () => shuttingDown === null,
+      partitions: () => runner?.owned() ?? null,
       runtime,
     };
     const p = await spec.setup(deps);

@@ -83,7 +83,14 @@ export interface Runner {
   isJoined(): boolean;
   /** The last poll of the broker succeeded (within about PAVER_LAG_POLL_MS). */
   brokerReachable(): boolean;
+  /** The assignment of this member's last join, kept through a rebalance (the lag metrics read it). */
   assignment(): Record<string, number[]>;
+  /**
+   * The partitions this member owns now, per topic: from its join until a rebalance starts, or it stops or
+   * crashes; null meanwhile (their owner may then be another member). For work on its partitions outside a
+   * batch, which must stop when they move.
+   */
+  owned(): Record<string, number[]> | null;
 }
 
 const MAX_KEY_BYTES = 1024;
@@ -652,6 +659,7 @@ export function createRunner<T>(spec: RunnerSpec<T> | RunnerOptions<T>, deps?: R
     isJoined: () => joined && monitor.groupStable(),
     brokerReachable: () => monitor.brokerReachable(),
     assignment: () => assigned,
+    owned: () => (joined ? assigned : null),
     start() {
       monitor.start();
       const join = async () => {

@@ -11,7 +11,7 @@ import { createDetectorMetrics } from './adapters/metrics.js';
 import { ScopePublisher } from './adapters/publisher.js';
 import { Rebuilder } from './adapters/rebuild.js';
 import { detectorGlobalKeys, RedisDetectorStore } from './adapters/redis/store.js';
-import { createPartitionReplay } from './adapters/replay.js';
+import { createCommittedOffset, createPartitionReplay } from './adapters/replay.js';
 import { createRestorePublished } from './adapters/restore-published.js';
 import { detectorEnvSchema, paramsFromEnv, type DetectorEnv } from './config.js';
 
@@ -20,7 +20,7 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
   envSchema: detectorEnvSchema,
   defaultPort: 9101,
   groupId: (env) => env.DETECTOR_GROUP_ID,
-  async setup({ env, redis, sink, metrics, log, kafka, codec }) {
+  async setup({ env, redis, sink, metrics, log, kafka, codec, partitions, isRunning }) {
     const params = paramsFromEnv(env);
     const store = new RedisDetectorStore(redis, params, env.REDIS_KEY_PREFIX);
     const parse = zodParser(toolCallsEventV1, TOOL_CALLS_EVENT_TYPES);
@@ -73,6 +73,22 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
         log,
       }),
       log,
+      owned: {
+        owned: () => {
+          const a = partitions();
+          return a === null ? null : (a[env.PAVER_TOPIC_TOOL_CALLS] ?? []);
+        },
+        committed: createCommittedOffset({
+          kafka,
+          groupId: env.DETECTOR_GROUP_ID,
+          topic: env.PAVER_TOPIC_TOOL_CALLS,
+        }),
+        publish: async (scopes) => {
+          const published = await Promise.allSettled(scopes.map((s) => publisher.publish(s, true)));
+          for (const p of published) if (p.status === 'rejected') throw p.reason;
+        },
+        isRunning,
+      },
       hooks: {
         started: () => m.rebuilding.inc(),
         finished: (_p, outcome, events) => {
@@ -82,6 +98,8 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
         },
       },
     });
+    // A loss seen by no batch (the partitions with traffic are another instance's, or there is none) is found here.
+    rebuilder.rebuildOwnedEvery(60_000);
 
     return {
       inputTopics: [env.PAVER_TOPIC_TOOL_CALLS],
@@ -89,7 +107,12 @@ export const service: ServiceSpec<DetectorEnv, ToolCallsEvent> = {
       parse,
       extraTopics: [{ topic: env.DETECTOR_TOPIC_CHECKPOINTS, compacted: true, partitions: 1 }],
       readiness: [{ name: 'detector_state', check: () => !rebuilder.isRebuilding() }],
-      close: () => publisher.close(),
+      // At a join: the partitions owned now that are not rebuilt in this epoch (a start after a loss, say).
+      onRebalance: () => void rebuilder.rebuildOwned(),
+      close: async () => {
+        await rebuilder.close();
+        await publisher.close();
+      },
       handler: createBatchHandler({
         store,
         rebuilder,

@@ -11,7 +11,7 @@ import type { RedisDetectorStore } from './redis/store.js';
 
 export interface BatchDeps {
   store: Pick<RedisDetectorStore, 'applyBatch' | 'clearStale' | 'retireEpoch'>;
-  rebuilder: Pick<Rebuilder, 'ensure' | 'invalidate'>;
+  rebuilder: Pick<Rebuilder, 'ensure' | 'invalidate' | 'exclusive' | 'noteApplied'>;
   publisher: Pick<ScopePublisher, 'publish'>;
   /** The partition's checkpoint after the batch (createCheckpointer). */
   checkpoint: (partition: number, next: bigint, epoch: string) => Promise<void>;
@@ -25,10 +25,11 @@ export interface BatchDeps {
 /**
  * One chunk of one partition: its state made present (rebuilt if lost), the events applied in Redis, the scopes
  * they changed (and those a rebuild changed, or that owe an abandoned change) published, then the checkpoint.
+ * The whole of it holds the partition against a rebuild of it by the Rebuilder's pass over owned partitions.
  */
 export function createBatchHandler(d: BatchDeps): BatchHandler<ToolCallsEvent> {
   const { store, rebuilder, publisher, metrics: m, log } = d;
-  return async (batch, ctx) => {
+  const handle: BatchHandler<ToolCallsEvent> = async (batch, ctx) => {
     const first = batch[0];
     if (!first) return;
     const partition = first.partition;
@@ -86,6 +87,7 @@ export function createBatchHandler(d: BatchDeps): BatchHandler<ToolCallsEvent> {
         log.warn({ partition }, 'detector state lost in Redis during a batch: rebuilding before applying it');
       rebuilder.invalidate(partition);
     }
+    rebuilder.noteApplied(partition, BigInt(batch[batch.length - 1]!.offset) + 1n);
     m.events.inc({ outcome: 'applied' }, out.applied);
     m.events.inc({ outcome: 'ignored' }, out.ignored);
     for (const reason of IGNORE_REASONS) m.ignoredBy.inc({ reason }, out.ignoredBy[reason]);
@@ -112,5 +114,10 @@ export function createBatchHandler(d: BatchDeps): BatchHandler<ToolCallsEvent> {
     ]);
     for (const p of publications) if (p.status === 'rejected') throw p.reason;
     await d.checkpoint(partition, BigInt(batch[batch.length - 1]!.offset) + 1n, epoch);
+  };
+  return async (batch, ctx) => {
+    const first = batch[0];
+    if (!first) return;
+    return rebuilder.exclusive(first.partition, () => handle(batch, ctx));
   };
 }

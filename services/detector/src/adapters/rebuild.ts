@@ -1,5 +1,5 @@
 import type { Epoch } from '../../../../shared/redis/epoch.js';
-import { PaverError } from '../../../../shared/errors.js';
+import { errorMessage, PaverError } from '../../../../shared/errors.js';
 import type { BatchContext } from '../../../../shared/kafka/chunk.js';
 import { replayGivenUp, type PartitionRebuildOutcome } from '../../../../shared/kafka/replay.js';
 import type { Logger } from '../../../../shared/log.js';
@@ -19,9 +19,29 @@ export type PartitionReplay = (
   goOn: () => boolean,
 ) => Promise<void>;
 
+/** What called for a rebuild: a batch of the partition, or a pass over the partitions this instance owns. */
+export type RebuildTrigger = 'batch' | 'proactive';
+
 export interface RebuildHooks {
-  started(partition: number): void;
-  finished(partition: number, outcome: PartitionRebuildOutcome, events: number): void;
+  started(partition: number, trigger: RebuildTrigger): void;
+  finished(
+    partition: number,
+    outcome: PartitionRebuildOutcome,
+    events: number,
+    trigger: RebuildTrigger,
+  ): void;
+}
+
+/** What a rebuild of the partitions this instance owns needs beyond a batch's (`Rebuilder.rebuildOwned`). */
+export interface OwnedPartitions {
+  /** The input partitions this instance owns now; null while it is not in its group (Runner.owned). */
+  owned: () => number[] | null;
+  /** The group's committed offset of `partition`, or null when none is. */
+  committed: (partition: number) => Promise<bigint | null>;
+  /** Publishes the scopes a rebuild changed, as a batch does. */
+  publish: (scopes: Scope[]) => Promise<void>;
+  /** False once the service stops. */
+  isRunning: () => boolean;
 }
 
 class LostAgain extends Error {}
@@ -42,10 +62,26 @@ const MAX_ATTEMPTS = 5;
  * then ignored as `duplicate`, as a redelivery is. It stops between batches once the chunk's consumer stops
  * (SIGTERM) or loses the partition (`ctx.isRunning()`): the partition is left unmarked and the chunk
  * uncommitted, and its next owner (this process after a restart, or another instance) rebuilds it.
+ *
+ * A partition with no traffic gets no batch to call for its rebuild: its state stayed missing after a loss, and the
+ * sweep (which acts only on scopes rebuilt in the current epoch) never retired its idle scopes. So when a check
+ * of the epoch finds it changed, at a join, and once a minute, `rebuildOwned` rebuilds every partition this
+ * instance owns that is not rebuilt in the current epoch, up to where its group has consumed it. One partition's
+ * batches and rebuilds run one at a time (`exclusive`): a rebuild that read the committed offset while a batch of
+ * the partition was being applied would end short of that batch, and the mark would then hide the gap for good.
  */
 export class Rebuilder {
   private readonly verified = new Map<number, string>();
+  /** Per partition, the next offset after the last chunk this process applied (a commit may lag behind it). */
+  private readonly appliedTo = new Map<number, bigint>();
+  private readonly holders = new Map<number, Promise<unknown>>();
   private active = 0;
+  /** The epoch the last pass over the owned partitions was started for by an epoch check. */
+  private passedIn: string | null = null;
+  private pass: Promise<void> | null = null;
+  private passAgain = false;
+  private closed = false;
+  private timer: NodeJS.Timeout | null = null;
   /** The epoch whose publication maps this process has restored from the candidates topic. */
   private restoredIn: string | null = null;
   /**
@@ -53,6 +89,8 @@ export class Rebuilder {
    * that failed after the restore (its mark, say) left them to the next attempt, which does not restore again.
    */
   private readonly restoredScopes = new Map<string, Scope>();
+  /** The restore running now: rebuilds of two partitions at once (a batch's, the pass's) read the topic once. */
+  private restoring: { epoch: string; done: Promise<void> } | null = null;
 
   constructor(
     private readonly d: {
@@ -64,6 +102,8 @@ export class Rebuilder {
       restorePublished: () => Promise<Scope[]>;
       log: Logger;
       hooks: RebuildHooks;
+      /** Without it (tests of the batch path), only batches rebuild. */
+      owned?: OwnedPartitions;
     },
   ) {}
 
@@ -76,25 +116,50 @@ export class Rebuilder {
     this.verified.delete(partition);
   }
 
+  /** A chunk of `partition` ending before `next` is applied: a rebuild of the partition replays up to there at least. */
+  noteApplied(partition: number, next: bigint): void {
+    if ((this.appliedTo.get(partition) ?? -1n) < next) this.appliedTo.set(partition, next);
+  }
+
+  /** Runs `fn` once no other batch or rebuild of `partition` runs, and holds the partition until it ends. */
+  async exclusive<T>(partition: number, fn: () => Promise<T>): Promise<T> {
+    const run = (this.holders.get(partition) ?? Promise.resolve()).then(fn);
+    const done = run.catch(() => undefined);
+    this.holders.set(partition, done);
+    try {
+      return await run;
+    } finally {
+      if (this.holders.get(partition) === done) this.holders.delete(partition);
+    }
+  }
+
   /**
    * Makes sure `partition`'s state is present before a chunk starting at `end` is applied, rebuilding it when
-   * it is not. Returns the epoch to write under and the scopes a rebuild changed (to publish).
+   * it is not. Returns the epoch to write under and the scopes a rebuild changed (to publish). The caller holds
+   * the partition (`exclusive`).
    */
   async ensure(
     partition: number,
     end: bigint,
     touch: Scope[],
     ctx: BatchContext,
+    trigger: RebuildTrigger = 'batch',
   ): Promise<{ epoch: string; changed: Scope[] }> {
     const seen = this.verified.get(partition);
     if (seen !== undefined && seen === this.d.epoch.current()) return { epoch: seen, changed: [] };
     for (let attempt = 1; ; attempt++) {
       const { epoch } = await this.d.epoch.check();
+      // The state may be gone for the partitions this instance owns that get no batch: they are rebuilt too,
+      // beside this one (each waits for its own partition's batch, if one is running).
+      if (epoch !== this.passedIn) {
+        this.passedIn = epoch;
+        void this.rebuildOwned();
+      }
       if ((await this.d.store.rebuiltIn(partition)) === epoch) {
         this.verified.set(partition, epoch);
         return { epoch, changed: [] };
       }
-      const changed = await this.rebuild(partition, epoch, end, touch, ctx);
+      const changed = await this.rebuild(partition, epoch, end, touch, ctx, trigger);
       if (changed) return { epoch, changed };
       if (attempt >= MAX_ATTEMPTS)
         throw new PaverError(
@@ -110,10 +175,11 @@ export class Rebuilder {
     end: bigint,
     touch: Scope[],
     ctx: BatchContext,
+    trigger: RebuildTrigger,
   ): Promise<Scope[] | null> {
     const { store, log, hooks } = this.d;
     this.active++;
-    hooks.started(partition);
+    hooks.started(partition, trigger);
     const t0 = Date.now();
     let events = 0;
     let outcome: PartitionRebuildOutcome = 'failed';
@@ -127,7 +193,12 @@ export class Rebuilder {
         return null;
       }
       const from = await this.d.checkpoints.get(partition);
-      const where = { partition, from: from === null ? 'earliest' : from.toString(), to: end.toString() };
+      const where = {
+        partition,
+        from: from === null ? 'earliest' : from.toString(),
+        to: end.toString(),
+        trigger,
+      };
       // A partition's very first batch (offset 0, no checkpoint) has no history to lose: a first start says so
       // quietly; state missing with history before it is worth a warning.
       if (from === null && end === 0n)
@@ -169,10 +240,7 @@ export class Rebuilder {
       // Before anything is published in this epoch, so stale candidates get their retraction; and before the
       // mark, which every later process trusts without restoring: one that died between the mark and this
       // restore left the publication maps empty for good (candidates published before the loss never retracted).
-      if (this.restoredIn !== epoch) {
-        for (const s of await this.d.restorePublished()) this.restoredScopes.set(scopeId(s), s);
-        this.restoredIn = epoch;
-      }
+      if (this.restoredIn !== epoch) await this.restoreOnce(epoch);
       await store.markRebuilt(partition, epoch);
       // The marker must still be the one rebuilt under; if not, the state went again meanwhile.
       if ((await this.d.epoch.check()).epoch !== epoch) {
@@ -184,13 +252,114 @@ export class Rebuilder {
       this.verified.set(partition, epoch);
       outcome = 'rebuilt';
       log.info(
-        { partition, events, scopes: changed.size, ms: Date.now() - t0 },
+        { partition, events, scopes: changed.size, ms: Date.now() - t0, trigger },
         'detector partition state rebuilt from Kafka',
       );
       return [...changed.values()];
     } finally {
       this.active--;
-      hooks.finished(partition, outcome, events);
+      hooks.finished(partition, outcome, events, trigger);
+    }
+  }
+
+  private restoreOnce(epoch: string): Promise<void> {
+    if (this.restoring?.epoch !== epoch) {
+      const done = this.d.restorePublished().then((scopes) => {
+        for (const s of scopes) this.restoredScopes.set(scopeId(s), s);
+        this.restoredIn = epoch;
+      });
+      this.restoring = { epoch, done };
+      // One that failed is tried again by the next rebuild that needs it.
+      done.catch(() => {
+        if (this.restoring?.done === done) this.restoring = null;
+      });
+    }
+    return this.restoring.done;
+  }
+
+  /**
+   * Rebuilds every partition this instance owns that is not rebuilt (or found complete) in the current epoch, up
+   * to the end of what its group consumed: the committed offset, or further if this process applied more. The
+   * records past it come as batches, and are applied as any batch is. A partition nothing was consumed of is
+   * left to its first batch. One pass at a time; a call during one runs another after it. Never rejects: a
+   * partition that failed is tried again by the next pass or by its next batch. Cheap when nothing changed (one
+   * epoch read).
+   */
+  rebuildOwned(): Promise<void> {
+    if (!this.d.owned || this.closed) return Promise.resolve();
+    if (this.pass) {
+      this.passAgain = true;
+      return this.pass;
+    }
+    this.pass = (async () => {
+      try {
+        do {
+          this.passAgain = false;
+          await this.passOwned(this.d.owned!);
+        } while (this.passAgain && !this.closed);
+      } finally {
+        this.pass = null;
+      }
+    })();
+    return this.pass;
+  }
+
+  /** `rebuildOwned` every `ms` until `close`: a loss no check of this instance has seen yet is found within `ms`. */
+  rebuildOwnedEvery(ms: number): void {
+    this.timer = setInterval(() => void this.rebuildOwned(), ms);
+    this.timer.unref();
+  }
+
+  /** Stops the passes: one running gives up its replay between two fetches, and is waited for. */
+  async close(): Promise<void> {
+    this.closed = true;
+    if (this.timer) clearInterval(this.timer);
+    await this.pass;
+  }
+
+  private async passOwned(o: OwnedPartitions): Promise<void> {
+    const { log } = this.d;
+    const mine = o.owned();
+    if (!mine?.length || !o.isRunning()) return;
+    let epoch: string;
+    try {
+      ({ epoch } = await this.d.epoch.check());
+    } catch (err) {
+      log.warn({ err: errorMessage(err) }, 'owned partitions not checked for a rebuild: trying again later');
+      return;
+    }
+    this.passedIn = epoch;
+    // A partition whose batch runs now is rebuilt by that batch if need be: the others first, not after it.
+    const order = [...mine].sort((a, b) => Number(this.holders.has(a)) - Number(this.holders.has(b)));
+    for (const partition of order) {
+      if (this.verified.get(partition) === epoch) continue;
+      const owns = () => !this.closed && o.isRunning() && (o.owned()?.includes(partition) ?? false);
+      if (!owns()) continue;
+      try {
+        await this.exclusive(partition, async () => {
+          if (!owns()) return;
+          // A batch of the partition may have rebuilt it, or found it complete, while this waited for it (a newer
+          // epoch than this pass's is seen by `ensure`, which starts another pass).
+          if (this.verified.get(partition) === epoch) return;
+          if ((await this.d.store.rebuiltIn(partition)) === epoch) {
+            this.verified.set(partition, epoch);
+            return;
+          }
+          const committed = await o.committed(partition);
+          const applied = this.appliedTo.get(partition) ?? null;
+          const end = committed === null || (applied !== null && applied > committed) ? applied : committed;
+          if (end === null) return;
+          const ctx: BatchContext = { heartbeat: () => Promise.resolve(), isRunning: owns };
+          const { changed } = await this.ensure(partition, end, [], ctx, 'proactive');
+          if (changed.length > 0) await o.publish(changed);
+        });
+      } catch (err) {
+        if (replayGivenUp(err)) continue;
+        log.warn(
+          { partition, err: errorMessage(err), trigger: 'proactive' },
+          'rebuild of an owned partition failed: tried again by the next pass, or by its next batch',
+        );
+      }
     }
   }
 }

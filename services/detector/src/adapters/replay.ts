@@ -1,3 +1,4 @@
+import type { Kafka } from 'kafkajs';
 import type { ToolCallsEvent } from '../../../../schemas/index.js';
 import type { Codec } from '../../../../shared/codec.js';
 import { decodeMessage, type Parser } from '../../../../shared/kafka/decode.js';
@@ -58,5 +59,27 @@ export function createPartitionReplay(d: ReplayDeps): PartitionReplay {
         { partition, checkpoint: from.toString(), lowWatermark: low.toString() },
         'rebuild replay starts after its checkpoint: the tool-calls topic no longer retains it (raise its retention); the oldest window records are missing',
       );
+  };
+}
+
+/**
+ * The group's committed offset of one partition of `topic` (null when none is): where a rebuild of a partition
+ * with no batch in hand ends. One admin session per call: a call is made only for a partition to rebuild.
+ */
+export function createCommittedOffset(o: {
+  kafka: Kafka;
+  groupId: string;
+  topic: string;
+}): (partition: number) => Promise<bigint | null> {
+  return async (partition) => {
+    const admin = o.kafka.admin();
+    try {
+      await admin.connect();
+      const [t] = await admin.fetchOffsets({ groupId: o.groupId, topics: [o.topic] });
+      const offset = t?.partitions.find((p) => p.partition === partition)?.offset ?? '-1';
+      return BigInt(offset) < 0n ? null : BigInt(offset);
+    } finally {
+      await admin.disconnect().catch(() => undefined);
+    }
   };
 }

@@ -47,6 +47,8 @@ describe('detector: every Redis round trip is counted when it is made', () => {
       rebuilder: {
         ensure: () => Promise.resolve({ epoch: 'e', changed: [] }),
         invalidate: () => undefined,
+        exclusive: (_p, fn) => fn(),
+        noteApplied: () => undefined,
       },
       // The producer down: the chunk fails after its apply.
       publisher: { publish: () => Promise.reject(new Error('broker down')) },
