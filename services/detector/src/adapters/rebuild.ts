@@ -148,7 +148,7 @@ export class Rebuilder {
     const seen = this.verified.get(partition);
     if (seen !== undefined && seen === this.d.epoch.current()) return { epoch: seen, changed: [] };
     for (let attempt = 1; ; attempt++) {
-      const { epoch } = await this.d.epoch.check();
+      const { epoch } = await this.checkEpoch();
       // The state may be gone for the partitions this instance owns that get no batch: they are rebuilt too,
       // beside this one (each waits for its own partition's batch, if one is running).
       if (epoch !== this.passedIn) {
@@ -243,7 +243,7 @@ export class Rebuilder {
       if (this.restoredIn !== epoch) await this.restoreOnce(epoch);
       await store.markRebuilt(partition, epoch);
       // The marker must still be the one rebuilt under; if not, the state went again meanwhile.
-      if ((await this.d.epoch.check()).epoch !== epoch) {
+      if ((await this.checkEpoch()).epoch !== epoch) {
         outcome = 'retried';
         return null;
       }
@@ -317,13 +317,18 @@ export class Rebuilder {
     await this.pass;
   }
 
+  /** The marker's check, one round trip on the store's connection: counted with the store's own. */
+  private checkEpoch() {
+    return this.d.store.counted(this.d.epoch.check());
+  }
+
   private async passOwned(o: OwnedPartitions): Promise<void> {
     const { log } = this.d;
     const mine = o.owned();
     if (!mine?.length || !o.isRunning()) return;
     let epoch: string;
     try {
-      ({ epoch } = await this.d.epoch.check());
+      ({ epoch } = await this.checkEpoch());
     } catch (err) {
       log.warn({ err: errorMessage(err) }, 'owned partitions not checked for a rebuild: trying again later');
       return;

@@ -19,6 +19,7 @@ describe('Rebuilder: the publication restore and the mark', () => {
     let markFails = 1;
     let restores = 0;
     const store = {
+      counted: <T>(p: Promise<T>) => p,
       forgetScopes: () => undefined,
       applyBatch: () => Promise.resolve({ lost: false, changed: [] }),
       rebuiltIn: () => Promise.resolve(marks.at(-1) ?? null),
@@ -78,6 +79,7 @@ function ownedFixture(o: {
   let epochValue = 'e1';
   let checks = 0;
   let rebuiltReads = 0;
+  let countedTrips = 0;
   let restores = 0;
   const gates = new Map<number, { open: () => void; opened: Promise<void>; entered: Promise<void> }>();
   const block = (partition: number) => {
@@ -90,6 +92,11 @@ function ownedFixture(o: {
   };
   const entering = new Map<number, () => void>();
   const store = {
+    // The epoch check is a round trip on the store's connection: counted as the store's own are.
+    counted: <T>(p: Promise<T>) => {
+      countedTrips++;
+      return p;
+    },
     forgetScopes: () => undefined,
     applyBatch: () => Promise.resolve({ lost: false, changed: [] }),
     rebuiltIn: (p: number) => {
@@ -164,6 +171,7 @@ function ownedFixture(o: {
     },
     lose: () => (epochValue = 'e2'),
     counts: () => ({ checks, rebuiltReads }),
+    countedTrips: () => countedTrips,
     restores: () => restores,
   };
 }
@@ -195,6 +203,10 @@ describe('Rebuilder: partitions with no batch, rebuilt by a pass over the owned 
     // A loss: every owned partition consumed is rebuilt again.
     f.lose();
     await f.rebuilder.rebuildOwned();
+    // Every check of the marker, by passes and rebuilds alike, is counted among the store's round trips
+    // (paver_detector_redis_round_trips_total): before, none was.
+    expect(f.countedTrips()).toBe(f.counts().checks);
+    expect(f.countedTrips()).toBeGreaterThan(before.checks);
     expect(f.replays).toEqual(['0:2-10', '3:2-9', '0:2-10', '1:2-7', '3:2-9']);
   });
 

@@ -327,6 +327,14 @@ export class RedisDetectorStore {
   }
 
   /**
+   * A round trip made on this store's connection outside it (the epoch marker's check, shared/redis/epoch.ts),
+   * counted as the store's own are.
+   */
+  counted<T>(call: Promise<T>): Promise<T> {
+    return this.trip(call);
+  }
+
+  /**
    * Counts a round trip once it is answered or has failed: `roundTrips` holds every one made, not only those
    * that succeeded.
    */
