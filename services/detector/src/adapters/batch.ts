@@ -118,6 +118,6 @@ export function createBatchHandler(d: BatchDeps): BatchHandler<ToolCallsEvent> {
   return async (batch, ctx) => {
     const first = batch[0];
     if (!first) return;
-    return rebuilder.exclusive(first.partition, () => handle(batch, ctx));
+    return rebuilder.exclusive(first.partition, () => handle(batch, ctx), ctx);
   };
 }

@@ -75,6 +75,13 @@ export class Rebuilder {
   /** Per partition, the next offset after the last chunk this process applied (a commit may lag behind it). */
   private readonly appliedTo = new Map<number, bigint>();
   private readonly holders = new Map<number, Promise<unknown>>();
+  /**
+   * Per partition, the batches waiting for it (`exclusive`). Once one of them is told to stop (its group
+   * rebalancing, the partition revoked, the service stopping), a rebuild of the partition by the pass gives up:
+   * kafkajs rejoins only after every batch in hand returns, and this member's `owned` changes only at that
+   * rejoin, so the pass alone would hold the whole group's rebalance until its replay ended.
+   */
+  private readonly waiters = new Map<number, Set<BatchContext>>();
   private active = 0;
   /** The epoch the last pass over the owned partitions was started for by an epoch check. */
   private passedIn: string | null = null;
@@ -121,16 +128,38 @@ export class Rebuilder {
     if ((this.appliedTo.get(partition) ?? -1n) < next) this.appliedTo.set(partition, next);
   }
 
-  /** Runs `fn` once no other batch or rebuild of `partition` runs, and holds the partition until it ends. */
-  async exclusive<T>(partition: number, fn: () => Promise<T>): Promise<T> {
-    const run = (this.holders.get(partition) ?? Promise.resolve()).then(fn);
+  /**
+   * Runs `fn` once no other batch or rebuild of `partition` runs, and holds the partition until it ends. A batch
+   * passes its context as `waiter`: a rebuild by the pass that it waits for stops once the batch is told to stop.
+   */
+  async exclusive<T>(partition: number, fn: () => Promise<T>, waiter?: BatchContext): Promise<T> {
+    let waiting = this.waiters.get(partition);
+    if (waiter) {
+      if (!waiting) this.waiters.set(partition, (waiting = new Set()));
+      waiting.add(waiter);
+    }
+    const unwait = () => {
+      if (!waiter || !waiting?.delete(waiter)) return;
+      if (waiting.size === 0 && this.waiters.get(partition) === waiting) this.waiters.delete(partition);
+    };
+    const run = (this.holders.get(partition) ?? Promise.resolve()).then(() => {
+      unwait();
+      return fn();
+    });
     const done = run.catch(() => undefined);
     this.holders.set(partition, done);
     try {
       return await run;
     } finally {
+      unwait();
       if (this.holders.get(partition) === done) this.holders.delete(partition);
     }
+  }
+
+  /** A batch waiting for `partition` has been told to stop. */
+  private waiterStopped(partition: number): boolean {
+    for (const w of this.waiters.get(partition) ?? []) if (!w.isRunning()) return true;
+    return false;
   }
 
   /**
@@ -338,7 +367,11 @@ export class Rebuilder {
     const order = [...mine].sort((a, b) => Number(this.holders.has(a)) - Number(this.holders.has(b)));
     for (const partition of order) {
       if (this.verified.get(partition) === epoch) continue;
-      const owns = () => !this.closed && o.isRunning() && (o.owned()?.includes(partition) ?? false);
+      const owns = () =>
+        !this.closed &&
+        o.isRunning() &&
+        (o.owned()?.includes(partition) ?? false) &&
+        !this.waiterStopped(partition);
       if (!owns()) continue;
       try {
         await this.exclusive(partition, async () => {

@@ -130,7 +130,14 @@ function ownedFixture(o: {
       const gate = gates.get(partition);
       if (gate) {
         entering.get(partition)?.();
-        await gate.opened;
+        // As readRanges does (every GO_ON_CHECK_MS), a wait for the next fetch ends once `goOn` is false.
+        let watch: NodeJS.Timeout | undefined;
+        const stopped = new Promise<void>((r) => {
+          watch = setInterval(() => {
+            if (!goOn()) r();
+          }, 5);
+        });
+        await Promise.race([gate.opened, stopped]).finally(() => clearInterval(watch));
       }
       if (!goOn()) throw new ReplayStopped('tool-calls');
       await each([], 1);
@@ -274,6 +281,38 @@ describe('Rebuilder: partitions with no batch, rebuilt by a pass over the owned 
     await next;
     expect(order).toEqual(['batch start', 'batch end', 'rebuild replaying', 'next batch']);
     expect(f.replays).toEqual(['0:2-12']);
+  });
+
+  it('gives the partition up once a batch waiting for it is told to stop (its group rebalancing): the rebalance does not wait for the replay', async () => {
+    const f = ownedFixture({ owned: [0], committed: { 0: 10n } });
+    const gate = f.block(0);
+    const pass = f.rebuilder.rebuildOwned();
+    await gate.entered;
+    // A batch of partition 0 waits for the pass's rebuild. kafkajs rejoins only once this batch returns, and
+    // `owned` changes only at that rejoin: the batch's heartbeat meeting the rebalance is all that is known.
+    let running = true;
+    const ctx = { heartbeat: () => Promise.resolve(), isRunning: () => running };
+    let ran = false;
+    const batch = f.rebuilder.exclusive(0, async () => void (ran = true), ctx);
+    running = false;
+    await vi.waitFor(() => expect(f.outcomes).toEqual(['0 stopped proactive']));
+    await batch;
+    expect(ran).toBe(true);
+    await pass;
+    expect(f.rebuilt.size).toBe(0);
+    gate.open();
+  });
+
+  it('a batch waiting for the partition and still running leaves the rebuild to its end', async () => {
+    const f = ownedFixture({ owned: [0], committed: { 0: 10n } });
+    const gate = f.block(0);
+    const pass = f.rebuilder.rebuildOwned();
+    await gate.entered;
+    const batch = f.rebuilder.exclusive(0, () => Promise.resolve(), batchCtx);
+    gate.open();
+    await pass;
+    await batch;
+    expect(f.outcomes).toEqual(['0 rebuilt proactive']);
   });
 
   it('stops when the partition is revoked: not marked, left to its next owner', async () => {
