@@ -8,7 +8,8 @@ import { restoreFlagKey } from '../../../../shared/redis/epoch.js';
 import { createTopics, testKafka, testRedis, unique } from '../../../../test/helpers/kafka.js';
 import { readRulesLog } from '../../src/adapters/kafka/rules-log.js';
 import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
-import { learnKey } from '../../src/adapters/redis/learn-store.js';
+import { forgetMarkerKey, forgetMarkerValue } from '../../src/adapters/kafka/rules-log.js';
+import { forgetsKey, learnKey } from '../../src/adapters/redis/learn-store.js';
 import { leaseKey } from '../../src/adapters/redis/scope-lease.js';
 import { restoreRules } from '../../src/adapters/rules-snapshot.js';
 import { ScopeRetirement } from '../../src/adapters/scope-retire.js';
@@ -17,13 +18,13 @@ import { LOW_BAR } from './predict-compare.js';
 import { learnBatch, ruleCopier, rulesReplay } from './rule-copies.js';
 
 /*
- * Review of the forget marker (session 30). Context records carry no forget generation: the marker keeps a scope
- * out only while the scope's own record is the stale copy's. Once the scope is learned again after the forget and
- * copied (its scope record now carries the forget's generation), a context record the stale copy left on the topic
- * (one the relearned scope does not hold again) is restored with it: a forgotten rule comes back.
- *
- * Skipped: they fail on main at b914988 (the bug), and the fix is assigned separately (autoseq's adapters are being
- * changed by another helper). Remove `.skip` to reproduce.
+ * Review of the forget marker (session 30). Context records carried no forget generation: the marker kept a scope
+ * out only while the scope's own record was the stale copy's. Once the scope was learned again after the forget
+ * and copied (its scope record then carrying the forget's generation), a context record the stale copy left on the
+ * topic (one the relearned scope does not hold again) was restored with it: a forgotten rule came back. Each context
+ * record now carries the generation its copy read, and a restore writes back only those at the marker's or above
+ * (the first two tests failed before). The third: a marker gone backwards (a stalled forget's lower one landing
+ * last) is made up for by the generation Redis kept (failed before).
  */
 
 const events = fixtureEvents();
@@ -89,12 +90,14 @@ describe('forget marker review: a stale copy across a forget, then the scope lea
           .find((s) => s.agent === agent)
           ?.ctxs.keys() ?? []),
       ].sort();
-    const lose = async () => {
+    /** `keep`: keys that outlive the loss (a shard kept, as a cluster's can). */
+    const lose = async (keep: (key: string) => boolean = () => false) => {
       let cursor = '0';
       do {
         const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:*`, 'COUNT', 1000);
         cursor = next;
-        if (keys.length > 0) await redis.del(...keys);
+        const gone = keys.filter((k) => !keep(k));
+        if (gone.length > 0) await redis.del(...gone);
       } while (cursor !== '0');
     };
     const newEpoch = async () => {
@@ -124,7 +127,7 @@ describe('forget marker review: a stale copy across a forget, then the scope lea
     };
   }
 
-  it.skip("at TTL 0, the README's own case (the fence's send fails): once the scope is learned again and copied, a restore brings back the forgotten contexts", async () => {
+  it("at TTL 0, the README's own case (the fence's send fails): once the scope is learned again and copied, a restore leaves out the forgotten contexts", async () => {
     const t = await setup(0);
     const before = await t.learn(asAgent('f'));
     const forgotten = await t.redisCtxs('f');
@@ -166,9 +169,11 @@ describe('forget marker review: a stale copy across a forget, then the scope lea
     await t.restore();
     // Only what was learned after the forget. On b914988 the stale copy's contexts come back with it.
     expect(await t.redisCtxs('f')).toEqual(again);
+    // No sweep at TTL 0: the stale records stay on the topic, and every restore leaves them out.
+    expect(await t.topicCtxs('f')).toEqual(expect.arrayContaining(gone));
   });
 
-  it.skip('at TTL > 0, no failure at all: the scope learned again before the stale copy is fenced, Redis lost before its recopy, the restore brings back the forgotten contexts', async () => {
+  it('at TTL > 0, no failure at all: the scope learned again before the stale copy is fenced, Redis lost before its recopy, the restore leaves out the forgotten contexts', async () => {
     const t = await setup(3_600_000);
     const before = await t.learn(asAgent('f'));
     const forgotten = await t.redisCtxs('f');
@@ -203,8 +208,60 @@ describe('forget marker review: a stale copy across a forget, then the scope lea
     await t.lose();
     await late.flush();
     await t.newEpoch();
-    await t.restore();
+    const r = await t.restore();
     // Only what was learned after the forget. On b914988 the stale copy's contexts come back with it.
     expect(await t.redisCtxs('f')).toEqual(again);
+    expect(r.stale).toBe(gone.length);
+    // The restore queued the stale records for the sweep, which tombstones them and leaves the scope's own.
+    await t.retirement.sweep();
+    expect(await t.topicCtxs('f')).toEqual(again);
+    expect(await t.redisCtxs('f')).toEqual(again);
+    // Tombstoned, they stay out of a later restore whatever it finds.
+    await t.lose();
+    await t.newEpoch();
+    await t.restore();
+    expect(await t.redisCtxs('f')).toEqual(again);
+  });
+
+  it("a marker gone backwards (a stalled forget's lower marker landing last) is made up for by the generation Redis kept", async () => {
+    const t = await setup(0);
+    await t.learn(asAgent('f'));
+    const forgetter = t.sweeper({ sweeps: false });
+    await forgetter.forget('default', 'f');
+    // Learned again after the first forget: copied at generation 1.
+    const again = await t.learn(firstTask(asAgent('f', ':again')));
+    expect(await t.redisCtxs('f')).not.toEqual([]);
+    let sends = 0;
+    const failing: Sink = {
+      ...sink,
+      sendRaw: async (topic, records) => {
+        sends++;
+        // A copy read at generation 1 stalls past its lease; a second forget (generation 2) runs meanwhile.
+        if (sends === 1) {
+          await redis.del(leaseKey(t.prefix, 'default', 'f'));
+          await forgetter.forget('default', 'f');
+        }
+        // Its fence's send fails: nothing tombstones the stale copy again.
+        if (sends === 2) throw new Error('broker unavailable');
+        await sink.sendRaw(topic, records);
+      },
+    };
+    const late = ruleCopier(redis, t.prefix, failing, t.topic, t.sweeper({ sink: failing, sweeps: false }));
+    late.snapshots.mark(again);
+    await late.snapshots.flush();
+    expect(sends).toBe(2);
+    expect(await redis.get(forgetsKey(t.prefix, 'default', 'f'))).toBe('2');
+    // The first forget's marker, its send stalled, lands last: compaction keeps generation 1, the stale copy's.
+    await sink.sendRaw(t.topic, [
+      { key: forgetMarkerKey(t.prefix, 'default', 'f'), value: forgetMarkerValue(1, Date.now()) },
+    ]);
+
+    // A loss that spares the scope's generation (a cluster shard kept); the restore reads it.
+    await t.lose((k) => k.endsWith(':forgets'));
+    await t.newEpoch();
+    const r = await t.restore();
+    expect(r.restored).toBe(0);
+    // Before, the stale copy (generation 1) passed the marker of 1, its contexts with it.
+    expect(await t.redisCtxs('f')).toEqual([]);
   });
 });
