@@ -242,7 +242,8 @@ export class RuleSnapshots {
             else kinds.too_large++;
             continue;
           }
-          const value = contextRecordValue(stored);
+          // The generation read with the scope: a restore leaves out a context copied before the latest forget.
+          const value = contextRecordValue(stored, c.forgets);
           const bytes = fits(key, value);
           if (bytes !== null) {
             // A tombstone in its place: a restore must not bring back an older, smaller copy of it.
@@ -304,7 +305,10 @@ export class RuleSnapshots {
  * whose scope record is a tombstone or missing (retired) is left out as expired too, whatever its contexts'
  * records and whatever `scopeTtlMs` is (0 included: a TTL turned off after a retirement does not revive the
  * scope; without the sweep its leftover records then stay on the topic, left out by every restore). So is a
- * scope whose latest copy was read before its latest forget (`restoreVerdict`), at any TTL.
+ * scope whose latest copy was read before its latest forget (`restoreVerdict`), at any TTL. A scope written
+ * back gets only its contexts copied after its latest forget: the others are records a copy read before the
+ * forget left on the topic (landed after its tombstones, never fenced), and with `retire` they are queued for
+ * the sweep's tombstones once the scope is written (it spares what the scope holds).
  *
  * First of all, each scope's forget generation goes back to Redis (`raiseForgets`), before any batch, copy or
  * forget can read it: a forget after the loss then writes a marker above every copy read before it, those of
@@ -327,22 +331,34 @@ export function restoreRules(
   skipped: number;
   expired: number;
   forgotten: number;
+  /** Context records left out of scopes written back, as copied before their scope's latest forget. */
+  stale: number;
 }> {
   return flaggedRestore(redis, flag, async () => {
     const { scopes, skipped, generations } = await readRulesLog(replay, prefix, goOn);
-    const raised = await raiseForgets(redis, prefix, generations);
+    // Every scope's generation as Redis holds it too (a generation of 0 only reads it): one the topic's marker
+    // does not show (not sent, or a lower marker from a stalled earlier forget landed last) still counts.
+    const listed = new Set(generations.map((g) => scopeId(g.tenant, g.agent)));
+    const { raised, held } = await raiseForgets(redis, prefix, [
+      ...generations,
+      ...scopes
+        .filter((s) => !listed.has(scopeId(s.tenant, s.agent)))
+        .map((s) => ({ tenant: s.tenant, agent: s.agent, forgets: 0 })),
+    ]);
     let restored = 0;
     let contexts = 0;
     let forgotten = 0;
     const expired: ScopeCopyRead[] = [];
     const leftOutForgotten: ScopeCopyRead[] = [];
     const written: ScopeCopyRead[] = [];
+    /** Contexts of scopes written back that a copy read before their latest forget left on the topic. */
+    const stale: { tenant: string; agent: string; ctxs: string[] }[] = [];
     const register = async () => {
       await retire?.retirement.register(written.splice(0));
     };
     for (const s of scopes) {
       if (!goOn()) throw new RebuildStopped();
-      const v = restoreVerdict(s, scopeTtlMs, now());
+      const v = restoreVerdict(s, scopeTtlMs, now(), held.get(scopeId(s.tenant, s.agent)));
       if (!v.restore) {
         if (v.why !== 'forgotten') expired.push(s);
         else {
@@ -358,11 +374,13 @@ export function restoreRules(
         s.tenant,
         s.agent,
         s.clock,
-        s.ctxs,
+        v.ctxs,
         s.fam,
         v.leftMs + grace,
       );
       if (!r.written) continue;
+      // Only by the restore that wrote the scope: queued before, its retiring set would keep it from being written.
+      if (v.stale.length > 0) stale.push({ tenant: s.tenant, agent: s.agent, ctxs: v.stale });
       written.push(s);
       if (written.length >= 32) await register();
       restored++;
@@ -381,6 +399,17 @@ export function restoreRules(
       { goOn },
     );
     if (queuedForgotten === false) throw new RebuildStopped();
-    return { scopes: scopes.length, restored, contexts, skipped, expired: expired.length, forgotten };
+    // Live scopes: the sweep tombstones these names, not the scope record, and spares any the scope holds again.
+    const queuedStale = await retire?.retirement.queueRetiring(stale, { goOn });
+    if (queuedStale === false) throw new RebuildStopped();
+    return {
+      scopes: scopes.length,
+      restored,
+      contexts,
+      skipped,
+      expired: expired.length,
+      forgotten,
+      stale: stale.reduce((n, s) => n + s.ctxs.length, 0),
+    };
   });
 }

@@ -14,8 +14,8 @@ import {
 import { SCRIPT_DIR, SCRIPTS } from '../../src/adapters/redis/scope-lease.js';
 
 const P = 'p';
-const ctx = (agent: string, c: string, value = '{"n":{}}') =>
-  [contextRecordKey(P, 't', agent, c), contextRecordValue(value)] as const;
+const ctx = (agent: string, c: string, value = '{"n":{}}', forgets = 0) =>
+  [contextRecordKey(P, 't', agent, c), contextRecordValue(value, forgets)] as const;
 const scope = (agent: string, forgets = 0, at = 1_000) =>
   [scopeRecordKey(P, 't', agent), scopeRecordValue(7, undefined, at, forgets)] as const;
 const marker = (agent: string, forgets: number) =>
@@ -28,6 +28,32 @@ describe('the rules topic as a restore reads it: forget markers', () => {
     expect(scopeRecordValue(3, undefined, 10)).toBe('{"v":1,"clock":3,"at":10}');
     expect(scopeRecordValue(3, undefined, 10, 2)).toBe('{"v":1,"clock":3,"at":10,"forgets":2}');
     expect(forgetMarkerKey(P, 't', 'a')).toBe('["p","t","a",null]');
+  });
+
+  it('a context record carries the generation of its copy only once the scope was forgotten (older bytes otherwise)', () => {
+    expect(contextRecordValue('{"n":{}}')).toBe('{"v":1,"value":"{\\"n\\":{}}"}');
+    expect(contextRecordValue('{}', 2)).toBe('{"v":1,"value":"{}","forgets":2}');
+  });
+
+  it("reads each context's generation (absent while 0), which counts towards the scope's highest", () => {
+    const { scopes, skipped, generations } = read([
+      scope('a', 2),
+      ctx('a', 'old'),
+      ctx('a', 'new', '{}', 2),
+      ctx('a', 'odd', '{}', 3),
+      marker('a', 2),
+      // A generation of 0 is never written: not this version's record.
+      [contextRecordKey(P, 't', 'a', 'zero'), '{"v":1,"value":"{}","forgets":0}'],
+    ]);
+    expect(skipped).toBe(1);
+    expect([...scopes[0]!.ctxs.keys()].sort()).toEqual(['new', 'odd', 'old']);
+    expect(scopes[0]!.ctxForgets).toEqual(
+      new Map([
+        ['new', 2],
+        ['odd', 3],
+      ]),
+    );
+    expect(generations).toEqual([{ tenant: 't', agent: 'a', forgets: 3 }]);
   });
 
   it('reads each scope with its marker, and the highest generation the topic holds per scope', () => {
@@ -96,16 +122,77 @@ describe('restoreVerdict: what a restore writes back', () => {
   });
 
   it('restores a copy read after the forget (the scope learned again), and any copy of a scope never forgotten', () => {
-    expect(restoreVerdict(copy({ forgets: 1, forgotten: 1 }), 0, 1_000)).toEqual({
+    const x = new Map([['x', '{}']]);
+    const at1 = new Map([['x', 1]]);
+    expect(restoreVerdict(copy({ forgets: 1, forgotten: 1, ctxForgets: at1 }), 0, 1_000)).toEqual({
       restore: true,
       leftMs: 0,
+      ctxs: x,
+      stale: [],
     });
-    expect(restoreVerdict(copy({ forgets: 4, forgotten: 3, at: 0 }), HOUR, 1_000)).toEqual({
+    expect(
+      restoreVerdict(copy({ forgets: 4, forgotten: 3, at: 0, ctxForgets: new Map([['x', 4]]) }), HOUR, 1_000),
+    ).toEqual({ restore: true, leftMs: HOUR - 1_000, ctxs: x, stale: [] });
+    expect(restoreVerdict(copy({}), 0, 1_000)).toEqual({ restore: true, leftMs: 0, ctxs: x, stale: [] });
+    expect(restoreVerdict(copy({}), HOUR, 1_000)).toEqual({
       restore: true,
-      leftMs: HOUR - 1_000,
+      leftMs: HOUR,
+      ctxs: x,
+      stale: [],
     });
-    expect(restoreVerdict(copy({}), 0, 1_000)).toEqual({ restore: true, leftMs: 0 });
-    expect(restoreVerdict(copy({}), HOUR, 1_000)).toEqual({ restore: true, leftMs: HOUR });
+  });
+
+  it("writes back only the contexts copied after the scope's latest forget: a stale copy's contexts stay out", () => {
+    const s = copy({
+      forgets: 2,
+      forgotten: 2,
+      ctxs: new Map([
+        ['again', '{"a":1}'],
+        ['stale', '{"s":1}'],
+        ['older', '{"o":1}'],
+        ['later', '{"l":1}'],
+      ]),
+      // `older`: a copy of an older version, or of the scope never forgotten before (no generation: 0).
+      ctxForgets: new Map([
+        ['again', 2],
+        ['stale', 1],
+        ['later', 3],
+      ]),
+    });
+    for (const ttl of [0, HOUR])
+      expect(restoreVerdict(s, ttl, 1_000)).toEqual({
+        restore: true,
+        leftMs: ttl,
+        ctxs: new Map([
+          ['again', '{"a":1}'],
+          ['later', '{"l":1}'],
+        ]),
+        stale: ['stale', 'older'],
+      });
+  });
+
+  it('takes the generation Redis holds as the marker when higher (a forget whose marker the topic lacks, or lost to a lower one landing last)', () => {
+    expect(
+      restoreVerdict(copy({ forgets: 1, forgotten: 1, ctxForgets: new Map([['x', 1]]) }), 0, 0, 2),
+    ).toEqual({
+      restore: false,
+      why: 'forgotten',
+    });
+    // No marker at all on the topic: Redis's generation alone.
+    expect(restoreVerdict(copy({}), 0, 0, 1)).toEqual({ restore: false, why: 'forgotten' });
+    // Lower than the topic's marker (Redis's key lost or deleted by hand): the marker's.
+    expect(restoreVerdict(copy({ forgets: 1, forgotten: 2 }), 0, 0, 1)).toEqual({
+      restore: false,
+      why: 'forgotten',
+    });
+    expect(
+      restoreVerdict(copy({ forgets: 2, forgotten: 1, ctxForgets: new Map([['x', 1]]) }), 0, 0, 2),
+    ).toEqual({
+      restore: true,
+      leftMs: 0,
+      ctxs: new Map(),
+      stale: ['x'],
+    });
   });
 
   it('as before for the rest: retired whatever the TTL, expired by its copy’s age at TTL > 0 only', () => {
@@ -114,7 +201,7 @@ describe('restoreVerdict: what a restore writes back', () => {
       why: 'retired',
     });
     expect(restoreVerdict(copy({ at: 0 }), HOUR, HOUR)).toEqual({ restore: false, why: 'expired' });
-    expect(restoreVerdict(copy({ at: 0 }), 0, 10 * HOUR)).toEqual({ restore: true, leftMs: 0 });
+    expect(restoreVerdict(copy({ at: 0 }), 0, 10 * HOUR)).toMatchObject({ restore: true, leftMs: 0 });
   });
 });
 

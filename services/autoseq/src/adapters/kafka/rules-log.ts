@@ -13,10 +13,13 @@ import { familiesShape } from '../redis/learn-store.js';
  *   `forgets` absent in copies of older versions);
  * - key `["<key prefix>","<tenant>","<agent>","<context>"]`: one context's value as Redis stores it (its
  *   next-tool counts, its slots and their rules: counts, bindings, state; never an argument value the agent
- *   passed, except a `const` binding's short constant), or a tombstone once the context was evicted;
+ *   passed, except a `const` binding's short constant), with the scope's forget generation read in the same
+ *   copy (`{"v":1,"value":"…","forgets":G}`, `forgets` absent while 0), or a tombstone once the context was
+ *   evicted;
  * - key `["<key prefix>","<tenant>","<agent>",null]`: the scope's forget marker (`{"v":1,"forgets":G,"at":MS}`),
  *   written by `POST /rules/forget` and never tombstoned: a copy whose `forgets` is below G was read before that
- *   forget, and no restore brings it back (`restoreVerdict`).
+ *   forget, and no restore brings it back (`restoreVerdict`): neither its scope record nor its context records,
+ *   which a scope learned again after the forget does not replace unless it holds those contexts again.
  *
  * The prefix is part of the key: deployments sharing a topic (one per Redis key prefix) stay apart.
  */
@@ -39,7 +42,14 @@ const markerValueV1 = z.object({
   forgets: z.number().int().positive(),
   at: z.number().int().nonnegative().optional(),
 });
-const contextValueV1 = z.object({ v: z.literal(1), value: z.string().min(2) }).strict();
+const contextValueV1 = z
+  .object({
+    v: z.literal(1),
+    value: z.string().min(2),
+    /** The scope's forget generation when the context was copied: absent while 0, and in older copies. */
+    forgets: z.number().int().positive().optional(),
+  })
+  .strict();
 
 export const scopeRecordKey = (prefix: string, tenant: string, agent: string): string =>
   JSON.stringify([prefix, tenant, agent]);
@@ -54,8 +64,12 @@ export const forgetMarkerValue = (forgets: number, at: number): string =>
 export const scopeRecordValue = (clock: number, fam: Families | undefined, at: number, forgets = 0): string =>
   JSON.stringify({ v: 1, clock, ...(fam ? { fam } : {}), at, ...(forgets > 0 ? { forgets } : {}) });
 type Families = NonNullable<ScopeState['fam']>;
-/** The stored text is carried as text: the copy is byte for byte what Redis held. */
-export const contextRecordValue = (stored: string): string => JSON.stringify({ v: 1, value: stored });
+/**
+ * The stored text is carried as text: the copy is byte for byte what Redis held. `forgets` (the generation the
+ * copy read with the scope) is left out while 0, so a scope never forgotten copies the bytes it did before.
+ */
+export const contextRecordValue = (stored: string, forgets = 0): string =>
+  JSON.stringify({ v: 1, value: stored, ...(forgets > 0 ? { forgets } : {}) });
 
 /** One scope as the topic holds it now: its clock (0 when its clock record is missing) and its contexts. */
 export interface ScopeCopyRead {
@@ -76,6 +90,12 @@ export interface ScopeCopyRead {
    */
   retired?: true;
   ctxs: Map<string, string>;
+  /**
+   * Each context's forget generation as its record carries it, for those above 0 (absent: 0, a context never
+   * copied after a forget or copied by an older version). A context below the scope's marker was copied before
+   * the forget: a stale copy that landed after the forget's tombstones left it (`restoreVerdict` leaves it out).
+   */
+  ctxForgets?: Map<string, number>;
 }
 
 /** A scope's forget generation as the topic last recorded it: its marker's, or a later copy's. */
@@ -155,8 +175,13 @@ export function rulesOfLog(
       } else skipped++;
     } else {
       const r = contextValueV1.safeParse(jsonOf(v));
-      if (r.success) s.ctxs.set(ctx, r.data.value);
-      else skipped++;
+      if (r.success) {
+        s.ctxs.set(ctx, r.data.value);
+        if (r.data.forgets !== undefined) {
+          (s.ctxForgets ??= new Map()).set(ctx, r.data.forgets);
+          generation(id, tenant, agent, r.data.forgets);
+        }
+      } else skipped++;
     }
   }
   for (const [id, s] of scopes) {
@@ -174,7 +199,15 @@ export function rulesOfLog(
 }
 
 export type RestoreVerdict =
-  { restore: true; leftMs: number } | { restore: false; why: 'retired' | 'forgotten' | 'expired' };
+  | {
+      restore: true;
+      leftMs: number;
+      /** The contexts to write back: those copied after the scope's latest forget. */
+      ctxs: Map<string, string>;
+      /** Contexts left out as copied before the scope's latest forget (records a stale copy left). */
+      stale: string[];
+    }
+  | { restore: false; why: 'retired' | 'forgotten' | 'expired' };
 
 /**
  * Whether a restore writes a scope's copy back, and with what left of its idle lifetime (`scopeTtlMs` 0: none,
@@ -182,12 +215,27 @@ export type RestoreVerdict =
  * scope whose copy was read before its latest forget (its `forgets` below its marker's: a copy of an older
  * version counts as 0, so any marker keeps it out), whatever the TTL and whatever its copy's age; one idle for
  * longer than the TTL by its copy's age (a copy of an older version, without `at`, gets the whole TTL).
+ *
+ * A scope written back gets only the contexts copied after its latest forget (their generation at least the
+ * marker's; one without counts as 0): a copy read before the forget that landed after its tombstones and was
+ * never fenced left its contexts on the topic, and the scope learned again replaces only those it holds again.
+ *
+ * `held`: the scope's forget generation Redis holds once the restore wrote the topic's back (`raiseForgets`),
+ * taken as a marker when higher than the topic's: a forget whose marker was not sent, or whose marker a stalled
+ * earlier forget's replaced (a lower one landing last), still counts where Redis kept its generation.
  */
-export function restoreVerdict(s: ScopeCopyRead, scopeTtlMs: number, now: number): RestoreVerdict {
+export function restoreVerdict(s: ScopeCopyRead, scopeTtlMs: number, now: number, held = 0): RestoreVerdict {
   if (s.retired) return { restore: false, why: 'retired' };
-  if (s.forgotten !== undefined && (s.forgets ?? 0) < s.forgotten)
-    return { restore: false, why: 'forgotten' };
+  const marker = Math.max(s.forgotten ?? 0, held);
+  if ((s.forgets ?? 0) < marker) return { restore: false, why: 'forgotten' };
   const leftMs = scopeTtlMs > 0 && s.at !== undefined ? scopeTtlMs - Math.max(0, now - s.at) : scopeTtlMs;
   if (scopeTtlMs > 0 && leftMs <= 0) return { restore: false, why: 'expired' };
-  return { restore: true, leftMs };
+  if (marker === 0) return { restore: true, leftMs, ctxs: s.ctxs, stale: [] };
+  const ctxs = new Map<string, string>();
+  const stale: string[] = [];
+  for (const [ctx, value] of s.ctxs) {
+    if ((s.ctxForgets?.get(ctx) ?? 0) >= marker) ctxs.set(ctx, value);
+    else stale.push(ctx);
+  }
+  return { restore: true, leftMs, ctxs, stale };
 }

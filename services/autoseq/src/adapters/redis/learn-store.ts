@@ -542,16 +542,19 @@ export function generationOf(reply: unknown): number {
 /**
  * After a Redis loss, each scope's forget generation written back from the topic (its marker's, or a later
  * copy's), where Redis holds less (`forgetFloor-1.lua`): later forgets count on from it, so a forget run on the
- * new Redis writes a marker above every copy read on the old one. Returns the scopes whose generation this call
- * raised (not one another instance's restore wrote first).
+ * new Redis writes a marker above every copy read on the old one. A generation of 0 writes nothing and reads
+ * what Redis holds. Returns the scopes whose generation this call raised (not one another instance's restore
+ * wrote first), and each scope's generation as Redis holds it now (above the topic's where Redis kept a forget
+ * whose marker the topic lacks: not sent, or replaced by a lower one that landed last).
  */
 export async function raiseForgets(
   redis: Redis,
   prefix: string,
   generations: readonly { tenant: string; agent: string; forgets: number }[],
-): Promise<Set<string>> {
+): Promise<{ raised: Set<string>; held: Map<string, number> }> {
   defineScopeScripts(redis);
   const raised = new Set<string>();
+  const held = new Map<string, number>();
   for (let i = 0; i < generations.length; i += 500) {
     const page = generations.slice(i, i + 500);
     const pipe = redis.pipeline();
@@ -559,13 +562,15 @@ export async function raiseForgets(
       invokeScript(pipe, 'forgetFloor', [forgetsKey(prefix, g.tenant, g.agent)], [g.forgets]);
     const replies = await execPipeline(pipe, 'forget generations restore');
     page.forEach((g, j) => {
-      if (parseScriptReply('forgetFloor', replies[j], floorReply) === 1)
-        raised.add(scopeId(g.tenant, g.agent));
+      const [up, now] = parseScriptReply('forgetFloor', replies[j], floorReply);
+      const id = scopeId(g.tenant, g.agent);
+      if (up === 1) raised.add(id);
+      if (now > 0) held.set(id, now);
     });
   }
-  return raised;
+  return { raised, held };
 }
-const floorReply = z.union([z.literal(0), z.literal(1)]);
+const floorReply = z.tuple([z.union([z.literal(0), z.literal(1)]), z.number().int().nonnegative()]);
 
 /**
  * Writes a scope's copy back when the scope has no state and is not being retired (`learnRestore-2.lua`). The counts are those of the
