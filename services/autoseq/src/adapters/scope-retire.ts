@@ -10,6 +10,7 @@ import { invokeScript, parseScriptReply } from '../../../../shared/redis/scripts
 import { scopeId } from '../core/learn/engine.js';
 import { contextRecordKey, forgetMarkerKey, forgetMarkerValue, scopeRecordKey } from './kafka/rules-log.js';
 import {
+  fenceKey,
   forgetsKey,
   generationOf,
   learnKey,
@@ -17,7 +18,7 @@ import {
   type ContextsWritten,
 } from './redis/learn-store.js';
 
-export { retiringKey };
+export { fenceKey, retiringKey };
 import { defineScopeScripts, ScopeLeases, type ScopeRef } from './redis/scope-lease.js';
 
 /**
@@ -63,7 +64,7 @@ export function retireTiming(ttlMs: number): { sweepMs: number; graceMs: number 
   return { sweepMs, graceMs: 3 * sweepMs };
 }
 
-export type RetireOutcome = 'retired' | 'gone' | 'expired_at_restore';
+export type RetireOutcome = 'retired' | 'gone' | 'stale_copy' | 'expired_at_restore';
 
 export interface ScopeRetirementSpec {
   redis: Redis;
@@ -119,8 +120,11 @@ export interface ScopeRetirementSpec {
   recopy: (written: ContextsWritten[]) => void;
 }
 
-/** `forgets`: the scope's forget generation (0: never forgotten), whose marker goes with the tombstones. */
-type Retiring = ScopeRef & { ctxs: string[]; live: boolean; forgets: number };
+/**
+ * `forgets`: the scope's forget generation (0: never forgotten), whose marker goes with the tombstones. `fenced`: a
+ * stale copy's fence left it to the sweep (its `fence` set held names).
+ */
+type Retiring = ScopeRef & { ctxs: string[]; live: boolean; forgets: number; fenced?: boolean };
 
 export class ScopeRetirement {
   private timer: NodeJS.Timeout | null = null;
@@ -306,10 +310,15 @@ export class ScopeRetirement {
       const ended = done.filter((s) => !s.live && finishing.some((f) => f.id === s.id));
       const removed = await this.unregister([...gone, ...ended]);
       // Counted once the tombstones are out, by whichever sweep finished the retirement; `gone` only by the
-      // sweep that took the scope out (another instance's sweep may have seen it before it was retired).
-      const wentAway = gone.filter((s) => removed.has(s.id)).length;
+      // sweep that took the scope out (another instance's sweep may have seen it before it was retired). A scope
+      // a failed fence left here was retired or forgotten before (counted then): its stale copy's records went
+      // now, and Redis's expiry had no part in it. Before, it was counted `gone`.
+      const fenced = new Set(done.filter((s) => s.fenced).map((s) => s.id));
+      const wentAway = gone.filter((s) => removed.has(s.id) && !fenced.has(s.id)).length;
+      const staleCopies = gone.filter((s) => removed.has(s.id) && fenced.has(s.id)).length;
       if (ended.length > 0) this.s.onRetired('retired', ended.length);
       if (wentAway > 0) this.s.onRetired('gone', wentAway);
+      if (staleCopies > 0) this.s.onRetired('stale_copy', staleCopies);
       return { retired: ended.length, gone: wentAway };
     } finally {
       await leases.release();
@@ -340,22 +349,25 @@ export class ScopeRetirement {
       pipe.smembers(retiringKey(prefix, s.tenant, s.agent));
       pipe.hkeys(learnKey(prefix, s.tenant, s.agent));
       pipe.get(forgetsKey(prefix, s.tenant, s.agent));
+      pipe.smembers(fenceKey(prefix, s.tenant, s.agent));
     }
     pipe.get(this.s.epoch.key);
     pipe.exists(this.s.epoch.flag);
     const reads = await execPipeline(pipe, 'retiring scope read');
-    if (!this.forgottenByRedis(reads[3 * scopes.length], reads[3 * scopes.length + 1])) return null;
+    if (!this.forgottenByRedis(reads[4 * scopes.length], reads[4 * scopes.length + 1])) return null;
     // A scope that came back after step 1 holds some contexts again: their records are its own now.
     const todo: Retiring[] = scopes.map((s, i) => {
-      const names = reads[3 * i] as string[];
-      const fields = new Set(reads[3 * i + 1] as string[]);
+      const fence = reads[4 * i + 3] as string[];
+      const names = new Set([...(reads[4 * i] as string[]), ...fence]);
+      const fields = new Set(reads[4 * i + 1] as string[]);
       return {
         ...s,
         live: fields.has('m'),
-        ctxs: names.filter((c) => c !== '' && !fields.has(`c:${c}`)),
+        ctxs: [...names].filter((c) => c !== '' && !fields.has(`c:${c}`)),
         // A scope once forgotten has its marker sent again (the same key and generation): a forget whose
         // instance died after its first step is finished by the sweep, marker included.
-        forgets: generationOf(reads[3 * i + 2]),
+        forgets: generationOf(reads[4 * i + 2]),
+        fenced: fence.length > 0,
       };
     });
     const { records, markers, tooLarge } = retirementRecords(prefix, todo, this.s.maxRecordBytes);
@@ -375,7 +387,8 @@ export class ScopeRetirement {
     if (markers > 0) this.s.onRecords?.('forget_marker', markers);
     if (tooLarge > 0) this.s.onRecords?.('too_large', tooLarge);
     const del = redis.pipeline();
-    for (const s of todo) del.del(retiringKey(prefix, s.tenant, s.agent));
+    for (const s of todo)
+      del.del(retiringKey(prefix, s.tenant, s.agent), fenceKey(prefix, s.tenant, s.agent));
     await execPipeline(del, 'retiring scope delete');
     return todo;
   }
@@ -544,9 +557,10 @@ export class ScopeRetirement {
         this.s.recopy(todo.map((s) => ({ tenant: s.tenant, agent: s.agent, ctxs: s.ctxs })));
         // The copier skips a scope without state, so the marks alone never try again. With the sweep, the
         // registry does: it tombstones the scope record of a scope it finds without state while Redis has not
-        // lost it (a restore then leaves the scope out). Safe on a lost Redis, unlike a retiring set.
+        // lost it (a restore then leaves the scope out), and the copy's contexts named in its `fence` set. Safe
+        // on a lost Redis, unlike a retiring set: the restore reads neither.
         if (this.s.sweeps !== false)
-          await this.register(todo).catch((e: unknown) =>
+          await this.leaveToSweep(todo).catch((e: unknown) =>
             this.s.log.warn({ err: errorMessage(e) }, 'stale copy not registered for the sweep'),
           );
         throw err;
@@ -554,6 +568,21 @@ export class ScopeRetirement {
     } finally {
       await leases.release();
     }
+  }
+
+  /** Under the scopes' leases (the fence's): the copy's names in each scope's `fence` set, and the scope registered. */
+  private async leaveToSweep(scopes: readonly (ScopeRef & { ctxs: string[] })[]): Promise<void> {
+    const { redis, prefix } = this.s;
+    const pipe = redis.pipeline();
+    for (const s of scopes) {
+      const key = fenceKey(prefix, s.tenant, s.agent);
+      // '' as in a retiring set: a copy of the scope record alone still marks the scope as fenced.
+      pipe.sadd(key, '');
+      for (let j = 0; j < s.ctxs.length; j += 1000) pipe.sadd(key, ...s.ctxs.slice(j, j + 1000));
+      pipe.pexpire(key, RETIRING_KEEP_MS);
+    }
+    await execPipeline(pipe, 'stale copy fence');
+    await this.register(scopes);
   }
 
   private async queueRound(round: (ScopeRef & { ctxs: string[] })[], outcome?: RetireOutcome): Promise<void> {

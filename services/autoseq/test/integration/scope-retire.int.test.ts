@@ -775,7 +775,7 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     expect(await readScope(redis, t.prefix, 'default', 'f')).toBeNull();
   });
 
-  it("at TTL > 0, a stale copy's fence whose send fails is left to the sweep, which tombstones the scope record", async () => {
+  it("at TTL > 0, a stale copy's fence whose send fails is left to the sweep, which tombstones the copy's records and counts it as a stale copy", async () => {
     const t = await setup();
     const written = await t.learn(asAgent('f'), 3_600_000);
     let sends = 0;
@@ -815,9 +815,24 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     expect(fence).toMatchObject({ err: 'broker unavailable' });
     expect(fence?.copy).toMatch(/scope lease lost/);
     expect(await t.scopeRecord('f')).toBeTruthy();
+    /** The scope's context records that are not tombstones, as the topic holds them now (its marker is none). */
+    const liveContexts = async () => {
+      const head = JSON.stringify([t.prefix, 'default', 'f']).slice(0, -1) + ',';
+      const marker = forgetMarkerKey(t.prefix, 'default', 'f');
+      return [...(await readLatest(rulesReplay(t.topic))).entries()].filter(
+        ([k, v]) => k.startsWith(head) && k !== marker && v !== null,
+      ).length;
+    };
+    expect(await liveContexts()).toBeGreaterThan(0);
     expect(await t.registered()).toEqual([S('f')]);
-    expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 1, failed: 0 });
+    // The scope was forgotten, and its copy landed late: Redis's expiry took nothing. Before, the sweep counted it
+    // `gone` ("Redis expired it before a sweep") and left the copy's context records on the topic.
+    expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 0, failed: 0 });
+    expect(await t.retired('gone')).toBe(0);
+    expect(await t.retired('stale_copy')).toBe(1);
     expect(await t.scopeRecord('f')).toBeNull();
+    expect(await liveContexts()).toBe(0);
+    expect(await t.registered()).toEqual([]);
     await t.lose();
     await t.newEpoch();
     expect(await t.restore()).toMatchObject({ restored: 0 });
