@@ -335,6 +335,22 @@ export class ScopeRetirement {
   }
 
   /**
+   * Tombstones over PAVER_MAX_OUTPUT_BYTES, left out of a send (the broker would refuse it whole, at every sweep)
+   * and so never sent: the retirement finishes without them. Their records stay on the topic where a record of the
+   * key fitted once (the limit lowered since); a restore leaves them out with their tombstoned scope record.
+   * Counted `too_large` and warned, without keys, once the send that left them out is done: the retirement then
+   * ends, so they are not counted or warned about again.
+   */
+  private tombstonesLeftOut(n: number): void {
+    if (n === 0) return;
+    this.s.onRecords?.('too_large', n);
+    this.s.log.warn(
+      { tombstones: n, limit: this.s.maxRecordBytes },
+      'tombstones over PAVER_MAX_OUTPUT_BYTES left out of a retirement: their records, if any, stay on the rules topic',
+    );
+  }
+
+  /**
    * Tombstones for the names in each scope's retiring set; returns the scopes whose set was then deleted, or null
    * when Redis lost its state or a restore is under way (nothing sent). Read after the names and the hashes, the
    * marker tells whether those reads saw Redis as the guard did: a scope lost with Redis reads as one without
@@ -370,7 +386,11 @@ export class ScopeRetirement {
         fenced: fence.length > 0,
       };
     });
-    const { records, markers, tooLarge } = retirementRecords(prefix, todo, this.s.maxRecordBytes);
+    const { records, markers, tooLarge, tombstonesLeftOut } = retirementRecords(
+      prefix,
+      todo,
+      this.s.maxRecordBytes,
+    );
     if (tooLarge > 0)
       this.s.log.warn(
         { markers: tooLarge, limit: this.s.maxRecordBytes },
@@ -386,6 +406,7 @@ export class ScopeRetirement {
     }
     if (markers > 0) this.s.onRecords?.('forget_marker', markers);
     if (tooLarge > 0) this.s.onRecords?.('too_large', tooLarge);
+    this.tombstonesLeftOut(tombstonesLeftOut);
     const del = redis.pipeline();
     for (const s of todo)
       del.del(retiringKey(prefix, s.tenant, s.agent), fenceKey(prefix, s.tenant, s.agent));
@@ -547,12 +568,19 @@ export class ScopeRetirement {
         .map((s) => ({ ...s, live: false, forgets: 0 }));
       if (todo.length === 0) return;
       try {
-        await this.s.sink.sendRaw(
-          this.s.topic,
-          retirementRecords(prefix, todo, this.s.maxRecordBytes).records,
-        );
+        const { records, tombstonesLeftOut } = retirementRecords(prefix, todo, this.s.maxRecordBytes);
+        await this.s.sink.sendRaw(this.s.topic, records);
+        this.tombstonesLeftOut(tombstonesLeftOut);
         // As in `finish`: a scope that came back during a send past the lease may have copied some of these first.
         await leases.keepFresh(true);
+        if (this.s.sweeps !== false) {
+          // Its records are all tombstones now: nothing left for the sweep, which would take a scope still
+          // registered (the stale copy registers what it copies) for one Redis's expiry took, and count it `gone`.
+          const del = redis.pipeline();
+          for (const s of todo) del.del(fenceKey(prefix, s.tenant, s.agent));
+          await execPipeline(del, 'stale copy fenced');
+          await this.unregister(todo);
+        }
       } catch (err) {
         this.s.recopy(todo.map((s) => ({ tenant: s.tenant, agent: s.agent, ctxs: s.ctxs })));
         // The copier skips a scope without state, so the marks alone never try again. With the sweep, the
@@ -625,7 +653,12 @@ function retirementRecords(
   prefix: string,
   scopes: readonly Retiring[],
   maxBytes = Infinity,
-): { records: { key: string; value: string | null }[]; markers: number; tooLarge: number } {
+): {
+  records: { key: string; value: string | null }[];
+  markers: number;
+  tooLarge: number;
+  tombstonesLeftOut: number;
+} {
   const records: { key: string; value: string | null }[] = [];
   let markers = 0;
   let tooLarge = 0;
@@ -645,11 +678,8 @@ function retirementRecords(
       markers++;
     }
   }
-  return {
-    records: records.filter((r) => r.value !== null || messageBytes(r) <= maxBytes),
-    markers,
-    tooLarge,
-  };
+  const sent = records.filter((r) => r.value !== null || messageBytes(r) <= maxBytes);
+  return { records: sent, markers, tooLarge, tombstonesLeftOut: records.length - sent.length };
 }
 
 const FORGET_LEASE_LOST = {

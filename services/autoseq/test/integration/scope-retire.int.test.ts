@@ -167,7 +167,15 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     await redis.set(epoch.key, epoch.seen);
     const copier: { snapshots?: ReturnType<typeof ruleCopier>['snapshots'] } = {};
     /** One instance's sweep (several may run against the same prefix, as instances do). */
-    const sweeper = (over: { sink?: Sink; redis?: Redis; sweeps?: boolean; maxRecordBytes?: number } = {}) =>
+    const sweeper = (
+      over: {
+        sink?: Sink;
+        redis?: Redis;
+        sweeps?: boolean;
+        maxRecordBytes?: number;
+        log?: ReturnType<typeof silentLogger>;
+      } = {},
+    ) =>
       new ScopeRetirement({
         sweeps: over.sweeps ?? true,
         maxRecordBytes: over.maxRecordBytes ?? limit,
@@ -177,10 +185,11 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
         topic,
         leaseMs: 10_000,
         graceMs: GRACE,
-        log: silentLogger(),
+        log: over.log ?? silentLogger(),
         paused: () => false,
         epoch: { key: epoch.key, flag: epoch.flag, value: () => epoch.seen },
         onRetired: (outcome, n) => metrics.scopesRetired.inc({ outcome }, n),
+        onRecords: (kind, n) => metrics.snapshot.records.inc({ kind }, n),
         recopy: (written) => copier.snapshots!.mark(written),
       });
     const retirement = sweeper();
@@ -242,6 +251,9 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
         retirement,
         graceMs: GRACE,
       });
+    /** `paver_autoseq_rules_snapshot_records_total{kind}` as the sweeps count it. */
+    const sweptRecords = async (kind: string) =>
+      (await metrics.snapshot.records.get()).values.find((v) => v.labels.kind === kind)?.value ?? 0;
     const failedCopies = async () =>
       (await copies.flushes.get()).values.find((v) => v.labels.outcome === 'failed')?.value ?? 0;
     return {
@@ -249,6 +261,7 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
       topic,
       epoch,
       failedCopies,
+      sweptRecords,
       lose,
       newEpoch,
       restore,
@@ -1008,6 +1021,44 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     await redis.del(learnKey(t.prefix, 'default', 'keep'));
   });
 
+  it("at TTL 0, a stale copy's fence whose send failed is tried again at the next copy: the copy's records leave the topic", async () => {
+    const t = await setup();
+    const forgetter = t.sweeper({ sweeps: false });
+    const written = await t.learn(asAgent('f'), 0);
+    let sends = 0;
+    const failing: Sink = {
+      ...sink,
+      sendRaw: async (topic, records) => {
+        sends++;
+        if (sends === 1) {
+          // The copy stalls past its lease; POST /rules/forget takes the lease meanwhile.
+          await redis.del(leaseKey(t.prefix, 'default', 'f'));
+          await forgetter.forget('default', 'f');
+        }
+        // The fence's own send: the broker is down, this once.
+        if (sends === 2) throw new Error('broker unavailable');
+        await sink.sendRaw(topic, records);
+      },
+    };
+    const late = ruleCopier(
+      redis,
+      t.prefix,
+      failing,
+      t.topic,
+      t.sweeper({ sink: failing, sweeps: false }),
+    ).snapshots;
+    late.mark(written);
+    await late.flush();
+    expect(sends).toBe(2);
+    expect(await t.scopeRecord('f')).toBeTruthy();
+    expect((await t.topicCtxs('f')).length).toBeGreaterThan(0);
+    // The next copy (no sweep at TTL 0). Before, nothing tried the fence again: the copy's context records stayed
+    // on the topic, and came back with the scope at a restore once it had learned again and been copied.
+    await late.flush();
+    expect(await t.scopeRecord('f')).toBeNull();
+    expect(await t.topicCtxs('f')).toEqual([]);
+  });
+
   it('a forget on a Redis that replaced a lost one counts on from the generation the topic holds: a copy read on the lost Redis after an earlier forget stays out', async () => {
     const t = await setup();
     await t.learn(asAgent('f'), 3_600_000);
@@ -1138,6 +1189,39 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     expect(logged.map((l) => l.msg)).toContain(
       'idle scope sweep: restore stopped by the shutdown; done again at the next start',
     );
+  });
+
+  it('PAVER_MAX_OUTPUT_BYTES lowered across a restart: the retirement ends without the tombstones that no longer fit, counted and warned once', async () => {
+    const t = await setup();
+    // Copied under the old limit (none here): every context record is on the topic.
+    await t.learn(asAgent('x'));
+    const ctxs = await t.topicCtxs('x');
+    expect(ctxs.length).toBeGreaterThan(0);
+    await t.idle('x');
+    // The new limit: the scope record's tombstone fits, its contexts' (longer keys) do not.
+    const limit = messageBytes({ key: scopeRecordKey(t.prefix, 'default', 'x'), value: null }) + 1;
+    const over = ctxs.filter(
+      (c) => messageBytes({ key: contextRecordKey(t.prefix, 'default', 'x', c), value: null }) > limit,
+    ).length;
+    expect(over).toBe(ctxs.length);
+    const logged: { level: number; msg: string; tombstones?: number }[] = [];
+    const log = pino({ level: 'warn' }, { write: (line: string) => logged.push(JSON.parse(line)) });
+    const sweep = t.sweeper({ maxRecordBytes: limit, log });
+    expect(await sweep.sweep()).toEqual({ retired: 1, gone: 0, failed: 0 });
+    // Finished, not retried at every sweep: the names and the registry entry are gone.
+    expect(await redis.exists(retiringKey(t.prefix, 'default', 'x'))).toBe(0);
+    expect(await t.registered()).toEqual([]);
+    expect(await sweep.sweep()).toEqual({ retired: 0, gone: 0, failed: 0 });
+    expect(await t.scopeRecord('x')).toBeNull();
+    // Before, they were left out silently: the records they leave on the topic were counted nowhere.
+    expect(await t.sweptRecords('too_large')).toBe(over);
+    const warned = logged.filter((l) => l.msg.includes('tombstones over PAVER_MAX_OUTPUT_BYTES'));
+    expect(warned).toHaveLength(1);
+    expect(warned[0]?.tombstones).toBe(over);
+    // What stays is left out by a restore, with its tombstoned scope record.
+    await t.lose();
+    await t.newEpoch();
+    expect(await t.restore()).toMatchObject({ restored: 0 });
   });
 
   it('copies a scope record marked again with no context (a retirement cut short on a scope that holds all its names)', async () => {
