@@ -774,12 +774,18 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
       // The copy took its snapshot, then stalls past its lease; POST /rules/forget takes the lease meanwhile.
       await redis.del(leaseKey(t.prefix, 'default', 'f'));
       expect(await t.retirement.forget('default', 'f')).toEqual({ state: true, contexts: ctxs.length });
+      // The copy's own registration (sent beside its records) lands after the forget took the scope out.
+      await t.retirement.register([{ tenant: 'default', agent: 'f' }]);
     };
     const late = ruleCopier(redis, t.prefix, slow.sink, t.topic, t.retirement).snapshots;
     late.mark(written);
     await late.flush();
     expect(await t.scopeRecord('f')).toBeNull();
     expect(await t.inTopic()).toEqual([]);
+    // Fenced: nothing left for the sweep. Before, the stale copy's registration stayed, and the next sweep took the
+    // scope for one Redis's expiry took (`gone`).
+    expect(await t.registered()).toEqual([]);
+    expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 0, failed: 0 });
     // Redis loses its state before any sweep. Before, the copy's records were queued for the sweep in Redis, lost
     // with it, and the restore brought the forgotten scope back until it idled out again.
     await t.lose();
