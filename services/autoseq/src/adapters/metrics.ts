@@ -156,7 +156,7 @@ export function createAutoseqMetrics(
   });
   const scopesRetired = new Counter({
     name: 'paver_autoseq_scopes_retired_total',
-    help: 'Idle scopes taken out of Redis and the rules topic, by outcome: retired (state deleted, records tombstoned), gone (taken out of the registry found without state: Redis expired it before a sweep), expired_at_restore (left out by a restore as expired, its records queued for the sweep), forgotten_at_restore (left out by a restore: its copy was read before a forget of the scope).',
+    help: 'Idle scopes taken out of Redis and the rules topic, by outcome: retired (state deleted, records tombstoned), gone (taken out of the registry found without state: Redis expired it before a sweep), stale_copy (a late copy of a scope retired or forgotten before, tombstoned by the sweep after its own fence failed to send), expired_at_restore (left out by a restore as expired, its records queued for the sweep), forgotten_at_restore (left out by a restore: its copy was read before a forget of the scope).',
     labelNames: ['outcome'],
     registers,
   });

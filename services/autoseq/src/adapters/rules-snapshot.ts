@@ -76,6 +76,12 @@ export class RuleSnapshots {
    * counts every one; the warning comes once per scope, and again once its record has fitted whole meanwhile.
    */
   private readonly warned = new Set<string>();
+  /**
+   * Stale copies whose fence failed (`requeue` threw), tried again at the next copy. Without it, at
+   * AUTOSEQ_LEARN_SCOPE_TTL_MS=0 (no sweep) nothing did: the copy's records stayed on the topic, and those of
+   * contexts the scope did not learn again came back with it at a restore once it was copied again.
+   */
+  private unfenced = new Map<string, ContextsWritten>();
 
   constructor(private readonly s: RuleSnapshotsSpec) {}
 
@@ -123,7 +129,9 @@ export class RuleSnapshots {
   }
 
   private async copy(): Promise<void> {
-    if (this.marks.size === 0 || this.s.paused()) return;
+    if (this.s.paused()) return;
+    await this.fenceAgain();
+    if (this.marks.size === 0) return;
     const todo = [...this.marks.values()];
     this.marks = new Map();
     for (const m of todo) this.inFlight += m.ctxs.size;
@@ -148,6 +156,39 @@ export class RuleSnapshots {
       );
     } finally {
       this.s.metrics.pending.set(this.pending());
+    }
+  }
+
+  /**
+   * The failed fences again. Their contexts are marked too: a scope that came back meanwhile is the copier's (the
+   * fence spares it), and its copy sends a tombstone for each of them it does not hold; one without state is
+   * skipped by the copy and tombstoned by the fence.
+   */
+  private async fenceAgain(): Promise<void> {
+    if (this.unfenced.size === 0 || !this.s.requeue) return;
+    const list = [...this.unfenced.values()];
+    this.unfenced = new Map();
+    this.mark(list);
+    try {
+      await this.s.requeue(list);
+    } catch (err) {
+      this.leftUnfenced(list);
+      this.s.log.warn(
+        { err: errorMessage(err), scopes: list.length },
+        "a stale copy's scopes not fenced again; trying at the next copy",
+      );
+    }
+  }
+
+  private leftUnfenced(scopes: readonly ContextsWritten[]): void {
+    for (const w of scopes) {
+      const id = scopeId(w.tenant, w.agent);
+      const u = this.unfenced.get(id);
+      this.unfenced.set(id, {
+        tenant: w.tenant,
+        agent: w.agent,
+        ctxs: u ? [...new Set([...u.ctxs, ...w.ctxs])] : [...w.ctxs],
+      });
     }
   }
 
@@ -273,14 +314,16 @@ export class RuleSnapshots {
         await leases.keepFresh(true);
       } catch (err) {
         const copiedIds = new Set(copied.map((c) => scopeId(c.tenant, c.agent)));
+        const stale = scopes.filter((w) => copiedIds.has(scopeId(w.tenant, w.agent)));
         try {
-          await this.s.requeue?.(scopes.filter((w) => copiedIds.has(scopeId(w.tenant, w.agent))));
+          await this.s.requeue?.(stale);
         } catch (fence) {
+          this.leftUnfenced(stale);
           // The lease lost is why the copy failed, and what the failed flush logs: a fence that failed too, thrown
           // in its place, hid it. Logged here beside it.
           this.s.log.warn(
             { err: errorMessage(fence), copy: errorMessage(err) },
-            "a stale copy's scopes not fenced (their records may outlive a retirement or a forget)",
+            "a stale copy's scopes not fenced (their records may outlive a retirement or a forget); trying at the next copy",
           );
         }
         throw err;

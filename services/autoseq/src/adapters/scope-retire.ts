@@ -1,6 +1,6 @@
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
-import { errorMessage, PaverError } from '../../../../shared/errors.js';
+import { classifyError, errorMessage, PaverError } from '../../../../shared/errors.js';
 import { messageBytes } from '../../../../shared/kafka/dead-letter.js';
 import { jsonOf } from '../../../../shared/kafka/replay.js';
 import type { Sink } from '../../../../shared/kafka/sink.js';
@@ -10,6 +10,7 @@ import { invokeScript, parseScriptReply } from '../../../../shared/redis/scripts
 import { scopeId } from '../core/learn/engine.js';
 import { contextRecordKey, forgetMarkerKey, forgetMarkerValue, scopeRecordKey } from './kafka/rules-log.js';
 import {
+  fenceKey,
   forgetsKey,
   generationOf,
   learnKey,
@@ -17,7 +18,7 @@ import {
   type ContextsWritten,
 } from './redis/learn-store.js';
 
-export { retiringKey };
+export { fenceKey, retiringKey };
 import { defineScopeScripts, ScopeLeases, type ScopeRef } from './redis/scope-lease.js';
 
 /**
@@ -63,7 +64,7 @@ export function retireTiming(ttlMs: number): { sweepMs: number; graceMs: number 
   return { sweepMs, graceMs: 3 * sweepMs };
 }
 
-export type RetireOutcome = 'retired' | 'gone' | 'expired_at_restore';
+export type RetireOutcome = 'retired' | 'gone' | 'stale_copy' | 'expired_at_restore';
 
 export interface ScopeRetirementSpec {
   redis: Redis;
@@ -119,8 +120,11 @@ export interface ScopeRetirementSpec {
   recopy: (written: ContextsWritten[]) => void;
 }
 
-/** `forgets`: the scope's forget generation (0: never forgotten), whose marker goes with the tombstones. */
-type Retiring = ScopeRef & { ctxs: string[]; live: boolean; forgets: number };
+/**
+ * `forgets`: the scope's forget generation (0: never forgotten), whose marker goes with the tombstones. `fenced`: a
+ * stale copy's fence left it to the sweep (its `fence` set held names).
+ */
+type Retiring = ScopeRef & { ctxs: string[]; live: boolean; forgets: number; fenced?: boolean };
 
 export class ScopeRetirement {
   private timer: NodeJS.Timeout | null = null;
@@ -168,14 +172,17 @@ export class ScopeRetirement {
 
   /** Runs `job` after the work under way, one at a time; a failure is logged (the next sweep tries again). */
   private run(job: () => Promise<unknown>): Promise<unknown> {
-    this.work = this.work
-      .then(job)
-      .catch((err: unknown) =>
+    this.work = this.work.then(job).catch((err: unknown) => {
+      // A sweep that found Redis lost waits in `ensureState` for the restore, which a stop gives up
+      // (`RebuildStopped`): the stop's doing, owed to the next start, and no failure to warn about at every stop.
+      if (classifyError(err).code === 'SHUTTING_DOWN')
+        this.s.log.info('idle scope sweep: restore stopped by the shutdown; done again at the next start');
+      else
         this.s.log.warn(
           { err: errorMessage(err) },
           'idle scope retirement failed; the next sweep tries again',
-        ),
-      );
+        );
+    });
     return this.work;
   }
 
@@ -303,10 +310,15 @@ export class ScopeRetirement {
       const ended = done.filter((s) => !s.live && finishing.some((f) => f.id === s.id));
       const removed = await this.unregister([...gone, ...ended]);
       // Counted once the tombstones are out, by whichever sweep finished the retirement; `gone` only by the
-      // sweep that took the scope out (another instance's sweep may have seen it before it was retired).
-      const wentAway = gone.filter((s) => removed.has(s.id)).length;
+      // sweep that took the scope out (another instance's sweep may have seen it before it was retired). A scope
+      // a failed fence left here was retired or forgotten before (counted then): its stale copy's records went
+      // now, and Redis's expiry had no part in it. Before, it was counted `gone`.
+      const fenced = new Set(done.filter((s) => s.fenced).map((s) => s.id));
+      const wentAway = gone.filter((s) => removed.has(s.id) && !fenced.has(s.id)).length;
+      const staleCopies = gone.filter((s) => removed.has(s.id) && fenced.has(s.id)).length;
       if (ended.length > 0) this.s.onRetired('retired', ended.length);
       if (wentAway > 0) this.s.onRetired('gone', wentAway);
+      if (staleCopies > 0) this.s.onRetired('stale_copy', staleCopies);
       return { retired: ended.length, gone: wentAway };
     } finally {
       await leases.release();
@@ -320,6 +332,22 @@ export class ScopeRetirement {
   private forgottenByRedis(marker: unknown, restoring: unknown): boolean {
     const seen = this.s.epoch.value();
     return seen !== null && marker === seen && restoring === 0;
+  }
+
+  /**
+   * Tombstones over PAVER_MAX_OUTPUT_BYTES, left out of a send (the broker would refuse it whole, at every sweep)
+   * and so never sent: the retirement finishes without them. Their records stay on the topic where a record of the
+   * key fitted once (the limit lowered since); a restore leaves them out with their tombstoned scope record.
+   * Counted `too_large` and warned, without keys, once the send that left them out is done: the retirement then
+   * ends, so they are not counted or warned about again.
+   */
+  private tombstonesLeftOut(n: number): void {
+    if (n === 0) return;
+    this.s.onRecords?.('too_large', n);
+    this.s.log.warn(
+      { tombstones: n, limit: this.s.maxRecordBytes },
+      'tombstones over PAVER_MAX_OUTPUT_BYTES left out of a retirement: their records, if any, stay on the rules topic',
+    );
   }
 
   /**
@@ -337,25 +365,32 @@ export class ScopeRetirement {
       pipe.smembers(retiringKey(prefix, s.tenant, s.agent));
       pipe.hkeys(learnKey(prefix, s.tenant, s.agent));
       pipe.get(forgetsKey(prefix, s.tenant, s.agent));
+      pipe.smembers(fenceKey(prefix, s.tenant, s.agent));
     }
     pipe.get(this.s.epoch.key);
     pipe.exists(this.s.epoch.flag);
     const reads = await execPipeline(pipe, 'retiring scope read');
-    if (!this.forgottenByRedis(reads[3 * scopes.length], reads[3 * scopes.length + 1])) return null;
+    if (!this.forgottenByRedis(reads[4 * scopes.length], reads[4 * scopes.length + 1])) return null;
     // A scope that came back after step 1 holds some contexts again: their records are its own now.
     const todo: Retiring[] = scopes.map((s, i) => {
-      const names = reads[3 * i] as string[];
-      const fields = new Set(reads[3 * i + 1] as string[]);
+      const fence = reads[4 * i + 3] as string[];
+      const names = new Set([...(reads[4 * i] as string[]), ...fence]);
+      const fields = new Set(reads[4 * i + 1] as string[]);
       return {
         ...s,
         live: fields.has('m'),
-        ctxs: names.filter((c) => c !== '' && !fields.has(`c:${c}`)),
+        ctxs: [...names].filter((c) => c !== '' && !fields.has(`c:${c}`)),
         // A scope once forgotten has its marker sent again (the same key and generation): a forget whose
         // instance died after its first step is finished by the sweep, marker included.
-        forgets: generationOf(reads[3 * i + 2]),
+        forgets: generationOf(reads[4 * i + 2]),
+        fenced: fence.length > 0,
       };
     });
-    const { records, markers, tooLarge } = retirementRecords(prefix, todo, this.s.maxRecordBytes);
+    const { records, markers, tooLarge, tombstonesLeftOut } = retirementRecords(
+      prefix,
+      todo,
+      this.s.maxRecordBytes,
+    );
     if (tooLarge > 0)
       this.s.log.warn(
         { markers: tooLarge, limit: this.s.maxRecordBytes },
@@ -371,8 +406,10 @@ export class ScopeRetirement {
     }
     if (markers > 0) this.s.onRecords?.('forget_marker', markers);
     if (tooLarge > 0) this.s.onRecords?.('too_large', tooLarge);
+    this.tombstonesLeftOut(tombstonesLeftOut);
     const del = redis.pipeline();
-    for (const s of todo) del.del(retiringKey(prefix, s.tenant, s.agent));
+    for (const s of todo)
+      del.del(retiringKey(prefix, s.tenant, s.agent), fenceKey(prefix, s.tenant, s.agent));
     await execPipeline(del, 'retiring scope delete');
     return todo;
   }
@@ -531,19 +568,27 @@ export class ScopeRetirement {
         .map((s) => ({ ...s, live: false, forgets: 0 }));
       if (todo.length === 0) return;
       try {
-        await this.s.sink.sendRaw(
-          this.s.topic,
-          retirementRecords(prefix, todo, this.s.maxRecordBytes).records,
-        );
+        const { records, tombstonesLeftOut } = retirementRecords(prefix, todo, this.s.maxRecordBytes);
+        await this.s.sink.sendRaw(this.s.topic, records);
+        this.tombstonesLeftOut(tombstonesLeftOut);
         // As in `finish`: a scope that came back during a send past the lease may have copied some of these first.
         await leases.keepFresh(true);
+        if (this.s.sweeps !== false) {
+          // Its records are all tombstones now: nothing left for the sweep, which would take a scope still
+          // registered (the stale copy registers what it copies) for one Redis's expiry took, and count it `gone`.
+          const del = redis.pipeline();
+          for (const s of todo) del.del(fenceKey(prefix, s.tenant, s.agent));
+          await execPipeline(del, 'stale copy fenced');
+          await this.unregister(todo);
+        }
       } catch (err) {
         this.s.recopy(todo.map((s) => ({ tenant: s.tenant, agent: s.agent, ctxs: s.ctxs })));
         // The copier skips a scope without state, so the marks alone never try again. With the sweep, the
         // registry does: it tombstones the scope record of a scope it finds without state while Redis has not
-        // lost it (a restore then leaves the scope out). Safe on a lost Redis, unlike a retiring set.
+        // lost it (a restore then leaves the scope out), and the copy's contexts named in its `fence` set. Safe
+        // on a lost Redis, unlike a retiring set: the restore reads neither.
         if (this.s.sweeps !== false)
-          await this.register(todo).catch((e: unknown) =>
+          await this.leaveToSweep(todo).catch((e: unknown) =>
             this.s.log.warn({ err: errorMessage(e) }, 'stale copy not registered for the sweep'),
           );
         throw err;
@@ -551,6 +596,21 @@ export class ScopeRetirement {
     } finally {
       await leases.release();
     }
+  }
+
+  /** Under the scopes' leases (the fence's): the copy's names in each scope's `fence` set, and the scope registered. */
+  private async leaveToSweep(scopes: readonly (ScopeRef & { ctxs: string[] })[]): Promise<void> {
+    const { redis, prefix } = this.s;
+    const pipe = redis.pipeline();
+    for (const s of scopes) {
+      const key = fenceKey(prefix, s.tenant, s.agent);
+      // '' as in a retiring set: a copy of the scope record alone still marks the scope as fenced.
+      pipe.sadd(key, '');
+      for (let j = 0; j < s.ctxs.length; j += 1000) pipe.sadd(key, ...s.ctxs.slice(j, j + 1000));
+      pipe.pexpire(key, RETIRING_KEEP_MS);
+    }
+    await execPipeline(pipe, 'stale copy fence');
+    await this.register(scopes);
   }
 
   private async queueRound(round: (ScopeRef & { ctxs: string[] })[], outcome?: RetireOutcome): Promise<void> {
@@ -593,7 +653,12 @@ function retirementRecords(
   prefix: string,
   scopes: readonly Retiring[],
   maxBytes = Infinity,
-): { records: { key: string; value: string | null }[]; markers: number; tooLarge: number } {
+): {
+  records: { key: string; value: string | null }[];
+  markers: number;
+  tooLarge: number;
+  tombstonesLeftOut: number;
+} {
   const records: { key: string; value: string | null }[] = [];
   let markers = 0;
   let tooLarge = 0;
@@ -613,11 +678,8 @@ function retirementRecords(
       markers++;
     }
   }
-  return {
-    records: records.filter((r) => r.value !== null || messageBytes(r) <= maxBytes),
-    markers,
-    tooLarge,
-  };
+  const sent = records.filter((r) => r.value !== null || messageBytes(r) <= maxBytes);
+  return { records: sent, markers, tooLarge, tombstonesLeftOut: records.length - sent.length };
 }
 
 const FORGET_LEASE_LOST = {

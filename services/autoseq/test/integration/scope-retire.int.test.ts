@@ -8,7 +8,8 @@ import { readLatest } from '../../../../shared/kafka/replay.js';
 import { messageBytes } from '../../../../shared/kafka/dead-letter.js';
 import { createSink, type Sink } from '../../../../shared/kafka/sink.js';
 import { silentLogger } from '../../../../shared/log.js';
-import { restoreFlagKey } from '../../../../shared/redis/epoch.js';
+import { createEpoch, restoreFlagKey } from '../../../../shared/redis/epoch.js';
+import { createStateGuard, whileGoingOn } from '../../../../shared/redis/rebuild.js';
 import {
   createTopics,
   produce,
@@ -166,7 +167,15 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     await redis.set(epoch.key, epoch.seen);
     const copier: { snapshots?: ReturnType<typeof ruleCopier>['snapshots'] } = {};
     /** One instance's sweep (several may run against the same prefix, as instances do). */
-    const sweeper = (over: { sink?: Sink; redis?: Redis; sweeps?: boolean; maxRecordBytes?: number } = {}) =>
+    const sweeper = (
+      over: {
+        sink?: Sink;
+        redis?: Redis;
+        sweeps?: boolean;
+        maxRecordBytes?: number;
+        log?: ReturnType<typeof silentLogger>;
+      } = {},
+    ) =>
       new ScopeRetirement({
         sweeps: over.sweeps ?? true,
         maxRecordBytes: over.maxRecordBytes ?? limit,
@@ -176,10 +185,11 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
         topic,
         leaseMs: 10_000,
         graceMs: GRACE,
-        log: silentLogger(),
+        log: over.log ?? silentLogger(),
         paused: () => false,
         epoch: { key: epoch.key, flag: epoch.flag, value: () => epoch.seen },
         onRetired: (outcome, n) => metrics.scopesRetired.inc({ outcome }, n),
+        onRecords: (kind, n) => metrics.snapshot.records.inc({ kind }, n),
         recopy: (written) => copier.snapshots!.mark(written),
       });
     const retirement = sweeper();
@@ -241,6 +251,9 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
         retirement,
         graceMs: GRACE,
       });
+    /** `paver_autoseq_rules_snapshot_records_total{kind}` as the sweeps count it. */
+    const sweptRecords = async (kind: string) =>
+      (await metrics.snapshot.records.get()).values.find((v) => v.labels.kind === kind)?.value ?? 0;
     const failedCopies = async () =>
       (await copies.flushes.get()).values.find((v) => v.labels.outcome === 'failed')?.value ?? 0;
     return {
@@ -248,6 +261,7 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
       topic,
       epoch,
       failedCopies,
+      sweptRecords,
       lose,
       newEpoch,
       restore,
@@ -760,12 +774,18 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
       // The copy took its snapshot, then stalls past its lease; POST /rules/forget takes the lease meanwhile.
       await redis.del(leaseKey(t.prefix, 'default', 'f'));
       expect(await t.retirement.forget('default', 'f')).toEqual({ state: true, contexts: ctxs.length });
+      // The copy's own registration (sent beside its records) lands after the forget took the scope out.
+      await t.retirement.register([{ tenant: 'default', agent: 'f' }]);
     };
     const late = ruleCopier(redis, t.prefix, slow.sink, t.topic, t.retirement).snapshots;
     late.mark(written);
     await late.flush();
     expect(await t.scopeRecord('f')).toBeNull();
     expect(await t.inTopic()).toEqual([]);
+    // Fenced: nothing left for the sweep. Before, the stale copy's registration stayed, and the next sweep took the
+    // scope for one Redis's expiry took (`gone`).
+    expect(await t.registered()).toEqual([]);
+    expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 0, failed: 0 });
     // Redis loses its state before any sweep. Before, the copy's records were queued for the sweep in Redis, lost
     // with it, and the restore brought the forgotten scope back until it idled out again.
     await t.lose();
@@ -774,7 +794,7 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     expect(await readScope(redis, t.prefix, 'default', 'f')).toBeNull();
   });
 
-  it("at TTL > 0, a stale copy's fence whose send fails is left to the sweep, which tombstones the scope record", async () => {
+  it("at TTL > 0, a stale copy's fence whose send fails is left to the sweep, which tombstones the copy's records and counts it as a stale copy", async () => {
     const t = await setup();
     const written = await t.learn(asAgent('f'), 3_600_000);
     let sends = 0;
@@ -814,9 +834,24 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     expect(fence).toMatchObject({ err: 'broker unavailable' });
     expect(fence?.copy).toMatch(/scope lease lost/);
     expect(await t.scopeRecord('f')).toBeTruthy();
+    /** The scope's context records that are not tombstones, as the topic holds them now (its marker is none). */
+    const liveContexts = async () => {
+      const head = JSON.stringify([t.prefix, 'default', 'f']).slice(0, -1) + ',';
+      const marker = forgetMarkerKey(t.prefix, 'default', 'f');
+      return [...(await readLatest(rulesReplay(t.topic))).entries()].filter(
+        ([k, v]) => k.startsWith(head) && k !== marker && v !== null,
+      ).length;
+    };
+    expect(await liveContexts()).toBeGreaterThan(0);
     expect(await t.registered()).toEqual([S('f')]);
-    expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 1, failed: 0 });
+    // The scope was forgotten, and its copy landed late: Redis's expiry took nothing. Before, the sweep counted it
+    // `gone` ("Redis expired it before a sweep") and left the copy's context records on the topic.
+    expect(await t.retirement.sweep()).toEqual({ retired: 0, gone: 0, failed: 0 });
+    expect(await t.retired('gone')).toBe(0);
+    expect(await t.retired('stale_copy')).toBe(1);
     expect(await t.scopeRecord('f')).toBeNull();
+    expect(await liveContexts()).toBe(0);
+    expect(await t.registered()).toEqual([]);
     await t.lose();
     await t.newEpoch();
     expect(await t.restore()).toMatchObject({ restored: 0 });
@@ -992,6 +1027,44 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     await redis.del(learnKey(t.prefix, 'default', 'keep'));
   });
 
+  it("at TTL 0, a stale copy's fence whose send failed is tried again at the next copy: the copy's records leave the topic", async () => {
+    const t = await setup();
+    const forgetter = t.sweeper({ sweeps: false });
+    const written = await t.learn(asAgent('f'), 0);
+    let sends = 0;
+    const failing: Sink = {
+      ...sink,
+      sendRaw: async (topic, records) => {
+        sends++;
+        if (sends === 1) {
+          // The copy stalls past its lease; POST /rules/forget takes the lease meanwhile.
+          await redis.del(leaseKey(t.prefix, 'default', 'f'));
+          await forgetter.forget('default', 'f');
+        }
+        // The fence's own send: the broker is down, this once.
+        if (sends === 2) throw new Error('broker unavailable');
+        await sink.sendRaw(topic, records);
+      },
+    };
+    const late = ruleCopier(
+      redis,
+      t.prefix,
+      failing,
+      t.topic,
+      t.sweeper({ sink: failing, sweeps: false }),
+    ).snapshots;
+    late.mark(written);
+    await late.flush();
+    expect(sends).toBe(2);
+    expect(await t.scopeRecord('f')).toBeTruthy();
+    expect((await t.topicCtxs('f')).length).toBeGreaterThan(0);
+    // The next copy (no sweep at TTL 0). Before, nothing tried the fence again: the copy's context records stayed
+    // on the topic, and came back with the scope at a restore once it had learned again and been copied.
+    await late.flush();
+    expect(await t.scopeRecord('f')).toBeNull();
+    expect(await t.topicCtxs('f')).toEqual([]);
+  });
+
   it('a forget on a Redis that replaced a lost one counts on from the generation the topic holds: a copy read on the lost Redis after an earlier forget stays out', async () => {
     const t = await setup();
     await t.learn(asAgent('f'), 3_600_000);
@@ -1082,6 +1155,79 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
       v: 1,
       forgets: 1,
     });
+  });
+
+  it('a stop during a restore the sweep waits for is logged at info, not as a failed sweep', async () => {
+    const prefix = unique('paver-test');
+    const epochKey = `${prefix}:aseq:epoch`;
+    let running = true;
+    const logged: { level: number; msg: string }[] = [];
+    const log = pino({ level: 'info' }, { write: (line: string) => logged.push(JSON.parse(line)) });
+    // The service's guard over a real marker; its restore runs until the stop (a long rules topic).
+    const guard = createStateGuard({
+      epoch: createEpoch(redis, epochKey, restoreFlagKey(epochKey)),
+      log,
+      goOn: () => running,
+      rebuild: (_reason, goOn) => whileGoingOn(goOn, new Promise<void>(() => undefined)),
+    });
+    const sweeper = new ScopeRetirement({
+      redis,
+      prefix,
+      sink,
+      topic: unique('autoseq-rules'),
+      leaseMs: 10_000,
+      graceMs: GRACE,
+      log,
+      paused: () => guard.rebuilding(),
+      ensureState: () => guard.ensure(),
+      epoch: { key: epochKey, flag: restoreFlagKey(epochKey), value: () => null },
+      onRetired: () => undefined,
+      recopy: () => undefined,
+    });
+    // The sweep is the first to find the marker missing (no batch comes): its own check starts the restore.
+    sweeper.start(1_000);
+    await waitFor(async () => guard.rebuilding(), 'the restore under way');
+    running = false;
+    await waitFor(async () => !guard.rebuilding(), 'the restore given up');
+    await sweeper.stop();
+    // Before, the sweep's wait for the restore ended in a warning, 'idle scope retirement failed', at every such stop.
+    expect(logged.filter((l) => l.level >= 40)).toEqual([]);
+    expect(logged.map((l) => l.msg)).toContain(
+      'idle scope sweep: restore stopped by the shutdown; done again at the next start',
+    );
+  });
+
+  it('PAVER_MAX_OUTPUT_BYTES lowered across a restart: the retirement ends without the tombstones that no longer fit, counted and warned once', async () => {
+    const t = await setup();
+    // Copied under the old limit (none here): every context record is on the topic.
+    await t.learn(asAgent('x'));
+    const ctxs = await t.topicCtxs('x');
+    expect(ctxs.length).toBeGreaterThan(0);
+    await t.idle('x');
+    // The new limit: the scope record's tombstone fits, its contexts' (longer keys) do not.
+    const limit = messageBytes({ key: scopeRecordKey(t.prefix, 'default', 'x'), value: null }) + 1;
+    const over = ctxs.filter(
+      (c) => messageBytes({ key: contextRecordKey(t.prefix, 'default', 'x', c), value: null }) > limit,
+    ).length;
+    expect(over).toBe(ctxs.length);
+    const logged: { level: number; msg: string; tombstones?: number }[] = [];
+    const log = pino({ level: 'warn' }, { write: (line: string) => logged.push(JSON.parse(line)) });
+    const sweep = t.sweeper({ maxRecordBytes: limit, log });
+    expect(await sweep.sweep()).toEqual({ retired: 1, gone: 0, failed: 0 });
+    // Finished, not retried at every sweep: the names and the registry entry are gone.
+    expect(await redis.exists(retiringKey(t.prefix, 'default', 'x'))).toBe(0);
+    expect(await t.registered()).toEqual([]);
+    expect(await sweep.sweep()).toEqual({ retired: 0, gone: 0, failed: 0 });
+    expect(await t.scopeRecord('x')).toBeNull();
+    // Before, they were left out silently: the records they leave on the topic were counted nowhere.
+    expect(await t.sweptRecords('too_large')).toBe(over);
+    const warned = logged.filter((l) => l.msg.includes('tombstones over PAVER_MAX_OUTPUT_BYTES'));
+    expect(warned).toHaveLength(1);
+    expect(warned[0]?.tombstones).toBe(over);
+    // What stays is left out by a restore, with its tombstoned scope record.
+    await t.lose();
+    await t.newEpoch();
+    expect(await t.restore()).toMatchObject({ restored: 0 });
   });
 
   it('copies a scope record marked again with no context (a retirement cut short on a scope that holds all its names)', async () => {

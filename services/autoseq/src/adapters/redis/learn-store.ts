@@ -41,6 +41,14 @@ export const learnKey = (prefix: string, tenant: string, agent: string): string 
 export const retiringKey = (prefix: string, tenant: string, agent: string): string =>
   `${prefix}:aseq:${scopeTag(tenant, agent)}:retiring`;
 /**
+ * `<prefix>:aseq:{tenant|agent}:fence`: context names of a stale copy whose fence's send failed, left for the sweep
+ * (scope-retire.ts). Unlike a retiring set, the restore ignores it, so one written just before a Redis loss keeps no
+ * lost scope from being written back; it tells the sweep which records to tombstone beside the scope record, and
+ * that a retirement or a forget, not Redis's expiry, took the scope's state.
+ */
+export const fenceKey = (prefix: string, tenant: string, agent: string): string =>
+  `${prefix}:aseq:${scopeTag(tenant, agent)}:fence`;
+/**
  * `<prefix>:aseq:{tenant|agent}:forgets`: how many times the scope was forgotten (`POST /rules/forget`), its forget
  * generation. No TTL: it outlives the scope's state, and each copy records it, so that a copy read before a forget
  * reads as older than that forget's marker on the rules topic. After a Redis loss, the restore writes it back
