@@ -142,7 +142,8 @@ describe('forget marker review: a stale copy across a forget, then the scope lea
           await redis.del(leaseKey(t.prefix, 'default', 'f'));
           await forgetter.forget('default', 'f');
         }
-        // The fence's own send: the broker is down (nothing retries it at TTL 0, as the README says).
+        // The fence's own send: the broker is down. Its copier retries it at its next copy, in memory; this one
+        // makes none (as one that stopped first), so nothing retries it at TTL 0.
         if (sends === 2) throw new Error('broker unavailable');
         await sink.sendRaw(topic, records);
       },
@@ -151,8 +152,9 @@ describe('forget marker review: a stale copy across a forget, then the scope lea
     late.snapshots.mark(before);
     await late.snapshots.flush();
     expect(sends).toBe(2);
-    // The copier's next interval: the fence's recopy marks name a scope without state, which a copy skips (and
-    // drops): nothing is left to tombstone the stale records, as the README says for TTL 0.
+    // Another copier's next interval (the late one is not used again, as if it had stopped): the fence's recopy
+    // marks name a scope without state, which a copy skips (and drops): nothing is left to tombstone the stale
+    // records, as the README says for TTL 0 once the copier that failed its fence is gone.
     await t.snapshots.flush();
 
     // The agent is still running: the scope is learned again, from less than before, and copied.

@@ -985,7 +985,7 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     await redis.del(learnKey(t.prefix, 'default', 'f'), learnKey(t.prefix, 'default', 'keep'));
   });
 
-  it("at TTL 0, a copy read before a forget whose fence's send fails is left out by a restore: nothing retries the fence, the marker holds", async () => {
+  it("at TTL 0, a copy read before a forget whose fence's send fails is left out by a restore: with no retry of the fence (its copier gone), the marker holds", async () => {
     const t = await setup();
     // As the service wires it at TTL 0: no sweep, the forget and the copy's fence only.
     const forgetter = t.sweeper({ sweeps: false });
