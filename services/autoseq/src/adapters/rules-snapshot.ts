@@ -17,12 +17,14 @@ import {
   type ContextsWritten,
 } from './redis/learn-store.js';
 import { ScopeLeases } from './redis/scope-lease.js';
-import type { ScopeRetirement } from './scope-retire.js';
+import { StaleFenceFailed, type ScopeRetirement } from './scope-retire.js';
 
 /** Scopes copied per round trip (and per set of leases held at once). */
 const SCOPES_PER_ROUND = 32;
 /** Scopes whose oversize record this process remembers having warned about; past it, it starts over. */
 const WARNED_MAX = 10_000;
+/** Scopes whose failed stale-copy fence this process keeps to try again; past it, new ones are not kept. */
+const UNFENCED_MAX = 10_000;
 
 export interface RuleSnapshotsSpec {
   redis: Redis;
@@ -82,6 +84,8 @@ export class RuleSnapshots {
    * contexts the scope did not learn again came back with it at a restore once it was copied again.
    */
   private unfenced = new Map<string, ContextsWritten>();
+  /** Whether the cap on `unfenced` has been warned about (once per copier). */
+  private unfencedCapWarned = false;
 
   constructor(private readonly s: RuleSnapshotsSpec) {}
 
@@ -172,23 +176,38 @@ export class RuleSnapshots {
     try {
       await this.s.requeue(list);
     } catch (err) {
-      this.leftUnfenced(list);
+      const owed = owedFence(err, list);
+      this.leftUnfenced(owed);
       this.s.log.warn(
-        { err: errorMessage(err), scopes: list.length },
+        { err: errorMessage(fenceCause(err)), scopes: owed.length },
         "a stale copy's scopes not fenced again; trying at the next copy",
       );
     }
   }
 
   private leftUnfenced(scopes: readonly ContextsWritten[]): void {
+    let dropped = 0;
     for (const w of scopes) {
       const id = scopeId(w.tenant, w.agent);
       const u = this.unfenced.get(id);
+      // Bounded while Kafka stays down: at TTL > 0 the sweep still has the scopes dropped (their `fence` sets), and at
+      // TTL 0 their forget markers keep a restore from writing them back.
+      if (!u && this.unfenced.size >= UNFENCED_MAX) {
+        dropped++;
+        continue;
+      }
       this.unfenced.set(id, {
         tenant: w.tenant,
         agent: w.agent,
         ctxs: u ? [...new Set([...u.ctxs, ...w.ctxs])] : [...w.ctxs],
       });
+    }
+    if (dropped > 0 && !this.unfencedCapWarned) {
+      this.unfencedCapWarned = true;
+      this.s.log.warn(
+        { dropped, kept: this.unfenced.size },
+        "stale copies' failed fences past the cap: not kept to try again (warned once)",
+      );
     }
   }
 
@@ -318,11 +337,11 @@ export class RuleSnapshots {
         try {
           await this.s.requeue?.(stale);
         } catch (fence) {
-          this.leftUnfenced(stale);
+          this.leftUnfenced(owedFence(fence, stale));
           // The lease lost is why the copy failed, and what the failed flush logs: a fence that failed too, thrown
           // in its place, hid it. Logged here beside it.
           this.s.log.warn(
-            { err: errorMessage(fence), copy: errorMessage(err) },
+            { err: errorMessage(fenceCause(fence)), copy: errorMessage(err) },
             "a stale copy's scopes not fenced (their records may outlive a retirement or a forget); trying at the next copy",
           );
         }
@@ -333,6 +352,16 @@ export class RuleSnapshots {
       await leases.release();
     }
   }
+}
+
+/** The scopes a failed fence still owes: those it names, or all it was given for a failure of another kind. */
+function owedFence(err: unknown, given: ContextsWritten[]): readonly ContextsWritten[] {
+  return err instanceof StaleFenceFailed ? err.scopes : given;
+}
+
+/** What made a fence fail (the first failed round's cause, for `StaleFenceFailed`): the reason worth logging. */
+function fenceCause(err: unknown): unknown {
+  return err instanceof StaleFenceFailed ? err.cause : err;
 }
 
 /**

@@ -124,6 +124,20 @@ export interface ScopeRetirementSpec {
  * `forgets`: the scope's forget generation (0: never forgotten), whose marker goes with the tombstones. `fenced`: a
  * stale copy's fence left it to the sweep (its `fence` set held names).
  */
+/**
+ * `afterStaleCopy` failed for some of its scopes: `scopes`, those still owed a fence (each found without state whose
+ * send failed, or the whole of a round that failed before its state check), and `cause`, the first failure.
+ */
+export class StaleFenceFailed extends Error {
+  constructor(
+    readonly scopes: ContextsWritten[],
+    override readonly cause: unknown,
+  ) {
+    super(`stale copy not fenced for ${scopes.length} scope(s): ${errorMessage(cause)}`);
+    this.name = 'StaleFenceFailed';
+  }
+}
+
 type Retiring = ScopeRef & { ctxs: string[]; live: boolean; forgets: number; fenced?: boolean };
 
 export class ScopeRetirement {
@@ -546,11 +560,30 @@ export class ScopeRetirement {
    */
   async afterStaleCopy(scopes: readonly ContextsWritten[]): Promise<void> {
     const list = scopes.map((s) => ({ id: scopeId(s.tenant, s.agent), ...s }));
-    for (let i = 0; i < list.length; i += SCOPES_PER_ROUND)
-      await this.fenceRound(list.slice(i, i + SCOPES_PER_ROUND));
+    // Every round is tried, and only what is still owed goes back: stopping at the first failure and handing the
+    // caller the whole list back made it retry (lease, mark again) scopes already fenced or never due, every copy.
+    const owed: ContextsWritten[] = [];
+    let failed: { cause: unknown } | null = null;
+    for (let i = 0; i < list.length; i += SCOPES_PER_ROUND) {
+      const round = list.slice(i, i + SCOPES_PER_ROUND);
+      const sending: { todo: ContextsWritten[] | null } = { todo: null };
+      try {
+        await this.fenceRound(round, sending);
+      } catch (err) {
+        // Failed before its state check (a lease, Redis): any of the round may be owed.
+        const left = sending.todo ?? round;
+        owed.push(...left.map((s) => ({ tenant: s.tenant, agent: s.agent, ctxs: s.ctxs })));
+        failed ??= { cause: err };
+      }
+    }
+    if (failed) throw new StaleFenceFailed(owed, failed.cause);
   }
 
-  private async fenceRound(round: (ScopeRef & { ctxs: string[] })[]): Promise<void> {
+  /** `sending.todo`: set once the state is checked, to the scopes found without state (those the send owes). */
+  private async fenceRound(
+    round: (ScopeRef & { ctxs: string[] })[],
+    sending: { todo: ContextsWritten[] | null },
+  ): Promise<void> {
     const { redis, prefix } = this.s;
     const leases = new ScopeLeases(redis, prefix, { ttlMs: this.s.leaseMs });
     try {
@@ -566,6 +599,7 @@ export class ScopeRetirement {
       const todo: Retiring[] = round
         .filter((_, i) => r[i] === 0)
         .map((s) => ({ ...s, live: false, forgets: 0 }));
+      sending.todo = todo;
       if (todo.length === 0) return;
       try {
         const { records, tombstonesLeftOut } = retirementRecords(prefix, todo, this.s.maxRecordBytes);

@@ -6,7 +6,7 @@ import type { Sink } from '../../../../shared/kafka/sink.js';
 import { silentLogger, type Logger } from '../../../../shared/log.js';
 import { testKafka, unique } from '../../../../test/helpers/kafka.js';
 import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
-import { RedisLearnStore } from '../../src/adapters/redis/learn-store.js';
+import { RedisLearnStore, type ContextsWritten } from '../../src/adapters/redis/learn-store.js';
 import { RuleSnapshots } from '../../src/adapters/rules-snapshot.js';
 import type { ScopeRetirement } from '../../src/adapters/scope-retire.js';
 import { applyEvent } from '../../src/core/learn/engine.js';
@@ -58,6 +58,8 @@ export function ruleCopier(
   /** PAVER_MAX_OUTPUT_BYTES as the service passes it. */
   maxRecordBytes = 1_000_000,
   log: Logger = silentLogger(),
+  /** Wraps the fence the copy calls (`afterStaleCopy`): to see what it is given. */
+  onRequeue?: (scopes: ContextsWritten[]) => void,
 ) {
   const metrics = createAutoseqMetrics(new Registry(), () => 0).snapshot;
   const snapshots = new RuleSnapshots({
@@ -71,7 +73,12 @@ export function ruleCopier(
     paused: () => false,
     metrics,
     register: retirement && ((scopes) => retirement.register(scopes)),
-    requeue: retirement && ((scopes) => retirement.afterStaleCopy(scopes)),
+    requeue:
+      retirement &&
+      ((scopes) => {
+        onRequeue?.(scopes);
+        return retirement.afterStaleCopy(scopes);
+      }),
   });
   return { snapshots, metrics };
 }

@@ -36,6 +36,7 @@ import {
   retiringKey,
   scopeRegistryKey,
   ScopeRetirement,
+  StaleFenceFailed,
   sweepTurnKey,
 } from '../../src/adapters/scope-retire.js';
 import { scopeId } from '../../src/core/learn/engine.js';
@@ -1063,6 +1064,76 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     await late.flush();
     expect(await t.scopeRecord('f')).toBeNull();
     expect(await t.topicCtxs('f')).toEqual([]);
+  });
+
+  it("a stale copy's failed fence is tried again for the forgotten scope alone, not for a live one copied with it", async () => {
+    const t = await setup();
+    const forgetter = t.sweeper({ sweeps: false });
+    const written = [...(await t.learn(asAgent('f'), 0)), ...(await t.learn(asAgent('k'), 0))];
+    let sends = 0;
+    const failing: Sink = {
+      ...sink,
+      sendRaw: async (topic, records) => {
+        sends++;
+        if (sends === 1) {
+          // The copy of both stalls past f's lease; POST /rules/forget takes it meanwhile. k stays live.
+          await redis.del(leaseKey(t.prefix, 'default', 'f'));
+          await forgetter.forget('default', 'f');
+        }
+        // The fence's own send: the broker is down, this once.
+        if (sends === 2) throw new Error('broker unavailable');
+        await sink.sendRaw(topic, records);
+      },
+    };
+    const fenced: string[][] = [];
+    const late = ruleCopier(
+      redis,
+      t.prefix,
+      failing,
+      t.topic,
+      t.sweeper({ sink: failing, sweeps: false }),
+      1_000_000,
+      silentLogger(),
+      (scopes) => fenced.push(scopes.map((s) => s.agent).sort()),
+    ).snapshots;
+    late.mark(written);
+    await late.flush();
+    expect(sends).toBe(2);
+    expect(fenced).toEqual([['f', 'k']]);
+    // The next copy tries the fence again for f alone. Before, for k too: its lease taken and its marks copied
+    // again at every copy while the broker failed, though the fence skips a scope with state.
+    await late.flush();
+    expect(fenced).toEqual([['f', 'k'], ['f']]);
+    expect(await t.scopeRecord('f')).toBeNull();
+    expect(await t.topicCtxs('f')).toEqual([]);
+    expect((await t.topicCtxs('k')).length).toBeGreaterThan(0);
+  });
+
+  it("a stale copy's fence goes on past a failed round, and names only that round's scopes as owed", async () => {
+    const t = await setup();
+    // Nine scopes without state (forgotten): two rounds of the fence, the first one's send failing.
+    const scopes = Array.from({ length: 9 }, (_, i) => ({ tenant: 'default', agent: `g${i}`, ctxs: ['c'] }));
+    let sends = 0;
+    const failing: Sink = {
+      ...sink,
+      sendRaw: async (topic, records) => {
+        sends++;
+        if (sends === 1) throw new Error('broker unavailable');
+        await sink.sendRaw(topic, records);
+      },
+    };
+    const fence = t.sweeper({ sink: failing, sweeps: false });
+    const err: unknown = await fence.afterStaleCopy(scopes).then(
+      () => null,
+      (e: unknown) => e,
+    );
+    // Before, the first failure stopped it: the second round was never sent, and the caller kept all nine.
+    expect(sends).toBe(2);
+    expect(err).toBeInstanceOf(StaleFenceFailed);
+    expect((err as StaleFenceFailed).scopes.map((s) => s.agent)).toEqual(
+      scopes.slice(0, 8).map((s) => s.agent),
+    );
+    expect(await t.scopeRecord('g8')).toBeNull();
   });
 
   it('a forget on a Redis that replaced a lost one counts on from the generation the topic holds: a copy read on the lost Redis after an earlier forget stays out', async () => {
