@@ -15,7 +15,7 @@ import { restoreRules } from '../../src/adapters/rules-snapshot.js';
 import { ScopeRetirement } from '../../src/adapters/scope-retire.js';
 import { fixtureEvents } from '../learn-streams.js';
 import { LOW_BAR } from './predict-compare.js';
-import { learnBatch, ruleCopier, rulesReplay } from './rule-copies.js';
+import { learnBatch, ruleCopier, rulesReplay, stalledAcrossForget } from './rule-copies.js';
 
 /*
  * Review of the forget marker (session 30). Context records carried no forget generation: the marker kept a scope
@@ -132,26 +132,19 @@ describe('forget marker review: a stale copy across a forget, then the scope lea
     const before = await t.learn(asAgent('f'));
     const forgotten = await t.redisCtxs('f');
     const forgetter = t.sweeper({ sweeps: false });
-    let sends = 0;
-    const failing: Sink = {
-      ...sink,
-      sendRaw: async (topic, records) => {
-        sends++;
-        if (sends === 1) {
-          // The copy read the scope, then stalls past its lease; POST /rules/forget takes the lease meanwhile.
-          await redis.del(leaseKey(t.prefix, 'default', 'f'));
-          await forgetter.forget('default', 'f');
-        }
-        // The fence's own send: the broker is down. Its copier retries it at its next copy, in memory; this one
-        // makes none (as one that stopped first), so nothing retries it at TTL 0.
-        if (sends === 2) throw new Error('broker unavailable');
-        await sink.sendRaw(topic, records);
-      },
-    };
-    const late = ruleCopier(redis, t.prefix, failing, t.topic, t.sweeper({ sink: failing, sweeps: false }));
+    // Its copier retries the failed fence at its next copy, in memory; this one makes none (as one that stopped
+    // first), so nothing retries it at TTL 0.
+    const stalled = stalledAcrossForget(redis, sink, t.prefix, forgetter);
+    const late = ruleCopier(
+      redis,
+      t.prefix,
+      stalled.sink,
+      t.topic,
+      t.sweeper({ sink: stalled.sink, sweeps: false }),
+    );
     late.snapshots.mark(before);
     await late.snapshots.flush();
-    expect(sends).toBe(2);
+    expect(stalled.sends()).toBe(2);
     // Another copier's next interval (the late one is not used again, as if it had stopped): the fence's recopy
     // marks name a scope without state, which a copy skips (and drops): nothing is left to tombstone the stale
     // records, as the README says for TTL 0 once the copier that failed its fence is gone.
@@ -233,25 +226,19 @@ describe('forget marker review: a stale copy across a forget, then the scope lea
     // Learned again after the first forget: copied at generation 1.
     const again = await t.learn(firstTask(asAgent('f', ':again')));
     expect(await t.redisCtxs('f')).not.toEqual([]);
-    let sends = 0;
-    const failing: Sink = {
-      ...sink,
-      sendRaw: async (topic, records) => {
-        sends++;
-        // A copy read at generation 1 stalls past its lease; a second forget (generation 2) runs meanwhile.
-        if (sends === 1) {
-          await redis.del(leaseKey(t.prefix, 'default', 'f'));
-          await forgetter.forget('default', 'f');
-        }
-        // Its fence's send fails: nothing tombstones the stale copy again.
-        if (sends === 2) throw new Error('broker unavailable');
-        await sink.sendRaw(topic, records);
-      },
-    };
-    const late = ruleCopier(redis, t.prefix, failing, t.topic, t.sweeper({ sink: failing, sweeps: false }));
+    // A copy read at generation 1 stalls past its lease; a second forget (generation 2) runs meanwhile, and the
+    // copy's fence fails: nothing tombstones the stale copy again.
+    const stalled = stalledAcrossForget(redis, sink, t.prefix, forgetter);
+    const late = ruleCopier(
+      redis,
+      t.prefix,
+      stalled.sink,
+      t.topic,
+      t.sweeper({ sink: stalled.sink, sweeps: false }),
+    );
     late.snapshots.mark(again);
     await late.snapshots.flush();
-    expect(sends).toBe(2);
+    expect(stalled.sends()).toBe(2);
     expect(await redis.get(forgetsKey(t.prefix, 'default', 'f'))).toBe('2');
     // The first forget's marker, its send stalled, lands last: compaction keeps generation 1, the stale copy's.
     await sink.sendRaw(t.topic, [

@@ -8,6 +8,7 @@ import { testKafka, unique } from '../../../../test/helpers/kafka.js';
 import { createAutoseqMetrics } from '../../src/adapters/metrics.js';
 import { RedisLearnStore, type ContextsWritten } from '../../src/adapters/redis/learn-store.js';
 import { RuleSnapshots } from '../../src/adapters/rules-snapshot.js';
+import { leaseKey } from '../../src/adapters/redis/scope-lease.js';
 import type { ScopeRetirement } from '../../src/adapters/scope-retire.js';
 import { applyEvent } from '../../src/core/learn/engine.js';
 import type { LearnOptions } from '../../src/core/learn/learner.js';
@@ -81,4 +82,32 @@ export function ruleCopier(
       }),
   });
   return { snapshots, metrics };
+}
+
+/**
+ * A sink whose first send (a copy of `default`/`agent`) stalls past the copy's lease while `forgetter` forgets the
+ * scope (POST /rules/forget takes the lease meanwhile), and whose second, the stale copy's fence, fails: the broker
+ * down, this once. The others go through.
+ */
+export function stalledAcrossForget(
+  redis: Redis,
+  sink: Sink,
+  prefix: string,
+  forgetter: Pick<ScopeRetirement, 'forget'>,
+  agent = 'f',
+) {
+  let sends = 0;
+  const stalled: Sink = {
+    ...sink,
+    sendRaw: async (topic, records) => {
+      sends++;
+      if (sends === 1) {
+        await redis.del(leaseKey(prefix, 'default', agent));
+        await forgetter.forget('default', agent);
+      }
+      if (sends === 2) throw new Error('broker unavailable');
+      await sink.sendRaw(topic, records);
+    },
+  };
+  return { sink: stalled, sends: () => sends };
 }

@@ -42,7 +42,7 @@ import {
 import { scopeId } from '../../src/core/learn/engine.js';
 import { fixtureEvents } from '../learn-streams.js';
 import { learnedServiceEnv, LOW_BAR, startAutoseq } from './predict-compare.js';
-import { learnBatch, ruleCopier, rulesReplay } from './rule-copies.js';
+import { learnBatch, ruleCopier, rulesReplay, stalledAcrossForget } from './rule-copies.js';
 
 const events = fixtureEvents();
 /** The fixture's events as another agent's (a second scope); `again`: as new tasks of it, with new ids. */
@@ -798,36 +798,24 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
   it("at TTL > 0, a stale copy's fence whose send fails is left to the sweep, which tombstones the copy's records and counts it as a stale copy", async () => {
     const t = await setup();
     const written = await t.learn(asAgent('f'), 3_600_000);
-    let sends = 0;
-    const failing: Sink = {
-      ...sink,
-      sendRaw: async (topic, records) => {
-        sends++;
-        if (sends === 1) {
-          // The copy stalls past its lease; POST /rules/forget takes the lease meanwhile.
-          await redis.del(leaseKey(t.prefix, 'default', 'f'));
-          await t.retirement.forget('default', 'f');
-        }
-        // The fence's own send: the broker is down.
-        if (sends === 2) throw new Error('broker unavailable');
-        await sink.sendRaw(topic, records);
-      },
-    };
+    // The copy stalls past its lease; POST /rules/forget takes the lease meanwhile.
+    // The fence's own send: the broker is down.
+    const stalled = stalledAcrossForget(redis, sink, t.prefix, t.retirement);
     // The copier's instance, whose fence sends through the same failing sink.
     const logged: { msg: string; err?: string; copy?: string }[] = [];
     const log = pino({ level: 'warn' }, { write: (line: string) => logged.push(JSON.parse(line)) });
     const late = ruleCopier(
       redis,
       t.prefix,
-      failing,
+      stalled.sink,
       t.topic,
-      t.sweeper({ sink: failing }),
+      t.sweeper({ sink: stalled.sink }),
       undefined,
       log,
     ).snapshots;
     late.mark(written);
     await late.flush();
-    expect(sends).toBe(2);
+    expect(stalled.sends()).toBe(2);
     // Both failures are logged: the failed copy with its own error (the lease lost), not the fence's in its place.
     const failed = logged.find((l) => l.msg.includes('not copied to the rules topic'));
     expect(failed?.err).toMatch(/scope lease lost/);
@@ -992,31 +980,19 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     const forgetter = t.sweeper({ sweeps: false });
     await t.learn(asAgent('keep'), 0);
     const written = await t.learn(asAgent('f'), 0);
-    let sends = 0;
-    const failing: Sink = {
-      ...sink,
-      sendRaw: async (topic, records) => {
-        sends++;
-        if (sends === 1) {
-          // The copy stalls past its lease; POST /rules/forget takes the lease meanwhile.
-          await redis.del(leaseKey(t.prefix, 'default', 'f'));
-          await forgetter.forget('default', 'f');
-        }
-        // The fence's own send: the broker is down.
-        if (sends === 2) throw new Error('broker unavailable');
-        await sink.sendRaw(topic, records);
-      },
-    };
+    // The copy stalls past its lease; POST /rules/forget takes the lease meanwhile.
+    // The fence's own send: the broker is down.
+    const stalled = stalledAcrossForget(redis, sink, t.prefix, forgetter);
     const late = ruleCopier(
       redis,
       t.prefix,
-      failing,
+      stalled.sink,
       t.topic,
-      t.sweeper({ sink: failing, sweeps: false }),
+      t.sweeper({ sink: stalled.sink, sweeps: false }),
     ).snapshots;
     late.mark(written);
     await late.flush();
-    expect(sends).toBe(2);
+    expect(stalled.sends()).toBe(2);
     expect(await t.scopeRecord('f')).toBeTruthy();
 
     // Redis loses the service's state: the restore, at TTL 0, leaves the forgotten scope out. Before, it came back.
@@ -1032,31 +1008,19 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     const t = await setup();
     const forgetter = t.sweeper({ sweeps: false });
     const written = await t.learn(asAgent('f'), 0);
-    let sends = 0;
-    const failing: Sink = {
-      ...sink,
-      sendRaw: async (topic, records) => {
-        sends++;
-        if (sends === 1) {
-          // The copy stalls past its lease; POST /rules/forget takes the lease meanwhile.
-          await redis.del(leaseKey(t.prefix, 'default', 'f'));
-          await forgetter.forget('default', 'f');
-        }
-        // The fence's own send: the broker is down, this once.
-        if (sends === 2) throw new Error('broker unavailable');
-        await sink.sendRaw(topic, records);
-      },
-    };
+    // The copy stalls past its lease; POST /rules/forget takes the lease meanwhile.
+    // The fence's own send: the broker is down, this once.
+    const stalled = stalledAcrossForget(redis, sink, t.prefix, forgetter);
     const late = ruleCopier(
       redis,
       t.prefix,
-      failing,
+      stalled.sink,
       t.topic,
-      t.sweeper({ sink: failing, sweeps: false }),
+      t.sweeper({ sink: stalled.sink, sweeps: false }),
     ).snapshots;
     late.mark(written);
     await late.flush();
-    expect(sends).toBe(2);
+    expect(stalled.sends()).toBe(2);
     expect(await t.scopeRecord('f')).toBeTruthy();
     expect((await t.topicCtxs('f')).length).toBeGreaterThan(0);
     // The next copy (no sweep at TTL 0). Before, nothing tried the fence again: the copy's context records stayed
@@ -1070,35 +1034,23 @@ describe('idle scopes retired from Redis and from the rules topic (real Kafka an
     const t = await setup();
     const forgetter = t.sweeper({ sweeps: false });
     const written = [...(await t.learn(asAgent('f'), 0)), ...(await t.learn(asAgent('k'), 0))];
-    let sends = 0;
-    const failing: Sink = {
-      ...sink,
-      sendRaw: async (topic, records) => {
-        sends++;
-        if (sends === 1) {
-          // The copy of both stalls past f's lease; POST /rules/forget takes it meanwhile. k stays live.
-          await redis.del(leaseKey(t.prefix, 'default', 'f'));
-          await forgetter.forget('default', 'f');
-        }
-        // The fence's own send: the broker is down, this once.
-        if (sends === 2) throw new Error('broker unavailable');
-        await sink.sendRaw(topic, records);
-      },
-    };
+    // The copy of both stalls past f's lease; POST /rules/forget takes it meanwhile. k stays live.
+    // The fence's own send: the broker is down, this once.
+    const stalled = stalledAcrossForget(redis, sink, t.prefix, forgetter);
     const fenced: string[][] = [];
     const late = ruleCopier(
       redis,
       t.prefix,
-      failing,
+      stalled.sink,
       t.topic,
-      t.sweeper({ sink: failing, sweeps: false }),
+      t.sweeper({ sink: stalled.sink, sweeps: false }),
       1_000_000,
       silentLogger(),
       (scopes) => fenced.push(scopes.map((s) => s.agent).sort()),
     ).snapshots;
     late.mark(written);
     await late.flush();
-    expect(sends).toBe(2);
+    expect(stalled.sends()).toBe(2);
     expect(fenced).toEqual([['f', 'k']]);
     // The next copy tries the fence again for f alone. Before, for k too: its lease taken and its marks copied
     // again at every copy while the broker failed, though the fence skips a scope with state.
